@@ -1,0 +1,373 @@
+"""Compiled kernels for the record and index hot paths (numba, nopython).
+
+Everything here works on flat ``uint8`` buffers and plain numpy arrays so that a batch of
+millions of records is encoded, scanned, checksummed and hashed without a Python-level loop.
+The byte layout these kernels read and write is specified in docs/formats/record.md and
+docs/formats/bcq.md; the constants live in reput/record.py and reput/bcq.py.
+
+Integers in records are little-endian and unaligned, so they are assembled from bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# ---------------------------------------------------------------------------------------------
+# CRC32C (Castagnoli), slicing-by-8.  Same function as google-crc32c / iSCSI / ext4.
+
+_CRC_POLY = 0x82F63B78
+
+
+def _crc_tables() -> np.ndarray:
+    t = np.zeros((8, 256), dtype=np.uint32)
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ _CRC_POLY if c & 1 else c >> 1
+        t[0, i] = c
+    for i in range(256):
+        c = int(t[0, i])
+        for k in range(1, 8):
+            c = int(t[0, c & 0xFF]) ^ (c >> 8)
+            t[k, i] = c
+    return t
+
+
+CRC_TABLES = _crc_tables()
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rd_u32(b, p):
+    return (np.uint32(b[p]) | (np.uint32(b[p + 1]) << np.uint32(8))
+            | (np.uint32(b[p + 2]) << np.uint32(16)) | (np.uint32(b[p + 3]) << np.uint32(24)))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rd_i32(b, p):
+    return np.int32(_rd_u32(b, p))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rd_u64(b, p):
+    return np.uint64(_rd_u32(b, p)) | (np.uint64(_rd_u32(b, p + 4)) << np.uint64(32))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rd_i64(b, p):
+    return np.int64(_rd_u64(b, p))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wr_u32(b, p, v):
+    v = np.uint32(v)
+    b[p] = np.uint8(v & np.uint32(0xFF))
+    b[p + 1] = np.uint8((v >> np.uint32(8)) & np.uint32(0xFF))
+    b[p + 2] = np.uint8((v >> np.uint32(16)) & np.uint32(0xFF))
+    b[p + 3] = np.uint8(v >> np.uint32(24))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _wr_u64(b, p, v):
+    v = np.uint64(v)
+    _wr_u32(b, p, np.uint32(v & np.uint64(0xFFFFFFFF)))
+    _wr_u32(b, p + 4, np.uint32(v >> np.uint64(32)))
+
+
+@njit(cache=True, nogil=True)
+def crc32c(buf, start, end, tables):
+    """CRC32C of ``buf[start:end]``."""
+    crc = np.uint32(0xFFFFFFFF)
+    p = start
+    t0 = tables[0]
+    t1 = tables[1]
+    t2 = tables[2]
+    t3 = tables[3]
+    t4 = tables[4]
+    t5 = tables[5]
+    t6 = tables[6]
+    t7 = tables[7]
+    while end - p >= 8:
+        one = crc ^ _rd_u32(buf, p)
+        crc = (t7[one & np.uint32(0xFF)] ^ t6[(one >> np.uint32(8)) & np.uint32(0xFF)]
+               ^ t5[(one >> np.uint32(16)) & np.uint32(0xFF)] ^ t4[one >> np.uint32(24)]
+               ^ t3[buf[p + 4]] ^ t2[buf[p + 5]] ^ t1[buf[p + 6]] ^ t0[buf[p + 7]])
+        p += 8
+    while p < end:
+        crc = t0[(crc ^ np.uint32(buf[p])) & np.uint32(0xFF)] ^ (crc >> np.uint32(8))
+        p += 1
+    return crc ^ np.uint32(0xFFFFFFFF)
+
+
+# ---------------------------------------------------------------------------------------------
+# SipHash-2-4 with 128-bit output (Aumasson & Bernstein), the keyed key digest.
+
+@njit(cache=True, nogil=True, inline="always")
+def _rotl(x, b):
+    return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sipround(v0, v1, v2, v3):
+    v0 = v0 + v1
+    v1 = _rotl(v1, 13)
+    v1 ^= v0
+    v0 = _rotl(v0, 32)
+    v2 = v2 + v3
+    v3 = _rotl(v3, 16)
+    v3 ^= v2
+    v0 = v0 + v3
+    v3 = _rotl(v3, 21)
+    v3 ^= v0
+    v2 = v2 + v1
+    v1 = _rotl(v1, 17)
+    v1 ^= v2
+    v2 = _rotl(v2, 32)
+    return v0, v1, v2, v3
+
+
+@njit(cache=True, nogil=True)
+def siphash128(k0, k1, buf, start, length):
+    """SipHash-2-4-128 of ``buf[start:start+length]`` under key (k0, k1); returns (lo, hi)."""
+    v0 = np.uint64(0x736F6D6570736575) ^ k0
+    v1 = np.uint64(0x646F72616E646F6D) ^ k1 ^ np.uint64(0xEE)
+    v2 = np.uint64(0x6C7967656E657261) ^ k0
+    v3 = np.uint64(0x7465646279746573) ^ k1
+    end = start + length
+    p = start
+    while end - p >= 8:
+        m = _rd_u64(buf, p)
+        v3 ^= m
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+        v0 ^= m
+        p += 8
+    b = np.uint64(length & 0xFF) << np.uint64(56)
+    i = 0
+    while p + i < end:
+        b |= np.uint64(buf[p + i]) << np.uint64(8 * i)
+        i += 1
+    v3 ^= b
+    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    v0 ^= b
+    v2 ^= np.uint64(0xEE)
+    for _ in range(4):
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    lo = v0 ^ v1 ^ v2 ^ v3
+    v1 ^= np.uint64(0xDD)
+    for _ in range(4):
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    hi = v0 ^ v1 ^ v2 ^ v3
+    return lo, hi
+
+
+@njit(cache=True, nogil=True)
+def siphash128_many(k0, k1, buf, starts, lengths, out_lo, out_hi):
+    for i in range(starts.shape[0]):
+        lo, hi = siphash128(k0, k1, buf, starts[i], lengths[i])
+        out_lo[i] = lo
+        out_hi[i] = hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Records.  Header layout (docs/formats/record.md), HEADER_SIZE = 44:
+#   0 size u32 | 4 crc u32 | 8 magic u8 | 9 attributes u8 | 10 topic_len u8 | 11 reserved u8
+#  12 partition i32 | 16 offset i64 | 24 timestamp i64 | 32 key_len i32 | 36 value_len i32
+#  40 headers_len i32 | 44 topic | key | value | headers
+
+HEADER_SIZE = 44
+MAGIC = 1
+ATTR_NULL_VALUE = 1
+ATTR_NULL_KEY = 2
+ATTR_MASK = 3
+MAX_RECORD_SIZE = 256 * 1024 * 1024
+
+# scan status codes
+SCAN_OK = 0          # stopped at `end` exactly, every record whole and valid
+SCAN_TORN = 1        # the last record runs past `end` (a torn tail, or a record cut by the range)
+SCAN_CORRUPT = 2     # invalid header or CRC mismatch at `stop`
+
+
+@njit(cache=True, nogil=True)
+def encode_records(out, positions, topic, partitions, offsets, timestamps,
+                   kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables):
+    """Write records i = 0..n-1 at out[positions[i]:] (sizes precomputed by the caller)."""
+    tlen = topic.shape[0]
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        ks = koffs[i]
+        kl = koffs[i + 1] - ks
+        vs = voffs[i]
+        vl = voffs[i + 1] - vs
+        hs = hoffs[i]
+        hl = hoffs[i + 1] - hs
+        size = HEADER_SIZE + tlen + kl + vl + hl
+        _wr_u32(out, p, size)
+        attrs = 0
+        if vnull[i]:
+            attrs |= ATTR_NULL_VALUE
+        if knull[i]:
+            attrs |= ATTR_NULL_KEY
+        out[p + 8] = MAGIC
+        out[p + 9] = attrs
+        out[p + 10] = tlen
+        out[p + 11] = 0
+        _wr_u32(out, p + 12, np.uint32(np.int64(partitions[i]) & 0xFFFFFFFF))
+        _wr_u64(out, p + 16, np.uint64(offsets[i]))
+        _wr_u64(out, p + 24, np.uint64(timestamps[i]))
+        _wr_u32(out, p + 32, kl)
+        _wr_u32(out, p + 36, vl)
+        _wr_u32(out, p + 40, hl)
+        q = p + HEADER_SIZE
+        for j in range(tlen):
+            out[q + j] = topic[j]
+        q += tlen
+        for j in range(kl):
+            out[q + j] = kbuf[ks + j]
+        q += kl
+        for j in range(vl):
+            out[q + j] = vbuf[vs + j]
+        q += vl
+        for j in range(hl):
+            out[q + j] = hbuf[hs + j]
+        _wr_u32(out, p + 4, crc32c(out, p + 8, p + size, tables))
+
+
+@njit(cache=True, nogil=True)
+def _check_header(buf, p, end):
+    """Return the record size at p if its header is self-consistent, 0 if torn, -1 if invalid."""
+    if end - p < HEADER_SIZE:
+        return 0
+    size = np.int64(_rd_u32(buf, p))
+    if size < HEADER_SIZE or size > MAX_RECORD_SIZE:
+        return -1
+    if buf[p + 8] != MAGIC or (buf[p + 9] & ~ATTR_MASK) != 0 or buf[p + 11] != 0:
+        return -1
+    tl = np.int64(buf[p + 10])
+    kl = np.int64(_rd_i32(buf, p + 32))
+    vl = np.int64(_rd_i32(buf, p + 36))
+    hl = np.int64(_rd_i32(buf, p + 40))
+    if tl < 1 or kl < 0 or vl < 0 or hl < 0:
+        return -1
+    if HEADER_SIZE + tl + kl + vl + hl != size:
+        return -1
+    if (buf[p + 9] & ATTR_NULL_KEY) and kl != 0:
+        return -1
+    if (buf[p + 9] & ATTR_NULL_VALUE) and vl != 0:
+        return -1
+    if size > end - p:
+        return 0
+    return size
+
+
+@njit(cache=True, nogil=True)
+def count_records(buf, start, end, verify_crc, tables):
+    """Walk records in buf[start:end]. Returns (count, stop, status)."""
+    p = start
+    n = 0
+    while p < end:
+        size = _check_header(buf, p, end)
+        if size == 0:
+            return n, p, SCAN_TORN
+        if size < 0:
+            return n, p, SCAN_CORRUPT
+        if verify_crc and crc32c(buf, p + 8, p + size, tables) != _rd_u32(buf, p + 4):
+            return n, p, SCAN_CORRUPT
+        p += size
+        n += 1
+    return n, p, SCAN_OK
+
+
+@njit(cache=True, nogil=True)
+def fill_records(buf, start, n, k0, k1, positions, sizes, partitions, offsets, timestamps,
+                 attrs, topic_hash, digest_lo, digest_hi, crcs):
+    """Fill per-record columns for the first n records from start (already validated)."""
+    p = start
+    for i in range(n):
+        size = np.int64(_rd_u32(buf, p))
+        positions[i] = p
+        sizes[i] = size
+        crcs[i] = _rd_u32(buf, p + 4)
+        a = buf[p + 9]
+        attrs[i] = a
+        tl = np.int64(buf[p + 10])
+        partitions[i] = _rd_i32(buf, p + 12)
+        offsets[i] = _rd_i64(buf, p + 16)
+        timestamps[i] = _rd_i64(buf, p + 24)
+        kl = np.int64(_rd_i32(buf, p + 32))
+        # FNV-1a 64 of the topic name, to group records by partition without decoding names.
+        h = np.uint64(0xCBF29CE484222325)
+        for j in range(tl):
+            h ^= np.uint64(buf[p + HEADER_SIZE + j])
+            h *= np.uint64(0x100000001B3)
+        topic_hash[i] = h
+        if a & ATTR_NULL_KEY:
+            digest_lo[i] = 0
+            digest_hi[i] = 0
+        else:
+            lo, hi = siphash128(k0, k1, buf, p + HEADER_SIZE + tl, kl)
+            digest_lo[i] = lo
+            digest_hi[i] = hi
+        p += size
+
+
+@njit(cache=True, nogil=True)
+def same_topic_runs(buf, positions, topic_hash, partitions):
+    """Boundaries of runs of consecutive records with the same (topic, partition).
+
+    Returns an int64 array of run start indices plus a final n. Topic names are compared
+    byte for byte inside a run, so a hash collision between two topics splits the run
+    instead of merging two topics (the caller decodes each run's topic name).
+    """
+    n = positions.shape[0]
+    out = np.empty(n + 1, dtype=np.int64)
+    r = 0
+    for i in range(n):
+        if i == 0:
+            out[r] = 0
+            r += 1
+            continue
+        same = topic_hash[i] == topic_hash[i - 1] and partitions[i] == partitions[i - 1]
+        if same:
+            pa = positions[i - 1]
+            pb = positions[i]
+            tl = buf[pa + 10]
+            if buf[pb + 10] != tl:
+                same = False
+            else:
+                for j in range(tl):
+                    if buf[pa + HEADER_SIZE + j] != buf[pb + HEADER_SIZE + j]:
+                        same = False
+                        break
+        if not same:
+            out[r] = i
+            r += 1
+    out[r] = n
+    return out[: r + 1]
+
+
+@njit(cache=True, nogil=True)
+def lower_bound_strided(words, stride, n, target):
+    """First i in [0, n) with words[i*stride] >= target (n if none): index offset search."""
+    lo = 0
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if words[mid * stride] < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def gather_ranges(src, starts, lengths, out):
+    """Concatenate src[starts[i]:starts[i]+lengths[i]] into out; returns bytes written."""
+    q = 0
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        for j in range(lengths[i]):
+            out[q + j] = src[s + j]
+        q += lengths[i]
+    return q

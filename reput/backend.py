@@ -1,0 +1,349 @@
+"""Storage backends: every byte a store reads or writes goes through one of these.
+
+Paths are '/'-separated, relative to the backend's root (reput/filenames.py builds them).
+``LocalBackend`` is a directory on disk (append + fsync, atomic rename); ``MemoryBackend`` is
+its in-memory twin for unit tests. The S3 backend implements the same interface; appendable
+files (``open_append``) exist only on backends with ``appendable = True``; on the others a
+segment is written whole with ``write_atomic`` once sealed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from .errors import ReputError
+
+
+class BackendError(ReputError):
+    """The storage under a store failed (disk full, permission, I/O error): the message says which."""
+
+
+class AppendFile(ABC):
+    """An open file that grows at its end: a commit-log or compaction-log segment being written."""
+
+    size: int
+
+    @abstractmethod
+    def write(self, data) -> None: ...
+
+    @abstractmethod
+    def sync(self) -> None: ...
+
+    @abstractmethod
+    def truncate(self, size: int) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class Backend(ABC):
+    url: str
+    appendable: bool = True
+
+    @abstractmethod
+    def read(self, path: str, start: int = 0, length: int | None = None) -> bytes: ...
+
+    @abstractmethod
+    def map(self, path: str, size: int | None = None) -> np.ndarray:
+        """The first ``size`` bytes (default: all) as a read-only uint8 array, zero-copy if it can."""
+
+    @abstractmethod
+    def size(self, path: str) -> int:
+        """Size in bytes; raises FileNotFoundError when absent."""
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.size(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    @abstractmethod
+    def isdir(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names directly under ``path`` (files and sub-directories), sorted; [] when absent."""
+
+    @abstractmethod
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` so that readers see the old or the new bytes, never a mix."""
+
+    @abstractmethod
+    def create_exclusive(self, path: str, data: bytes) -> bool:
+        """Create ``path`` only if absent; False if it exists (a conditional put)."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove a file; missing is fine."""
+
+    @abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically move ``src`` over ``dst``."""
+
+    @abstractmethod
+    def open_append(self, path: str) -> AppendFile: ...
+
+    def sync_dir(self, path: str) -> None:
+        """Make renames and creations in ``path`` durable (a no-op where that has no meaning)."""
+
+    @abstractmethod
+    def remove_tree(self, path: str) -> None: ...
+
+    def local_path(self, path: str) -> str | None:
+        """The OS path of ``path`` when the backend is a local directory, else None."""
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _oserror(e: OSError, what: str, path: str) -> BackendError:
+    reason = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied",
+              errno.EROFS: "the file system is read-only", errno.EIO: "I/O error"}.get(
+        e.errno, e.strerror or str(e))
+    return BackendError(f"cannot {what} {path}: {reason}")
+
+
+class _LocalAppendFile(AppendFile):
+    def __init__(self, ospath: str, display: str):
+        self._display = display
+        try:
+            self._fd = os.open(ospath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            raise _oserror(e, "open for append", display) from e
+        self.size = os.fstat(self._fd).st_size
+
+    def write(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        n = len(mv)
+        done = 0
+        try:
+            while done < n:
+                done += os.write(self._fd, mv[done:])
+        except OSError as e:
+            # Leave the file as it was before this write: a partial record must not stay behind.
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError:
+                pass
+            raise _oserror(e, "write", self._display) from e
+        self.size += n
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            raise _oserror(e, "fsync", self._display) from e
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+        self.size = size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class LocalBackend(Backend):
+    appendable = True
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        self.url = self.root
+
+    def _p(self, path: str) -> str:
+        if path.startswith("/") or ".." in path.split("/"):
+            raise BackendError(f"refusing a path outside the store: {path!r}")
+        return os.path.join(self.root, path) if path else self.root
+
+    def local_path(self, path: str) -> str:
+        return self._p(path)
+
+    def read(self, path, start=0, length=None):
+        try:
+            with open(self._p(path), "rb") as f:
+                f.seek(start)
+                return f.read() if length is None else f.read(length)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise _oserror(e, "read", path) from e
+
+    def map(self, path, size=None):
+        p = self._p(path)
+        n = os.path.getsize(p) if size is None else size
+        if n == 0:
+            return np.zeros(0, dtype=np.uint8)
+        try:
+            return np.memmap(p, dtype=np.uint8, mode="r", shape=(n,))
+        except OSError as e:
+            raise _oserror(e, "map", path) from e
+
+    def size(self, path):
+        return os.path.getsize(self._p(path))
+
+    def isdir(self, path):
+        return os.path.isdir(self._p(path))
+
+    def listdir(self, path):
+        try:
+            return sorted(os.listdir(self._p(path)))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def write_atomic(self, path, data):
+        p = self._p(path)
+        tmp = p + ".tmp"
+        try:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except OSError as e:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise _oserror(e, "write", path) from e
+        self.sync_dir(os.path.dirname(path))
+
+    def create_exclusive(self, path, data):
+        p = self._p(path)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        tmp = f"{p}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, p)  # atomic create-if-absent with full contents
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def delete(self, path):
+        try:
+            os.unlink(self._p(path))
+        except FileNotFoundError:
+            pass
+
+    def rename(self, src, dst):
+        d = self._p(dst)
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        os.replace(self._p(src), d)
+
+    def open_append(self, path):
+        p = self._p(path)
+        try:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+        except OSError as e:
+            raise _oserror(e, "create directory for", path) from e
+        return _LocalAppendFile(p, path)
+
+    def sync_dir(self, path):
+        try:
+            fd = os.open(self._p(path), os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove_tree(self, path):
+        import shutil
+        shutil.rmtree(self._p(path), ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _MemAppendFile(AppendFile):
+    def __init__(self, store: dict, path: str):
+        self._store, self._path = store, path
+        store.setdefault(path, bytearray())
+        self.size = len(store[path])
+
+    def write(self, data):
+        self._store[self._path] += memoryview(data).cast("B")
+        self.size = len(self._store[self._path])
+
+    def sync(self):
+        pass
+
+    def truncate(self, size):
+        del self._store[self._path][size:]
+        self.size = size
+
+    def close(self):
+        pass
+
+
+class MemoryBackend(Backend):
+    """Everything in a dict: for unit tests that must not touch the disk."""
+
+    appendable = True
+
+    def __init__(self):
+        self.files: dict[str, bytearray] = {}
+        self.url = f"memory://{id(self):x}"
+        self._lock = threading.Lock()
+
+    def read(self, path, start=0, length=None):
+        data = self.files[path] if path in self.files else None
+        if data is None:
+            raise FileNotFoundError(path)
+        end = len(data) if length is None else start + length
+        return bytes(data[start:end])
+
+    def map(self, path, size=None):
+        data = self.read(path, 0, size)
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def size(self, path):
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return len(self.files[path])
+
+    def isdir(self, path):
+        pre = path.rstrip("/") + "/"
+        return any(k.startswith(pre) for k in self.files)
+
+    def listdir(self, path):
+        pre = path.rstrip("/") + "/" if path else ""
+        return sorted({k[len(pre):].split("/", 1)[0] for k in self.files if k.startswith(pre)})
+
+    def write_atomic(self, path, data):
+        self.files[path] = bytearray(data)
+
+    def create_exclusive(self, path, data):
+        with self._lock:
+            if path in self.files:
+                return False
+            self.files[path] = bytearray(data)
+            return True
+
+    def delete(self, path):
+        self.files.pop(path, None)
+
+    def rename(self, src, dst):
+        self.files[dst] = self.files.pop(src)
+
+    def open_append(self, path):
+        return _MemAppendFile(self.files, path)
+
+    def remove_tree(self, path):
+        pre = path.rstrip("/") + "/"
+        for k in [k for k in self.files if k.startswith(pre)]:
+            del self.files[k]

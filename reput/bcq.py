@@ -1,0 +1,69 @@
+"""The .bcq queue-offset index: one fixed 48-byte little-endian entry per record of a .log.
+
+Spec: docs/formats/bcq.md. An entry is (offset, timestamp, digest_lo, digest_hi, position, size,
+flags, reserved, clean_time); the file is a sorted array of them, viewed without parsing as a
+numpy structured array (``BCQ_DTYPE``). Lookup by offset is a binary search for the first entry
+with offset >= target. Like Kafka's OffsetIndex it carries no checksum: it is derived from its
+.log and rebuilt from it after a crash (``entries_for_log``); the digests let the compactor's
+first pass read only indexes, never data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels as K
+from .record import ATTR_NULL_KEY, ATTR_NULL_VALUE, Scan
+
+FORMAT_VERSION = 1
+ENTRY_SIZE = 48
+FLAG_TOMBSTONE = 1   # value is null
+FLAG_KEYLESS = 2     # key is null: never deduplicated
+
+BCQ_DTYPE = np.dtype([
+    ("offset", "<i8"),      # queue offset = source Kafka offset
+    ("timestamp", "<i8"),   # record timestamp, ms since the epoch
+    ("digest_lo", "<u8"),   # keyed 128-bit key digest (SipHash-2-4-128), low word
+    ("digest_hi", "<u8"),   # high word; both 0 for a keyless record
+    ("position", "<u4"),    # byte position of the record in the .log
+    ("size", "<u4"),        # record size in bytes
+    ("flags", "<u2"),       # FLAG_TOMBSTONE | FLAG_KEYLESS
+    ("reserved", "<u2"),    # 0
+    ("clean_time", "<u4"),  # tombstones: seconds since the epoch when first compacted; 0 = never
+])
+assert BCQ_DTYPE.itemsize == ENTRY_SIZE
+_WORDS = ENTRY_SIZE // 8  # the offset is word 0 of each entry, read as int64 with this stride
+
+
+def view(buf: np.ndarray) -> np.ndarray:
+    """The whole entries of a .bcq byte buffer as a structured array (no copy)."""
+    n = buf.shape[0] // ENTRY_SIZE
+    return buf[: n * ENTRY_SIZE].view(BCQ_DTYPE)
+
+
+def lower_bound(entries: np.ndarray, target: int) -> int:
+    """Index of the first entry with offset >= target (len(entries) if none)."""
+    n = entries.shape[0]
+    if n == 0:
+        return 0
+    words = entries.view(np.uint8).view(np.int64)  # contiguous, entries are 8-byte aligned
+    return int(K.lower_bound_strided(words, _WORDS, n, np.int64(target)))
+
+
+def entries_from_scan(s: Scan, lo: int, hi: int, position_base: int) -> np.ndarray:
+    """Index entries for records lo..hi-1 of a scan, positioned at their place in a .log.
+
+    ``position_base`` is added to each record's scan position (the .log position of the scan
+    buffer's byte 0 minus where the records' bytes start in it).
+    """
+    n = hi - lo
+    e = np.zeros(n, dtype=BCQ_DTYPE)
+    e["offset"] = s.offsets[lo:hi]
+    e["timestamp"] = s.timestamps[lo:hi]
+    e["digest_lo"] = s.digest_lo[lo:hi]
+    e["digest_hi"] = s.digest_hi[lo:hi]
+    e["position"] = s.positions[lo:hi] + position_base
+    e["size"] = s.sizes[lo:hi]
+    a = s.attrs[lo:hi]
+    e["flags"] = ((a & ATTR_NULL_VALUE) != 0) * FLAG_TOMBSTONE + ((a & ATTR_NULL_KEY) != 0) * FLAG_KEYLESS
+    return e

@@ -1,0 +1,165 @@
+"""Typed, validated configuration: topic configs (Kafka's names) and store/writer options.
+
+Each topic config key has a name, a default, a doc string and a validator, as in Kafka's
+LogConfig/CleanerConfig; unknown keys are rejected naming the key. Values arrive as strings
+(properties files, CLI) or native types (store.json) and are normalised here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
+
+from .errors import ReputError
+
+
+class ConfigError(ReputError, ValueError):
+    """A configuration key is unknown or its value is out of range: the message names the key."""
+
+
+DAY_MS = 24 * 3600 * 1000
+LONG_MAX = 2**63 - 1
+
+
+def _int_at_least(lo: int, hi: int = LONG_MAX):
+    def check(name: str, v: Any) -> int:
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {v!r}") from None
+        if iv < lo or iv > hi:
+            raise ConfigError(f"{name}: {iv} is out of range [{lo}, {hi}]")
+        return iv
+    return check
+
+
+def _ratio(name: str, v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected a number between 0 and 1, got {v!r}") from None
+    if not 0.0 <= f <= 1.0:
+        raise ConfigError(f"{name}: {f} is out of range [0, 1]")
+    return f
+
+
+def _policy(name: str, v: Any) -> str:
+    parts = sorted(p.strip() for p in str(v).replace(" ", "").split(",") if p.strip())
+    if parts not in (["compact"], ["compact", "delete"], ["delete"]):
+        raise ConfigError(f"{name}: expected 'compact', 'delete' or 'compact,delete', got {v!r}")
+    return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+    attr: str
+    default: Any
+    check: Callable[[str, Any], Any]
+    doc: str
+
+
+TOPIC_KEYS: tuple[_Key, ...] = (
+    _Key("cleanup.policy", "cleanup_policy", "compact", _policy,
+         "'compact' keeps the latest record per key; 'compact,delete' also drops segments "
+         "older than retention.ms."),
+    _Key("delete.retention.ms", "delete_retention_ms", DAY_MS, _int_at_least(0),
+         "How long a tombstone is kept after the compaction that first cleaned it."),
+    _Key("min.compaction.lag.ms", "min_compaction_lag_ms", 0, _int_at_least(0),
+         "Records younger than this are never compacted."),
+    _Key("max.compaction.lag.ms", "max_compaction_lag_ms", LONG_MAX, _int_at_least(1),
+         "A partition whose oldest dirty record is older than this is compacted whatever its "
+         "dirty ratio."),
+    _Key("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", 0.5, _ratio,
+         "Compact a partition when dirty bytes / total bytes reaches this."),
+    _Key("segment.bytes", "segment_bytes", 1 << 30, _int_at_least(1 << 14, (1 << 31) - 1),
+         "Maximum size of a compaction-log segment before it is sealed and a new one starts."),
+    _Key("retention.ms", "retention_ms", 7 * DAY_MS, _int_at_least(-1),
+         "With cleanup.policy=compact,delete: segments whose newest record is older are "
+         "deleted; -1 keeps them forever."),
+)
+_BY_NAME = {k.name: k for k in TOPIC_KEYS}
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    cleanup_policy: str = "compact"
+    delete_retention_ms: int = DAY_MS
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = LONG_MAX
+    min_cleanable_dirty_ratio: float = 0.5
+    segment_bytes: int = 1 << 30
+    retention_ms: int = 7 * DAY_MS
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "TopicConfig":
+        return cls().with_overrides(d or {})
+
+    def with_overrides(self, d: dict[str, Any]) -> "TopicConfig":
+        changes = {}
+        for name, value in d.items():
+            key = _BY_NAME.get(name)
+            if key is None:
+                raise ConfigError(f"unknown topic config {name!r}; known keys: "
+                                  + ", ".join(sorted(_BY_NAME)))
+            changes[key.attr] = key.check(name, value)
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k.name: getattr(self, k.attr) for k in TOPIC_KEYS}
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        return "delete" in self.cleanup_policy.split(",")
+
+
+FSYNC_POLICIES = ("always", "flush", "never")
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How a commit-log writer appends.
+
+    fsync: 'always' (every append), 'flush' (on Store.flush, the default), 'never' (the OS).
+    """
+
+    commitlog_segment_bytes: int = 1 << 30
+    fsync: str = "flush"
+    commitlog_retention_ms: int = 3600 * 1000
+    verify_crc_on_dispatch: bool = False
+
+    def __post_init__(self):
+        _int_at_least(1 << 16, 1 << 40)("commitlog.segment.bytes", self.commitlog_segment_bytes)
+        _int_at_least(0)("commitlog.retention.ms", self.commitlog_retention_ms)
+        if self.fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+
+
+class Clock:
+    """Injected time source (Kafka's ``Time``): tests pass a ManualClock, no sleeps."""
+
+    def ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+SYSTEM_CLOCK = Clock()
+
+
+@dataclass
+class ManualClock(Clock):
+    now_ms: int = 1_700_000_000_000
+
+    def ms(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]

@@ -1,0 +1,100 @@
+"""Every path and suffix of a store, in one place (the way Kafka's LogFileUtils owns them).
+
+Layout (docs/formats/README.md):
+
+    store.json
+    commitlog/<writer>/<20-digit base position>.log
+    commitlog/<writer>/reput.checkpoint
+    partitions/<topic>/<partition>/<20-digit base offset>.log   (+ .bcq, same base name)
+    partitions/<topic>/<partition>/compaction.checkpoint
+    partitions/<topic>/<partition>/.compacting/   .replicating/
+
+Offsets and positions are zero-padded to 20 digits so that `ls` sorts the files numerically.
+Paths are '/'-separated and relative to the store root; backends map them to files or keys.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ReputError
+from .record import validate_topic
+
+STORE_JSON = "store.json"
+COMMITLOG_DIR = "commitlog"
+PARTITIONS_DIR = "partitions"
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".bcq"
+REPUT_CHECKPOINT = "reput.checkpoint"
+COMPACTION_CHECKPOINT = "compaction.checkpoint"
+COMPACTING_DIR = ".compacting"
+REPLICATING_DIR = ".replicating"
+LOCK_FILE = "writer.lock"
+TMP_SUFFIX = ".tmp"
+
+_BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")
+_WRITER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def base_name(n: int) -> str:
+    return f"{n:020d}"
+
+
+def parse_base(name: str) -> tuple[int, str] | None:
+    """'00000000000000000042.log' -> (42, 'log'); None for other names."""
+    m = _BASE_RE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def validate_writer(writer: str) -> str:
+    if not _WRITER_RE.match(writer) or writer in (".", ".."):
+        raise ReputError(f"invalid writer id {writer!r}: use 1-128 characters of a-zA-Z0-9._-")
+    return writer
+
+
+def writer_dir(writer: str) -> str:
+    return f"{COMMITLOG_DIR}/{validate_writer(writer)}"
+
+
+def commitlog_segment(writer: str, base: int) -> str:
+    return f"{writer_dir(writer)}/{base_name(base)}{LOG_SUFFIX}"
+
+
+def reput_checkpoint(writer: str) -> str:
+    return f"{writer_dir(writer)}/{REPUT_CHECKPOINT}"
+
+
+def writer_lock(writer: str) -> str:
+    return f"{writer_dir(writer)}/{LOCK_FILE}"
+
+
+def topic_dir(topic: str) -> str:
+    return f"{PARTITIONS_DIR}/{validate_topic(topic)}"
+
+
+def partition_dir(topic: str, partition: int) -> str:
+    if not isinstance(partition, int) or partition < 0:
+        raise ReputError(f"invalid partition {partition!r}: use an integer >= 0")
+    return f"{topic_dir(topic)}/{partition}"
+
+
+def segment_log(topic: str, partition: int, base: int, sub: str | None = None) -> str:
+    d = partition_dir(topic, partition) + (f"/{sub}" if sub else "")
+    return f"{d}/{base_name(base)}{LOG_SUFFIX}"
+
+
+def segment_index(topic: str, partition: int, base: int, sub: str | None = None) -> str:
+    d = partition_dir(topic, partition) + (f"/{sub}" if sub else "")
+    return f"{d}/{base_name(base)}{INDEX_SUFFIX}"
+
+
+def compaction_checkpoint(topic: str, partition: int) -> str:
+    return f"{partition_dir(topic, partition)}/{COMPACTION_CHECKPOINT}"
+
+
+def compacting_dir(topic: str, partition: int) -> str:
+    return f"{partition_dir(topic, partition)}/{COMPACTING_DIR}"
+
+
+def replicating_dir(topic: str, partition: int) -> str:
+    return f"{partition_dir(topic, partition)}/{REPLICATING_DIR}"

@@ -1,0 +1,367 @@
+"""A topic-partition's compaction log: .log data segments, each with its .bcq index.
+
+Spec: docs/formats/bcq.md (index) and docs/formats/record.md (data). Segments are named by the
+20-digit base offset (the first offset the segment may hold); each holds the offsets from its
+base up to the next segment's base. Records are appended byte for byte as reput found them in
+the commit log: first the .log bytes, then the .bcq entries, so an entry never points past its
+data. Opening for write recovers: a .bcq behind its .log is rebuilt from the .log, entries past
+the end of the .log are dropped, and a torn .log tail is cut (reput re-dispatches it from the
+commit log, whose checkpoint is behind it). Reads check every record's CRC and never serve a
+record that fails it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from . import _kernels as K
+from . import bcq as B
+from . import filenames as fn
+from .backend import AppendFile, Backend
+from .config import TopicConfig
+from .errors import CorruptRecordError
+from .record import Record, Scan, decode_one, scan
+
+
+@dataclass
+class Segment:
+    base: int
+    log_size: int
+    index_size: int
+    _map: np.ndarray | None = None
+    _map_size: int = -1
+
+    @property
+    def entry_count(self) -> int:
+        return self.index_size // B.ENTRY_SIZE
+
+
+@dataclass
+class ReadResult:
+    """Records read from one partition: their bytes, their index entries, and where to go next.
+
+    ``entries['position']`` is relative to ``data`` (the records are contiguous in it).
+    """
+
+    data: bytes
+    entries: np.ndarray
+    next_offset: int
+
+    def records(self, topic_hint: str = "") -> Iterator[Record]:
+        for pos in self.entries["position"]:
+            yield decode_one(self.data, int(pos), verify_crc=False, where=topic_hint)
+
+
+class PartitionLog:
+    def __init__(self, fs: Backend, topic: str, partition: int, secret: bytes,
+                 config: TopicConfig = TopicConfig(), *, writable: bool = False,
+                 sub: str | None = None):
+        self.fs, self.topic, self.partition, self.secret = fs, topic, partition, secret
+        self.config = config
+        self.sub = sub
+        self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")
+        self.writable = writable
+        self.segments: list[Segment] = []
+        self._log: AppendFile | None = None
+        self._idx: AppendFile | None = None
+        self._dirty_files: list[AppendFile] = []
+        self.recovered_entries = 0
+        self.truncated_bytes = 0
+        self._load()
+        if writable:
+            self.recover()
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def log_path(self, base: int) -> str:
+        return f"{self.dir}/{fn.base_name(base)}{fn.LOG_SUFFIX}"
+
+    def index_path(self, base: int) -> str:
+        return f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}"
+
+    # -- load / refresh ------------------------------------------------------------------
+
+    def _load(self) -> None:
+        logs, idxs = set(), set()
+        for name in self.fs.listdir(self.dir):
+            parsed = fn.parse_base(name)
+            if parsed:
+                (logs if parsed[1] == "log" else idxs).add(parsed[0])
+        segs = []
+        old = {s.base: s for s in self.segments}
+        for base in sorted(logs):
+            try:
+                ls = self.fs.size(self.log_path(base))
+            except FileNotFoundError:
+                continue  # replaced under us by a compaction swap; the next refresh sees it
+            try:
+                isz = self.fs.size(self.index_path(base)) if base in idxs else 0
+            except FileNotFoundError:
+                isz = 0
+            seg = old.get(base) or Segment(base, ls, isz)
+            if seg.log_size != ls or seg.index_size != isz:
+                seg.log_size, seg.index_size = ls, isz
+            segs.append(seg)
+        self.segments = segs
+        self._orphan_indexes = sorted(idxs - logs)
+
+    def refresh(self) -> None:
+        """Pick up what other processes appended or compacted since this object looked."""
+        if not self.writable:
+            self._load()
+
+    # -- index access --------------------------------------------------------------------
+
+    def entries(self, seg: Segment) -> np.ndarray:
+        """The valid index entries of a segment (those whose record lies inside its .log)."""
+        n = seg.entry_count
+        if n == 0:
+            return np.zeros(0, dtype=B.BCQ_DTYPE)
+        size = n * B.ENTRY_SIZE
+        if seg._map is None or seg._map_size != size:
+            seg._map = self.fs.map(self.index_path(seg.base), size)
+            seg._map_size = size
+        e = B.view(seg._map)
+        last = e[-1]
+        if int(last["position"]) + int(last["size"]) > seg.log_size:
+            ends = e["position"].astype(np.int64) + e["size"]
+            e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
+        return e
+
+    @property
+    def first_offset(self) -> int:
+        for seg in self.segments:
+            e = self.entries(seg)
+            if e.shape[0]:
+                return int(e[0]["offset"])
+        return self.next_offset
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the last indexed record, -1 when there is none."""
+        for seg in reversed(self.segments):
+            e = self.entries(seg)
+            if e.shape[0]:
+                return int(e[-1]["offset"])
+        return -1
+
+    @property
+    def next_offset(self) -> int:
+        base = self.segments[-1].base if self.segments else 0
+        return max(self.last_offset + 1, base)
+
+    def record_count(self) -> int:
+        return sum(len(self.entries(s)) for s in self.segments)
+
+    def size_bytes(self) -> int:
+        return sum(s.log_size for s in self.segments)
+
+    def segment_for(self, offset: int) -> int:
+        """Index of the segment whose range holds ``offset`` (0 if before the first)."""
+        bases = [s.base for s in self.segments]
+        return max(0, bisect.bisect_right(bases, offset) - 1)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Make every .bcq match its .log (see module docstring). Writer-only."""
+        for base in self._orphan_indexes:
+            self.fs.delete(self.index_path(base))
+        self._orphan_indexes = []
+        for name in self.fs.listdir(self.dir):
+            if name.endswith(fn.TMP_SUFFIX):
+                self.fs.delete(f"{self.dir}/{name}")
+        for seg in self.segments:
+            self._recover_segment(seg)
+
+    def _recover_segment(self, seg: Segment) -> None:
+        n = seg.entry_count
+        if seg.index_size != n * B.ENTRY_SIZE:
+            self._truncate(self.index_path(seg.base), n * B.ENTRY_SIZE)
+            seg.index_size = n * B.ENTRY_SIZE
+        e = self.entries(seg)
+        if e.shape[0] != n:  # entries point past the end of the .log
+            self._truncate(self.index_path(seg.base), e.shape[0] * B.ENTRY_SIZE)
+            seg.index_size = e.shape[0] * B.ENTRY_SIZE
+            seg._map = None
+        indexed_end = int(e[-1]["position"]) + int(e[-1]["size"]) if e.shape[0] else 0
+        if seg.log_size <= indexed_end:
+            return
+        buf = self.fs.map(self.log_path(seg.base), seg.log_size)
+        s = scan(buf, indexed_end, seg.log_size, secret=self.secret, verify_crc=True)
+        last = int(e[-1]["offset"]) if e.shape[0] else -1
+        # offsets only grow: a record at or below the last indexed one is not ours to index
+        good = len(s) if len(s) == 0 or int(s.offsets[0]) > last else 0
+        if good:
+            entries = B.entries_from_scan(s, 0, good, 0)
+            f = self.fs.open_append(self.index_path(seg.base))
+            f.write(entries.tobytes())
+            f.sync()
+            f.close()
+            seg.index_size += good * B.ENTRY_SIZE
+            seg._map = None
+            self.recovered_entries += good
+        stop = int(s.positions[good - 1] + s.sizes[good - 1]) if good else indexed_end
+        del buf
+        if stop < seg.log_size:
+            self.truncated_bytes += seg.log_size - stop
+            self._truncate(self.log_path(seg.base), stop)
+            seg.log_size = stop
+
+    def _truncate(self, path: str, size: int) -> None:
+        f = self.fs.open_append(path)
+        f.truncate(size)
+        f.sync()
+        f.close()
+
+    # -- append (writer) -----------------------------------------------------------------
+
+    def _active_files(self) -> tuple[Segment, AppendFile, AppendFile]:
+        seg = self.segments[-1]
+        if self._log is None:
+            self._log = self.fs.open_append(self.log_path(seg.base))
+            self._idx = self.fs.open_append(self.index_path(seg.base))
+            self._dirty_files += [self._log, self._idx]
+        return seg, self._log, self._idx
+
+    def roll(self, base: int | None = None) -> None:
+        """Seal the active segment and start an empty one at ``base`` (default: next offset)."""
+        base = self.next_offset if base is None else base
+        if self.segments and self.segments[-1].base == base:
+            return
+        if self.segments and self.segments[-1].log_size == 0:
+            # an empty active segment is renamed forward rather than left behind
+            self._close_files()
+            old = self.segments.pop()
+            self.fs.delete(self.log_path(old.base))
+            self.fs.delete(self.index_path(old.base))
+        self._close_files()
+        self.segments.append(Segment(base, 0, 0))
+        self._active_files()
+
+    def _close_files(self) -> None:
+        if self._log is not None:
+            self._log = self._idx = None  # kept in _dirty_files until the next sync
+
+    def append(self, src: np.ndarray, s: Scan, lo: int, hi: int) -> int:
+        """Append records lo..hi-1 of scan ``s`` (their bytes are in ``src``, contiguous).
+
+        Records at or below the last stored offset are skipped (idempotent re-dispatch).
+        Returns how many were appended.
+        """
+        assert self.writable
+        last = self.last_offset
+        if hi > lo and s.offsets[lo] <= last:
+            lo += int(np.searchsorted(s.offsets[lo:hi], last, side="right"))
+        appended = 0
+        limit = self.config.segment_bytes
+        while lo < hi:
+            if not self.segments:
+                self.segments.append(Segment(int(s.offsets[lo]), 0, 0))
+            seg, logf, idxf = self._active_files()
+            start_byte = int(s.positions[lo])
+            ends = s.positions[lo:hi] + s.sizes[lo:hi] - start_byte
+            k = int(np.searchsorted(ends, limit - seg.log_size, side="right"))
+            if k == 0:
+                if seg.log_size > 0:
+                    self.roll(int(s.offsets[lo]))
+                    continue
+                k = 1
+            end_byte = start_byte + int(ends[k - 1])
+            entries = B.entries_from_scan(s, lo, lo + k, seg.log_size - start_byte)
+            logf.write(src[start_byte:end_byte])
+            idxf.write(entries.tobytes())
+            seg.log_size = logf.size
+            seg.index_size = idxf.size
+            appended += k
+            lo += k
+        return appended
+
+    def sync(self) -> None:
+        """fsync what was appended since the last sync; close sealed segments' files."""
+        active = [f for f in (self._log, self._idx) if f is not None]
+        for f in self._dirty_files:
+            f.sync()
+            if f not in active:
+                f.close()
+        self._dirty_files = active
+
+    def close(self) -> None:
+        self.sync()
+        for f in (self._log, self._idx):
+            if f is not None:
+                f.close()
+        self._log = self._idx = None
+        self._dirty_files = []
+        for seg in self.segments:
+            seg._map = None
+
+    # -- read ----------------------------------------------------------------------------
+
+    def read(self, from_offset: int, max_records: int | None = None,
+             max_bytes: int | None = None) -> ReadResult:
+        """Records with offset >= from_offset, in offset order, from one segment at most.
+
+        A missing offset continues at the next existing one. At least one record is returned
+        when any exists, even if it is larger than ``max_bytes``. Every record's CRC is checked.
+        """
+        i = self.segment_for(from_offset)
+        while i < len(self.segments):
+            seg = self.segments[i]
+            e = self.entries(seg)
+            j = B.lower_bound(e, from_offset)
+            if j < e.shape[0]:
+                stop = e.shape[0] if max_records is None else min(e.shape[0], j + max_records)
+                if max_bytes is not None:
+                    ends = e["position"][j:stop].astype(np.int64) + e["size"][j:stop] \
+                        - int(e[j]["position"])
+                    stop = j + max(1, int(np.searchsorted(ends, max_bytes, side="right")))
+                sel = e[j:stop].copy()
+                start = int(sel[0]["position"])
+                end = int(sel[-1]["position"]) + int(sel[-1]["size"])
+                data = self.fs.read(self.log_path(seg.base), start, end - start)
+                sel["position"] -= start
+                self._check(data, sel, seg, start)
+                return ReadResult(data, sel, int(sel[-1]["offset"]) + 1)
+            i += 1
+        return ReadResult(b"", np.zeros(0, dtype=B.BCQ_DTYPE), max(from_offset, self.next_offset))
+
+    def _check(self, data: bytes, sel: np.ndarray, seg: Segment, file_start: int) -> None:
+        buf = np.frombuffer(data, dtype=np.uint8)
+        s = scan(buf, 0, len(buf), verify_crc=True)
+        ok = (len(s) == sel.shape[0] and s.status == K.SCAN_OK
+              and np.array_equal(s.offsets, sel["offset"])
+              and np.array_equal(s.positions, sel["position"].astype(np.int64)))
+        if not ok:
+            bad = int(s.stop) if s.status != K.SCAN_OK else self._first_mismatch(s, sel)
+            raise CorruptRecordError(
+                f"{self.log_path(seg.base)}: corrupt record at byte {file_start + bad} "
+                "(CRC or header check failed, or the .bcq does not match the .log); run "
+                "`kcompact verify` and rebuild this partition from a replica",
+                self.log_path(seg.base), file_start + bad)
+
+    @staticmethod
+    def _first_mismatch(s: Scan, sel: np.ndarray) -> int:
+        n = min(len(s), sel.shape[0])
+        diff = np.nonzero((s.offsets[:n] != sel["offset"][:n])
+                          | (s.positions[:n] != sel["position"][:n].astype(np.int64)))[0]
+        return int(sel[diff[0]]["position"]) if diff.size else int(s.stop)
+
+    def iter_records(self, from_offset: int = 0, limit: int | None = None,
+                     batch_bytes: int = 4 << 20) -> Iterator[Record]:
+        """Decoded records from ``from_offset`` (for dump, restore and tests)."""
+        off = from_offset
+        n = 0
+        while limit is None or n < limit:
+            r = self.read(off, max_records=None if limit is None else limit - n,
+                          max_bytes=batch_bytes)
+            if r.entries.shape[0] == 0:
+                return
+            for rec in r.records(self.log_path(0)):
+                yield rec
+                n += 1
+            off = r.next_offset

@@ -1,0 +1,363 @@
+"""The store: store.json, commit-log writers, reput, and per-partition compaction logs.
+
+``Store.open(url)`` opens a store read-only (safe next to a live writer: nothing is modified).
+``Store.open(url, writer="w")`` also takes the commit log ``commitlog/w/``: it truncates a torn
+commit-log tail, then re-dispatches from the reput checkpoint (idempotent: offsets at or below a
+partition's last indexed offset are skipped), recovering each partition it writes to.
+
+``append(batch)`` encodes the batch into the commit log and dispatches it at once into the
+partitions' compaction logs (reput), so reads see it immediately; ``flush()`` makes it durable:
+commit log fsync, partition fsync, then the reput checkpoint. Every flushed record survives a
+crash exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import _kernels as K
+from . import filenames as fn
+from .backend import Backend, LocalBackend, MemoryBackend
+from .commitlog import CommitLog
+from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
+from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
+                     StoreNotFoundError)
+from .partition import PartitionLog, ReadResult
+from .record import Record, RecordBatch, encode_batch, scan, validate_topic
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class StoreMeta:
+    """Contents of store.json (docs/formats/store-json.md)."""
+
+    store_id: str
+    secret: bytes
+    created_ms: int
+    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format_version": self.format_version,
+            "store_id": self.store_id,
+            "digest": {"algorithm": "siphash-2-4-128", "secret": self.secret.hex()},
+            "created_ms": self.created_ms,
+            "topics": self.topics,
+        }, indent=2, sort_keys=True).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> "StoreMeta":
+        try:
+            d = json.loads(raw)
+            version = int(d["format_version"])
+        except (ValueError, KeyError, TypeError):
+            raise StoreFormatError(f"{where}: store.json is truncated or not valid JSON; restore "
+                                   "it from a backup (the digest secret is in it)") from None
+        if version > FORMAT_VERSION:
+            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
+                                   f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+        try:
+            secret = bytes.fromhex(d["digest"]["secret"])
+            if len(secret) != 16 or d["digest"]["algorithm"] != "siphash-2-4-128":
+                raise ValueError
+            topics = d.get("topics", {})
+            for t, cfg in topics.items():
+                validate_topic(t)
+                TopicConfig.from_dict(cfg)
+            return cls(str(d["store_id"]), secret, int(d.get("created_ms", 0)), topics, version)
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
+                                   "from a backup") from None
+
+
+def backend_for(url: str) -> Backend:
+    """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
+    if url.startswith("s3://"):
+        try:
+            from .s3 import S3Backend  # noqa: WPS433 (optional, needs boto3)
+        except ImportError as e:
+            raise ReputError(f"S3 stores need the S3 backend: {e}") from None
+        return S3Backend.from_url(url)
+    if url.startswith("memory://"):
+        return MemoryBackend()
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    return LocalBackend(url)
+
+
+class Store:
+    def __init__(self, fs: Backend, meta: StoreMeta, *, writer: str | None,
+                 options: WriterOptions, clock: Clock, commitlog_fs: Backend | None = None):
+        self.fs, self.meta, self.writer = fs, meta, writer
+        self.options, self.clock = options, clock
+        self.commitlog_fs = commitlog_fs or fs
+        self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._writable: set[tuple[str, int]] = set()
+        self._lock = threading.RLock()
+        self.commitlog: CommitLog | None = None
+        self._dispatched = 0
+        self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
+        if writer is not None:
+            self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
+            self._dispatched = self.commitlog.read_checkpoint()
+            self.dispatch()
+            self.flush()
+
+    # -- open / create -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
+               fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK) -> "Store":
+        fs = fs or backend_for(url)
+        meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {})
+        for t, cfg in (topics or {}).items():
+            meta.topics[validate_topic(t)] = TopicConfig.from_dict(cfg).to_dict()
+        if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
+            raise ReputError(f"{fs.url}: a store already exists here")
+        return cls(fs, meta, writer=None, options=WriterOptions(), clock=clock)
+
+    @classmethod
+    def open(cls, url: str, *, writer: str | None = None, create: bool = False,
+             options: WriterOptions = WriterOptions(), clock: Clock = SYSTEM_CLOCK,
+             fs: Backend | None = None, commitlog_dir: str | None = None) -> "Store":
+        fs = fs or backend_for(url)
+        try:
+            raw = fs.read(fn.STORE_JSON)
+        except FileNotFoundError:
+            if not create:
+                hint = (" (it is not empty)" if fs.listdir("") else "")
+                raise StoreNotFoundError(f"{fs.url} is not a kcompact store{hint}: no store.json; "
+                                         "create one with `kcompact mirror` or Store.create") from None
+            try:
+                cls.create(url, fs=fs, clock=clock)
+            except ReputError:
+                pass  # another process created it first
+            raw = fs.read(fn.STORE_JSON)
+        except IsADirectoryError:
+            raise StoreFormatError(f"{fs.url}/store.json is a directory") from None
+        meta = StoreMeta.from_json(raw, fs.url)
+        clfs = LocalBackend(commitlog_dir) if commitlog_dir else None
+        if clfs is None and not fs.appendable:
+            raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
+        return cls(fs, meta, writer=writer, options=options, clock=clock, commitlog_fs=clfs)
+
+    @property
+    def url(self) -> str:
+        return self.fs.url
+
+    @property
+    def secret(self) -> bytes:
+        return self.meta.secret
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- topics and configs --------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        names = set(self.meta.topics)
+        for name in self.fs.listdir(fn.PARTITIONS_DIR):
+            try:
+                names.add(validate_topic(name))
+            except ReputError:
+                continue
+        return sorted(names)
+
+    def partitions(self, topic: str) -> list[int]:
+        return sorted(int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit())
+
+    def topic_config(self, topic: str) -> TopicConfig:
+        return TopicConfig.from_dict(self.meta.topics.get(topic))
+
+    def set_topic_config(self, topic: str, overrides: dict[str, Any]) -> TopicConfig:
+        """Validate and persist topic config overrides in store.json."""
+        with self._lock:
+            raw = self.fs.read(fn.STORE_JSON)
+            meta = StoreMeta.from_json(raw, self.fs.url)
+            cfg = TopicConfig.from_dict(meta.topics.get(validate_topic(topic))).with_overrides(
+                overrides)
+            meta.topics[topic] = cfg.to_dict()
+            self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self.meta = meta
+            for (t, _), pl in self._partitions.items():
+                if t == topic:
+                    pl.config = cfg
+            return cfg
+
+    # -- partitions ----------------------------------------------------------------------
+
+    def partition(self, topic: str, partition: int) -> PartitionLog:
+        """The partition's log (read-only view unless this process writes it)."""
+        key = (topic, partition)
+        with self._lock:
+            pl = self._partitions.get(key)
+            if pl is None:
+                pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic))
+                self._partitions[key] = pl
+            elif key not in self._writable:
+                pl.refresh()
+            return pl
+
+    def writable_partition(self, topic: str, partition: int) -> PartitionLog:
+        key = (topic, partition)
+        with self._lock:
+            if key not in self._writable:
+                old = self._partitions.pop(key, None)
+                if old is not None:
+                    old.close()
+                self._partitions[key] = PartitionLog(self.fs, topic, partition, self.secret,
+                                                     self.topic_config(topic), writable=True)
+                self._writable.add(key)
+            return self._partitions[key]
+
+    def release_partition(self, topic: str, partition: int) -> None:
+        """Forget a cached partition (after another component rewrote its files)."""
+        with self._lock:
+            pl = self._partitions.pop((topic, partition), None)
+            self._writable.discard((topic, partition))
+            if pl is not None:
+                pl.close()
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).next_offset
+
+    def first_offset(self, topic: str, partition: int) -> int:
+        return self.partition(topic, partition).first_offset
+
+    def read(self, topic: str, partition: int, from_offset: int = 0, *,
+             max_records: int | None = None, max_bytes: int | None = None) -> ReadResult:
+        return self.partition(topic, partition).read(from_offset, max_records, max_bytes)
+
+    def iter_records(self, topic: str, partition: int, from_offset: int = 0,
+                     limit: int | None = None) -> Iterator[Record]:
+        return self.partition(topic, partition).iter_records(from_offset, limit)
+
+    # -- write path ----------------------------------------------------------------------
+
+    def _check_order(self, batch: RecordBatch) -> None:
+        parts, offs = batch.partitions, batch.offsets
+        if len(batch) < 2:
+            return
+        if parts[0] == parts[-1] and np.all(parts == parts[0]):
+            bad = np.nonzero(offs[1:] <= offs[:-1])[0]
+            if bad.size:
+                i = int(bad[0]) + 1
+                raise OffsetOrderError(
+                    f"{batch.topic}-{int(parts[i])}: offset {int(offs[i])} follows "
+                    f"{int(offs[i - 1])} in the batch; offsets must strictly increase")
+            return
+        order = np.argsort(parts, kind="stable")
+        p, o = parts[order], offs[order]
+        bad = np.nonzero((p[1:] == p[:-1]) & (o[1:] <= o[:-1]))[0]
+        if bad.size:
+            i = int(bad[0]) + 1
+            raise OffsetOrderError(f"{batch.topic}-{int(p[i])}: offset {int(o[i])} follows "
+                                   f"{int(o[i - 1])} in the batch; offsets must strictly increase")
+
+    def append(self, batch: RecordBatch) -> int:
+        """Append a batch to this writer's commit log and dispatch it. Returns records appended
+        to compaction logs (records at or below a partition's last offset are skipped)."""
+        if self.commitlog is None:
+            raise ReputError("this store was opened read-only; open it with a writer id to append")
+        if len(batch) == 0:
+            return 0
+        self._check_order(batch)
+        buf, positions = encode_batch(batch)
+        with self._lock:
+            self.commitlog.append(buf, positions)
+            self.stats["appended"] += len(batch)
+            return self.dispatch()
+
+    def dispatch(self) -> int:
+        """Reput: copy commit-log records after the dispatched position into partitions."""
+        assert self.commitlog is not None
+        total = 0
+        with self._lock:
+            for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
+                s = scan(view, lo, hi, secret=self.secret,
+                         verify_crc=self.options.verify_crc_on_dispatch)
+                if s.status != K.SCAN_OK:
+                    raise CorruptRecordError(
+                        f"{fn.commitlog_segment(self.writer, seg_base)}: "
+                        f"{'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
+                        f"{s.stop} during reput", fn.commitlog_segment(self.writer, seg_base),
+                        s.stop)
+                if len(s):
+                    runs = K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions)
+                    for r in range(runs.shape[0] - 1):
+                        a, b = int(runs[r]), int(runs[r + 1])
+                        p = int(s.positions[a])
+                        tl = int(view[p + 10])
+                        topic = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
+                        pl = self.writable_partition(topic, int(s.partitions[a]))
+                        n = pl.append(view, s, a, b)
+                        total += n
+                        self.stats["skipped"] += (b - a) - n
+                self._dispatched = seg_base + hi
+                del view
+            self.stats["dispatched"] += total
+        return total
+
+    def flush(self) -> None:
+        """Make everything appended so far durable, then advance the reput checkpoint."""
+        if self.commitlog is None:
+            return
+        with self._lock:
+            if self.options.fsync != "never":
+                self.commitlog.sync()
+                for key in self._writable:
+                    self._partitions[key].sync()
+            if self._dispatched != self.commitlog.read_checkpoint():
+                self.commitlog.write_checkpoint(self._dispatched)
+            self.commitlog.delete_dispatched(self._dispatched)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.commitlog is not None:
+                self.flush()
+            for pl in self._partitions.values():
+                pl.close()
+            self._partitions.clear()
+            self._writable.clear()
+            if self.commitlog is not None:
+                self.commitlog.close()
+                self.commitlog = None
+
+    # -- whole-store recovery ------------------------------------------------------------
+
+    def recover_writers(self) -> list[str]:
+        """Re-dispatch every other writer's commit log that no live process holds.
+
+        Used by jobs that take over partitions a dead writer left behind (a killed Spark task,
+        a crashed mirror): each free commit log is opened, its tail repaired and dispatched.
+        """
+        done = []
+        from .errors import StoreLockedError
+        for w in self.commitlog_fs.listdir(fn.COMMITLOG_DIR):
+            if w == self.writer:
+                continue
+            try:
+                other = Store(self.fs, self.meta, writer=w, options=self.options,
+                              clock=self.clock, commitlog_fs=self.commitlog_fs)
+            except StoreLockedError:
+                continue
+            other.close()
+            done.append(w)
+        with self._lock:
+            for key in list(self._partitions):
+                if key not in self._writable:
+                    self._partitions.pop(key).close()
+        return done
