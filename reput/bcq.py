@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
-from .record import ATTR_NULL_KEY, ATTR_NULL_VALUE, Scan
+from .record import Scan
 
 FORMAT_VERSION = 1
 ENTRY_SIZE = 48
@@ -50,20 +50,15 @@ def lower_bound(entries: np.ndarray, target: int) -> int:
     return int(K.lower_bound_strided(words, _WORDS, n, np.int64(target)))
 
 
-def entries_from_scan(s: Scan, lo: int, hi: int, position_base: int) -> np.ndarray:
+def entries_from_scan(s: Scan, lo: int, hi: int, position_base: int,
+                      out: np.ndarray | None = None) -> np.ndarray:
     """Index entries for records lo..hi-1 of a scan, positioned at their place in a .log.
 
     ``position_base`` is added to each record's scan position (the .log position of the scan
     buffer's byte 0 minus where the records' bytes start in it).
     """
     n = hi - lo
-    e = np.zeros(n, dtype=BCQ_DTYPE)
-    e["offset"] = s.offsets[lo:hi]
-    e["timestamp"] = s.timestamps[lo:hi]
-    e["digest_lo"] = s.digest_lo[lo:hi]
-    e["digest_hi"] = s.digest_hi[lo:hi]
-    e["position"] = s.positions[lo:hi] + position_base
-    e["size"] = s.sizes[lo:hi]
-    a = s.attrs[lo:hi]
-    e["flags"] = ((a & ATTR_NULL_VALUE) != 0) * FLAG_TOMBSTONE + ((a & ATTR_NULL_KEY) != 0) * FLAG_KEYLESS
-    return e
+    raw = out[: n * ENTRY_SIZE] if out is not None else np.empty(n * ENTRY_SIZE, np.uint8)
+    K.fill_entries(raw, lo, hi, position_base, s.offsets, s.timestamps, s.digest_lo,
+                   s.digest_hi, s.positions, s.sizes, s.attrs)
+    return raw.view(BCQ_DTYPE)

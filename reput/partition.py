@@ -71,6 +71,7 @@ class PartitionLog:
         self._dirty_files: list[AppendFile] = []
         self.recovered_entries = 0
         self.truncated_bytes = 0
+        self._entry_scratch = np.empty(0, np.uint8)
         self._load()
         if writable:
             self.recover()
@@ -259,6 +260,7 @@ class PartitionLog:
             lo += int(np.searchsorted(s.offsets[lo:hi], last, side="right"))
         appended = 0
         limit = self.config.segment_bytes
+        scratch = self._entry_scratch
         while lo < hi:
             if not self.segments:
                 self.segments.append(Segment(int(s.offsets[lo]), 0, 0))
@@ -272,9 +274,11 @@ class PartitionLog:
                     continue
                 k = 1
             end_byte = start_byte + int(ends[k - 1])
-            entries = B.entries_from_scan(s, lo, lo + k, seg.log_size - start_byte)
+            if scratch.shape[0] < k * B.ENTRY_SIZE:
+                scratch = self._entry_scratch = np.empty(k * B.ENTRY_SIZE, np.uint8)
+            entries = B.entries_from_scan(s, lo, lo + k, seg.log_size - start_byte, scratch)
             logf.write(src[start_byte:end_byte])
-            idxf.write(entries.tobytes())
+            idxf.write(entries.view(np.uint8))
             seg.log_size = logf.size
             seg.index_size = idxf.size
             appended += k

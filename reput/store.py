@@ -31,7 +31,7 @@ from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
 from .partition import PartitionLog, ReadResult
-from .record import Record, RecordBatch, encode_batch, scan, validate_topic
+from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
 
 FORMAT_VERSION = 1
 
@@ -106,6 +106,7 @@ class Store:
         self._lock = threading.RLock()
         self.commitlog: CommitLog | None = None
         self._dispatched = 0
+        self._scratch = Scratch()
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
@@ -275,10 +276,16 @@ class Store:
         if len(batch) == 0:
             return 0
         self._check_order(batch)
-        buf, positions = encode_batch(batch)
         with self._lock:
-            self.commitlog.append(buf, positions)
+            buf, positions = encode_batch(batch, self._scratch)
+            start, end = self.commitlog.append(buf, positions)
             self.stats["appended"] += len(batch)
+            if start == self._dispatched:
+                # The bytes just written are in memory: dispatch them without reading back.
+                n = self._dispatch_view(buf, 0, buf.shape[0], verify_crc=False, where="batch")
+                self._dispatched = end
+                self.stats["dispatched"] += n
+                return n
             return self.dispatch()
 
     def dispatch(self) -> int:
@@ -287,28 +294,33 @@ class Store:
         total = 0
         with self._lock:
             for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
-                s = scan(view, lo, hi, secret=self.secret,
-                         verify_crc=self.options.verify_crc_on_dispatch)
-                if s.status != K.SCAN_OK:
-                    raise CorruptRecordError(
-                        f"{fn.commitlog_segment(self.writer, seg_base)}: "
-                        f"{'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
-                        f"{s.stop} during reput", fn.commitlog_segment(self.writer, seg_base),
-                        s.stop)
-                if len(s):
-                    runs = K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions)
-                    for r in range(runs.shape[0] - 1):
-                        a, b = int(runs[r]), int(runs[r + 1])
-                        p = int(s.positions[a])
-                        tl = int(view[p + 10])
-                        topic = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
-                        pl = self.writable_partition(topic, int(s.partitions[a]))
-                        n = pl.append(view, s, a, b)
-                        total += n
-                        self.stats["skipped"] += (b - a) - n
+                total += self._dispatch_view(view, lo, hi,
+                                             verify_crc=self.options.verify_crc_on_dispatch,
+                                             where=fn.commitlog_segment(self.writer, seg_base))
                 self._dispatched = seg_base + hi
                 del view
             self.stats["dispatched"] += total
+        return total
+
+    def _dispatch_view(self, view: np.ndarray, lo: int, hi: int, *, verify_crc: bool,
+                       where: str) -> int:
+        s = scan(view, lo, hi, secret=self.secret, verify_crc=verify_crc, scratch=self._scratch)
+        if s.status != K.SCAN_OK:
+            raise CorruptRecordError(
+                f"{where}: {'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
+                f"{s.stop} during reput", where, s.stop)
+        total = 0
+        if len(s):
+            runs = K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions)
+            for r in range(runs.shape[0] - 1):
+                a, b = int(runs[r]), int(runs[r + 1])
+                p = int(s.positions[a])
+                tl = int(view[p + 10])
+                topic = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
+                pl = self.writable_partition(topic, int(s.partitions[a]))
+                n = pl.append(view, s, a, b)
+                total += n
+                self.stats["skipped"] += (b - a) - n
         return total
 
     def flush(self) -> None:

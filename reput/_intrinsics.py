@@ -1,0 +1,90 @@
+"""LLVM intrinsics for the numba kernels: unaligned little-endian loads/stores and SSE4.2 CRC32C.
+
+Records are byte-packed, so integers inside them are unaligned; these compile to single mov
+instructions instead of byte-by-byte assembly. ``HAVE_SSE42`` says whether the CPU has the
+CRC32 instruction; reput/_kernels.py falls back to a slicing-by-8 table otherwise.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
+    raise ImportError("kcompact's kernels assume a little-endian CPU")
+
+
+def _cpu_has_sse42() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any("sse4_2" in line for line in f if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+HAVE_SSE42 = _cpu_has_sse42()
+
+
+def _load(bits: int):
+    @intrinsic
+    def load(typingctx, arr, idx):
+        ret = {8: types.uint8, 16: types.uint16, 32: types.uint32, 64: types.uint64}[bits]
+        sig = ret(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            a = context.make_array(signature.args[0])(context, builder, args[0])
+            ptr = builder.gep(a.data, [args[1]])
+            return builder.load(builder.bitcast(ptr, ir.IntType(bits).as_pointer()), align=1)
+        return sig, codegen
+    return load
+
+
+def _store(bits: int):
+    @intrinsic
+    def store(typingctx, arr, idx, val):
+        sig = types.void(arr, idx, val)
+
+        def codegen(context, builder, signature, args):
+            a = context.make_array(signature.args[0])(context, builder, args[0])
+            ptr = builder.gep(a.data, [args[1]])
+            v = context.cast(builder, args[2], signature.args[2],
+                             getattr(types, f"uint{bits}"))
+            builder.store(v, builder.bitcast(ptr, ir.IntType(bits).as_pointer()), align=1)
+            return context.get_dummy_value()
+        return sig, codegen
+    return store
+
+
+load_u32 = _load(32)
+load_u64 = _load(64)
+store_u32 = _store(32)
+store_u64 = _store(64)
+
+
+@intrinsic
+def crc32_u64(typingctx, crc, data):
+    sig = types.uint64(types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(64)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.64.64")
+        return builder.call(fn, args)
+    return sig, codegen
+
+
+@intrinsic
+def crc32_u8(typingctx, crc, data):
+    sig = types.uint32(types.uint32, types.uint8)
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(8)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse42.crc32.32.8")
+        return builder.call(fn, args)
+    return sig, codegen

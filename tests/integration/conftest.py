@@ -1,0 +1,103 @@
+"""Fixtures for tests that talk to a real Kafka-compatible broker.
+
+``kafka_bootstrap`` is the broker for the whole session: the one named by
+``KAFKA_BOOTSTRAP_SERVERS`` when that is set (bring your own Kafka), else an
+:class:`connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once and
+stopped at the end. ``make_topic`` creates uniquely named topics on it.
+
+Every test under tests/integration/ is marked ``integration``, so ``pytest -m "not integration"``
+runs without starting any process. What the embedded broker does and does not support is written
+down in BROKER_NOTES.md next to this file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from connectors.broker import EmbeddedBroker
+
+BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
+_HERE = Path(__file__).resolve().parent
+_TOPIC_READY_TIMEOUT = 15.0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees every collected item of the session, not only ours: mark by location.
+    for item in items:
+        if _HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``bootstrap.servers`` of the session's broker (``$KAFKA_BOOTSTRAP_SERVERS`` or embedded)."""
+    external = os.environ.get(BOOTSTRAP_ENV, "").strip()
+    if external:
+        yield external
+        return
+    with EmbeddedBroker() as broker:
+        yield broker.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def kafka_admin(kafka_bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+
+
+@pytest.fixture
+def make_topic(
+    request: pytest.FixtureRequest, kafka_admin: AdminClient
+) -> Iterator[Callable[..., str]]:
+    """Factory: ``make_topic(partitions=N, config={...})`` creates a fresh topic, returns its name.
+
+    The name is unique per call (test name + random suffix), so tests never see each other's
+    records on a shared broker. The call returns once metadata shows every partition with a
+    leader; the topics are deleted after the test (best effort).
+    """
+    created: list[str] = []
+    prefix = "it-" + re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name)[:60]
+
+    def make(partitions: int = 1, config: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        new = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})
+        kafka_admin.create_topics([new], operation_timeout=10, request_timeout=15)[name].result()
+        created.append(name)
+        _wait_for_topic(kafka_admin, name, partitions)
+        return name
+
+    yield make
+
+    if created:
+        futures = kafka_admin.delete_topics(created, operation_timeout=10, request_timeout=15)
+        for future in futures.values():
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - cleanup must not turn a pass into an error
+                pass
+
+
+def _wait_for_topic(admin: AdminClient, name: str, partitions: int) -> None:
+    deadline = time.monotonic() + _TOPIC_READY_TIMEOUT
+    while True:
+        topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
+        if (
+            topic is not None
+            and topic.error is None
+            and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values())
+        ):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"topic {name} was created but its {partitions} partition(s) did not all get a "
+                f"leader within {_TOPIC_READY_TIMEOUT:.0f}s; check the broker"
+            )
+        time.sleep(0.05)
