@@ -41,7 +41,11 @@ __all__ = ["BrokerError", "EmbeddedBroker", "find_broker_binary", "run_foregroun
 HOST = "127.0.0.1"
 #: Seconds to wait for the broker to answer the Kafka protocol after spawning it.
 DEFAULT_STARTUP_TIMEOUT = 30.0
-#: Seconds between SIGTERM and SIGKILL in :meth:`EmbeddedBroker.stop`.
+#: The signal :meth:`EmbeddedBroker.stop` sends first. Not SIGTERM: measured with Tansu 0.6.0,
+#: SIGTERM waits 5 s for connected clients to leave before exiting (idle: at once), while SIGINT
+#: exits at once with status 0 either way. A memory-only broker has nothing to drain.
+STOP_SIGNAL = signal.SIGINT
+#: Seconds between STOP_SIGNAL and SIGKILL in :meth:`EmbeddedBroker.stop`.
 DEFAULT_STOP_TIMEOUT = 5.0
 #: Attempts with a fresh port when a picked free port is taken before Tansu binds it.
 _PORT_PICK_ATTEMPTS = 3
@@ -233,7 +237,7 @@ class EmbeddedBroker:
         return self
 
     def stop(self) -> None:
-        """Stop the broker (SIGTERM to its process group, SIGKILL after a timeout); idempotent."""
+        """Stop the broker: STOP_SIGNAL to its process group, SIGKILL on timeout. Idempotent."""
         proc = self._proc
         if proc is not None:
             self._terminate(proc)
@@ -343,7 +347,7 @@ class EmbeddedBroker:
         if proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, STOP_SIGNAL)
         try:
             proc.wait(timeout=self._stop_timeout)
         except subprocess.TimeoutExpired:

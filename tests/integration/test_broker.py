@@ -147,6 +147,18 @@ def test_start_and_stop_free_the_port_and_end_the_process():
         broker.bootstrap_servers
 
 
+def test_stop_is_quick_while_clients_are_connected():
+    """Tansu lingers 5 s on SIGTERM while a client is connected; stop() must not."""
+    broker = EmbeddedBroker().start()
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce("connected", value=b"v", partition=0)
+    assert producer.flush(10) == 0
+    started = time.monotonic()
+    broker.stop()
+    assert time.monotonic() - started < 2.0
+    del producer
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc/net/tcp")
 def test_listens_on_loopback_only():
     with EmbeddedBroker() as broker:
@@ -167,7 +179,10 @@ def test_fixed_port_serves_kafka_and_can_be_reused_after_stop(tmp_path):
         with EmbeddedBroker(port, log_dir=tmp_path) as broker:
             assert broker.bootstrap_servers == f"127.0.0.1:{port}"
             topic = f"fixed-{round_}"
-            _produce(broker.bootstrap_servers, [{"topic": topic, "key": b"k", "value": b"v"}])
+            _produce(
+                broker.bootstrap_servers,
+                [{"topic": topic, "partition": 0, "key": b"k", "value": b"v"}],
+            )  # auto-creates the topic (with 4 partitions: pin the partition)
             (msg,) = _consume(broker.bootstrap_servers, [TopicPartition(topic, 0, 0)], 1)
             assert (msg.key(), msg.value()) == (b"k", b"v")
     assert "listening on: tcp://127.0.0.1:%d" % port in (tmp_path / "broker.log").read_text()
@@ -220,7 +235,7 @@ def test_broken_binary_raises_broker_error():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_run_foreground_prints_address_and_stops_on_signal(sig):
-    code = "import sys; from connectors.broker import run_foreground; sys.exit(run_foreground(None))"
+    code = "import sys; from connectors.broker import run_foreground as r; sys.exit(r(None))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -1,0 +1,159 @@
+"""Check a whole store without modifying it: every record's CRC, every .bcq entry, offset order.
+
+Like LevelDB's log reader, a problem is reported with its file and byte position and the check
+keeps going (resynchronising on the next index entry), so one run lists every problem. Safe to
+run next to a live writer: bytes past the last index entry of a partition's active segment that
+form a torn record are an append in progress, not corruption.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import _kernels as K
+from . import bcq as B
+from . import filenames as fn
+from .partition import PartitionLog
+from .record import scan
+from .store import Store
+
+
+@dataclass
+class Problem:
+    path: str
+    position: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: byte {self.position}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    problems: list[Problem] = field(default_factory=list)
+    partitions: int = 0
+    segments: int = 0
+    records: int = 0
+    bytes: int = 0
+    commitlog_segments: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "partitions": self.partitions, "segments": self.segments,
+                "records": self.records, "bytes": self.bytes,
+                "commitlog_segments": self.commitlog_segments,
+                "problems": [asdict(p) for p in self.problems]}
+
+
+_CMP_FIELDS = ("offset", "timestamp", "digest_lo", "digest_hi", "position", "size", "flags")
+
+
+def verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
+    pl = PartitionLog(store.fs, topic, partition, store.secret)
+    report.partitions += 1
+    prev_last = -1
+    for si, seg in enumerate(pl.segments):
+        report.segments += 1
+        report.bytes += seg.log_size
+        is_active = si == len(pl.segments) - 1
+        log_path, idx_path = pl.log_path(seg.base), pl.index_path(seg.base)
+        if seg.index_size % B.ENTRY_SIZE:
+            report.problems.append(Problem(idx_path, seg.index_size - seg.index_size % B.ENTRY_SIZE,
+                                           "partial index entry at the end of the .bcq"))
+        raw = store.fs.map(idx_path, seg.entry_count * B.ENTRY_SIZE) if seg.entry_count else \
+            np.zeros(0, np.uint8)
+        idx = B.view(raw)
+        buf = store.fs.map(log_path, seg.log_size) if seg.log_size else np.zeros(0, np.uint8)
+        pos = 0
+        i = 0  # next index entry expected
+        while pos < seg.log_size:
+            s = scan(buf, pos, seg.log_size, secret=store.secret, verify_crc=True)
+            n = len(s)
+            report.records += n
+            if n:
+                exp = B.entries_from_scan(s, 0, n, 0)
+                got = idx[i:i + n]
+                m = min(n, got.shape[0])
+                bad = np.zeros(m, dtype=bool)
+                for f in _CMP_FIELDS:
+                    bad |= exp[f][:m] != got[f][:m]
+                for j in np.nonzero(bad)[0][:20]:
+                    report.problems.append(Problem(
+                        idx_path, int(i + j) * B.ENTRY_SIZE,
+                        f"index entry {int(i + j)} does not match the record at byte "
+                        f"{int(exp[j]['position'])} of the .log (rebuild the .bcq)"))
+                if got.shape[0] < n and not is_active:
+                    report.problems.append(Problem(
+                        idx_path, got.shape[0] * B.ENTRY_SIZE,
+                        f"{n - got.shape[0]} records of the .log have no index entry"))
+                offs = s.offsets[:n]
+                if offs[0] <= prev_last or np.any(np.diff(offs) <= 0):
+                    report.problems.append(Problem(log_path, int(s.positions[0]),
+                                                   "offsets do not strictly increase"))
+                if offs[0] < seg.base or (not is_active and si + 1 < len(pl.segments)
+                                          and offs[-1] >= pl.segments[si + 1].base):
+                    report.problems.append(Problem(log_path, int(s.positions[0]),
+                                                   "offsets outside the segment's range"))
+                prev_last = int(offs[-1])
+                i += n
+            if s.status == K.SCAN_OK:
+                break
+            stop = int(s.stop)
+            indexed_end = (int(idx[-1]["position"]) + int(idx[-1]["size"])) if idx.shape[0] else 0
+            if s.status == K.SCAN_TORN and is_active and stop >= indexed_end:
+                break  # an append in progress (or a torn tail the writer will cut on open)
+            report.problems.append(Problem(
+                log_path, stop, "corrupt record (CRC or header check failed)"
+                if s.status == K.SCAN_CORRUPT else "record runs past the end of the segment"))
+            # resynchronise on the next index entry after the bad record
+            later = np.nonzero(idx["position"].astype(np.int64) > stop)[0]
+            if later.size == 0:
+                break
+            i = int(later[0])
+            pos = int(idx[i]["position"])
+        if i < idx.shape[0]:
+            report.problems.append(Problem(idx_path, i * B.ENTRY_SIZE,
+                                           f"{idx.shape[0] - i} index entries point past the "
+                                           "last valid record of the .log"))
+        del buf, raw
+
+
+def verify_commitlogs(store: Store, report: VerifyReport) -> None:
+    fs = store.commitlog_fs
+    for writer in fs.listdir(fn.COMMITLOG_DIR):
+        try:
+            fn.validate_writer(writer)
+        except Exception:
+            continue
+        bases = sorted(b for b, kind in filter(None, map(fn.parse_base,
+                                                          fs.listdir(fn.writer_dir(writer))))
+                       if kind == "log")
+        for k, base in enumerate(bases):
+            path = fn.commitlog_segment(writer, base)
+            size = fs.size(path)
+            report.commitlog_segments += 1
+            if size == 0:
+                continue
+            buf = fs.map(path, size)
+            _, stop, status = K.count_records(buf, 0, size, True, K.CRC_TABLES)
+            if status == K.SCAN_OK:
+                continue
+            if status == K.SCAN_TORN and k == len(bases) - 1:
+                continue  # a torn tail in the active segment: the writer truncates it on open
+            report.problems.append(Problem(path, int(stop), "corrupt record in the commit log"
+                                           if status == K.SCAN_CORRUPT else "torn record"))
+
+
+def verify_store(store: Store, topic: str | None = None) -> VerifyReport:
+    report = VerifyReport()
+    for t in ([topic] if topic else store.topics()):
+        for p in store.partitions(t):
+            verify_partition(store, t, p, report)
+    if topic is None:
+        verify_commitlogs(store, report)
+    return report
