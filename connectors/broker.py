@@ -125,8 +125,10 @@ def _kill_group(pid: int) -> None:
 class EmbeddedBroker:
     """A memory-only Tansu broker on ``127.0.0.1``, for as long as the context lasts.
 
-    >>> with EmbeddedBroker() as broker:
-    ...     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    ::
+
+        with EmbeddedBroker() as broker:
+            producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
 
     ``port=None`` picks a free loopback port. The broker's stdout and stderr go to
     ``broker.log`` in a temporary directory that :meth:`stop` removes (pass ``log_dir`` to keep

@@ -38,16 +38,31 @@ _WORDS = ENTRY_SIZE // 8  # the offset is word 0 of each entry, read as int64 wi
 def view(buf: np.ndarray) -> np.ndarray:
     """The whole entries of a .bcq byte buffer as a structured array (no copy)."""
     n = buf.shape[0] // ENTRY_SIZE
-    return buf[: n * ENTRY_SIZE].view(BCQ_DTYPE)
+    # a plain ndarray view: numpy subclasses such as np.memmap make every later view slow
+    return buf[: n * ENTRY_SIZE].view(np.ndarray).view(BCQ_DTYPE)
 
 
-def lower_bound(entries: np.ndarray, target: int) -> int:
+class Index:
+    """Entries of one .bcq plus the int64 word view the offset search runs on (both cached)."""
+
+    __slots__ = ("entries", "words", "n")
+
+    def __init__(self, entries: np.ndarray):
+        self.entries = entries
+        self.n = entries.shape[0]
+        self.words = entries.view(np.int64) if self.n else np.zeros(0, np.int64)
+
+    def lower_bound(self, target: int) -> int:
+        """Index of the first entry with offset >= target (n if none)."""
+        if self.n == 0:
+            return 0
+        return K.lower_bound_strided(self.words, _WORDS, self.n, target)
+
+
+def lower_bound(entries: "np.ndarray | Index", target: int) -> int:
     """Index of the first entry with offset >= target (len(entries) if none)."""
-    n = entries.shape[0]
-    if n == 0:
-        return 0
-    words = entries.view(np.uint8).view(np.int64)  # contiguous, entries are 8-byte aligned
-    return int(K.lower_bound_strided(words, _WORDS, n, np.int64(target)))
+    idx = entries if isinstance(entries, Index) else Index(entries)
+    return int(idx.lower_bound(target))
 
 
 def entries_from_scan(s: Scan, lo: int, hi: int, position_base: int,

@@ -34,6 +34,13 @@ class Segment:
     index_size: int
     _map: np.ndarray | None = None
     _map_size: int = -1
+    _index: "B.Index | None" = None
+    _index_log_size: int = -1
+
+    def invalidate(self) -> None:
+        self._map = None
+        self._index = None
+        self._map_size = -1
 
     @property
     def entry_count(self) -> int:
@@ -122,16 +129,28 @@ class PartitionLog:
         n = seg.entry_count
         if n == 0:
             return np.zeros(0, dtype=B.BCQ_DTYPE)
+        return self.index(seg).entries
+
+    def index(self, seg: Segment) -> B.Index:
+        """The segment's valid entries with their search view, cached until the files change."""
+        n = seg.entry_count
         size = n * B.ENTRY_SIZE
-        if seg._map is None or seg._map_size != size:
-            seg._map = self.fs.map(self.index_path(seg.base), size)
-            seg._map_size = size
-        e = B.view(seg._map)
-        last = e[-1]
-        if int(last["position"]) + int(last["size"]) > seg.log_size:
-            ends = e["position"].astype(np.int64) + e["size"]
-            e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
-        return e
+        if seg._index is not None and seg._map_size == size and seg._index_log_size == seg.log_size:
+            return seg._index
+        if n == 0:
+            e = np.zeros(0, dtype=B.BCQ_DTYPE)
+        else:
+            if seg._map is None or seg._map_size != size:
+                seg._map = self.fs.map(self.index_path(seg.base), size)
+            e = B.view(seg._map)
+            last = e[-1]
+            if int(last["position"]) + int(last["size"]) > seg.log_size:
+                ends = e["position"].astype(np.int64) + e["size"]
+                e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
+        seg._map_size = size
+        seg._index_log_size = seg.log_size
+        seg._index = B.Index(e)
+        return seg._index
 
     @property
     def first_offset(self) -> int:
@@ -188,7 +207,7 @@ class PartitionLog:
         if e.shape[0] != n:  # entries point past the end of the .log
             self._truncate(self.index_path(seg.base), e.shape[0] * B.ENTRY_SIZE)
             seg.index_size = e.shape[0] * B.ENTRY_SIZE
-            seg._map = None
+            seg.invalidate()
         indexed_end = int(e[-1]["position"]) + int(e[-1]["size"]) if e.shape[0] else 0
         if seg.log_size <= indexed_end:
             return
@@ -204,7 +223,7 @@ class PartitionLog:
             f.sync()
             f.close()
             seg.index_size += good * B.ENTRY_SIZE
-            seg._map = None
+            seg.invalidate()
             self.recovered_entries += good
         stop = int(s.positions[good - 1] + s.sizes[good - 1]) if good else indexed_end
         del buf
@@ -302,7 +321,7 @@ class PartitionLog:
         self._log = self._idx = None
         self._dirty_files = []
         for seg in self.segments:
-            seg._map = None
+            seg.invalidate()
 
     # -- read ----------------------------------------------------------------------------
 
@@ -316,8 +335,9 @@ class PartitionLog:
         i = self.segment_for(from_offset)
         while i < len(self.segments):
             seg = self.segments[i]
-            e = self.entries(seg)
-            j = B.lower_bound(e, from_offset)
+            idx = self.index(seg)
+            e = idx.entries
+            j = int(idx.lower_bound(from_offset))
             if j < e.shape[0]:
                 stop = e.shape[0] if max_records is None else min(e.shape[0], j + max_records)
                 if max_bytes is not None:
