@@ -1,0 +1,33 @@
+# make demo : create .venv, install kcompact (and Java 17 for Spark if missing), run the demo
+# make test : create .venv, install kcompact with test extras, run unit + integration tests
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
+
+.PHONY: demo test install java bench clean
+
+$(BIN)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "installing Java 17 (needed by Spark)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless; }
+
+install: java $(BIN)/.installed
+
+demo: install
+	$(BIN)/kcompact demo --workdir demo-work
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: install
+	$(BIN)/python bench/store.py
+
+clean:
+	rm -rf $(VENV) demo-work .pytest_cache
