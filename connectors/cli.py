@@ -161,6 +161,45 @@ def cmd_verify(args) -> int:
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
+def cmd_compact(args) -> int:
+    from compaction import CompactionOptions, compact_store
+    if args.engine == "spark":
+        try:
+            from .spark_engine import compact_with_spark  # noqa: WPS433
+        except ImportError:
+            print("kcompact: the Spark engine is not available; compacting locally",
+                  file=sys.stderr)
+        else:
+            return compact_with_spark(args)
+    store = Store.open(args.store)
+    if args.topic and args.topic not in store.topics():
+        raise ConnectorsError(f"topic {args.topic!r} is not in store {store.url}")
+    if args.partition is not None and not args.topic:
+        raise ConnectorsError("--partition needs --topic")
+    results = compact_store(store, topic=args.topic, partition=args.partition, force=args.force,
+                            options=CompactionOptions(offset_map_memory=args.offset_map_memory),
+                            progress=lambda m: print(m, file=sys.stderr, flush=True))
+    store.close()
+    if args.json:
+        _print_json({"store": args.store, "partitions": [r.to_dict() for r in results]})
+        return EXIT_OK
+    if not results:
+        print("nothing to compact (no partition reached min.cleanable.dirty.ratio, "
+              "max.compaction.lag.ms or the small-segment limit; use --force)")
+    for r in results:
+        if r.skipped:
+            print(f"{r.topic}-{r.partition}: skipped: {r.skipped}")
+            continue
+        print(f"{r.topic}-{r.partition}: {r.rounds} rounds, kept {r.records_kept:,} dropped "
+              f"{r.records_dropped:,} records ({r.tombstones_dropped:,} tombstones), "
+              f"{_human_bytes(r.size_before)} -> {_human_bytes(r.size_after)}, "
+              f"read {_human_bytes(r.bytes_read)} wrote {_human_bytes(r.bytes_written)} "
+              f"(recopy {r.recopy_percent:.0f}%), segments {r.segments_before} -> "
+              f"{r.segments_after}, map {r.map_utilization_max:.0%} full at "
+              f"{r.map_bytes_per_key:.1f} B/key, {r.duration_s:.2f}s")
+    return EXIT_OK
+
+
 def cmd_broker(args) -> int:
     from .broker import run_foreground
     return run_foreground(args.port)
@@ -229,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--engine", choices=("spark", "local"), default="local")
     s.add_argument("--spark-master", default=None)
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_not_yet("compact"))
+    s.set_defaults(func=cmd_compact)
 
     s = sub.add_parser("inspect", help="show topics, partitions, segments and dirty ratios")
     s.add_argument("--store", required=True)

@@ -30,6 +30,7 @@ COMPACTION_CHECKPOINT = "compaction.checkpoint"
 COMPACTING_DIR = ".compacting"
 REPLICATING_DIR = ".replicating"
 LOCK_FILE = "writer.lock"
+COMPACTION_LOCK = "compaction.lock"
 TMP_SUFFIX = ".tmp"
 
 _BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")
@@ -90,6 +91,10 @@ def segment_index(topic: str, partition: int, base: int, sub: str | None = None)
 
 def compaction_checkpoint(topic: str, partition: int) -> str:
     return f"{partition_dir(topic, partition)}/{COMPACTION_CHECKPOINT}"
+
+
+def compaction_lock(topic: str, partition: int) -> str:
+    return f"{partition_dir(topic, partition)}/{COMPACTION_LOCK}"
 
 
 def compacting_dir(topic: str, partition: int) -> str:

@@ -24,7 +24,9 @@ from . import filenames as fn
 from .backend import AppendFile, Backend
 from .config import TopicConfig
 from .errors import CorruptRecordError
+from .locks import FileLock
 from .record import Record, Scan, decode_one, scan
+from .swap import recover_swap
 
 
 @dataclass
@@ -79,6 +81,15 @@ class PartitionLog:
         self.recovered_entries = 0
         self.truncated_bytes = 0
         self._entry_scratch = np.empty(0, np.uint8)
+        self.swap_recovered = False
+        self._writer_lock: FileLock | None = None
+        if writable:
+            self._writer_lock = FileLock(fs, f"{self.dir}/{fn.LOCK_FILE}")
+            if not self._writer_lock.acquire(blocking=False):
+                self._writer_lock = None
+                from .errors import StoreLockedError
+                raise StoreLockedError(f"{self.dir} is being written by another process; one "
+                                       "writer per partition at a time")
         self._load()
         if writable:
             self.recover()
@@ -121,6 +132,20 @@ class PartitionLog:
         """Pick up what other processes appended or compacted since this object looked."""
         if not self.writable:
             self._load()
+
+    def reload_after_swap(self) -> None:
+        """Re-list segments after a compaction swap, keeping the active segment's open files."""
+        active = self.segments[-1] if self.segments else None
+        for seg in self.segments:
+            if seg is not active:
+                seg.invalidate()
+        keep_log, keep_idx = self._log, self._idx
+        self._load()
+        if active is not None and (not self.segments or self.segments[-1].base != active.base):
+            # the active segment was replaced (a forced compaction of an idle partition)
+            self._close_files()
+            keep_log = keep_idx = None
+        self._log, self._idx = keep_log, keep_idx
 
     # -- index access --------------------------------------------------------------------
 
@@ -188,7 +213,19 @@ class PartitionLog:
     # -- recovery ------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Make every .bcq match its .log (see module docstring). Writer-only."""
+        """Finish or roll back an interrupted compaction swap, then make every .bcq match its
+        .log (see module docstring). Writer-only. A swap that a live compactor (another
+        process holding the partition's compaction lock) is running is left alone."""
+        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                if recover_swap(self.fs, self.dir):
+                    self.swap_recovered = True
+                    for seg in self.segments:
+                        seg.invalidate()
+                    self._load()
+            finally:
+                lock.release()
         for base in self._orphan_indexes:
             self.fs.delete(self.index_path(base))
         self._orphan_indexes = []
@@ -322,6 +359,9 @@ class PartitionLog:
         self._dirty_files = []
         for seg in self.segments:
             seg.invalidate()
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+            self._writer_lock = None
 
     # -- read ----------------------------------------------------------------------------
 

@@ -42,7 +42,8 @@ Headers = Sequence[tuple[str, "bytes | None"]]
 
 def validate_topic(topic: str) -> str:
     """Kafka's topic-name rule: 1-249 chars of [a-zA-Z0-9._-], not '.' or '..'."""
-    if not isinstance(topic, str) or not _TOPIC_RE.match(topic) or topic in (".", ".."):
+    # fullmatch, not match: "$" would also accept a name that ends in a newline
+    if not isinstance(topic, str) or not _TOPIC_RE.fullmatch(topic) or topic in (".", ".."):
         raise InvalidTopicError(
             f"invalid topic name {topic!r}: use 1-249 characters of a-z A-Z 0-9 . _ - "
             "(and not '.' or '..'), as Kafka does")
@@ -332,7 +333,8 @@ def decode_one(buf, pos: int = 0, *, verify_crc: bool = True, where: str = "buff
     (size, crc, magic, attrs, tl, resv, part, off, ts, kl, vl, hl) = HEADER.unpack_from(mv, pos)
     if (magic != FORMAT_VERSION or size < HEADER_SIZE or size > len(mv) - pos or resv
             or attrs & ~3 or min(kl, vl, hl) < 0 or tl < 1
-            or HEADER_SIZE + tl + kl + vl + hl != size):
+            or HEADER_SIZE + tl + kl + vl + hl != size
+            or (attrs & ATTR_NULL_KEY and kl) or (attrs & ATTR_NULL_VALUE and vl)):
         raise CorruptRecordError(f"{where}: invalid record header at byte {pos}")
     if verify_crc:
         arr = np.frombuffer(mv, dtype=np.uint8)

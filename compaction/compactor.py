@@ -1,0 +1,503 @@
+"""Multi-round, bounded-memory compaction of one partition (Kafka's semantics, RocketMQ's rounds).
+
+A round:
+
+1. **Map** (pass 1, index only): from the first dirty offset (compaction checkpoint + 1) up to
+   the end of the cleanable range — the last sealed segment, stopping before the first segment
+   holding a record younger than ``min.compaction.lag.ms`` — insert every keyed .bcq entry's
+   digest -> offset into the offset map, until the map is full. ``last_mapped`` is the last
+   offset inserted.
+2. **Decide** (index only): for every record of the sealed segments up to the one holding
+   ``last_mapped``: keep it if keyless, or after ``last_mapped``, or the latest offset for its
+   digest; a kept tombstone gets ``clean_time = now`` the first time it is cleaned and is dropped
+   once ``delete.retention.ms`` has passed since. Segments are grouped so that each group's kept
+   bytes fit in ``segment.bytes`` (merging runs of small segments); a group with nothing dropped,
+   nothing to stamp and one member is left as it is.
+3. **Copy** (pass 2): each rewritten group streams its input .log segments once, in chunks, and
+   writes the kept records (bytes unchanged, offsets unchanged) and their entries into
+   ``.compacting/``; then the swap (reput/swap.py) replaces the inputs and advances the
+   checkpoint to ``last_mapped``.
+
+Rounds repeat until the dirty range is empty, so deduplication is exact for any number of keys.
+Memory: the map's budget plus a few chunk buffers (``io_chunk_bytes``), whatever the partition
+size. The active segment is never compacted, except with ``force``, which rolls it first.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from numba import njit
+
+from reput import bcq as B
+from reput import filenames as fn
+from reput import swap
+from reput.config import SYSTEM_CLOCK, Clock, TopicConfig
+from reput.errors import StoreLockedError
+from reput.locks import FileLock
+from reput.partition import PartitionLog, Segment
+from reput.store import Store
+
+from .errors import CompactionError
+from reput._kernels import _copy
+
+from .offset_map import EMPTY, OffsetMap, _home
+
+DEFAULT_MAP_MEMORY = 128 << 20
+
+
+@dataclass(frozen=True)
+class CompactionOptions:
+    offset_map_memory: int = DEFAULT_MAP_MEMORY
+    io_chunk_bytes: int = 8 << 20          # data read/written per step of pass 2
+    index_chunk_entries: int = 1 << 17     # .bcq entries read per step (6 MiB)
+    max_load: float = 0.9
+    throttle_bytes_per_s: float | None = None  # I/O budget for background compaction
+
+    def __post_init__(self):
+        if self.offset_map_memory < 4096:
+            raise CompactionError("offset map memory must be at least 4 KiB")
+        if self.io_chunk_bytes < 1 << 16:
+            raise CompactionError("io_chunk_bytes must be at least 64 KiB")
+
+
+@dataclass
+class CompactionResult:
+    topic: str
+    partition: int
+    rounds: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0      # index entries examined, summed over rounds
+    records_kept: int = 0      # records in the partition after compaction
+    records_dropped: int = 0   # records before minus records after
+    tombstones_dropped: int = 0
+    segments_before: int = 0
+    segments_after: int = 0
+    segments_rewritten: int = 0
+    map_keys_max: int = 0
+    map_utilization_max: float = 0.0
+    map_bytes_per_key: float = 0.0
+    cleaned_offset: int = -1
+    duration_s: float = 0.0
+    skipped: str | None = None
+    size_before: int = 0
+    size_after: int = 0
+
+    @property
+    def recopy_percent(self) -> float:
+        """Bytes rewritten as a percentage of the partition's size before compaction."""
+        return 100.0 * self.bytes_written / self.size_before if self.size_before else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["recopy_percent"] = round(self.recopy_percent, 2)
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@njit(cache=True, nogil=True)
+def _decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi, flags,
+            clean_time, keep, new_clean):
+    """keep[i], new_clean[i] for entries i. Returns (kept, dropped, tombstones dropped, stamped)."""
+    kept = 0
+    dropped = 0
+    tdropped = 0
+    stamped = 0
+    for i in range(offsets.shape[0]):
+        off = offsets[i]
+        f = flags[i]
+        ct = clean_time[i]
+        k = True
+        if (f & 2) == 0 and off <= last_mapped:
+            lo = dlo[i]
+            hi = dhi[i]
+            k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
+            k1 = np.uint32(hi >> np.uint64(32))
+            k2 = np.uint32(lo >> np.uint64(32))
+            h = _home(lo, cap)
+            latest = np.int64(-1)
+            while True:
+                s = h * 4
+                v = table[s + 3]
+                if v == EMPTY:
+                    break
+                if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
+                    latest = base + np.int64(v)
+                    break
+                h += 1
+                if h == cap:
+                    h = 0
+            if latest > off:
+                k = False
+        if k and (f & 1):  # a tombstone that is still the latest for its key
+            if ct != 0 and now_s - np.int64(ct) >= retention_s:
+                k = False
+                tdropped += 1
+            elif ct == 0 and off <= last_mapped:
+                ct = np.uint32(now_s)
+                stamped += 1
+        keep[i] = k
+        new_clean[i] = ct
+        if k:
+            kept += 1
+        else:
+            dropped += 1
+    return kept, dropped, tdropped, stamped
+
+
+@njit(cache=True, nogil=True)
+def _gather_kept(src, positions, sizes, keep, out, out_entries_pos, base_out):
+    """Copy kept records (positions relative to src) into out; record their new positions."""
+    q = 0
+    n_out = 0
+    for i in range(positions.shape[0]):
+        if keep[i]:
+            n = sizes[i]
+            _copy(out, q, src, positions[i], n)
+            out_entries_pos[n_out] = base_out + q
+            n_out += 1
+            q += n
+    return q, n_out
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _SegPlan:
+    seg: Segment
+    kept_bytes: int = 0
+    kept: int = 0
+    dropped: int = 0
+    tdropped: int = 0
+    stamped: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return self.dropped > 0 or self.stamped > 0
+
+
+@dataclass
+class _Group:
+    members: list[_SegPlan] = field(default_factory=list)
+
+    @property
+    def kept_bytes(self) -> int:
+        return sum(m.kept_bytes for m in self.members)
+
+    @property
+    def rewrite(self) -> bool:
+        return len(self.members) > 1 or any(m.changed for m in self.members)
+
+
+class Compactor:
+    def __init__(self, store: Store, options: CompactionOptions = CompactionOptions(),
+                 clock: Clock | None = None):
+        self.store = store
+        self.options = options
+        self.clock = clock or store.clock or SYSTEM_CLOCK
+        self._map: OffsetMap | None = None
+
+    @property
+    def offset_map(self) -> OffsetMap:
+        if self._map is None:
+            self._map = OffsetMap(self.options.offset_map_memory, self.options.max_load)
+        return self._map
+
+    # -- reading indexes in bounded chunks ---------------------------------------------------
+
+    def _index_chunks(self, pl: PartitionLog, seg: Segment, start_entry: int = 0):
+        """Yield (first entry number, entries) of a segment's .bcq in bounded chunks."""
+        n = pl.index(seg).n  # valid entries (inside the .log)
+        step = self.options.index_chunk_entries
+        path = pl.index_path(seg.base)
+        for lo in range(start_entry, n, step):
+            hi = min(n, lo + step)
+            raw = self.store.fs.read(path, lo * B.ENTRY_SIZE, (hi - lo) * B.ENTRY_SIZE)
+            yield lo, np.frombuffer(raw, dtype=B.BCQ_DTYPE).copy()
+
+    # -- the public entry point ---------------------------------------------------------------
+
+    def compact_partition(self, topic: str, partition: int, *, force: bool = False
+                          ) -> CompactionResult:
+        res = CompactionResult(topic, partition)
+        t0 = time.perf_counter()
+        try:
+            pl = self.store.writable_partition(topic, partition)
+        except StoreLockedError:
+            res.skipped = "being written by another live process (its own compaction runs there)"
+            return res
+        lock = FileLock(self.store.fs, f"{pl.dir}/{fn.COMPACTION_LOCK}")
+        if not lock.acquire(blocking=False):
+            res.skipped = "another compaction of this partition is running"
+            return res
+        try:
+            cfg = self.store.topic_config(topic)
+            pl.config = cfg
+            res.segments_before = len(pl.segments)
+            res.size_before = pl.size_bytes()
+            records_before = pl.record_count()
+            with self.store._lock:
+                if force and pl.segments and pl.segments[-1].log_size > 0:
+                    pl.roll()
+                pl.sync()
+            if cfg.delete:
+                self._delete_retention(pl, cfg, res)
+            if cfg.compact:
+                while self._round(pl, cfg, res):
+                    pass
+                if force or self.purge_due(pl, cfg):
+                    self._purge(pl, cfg, res)
+            res.segments_after = len(pl.segments)
+            res.size_after = pl.size_bytes()
+            res.records_kept = pl.record_count()
+            res.records_dropped = records_before - res.records_kept
+            res.cleaned_offset = swap.read_checkpoint(self.store.fs, pl.dir)[0]
+            res.duration_s = time.perf_counter() - t0
+            if res.rounds or res.segments_rewritten:
+                swap.write_checkpoint(self.store.fs, pl.dir, None, res.to_dict())
+            return res
+        finally:
+            lock.release()
+
+    # -- retention (cleanup.policy=compact,delete) --------------------------------------------
+
+    def _delete_retention(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> None:
+        if cfg.retention_ms < 0:
+            return
+        limit = self.clock.ms() - cfg.retention_ms
+        doomed = []
+        for seg in pl.segments[:-1]:
+            e = pl.entries(seg)
+            if e.shape[0] and int(e["timestamp"].max()) >= limit:
+                break
+            doomed.append(seg.base)
+        if not doomed:
+            return
+        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
+        plan = swap.SwapPlan(doomed, [], None)
+        self._apply(pl, plan)
+        res.segments_rewritten += len(doomed)
+        _ = cleaned
+
+    # -- tombstone purge: nothing dirty, but tombstones past delete.retention.ms -------------
+
+    def purge_due(self, pl: PartitionLog, cfg: TopicConfig) -> bool:
+        """Does a cleaned tombstone's delete.retention.ms run out (index only)?"""
+        now_s = self.clock.ms() // 1000
+        retention_s = -(-cfg.delete_retention_ms // 1000)
+        for seg in pl.segments[:-1]:
+            e = pl.entries(seg)
+            if e.shape[0] == 0:
+                continue
+            ct = e["clean_time"][(e["flags"] & B.FLAG_TOMBSTONE) != 0]
+            ct = ct[ct != 0]
+            if ct.size and now_s - int(ct.min()) >= retention_s:
+                return True
+        return False
+
+    def _purge(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> None:
+        """A pass with an empty map over the cleaned range: drops expired tombstones and merges
+        small segments; nothing is superseded because nothing is mapped."""
+        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
+        if cleaned < 0:
+            return
+        self.offset_map.clear(cleaned + 1)
+        self._rewrite(pl, cfg, cleaned, res)
+
+    # -- one round ----------------------------------------------------------------------------
+
+    def _cleanable_end(self, pl: PartitionLog, cfg: TopicConfig) -> int:
+        """First offset that may not be cleaned: the active segment's base, or the base of the
+        first sealed segment holding a record younger than min.compaction.lag.ms."""
+        sealed = pl.segments[:-1]
+        end = pl.segments[-1].base if pl.segments else 0
+        if cfg.min_compaction_lag_ms > 0:
+            limit = self.clock.ms() - cfg.min_compaction_lag_ms
+            for seg in sealed:
+                e = pl.entries(seg)
+                if e.shape[0] and int(e["timestamp"].max()) > limit:
+                    return seg.base
+        return end
+
+    def _round(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> bool:
+        if len(pl.segments) < 2:
+            return False
+        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
+        first_dirty = cleaned + 1
+        end = self._cleanable_end(pl, cfg)
+        m = self.offset_map
+        m.clear(first_dirty)
+        last_mapped = first_dirty - 1
+        full = False
+        sealed = [s for s in pl.segments[:-1] if s.base < end]
+        for si, seg in enumerate(sealed):
+            nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
+            if nxt <= first_dirty:
+                continue
+            idx = pl.index(seg)
+            start = int(idx.lower_bound(first_dirty))
+            for lo, chunk in self._index_chunks(pl, seg, start):
+                res.bytes_read += chunk.nbytes
+                chunk = chunk[chunk["offset"] < end]
+                if chunk.shape[0] == 0:
+                    break
+                j, full = m.insert_entries(chunk)
+                if j > 0:
+                    last_mapped = int(chunk["offset"][j - 1])
+                if full:
+                    break
+            if full:
+                break
+        if last_mapped < first_dirty:
+            return False  # nothing dirty to clean
+        res.map_keys_max = max(res.map_keys_max, m.count)
+        res.map_utilization_max = max(res.map_utilization_max, m.utilization)
+        res.map_bytes_per_key = m.bytes_per_key
+        self._rewrite(pl, cfg, last_mapped, res)
+        res.rounds += 1
+        return True
+
+    def _rewrite(self, pl: PartitionLog, cfg: TopicConfig, last_mapped: int,
+                 res: CompactionResult) -> None:
+        m = self.offset_map
+        now_s = self.clock.ms() // 1000
+        retention_s = -(-cfg.delete_retention_ms // 1000)
+        targets = [s for s in pl.segments[:-1] if s.base <= last_mapped]
+
+        def decide(chunk):
+            keep = np.empty(chunk.shape[0], np.bool_)
+            clean = np.empty(chunk.shape[0], np.uint32)
+            counts = _decide(m.table, m.capacity, m.base, last_mapped, now_s, retention_s,
+                             chunk["offset"], chunk["digest_lo"], chunk["digest_hi"],
+                             chunk["flags"], chunk["clean_time"], keep, clean)
+            return keep, clean, counts
+
+        # index-only planning: what each segment keeps
+        plans = []
+        for seg in targets:
+            sp = _SegPlan(seg)
+            for _, chunk in self._index_chunks(pl, seg):
+                keep, _, (k, d, td, st) = decide(chunk)
+                sp.kept += k
+                sp.dropped += d
+                sp.tdropped += td
+                sp.stamped += st
+                sp.kept_bytes += int(chunk["size"][keep].sum())
+            plans.append(sp)
+        groups: list[_Group] = []
+        for sp in plans:
+            if groups and groups[-1].kept_bytes + sp.kept_bytes <= cfg.segment_bytes:
+                groups[-1].members.append(sp)
+            else:
+                groups.append(_Group([sp]))
+        # merging is only worth a rewrite when it removes segments: split unchanged singletons
+        final: list[_Group] = []
+        for g in groups:
+            if len(g.members) > 1 or g.rewrite:
+                final.append(g)
+        inputs, outputs = [], []
+        sdir = swap.staging_dir(pl.dir)
+        self.store.fs.remove_tree(sdir)
+        for g in final:
+            out_base = g.members[0].seg.base
+            wrote = self._copy_group(pl, g, out_base, decide, res)
+            inputs += [sp.seg.base for sp in g.members]
+            if wrote:
+                outputs.append(out_base)
+            res.segments_rewritten += len(g.members)
+        for sp in plans:
+            res.records_read += sp.kept + sp.dropped
+            res.tombstones_dropped += sp.tdropped
+        self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped))
+
+    def _copy_group(self, pl: PartitionLog, g: _Group, out_base: int, decide,
+                    res: CompactionResult) -> bool:
+        fs = self.store.fs
+        sdir = swap.staging_dir(pl.dir)
+        if g.kept_bytes == 0:
+            return False
+        logf = fs.open_append(f"{sdir}/{fn.base_name(out_base)}{fn.LOG_SUFFIX}")
+        idxf = fs.open_append(f"{sdir}/{fn.base_name(out_base)}{fn.INDEX_SUFFIX}")
+        out_pos = 0
+        chunk_bytes = self.options.io_chunk_bytes
+        try:
+            for sp in g.members:
+                seg = sp.seg
+                path = pl.log_path(seg.base)
+                for _, chunk in self._index_chunks(pl, seg):
+                    keep, clean, _ = decide(chunk)
+                    pos = chunk["position"].astype(np.int64)
+                    ends = pos + chunk["size"]
+                    i = 0
+                    n = chunk.shape[0]
+                    while i < n:
+                        # the largest run of entries from i whose bytes fit one I/O chunk
+                        j = int(np.searchsorted(ends, pos[i] + chunk_bytes, side="right"))
+                        j = max(j, i + 1)
+                        if keep[i:j].any():
+                            start, stop = int(pos[i]), int(ends[j - 1])
+                            data = np.frombuffer(fs.read(path, start, stop - start), np.uint8)
+                            res.bytes_read += stop - start
+                            kept = np.nonzero(keep[i:j])[0] + i
+                            out = np.empty(int(chunk["size"][kept].sum()), np.uint8)
+                            new_pos = np.empty(kept.shape[0], np.int64)
+                            _gather_kept(data, pos[i:j] - start, chunk["size"][i:j].astype(np.int64),
+                                         keep[i:j], out, new_pos, out_pos)
+                            ent = chunk[kept].copy()
+                            ent["position"] = new_pos
+                            ent["clean_time"] = clean[kept]
+                            logf.write(out)
+                            idxf.write(ent.view(np.uint8))
+                            out_pos += out.shape[0]
+                            res.bytes_written += out.shape[0] + ent.nbytes
+                            self._throttle(stop - start + out.shape[0])
+                        i = j
+            logf.sync()
+            idxf.sync()
+        finally:
+            logf.close()
+            idxf.close()
+        if out_pos > 0xFFFFFFFF:
+            raise CompactionError(f"{pl.dir}: merged segment larger than 4 GiB")
+        return True
+
+    def _throttle(self, nbytes: int) -> None:
+        bps = self.options.throttle_bytes_per_s
+        if bps:
+            time.sleep(nbytes / bps)
+
+    def _apply(self, pl: PartitionLog, plan: swap.SwapPlan) -> None:
+        fs = self.store.fs
+        fs.sync_dir(swap.staging_dir(pl.dir)) if fs.isdir(swap.staging_dir(pl.dir)) else None
+        swap.commit(fs, pl.dir, plan)
+        with self.store._lock:
+            swap.apply(fs, pl.dir, plan)
+            pl.reload_after_swap()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def partition_status(store: Store, topic: str, partition: int) -> dict:
+    """Compaction horizon, dirty ratio and last run of a partition (for `kcompact inspect`)."""
+    pl = store.partition(topic, partition)
+    cleaned, last_run = swap.read_checkpoint(store.fs, pl.dir)
+    total = pl.size_bytes()
+    dirty = 0
+    for seg in pl.segments:
+        e = pl.entries(seg)
+        if e.shape[0] == 0:
+            continue
+        i = B.lower_bound(e, cleaned + 1)
+        dirty += int(e["size"][i:].sum())
+    return {"compaction_horizon": cleaned,
+            "dirty_bytes": dirty,
+            "dirty_ratio": round(dirty / total, 4) if total else 0.0,
+            "last_compaction": last_run}
