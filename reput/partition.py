@@ -13,6 +13,7 @@ record that fails it.
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -371,7 +372,25 @@ class PartitionLog:
 
         A missing offset continues at the next existing one. At least one record is returned
         when any exists, even if it is larger than ``max_bytes``. Every record's CRC is checked.
+        A read-only reader that meets a .log/.bcq mismatch re-lists and retries, because a
+        compaction swap in another process replaces the two files one after the other
+        (docs/formats/compaction-swap.md); a mismatch that persists is corruption.
         """
+        attempts = 1 if self.writable else 4
+        for attempt in range(attempts):
+            try:
+                return self._read_once(from_offset, max_records, max_bytes)
+            except (CorruptRecordError, FileNotFoundError):
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.02 * (attempt + 1))
+                for seg in self.segments:
+                    seg.invalidate()
+                self._load()
+        raise AssertionError("unreachable")
+
+    def _read_once(self, from_offset: int, max_records: int | None,
+                   max_bytes: int | None) -> ReadResult:
         i = self.segment_for(from_offset)
         while i < len(self.segments):
             seg = self.segments[i]
