@@ -25,6 +25,7 @@ size. The active segment is never compacted, except with ``force``, which rolls 
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -51,8 +52,8 @@ DEFAULT_MAP_MEMORY = 128 << 20
 @dataclass(frozen=True)
 class CompactionOptions:
     offset_map_memory: int = DEFAULT_MAP_MEMORY
-    io_chunk_bytes: int = 8 << 20          # data read/written per step of pass 2
-    index_chunk_entries: int = 1 << 17     # .bcq entries read per step (6 MiB)
+    io_chunk_bytes: int = 4 << 20          # data read/written per step of pass 2
+    index_chunk_entries: int = 1 << 15     # .bcq entries read per step (1.5 MiB)
     max_load: float = 0.9
     throttle_bytes_per_s: float | None = None  # I/O budget for background compaction
 
@@ -177,6 +178,7 @@ class _SegPlan:
     dropped: int = 0
     tdropped: int = 0
     stamped: int = 0
+    masks: dict = field(default_factory=dict)  # first entry number of a chunk -> packed keep bits
 
     @property
     def changed(self) -> bool:
@@ -203,6 +205,9 @@ class Compactor:
         self.options = options
         self.clock = clock or store.clock or SYSTEM_CLOCK
         self._map: OffsetMap | None = None
+        #: seconds before replaced segments are unlinked (Kafka's file.delete.delay.ms); 0 = at
+        #: the end of compact_partition. Leftovers are removed when the partition is next opened.
+        self.delete_delay_s = 0.0
 
     @property
     def offset_map(self) -> OffsetMap:
@@ -220,7 +225,7 @@ class Compactor:
         for lo in range(start_entry, n, step):
             hi = min(n, lo + step)
             raw = self.store.fs.read(path, lo * B.ENTRY_SIZE, (hi - lo) * B.ENTRY_SIZE)
-            yield lo, np.frombuffer(raw, dtype=B.BCQ_DTYPE).copy()
+            yield lo, np.frombuffer(raw, dtype=B.BCQ_DTYPE)
 
     # -- the public entry point ---------------------------------------------------------------
 
@@ -252,7 +257,7 @@ class Compactor:
             if cfg.compact:
                 while self._round(pl, cfg, res):
                     pass
-                if force or self.purge_due(pl, cfg):
+                if self.purge_due(pl, cfg) or (force and self._mergeable(pl, cfg)):
                     self._purge(pl, cfg, res)
             res.segments_after = len(pl.segments)
             res.size_after = pl.size_bytes()
@@ -262,6 +267,10 @@ class Compactor:
             res.duration_s = time.perf_counter() - t0
             if res.rounds or res.segments_rewritten:
                 swap.write_checkpoint(self.store.fs, pl.dir, None, res.to_dict())
+            if self.delete_delay_s <= 0:
+                swap.empty_trash(self.store.fs, pl.dir)
+            else:
+                _deferred_empty(self.store.fs, pl.dir, self.delete_delay_s)
             return res
         finally:
             lock.release()
@@ -301,6 +310,13 @@ class Compactor:
             if ct.size and now_s - int(ct.min()) >= retention_s:
                 return True
         return False
+
+    @staticmethod
+    def _mergeable(pl: PartitionLog, cfg: TopicConfig) -> bool:
+        """Are there two adjacent sealed segments that fit in one?"""
+        sealed = pl.segments[:-1]
+        return any(a.log_size + b.log_size <= cfg.segment_bytes
+                   for a, b in zip(sealed, sealed[1:]))
 
     def _purge(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> None:
         """A pass with an empty map over the cleaned range: drops expired tombstones and merges
@@ -379,18 +395,28 @@ class Compactor:
                              chunk["flags"], chunk["clean_time"], keep, clean)
             return keep, clean, counts
 
-        # index-only planning: what each segment keeps
+        # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
             sp = _SegPlan(seg)
-            for _, chunk in self._index_chunks(pl, seg):
+            for lo, chunk in self._index_chunks(pl, seg):
                 keep, _, (k, d, td, st) = decide(chunk)
                 sp.kept += k
                 sp.dropped += d
                 sp.tdropped += td
                 sp.stamped += st
                 sp.kept_bytes += int(chunk["size"][keep].sum())
+                sp.masks[lo] = np.packbits(keep)
             plans.append(sp)
+
+        def recall(sp, lo, chunk):
+            """The planning pass's decision for a chunk; clean_time recomputed without lookups."""
+            keep = np.unpackbits(sp.masks[lo], count=chunk.shape[0]).astype(np.bool_)
+            clean = chunk["clean_time"].copy()
+            stamp = (keep & ((chunk["flags"] & B.FLAG_TOMBSTONE) != 0) & (clean == 0)
+                     & (chunk["offset"] <= last_mapped))
+            clean[stamp] = now_s
+            return keep, clean, None
         groups: list[_Group] = []
         for sp in plans:
             if groups and groups[-1].kept_bytes + sp.kept_bytes <= cfg.segment_bytes:
@@ -407,7 +433,7 @@ class Compactor:
         self.store.fs.remove_tree(sdir)
         for g in final:
             out_base = g.members[0].seg.base
-            wrote = self._copy_group(pl, g, out_base, decide, res)
+            wrote = self._copy_group(pl, g, out_base, recall, res)
             inputs += [sp.seg.base for sp in g.members]
             if wrote:
                 outputs.append(out_base)
@@ -417,7 +443,7 @@ class Compactor:
             res.tombstones_dropped += sp.tdropped
         self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped))
 
-    def _copy_group(self, pl: PartitionLog, g: _Group, out_base: int, decide,
+    def _copy_group(self, pl: PartitionLog, g: _Group, out_base: int, recall,
                     res: CompactionResult) -> bool:
         fs = self.store.fs
         sdir = swap.staging_dir(pl.dir)
@@ -431,8 +457,8 @@ class Compactor:
             for sp in g.members:
                 seg = sp.seg
                 path = pl.log_path(seg.base)
-                for _, chunk in self._index_chunks(pl, seg):
-                    keep, clean, _ = decide(chunk)
+                for lo, chunk in self._index_chunks(pl, seg):
+                    keep, clean, _ = recall(sp, lo, chunk)
                     pos = chunk["position"].astype(np.int64)
                     ends = pos + chunk["size"]
                     i = 0
@@ -480,6 +506,26 @@ class Compactor:
         with self.store._lock:
             swap.apply(fs, pl.dir, plan)
             pl.reload_after_swap()
+
+
+# ---------------------------------------------------------------------------------------------
+
+_pending_deletes: list[threading.Thread] = []
+
+
+def _deferred_empty(fs, pdir: str, delay_s: float) -> None:
+    def run():
+        time.sleep(delay_s)
+        swap.empty_trash(fs, pdir)
+    t = threading.Thread(target=run, name="kcompact-delete", daemon=True)
+    t.start()
+    _pending_deletes.append(t)
+
+
+def wait_for_deletes() -> None:
+    """Block until deferred segment deletions are done (called before a CLI process exits)."""
+    while _pending_deletes:
+        _pending_deletes.pop().join()
 
 
 # ---------------------------------------------------------------------------------------------

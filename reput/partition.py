@@ -27,7 +27,7 @@ from .config import TopicConfig
 from .errors import CorruptRecordError
 from .locks import FileLock
 from .record import Record, Scan, decode_one, scan
-from .swap import recover_swap
+from .swap import empty_trash, recover_swap
 
 
 @dataclass
@@ -225,6 +225,7 @@ class PartitionLog:
                     for seg in self.segments:
                         seg.invalidate()
                     self._load()
+                empty_trash(self.fs, self.dir)
             finally:
                 lock.release()
         for base in self._orphan_indexes:

@@ -59,20 +59,41 @@ def commit(fs: Backend, pdir: str, plan: SwapPlan) -> None:
     fs.write_atomic(f"{staging_dir(pdir)}/{PLAN_NAME}", plan.to_json())
 
 
+def trash_dir(pdir: str) -> str:
+    return f"{pdir}/{fn.DELETED_DIR}"
+
+
+def _retire(fs: Backend, pdir: str, name: str) -> None:
+    """Move a replaced file to .deleted/ (unlinked later: freeing a large file's cached pages
+    is slow, and Kafka likewise deletes replaced segments after file.delete.delay.ms)."""
+    src = f"{pdir}/{name}"
+    if not fs.exists(src):
+        return
+    if fs.local_path(src) is None:
+        fs.delete(src)
+        return
+    k = 0
+    while fs.exists(f"{trash_dir(pdir)}/{name}.{k}"):
+        k += 1
+    fs.rename(src, f"{trash_dir(pdir)}/{name}.{k}")
+
+
 def apply(fs: Backend, pdir: str, plan: SwapPlan) -> None:
-    """Move staged outputs into place, delete replaced inputs, write the checkpoint. Idempotent."""
+    """Move staged outputs into place, retire replaced inputs, write the checkpoint. Idempotent."""
     sdir = staging_dir(pdir)
     for base in plan.outputs:
         # .log first: until the .bcq follows, readers see a .bcq that does not match and retry
         for suffix in (fn.LOG_SUFFIX, fn.INDEX_SUFFIX):
-            src = f"{sdir}/{fn.base_name(base)}{suffix}"
+            name = f"{fn.base_name(base)}{suffix}"
+            src = f"{sdir}/{name}"
             if fs.exists(src):
-                fs.rename(src, f"{pdir}/{fn.base_name(base)}{suffix}")
+                _retire(fs, pdir, name)
+                fs.rename(src, f"{pdir}/{name}")
     outs = set(plan.outputs)
     for base in plan.inputs:
         if base not in outs:
-            fs.delete(f"{pdir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
-            fs.delete(f"{pdir}/{fn.base_name(base)}{fn.LOG_SUFFIX}")
+            _retire(fs, pdir, f"{fn.base_name(base)}{fn.INDEX_SUFFIX}")
+            _retire(fs, pdir, f"{fn.base_name(base)}{fn.LOG_SUFFIX}")
     fs.sync_dir(pdir)
     if plan.cleaned_offset is not None or plan.last_run is not None:
         write_checkpoint(fs, pdir, plan.cleaned_offset, plan.last_run)
@@ -127,3 +148,13 @@ def write_checkpoint(fs: Backend, pdir: str, cleaned_offset: int | None,
         "version": CHECKPOINT_VERSION,
         "cleaned_offset": old if cleaned_offset is None else cleaned_offset,
         "last_run": last_run if last_run is not None else old_run}).encode())
+
+
+def empty_trash(fs: Backend, pdir: str) -> int:
+    """Unlink retired segment files; returns how many. Safe at any time: nothing reads them
+    (a reader that still maps one keeps its inode alive until it lets go)."""
+    d = trash_dir(pdir)
+    names = fs.listdir(d)
+    for name in names:
+        fs.delete(f"{d}/{name}")
+    return len(names)

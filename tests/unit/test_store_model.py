@@ -292,7 +292,7 @@ def test_store_matches_model_in_memory():
 
 
 def test_store_matches_model_on_disk():
-    run_state_machine_as_test(LocalStoreMachine, settings=settings(MODEL_SETTINGS, max_examples=50))
+    run_state_machine_as_test(LocalStoreMachine, settings=settings(MODEL_SETTINGS, max_examples=30))
 
 
 # -- deterministic: many segments, every read offset ------------------------------------------

@@ -1,0 +1,588 @@
+"""Corruption on purpose (LevelDB's log_test.cc style) on stores in tmp_path.
+
+(a) torn tails of the commit log and of partition logs, cut at every byte of the last record;
+(b) a flipped byte in a sealed partition segment is reported with its file and position and
+    never served; (c) a damaged or missing .bcq is rebuilt identical; (d) a bad store.json is
+    refused; (e) a second process cannot take a writer id that is in use.
+
+A "crash" is taken as a copy of the store directory while the writer is still open: every byte
+the writer wrote is in the copy (as after a SIGKILL), the reput checkpoint is the one of the
+last flush.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reput import bcq as B
+from reput import filenames as fn
+from reput.config import WriterOptions
+from reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
+                          StoreNotFoundError)
+from reput.record import Record, RecordBatch, encode
+from reput.store import Store
+
+TOPIC = "t"
+SEGMENT_BYTES = 16384
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _gen(rng: random.Random, p: int, off: int, big: bool = False) -> Record:
+    key = rng.choice([None, b"", b"key-%d" % rng.randrange(40)])
+    size = rng.randrange(300, 1500) if big else rng.randrange(0, 60)
+    value = rng.choice([None, b"", rng.randbytes(max(size, 1))])
+    hs = rng.choice([(), (("h", None),), (("h", b"x"), ("trace", b""))])
+    return Record(TOPIC, p, off, off * 1000 + p, key, value, hs)
+
+
+def _append(s: Store, recs: list[Record]) -> None:
+    assert s.append(RecordBatch.from_records(TOPIC, recs)) == len(recs)
+
+
+def _contents(s: Store) -> dict[int, list[Record]]:
+    return {p: list(s.iter_records(TOPIC, p)) for p in s.partitions(TOPIC)}
+
+
+def _model(recs: list[Record]) -> dict[int, list[Record]]:
+    out: dict[int, list[Record]] = {}
+    for r in recs:
+        out.setdefault(r.partition, []).append(r)
+    return out
+
+
+def _files(root: Path, sub: str) -> dict[str, bytes]:
+    base = root / sub
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(base.rglob("*"))
+            if p.is_file()}
+
+
+def _last(root: Path, rel: str, suffix: str) -> Path:
+    return sorted((root / rel).glob(f"*{suffix}"))[-1]
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def _flip(path: Path, pos: int, mask: int = 0xFF) -> None:
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)[0]
+        f.seek(pos)
+        f.write(bytes([b ^ mask]))
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(fn.LOCK_FILE))
+    return dst
+
+
+def _crash_snapshot(root: Path, *, flush_last: bool = False):
+    """A store with two partitions; the last record R (partition 1) is appended after the last
+    flush (unless ``flush_last``); returns (copy of the store as the crash leaves it, records
+    before R, R)."""
+    rng = random.Random(42)
+    orig = root / "orig"
+    Store.create(str(orig)).close()
+    s = Store.open(str(orig), writer="w")
+    s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
+    before = []
+    nxt = {0: 0, 1: 100}
+    for _ in range(6):
+        batch = []
+        for _ in range(rng.randrange(3, 12)):
+            p = rng.choice([0, 1])
+            batch.append(_gen(rng, p, nxt[p], big=True))
+            nxt[p] += rng.choice([1, 1, 2])
+        _append(s, batch)
+        before += batch
+    s.flush()
+    last = Record(TOPIC, 1, nxt[1] + 3, 77, b"last-key", b"the last value " * 4,
+                  (("h", None), ("g", b"x")))
+    _append(s, [last])
+    if flush_last:
+        s.flush()
+    snap = _copy(orig, root / "snap")
+    s.close()
+    return snap, before, last
+
+
+def _commitlog_segment(root: Path) -> Path:
+    return _last(root, fn.writer_dir("w"), fn.LOG_SUFFIX)
+
+
+def _partition_dir(p: int) -> str:
+    return fn.partition_dir(TOPIC, p)
+
+
+def _drop_last_from_partition(root: Path, size: int, *, keep_bytes: int = 0,
+                              keep_entry: bool = False) -> None:
+    """Cut the last record of partition 1 (``size`` bytes) from its .log, leaving
+    ``keep_bytes`` of it, and drop its .bcq entry unless ``keep_entry``."""
+    log = _last(root, _partition_dir(1), fn.LOG_SUFFIX)
+    idx = log.with_suffix(fn.INDEX_SUFFIX)
+    _truncate(log, log.stat().st_size - size + keep_bytes)
+    if not keep_entry:
+        _truncate(idx, idx.stat().st_size - B.ENTRY_SIZE)
+
+
+# -- (a) torn tails ---------------------------------------------------------------------------
+
+
+def test_torn_commit_log_tail_at_every_byte(tmp_path):
+    """The crash hit while the last record was being written to the commit log, before reput
+    dispatched it: the store opens with exactly the records before it, and takes it again."""
+    snap, before, last = _crash_snapshot(tmp_path)
+    size = len(encode([last]))
+    seg_size = _commitlog_segment(snap).stat().st_size
+    for cut in range(size):
+        work = _copy(snap, tmp_path / "work")
+        _truncate(_commitlog_segment(work), seg_size - size + cut)
+        _drop_last_from_partition(work, size, keep_bytes=cut if cut % 2 else 0)
+        with Store.open(str(work), writer="w") as s:
+            assert _contents(s) == _model(before), cut
+            assert s.stats == {"appended": 0, "dispatched": 0, "skipped": 0}
+            assert _commitlog_segment(work).stat().st_size == seg_size - size  # tail cut
+            if cut % 9 == 0:
+                _append(s, [last])
+        if cut % 9 == 0:
+            with Store.open(str(work), writer="w") as s:
+                assert _contents(s) == _model(before + [last])
+                assert s.stats["dispatched"] == 0
+            # byte for byte what the uncrashed writer had
+            assert _files(work, fn.PARTITIONS_DIR) == _files(snap, fn.PARTITIONS_DIR)
+
+
+@pytest.mark.parametrize("keep_entry", [False, True], ids=["entry-dropped", "entry-past-end"])
+def test_torn_partition_tail_is_redispatched_at_every_byte(tmp_path, keep_entry):
+    """The commit log holds the last record whole; the partition .log holds only a prefix of it
+    (its .bcq entry missing, or pointing past the end of the .log): reopening re-dispatches it
+    from the commit log, exactly once, to the same bytes."""
+    snap, before, last = _crash_snapshot(tmp_path)
+    size = len(encode([last]))
+    want_files = _files(snap, fn.PARTITIONS_DIR)
+    for cut in range(size):
+        work = _copy(snap, tmp_path / "work")
+        _drop_last_from_partition(work, size, keep_bytes=cut, keep_entry=keep_entry)
+        with Store.open(str(work), writer="w") as s:
+            assert _contents(s) == _model(before + [last]), cut
+            assert s.stats == {"appended": 0, "dispatched": 1, "skipped": 0}
+        assert _files(work, fn.PARTITIONS_DIR) == want_files, cut
+
+
+def test_whole_record_in_partition_log_but_not_indexed(tmp_path):
+    """Killed between the .log write and the .bcq write: the record is indexed from the .log
+    and its re-dispatch from the commit log is skipped."""
+    snap, before, last = _crash_snapshot(tmp_path)
+    want_files = _files(snap, fn.PARTITIONS_DIR)
+    idx = _last(snap, _partition_dir(1), fn.INDEX_SUFFIX)
+    _truncate(idx, idx.stat().st_size - B.ENTRY_SIZE)
+    with Store.open(str(snap), writer="w") as s:
+        assert _contents(s) == _model(before + [last])
+        assert s.stats == {"appended": 0, "dispatched": 0, "skipped": 1}
+    assert _files(snap, fn.PARTITIONS_DIR) == want_files
+
+
+def test_read_only_open_of_a_crashed_store_changes_nothing(tmp_path):
+    snap, before, last = _crash_snapshot(tmp_path)
+    size = len(encode([last]))
+    _truncate(_commitlog_segment(snap), _commitlog_segment(snap).stat().st_size - size // 2)
+    _drop_last_from_partition(snap, size, keep_bytes=size // 3)
+    files = _files(snap, "")
+    with Store.open(str(snap)) as s:
+        assert _contents(s) == _model(before)   # the torn bytes are never served
+    assert _files(snap, "") == files
+
+
+@pytest.mark.parametrize("partition_has_it", [False, True])
+def test_issue_checkpoint_past_the_end_of_the_commit_log(tmp_path, partition_has_it):
+    """The reput checkpoint survived but the commit log lost its tail (fsync=never and a power
+    cut, or a corrupt last record cut by recovery). Appends after the reopen land at the new
+    end of the commit log and must be dispatched from there: none may be lost."""
+    snap, before, last = _crash_snapshot(tmp_path, flush_last=True)
+    size = len(encode([last]))
+    seg = _commitlog_segment(snap)
+    _truncate(seg, seg.stat().st_size - size + size // 2)
+    if not partition_has_it:
+        _drop_last_from_partition(snap, size)
+    have = before + ([last] if partition_has_it else [])
+    more = [Record(TOPIC, 1, last.offset + i, 5, b"k%d" % i, b"v" * (30 + i)) for i in range(1, 6)]
+    more += [Record(TOPIC, 0, 10_000 + i, 5, None, b"w" * i) for i in range(4)]
+    with Store.open(str(snap), writer="w") as s:
+        assert _contents(s) == _model(have)
+        assert s.append(RecordBatch.from_records(TOPIC, [last])) == (0 if partition_has_it else 1)
+        assert _contents(s) == _model(before + [last])
+        _append(s, more[:3])
+        _append(s, more[3:])
+        assert _contents(s) == _model(before + [last] + more)
+    with Store.open(str(snap), writer="w") as s:
+        assert _contents(s) == _model(before + [last] + more)
+        assert s.stats["dispatched"] == 0
+
+
+def test_torn_tail_across_commit_log_segments(tmp_path):
+    """Small commit-log segments: the torn record is in the newest of several segments, and the
+    older segments' records are all dispatched."""
+    rng = random.Random(9)
+    root = tmp_path / "orig"
+    Store.create(str(root)).close()
+    opts = WriterOptions(commitlog_segment_bytes=1 << 16)
+    recs = []
+    with Store.open(str(root), writer="w", options=opts) as s:
+        for i in range(40):
+            batch = [_gen(rng, 0, len(recs) + j, big=True) for j in range(10)]
+            _append(s, batch)
+            recs += batch
+            if i == 20:
+                s.flush()
+        snap = _copy(root, tmp_path / "snap")
+    segs = sorted((snap / fn.writer_dir("w")).glob("*.log"))
+    assert len(segs) > 3
+    last_size = len(encode([recs[-1]]))
+    _truncate(segs[-1], segs[-1].stat().st_size - last_size // 2)
+    _drop_last_from_partition_p0(snap, recs)
+    with Store.open(str(snap), writer="w", options=opts) as s:
+        assert _contents(s) == _model(recs[:-1])
+
+
+def _drop_last_from_partition_p0(root: Path, recs: list[Record]) -> None:
+    """Remove every record after the last checkpoint from partition 0 (never dispatched)."""
+    log = _last(root, _partition_dir(0), fn.LOG_SUFFIX)
+    size = len(encode([recs[-1]]))
+    _truncate(log, log.stat().st_size - size)
+    idx = log.with_suffix(fn.INDEX_SUFFIX)
+    _truncate(idx, idx.stat().st_size - B.ENTRY_SIZE)
+
+
+# -- (b) a flipped byte in a sealed segment ---------------------------------------------------
+
+
+def _sealed_store(root: Path) -> tuple[Path, list[Record]]:
+    rng = random.Random(3)
+    Store.create(str(root)).close()
+    recs = [_gen(rng, 0, 10 + 2 * i, big=True) for i in range(80)]
+    recs = [Record(r.topic, r.partition, r.offset, r.timestamp, r.key,
+                   r.value if r.value else b"x" * 500, r.headers) for r in recs]
+    with Store.open(str(root), writer="w") as s:
+        s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
+        for i in range(0, 80, 8):
+            _append(s, recs[i:i + 8])
+        assert len(s.partition(TOPIC, 0).segments) >= 3
+    return root, recs
+
+
+def _segment_entries(root: Path, rel_log: str) -> np.ndarray:
+    raw = (root / rel_log).with_suffix(fn.INDEX_SUFFIX).read_bytes()
+    return B.view(np.frombuffer(raw, np.uint8)).copy()
+
+
+def test_flipped_byte_in_sealed_segment_is_reported_never_served(tmp_path):
+    root, recs = _sealed_store(tmp_path / "s")
+    with Store.open(str(root)) as s:
+        pl = s.partition(TOPIC, 0)
+        seg = pl.segments[1]                           # sealed: segments follow it
+        rel = pl.log_path(seg.base)
+    e = _segment_entries(root, rel)
+    j = len(e) // 2
+    bad = next(i for i, r in enumerate(recs) if r.offset == int(e[j]["offset"]))
+    pos, size = int(e[j]["position"]), int(e[j]["size"])
+    body = list(range(0, 60)) + list(range(60, size, 37)) + [size - 1]
+    for writer in (None, "w"):
+        with Store.open(str(root), writer=writer) as s:
+            for i in body:
+                _flip(root / rel, pos + i)
+                with pytest.raises(CorruptRecordError) as ei:
+                    s.read(TOPIC, 0, recs[bad].offset)
+                err = ei.value
+                assert err.path == rel and err.position == pos, i
+                assert rel in str(err) and f"byte {pos}" in str(err)
+                # reads that cover the bad record fail; from before it, whole batches fail too
+                with pytest.raises(CorruptRecordError):
+                    list(s.iter_records(TOPIC, 0, recs[bad - 1].offset))
+                # everything before it is readable (up to the record before), and after it
+                assert list(s.iter_records(TOPIC, 0, 0, limit=bad)) == recs[:bad]
+                assert list(s.iter_records(TOPIC, 0, recs[bad].offset + 1)) == recs[bad + 1:]
+                # a missing offset right before the bad one does not skip it either
+                with pytest.raises(CorruptRecordError):
+                    s.read(TOPIC, 0, recs[bad].offset - 1, max_records=1)
+                _flip(root / rel, pos + i)             # undo
+            assert list(s.iter_records(TOPIC, 0)) == recs
+
+
+@pytest.mark.parametrize("field,width", [("offset", 8), ("position", 4), ("size", 4)])
+def test_flipped_index_entry_is_reported(tmp_path, field, width):
+    """A .bcq entry that no longer matches its .log (wrong offset, position or size) makes the
+    read fail; it never returns another record's bytes under the entry's offset."""
+    root, recs = _sealed_store(tmp_path / "s")
+    with Store.open(str(root)) as s:
+        rel = s.partition(TOPIC, 0).log_path(s.partition(TOPIC, 0).segments[0].base)
+    idx = (root / rel).with_suffix(fn.INDEX_SUFFIX)
+    n = idx.stat().st_size // B.ENTRY_SIZE
+    field_at = B.BCQ_DTYPE.fields[field][1]
+    for j in (0, n // 2, n - 1):
+        for b in range(width):
+            at = j * B.ENTRY_SIZE + field_at + b
+            _flip(idx, at, 0x01)
+            with Store.open(str(root)) as s:
+                with pytest.raises(CorruptRecordError) as ei:
+                    s.read(TOPIC, 0, -(2**63))
+                assert ei.value.path == rel
+            _flip(idx, at, 0x01)
+    with Store.open(str(root)) as s:
+        assert list(s.iter_records(TOPIC, 0)) == recs
+
+
+# -- (c) .bcq damaged or missing --------------------------------------------------------------
+
+
+def _bcq_damages(path: Path, rng: random.Random):
+    size = path.stat().st_size
+    yield "mid-entry", lambda: _truncate(path, max(0, size - rng.randrange(1, B.ENTRY_SIZE)))
+    yield "half", lambda: _truncate(path, (size // B.ENTRY_SIZE // 2) * B.ENTRY_SIZE + 17)
+    yield "empty", lambda: _truncate(path, 0)
+    yield "deleted", lambda: path.unlink()
+
+
+def test_damaged_bcq_is_rebuilt_identical_on_writer_open(tmp_path):
+    """After a crash, the writer's reopen re-dispatches into the partition and rebuilds every
+    damaged or missing .bcq of it, byte for byte as the writer had written it."""
+    rng = random.Random(1)
+    orig = tmp_path / "orig"
+    Store.create(str(orig)).close()
+    s = Store.open(str(orig), writer="w")
+    s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
+    recs = [_gen(rng, 0, i, big=True) for i in range(60)]
+    _append(s, recs[:50])
+    s.flush()
+    _append(s, recs[50:])                             # not flushed: re-dispatched on open
+    snap = _copy(orig, tmp_path / "snap")
+    s.close()
+    want = _files(snap, fn.PARTITIONS_DIR)
+    bcqs = sorted((snap / _partition_dir(0)).glob("*.bcq"))
+    assert len(bcqs) >= 3
+    for k, _ in enumerate(bcqs):
+        for name, _damage in _bcq_damages(bcqs[k], rng):
+            work = _copy(snap, tmp_path / "work")
+            target = sorted((work / _partition_dir(0)).glob("*.bcq"))[k]
+            dict(_bcq_damages(target, rng))[name]()
+            with Store.open(str(work), writer="w") as s2:
+                assert _contents(s2) == _model(recs), (k, name)
+            assert _files(work, fn.PARTITIONS_DIR) == want, (k, name)
+
+
+def test_damaged_bcq_is_rebuilt_before_the_writer_appends(tmp_path):
+    """A clean store whose .bcq files were damaged: the writer's next append to the partition
+    first rebuilds them identical, then appends after the last stored offset."""
+    rng = random.Random(2)
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    recs = [_gen(rng, 0, i, big=True) for i in range(60)]
+    with Store.open(str(root), writer="w") as s:
+        s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
+        _append(s, recs)
+    clean = _copy(root, tmp_path / "clean")
+    extra = [Record(TOPIC, 0, 60 + i, 1, b"e", b"extra") for i in range(3)]
+    with Store.open(str(clean), writer="w") as s:
+        _append(s, extra)
+    want = _files(clean, fn.PARTITIONS_DIR)
+    bcqs = sorted((root / _partition_dir(0)).glob("*.bcq"))
+    for k in (0, len(bcqs) - 1):
+        for name, _ in _bcq_damages(bcqs[k], rng):
+            work = _copy(root, tmp_path / "work")
+            target = sorted((work / _partition_dir(0)).glob("*.bcq"))[k]
+            dict(_bcq_damages(target, rng))[name]()
+            with Store.open(str(work), writer="w") as s:
+                # re-sending already stored offsets is skipped, not duplicated
+                assert s.append(RecordBatch.from_records(TOPIC, recs[-5:] + extra)) == 3
+                assert _contents(s) == _model(recs + extra), (k, name)
+            assert _files(work, fn.PARTITIONS_DIR) == want, (k, name)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap: Store.open(writer=...) recovers only the partitions it re-dispatches into (those "
+    "written after the last reput checkpoint); a .bcq damaged in a cleanly closed store stays "
+    "short, so reads hide its records and next_offset is too low until the writer next appends "
+    "to that partition. Recovering every partition at open is unsafe while other writers append "
+    "(ownership of a partition is not recorded)."))
+def test_damaged_bcq_of_a_closed_store_is_rebuilt_on_writer_open(tmp_path):
+    rng = random.Random(4)
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    recs = [_gen(rng, 0, i, big=True) for i in range(40)]
+    with Store.open(str(root), writer="w") as s:
+        _append(s, recs)
+    want = _files(root, fn.PARTITIONS_DIR)
+    bcq = _last(root, _partition_dir(0), fn.INDEX_SUFFIX)
+    _truncate(bcq, bcq.stat().st_size - 100)
+    with Store.open(str(root), writer="w") as s:
+        assert s.next_offset(TOPIC, 0) == 40
+        assert _contents(s) == _model(recs)
+    assert _files(root, fn.PARTITIONS_DIR) == want
+
+
+# -- (d) store.json ---------------------------------------------------------------------------
+
+
+def _store_json(root: Path) -> bytes:
+    Store.create(str(root)).close()
+    return (root / fn.STORE_JSON).read_bytes()
+
+
+def test_truncated_store_json_at_every_byte(tmp_path):
+    root = tmp_path / "s"
+    raw = _store_json(root)
+    whole = len(raw.rstrip())
+    for cut in range(len(raw)):
+        (root / fn.STORE_JSON).write_bytes(raw[:cut])
+        if cut >= whole:
+            Store.open(str(root)).close()
+            continue
+        for writer in (None, "w"):
+            with pytest.raises(StoreFormatError):
+                Store.open(str(root), writer=writer)
+    # a refused store.json was not touched, and no writer directory was made
+    assert not (root / fn.COMMITLOG_DIR).exists()
+
+
+def _edit(raw: bytes, fn_):
+    d = json.loads(raw)
+    fn_(d)
+    return json.dumps(d).encode()
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda raw: b"",
+    lambda raw: b"\x00\xff\xfe garbage",
+    lambda raw: b"[]",
+    lambda raw: b"null",
+    lambda raw: b'"store"',
+    lambda raw: b"42",
+    lambda raw: _edit(raw, lambda d: d.pop("format_version")),
+    lambda raw: _edit(raw, lambda d: d.update(format_version="one")),
+    lambda raw: _edit(raw, lambda d: d.update(format_version=None)),
+    lambda raw: _edit(raw, lambda d: d.pop("digest")),
+    lambda raw: _edit(raw, lambda d: d.update(digest="x")),
+    lambda raw: _edit(raw, lambda d: d["digest"].update(secret="00" * 15)),
+    lambda raw: _edit(raw, lambda d: d["digest"].update(secret="zz" * 16)),
+    lambda raw: _edit(raw, lambda d: d["digest"].update(secret=None)),
+    lambda raw: _edit(raw, lambda d: d["digest"].update(algorithm="md5")),
+    lambda raw: _edit(raw, lambda d: d.pop("store_id")),
+    lambda raw: _edit(raw, lambda d: d.update(topics=[])),
+    lambda raw: _edit(raw, lambda d: d.update(topics=["orders"])),
+    lambda raw: _edit(raw, lambda d: d.update(topics="orders")),
+    lambda raw: _edit(raw, lambda d: d.update(topics={"bad/topic": {}})),
+    lambda raw: _edit(raw, lambda d: d.update(topics={"ok": {"segment.bytes": 1}})),
+    lambda raw: _edit(raw, lambda d: d.update(topics={"ok": {"no.such.key": 1}})),
+    lambda raw: _edit(raw, lambda d: d.update(topics={"ok": ["segment.bytes"]})),
+    lambda raw: _edit(raw, lambda d: d.update(created_ms="yesterday")),
+])
+def test_invalid_store_json_is_refused(tmp_path, mangle):
+    root = tmp_path / "s"
+    (root / fn.STORE_JSON).parent.mkdir(parents=True, exist_ok=True)
+    raw = _store_json(root)
+    bad = mangle(raw)
+    (root / fn.STORE_JSON).write_bytes(bad)
+    for writer in (None, "w"):
+        with pytest.raises(StoreFormatError):
+            Store.open(str(root), writer=writer)
+    assert (root / fn.STORE_JSON).read_bytes() == bad
+    assert not (root / fn.COMMITLOG_DIR).exists()
+
+
+def test_newer_format_version_says_upgrade(tmp_path):
+    root = tmp_path / "s"
+    raw = _store_json(root)
+    (root / fn.STORE_JSON).write_bytes(_edit(raw, lambda d: d.update(format_version=99)))
+    for writer in (None, "w"):
+        with pytest.raises(StoreFormatError, match="upgrade"):
+            Store.open(str(root), writer=writer)
+
+
+def test_not_a_store(tmp_path):
+    with pytest.raises(StoreNotFoundError):
+        Store.open(str(tmp_path))                       # empty directory
+    (tmp_path / "something").write_text("x")
+    with pytest.raises(StoreNotFoundError, match="not empty"):
+        Store.open(str(tmp_path), writer="w")
+    with pytest.raises(StoreNotFoundError):
+        Store.open(str(tmp_path / "missing"))
+    assert sorted(os.listdir(tmp_path)) == ["something"]
+    (tmp_path / "d" / fn.STORE_JSON).mkdir(parents=True)
+    with pytest.raises(StoreFormatError):
+        Store.open(str(tmp_path / "d"))
+    # create=True makes one; creating it twice is refused
+    Store.open(str(tmp_path / "new"), create=True).close()
+    assert (tmp_path / "new" / fn.STORE_JSON).exists()
+    with pytest.raises(Exception, match="already exists"):
+        Store.create(str(tmp_path / "new"))
+
+
+# -- (e) one process per writer id ------------------------------------------------------------
+
+
+_HOLDER = textwrap.dedent("""
+    import sys
+    from reput.store import Store
+    s = Store.open(sys.argv[1], writer="w")
+    print("open", flush=True)
+    sys.stdin.read()
+    s.close()
+""")
+
+
+def test_second_process_with_the_same_writer_is_refused(tmp_path):
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreLockedError, match="another process"):
+            Store.open(str(root), writer="w")
+        with Store.open(str(root), writer="other") as s:  # another writer id is fine
+            _append(s, [Record(TOPIC, 0, 0, 0, b"k", b"v")])
+        with Store.open(str(root)) as s:                   # and so is a reader
+            assert s.next_offset(TOPIC, 0) == 1
+    finally:
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+    with Store.open(str(root), writer="w") as s:           # released at close
+        assert s.next_offset(TOPIC, 0) == 1
+
+
+def test_writer_lock_is_released_when_the_holder_is_killed(tmp_path):
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreLockedError):
+            Store.open(str(root), writer="w")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    Store.open(str(root), writer="w").close()
+
+
+def test_same_writer_twice_in_one_process_is_refused(tmp_path):
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    with Store.open(str(root), writer="w"):
+        with pytest.raises(StoreLockedError):
+            Store.open(str(root), writer="w")
