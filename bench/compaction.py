@@ -46,6 +46,16 @@ if mode == "baseline":
     import compaction.compactor, reput.verify  # everything the compaction imports
     print(json.dumps({{"maxrss_kib": hwm_kib()}}))
     sys.exit(0)
+# load the compiled kernels (numba's cache) on a tiny store first: a one-time cost per process
+import tempfile
+from reput.record import RecordBatch
+t = time.perf_counter()
+warm = Store.open(tempfile.mkdtemp(), writer="w", create=True)
+warm.append(RecordBatch.from_records({topic!r}, [(0, i, 0, b"k%d" % (i % 3), b"v") for i in range(9)]))
+warm.flush()
+Compactor(warm, CompactionOptions(offset_map_memory=1 << 16)).compact_partition({topic!r}, 0, force=True)
+warm.close()
+jit_s = time.perf_counter() - t
 st = Store.open(sys.argv[2])
 c = Compactor(st, CompactionOptions(offset_map_memory=int(sys.argv[3])))
 c.delete_delay_s = 3600  # as Kafka's file.delete.delay.ms: replaced files are unlinked later
@@ -60,6 +70,7 @@ st.close()
 d = r.to_dict()
 d["elapsed_s"] = elapsed
 d["unlink_s"] = unlink_s
+d["jit_load_s"] = jit_s
 d["maxrss_kib"] = hwm_kib()
 print(json.dumps(d))
 """
@@ -139,7 +150,8 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     res = {"records": a.records, "keys": a.keys, "partition_bytes": size, "build_s": build_s,
            "copy_s": copy_s, "process_s": compact_s, "compact_s": r["elapsed_s"],
-           "unlink_old_s": r["unlink_s"], "ratio_vs_copy": r["elapsed_s"] / copy_s,
+           "unlink_old_s": r["unlink_s"], "jit_load_s": r["jit_load_s"],
+           "ratio_vs_copy": r["elapsed_s"] / copy_s,
            "process_ratio_vs_copy": compact_s / copy_s, "records_per_s": a.records / r["elapsed_s"],
            "mb_per_s": size / 1e6 / r["elapsed_s"],
            "peak_rss_mib": r["maxrss_kib"] / 1024, "baseline_rss_mib": base["maxrss_kib"] / 1024,
@@ -155,8 +167,9 @@ def main(argv=None) -> int:
     print(f"  compaction       {r['elapsed_s']:7.2f} s   compaction/copy = "
           f"{res['ratio_vs_copy']:.2f}   (target <= 1.5)")
     print(f"  + unlinking the replaced segment {r['unlink_s']:.2f} s (deferred, as Kafka's "
-          f"file.delete.delay.ms), whole process {compact_s:.2f} s (interpreter and numba "
-          f"start-up included): process/copy = {res['process_ratio_vs_copy']:.2f}")
+          f"file.delete.delay.ms); loading the compiled kernels {r['jit_load_s']:.2f} s once per "
+          f"process; whole process {compact_s:.2f} s: process/copy = "
+          f"{res['process_ratio_vs_copy']:.2f}")
     print(f"  {res['records_per_s']:,.0f} records/s, {res['mb_per_s']:.0f} MB/s, {r['rounds']} "
           f"round(s), kept {r['records_kept']:,}, dropped {r['records_dropped']:,}, map "
           f"{r['map_keys_max']:,} keys at {r['map_bytes_per_key']:.1f} B/key")

@@ -44,7 +44,9 @@ from reput.store import Store
 from .errors import CompactionError
 from reput._kernels import _copy
 
-from .offset_map import EMPTY, OffsetMap, _home
+from reput._intrinsics import prefetch
+
+from .offset_map import EMPTY, PREFETCH_AHEAD, OffsetMap, _home
 
 DEFAULT_MAP_MEMORY = 128 << 20
 
@@ -110,7 +112,10 @@ def _decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi
     dropped = 0
     tdropped = 0
     stamped = 0
-    for i in range(offsets.shape[0]):
+    n = offsets.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
         off = offsets[i]
         f = flags[i]
         ct = clean_time[i]
@@ -205,6 +210,7 @@ class Compactor:
         self.options = options
         self.clock = clock or store.clock or SYSTEM_CLOCK
         self._map: OffsetMap | None = None
+        self._buffers: dict[str, np.ndarray] = {}
         #: seconds before replaced segments are unlinked (Kafka's file.delete.delay.ms); 0 = at
         #: the end of compact_partition. Leftovers are removed when the partition is next opened.
         self.delete_delay_s = 0.0
@@ -218,14 +224,26 @@ class Compactor:
     # -- reading indexes in bounded chunks ---------------------------------------------------
 
     def _index_chunks(self, pl: PartitionLog, seg: Segment, start_entry: int = 0):
-        """Yield (first entry number, entries) of a segment's .bcq in bounded chunks."""
+        """Yield (first entry number, entries) of a segment's .bcq in bounded chunks.
+
+        The entries live in a reused buffer: valid until the next chunk is read."""
         n = pl.index(seg).n  # valid entries (inside the .log)
         step = self.options.index_chunk_entries
         path = pl.index_path(seg.base)
+        buf = self._buffer("index", step * B.ENTRY_SIZE)
         for lo in range(start_entry, n, step):
             hi = min(n, lo + step)
-            raw = self.store.fs.read(path, lo * B.ENTRY_SIZE, (hi - lo) * B.ENTRY_SIZE)
-            yield lo, np.frombuffer(raw, dtype=B.BCQ_DTYPE)
+            got = self.store.fs.read_into(path, lo * B.ENTRY_SIZE, buf[: (hi - lo) * B.ENTRY_SIZE])
+            if got != (hi - lo) * B.ENTRY_SIZE:
+                raise CompactionError(f"{path}: short read at entry {lo}; the index changed "
+                                      "under the compactor")
+            yield lo, buf[:got].view(B.BCQ_DTYPE)
+
+    def _buffer(self, name: str, size: int) -> np.ndarray:
+        b = self._buffers.get(name)
+        if b is None or b.shape[0] < size:
+            b = self._buffers[name] = np.empty(size, np.uint8)
+        return b[:size]
 
     # -- the public entry point ---------------------------------------------------------------
 
@@ -348,6 +366,9 @@ class Compactor:
         cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
         first_dirty = cleaned + 1
         end = self._cleanable_end(pl, cfg)
+        if not any(s.base < end and pl.index(s).n and int(pl.index(s).entries[-1]["offset"])
+                   >= first_dirty for s in pl.segments[:-1]):
+            return False  # nothing dirty in the cleanable range
         m = self.offset_map
         m.clear(first_dirty)
         last_mapped = first_dirty - 1
@@ -361,7 +382,8 @@ class Compactor:
             start = int(idx.lower_bound(first_dirty))
             for lo, chunk in self._index_chunks(pl, seg, start):
                 res.bytes_read += chunk.nbytes
-                chunk = chunk[chunk["offset"] < end]
+                stop = int(np.searchsorted(chunk["offset"], end))
+                chunk = chunk[:stop]
                 if chunk.shape[0] == 0:
                     break
                 j, full = m.insert_entries(chunk)
@@ -469,10 +491,15 @@ class Compactor:
                         j = max(j, i + 1)
                         if keep[i:j].any():
                             start, stop = int(pos[i]), int(ends[j - 1])
-                            data = np.frombuffer(fs.read(path, start, stop - start), np.uint8)
+                            data = self._buffer("data", max(stop - start, chunk_bytes))[
+                                :stop - start]
+                            if fs.read_into(path, start, data) != stop - start:
+                                raise CompactionError(f"{path}: short read at byte {start}")
                             res.bytes_read += stop - start
                             kept = np.nonzero(keep[i:j])[0] + i
-                            out = np.empty(int(chunk["size"][kept].sum()), np.uint8)
+                            out = self._buffer("out", max(int(chunk["size"][kept].sum()),
+                                                          chunk_bytes))[
+                                :int(chunk["size"][kept].sum())]
                             new_pos = np.empty(kept.shape[0], np.int64)
                             _gather_kept(data, pos[i:j] - start, chunk["size"][i:j].astype(np.int64),
                                          keep[i:j], out, new_pos, out_pos)

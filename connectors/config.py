@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterable, Mapping
 from .errors import ConfigError
 
 __all__ = ["ConfigDef", "ConfigKey", "Importance", "NO_DEFAULT", "Type", "at_least", "between",
-           "one_of", "non_empty", "load_config_file", "parse_properties", "parse_kv_pairs"]
+           "one_of", "non_empty", "load_class", "load_config_file", "parse_properties",
+           "parse_kv_pairs"]
 
 
 class Type(str, enum.Enum):
@@ -404,3 +405,27 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
                 raise ConfigError(f"{path}: property {k!r} must be a string, number or boolean")
         return {str(k): v for k, v in doc.items()}
     return parse_properties(text, where=path)
+
+
+def load_class(name: str, *, key: str, kind: str, known: Iterable[str] = ()) -> Any:
+    """Import ``package.module.ClassName`` (or ``package.module:ClassName``) for a CLASS-typed
+    property; the error names the key and lists the built-in short names."""
+    name = name.strip()
+    mod_name, sep, attr = name.replace(":", ".").rpartition(".")
+    hint = f" (built-in: {', '.join(known)})" if known else ""
+    if not sep or not mod_name:
+        raise ConfigError(f"{key}: unknown {kind} {name!r}{hint}; or give a dotted Python path "
+                          "such as mypackage.module.MyClass")
+    if name.startswith(("org.apache.", "io.confluent.", "com.")):
+        raise ConfigError(f"{key}: {name!r} is a Java class; kcompact runs Python {kind}s"
+                          f"{hint}")
+    import importlib
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ConfigError(f"{key}: cannot import module {mod_name!r} for {kind} {name!r}: {e}"
+                          f"{hint}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{key}: module {mod_name!r} has no {attr!r}{hint}") from None

@@ -407,7 +407,8 @@ class PartitionLog:
                 sel = e[j:stop].copy()
                 start = int(sel[0]["position"])
                 end = int(sel[-1]["position"]) + int(sel[-1]["size"])
-                data = self.fs.read(self.log_path(seg.base), start, end - start)
+                # max(0, ..): entries damaged out of order must fail the check below, not the read
+                data = self.fs.read(self.log_path(seg.base), start, max(0, end - start))
                 sel["position"] -= start
                 self._check(data, sel, seg, start)
                 return ReadResult(data, sel, int(sel[-1]["offset"]) + 1)
@@ -419,7 +420,8 @@ class PartitionLog:
         s = scan(buf, 0, len(buf), verify_crc=True)
         ok = (len(s) == sel.shape[0] and s.status == K.SCAN_OK
               and np.array_equal(s.offsets, sel["offset"])
-              and np.array_equal(s.positions, sel["position"].astype(np.int64)))
+              and np.array_equal(s.positions, sel["position"].astype(np.int64))
+              and np.array_equal(s.sizes, sel["size"].astype(np.int64)))
         if not ok:
             bad = int(s.stop) if s.status != K.SCAN_OK else self._first_mismatch(s, sel)
             raise CorruptRecordError(
@@ -432,7 +434,8 @@ class PartitionLog:
     def _first_mismatch(s: Scan, sel: np.ndarray) -> int:
         n = min(len(s), sel.shape[0])
         diff = np.nonzero((s.offsets[:n] != sel["offset"][:n])
-                          | (s.positions[:n] != sel["position"][:n].astype(np.int64)))[0]
+                          | (s.positions[:n] != sel["position"][:n].astype(np.int64))
+                          | (s.sizes[:n] != sel["size"][:n].astype(np.int64)))[0]
         return int(sel[diff[0]]["position"]) if diff.size else int(s.stop)
 
     def iter_records(self, from_offset: int = 0, limit: int | None = None,

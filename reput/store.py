@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _kernels as K
 from . import filenames as fn
-from .backend import Backend, LocalBackend, MemoryBackend
+from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
@@ -75,7 +75,7 @@ class StoreMeta:
                 validate_topic(t)
                 TopicConfig.from_dict(cfg)
             return cls(str(d["store_id"]), secret, int(d.get("created_ms", 0)), topics, version)
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
 
@@ -111,6 +111,11 @@ class Store:
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
             self._dispatched = self.commitlog.read_checkpoint()
+            if self.commitlog.segments and self._dispatched > self.commitlog.end:
+                # The commit log lost its tail below the checkpoint (fsync=never and a power
+                # cut, or a corrupt record cut by recovery). Those records were dispatched;
+                # new appends start at the end, so dispatch must continue from there too.
+                self._dispatched = self.commitlog.end
             self.dispatch()
             self.flush()
 
@@ -144,7 +149,9 @@ class Store:
             except ReputError:
                 pass  # another process created it first
             raw = fs.read(fn.STORE_JSON)
-        except IsADirectoryError:
+        except (IsADirectoryError, BackendError):
+            if not fs.isdir(fn.STORE_JSON):
+                raise
             raise StoreFormatError(f"{fs.url}/store.json is a directory") from None
         meta = StoreMeta.from_json(raw, fs.url)
         clfs = LocalBackend(commitlog_dir) if commitlog_dir else None

@@ -292,7 +292,8 @@ def test_store_matches_model_in_memory():
 
 
 def test_store_matches_model_on_disk():
-    run_state_machine_as_test(LocalStoreMachine, settings=settings(MODEL_SETTINGS, max_examples=30))
+    run_state_machine_as_test(LocalStoreMachine,
+                              settings=settings(MODEL_SETTINGS, max_examples=30))
 
 
 # -- deterministic: many segments, every read offset ------------------------------------------
@@ -346,8 +347,10 @@ def test_lower_bound_matches_bisect(offsets, targets, data):
     e["offset"] = offsets
     e["position"] = np.arange(len(offsets))
     targets = targets + offsets[:5] + [o + 1 for o in offsets[-5:] if o < 2**63 - 1]
+    idx = B.Index(e)
     for t in targets:
         assert B.lower_bound(e, t) == bisect.bisect_left(offsets, t)
+        assert idx.lower_bound(t) == bisect.bisect_left(offsets, t)
     # the same through a byte buffer view (as a mapped .bcq is read) and a prefix of it
     raw = np.frombuffer(e.tobytes() + b"\x01\x02\x03", dtype=np.uint8)
     v = B.view(raw)
