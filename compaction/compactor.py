@@ -224,20 +224,9 @@ class Compactor:
     # -- reading indexes in bounded chunks ---------------------------------------------------
 
     def _index_chunks(self, pl: PartitionLog, seg: Segment, start_entry: int = 0):
-        """Yield (first entry number, entries) of a segment's .bcq in bounded chunks.
-
-        The entries live in a reused buffer: valid until the next chunk is read."""
-        n = pl.index(seg).n  # valid entries (inside the .log)
+        """Bounded-memory .bcq chunks in this compactor's reused buffer."""
         step = self.options.index_chunk_entries
-        path = pl.index_path(seg.base)
-        buf = self._buffer("index", step * B.ENTRY_SIZE)
-        for lo in range(start_entry, n, step):
-            hi = min(n, lo + step)
-            got = self.store.fs.read_into(path, lo * B.ENTRY_SIZE, buf[: (hi - lo) * B.ENTRY_SIZE])
-            if got != (hi - lo) * B.ENTRY_SIZE:
-                raise CompactionError(f"{path}: short read at entry {lo}; the index changed "
-                                      "under the compactor")
-            yield lo, buf[:got].view(B.BCQ_DTYPE)
+        return pl.index_chunks(seg, start_entry, step, self._buffer("index", step * B.ENTRY_SIZE))
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
         b = self._buffers.get(name)
@@ -301,8 +290,8 @@ class Compactor:
         limit = self.clock.ms() - cfg.retention_ms
         doomed = []
         for seg in pl.segments[:-1]:
-            e = pl.entries(seg)
-            if e.shape[0] and int(e["timestamp"].max()) >= limit:
+            if any(int(e["timestamp"].max()) >= limit for _, e in self._index_chunks(pl, seg)
+                   if e.shape[0]):
                 break
             doomed.append(seg.base)
         if not doomed:
@@ -320,13 +309,11 @@ class Compactor:
         now_s = self.clock.ms() // 1000
         retention_s = -(-cfg.delete_retention_ms // 1000)
         for seg in pl.segments[:-1]:
-            e = pl.entries(seg)
-            if e.shape[0] == 0:
-                continue
-            ct = e["clean_time"][(e["flags"] & B.FLAG_TOMBSTONE) != 0]
-            ct = ct[ct != 0]
-            if ct.size and now_s - int(ct.min()) >= retention_s:
-                return True
+            for _, e in self._index_chunks(pl, seg):
+                ct = e["clean_time"][(e["flags"] & B.FLAG_TOMBSTONE) != 0]
+                ct = ct[ct != 0]
+                if ct.size and now_s - int(ct.min()) >= retention_s:
+                    return True
         return False
 
     @staticmethod
@@ -355,9 +342,9 @@ class Compactor:
         if cfg.min_compaction_lag_ms > 0:
             limit = self.clock.ms() - cfg.min_compaction_lag_ms
             for seg in sealed:
-                e = pl.entries(seg)
-                if e.shape[0] and int(e["timestamp"].max()) > limit:
-                    return seg.base
+                for _, e in self._index_chunks(pl, seg):
+                    if e.shape[0] and int(e["timestamp"].max()) > limit:
+                        return seg.base
         return end
 
     def _round(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> bool:
@@ -565,11 +552,9 @@ def partition_status(store: Store, topic: str, partition: int) -> dict:
     total = pl.size_bytes()
     dirty = 0
     for seg in pl.segments:
-        e = pl.entries(seg)
-        if e.shape[0] == 0:
-            continue
-        i = B.lower_bound(e, cleaned + 1)
-        dirty += int(e["size"][i:].sum())
+        for _, e in pl.index_chunks(seg):
+            i = int(np.searchsorted(e["offset"], cleaned + 1))
+            dirty += int(e["size"][i:].sum())
     return {"compaction_horizon": cleaned,
             "dirty_bytes": dirty,
             "dirty_ratio": round(dirty / total, 4) if total else 0.0,

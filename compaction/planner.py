@@ -15,7 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from reput import bcq as B
+import numpy as np
+
 from reput import swap
 from reput.config import SYSTEM_CLOCK, Clock
 from reput.store import Store
@@ -44,21 +45,22 @@ def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK
     clean = dirty = 0
     oldest_dirty = None
     small = 0
-    for seg in pl.segments[:-1]:
-        e = pl.entries(seg)
+    first_max_ts = None
+    for k, seg in enumerate(pl.segments[:-1]):
         if seg.log_size < cfg.segment_bytes // 4:
             small += 1
-        if e.shape[0] == 0:
-            continue
-        i = B.lower_bound(e, cleaned + 1)
-        clean += int(e["size"][:i].sum())
-        dirty += int(e["size"][i:].sum())
-        if i < e.shape[0]:
-            t = int(e["timestamp"][i:].min())
-            oldest_dirty = t if oldest_dirty is None else min(oldest_dirty, t)
+        for _, e in pl.index_chunks(seg):
+            if k == 0:
+                m = int(e["timestamp"].max())
+                first_max_ts = m if first_max_ts is None else max(first_max_ts, m)
+            i = int(np.searchsorted(e["offset"], cleaned + 1))
+            clean += int(e["size"][:i].sum())
+            dirty += int(e["size"][i:].sum())
+            if i < e.shape[0]:
+                t = int(e["timestamp"][i:].min())
+                oldest_dirty = t if oldest_dirty is None else min(oldest_dirty, t)
     if cfg.delete and cfg.retention_ms >= 0:
-        first = pl.entries(pl.segments[0])
-        if first.shape[0] and int(first["timestamp"].max()) < now - cfg.retention_ms:
+        if first_max_ts is not None and first_max_ts < now - cfg.retention_ms:
             return Candidate(topic, partition, "retention.ms", 0.0)
     if not cfg.compact:
         return None

@@ -178,6 +178,23 @@ class PartitionLog:
         seg._index = B.Index(e)
         return seg._index
 
+    def index_chunks(self, seg: Segment, start_entry: int = 0, chunk_entries: int = 1 << 15,
+                     buf: np.ndarray | None = None):
+        """Yield (first entry number, entries) of a segment's valid .bcq entries in bounded
+        chunks read into ``buf`` (reused: valid until the next chunk). Unlike ``entries``,
+        this keeps memory bounded whatever the index size (no mapping of the whole file)."""
+        n = self.index(seg).n
+        path = self.index_path(seg.base)
+        if buf is None or buf.shape[0] < chunk_entries * B.ENTRY_SIZE:
+            buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
+        for lo in range(start_entry, n, chunk_entries):
+            hi = min(n, lo + chunk_entries)
+            want = (hi - lo) * B.ENTRY_SIZE
+            if self.fs.read_into(path, lo * B.ENTRY_SIZE, buf[:want]) != want:
+                raise CorruptRecordError(f"{path}: index shorter than expected at entry {lo}",
+                                         path, lo * B.ENTRY_SIZE)
+            yield lo, buf[:want].view(B.BCQ_DTYPE)
+
     @property
     def first_offset(self) -> int:
         for seg in self.segments:
