@@ -141,8 +141,10 @@ def _decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi
                     h = 0
             if latest > off:
                 k = False
-        if k and (f & 1):  # a tombstone that is still the latest for its key
-            if ct != 0 and now_s - np.int64(ct) >= retention_s:
+        if k and (f & 3) == 1:  # a keyed tombstone still the latest for its key (keyless: kept)
+            # clean_time is whole seconds (floored): only a strict '>' guarantees that
+            # delete.retention.ms has really passed since the tombstone was first cleaned
+            if ct != 0 and now_s - np.int64(ct) > retention_s:
                 k = False
                 tdropped += 1
             elif ct == 0 and off <= last_mapped:
@@ -310,9 +312,10 @@ class Compactor:
         retention_s = -(-cfg.delete_retention_ms // 1000)
         for seg in pl.segments[:-1]:
             for _, e in self._index_chunks(pl, seg):
-                ct = e["clean_time"][(e["flags"] & B.FLAG_TOMBSTONE) != 0]
+                ct = e["clean_time"][(e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS))
+                                     == B.FLAG_TOMBSTONE]
                 ct = ct[ct != 0]
-                if ct.size and now_s - int(ct.min()) >= retention_s:
+                if ct.size and now_s - int(ct.min()) > retention_s:
                     return True
         return False
 
@@ -422,7 +425,8 @@ class Compactor:
             """The planning pass's decision for a chunk; clean_time recomputed without lookups."""
             keep = np.unpackbits(sp.masks[lo], count=chunk.shape[0]).astype(np.bool_)
             clean = chunk["clean_time"].copy()
-            stamp = (keep & ((chunk["flags"] & B.FLAG_TOMBSTONE) != 0) & (clean == 0)
+            stamp = (keep & ((chunk["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS))
+                             == B.FLAG_TOMBSTONE) & (clean == 0)
                      & (chunk["offset"] <= last_mapped))
             clean[stamp] = now_s
             return keep, clean, None

@@ -32,6 +32,9 @@ from .errors import ConnectorsError
 
 Headers = tuple[tuple[str, "bytes | None"], ...]
 
+#: For ``SinkTaskContext.offset``: start at the partition's first available offset.
+OFFSET_BEGINNING = -2
+
 
 class DataError(ConnectorsError):
     """A record's bytes cannot be converted (bad magic byte, truncated Avro, invalid UTF-8...).
@@ -174,8 +177,8 @@ class SinkTaskContext:
 
     def offset(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, off in offsets.items():
-            if int(off) < 0:
-                raise ValueError(f"{tp}: start offset must be >= 0, got {off}")
+            if int(off) < 0 and int(off) != OFFSET_BEGINNING:
+                raise ValueError(f"{tp}: start offset must be >= 0 or OFFSET_BEGINNING, got {off}")
             self.requested_offsets[tp] = int(off)
 
     def request_stop(self) -> None:

@@ -210,6 +210,16 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_mirror(args) -> int:
+    from .mirror import cmd_mirror as run
+    return run(args)
+
+
+def cmd_connect_standalone(args) -> int:
+    from .standalone import cmd_standalone
+    return cmd_standalone(args)
+
+
 def _not_yet(name: str) -> Callable[[Any], int]:
     def run(_args) -> int:
         raise ConnectorsError(f"`kcompact {name}` is not available in this version of kcompact")
@@ -257,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partitions", default=None, help="comma-separated partition numbers")
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer setting (repeatable)")
-    s.set_defaults(func=_not_yet("mirror"))
+    s.set_defaults(func=cmd_mirror)
 
     s = sub.add_parser("compact", help="compact partitions of a store")
     s.add_argument("--store", required=True)
@@ -339,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = cs.add_parser("standalone", help="WORKER.properties CONNECTOR.properties...")
     s.add_argument("worker")
     s.add_argument("connectors", nargs="+")
-    s.set_defaults(func=_not_yet("connect standalone"))
+    s.set_defaults(func=cmd_connect_standalone)
     return p
 
 

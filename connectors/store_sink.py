@@ -23,6 +23,11 @@ the gap.
 
 from __future__ import annotations
 
+import operator
+import queue
+import sys
+import threading
+from itertools import repeat
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -30,7 +35,7 @@ import numpy as np
 from reput import Store, WriterOptions
 from reput.record import RecordBatch, _VarColumn, encode_headers
 
-from .api import SinkConnector, SinkRecords, SinkTask, TopicPartition
+from .api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
 from .config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from .errors import ConfigError
 
@@ -49,6 +54,11 @@ STORE_SINK_CONFIG = (
             "(offset.flush.interval.ms), or never (the OS decides).")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
             "Local directory for the commit log when store.url is not a local directory (S3).")
+    .define("store.compaction.background", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Run the compaction planner in the background on the partitions this task writes "
+            "(compaction.Scheduler), as `kcompact mirror --follow` does.")
+    .define("store.compaction.interval.ms", Type.LONG, 30_000, at_least(100), Importance.LOW,
+            "How often the background compaction planner runs.")
 )
 
 
@@ -112,6 +122,7 @@ class StoreSinkTask(SinkTask):
     DEFAULT_CONSUMER_CONFIG = {"auto.offset.reset": "error"}
 
     store: Store | None = None
+    scheduler: Any = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         self.props = dict(props)
@@ -119,33 +130,37 @@ class StoreSinkTask(SinkTask):
         self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
                                 options=options, commitlog_dir=props.get("store.commitlog.dir"))
         self.appended = 0
+        self.appender = _Appender(self.store)
+        self.scheduler = None
+        if props.get("store.compaction.background"):
+            self.scheduler = _start_scheduler(self.store,
+                                              props.get("store.compaction.interval.ms") or 30_000)
 
     def open(self, partitions: Sequence[TopicPartition]) -> None:
         assert self.store is not None
         start = {}
         for tp in partitions:
-            # An empty partition starts at the topic's beginning (which may be > 0 after
-            # retention); a partition with data resumes exactly after its last record.
+            # A partition with data resumes exactly after its last record; an empty one starts
+            # at the topic's first offset (which may be > 0 after retention).
             n = self.store.next_offset(tp.topic, tp.partition)
-            if n > 0 or tp.partition in self.store.partitions(tp.topic):
-                start[tp] = n
+            start[tp] = n if n > 0 else OFFSET_BEGINNING
         self.context.offset(start)
 
     def put(self, records: SinkRecords) -> None:
         n = len(records)
         if n == 0:
             return
-        assert self.store is not None
         topics = records.topics
         if topics[0] == topics[-1] and topics.count(topics[0]) == n:
-            self.appended += self.store.append(_batch(topics[0], records, None))
+            self.appender.submit(_batch(topics[0], records, None))
             return
         for topic in dict.fromkeys(topics):
             idx = [i for i, t in enumerate(topics) if t == topic]
-            self.appended += self.store.append(_batch(topic, records, idx))
+            self.appender.submit(_batch(topic, records, idx))
 
     def flush(self, offsets: Mapping[TopicPartition, int]) -> None:
         if self.store is not None:
+            self.appender.drain()
             self.store.flush()
 
     def pre_commit(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -153,9 +168,114 @@ class StoreSinkTask(SinkTask):
         return {}  # the store is the source of truth for positions: no group commits
 
     def stop(self) -> None:
+        if self.scheduler is not None:
+            sched, self.scheduler = self.scheduler, None
+            sched.stop()  # before the store closes under it
         if self.store is not None:
             store, self.store = self.store, None
-            store.close()  # flushes
+            try:
+                self.appender.close()
+            finally:
+                self.appended = self.appender.appended
+                store.close()  # flushes what was appended
+
+
+def _warm_up() -> None:
+    """Compile (or load from numba's cache) the encode/scan kernels on a 1-record batch: about
+    3 s on a small VM, spent here while the consumer connects and prefetches, instead of inside
+    the first real append."""
+    from reput.record import encode_batch, scan
+    for headers in (None, [("h", b"")]):
+        recs = SinkRecords(["warm-up"], [0], [0], [0], [b"k"], [b"v"], [headers])
+        buf, _ = encode_batch(_batch("warm-up", recs, None))
+        scan(buf)
+
+
+class _Appender:
+    """Appends batches to the store in a thread of its own, so that encoding and writing (numba
+    kernels without the GIL, and write syscalls) overlap with the next consume() and column
+    building on the task thread. At most ``depth`` batches wait; order is kept; the first
+    failure is raised on the task thread by the next submit/drain."""
+
+    def __init__(self, store: Store, depth: int = 2):
+        self.store = store
+        self.appended = 0
+        self.error: BaseException | None = None
+        self._q: queue.Queue = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._run, name="store-append", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        _warm_up()
+        while True:
+            batch = self._q.get()
+            try:
+                if batch is None:
+                    return
+                if self.error is None:
+                    self.appended += self.store.append(batch)
+            except BaseException as e:  # noqa: BLE001 - handed to the task thread
+                self.error = e
+            finally:
+                self._q.task_done()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, batch: RecordBatch) -> None:
+        self._raise()
+        self._q.put(batch)
+
+    def drain(self) -> None:
+        """Wait until every submitted batch is appended."""
+        self._q.join()
+        self._raise()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join()
+        self._raise()
+
+
+def _start_scheduler(store: Store, interval_ms: int):
+    """compaction.Scheduler on this writer's store (the compactor shares the writer's lock, so
+    it may rewrite sealed segments of partitions this task is appending to)."""
+    try:
+        import compaction
+    except ImportError:
+        compaction = None
+    sched_cls = getattr(compaction, "Scheduler", None)
+    if sched_cls is None:
+        print("kcompact: background compaction is not available in this build; run "
+              "`kcompact compact` later", file=sys.stderr, flush=True)
+        return None
+    return sched_cls(store, interval_s=interval_ms / 1000).start()
+
+
+def _column(items: list) -> _VarColumn:
+    """A nullable bytes column, ~3x faster than _VarColumn.from_list for the usual case of no
+    nulls (measured: 0.9 ms vs 5 ms per 10k 100-byte values)."""
+    n = len(items)
+    nulls = items.count(None)
+    if nulls == 0:
+        lens = np.fromiter(map(len, items), np.int64, n)
+        null = np.zeros(n, np.bool_)
+        joined = b"".join(items)
+    elif nulls == n:
+        return _VarColumn.nulls(n)
+    else:
+        null = np.fromiter(map(operator.is_, items, repeat(None)), np.bool_, n)
+        filled = [b"" if x is None else x for x in items]
+        lens = np.fromiter(map(len, filled), np.int64, n)
+        joined = b"".join(filled)
+    offs = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=offs[1:])
+    # Writable, like every other column array: numba compiles one specialization per
+    # (readonly, writable) combination, and a new one costs a second of GIL-held compile.
+    buf = np.frombuffer(bytearray(joined), np.uint8) if joined else np.zeros(0, np.uint8)
+    return _VarColumn(buf, offs, null)
 
 
 def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
@@ -168,9 +288,8 @@ def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
     keys, values, headers = col(r.raw_keys), col(r.raw_values), col(r.headers)
     n = len(offs)
     if any(headers):
-        hcol = _VarColumn.from_list([encode_headers(h) if h else b"" for h in headers])
+        hcol = _column([encode_headers(h) if h else b"" for h in headers])
     else:
         hcol = _VarColumn.empties(n)
     return RecordBatch(topic, np.fromiter(parts, np.int32, n), np.fromiter(offs, np.int64, n),
-                       np.fromiter(ts, np.int64, n), _VarColumn.from_list(keys),
-                       _VarColumn.from_list(values), hcol)
+                       np.fromiter(ts, np.int64, n), _column(keys), _column(values), hcol)

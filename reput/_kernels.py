@@ -415,3 +415,35 @@ def fill_entries(out, lo, hi, position_base, offsets, timestamps, digest_lo, dig
         store_u32(out, q + 40, flags)   # flags u16 + reserved u16 (0)
         store_u32(out, q + 44, np.uint32(0))  # clean_time
         q += 48
+
+
+@njit(cache=True, nogil=True)
+def field_spans(buf, positions, kstart, klen, vstart, vlen, hstart, hlen, attrs):
+    """Where each record's key, value and headers lie in buf (records already validated)."""
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        tl = np.int64(buf[p + 10])
+        kl = np.int64(_rd_i32(buf, p + 32))
+        vl = np.int64(_rd_i32(buf, p + 36))
+        hl = np.int64(_rd_i32(buf, p + 40))
+        kstart[i] = p + HEADER_SIZE + tl
+        klen[i] = kl
+        vstart[i] = p + HEADER_SIZE + tl + kl
+        vlen[i] = vl
+        hstart[i] = p + HEADER_SIZE + tl + kl + vl
+        hlen[i] = hl
+        attrs[i] = buf[p + 9]
+
+
+@njit(cache=True, nogil=True)
+def first_crc_mismatch(buf, positions, sizes, tables):
+    """Index of the first record (at positions[i], sizes[i]) whose header or CRC fails, or -1."""
+    n = buf.shape[0]
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        size = _check_header(buf, p, n)
+        if size != sizes[i]:
+            return i
+        if crc32c(buf, p + 8, p + size, tables) != _rd_u32(buf, p + 4):
+            return i
+    return -1

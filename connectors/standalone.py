@@ -1,0 +1,63 @@
+"""``kcompact connect standalone WORKER.properties CONNECTOR.properties...``
+
+Kafka Connect's standalone mode: one process, connectors configured from files, no REST API.
+The worker file holds ``bootstrap.servers`` and the defaults (converters, ``consumer.*``,
+``producer.*``, ``offset.flush.interval.ms``...); each connector file holds ``name``,
+``connector.class``, ``tasks.max``, ``topics`` and the connector's own keys. Files are Java
+``.properties`` or JSON (a flat object, or Connect's REST form ``{"name":..., "config":{...}}``).
+Every key is validated before anything starts: an unknown or invalid one is reported naming the
+file and the key.
+
+Runs until every task has finished (sinks with ``follow=false``) or SIGINT/SIGTERM, which stop
+the tasks after their current batch and flush them (exit 0 after SIGTERM, 130 after SIGINT).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import TextIO
+
+from .config import load_config_file
+from .worker import Worker
+
+
+def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO | None = None,
+                   stop: threading.Event | None = None) -> str | None:
+    """Run the connectors; returns the name of the signal that stopped them, if any."""
+    out = out if out is not None else sys.stderr
+    worker = Worker(load_config_file(worker_file), where=worker_file, log=out)
+    props = [(path, load_config_file(path)) for path in connector_files]
+    received: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+        print(f"connect: {signal.Signals(signum).name}: stopping tasks and flushing", file=out,
+              flush=True)
+        worker.stop()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for path, p in props:
+            runners = worker.add_connector(p, where=path)
+            name = p.get("name")
+            parts = sum(len(getattr(r, "assignment", ())) for r in runners)
+            print(f"connect: {name}: {len(runners)} task(s)"
+                  + (f", {parts} partitions" if parts else ""), file=out, flush=True)
+        if stop is not None:
+            threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+        worker.run()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    for r in worker.runners:
+        print(f"connect: {r.metrics.summary()}", file=out, flush=True)
+    return signal.Signals(received[0]).name if received else None
+
+
+def cmd_standalone(args) -> int:
+    stopped_by = run_standalone(args.worker, args.connectors)
+    return 130 if stopped_by == "SIGINT" else 0

@@ -1,0 +1,263 @@
+"""HTTP client of the replication protocol (aiohttp), with the replica's retry policy.
+
+* The first request fails fast: a master that is down, a bad URL or a refused token is reported
+  at once as one line (``MasterUnavailableError``, ``AuthError``, ``ReplicationError``).
+* Once the master has answered, a connection error, a cut-short body, a timeout or a 502/503/504
+  is retried with exponential backoff (0.2 s .. 5 s) for up to ``retry_s`` seconds (None:
+  forever, as `replicate --follow` does), so a master restart mid-transfer only pauses the rebuild.
+* 401/403 raise ``AuthError``; other 4xx and 500 raise with the master's own message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+from urllib.parse import urlsplit
+
+import aiohttp
+from pyroaring import BitMap64
+
+from .errors import AuthError, MasterUnavailableError, ProtocolError, ReplicationError
+from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, H_HIGH_WATERMARK,
+                       H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID, H_UPTO,
+                       PROTOCOL_VERSION, DigestFrame, FrameReader, partition_path)
+
+RETRY_ENV = "KCOMPACT_REPLICATION_RETRY_S"
+DEFAULT_RETRY_S = 120.0
+_RETRY_STATUSES = (502, 503, 504)
+
+
+def check_master_url(url: str) -> str:
+    """``http(s)://HOST:PORT`` without path, query or credentials; returns it without a trailing
+    slash. Raises ReplicationError naming what is wrong."""
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError:
+        u, port = None, None
+    if (u is None or u.scheme not in ("http", "https") or not u.hostname or u.username
+            or u.password or u.query or u.fragment or u.path not in ("", "/")):
+        raise ReplicationError(f"master URL {url!r}: expected http://HOST:PORT or "
+                               "https://HOST:PORT (what `kcompact serve` printed)")
+    del port
+    return url.rstrip("/")
+
+
+def default_retry_s() -> float:
+    try:
+        return float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S))
+    except ValueError:
+        return DEFAULT_RETRY_S
+
+
+@dataclass
+class Chunk:
+    body: bytes
+    next_offset: int
+    count: int
+    high_watermark: int
+
+
+def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
+    v = resp.headers.get(name)
+    if v is None or not v.isdigit():
+        raise ProtocolError(f"{resp.url}: response without a valid {name} header "
+                            "(is this a kcompact server of the same version?)")
+    return int(v)
+
+
+class MasterClient:
+    def __init__(self, url: str, token: bytes, *, retry_s: float | None = None,
+                 read_timeout_s: float = 120.0,
+                 on_retry: Callable[[str], None] | None = None):
+        self.url = check_master_url(url)
+        self.token = token
+        self.retry_s = default_retry_s() if retry_s is None else retry_s
+        self.read_timeout_s = read_timeout_s
+        self.on_retry = on_retry
+        self.contacted = False
+        self.store_id: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "MasterClient":
+        ctx: ssl.SSLContext | bool = True
+        if self.url.startswith("https:"):
+            ctx = ssl.create_default_context()  # honours SSL_CERT_FILE for a private CA
+        self._session = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {self.token.decode()}"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
+                                          sock_read=self.read_timeout_s),
+            connector=aiohttp.TCPConnector(limit=16, ssl=ctx),
+            auto_decompress=False, raise_for_status=False)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- the one request loop -----------------------------------------------------------------
+
+    async def _request(self, path: str, params: dict, handle, *, forever: bool = False):
+        """GET ``path``; ``handle(resp)`` reads the response (inside the retry loop, so a body
+        cut short is retried too). Returns what ``handle`` returns."""
+        assert self._session is not None, "use `async with MasterClient(...)`"
+        first_fail = None
+        delay = 0.2
+        while True:
+            try:
+                async with self._session.get(self.url + path, params=params) as resp:
+                    if resp.status in (401, 403):
+                        raise AuthError(
+                            f"master {self.url} refused the request: "
+                            + ("no token was sent (401)" if resp.status == 401 else
+                               "wrong token (403); pass the --token-file the master uses"))
+                    if resp.status in _RETRY_STATUSES:
+                        raise _Retry(f"HTTP {resp.status}: {await self._message(resp)}")
+                    if resp.status != 200:
+                        raise ReplicationError(f"master {self.url}{path}: HTTP {resp.status}: "
+                                               f"{await self._message(resp)}")
+                    proto = resp.headers.get(H_PROTOCOL)
+                    if proto != str(PROTOCOL_VERSION):
+                        raise ProtocolError(f"master {self.url} speaks replication protocol "
+                                            f"{proto!r}, this replica {PROTOCOL_VERSION}: use "
+                                            "the same kcompact version on both sides")
+                    sid = resp.headers.get(H_STORE_ID)
+                    if self.store_id is not None and sid != self.store_id:
+                        raise ReplicationError(f"master {self.url} now serves another store "
+                                               f"({sid}, was {self.store_id}); start again")
+                    self.store_id = sid
+                    out = await handle(resp)
+                    self.contacted = True
+                    return out
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                    asyncio.TimeoutError, _Retry) as e:
+                reason = _reason(e)
+                if not self.contacted:
+                    raise MasterUnavailableError(
+                        f"cannot reach the master at {self.url}: {reason}; is `kcompact serve` "
+                        "running there?") from None
+                now = time.monotonic()
+                if first_fail is None:
+                    first_fail = now
+                    if self.on_retry:
+                        self.on_retry(f"master {self.url} unreachable ({reason}); retrying"
+                                      + ("" if forever else f" for up to {self.retry_s:.0f}s"))
+                if not forever and now - first_fail > self.retry_s:
+                    raise MasterUnavailableError(
+                        f"the master at {self.url} has been unreachable for "
+                        f"{now - first_fail:.0f}s ({reason}); run `kcompact replicate` again "
+                        "when it is back: it resumes where it stopped") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    @staticmethod
+    async def _message(resp: aiohttp.ClientResponse) -> str:
+        try:
+            raw = await resp.content.read(4096)
+            return str(json.loads(raw).get("error", raw[:200].decode(errors="replace")))
+        except Exception:  # noqa: BLE001 - best effort: the status is reported anyway
+            return resp.reason or ""
+
+    # -- resources ------------------------------------------------------------------------------
+
+    async def store_doc(self, forever: bool = False) -> dict:
+        async def handle(resp):
+            try:
+                doc = json.loads(await resp.read())
+            except ValueError:
+                doc = None
+            if not isinstance(doc, dict) or not isinstance(doc.get("topics"), list):
+                raise ProtocolError(f"master {self.url}: /v1/store is not a store document")
+            return doc
+        return await self._request(f"{API_PREFIX}/store", {}, handle, forever=forever)
+
+    async def partition_info(self, topic: str, partition: int) -> dict:
+        async def handle(resp):
+            return json.loads(await resp.read())
+        return await self._request(partition_path(topic, partition), {}, handle)
+
+    async def records(self, topic: str, partition: int, from_offset: int, max_bytes: int,
+                      wait_ms: int = 0, forever: bool = False) -> Chunk:
+        async def handle(resp):
+            if resp.content_type != CT_RECORDS:
+                raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
+            nxt = _int_header(resp, H_NEXT_OFFSET)
+            count = _int_header(resp, H_RECORD_COUNT)
+            hwm = _int_header(resp, H_HIGH_WATERMARK)
+            body = await resp.read()
+            return Chunk(body, nxt, count, hwm)
+        params = {"from": str(from_offset), "max_bytes": str(max_bytes)}
+        if wait_ms:
+            params["wait_ms"] = str(wait_ms)
+        return await self._request(partition_path(topic, partition, "records"), params, handle,
+                                   forever=forever)
+
+    async def live(self, topic: str, partition: int, upto: int | None) -> tuple[BitMap64, int]:
+        async def handle(resp):
+            if resp.content_type != CT_BITMAP:
+                raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
+            up = _int_header(resp, H_UPTO)
+            count = _int_header(resp, H_LIVE_COUNT)
+            body = await resp.read()
+            try:
+                bm = BitMap64.deserialize(body)
+            except Exception:  # noqa: BLE001 - pyroaring raises several types
+                raise ProtocolError(f"{resp.url}: the live bitmap does not deserialize") from None
+            if len(bm) != count:
+                raise ProtocolError(f"{resp.url}: live bitmap holds {len(bm)} offsets, the "
+                                    f"header says {count}")
+            return bm, up
+        params = {} if upto is None else {"upto": str(upto)}
+        return await self._request(partition_path(topic, partition, "live"), params, handle)
+
+    async def digests(self, topic: str, partition: int, upto: int, salt: bytes
+                      ) -> AsyncIterator[DigestFrame]:
+        """Frames of the master's digests body, as they arrive (not retried: a verify that loses
+        its master mid-stream fails and can simply be run again)."""
+        assert self._session is not None
+        path = partition_path(topic, partition, "digests")
+        try:
+            async with self._session.get(self.url + path,
+                                         params={"upto": str(upto), "salt": salt.hex()}) as resp:
+                if resp.status in (401, 403):
+                    raise AuthError(f"master {self.url} refused the request ({resp.status})")
+                if resp.status != 200:
+                    raise ReplicationError(f"master {self.url}{path}: HTTP {resp.status}: "
+                                           f"{await self._message(resp)}")
+                if resp.content_type != CT_DIGESTS:
+                    raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
+                reader = FrameReader()
+                async for data in resp.content.iter_chunked(1 << 20):
+                    for frame in reader.feed(data):
+                        yield frame
+                if not reader.done:
+                    raise ProtocolError(f"{self.url}{path}: the digests body was cut short")
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                asyncio.TimeoutError) as e:
+            raise MasterUnavailableError(f"lost the master at {self.url} while reading "
+                                         f"{topic}-{partition} digests: {_reason(e)}") from None
+
+
+class _Retry(Exception):
+    pass
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timed out"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return str(e.os_error.strerror or e.os_error) if e.os_error else str(e)
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(e, aiohttp.ClientPayloadError):
+        return "the response body was cut short"
+    return str(e) or type(e).__name__
+
+
+__all__ = ["Chunk", "MasterClient", "check_master_url"]

@@ -1,0 +1,541 @@
+"""`kcompact replicate`: rebuild a replica from a serving master, then optionally follow it.
+
+The way RocketMQ rebuilds a compaction-topic replica: a compacted log cannot be rebuilt by
+copying files that compaction keeps replacing, so each partition is pulled as *messages* from
+queue offset 0 and compacted locally. Per partition:
+
+1. **Pull** from offset 0 into ``partitions/<t>/<p>/.replicating/`` (a writable PartitionLog in
+   that sub-directory: records appended byte for byte, ``.bcq`` digests computed with the
+   replica's *own* secret) until the master's next offset seen at the start. A restarted
+   rebuild resumes at ``.replicating/``'s next offset (``source.json`` there names the master
+   store, so data of another master is never mixed in).
+2. **Install** atomically with reput/swap.py: with no local records, the pulled segments are
+   renamed into ``.compacting/``; with local records, the two logs are merged by offset (the
+   master wins on equal offsets) into ``.compacting/``; then one ``swap.json`` commits the plan
+   (inputs: the local segments; outputs: the new ones; compaction horizon reset to -1) and
+   ``swap.apply`` puts it in place. ``.replicating/install.json`` records the step, so a crash
+   anywhere resumes: before the commit the moved files are put back (or the pull restarts), after
+   it the swap completes on open.
+3. **Force-compact** (compaction.Compactor), and roll the active segment to the master's next
+   offset when the master's is beyond the last record (so a mirror or a follower resumes at the
+   same offset as on the master). Then ``.replicating/`` is removed.
+
+``--follow`` then pulls new records straight into the live partitions (long-polling the master),
+with compaction.Scheduler compacting in the background, until SIGINT/SIGTERM.
+
+A rebuild must finish within the master's ``delete.retention.ms``: as for any Kafka consumer, a
+tombstone the master purges before the replica has pulled it cannot delete the older value the
+replica pulled earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from compaction import CompactionOptions, Compactor, Scheduler
+from compaction.compactor import DEFAULT_MAP_MEMORY
+from reput import _kernels as K
+from reput import filenames as fn
+from reput import swap
+from reput.errors import ReputError, StoreLockedError
+from reput.partition import PartitionLog
+from reput.record import Scratch, scan
+from reput.store import Store
+
+from .client import Chunk, MasterClient, check_master_url
+from .errors import ReplicaError, ReplicationError
+from .progress import Progress
+from .protocol import check_records, read_token_file
+
+INSTALL_MARKER = "install.json"
+SOURCE_FILE = "source.json"
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReplicaOptions:
+    max_bytes: int = 8 * MIB             # per records request (capped by the master's limit)
+    parallel: int = 2                    # partitions rebuilt at once
+    retry_s: float | None = None         # master outage tolerated mid-rebuild (None: env/120 s)
+    follow_wait_ms: int = 1000           # long-poll of a follow request
+    follow_refresh_s: float = 10.0       # how often follow looks for new partitions
+    compaction_interval_s: float = 30.0  # background compaction while following
+    offset_map_memory: int = DEFAULT_MAP_MEMORY
+    sync_every_bytes: int = 256 * MIB    # fsync .replicating/ this often during a pull
+
+    def __post_init__(self):
+        if not 64 * 1024 <= self.max_bytes <= 1 << 30:
+            raise ReplicationError("max_bytes must be in [64 KiB, 1 GiB]")
+        if not 1 <= self.parallel <= 64:
+            raise ReplicationError("parallel must be in [1, 64]")
+
+
+@dataclass
+class PartitionResult:
+    topic: str
+    partition: int
+    records: int = 0
+    bytes: int = 0
+    resumed_from: int = 0
+    master_next_offset: int = 0
+    next_offset: int = 0
+    merged: bool = False
+    duration_s: float = 0.0
+    compaction: dict = field(default_factory=dict)
+
+
+class Interrupted(ReplicationError):
+    """SIGINT/SIGTERM during the rebuild: run `kcompact replicate` again to resume."""
+
+
+class Replicator:
+    def __init__(self, client: MasterClient, store: Store, options: ReplicaOptions = ReplicaOptions(),
+                 progress: Progress | None = None):
+        self.client, self.store, self.options = client, store, options
+        self.progress = progress or Progress(enabled=False)
+        self.fs = store.fs
+        self.pool = ThreadPoolExecutor(max_workers=2 * options.parallel + 2,
+                                       thread_name_prefix="kcompact-replica")
+        self.max_bytes = options.max_bytes
+        self.results: list[PartitionResult] = []
+        self._follow_sync: dict[tuple[str, int], float] = {}
+        self.master_doc: dict | None = None
+
+    async def _run(self, fn_, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    # -- whole store ---------------------------------------------------------------------------
+
+    async def connect(self) -> dict:
+        doc = await self.client.store_doc()
+        if doc.get("store_id") == self.store.meta.store_id:
+            raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
+                               "replicate into another directory")
+        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
+        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        await self._run(self._sync_configs, doc)
+        self.master_doc = doc
+        return doc
+
+    def _sync_configs(self, doc: dict) -> None:
+        for t in doc.get("topics", []):
+            cfg = t.get("config") or {}
+            if self.store.meta.topics.get(t["topic"]) != cfg:
+                self.store.set_topic_config(t["topic"], cfg)
+
+    @staticmethod
+    def _partitions(doc: dict) -> list[tuple[str, int, dict]]:
+        return [(t["topic"], int(p["partition"]), p) for t in doc.get("topics", [])
+                for p in t.get("partitions", [])]
+
+    async def rebuild(self) -> list[PartitionResult]:
+        doc = self.master_doc or await self.connect()
+        sem = asyncio.Semaphore(self.options.parallel)
+
+        async def one(t, p, info):
+            async with sem:
+                return await self.rebuild_partition(t, p, info)
+
+        tasks = [asyncio.ensure_future(one(t, p, info)) for t, p, info in self._partitions(doc)]
+        if not tasks:
+            return []
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()
+            self.results = [t.result() for t in tasks]
+            return self.results
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- one partition -------------------------------------------------------------------------
+
+    async def rebuild_partition(self, topic: str, partition: int, info: dict) -> PartitionResult:
+        name = f"{topic}-{partition}"
+        t0 = time.monotonic()
+        target = int(info["next_offset"])
+        res = PartitionResult(topic, partition, master_next_offset=target)
+        state, staging = await self._run(self._prepare, topic, partition)
+        if state == "pull":
+            start = staging.next_offset if staging.record_count() else 0
+            res.resumed_from = start
+            first = int(info.get("first_offset", 0))
+            self.progress.start(name, min(first, target), target, start)
+            try:
+                res.records, res.bytes = await self._pull(topic, partition, staging, start,
+                                                          target, name)
+            except BaseException:
+                await self._run(staging.close)
+                raise
+            res.merged = await self._run(self._install, topic, partition, staging)
+        else:
+            self.progress.note(name, "pull already installed; finishing")
+        comp = await self._run(self._finish, topic, partition, target)
+        res.compaction = comp.to_dict()
+        res.next_offset = await self._run(self._live_next, topic, partition)
+        res.duration_s = time.monotonic() - t0
+        self.progress.finish(name, f"done: {res.records:,} records, {res.bytes / 1e6:,.1f} MB "
+                                   f"pulled in {res.duration_s:.1f}s, "
+                                   f"{comp.records_kept:,} records after compaction")
+        return res
+
+    async def _pull(self, topic: str, partition: int, staging: PartitionLog, off: int,
+                    target: int, name: str) -> tuple[int, int]:
+        scratch = Scratch()
+        pending: asyncio.Future | None = None
+        records = nbytes = 0
+        state = {"since_sync": 0}
+        try:
+            while off < target:
+                chunk = await self.client.records(topic, partition, off, self.max_bytes)
+                if pending is not None:
+                    await pending
+                    pending = None
+                if chunk.count == 0:
+                    if chunk.next_offset <= off:
+                        break  # nothing more below target (the master lost its tail?)
+                    off = chunk.next_offset
+                    continue
+                pending = asyncio.ensure_future(self._run(
+                    self._append_staging, staging, chunk, off, topic, partition, scratch, state))
+                off = chunk.next_offset
+                records += chunk.count
+                nbytes += len(chunk.body)
+                self.progress.advance(name, off, len(chunk.body))
+            if pending is not None:
+                await pending
+                pending = None
+        finally:
+            if pending is not None:
+                await asyncio.wait([pending])
+        await self._run(staging.sync)
+        return records, nbytes
+
+    def _append_staging(self, staging: PartitionLog, chunk: Chunk, from_offset: int, topic: str,
+                        partition: int, scratch: Scratch, state: dict) -> None:
+        s = check_records(chunk.body, topic, partition, from_offset, chunk.next_offset,
+                          chunk.count, self.store.secret, scratch)
+        staging.append(np.frombuffer(chunk.body, np.uint8), s, 0, len(s))
+        state["since_sync"] += len(chunk.body)
+        if state["since_sync"] >= self.options.sync_every_bytes:
+            staging.sync()
+            state["since_sync"] = 0
+
+    # -- resume, install, finish (blocking; run in the pool) ------------------------------------
+
+    def _live(self, topic: str, partition: int) -> PartitionLog:
+        try:
+            return self.store.writable_partition(topic, partition)
+        except StoreLockedError:
+            raise ReplicaError(f"{topic}-{partition} of {self.store.url} is being written by "
+                               "another process (a mirror, a compaction, another replicate); "
+                               "stop it first") from None
+
+    def _live_next(self, topic: str, partition: int) -> int:
+        with self.store._lock:
+            return self._live(topic, partition).next_offset
+
+    def _marker(self, topic: str, partition: int) -> str:
+        return f"{fn.replicating_dir(topic, partition)}/{INSTALL_MARKER}"
+
+    def _prepare(self, topic: str, partition: int) -> tuple[str, PartitionLog | None]:
+        """Resolve an interrupted install, then open ``.replicating/`` for the pull."""
+        fs = self.fs
+        rdir = fn.replicating_dir(topic, partition)
+        pdir = fn.partition_dir(topic, partition)
+        sdir = swap.staging_dir(pdir)
+        marker = self._marker(topic, partition)
+        if fs.exists(marker):
+            m = json.loads(fs.read(marker))
+            if m.get("state") == "installed":
+                return "installed", None
+            if fs.exists(f"{sdir}/{swap.PLAN_NAME}"):
+                # committed before the crash: opening the partition for write completes the swap
+                with self.store._lock:
+                    self._live(topic, partition)
+                fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
+                return "installed", None
+            if m.get("mode") == "rename":
+                lost = False
+                for base in m.get("bases", []):
+                    for suffix in (fn.LOG_SUFFIX, fn.INDEX_SUFFIX):
+                        name = f"{fn.base_name(base)}{suffix}"
+                        if not fs.exists(f"{rdir}/{name}"):
+                            if fs.exists(f"{sdir}/{name}"):
+                                fs.rename(f"{sdir}/{name}", f"{rdir}/{name}")
+                            else:
+                                lost = True
+                if lost:
+                    # someone rolled the staged files back before we resumed: pull again
+                    fs.remove_tree(rdir)
+                    self.progress.note(f"{topic}-{partition}", "interrupted install lost its "
+                                       "staged files; pulling again from offset 0")
+            fs.remove_tree(sdir)
+            fs.delete(marker)
+        staging = self._open_staging(topic, partition)
+        master_id = self.client.store_id
+        src = f"{rdir}/{SOURCE_FILE}"
+        try:
+            have = json.loads(fs.read(src)).get("store_id")
+        except (FileNotFoundError, ValueError):
+            have = None
+        if have is not None and have != master_id:
+            staging.close()
+            fs.remove_tree(rdir)
+            self.progress.note(f"{topic}-{partition}", f"discarding a partial pull from another "
+                               f"master store ({have})")
+            staging = self._open_staging(topic, partition)
+            have = None
+        if have is None:
+            fs.write_atomic(src, json.dumps({"store_id": master_id,
+                                             "url": self.client.url}).encode())
+        return "pull", staging
+
+    def _open_staging(self, topic: str, partition: int) -> PartitionLog:
+        try:
+            return PartitionLog(self.fs, topic, partition, self.store.secret,
+                                self.store.topic_config(topic), writable=True,
+                                sub=fn.REPLICATING_DIR)
+        except StoreLockedError:
+            raise ReplicaError(f"another `kcompact replicate` is rebuilding {topic}-{partition} "
+                               f"in {self.store.url}") from None
+
+    def _install(self, topic: str, partition: int, staging: PartitionLog) -> bool:
+        """Put the pulled segments in place (module docstring, step 2). Returns merged?"""
+        fs = self.fs
+        with self.store._lock:
+            live = self._live(topic, partition)  # recovers any interrupted compaction swap
+        pdir, rdir = live.dir, staging.dir
+        sdir = swap.staging_dir(pdir)
+        staging.sync()
+        bases = [s.base for s in staging.segments if s.entry_count]
+        merge = live.record_count() > 0
+        marker = self._marker(topic, partition)
+        fs.write_atomic(marker, json.dumps({"version": 1, "state": "installing",
+                                            "mode": "merge" if merge else "rename",
+                                            "bases": bases}).encode())
+        fs.remove_tree(sdir)
+        if merge:
+            outputs = merge_logs(fs, topic, partition, self.store, live, staging)
+            staging.close()
+        else:
+            staging.close()
+            for base in bases:
+                for suffix in (fn.LOG_SUFFIX, fn.INDEX_SUFFIX):
+                    name = f"{fn.base_name(base)}{suffix}"
+                    fs.rename(f"{rdir}/{name}", f"{sdir}/{name}")
+            fs.sync_dir(sdir)
+            fs.sync_dir(rdir)
+            outputs = bases
+        plan = swap.SwapPlan([s.base for s in live.segments], outputs, -1,
+                             {"replicated_from": self.client.store_id})
+        swap.commit(fs, pdir, plan)
+        with self.store._lock:
+            swap.apply(fs, pdir, plan)
+            # reopen: the active segment may have been replaced by a pulled one
+            self.store.release_partition(topic, partition)
+        fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
+        swap.empty_trash(fs, pdir)
+        return merge
+
+    def _finish(self, topic: str, partition: int, master_next: int):
+        comp = Compactor(self.store, CompactionOptions(offset_map_memory=self.options.offset_map_memory))
+        res = comp.compact_partition(topic, partition, force=True)
+        if res.skipped:
+            raise ReplicaError(f"{topic}-{partition}: compaction skipped: {res.skipped}")
+        with self.store._lock:
+            live = self._live(topic, partition)
+            if live.next_offset < master_next:
+                live.roll(master_next)
+            live.sync()
+        self.fs.sync_dir(fn.partition_dir(topic, partition))
+        self.fs.remove_tree(fn.replicating_dir(topic, partition))
+        return res
+
+    # -- follow --------------------------------------------------------------------------------
+
+    async def follow(self, stop: asyncio.Event) -> None:
+        """Pull new records into the live partitions until ``stop`` is set."""
+        sched = Scheduler(self.store, CompactionOptions(
+            offset_map_memory=self.options.offset_map_memory),
+            interval_s=self.options.compaction_interval_s)
+        sched.start()
+        tasks: dict[tuple[str, int], asyncio.Task] = {}
+        try:
+            while not stop.is_set():
+                doc = (await self.client.store_doc(forever=True) if self.master_doc is None
+                       else self.master_doc)
+                self.master_doc = None
+                await self._run(self._sync_configs, doc)
+                for t, p, _ in self._partitions(doc):
+                    if (t, p) not in tasks:
+                        tasks[(t, p)] = asyncio.ensure_future(self._follow_partition(t, p, stop))
+                for key, task in tasks.items():
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()
+                try:
+                    await asyncio.wait_for(stop.wait(), self.options.follow_refresh_s)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await self._run(sched.stop)
+            await self._run(self._sync_all)
+
+    async def _follow_partition(self, topic: str, partition: int, stop: asyncio.Event) -> None:
+        off = await self._run(self._live_next, topic, partition)
+        scratch = Scratch()
+        name = f"{topic}-{partition}"
+        while not stop.is_set():
+            chunk = await self.client.records(topic, partition, off, self.max_bytes,
+                                              wait_ms=self.options.follow_wait_ms, forever=True)
+            if chunk.count == 0 and chunk.next_offset <= off:
+                continue
+            await self._run(self._append_live, topic, partition, chunk, off, scratch)
+            if chunk.count:
+                self.progress.note(name, f"+{chunk.count:,} records, now at offset "
+                                         f"{chunk.next_offset:,}")
+            off = chunk.next_offset
+
+    def _append_live(self, topic: str, partition: int, chunk: Chunk, from_offset: int,
+                     scratch: Scratch) -> None:
+        s = check_records(chunk.body, topic, partition, from_offset, chunk.next_offset,
+                          chunk.count, self.store.secret, scratch)
+        with self.store._lock:
+            # fetched each time: the background compaction may have released and reopened it
+            live = self._live(topic, partition)
+            if len(s):
+                live.append(np.frombuffer(chunk.body, np.uint8), s, 0, len(s))
+            elif chunk.next_offset > live.next_offset:
+                live.roll(chunk.next_offset)  # the master's next offset moved past its last record
+            now = time.monotonic()
+            if now - self._follow_sync.get((topic, partition), 0.0) >= 1.0:
+                live.sync()
+                self._follow_sync[(topic, partition)] = now
+
+    def _sync_all(self) -> None:
+        with self.store._lock:
+            for t, p in list(self._follow_sync):
+                try:
+                    self._live(t, p).sync()
+                except ReputError:
+                    pass
+
+
+def merge_logs(fs, topic: str, partition: int, store: Store, local: PartitionLog,
+               master: PartitionLog, read_bytes: int = 4 * MIB) -> list[int]:
+    """Merge two partition logs by offset into ``.compacting/`` (the master wins on an offset
+    both hold); returns the bases of the segments written. Records are copied byte for byte
+    and indexed with the store's secret."""
+    out = PartitionLog(fs, topic, partition, store.secret, store.topic_config(topic),
+                       writable=True, sub=fn.COMPACTING_DIR)
+    try:
+        a = b = 0
+        while True:
+            ra, rb = local.read(a, max_bytes=read_bytes), master.read(b, max_bytes=read_bytes)
+            ea, eb = ra.entries, rb.entries
+            if ea.shape[0] == 0 and eb.shape[0] == 0:
+                break
+            ends = [int(e["offset"][-1]) for e in (ea, eb) if e.shape[0]]
+            limit = min(ends)
+            sa, sb = ea[ea["offset"] <= limit], eb[eb["offset"] <= limit]
+            sa = sa[~np.isin(sa["offset"], sb["offset"])]
+            src = np.concatenate([np.frombuffer(ra.data, np.uint8),
+                                  np.frombuffer(rb.data, np.uint8)])
+            offs = np.concatenate([sa["offset"], sb["offset"]])
+            starts = np.concatenate([sa["position"].astype(np.int64),
+                                     sb["position"].astype(np.int64) + len(ra.data)])
+            sizes = np.concatenate([sa["size"], sb["size"]]).astype(np.int64)
+            order = np.argsort(offs, kind="stable")
+            buf = np.empty(int(sizes.sum()), np.uint8)
+            K.gather_ranges(src, starts[order], sizes[order], buf)
+            s = scan(buf, 0, buf.shape[0], secret=store.secret, verify_crc=False)
+            if s.status != K.SCAN_OK or len(s) != order.shape[0]:
+                raise ReplicaError(f"{topic}-{partition}: merge produced an invalid buffer")
+            out.append(buf, s, 0, len(s))
+            a = b = limit + 1
+        out.sync()
+        return [s.base for s in out.segments if s.entry_count]
+    finally:
+        out.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the command
+
+
+async def _replicate(args, token: bytes, options: ReplicaOptions) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    progress = Progress()
+    store = None
+    rep = None
+    try:
+        async with MasterClient(args.from_url, token, retry_s=options.retry_s,
+                                on_retry=lambda m: progress.note("replicate", m)) as client:
+            first = await client.store_doc()  # fail fast before touching the replica store
+            try:
+                store = Store.open(args.store, create=True)
+            except ReputError as e:
+                raise ReplicaError(f"replica store {args.store}: {e}") from None
+            rep = Replicator(client, store, options, progress)
+            rep.master_doc = first
+            await rep.connect()
+            t0 = time.monotonic()
+            work = asyncio.ensure_future(rep.rebuild())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+                raise Interrupted("interrupted; run the same `kcompact replicate` again to "
+                                  "resume where it stopped")
+            stopper.cancel()
+            results = work.result()
+            dt = time.monotonic() - t0
+            total = sum(r.bytes for r in results)
+            print(f"replica {store.url} rebuilt from {client.url}: {len(results)} partitions, "
+                  f"{sum(r.records for r in results):,} records, {total / 1e6:,.1f} MB pulled "
+                  f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s)", flush=True)
+            if getattr(args, "follow", False) and not stop.is_set():
+                progress.note("replicate", "following the master (Ctrl-C to stop)")
+                await rep.follow(stop)
+        return 0
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if rep is not None:
+            rep.close()
+        if store is not None:
+            store.close()
+        progress.close()
+
+
+def replicate(args, options: ReplicaOptions | None = None) -> int:
+    """`kcompact replicate --from URL --token-file F --store URL [--follow]`."""
+    check_master_url(args.from_url)
+    token = read_token_file(args.token_file)
+    return asyncio.run(_replicate(args, token, options or ReplicaOptions()))
+
+
+__all__ = ["PartitionResult", "ReplicaOptions", "Replicator", "merge_logs", "replicate"]

@@ -1,0 +1,320 @@
+"""`kcompact serve`: the master side of replication, an aiohttp server over a store.
+
+Protocol: docs/formats/replication-protocol.md (paths, headers and bodies in protocol.py).
+
+The store is opened read-only (``Store.open(url)``), so the server runs next to the mirror and
+the compactor that keep writing it: every request re-lists the partition's segments, record
+reads are CRC-checked and retried across a compaction swap (``PartitionLog.read``), and a live
+computation restarts if a swap happened under it. Blocking store work runs in a thread pool;
+the event loop only parses requests and moves bytes. Every path a request can name goes through
+``reput.filenames`` (topic validated by Kafka's rule, partition an integer) and the store's
+backend, which refuses anything outside the store root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import ssl
+import sys
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from aiohttp import web
+
+from reput import swap
+from reput.errors import CorruptRecordError, ReputError
+from reput.partition import PartitionLog, ReadResult
+from reput.store import Store, StoreMeta
+from reput import filenames as fn
+
+from .errors import ReplicationError, RequestError
+from .live import digest_frames, live_offsets
+from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
+                       H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
+                       H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, parse_path,
+                       parse_query, read_token_file)
+
+
+class MasterStore:
+    """Thread-safe, read-only access to the served store (all blocking calls)."""
+
+    def __init__(self, url: str, limits: ServerLimits):
+        self.store = Store.open(url)
+        self.fs = self.store.fs
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
+        self._live_cache: OrderedDict = OrderedDict()
+
+    @property
+    def store_id(self) -> str:
+        return self.store.meta.store_id
+
+    def meta(self) -> StoreMeta:
+        return StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+
+    def has_partition(self, topic: str, partition: int | None = None) -> bool:
+        if partition is None:
+            return topic in self.store.topics()
+        return partition in self.store.partitions(topic)
+
+    def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
+        with self._lock:
+            got = self._parts.get((topic, partition))
+            if got is None:
+                pl = PartitionLog(self.fs, topic, partition, self.store.secret,
+                                  self.store.topic_config(topic))
+                got = self._parts[(topic, partition)] = (threading.Lock(), pl)
+            return got
+
+    def partition_info(self, topic: str, partition: int) -> dict[str, Any]:
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            cleaned, _ = swap.read_checkpoint(self.fs, pl.dir)
+            return {"partition": partition, "first_offset": pl.first_offset,
+                    "next_offset": pl.next_offset, "compaction_horizon": cleaned,
+                    "segments": len(pl.segments), "bytes": pl.size_bytes()}
+
+    def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:
+        from reput.config import TopicConfig
+        return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
+                "partitions": [self.partition_info(topic, p)
+                               for p in self.store.partitions(topic)]}
+
+    def store_doc(self) -> dict[str, Any]:
+        meta = self.meta()
+        return {"protocol": PROTOCOL_VERSION, "store_id": meta.store_id,
+                "format_version": meta.format_version, "limits": self.limits.to_dict(),
+                "topics": [self.topic_doc(t, meta) for t in self.store.topics()]}
+
+    def read(self, topic: str, partition: int, from_offset: int, max_bytes: int
+             ) -> tuple[ReadResult, int]:
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            r = pl.read(from_offset, max_bytes=max_bytes)
+            return r, pl.next_offset
+
+    def live(self, topic: str, partition: int, upto: int | None):
+        """(BitMap64 of live offsets, upto), cached while the segments stay the same."""
+        pl = PartitionLog(self.fs, topic, partition, self.store.secret)
+        if upto is None:
+            upto = pl.next_offset
+        sig = tuple((s.base, s.log_size, s.index_size) for s in pl.segments)
+        key = (topic, partition, upto, sig)
+        with self._lock:
+            hit = self._live_cache.get(key)
+        if hit is not None:
+            return hit, upto, pl
+        bm, upto = live_offsets(pl, upto, self.limits.live_map_memory)
+        with self._lock:
+            self._live_cache[key] = bm
+            while len(self._live_cache) > 8:
+                self._live_cache.popitem(last=False)
+        return bm, upto, pl
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+    return web.Response(status=status, content_type="application/json", headers=headers,
+                        text=json.dumps({"error": message, "status": status}) + "\n")
+
+
+class Server:
+    def __init__(self, master: MasterStore, token: bytes, limits: ServerLimits = ServerLimits(),
+                 workers: int = 8):
+        self.master, self.token, self.limits = master, token, limits
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-serve")
+        self._summaries = asyncio.Semaphore(limits.max_summaries)
+        self.app = web.Application(client_max_size=1024)
+        self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
+
+    async def _run(self, fn_: Callable, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
+
+    def _headers(self, extra: dict | None = None) -> dict:
+        h = {H_PROTOCOL: str(PROTOCOL_VERSION), H_STORE_ID: self.master.store_id,
+             "Cache-Control": "no-store"}
+        if extra:
+            h.update({k: str(v) for k, v in extra.items()})
+        return h
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        if len(request.raw_path) > self.limits.max_url_bytes:
+            return _error(414, f"request target longer than {self.limits.max_url_bytes} bytes")
+        status = check_token(request.headers.get("Authorization"), self.token)
+        if status == 401:
+            return _error(401, "no bearer token: send 'Authorization: Bearer <token>'",
+                          {"WWW-Authenticate": 'Bearer realm="kcompact"'})
+        if status == 403:
+            return _error(403, "wrong bearer token")
+        if request.method not in ("GET", "HEAD"):
+            return _error(405, f"method {request.method} not allowed; use GET",
+                          {"Allow": "GET, HEAD"})
+        if request.can_read_body and request.content_length not in (None, 0):
+            return _error(413, "requests carry no body")
+        try:
+            route = parse_path(request.raw_path)
+            params = {k: v for k, v in request.query.items()}
+            multi = {k: len(request.query.getall(k)) for k in request.query.keys()}
+            q = parse_query(route.kind, params, self.limits, multi)
+            return await self._handle(request, route, q)
+        except RequestError as e:
+            return _error(e.status, str(e))
+        except CorruptRecordError as e:
+            return _error(500, f"the master cannot serve this: {e}")
+        except (ReputError, OSError) as e:
+            return _error(500, f"store error: {e}")
+
+    async def _check_exists(self, route: Route) -> None:
+        exists = await self._run(self.master.has_partition, route.topic, route.partition)
+        if not exists:
+            what = (f"topic {route.topic!r}" if route.partition is None
+                    else f"partition {route.topic}-{route.partition}")
+            raise RequestError(404, f"{what} is not in this store")
+
+    async def _handle(self, request: web.Request, route: Route, q) -> web.StreamResponse:
+        if route.kind == "store":
+            doc = await self._run(self.master.store_doc)
+            return web.json_response(doc, headers=self._headers())
+        if route.kind == "topics":
+            doc = await self._run(self.master.store_doc)
+            return web.json_response({"topics": [t["topic"] for t in doc["topics"]]},
+                                     headers=self._headers())
+        await self._check_exists(route)
+        if route.kind == "topic":
+            meta = await self._run(self.master.meta)
+            doc = await self._run(self.master.topic_doc, route.topic, meta)
+            return web.json_response(doc, headers=self._headers())
+        if route.kind == "partition":
+            doc = await self._run(self.master.partition_info, route.topic, route.partition)
+            return web.json_response(doc, headers=self._headers())
+        if route.kind == "records":
+            return await self._records(route, q)
+        if self._summaries.locked():
+            return _error(503, "busy: too many live/digests computations at once; retry",
+                          {"Retry-After": "1"})
+        async with self._summaries:
+            if route.kind == "live":
+                return await self._live(route, q)
+            return await self._digests(request, route, q)
+
+    async def _records(self, route: Route, q) -> web.Response:
+        deadline = time.monotonic() + q.wait_ms / 1000
+        while True:
+            r, hwm = await self._run(self.master.read, route.topic, route.partition,
+                                     q.from_offset, q.max_bytes)
+            left = deadline - time.monotonic()
+            if r.entries.shape[0] or left <= 0:
+                break
+            await asyncio.sleep(min(0.1, left))
+        return web.Response(body=r.data, content_type=CT_RECORDS, headers=self._headers({
+            H_NEXT_OFFSET: r.next_offset, H_RECORD_COUNT: r.entries.shape[0],
+            H_HIGH_WATERMARK: hwm}))
+
+    async def _live(self, route: Route, q) -> web.Response:
+        bm, upto, _ = await self._run(self.master.live, route.topic, route.partition, q.upto)
+        body = await self._run(bm.serialize)
+        return web.Response(body=body, content_type=CT_BITMAP, headers=self._headers({
+            H_UPTO: upto, H_LIVE_COUNT: len(bm)}))
+
+    async def _digests(self, request: web.Request, route: Route, q) -> web.StreamResponse:
+        bm, upto, pl = await self._run(self.master.live, route.topic, route.partition, q.upto)
+        resp = web.StreamResponse(status=200, headers=self._headers({
+            H_UPTO: upto, H_LIVE_COUNT: len(bm)}))
+        resp.content_type = CT_DIGESTS
+        await resp.prepare(request)
+        gen = digest_frames(pl, bm, upto, q.salt)
+        while True:
+            # an error here cuts the body short: the client sees no end frame and fails
+            frame = await self._run(next, gen, None)
+            if frame is None:
+                break
+            await resp.write(frame)
+        await resp.write(END_FRAME)
+        await resp.write_eof()
+        return resp
+
+
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ReplicationError("TLS needs both --tls-cert and --tls-key")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise ReplicationError(f"cannot load TLS certificate {cert} / key {key}: {e}") from None
+    return ctx
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ReplicationError(f"--listen {text!r}: use HOST:PORT, e.g. 127.0.0.1:8470 "
+                               "(port 0 picks a free one)")
+    return host, int(port)
+
+
+async def run_server(store_url: str, listen: str, token: bytes, *,
+                     ssl_context: ssl.SSLContext | None = None,
+                     limits: ServerLimits = ServerLimits(),
+                     ready: Callable[[str], None] | None = None,
+                     stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
+    host, port = parse_listen(listen)
+    try:
+        master = MasterStore(store_url, limits)
+    except ReputError as e:
+        raise ReplicationError(f"cannot serve {store_url}: {e}") from None
+    server = Server(master, token, limits)
+    runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
+                           handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, shutdown_timeout=5.0)
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ReplicationError(f"cannot listen on {listen}: {e.strerror or e}") from None
+    loop = asyncio.get_running_loop()
+    own_stop = stop is None
+    stop = stop or asyncio.Event()
+    if own_stop:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    bound = runner.addresses[0][1] if runner.addresses else port
+    url = f"{'https' if ssl_context else 'http'}://{host}:{bound}"
+    if ready:
+        ready(url)
+    try:
+        await stop.wait()
+    finally:
+        if own_stop:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        server.pool.shutdown(wait=False, cancel_futures=True)
+        master.store.close()
+
+
+def serve(args) -> int:
+    """`kcompact serve --store URL --listen HOST:PORT --token-file F [--tls-cert C --tls-key K]`."""
+    token = read_token_file(args.token_file)
+    ctx = tls_context(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+
+    def ready(url: str) -> None:
+        print(f"kcompact serve: serving {args.store} on {url} (Ctrl-C to stop)",
+              file=sys.stderr, flush=True)
+
+    asyncio.run(run_server(args.store, args.listen, token, ssl_context=ctx, ready=ready))
+    print("kcompact serve: stopped", file=sys.stderr, flush=True)
+    return 0
