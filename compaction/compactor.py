@@ -38,7 +38,7 @@ from reput import swap
 from reput.config import SYSTEM_CLOCK, Clock, TopicConfig
 from reput.errors import StoreLockedError
 from reput.locks import FileLock
-from reput.partition import PartitionLog, Segment
+from reput.partition import PartitionLog, Segment, read_fully
 from reput.store import Store
 
 from .errors import CompactionError
@@ -266,7 +266,7 @@ class Compactor:
             if cfg.compact:
                 while self._round(pl, cfg, res):
                     pass
-                if self.purge_due(pl, cfg) or (force and self._mergeable(pl, cfg)):
+                if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
                     self._purge(pl, cfg, res)
             res.segments_after = len(pl.segments)
             res.size_after = pl.size_bytes()
@@ -470,39 +470,43 @@ class Compactor:
             for sp in g.members:
                 seg = sp.seg
                 path = pl.log_path(seg.base)
-                for lo, chunk in self._index_chunks(pl, seg):
-                    keep, clean, _ = recall(sp, lo, chunk)
-                    pos = chunk["position"].astype(np.int64)
-                    ends = pos + chunk["size"]
-                    i = 0
-                    n = chunk.shape[0]
-                    while i < n:
-                        # the largest run of entries from i whose bytes fit one I/O chunk
-                        j = int(np.searchsorted(ends, pos[i] + chunk_bytes, side="right"))
-                        j = max(j, i + 1)
-                        if keep[i:j].any():
+                with fs.open_read(path) as stream:
+                    at = 0  # stream position: the .log is read once, front to back
+                    for lo, chunk in self._index_chunks(pl, seg):
+                        keep, clean, _ = recall(sp, lo, chunk)
+                        pos = chunk["position"].astype(np.int64)
+                        ends = pos + chunk["size"]
+                        i = 0
+                        n = chunk.shape[0]
+                        while i < n:
+                            # the largest run of entries from i whose bytes fit one I/O chunk
+                            j = int(np.searchsorted(ends, pos[i] + chunk_bytes, side="right"))
+                            j = max(j, i + 1)
                             start, stop = int(pos[i]), int(ends[j - 1])
-                            data = self._buffer("data", max(stop - start, chunk_bytes))[
-                                :stop - start]
-                            if fs.read_into(path, start, data) != stop - start:
-                                raise CompactionError(f"{path}: short read at byte {start}")
-                            res.bytes_read += stop - start
-                            kept = np.nonzero(keep[i:j])[0] + i
-                            out = self._buffer("out", max(int(chunk["size"][kept].sum()),
-                                                          chunk_bytes))[
-                                :int(chunk["size"][kept].sum())]
-                            new_pos = np.empty(kept.shape[0], np.int64)
-                            _gather_kept(data, pos[i:j] - start, chunk["size"][i:j].astype(np.int64),
-                                         keep[i:j], out, new_pos, out_pos)
-                            ent = chunk[kept].copy()
-                            ent["position"] = new_pos
-                            ent["clean_time"] = clean[kept]
-                            logf.write(out)
-                            idxf.write(ent.view(np.uint8))
-                            out_pos += out.shape[0]
-                            res.bytes_written += out.shape[0] + ent.nbytes
-                            self._throttle(stop - start + out.shape[0])
-                        i = j
+                            if keep[i:j].any():
+                                at = self._skip(stream, at, start, path)
+                                data = self._buffer("data", max(stop - start, chunk_bytes))[
+                                    :stop - start]
+                                if read_fully(stream, data) != stop - start:
+                                    raise CompactionError(f"{path}: short read at byte {start}")
+                                at = stop
+                                res.bytes_read += stop - start
+                                kept = np.nonzero(keep[i:j])[0] + i
+                                size = int(chunk["size"][kept].sum())
+                                out = self._buffer("out", max(size, chunk_bytes))[:size]
+                                new_pos = np.empty(kept.shape[0], np.int64)
+                                _gather_kept(data, pos[i:j] - start,
+                                             chunk["size"][i:j].astype(np.int64),
+                                             keep[i:j], out, new_pos, out_pos)
+                                ent = chunk[kept].copy()
+                                ent["position"] = new_pos
+                                ent["clean_time"] = clean[kept]
+                                logf.write(out)
+                                idxf.write(ent.view(np.uint8))
+                                out_pos += out.shape[0]
+                                res.bytes_written += out.shape[0] + ent.nbytes
+                                self._throttle(stop - start + out.shape[0])
+                            i = j
             logf.sync()
             idxf.sync()
         finally:
@@ -511,6 +515,21 @@ class Compactor:
         if out_pos > 0xFFFFFFFF:
             raise CompactionError(f"{pl.dir}: merged segment larger than 4 GiB")
         return True
+
+    def _skip(self, stream, at: int, to: int, path: str) -> int:
+        """Advance a sequential stream from ``at`` to ``to`` (seek where it can, else read)."""
+        if to == at:
+            return at
+        if stream.seekable():
+            stream.seek(to)
+            return to
+        junk = self._buffer("skip", 1 << 20)
+        while at < to:
+            n = read_fully(stream, junk[:min(to - at, junk.shape[0])])
+            if n == 0:
+                raise CompactionError(f"{path}: short read at byte {at}")
+            at += n
+        return at
 
     def _throttle(self, nbytes: int) -> None:
         bps = self.options.throttle_bytes_per_s

@@ -10,6 +10,7 @@ segment is written whole with ``write_atomic`` once sealed.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -54,6 +55,12 @@ class Backend(ABC):
         data = self.read(path, start, out.shape[0])
         out[:len(data)] = np.frombuffer(data, dtype=np.uint8)
         return len(data)
+
+    def open_read(self, path: str, start: int = 0) -> "io.RawIOBase":
+        """A sequential reader from ``start`` (``readinto``/``read``). On object stores it is one
+        streamed request for the whole rest of the object, which is how compaction keeps its
+        request count per segment constant."""
+        return io.BytesIO(self.read(path, start))
 
     @abstractmethod
     def map(self, path: str, size: int | None = None) -> np.ndarray:
@@ -203,6 +210,17 @@ class LocalBackend(Backend):
             raise _oserror(e, "read", path) from e
         finally:
             os.close(fd)
+
+    def open_read(self, path, start=0):
+        try:
+            f = open(self._p(path), "rb", buffering=0)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise _oserror(e, "open", path) from e
+        if start:
+            f.seek(start)
+        return f
 
     def map(self, path, size=None):
         p = self._p(path)

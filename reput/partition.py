@@ -30,6 +30,18 @@ from .record import Record, Scan, decode_one, scan
 from .swap import empty_trash, recover_swap
 
 
+def read_fully(f, out: np.ndarray) -> int:
+    """readinto until ``out`` is full or the stream ends; returns bytes read."""
+    mv = memoryview(out).cast("B")
+    done = 0
+    while done < len(mv):
+        n = f.readinto(mv[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 @dataclass
 class Segment:
     base: int
@@ -182,18 +194,22 @@ class PartitionLog:
                      buf: np.ndarray | None = None):
         """Yield (first entry number, entries) of a segment's valid .bcq entries in bounded
         chunks read into ``buf`` (reused: valid until the next chunk). Unlike ``entries``,
-        this keeps memory bounded whatever the index size (no mapping of the whole file)."""
+        this keeps memory bounded whatever the index size (no mapping of the whole file), and
+        it reads the .bcq as one sequential stream (one request on an object store)."""
         n = self.index(seg).n
+        if start_entry >= n:
+            return
         path = self.index_path(seg.base)
         if buf is None or buf.shape[0] < chunk_entries * B.ENTRY_SIZE:
             buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
-        for lo in range(start_entry, n, chunk_entries):
-            hi = min(n, lo + chunk_entries)
-            want = (hi - lo) * B.ENTRY_SIZE
-            if self.fs.read_into(path, lo * B.ENTRY_SIZE, buf[:want]) != want:
-                raise CorruptRecordError(f"{path}: index shorter than expected at entry {lo}",
-                                         path, lo * B.ENTRY_SIZE)
-            yield lo, buf[:want].view(B.BCQ_DTYPE)
+        with self.fs.open_read(path, start_entry * B.ENTRY_SIZE) as f:
+            for lo in range(start_entry, n, chunk_entries):
+                hi = min(n, lo + chunk_entries)
+                want = (hi - lo) * B.ENTRY_SIZE
+                if read_fully(f, buf[:want]) != want:
+                    raise CorruptRecordError(f"{path}: index shorter than expected at entry {lo}",
+                                             path, lo * B.ENTRY_SIZE)
+                yield lo, buf[:want].view(B.BCQ_DTYPE)
 
     @property
     def first_offset(self) -> int:
