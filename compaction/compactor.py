@@ -275,7 +275,11 @@ class Compactor:
             res.cleaned_offset = swap.read_checkpoint(self.store.fs, pl.dir)[0]
             res.duration_s = time.perf_counter() - t0
             if res.rounds or res.segments_rewritten:
-                swap.write_checkpoint(self.store.fs, pl.dir, None, res.to_dict())
+                _, prev = swap.read_checkpoint(self.store.fs, pl.dir)
+                run = res.to_dict()
+                run["reclaimed_bytes_total"] = ((prev or {}).get("reclaimed_bytes_total", 0)
+                                                + max(0, res.size_before - res.size_after))
+                swap.write_checkpoint(self.store.fs, pl.dir, None, run)
             if self.delete_delay_s <= 0:
                 swap.empty_trash(self.store.fs, pl.dir)
             else:
@@ -580,5 +584,6 @@ def partition_status(store: Store, topic: str, partition: int) -> dict:
             dirty += int(e["size"][i:].sum())
     return {"compaction_horizon": cleaned,
             "dirty_bytes": dirty,
+            "reclaimed_bytes": (last_run or {}).get("reclaimed_bytes_total", 0),
             "dirty_ratio": round(dirty / total, 4) if total else 0.0,
             "last_compaction": last_run}

@@ -106,6 +106,10 @@ def inspect_doc(store: Store, topic: str | None) -> dict[str, Any]:
 def cmd_inspect(args) -> int:
     store = Store.open(args.store)
     doc = inspect_doc(store, args.topic)
+    if args.plot:
+        from .inspect import plot_store
+        plot_store(doc, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         _print_json(doc)
         return EXIT_OK
@@ -215,6 +219,16 @@ def cmd_mirror(args) -> int:
     return run(args)
 
 
+def cmd_serve(args) -> int:
+    from replication import serve  # noqa: WPS433
+    return serve(args)
+
+
+def cmd_replicate(args) -> int:
+    from replication import replicate  # noqa: WPS433
+    return replicate(args)
+
+
 def cmd_connect_standalone(args) -> int:
     from .standalone import cmd_standalone
     return cmd_standalone(args)
@@ -309,14 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", required=True)
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
-    s.set_defaults(func=_not_yet("serve"))
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL")
     s.add_argument("--token-file", required=True)
     s.add_argument("--store", required=True)
     s.add_argument("--follow", action="store_true")
-    s.set_defaults(func=_not_yet("replicate"))
+    s.set_defaults(func=cmd_replicate)
 
     s = sub.add_parser("restore", help="re-publish a store's topic into Kafka")
     s.add_argument("--store", required=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
@@ -37,8 +38,6 @@ def run_demo(args) -> int:
     _step(f"kcompact inspect --store {store_path}")
     sys.stdout.flush()
 
-    class _A:
-        store, topic, json = store_path, None, False
-    cmd_inspect(_A)
+    cmd_inspect(argparse.Namespace(store=store_path, topic=None, json=False, plot=None))
     print(f"\nDemo store left in {workdir}")
     return 0

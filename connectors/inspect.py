@@ -45,3 +45,37 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
                     "partitions": [partition_summary(store, t, p) for p in store.partitions(t)]}
                    for t in topics],
     }
+
+
+def plot_store(doc: dict[str, Any], path: str) -> None:
+    """Per-partition stacked bars of live (clean), dirty and reclaimed bytes, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, clean, dirty, reclaimed = [], [], [], []
+    for t in doc["topics"]:
+        for p in t["partitions"]:
+            labels.append(f"{t['topic']}-{p['partition']}")
+            d = p.get("dirty_bytes", 0)
+            dirty.append(d / 2**20)
+            clean.append(max(0, p["bytes"] - d) / 2**20)
+            reclaimed.append(p.get("reclaimed_bytes", 0) / 2**20)
+    if not labels:
+        from .errors import ConnectorsError
+        raise ConnectorsError("nothing to plot: the store has no partitions")
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.6))
+    y = range(len(labels))
+    ax.barh(y, clean, color="#2b8a3e", label="live (compacted)")
+    ax.barh(y, dirty, left=clean, color="#f08c00", label="dirty (not yet compacted)")
+    ax.barh(y, reclaimed, left=[c + d for c, d in zip(clean, dirty)], color="#ced4da",
+            hatch="//", label="reclaimed by compaction")
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB")
+    ax.set_title(f"kcompact store {doc['store']}")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
