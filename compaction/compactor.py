@@ -513,6 +513,9 @@ class Compactor:
                             i = j
             logf.sync()
             idxf.sync()
+        except OSError as e:  # reading the input .log failed (the stream raises raw OSError)
+            raise CompactionError(f"{path}: read error: {e.strerror or e}; compaction stopped, "
+                                  "the old segments are still in place") from e
         finally:
             logf.close()
             idxf.close()

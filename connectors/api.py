@@ -99,16 +99,17 @@ class SinkRecords(Sequence[SinkRecord]):
     """A batch of records for ``SinkTask.put``, kept as parallel columns.
 
     Iterating (or indexing) yields :class:`SinkRecord` objects, as Connect's collection does;
-    columnar sinks read the lists directly. ``keys``/``values`` hold the converters' output,
+    columnar sinks read the columns directly (``partitions``/``offsets``/``timestamps`` may be
+    numpy int arrays, the others are lists). ``keys``/``values`` hold the converters' output,
     ``raw_keys``/``raw_values`` the bytes from Kafka (the same list objects when the converter is
     the byte-array one). ``headers[i]`` is a list of (name, bytes | None) or None.
     """
 
     __slots__ = ("topics", "partitions", "offsets", "timestamps", "keys", "values", "headers",
-                 "raw_keys", "raw_values")
+                 "raw_keys", "raw_values", "nbytes")
 
-    def __init__(self, topics: list[str], partitions: list[int], offsets: list[int],
-                 timestamps: list[int], keys: list, values: list, headers: list,
+    def __init__(self, topics: list[str], partitions: Sequence[int], offsets: Sequence[int],
+                 timestamps: Sequence[int], keys: list, values: list, headers: list,
                  raw_keys: list | None = None, raw_values: list | None = None):
         n = len(offsets)
         if not (len(topics) == len(partitions) == len(timestamps) == len(keys) == len(values)
@@ -118,6 +119,8 @@ class SinkRecords(Sequence[SinkRecord]):
         self.timestamps, self.keys, self.values, self.headers = timestamps, keys, values, headers
         self.raw_keys = keys if raw_keys is None else raw_keys
         self.raw_values = values if raw_values is None else raw_values
+        #: Key + value bytes of the batch, when a task counted them while writing (metrics).
+        self.nbytes: int | None = None
 
     @classmethod
     def empty(cls) -> "SinkRecords":
@@ -147,9 +150,9 @@ class SinkRecords(Sequence[SinkRecord]):
                                self.timestamps[i], self.keys[i], self.values[i], self.headers[i],
                                self.raw_keys[i], self.raw_values[i])
         h = self.headers[i]
-        return SinkRecord(self.topics[i], self.partitions[i], self.offsets[i], self.timestamps[i],
-                          self.keys[i], self.values[i], tuple(h) if h else (),
-                          self.raw_keys[i], self.raw_values[i])
+        return SinkRecord(self.topics[i], int(self.partitions[i]), int(self.offsets[i]),
+                          int(self.timestamps[i]), self.keys[i], self.values[i],
+                          tuple(h) if h else (), self.raw_keys[i], self.raw_values[i])
 
     def __iter__(self) -> Iterator[SinkRecord]:
         return (self[i] for i in range(len(self)))

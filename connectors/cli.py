@@ -214,6 +214,16 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+def cmd_kv_build(args) -> int:
+    from .kv import cmd_kv_build as run
+    return run(args)
+
+
+def cmd_kv_get(args) -> int:
+    from .kv import cmd_kv_get as run
+    return run(args)
+
+
 def cmd_mirror(args) -> int:
     from .mirror import cmd_mirror as run
     return run(args)
@@ -349,13 +359,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topic", required=True)
     s.add_argument("--db", required=True)
     s.add_argument("--follow", action="store_true")
-    s.add_argument("--bootstrap-servers", default=None)
-    s.set_defaults(func=_not_yet("kv build"))
-    s = kvs.add_parser("get", help="look a key up")
+    s.add_argument("--bootstrap-servers", default=None,
+                   help="after the store, catch up (and with --follow, follow) from this Kafka")
+    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
+                   help="librdkafka consumer setting for --bootstrap-servers (repeatable)")
+    s.set_defaults(func=cmd_kv_build)
+    s = kvs.add_parser("get", help="look a key up (exit 1 when it is absent)")
     s.add_argument("--db", required=True)
     s.add_argument("key")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(func=_not_yet("kv get"))
+    s.add_argument("--key-base64", action="store_true", help="KEY is base64 (binary keys)")
+    s.add_argument("--value-converter", default=None, metavar="NAME",
+                   help="decode the value: json, avro, string, or a converter class name")
+    s.add_argument("--converter-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="value converter setting, e.g. schema.registry.url=URL (repeatable)")
+    s.set_defaults(func=cmd_kv_get)
 
     c = sub.add_parser("connect", help="run Connect-style connectors")
     cs = c.add_subparsers(dest="connect_command", metavar="MODE")

@@ -18,6 +18,7 @@ import difflib
 import enum
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -314,7 +315,7 @@ def _logical_lines(text: str):
     """Java Properties' logical lines: comments and blank lines dropped, continuations joined.
 
     Yields (first physical line number, text)."""
-    lines = text.splitlines()
+    lines = re.split(r"\r\n|\r|\n", text)  # not splitlines(): Java breaks only on these
     i = 0
     while i < len(lines):
         start = i

@@ -25,7 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping, TextIO
 
 from .config import parse_kv_pairs
-from .errors import ConfigError
+from reput import StoreLockedError
+
+from .api import TaskFailedError
+from .errors import ConfigError, ConnectorsError
 from .worker import Worker
 
 LOCAL_WRITER = "local"
@@ -150,7 +153,15 @@ def mirror_local(bootstrap: str, topic: str, store: str, *, partitions: list[int
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
         t0 = time.monotonic()
-        worker.run(on_tick=_Progress(out))
+        try:
+            worker.run(on_tick=_Progress(out))
+        except TaskFailedError as e:
+            if isinstance(e.__cause__, StoreLockedError):
+                raise ConnectorsError(
+                    f"another process is writing to {store} as writer '{LOCAL_WRITER}' (a "
+                    "mirror still running?); stop it first: one local mirror per store at a "
+                    "time") from None
+            raise
         dt = time.monotonic() - t0
     finally:
         for s, h in previous.items():
@@ -177,7 +188,7 @@ def cmd_mirror(args) -> int:
             run = None
         if run is not None:
             return int(run(args) or 0)
-        print("kcompact mirror: the Spark engine is not available in this build; running with "
+        print("kcompact mirror: the Spark engine cannot mirror in this build; running with "
               "--engine local", file=sys.stderr, flush=True)
     elif args.spark_master:
         raise ConfigError("--spark-master applies to --engine spark only")

@@ -4,8 +4,11 @@ Exactly-once without consumer-group commits: a task opens the store with its own
 and for each assigned partition asks the worker to start at ``store.next_offset(topic, p)`` -
 the offset after the last record the store holds. Whatever the consumer group says, and however
 the previous run ended (SIGKILL included: opening the store repairs a torn commit-log tail and
-re-dispatches idempotently), a restart neither loses nor repeats a record. ``pre_commit`` flushes
-the store and returns no offsets, so the worker never commits to the group.
+re-dispatches idempotently), a restart neither loses nor repeats a record. ``pre_commit`` queues
+a store flush (fsync) and returns no offsets, so the worker never commits to the group.
+
+Appends run in a thread of their own (``_Appender``): the numba encode/dispatch kernels and the
+write syscalls release the GIL, so they overlap with the next ``consume()`` on the task thread.
 
 Records are stored as Kafka holds them: source offset (gaps from transaction markers or an
 already-compacted topic stay gaps), timestamp, key and value bytes (null and empty distinct),
@@ -164,7 +167,11 @@ class StoreSinkTask(SinkTask):
             self.store.flush()
 
     def pre_commit(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-        self.flush(offsets)
+        # Nothing is committed to the group, so the task thread need not wait for the fsync:
+        # the appender thread flushes after the batches queued before this point, while the
+        # task goes on consuming. stop() waits for everything.
+        if self.store is not None:
+            self.appender.submit(_FLUSH)
         return {}  # the store is the source of truth for positions: no group commits
 
     def stop(self) -> None:
@@ -178,6 +185,9 @@ class StoreSinkTask(SinkTask):
             finally:
                 self.appended = self.appender.appended
                 store.close()  # flushes what was appended
+
+
+_FLUSH = object()  # queued to the appender: flush the store after the batches before it
 
 
 def _warm_up() -> None:
@@ -213,7 +223,10 @@ class _Appender:
                 if batch is None:
                     return
                 if self.error is None:
-                    self.appended += self.store.append(batch)
+                    if batch is _FLUSH:
+                        self.store.flush()
+                    else:
+                        self.appended += self.store.append(batch)
             except BaseException as e:  # noqa: BLE001 - handed to the task thread
                 self.error = e
             finally:
@@ -284,12 +297,19 @@ def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
     def col(values: list) -> list:
         return values if idx is None else [values[i] for i in idx]
 
-    parts, offs, ts = col(r.partitions), col(r.offsets), col(r.timestamps)
+    def num(values, dtype) -> np.ndarray:
+        if idx is None:
+            return np.asarray(values, dtype=dtype)
+        return np.asarray(values, dtype=dtype)[idx]
+
     keys, values, headers = col(r.raw_keys), col(r.raw_values), col(r.headers)
-    n = len(offs)
+    n = len(keys)
     if any(headers):
         hcol = _column([encode_headers(h) if h else b"" for h in headers])
     else:
         hcol = _VarColumn.empties(n)
-    return RecordBatch(topic, np.fromiter(parts, np.int32, n), np.fromiter(offs, np.int64, n),
-                       np.fromiter(ts, np.int64, n), _column(keys), _column(values), hcol)
+    kcol, vcol = _column(keys), _column(values)
+    if idx is None:
+        r.nbytes = int(kcol.offs[-1]) + int(vcol.offs[-1])
+    return RecordBatch(topic, num(r.partitions, np.int32), num(r.offsets, np.int64),
+                       num(r.timestamps, np.int64), kcol, vcol, hcol)

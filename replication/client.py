@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import ssl
 import time
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, H_HIGH_WAT
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID, H_UPTO,
                        PROTOCOL_VERSION, DigestFrame, FrameReader, partition_path)
 
-RETRY_ENV = "KCOMPACT_REPLICATION_RETRY_S"
 DEFAULT_RETRY_S = 120.0
 _RETRY_STATUSES = (502, 503, 504)
 
@@ -46,13 +44,6 @@ def check_master_url(url: str) -> str:
                                "https://HOST:PORT (what `kcompact serve` printed)")
     del port
     return url.rstrip("/")
-
-
-def default_retry_s() -> float:
-    try:
-        return float(os.environ.get(RETRY_ENV, DEFAULT_RETRY_S))
-    except ValueError:
-        return DEFAULT_RETRY_S
 
 
 @dataclass
@@ -77,7 +68,7 @@ class MasterClient:
                  on_retry: Callable[[str], None] | None = None):
         self.url = check_master_url(url)
         self.token = token
-        self.retry_s = default_retry_s() if retry_s is None else retry_s
+        self.retry_s = DEFAULT_RETRY_S if retry_s is None else retry_s
         self.read_timeout_s = read_timeout_s
         self.on_retry = on_retry
         self.contacted = False
@@ -93,7 +84,8 @@ class MasterClient:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
                                           sock_read=self.read_timeout_s),
             connector=aiohttp.TCPConnector(limit=16, ssl=ctx),
-            auto_decompress=False, raise_for_status=False)
+            auto_decompress=False, raise_for_status=False,
+            read_bufsize=1 << 20)
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -172,8 +164,7 @@ class MasterClient:
                 doc = json.loads(await resp.read())
             except ValueError:
                 doc = None
-            if not isinstance(doc, dict) or not isinstance(doc.get("topics"), list):
-                raise ProtocolError(f"master {self.url}: /v1/store is not a store document")
+            check_store_doc(doc, self.url)
             return doc
         return await self._request(f"{API_PREFIX}/store", {}, handle, forever=forever)
 
@@ -242,6 +233,33 @@ class MasterClient:
                 asyncio.TimeoutError) as e:
             raise MasterUnavailableError(f"lost the master at {self.url} while reading "
                                          f"{topic}-{partition} digests: {_reason(e)}") from None
+
+
+def check_store_doc(doc, url: str) -> None:
+    """Refuse a store document whose shape is not what protocol 1 sends (names, ints >= 0)."""
+    from reput.record import validate_topic
+
+    def ok() -> bool:
+        if not isinstance(doc, dict) or not isinstance(doc.get("store_id"), str) \
+                or not isinstance(doc.get("topics"), list):
+            return False
+        for t in doc["topics"]:
+            if not isinstance(t, dict) or not isinstance(t.get("partitions"), list) \
+                    or not isinstance(t.get("config", {}), dict):
+                return False
+            validate_topic(t.get("topic"))
+            for p in t["partitions"]:
+                if not isinstance(p, dict) or not all(
+                        isinstance(p.get(k), int) and p[k] >= 0
+                        for k in ("partition", "first_offset", "next_offset")):
+                    return False
+        return True
+    try:
+        good = ok()
+    except ValueError:
+        good = False
+    if not good:
+        raise ProtocolError(f"master {url}: /v1/store is not a valid store document")
 
 
 class _Retry(Exception):

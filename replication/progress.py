@@ -25,12 +25,14 @@ class Progress:
         self._tasks: dict[str, int] = {}
         if enabled and getattr(self.stream, "isatty", lambda: False)():
             try:
-                from rich.progress import (BarColumn, DownloadColumn, Progress as RichProgress,
-                                           TextColumn, TimeRemainingColumn, TransferSpeedColumn)
                 from rich.console import Console
+                from rich.progress import (BarColumn, Progress as RichProgress, TextColumn,
+                                           TimeRemainingColumn)
                 self._rich = RichProgress(
-                    TextColumn("{task.description}"), BarColumn(), TextColumn(
-                        "{task.percentage:>5.1f}%"), DownloadColumn(), TransferSpeedColumn(),
+                    TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.percentage:>5.1f}%"),
+                    TextColumn("offset {task.fields[offset]:>,}/{task.fields[target]:,}"),
+                    TextColumn("{task.fields[mb]:>9,.1f} MB {task.fields[rate]:>6,.0f} MB/s"),
                     TimeRemainingColumn(), console=Console(file=self.stream), transient=False)
                 self._rich.start()
             except ImportError:
@@ -41,8 +43,9 @@ class Progress:
             self._state[name] = {"first": first, "target": target, "offset": resumed_from,
                                  "bytes": 0, "t0": time.monotonic(), "last": 0.0}
             if self._rich is not None:
-                self._tasks[name] = self._rich.add_task(name, total=max(target - first, 1),
-                                                        completed=max(resumed_from - first, 0))
+                self._tasks[name] = self._rich.add_task(
+                    name, total=max(target - first, 1), completed=max(resumed_from - first, 0),
+                    offset=resumed_from, target=target, mb=0.0, rate=0.0)
         if self._rich is None and self.enabled and resumed_from > first:
             self._line(f"{name}: resuming at offset {resumed_from:,} of {target:,}")
 
@@ -52,11 +55,13 @@ class Progress:
             if st is None:
                 return
             st["offset"], st["bytes"] = offset, st["bytes"] + nbytes
+            now = time.monotonic()
             if self._rich is not None:
                 self._rich.update(self._tasks[name],
-                                  completed=min(offset, st["target"]) - st["first"])
+                                  completed=min(offset, st["target"]) - st["first"],
+                                  offset=offset, mb=st["bytes"] / 1e6,
+                                  rate=st["bytes"] / max(now - st["t0"], 1e-9) / 1e6)
                 return
-            now = time.monotonic()
             if not self.enabled or now - st["last"] < self.interval_s:
                 return
             st["last"] = now
@@ -74,7 +79,8 @@ class Progress:
         with self._lock:
             st = self._state.get(name)
             if self._rich is not None and name in self._tasks:
-                self._rich.update(self._tasks[name], completed=max(st["target"] - st["first"], 1))
+                self._rich.update(self._tasks[name], completed=max(st["target"] - st["first"], 1),
+                                  offset=st["target"])
         self.note(name, text)
 
     def close(self) -> None:

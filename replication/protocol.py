@@ -161,6 +161,8 @@ def parse_path(raw_path: str) -> Route:
     segs = [_decode_segment(s) for s in raw]
     if segs[-1] == "" and len(segs) > 1:
         segs = segs[:-1]  # one trailing slash is tolerated
+    if segs == [""]:
+        raise RequestError(404, f"nothing at '/'; this server speaks {API_PREFIX}/")
     if "" in segs:
         raise RequestError(400, "empty path segment ('//')")
     if not segs or segs[0] != API_PREFIX[1:]:

@@ -34,11 +34,9 @@ import asyncio
 import json
 import os
 import signal
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -72,12 +70,35 @@ class ReplicaOptions:
     compaction_interval_s: float = 30.0  # background compaction while following
     offset_map_memory: int = DEFAULT_MAP_MEMORY
     sync_every_bytes: int = 256 * MIB    # fsync .replicating/ this often during a pull
+    max_bytes_per_s: float = 0.0         # pull rate limit over all partitions (0: none)
 
     def __post_init__(self):
         if not 64 * 1024 <= self.max_bytes <= 1 << 30:
             raise ReplicationError("max_bytes must be in [64 KiB, 1 GiB]")
         if not 1 <= self.parallel <= 64:
             raise ReplicationError("parallel must be in [1, 64]")
+        if self.max_bytes_per_s < 0:
+            raise ReplicationError("max_bytes_per_s must be >= 0")
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "ReplicaOptions":
+        """Options from KCOMPACT_REPLICATION_* variables (the CLI has no flags for them):
+        MAX_BYTES (per request), PARALLEL (partitions at once), RATE (bytes/s, 0 = unlimited),
+        RETRY_S (master outage tolerated mid-rebuild, seconds)."""
+        def num(name, cast, default):
+            raw = env.get(f"KCOMPACT_REPLICATION_{name}")
+            if raw in (None, ""):
+                return default
+            try:
+                return cast(raw)
+            except ValueError:
+                raise ReplicationError(f"KCOMPACT_REPLICATION_{name}={raw!r} is not a "
+                                       "number") from None
+        d = cls()
+        return cls(max_bytes=num("MAX_BYTES", int, d.max_bytes),
+                   parallel=num("PARALLEL", int, d.parallel),
+                   max_bytes_per_s=num("RATE", float, d.max_bytes_per_s),
+                   retry_s=num("RETRY_S", float, d.retry_s))
 
 
 @dataclass
@@ -91,6 +112,9 @@ class PartitionResult:
     next_offset: int = 0
     merged: bool = False
     duration_s: float = 0.0
+    pull_s: float = 0.0
+    install_s: float = 0.0
+    compact_s: float = 0.0
     compaction: dict = field(default_factory=dict)
 
 
@@ -110,6 +134,8 @@ class Replicator:
         self.results: list[PartitionResult] = []
         self._follow_sync: dict[tuple[str, int], float] = {}
         self.master_doc: dict | None = None
+        self._rate_t0: float | None = None
+        self._rate_bytes = 0
 
     async def _run(self, fn_, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
@@ -120,6 +146,8 @@ class Replicator:
     # -- whole store ---------------------------------------------------------------------------
 
     async def connect(self) -> dict:
+        # load the compiled kernels (numba's cache) while the first request is on the wire
+        self._warm = asyncio.get_running_loop().run_in_executor(self.pool, warm_up)
         doc = await self.client.store_doc()
         if doc.get("store_id") == self.store.meta.store_id:
             raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
@@ -128,6 +156,7 @@ class Replicator:
         self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
         await self._run(self._sync_configs, doc)
         self.master_doc = doc
+        await self._warm
         return doc
 
     def _sync_configs(self, doc: dict) -> None:
@@ -183,15 +212,21 @@ class Replicator:
             except BaseException:
                 await self._run(staging.close)
                 raise
+            t1 = time.monotonic()
+            res.pull_s = t1 - t0
             res.merged = await self._run(self._install, topic, partition, staging)
+            res.install_s = time.monotonic() - t1
         else:
             self.progress.note(name, "pull already installed; finishing")
+        t2 = time.monotonic()
         comp = await self._run(self._finish, topic, partition, target)
+        res.compact_s = time.monotonic() - t2
         res.compaction = comp.to_dict()
         res.next_offset = await self._run(self._live_next, topic, partition)
         res.duration_s = time.monotonic() - t0
         self.progress.finish(name, f"done: {res.records:,} records, {res.bytes / 1e6:,.1f} MB "
-                                   f"pulled in {res.duration_s:.1f}s, "
+                                   f"in {res.duration_s:.1f}s (pull {res.pull_s:.1f}s, install "
+                                   f"{res.install_s:.1f}s, compaction {res.compact_s:.1f}s), "
                                    f"{comp.records_kept:,} records after compaction")
         return res
 
@@ -218,6 +253,7 @@ class Replicator:
                 records += chunk.count
                 nbytes += len(chunk.body)
                 self.progress.advance(name, off, len(chunk.body))
+                await self._throttle(len(chunk.body))
             if pending is not None:
                 await pending
                 pending = None
@@ -226,6 +262,18 @@ class Replicator:
                 await asyncio.wait([pending])
         await self._run(staging.sync)
         return records, nbytes
+
+    async def _throttle(self, nbytes: int) -> None:
+        rate = self.options.max_bytes_per_s
+        if not rate:
+            return
+        now = time.monotonic()
+        if self._rate_t0 is None:
+            self._rate_t0 = now
+        self._rate_bytes += nbytes
+        ahead = self._rate_bytes / rate - (now - self._rate_t0)
+        if ahead > 0:
+            await asyncio.sleep(ahead)
 
     def _append_staging(self, staging: PartitionLog, chunk: Chunk, from_offset: int, topic: str,
                         partition: int, scratch: Scratch, state: dict) -> None:
@@ -355,7 +403,10 @@ class Replicator:
         return merge
 
     def _finish(self, topic: str, partition: int, master_next: int):
-        comp = Compactor(self.store, CompactionOptions(offset_map_memory=self.options.offset_map_memory))
+        with self.store._lock:
+            records = self._live(topic, partition).record_count()
+        comp = Compactor(self.store, CompactionOptions(
+            offset_map_memory=map_memory_for(records, self.options.offset_map_memory)))
         res = comp.compact_partition(topic, partition, force=True)
         if res.skipped:
             raise ReplicaError(f"{topic}-{partition}: compaction skipped: {res.skipped}")
@@ -438,6 +489,28 @@ class Replicator:
                     self._live(t, p).sync()
                 except ReputError:
                     pass
+
+
+def warm_up() -> None:
+    """Load the kernels a rebuild runs (record scan, offset map, compaction) on a tiny
+    in-memory store, so the first chunk does not wait for them."""
+    from reput.backend import MemoryBackend
+    from reput.record import RecordBatch
+    st = Store.open("memory://warm-up", fs=MemoryBackend(), writer="w", create=True)
+    st.append(RecordBatch.from_records("t", [(0, i, 0, b"k%d" % (i % 3), None if i == 4 else b"v")
+                                             for i in range(9)]))
+    st.flush()
+    Compactor(st, CompactionOptions(offset_map_memory=1 << 16)).compact_partition("t", 0,
+                                                                                    force=True)
+    st.close()
+
+
+def map_memory_for(records: int, budget: int) -> int:
+    """An offset map no larger than the partition needs (it has at most ``records`` keys, at
+    16-byte slots and 0.9 load), within ``budget``: a 128 MiB table filled and cleared for a
+    small partition costs more than compacting it."""
+    need = int(records * 16 / 0.9 * 1.1) + (64 << 10)
+    return max(64 << 10, min(budget, need))
 
 
 def merge_logs(fs, topic: str, partition: int, store: Store, local: PartitionLog,
@@ -535,7 +608,7 @@ def replicate(args, options: ReplicaOptions | None = None) -> int:
     """`kcompact replicate --from URL --token-file F --store URL [--follow]`."""
     check_master_url(args.from_url)
     token = read_token_file(args.token_file)
-    return asyncio.run(_replicate(args, token, options or ReplicaOptions()))
+    return asyncio.run(_replicate(args, token, options or ReplicaOptions.from_env()))
 
 
 __all__ = ["PartitionResult", "ReplicaOptions", "Replicator", "merge_logs", "replicate"]

@@ -28,16 +28,21 @@ from aiohttp import web
 
 from reput import swap
 from reput.errors import CorruptRecordError, ReputError
-from reput.partition import PartitionLog, ReadResult
+from reput.partition import PartitionLog
 from reput.store import Store, StoreMeta
 from reput import filenames as fn
 
 from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
+from .reader import BufferPool, read_records, warm_up
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
                        H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, parse_path,
                        parse_query, read_token_file)
+
+
+#: transport write buffer high-water mark for records responses (per connection)
+WRITE_BUFFER_HIGH = 16 << 20
 
 
 class MasterStore:
@@ -50,6 +55,7 @@ class MasterStore:
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
         self._live_cache: OrderedDict = OrderedDict()
+        self.buffers = BufferPool()
 
     @property
     def store_id(self) -> str:
@@ -93,13 +99,14 @@ class MasterStore:
                 "format_version": meta.format_version, "limits": self.limits.to_dict(),
                 "topics": [self.topic_doc(t, meta) for t in self.store.topics()]}
 
-    def read(self, topic: str, partition: int, from_offset: int, max_bytes: int
-             ) -> tuple[ReadResult, int]:
+    def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
+        """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives
+        the buffer back to ``self.buffers`` once it is sent (reader.py)."""
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
-            r = pl.read(from_offset, max_bytes=max_bytes)
-            return r, pl.next_offset
+            buf, nbytes, count, nxt = read_records(pl, from_offset, max_bytes, self.buffers)
+            return buf, nbytes, count, nxt, pl.next_offset
 
     def live(self, topic: str, partition: int, upto: int | None):
         """(BitMap64 of live offsets, upto), cached while the segments stay the same."""
@@ -156,7 +163,7 @@ class Server:
         if request.method not in ("GET", "HEAD"):
             return _error(405, f"method {request.method} not allowed; use GET",
                           {"Allow": "GET, HEAD"})
-        if request.can_read_body and request.content_length not in (None, 0):
+        if request.body_exists:
             return _error(413, "requests carry no body")
         try:
             route = parse_path(request.raw_path)
@@ -195,7 +202,7 @@ class Server:
             doc = await self._run(self.master.partition_info, route.topic, route.partition)
             return web.json_response(doc, headers=self._headers())
         if route.kind == "records":
-            return await self._records(route, q)
+            return await self._records(request, route, q)
         if self._summaries.locked():
             return _error(503, "busy: too many live/digests computations at once; retry",
                           {"Retry-After": "1"})
@@ -204,18 +211,34 @@ class Server:
                 return await self._live(route, q)
             return await self._digests(request, route, q)
 
-    async def _records(self, route: Route, q) -> web.Response:
+    async def _records(self, request: web.Request, route: Route, q) -> web.StreamResponse:
         deadline = time.monotonic() + q.wait_ms / 1000
         while True:
-            r, hwm = await self._run(self.master.read, route.topic, route.partition,
-                                     q.from_offset, q.max_bytes)
+            buf, nbytes, count, nxt, hwm = await self._run(
+                self.master.read, route.topic, route.partition, q.from_offset, q.max_bytes)
             left = deadline - time.monotonic()
-            if r.entries.shape[0] or left <= 0:
+            if count or left <= 0:
                 break
             await asyncio.sleep(min(0.1, left))
-        return web.Response(body=r.data, content_type=CT_RECORDS, headers=self._headers({
-            H_NEXT_OFFSET: r.next_offset, H_RECORD_COUNT: r.entries.shape[0],
-            H_HIGH_WATERMARK: hwm}))
+        resp = web.StreamResponse(status=200, headers=self._headers({
+            H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
+            "Content-Length": nbytes}))
+        resp.content_type = CT_RECORDS
+        try:
+            if request.transport is not None:
+                # let a whole response sit in the transport's buffer: with asyncio's default
+                # 64 KiB high-water mark, every 64 KiB waits for the replica to catch up
+                request.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+            await resp.prepare(request)
+            if buf is not None:
+                mv = memoryview(buf)[:nbytes]
+                for i in range(0, nbytes, 1 << 20):
+                    await resp.write(mv[i:i + (1 << 20)])
+            await resp.write_eof()
+        finally:
+            if buf is not None:
+                self.master.buffers.give(buf)
+        return resp
 
     async def _live(self, route: Route, q) -> web.Response:
         bm, upto, _ = await self._run(self.master.live, route.topic, route.partition, q.upto)
@@ -276,6 +299,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
     server = Server(master, token, limits)
+    await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
     runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
                            handle_signals=False)
     await runner.setup()
@@ -292,7 +316,8 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
     bound = runner.addresses[0][1] if runner.addresses else port
-    url = f"{'https' if ssl_context else 'http'}://{host}:{bound}"
+    shown = f"[{host}]" if ":" in host else host
+    url = f"{'https' if ssl_context else 'http'}://{shown}:{bound}"
     if ready:
         ready(url)
     try:

@@ -22,7 +22,7 @@ import numpy as np
 from . import _kernels as K
 from . import bcq as B
 from . import filenames as fn
-from .backend import AppendFile, Backend
+from .backend import AppendFile, Backend, _oserror
 from .config import TopicConfig
 from .errors import CorruptRecordError
 from .locks import FileLock
@@ -202,14 +202,20 @@ class PartitionLog:
         path = self.index_path(seg.base)
         if buf is None or buf.shape[0] < chunk_entries * B.ENTRY_SIZE:
             buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
-        with self.fs.open_read(path, start_entry * B.ENTRY_SIZE) as f:
-            for lo in range(start_entry, n, chunk_entries):
-                hi = min(n, lo + chunk_entries)
-                want = (hi - lo) * B.ENTRY_SIZE
-                if read_fully(f, buf[:want]) != want:
-                    raise CorruptRecordError(f"{path}: index shorter than expected at entry {lo}",
-                                             path, lo * B.ENTRY_SIZE)
-                yield lo, buf[:want].view(B.BCQ_DTYPE)
+        try:
+            with self.fs.open_read(path, start_entry * B.ENTRY_SIZE) as f:
+                for lo in range(start_entry, n, chunk_entries):
+                    hi = min(n, lo + chunk_entries)
+                    want = (hi - lo) * B.ENTRY_SIZE
+                    if read_fully(f, buf[:want]) != want:
+                        raise CorruptRecordError(
+                            f"{path}: index shorter than expected at entry {lo}",
+                            path, lo * B.ENTRY_SIZE)
+                    yield lo, buf[:want].view(B.BCQ_DTYPE)
+        except FileNotFoundError:
+            raise
+        except OSError as e:  # the stream's reads raise raw OSError: say which file
+            raise _oserror(e, "read", path) from e
 
     @property
     def first_offset(self) -> int:

@@ -288,8 +288,9 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
     Stops at the first torn or corrupt record: ``status`` says which (SCAN_OK, SCAN_TORN,
     SCAN_CORRUPT) and ``stop`` is its position; all records before it are returned.
     """
-    if end is None:
-        end = buf.shape[0]
+    # the kernels do no bounds checks of their own: never let them past the array
+    end = buf.shape[0] if end is None else max(0, min(int(end), buf.shape[0]))
+    start = max(0, min(int(start), end))
     n, stop, status = K.count_records(buf, start, end, verify_crc, K.CRC_TABLES)
     s = Scan()
     new = scratch.get if scratch is not None else (lambda _name, m, dt: np.empty(m, dt))

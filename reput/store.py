@@ -110,14 +110,27 @@ class Store:
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
-            self._dispatched = self.commitlog.read_checkpoint()
-            if self.commitlog.segments and self._dispatched > self.commitlog.end:
-                # The commit log lost its tail below the checkpoint (fsync=never and a power
-                # cut, or a corrupt record cut by recovery). Those records were dispatched;
-                # new appends start at the end, so dispatch must continue from there too.
-                self._dispatched = self.commitlog.end
-            self.dispatch()
-            self.flush()
+            try:
+                self._dispatched = self.commitlog.read_checkpoint()
+                if self.commitlog.segments and self._dispatched > self.commitlog.end:
+                    # The commit log lost its tail below the checkpoint (fsync=never and a
+                    # power cut, or a corrupt record cut by recovery). Those records were
+                    # dispatched; new appends start at the end, so dispatch continues there.
+                    self._dispatched = self.commitlog.end
+                self.dispatch()
+                self.flush()
+            except BaseException:
+                # Release the commit-log and partition locks: the caller may fix the cause
+                # (the error says how) and open the store again from this same process.
+                try:
+                    for pl in self._partitions.values():
+                        pl.close()
+                finally:
+                    self._partitions.clear()
+                    self._writable.clear()
+                    self.commitlog.close()
+                    self.commitlog = None
+                raise
 
     # -- open / create -------------------------------------------------------------------
 

@@ -101,3 +101,34 @@ def _wait_for_topic(admin: AdminClient, name: str, partitions: int) -> None:
                 f"leader within {_TOPIC_READY_TIMEOUT:.0f}s; check the broker"
             )
         time.sleep(0.05)
+
+
+# -- connectors (issue 4): Schema Registry, Kafka helpers ---------------------------------------
+
+
+@pytest.fixture
+def schema_registry() -> Iterator[object]:
+    """A real HTTP Schema Registry (``schema_registry.py`` beside this file) on 127.0.0.1,
+    stopped after the test. ``.url``, ``.register(subject, schema)``, ``.stop()``."""
+    import sys
+
+    sys.path.insert(0, str(_HERE))
+    try:
+        from schema_registry import SchemaRegistry
+    finally:
+        sys.path.remove(str(_HERE))
+    sr = SchemaRegistry().start()
+    try:
+        yield sr
+    finally:
+        sr.stop()
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

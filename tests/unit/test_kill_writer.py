@@ -10,8 +10,8 @@ on the same store, so recoveries stack up.
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import random
 import signal
 import subprocess
@@ -21,13 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-import _writer_proc as W
 from reput import _kernels as K
 from reput import filenames as fn
 from reput.record import scan
 from reput.store import Store
 
 WRITER = str(Path(__file__).with_name("_writer_proc.py"))
+# the writer script's generator, loaded by path (tests/unit is not a package)
+_spec = importlib.util.spec_from_file_location("_writer_proc", WRITER)
+W = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(W)
 TRIALS = 8
 
 
@@ -113,8 +116,7 @@ def test_sigkilled_writer_loses_nothing_flushed(tmp_path):
         out, err = tmp_path / f"out{trial}.txt", tmp_path / f"err{trial}.txt"
         with open(out, "w") as fo, open(err, "w") as fe:
             proc = subprocess.Popen([sys.executable, WRITER, str(root), str(trial),
-                                     str(rng.randrange(2**32))], stdout=fo, stderr=fe,
-                                    )
+                                     str(rng.randrange(2**32))], stdout=fo, stderr=fe)
         try:
             _wait_ready(proc, out, err)
             time.sleep(rng.uniform(0.05, 1.5))

@@ -1,4 +1,4 @@
-"""Record codec (docs/formats/record.md): round trips, scan, bounds checks, topic rule, digests, CRC.
+"""Record codec (docs/formats/record.md): round trips, scan, bounds, topic rule, digests, CRC.
 
 The codec is the one place where bytes from disk or the network are parsed, so besides round
 trips these tests feed it crafted and mutated bytes: a decoder must answer CorruptRecordError or a
@@ -148,7 +148,8 @@ def test_encode_decode_round_trip(recs):
         assert int(s.offsets[i]) == r.offset
         assert int(s.partitions[i]) == r.partition
         assert int(s.timestamps[i]) == r.timestamp
-        attrs = (ATTR_NULL_KEY if r.key is None else 0) | (ATTR_NULL_VALUE if r.value is None else 0)
+        attrs = ((ATTR_NULL_KEY if r.key is None else 0)
+                 | (ATTR_NULL_VALUE if r.value is None else 0))
         assert int(s.attrs[i]) == attrs
         want = (0, 0) if r.key is None else key_digest(r.key, SECRET)
         assert (int(s.digest_lo[i]), int(s.digest_hi[i])) == want
@@ -436,6 +437,17 @@ def test_scan_never_reads_past_end_argument():
         assert (len(s), s.stop, s.status) == (1, len(rec), K.SCAN_TORN)
 
 
+def test_issue_scan_end_past_the_array_reads_out_of_bounds():
+    """An ``end`` (or ``start``) beyond the array must not let the kernel read past it: here the
+    bytes after the 100-byte view hold the rest of a valid record, which must not be seen."""
+    rec = encode([Record("t", 0, 0, 0, b"k", b"v" * 100)])
+    buf = _arr(rec)[:100]
+    s = scan(buf, 0, len(rec))
+    assert (len(s), s.stop, s.status) == (0, 0, K.SCAN_TORN)
+    s = scan(buf, 500, 1000)
+    assert (len(s), s.status) == (0, K.SCAN_OK) and s.stop <= 100
+
+
 # -- topic names ------------------------------------------------------------------------------
 
 
@@ -507,7 +519,8 @@ def test_key_digest_secret_must_be_16_bytes():
 
 
 def test_different_keys_different_digests():
-    keys = [b"", b"\x00", b"\x00\x00", b"a", b"b", b"ab", b"ba"] + [bytes([i]) * 8 for i in range(50)]
+    keys = [b"", b"\x00", b"\x00\x00", b"a", b"b", b"ab", b"ba"]
+    keys += [bytes([i]) * 8 for i in range(50)]
     assert len({key_digest(k, SECRET) for k in keys}) == len(keys)
 
 

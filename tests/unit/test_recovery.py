@@ -28,7 +28,7 @@ from reput import filenames as fn
 from reput.config import WriterOptions
 from reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
                           StoreNotFoundError)
-from reput.record import Record, RecordBatch, encode
+from reput.record import Record, RecordBatch, encode, scan
 from reput.store import Store
 
 TOPIC = "t"
@@ -225,23 +225,29 @@ def test_issue_checkpoint_past_the_end_of_the_commit_log(tmp_path, partition_has
     end of the commit log and must be dispatched from there: none may be lost."""
     snap, before, last = _crash_snapshot(tmp_path, flush_last=True)
     size = len(encode([last]))
-    seg = _commitlog_segment(snap)
-    _truncate(seg, seg.stat().st_size - size + size // 2)
-    if not partition_has_it:
-        _drop_last_from_partition(snap, size)
+    seg_size = _commitlog_segment(snap).stat().st_size
     have = before + ([last] if partition_has_it else [])
     more = [Record(TOPIC, 1, last.offset + i, 5, b"k%d" % i, b"v" * (30 + i)) for i in range(1, 6)]
     more += [Record(TOPIC, 0, 10_000 + i, 5, None, b"w" * i) for i in range(4)]
-    with Store.open(str(snap), writer="w") as s:
-        assert _contents(s) == _model(have)
-        assert s.append(RecordBatch.from_records(TOPIC, [last])) == (0 if partition_has_it else 1)
-        assert _contents(s) == _model(before + [last])
-        _append(s, more[:3])
-        _append(s, more[3:])
-        assert _contents(s) == _model(before + [last] + more)
-    with Store.open(str(snap), writer="w") as s:
-        assert _contents(s) == _model(before + [last] + more)
-        assert s.stats["dispatched"] == 0
+    NO_FSYNC = WriterOptions(fsync="never")  # the setting under which this really happens
+    for cut in range(size):
+        work = _copy(snap, tmp_path / "work")
+        _truncate(_commitlog_segment(work), seg_size - size + cut)
+        if not partition_has_it:
+            _drop_last_from_partition(work, size)
+        with Store.open(str(work), writer="w", options=NO_FSYNC) as s:
+            assert _contents(s) == _model(have), cut
+            if not partition_has_it:
+                assert s.append(RecordBatch.from_records(TOPIC, [last])) == 1, cut
+                assert _contents(s) == _model(before + [last]), cut
+            if cut % (3 if partition_has_it else 9):
+                continue
+            _append(s, more[:3])
+            _append(s, more[3:])
+            assert _contents(s) == _model(before + [last] + more)
+        with Store.open(str(work), writer="w", options=NO_FSYNC) as s:
+            assert _contents(s) == _model(before + [last] + more)
+            assert s.stats["dispatched"] == 0
 
 
 def test_torn_tail_across_commit_log_segments(tmp_path):
@@ -276,6 +282,39 @@ def _drop_last_from_partition_p0(root: Path, recs: list[Record]) -> None:
     _truncate(log, log.stat().st_size - size)
     idx = log.with_suffix(fn.INDEX_SUFFIX)
     _truncate(idx, idx.stat().st_size - B.ENTRY_SIZE)
+
+
+def test_issue_failed_writer_open_releases_its_locks(tmp_path):
+    """A writer open that fails during recovery must not keep the commit-log (or partition)
+    locks: following the error's advice and opening again from the same process works."""
+    snap, before, last = _crash_snapshot(tmp_path)
+    cp = snap / fn.reput_checkpoint("w")
+    cp.write_text("{not json")
+    with pytest.raises(CorruptRecordError, match="delete it"):
+        Store.open(str(snap), writer="w")
+    cp.unlink()                                   # what the message says to do
+    with Store.open(str(snap), writer="w") as s:  # re-dispatches everything: all skipped
+        assert _contents(s) == _model(before + [last])
+        assert s.stats["dispatched"] == 0 and s.stats["skipped"] == len(before) + 1
+    # a corrupt record in a sealed commit-log segment stops the re-dispatch half-way
+    root = tmp_path / "two"
+    Store.create(str(root)).close()
+    opts = WriterOptions(commitlog_segment_bytes=1 << 16)
+    rng = random.Random(8)
+    recs = [_gen(rng, p, i, big=True) for i in range(200) for p in (0, 1)]
+    with Store.open(str(root), writer="w", options=opts) as s:
+        _append(s, recs)
+    (root / fn.reput_checkpoint("w")).unlink()
+    # in the second segment: the first one is dispatched (its partitions opened for write,
+    # their locks taken) before the bad header stops the re-dispatch
+    second = sorted((root / fn.writer_dir("w")).glob("*.log"))[1]
+    magic = int(scan(np.fromfile(second, np.uint8)).positions[10]) + 8
+    _flip(second, magic)
+    with pytest.raises(CorruptRecordError):
+        Store.open(str(root), writer="w", options=opts)
+    _flip(second, magic)
+    with Store.open(str(root), writer="w", options=opts) as s:
+        assert _contents(s) == _model(recs)
 
 
 # -- (b) a flipped byte in a sealed segment ---------------------------------------------------

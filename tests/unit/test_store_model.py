@@ -24,8 +24,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from reput import bcq as B
 from reput import filenames as fn
 from reput.backend import LocalBackend, MemoryBackend
+from reput.config import FSYNC_POLICIES, WriterOptions
 from reput.errors import OffsetOrderError
-from reput.record import Record, RecordBatch, decode_one, key_digest
+from reput.record import Record, RecordBatch, decode_one, key_digest, scan
 from reput.store import Store
 
 TOPICS = ("orders", "x.y-z_2")
@@ -80,7 +81,7 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(topic=st.sampled_from(TOPICS),
           spec=st.lists(st.tuples(st.sampled_from(PARTS), st.integers(1, 1000).map(
               lambda g: 1 if g < 700 else g % 50 + 1), timestamps, keys, values, headers),
-              min_size=1, max_size=12))
+              min_size=1, max_size=8))
     def append(self, topic, spec):
         nxt = {p: self.model_next(topic, p) for p in PARTS}
         rows = []
@@ -158,14 +159,18 @@ class StoreMachine(RuleBasedStateMachine):
     def flush(self):
         self.store.flush()
 
-    @rule(read_only_first=st.booleans())
-    def reopen(self, read_only_first):
+    @rule(read_only_first=st.booleans(), fsync=st.sampled_from(FSYNC_POLICIES),
+          small_commit_log=st.booleans())
+    def reopen(self, read_only_first, fsync, small_commit_log):
         self.store.close()
         if read_only_first:
             ro = Store.open(self.url, fs=self.fs)
             self.check_all(ro)
             ro.close()
-        self.store = Store.open(self.url, fs=self.fs, writer="w")
+        # small commit-log segments, deleted as soon as they are dispatched, or the defaults
+        opts = (WriterOptions(commitlog_segment_bytes=1 << 16, commitlog_retention_ms=0,
+                              fsync=fsync) if small_commit_log else WriterOptions(fsync=fsync))
+        self.store = Store.open(self.url, fs=self.fs, writer="w", options=opts)
         # everything was flushed by close: nothing to re-dispatch, nothing appended yet
         assert self.store.stats == {"appended": 0, "dispatched": 0, "skipped": 0}
         self.stats = dict(self.store.stats)
@@ -281,7 +286,7 @@ class LocalStoreMachine(StoreMachine):
     local = True
 
 
-MODEL_SETTINGS = settings(max_examples=80, stateful_step_count=60, deadline=None,
+MODEL_SETTINGS = settings(max_examples=35, stateful_step_count=50, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow,
                                                  HealthCheck.data_too_large,
                                                  HealthCheck.filter_too_much])
@@ -293,7 +298,7 @@ def test_store_matches_model_in_memory():
 
 def test_store_matches_model_on_disk():
     run_state_machine_as_test(LocalStoreMachine,
-                              settings=settings(MODEL_SETTINGS, max_examples=30))
+                              settings=settings(MODEL_SETTINGS, max_examples=12))
 
 
 # -- deterministic: many segments, every read offset ------------------------------------------
@@ -333,6 +338,31 @@ def test_reads_across_many_segments(kind, tmp_path):
                 assert list(s.iter_records("t", 0, frm, limit=4)) == want[:4]
             assert list(s.iter_records("t", 0)) == [model[o] for o in offs]
     check_segments(fs)
+
+
+def test_records_larger_than_a_segment(tmp_path):
+    """A record bigger than a commit-log or partition segment gets a segment of its own."""
+    Store.create(str(tmp_path)).close()
+    opts = WriterOptions(commitlog_segment_bytes=1 << 16)
+    rows = [(0, 0, 1, b"a", b"x" * 100_000), (0, 1, 1, b"b", b"small"),
+            (0, 2, 1, None, b"y" * 70_000), (0, 3, 1, b"d", None), (0, 9, 1, b"e", b"z" * 20_000)]
+    want = [Record("t", *r) for r in rows]
+    with Store.open(str(tmp_path), writer="w", options=opts) as s:
+        s.set_topic_config("t", {"segment.bytes": SEGMENT_BYTES})
+        assert s.append(RecordBatch.from_records("t", rows[:2])) == 2
+        assert s.append(RecordBatch.from_records("t", rows[2:])) == 3
+        assert list(s.iter_records("t", 0)) == want
+    with Store.open(str(tmp_path), writer="w", options=opts) as s:
+        assert list(s.iter_records("t", 0)) == want
+        assert [r.offset for r in s.iter_records("t", 0, 4)] == [9]
+        assert s.stats == {"appended": 0, "dispatched": 0, "skipped": 0}
+    fs = LocalBackend(str(tmp_path))
+    check_segments(fs)
+    cl = fn.writer_dir("w")
+    for name in fs.listdir(cl):
+        if name.endswith(".log"):
+            data = np.frombuffer(fs.read(f"{cl}/{name}"), np.uint8)
+            assert data.shape[0] <= 1 << 16 or len(scan(data)) == 1
 
 
 # -- the index search against bisect ----------------------------------------------------------

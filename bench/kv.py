@@ -1,0 +1,302 @@
+"""Benchmark: time to a ready key-value map - `kcompact kv build` against a quixstreams app.
+
+    python bench/kv.py [--keys 1000000] [--updates 10000000] [--value-size 100]
+                       [--skip-full-topic] [--skip-quix] [--json]
+
+A topic of K keys whose history is U updates (100-byte values; every key updated U/K times on
+average, random order, one partition). What a user would pick instead, in the same run: a
+quixstreams application that consumes a topic into its RocksDB state (``State.set`` per
+message) until it has seen every message - once on the full U-update topic, once on a topic that
+holds only the latest value of each key (K records: the best a broker's log cleaner could
+leave). Both topics live in the embedded broker (connectors.broker.EmbeddedBroker, Tansu).
+
+Ours: ``kcompact kv build`` from the compacted store (built here with RecordBatch.from_columns,
+then compaction.Compactor with force), as a separate process, wall time from spawn to exit
+(interpreter start, imports and loading the compiled kernels included; the kernels are compiled
+once beforehand, as an installed kcompact has them cached). The peer is timed the same way, in
+its own virtual environment (bench/.venv-quix, created on first use: quixstreams pins
+confluent-kafka below the project's version). Its settings favour it: see bench/kv_quix_peer.py.
+
+Also: ``kv build`` from the uncompacted store (the whole history is the dirty tail: the winners
+are picked from the .bcq digests, only their records are read), and ``KVMap.get`` latency in
+this process (hits and misses, after one warm-up pass). Targets: ready >= 10x sooner than the
+quixstreams run on the K-record topic; get p99 <= 10 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from reput import Store, WriterOptions  # noqa: E402
+from reput.record import RecordBatch, _VarColumn  # noqa: E402
+
+TOPIC = "kv-bench"
+BATCH = 200_000
+QUIX_VENV = os.path.join(ROOT, "bench", ".venv-quix")
+PEER = os.path.join(ROOT, "bench", "kv_quix_peer.py")
+TS = 1_700_000_000_000
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Data:
+    """The topic's history, generated column-wise: key ids (every key at least once) and
+    100-byte printable values (a JSON-ish text value would do as well; quixstreams gets the
+    bytes as they are)."""
+
+    def __init__(self, keys: int, updates: int, value_size: int, seed: int = 5):
+        rng = np.random.default_rng(seed)
+        self.keys, self.updates, self.value_size = keys, updates, value_size
+        ids = np.concatenate([rng.permutation(keys), rng.integers(0, keys, updates - keys)])
+        rng.shuffle(ids)
+        self.ids = ids
+        self.key_bytes = np.frombuffer(b"".join(b"key-%012d" % i for i in range(keys)),
+                                       np.uint8).reshape(keys, 16)
+        self._seed = seed
+        # the offset of each key's last update (the compacted topic, in offset order)
+        last = np.full(keys, -1, np.int64)
+        last[ids] = np.arange(updates)   # later assignments win
+        self.latest_offsets = np.sort(last)
+
+    def values(self, lo: int, hi: int) -> np.ndarray:
+        rng = np.random.default_rng((self._seed, lo))
+        return rng.integers(97, 123, (hi - lo, self.value_size), dtype=np.uint8)
+
+    def chunks(self):
+        for lo in range(0, self.updates, BATCH):
+            hi = min(self.updates, lo + BATCH)
+            yield lo, hi, self.key_bytes[self.ids[lo:hi]], self.values(lo, hi)
+
+
+def build_store(path: str, data: Data) -> None:
+    st = Store.open(path, writer="bench", create=True,
+                    options=WriterOptions(fsync="never", commitlog_retention_ms=0))
+    for lo, hi, keys, vals in data.chunks():
+        st.append(RecordBatch.from_columns(TOPIC, 0, np.arange(lo, hi, dtype=np.int64), TS,
+                                           keys=_VarColumn.fixed(keys, 16),
+                                           values=_VarColumn.fixed(vals, data.value_size)))
+    st.flush()
+    st.close()
+    shutil.rmtree(os.path.join(path, "commitlog"))
+
+
+def compact_store(path: str) -> None:
+    from compaction import Compactor
+    from compaction.compactor import wait_for_deletes
+    with Store.open(path, writer="compact") as st:
+        Compactor(st).compact_partition(TOPIC, 0, force=True)
+    wait_for_deletes()
+
+
+def kv_build(store: str, db: str) -> tuple[float, str]:
+    shutil.rmtree(db, ignore_errors=True)
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "connectors.cli", "kv", "build", "--store", store,
+                          "--topic", TOPIC, "--db", db], capture_output=True, text=True,
+                         cwd=ROOT)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        raise SystemExit(f"kv build failed: {out.stderr}")
+    return wall, out.stdout.strip()
+
+
+def warm_kernels(work: str) -> None:
+    """Compile (first run ever) or load the kernels once, outside the timed runs."""
+    small = Data(100, 1000, 10)
+    store = os.path.join(work, "warm-store")
+    build_store(store, small)
+    kv_build(store, os.path.join(work, "warm-db"))
+
+
+def get_latency(db: str, data: Data, n: int = 200_000) -> dict[str, float]:
+    from connectors.kv import KVMap
+    rng = np.random.default_rng(9)
+    hits = [bytes(data.key_bytes[i]) for i in rng.integers(0, data.keys, n)]
+    misses = [b"nokey-%010d" % i for i in rng.integers(0, 1 << 40, n // 4)]
+    out = {}
+    with KVMap(db) as m:
+        get = m.get
+        for name, keys in (("hit", hits), ("miss", misses)):
+            for k in keys:        # warm-up pass: LevelDB's block cache and the page cache
+                get(k)
+            lat = np.empty(len(keys), np.int64)
+            clock = time.perf_counter_ns
+            for i, k in enumerate(keys):
+                t = clock()
+                get(k)
+                lat[i] = clock() - t
+            out[f"{name}_p50_us"] = float(np.percentile(lat, 50)) / 1000
+            out[f"{name}_p99_us"] = float(np.percentile(lat, 99)) / 1000
+        assert m.get(hits[0]) is not None and m.get(misses[0]) is None
+        out["keys"] = len(m)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the peer
+
+
+def ensure_quix_venv() -> str:
+    py = os.path.join(QUIX_VENV, "bin", "python")
+    ok = os.path.exists(py) and subprocess.run(
+        [py, "-c", "import quixstreams"], capture_output=True).returncode == 0
+    if not ok:
+        say(f"creating {QUIX_VENV} with quixstreams (once)")
+        subprocess.run([sys.executable, "-m", "venv", QUIX_VENV], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "quixstreams"], check=True)
+    return py
+
+
+def produce(bootstrap: str, topic: str, data: Data, offsets: np.ndarray | None) -> float:
+    """Produce the history (offsets None) or only the records at ``offsets``."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # the embedded broker describes only configs that were set; quixstreams reads these two
+    cfg = {"retention.ms": "-1", "retention.bytes": "-1",
+           "cleanup.policy": "compact" if offsets is not None else "delete"}
+    admin.create_topics([NewTopic(topic, 1, 1, config=cfg)])[topic].result()
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                  "queue.buffering.max.messages": 1_000_000, "compression.type": "none"})
+    t = time.perf_counter()
+    produce_one = p.produce
+    for lo, hi, keys, vals in data.chunks():
+        idx = np.arange(lo, hi)
+        if offsets is not None:
+            sel = np.searchsorted(offsets, idx)
+            sel = np.minimum(sel, offsets.shape[0] - 1)
+            keep = offsets[sel] == idx
+            keys, vals = keys[keep], vals[keep]
+        kl = keys.view(f"S{keys.shape[1]}").ravel().tolist()
+        vl = vals.view(f"S{vals.shape[1]}").ravel().tolist()
+        for k, v in zip(kl, vl):
+            while True:
+                try:
+                    produce_one(topic, v, k, partition=0, timestamp=TS)
+                    break
+                except BufferError:
+                    p.poll(0.05)
+        p.poll(0)
+    p.flush()
+    return time.perf_counter() - t
+
+
+def run_peer(py: str, bootstrap: str, topic: str, expected: int, work: str) -> dict:
+    state = tempfile.mkdtemp(prefix="quix-state-", dir=work)
+    t = time.perf_counter()
+    out = subprocess.run([py, PEER, "--bootstrap-servers", bootstrap, "--topic", topic,
+                          "--expected", str(expected), "--state-dir", state],
+                         capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if out.returncode != 0:
+        raise SystemExit(f"quixstreams peer failed: {out.stderr[-3000:]}")
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    doc["wall_s"] = wall
+    shutil.rmtree(state, ignore_errors=True)
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--keys", type=int, default=1_000_000)
+    ap.add_argument("--updates", type=int, default=10_000_000)
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--skip-quix", action="store_true", help="measure kcompact only")
+    ap.add_argument("--skip-full-topic", action="store_true",
+                    help="run quixstreams on the latest-per-key topic only")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    if a.updates < a.keys:
+        ap.error("--updates must be at least --keys")
+    work = tempfile.mkdtemp(prefix="kcompact-bench-kv-", dir=a.workdir)
+    res: dict = {"keys": a.keys, "updates": a.updates, "value_size": a.value_size}
+    try:
+        say(f"generating {a.updates:,} updates of {a.keys:,} keys")
+        data = Data(a.keys, a.updates, a.value_size)
+        warm_kernels(work)
+        store = os.path.join(work, "store")
+        t = time.perf_counter()
+        build_store(store, data)
+        res["store_build_s"] = time.perf_counter() - t
+        say(f"store written in {res['store_build_s']:.1f}s; kv build from the uncompacted store")
+        res["ours_dirty_s"], _ = kv_build(store, os.path.join(work, "db-dirty"))
+        t = time.perf_counter()
+        compact_store(store)
+        res["compaction_s"] = time.perf_counter() - t
+        say(f"compacted in {res['compaction_s']:.1f}s; kv build from the compacted store")
+        db = os.path.join(work, "db")
+        runs = [kv_build(store, db) for _ in range(2)]
+        res["ours_s"] = min(w for w, _ in runs)
+        res["ours_runs_s"] = [w for w, _ in runs]
+        res["ours_summary"] = runs[-1][1]
+        say(runs[-1][1])
+        res["get"] = get_latency(db, data)
+        assert res["get"]["keys"] == a.keys, res["get"]
+        if not a.skip_quix:
+            from connectors.broker import EmbeddedBroker
+            py = ensure_quix_venv()
+            with EmbeddedBroker() as broker:
+                b = broker.bootstrap_servers
+                say(f"producing {a.keys:,} latest records to the broker")
+                res["produce_latest_s"] = produce(b, "kv-latest", data, data.latest_offsets)
+                say("quixstreams on the latest-per-key topic")
+                res["quix_latest"] = run_peer(py, b, "kv-latest", a.keys, work)
+                say(json.dumps(res["quix_latest"]))
+                if not a.skip_full_topic:
+                    say(f"producing the full history ({a.updates:,} updates) to the broker")
+                    res["produce_full_s"] = produce(b, "kv-full", data, None)
+                    say("quixstreams on the full topic")
+                    res["quix_full"] = run_peer(py, b, "kv-full", a.updates, work)
+                    say(json.dumps(res["quix_full"]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for name in ("quix_latest", "quix_full"):
+        if name in res:
+            res[f"ratio_{name}"] = res[name]["wall_s"] / res["ours_s"]
+            if res[name]["keys_in_state"] != a.keys:
+                say(f"warning: {name} state holds {res[name]['keys_in_state']:,} keys")
+    if a.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    g = res["get"]
+    print(f"time to a ready map: {a.keys:,} keys, history of {a.updates:,} updates, "
+          f"{a.value_size}-byte values, one partition (nproc={os.cpu_count()})")
+    print(f"  kcompact kv build, compacted store     {res['ours_s']:8.2f} s   (runs: "
+          + ", ".join(f"{w:.2f}" for w in res["ours_runs_s"]) + ")")
+    print(f"  kcompact kv build, uncompacted store   {res['ours_dirty_s']:8.2f} s   (winners "
+          "from the .bcq digests)")
+    for name, label, n in (("quix_latest", "latest-per-key topic", a.keys),
+                           ("quix_full", "full-history topic  ", a.updates)):
+        if name in res:
+            q = res[name]
+            print(f"  quixstreams, {label} {q['wall_s']:8.2f} s   ({n:,} messages; first message "
+                  f"after {q['first_message_s']:.1f}s, then {q['ready_s'] - q['first_message_s']:.1f}s"
+                  f" to ready)   ours is {res[f'ratio_{name}']:.1f}x faster"
+                  + ("   (target >= 10x)" if name == "quix_latest" else ""))
+    print(f"  KVMap.get in-process: hit p50 {g['hit_p50_us']:.2f} us, p99 {g['hit_p99_us']:.2f} us"
+          f" (target <= 10); miss p50 {g['miss_p50_us']:.2f} us, p99 {g['miss_p99_us']:.2f} us")
+    print(f"  (store written in {res['store_build_s']:.1f}s and compacted in "
+          f"{res['compaction_s']:.1f}s before; not part of either figure)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

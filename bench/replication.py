@@ -1,0 +1,195 @@
+"""Benchmark: rebuild of a replica over loopback, next to `cp -r` of the master store directory.
+
+    python bench/replication.py [--size 1GiB] [--partitions 4] [--tombstones 0.01] [--json]
+
+A compacted master of about ``--size`` bytes of records (16-byte keys, 100-byte values, a share
+of tombstones, several partitions) is built with ``RecordBatch.from_columns`` and force-compacted
+once (not timed); its fully dispatched commit log is removed so that the directory holds what a
+replica pulls. Then, in the same run:
+
+1. baseline: ``cp -r`` of the master store directory (page cache warm, no fsync), and the same
+   followed by ``sync -f`` (the rebuild fsyncs what it writes);
+2. ``kcompact serve`` on 127.0.0.1 (started before timing), and ``kcompact replicate`` into an
+   empty directory: pull from offset 0 of every partition (CRC check of every record, digests
+   under the replica's own secret), install, force-compaction, fsync. Timed as the whole command
+   (interpreter start included) and as the rebuild the command reports;
+3. ``kcompact verify --against`` must then exit 0.
+
+Target: rebuild time <= 2 x copy time. Prints the ratios and MB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from compaction import CompactionOptions, Compactor  # noqa: E402
+from reput import Store, WriterOptions  # noqa: E402
+from reput.record import RecordBatch, _VarColumn  # noqa: E402
+
+KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
+TOPIC = "bench"
+KEY, VALUE, BATCH = 16, 100, 200_000
+RECORD = 44 + len(TOPIC) + KEY + VALUE
+
+
+def _size(text: str) -> int:
+    t = text.strip().lower().replace("ib", "").replace("b", "")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in "kmg" else t) * mult)
+
+
+def build_master(path: str, size: int, partitions: int, tombstones: float) -> dict:
+    n = max(size // RECORD // partitions, 1)
+    rng = np.random.default_rng(1)
+    t = time.perf_counter()
+    with Store.open(path, writer="bench", create=True,
+                    options=WriterOptions(fsync="never")) as st:
+        for p in range(partitions):
+            for lo in range(0, n, BATCH):
+                m = min(BATCH, n - lo)
+                keys = rng.integers(0, 256, (m, KEY), dtype=np.uint8)
+                keys[:, :8] = np.arange(lo, lo + m, dtype=np.uint64).view(np.uint8).reshape(m, 8)
+                vals = rng.integers(97, 123, (m, VALUE), dtype=np.uint8)
+                vcol = _VarColumn.fixed(vals, VALUE)
+                if tombstones:
+                    tomb = rng.random(m) < tombstones
+                    vcol.null = tomb
+                    lens = np.where(tomb, 0, VALUE)
+                    vcol.offs = np.zeros(m + 1, np.int64)
+                    np.cumsum(lens, out=vcol.offs[1:])
+                    vcol.buf = vals[~tomb].reshape(-1)
+                st.append(RecordBatch.from_columns(TOPIC, p, np.arange(lo, lo + m, dtype=np.int64),
+                                                   1_700_000_000_000,
+                                                   keys=_VarColumn.fixed(keys, KEY), values=vcol))
+        st.flush()
+    build_s = time.perf_counter() - t
+    t = time.perf_counter()
+    with Store.open(path) as st:
+        for p in range(partitions):
+            Compactor(st, CompactionOptions()).compact_partition(TOPIC, p, force=True)
+    shutil.rmtree(os.path.join(path, "commitlog"), ignore_errors=True)
+    return {"records": n * partitions, "build_s": build_s,
+            "master_compact_s": time.perf_counter() - t}
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def timed(cmd: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    dt = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return dt, r
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(size: int, partitions: int, tombstones: float, workdir: str) -> dict:
+    master = os.path.join(workdir, "master")
+    info = build_master(master, size, partitions, tombstones)
+    data = dir_bytes(master)
+    subprocess.run(["sync"], check=False)
+    cp = []
+    for i in range(2):
+        dst = os.path.join(workdir, f"copy{i}")
+        dt, _ = timed(["cp", "-r", master, dst])
+        cp.append(dt)
+        shutil.rmtree(dst)
+    dst = os.path.join(workdir, "copy-sync")
+    t = time.perf_counter()
+    subprocess.run(["cp", "-r", master, dst], check=True)
+    subprocess.run(["sync", "-f", dst], check=True)
+    cp_sync = time.perf_counter() - t
+    shutil.rmtree(dst)
+
+    token = os.path.join(workdir, "token")
+    with open(token, "w") as f:
+        f.write(secrets.token_hex(24))
+    port = free_port()
+    srv = subprocess.Popen([KCOMPACT, "serve", "--store", master, "--listen",
+                            f"127.0.0.1:{port}", "--token-file", token],
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        line = srv.stderr.readline()
+        if "serving" not in line:
+            raise SystemExit(f"kcompact serve did not start: {line}")
+        url = f"http://127.0.0.1:{port}"
+        replica = os.path.join(workdir, "replica")
+        rebuild_cmd, r = timed([KCOMPACT, "replicate", "--from", url, "--token-file", token,
+                                "--store", replica])
+        m = re.search(r"in ([0-9.]+)s", r.stdout)
+        rebuild_s = float(m.group(1)) if m else rebuild_cmd
+        vt, v = timed([KCOMPACT, "verify", "--store", replica, "--against", url,
+                       "--token-file", token])
+    finally:
+        srv.terminate()
+        srv.wait(30)
+    copy_s = min(cp)
+    return {**info, "partitions": partitions, "tombstones": tombstones, "bytes": data,
+            "cp_s": copy_s, "cp_sync_s": cp_sync, "rebuild_command_s": rebuild_cmd,
+            "rebuild_s": rebuild_s, "verify_s": vt,
+            "ratio_command_vs_cp": rebuild_cmd / copy_s, "ratio_rebuild_vs_cp": rebuild_s / copy_s,
+            "ratio_command_vs_cp_sync": rebuild_cmd / cp_sync,
+            "cp_mb_s": data / copy_s / 1e6, "rebuild_mb_s": data / rebuild_s / 1e6,
+            "verify_equal": "EQUAL" in v.stdout,
+            "replicate_stderr": r.stderr.strip().splitlines()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=_size, default=1 << 30, help="master data size (e.g. 64MiB)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--tombstones", type=float, default=0.01)
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show replicate's progress")
+    a = ap.parse_args(argv)
+    workdir = tempfile.mkdtemp(prefix="kcompact-bench-repl-", dir=a.workdir)
+    try:
+        res = run(a.size, a.partitions, a.tombstones, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if a.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(f"master: {res['records']:,} records, {res['bytes'] / 1e6:,.0f} MB on disk, "
+          f"{res['partitions']} partitions, {res['tombstones']:.0%} tombstones")
+    print(f"  cp -r                 {res['cp_s']:7.2f} s  {res['cp_mb_s']:8,.0f} MB/s")
+    print(f"  cp -r + sync          {res['cp_sync_s']:7.2f} s")
+    print(f"  replicate (rebuild)   {res['rebuild_s']:7.2f} s  {res['rebuild_mb_s']:8,.0f} MB/s"
+          f"   rebuild / cp = {res['ratio_rebuild_vs_cp']:.2f}   (target <= 2.00)")
+    print(f"  replicate (command)   {res['rebuild_command_s']:7.2f} s"
+          f"                 command / cp = {res['ratio_command_vs_cp']:.2f}"
+          f"   command / (cp + sync) = {res['ratio_command_vs_cp_sync']:.2f}")
+    print(f"  verify --against      {res['verify_s']:7.2f} s  "
+          f"({'EQUAL' if res['verify_equal'] else 'DIFFERENT'})")
+    if a.verbose:
+        for line in res["replicate_stderr"]:
+            print(f"    {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
