@@ -576,17 +576,22 @@ def wait_for_deletes() -> None:
 
 
 def partition_status(store: Store, topic: str, partition: int) -> dict:
-    """Compaction horizon, dirty ratio and last run of a partition (for `kcompact inspect`)."""
+    """Compaction horizon, dirty ratio and last run of a partition (for `kcompact inspect`).
+
+    The dirty ratio is the planner's: dirty bytes / (clean + dirty bytes) over the sealed
+    segments (the active segment is never cleanable without --force); ``active_bytes`` is the
+    active segment's size."""
     pl = store.partition(topic, partition)
     cleaned, last_run = swap.read_checkpoint(store.fs, pl.dir)
-    total = pl.size_bytes()
-    dirty = 0
-    for seg in pl.segments:
+    clean = dirty = 0
+    for seg in pl.segments[:-1]:
         for _, e in pl.index_chunks(seg):
             i = int(np.searchsorted(e["offset"], cleaned + 1))
+            clean += int(e["size"][:i].sum())
             dirty += int(e["size"][i:].sum())
     return {"compaction_horizon": cleaned,
             "dirty_bytes": dirty,
+            "active_bytes": pl.segments[-1].log_size if pl.segments else 0,
             "reclaimed_bytes": (last_run or {}).get("reclaimed_bytes_total", 0),
-            "dirty_ratio": round(dirty / total, 4) if total else 0.0,
+            "dirty_ratio": round(dirty / (clean + dirty), 4) if clean + dirty else 0.0,
             "last_compaction": last_run}

@@ -103,6 +103,8 @@ class PartitionLog:
                 from .errors import StoreLockedError
                 raise StoreLockedError(f"{self.dir} is being written by another process; one "
                                        "writer per partition at a time")
+        if not writable:
+            self._finish_committed_swap()
         self._load()
         if writable:
             self.recover()
@@ -144,7 +146,25 @@ class PartitionLog:
     def refresh(self) -> None:
         """Pick up what other processes appended or compacted since this object looked."""
         if not self.writable:
+            self._finish_committed_swap()
             self._load()
+
+    def _finish_committed_swap(self) -> None:
+        """A compaction that died after its commit point leaves swap.json behind; until someone
+        applies it the .log/.bcq pairs may not match. Any reader may finish it (the apply is
+        idempotent and never touches the active segment) unless a live compactor holds the
+        lock, in which case it is applying right now and the read retry covers it."""
+        from .swap import PLAN_NAME, staging_dir
+        if not self.fs.exists(f"{staging_dir(self.dir)}/{PLAN_NAME}"):
+            return
+        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                recover_swap(self.fs, self.dir)
+                for seg in self.segments:
+                    seg.invalidate()
+            finally:
+                lock.release()
 
     def reload_after_swap(self) -> None:
         """Re-list segments after a compaction swap, keeping the active segment's open files."""
