@@ -189,6 +189,24 @@ class PartitionLog:
             return np.zeros(0, dtype=B.BCQ_DTYPE)
         return self.index(seg).entries
 
+    def _index_unindexed_tail(self, seg: Segment, e: np.ndarray) -> np.ndarray:
+        """A read-only view indexes, in memory, whole valid records of the .log that its .bcq
+        does not list yet: a live writer's append in progress, or a .bcq behind its .log after
+        a crash that no writer has repaired. The files are left alone (only a writer repairs)."""
+        indexed_end = int(e[-1]["position"]) + int(e[-1]["size"]) if e.shape[0] else 0
+        if seg.log_size <= indexed_end:
+            return e
+        try:
+            buf = self.fs.map(self.log_path(seg.base), seg.log_size)
+        except FileNotFoundError:
+            return e
+        s = scan(buf, indexed_end, seg.log_size, secret=self.secret, verify_crc=True)
+        last = int(e[-1]["offset"]) if e.shape[0] else -1
+        if len(s) == 0 or int(s.offsets[0]) <= last:
+            return e
+        extra = B.entries_from_scan(s, 0, len(s), 0).copy()
+        return np.concatenate([e, extra]) if e.shape[0] else extra
+
     def index(self, seg: Segment) -> B.Index:
         """The segment's valid entries with their search view, cached until the files change."""
         n = seg.entry_count
@@ -205,6 +223,8 @@ class PartitionLog:
             if int(last["position"]) + int(last["size"]) > seg.log_size:
                 ends = e["position"].astype(np.int64) + e["size"]
                 e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
+        if not self.writable:
+            e = self._index_unindexed_tail(seg, e)
         seg._map_size = size
         seg._index_log_size = seg.log_size
         seg._index = B.Index(e)
@@ -436,6 +456,9 @@ class PartitionLog:
         compaction swap in another process replaces the two files one after the other
         (docs/formats/compaction-swap.md); a mismatch that persists is corruption.
         """
+        if max_records is not None and max_records <= 0:
+            return ReadResult(b"", np.zeros(0, dtype=B.BCQ_DTYPE), from_offset)
+        from_offset = max(0, min(int(from_offset), (1 << 63) - 1))
         attempts = 1 if self.writable else 4
         for attempt in range(attempts):
             try:

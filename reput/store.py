@@ -297,6 +297,10 @@ class Store:
             return 0
         self._check_order(batch)
         with self._lock:
+            # take every partition this batch writes before the commit log gets a byte of it:
+            # a partition held by another writer fails the append with nothing written
+            for p in np.unique(batch.partitions):
+                self.writable_partition(batch.topic, int(p))
             buf, positions = encode_batch(batch, self._scratch)
             start, end = self.commitlog.append(buf, positions)
             self.stats["appended"] += len(batch)
@@ -314,8 +318,8 @@ class Store:
         total = 0
         with self._lock:
             for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
-                total += self._dispatch_view(view, lo, hi,
-                                             verify_crc=self.options.verify_crc_on_dispatch,
+                # re-dispatch from the files (after a crash) always checks CRCs
+                total += self._dispatch_view(view, lo, hi, verify_crc=True,
                                              where=fn.commitlog_segment(self.writer, seg_base))
                 self._dispatched = seg_base + hi
                 del view
