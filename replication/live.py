@@ -71,40 +71,44 @@ def bitmap_slice(bm: BitMap64, lo: int, hi: int) -> np.ndarray:
 
 class _Pass:
     """Ordered iteration over a partition's valid index entries below ``upto``, from a
-    position (segment number, entry number), checking that offsets strictly increase."""
+    position (segment number, entry number), checking that offsets strictly increase.
+
+    Entries come from ``PartitionLog.index`` (the mapped .bcq, plus, on a read-only view, the
+    records of a .log tail its .bcq does not list yet), in slices of ``CHUNK_ENTRIES``: the
+    same entries ``PartitionLog.read`` serves, so the live set and the records agree."""
 
     def __init__(self, pl: PartitionLog, upto: int):
         self.pl, self.upto = pl, upto
         self.segs = list(pl.segments)
-        self._buf = np.empty(CHUNK_ENTRIES * B.ENTRY_SIZE, np.uint8)
 
     def chunks(self, si0: int, ei0: int, stop: tuple[int, int] | None = None
                ) -> Iterator[tuple[int, int, np.ndarray]]:
         last = -1
         for si in range(si0, len(self.segs)):
             seg = self.segs[si]
-            start = ei0 if si == si0 else 0
             try:
-                it = self.pl.index_chunks(seg, start, CHUNK_ENTRIES, self._buf)
-                for lo, e in it:
-                    if stop is not None and (si, lo) >= stop:
-                        return
-                    if stop is not None and si == stop[0] and lo + e.shape[0] > stop[1]:
-                        e = e[:stop[1] - lo]
-                    offs = e["offset"]
-                    if e.shape[0] and (int(offs[0]) <= last or (e.shape[0] > 1 and bool(
-                            np.any(offs[1:] <= offs[:-1])))):
-                        raise _Changed()
-                    cut = int(np.searchsorted(offs, self.upto))
-                    if cut < e.shape[0]:
-                        if cut:
-                            yield si, lo, e[:cut]
-                        return
-                    if e.shape[0]:
-                        last = int(offs[-1])
-                        yield si, lo, e
-            except (FileNotFoundError, CorruptRecordError):
+                entries = self.pl.index(seg).entries
+            except (FileNotFoundError, CorruptRecordError, ValueError, OSError):
                 raise _Changed() from None
+            for lo in range(ei0 if si == si0 else 0, entries.shape[0], CHUNK_ENTRIES):
+                if stop is not None and (si, lo) >= stop:
+                    return
+                hi = min(entries.shape[0], lo + CHUNK_ENTRIES)
+                if stop is not None and si == stop[0]:
+                    hi = min(hi, stop[1])
+                e = entries[lo:hi]
+                offs = e["offset"]
+                if e.shape[0] and (int(offs[0]) <= last or (e.shape[0] > 1 and bool(
+                        np.any(offs[1:] <= offs[:-1])))):
+                    raise _Changed()
+                cut = int(np.searchsorted(offs, self.upto))
+                if cut < e.shape[0]:
+                    if cut:
+                        yield si, lo, e[:cut]
+                    return
+                if e.shape[0]:
+                    last = int(offs[-1])
+                    yield si, lo, e
 
 
 def _live_once(pl: PartitionLog, upto: int, omap: OffsetMap) -> BitMap64:

@@ -514,6 +514,7 @@ def test_master_compacts_while_a_replica_pulls(tmp_path, procs, token):
         for p in (0, 1):
             res = Compactor(st).compact_partition(TOPIC, p, force=True)
             assert res.skipped is None and res.records_dropped > 0
+    assert rep.p.poll() is None, "the pull ended before the compaction: nothing was tested"
     assert rep.wait() == 0, rep.text
     v = kc("verify", "--store", replica, "--against", srv.url, "--token-file", token)
     assert v.returncode == 0, v.stdout + v.stderr

@@ -622,3 +622,36 @@ def test_kv_demo_step(tmp_path):
     assert all(v is not None for _, v in looks[:-1])
     with KVMap(tmp_path / "db") as m:
         assert all(m.get(k) == v for k, v in looks)
+
+
+def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
+    api = pytest.importorskip("connectors.api")
+    from connectors.leveldb_connector import LevelDBSinkConnector
+
+    recs = gen_records(3000, partitions=2, keys=200)
+    conn = LevelDBSinkConnector()
+    conn.start({"topics": [TOPIC], "kv.db": str(tmp_path / "db")})
+    (props,) = conn.task_configs(4)
+    tps = [api.TopicPartition(TOPIC, 0), api.TopicPartition(TOPIC, 1)]
+
+    def run(batch):
+        task = conn.task_class()()
+        ctx = api.SinkTaskContext(tps)
+        task.initialize(ctx)
+        task.start(props)
+        task.open(tps)
+        task.put(api.SinkRecords([TOPIC] * len(batch), [r[0] for r in batch],
+                                 [r[1] for r in batch], [r[2] for r in batch],
+                                 [r[3] for r in batch], [r[4] for r in batch],
+                                 [None] * len(batch)))
+        assert task.pre_commit({}) == {}
+        task.stop()
+        return ctx.requested_offsets
+
+    assert run(recs[:1000]) == {tp: api.OFFSET_BEGINNING for tp in tps}
+    starts = run(recs[1000:])
+    assert starts == {api.TopicPartition(TOPIC, p): o
+                      for p, o in next_offsets_of(recs[:1000]).items()}
+    check_map(tmp_path / "db", model(recs))
+    with KVMap(tmp_path / "db") as m:
+        assert m.offsets() == next_offsets_of(recs) and m.stats()["records"] == len(recs)
