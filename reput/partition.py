@@ -236,26 +236,30 @@ class PartitionLog:
         chunks read into ``buf`` (reused: valid until the next chunk). Unlike ``entries``,
         this keeps memory bounded whatever the index size (no mapping of the whole file), and
         it reads the .bcq as one sequential stream (one request on an object store)."""
-        n = self.index(seg).n
-        if start_entry >= n:
-            return
+        idx = self.index(seg)
+        n = idx.n
+        # entries a read-only view indexed in memory from the .log tail are not in the file
+        n_file = min(n, seg.entry_count)
         path = self.index_path(seg.base)
         if buf is None or buf.shape[0] < chunk_entries * B.ENTRY_SIZE:
             buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
-        try:
-            with self.fs.open_read(path, start_entry * B.ENTRY_SIZE) as f:
-                for lo in range(start_entry, n, chunk_entries):
-                    hi = min(n, lo + chunk_entries)
-                    want = (hi - lo) * B.ENTRY_SIZE
-                    if read_fully(f, buf[:want]) != want:
-                        raise CorruptRecordError(
-                            f"{path}: index shorter than expected at entry {lo}",
-                            path, lo * B.ENTRY_SIZE)
-                    yield lo, buf[:want].view(B.BCQ_DTYPE)
-        except FileNotFoundError:
-            raise
-        except OSError as e:  # the stream's reads raise raw OSError: say which file
-            raise _oserror(e, "read", path) from e
+        if start_entry < n_file:
+            try:
+                with self.fs.open_read(path, start_entry * B.ENTRY_SIZE) as f:
+                    for lo in range(start_entry, n_file, chunk_entries):
+                        hi = min(n_file, lo + chunk_entries)
+                        want = (hi - lo) * B.ENTRY_SIZE
+                        if read_fully(f, buf[:want]) != want:
+                            raise CorruptRecordError(
+                                f"{path}: index shorter than expected at entry {lo}",
+                                path, lo * B.ENTRY_SIZE)
+                        yield lo, buf[:want].view(B.BCQ_DTYPE)
+            except FileNotFoundError:
+                raise
+            except OSError as e:  # the stream's reads raise raw OSError: say which file
+                raise _oserror(e, "read", path) from e
+        for lo in range(max(start_entry, n_file), n, chunk_entries):
+            yield lo, idx.entries[lo:min(n, lo + chunk_entries)]
 
     @property
     def first_offset(self) -> int:
