@@ -6,9 +6,10 @@ confluent-kafka below the project's version), never imported by kcompact:
 
     python kv_quix_peer.py --bootstrap-servers B --topic T --expected N --state-dir DIR
 
-Prints one JSON line: seconds from process start to the first message, to the last message,
-and to ``app.run()`` returning (the final checkpoint has flushed the state to RocksDB: the map
-is ready), plus the number of keys found in the state afterwards (not timed).
+Prints ``READY`` as soon as ``app.run()`` returns (the final checkpoint has flushed the state
+to RocksDB and closed it: the map is ready), then one JSON line: seconds from process start to
+the first message, to the last message and to ready, and the number of keys found in the state
+afterwards (not timed).
 
 Settings favour the peer: no changelog topics (quixstreams' default writes every state update
 to a changelog topic as well), ``session.timeout.ms=6000`` (the embedded broker assigns a group
@@ -73,6 +74,7 @@ def main() -> int:
     sdf.update(put, stateful=True)
     app.run()
     done = time.perf_counter()
+    print("READY", flush=True)   # the state is committed and closed: the parent times this line
     keys = 0
     for root, _dirs, files in os.walk(a.state_dir):
         if "CURRENT" in files:  # one RocksDB per store partition

@@ -21,6 +21,14 @@ A round:
 Rounds repeat until the dirty range is empty, so deduplication is exact for any number of keys.
 Memory: the map's budget plus a few chunk buffers (``io_chunk_bytes``), whatever the partition
 size. The active segment is never compacted, except with ``force``, which rolls it first.
+
+On S3 (docs/formats/manifest.md) the sealed segments are the manifest's objects: each input
+``.bcq`` is fetched once into the local spool (every pass then reads it locally), each
+rewritten ``.log`` is streamed once (one GET), outputs are staged in the local directory, and at
+the end ``PartitionLog.commit_staged`` uploads each output once and commits one manifest version
+(the commit point; replaced objects are deleted after the grace period). So a compaction issues
+a few requests per segment and per partition, whatever the record count. ``force`` seals the
+writer's local segments (when this process writes the partition) instead of rolling.
 """
 
 from __future__ import annotations
@@ -247,46 +255,80 @@ class Compactor:
         except StoreLockedError:
             res.skipped = "being written by another live process (its own compaction runs there)"
             return res
-        lock = FileLock(self.store.fs, f"{pl.dir}/{fn.COMPACTION_LOCK}")
+        lock = FileLock(pl.local_fs, f"{pl.dir}/{fn.COMPACTION_LOCK}")
         if not lock.acquire(blocking=False):
             res.skipped = "another compaction of this partition is running"
             return res
         try:
             cfg = self.store.topic_config(topic)
             pl.config = cfg
+            if pl.manifest_mode:
+                with self.store._lock:
+                    # nothing pending from an earlier, failed compaction; a fresh manifest
+                    pl.abort_staged() if pl.has_staged else pl.reload_manifest(max_age_s=1.0)
             res.segments_before = len(pl.segments)
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
             with self.store._lock:
-                if force and pl.segments and pl.segments[-1].log_size > 0:
+                if pl.manifest_mode:
+                    if force:
+                        pl.seal(self.store.writer or "compactor")
+                elif force and pl.segments and pl.segments[-1].log_size > 0:
                     pl.roll()
                 pl.sync()
-            if cfg.delete:
-                self._delete_retention(pl, cfg, res)
-            if cfg.compact:
-                while self._round(pl, cfg, res):
-                    pass
-                if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
-                    self._purge(pl, cfg, res)
+            try:
+                if cfg.delete:
+                    self._delete_retention(pl, cfg, res)
+                if cfg.compact:
+                    while self._round(pl, cfg, res):
+                        pass
+                    if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
+                        self._purge(pl, cfg, res)
+            except BaseException:
+                if pl.manifest_mode:
+                    with self.store._lock:
+                        pl.abort_staged()
+                raise
             res.segments_after = len(pl.segments)
             res.size_after = pl.size_bytes()
             res.records_kept = pl.record_count()
             res.records_dropped = records_before - res.records_kept
-            res.cleaned_offset = swap.read_checkpoint(self.store.fs, pl.dir)[0]
+            res.cleaned_offset = pl.checkpoint()[0]
             res.duration_s = time.perf_counter() - t0
+            run = None
             if res.rounds or res.segments_rewritten:
-                _, prev = swap.read_checkpoint(self.store.fs, pl.dir)
+                prev = (pl.manifest.last_run if pl.manifest_mode and pl.manifest
+                        else pl.checkpoint()[1])
                 run = res.to_dict()
                 run["reclaimed_bytes_total"] = ((prev or {}).get("reclaimed_bytes_total", 0)
                                                 + max(0, res.size_before - res.size_after))
-                swap.write_checkpoint(self.store.fs, pl.dir, None, run)
-            if self.delete_delay_s <= 0:
-                swap.empty_trash(self.store.fs, pl.dir)
+            if pl.manifest_mode:
+                self._commit_remote(pl, run, res, records_before)
             else:
-                _deferred_empty(self.store.fs, pl.dir, self.delete_delay_s)
+                if run is not None:
+                    swap.write_checkpoint(self.store.fs, pl.dir, None, run)
+                if self.delete_delay_s <= 0:
+                    swap.empty_trash(self.store.fs, pl.dir)
+                else:
+                    _deferred_empty(self.store.fs, pl.dir, self.delete_delay_s)
             return res
         finally:
             lock.release()
+
+    def _commit_remote(self, pl: PartitionLog, run: dict | None, res: CompactionResult,
+                       records_before: int) -> None:
+        """S3: publish the staged rounds as one manifest version, then collect garbage."""
+        with self.store._lock:
+            if pl.has_staged:
+                if not pl.commit_staged(self.store.writer or "compactor", run):
+                    res.skipped = ("another compaction replaced this partition's segments "
+                                   "meanwhile; nothing was changed")
+                    res.segments_after = len(pl.segments)
+                    res.size_after = pl.size_bytes()
+                    res.records_kept = pl.record_count()
+                    res.records_dropped = records_before - res.records_kept
+                    res.cleaned_offset = pl.checkpoint()[0]
+        pl.collect_garbage()
 
     # -- retention (cleanup.policy=compact,delete) --------------------------------------------
 
@@ -295,18 +337,16 @@ class Compactor:
             return
         limit = self.clock.ms() - cfg.retention_ms
         doomed = []
-        for seg in pl.segments[:-1]:
+        for seg in pl.sealed_segments:
             if any(int(e["timestamp"].max()) >= limit for _, e in self._index_chunks(pl, seg)
                    if e.shape[0]):
                 break
             doomed.append(seg.base)
         if not doomed:
             return
-        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
         plan = swap.SwapPlan(doomed, [], None)
         self._apply(pl, plan)
         res.segments_rewritten += len(doomed)
-        _ = cleaned
 
     # -- tombstone purge: nothing dirty, but tombstones past delete.retention.ms -------------
 
@@ -314,7 +354,7 @@ class Compactor:
         """Does a cleaned tombstone's delete.retention.ms run out (index only)?"""
         now_s = self.clock.ms() // 1000
         retention_s = -(-cfg.delete_retention_ms // 1000)
-        for seg in pl.segments[:-1]:
+        for seg in pl.sealed_segments:
             for _, e in self._index_chunks(pl, seg):
                 ct = e["clean_time"][(e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS))
                                      == B.FLAG_TOMBSTONE]
@@ -326,14 +366,14 @@ class Compactor:
     @staticmethod
     def _mergeable(pl: PartitionLog, cfg: TopicConfig) -> bool:
         """Are there two adjacent sealed segments that fit in one?"""
-        sealed = pl.segments[:-1]
+        sealed = pl.sealed_segments
         return any(a.log_size + b.log_size <= cfg.segment_bytes
                    for a, b in zip(sealed, sealed[1:]))
 
     def _purge(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> None:
         """A pass with an empty map over the cleaned range: drops expired tombstones and merges
         small segments; nothing is superseded because nothing is mapped."""
-        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
+        cleaned, _ = pl.checkpoint()
         if cleaned < 0:
             return
         self.offset_map.clear(cleaned + 1)
@@ -344,8 +384,8 @@ class Compactor:
     def _cleanable_end(self, pl: PartitionLog, cfg: TopicConfig) -> int:
         """First offset that may not be cleaned: the active segment's base, or the base of the
         first sealed segment holding a record younger than min.compaction.lag.ms."""
-        sealed = pl.segments[:-1]
-        end = pl.segments[-1].base if pl.segments else 0
+        sealed = pl.sealed_segments
+        end = pl.active_base
         if cfg.min_compaction_lag_ms > 0:
             limit = self.clock.ms() - cfg.min_compaction_lag_ms
             for seg in sealed:
@@ -355,19 +395,19 @@ class Compactor:
         return end
 
     def _round(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> bool:
-        if len(pl.segments) < 2:
+        if not pl.sealed_segments:
             return False
-        cleaned, _ = swap.read_checkpoint(self.store.fs, pl.dir)
+        cleaned, _ = pl.checkpoint()
         first_dirty = cleaned + 1
         end = self._cleanable_end(pl, cfg)
-        if not any(s.base < end and pl.index(s).n and int(pl.index(s).entries[-1]["offset"])
-                   >= first_dirty for s in pl.segments[:-1]):
+        if not any(s.base < end and _last_offset(pl, s) >= first_dirty
+                   for s in pl.sealed_segments):
             return False  # nothing dirty in the cleanable range
         m = self.offset_map
         m.clear(first_dirty)
         last_mapped = first_dirty - 1
         full = False
-        sealed = [s for s in pl.segments[:-1] if s.base < end]
+        sealed = [s for s in pl.sealed_segments if s.base < end]
         for si, seg in enumerate(sealed):
             nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
             if nxt <= first_dirty:
@@ -401,7 +441,7 @@ class Compactor:
         m = self.offset_map
         now_s = self.clock.ms() // 1000
         retention_s = -(-cfg.delete_retention_ms // 1000)
-        targets = [s for s in pl.segments[:-1] if s.base <= last_mapped]
+        targets = [s for s in pl.sealed_segments if s.base <= last_mapped]
 
         def decide(chunk):
             keep = np.empty(chunk.shape[0], np.bool_)
@@ -446,35 +486,43 @@ class Compactor:
             if len(g.members) > 1 or g.rewrite:
                 final.append(g)
         inputs, outputs = [], []
+        staged: list[tuple[int, str, str]] = []
         sdir = swap.staging_dir(pl.dir)
-        self.store.fs.remove_tree(sdir)
+        if not pl.manifest_mode:
+            self.store.fs.remove_tree(sdir)
         for g in final:
             out_base = g.members[0].seg.base
-            wrote = self._copy_group(pl, g, out_base, recall, res)
+            if pl.manifest_mode:
+                log_out, idx_out = pl.staging_paths(out_base)
+            else:
+                log_out = f"{sdir}/{fn.base_name(out_base)}{fn.LOG_SUFFIX}"
+                idx_out = f"{sdir}/{fn.base_name(out_base)}{fn.INDEX_SUFFIX}"
+            wrote = self._copy_group(pl, g, log_out, idx_out, recall, res)
             inputs += [sp.seg.base for sp in g.members]
             if wrote:
                 outputs.append(out_base)
+                staged.append((out_base, log_out, idx_out))
             res.segments_rewritten += len(g.members)
         for sp in plans:
             res.records_read += sp.kept + sp.dropped
             res.tombstones_dropped += sp.tdropped
-        self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped))
+        self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped), staged)
 
-    def _copy_group(self, pl: PartitionLog, g: _Group, out_base: int, recall,
+    def _copy_group(self, pl: PartitionLog, g: _Group, log_out: str, idx_out: str, recall,
                     res: CompactionResult) -> bool:
-        fs = self.store.fs
-        sdir = swap.staging_dir(pl.dir)
+        # outputs go to the store itself, or to the local directory on S3
+        fs = pl.local_fs
         if g.kept_bytes == 0:
             return False
-        logf = fs.open_append(f"{sdir}/{fn.base_name(out_base)}{fn.LOG_SUFFIX}")
-        idxf = fs.open_append(f"{sdir}/{fn.base_name(out_base)}{fn.INDEX_SUFFIX}")
+        logf = fs.open_append(log_out)
+        idxf = fs.open_append(idx_out)
         out_pos = 0
         chunk_bytes = self.options.io_chunk_bytes
         try:
             for sp in g.members:
                 seg = sp.seg
-                path = pl.log_path(seg.base)
-                with fs.open_read(path) as stream:
+                path = pl.seg_log_path(seg)
+                with pl.open_log(seg) as stream:
                     at = 0  # stream position: the .log is read once, front to back
                     for lo, chunk in self._index_chunks(pl, seg):
                         keep, clean, _ = recall(sp, lo, chunk)
@@ -543,7 +591,13 @@ class Compactor:
         if bps:
             time.sleep(nbytes / bps)
 
-    def _apply(self, pl: PartitionLog, plan: swap.SwapPlan) -> None:
+    def _apply(self, pl: PartitionLog, plan: swap.SwapPlan,
+               staged: list[tuple[int, str, str]] | None = None) -> None:
+        if pl.manifest_mode:
+            # S3: only this object's view changes now; commit_staged publishes every round
+            with self.store._lock:
+                pl.stage_swap(plan.inputs, staged or [], plan.cleaned_offset, plan.last_run)
+            return
         fs = self.store.fs
         fs.sync_dir(swap.staging_dir(pl.dir)) if fs.isdir(swap.staging_dir(pl.dir)) else None
         swap.commit(fs, pl.dir, plan)
@@ -553,6 +607,14 @@ class Compactor:
 
 
 # ---------------------------------------------------------------------------------------------
+
+def _last_offset(pl: PartitionLog, seg: Segment) -> int:
+    """A sealed segment's last offset (-1 if empty): the manifest says it on S3."""
+    if seg.entry is not None:
+        return seg.entry.last_offset if seg.entry.records else -1
+    idx = pl.index(seg)
+    return int(idx.entries[-1]["offset"]) if idx.n else -1
+
 
 _pending_deletes: list[threading.Thread] = []
 
@@ -582,16 +644,16 @@ def partition_status(store: Store, topic: str, partition: int) -> dict:
     segments (the active segment is never cleanable without --force); ``active_bytes`` is the
     active segment's size."""
     pl = store.partition(topic, partition)
-    cleaned, last_run = swap.read_checkpoint(store.fs, pl.dir)
+    cleaned, last_run = pl.checkpoint()
     clean = dirty = 0
-    for seg in pl.segments[:-1]:
+    for seg in pl.sealed_segments:
         for _, e in pl.index_chunks(seg):
             i = int(np.searchsorted(e["offset"], cleaned + 1))
             clean += int(e["size"][:i].sum())
             dirty += int(e["size"][i:].sum())
     return {"compaction_horizon": cleaned,
             "dirty_bytes": dirty,
-            "active_bytes": pl.segments[-1].log_size if pl.segments else 0,
+            "active_bytes": pl.active_bytes,
             "reclaimed_bytes": (last_run or {}).get("reclaimed_bytes_total", 0),
             "dirty_ratio": round(dirty / (clean + dirty), 4) if clean + dirty else 0.0,
             "last_compaction": last_run}

@@ -17,7 +17,6 @@ from typing import Callable
 
 import numpy as np
 
-from reput import swap
 from reput.config import SYSTEM_CLOCK, Clock
 from reput.store import Store
 
@@ -38,15 +37,15 @@ def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK
            ) -> Candidate | None:
     cfg = store.topic_config(topic)
     pl = store.partition(topic, partition)
-    if len(pl.segments) < 2:
+    if not pl.sealed_segments:
         return None
-    cleaned, _ = swap.read_checkpoint(store.fs, pl.dir)
+    cleaned, _ = pl.checkpoint()
     now = clock.ms()
     clean = dirty = 0
     oldest_dirty = None
     small = 0
     first_max_ts = None
-    for k, seg in enumerate(pl.segments[:-1]):
+    for k, seg in enumerate(pl.sealed_segments):
         if seg.log_size < cfg.segment_bytes // 4:
             small += 1
         for _, e in pl.index_chunks(seg):

@@ -75,8 +75,11 @@ class DigestTable:
         used = (meta & _USED) != 0
         live = used & (((meta >> np.uint64(32)) & np.uint64(FLAG_TOMBSTONE)) == 0)
         dead = int(np.count_nonzero(used)) - int(np.count_nonzero(live))
-        parts = (meta[live] & np.uint64(0xFFFFFFFF)).astype(np.int32)
-        offs = self.rows[live, _OFF].view(np.int64)
+        rows = self.rows[live]
+        parts = (rows[:, _META] & np.uint64(0xFFFFFFFF)).astype(np.int32)
+        offs = rows[:, _OFF].view(np.int64)
+        if parts.shape[0] and (parts == parts[0]).all():
+            return parts, np.sort(offs), dead
         order = np.lexsort((offs, parts))
         return parts[order], offs[order], dead
 

@@ -9,6 +9,7 @@ bytes as the record holds them; metadata lives under ``b"m"``, so no user key ca
     mcount                 int64: live keys (len() is one read)
     mstats                 int64 counters (STATS)
     mbuild                 JSON: the end offsets of an unfinished bulk build
+    mcaughtup              int64: when (ms) the map last held everything its source had
 
 Exactly once: every WriteBatch that changes data also writes the new offsets, the key count and
 the counters. LevelDB applies a batch atomically (its log holds all of a batch or none of it),
@@ -44,6 +45,7 @@ K_SOURCE = b"msource"
 K_COUNT = b"mcount"
 K_STATS = b"mstats"
 K_BUILD = b"mbuild"
+K_CAUGHT_UP = b"mcaughtup"
 K_OFFSET = b"moffset/"
 
 #: counters kept in ``mstats``: source records covered by the offsets, keyless records skipped,
@@ -73,7 +75,8 @@ class KVError(ConnectorsError):
 
 
 class KVNotFoundError(KVError):
-    """No map at that directory: build one with `kcompact kv build --store URL --topic T --db DIR`."""
+    """No map at that directory: build one with
+    `kcompact kv build --store URL --topic T --db DIR`."""
 
 
 class KVSourceMismatchError(KVError):
@@ -196,6 +199,8 @@ class LevelDBSink:
             self.count = read_count(db)
             self.stats = read_stats(db)
             self.build_state = read_json(db, K_BUILD)
+            raw = db.get(K_CAUGHT_UP)
+            self.caught_up_ms = _I64.unpack(raw)[0] if raw else None
         except plyvel.CorruptionError as e:
             raise corruption(path, e) from None
 
@@ -277,6 +282,13 @@ class LevelDBSink:
         self._put_meta(wb, next_offsets, count, stats)
         self._guard(wb.write)
         self.count, self.stats, self.offsets = count, stats, offsets
+
+    def mark_caught_up(self, now_ms: int | None = None) -> None:
+        """Record that the map holds everything its source had at ``now_ms`` (see MapBuilder:
+        a map that stays behind longer than delete.retention.ms may miss a purged tombstone)."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self._guard(self.db.put, K_CAUGHT_UP, _I64.pack(now_ms))
+        self.caught_up_ms = now_ms
 
     # -- bulk build ------------------------------------------------------------------------
 
@@ -381,3 +393,4 @@ def apply_records(sink: LevelDBSink, records: Iterable[tuple[int, int, bytes | N
     if keys:
         sink.apply(keys, values, nxt)
     return len(keys)
+

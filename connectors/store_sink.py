@@ -27,6 +27,7 @@ the gap.
 from __future__ import annotations
 
 import operator
+import os
 import queue
 import sys
 import threading
@@ -65,6 +66,19 @@ STORE_SINK_CONFIG = (
 )
 
 
+def _refuse_foreign_directory(url: str) -> None:
+    """A store is created only in a missing or empty directory, never among someone's files."""
+    if "://" in url and not url.startswith("file://"):
+        return
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if os.path.isdir(path) and os.listdir(path) and \
+            not os.path.exists(os.path.join(path, "store.json")):
+        raise ConfigError(f"store.url: {path} is a non-empty directory that is not a kcompact "
+                          "store (no store.json); give a new or empty directory")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"store.url: {path} is a file, not a store directory")
+
+
 def _partition_numbers(values: Sequence[str]) -> list[int]:
     out = []
     for v in values:
@@ -89,6 +103,7 @@ class StoreSinkConnector(SinkConnector):
             raise ConfigError("store.url: required by StoreSinkConnector (a directory for the "
                               "store; it is created when missing)")
         self.only = _partition_numbers(props.get("store.partitions") or [])
+        _refuse_foreign_directory(props["store.url"])
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
         # mirror or Spark task) left in its commit log, so next_offset() sees all of it.
         store = Store.open(props["store.url"], create=True,

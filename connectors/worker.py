@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import sys
 import tempfile
 import threading
@@ -363,14 +362,12 @@ class SinkTaskRunner:
     # -- the loop ------------------------------------------------------------------------------
 
     def _loop(self, ctx: SinkTaskContext) -> None:
-        fetcher = _Fetcher(self.consumer, self.batch_max, name=f"fetch-{self.metrics.name}")
-        try:
-            self._loop_on(fetcher, ctx)
-        finally:
-            fetcher.close()
-
-    def _loop_on(self, fetcher: "_Fetcher", ctx: SinkTaskContext) -> None:
+        # consume() stays on this thread: with confluent-kafka 2.16, pause() or
+        # get_watermark_offsets() from one thread while another is inside consume() deadlocks
+        # (measured), and a separate fetch thread gained nothing measurable under the GIL.
+        # The store sink overlaps its writes with consume() in a thread of its own instead.
         from confluent_kafka import Message
+        consume, batch = self.consumer.consume, self.batch_max
         error_of = Message.error
         last_flush = time.monotonic()
         last_lag = 0.0
@@ -380,7 +377,7 @@ class SinkTaskRunner:
                 break
             if ctx.stop_requested:
                 break
-            msgs = fetcher.get(0.2)
+            msgs = consume(batch, 0.2)
             if self._kafka_errors:
                 self._check_kafka_errors()
             if msgs:
@@ -608,51 +605,6 @@ class SinkTaskRunner:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-class _Fetcher:
-    """Calls ``consume()`` in a thread of its own, up to ``depth`` batches ahead of the task.
-
-    Reading from Tansu (and from any broker across a network) is latency-bound: a plain
-    consumer spends much of its time waiting, with the GIL released. Fetching here lets the
-    task thread convert and write the previous batch during those waits instead of after them.
-    librdkafka's consumer may be used from several threads; the task thread still pauses
-    partitions and reads watermarks while this thread consumes.
-    """
-
-    def __init__(self, consumer: Any, batch: int, *, name: str, depth: int = 3):
-        self.consumer, self.batch = consumer, batch
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        consume, batch, stop, q = self.consumer.consume, self.batch, self._stop, self._q
-        try:
-            while not stop.is_set():
-                msgs = consume(batch, 0.1)
-                while msgs and not stop.is_set():
-                    try:
-                        q.put(msgs, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as e:  # noqa: BLE001 - raised on the task thread by get()
-            self.error = e
-
-    def get(self, timeout: float) -> list:
-        try:
-            return self._q.get(timeout=timeout)
-        except queue.Empty:
-            if self.error is not None:
-                raise self.error from None
-            return []
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ Layout (docs/formats/README.md):
 
 Offsets and positions are zero-padded to 20 digits so that `ls` sorts the files numerically.
 Paths are '/'-separated and relative to the store root; backends map them to files or keys.
+
+On S3 (docs/formats/manifest.md) sealed segments are immutable objects named
+``<20-digit base>-<16 hex>.log`` (and ``.bcq``), listed by the partition's manifest versions
+``partitions/<topic>/<partition>/manifest/<20-digit version>.json``.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ DELETED_DIR = ".deleted"
 LOCK_FILE = "writer.lock"
 COMPACTION_LOCK = "compaction.lock"
 TMP_SUFFIX = ".tmp"
+MANIFEST_DIR = "manifest"
+MANIFEST_SUFFIX = ".json"
 
 _BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")
+_OBJECT_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.(log|bcq)$")
+_MANIFEST_RE = re.compile(r"^(\d{20})\.json$")
 _WRITER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -46,6 +54,36 @@ def parse_base(name: str) -> tuple[int, str] | None:
     """'00000000000000000042.log' -> (42, 'log'); None for other names."""
     m = _BASE_RE.match(name)
     return (int(m.group(1)), m.group(2)) if m else None
+
+
+def segment_object(base: int, tag: str, suffix: str) -> str:
+    """An immutable segment object's name on S3: '<20-digit base>-<16 hex tag><suffix>'."""
+    return f"{base_name(base)}-{tag}{suffix}"
+
+
+def parse_segment_object(name: str) -> tuple[int, str, str] | None:
+    """'00000000000000000042-9f3a0c11d2e4b5a6.log' -> (42, '9f3a0c11d2e4b5a6', 'log')."""
+    m = _OBJECT_RE.match(name)
+    return (int(m.group(1)), m.group(2), m.group(3)) if m else None
+
+
+def is_immutable_object(path: str) -> bool:
+    """Is ``path`` a sealed segment object (never rewritten: safe to cache by name)?"""
+    return _OBJECT_RE.match(path.rsplit("/", 1)[-1]) is not None
+
+
+def manifest_dir(pdir: str) -> str:
+    return f"{pdir}/{MANIFEST_DIR}"
+
+
+def manifest_path(pdir: str, version: int) -> str:
+    return f"{pdir}/{MANIFEST_DIR}/{base_name(version)}{MANIFEST_SUFFIX}"
+
+
+def parse_manifest_name(name: str) -> int | None:
+    """'00000000000000000007.json' -> 7; None for other names."""
+    m = _MANIFEST_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def validate_writer(writer: str) -> str:

@@ -9,6 +9,12 @@ partition's last indexed offset are skipped), recovering each partition it write
 partitions' compaction logs (reput), so reads see it immediately; ``flush()`` makes it durable:
 commit log fsync, partition fsync, then the reput checkpoint. Every flushed record survives a
 crash exactly once.
+
+On S3 (``s3://bucket/prefix``, docs/formats/manifest.md) the commit log and each partition's
+active segments live in a local directory (``commitlog_dir``, default
+``~/.cache/kcompact/<store id>/``), and ``flush()`` also seals them: each partition appended
+since the last flush uploads its segments and commits a manifest version, before the reput
+checkpoint moves. Other processes see a writer's records once they are flushed.
 """
 
 from __future__ import annotations
@@ -80,6 +86,16 @@ class StoreMeta:
                                    "from a backup") from None
 
 
+def default_commitlog_dir(store_id: str) -> str:
+    """Where a writer keeps its commit log (and active segments) for a store that is not a
+    local directory: ``$KCOMPACT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kcompact`` or
+    ``~/.cache/kcompact``, then ``/<store id>``."""
+    root = os.environ.get("KCOMPACT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "kcompact")
+    return os.path.join(root, store_id)
+
+
 def backend_for(url: str) -> Backend:
     """A backend for a store URL: a local path, ``file://``, ``memory://`` or ``s3://``."""
     if url.startswith("s3://"):
@@ -100,7 +116,15 @@ class Store:
                  options: WriterOptions, clock: Clock, commitlog_fs: Backend | None = None):
         self.fs, self.meta, self.writer = fs, meta, writer
         self.options, self.clock = options, clock
+        #: an object store: partitions are manifests, active segments live in commitlog_fs
+        self.remote = not fs.appendable
+        if commitlog_fs is None and self.remote:
+            commitlog_fs = LocalBackend(default_commitlog_dir(meta.store_id))
         self.commitlog_fs = commitlog_fs or fs
+        if self.remote and not self.commitlog_fs.appendable:
+            raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
+        self.local_fs = self.commitlog_fs if self.remote else fs
+        self._collected: set[tuple[str, int]] = set()
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
         self._lock = threading.RLock()
@@ -118,13 +142,15 @@ class Store:
                     # dispatched; new appends start at the end, so dispatch continues there.
                     self._dispatched = self.commitlog.end
                 self.dispatch()
+                if self.remote:
+                    self._take_over_local_segments()
                 self.flush()
             except BaseException:
                 # Release the commit-log and partition locks: the caller may fix the cause
                 # (the error says how) and open the store again from this same process.
                 try:
                     for pl in self._partitions.values():
-                        pl.close()
+                        pl.close(seal=False)
                 finally:
                     self._partitions.clear()
                     self._writable.clear()
@@ -163,13 +189,13 @@ class Store:
                 pass  # another process created it first
             raw = fs.read(fn.STORE_JSON)
         except (IsADirectoryError, BackendError):
-            if not fs.isdir(fn.STORE_JSON):
+            if not fs.appendable or not fs.isdir(fn.STORE_JSON):
                 raise
             raise StoreFormatError(f"{fs.url}/store.json is a directory") from None
         meta = StoreMeta.from_json(raw, fs.url)
+        if commitlog_dir is None and not fs.appendable:
+            commitlog_dir = default_commitlog_dir(meta.store_id)
         clfs = LocalBackend(commitlog_dir) if commitlog_dir else None
-        if clfs is None and not fs.appendable:
-            raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
         return cls(fs, meta, writer=writer, options=options, clock=clock, commitlog_fs=clfs)
 
     @property
@@ -198,7 +224,12 @@ class Store:
         return sorted(names)
 
     def partitions(self, topic: str) -> list[int]:
-        return sorted(int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit())
+        found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+        if self.remote:  # this writer's partitions that have no manifest yet
+            with self._lock:
+                found |= {p for (t, p), pl in self._partitions.items()
+                          if t == topic and (t, p) in self._writable and pl.segments}
+        return sorted(found)
 
     def topic_config(self, topic: str) -> TopicConfig:
         return TopicConfig.from_dict(self.meta.topics.get(topic))
@@ -239,9 +270,16 @@ class Store:
                 old = self._partitions.pop(key, None)
                 if old is not None:
                     old.close()
-                self._partitions[key] = PartitionLog(self.fs, topic, partition, self.secret,
-                                                     self.topic_config(topic), writable=True)
+                pl = PartitionLog(self.fs, topic, partition, self.secret,
+                                  self.topic_config(topic), writable=True,
+                                  local_fs=self.local_fs if self.remote else None)
+                self._partitions[key] = pl
                 self._writable.add(key)
+                if self.remote and self.writer is not None and key not in self._collected:
+                    # a writer's open cleans up after dead writers: orphans of an upload whose
+                    # commit never came, replaced segments past the grace period
+                    self._collected.add(key)
+                    pl.collect_garbage()
             return self._partitions[key]
 
     def release_partition(self, topic: str, partition: int) -> None:
@@ -356,6 +394,11 @@ class Store:
                 self.commitlog.sync()
                 for key in self._writable:
                     self._partitions[key].sync()
+            if self.remote:
+                # seal: upload each partition's new segments and commit its manifest, before
+                # the checkpoint says those records need no re-dispatch
+                for key in sorted(self._writable):
+                    self._partitions[key].seal(self.writer)
             if self._dispatched != self.commitlog.read_checkpoint():
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
@@ -373,6 +416,27 @@ class Store:
                 self.commitlog = None
 
     # -- whole-store recovery ------------------------------------------------------------
+
+    def _take_over_local_segments(self) -> None:
+        """S3: local segments a dead writer left in this commit-log directory (appended, maybe
+        flushed to its commit log, never sealed) are opened here, so the flush that follows
+        seals them. Partitions another live process writes are left to it."""
+        from .errors import StoreLockedError
+        for topic in self.local_fs.listdir(fn.PARTITIONS_DIR):
+            try:
+                validate_topic(topic)
+            except ReputError:
+                continue
+            for p in self.local_fs.listdir(fn.topic_dir(topic)):
+                if not p.isdigit() or (topic, int(p)) in self._writable:
+                    continue
+                names = self.local_fs.listdir(fn.partition_dir(topic, int(p)))
+                if not any(fn.parse_base(n) for n in names):
+                    continue
+                try:
+                    self.writable_partition(topic, int(p))
+                except StoreLockedError:
+                    continue
 
     def recover_writers(self) -> list[str]:
         """Re-dispatch every other writer's commit log that no live process holds.

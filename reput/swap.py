@@ -124,7 +124,12 @@ def recover_swap(fs: Backend, pdir: str) -> str | None:
 
 
 def read_checkpoint(fs: Backend, pdir: str) -> tuple[int, dict | None]:
-    """(cleaned_offset, last_run); cleaned_offset is -1 when the partition was never compacted."""
+    """(cleaned_offset, last_run); cleaned_offset is -1 when the partition was never compacted.
+    On an object store both live in the partition's latest manifest (manifest.md)."""
+    if not fs.appendable:
+        from .manifest import read_latest
+        m = read_latest(fs, pdir)
+        return (-1, None) if m is None else (m.cleaned_offset, m.last_run)
     path = f"{pdir}/{fn.COMPACTION_CHECKPOINT}"
     try:
         raw = fs.read(path)

@@ -556,7 +556,7 @@ def test_corrupt_table_file_is_reported(tmp_path, capsys):
     tables = sorted(glob.glob(str(tmp_path / "db" / "*.ldb")))
     assert tables
     _flip(tables[0], 64)                      # inside the first data block
-    with KVMap(tmp_path / "db") as m:
+    with KVMap(tmp_path / "db", verify_checksums=True) as m:
         with pytest.raises(KVCorruptionError, match="checksum"):
             m.verify()
         with pytest.raises(KVCorruptionError):
@@ -655,3 +655,23 @@ def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
     check_map(tmp_path / "db", model(recs))
     with KVMap(tmp_path / "db") as m:
         assert m.offsets() == next_offsets_of(recs) and m.stats()["records"] == len(recs)
+
+
+def test_a_map_behind_longer_than_delete_retention_is_warned(tmp_path):
+    store, db = str(tmp_path / "s"), str(tmp_path / "db")
+    write_store(store, [(0, 0, 1, b"a", b"1")], config={"delete.retention.ms": 60_000})
+    build_map(db, store, TOPIC)
+    write_store(store, [(0, 1, 2, b"a", None), (0, 2, 3, b"b", b"2")])
+    compact_all(store)                    # the compaction horizon passes the map's offset 1
+    rep = build_map(db, store, TOPIC)     # it caught up a moment ago: nothing can be missing
+    assert "deletes_may_be_missed" not in rep
+    assert map_contents(db) == {b"b": b"2"}
+    write_store(store, [(0, 3, 4, b"b", None)])
+    compact_all(store)
+    d = open_db(db, create=True)
+    LevelDBSink(d, db).mark_caught_up(0)  # as if it last caught up long ago
+    d.close()
+    notes = []
+    rep = build_map(db, store, TOPIC, progress=notes.append)
+    assert rep["deletes_may_be_missed"] == [0]
+    assert any("delete.retention.ms" in n for n in notes)

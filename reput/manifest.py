@@ -1,0 +1,294 @@
+"""Partition manifests: the versioned list of a partition's sealed segments on S3.
+
+Spec: docs/formats/manifest.md. A partition's truth is its highest manifest version
+``partitions/<t>/<p>/manifest/<20-digit N>.json``; version N+1 is created with a conditional put
+(``Backend.create_exclusive``), so of two concurrent committers exactly one wins and the other
+re-reads and rebases (``commit``). Each segment entry carries a pyroaring ``BitMap`` (portable
+serialization, base64) of its offsets relative to the segment's base, so a reader answers "which
+offsets exist" and "which segment holds offset o" without downloading a segment. A version is
+never rewritten; old ones are deleted by ``collect_garbage`` (the newest ``KEEP_VERSIONS`` stay).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+from pyroaring import BitMap
+
+from . import filenames as fn
+from .backend import Backend
+from .errors import CorruptRecordError, ReputError
+
+FORMAT_VERSION = 1
+KEEP_VERSIONS = 3
+_MAX_REL = (1 << 32) - 1  # a 32-bit roaring bitmap holds offsets base .. base + 2^32 - 1
+
+
+class ManifestConflictError(ReputError):
+    """Another process changed the partition in a way this commit cannot be rebased onto (two
+    writers of one partition, or a compaction whose inputs were replaced meanwhile)."""
+
+
+@dataclass
+class SegmentEntry:
+    """One sealed segment as a manifest lists it."""
+
+    base: int
+    log: str            # object names, relative to the partition's prefix
+    bcq: str
+    log_size: int
+    bcq_size: int
+    records: int
+    first_offset: int   # -1 when the segment is empty
+    last_offset: int
+    offsets: BitMap = field(default_factory=BitMap)  # offset - base of every record
+
+    @classmethod
+    def from_entries(cls, base: int, log: str, bcq: str, log_size: int,
+                     offsets: np.ndarray) -> "SegmentEntry":
+        """The entry of a segment whose .bcq holds records at ``offsets`` (sorted int64)."""
+        n = int(offsets.shape[0])
+        rel = offsets.astype(np.int64) - base
+        if n and (int(rel[0]) < 0 or int(rel[-1]) > _MAX_REL):
+            raise ReputError(f"segment {log}: offsets {int(offsets[0])}..{int(offsets[-1])} do "
+                             f"not fit a 32-bit bitmap relative to base {base}")
+        bm = BitMap(rel.astype(np.uint32)) if n else BitMap()
+        return cls(base, log, bcq, int(log_size), n * 48, n,
+                   int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm)
+
+    def holds(self, offset: int) -> bool:
+        rel = offset - self.base
+        return 0 <= rel <= _MAX_REL and rel in self.offsets
+
+    def rank_below(self, offset: int) -> int:
+        """How many of this segment's records have an offset < ``offset`` (= the index of the
+        first entry >= offset in its .bcq)."""
+        rel = offset - self.base
+        if rel <= 0:
+            return 0
+        if rel > _MAX_REL:
+            return self.records
+        return int(self.offsets.rank(rel - 1))
+
+    def offset_array(self) -> np.ndarray:
+        return np.asarray(self.offsets.to_array(), dtype=np.int64) + self.base
+
+    def to_dict(self) -> dict:
+        return {"base": self.base, "log": self.log, "bcq": self.bcq,
+                "log_size": self.log_size, "bcq_size": self.bcq_size, "records": self.records,
+                "first_offset": self.first_offset, "last_offset": self.last_offset,
+                "offsets": base64.b64encode(self.offsets.serialize()).decode()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SegmentEntry":
+        bm = BitMap.deserialize(base64.b64decode(d["offsets"]))
+        e = cls(int(d["base"]), str(d["log"]), str(d["bcq"]), int(d["log_size"]),
+                int(d["bcq_size"]), int(d["records"]), int(d["first_offset"]),
+                int(d["last_offset"]), bm)
+        if len(bm) != e.records:
+            raise ValueError(f"segment {e.log}: bitmap holds {len(bm)} offsets, records says "
+                             f"{e.records}")
+        return e
+
+
+@dataclass
+class Manifest:
+    """One version of a partition's manifest (docs/formats/manifest.md, grammar)."""
+
+    version: int = 0
+    created_ms: int = 0
+    writer: str = ""
+    cleaned_offset: int = -1
+    next_offset: int = 0
+    last_run: dict | None = None
+    segments: list[SegmentEntry] = field(default_factory=list)
+    #: segments replaced by this or an earlier version, kept until ``since_ms`` + grace so
+    #: that readers holding an older version can finish: [{"log", "bcq", "since_ms"}]
+    retired: list[dict] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def last_offset(self) -> int:
+        """The highest offset any listed segment holds (-1: none)."""
+        return max((s.last_offset for s in self.segments), default=-1)
+
+    def names(self) -> set[str]:
+        return {n for s in self.segments for n in (s.log, s.bcq)}
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "version": self.version, "format_version": self.format_version,
+            "created_ms": self.created_ms, "writer": self.writer,
+            "cleaned_offset": self.cleaned_offset, "next_offset": self.next_offset,
+            "last_run": self.last_run,
+            "segments": [s.to_dict() for s in self.segments],
+            "retired": self.retired,
+        }, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str) -> "Manifest":
+        try:
+            d = json.loads(raw)
+            fv = int(d["format_version"])
+            if fv > FORMAT_VERSION:
+                raise ReputError(f"{where}: manifest format version {fv} is newer than this "
+                                 f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+            segs = sorted((SegmentEntry.from_dict(s) for s in d["segments"]),
+                          key=lambda s: s.base)
+            return cls(int(d["version"]), int(d.get("created_ms", 0)), str(d.get("writer", "")),
+                       int(d["cleaned_offset"]), int(d["next_offset"]), d.get("last_run"),
+                       segs, list(d.get("retired") or []), fv)
+        except ReputError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptRecordError(f"{where}: unreadable partition manifest ({e})",
+                                     where, 0) from None
+
+    def successor(self, writer: str, now_ms: int, grace_ms: int, **changes) -> "Manifest":
+        """Version N+1 with ``changes``; retired entries past the grace period are dropped
+        (their objects are garbage now: ``collect_garbage`` deletes them by age)."""
+        retired = [r for r in changes.pop("retired", self.retired)
+                   if int(r.get("since_ms", 0)) + grace_ms > now_ms]
+        return replace(self, version=self.version + 1, created_ms=now_ms, writer=writer,
+                       retired=retired, format_version=FORMAT_VERSION, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading and committing
+
+
+def list_versions(fs: Backend, pdir: str, after: int | None = None) -> list[int]:
+    """Manifest versions present under ``pdir/manifest/`` (ascending); with ``after``, only
+    those above it (one listing request that starts after that key)."""
+    lister = getattr(fs, "list_objects", None)
+    if lister is not None:
+        start = f"{fn.base_name(after)}{fn.MANIFEST_SUFFIX}" if after is not None else None
+        names = [n for n, _, _ in lister(fn.manifest_dir(pdir), start_after=start)]
+    else:
+        names = fs.listdir(fn.manifest_dir(pdir))
+    out = sorted(v for v in map(fn.parse_manifest_name, names) if v is not None)
+    return [v for v in out if after is None or v > after]
+
+
+def read_version(fs: Backend, pdir: str, version: int) -> Manifest:
+    path = fn.manifest_path(pdir, version)
+    return Manifest.from_json(fs.read(path), f"{fs.url}/{path}")
+
+
+def read_latest(fs: Backend, pdir: str, known: Manifest | None = None) -> Manifest | None:
+    """The highest version (None: the partition has no manifest yet). With ``known``, only
+    versions above it are listed, and ``known`` itself is returned when there are none."""
+    for _ in range(5):
+        versions = list_versions(fs, pdir, None if known is None else known.version)
+        if not versions:
+            return known
+        try:
+            return read_version(fs, pdir, versions[-1])
+        except FileNotFoundError:
+            continue  # deleted between the listing and the read (garbage of an old version)
+    raise ReputError(f"{fs.url}/{fn.manifest_dir(pdir)}: manifest versions keep disappearing; "
+                     "is another process deleting them?")
+
+
+def commit(fs: Backend, pdir: str, base: Manifest | None,
+           change: Callable[[Manifest], Manifest | None], *, writer: str, grace_ms: int,
+           clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+           attempts: int = 64) -> Manifest | None:
+    """Commit ``change`` applied to the latest version, as version N+1 (conditional create).
+
+    ``change(latest)`` returns the new contents (its version is set here) or None when there is
+    nothing to commit; it raises ManifestConflictError when it cannot apply to ``latest``. On a
+    lost race (412) the latest version is read again and ``change`` re-applied: that is the
+    rebase. Returns the committed manifest (or None when ``change`` said nothing to do).
+    """
+    latest = base
+    for _ in range(attempts):
+        cur = latest or Manifest(version=0)
+        new = change(cur)
+        if new is None:
+            return None
+        now = clock_ms()
+        new = cur.successor(writer, now, grace_ms, cleaned_offset=new.cleaned_offset,
+                            next_offset=new.next_offset, last_run=new.last_run,
+                            segments=sorted(new.segments, key=lambda s: s.base),
+                            retired=new.retired)
+        if fs.create_exclusive(fn.manifest_path(pdir, new.version), new.to_json()):
+            return new
+        latest = read_latest(fs, pdir, latest)
+    raise ManifestConflictError(f"{fs.url}/{pdir}: could not commit a manifest version after "
+                                f"{attempts} attempts (too many concurrent committers)")
+
+
+# ---------------------------------------------------------------------------------------------
+# garbage
+
+
+def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
+                    keep_versions: int = KEEP_VERSIONS,
+                    known: Manifest | None = None) -> list[str]:
+    """Delete what no reader can need any more (docs/formats/manifest.md, Garbage):
+
+    * segment objects that the latest version does not list, unless they were retired less
+      than ``grace_ms`` ago or were written less than ``grace_ms`` ago (an upload whose commit
+      is still coming);
+    * manifest versions older than the newest ``keep_versions`` whose successor is older than
+      ``grace_ms``.
+
+    Lists first, then reads the latest version, so a segment committed after the listing is
+    never taken for an orphan (the listing names the latest version: it is read unless
+    ``known`` is that version). Returns the deleted paths (relative to the store)."""
+    lister = getattr(fs, "list_objects", None)
+    if lister is None:
+        return []
+    objs = lister(pdir)
+    listed = [v for v in (fn.parse_manifest_name(n.split("/", 1)[1]) for n, _, _ in objs
+                          if n.startswith(fn.MANIFEST_DIR + "/")) if v is not None]
+    if not listed:
+        return []
+    top_version = max(listed)
+    if known is not None and known.version == top_version:
+        latest = known
+    else:
+        try:
+            latest = read_version(fs, pdir, top_version)
+        except FileNotFoundError:
+            return []  # another collector got there first
+    keep = latest.names()
+    keep |= {n for r in latest.retired if int(r.get("since_ms", 0)) + grace_ms > now_ms
+             for n in (r.get("log"), r.get("bcq")) if n}
+    doomed = []
+    versions: list[tuple[int, int]] = []
+    for name, _size, mtime in objs:
+        if "/" in name:
+            sub, rest = name.split("/", 1)
+            if sub == fn.MANIFEST_DIR and "/" not in rest:
+                v = fn.parse_manifest_name(rest)
+                if v is not None:
+                    versions.append((v, mtime))
+            continue
+        if fn.parse_segment_object(name) is None:
+            continue
+        if name not in keep and mtime + grace_ms <= now_ms:
+            doomed.append(f"{pdir}/{name}")
+    versions.sort()
+    top = {v for v, _ in versions[-keep_versions:]}
+    mtimes = dict(versions)
+    for v, _ in versions:
+        if v in top or v >= latest.version:
+            continue
+        succ = mtimes.get(v + 1)
+        if succ is not None and succ + grace_ms <= now_ms:
+            doomed.append(fn.manifest_path(pdir, v))
+    if doomed:
+        deleter = getattr(fs, "delete_many", None)
+        if deleter is not None:
+            deleter(doomed)
+        else:
+            for p in doomed:
+                fs.delete(p)
+    return doomed
