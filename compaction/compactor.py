@@ -284,6 +284,17 @@ class Compactor:
                         pass
                     if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
                         self._purge(pl, cfg, res)
+            except FileNotFoundError as e:
+                if not pl.manifest_mode:
+                    raise
+                # S3: an input was replaced by another compactor and deleted after the grace
+                # period while this one still read it; nothing of this run is published
+                with self.store._lock:
+                    pl.abort_staged()
+                res.skipped = (f"its input segments were replaced and deleted meanwhile "
+                               f"({e.filename}); nothing was changed")
+                res.duration_s = time.perf_counter() - t0
+                return res
             except BaseException:
                 if pl.manifest_mode:
                     with self.store._lock:

@@ -148,11 +148,14 @@ class DeadLetterQueue:
                                   operation_timeout=timeout, request_timeout=timeout)[topic]
         try:
             fut.result()
-        except KafkaException as e:
-            err = e.args[0] if e.args else None
-            if getattr(err, "code", lambda: None)() != KafkaError.TOPIC_ALREADY_EXISTS:
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not isinstance(err, KafkaError):
+                raise ConnectorsError(f"cannot create the dead-letter topic {topic!r}: {exc}"
+                                      ) from None
+            if err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise ConnectorsError(f"cannot create the dead-letter topic {topic!r}: "
-                                      f"{getattr(err, 'str', lambda: str(e))()}") from None
+                                      f"{err.str()}") from None
 
     def headers_for(self, ctx: ErrorContext, exc: BaseException) -> list[tuple[str, bytes]]:
         stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -219,10 +219,14 @@ class LevelDBSink:
     def check_source(self, topic: str, *, store_id: str | None = None,
                      cluster_id: str | None = None) -> dict[str, Any]:
         """Raise KVSourceMismatchError if the map holds records of another source; return the
-        source record that binding to this one would write."""
-        src = dict(self.source or {"format_version": FORMAT_VERSION, "topic": topic,
-                                   "store_id": None, "kafka_cluster_id": None,
-                                   "created_ms": int(time.time() * 1000)})
+        source record that binding to this one would write. A map that holds nothing yet (no
+        offsets, no unfinished build) takes any source."""
+        empty = not self.offsets and self.build_state is None and self.count == 0
+        fresh = {"format_version": FORMAT_VERSION, "topic": topic, "store_id": None,
+                 "kafka_cluster_id": None, "created_ms": int(time.time() * 1000)}
+        src = dict(self.source or fresh)
+        if empty and src.get("topic") != topic:
+            src = fresh
         clash = None
         if src.get("topic") != topic:
             clash = f"topic {topic!r}"
@@ -230,7 +234,7 @@ class LevelDBSink:
             clash = f"store {store_id}"
         elif cluster_id and src.get("kafka_cluster_id") not in (None, cluster_id):
             clash = f"Kafka cluster {cluster_id}"
-        if clash:
+        if clash and not empty:
             raise KVSourceMismatchError(
                 f"{self.path} holds the map of {describe_source(src)}; it will not mix in records "
                 f"of {clash}: use another --db directory (or delete this one to rebuild it)")

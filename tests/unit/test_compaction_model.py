@@ -231,11 +231,7 @@ class CompactionMachine(RuleBasedStateMachine):
                 # (f): the horizon is exactly the end of the cleanable range
                 assert h == self.expected_horizon(p, pre[p], force), (p, h)
                 if not force:
-                    # (g): the active segment is untouched
-                    base, logb, idxb = pre[p]["active"]
-                    assert pl.segments[-1].base == base
-                    assert self.fs.read(pl.log_path(base)) == logb
-                    assert self.fs.read(pl.index_path(base)) == idxb
+                    self.check_active_untouched(pl, pre[p])  # (g)
             else:
                 assert h == self.horizon[p]
             # tombstones cleaned for the first time by this compaction
@@ -258,6 +254,13 @@ class CompactionMachine(RuleBasedStateMachine):
                     event("forced, horizon held back by min.compaction.lag.ms")
         rep = verify_store(self.store)
         assert rep.ok, [str(x) for x in rep.problems]  # (h)
+
+    def check_active_untouched(self, pl, pre: dict) -> None:
+        """(g): the active segment is untouched."""
+        base, logb, idxb = pre["active"]
+        assert pl.segments[-1].base == base
+        assert self.fs.read(pl.log_path(base)) == logb
+        assert self.fs.read(pl.index_path(base)) == idxb
 
     def check_partition(self, p: int, now: int, compacted: bool) -> int:
         A = self.appended[p]

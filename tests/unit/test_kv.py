@@ -481,9 +481,12 @@ def test_a_map_refuses_another_store_or_topic(tmp_path, capsys):
 def test_a_map_refuses_another_kafka_cluster(tmp_path):
     db = open_db(str(tmp_path / "db"), create=True)
     sink = LevelDBSink(db, str(tmp_path / "db"))
+    sink.bind("other", store_id="S0")       # an empty map takes any source
     sink.bind("t", store_id="S1")
     sink.bind("t", cluster_id="C1")
     sink.bind("t", store_id="S1", cluster_id="C1")
+    assert sink.source["store_id"] == "S1" and sink.source["kafka_cluster_id"] == "C1"
+    sink.apply([b"k"], [b"v"], {0: 1})       # from now on it holds records of that source
     with pytest.raises(KVSourceMismatchError, match="Kafka cluster C2"):
         sink.bind("t", cluster_id="C2")
     with pytest.raises(KVSourceMismatchError, match="store S2"):
@@ -675,3 +678,36 @@ def test_a_map_behind_longer_than_delete_retention_is_warned(tmp_path):
     rep = build_map(db, store, TOPIC, progress=notes.append)
     assert rep["deletes_may_be_missed"] == [0]
     assert any("delete.retention.ms" in n for n in notes)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_cli_follow_store_stops_cleanly_on_a_signal(tmp_path, sig):
+    store, db = str(tmp_path / "s"), str(tmp_path / "db")
+    first = gen_records(2000, keys=300)
+    write_store(store, first)
+    err = tmp_path / "err.log"
+    with open(err, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "kv", "build", "--store",
+                                 store, "--topic", TOPIC, "--db", db, "--follow"],
+                                stdout=subprocess.PIPE, stderr=f, text=True,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: "following" in err.read_text(), 90)
+        more = gen_records(1000, keys=300, seed=5, start=next_offsets_of(first))
+        write_store(store, more)
+        wait_until(lambda: _applied(err) >= len(more), 60)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.read_text()
+    assert "keys of topic" in out
+    check_map(db, model(first + more))
+
+
+def _applied(log: Path) -> int:
+    """Records the follower reported applied (its "kv build: applied N records" lines)."""
+    return sum(int(line.split()[3].replace(",", "")) for line in log.read_text().splitlines()
+               if line.startswith("kv build: applied "))
