@@ -242,6 +242,11 @@ def cmd_replicate(args) -> int:
     return replicate(args)
 
 
+def cmd_restore(args) -> int:
+    from .restore import cmd_restore as run
+    return run(args)
+
+
 def cmd_connect_standalone(args) -> int:
     from .standalone import cmd_standalone
     return cmd_standalone(args)
@@ -350,9 +355,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topic", required=True)
     s.add_argument("--bootstrap-servers", required=True)
     s.add_argument("--to-topic", required=True)
-    s.add_argument("--repartition", action="store_true")
-    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE")
-    s.set_defaults(func=_not_yet("restore"))
+    s.add_argument("--repartition", action="store_true",
+                   help="place records by key with Kafka's default partitioner (murmur2)")
+    s.add_argument("--mode", choices=("latest", "all"), default="latest",
+                   help="latest value per key (default), or every stored record")
+    s.add_argument("--from-scratch", action="store_true",
+                   help="ignore recorded progress and produce everything again")
+    s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
+                   default="requested", help="transactions: when the broker has them "
+                   "(default), always, or never (idempotent producer)")
+    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
+                   help="librdkafka producer setting (repeatable)")
+    s.set_defaults(func=cmd_restore)
 
     kv = sub.add_parser("kv", help="the local key-value map (LevelDB)")
     kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND")

@@ -8,20 +8,37 @@
   one row per live key (compacted segments plus the not-yet-compacted tail; tombstoned keys and
   keyless records absent); ``mode=all``: every stored record.
 * ``compact_with_spark``: one Spark task per partition that the planner picks.
-* ``mirror_with_spark``: one Spark task per topic-partition, each with its own commit-log writer.
+* ``mirror_with_spark`` / ``run_mirror`` (``kcompact mirror --engine spark``): the driver checks
+  the topic and the -X settings, creates the store, dispatches what dead writers left, reads each
+  partition's end offset from the consumer side (never ListOffsets "latest", which Tansu gets
+  wrong); then one Spark task per topic-partition runs the store sink (connectors/store_sink.py,
+  through connectors/worker.py, exactly as the local engine does) with its own commit-log writer
+  ``spark-<topic>-<partition>``, reput included; then a compaction stage, one task per partition
+  the planner picks. A task resumes from the store's own next offset of its partition, and a
+  retried task reopens (and so recovers) the same commit log: retries neither duplicate nor lose.
+
+In local mode Spark retries a task only when the master says so (``local[N,F]``: in local mode
+``spark.task.maxFailures`` is ignored), so ``local[N]`` becomes ``local[N,TASK_MAX_FAILURES]``.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
 import sys
 import tempfile
+import threading
+import time
 import zipfile
-from typing import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, TextIO
 
 import numpy as np
 
-from .errors import ConnectorsError
+from .errors import ConfigError, ConnectorsError
+from .store_sink import StoreSinkConnector, StoreSinkTask
 
 SCHEMA = ("topic string, partition int, offset long, timestamp timestamp, key binary, "
           "value binary, headers array<struct<key:string,value:binary>>")
@@ -42,18 +59,56 @@ logger.native.level = error
 logger.spark.name = org.apache.spark
 logger.spark.level = warn
 """
+#: Without KCOMPACT_DEBUG: a failed task attempt is not a wall of Java and Python stack traces
+#: (the executor's ERROR, the task-set manager's "Lost task" WARN); the driver reports task
+#: failures itself, as one line, and counts retried tasks.
+_LOG4J2_QUIET_TASKS = """\
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasksets.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasksets.level = off
+logger.pyrunner.name = org.apache.spark.api.python.PythonRunner
+logger.pyrunner.level = off
+"""
+#: Attempts per task (local masters get it as local[N,F]; others through spark.task.maxFailures).
+TASK_MAX_FAILURES = 4
 
 
 class SparkEngineError(ConnectorsError):
     """A Spark job failed: the message is the task's error; KCOMPACT_DEBUG=1 shows its traceback."""
 
 
+def _debug() -> bool:
+    return os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+
+
 def _log4j_file() -> str:
-    path = os.path.join(tempfile.gettempdir(), "kcompact-log4j2.properties")
-    if not os.path.exists(path) or open(path).read() != _LOG4J2:
-        with open(path, "w") as f:
-            f.write(_LOG4J2)
+    text = _LOG4J2 if _debug() else _LOG4J2 + _LOG4J2_QUIET_TASKS
+    name = "kcompact-log4j2-debug.properties" if _debug() else "kcompact-log4j2.properties"
+    path = os.path.join(tempfile.gettempdir(), name)
+    try:
+        with open(path) as f:
+            same = f.read() == text
+    except OSError:
+        same = False
+    if not same:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # another kcompact process may be reading it
     return path
+
+
+_LOCAL_RE = re.compile(r"^local(?:\[\s*(\*|\d+)\s*\])?$")
+
+
+def master_with_retries(master: str, max_failures: int = TASK_MAX_FAILURES) -> str:
+    """``local``/``local[N]``/``local[*]`` -> ``local[N,F]``: in local mode Spark ignores
+    spark.task.maxFailures and gives each task one attempt unless the master names F."""
+    m = _LOCAL_RE.match(master.strip())
+    if m is None:
+        return master
+    return f"local[{m.group(1) or 1},{max_failures}]"
 
 
 def _code_zip() -> str:
@@ -82,7 +137,7 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise SparkEngineError("Spark needs Java 17: apt-get install -y openjdk-17-jre-headless "
                                "(or set JAVA_HOME), or use --engine local")
-    master = master or "local[*]"
+    master = master_with_retries(master or "local[*]")
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
     log4j = _log4j_file()
@@ -93,7 +148,7 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
          .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
          .config("spark.executor.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
          .config("spark.sql.shuffle.partitions", "8")
-         .config("spark.task.maxFailures", "4")
+         .config("spark.task.maxFailures", str(TASK_MAX_FAILURES))
          .config("spark.python.worker.reuse", "true"))
     if master.startswith("local"):
         b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
@@ -109,21 +164,64 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
     return spark
 
 
+def spark_active() -> bool:
+    """Whether this process already has a SparkContext (then it is not ours to stop)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
+    return SparkContext._active_spark_context is not None
+
+
+def spark_available() -> str | None:
+    """None when the Spark engine can run here, else why not (one line)."""
+    import importlib.util
+    import shutil
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed"
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        return "Java 17 is not installed (apt-get install -y openjdk-17-jre-headless)"
+    return None
+
+
+#: ``module.path.SomeError: message`` as the last line of a Python traceback.
+_PY_ERROR_RE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit)))"
+                          r"(?::\s*(.*))?$")
+_OUR_PACKAGES = ("connectors.", "reput.", "compaction.", "replication.")
+
+
+def task_error_line(text: str) -> str:
+    """The error a Spark task raised, as one line, from the text of the driver's exception
+    (the task's Python traceback quoted in the JVM's message). kcompact's own errors are shown
+    by their message alone (as the CLI shows them); others keep their class name."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not line or line.startswith(("at ", "File ", "SQLSTATE")):
+            continue
+        m = _PY_ERROR_RE.match(line)
+        if m is None:
+            continue
+        qual, name, msg = m.group(1), m.group(2), (m.group(3) or "").strip()
+        if qual.startswith(_OUR_PACKAGES) and msg:
+            return msg
+        if qual.startswith(("org.apache.", "java.", "py4j.", "scala.")) and not msg:
+            continue
+        return f"{name}: {msg}" if msg else name
+    first = text.strip().splitlines()
+    return first[0] if first else "unknown error"
+
+
 def run_job(fn, *args):
-    """Run a Spark action, turning a task failure into one clear line."""
+    """Run a Spark action, turning a task failure into one clear line (and, with
+    KCOMPACT_DEBUG=1, printing the task's traceback on stderr first)."""
     try:
         return fn(*args)
+    except KeyboardInterrupt:
+        raise
     except Exception as e:
-        msg = str(e)
-        # the Python exception raised in the task is quoted in the JVM's message
-        for line in reversed(msg.splitlines()):
-            line = line.strip()
-            if line and ("Error:" in line or "Exception:" in line) and not line.startswith("at "):
-                msg = line
-                break
-        if os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
-            print(str(e), file=sys.stderr)
-        raise SparkEngineError(f"Spark job failed: {msg.splitlines()[0] if msg else e}") from None
+        if _debug():
+            print(str(e), file=sys.stderr, flush=True)
+        raise SparkEngineError(f"Spark job failed: {task_error_line(str(e))}") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,31 +413,476 @@ def compact_partitions_spark(spark, store_url: str, candidates: list[tuple[str, 
                    .collect())
 
 
+def _compaction_lines(results: list[dict]) -> list[str]:
+    from .cli import _human_bytes
+    out = []
+    for r in results:
+        if r.get("skipped"):
+            out.append(f"{r['topic']}-{r['partition']}: skipped: {r['skipped']}")
+            continue
+        out.append(f"{r['topic']}-{r['partition']}: {r['rounds']} rounds, kept "
+                   f"{r['records_kept']:,} dropped {r['records_dropped']:,}, "
+                   f"{_human_bytes(r['size_before'])} -> {_human_bytes(r['size_after'])} "
+                   f"({r['duration_s']:.2f}s, spark)")
+    return out
+
+
 def compact_with_spark(args) -> int:
     """`kcompact compact --engine spark`: one Spark task per partition the planner picks."""
     from compaction import plan
     from reput import Store
 
-    from .cli import _human_bytes, _print_json
+    from .cli import _print_json
     st = Store.open(args.store)
     if args.topic and args.topic not in st.topics():
         raise ConnectorsError(f"topic {args.topic!r} is not in store {st.url}")
+    if args.partition is not None and not args.topic:
+        raise ConnectorsError("--partition needs --topic")
     cands = [(c.topic, c.partition) for c in plan(st, topic=args.topic, partition=args.partition,
                                                    force=args.force)]
     st.close()
-    spark = spark_session(args.spark_master)
-    results = compact_partitions_spark(spark, args.store, cands,
-                                       map_memory=args.offset_map_memory, force=args.force)
+    results: list[dict] = []
+    if cands:  # no JVM for nothing to do
+        ours = not spark_active()
+        spark = spark_session(args.spark_master)
+        try:
+            results = compact_partitions_spark(spark, args.store, cands,
+                                               map_memory=args.offset_map_memory,
+                                               force=args.force)
+        finally:
+            if ours:
+                spark.stop()
     if args.json:
         _print_json({"store": args.store, "engine": "spark", "partitions": results})
         return 0
     if not results:
-        print("nothing to compact (use --force)")
-    for r in results:
-        if r.get("skipped"):
-            print(f"{r['topic']}-{r['partition']}: skipped: {r['skipped']}")
+        print("nothing to compact (no partition reached min.cleanable.dirty.ratio, "
+              "max.compaction.lag.ms or the small-segment limit; use --force)")
+    for line in _compaction_lines(results):
+        print(line)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# mirror: one Spark task per topic-partition
+
+#: Test hook, read by the driver and applied in the tasks' first attempt only:
+#: ``MODE:RECORDS[:PARTITION][,...]`` - after RECORDS records of PARTITION (every partition
+#: when omitted) are appended, MODE ``raise`` raises in the task (the worker then closes the
+#: store), ``exit`` kills the Python worker with os._exit (nothing flushed or closed).
+FAIL_ENV = "KCOMPACT_TEST_FAIL_TASK"
+PROGRESS_INTERVAL = 2.0
+_WRITER_MAX = 128
+
+
+class MirrorTaskError(SparkEngineError):
+    """A mirror task failed on every attempt: the message names the topic-partition."""
+
+
+def spark_writer_id(topic: str, partition: int) -> str:
+    """The commit-log writer of a Spark mirror task: one per topic-partition, the same on
+    every attempt and every run (so a retry reopens, and so recovers, the log it wrote)."""
+    w = f"spark-{topic}-{partition}"
+    if len(w) <= _WRITER_MAX:
+        return w
+    digest = hashlib.blake2b(topic.encode(), digest_size=6).hexdigest()
+    return f"spark-{topic[:_WRITER_MAX - 40]}-{digest}-{partition}"
+
+
+def parse_fail_spec(text: str | None) -> tuple[tuple[str, int, int | None], ...]:
+    out = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
             continue
-        print(f"{r['topic']}-{r['partition']}: {r['rounds']} rounds, kept {r['records_kept']:,} "
-              f"dropped {r['records_dropped']:,}, {_human_bytes(r['size_before'])} -> "
-              f"{_human_bytes(r['size_after'])} ({r['duration_s']:.2f}s, spark)")
+        bits = part.split(":")
+        try:
+            if bits[0] not in ("raise", "exit") or len(bits) not in (2, 3):
+                raise ValueError
+            out.append((bits[0], int(bits[1]), int(bits[2]) if len(bits) == 3 else None))
+        except ValueError:
+            raise ConfigError(f"{FAIL_ENV}={text!r}: expected MODE:RECORDS[:PARTITION] with "
+                              "MODE raise or exit") from None
+    return tuple(out)
+
+
+class InjectedTaskFailure(RuntimeError):
+    """Raised by the FAIL_ENV test hook."""
+
+
+#: This task's failure injection (set by _mirror_partition in the Python worker, read by the
+#: task's put(); a Python worker runs one task at a time).
+_FAIL: tuple[str, int] | None = None
+
+
+class SparkStoreSinkTask(StoreSinkTask):
+    """The store sink task, plus the FAIL_ENV test hook."""
+
+    _seen = 0
+
+    def put(self, records) -> None:
+        super().put(records)
+        fail = _FAIL
+        if fail is None:
+            return
+        self._seen += len(records)
+        if self._seen >= fail[1]:
+            self.appender.drain()  # those records are in the commit log and the partition
+            if fail[0] == "exit":
+                os._exit(17)
+            raise InjectedTaskFailure(f"injected failure after {self._seen} records "
+                                      f"({FAIL_ENV})")
+
+
+class SparkStoreSinkConnector(StoreSinkConnector):
+    """The store sink of one Spark mirror task: the driver created the store and recovered
+    every writer before the job."""
+
+    RECOVER_WRITERS = False
+
+    def task_class(self):
+        return SparkStoreSinkTask
+
+
+@dataclass(frozen=True)
+class _MirrorJob:
+    """What every mirror task needs (pickled to the executors)."""
+
+    bootstrap: str
+    topic: str
+    store: str
+    kafka_config: tuple[tuple[str, str], ...]
+    batch_max: int | None = None
+    fail: tuple[tuple[str, int, int | None], ...] = ()
+    lock_wait_s: float = 60.0
+
+
+def _wait_for_writer(store_url: str, writer: str, timeout: float) -> None:
+    """Open (and so recover) this task's commit log, waiting while a previous attempt of the
+    same task that is still dying holds it."""
+    from reput import Store, StoreLockedError
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            Store.open(store_url, writer=writer, create=True).close()
+            return
+        except StoreLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _mirror_partition(job: _MirrorJob, item: tuple[int, int, int], attempt: int) -> dict:
+    """One topic-partition, in a Spark task: the store sink with writer spark-<topic>-<p>."""
+    global _FAIL
+    from .mirror import connector_props
+    from .worker import Worker
+
+    partition, start, end = item
+    t0 = time.monotonic()
+    writer = spark_writer_id(job.topic, partition)
+    _wait_for_writer(job.store, writer, job.lock_wait_s)
+    props = connector_props(job.topic, job.store, partitions=[partition], follow=False,
+                            kafka_config=dict(job.kafka_config), writer=writer)
+    props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
+    if job.batch_max:
+        props["batch.max.records"] = job.batch_max
+    if attempt == 0:
+        for mode, after, p in job.fail:
+            if p is None or p == partition:
+                _FAIL = (mode, after)
+    worker = Worker({"bootstrap.servers": job.bootstrap, "metrics.log.interval.ms": 0},
+                    where=f"spark task {job.topic}-{partition}", log=sys.stderr)
+    try:
+        worker.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")
+        worker.run()
+    finally:
+        _FAIL = None
+    runner = worker.runners[0]
+    return {"topic": job.topic, "partition": partition, "start": start, "end": end,
+            "records": runner.metrics.records, "appended": getattr(runner.task, "appended", 0),
+            "seconds": time.monotonic() - t0, "attempt": attempt, "writer": writer}
+
+
+def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iterator[dict]:
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    for item in items:
+        try:
+            yield _mirror_partition(job, item, attempt)
+        except Exception as e:
+            from reput import ReputError
+            if isinstance(e, (ConnectorsError, ReputError)):
+                msg = str(e)
+            else:
+                msg = f"{type(e).__name__}: {e}"
+            raise MirrorTaskError(f"mirror task {job.topic}-{item[0]} (attempt {attempt + 1}): "
+                                  f"{msg}") from e
+
+
+def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
+                   ) -> dict[int, tuple[int, int]]:
+    """(low watermark, end offset) of each partition, read from the consumer side.
+
+    ListOffsets "latest" is low on Tansu (base offset of the last batch + 1, BROKER_NOTES.md)
+    and right on Kafka, so it is never past the true end: the consumer is assigned there and
+    reads to end-of-partition, whose offset is the end (with read_committed, the last stable
+    offset). A partition that gives no EOF within ``timeout`` (a producer outrunning us) ends
+    at the cached high watermark of the fetch responses (right on Tansu too)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as KTP
+
+    from .worker import kafka_error_text, kafka_logger
+    conf = dict(consumer_conf, **{"enable.partition.eof": True, "enable.auto.commit": False,
+                                  "queued.min.messages": 1000, "logger": kafka_logger()})
+    conf["client.id"] = f"{conf.get('client.id', 'kcompact')}-ends"
+    c = Consumer(conf)
+    try:
+        lows, assign, seen = {}, [], {}
+        for tp in tps:
+            try:
+                lo, hi = c.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=timeout)
+            except KafkaException as e:
+                raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
+                                      f"{kafka_error_text(e)}") from None
+            lows[tp.partition] = lo
+            seen[tp.partition] = max(lo, hi)
+            assign.append(KTP(tp.topic, tp.partition, max(lo, hi)))
+        c.assign(assign)
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(ends) < len(tps) and time.monotonic() < deadline:
+            for m in c.consume(10_000, 0.2):
+                err = m.error()
+                if err is None:
+                    seen[m.partition()] = max(seen[m.partition()], m.offset() + 1)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    ends.setdefault(m.partition(), m.offset())
+                elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                   KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                    raise ConnectorsError(f"{m.topic()}-{m.partition()}: {err.str()}")
+        for tp in tps:
+            if tp.partition not in ends:
+                try:
+                    _, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
+                except KafkaException:
+                    hw = -1
+                ends[tp.partition] = max(seen[tp.partition], hw if hw is not None else -1)
+        return {p: (lows[p], ends[p]) for p in lows}
+    finally:
+        c.close()
+
+
+@dataclass
+class SparkMirrorResult:
+    records: int                  # records appended to the store (duplicates skipped)
+    seconds: float                # from the job's start to the end of the compaction stage
+    partitions: int               # partitions of the topic selected
+    tasks: list[dict] = field(default_factory=list)
+    retried: int = 0              # tasks that needed more than one attempt
+    compaction: list[dict] = field(default_factory=list)
+    spark_start_s: float = 0.0    # JVM and SparkSession start (0 when one was running)
+    mirror_s: float = 0.0         # the mirror stage alone
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.mirror_s if self.mirror_s > 0 else 0.0
+
+
+class _Job:
+    """A Spark action in a thread of its own, so the driver can report progress meanwhile."""
+
+    def __init__(self, fn):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        from pyspark import InheritableThread
+
+        def run() -> None:
+            try:
+                self.result = run_job(fn)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the driver's thread
+                self.error = e
+        self.thread = InheritableThread(target=run, name="kcompact-spark-job", daemon=True)
+        self.thread.start()
+
+    def wait(self, seconds: float) -> bool:
+        self.thread.join(seconds)
+        return not self.thread.is_alive()
+
+
+def _stage_counts(spark) -> tuple[int, int, int]:
+    """(completed, running, failed attempts) tasks of the active stages."""
+    done = running = failed = 0
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None:
+                done += info.numCompletedTasks
+                running += info.numActiveTasks
+                failed += info.numFailedTasks
+    except Exception:  # noqa: BLE001 - progress only
+        pass
+    return done, running, failed
+
+
+def _mirror_progress(spark, store, topic: str, todo: list[tuple[int, int, int]], t0: float,
+                     last: list, out: TextIO) -> None:
+    """One progress line: records in the store (its next offsets), per-partition lag, tasks."""
+    copied, lag = 0, {}
+    try:
+        for p, start, end in todo:
+            n = min(max(store.next_offset(topic, p), start), end)
+            copied += n - start
+            if end - n:
+                lag[p] = end - n
+    except Exception:  # noqa: BLE001 - a partition being written may be mid-append
+        return
+    done, running, failed = _stage_counts(spark)
+    now = time.monotonic()
+    rate = (copied - last[1]) / max(now - last[0], 1e-9)
+    last[0], last[1] = now, copied
+    worst = sorted(lag.items(), key=lambda kv: -kv[1])[:8]
+    per = " ".join(f"p{p}={v:,}" for p, v in sorted(worst))
+    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
+    print(f"mirror: {copied:,} records, {rate:,.0f} rec/s, lag {sum(lag.values()):,}"
+          + (f" [{per}{more}]" if lag else "")
+          + f"; partitions done {done}/{len(todo)}, running {running}"
+          + (f", {failed} failed attempts (retrying)" if failed else "")
+          + f" ({now - t0:.0f} s)", file=out, flush=True)
+
+
+def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | None = None,
+                      spark: Any = None, partitions: list[int] | None = None,
+                      kafka_config: Mapping[str, str] | None = None, compact: bool = True,
+                      batch_max: int | None = None, out: TextIO | None = None,
+                      progress_interval: float = PROGRESS_INTERVAL) -> SparkMirrorResult:
+    """Mirror ``topic`` into ``store`` with one Spark task per partition, then compact the
+    partitions the planner picks (``compact=False``: skip that stage). ``spark``: a session to
+    use (else ``spark_session(master)``, stopped at the end if this call started it)."""
+    from reput import Store
+
+    from .mirror import connector_props
+    from .worker import Worker
+    out = out if out is not None else sys.stderr
+    kafka_config = dict(kafka_config or {})
+    fail = parse_fail_spec(os.environ.get(FAIL_ENV))
+
+    # 1. the driver: settings, topic, partitions, store, dead writers - before any JVM starts,
+    # through the same worker code as the local engine (nothing is run: its task never starts)
+    props = connector_props(topic, store, partitions=partitions, follow=False,
+                            kafka_config=kafka_config, writer="spark-driver")
+    probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
+                   where="mirror", log=out)
+    runner = probe.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")[0]
+    for c in probe.connectors:
+        c.stop()
+    tps = list(runner.assignment)
+    timeout = probe.config["startup.timeout.ms"] / 1000
+    ends = partition_ends(runner.consumer_conf, tps, timeout)
+    st = Store.open(store)
+    todo = []
+    for tp in tps:
+        lo, end = ends[tp.partition]
+        nxt = st.next_offset(topic, tp.partition) if tp.partition in st.partitions(topic) else 0
+        start = nxt if nxt > 0 else lo
+        if start != end:  # past the end too: the task reports a recreated topic
+            todo.append((tp.partition, start, end))
+    todo.sort(key=lambda it: (-(it[2] - it[1]), it[0]))  # biggest first: better packing
+    total = sum(max(0, e - s) for _, s, e in todo)
+    result = SparkMirrorResult(0, 0.0, len(tps))
+
+    ours = False
+    t_all = time.monotonic()
+
+    def session():
+        nonlocal spark, ours
+        if spark is None:
+            ours = not spark_active()
+            t = time.monotonic()
+            spark = spark_session(master)
+            result.spark_start_s = time.monotonic() - t if ours else 0.0
+            if ours:
+                print(f"mirror: Spark {spark.sparkContext.master} started in "
+                      f"{result.spark_start_s:.1f} s", file=out, flush=True)
+        return spark
+
+    try:
+        if not todo:
+            print(f"mirror: {topic}: the store {store} is up to date ({len(tps)} partitions)",
+                  file=out, flush=True)
+        else:
+            print(f"mirror: {topic} ({len(tps)} partitions, {len(todo)} to copy, ~{total:,} "
+                  f"records) from {bootstrap} into {store} with Spark", file=out, flush=True)
+            sp = session()
+            t0 = time.monotonic()
+            job = _MirrorJob(bootstrap, topic, store, tuple(sorted(kafka_config.items())),
+                             batch_max, fail)
+            rdd = sp.sparkContext.parallelize(todo, len(todo))
+            running = _Job(lambda: rdd.mapPartitions(
+                functools.partial(_mirror_task, job)).collect())
+            last = [t0, 0]
+            try:
+                while not running.wait(progress_interval):
+                    _mirror_progress(sp, st, topic, todo, t0, last, out)
+            except KeyboardInterrupt:
+                print("mirror: interrupted: cancelling the Spark job (run the same command "
+                      "again to resume; nothing is lost or repeated)", file=out, flush=True)
+                sp.sparkContext.cancelAllJobs()
+                running.wait(30)
+                raise
+            if running.error is not None:
+                raise running.error
+            result.tasks = sorted(running.result, key=lambda r: r["partition"])
+            result.mirror_s = time.monotonic() - t0
+            result.records = sum(r["appended"] for r in result.tasks)
+            result.retried = sum(1 for r in result.tasks if r["attempt"] > 0)
+            again = sum(r["records"] for r in result.tasks) - result.records
+            print(f"mirror: done: {result.records:,} records in {result.mirror_s:.1f} s "
+                  f"({result.rate:,.0f} rec/s), {len(result.tasks)} Spark tasks"
+                  + (f" ({result.retried} retried)" if result.retried else "")
+                  + (f", {again:,} records read again were already stored" if again else "")
+                  + f"; store {store} flushed", file=out, flush=True)
+
+        # 2. compaction: one task per partition the planner picks
+        if compact:
+            from compaction import plan
+            selected = {tp.partition for tp in tps}
+            cands = [(c.topic, c.partition) for c in plan(st, topic=topic)
+                     if c.partition in selected]
+            if cands:
+                from compaction import DEFAULT_MAP_MEMORY
+                print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
+                result.compaction = compact_partitions_spark(
+                    session(), store, cands, map_memory=DEFAULT_MAP_MEMORY, force=False)
+                for line in _compaction_lines(result.compaction):
+                    print(f"compact: {line}", file=out, flush=True)
+    finally:
+        st.close()
+        if ours and spark is not None:
+            spark.stop()
+    result.seconds = time.monotonic() - t_all
+    return result
+
+
+def run_mirror(args) -> int:
+    """``kcompact mirror --engine spark`` (connectors/mirror.py calls it; also the default
+    engine of a batch mirror, which falls back to the local engine when Spark cannot run)."""
+    from .config import parse_kv_pairs
+    from .mirror import cmd_mirror, parse_partitions
+    if args.follow:
+        raise ConfigError("--follow needs --engine local: the Spark engine runs batch mirrors "
+                          "(to the end offsets seen at start)")
+    why = spark_available()
+    if why is not None:
+        if args.engine == "spark":
+            raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
+        print(f"kcompact mirror: the Spark engine cannot run ({why}); running with --engine "
+              "local", file=sys.stderr, flush=True)
+        args.engine = "local"
+        return cmd_mirror(args)
+    mirror_with_spark(args.bootstrap_servers, args.topic, args.store, master=args.spark_master,
+                      partitions=parse_partitions(args.partitions),
+                      kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
     return 0

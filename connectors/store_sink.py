@@ -96,6 +96,10 @@ class StoreSinkConnector(SinkConnector):
     """Mirrors Kafka topics into a kcompact store, resuming from the store's own offsets."""
 
     CONFIG = STORE_SINK_CONFIG
+    #: start() dispatches what dead writers left. The Spark engine's per-partition tasks turn
+    #: this off: their driver does it once before the job, and a task must not open (and so
+    #: lock) another task's commit log.
+    RECOVER_WRITERS = True
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -104,6 +108,8 @@ class StoreSinkConnector(SinkConnector):
                               "store; it is created when missing)")
         self.only = _partition_numbers(props.get("store.partitions") or [])
         _refuse_foreign_directory(props["store.url"])
+        if not self.RECOVER_WRITERS:
+            return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
         # mirror or Spark task) left in its commit log, so next_offset() sees all of it.
         store = Store.open(props["store.url"], create=True,

@@ -95,7 +95,8 @@ SINK_CONFIG = (
 )
 
 #: Short names of the built-in connectors.
-BUILTIN_CONNECTORS = {"StoreSinkConnector": "connectors.store_sink.StoreSinkConnector"}
+BUILTIN_CONNECTORS = {"StoreSinkConnector": "connectors.store_sink.StoreSinkConnector",
+                      "StoreSourceConnector": "connectors.store_source.StoreSourceConnector"}
 
 #: Consumer settings every sink task needs (the worker assigns partitions and commits itself).
 _REQUIRED_CONSUMER = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
@@ -835,7 +836,8 @@ class Worker:
                             stop=self.stop_event)
 
     def add_connector(self, props: Mapping[str, Any], *, where: str = "connector",
-                      consumer_origin: Callable[[str], str] | None = None) -> list[Any]:
+                      consumer_origin: Callable[[str], str] | None = None,
+                      producer_origin: Callable[[str], str] | None = None) -> list[Any]:
         """Validate, start the connector and create (not yet start) its task runners."""
         from confluent_kafka import Consumer, KafkaException
         cls, values = validate_connector(props, where=where)
@@ -888,6 +890,18 @@ class Worker:
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "
                                   "connectors only (as in Kafka Connect)")
+            make_runners = getattr(connector, "make_runners", None)
+            if make_runners is not None:
+                # The connector produces and keeps its progress itself (the store source:
+                # transactions, progress in the store), so no offsets file is needed.
+                settings = self._settings("producer", {}, values, producer_origin)
+                connector.start(values)
+                self.connectors.append(connector)
+                runners = make_runners(name=name, props=values, settings=settings,
+                                       stop=self.stop_event, startup_timeout=timeout,
+                                       log=self.log)
+                self.runners.extend(runners)
+                return runners
             path = self.config["offset.storage.file.filename"]
             if not path:
                 raise ConfigError("the worker needs offset.storage.file.filename to run source "

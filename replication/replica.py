@@ -127,7 +127,8 @@ class Replicator:
                  progress: Progress | None = None):
         self.client, self.store, self.options = client, store, options
         self.progress = progress or Progress(enabled=False)
-        self.fs = store.fs
+        # .replicating/ and .compacting/ staging: the store's directory, or on S3 the local one
+        self.fs = getattr(store, "local_fs", store.fs)
         self.pool = ThreadPoolExecutor(max_workers=2 * options.parallel + 2,
                                        thread_name_prefix="kcompact-replica")
         self.max_bytes = options.max_bytes
@@ -391,6 +392,13 @@ class Replicator:
             fs.sync_dir(sdir)
             fs.sync_dir(rdir)
             outputs = bases
+        if getattr(live, "manifest_mode", False):
+            # S3: the staged segments replace every live one in one manifest commit
+            with self.store._lock:
+                live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id})
+                self.store.release_partition(topic, partition)
+            fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
+            return merge
         plan = swap.SwapPlan([s.base for s in live.segments], outputs, -1,
                              {"replicated_from": self.client.store_id})
         swap.commit(fs, pdir, plan)
@@ -480,6 +488,8 @@ class Replicator:
             now = time.monotonic()
             if now - self._follow_sync.get((topic, partition), 0.0) >= 1.0:
                 live.sync()
+                if getattr(live, "manifest_mode", False):
+                    live.seal()  # S3: publish what was pulled (upload + manifest commit)
                 self._follow_sync[(topic, partition)] = now
 
     def _sync_all(self) -> None:

@@ -474,6 +474,10 @@ class PartitionLog:
             for seg in self._staged:
                 lname = seg.log_rel.rsplit("/", 1)[1]
                 iname = seg.bcq_rel.rsplit("/", 1)[1]
+                if fn.parse_segment_object(lname) is None:  # staged under a plain name
+                    tag = secrets.token_hex(8)
+                    lname = fn.segment_object(seg.base, tag, fn.LOG_SUFFIX)
+                    iname = fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX)
                 uploads.append((seg, self._upload(seg, lname, iname)))
             new_entries = [e for _, e in uploads]
 
@@ -508,6 +512,19 @@ class PartitionLog:
         self.local_fs.remove_tree(self.staging_dir)
         self._rebuild()
         return True
+
+    def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
+                         writer: str = "replica") -> bool:
+        """S3: replace every segment of the partition with the local segments
+        ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
+        horizon reset to -1 (a replica's install). The writer's own local segments are sealed
+        first, so they are among the replaced ones."""
+        self.seal(writer)
+        self.stage_swap([s.base for s in self.sealed_segments],
+                        [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
+                          f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
+                        -1, last_run)
+        return self.commit_staged(writer)
 
     def _clear_pending(self) -> None:
         self._staged, self._replaced = [], {}

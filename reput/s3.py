@@ -272,6 +272,17 @@ class Spool:
             os.unlink(src)
         self._insert(key, final, os.path.getsize(final))
 
+    def clear(self) -> None:
+        """Forget (and unlink) every spooled object."""
+        with self._lock:
+            files, self._files = list(self._files.values()), OrderedDict()
+            self.used = 0
+        for p, _ in files:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
     def _insert(self, key: str, path: str, size: int) -> tuple[str, int]:
         with self._lock:
             old = self._files.pop(key, None)
@@ -508,8 +519,15 @@ class S3Backend(Backend):
                 return S3BucketNotFoundError(
                     f"{self.url}: bucket {self.bucket!r} does not exist at {self._endpoint_name()}"
                     "; create it or fix the store URL")
-            if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            if code == "NoSuchKey" or (status == 404 and op == "HeadObject"):
                 return FileNotFoundError(errno.ENOENT, "no such object", path)
+            if status == 404:
+                # S3 names every 404 of a GET or a listing (NoSuchKey, NoSuchBucket): a bare
+                # one comes from something that is not an S3 server
+                return S3UnreachableError(
+                    f"{self.url}: {self._endpoint_name()} answered {op} with a bare 404 Not "
+                    f"Found: it does not look like an S3 endpoint; check ?endpoint= / "
+                    "AWS_ENDPOINT_URL")
             if code in _ACCESS_CODES or status == 403:
                 return S3AccessError(
                     f"{self.url}: access denied by {self._endpoint_name()} ({code or status}): "

@@ -47,6 +47,16 @@ def weed_binary() -> str:
                        "on PATH)")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so
+    a killed test run or benchmark leaves no server behind."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: stop() is the only cleanup
+        pass
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
@@ -129,7 +139,9 @@ class SeaweedS3:
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
-                                         start_new_session=True)
+                                         start_new_session=True,
+                                         preexec_fn=_die_with_parent if sys.platform.startswith(
+                                             "linux") else None)
         finally:
             log.close()
         deadline = time.monotonic() + timeout
@@ -185,6 +197,10 @@ class SeaweedS3:
             except c.exceptions.BucketAlreadyOwnedByYou:
                 return name
             except Exception as e:  # noqa: BLE001 - retried until the deadline
+                status = getattr(e, "response", {}).get("ResponseMetadata", {}).get(
+                    "HTTPStatusCode", 0)
+                if 400 <= status < 500 and status not in (403, 404, 409):
+                    raise SeaweedError(f"cannot create bucket {name!r}: {e}") from None
                 if time.monotonic() > deadline:
                     raise SeaweedError(f"cannot create bucket {name!r} on {self.endpoint}: "
                                        f"{e}") from None

@@ -1,0 +1,69 @@
+"""Compiled kernels of the store source (restore): Kafka's key partitioner, for many keys at once.
+
+``murmur2_many`` is the Java client's ``Utils.murmur2`` (MurmurHash2, seed 0x9747b28c), the hash
+of Kafka's default partitioner: a keyed record goes to ``toPositive(murmur2(key)) % partitions``
+where ``toPositive(h) = h & 0x7fffffff``. The pure-Python twin, used for single keys and as the
+reference in tests, is ``connectors.store_source.murmur2``.
+
+All arithmetic is on uint64 masked to 32 bits: numba would turn a uint64/int64 mix into float64,
+so every constant is a np.uint64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_M = np.uint64(0x5BD1E995)
+_SEED = np.uint64(0x9747B28C)
+_MASK = np.uint64(0xFFFFFFFF)
+_POSITIVE = np.uint64(0x7FFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def murmur2_many(buf, starts, lengths, out):
+    """out[i] = murmur2 of buf[starts[i]:starts[i] + lengths[i]] as an unsigned 32-bit value."""
+    for i in range(starts.shape[0]):
+        s = starts[i]
+        n = lengths[i]
+        h = (_SEED ^ np.uint64(n)) & _MASK
+        for w in range(n // 4):
+            p = s + 4 * w
+            k = (np.uint64(buf[p]) | (np.uint64(buf[p + 1]) << np.uint64(8))
+                 | (np.uint64(buf[p + 2]) << np.uint64(16)) | (np.uint64(buf[p + 3]) << np.uint64(24)))
+            k = (k * _M) & _MASK
+            k ^= k >> np.uint64(24)
+            k = (k * _M) & _MASK
+            h = (h * _M) & _MASK
+            h ^= k
+        tail = n & 3
+        b = s + (n - tail)
+        if tail == 3:
+            h ^= np.uint64(buf[b + 2]) << np.uint64(16)
+        if tail >= 2:
+            h ^= np.uint64(buf[b + 1]) << np.uint64(8)
+        if tail >= 1:
+            h ^= np.uint64(buf[b])
+            h = (h * _M) & _MASK
+        h ^= h >> np.uint64(13)
+        h = (h * _M) & _MASK
+        h ^= h >> np.uint64(15)
+        out[i] = h
+
+
+@njit(cache=True, nogil=True)
+def murmur2_partitions(buf, starts, lengths, keyless, num_partitions, next_keyless, out):
+    """Target partition of each record: Kafka's default partitioner for keyed records, and
+    round-robin from ``next_keyless`` for keyless ones (``keyless[i]`` true). Returns the next
+    round-robin position."""
+    hashes = np.empty(starts.shape[0], np.uint64)
+    murmur2_many(buf, starts, lengths, hashes)
+    n = np.uint64(num_partitions)
+    rr = next_keyless
+    for i in range(starts.shape[0]):
+        if keyless[i]:
+            out[i] = rr % num_partitions
+            rr += 1
+        else:
+            out[i] = np.int64((hashes[i] & _POSITIVE) % n)
+    return rr

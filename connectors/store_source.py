@@ -1,0 +1,484 @@
+"""The store source connector: kcompact store -> Kafka topic (what ``kcompact restore`` runs).
+
+A task reads one store topic, partition by partition, and hands the worker chunks of records to
+produce with the same key, value (null = tombstone, empty kept empty), headers, timestamp
+(CreateTime) and partition number:
+
+* ``mode=latest`` (default): the compacted state - the latest record per key of each partition,
+  decided from the .bcq index alone (``compaction.latest.latest_selection``: compacted segments
+  plus the dirty tail; keyless records and deleted keys left out). When the target topic already
+  existed, or the run continues an earlier one, a key whose latest record is a tombstone is
+  re-published as that tombstone, so that stale values in the target are deleted too.
+* ``mode=all``: every record the store holds, in offset order (tombstones and keyless included).
+
+Placement: record of store partition p -> target partition p. ``repartition=true`` places keyed
+records with Kafka's default partitioner instead (``murmur2(key) & 0x7fffffff % partitions``,
+exactly the Java client's), and keyless records round-robin (deterministically, in store order;
+the Java client would spread them with its sticky partitioner).
+
+Progress is a position per store partition: every selected record with a store offset below it
+has been produced. The runner (connectors/restore.py) stores it in the store's internal compacted
+topic ``__kcompact-restore-offsets`` and gives it back through :class:`SourceTaskContext` on a
+restart; the task then plans only the records at or after it. The plan is made from the store as
+it is when the task starts: records appended later are picked up by the next run.
+
+Chunks are columnar (:class:`SourceChunk`, a sequence of :class:`SourceRecord` for generic
+code) so that the produce loop touches no per-record Python object but the key and value bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from reput import Store
+from reput import _kernels as K
+from reput.errors import CorruptRecordError
+from reput.record import decode_headers
+
+from .api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
+from .config import ConfigDef, Importance, Type, at_least, between, one_of
+from .errors import ConfigError, ConnectorsError
+
+#: The store's internal topic (and the Kafka topic) that keeps restore progress.
+PROGRESS_TOPIC = "__kcompact-restore-offsets"
+
+STORE_SOURCE_CONFIG = (
+    ConfigDef()
+    .define("store.url", Type.STRING, None, None, Importance.HIGH,
+            "The store to read: a directory (file:// also accepted) or s3://bucket/prefix. "
+            "Required.")
+    .define("store.topic", Type.STRING, None, None, Importance.HIGH,
+            "The store topic to restore. Required.")
+    .define("topic", Type.STRING, "", None, Importance.HIGH,
+            "The Kafka topic to produce to (default: store.topic). Created with the store's "
+            "partition count when missing.")
+    .define("mode", Type.STRING, "latest", one_of("latest", "all"), Importance.HIGH,
+            "latest: the latest value per key (the compacted state). all: every stored record.")
+    .define("repartition", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Place records with Kafka's default partitioner (murmur2 of the key) instead of "
+            "keeping their partition numbers; needed when the target has fewer partitions.")
+    .define("exactly.once.support", Type.STRING, "requested",
+            one_of("requested", "required", "disabled"), Importance.MEDIUM,
+            "requested: a transactional producer when the broker supports transactions, else "
+            "the idempotent one. required: fail without transactions. disabled: idempotent.")
+    .define("restore.from.scratch", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Ignore recorded progress and produce everything again.")
+    .define("restore.chunk.records", Type.INT, 100_000, between(1, 10_000_000), Importance.LOW,
+            "Records per chunk: one transaction, then one progress record.")
+    .define("target.replication.factor", Type.INT, -1, at_least(-1), Importance.LOW,
+            "Replication factor of topics the restore creates; -1 = the broker's default.")
+    .define("progress.topic", Type.STRING, PROGRESS_TOPIC, None, Importance.LOW,
+            "Internal compacted topic, in the store and on the target cluster, that keeps "
+            "restore progress.")
+    .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
+            "Local directory for the progress writer's commit log when store.url is not a "
+            "local directory (S3).")
+)
+
+#: Bytes of .log read at once when gathering selected records.
+READ_WINDOW = 8 << 20
+#: Re-plans of a partition after its segments changed under the reader (a compaction swap).
+MAX_REPLANS = 3
+
+# Props the runner adds for the task (not user-settable).
+TARGET_TOPIC = "__target.topic"
+TARGET_PARTITIONS = "__target.partitions"
+INCLUDE_TOMBSTONES = "__include.tombstones"
+
+_MASK32 = 0xFFFFFFFF
+_M = 0x5BD1E995
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` (signed 32-bit result), the default partitioner's hash."""
+    n = len(data)
+    h = (0x9747B28C ^ n) & _MASK32
+    for (k,) in struct.iter_unpack("<I", data[: n - n % 4]):
+        k = (k * _M) & _MASK32
+        k ^= k >> 24
+        k = (k * _M) & _MASK32
+        h = ((h * _M) & _MASK32) ^ k
+    tail, b = n % 4, n - n % 4
+    if tail == 3:
+        h ^= data[b + 2] << 16
+    if tail >= 2:
+        h ^= data[b + 1] << 8
+    if tail >= 1:
+        h ^= data[b]
+        h = (h * _M) & _MASK32
+    h ^= h >> 13
+    h = (h * _M) & _MASK32
+    h ^= h >> 15
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def default_partition(key: bytes, num_partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for a keyed record."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+# ---------------------------------------------------------------------------------------------
+# chunks
+
+
+class SourceChunk(Sequence[SourceRecord]):
+    """Records to produce, as parallel columns (what ``StoreSourceTask.poll`` returns).
+
+    ``partitions`` are target partitions; ``source_partitions``/``source_offsets`` say where
+    each record is in the store; ``positions`` is the progress once the chunk is produced
+    (store partition -> next store offset to restore); ``done`` says nothing follows it.
+    """
+
+    __slots__ = ("topic", "partitions", "timestamps", "keys", "values", "headers",
+                 "source_partitions", "source_offsets", "positions", "done", "nbytes")
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.partitions: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.headers: list[list | None] = []
+        self.source_partitions: list[int] = []
+        self.source_offsets: list[int] = []
+        self.positions: dict[int, int] = {}
+        self.done = False
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            raise TypeError("SourceChunk does not support slicing")
+        h = self.headers[i]
+        return SourceRecord(self.topic, self.partitions[i], None, self.timestamps[i],
+                            self.keys[i], self.values[i], tuple(h) if h else (),
+                            source_partition={"partition": self.source_partitions[i]},
+                            source_offset={"position": self.source_offsets[i] + 1})
+
+    def __iter__(self) -> Iterator[SourceRecord]:
+        return (self[i] for i in range(len(self)))
+
+
+# ---------------------------------------------------------------------------------------------
+# planning: which entries of which segment, from a position on
+
+
+@dataclass
+class _PartitionPlan:
+    partition: int
+    pieces: list = field(default_factory=list)  # [(Segment, sorted entry indices)]
+    total: int = 0        # records planned
+    taken: int = 0        # records handed out in chunks
+    piece: int = 0
+    at: int = 0
+    cursor: int = 0       # next store offset to hand out
+    end: int = 0          # the partition's next offset when planned
+
+    @property
+    def exhausted(self) -> bool:
+        return self.piece >= len(self.pieces)
+
+    @property
+    def position(self) -> int:
+        """Progress after everything handed out so far."""
+        return max(self.end, self.cursor) if self.exhausted else self.cursor
+
+
+def _latest_tombstones(pl, segs, from_offset: int) -> dict[int, np.ndarray]:
+    """{segment base: indices} of keyed tombstones at or after ``from_offset`` that are the
+    latest record of their key (only records at or after from_offset can be later ones)."""
+    rows = []
+    for k, seg in enumerate(segs):
+        e = pl.index(seg).entries
+        if e.shape[0] == 0:
+            continue
+        lo = int(np.searchsorted(e["offset"], from_offset))
+        tail = e[lo:]
+        if tail.shape[0]:
+            rows.append((k, lo, tail))
+    if not rows:
+        return {}
+    tomb_lo = np.concatenate([t["digest_lo"][(t["flags"] & 3) == 1] for _, _, t in rows])
+    if tomb_lo.shape[0] == 0:
+        return {}
+    seg_of, idx_of, offs, dlo, dhi, flags = [], [], [], [], [], []
+    for k, lo, t in rows:
+        cand = np.isin(t["digest_lo"], tomb_lo) & ((t["flags"] & 2) == 0)
+        where = np.nonzero(cand)[0]
+        seg_of.append(np.full(where.shape[0], k))
+        idx_of.append(where + lo)
+        offs.append(t["offset"][where])
+        dlo.append(t["digest_lo"][where])
+        dhi.append(t["digest_hi"][where])
+        flags.append(t["flags"][where])
+    seg_of, idx_of = np.concatenate(seg_of), np.concatenate(idx_of)
+    offs, dlo, dhi = np.concatenate(offs), np.concatenate(dlo), np.concatenate(dhi)
+    flags = np.concatenate(flags)
+    order = np.lexsort((offs, dlo, dhi))
+    last = np.ones(order.shape[0], bool)
+    last[:-1] = (dhi[order][1:] != dhi[order][:-1]) | (dlo[order][1:] != dlo[order][:-1])
+    win = order[last]
+    win = win[(flags[win] & 1) == 1]
+    out: dict[int, list] = {}
+    for k, i in zip(seg_of[win].tolist(), idx_of[win].tolist()):
+        out.setdefault(segs[k].base, []).append(i)
+    return {b: np.sort(np.asarray(v, np.int64)) for b, v in out.items()}
+
+
+def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool
+                   ) -> _PartitionPlan:
+    """The entries of a partition to restore from ``from_offset`` on, in offset order."""
+    pp = _PartitionPlan(pl.partition, cursor=from_offset, end=pl.next_offset)
+    segs = [s for s in pl.segments if pl.index(s).n]
+    if mode == "all":
+        for seg in segs:
+            e = pl.index(seg).entries
+            lo = int(np.searchsorted(e["offset"], from_offset))
+            if lo < e.shape[0]:
+                pp.pieces.append((seg, np.arange(lo, e.shape[0], dtype=np.int64)))
+    else:
+        from compaction.latest import latest_selection
+        tombs = _latest_tombstones(pl, segs, from_offset) if include_tombstones else {}
+        for seg, which in latest_selection(pl):
+            e = pl.index(seg).entries
+            which = which.astype(np.int64)
+            which = which[e["offset"][which] >= from_offset]
+            extra = tombs.get(seg.base)
+            if extra is not None:
+                which = np.union1d(which, extra)
+            if which.shape[0]:
+                pp.pieces.append((seg, which))
+    pp.total = sum(w.shape[0] for _, w in pp.pieces)
+    return pp
+
+
+# ---------------------------------------------------------------------------------------------
+# the connector and its task
+
+
+class StoreSourceConnector(SourceConnector):
+    """Re-publishes a store topic into Kafka (``kcompact restore``). One task: the produce loop
+    is bound by one Python thread anyway, and one transactional producer keeps progress simple.
+
+    The worker runs it with :class:`connectors.restore.RestoreRunner` (``make_runners``), which
+    owns the producer, the target topic, the transactions and the progress records.
+    """
+
+    CONFIG = STORE_SOURCE_CONFIG
+
+    def start(self, props: Mapping[str, Any]) -> None:
+        super().start(props)
+        for key in ("store.url", "store.topic"):
+            if not props.get(key):
+                raise ConfigError(f"{key}: required by StoreSourceConnector")
+        from reput.record import validate_topic
+        from reput.errors import ReputError
+        for key in ("topic", "progress.topic"):
+            if props.get(key):
+                try:
+                    validate_topic(props[key])
+                except ReputError as e:
+                    raise ConfigError(f"{key}: {e}") from None
+        # before any thread or Kafka client: a missing store or topic is a one-line error
+        open_store_topic(props["store.url"], props["store.topic"]).close()
+
+    def task_class(self) -> type[SourceTask]:
+        return StoreSourceTask
+
+    def task_configs(self, max_tasks: int) -> list[dict[str, Any]]:
+        return [dict(self.props, **{"task.id": 0})]
+
+    def make_runners(self, **kw) -> list[Any]:
+        from .restore import RestoreRunner
+        return [RestoreRunner(connector=self, **kw)]
+
+
+class StoreSourceTask(SourceTask):
+    """Plans a store topic's records from the stored positions, then hands them out in chunks."""
+
+    store: Store | None = None
+
+    def start(self, props: Mapping[str, Any]) -> None:
+        self.props = dict(props)
+        self.topic = props["store.topic"]
+        self.target = props.get(TARGET_TOPIC) or props.get("topic") or self.topic
+        self.mode = props.get("mode") or "latest"
+        self.chunk_records = int(props.get("restore.chunk.records") or 100_000)
+        self.repartition = bool(props.get("repartition"))
+        self.num_target = int(props.get(TARGET_PARTITIONS) or 0)
+        self.include_tombstones = bool(props.get(INCLUDE_TOMBSTONES))
+        if self.repartition and self.num_target <= 0:
+            raise ConfigError("repartition needs the target topic's partition count")
+        self.store = open_store_topic(props["store.url"], self.topic)
+        self._next_keyless = 0
+        self.plans: dict[int, _PartitionPlan] = {}
+        self.pls = {}
+        for p in self.store.partitions(self.topic):
+            pos = self.position(p)
+            self.pls[p] = self.store.partition(self.topic, p)
+            self.plans[p] = plan_partition(self.pls[p], self.mode, pos,
+                                           include_tombstones=self.include_tombstones)
+
+    def position(self, partition: int) -> int:
+        ctx = getattr(self, "context", None)
+        stored = ctx.offset({"partition": partition}) if ctx is not None else None
+        return int(stored["position"]) if stored else 0
+
+    @property
+    def total(self) -> int:
+        return sum(pp.total for pp in self.plans.values())
+
+    @property
+    def remaining(self) -> int:
+        return sum(pp.total - pp.taken for pp in self.plans.values())
+
+    def finished(self) -> bool:
+        return all(pp.exhausted for pp in self.plans.values())
+
+    def poll(self) -> SourceChunk | None:
+        """The next chunk (at most ``restore.chunk.records``, spread over the partitions that
+        have records left), or None when everything has been handed out."""
+        if self.finished():
+            return None
+        live = [pp for pp in self.plans.values() if not pp.exhausted]
+        per = max(1, -(-self.chunk_records // len(live)))
+        chunk = SourceChunk(self.target)
+        for pp in live:
+            self._take(pp, per, chunk)
+        chunk.positions = {p: pp.position for p, pp in self.plans.items()}
+        chunk.done = self.finished()
+        return chunk
+
+    def _take(self, pp: _PartitionPlan, want: int, chunk: SourceChunk) -> None:
+        replans = 0
+        while want > 0 and not pp.exhausted:
+            seg, idx = pp.pieces[pp.piece]
+            j = min(idx.shape[0], pp.at + want)
+            pl = self.pls[pp.partition]
+            try:
+                e = pl.index(seg).entries[idx[pp.at:j]]
+                self._emit(pl, seg, e, pp.partition, chunk)
+            except (CorruptRecordError, FileNotFoundError, _StaleView):
+                # A compaction swapped the segments under this reader: plan again from the
+                # cursor (offsets never change, so the rest of the plan is the same records).
+                replans += 1
+                if replans > MAX_REPLANS:
+                    raise
+                self._replan(pp)
+                continue
+            n = j - pp.at
+            want -= n
+            pp.taken += n
+            pp.cursor = int(e["offset"][-1]) + 1
+            pp.at = j
+            if j == idx.shape[0]:
+                pp.piece += 1
+                pp.at = 0
+
+    def _replan(self, pp: _PartitionPlan) -> None:
+        assert self.store is not None
+        self.store.release_partition(self.topic, pp.partition)
+        pl = self.pls[pp.partition] = self.store.partition(self.topic, pp.partition)
+        new = plan_partition(pl, self.mode, pp.cursor, include_tombstones=self.include_tombstones)
+        new.taken = pp.taken
+        new.total = pp.taken + new.total
+        pp.__dict__.update(new.__dict__)  # in place: poll() holds this object
+
+    def _emit(self, pl, seg, e: np.ndarray, partition: int, chunk: SourceChunk) -> None:
+        pos = e["position"].astype(np.int64)
+        sizes = e["size"].astype(np.int64)
+        ends = pos + sizes
+        n = e.shape[0]
+        i = 0
+        while i < n:
+            j = max(i + 1, int(np.searchsorted(ends, pos[i] + READ_WINDOW, side="right")))
+            start = int(pos[i])
+            data = pl.read_log(seg, start, int(ends[j - 1]) - start)
+            self._columns(data, pos[i:j] - start, sizes[i:j], e[i:j], partition, chunk,
+                          pl.seg_log_path(seg), start)
+            i = j
+
+    def _columns(self, data: bytes, rel: np.ndarray, sizes: np.ndarray, e: np.ndarray,
+                 partition: int, chunk: SourceChunk, path: str, file_start: int) -> None:
+        buf = np.frombuffer(data, np.uint8)
+        m = rel.shape[0]
+        if buf.shape[0] < int(rel[-1] + sizes[-1]):
+            raise _StaleView(path)
+        bad = K.first_crc_mismatch(buf, rel, sizes, K.CRC_TABLES)
+        if bad >= 0:
+            raise CorruptRecordError(f"{path}: corrupt record at byte {file_start + int(rel[bad])}"
+                                     " (CRC or header check failed); run `kcompact verify`",
+                                     path, file_start + int(rel[bad]))
+        # the index entry and the record must agree on the offset (else the files changed)
+        offs = buf[(rel + 16)[:, None] + np.arange(8)].copy().view("<i8").ravel()
+        if not np.array_equal(offs, e["offset"]):
+            raise _StaleView(path)
+        ks, kl = np.empty(m, np.int64), np.empty(m, np.int64)
+        vs, vl = np.empty(m, np.int64), np.empty(m, np.int64)
+        hs, hl = np.empty(m, np.int64), np.empty(m, np.int64)
+        attrs = np.empty(m, np.uint8)
+        K.field_spans(buf, rel, ks, kl, vs, vl, hs, hl, attrs)
+        keys = list(map(data.__getitem__, map(slice, ks.tolist(), (ks + kl).tolist())))
+        values = list(map(data.__getitem__, map(slice, vs.tolist(), (vs + vl).tolist())))
+        keyless = (attrs & 2) != 0
+        for r in np.nonzero(keyless)[0].tolist():
+            keys[r] = None
+        for r in np.nonzero(attrs & 1)[0].tolist():
+            values[r] = None
+        headers: list = [None] * m
+        for r in np.nonzero(hl)[0].tolist():
+            s = int(hs[r])
+            headers[r] = list(decode_headers(data[s:s + int(hl[r])]))
+        if self.repartition:
+            from ._restore_kernels import murmur2_partitions
+            parts = np.empty(m, np.int64)
+            self._next_keyless = int(murmur2_partitions(buf, ks, kl, keyless, self.num_target,
+                                                        self._next_keyless, parts))
+            chunk.partitions.extend(parts.tolist())
+        else:
+            chunk.partitions.extend([partition] * m)
+        chunk.keys.extend(keys)
+        chunk.values.extend(values)
+        chunk.headers.extend(headers)
+        chunk.timestamps.extend(e["timestamp"].tolist())
+        chunk.source_partitions.extend([partition] * m)
+        chunk.source_offsets.extend(e["offset"].tolist())
+        chunk.nbytes += int(kl.sum() + vl.sum())
+
+    def stop(self) -> None:
+        if self.store is not None:
+            store, self.store = self.store, None
+            store.close()
+
+
+class _StaleView(Exception):
+    """The .bcq entries read do not match the .log bytes: the segment changed under us."""
+
+
+def open_store_topic(url: str, topic: str) -> Store:
+    """The store, read-only, with a clear error when it or the topic is not there."""
+    store = Store.open(url)
+    if topic not in store.topics() or not store.partitions(topic):
+        known = [t for t in store.topics() if t != PROGRESS_TOPIC]
+        store.close()
+        raise ConnectorsError(f"topic {topic!r} is not in store {url} (it holds: "
+                              f"{', '.join(known) or 'no topics'}); see `kcompact inspect`")
+    return store
+
+
+def partition_count(store: Store, topic: str) -> int:
+    """Partitions a target topic needs to keep the store's partition numbers."""
+    parts = store.partitions(topic)
+    return (max(parts) + 1) if parts else 0
+
+
+__all__ = ["PROGRESS_TOPIC", "STORE_SOURCE_CONFIG", "SourceChunk", "StoreSourceConnector",
+           "StoreSourceTask", "SourceTaskContext", "default_partition", "murmur2",
+           "open_store_topic", "partition_count", "plan_partition"]

@@ -1,0 +1,498 @@
+"""Stores on S3 against a real S3 server: SeaweedFS (``s3_store_url`` fixture, conftest.py).
+
+* the store and compaction model tests on S3 (tests/unit/test_s3_model.py's machines, here on
+  SeaweedFS), and deterministic reads parametrized by backend (local directory vs S3);
+* compaction on S3 equals the same compaction on a local directory; requests per segment stay
+  under 4 plus a few per partition, and do not grow with the record count;
+* a writer killed (os._exit) between uploading its segments and committing the manifest leaves
+  only orphans, readers see the old state, and the next run cleans up and commits;
+* two committers racing for one manifest version: one wins, the other rebases;
+* the CLI on s3:// URLs: inspect, dump, verify, compact (local and Spark engines), the Spark
+  data source, kv build, serve from an S3 master, replicate into local and S3 replicas, mirror
+  from Kafka; bad input (wrong credentials, missing bucket, unreachable endpoint): exit 1 and
+  one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from compaction import compact_store
+from reput import manifest as M
+from reput.record import Record, RecordBatch
+from reput.s3 import S3Backend
+from reput.store import Store
+from reput.verify import verify_store
+
+UNIT = Path(__file__).resolve().parents[1] / "unit"
+sys.path.insert(0, str(UNIT))
+
+import test_compaction_model as CM  # noqa: E402
+import test_s3_model as S3M  # noqa: E402
+import test_store_model as SM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+KCOMPACT = str(Path(sys.executable).parent / "kcompact")
+TOPIC = "t"
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([KCOMPACT, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def rows(n: int, start: int = 0, parts: int = 3, keys: int = 60, vlen: int = 40):
+    return [((start + i) % parts, start + i, 1_000 + start + i, b"k%d" % ((start + i) % keys),
+             None if (start + i) % 17 == 0 else b"v%d." % (start + i) * (vlen // 6))
+            for i in range(n)]
+
+
+def fill(url: str, n: int = 6000, batch: int = 1000, segment_bytes: int = 16384, **kw) -> None:
+    with Store.open(url, writer="w", create=True) as st:
+        st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes})
+        for lo in range(0, n, batch):
+            st.append(RecordBatch.from_records(TOPIC, rows(batch, start=lo, **kw)))
+            st.flush()
+
+
+def content(url: str, topic: str = TOPIC) -> dict[int, list[tuple]]:
+    with Store.open(url) as st:
+        return {p: [(r.offset, r.timestamp, r.key, r.value, r.headers)
+                    for r in st.iter_records(topic, p)] for p in st.partitions(topic)}
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_url(request, tmp_path, s3_store_url) -> str:
+    return str(tmp_path / "store") if request.param == "local" else s3_store_url()
+
+
+# -- the store ------------------------------------------------------------------------------------
+
+
+def test_reads_across_many_segments(store_url):
+    """As test_store_model.test_reads_across_many_segments, with a flush per batch (on S3 a
+    reader sees what the writer flushed), by the writer and by a reader."""
+    import random
+    rng = random.Random(1)
+    model: dict[int, Record] = {}
+    with Store.open(store_url, writer="w", create=True) as s:
+        s.set_topic_config(TOPIC, {"segment.bytes": SM.SEGMENT_BYTES})
+        off = 5
+        for _ in range(30):
+            batch = []
+            for _ in range(rng.randrange(1, 15)):
+                v = rng.choice([None, b"", rng.randbytes(rng.randrange(1, 2500))])
+                k = rng.choice([None, b"", b"k%d" % rng.randrange(20)])
+                batch.append((0, off, off * 10, k, v))
+                model[off] = Record(TOPIC, 0, off, off * 10, k, v)
+                off += rng.choice([1, 1, 1, 2, 7])
+            assert s.append(RecordBatch.from_records(TOPIC, batch)) == len(batch)
+            s.flush()
+    offs = sorted(model)
+    for writer in ("w", None):
+        with Store.open(store_url, writer=writer) as s:
+            assert len(s.partition(TOPIC, 0).segments) > 5
+            assert s.first_offset(TOPIC, 0) == offs[0]
+            assert s.next_offset(TOPIC, 0) == offs[-1] + 1
+            for frm in range(offs[0] - 2, offs[-1] + 3, 3):
+                want = [model[o] for o in offs if o >= frm]
+                got = list(s.read(TOPIC, 0, frm, max_records=3).records())
+                assert got == want[:len(got)] and (len(got) >= 1 or not want)
+            assert list(s.iter_records(TOPIC, 0)) == [model[o] for o in offs]
+    with Store.open(store_url) as s:
+        assert verify_store(s).ok
+
+
+def _seaweed_factory(make_url):
+    def factory():
+        url = make_url(grace_ms=0)
+        return S3Backend.from_url(url), url, lambda: None
+    return factory
+
+
+def test_store_matches_model_on_s3(s3_store_url):
+    m = type("SeaweedStoreMachine", (S3M.S3StoreMachine,),
+             {"backend_factory": staticmethod(_seaweed_factory(s3_store_url))})
+    run_state_machine_as_test(m, settings=settings(SM.MODEL_SETTINGS, max_examples=4,
+                                                   stateful_step_count=30))
+
+
+@pytest.mark.parametrize("retention,lag", [(1000, 1500), (0, 0)])
+def test_compaction_matches_model_on_s3(s3_store_url, retention, lag):
+    m = type("SeaweedCompactionMachine", (S3M.S3CompactionMachine,),
+             {"backend_factory": staticmethod(_seaweed_factory(s3_store_url)),
+              "retention": retention, "lag": lag})
+    run_state_machine_as_test(m, settings=settings(CM.MODEL_SETTINGS, max_examples=3,
+                                                   stateful_step_count=25))
+
+
+# -- compaction -----------------------------------------------------------------------------------
+
+
+def test_compaction_on_s3_equals_local(s3_store_url, tmp_path):
+    s3, local = s3_store_url(), str(tmp_path / "local")
+    for url in (s3, local):
+        fill(url)
+    with Store.open(s3) as st:
+        r3 = {r.partition: r.to_dict() for r in compact_store(st, force=True)}
+    with Store.open(local) as st:
+        rl = {r.partition: r.to_dict() for r in compact_store(st, force=True)}
+    # segment counts differ by design: on S3 every flush seals a segment, locally they roll
+    # at segment.bytes (and force leaves an empty active segment)
+    same = ("records_kept", "records_dropped", "tombstones_dropped", "cleaned_offset", "rounds",
+            "size_before", "size_after")
+    assert {p: {k: r[k] for k in same} for p, r in r3.items()} == \
+        {p: {k: r[k] for k in same} for p, r in rl.items()}
+    assert content(s3) == content(local)
+    with Store.open(s3) as st:
+        assert verify_store(st).ok
+    # and the CLI agrees on the S3 store: nothing left to do, same records
+    out = run("inspect", "--store", s3, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    parts = {p["partition"]: p for p in doc["topics"][0]["partitions"]}
+    assert {p: v["records"] for p, v in parts.items()} == \
+        {p: r["records_kept"] for p, r in rl.items()}
+    assert all(v["dirty_ratio"] == 0 for v in parts.values())
+
+
+def _compaction_requests(url: str) -> tuple[dict, int, int]:
+    with Store.open(url) as st:
+        fs = st.fs
+        fs.stats.reset()
+        fs.cache.clear()
+        fs.spool.clear()  # cold: nothing local from the writer that filled the store
+        res = compact_store(st, force=True)
+        snap = fs.stats.snapshot()
+    return snap, sum(r.segments_before for r in res), len(res)
+
+
+def test_requests_per_segment_do_not_grow_with_records(s3_store_url):
+    """The same number of segments, 10x the records: the same number of requests, at most
+    4 per segment plus a few per partition."""
+    small, big = s3_store_url(), s3_store_url()
+    fill(small, n=1500, batch=250, vlen=40)     # 6 flushes: 6 small segments per partition
+    fill(big, n=15000, batch=2500, vlen=4, segment_bytes=1 << 20)  # 6 flushes, 10x records
+    a, segs_a, parts_a = _compaction_requests(small)
+    b, segs_b, parts_b = _compaction_requests(big)
+    assert (segs_a, parts_a) == (segs_b, parts_b) == (18, 3)
+    assert a["requests"] == b["requests"], (a, b)
+    per_partition = 6  # list + get manifest, put manifest, GC listing and delete, spare
+    assert a["total"] <= 4 * segs_a + per_partition * parts_a + 3, a
+    assert a["requests"].get("GetObject", 0) <= 2 * segs_a + parts_a + 1
+
+
+# -- faults ---------------------------------------------------------------------------------------
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from reput import manifest as M
+    from reput.record import RecordBatch
+    from reput.store import Store
+    def rows(n, start=0):
+        return [(i % 3, start + i, 1000 + start + i, b"k%d" % (i % 60), b"v" * 30)
+                for i in range(n)]
+    st = Store.open({url!r}, writer="w", create=True, commitlog_dir={cl!r})
+    st.append(RecordBatch.from_records("t", rows(300)))
+    st.flush()                       # version 1 of every partition
+    st.append(RecordBatch.from_records("t", rows(300, start=300)))
+    st.commitlog.sync()
+    real = M.commit
+    def die(fs, pdir, *a, **k):       # the segments are uploaded: die before the commit
+        os._exit(9)
+    M.commit = die
+    st.flush()
+""")
+
+
+def test_writer_killed_between_upload_and_commit(s3_store_url, tmp_path):
+    url = s3_store_url(grace_ms=0)
+    cl = str(tmp_path / "cl")
+    code = _KILLED_WRITER.format(root=str(ROOT), url=url, cl=cl)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 9, p.stderr
+    fs = S3Backend.from_url(url)
+    listed, objects = set(), set()
+    for part in range(3):
+        pdir = f"partitions/t/{part}"
+        m = M.read_latest(fs, pdir)
+        assert m.version == 1
+        listed |= {f"{pdir}/{n}" for n in m.names()}
+        objects |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+    orphans = objects - listed
+    assert orphans, "the killed flush uploaded segments"
+    old = content(url)
+    assert {p: [r[0] for r in v] for p, v in old.items()} == \
+        {p: list(range(p, 300, 3)) for p in range(3)}   # readers see the old state
+    # the next run: the local segments are uploaded again and committed, orphans deleted
+    with Store.open(url, writer="w", commitlog_dir=cl):
+        pass
+    left = set()
+    for part in range(3):
+        pdir = f"partitions/t/{part}"
+        left |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+    assert not (left & orphans)
+    new = content(url)
+    assert {p: [r[0] for r in v] for p, v in new.items()} == \
+        {p: list(range(p, 600, 3)) for p in range(3)}
+    with Store.open(url) as st:
+        assert verify_store(st).ok
+
+
+def test_two_committers_race_for_one_version(s3_store_url):
+    """Two committers read version 1 and both create version 2 at the same moment (a
+    barrier): S3's conditional create lets exactly one win; the other re-reads version 2 and
+    commits its change on top as version 3."""
+    url = s3_store_url()
+    pdir = "partitions/t/0"
+    fs = S3Backend.from_url(url)
+    e = lambda b: M.SegmentEntry.from_entries(b, f"{b:020d}-{b:016x}.log",  # noqa: E731
+                                              f"{b:020d}-{b:016x}.bcq", 1,
+                                              np.array([b], np.int64))
+    v1 = M.commit(fs, pdir, None, lambda cur: M.Manifest(segments=[e(0)], next_offset=1),
+                  writer="x", grace_ms=0)
+    barrier = threading.Barrier(2)
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    results = {}
+
+    def committer(name, base):
+        mine = S3Backend.from_url(url)
+
+        def change(cur):
+            seen[name].append(cur.version)
+            if len(seen[name]) == 1:
+                barrier.wait(10)
+            return M.Manifest(segments=cur.segments + [e(base)], next_offset=base + 1)
+        results[name] = M.commit(mine, pdir, v1, change, writer=name, grace_ms=0)
+    ts = [threading.Thread(target=committer, args=(n, b)) for n, b in (("a", 10), ("b", 20))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert sorted(r.version for r in results.values()) == [2, 3]
+    loser = max(results, key=lambda k: results[k].version)
+    assert seen[loser] == [1, 2]     # lost the race on version 1, rebased on version 2
+    latest = M.read_latest(fs, pdir)
+    assert latest.version == 3 and sorted(s.base for s in latest.segments) == [0, 10, 20]
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def _one_line_error(p: subprocess.CompletedProcess) -> str:
+    assert p.returncode == 1, (p.returncode, p.stdout, p.stderr)
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kcompact: error: "), p.stderr
+    return lines[0]
+
+
+def test_cli_bad_input(s3_store_url):
+    url = s3_store_url()
+    fill(url, n=300, batch=300)
+    t0 = time.monotonic()
+    msg = _one_line_error(run("inspect", "--store", url,
+                              env={"AWS_SECRET_ACCESS_KEY": "not-the-secret"}))
+    assert "access denied" in msg and "SignatureDoesNotMatch" in msg
+    msg = _one_line_error(run("verify", "--store", url, env={"AWS_ACCESS_KEY_ID": "nobody"}))
+    assert "access denied" in msg
+    msg = _one_line_error(run("dump", "--store", "s3://no-such-bucket-here/x", "--topic", TOPIC,
+                              "--partition", "0"))
+    assert "bucket 'no-such-bucket-here' does not exist" in msg
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    msg = _one_line_error(run("compact", "--store", f"{url}?endpoint=http://127.0.0.1:{port}"))
+    assert "cannot reach the S3 endpoint" in msg and str(port) in msg
+    msg = _one_line_error(run("inspect", "--store", url + "/elsewhere"))
+    assert "not a kcompact store" in msg
+    msg = _one_line_error(run("inspect", "--store", url + "?endpont=x"))
+    assert "unknown option 'endpont'" in msg
+    assert time.monotonic() - t0 < 60  # each fails within seconds (a few of them start Python)
+
+
+def test_cli_inspect_dump_verify_compact(s3_store_url, tmp_path):
+    url = s3_store_url()
+    fill(url, n=3000, batch=500)
+    local = str(tmp_path / "local")
+    fill(local, n=3000, batch=500)
+    p = run("inspect", "--store", url)
+    assert p.returncode == 0 and "t  " in p.stdout and url in p.stdout, p.stderr
+    p = run("dump", "--store", url, "--topic", TOPIC, "--partition", "1", "--json")
+    assert p.returncode == 0, p.stderr
+    got = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [d["offset"] for d in got] == list(range(1, 3000, 3))
+    p = run("dump", "--store", url, "--topic", TOPIC, "--partition", "1", "--from-offset",
+            "1500", "--limit", "2")
+    assert [line.split("\t")[0] for line in p.stdout.splitlines()] == ["1501", "1504"]
+    p = run("verify", "--store", url, "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["ok"] and \
+        json.loads(p.stdout)["records"] == 3000
+    p = run("compact", "--store", url, "--force", "--json")
+    assert p.returncode == 0, p.stderr
+    done = json.loads(p.stdout)["partitions"]
+    assert len(done) == 3 and all(r["skipped"] is None for r in done)
+    with Store.open(local) as st:
+        compact_store(st, force=True)
+    assert content(url) == content(local)
+    p = run("verify", "--store", url)
+    assert p.returncode == 0 and p.stdout.startswith("OK"), p.stdout
+    p = run("compact", "--store", url)
+    assert p.returncode == 0 and "nothing to compact" in p.stdout
+
+
+def _have_spark() -> bool:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
+
+
+@pytest.mark.skipif(not _have_spark(), reason="needs pyspark and Java 17")
+def test_cli_compact_spark_and_the_data_source(s3_store_url, tmp_path):
+    url = s3_store_url()
+    fill(url, n=3000, batch=500)
+    local = str(tmp_path / "local")
+    fill(local, n=3000, batch=500)
+    p = run("compact", "--store", url, "--force", "--engine", "spark", "--spark-master",
+            "local[2]", "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["engine"] == "spark"
+    with Store.open(local) as st:
+        compact_store(st, force=True)
+    assert content(url) == content(local)
+    code = textwrap.dedent(f"""
+        from connectors.spark_engine import spark_session
+        spark = spark_session("local[2]")
+        for mode in ("latest", "all"):
+            df = (spark.read.format("kcompact").option("store", {url!r})
+                  .option("topic", "t").option("mode", mode).load())
+            rows = sorted((r.partition, r.offset) for r in df.select("partition", "offset")
+                          .collect())
+            print(mode, len(rows), rows[:3])
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, cwd=str(ROOT))
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = dict(line.split(" ", 1) for line in p.stdout.splitlines() if line[:3] in ("lat", "all"))
+    c = content(local)
+    all_n = sum(len(v) for v in c.values())
+    live = sum(1 for v in c.values() for r in v if r[3] is not None)
+    assert int(out["all"].split()[0]) == all_n and int(out["latest"].split()[0]) == live
+
+
+def test_cli_kv_build_from_s3(s3_store_url, tmp_path):
+    url = s3_store_url()
+    fill(url, n=3000, batch=500)
+    db = str(tmp_path / "kv")
+    p = run("kv", "build", "--store", url, "--topic", TOPIC, "--db", db)
+    assert p.returncode == 0, p.stderr
+    latest: dict[bytes, bytes | None] = {}
+    for _p, v in content(url).items():
+        for off, _ts, k, val, _h in v:
+            latest[k] = (off, val) if k not in latest or latest[k][0] < off else latest[k]
+    for k, (_off, val) in list(latest.items())[:10]:
+        g = run("kv", "get", "--db", db, k.decode())
+        if val is None:
+            assert g.returncode == 1
+        else:
+            assert g.returncode == 0 and g.stdout.strip() == val.decode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
+    master = s3_store_url()
+    fill(master, n=3000, batch=500)
+    with Store.open(master) as st:
+        compact_store(st, force=True)
+    token = tmp_path / "token"
+    token.write_text("s3-replication-token-0123456789")
+    token.chmod(0o600)
+    port = _free_port()
+    srv = subprocess.Popen([KCOMPACT, "serve", "--store", master, "--listen",
+                            f"127.0.0.1:{port}", "--token-file", str(token)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.5).close()
+                break
+            except OSError:
+                assert srv.poll() is None and time.monotonic() < deadline, srv.stdout.read()
+                time.sleep(0.1)
+        src = f"http://127.0.0.1:{port}"
+        for replica in (str(tmp_path / "replica"), s3_store_url()):
+            p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
+            assert p.returncode == 0, p.stderr
+            p = run("verify", "--store", replica, "--against", src, "--token-file", str(token))
+            assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout + p.stderr
+            assert content(replica) == content(master)
+        # more records on the master, then the S3 replica again: merged with what it has
+        with Store.open(master, writer="w2") as st:
+            st.append(RecordBatch.from_records(TOPIC, rows(300, start=3000)))
+        p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
+        assert p.returncode == 0, p.stderr
+        p = run("verify", "--store", replica, "--against", src, "--token-file", str(token))
+        assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout + p.stderr
+        with Store.open(replica) as st:
+            assert verify_store(st).ok
+            assert [st.next_offset(TOPIC, q) for q in range(3)] == [3298, 3299, 3300]
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        try:
+            srv.wait(20)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait(10)
+
+
+def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url):
+    from confluent_kafka import Producer
+    topic = make_topic(partitions=3)
+    prod = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    for i in range(900):
+        prod.produce(topic, key=b"k%d" % (i % 50), value=None if i % 11 == 0 else b"v%d" % i,
+                     partition=i % 3, timestamp=1_700_000_000_000 + i)
+    assert prod.flush(60) == 0
+    url = s3_store_url()
+    p = run("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store", url,
+            "--engine", "local", timeout=300)
+    assert p.returncode == 0, p.stderr
+    got = content(url, topic)
+    assert {q: len(v) for q, v in got.items()} == {0: 300, 1: 300, 2: 300}
+    assert all([r[0] for r in v] == list(range(300)) for v in got.values())
+    # again: resumes from the store's own offsets, nothing duplicated
+    for i in range(30):
+        prod.produce(topic, key=b"new", value=b"%d" % i, partition=i % 3)
+    assert prod.flush(60) == 0
+    p = run("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store", url,
+            "--engine", "local", timeout=300)
+    assert p.returncode == 0, p.stderr
+    got = content(url, topic)
+    assert all([r[0] for r in v] == list(range(310)) for v in got.values())
+    p = run("verify", "--store", url)
+    assert p.returncode == 0, p.stdout
