@@ -293,8 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bootstrap-servers", required=True)
     s.add_argument("--topic", required=True)
     s.add_argument("--store", required=True)
-    s.add_argument("--engine", choices=("spark", "local"), default=None)
-    s.add_argument("--spark-master", default=None)
+    s.add_argument("--engine", choices=("spark", "local"), default=None,
+                   help="spark (the default without --follow): one Spark task per partition, "
+                   "then a compaction stage; local: this process")
+    s.add_argument("--spark-master", default=None,
+                   help="Spark master URL (default local[*]); the store must be reachable from "
+                   "every executor")
     s.add_argument("--follow", action="store_true")
     s.add_argument("--partitions", default=None, help="comma-separated partition numbers")
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",

@@ -7,8 +7,10 @@ end offsets seen at start, or keeps following with ``--follow`` (with background
 store's own next offset, so killing and rerunning the command at any moment ends with every
 record stored exactly once.
 
-``--engine spark`` (the default without ``--follow``) runs ``connectors.spark_engine`` when that
-module exists; until then the local engine runs instead, with a note on stderr.
+``--engine spark`` (the default without ``--follow``) runs ``connectors.spark_engine.run_mirror``:
+the same store sink, one Spark task per partition with writer ``spark-<topic>-<partition>``, then
+a compaction stage. When Spark cannot run here (no pyspark or no Java) a defaulted engine falls
+back to this local one, with a note on stderr.
 
 Signals: SIGINT/SIGTERM stop consuming, flush the store and exit (0 after SIGTERM, 130 after
 SIGINT). Progress (records/s and per-partition lag) goes to stderr every

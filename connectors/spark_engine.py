@@ -625,51 +625,53 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
                    ) -> dict[int, tuple[int, int]]:
     """(low watermark, end offset) of each partition, read from the consumer side.
 
-    ListOffsets "latest" is low on Tansu (base offset of the last batch + 1, BROKER_NOTES.md)
-    and right on Kafka, so it is never past the true end: the consumer is assigned there and
+    The consumer is assigned at the logical end (ListOffsets "latest": on Tansu the base offset
+    of the last batch + 1, BROKER_NOTES.md; right on Kafka - never past the true end) and
     reads to end-of-partition, whose offset is the end (with read_committed, the last stable
-    offset). A partition that gives no EOF within ``timeout`` (a producer outrunning us) ends
-    at the cached high watermark of the fetch responses (right on Tansu too)."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException
+    offset); the low watermark is the one fetch responses carry. A partition that gives no EOF
+    within ``timeout`` (a producer outrunning us) ends at the cached high watermark of the
+    fetch responses (right on Tansu too) or after the last record seen."""
+    from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException
     from confluent_kafka import TopicPartition as KTP
 
     from .worker import kafka_error_text, kafka_logger
     conf = dict(consumer_conf, **{"enable.partition.eof": True, "enable.auto.commit": False,
-                                  "queued.min.messages": 1000, "logger": kafka_logger()})
+                                  "queued.min.messages": 1000, "fetch.wait.max.ms": 10,
+                                  "logger": kafka_logger()})
     conf["client.id"] = f"{conf.get('client.id', 'kcompact')}-ends"
     c = Consumer(conf)
     try:
-        lows, assign, seen = {}, [], {}
-        for tp in tps:
-            try:
-                lo, hi = c.get_watermark_offsets(KTP(tp.topic, tp.partition), timeout=timeout)
-            except KafkaException as e:
-                raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
-                                      f"{kafka_error_text(e)}") from None
-            lows[tp.partition] = lo
-            seen[tp.partition] = max(lo, hi)
-            assign.append(KTP(tp.topic, tp.partition, max(lo, hi)))
-        c.assign(assign)
+        c.assign([KTP(tp.topic, tp.partition, OFFSET_END) for tp in tps])
         ends: dict[int, int] = {}
+        seen: dict[int, int] = {}
         deadline = time.monotonic() + timeout
         while len(ends) < len(tps) and time.monotonic() < deadline:
-            for m in c.consume(10_000, 0.2):
+            for m in c.consume(10_000, 0.1):
                 err = m.error()
                 if err is None:
-                    seen[m.partition()] = max(seen[m.partition()], m.offset() + 1)
+                    seen[m.partition()] = max(seen.get(m.partition(), 0), m.offset() + 1)
                 elif err.code() == KafkaError._PARTITION_EOF:
                     ends.setdefault(m.partition(), m.offset())
                 elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                                    KafkaError.TOPIC_AUTHORIZATION_FAILED):
                     raise ConnectorsError(f"{m.topic()}-{m.partition()}: {err.str()}")
+        out = {}
         for tp in tps:
+            try:
+                lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
+            except KafkaException:
+                lo, hw = -1, -1
             if tp.partition not in ends:
-                try:
-                    _, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
-                except KafkaException:
-                    hw = -1
-                ends[tp.partition] = max(seen[tp.partition], hw if hw is not None else -1)
-        return {p: (lows[p], ends[p]) for p in lows}
+                if hw is None or hw < 0:
+                    try:  # nothing fetched at all: ask (low on Tansu, but never past the end)
+                        lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition),
+                                                         timeout=timeout)
+                    except KafkaException as e:
+                        raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
+                                              f"{kafka_error_text(e)}") from None
+                ends[tp.partition] = max(seen.get(tp.partition, 0), hw)
+            out[tp.partition] = (max(lo or 0, 0), ends[tp.partition])
+        return out
     finally:
         c.close()
 
@@ -829,7 +831,10 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
             except KeyboardInterrupt:
                 print("mirror: interrupted: cancelling the Spark job (run the same command "
                       "again to resume; nothing is lost or repeated)", file=out, flush=True)
-                sp.sparkContext.cancelAllJobs()
+                try:
+                    sp.sparkContext.cancelAllJobs()  # the JVM may be gone already (Ctrl-C)
+                except Exception:  # noqa: BLE001
+                    pass
                 running.wait(30)
                 raise
             if running.error is not None:
@@ -882,7 +887,19 @@ def run_mirror(args) -> int:
               "local", file=sys.stderr, flush=True)
         args.engine = "local"
         return cmd_mirror(args)
-    mirror_with_spark(args.bootstrap_servers, args.topic, args.store, master=args.spark_master,
-                      partitions=parse_partitions(args.partitions),
-                      kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
+    import signal
+
+    def on_term(_signum, _frame) -> None:
+        raise KeyboardInterrupt  # cancel the job like Ctrl-C: a rerun resumes exactly
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        mirror_with_spark(args.bootstrap_servers, args.topic, args.store,
+                          master=args.spark_master, partitions=parse_partitions(args.partitions),
+                          kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
