@@ -251,13 +251,27 @@ class StoreProgress:
                 return decode_progress(rec.value, where=f"{self.url} {self.topic}-0@{rec.offset}")
             return None
 
+    def open_writer(self) -> None:
+        """Take the job's commit log (one run per job: a second one fails here, before it
+        produces anything or fences the first's transactions)."""
+        if self._writer is None:
+            try:
+                self._writer = Store.open(self.url, writer=self.job.writer,
+                                          commitlog_dir=self.commitlog_dir)
+            except StoreLockedError:
+                raise RestoreError(f"another restore of {self.job.key} is running (its progress "
+                                   f"writer {self.job.writer} in {self.url} is locked); stop "
+                                   "it first") from None
+            # opening re-dispatched what a killed run left in the commit log; let other
+            # restores of this store write their progress meanwhile
+            self._writer.release_partition(self.topic, 0)
+
     def write(self, p: Progress) -> None:
         """Append the record and make it durable (fsync), holding the partition only meanwhile
         so that restores of other topics can write their progress too."""
-        if self._writer is None:
-            self._writer = Store.open(self.url, writer=self.job.writer,
-                                      commitlog_dir=self.commitlog_dir)
+        self.open_writer()
         st = self._writer
+        assert st is not None
         deadline = time.monotonic() + self.lock_wait_s
         while True:
             try:
@@ -327,6 +341,10 @@ def kafka_failure(what: str, exc: BaseException, bootstrap: str, *, topic: str |
                    code, "valid credentials (-X sasl.* / ssl.*)")
         return RestoreError(f"not authorized to {what} on {bootstrap} ({text}); the principal "
                             f"needs {acl}")
+    if code in (E._FENCED, E.PRODUCER_FENCED, E.INVALID_PRODUCER_EPOCH):
+        return RestoreError(f"cannot {what} on {bootstrap}: another restore of the same job "
+                            f"took over its transactional id ({text}); one run per job at a "
+                            "time")
     if code in (E._TRANSPORT, E._ALL_BROKERS_DOWN, E._RESOLVE) or (
             code == E._TIMED_OUT and timeout is not None):
         wait = f" within {timeout:.0f} s" if timeout else ""
@@ -441,6 +459,7 @@ class RestoreStats:
     created_topic: bool = False
     target_partitions: int = 0
     chunks: int = 0
+    planned: bool = False      # the task has made its plan (total is known)
     notes: list[str] = field(default_factory=list)
 
 
@@ -462,6 +481,7 @@ class RestoreRunner:
         self._delivery_errors: list[str] = []
         self._kafka_errors: list[Any] = []
         self._in_txn = False
+        self._store_progress: StoreProgress | None = None
 
     def start(self) -> None:
         self.thread.start()
@@ -475,14 +495,13 @@ class RestoreRunner:
         return str(self.settings.conf.get("bootstrap.servers"))
 
     def _run(self) -> None:
-        store_progress = None
         try:
-            store_progress = self._restore()
+            self._restore()
         except BaseException as e:  # noqa: BLE001 - reported by the worker
             self.failure = e
         finally:
             self.metrics.finished = time.monotonic()
-            self._shutdown(store_progress)
+            self._shutdown(self._store_progress)
 
     def _shutdown(self, store_progress: StoreProgress | None) -> None:
         if self._in_txn and self.producer is not None:
@@ -586,7 +605,7 @@ class RestoreRunner:
 
     # -- the restore ---------------------------------------------------------------------------
 
-    def _restore(self) -> StoreProgress:
+    def _restore(self) -> None:
         props = self.props
         url, topic = props["store.url"], props["store.topic"]
         target = props.get("topic") or topic
@@ -606,6 +625,10 @@ class RestoreRunner:
                                     timeout=self.timeout) from None
             cluster_id = md.cluster_id or self.bootstrap
             job = RestoreJob(store_id, topic, cluster_id, target)
+            store_progress = StoreProgress(url, job, topic=progress_topic,
+                                           commitlog_dir=props.get("store.commitlog.dir"))
+            self._store_progress = store_progress
+            store_progress.open_writer()
             conf = self._producer_conf()
             if eos != "disabled":
                 conf.setdefault("transactional.id", job.transactional_id)
@@ -635,8 +658,6 @@ class RestoreRunner:
             consumer.close()
         self.stats.created_topic, self.stats.target_partitions = created, have
         self.stats.transactional = txn
-        store_progress = StoreProgress(url, job, topic=progress_topic,
-                                       commitlog_dir=props.get("store.commitlog.dir"))
         store_p = store_progress.read()
         last = newest(store_p, kafka_p)
         for p in (store_p, kafka_p):
@@ -668,6 +689,7 @@ class RestoreRunner:
         self.task.start(dict(props, **{TARGET_TOPIC: target, TARGET_PARTITIONS: have,
                                        INCLUDE_TOMBSTONES: not created}))
         self.stats.total = self.task.total
+        self.stats.planned = True
         for p, pp in self.task.plans.items():
             tp = TopicPartition(topic, p)
             self.metrics.high_watermark[tp] = pp.total
@@ -692,7 +714,6 @@ class RestoreRunner:
         finally:
             reader.close()
             writer.close()  # waits for the last progress record to be durable in the store
-        return store_progress
 
     def _send(self, chunk: Any, progress: Progress, txn: bool, progress_topic: str,
               on_produced: Callable[[], None] | None = None) -> None:
@@ -914,7 +935,7 @@ class ProgressBar:
         if now - self.last < every:
             return
         runners = [r for r in worker.runners if isinstance(r, RestoreRunner)]
-        if not runners or runners[0].task is None:
+        if not runners or not runners[0].stats.planned:
             return
         self.last = now
         r = runners[0]
@@ -1005,6 +1026,7 @@ def cmd_restore(args) -> int:
                   mode=getattr(args, "mode", "latest"), repartition=args.repartition,
                   from_scratch=getattr(args, "from_scratch", False),
                   exactly_once=getattr(args, "exactly_once", "requested"),
+                  chunk_records=getattr(args, "chunk_records", None),
                   kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
     return 130 if res.stopped_by == "SIGINT" else 0
 

@@ -613,7 +613,12 @@ def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iter
             yield _mirror_partition(job, item, attempt)
         except Exception as e:
             from reput import ReputError
-            if isinstance(e, (ConnectorsError, ReputError)):
+
+            from .api import TaskFailedError
+            cause = e.__cause__ if isinstance(e, TaskFailedError) else None
+            if isinstance(cause, (ReputError, OSError)):
+                msg = str(cause)  # without the worker's "task kcompact-mirror-0:" prefix
+            elif isinstance(e, (ConnectorsError, ReputError)):
                 msg = str(e)
             else:
                 msg = f"{type(e).__name__}: {e}"
@@ -622,15 +627,15 @@ def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iter
 
 
 def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
-                   ) -> dict[int, tuple[int, int]]:
-    """(low watermark, end offset) of each partition, read from the consumer side.
+                   ) -> dict[int, tuple[int, int, bool]]:
+    """(low watermark, end offset, exact) of each partition, read from the consumer side.
 
     The consumer is assigned at the logical end (ListOffsets "latest": on Tansu the base offset
     of the last batch + 1, BROKER_NOTES.md; right on Kafka - never past the true end) and
     reads to end-of-partition, whose offset is the end (with read_committed, the last stable
     offset); the low watermark is the one fetch responses carry. A partition that gives no EOF
     within ``timeout`` (a producer outrunning us) ends at the cached high watermark of the
-    fetch responses (right on Tansu too) or after the last record seen."""
+    fetch responses (right on Tansu too) or after the last record seen (``exact`` False)."""
     from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException
     from confluent_kafka import TopicPartition as KTP
 
@@ -656,6 +661,7 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
                                                    KafkaError.TOPIC_AUTHORIZATION_FAILED):
                     raise ConnectorsError(f"{m.topic()}-{m.partition()}: {err.str()}")
         out = {}
+        exact = set(ends)
         for tp in tps:
             try:
                 lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
@@ -670,7 +676,7 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
                         raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
                                               f"{kafka_error_text(e)}") from None
                 ends[tp.partition] = max(seen.get(tp.partition, 0), hw)
-            out[tp.partition] = (max(lo or 0, 0), ends[tp.partition])
+            out[tp.partition] = (max(lo or 0, 0), ends[tp.partition], tp.partition in exact)
         return out
     finally:
         c.close()
@@ -785,11 +791,17 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
     ends = partition_ends(runner.consumer_conf, tps, timeout)
     st = Store.open(store)
     todo = []
+    stored = set(st.partitions(topic))
     for tp in tps:
-        lo, end = ends[tp.partition]
-        nxt = st.next_offset(topic, tp.partition) if tp.partition in st.partitions(topic) else 0
+        lo, end, exact = ends[tp.partition]
+        nxt = st.next_offset(topic, tp.partition) if tp.partition in stored else 0
+        if exact and nxt > end:
+            st.close()
+            raise ConnectorsError(
+                f"{tp}: the store holds offsets up to {nxt - 1} but the partition ends at {end}: "
+                "was the topic deleted and recreated? Mirror into a new store")
         start = nxt if nxt > 0 else lo
-        if start != end:  # past the end too: the task reports a recreated topic
+        if start != end:  # not exact and past the end: the task's consumer finds out
             todo.append((tp.partition, start, end))
     todo.sort(key=lambda it: (-(it[2] - it[1]), it[0]))  # biggest first: better packing
     total = sum(max(0, e - s) for _, s, e in todo)

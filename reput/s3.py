@@ -200,17 +200,19 @@ class Spool:
         self.capacity = max(0, int(capacity_bytes))
         self._root = root
         self._lock = threading.Lock()
+        self._dir_lock = threading.Lock()
         self._files: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._inflight: dict[str, Future] = {}
         self.used = 0
         self.hits = self.misses = self.merged = 0
 
     def _dir(self) -> str:
-        if self._root is None:
-            self._root = tempfile.mkdtemp(prefix="kcompact-s3-spool-")
-            weakref.finalize(self, shutil.rmtree, self._root, True)
-        os.makedirs(self._root, exist_ok=True)
-        return self._root
+        with self._dir_lock:
+            if self._root is None:
+                self._root = tempfile.mkdtemp(prefix="kcompact-s3-spool-")
+                weakref.finalize(self, shutil.rmtree, self._root, True)
+            os.makedirs(self._root, exist_ok=True)
+            return self._root
 
     def _path(self, key: str) -> str:
         return os.path.join(self._dir(), hashlib.sha1(key.encode()).hexdigest())

@@ -102,6 +102,7 @@ class SeaweedS3:
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.log_path = os.path.join(self.workdir, "weed.log")
+        self._buckets: set[str] = set()
 
     @property
     def endpoint(self) -> str:
@@ -206,6 +207,13 @@ class SeaweedS3:
                                        f"{e}") from None
                 time.sleep(0.3)
 
+    def url(self, prefix: str, bucket: str = "kcompact") -> str:
+        """A store URL ``s3://bucket/prefix`` on this server (the bucket is created once)."""
+        if bucket not in self._buckets:
+            self.create_bucket(bucket)
+            self._buckets.add(bucket)
+        return f"s3://{bucket}/{prefix.strip('/')}"
+
     def stop(self) -> None:
         p, self.proc = self.proc, None
         if p is not None and p.poll() is None:
@@ -229,3 +237,33 @@ class SeaweedS3:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+#: the name connectors/demo.py uses
+SeaweedFS = SeaweedS3
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m reput.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
+    prints the environment to use it; Ctrl-C stops it and deletes its data."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m reput.seaweed", description=main.__doc__)
+    ap.add_argument("bucket", nargs="?", default="kcompact-dev")
+    ap.add_argument("--access-key", default="kcompact")
+    ap.add_argument("--secret-key", default=None)
+    args = ap.parse_args(argv)
+    with SeaweedS3(access_key=args.access_key, secret_key=args.secret_key) as s3:
+        s3.create_bucket(args.bucket)
+        for k, v in s3.env().items():
+            print(f"export {k}={v}")
+        print(f"# store URLs: s3://{args.bucket}/<prefix>   (Ctrl-C stops the server)", flush=True)
+        try:
+            while s3.proc is not None and s3.proc.poll() is None:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -40,6 +40,7 @@ from .partition import PartitionLog, ReadResult
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
 
 FORMAT_VERSION = 1
+SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 
 
 @dataclass
@@ -397,11 +398,24 @@ class Store:
             if self.remote:
                 # seal: upload each partition's new segments and commit its manifest, before
                 # the checkpoint says those records need no re-dispatch
-                for key in sorted(self._writable):
-                    self._partitions[key].seal(self.writer)
+                self._seal_all()
             if self._dispatched != self.commitlog.read_checkpoint():
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
+
+    def _seal_all(self) -> None:
+        """S3: seal every writable partition, several at once (each is a few requests whose
+        latency, not bandwidth, is the cost); the first failure is raised."""
+        pls = [self._partitions[k] for k in sorted(self._writable)]
+        if len(pls) <= 1:
+            for pl in pls:
+                pl.seal(self.writer or "writer")
+            return
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(SEAL_THREADS, len(pls)),
+                                thread_name_prefix="kcompact-seal") as ex:
+            for f in [ex.submit(pl.seal, self.writer or "writer") for pl in pls]:
+                f.result()
 
     def close(self) -> None:
         with self._lock:

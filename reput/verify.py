@@ -60,19 +60,29 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
     for si, seg in enumerate(pl.segments):
         report.segments += 1
         report.bytes += seg.log_size
-        is_active = si == len(pl.segments) - 1
-        log_path, idx_path = pl.log_path(seg.base), pl.index_path(seg.base)
+        # on S3 every listed segment is sealed; locally the last one is the active segment
+        is_active = si == len(pl.segments) - 1 and seg.entry is None
+        log_path, idx_path = pl.seg_log_path(seg), pl.seg_index_path(seg)
+        fs = pl.seg_fs(seg)
         if seg.index_size % B.ENTRY_SIZE:
             report.problems.append(Problem(idx_path, seg.index_size - seg.index_size % B.ENTRY_SIZE,
                                            "partial index entry at the end of the .bcq"))
-        raw = store.fs.map(idx_path, seg.entry_count * B.ENTRY_SIZE) if seg.entry_count else \
-            np.zeros(0, np.uint8)
+        try:
+            raw = fs.map(idx_path, seg.entry_count * B.ENTRY_SIZE) if seg.entry_count else \
+                np.zeros(0, np.uint8)
+            buf = fs.map(log_path, seg.log_size) if seg.log_size else np.zeros(0, np.uint8)
+        except FileNotFoundError as e:
+            report.problems.append(Problem(e.filename or log_path, 0, "listed by the partition "
+                                           "manifest but missing from the store"))
+            continue
         idx = B.view(raw)
-        buf = store.fs.map(log_path, seg.log_size) if seg.log_size else np.zeros(0, np.uint8)
+        if seg.entry is not None:
+            _check_manifest_entry(seg, idx, buf, log_path, idx_path, report)
         pos = 0
         i = 0  # next index entry expected
-        while pos < seg.log_size:
-            s = scan(buf, pos, seg.log_size, secret=store.secret, verify_crc=True)
+        log_size = min(seg.log_size, int(buf.shape[0]))
+        while pos < log_size:
+            s = scan(buf, pos, log_size, secret=store.secret, verify_crc=True)
             n = len(s)
             report.records += n
             if n:
@@ -121,6 +131,27 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                                            f"{idx.shape[0] - i} index entries point past the "
                                            "last valid record of the .log"))
         del buf, raw
+
+
+def _check_manifest_entry(seg, idx: np.ndarray, buf: np.ndarray, log_path: str, idx_path: str,
+                          report: VerifyReport) -> None:
+    """An S3 segment's manifest entry (docs/formats/manifest.md) against its objects."""
+    e = seg.entry
+    if buf.shape[0] != e.log_size:
+        report.problems.append(Problem(log_path, int(buf.shape[0]), f"the .log object holds "
+                                       f"{buf.shape[0]} bytes, the manifest says {e.log_size}"))
+    if idx.shape[0] != e.records:
+        report.problems.append(Problem(idx_path, int(idx.shape[0]) * B.ENTRY_SIZE,
+                                       f"the .bcq holds {idx.shape[0]} entries, the manifest "
+                                       f"says {e.records} records"))
+        return
+    if e.records and not np.array_equal(idx["offset"], e.offset_array()):
+        report.problems.append(Problem(idx_path, 0, "the manifest's offset bitmap does not "
+                                       "match the .bcq's offsets"))
+    elif e.records and (int(idx[0]["offset"]), int(idx[-1]["offset"])) != (e.first_offset,
+                                                                           e.last_offset):
+        report.problems.append(Problem(idx_path, 0, "the manifest's first/last offsets do not "
+                                       "match the .bcq"))
 
 
 def verify_commitlogs(store: Store, report: VerifyReport) -> None:

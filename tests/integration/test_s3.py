@@ -32,7 +32,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from compaction import compact_store
+from compaction import CompactionOptions, compact_store
 from reput import manifest as M
 from reput.record import Record, RecordBatch
 from reput.s3 import S3Backend
@@ -294,6 +294,76 @@ def test_two_committers_race_for_one_version(s3_store_url):
     assert latest.version == 3 and sorted(s.base for s in latest.segments) == [0, 10, 20]
 
 
+_KILLED_COMPACTOR = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from compaction import CompactionOptions, compact_store
+    from reput import manifest as M
+    from reput.store import Store
+    def die(*a, **k):                 # the outputs are uploaded: die before the commit
+        os._exit(9)
+    M.commit = die
+    with Store.open({url!r}, commitlog_dir={cl!r}) as st:
+        compact_store(st, force=True, options=CompactionOptions(offset_map_memory=4096))
+""")
+
+
+def test_compactor_killed_before_its_commit_changes_nothing(s3_store_url, tmp_path):
+    url = s3_store_url(grace_ms=0)
+    fill(url, n=3000, batch=500)
+    before = content(url)
+    versions = {q: M.read_latest(S3Backend.from_url(url), f"partitions/t/{q}").version
+                for q in range(3)}
+    code = _KILLED_COMPACTOR.format(root=str(ROOT), url=url, cl=str(tmp_path / "cl"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 9, p.stderr
+    fs = S3Backend.from_url(url)
+    assert {q: M.read_latest(fs, f"partitions/t/{q}").version for q in range(3)} == versions
+    assert content(url) == before
+    with Store.open(url) as st:
+        res = compact_store(st, force=True)
+        assert all(r.skipped is None for r in res)
+    for q in range(3):  # the dead compactor's uploads were collected (grace 0)
+        pdir = f"partitions/t/{q}"
+        m = M.read_latest(fs, pdir)
+        objs = {n for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+        assert objs == m.names(), objs - m.names()
+
+
+def test_readers_never_see_a_partial_compaction(s3_store_url):
+    """A multi-round compaction (a 4 KiB offset map) is one manifest commit: readers that open
+    the store while it runs see the whole old state or the whole new one."""
+    url = s3_store_url()
+    fill(url, n=6000, batch=1000, keys=400)
+    old = content(url)
+    seen, stop, errors = [], threading.Event(), []
+
+    def reader():
+        try:
+            while not stop.is_set():
+                with Store.open(url) as st:
+                    seen.append([r.offset for r in st.iter_records(TOPIC, 0)])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        with Store.open(url) as st:
+            res = compact_store(st, topic=TOPIC, partition=0, force=True,
+                                options=CompactionOptions(offset_map_memory=4096))
+        assert res[0].rounds > 1
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors
+    new = [x[0] for x in content(url)[0]]
+    olds = [x[0] for x in old[0]]
+    assert new != olds
+    assert seen and all(s in (olds, new) for s in seen)
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 
@@ -360,7 +430,7 @@ def test_cli_inspect_dump_verify_compact(s3_store_url, tmp_path):
 
 def _have_spark() -> bool:
     try:
-        import pyspark  # noqa: F401
+        import pyspark  # noqa: F401  (only whether it imports)
     except ImportError:
         return False
     return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
@@ -470,7 +540,9 @@ def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
             srv.wait(10)
 
 
-def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url):
+@pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.skipif(
+    not _have_spark(), reason="needs pyspark and Java 17"))])
+def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url, engine):
     from confluent_kafka import Producer
     topic = make_topic(partitions=3)
     prod = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
@@ -480,7 +552,7 @@ def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url):
     assert prod.flush(60) == 0
     url = s3_store_url()
     p = run("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store", url,
-            "--engine", "local", timeout=300)
+            "--engine", engine, timeout=300)
     assert p.returncode == 0, p.stderr
     got = content(url, topic)
     assert {q: len(v) for q, v in got.items()} == {0: 300, 1: 300, 2: 300}
@@ -490,7 +562,7 @@ def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url):
         prod.produce(topic, key=b"new", value=b"%d" % i, partition=i % 3)
     assert prod.flush(60) == 0
     p = run("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store", url,
-            "--engine", "local", timeout=300)
+            "--engine", engine, timeout=300)
     assert p.returncode == 0, p.stderr
     got = content(url, topic)
     assert all([r[0] for r in v] == list(range(310)) for v in got.values())

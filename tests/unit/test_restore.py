@@ -350,3 +350,13 @@ def test_cli_restore_flags_and_x_passthrough():
     assert props["producer.override.linger.ms"] == "5"
     with pytest.raises(ConfigError, match="use --bootstrap-servers"):
         connector_props("/s", "t", "t2", kafka_config={"bootstrap.servers": "x"})
+
+
+def test_example_properties_validate():
+    from pathlib import Path
+
+    from connectors.config import load_config_file
+    path = Path(__file__).resolve().parents[2] / "examples" / "store-source.properties"
+    cls, values = validate_connector(load_config_file(path), where=str(path))
+    assert cls is StoreSourceConnector and values["store.topic"] == "orders"
+    assert values["topic"] == "orders-restored" and values["mode"] == "latest"

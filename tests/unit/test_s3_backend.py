@@ -524,3 +524,30 @@ def test_grace_period_keeps_replaced_objects(make_fs, fake):
                              now_ms=int(time.time() * 1000) + 3_700_000)
     assert all(f"partitions/t/0/{n.rsplit('/', 1)[1]}" in gone for n in old_names)
     assert len([v for v in M.list_versions(fs, "partitions/t/0")]) == M.KEEP_VERSIONS
+
+
+def test_verify_names_a_corrupt_object_and_a_manifest_mismatch(make_fs, fake):
+    st = Store.open("s3://bucket/v", fs=make_fs(), writer="w", create=True)
+    st.append(RecordBatch.from_records("t", _rows(300)))
+    st.close()
+    fs = make_fs()
+    pl = Store.open("s3://bucket/v", fs=fs).partition("t", 0)
+    seg = pl.segments[0]
+    key = f"{fs.prefix}/{seg.log_rel}"
+    data, mtime = fake.objects["bucket"][key]
+    bad = bytearray(data)
+    bad[100] ^= 0xFF
+    fake.objects["bucket"][key] = (bytes(bad), mtime)
+    rep = verify_store(Store.open("s3://bucket/v", fs=make_fs()))
+    assert not rep.ok and any(p.path == seg.log_rel for p in rep.problems)
+    from reput.errors import CorruptRecordError
+    with pytest.raises(CorruptRecordError, match=seg.log_rel):
+        list(Store.open("s3://bucket/v", fs=make_fs()).iter_records("t", 0))
+    # an object shorter than the manifest says
+    fake.objects["bucket"][key] = (data[:-10], mtime)
+    rep = verify_store(Store.open("s3://bucket/v", fs=make_fs()))
+    assert any("the manifest says" in p.message for p in rep.problems)
+    # a listed object that is gone
+    del fake.objects["bucket"][key]
+    rep = verify_store(Store.open("s3://bucket/v", fs=make_fs()))
+    assert any("missing" in p.message for p in rep.problems)
