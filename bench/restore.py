@@ -99,12 +99,12 @@ def raw_produce(bootstrap: str, topic: str, cols) -> tuple[float, float]:
     produce, poll = p.produce, p.poll
     for k, v, part, stamp in zip(ks, vs, ps, ts):
         try:
-            produce(topic, v, k, part, None, None, stamp, None)
+            produce(topic, v, k, part, None, None, stamp)
         except BufferError:
             while True:
                 poll(0.01)
                 try:
-                    produce(topic, v, k, part, None, None, stamp, None)
+                    produce(topic, v, k, part, None, None, stamp)
                     break
                 except BufferError:
                     continue

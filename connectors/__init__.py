@@ -2,7 +2,8 @@
 
 Public API (importable without pyspark): the connector/task model (``connectors.api``), config
 definitions (``connectors.config``), converters and error handling. The worker, the store sink
-and the mirror live in ``connectors.worker``, ``connectors.store_sink``, ``connectors.mirror``.
+and the mirror live in ``connectors.worker``, ``connectors.store_sink``, ``connectors.mirror``;
+the store source and ``kcompact restore`` in ``connectors.store_source``, ``connectors.restore``.
 """
 
 from .api import (OFFSET_BEGINNING, ConnectRecord, Connector, DataError, RetriableError,

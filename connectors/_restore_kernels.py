@@ -30,7 +30,8 @@ def murmur2_many(buf, starts, lengths, out):
         for w in range(n // 4):
             p = s + 4 * w
             k = (np.uint64(buf[p]) | (np.uint64(buf[p + 1]) << np.uint64(8))
-                 | (np.uint64(buf[p + 2]) << np.uint64(16)) | (np.uint64(buf[p + 3]) << np.uint64(24)))
+                 | (np.uint64(buf[p + 2]) << np.uint64(16))
+                 | (np.uint64(buf[p + 3]) << np.uint64(24)))
             k = (k * _M) & _MASK
             k ^= k >> np.uint64(24)
             k = (k * _M) & _MASK

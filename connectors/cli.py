@@ -300,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Spark master URL (default local[*]); the store must be reachable from "
                    "every executor")
     s.add_argument("--follow", action="store_true")
+    s.add_argument("--no-compact", action="store_true",
+                   help="--engine spark: skip the compaction stage after the mirror (the store "
+                   "then holds every record, as after a batch --engine local)")
     s.add_argument("--partitions", default=None, help="comma-separated partition numbers")
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer setting (repeatable)")

@@ -910,7 +910,8 @@ def run_mirror(args) -> int:
     try:
         mirror_with_spark(args.bootstrap_servers, args.topic, args.store,
                           master=args.spark_master, partitions=parse_partitions(args.partitions),
-                          kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
+                          kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"),
+                          compact=not getattr(args, "no_compact", False))
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -135,7 +135,8 @@ class SourceChunk(Sequence[SourceRecord]):
     """
 
     __slots__ = ("topic", "partitions", "timestamps", "keys", "values", "headers",
-                 "source_partitions", "source_offsets", "positions", "taken", "done", "nbytes")
+                 "has_headers", "source_partitions", "source_offsets", "positions", "taken",
+                 "done", "nbytes")
 
     def __init__(self, topic: str):
         self.topic = topic
@@ -144,6 +145,7 @@ class SourceChunk(Sequence[SourceRecord]):
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.headers: list[list | None] = []
+        self.has_headers = False  # some record has headers (else every headers[i] is None)
         self.source_partitions: list[tuple[int, int]] = []  # runs: (store partition, count)
         self.source_offsets: list[np.ndarray] = []          # the runs' store offsets
         self.positions: dict[int, int] = {}
@@ -153,6 +155,17 @@ class SourceChunk(Sequence[SourceRecord]):
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def mark(self) -> tuple[int, int, int]:
+        return len(self.keys), len(self.source_partitions), self.nbytes
+
+    def rollback(self, mark: tuple[int, int, int]) -> None:
+        """Drop what was added since ``mark`` (a read that failed half-way)."""
+        n, runs, self.nbytes = mark
+        for col in (self.partitions, self.timestamps, self.keys, self.values, self.headers):
+            del col[n:]
+        del self.source_partitions[runs:]
+        del self.source_offsets[runs:]
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
@@ -328,6 +341,7 @@ class StoreSourceTask(SourceTask):
             raise ConfigError("repartition needs the target topic's partition count")
         self.store = open_store_topic(props["store.url"], self.topic)
         self._next_keyless = 0
+        self.replans = 0  # times a partition was planned again (segments changed under us)
         self.plans: dict[int, _PartitionPlan] = {}
         self.pls = {}
         for p in self.store.partitions(self.topic):
@@ -373,6 +387,7 @@ class StoreSourceTask(SourceTask):
             seg, idx = pp.pieces[pp.piece]
             j = min(idx.shape[0], pp.at + want)
             pl = self.pls[pp.partition]
+            mark = chunk.mark()
             try:
                 entries = pl.index(seg).entries
                 a, b = int(idx[pp.at]), int(idx[j - 1])
@@ -382,6 +397,7 @@ class StoreSourceTask(SourceTask):
             except (CorruptRecordError, FileNotFoundError, _StaleView):
                 # A compaction swapped the segments under this reader: plan again from the
                 # cursor (offsets never change, so the rest of the plan is the same records).
+                chunk.rollback(mark)
                 replans += 1
                 if replans > MAX_REPLANS:
                     raise
@@ -398,6 +414,7 @@ class StoreSourceTask(SourceTask):
 
     def _replan(self, pp: _PartitionPlan) -> None:
         assert self.store is not None
+        self.replans += 1
         self.store.release_partition(self.topic, pp.partition)
         pl = self.pls[pp.partition] = self.store.partition(self.topic, pp.partition)
         new = plan_partition(pl, self.mode, pp.cursor, include_tombstones=self.include_tombstones)
@@ -450,6 +467,7 @@ class StoreSourceTask(SourceTask):
         for r in np.nonzero(hl)[0].tolist():
             s = int(hs[r])
             headers[r] = list(decode_headers(data[s:s + int(hl[r])]))
+            chunk.has_headers = True
         if self.repartition:
             from ._restore_kernels import murmur2_partitions
             parts = np.empty(m, np.int64)

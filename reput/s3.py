@@ -55,7 +55,8 @@ CONNECT_TIMEOUT_S = 3
 READ_TIMEOUT_S = 60
 MAX_ATTEMPTS = 3
 _ACCESS_CODES = {"SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied", "403",
-                 "InvalidToken", "ExpiredToken", "InvalidClientTokenId", "UnrecognizedClientException",
+                 "InvalidToken", "ExpiredToken", "InvalidClientTokenId",
+                 "UnrecognizedClientException",
                  "AuthorizationHeaderMalformed", "InvalidSecurity", "AllAccessDisabled"}
 _URL_OPTIONS = ("endpoint", "region", "profile", "grace_ms")
 
@@ -191,6 +192,33 @@ class BlockCache:
 # the spool: whole immutable objects as local files
 
 
+_SPOOL_PREFIX = "kcompact-s3-spool-"
+
+
+def _sweep_dead_spools() -> None:
+    """Remove spool directories of processes that died without cleaning up (killed, or left
+    through os._exit as Spark's Python workers are): ``kcompact-s3-spool-<pid>-*`` whose pid
+    is gone."""
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(_SPOOL_PREFIX):
+            continue
+        pid = name[len(_SPOOL_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or not ours to signal: then not ours to delete either)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        except OSError:
+            continue
+
+
 class Spool:
     """Whole immutable objects in local files (a temporary directory removed at exit), LRU
     bounded in bytes. Concurrent fetches of one object are merged. Evicting unlinks the file;
@@ -209,7 +237,8 @@ class Spool:
     def _dir(self) -> str:
         with self._dir_lock:
             if self._root is None:
-                self._root = tempfile.mkdtemp(prefix="kcompact-s3-spool-")
+                _sweep_dead_spools()
+                self._root = tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-")
                 weakref.finalize(self, shutil.rmtree, self._root, True)
             os.makedirs(self._root, exist_ok=True)
             return self._root
@@ -328,7 +357,8 @@ def shared_cache() -> BlockCache:
     with _shared_lock:
         c = _shared.get("cache")
         if c is None:
-            c = _shared["cache"] = BlockCache(_env_mb("KCOMPACT_S3_CACHE_MB", DEFAULT_CACHE_MB) << 20)
+            mb = _env_mb("KCOMPACT_S3_CACHE_MB", DEFAULT_CACHE_MB)
+            c = _shared["cache"] = BlockCache(mb << 20)
         return c  # type: ignore[return-value]
 
 
@@ -374,7 +404,8 @@ def make_client(endpoint: str | None = None, region: str | None = None,
         if c is not None:
             return c
     try:
-        session = boto3.session.Session(profile_name=profile) if profile else boto3.session.Session()
+        session = (boto3.session.Session(profile_name=profile) if profile
+                   else boto3.session.Session())
     except Exception as e:  # botocore.exceptions.ProfileNotFound and friends
         raise S3AccessError(f"AWS profile {profile!r}: {e}") from None
     attempts = MAX_ATTEMPTS

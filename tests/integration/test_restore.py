@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from connectors.restore import RestoreError, RestoreJob, StoreProgress, restore
+from connectors.restore import RestoreJob, StoreProgress, restore
 from connectors.store_source import PROGRESS_TOPIC, default_partition
 from reput import Store
 from reput.record import RecordBatch
@@ -31,6 +31,8 @@ from reput.record import RecordBatch
 ROOT = Path(__file__).resolve().parents[2]
 TS0 = 1_700_000_000_000
 ON_TANSU = not os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+#: A slowed producer (tiny batches, one request in flight) so that signals land mid-restore.
+SLOW = ("-X", "batch.num.messages=5", "-X", "linger.ms=0", "-X", "max.in.flight=1")
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -52,7 +54,7 @@ def build_store(url: str, partitions: int, n: int, *, seed: int = 1, keys: int =
                        (b"p%d-k%d" % (p, k) if own_keys else b"k%d" % k))
                 v = rng.random()
                 value = (None if v < 0.08 else b"" if v < 0.12 else
-                         bytes(rng.randrange(256) for _ in range(rng.randrange(1, 60))))
+                         rng.randbytes(rng.randrange(1, 60)))
                 h = rng.random()
                 headers = ((("a", b"1"), ("a", None), ("\u00fc", b"")) if h < 0.2 else
                            (("trace", b"%d" % i),) if h < 0.4 else ())
@@ -368,13 +370,11 @@ def _committed_part(offsets: list[int]) -> tuple[list[int], int, int]:
 
 def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_path):
     url = str(tmp_path / "store")
-    build_store(url, 4, 50_000, seed=8, keys=40_000)
+    build_store(url, 4, 25_000, seed=8, keys=20_000)
     target = new_topic()
-    chunk = 4000
-    # a slowed producer (tiny batches, one request in flight) so kills land mid-restore
+    chunk = 2000
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
-            kafka_bootstrap, "--to-topic", target, "--chunk-records", str(chunk),
-            "-X", "batch.num.messages=20", "-X", "linger.ms=0", "-X", "max.in.flight=1")
+            kafka_bootstrap, "--to-topic", target, "--chunk-records", str(chunk), *SLOW)
     job = _job(kafka_bootstrap, url, target)
 
     def seq() -> int:
@@ -391,7 +391,7 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
         deadline = time.monotonic() + 60
         while seq() <= before and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.8))
+        time.sleep(rng.uniform(0.2, 2.0))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             kills += 1
@@ -428,3 +428,62 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
         else:
             committed = offsets
         assert committed == [r[0] for r in want[p]]  # once each, in store order
+
+
+def test_sigterm_stops_after_the_chunk_and_a_rerun_continues(kafka_bootstrap, new_topic,
+                                                             tmp_path):
+    url = str(tmp_path / "store")
+    build_store(url, 2, 30_000, seed=9, keys=25_000)
+    target = new_topic()
+    args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+            kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
+    job = _job(kafka_bootstrap, url, target)
+    p = subprocess.Popen([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while StoreProgress(url, job).read() is None and time.monotonic() < deadline:
+        assert p.poll() is None, p.stderr.read()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "stopped by SIGTERM" in err
+    stopped = StoreProgress(url, job).read()
+    assert stopped is not None and not stopped.done
+    final = kcompact(*args)
+    assert final.returncode == 0 and "continued from recorded progress" in final.stderr
+    want = {}
+    for p, rows in store_records(url).items():
+        pos = stopped.positions.get(p, 0)
+        last = {}
+        for r in rows:
+            if r[2] is not None:
+                last[r[2]] = r
+        # before the stop: the live latest records; after it (a resumed run): tombstones too
+        want[p] = sorted(r for r in last.values() if r[3] is not None or r[0] >= pos)
+    # a clean stop commits its chunk: every record exactly once, on Tansu too
+    assert read_topic(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
+
+
+def test_second_run_of_the_same_job_is_refused(kafka_bootstrap, new_topic, tmp_path):
+    url = str(tmp_path / "store")
+    build_store(url, 2, 40_000, seed=10, keys=30_000)
+    target = new_topic()
+    args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+            kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
+    job = _job(kafka_bootstrap, url, target)
+    first = subprocess.Popen([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while StoreProgress(url, job).read() is None and time.monotonic() < deadline:
+            assert first.poll() is None, first.stderr.read()
+            time.sleep(0.05)
+        second = kcompact(*args)
+        assert second.returncode == 1
+        assert "another restore of orders->" in error_line(second)
+        assert first.poll() is None  # not fenced: the second one produced nothing
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 0

@@ -240,6 +240,28 @@ def test_compact_engine_spark_equals_local(spark, kafka_bootstrap, make_topic, t
     assert verified(str(a))
 
 
+def test_mirror_compaction_stage(spark, kafka_bootstrap, make_topic, tmp_path, capsys):
+    """With sealed segments (small segment.bytes) the mirror's compaction stage compacts what
+    the planner picks; --no-compact leaves every record."""
+    topic = make_topic(partitions=3)
+    produce(kafka_bootstrap, topic, keyed_records(3, 4500, keys=30, seed=13))
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    for url in (a, b):
+        Store.create(url, topics={topic: {"segment.bytes": 16384}}).close()
+    argv = ["mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store"]
+    assert cli.main(argv + [a]) == 0
+    err = capsys.readouterr().err
+    assert "compact: 3 partitions with Spark" in err and "dropped" in err, err
+    assert cli.main(argv + [b, "--no-compact"]) == 0
+    assert "compact:" not in capsys.readouterr().err
+    want = read_topic(kafka_bootstrap, topic, 3)
+    assert read_store(b, topic) == want
+    got = read_store(a, topic)
+    assert sum(map(len, got.values())) < sum(map(len, want.values()))
+    assert latest_model(got) == latest_model(want)
+    assert verified(a)
+
+
 @pytest.mark.parametrize("mode", ["raise", "exit"])
 def test_retried_task_leaves_no_duplicate(spark, kafka_bootstrap, make_topic, tmp_path,
                                           monkeypatch, mode):

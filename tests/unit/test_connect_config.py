@@ -215,8 +215,8 @@ def test_connector_validation_accepts_a_full_store_sink_config():
     ({"store.urll": "/x"}, "unknown property 'store.urll'; did you mean 'store.url'"),
     ({"errors.tolerance": "most"}, "errors.tolerance: expected one of none, all; got 'most'"),
     ({"errors.retry.timeout": "-5"}, "errors.retry.timeout: -5 is out of range"),
-    ({"connector.class": "FileStreamSink"}, "unknown connector 'FileStreamSink' "
-                                            r"\(built-in: StoreSinkConnector\)"),
+    ({"connector.class": "FileStreamSink"},
+     r"unknown connector 'FileStreamSink' \(built-in: StoreSinkConnector, StoreSourceConnector\)"),
     ({"connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector"},
      "is a Java class; kcompact runs Python connectors"),
     ({"connector.class": "json.JSONDecoder"}, "is not a kcompact Connector subclass"),

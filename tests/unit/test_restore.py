@@ -90,7 +90,7 @@ def test_murmur2_partitions_keyless_round_robin():
     assert [int(out[i]) for i in (0, 2, 4)] == [default_partition(keys[i], 4) for i in (0, 2, 4)]
 
 
-# -- progress records --------------------------------------------------------------------------------
+# -- progress records ----------------------------------------------------------------------------
 
 
 JOB = RestoreJob("store-1", "orders", "cluster-a", "orders-restored")
@@ -208,7 +208,8 @@ def test_unreachable_broker_is_one_clear_line():
 # -- the task: plan and chunks against a model -----------------------------------------------------
 
 
-def _make_store(url: str, n: int, partitions: int, seed: int = 1) -> dict[int, list[tuple]]:
+def _make_store(url: str, n: int, partitions: int, seed: int = 1, keys: int = 40
+                ) -> dict[int, list[tuple]]:
     """Random records (keys from a small set, tombstones, keyless, empty values, headers);
     returns the model: partition -> [(offset, ts, key, value, headers)]."""
     rng = random.Random(seed)
@@ -219,7 +220,7 @@ def _make_store(url: str, n: int, partitions: int, seed: int = 1) -> dict[int, l
             off = 0
             for i in range(n):
                 off += rng.choice((1, 1, 2))  # gaps, as transaction markers leave
-                key = None if rng.random() < 0.05 else b"k%d" % rng.randrange(40)
+                key = None if rng.random() < 0.05 else b"k%d" % rng.randrange(keys)
                 value = (None if rng.random() < 0.1 else
                          b"" if rng.random() < 0.05 else b"v%d-%d" % (p, i))
                 headers = (("h", b"1"), ("n", None)) if rng.random() < 0.2 else ()
@@ -360,3 +361,28 @@ def test_example_properties_validate():
     cls, values = validate_connector(load_config_file(path), where=str(path))
     assert cls is StoreSourceConnector and values["store.topic"] == "orders"
     assert values["topic"] == "orders-restored" and values["mode"] == "latest"
+
+
+def test_a_compaction_under_the_reader_is_planned_again(tmp_path):
+    """A forced compaction swaps the segments between two chunks: the task notices (the index
+    entries no longer match the .log) and plans the rest again from its cursor."""
+    from compaction import compact_store
+    url = str(tmp_path / "s")
+    with Store.open(url, writer="w", create=True) as st:
+        st.set_topic_config("orders", {"segment.bytes": 16_384})
+    model = _make_store(url, 3000, 1, seed=6, keys=2000)
+    want = _latest(model[0])
+    task = StoreSourceTask()
+    task.initialize(SourceTaskContext({}))
+    task.start({"store.url": url, "store.topic": "orders", "restore.chunk.records": 100})
+    assert len(task.pls[0].segments) > 3
+    got = [(r.source_offset["position"] - 1, r.timestamp, r.key, r.value, r.headers)
+           for r in task.poll()]
+    with Store.open(url) as st:
+        assert compact_store(st, topic="orders", force=True)
+    while (c := task.poll()) is not None:
+        got.extend((r.source_offset["position"] - 1, r.timestamp, r.key, r.value, r.headers)
+                   for r in c)
+    task.stop()
+    assert task.replans >= 1
+    assert got == want

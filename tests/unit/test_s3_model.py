@@ -26,6 +26,7 @@ import test_compaction_model as CM  # noqa: E402
 import test_store_model as SM  # noqa: E402
 from _fake_s3 import FakeS3  # noqa: E402
 
+from reput import bcq as B  # noqa: E402
 from reput import manifest as M  # noqa: E402
 from reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
 from reput.store import Store  # noqa: E402
@@ -62,7 +63,6 @@ def check_manifests(store: Store, fs) -> None:
                 assert fs.size(f"{pdir}/{e.log}") == e.log_size
                 idx = np.frombuffer(fs.read(f"{pdir}/{e.bcq}"), np.uint8)
                 assert idx.shape[0] == e.bcq_size == 48 * e.records
-                from reput import bcq as B
                 offs = B.view(idx)["offset"]
                 assert offs.tolist() == e.offset_array().tolist()
                 if e.records:
@@ -158,8 +158,8 @@ class S3CompactionMachine(CM.CompactionMachine):
 
     def check_active_untouched(self, pl, pre: dict) -> None:
         """(g) on S3: the writer's local (active) segments are untouched."""
-        now = [(s.base, pl.local_fs.read(pl.seg_log_path(s)), pl.local_fs.read(pl.seg_index_path(s)))
-               for s in pl.segments if s.kind == "file"]
+        now = [(s.base, pl.local_fs.read(pl.seg_log_path(s)),
+                pl.local_fs.read(pl.seg_index_path(s))) for s in pl.segments if s.kind == "file"]
         assert now == pre["local"]
 
     def after_compaction(self, pre: dict, done: dict, force: bool) -> None:
