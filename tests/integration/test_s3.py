@@ -493,28 +493,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Serve:
+    """`kcompact serve` of a store on a free loopback port (stopped on exit)."""
+
+    def __init__(self, store: str, tmp_path: Path):
+        self.token = tmp_path / "token"
+        self.token.write_text("s3-replication-token-0123456789")
+        self.token.chmod(0o600)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.p = subprocess.Popen([KCOMPACT, "serve", "--store", store, "--listen",
+                                   f"127.0.0.1:{self.port}", "--token-file", str(self.token)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def __enter__(self) -> "_Serve":
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                return self
+            except OSError:
+                if self.p.poll() is not None or time.monotonic() > deadline:
+                    self.__exit__()
+                    raise AssertionError(f"kcompact serve did not start: {self.p.stdout.read()}")
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        _stop(self.p)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
 def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
     master = s3_store_url()
     fill(master, n=3000, batch=500)
     with Store.open(master) as st:
         compact_store(st, force=True)
-    token = tmp_path / "token"
-    token.write_text("s3-replication-token-0123456789")
-    token.chmod(0o600)
-    port = _free_port()
-    srv = subprocess.Popen([KCOMPACT, "serve", "--store", master, "--listen",
-                            f"127.0.0.1:{port}", "--token-file", str(token)],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.5).close()
-                break
-            except OSError:
-                assert srv.poll() is None and time.monotonic() < deadline, srv.stdout.read()
-                time.sleep(0.1)
-        src = f"http://127.0.0.1:{port}"
+    with _Serve(master, tmp_path) as srv:
+        src, token = srv.url, srv.token
         for replica in (str(tmp_path / "replica"), s3_store_url()):
             p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
             assert p.returncode == 0, p.stderr
@@ -531,13 +555,39 @@ def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
         with Store.open(replica) as st:
             assert verify_store(st).ok
             assert [st.next_offset(TOPIC, q) for q in range(3)] == [3298, 3299, 3300]
-    finally:
-        srv.send_signal(signal.SIGTERM)
+
+
+def test_replicate_follow_into_s3(s3_store_url, tmp_path):
+    """--follow into an S3 replica: what it pulls is sealed (uploaded and committed) about once
+    a second, so a reader of the replica sees the master's new records while it runs."""
+    master, replica = s3_store_url(), s3_store_url()
+    fill(master, n=600, batch=300)
+    with _Serve(master, tmp_path) as srv:
+        rep = subprocess.Popen([KCOMPACT, "replicate", "--from", srv.url, "--token-file",
+                                str(srv.token), "--store", replica, "--follow"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            srv.wait(20)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait(10)
+            def replica_next():
+                try:
+                    with Store.open(replica) as st:
+                        return [st.next_offset(TOPIC, q) for q in range(3)]
+                except Exception:  # noqa: BLE001 - not created yet
+                    return None
+            deadline = time.monotonic() + 120
+            while replica_next() != [598, 599, 600]:
+                assert rep.poll() is None and time.monotonic() < deadline, rep.stdout.read()
+                time.sleep(0.5)
+            with Store.open(master, writer="w2") as st:
+                st.append(RecordBatch.from_records(TOPIC, rows(90, start=600)))
+            while replica_next() != [688, 689, 690]:
+                assert rep.poll() is None and time.monotonic() < deadline, rep.stdout.read()
+                time.sleep(0.5)
+        finally:
+            _stop(rep)
+        assert rep.returncode == 0, rep.stdout.read()
+        p = run("verify", "--store", replica, "--against", srv.url, "--token-file",
+                str(srv.token))
+        assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout + p.stderr
 
 
 @pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.skipif(
