@@ -4,9 +4,10 @@
                             [--bootstrap-servers B] [--json]
 
 A store is built with K live keys (``key-%08d``, 100-byte values, partition = i % P, one record
-per key, plus ``--dead`` x K overwritten records that a latest-per-key restore must skip). Then,
-alternating for --rounds rounds, into fresh topics of the embedded Tansu broker (or the broker
-named by --bootstrap-servers / KAFKA_BOOTSTRAP_SERVERS):
+per key, plus ``--dead`` x K overwritten records that a latest-per-key restore must skip). Then, for
+--rounds rounds (which side goes first alternates, with a 1 s pause before each), into fresh
+topics of the embedded Tansu broker (or the broker named by --bootstrap-servers /
+KAFKA_BOOTSTRAP_SERVERS):
 
 * raw: one confluent-kafka producer sending the same K records (same keys, values, partitions,
   timestamps, same order) from Python lists built before the clock starts, with the restore's
@@ -157,19 +158,30 @@ def main() -> int:
         for r in range(args.rounds):
             raw_topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
             admin.create_topics([NewTopic(raw_topic, args.partitions, 1)])[raw_topic].result()
-            time.sleep(0.5)
-            dr, cr = raw_produce(bootstrap, raw_topic, cols)
-            raws.append(dr)
-            raw_cpu.append(cr)
             target = f"bench-restore-{uuid.uuid4().hex[:8]}"
-            t, c = time.perf_counter(), time.process_time()
-            res = restore(bootstrap, store, TOPIC, target, out=io.StringIO(),
-                          handle_signals=False, chunk_records=args.chunk_records)
-            ds, cs = time.perf_counter() - t, time.process_time() - c
-            restore_cpu.append(cs)
-            if res.records != args.keys:
-                raise SystemExit(f"restore produced {res.records} records, expected {args.keys}")
-            restores.append(ds)
+
+            def run_raw() -> None:
+                time.sleep(1.0)  # let the broker settle after the previous run
+                dr, cr = raw_produce(bootstrap, raw_topic, cols)
+                raws.append(dr)
+                raw_cpu.append(cr)
+
+            def run_restore() -> None:
+                time.sleep(1.0)
+                t, c = time.perf_counter(), time.process_time()
+                res = restore(bootstrap, store, TOPIC, target, out=io.StringIO(),
+                              handle_signals=False, chunk_records=args.chunk_records)
+                ds, cs = time.perf_counter() - t, time.process_time() - c
+                if res.records != args.keys:
+                    raise SystemExit(f"restore produced {res.records} records, expected "
+                                     f"{args.keys}")
+                restores.append(ds)
+                restore_cpu.append(cs)
+
+            # alternate which side goes first, so that neither always follows the other
+            for step in ((run_raw, run_restore) if r % 2 == 0 else (run_restore, run_raw)):
+                step()
+            dr, ds, cr, cs = raws[-1], restores[-1], raw_cpu[-1], restore_cpu[-1]
             print(f"  round {r + 1}: raw {dr:.2f} s ({args.keys / dr:,.0f} rec/s, CPU {cr:.2f} s), "
                   f"restore {ds:.2f} s ({args.keys / ds:,.0f} rec/s, CPU {cs:.2f} s), ratio "
                   f"{dr / ds:.2f}", file=log, flush=True)

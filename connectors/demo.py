@@ -199,14 +199,21 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
         _done(t, f"{n:,} records")
 
         t = _step(3, f"kcompact mirror --engine {engine} --bootstrap-servers {bs} --topic "
-                     f"{TOPIC} --store {store}")
+                     f"{TOPIC} --store {store} --no-compact")
+        spark = None
+        if engine == "spark":
+            from .spark_engine import spark_session
+            spark = spark_session("local[2]")  # one JVM for the mirror and the compaction
+            print(f"    Spark session (local[2]) up in {time.perf_counter() - t:.1f}s", flush=True)
         _cli("mirror", "--bootstrap-servers", bs, "--topic", TOPIC, "--store", store,
-             "--engine", engine)
+             "--engine", engine, "--no-compact")
         before = _sizes(store)
         _done(t)
 
-        t = _step(4, f"kcompact compact --store {store} --force")
-        _cli("compact", "--store", store, "--force")
+        t = _step(4, f"kcompact compact --engine {engine} --store {store} --force")
+        _cli("compact", "--store", store, "--force", "--engine", engine)
+        if spark is not None:
+            spark.stop()
         after = _sizes(store)
         print(f"    {'partition':>9}  {'records before':>14}  {'after':>7}  {'bytes before':>12}"
               f"  {'after':>9}  {'reclaimed':>9}")

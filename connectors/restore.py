@@ -51,6 +51,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from itertools import repeat
 from typing import Any, Callable, Mapping, TextIO
 
 from reput import Store, StoreLockedError
@@ -616,6 +617,8 @@ class RestoreRunner:
             store_id = st.meta.store_id
             needed = partition_count(st, topic)
             policy = st.topic_config(topic).cleanup_policy
+        self.task = StoreSourceTask()
+        self.task.open(props)  # the latest-per-key selection runs meanwhile, without the GIL
         admin, consumer = self._clients()
         try:
             try:
@@ -691,7 +694,6 @@ class RestoreRunner:
                 store_progress.write(last)  # the Kafka record is ahead: catch the store up
         else:
             progress = Progress.start(job, mode)
-        self.task = StoreSourceTask()
         offsets = {source_partition_key({"partition": p}): {"position": n}
                    for p, n in progress.positions.items()}
         self.task.initialize(SourceTaskContext(offsets))
@@ -768,24 +770,28 @@ class RestoreRunner:
                                "progress")
 
     def _produce(self, chunk: Any) -> None:
-        """The hot loop: positional produce() calls (about 1.5x faster than keywords)."""
+        """The hot loop: positional produce() calls (about 1.5x faster than keywords), one
+        block at a time, without the partition or headers column when the block has none."""
         p = self.producer
-        produce, poll, topic = p.produce, p.poll, chunk.topic
-        if not chunk.has_headers:  # the common case: one argument less per call
-            for k, v, part, ts in zip(chunk.keys, chunk.values, chunk.partitions,
-                                      chunk.timestamps):
-                try:
-                    produce(topic, v, k, part, None, None, ts)
-                except BufferError:
-                    self._produce_blocked(topic, v, k, part, ts, None)
-        else:
-            for k, v, part, ts, h in zip(chunk.keys, chunk.values, chunk.partitions,
-                                         chunk.timestamps, chunk.headers):
+        produce, topic = p.produce, chunk.topic
+        blocked = self._produce_blocked
+        for b in chunk.blocks:
+            if b.headers is None and b.partitions is None:  # the common case
+                part = b.partition
+                for k, v, ts in zip(b.keys, b.values, b.timestamps):
+                    try:
+                        produce(topic, v, k, part, None, None, ts)
+                    except BufferError:
+                        blocked(topic, v, k, part, ts, None)
+                continue
+            parts = repeat(b.partition) if b.partitions is None else b.partitions
+            headers = repeat(None) if b.headers is None else b.headers
+            for k, v, part, ts, h in zip(b.keys, b.values, parts, b.timestamps, headers):
                 try:
                     produce(topic, v, k, part, None, None, ts, h)
                 except BufferError:
-                    self._produce_blocked(topic, v, k, part, ts, h)
-        poll(0)
+                    blocked(topic, v, k, part, ts, h)
+        p.poll(0)
 
     def _produce_blocked(self, topic: str, v: Any, k: Any, part: int, ts: int, h: Any) -> None:
         """librdkafka's queue is full: serve delivery reports until the record fits."""

@@ -28,7 +28,9 @@ code) so that the produce loop touches no per-record Python object but the key a
 
 from __future__ import annotations
 
+import bisect
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -126,67 +128,87 @@ def default_partition(key: bytes, num_partitions: int) -> int:
 # chunks
 
 
-class SourceChunk(Sequence[SourceRecord]):
-    """Records to produce, as parallel columns (what ``StoreSourceTask.poll`` returns).
+class RecordBlock:
+    """Records of one read of one store partition, as parallel lists.
 
-    ``partitions`` are target partitions; ``source_partitions``/``source_offsets`` say where
-    each record is in the store; ``positions`` is the progress once the chunk is produced
-    (store partition -> next store offset to restore); ``done`` says nothing follows it.
-    """
+    ``partition`` is their target partition when they share one (``partitions`` is None), else
+    ``partitions`` lists it per record (--repartition); ``headers`` is None when no record has
+    headers; ``source_offsets`` are their store offsets (numpy int64)."""
 
-    __slots__ = ("topic", "partitions", "timestamps", "keys", "values", "headers",
-                 "has_headers", "source_partitions", "source_offsets", "positions", "taken",
-                 "done", "nbytes")
+    __slots__ = ("partition", "partitions", "keys", "values", "timestamps", "headers",
+                 "source_partition", "source_offsets")
 
-    def __init__(self, topic: str):
-        self.topic = topic
-        self.partitions: list[int] = []
-        self.timestamps: list[int] = []
-        self.keys: list[bytes | None] = []
-        self.values: list[bytes | None] = []
-        self.headers: list[list | None] = []
-        self.has_headers = False  # some record has headers (else every headers[i] is None)
-        self.source_partitions: list[tuple[int, int]] = []  # runs: (store partition, count)
-        self.source_offsets: list[np.ndarray] = []          # the runs' store offsets
-        self.positions: dict[int, int] = {}
-        self.taken: dict[int, int] = {}  # records of each store partition handed out so far
-        self.done = False
-        self.nbytes = 0
+    def __init__(self, partition: int | None, partitions: list[int] | None, keys: list,
+                 values: list, timestamps: list[int], headers: list | None,
+                 source_partition: int, source_offsets: np.ndarray):
+        self.partition, self.partitions = partition, partitions
+        self.keys, self.values, self.timestamps, self.headers = keys, values, timestamps, headers
+        self.source_partition, self.source_offsets = source_partition, source_offsets
 
     def __len__(self) -> int:
         return len(self.keys)
 
+
+class SourceChunk(Sequence[SourceRecord]):
+    """Records to produce (what ``StoreSourceTask.poll`` returns): a sequence of
+    :class:`SourceRecord` for generic code, kept as :class:`RecordBlock` columns that the
+    restore's produce loop reads directly (no per-record object but the key and value bytes).
+
+    ``positions`` is the progress once the chunk is produced (store partition -> next store
+    offset to restore); ``taken`` counts the records handed out per store partition so far;
+    ``done`` says nothing follows the chunk.
+    """
+
+    __slots__ = ("topic", "blocks", "n", "positions", "taken", "done", "nbytes", "_starts")
+
+    def __init__(self, topic: str):
+        self.topic = topic
+        self.blocks: list[RecordBlock] = []
+        self.n = 0
+        self.positions: dict[int, int] = {}
+        self.taken: dict[int, int] = {}
+        self.done = False
+        self.nbytes = 0
+        self._starts: list[int] | None = None
+
+    def add(self, block: RecordBlock, nbytes: int) -> None:
+        self.blocks.append(block)
+        self.n += len(block)
+        self.nbytes += nbytes
+        self._starts = None
+
+    def __len__(self) -> int:
+        return self.n
+
     def mark(self) -> tuple[int, int, int]:
-        return len(self.keys), len(self.source_partitions), self.nbytes
+        return len(self.blocks), self.n, self.nbytes
 
     def rollback(self, mark: tuple[int, int, int]) -> None:
         """Drop what was added since ``mark`` (a read that failed half-way)."""
-        n, runs, self.nbytes = mark
-        for col in (self.partitions, self.timestamps, self.keys, self.values, self.headers):
-            del col[n:]
-        del self.source_partitions[runs:]
-        del self.source_offsets[runs:]
+        blocks, self.n, self.nbytes = mark
+        del self.blocks[blocks:]
+        self._starts = None
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             raise TypeError("SourceChunk does not support slicing")
         if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
+            i += self.n
+        if not 0 <= i < self.n:
             raise IndexError(i)
-        h = self.headers[i]
-        j = i
-        for (sp, n), offs in zip(self.source_partitions, self.source_offsets):
-            if j < n:
-                break
-            j -= n
-        return SourceRecord(self.topic, self.partitions[i], None, self.timestamps[i],
-                            self.keys[i], self.values[i], tuple(h) if h else (),
-                            source_partition={"partition": sp},
-                            source_offset={"position": int(offs[j]) + 1})
+        if self._starts is None:
+            self._starts = list(np.cumsum([0] + [len(b) for b in self.blocks[:-1]]).tolist())
+        k = bisect.bisect_right(self._starts, i) - 1
+        b, j = self.blocks[k], i - self._starts[k]
+        h = b.headers[j] if b.headers is not None else None
+        return SourceRecord(self.topic, b.partition if b.partitions is None else b.partitions[j],
+                            None, b.timestamps[j], b.keys[j], b.values[j],
+                            tuple(h) if h else (),
+                            source_partition={"partition": b.source_partition},
+                            source_offset={"position": int(b.source_offsets[j]) + 1})
 
     def __iter__(self) -> Iterator[SourceRecord]:
-        return (self[i] for i in range(len(self)))
+        return (self[i] for i in range(self.n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,9 +277,10 @@ def _latest_tombstones(pl, segs, from_offset: int) -> dict[int, np.ndarray]:
     return {b: np.sort(np.asarray(v, np.int64)) for b, v in out.items()}
 
 
-def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool
-                   ) -> _PartitionPlan:
-    """The entries of a partition to restore from ``from_offset`` on, in offset order."""
+def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
+                   selection: list | None = None) -> _PartitionPlan:
+    """The entries of a partition to restore from ``from_offset`` on, in offset order.
+    ``selection``: ``latest_selection(pl)`` when it was computed already."""
     pp = _PartitionPlan(pl.partition, cursor=from_offset, end=pl.next_offset)
     segs = [s for s in pl.segments if pl.index(s).n]
     if mode == "all":
@@ -269,7 +292,7 @@ def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool
     else:
         from compaction.latest import latest_selection
         tombs = _latest_tombstones(pl, segs, from_offset) if include_tombstones else {}
-        for seg, which in latest_selection(pl):
+        for seg, which in (selection if selection is not None else latest_selection(pl)):
             e = pl.index(seg).entries
             which = which.astype(np.int64)
             which = which[e["offset"][which] >= from_offset]
@@ -328,27 +351,58 @@ class StoreSourceTask(SourceTask):
 
     store: Store | None = None
 
+    def open(self, props: Mapping[str, Any]) -> None:
+        """Open the store and, in mode=latest, start deciding every partition's latest records
+        in a thread (numba kernels that release the GIL). The restore runner calls this before
+        it talks to Kafka, so that the two overlap; ``start`` calls it if nobody did."""
+        if self.store is not None:
+            return
+        self.topic = props["store.topic"]
+        self.mode = props.get("mode") or "latest"
+        self.store = open_store_topic(props["store.url"], self.topic)
+        self.pls = {p: self.store.partition(self.topic, p)
+                    for p in self.store.partitions(self.topic)}
+        self._selections: dict[int, list] = {}
+        self._selection_error: BaseException | None = None
+        self._selector: threading.Thread | None = None
+        if self.mode == "latest":
+            self._selector = threading.Thread(target=self._select, name="restore-plan",
+                                              daemon=True)
+            self._selector.start()
+
+    def _select(self) -> None:
+        from compaction.latest import latest_selection
+        try:
+            for p, pl in self.pls.items():
+                self._selections[p] = latest_selection(pl)
+        except BaseException as e:  # noqa: BLE001 - raised by start()
+            self._selection_error = e
+
+    def _join_selector(self) -> None:
+        if getattr(self, "_selector", None) is not None:
+            self._selector.join()
+            self._selector = None
+
     def start(self, props: Mapping[str, Any]) -> None:
         self.props = dict(props)
-        self.topic = props["store.topic"]
+        self.open(props)
         self.target = props.get(TARGET_TOPIC) or props.get("topic") or self.topic
-        self.mode = props.get("mode") or "latest"
         self.chunk_records = int(props.get("restore.chunk.records") or 100_000)
         self.repartition = bool(props.get("repartition"))
         self.num_target = int(props.get(TARGET_PARTITIONS) or 0)
         self.include_tombstones = bool(props.get(INCLUDE_TOMBSTONES))
         if self.repartition and self.num_target <= 0:
             raise ConfigError("repartition needs the target topic's partition count")
-        self.store = open_store_topic(props["store.url"], self.topic)
+        self._join_selector()
+        if self._selection_error is not None:
+            raise self._selection_error
         self._next_keyless = 0
         self.replans = 0  # times a partition was planned again (segments changed under us)
         self.plans: dict[int, _PartitionPlan] = {}
-        self.pls = {}
-        for p in self.store.partitions(self.topic):
-            pos = self.position(p)
-            self.pls[p] = self.store.partition(self.topic, p)
-            self.plans[p] = plan_partition(self.pls[p], self.mode, pos,
-                                           include_tombstones=self.include_tombstones)
+        for p, pl in self.pls.items():
+            self.plans[p] = plan_partition(pl, self.mode, self.position(p),
+                                           include_tombstones=self.include_tombstones,
+                                           selection=self._selections.pop(p, None))
 
     def position(self, partition: int) -> int:
         ctx = getattr(self, "context", None)
@@ -463,28 +517,25 @@ class StoreSourceTask(SourceTask):
             keys[r] = None
         for r in np.nonzero(attrs & 1)[0].tolist():
             values[r] = None
-        headers: list = [None] * m
+        headers: list | None = None
         for r in np.nonzero(hl)[0].tolist():
+            if headers is None:
+                headers = [None] * m
             s = int(hs[r])
             headers[r] = list(decode_headers(data[s:s + int(hl[r])]))
-            chunk.has_headers = True
+        parts = None
         if self.repartition:
             from ._restore_kernels import murmur2_partitions
-            parts = np.empty(m, np.int64)
+            out = np.empty(m, np.int64)
             self._next_keyless = int(murmur2_partitions(buf, ks, kl, keyless, self.num_target,
-                                                        self._next_keyless, parts))
-            chunk.partitions.extend(parts.tolist())
-        else:
-            chunk.partitions.extend([partition] * m)
-        chunk.keys.extend(keys)
-        chunk.values.extend(values)
-        chunk.headers.extend(headers)
-        chunk.timestamps.extend(e["timestamp"].tolist())
-        chunk.source_partitions.append((partition, m))
-        chunk.source_offsets.append(e["offset"])
-        chunk.nbytes += int(kl.sum() + vl.sum())
+                                                        self._next_keyless, out))
+            parts = out.tolist()
+        chunk.add(RecordBlock(None if parts is not None else partition, parts, keys, values,
+                              e["timestamp"].tolist(), headers, partition, e["offset"].copy()),
+                  int(kl.sum() + vl.sum()))
 
     def stop(self) -> None:
+        self._join_selector()
         if self.store is not None:
             store, self.store = self.store, None
             store.close()

@@ -765,6 +765,9 @@ class S3Backend(Backend):
             # either way this one did not create it (the caller re-reads and decides).
             if e.code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
                 return False
+            if "IfNoneMatch" in str(e):
+                raise S3Error(f"{self.url}: this boto3 cannot make conditional writes "
+                              "(If-None-Match); pip install -U 'boto3>=1.35'") from None
             raise
         self.stats.count("", up=len(data))
         return True

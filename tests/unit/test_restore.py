@@ -250,11 +250,12 @@ def _run_task(url, *, mode="latest", positions=None, chunk=7, **extra):
     chunks = []
     while (c := task.poll()) is not None:
         chunks.append(c)
-        for i, r in enumerate(c):
+        assert len(list(c)) == len(c) == sum(len(b) for b in c.blocks)
+        for r in c:
             assert isinstance(r, SourceRecord)
             got.setdefault(r.source_partition["partition"], []).append(
                 (r.source_offset["position"] - 1, r.timestamp, r.key, r.value, r.headers,
-                 c.partitions[i]))
+                 r.partition))
     task.stop()
     return task, got, chunks
 
