@@ -369,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--from-scratch", action="store_true",
                    help="ignore recorded progress and produce everything again")
     s.add_argument("--chunk-records", type=int, default=None, metavar="N",
-                   help="records per transaction and progress record (default 100000)")
+                   help="records per transaction and progress record (default 250000)")
     s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
                    default="requested", help="transactions: when the broker has them "
                    "(default), always, or never (idempotent producer)")

@@ -270,6 +270,8 @@ def _run_demo_s3(args, workdir: str) -> int:
         raise ConnectorsError(f"--s3 needs the SeaweedFS launcher (reput.seaweed): {e}") from None
     t = time.perf_counter()
     print("==> starting SeaweedFS (S3 on 127.0.0.1) for an S3-backed store", flush=True)
+    # writers' local commit logs and spool go under the workdir, not ~/.cache
+    os.environ["KCOMPACT_CACHE_DIR"] = os.path.join(workdir, "cache")
     with SeaweedFS(os.path.join(workdir, "seaweedfs")) as s3:
         os.environ.update(s3.env())
         print(f"    S3 endpoint {s3.endpoint} ready in {time.perf_counter() - t:.1f}s")

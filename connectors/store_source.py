@@ -70,7 +70,7 @@ STORE_SOURCE_CONFIG = (
             "the idempotent one. required: fail without transactions. disabled: idempotent.")
     .define("restore.from.scratch", Type.BOOLEAN, False, None, Importance.MEDIUM,
             "Ignore recorded progress and produce everything again.")
-    .define("restore.chunk.records", Type.INT, 100_000, between(1, 10_000_000), Importance.LOW,
+    .define("restore.chunk.records", Type.INT, 250_000, between(1, 10_000_000), Importance.LOW,
             "Records per chunk: one transaction, then one progress record.")
     .define("target.replication.factor", Type.INT, -1, at_least(-1), Importance.LOW,
             "Replication factor of topics the restore creates; -1 = the broker's default.")
@@ -387,7 +387,7 @@ class StoreSourceTask(SourceTask):
         self.props = dict(props)
         self.open(props)
         self.target = props.get(TARGET_TOPIC) or props.get("topic") or self.topic
-        self.chunk_records = int(props.get("restore.chunk.records") or 100_000)
+        self.chunk_records = int(props.get("restore.chunk.records") or 250_000)
         self.repartition = bool(props.get("repartition"))
         self.num_target = int(props.get(TARGET_PARTITIONS) or 0)
         self.include_tombstones = bool(props.get(INCLUDE_TOMBSTONES))
