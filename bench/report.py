@@ -127,7 +127,7 @@ def plot_map_memory(out_dir: str) -> tuple[str, list[tuple[int, float]]]:
     ax.set_xlabel("distinct keys")
     ax.set_ylabel("offset-map bytes per key")
     ax.set_title("Offset map memory per key")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
