@@ -5,7 +5,7 @@
 
 A store is built with K live keys (``key-%08d``, 100-byte values, partition = i % P, one record
 per key, plus ``--dead`` x K overwritten records that a latest-per-key restore must skip). Then, for
---rounds rounds (which side goes first alternates, with a 1 s pause before each), into fresh
+--rounds rounds (the order of the sides rotates, with a 1 s pause before each), into fresh
 topics of the embedded Tansu broker (or the broker named by --bootstrap-servers /
 KAFKA_BOOTSTRAP_SERVERS):
 
@@ -18,6 +18,8 @@ KAFKA_BOOTSTRAP_SERVERS):
   the call to its return: metadata, topic creation, transactional producer and init, progress
   reads, the latest-per-key plan, reading the store, producing, a transaction commit and a store
   progress record (fsync'd) per chunk.
+* restore-idempotent: the same with --exactly-once disabled (no transactions), to show what
+  the transactions cost.
 
 numba's kernels are loaded once before the first round by a small restore (a fixed ~1-3 s per
 process). Target: restore throughput >= 0.8 x raw produce (median of the rounds). The CPU seconds
@@ -97,6 +99,9 @@ def raw_produce(bootstrap: str, topic: str, cols) -> tuple[float, float]:
                                             "logger": kafka_logger()})
     t, c = time.perf_counter(), time.process_time()
     p = Producer(conf)
+    # connect and learn the partition leaders first (the restore does the same): records
+    # produced before that wait for a metadata round trip that librdkafka may delay ~0.5 s
+    p.list_topics(topic=topic, timeout=10)
     produce, poll = p.produce, p.poll
     for k, v, part, stamp in zip(ks, vs, ps, ts):
         try:
@@ -154,60 +159,65 @@ def main() -> int:
                 handle_signals=False, repartition=False)
         print(f"  warm-up restore (numba kernels loaded) in {time.perf_counter() - t:.1f} s",
               file=log, flush=True)
-        raws, restores, raw_cpu, restore_cpu = [], [], [], []
+        sides = ("raw", "restore", "restore-idempotent")
+        wall: dict[str, list[float]] = {k: [] for k in sides}
+        cpu: dict[str, list[float]] = {k: [] for k in sides}
         for r in range(args.rounds):
-            raw_topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
-            admin.create_topics([NewTopic(raw_topic, args.partitions, 1)])[raw_topic].result()
-            target = f"bench-restore-{uuid.uuid4().hex[:8]}"
+            topics = []
 
-            def run_raw() -> None:
+            def run(side: str) -> None:
                 time.sleep(1.0)  # let the broker settle after the previous run
-                dr, cr = raw_produce(bootstrap, raw_topic, cols)
-                raws.append(dr)
-                raw_cpu.append(cr)
+                topic = f"bench-{side}-{uuid.uuid4().hex[:8]}"
+                topics.append(topic)
+                if side == "raw":
+                    admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
+                    w, c = raw_produce(bootstrap, topic, cols)
+                else:
+                    t, c0 = time.perf_counter(), time.process_time()
+                    res = restore(bootstrap, store, TOPIC, topic, out=io.StringIO(),
+                                  handle_signals=False, chunk_records=args.chunk_records,
+                                  exactly_once="disabled" if side.endswith("idempotent")
+                                  else "requested")
+                    w, c = time.perf_counter() - t, time.process_time() - c0
+                    if res.records != args.keys:
+                        raise SystemExit(f"restore produced {res.records} records, expected "
+                                         f"{args.keys}")
+                wall[side].append(w)
+                cpu[side].append(c)
 
-            def run_restore() -> None:
-                time.sleep(1.0)
-                t, c = time.perf_counter(), time.process_time()
-                res = restore(bootstrap, store, TOPIC, target, out=io.StringIO(),
-                              handle_signals=False, chunk_records=args.chunk_records)
-                ds, cs = time.perf_counter() - t, time.process_time() - c
-                if res.records != args.keys:
-                    raise SystemExit(f"restore produced {res.records} records, expected "
-                                     f"{args.keys}")
-                restores.append(ds)
-                restore_cpu.append(cs)
-
-            # alternate which side goes first, so that neither always follows the other
-            for step in ((run_raw, run_restore) if r % 2 == 0 else (run_restore, run_raw)):
-                step()
-            dr, ds, cr, cs = raws[-1], restores[-1], raw_cpu[-1], restore_cpu[-1]
-            print(f"  round {r + 1}: raw {dr:.2f} s ({args.keys / dr:,.0f} rec/s, CPU {cr:.2f} s), "
-                  f"restore {ds:.2f} s ({args.keys / ds:,.0f} rec/s, CPU {cs:.2f} s), ratio "
-                  f"{dr / ds:.2f}", file=log, flush=True)
-            for f in admin.delete_topics([raw_topic, target]).values():
+            # rotate the order, so that no side always follows the same other one
+            for side in sides[r % 3:] + sides[:r % 3]:
+                run(side)
+            print(f"  round {r + 1}: " + ", ".join(
+                f"{side} {wall[side][-1]:.2f} s ({args.keys / wall[side][-1]:,.0f} rec/s, "
+                f"CPU {cpu[side][-1]:.2f} s)" for side in sides), file=log, flush=True)
+            for f in admin.delete_topics(topics).values():
                 try:
                     f.result()
                 except Exception:  # noqa: BLE001 - frees broker memory only
                     pass
-        raw_med, res_med = statistics.median(raws), statistics.median(restores)
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
         doc = {
             "keys": args.keys, "partitions": args.partitions, "dead_per_key": args.dead,
             "value_bytes": VALUE, "rounds": args.rounds, "bootstrap": bootstrap,
-            "raw_seconds": raws, "restore_seconds": restores,
-            "raw_rate_median": args.keys / raw_med, "restore_rate_median": args.keys / res_med,
-            "ratio_of_medians": raw_med / res_med, "target": 0.8,
-            "raw_cpu_seconds": raw_cpu, "restore_cpu_seconds": restore_cpu,
-            "cpu_ratio_of_medians": statistics.median(raw_cpu) / statistics.median(restore_cpu),
+            "wall_seconds": wall, "cpu_seconds": cpu,
+            "rate_median": {k: args.keys / v for k, v in med.items()},
+            "ratio_of_medians": med["raw"] / med["restore"],
+            "ratio_of_medians_idempotent": med["raw"] / med["restore-idempotent"],
+            "cpu_ratio_of_medians": cmed["raw"] / cmed["restore"],
+            "target": 0.8,
         }
         if args.json:
             print(json.dumps(doc, indent=2))
         else:
-            print(f"raw produce: median {raw_med:.2f} s ({doc['raw_rate_median']:,.0f} rec/s)")
-            print(f"restore:     median {res_med:.2f} s ({doc['restore_rate_median']:,.0f} rec/s)")
-            print(f"restore / raw throughput: {doc['ratio_of_medians']:.2f} (target >= 0.8)")
+            for side in sides:
+                print(f"{side + ':':20s} median {med[side]:.2f} s "
+                      f"({doc['rate_median'][side]:,.0f} rec/s), CPU {cmed[side]:.2f} s")
+            print(f"restore / raw throughput: {doc['ratio_of_medians']:.2f} (target >= 0.8); "
+                  f"without transactions {doc['ratio_of_medians_idempotent']:.2f}")
             print(f"CPU seconds of this process, raw / restore: "
-                  f"{doc['cpu_ratio_of_medians']:.2f} (the machine's load does not bias it)")
+                  f"{doc['cpu_ratio_of_medians']:.2f} (less skewed by the machine's other load)")
         return 0
     finally:
         if broker is not None:

@@ -68,3 +68,18 @@ def murmur2_partitions(buf, starts, lengths, keyless, num_partitions, next_keyle
         else:
             out[i] = np.int64((hashes[i] & _POSITIVE) % n)
     return rr
+
+
+@njit(cache=True, nogil=True)
+def first_offset_mismatch(buf, positions, expected):
+    """Index of the first record (at ``positions[i]`` in ``buf``) whose offset field (int64
+    little-endian at byte 16 of the header, docs/formats/record.md) is not ``expected[i]``;
+    -1 when all match. A mismatch means the .bcq entries read belong to other .log bytes."""
+    for i in range(positions.shape[0]):
+        p = positions[i] + 16
+        v = np.int64(0)
+        for b in range(8):
+            v |= np.int64(buf[p + b]) << np.int64(8 * b)
+        if v != expected[i]:
+            return i
+    return -1

@@ -776,6 +776,7 @@ class RestoreRunner:
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
         for b in chunk.blocks:
+            b.materialize()
             if b.headers is None and b.partitions is None:  # the common case
                 part = b.partition
                 for k, v, ts in zip(b.keys, b.values, b.timestamps):
@@ -808,13 +809,16 @@ class RestoreRunner:
 class _Prefetch:
     """Calls ``poll`` in a thread of its own while the producer thread waits in librdkafka
     (flush, commit: without the GIL): ``prepare()`` starts the next chunk, ``get()`` returns
-    it. Building it during the produce loop instead would only take turns with that loop for
-    the GIL (measured: no faster, more CPU)."""
+    it (starting it first if nobody did). Reading ahead during the produce loop instead only
+    made the two threads take turns with the GIL (measured: more CPU, no faster); the reading
+    itself is mostly numba kernels and file reads, and the Python objects are built by the
+    producer's thread (``RecordBlock.materialize``)."""
 
     def __init__(self, poll: Callable[[], Any], stop: threading.Event):
         self._poll, self._stop = poll, stop
         self._cond = threading.Condition()
-        self._wanted = False
+        self._wanted = True
+        self._busy = False
         self._ready: list = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="restore-read", daemon=True)
@@ -827,25 +831,28 @@ class _Prefetch:
                     self._cond.wait()
                 if self._closed:
                     return
-                self._wanted = False
+                self._wanted, self._busy = False, True
             try:
                 item: Any = self._poll()
             except BaseException as e:  # noqa: BLE001 - raised by get()
                 item = _Failed(e)
             with self._cond:
                 self._ready.append(item)
+                self._busy = False
                 self._cond.notify_all()
             if item is None or isinstance(item, _Failed):
                 return
 
     def prepare(self) -> None:
         with self._cond:
-            self._wanted = True
-            self._cond.notify_all()
+            if not self._ready and not self._busy:
+                self._wanted = True
+                self._cond.notify_all()
 
     def get(self) -> Any:
+        """The next chunk; None at the end, or once stopped."""
         with self._cond:
-            if not self._ready and not self._wanted and self._thread.is_alive():
+            if not self._ready and not self._busy and self._thread.is_alive():
                 self._wanted = True
                 self._cond.notify_all()
             while not self._ready:
