@@ -508,7 +508,10 @@ class Compactor:
             else:
                 log_out = f"{sdir}/{fn.base_name(out_base)}{fn.LOG_SUFFIX}"
                 idx_out = f"{sdir}/{fn.base_name(out_base)}{fn.INDEX_SUFFIX}"
-            wrote = self._copy_group(pl, g, log_out, idx_out, recall, res)
+            if self._index_only(pl, g):
+                wrote = self._restamp_index(pl, g.members[0], idx_out, recall, res)
+            else:
+                wrote = self._copy_group(pl, g, log_out, idx_out, recall, res)
             inputs += [sp.seg.base for sp in g.members]
             if wrote:
                 outputs.append(out_base)
@@ -518,6 +521,33 @@ class Compactor:
             res.records_read += sp.kept + sp.dropped
             res.tombstones_dropped += sp.tdropped
         self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped), staged)
+
+    @staticmethod
+    def _index_only(pl: PartitionLog, g: _Group) -> bool:
+        """A group that only stamps tombstones (one segment, every record kept, .log holding
+        nothing but those records) changes the .bcq alone: only the index is rewritten and the
+        .log stays where it is (compaction-swap.md, "index-only outputs"). Not on an object
+        store, whose manifest names a new object pair per output."""
+        if pl.manifest_mode or len(g.members) != 1:
+            return False
+        sp = g.members[0]
+        return sp.dropped == 0 and sp.kept > 0 and sp.kept_bytes == sp.seg.log_size
+
+    def _restamp_index(self, pl: PartitionLog, sp: _SegPlan, idx_out: str, recall,
+                       res: CompactionResult) -> bool:
+        """Write ``sp``'s .bcq with the planned clean_time stamps, positions unchanged."""
+        idxf = pl.local_fs.open_append(idx_out)
+        try:
+            for lo, chunk in self._index_chunks(pl, sp.seg):
+                _, clean, _ = recall(sp, lo, chunk)
+                ent = chunk.copy()
+                ent["clean_time"] = clean
+                idxf.write(ent.view(np.uint8))
+                res.bytes_written += ent.nbytes
+            idxf.sync()
+        finally:
+            idxf.close()
+        return True
 
     def _copy_group(self, pl: PartitionLog, g: _Group, log_out: str, idx_out: str, recall,
                     res: CompactionResult) -> bool:
