@@ -30,6 +30,7 @@ from reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError
                           StoreNotFoundError)
 from reput.record import Record, RecordBatch, encode, scan
 from reput.store import Store
+from reput.verify import verify_store
 
 TOPIC = "t"
 SEGMENT_BYTES = 16384
@@ -469,26 +470,33 @@ def test_damaged_bcq_is_rebuilt_before_the_writer_appends(tmp_path):
             assert _files(work, fn.PARTITIONS_DIR) == want, (k, name)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap: Store.open(writer=...) recovers only the partitions it re-dispatches into (those "
-    "written after the last reput checkpoint); a .bcq damaged in a cleanly closed store stays "
-    "short, so reads hide its records and next_offset is too low until the writer next appends "
-    "to that partition. Recovering every partition at open is unsafe while other writers append "
-    "(ownership of a partition is not recorded)."))
-def test_damaged_bcq_of_a_closed_store_is_rebuilt_on_writer_open(tmp_path):
+def test_damaged_bcq_of_a_closed_store_reads_right_at_once(tmp_path):
+    """A .bcq damaged in a cleanly closed store: every reader and a writer's open see all the
+    records and the right next offset at once (the .log past the index is indexed in memory);
+    the file itself is rebuilt when the partition is next written (the test above), since a
+    writer's open recovers only the partitions it re-dispatches into."""
     rng = random.Random(4)
     root = tmp_path / "s"
     Store.create(str(root)).close()
     recs = [_gen(rng, 0, i, big=True) for i in range(40)]
     with Store.open(str(root), writer="w") as s:
         _append(s, recs)
-    want = _files(root, fn.PARTITIONS_DIR)
+    clean = _copy(root, tmp_path / "clean")
     bcq = _last(root, _partition_dir(0), fn.INDEX_SUFFIX)
     _truncate(bcq, bcq.stat().st_size - 100)
-    with Store.open(str(root), writer="w") as s:
-        assert s.next_offset(TOPIC, 0) == 40
-        assert _contents(s) == _model(recs)
-    assert _files(root, fn.PARTITIONS_DIR) == want
+    for writer in (None, "w"):
+        with Store.open(str(root), writer=writer) as s:
+            assert s.next_offset(TOPIC, 0) == 40
+            assert _contents(s) == _model(recs)
+    extra = [Record(TOPIC, 0, 40 + i, 1, b"e", b"extra") for i in range(2)]
+    for d in (root, clean):
+        with Store.open(str(d), writer="w") as s:
+            assert s.append(RecordBatch.from_records(TOPIC, recs[-3:] + extra)) == 2
+            assert _contents(s) == _model(recs + extra)
+    # rebuilt identical, then appended to as the undamaged copy was
+    assert _files(root, fn.PARTITIONS_DIR) == _files(clean, fn.PARTITIONS_DIR)
+    with Store.open(str(root)) as s:
+        assert verify_store(s).ok
 
 
 # -- (d) store.json ---------------------------------------------------------------------------
