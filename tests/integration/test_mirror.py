@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.api import SourceConnector, SourceRecord, SourceTask
 from connectors.converters import AvroConverter
@@ -24,6 +24,7 @@ from connectors.errors import ConnectorsError
 from connectors.mirror import mirror_local
 from connectors.worker import Worker
 from reput import Store, verify_store
+from topics import read_store, read_topic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TS0 = 1_700_000_000_000
@@ -48,34 +49,6 @@ def produce(bootstrap: str, topic: str, records, *, transactional: bool = False,
             except BufferError:
                 p.poll(0.05)
     assert p.flush(60) == 0 and not errors, errors
-
-
-def read_topic(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
-    """Everything in the topic, per partition: (offset, timestamp, key, value, headers)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "enable.partition.eof": True,
-                  "isolation.level": "read_committed", "queued.min.messages": 1_000_000})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
-    eof: set[int] = set()
-    deadline = time.monotonic() + 120
-    while len(eof) < partitions:
-        assert time.monotonic() < deadline, "reading the topic back timed out"
-        for m in c.consume(10_000, 1.0):
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                continue
-            out[m.partition()].append((m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                       tuple(m.headers() or ())))
-    c.close()
-    return out
-
-
-def read_store(url: str, topic: str) -> dict[int, list[tuple]]:
-    with Store.open(url) as st:
-        return {p: [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
-                    for r in st.iter_records(topic, p)] for p in st.partitions(topic)}
 
 
 def kcompact(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:

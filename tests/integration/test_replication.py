@@ -31,7 +31,6 @@ import numpy as np
 import pytest
 
 from compaction import CompactionOptions, Compactor
-from reput import bcq as B
 from reput import filenames as fn
 from reput.config import ManualClock
 from reput.partition import PartitionLog

@@ -21,12 +21,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 
 from connectors.restore import RestoreJob, StoreProgress, restore
 from connectors.store_source import PROGRESS_TOPIC, default_partition
 from reput import Store
 from reput.record import RecordBatch
+from topics import read_topic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TS0 = 1_700_000_000_000
@@ -77,27 +78,9 @@ def latest(rows: list[tuple]) -> list[tuple]:
     return sorted(r for r in last.values() if r[3] is not None)
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
-    """Everything a read_committed consumer sees: partition -> [(timestamp, key, value,
-    headers)] in offset order."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "enable.partition.eof": True,
-                  "isolation.level": "read_committed", "queued.min.messages": 1_000_000})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
-    eof: set[int] = set()
-    deadline = time.monotonic() + 120
-    while len(eof) < partitions:
-        assert time.monotonic() < deadline, "reading the topic back timed out"
-        for m in c.consume(10_000, 0.5):
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                continue
-            out[m.partition()].append((m.timestamp()[1], m.key(), m.value(),
-                                       tuple(m.headers() or ())))
-    c.close()
-    return out
+def read_back(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
+    """partition -> [(timestamp, key, value, headers)] as a read_committed consumer sees it."""
+    return read_topic(bootstrap, topic, partitions, offsets=False)
 
 
 def as_topic(rows: list[tuple]) -> list[tuple]:
@@ -173,7 +156,7 @@ def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path):
     assert res.stats.created_topic and partition_count(kafka_bootstrap, target) == 3
     if ON_TANSU:
         assert res.stats.transactional
-    got = read_topic(kafka_bootstrap, target, 3)
+    got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
     # the progress is in the store's internal topic, written through its normal append path
     prog = StoreProgress(url, _job(kafka_bootstrap, url, target)).read()
@@ -184,7 +167,7 @@ def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path):
     # a rerun finds nothing left to do
     again = _restore(kafka_bootstrap, url, target)
     assert again.records == 0 and again.stats.resumed
-    assert read_topic(kafka_bootstrap, target, 3) == got
+    assert read_back(kafka_bootstrap, target, 3) == got
 
 
 def test_mode_all_is_every_stored_record(kafka_bootstrap, new_topic, tmp_path):
@@ -194,7 +177,7 @@ def test_mode_all_is_every_stored_record(kafka_bootstrap, new_topic, tmp_path):
     res = _restore(kafka_bootstrap, url, target, mode="all", chunk_records=333)
     stored = store_records(url)
     assert res.records == sum(map(len, stored.values()))
-    got = read_topic(kafka_bootstrap, target, 2)
+    got = read_back(kafka_bootstrap, target, 2)
     assert got == {p: as_topic(rows) for p, rows in stored.items()}
     assert any(v is None for rows in got.values() for _, _, v, _ in rows)  # tombstones kept
     assert any(k is None for rows in got.values() for _, k, _, _ in rows)  # keyless kept
@@ -207,7 +190,7 @@ def test_idempotent_producer_without_transactions(kafka_bootstrap, new_topic, tm
     res = _restore(kafka_bootstrap, url, target, exactly_once="disabled", chunk_records=100)
     assert not res.stats.transactional
     want = {p: latest(rows) for p, rows in store_records(url).items()}
-    assert read_topic(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
+    assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
 
 
 def test_rerun_after_the_store_grew_is_incremental(kafka_bootstrap, new_topic, tmp_path):
@@ -221,7 +204,7 @@ def test_rerun_after_the_store_grew_is_incremental(kafka_bootstrap, new_topic, t
     after = store_records(url)
     second = _restore(kafka_bootstrap, url, target)
     assert second.stats.resumed and 0 < second.records < first.records
-    got = read_topic(kafka_bootstrap, target, 2)
+    got = read_back(kafka_bootstrap, target, 2)
     for p in range(2):
         # the target's latest value per key (a tombstone deletes) equals the store's
         last = {}
@@ -246,7 +229,7 @@ def test_target_with_fewer_partitions_is_an_error(kafka_bootstrap, make_topic, t
     assert proc.returncode == 1
     line = error_line(proc)
     assert "has 2 partition(s)" in line and "--repartition" in line
-    assert read_topic(kafka_bootstrap, target, 2) == {0: [], 1: []}
+    assert read_back(kafka_bootstrap, target, 2) == {0: [], 1: []}
 
 
 def test_repartition_places_keys_like_the_java_client(kafka_bootstrap, make_topic, tmp_path):
@@ -256,7 +239,7 @@ def test_repartition_places_keys_like_the_java_client(kafka_bootstrap, make_topi
     proc = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
                     kafka_bootstrap, "--to-topic", target, "--repartition", "--mode", "all")
     assert proc.returncode == 0, proc.stderr
-    got = read_topic(kafka_bootstrap, target, 2)
+    got = read_back(kafka_bootstrap, target, 2)
     placed = {}
     keyless = 0
     for part, rows in got.items():
@@ -274,7 +257,7 @@ def test_repartition_places_keys_like_the_java_client(kafka_bootstrap, make_topi
     for key in placed:
         p.produce(check, key=key, value=b"x")
     assert p.flush(30) == 0
-    theirs = {key: part for part, rows in read_topic(kafka_bootstrap, check, 2).items()
+    theirs = {key: part for part, rows in read_back(kafka_bootstrap, check, 2).items()
               for _, key, _, _ in rows}
     assert theirs == placed
     # the latest value per key survives the move (each key came from one store partition)
@@ -346,7 +329,7 @@ def test_standalone_properties(kafka_bootstrap, new_topic, tmp_path):
     proc = kcompact("connect", "standalone", str(worker), str(conn))
     assert proc.returncode == 0, proc.stderr
     want = {p: latest(rows) for p, rows in store_records(url).items()}
-    assert read_topic(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
+    assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
 
 
 # -- SIGKILL -------------------------------------------------------------------------------------
@@ -370,7 +353,9 @@ def _committed_part(offsets: list[int]) -> tuple[list[int], int, int]:
 
 def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_path):
     url = str(tmp_path / "store")
-    build_store(url, 4, 25_000, seed=8, keys=20_000)
+    # ~90k live records: a whole run takes several seconds even on a fast machine, so each of
+    # the three runs below is killed part-way
+    build_store(url, 4, 25_000, seed=8, keys=200_000)
     target = new_topic()
     chunk = 2000
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
@@ -391,7 +376,7 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
         deadline = time.monotonic() + 60
         while seq() <= before and p.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.2, 2.0))
+        time.sleep(rng.uniform(0.05, 0.8))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             kills += 1
@@ -405,7 +390,7 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
     planned = int(done.split(" of ")[1].split(" ")[0].replace(",", ""))
     # the last run continued from the recorded progress instead of starting over
     assert "continued from recorded progress" in done and 0 < planned < total
-    got = read_topic(kafka_bootstrap, target, 4)
+    got = read_back(kafka_bootstrap, target, 4)
     for p in range(4):
         by_key = {r[2]: r for r in want[p]}
         last = {}
@@ -462,7 +447,7 @@ def test_sigterm_stops_after_the_chunk_and_a_rerun_continues(kafka_bootstrap, ne
         # before the stop: the live latest records; after it (a resumed run): tombstones too
         want[p] = sorted(r for r in last.values() if r[3] is not None or r[0] >= pos)
     # a clean stop commits its chunk: every record exactly once, on Tansu too
-    assert read_topic(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
+    assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
 
 
 def test_second_run_of_the_same_job_is_refused(kafka_bootstrap, new_topic, tmp_path):

@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 
 pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -27,6 +26,7 @@ from connectors.mirror import mirror_local  # noqa: E402
 from connectors.spark_engine import (FAIL_ENV, SparkEngineError, mirror_with_spark,  # noqa: E402
                                      spark_session, spark_writer_id)
 from reput import Store, verify_store  # noqa: E402
+from topics import read_store, read_topic  # noqa: E402
 
 TS0 = 1_700_000_000_000
 
@@ -64,34 +64,6 @@ def produce_transaction(bootstrap: str, topic: str, records) -> None:
     for part, key, value, headers, ts in records:
         p.produce(topic, key=key, value=value, headers=headers, partition=part, timestamp=ts)
     p.commit_transaction(30)
-
-
-def read_topic(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple]]:
-    """Everything in the topic per partition: (offset, timestamp, key, value, headers)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "enable.partition.eof": True,
-                  "isolation.level": "read_committed"})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
-    eof: set[int] = set()
-    deadline = time.monotonic() + 120
-    while len(eof) < partitions:
-        assert time.monotonic() < deadline, "reading the topic back timed out"
-        for m in c.consume(10_000, 1.0):
-            if m.error() is not None:
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                continue
-            out[m.partition()].append((m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                       tuple(m.headers() or ())))
-    c.close()
-    return out
-
-
-def read_store(url: str, topic: str) -> dict[int, list[tuple]]:
-    with Store.open(url) as st:
-        return {p: [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
-                    for r in st.iter_records(topic, p)] for p in st.partitions(topic)}
 
 
 def verified(url: str) -> bool:

@@ -1,0 +1,43 @@
+"""Reading a topic and a store back for comparison (shared by the integration tests)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from reput import Store
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, *, offsets: bool = True
+               ) -> dict[int, list[tuple]]:
+    """Everything a read_committed consumer sees, per partition in offset order:
+    (offset, timestamp, key, value, headers), or without the offset when ``offsets`` is False."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed", "queued.min.messages": 1_000_000})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
+    eof: set[int] = set()
+    deadline = time.monotonic() + 120
+    try:
+        while len(eof) < partitions:
+            assert time.monotonic() < deadline, "reading the topic back timed out"
+            for m in c.consume(10_000, 0.5):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(m.partition())
+                    continue
+                row = (m.timestamp()[1], m.key(), m.value(), tuple(m.headers() or ()))
+                out[m.partition()].append((m.offset(), *row) if offsets else row)
+    finally:
+        c.close()
+    return out
+
+
+def read_store(url: str, topic: str) -> dict[int, list[tuple]]:
+    """Every stored record per partition: (offset, timestamp, key, value, headers)."""
+    with Store.open(url) as st:
+        return {p: [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
+                    for r in st.iter_records(topic, p)] for p in st.partitions(topic)}
