@@ -10,7 +10,8 @@ Then, alternating for --rounds rounds:
 * raw: a confluent-kafka consumer that assigns every partition and calls
   consume(num_messages=10000) until each partition reports end-of-partition, discarding the
   messages. It uses exactly the consumer settings the mirror uses (read_committed,
-  queued.min.messages=1M ...), so the two differ only in what happens to the messages.
+  queued.min.messages=1M ...) and the same garbage-collector thresholds (reput/_gc.py), so
+  the two differ only in what happens to the messages.
 * mirror: connectors.mirror.mirror_local into a fresh store directory, timed from the call to
   its return (metadata, store creation, consume, append, final fsync'd flush).
 
@@ -42,6 +43,7 @@ from connectors.mirror import mirror_local  # noqa: E402
 from connectors.store_sink import _warm_up  # noqa: E402
 from connectors.worker import _DEFAULT_CONSUMER, kafka_logger  # noqa: E402
 from reput import Store  # noqa: E402
+from reput._gc import bulk_gc  # noqa: E402
 
 VALUE = 100
 
@@ -129,7 +131,8 @@ def main() -> int:
         print(f"  numba kernels loaded in {time.perf_counter() - t:.1f} s", file=log, flush=True)
         raws, mirrors = [], []
         for r in range(args.rounds):
-            dt, n = raw_consume(bootstrap, topic, args.partitions)
+            with bulk_gc():  # the mirror's own GC settings: only the work differs
+                dt, n = raw_consume(bootstrap, topic, args.partitions)
             if n != args.records:
                 raise SystemExit(f"raw consumer read {n} records, expected {args.records}")
             raws.append(dt)

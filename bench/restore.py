@@ -13,7 +13,8 @@ KAFKA_BOOTSTRAP_SERVERS):
   timestamps, same order) from Python lists built before the clock starts, with the restore's
   producer settings (connectors.restore.DEFAULT_PRODUCER_CONFIG: acks=all, idempotence,
   compression none, linger.ms, batch.size, queue size) and the same positional produce() call,
-  timed from the producer's creation to flush() done. The topic exists beforehand.
+  timed from the producer's creation to flush() done, under the restore's garbage-collector
+  thresholds (reput/_gc.py). The topic exists beforehand.
 * restore: connectors.restore.restore (what `kcompact restore` runs) into a new topic, timed from
   the call to its return: metadata, topic creation, transactional producer and init, progress
   reads, the latest-per-key plan, reading the store, producing, a transaction commit and a store
@@ -50,6 +51,7 @@ from connectors.broker import EmbeddedBroker  # noqa: E402
 from connectors.restore import DEFAULT_PRODUCER_CONFIG, restore  # noqa: E402
 from connectors.worker import kafka_logger  # noqa: E402
 from reput import Store  # noqa: E402
+from reput._gc import bulk_gc  # noqa: E402
 from reput.record import RecordBatch, _VarColumn  # noqa: E402
 
 VALUE = 100
@@ -171,7 +173,8 @@ def main() -> int:
                 topics.append(topic)
                 if side == "raw":
                     admin.create_topics([NewTopic(topic, args.partitions, 1)])[topic].result()
-                    w, c = raw_produce(bootstrap, topic, cols)
+                    with bulk_gc():  # restore's own GC settings: only the work differs
+                        w, c = raw_produce(bootstrap, topic, cols)
                 else:
                     t, c0 = time.perf_counter(), time.process_time()
                     res = restore(bootstrap, store, TOPIC, topic, out=io.StringIO(),

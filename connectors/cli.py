@@ -17,6 +17,7 @@ import traceback
 from typing import Any, Callable
 
 from reput import ReputError, Store, verify_store
+from reput._gc import bulk_gc
 from reput.record import Record
 
 from .errors import ConnectorsError
@@ -416,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
     try:
-        return int(args.func(args) or 0)
+        with bulk_gc():  # a command is one bulk job (reput/_gc.py)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("kcompact: interrupted", file=sys.stderr)
         return 130

@@ -40,6 +40,7 @@ import numpy as np
 import plyvel
 
 from reput import ReputError, Store
+from reput._gc import bulk_gc
 from reput.errors import CorruptRecordError
 
 from . import _kv_kernels as KK
@@ -553,6 +554,10 @@ class MapBuilder:
     # -- top level ---------------------------------------------------------------------------
 
     def run(self, *, follow: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
+        with bulk_gc():  # reput/_gc.py
+            return self._run_build(follow=follow, stop=stop)
+
+    def _run_build(self, *, follow: bool, stop: threading.Event | None) -> dict[str, Any]:
         stop = stop or threading.Event()
         t0 = time.perf_counter()
         try:

@@ -32,6 +32,8 @@ from typing import Any, Callable, Mapping, TextIO
 
 import numpy as np
 
+from reput._gc import bulk_gc
+
 from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
 from .api import (DataError, RetriableError, SinkConnector, SinkRecords, SinkTask,
                   SinkTaskContext, SourceConnector, SourceRecord, SourceTask, SourceTaskContext,
@@ -932,7 +934,12 @@ class Worker:
 
     def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
         """Start every task and wait until all have ended (or one failed: the others are then
-        stopped, and the failure is raised as one line naming the task)."""
+        stopped, and the failure is raised as one line naming the task). The garbage collector
+        runs less often meanwhile (reput/_gc.py)."""
+        with bulk_gc():
+            self._run_tasks(on_tick, tick)
+
+    def _run_tasks(self, on_tick: Callable[["Worker"], None] | None, tick: float) -> None:
         interval = self.config["metrics.log.interval.ms"] / 1000
         last_log = time.monotonic()
         for r in self.runners:
