@@ -1,19 +1,6 @@
-"""Shared pytest configuration: tests marked ``slow`` run only when asked for.
+"""Shared pytest configuration.
 
-Run them with ``pytest -m slow`` (or set KCOMPACT_SLOW=1 to include them in a normal run).
+Every test runs by default, the ``slow`` ones included (the 10M-record exact-rounds compaction
+and the five-SIGKILL mirror are acceptance tests of their issues; together about a minute).
+Deselect them for a quick local loop with ``pytest -m "not slow"``.
 """
-
-from __future__ import annotations
-
-import os
-
-import pytest
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("KCOMPACT_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with `pytest -m slow` or KCOMPACT_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)

@@ -30,8 +30,8 @@ After every compaction, for every partition, with H the compaction horizon (chec
 
 Plus deterministic cases (regressions named test_issue_*), and the issue's test: many records
 over many distinct keys with a small map leave exactly one record per key (checked with numpy
-over the .bcq entries): 2M records / 600k keys / 4 MiB map by default, and the full
-10M / 3M / 16 MiB under ``-m slow`` (or KCOMPACT_SLOW=1; about 75 s).
+over the .bcq entries): 2M records / 600k keys / 4 MiB map, and the issue's full
+10M / 3M / 16 MiB (marked ``slow``, about 30 s; it runs in every full run).
 """
 
 from __future__ import annotations
@@ -65,17 +65,6 @@ KEY_POOL = [None, b""] + [b"key-%02d" % i for i in range(80)]
 T0 = 1_700_000_000_000
 # clean_time has 1 s resolution: a tombstone must be gone once this much past delete.retention.ms
 TOMBSTONE_SLACK_MS = 2000
-
-
-def slow_enabled(config) -> bool:
-    expr = (config.getoption("markexpr") or "").replace("not slow", "")
-    return "slow" in expr or bool(os.environ.get("KCOMPACT_SLOW"))
-
-
-@pytest.fixture
-def slow_only(request):
-    if not slow_enabled(request.config):
-        pytest.skip("slow: run with -m slow (or KCOMPACT_SLOW=1)")
 
 
 def _value(off: int, kind: int, length: int) -> bytes | None:
@@ -553,6 +542,6 @@ def test_exact_rounds_2m_records_600k_keys_4mib_map(tmp_path):
 
 
 @pytest.mark.slow
-def test_exact_rounds_10m_records_3m_keys_16mib_map(tmp_path, slow_only):
+def test_exact_rounds_10m_records_3m_keys_16mib_map(tmp_path):
     res, build_s, compact_s = _many_keys(tmp_path, 10_000_000, 3_000_000, 16 << 20)
     print(f"10M/3M/16MiB: build {build_s:.1f}s compact {compact_s:.1f}s rounds {res.rounds}")
