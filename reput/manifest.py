@@ -75,6 +75,14 @@ class SegmentEntry:
             return self.records
         return int(self.offsets.rank(rel - 1))
 
+    def offset_at_or_after(self, offset: int) -> int | None:
+        """The first offset >= ``offset`` this segment holds (None: none)."""
+        if not self.records or offset > self.last_offset:
+            return None
+        if offset <= self.first_offset:
+            return self.first_offset
+        return self.base + int(self.offsets.next_set_bit(offset - self.base))
+
     def offset_array(self) -> np.ndarray:
         return np.asarray(self.offsets.to_array(), dtype=np.int64) + self.base
 

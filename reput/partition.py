@@ -709,9 +709,45 @@ class PartitionLog:
         return sum(s.log_size for s in self.segments)
 
     def segment_for(self, offset: int) -> int:
-        """Index of the segment whose range holds ``offset`` (0 if before the first)."""
+        """Index of the segment whose range holds ``offset`` (0 if before the first). On an
+        object store, committed segments whose manifest entry says they hold no offset
+        >= ``offset`` (a target in a gap at the end of a segment) are stepped over, so a read
+        from there fetches no index it does not need (len(segments): none holds one)."""
         bases = [s.base for s in self.segments]
-        return max(0, bisect.bisect_right(bases, offset) - 1)
+        i = max(0, bisect.bisect_right(bases, offset) - 1)
+        if self.manifest_mode:
+            while i < len(self.segments) and self.segments[i].entry is not None \
+                    and self.segments[i].entry.offset_at_or_after(offset) is None:
+                i += 1
+        return i
+
+    def holds(self, offset: int) -> bool:
+        """Whether the partition holds a record at ``offset``; a committed segment on an
+        object store answers from its manifest bitmap (no request)."""
+        i = bisect.bisect_right([s.base for s in self.segments], offset) - 1
+        if i < 0:
+            return False
+        seg = self.segments[i]
+        if seg.entry is not None:
+            return seg.entry.holds(offset)
+        idx = self.index(seg)
+        j = int(idx.lower_bound(offset))
+        return j < idx.n and int(idx.entries[j]["offset"]) == offset
+
+    def offset_at_or_after(self, offset: int) -> int | None:
+        """The first offset >= ``offset`` the partition holds (None: none), where a read from
+        ``offset`` starts; from the manifest bitmaps on an object store (no request)."""
+        for seg in self.segments[self.segment_for(offset):]:
+            if seg.entry is not None:
+                nxt = seg.entry.offset_at_or_after(offset)
+                if nxt is not None:
+                    return nxt
+                continue
+            idx = self.index(seg)
+            j = int(idx.lower_bound(offset))
+            if j < idx.n:
+                return int(idx.entries[j]["offset"])
+        return None
 
     # -- recovery ------------------------------------------------------------------------
 
@@ -953,9 +989,13 @@ class PartitionLog:
                                           or seg.entry.last_offset < from_offset):
                 i += 1  # the manifest says it holds nothing at or after from_offset
                 continue
-            idx = self.index(seg)
-            e = idx.entries
-            j = int(idx.lower_bound(from_offset))
+            part = self._short_index_read(seg, from_offset, max_records)
+            if part is not None:
+                e, j = part, 0
+            else:
+                idx = self.index(seg)
+                e = idx.entries
+                j = int(idx.lower_bound(from_offset))
             if j < e.shape[0]:
                 stop = e.shape[0] if max_records is None else min(e.shape[0], j + max_records)
                 if max_bytes is not None:
@@ -972,6 +1012,36 @@ class PartitionLog:
                 return ReadResult(data, sel, int(sel[-1]["offset"]) + 1)
             i += 1
         return ReadResult(b"", np.zeros(0, dtype=B.BCQ_DTYPE), max(from_offset, self.next_offset))
+
+    def _short_index_read(self, seg: Segment, from_offset: int,
+                          max_records: int | None) -> np.ndarray | None:
+        """Object store: the .bcq entries of a committed segment from the first offset
+        >= ``from_offset``, at most ``max_records`` and not past the cache block holding the
+        first, read by range (the manifest bitmap's rank is the entry number). None when the
+        whole .bcq is the better read: it is local already, no larger than a block, or the
+        read wants more entries than a block holds."""
+        ent = seg.entry
+        bs = int(getattr(self.fs, "block_size", 0) or 0)
+        if ent is None or seg._index is not None or max_records is None or bs <= 0 \
+                or max_records * B.ENTRY_SIZE > bs or ent.bcq_size <= bs:
+            return None
+        path = self.seg_index_path(seg)
+        if self.fs.has_local_copy(path):
+            return None
+        j = ent.rank_below(from_offset)
+        if j >= ent.records:
+            return np.zeros(0, dtype=B.BCQ_DTYPE)
+        start = j * B.ENTRY_SIZE
+        hi = min(ent.records, j + max_records,
+                 max(j + 1, (start // bs + 1) * bs // B.ENTRY_SIZE))
+        raw = self.fs.read(path, start, (hi - j) * B.ENTRY_SIZE)
+        e = B.view(np.frombuffer(raw, dtype=np.uint8))
+        want = ent.offset_at_or_after(from_offset)
+        if e.shape[0] != hi - j or int(e[0]["offset"]) != want:
+            raise CorruptRecordError(
+                f"{path}: entry {j} does not hold offset {want} as the manifest's bitmap says "
+                "(or the index is short); run `kcompact verify`", path, start)
+        return e
 
     def _check(self, data: bytes, sel: np.ndarray, seg: Segment, file_start: int) -> None:
         buf = np.frombuffer(data, dtype=np.uint8)

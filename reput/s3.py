@@ -622,6 +622,16 @@ class S3Backend(Backend):
             return None
         return self.spool.get(self._cache_key(path))
 
+    @property
+    def block_size(self) -> int:
+        """The block cache's block: a ranged read of an immutable object fetches whole blocks
+        (``PartitionLog.read`` reads a few .bcq entries by range when the .bcq is larger)."""
+        return self.cache.block_size
+
+    def has_local_copy(self, path: str) -> bool:
+        """Whether ``map``/``read`` of this object would be served from the spool (no request)."""
+        return self._spooled(path) is not None
+
     def read(self, path, start=0, length=None):
         hit = self._spooled(path)
         if hit is not None:
