@@ -13,6 +13,7 @@ import errno
 import io
 import os
 import threading
+import time
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -76,6 +77,14 @@ class Backend(ABC):
             return True
         except FileNotFoundError:
             return False
+
+    def mtime_ms(self, path: str) -> int | None:
+        """When ``path`` was last modified (ms since the epoch), or None when this backend
+        cannot tell cheaply (an object store would need a request per file; nothing asks it
+        there: commit logs, whose age retention checks, are always local). Raises
+        FileNotFoundError when absent."""
+        self.size(path)
+        return None
 
     @abstractmethod
     def isdir(self, path: str) -> bool: ...
@@ -235,6 +244,9 @@ class LocalBackend(Backend):
     def size(self, path):
         return os.path.getsize(self._p(path))
 
+    def mtime_ms(self, path):
+        return os.stat(self._p(path)).st_mtime_ns // 1_000_000
+
     def isdir(self, path):
         return os.path.isdir(self._p(path))
 
@@ -316,14 +328,17 @@ class LocalBackend(Backend):
 
 
 class _MemAppendFile(AppendFile):
-    def __init__(self, store: dict, path: str):
-        self._store, self._path = store, path
-        store.setdefault(path, bytearray())
-        self.size = len(store[path])
+    def __init__(self, fs: "MemoryBackend", path: str):
+        self._fs, self._store, self._path = fs, fs.files, path
+        if path not in self._store:
+            self._store[path] = bytearray()
+            fs._touch(path)
+        self.size = len(self._store[path])
 
     def write(self, data):
         self._store[self._path] += memoryview(data).cast("B")
         self.size = len(self._store[self._path])
+        self._fs._touch(self._path)
 
     def sync(self):
         pass
@@ -331,20 +346,34 @@ class _MemAppendFile(AppendFile):
     def truncate(self, size):
         del self._store[self._path][size:]
         self.size = size
+        self._fs._touch(self._path)
 
     def close(self):
         pass
 
 
 class MemoryBackend(Backend):
-    """Everything in a dict: for unit tests that must not touch the disk."""
+    """Everything in a dict: for unit tests that must not touch the disk.
+
+    Modification times come from ``clock`` (anything with ``ms()``, e.g. the store's
+    ``ManualClock``; default: the system time) and are kept in ``mtimes``."""
 
     appendable = True
 
-    def __init__(self):
+    def __init__(self, clock=None):
         self.files: dict[str, bytearray] = {}
+        self.mtimes: dict[str, int] = {}
+        self.clock = clock
         self.url = f"memory://{id(self):x}"
         self._lock = threading.Lock()
+
+    def _touch(self, path: str) -> None:
+        self.mtimes[path] = self.clock.ms() if self.clock is not None else time.time_ns() // 1_000_000
+
+    def mtime_ms(self, path):
+        if path not in self.files:
+            raise FileNotFoundError(path)
+        return self.mtimes.get(path)
 
     def read(self, path, start=0, length=None):
         data = self.files[path] if path in self.files else None
@@ -372,24 +401,29 @@ class MemoryBackend(Backend):
 
     def write_atomic(self, path, data):
         self.files[path] = bytearray(data)
+        self._touch(path)
 
     def create_exclusive(self, path, data):
         with self._lock:
             if path in self.files:
                 return False
             self.files[path] = bytearray(data)
+            self._touch(path)
             return True
 
     def delete(self, path):
         self.files.pop(path, None)
+        self.mtimes.pop(path, None)
 
     def rename(self, src, dst):
         self.files[dst] = self.files.pop(src)
+        self.mtimes[dst] = self.mtimes.pop(src)  # a rename keeps the file's mtime, as on disk
 
     def open_append(self, path):
-        return _MemAppendFile(self.files, path)
+        return _MemAppendFile(self, path)
 
     def remove_tree(self, path):
         pre = path.rstrip("/") + "/"
         for k in [k for k in self.files if k.startswith(pre)]:
             del self.files[k]
+            self.mtimes.pop(k, None)

@@ -195,16 +195,22 @@ class CommitLog:
                                          "position": position}).encode())
 
     def delete_dispatched(self, checkpoint: int) -> int:
-        """Delete sealed segments that end at or before ``checkpoint`` and are past retention."""
+        """Delete sealed segments that end at or before ``checkpoint`` and are past retention.
+
+        A segment's age is the injected clock's now minus its modification time (the moment it
+        was sealed: nothing writes a sealed segment), asked of the backend, which for a commit
+        log is always a local one (a local directory, or memory in tests). A backend that
+        cannot tell an age keeps its segments unless the retention is 0."""
         now = self.clock.ms()
+        retention = self.options.commitlog_retention_ms
         removed = 0
         while len(self.segments) > 1 and self.segments[0].end <= checkpoint:
             seg = self.segments[0]
             path = fn.commitlog_segment(self.writer, seg.base)
-            lp = self.fs.local_path(path)
-            mtime_ms = int(os.path.getmtime(lp) * 1000) if lp else now
-            if now - mtime_ms < self.options.commitlog_retention_ms:
-                break
+            if retention > 0:
+                mtime_ms = self.fs.mtime_ms(path)
+                if mtime_ms is None or now - mtime_ms < retention:
+                    break
             self.fs.delete(path)
             self.segments.pop(0)
             removed += 1
