@@ -15,7 +15,9 @@ The test first checks with hashlib that each pair really collides.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import sys
 
 import pytest
 
@@ -24,6 +26,9 @@ from reput.config import ManualClock
 from reput.record import RecordBatch, key_digest
 from reput.store import Store
 from reput.verify import verify_store
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _stores import backend, store_at  # noqa: E402,F401  (local and in-memory S3 stores)
 
 WANG_1 = bytes.fromhex(
     "d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f89"
@@ -69,9 +74,9 @@ def test_siphash_digests_differ(a, b):
 
 
 @pytest.mark.parametrize("memory,load", [(4096, 0.1), (1 << 20, 0.9)])
-def test_md5_colliding_keys_both_survive_compaction(tmp_path, memory, load):
+def test_md5_colliding_keys_both_survive_compaction(store_at, memory, load):
     clock = ManualClock()
-    s = Store.open(str(tmp_path / "s"), writer="w", create=True, clock=clock)
+    s = Store.open(store_at("s"), writer="w", create=True, clock=clock)
     s.set_topic_config(TOPIC, {"segment.bytes": 16384})
     keys = [WANG_1, WANG_2, STEVENS_1, STEVENS_2, SINGLE_1, SINGLE_2]
     recs, off = [], 0

@@ -17,11 +17,13 @@ import sys
 import pytest
 
 from compaction import CompactionOptions, Compactor, assess, compact_store, partition_status, plan
-from reput import swap
 from reput.config import ConfigError, ManualClock, TopicConfig
 from reput.record import RecordBatch
 from reput.store import Store
 from reput.verify import verify_store
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _stores import backend, shared_store_at, store_at  # noqa: E402,F401  (by backend)
 
 TOPIC = "t"
 SEG = 16384
@@ -49,8 +51,10 @@ class Writer:
         self.s.flush()
 
 
-def new_store(tmp_path, clock, name="s", **cfg) -> Store:
-    s = Store.open(str(tmp_path / name), writer="w", create=True, clock=clock)
+def new_store(where, clock, name="s", **cfg) -> Store:
+    """A store at ``where/name`` (tmp_path), or at ``where(name)`` (a ``store_at`` factory)."""
+    url = where(name) if callable(where) else str(where / name)
+    s = Store.open(url, writer="w", create=True, clock=clock)
     s.set_topic_config(TOPIC, {"segment.bytes": SEG, **cfg})
     return s
 
@@ -58,9 +62,9 @@ def new_store(tmp_path, clock, name="s", **cfg) -> Store:
 def sealed_dirty_ratio(s: Store, p: int) -> float:
     """Dirty bytes / bytes over the sealed segments, computed here from the .bcq entries."""
     pl = s.partition(TOPIC, p)
-    cleaned = swap.read_checkpoint(s.fs, pl.dir)[0]
+    cleaned = pl.checkpoint()[0]
     clean = dirty = 0
-    for seg in pl.segments[:-1]:
+    for seg in pl.sealed_segments:
         e = pl.entries(seg)
         d = e["offset"] > cleaned
         dirty += int(e["size"][d].sum())
@@ -80,9 +84,9 @@ def test_default_min_cleanable_dirty_ratio_is_half():
     assert TopicConfig().to_dict()["min.cleanable.dirty.ratio"] == 0.5
 
 
-def test_dirty_ratio_threshold_and_filthiest_first(tmp_path):
+def test_dirty_ratio_threshold_and_filthiest_first(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock)
+    s = new_store(store_at, clock)
     w = Writer(s, clock)
     # three partitions with 8 clean segments each (unique keys, then a forced compaction)
     for p in (0, 1, 2):
@@ -118,9 +122,9 @@ def test_dirty_ratio_threshold_and_filthiest_first(tmp_path):
     assert verify_store(s).ok
 
 
-def test_max_compaction_lag_forces_a_pick(tmp_path):
+def test_max_compaction_lag_forces_a_pick(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock, **{"max.compaction.lag.ms": 60_000})
+    s = new_store(store_at, clock, **{"max.compaction.lag.ms": 60_000})
     w = Writer(s, clock)
     w.put(0, range(400))
     compact_store(s, force=True, options=OPTS, clock=clock)
@@ -143,9 +147,9 @@ def test_max_compaction_lag_forces_a_pick(tmp_path):
 # -- merging small segments ---------------------------------------------------------------------
 
 
-def test_dirty_small_segments_are_merged(tmp_path):
+def test_dirty_small_segments_are_merged(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock)
+    s = new_store(store_at, clock)
     w = Writer(s, clock)
     for i in range(12):  # twelve short flushes, each sealed: 12 segments of 5 records
         w.put(0, range(i * 5, i * 5 + 5))
@@ -160,11 +164,11 @@ def test_dirty_small_segments_are_merged(tmp_path):
     assert verify_store(s).ok
 
 
-def test_clean_small_segments_are_merged(tmp_path):
+def test_clean_small_segments_are_merged(store_at):
     """After segment.bytes is raised, the clean 16 KiB segments are 'small': the planner picks
     the partition for them, and the compaction it runs must merge them (not only --force)."""
     clock = ManualClock()
-    s = new_store(tmp_path, clock)
+    s = new_store(store_at, clock)
     w = Writer(s, clock)
     w.put(0, range(500))
     compact_store(s, force=True, options=OPTS, clock=clock)
@@ -184,9 +188,9 @@ def test_clean_small_segments_are_merged(tmp_path):
 # -- cleanup.policy -----------------------------------------------------------------------------
 
 
-def test_compact_delete_drops_segments_older_than_retention(tmp_path):
+def test_compact_delete_drops_segments_older_than_retention(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock, **{"cleanup.policy": "compact,delete",
+    s = new_store(store_at, clock, **{"cleanup.policy": "compact,delete",
                                       "retention.ms": 3_600_000})
     w = Writer(s, clock)
     old = clock.ms() - 7_200_000
@@ -216,27 +220,27 @@ def test_compact_delete_drops_segments_older_than_retention(tmp_path):
     assert verify_store(s).ok
 
 
-def test_compact_only_keeps_old_segments(tmp_path):
+def test_compact_only_keeps_old_segments(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock, **{"retention.ms": 1000})
+    s = new_store(store_at, clock, **{"retention.ms": 1000})
     w = Writer(s, clock)
     w.put(0, range(300), ts=clock.ms() - 7_200_000)
     Compactor(s, OPTS, clock).compact_partition(TOPIC, 0, force=True)
     assert len(records(s, 0)) == 300
 
 
-def test_retention_minus_one_keeps_forever(tmp_path):
+def test_retention_minus_one_keeps_forever(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock, **{"cleanup.policy": "compact,delete", "retention.ms": -1})
+    s = new_store(store_at, clock, **{"cleanup.policy": "compact,delete", "retention.ms": -1})
     w = Writer(s, clock)
     w.put(0, range(300), ts=0)
     Compactor(s, OPTS, clock).compact_partition(TOPIC, 0, force=True)
     assert len(records(s, 0)) == 300
 
 
-def test_delete_only_policy_never_deduplicates(tmp_path):
+def test_delete_only_policy_never_deduplicates(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock, **{"cleanup.policy": "delete"})
+    s = new_store(store_at, clock, **{"cleanup.policy": "delete"})
     w = Writer(s, clock)
     w.put(0, [1, 2, 3] * 200)
     w.put(0, [1, 2], tomb=True)
@@ -261,9 +265,9 @@ def test_delete_only_policy_never_deduplicates(tmp_path):
 # -- configuration errors ----------------------------------------------------------------------
 
 
-def test_bad_topic_config_key_names_the_key(tmp_path):
+def test_bad_topic_config_key_names_the_key(store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock)
+    s = new_store(store_at, clock)
     raw = s.fs.read("store.json")
     with pytest.raises(ConfigError, match=r"cleanup\.polcy"):
         s.set_topic_config(TOPIC, {"cleanup.polcy": "compact"})
@@ -291,14 +295,14 @@ def part_doc(doc: dict, p: int) -> dict:
     return d
 
 
-def test_cli_compact_and_inspect_json(tmp_path):
+def test_cli_compact_and_inspect_json(shared_store_at):
     clock = ManualClock()
-    s = new_store(tmp_path, clock)
+    s = new_store(shared_store_at, clock)
     w = Writer(s, clock)
     w.put(0, list(range(50)) * 8)
     w.put(1, range(100))
     s.close()
-    url = str(tmp_path / "s")
+    url = shared_store_at("s")
 
     d0 = part_doc(run_cli("inspect", "--store", url, "--json"), 0)
     assert d0["compaction_horizon"] == -1
