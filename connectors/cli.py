@@ -119,20 +119,34 @@ def cmd_inspect(args) -> int:
         return EXIT_OK
     print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
     hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "FIRST", "NEXT",
-           "HORIZON", "DIRTY")
+           "HORIZON", "DIRTY", "LAST RUN")
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
             rows.append((t["topic"], p["partition"], p["segments"], p["records"], p["tombstones"],
                          p["keyless"], _human_bytes(p["bytes"]), p["first_offset"],
                          p["next_offset"], p.get("compaction_horizon", -1),
-                         f"{p.get('dirty_ratio', 0.0):.2f}"))
+                         f"{p.get('dirty_ratio', 0.0):.2f}", _last_run_text(p)))
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows else [len(h) for h in hdr]
     for row in (hdr, *rows):
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
     if not rows:
         print("(no partitions)")
     return EXIT_OK
+
+
+def _last_run_text(p: dict[str, Any]) -> str:
+    """The LAST RUN column of `inspect`: when the last compaction ended (UTC, when the store
+    knows it) and how many records it kept and dropped; ``never`` before the first one."""
+    run = p.get("last_compaction")
+    if not run:
+        return "never"
+    what = f"kept {run['records_kept']} dropped {run['records_dropped']}"
+    when = p.get("last_compaction_ms")
+    if when is None:
+        return what
+    import time
+    return time.strftime("%Y-%m-%d %H:%M:%SZ ", time.gmtime(when / 1000)) + what
 
 
 def cmd_dump(args) -> int:
@@ -172,13 +186,13 @@ def cmd_verify(args) -> int:
 def cmd_compact(args) -> int:
     from compaction import CompactionOptions, compact_store
     if args.engine == "spark":
-        try:
-            from .spark_engine import compact_with_spark  # noqa: WPS433
-        except ImportError:
-            print("kcompact: the Spark engine is not available; compacting locally",
-                  file=sys.stderr)
-        else:
-            return compact_with_spark(args)
+        # An explicit engine is never swapped for another: say why Spark cannot run, before
+        # anything is opened (as `mirror --engine spark` does).
+        from .spark_engine import SparkEngineError, compact_with_spark, spark_available
+        why = spark_available()
+        if why is not None:
+            raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
+        return compact_with_spark(args)
     store = Store.open(args.store)
     if args.topic and args.topic not in store.topics():
         raise ConnectorsError(f"topic {args.topic!r} is not in store {store.url}")
@@ -273,6 +287,17 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 128MiB, 64m, 1g)")
 
 
+def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`verify`'s flags that only make sense together: a usage error (exit 2) otherwise."""
+    def check(args) -> None:
+        if args.against and not args.token_file:
+            parser.error("--against needs --token-file F (the file holding the master's "
+                         "bearer token)")
+        if args.token_file and not args.against:
+            parser.error("--token-file applies to --against only")
+    return check
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage."))
@@ -339,9 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("verify", help="check every record and index entry (exit 1 on problems)")
     s.add_argument("--store", required=True)
     s.add_argument("--json", action="store_true")
-    s.add_argument("--against", default=None, metavar="URL")
-    s.add_argument("--token-file", default=None)
-    s.set_defaults(func=cmd_verify)
+    s.add_argument("--against", default=None, metavar="URL",
+                   help="compare with a master served by `kcompact serve` (needs --token-file)")
+    s.add_argument("--token-file", default=None, help="the master's bearer token (--against)")
+    s.set_defaults(func=cmd_verify, check_usage=_verify_usage(s))
 
     s = sub.add_parser("serve", help="serve a store to replicas over HTTP")
     s.add_argument("--store", required=True)
@@ -415,6 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_usage = getattr(args, "check_usage", None)
+    if check_usage is not None:
+        check_usage(args)  # exits 2 with argparse's usage message
     debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
     try:
         with bulk_gc():  # a command is one bulk job (reput/_gc.py)

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from reput import FLAG_KEYLESS, FLAG_TOMBSTONE, Store
+from reput import filenames as fn
 
 
 def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
@@ -29,7 +30,21 @@ def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any
     except ImportError:
         return doc
     doc.update(partition_status(store, topic, partition))
+    doc["last_compaction_ms"] = _last_compaction_ms(store, pl, doc) if \
+        doc.get("last_compaction") else None
     return doc
+
+
+def _last_compaction_ms(store: Store, pl, doc: dict[str, Any]) -> int | None:
+    """When the last compaction ended: the time its result was written to the partition's
+    compaction checkpoint (the file's modification time, from the backend). None when that is
+    unknown (an S3 store keeps the last run in its manifest)."""
+    if pl.manifest_mode:
+        return None
+    try:
+        return store.fs.mtime_ms(fn.compaction_checkpoint(pl.topic, pl.partition))
+    except FileNotFoundError:
+        return None
 
 
 def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:

@@ -133,10 +133,9 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise SparkEngineError(f"the Spark engine needs pyspark: {e}") from None
-    import shutil
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        raise SparkEngineError("Spark needs Java 17: apt-get install -y openjdk-17-jre-headless "
-                               "(or set JAVA_HOME), or use --engine local")
+    why = java_problem()
+    if why is not None:
+        raise SparkEngineError(f"Spark cannot start: {why}, or use --engine local")
     master = master_with_retries(master or "local[*]")
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
@@ -173,15 +172,32 @@ def spark_active() -> bool:
     return SparkContext._active_spark_context is not None
 
 
+def java_problem() -> str | None:
+    """None when a ``java`` that Spark's launcher will run exists, else why not (one line).
+
+    Spark's launcher (bin/spark-class) runs ``$JAVA_HOME/bin/java`` when JAVA_HOME is set and
+    ``java`` from PATH otherwise, so a JAVA_HOME that names no Java is as fatal as no Java at
+    all: checked here, before a JVM start fails with a py4j traceback."""
+    import shutil
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            return (f"JAVA_HOME={home} has no bin/java; point JAVA_HOME at a Java 17 "
+                    "installation or unset it")
+        return None
+    if shutil.which("java") is None:
+        return ("Java 17 is not installed (apt-get install -y openjdk-17-jre-headless, "
+                "or set JAVA_HOME)")
+    return None
+
+
 def spark_available() -> str | None:
     """None when the Spark engine can run here, else why not (one line)."""
     import importlib.util
-    import shutil
     if importlib.util.find_spec("pyspark") is None:
-        return "pyspark is not installed"
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        return "Java 17 is not installed (apt-get install -y openjdk-17-jre-headless)"
-    return None
+        return "pyspark is not installed (pip install pyspark)"
+    return java_problem()
 
 
 #: ``module.path.SomeError: message`` as the last line of a Python traceback.

@@ -178,22 +178,50 @@ def test_partitions_subset(kafka_bootstrap, make_topic, tmp_path):
 # -- the command line ------------------------------------------------------------------------------
 
 
+def no_java_env(tmp_path: Path) -> dict[str, str]:
+    """This environment as a machine without Java would have it: no ``java`` on PATH (only the
+    virtualenv's bin/) and JAVA_HOME naming a directory that holds no Java."""
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable)
+    env["JAVA_HOME"] = str(tmp_path / "no-java-here")
+    return env
+
+
 def test_cli_mirror_spark_default_falls_back_to_local(kafka_bootstrap, make_topic, tmp_path):
-    try:
-        import connectors.spark_engine as se
-        if hasattr(se, "run_mirror"):
-            pytest.skip("the Spark engine mirrors: the fallback does not apply")
-    except ImportError:
-        pass
+    """Spark unable to run (no Java): a defaulted engine says why on stderr and mirrors with
+    the local engine; an explicit --engine spark fails with one line, exit 1, storing nothing."""
     topic = make_topic(partitions=2)
     produce(kafka_bootstrap, topic, varied_records(2, 100))
+    env = no_java_env(tmp_path)
     store = tmp_path / "s"
     proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
-                    "--store", str(store), "-X", "fetch.wait.max.ms=100")
+                    "--store", str(store), "-X", "fetch.wait.max.ms=100", env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "Spark engine cannot mirror in this build" in proc.stderr
+    note = [ln for ln in proc.stderr.splitlines() if "the Spark engine cannot run" in ln]
+    assert note == [f"kcompact mirror: the Spark engine cannot run (JAVA_HOME="
+                    f"{env['JAVA_HOME']} has no bin/java; point JAVA_HOME at a Java 17 "
+                    "installation or unset it); running with --engine local"], proc.stderr
     assert "mirror: done: 100 records" in proc.stderr
     assert read_store(str(store), topic) == read_topic(kafka_bootstrap, topic, 2)
+    assert os.listdir(store / "commitlog") == ["local"]  # the local engine's writer, no Spark's
+
+    store2 = tmp_path / "s2"
+    proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
+                    "--store", str(store2), "--engine", "spark", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert error_line(proc) == (f"kcompact: error: --engine spark: JAVA_HOME={env['JAVA_HOME']} "
+                                "has no bin/java; point JAVA_HOME at a Java 17 installation or "
+                                "unset it; or use --engine local")
+    assert proc.stderr.count("\n") == 1  # that line and nothing else
+    assert not store2.exists()
+
+    env.pop("JAVA_HOME")  # no JAVA_HOME at all, and no java on PATH
+    proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
+                    "--store", str(store2), "--engine", "spark", env=env)
+    assert proc.returncode == 1, proc.stderr
+    assert error_line(proc) == ("kcompact: error: --engine spark: Java 17 is not installed "
+                                "(apt-get install -y openjdk-17-jre-headless, or set JAVA_HOME); "
+                                "or use --engine local")
 
 
 def test_cli_unknown_topic(kafka_bootstrap, tmp_path):
