@@ -38,6 +38,10 @@ from connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap, KVN
 from connectors.leveldb_sink import LevelDBSink, open_db
 from reput import RecordBatch, Store, WriterOptions
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _stores import (BACKENDS, backend, backend_env, shared_store_at,  # noqa: E402,F401
+                     store_at, store_url)
+
 TOPIC = "kv.t"
 PROC = str(Path(__file__).with_name("_kv_proc.py"))
 HYP = settings(max_examples=25, deadline=None,
@@ -161,15 +165,16 @@ def to_records(ops, *, disjoint: bool):
 # bulk build against the model
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @HYP
 @given(ops=workload, compact=st.booleans(), purge=st.booleans())
-def test_bulk_build_equals_model(ops, compact, purge):
+def test_bulk_build_equals_model(kind, ops, compact, purge):
     # Keys shared across partitions on purpose - except when tombstones are purged: a purged
     # tombstone no longer outranks another partition's older value (as in Kafka, where
     # consumers of such a topic disagree too), so the model would not hold.
     recs = to_records(ops, disjoint=compact and purge)
-    with tempfile.TemporaryDirectory() as d:
-        store, db = os.path.join(d, "store"), os.path.join(d, "db")
+    with tempfile.TemporaryDirectory() as d, backend_env(kind, d):
+        store, db = store_url(kind, d, "store"), os.path.join(d, "db")
         write_store(store, recs, config={"delete.retention.ms": 0} if purge else None)
         if compact:
             compact_all(store)
@@ -186,13 +191,14 @@ def test_bulk_build_equals_model(ops, compact, purge):
             assert m.source["topic"] == TOPIC
 
 
+@pytest.mark.parametrize("kind", BACKENDS)
 @HYP
 @given(ops=workload, split=st.floats(0, 1), compact=st.booleans())
-def test_catch_up_after_more_appends_equals_model(ops, split, compact):
+def test_catch_up_after_more_appends_equals_model(kind, ops, split, compact):
     recs = to_records(ops, disjoint=True)
     cut = int(len(recs) * split)
-    with tempfile.TemporaryDirectory() as d:
-        store, db = os.path.join(d, "store"), os.path.join(d, "db")
+    with tempfile.TemporaryDirectory() as d, backend_env(kind, d):
+        store, db = store_url(kind, d, "store"), os.path.join(d, "db")
         write_store(store, recs[:cut])
         build_map(db, store, TOPIC)
         check_map(db, model(recs[:cut]))
@@ -211,34 +217,34 @@ def test_catch_up_after_more_appends_equals_model(ops, split, compact):
                 assert m.stats()["keyless"] == sum(1 for r in recs if r[3] is None)
 
 
-def test_large_build_several_runs_and_batches(tmp_path):
+def test_large_build_several_runs_and_batches(tmp_path, store_at):
     recs = gen_records(30_000, partitions=4, keys=3000, value_size=60)
-    write_store(tmp_path / "store", recs)
+    write_store(store_at("store"), recs)
     # a tiny memory budget: several sorted runs, many batches
-    build_map(tmp_path / "db", str(tmp_path / "store"), TOPIC, memory=64 << 10,
+    build_map(tmp_path / "db", store_at("store"), TOPIC, memory=64 << 10,
               batch_bytes=16 << 10)
     check_map(tmp_path / "db", model(recs))
     with KVMap(tmp_path / "db") as m:
         assert list(m.keys()) == sorted(model(recs))
 
 
-def test_cross_partition_key_is_resolved_by_timestamp_then_partition(tmp_path):
+def test_cross_partition_key_is_resolved_by_timestamp_then_partition(tmp_path, store_at):
     recs = [(0, 0, 100, b"a", b"p0-old-ts"), (1, 0, 50, b"a", b"p1"),
             (0, 1, 10, b"a", b"p0-latest"),        # latest of p0 despite its older timestamp
             (0, 2, 7, b"b", b"p0"), (2, 0, 7, b"b", b"p2"),   # same timestamp: higher partition
             (1, 1, 9, b"c", b"p1"), (2, 1, 9, b"c", None)]    # the winner is a tombstone
-    write_store(tmp_path / "store", recs)
-    build_map(tmp_path / "db", str(tmp_path / "store"), TOPIC)
+    write_store(store_at("store"), recs)
+    build_map(tmp_path / "db", store_at("store"), TOPIC)
     assert map_contents(tmp_path / "db") == {b"a": b"p1", b"b": b"p2"} == model(recs)
     with KVMap(tmp_path / "db") as m:
         assert m.stats()["conflicts"] == 3
 
 
-def test_empty_value_is_a_value_and_keyless_records_are_counted(tmp_path):
+def test_empty_value_is_a_value_and_keyless_records_are_counted(tmp_path, store_at):
     recs = [(0, 0, 1, b"e", b""), (0, 1, 1, None, b"x"), (0, 2, 1, None, None),
             (0, 3, 1, b"t", b"1"), (0, 4, 1, b"t", None)]
-    write_store(tmp_path / "store", recs)
-    build_map(tmp_path / "db", str(tmp_path / "store"), TOPIC)
+    write_store(store_at("store"), recs)
+    build_map(tmp_path / "db", store_at("store"), TOPIC)
     with KVMap(tmp_path / "db") as m:
         assert m.get(b"e") == b"" and b"e" in m and b"t" not in m and m.get(b"t") is None
         assert m.get("e") == b""   # str keys are UTF-8
@@ -248,9 +254,9 @@ def test_empty_value_is_a_value_and_keyless_records_are_counted(tmp_path):
             m[b"t"]
 
 
-def test_topic_with_no_records(tmp_path):
-    write_store(tmp_path / "store", [(0, 0, 1, None, b"only keyless")])
-    rep = build_map(tmp_path / "db", str(tmp_path / "store"), TOPIC)
+def test_topic_with_no_records(tmp_path, store_at):
+    write_store(store_at("store"), [(0, 0, 1, None, b"only keyless")])
+    rep = build_map(tmp_path / "db", store_at("store"), TOPIC)
     assert rep["keys"] == 0
     with KVMap(tmp_path / "db") as m:
         assert len(m) == 0 and list(m.items()) == [] and m.offsets() == {0: 1}
@@ -320,8 +326,8 @@ def wait_until(cond, timeout: float = 60.0) -> None:
 # follow from the store
 
 
-def test_follow_store_through_appends_and_compaction(tmp_path):
-    store = str(tmp_path / "s")
+def test_follow_store_through_appends_and_compaction(tmp_path, store_at):
+    store = store_at("s")
     a = gen_records(3000, keys=200, seed=1)
     b = gen_records(3000, keys=200, seed=2, start=next_offsets_of(a))
     c = gen_records(3000, keys=200, seed=3, start=next_offsets_of(a + b))
@@ -345,9 +351,9 @@ def test_follow_store_through_appends_and_compaction(tmp_path):
     check_map(tmp_path / "db", model(a + b + c))
 
 
-def test_interrupted_bulk_build_resumes_exactly(tmp_path, monkeypatch):
+def test_interrupted_bulk_build_resumes_exactly(tmp_path, monkeypatch, store_at):
     recs = gen_records(20_000, partitions=2, keys=4000)
-    write_store(tmp_path / "s", recs)
+    write_store(store_at("s"), recs)
     stop = threading.Event()
     calls = {"n": 0}
     orig = LevelDBSink.prepare_puts
@@ -359,7 +365,7 @@ def test_interrupted_bulk_build_resumes_exactly(tmp_path, monkeypatch):
         return orig(self, *a, **kw)
 
     monkeypatch.setattr(LevelDBSink, "prepare_puts", counting)
-    rep = MapBuilder(tmp_path / "db", str(tmp_path / "s"), TOPIC,
+    rep = MapBuilder(tmp_path / "db", store_at("s"), TOPIC,
                      batch_bytes=8 << 10).run(stop=stop)
     assert rep["interrupted"]
     with KVMap(tmp_path / "db") as m:
@@ -368,7 +374,7 @@ def test_interrupted_bulk_build_resumes_exactly(tmp_path, monkeypatch):
         assert m.offsets() == {}
         assert m.stats()["records"] == 0          # counted once, when the build completes
     monkeypatch.setattr(LevelDBSink, "prepare_puts", orig)
-    rep = build_map(tmp_path / "db", str(tmp_path / "s"), TOPIC)
+    rep = build_map(tmp_path / "db", store_at("s"), TOPIC)
     assert rep["mode"] == "resume"
     check_map(tmp_path / "db", model(recs))
     with KVMap(tmp_path / "db") as m:
@@ -425,8 +431,8 @@ def test_sigkill_during_bulk_build_then_resume_gives_the_model(tmp_path):
     assert mid_build >= 1, "no kill landed inside the bulk build"
 
 
-def test_sigkill_during_follow_then_resume_gives_the_model(tmp_path):
-    store, db = tmp_path / "s", tmp_path / "db"
+def test_sigkill_during_follow_then_resume_gives_the_model(tmp_path, shared_store_at):
+    store, db = shared_store_at("s"), tmp_path / "db"
     first = gen_records(5000, keys=500, seed=1)
     write_store(store, first)
     build_map(db, str(store), TOPIC)
@@ -575,13 +581,13 @@ def test_corrupt_table_file_is_reported(tmp_path, capsys):
 # command line and demo
 
 
-def test_cli_build_and_get(tmp_path, capsys):
+def test_cli_build_and_get(tmp_path, capsys, store_at):
     recs = [(0, 0, 1, b"user-1", b'{"n": 1}'), (0, 1, 2, b"user-2", b"plain"),
             (0, 2, 3, b"\xffbin", b"\xfe\x00"), (0, 3, 4, b"gone", b"x"),
             (0, 4, 5, b"gone", None)]
-    write_store(tmp_path / "s", recs)
+    write_store(store_at("s"), recs)
     db = str(tmp_path / "db")
-    assert cli.main(["kv", "build", "--store", str(tmp_path / "s"), "--topic", TOPIC,
+    assert cli.main(["kv", "build", "--store", store_at("s"), "--topic", TOPIC,
                      "--db", db]) == 0
     out = capsys.readouterr()
     assert "3 keys" in out.out and "kv build:" in out.err
@@ -681,8 +687,8 @@ def test_a_map_behind_longer_than_delete_retention_is_warned(tmp_path):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_cli_follow_store_stops_cleanly_on_a_signal(tmp_path, sig):
-    store, db = str(tmp_path / "s"), str(tmp_path / "db")
+def test_cli_follow_store_stops_cleanly_on_a_signal(tmp_path, sig, shared_store_at):
+    store, db = shared_store_at("s"), str(tmp_path / "db")
     first = gen_records(2000, keys=300)
     write_store(store, first)
     err = tmp_path / "err.log"
