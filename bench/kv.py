@@ -244,6 +244,8 @@ def main(argv=None) -> int:
                     help="run quixstreams on the latest-per-key topic only")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     a = ap.parse_args(argv)
     if a.updates < a.keys:
         ap.error("--updates must be at least --keys")
@@ -295,6 +297,9 @@ def main(argv=None) -> int:
             res[f"ratio_{name}"] = res[name]["ready_wall_s"] / res["ours_s"]
             if res[name]["keys_in_state"] != a.keys:
                 say(f"warning: {name} state holds {res[name]['keys_in_state']:,} keys")
+    if a.json_out:  # bench/report.py: the figures as JSON, the text as printed
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=2)
     if a.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -135,6 +135,8 @@ def main() -> int:
     ap.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-restore-", dir=args.workdir)
@@ -211,6 +213,9 @@ def main() -> int:
             "cpu_ratio_of_medians": cmed["raw"] / cmed["restore"],
             "target": 0.8,
         }
+        if args.json_out:  # bench/report.py: the figures as JSON, the text as printed
+            with open(args.json_out, "w") as f:
+                json.dump(doc, f, indent=2)
         if args.json:
             print(json.dumps(doc, indent=2))
         else:

@@ -139,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--segment-bytes", default="512KiB")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     args = ap.parse_args(argv)
     seg = _size(args.segment_bytes)
     tmp = tempfile.mkdtemp(prefix="kcompact-bench-s3-")
@@ -160,6 +162,9 @@ def main(argv=None) -> int:
                             4 * rec - (rec - args.value_bytes), seg))
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)
+    if args.json_out:  # bench/report.py: the figures as JSON, the text as printed
+        with open(args.json_out, "w") as f:
+            json.dump(rows, f, indent=2)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -120,6 +120,8 @@ def main() -> int:
     ap.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-spark-", dir=args.workdir)
@@ -212,6 +214,9 @@ def main() -> int:
             "latest_keys": n_latest, "dump_s": dump_s,
             "read_ratio_dump_over_datasource": dump_s / ds_all,
         }
+        if args.json_out:  # bench/report.py: the figures as JSON, the text as printed
+            with open(args.json_out, "w") as f:
+                json.dump(doc, f, indent=2)
         if args.json:
             print(json.dumps(doc, indent=2))
         else:

@@ -129,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lookup-entries", type=int, default=10_000_000)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     a = ap.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-", dir=a.workdir)
     try:
@@ -136,6 +138,9 @@ def main(argv=None) -> int:
                "lookup": bench_lookup(a.lookup_entries, workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if a.json_out:  # bench/report.py: the figures as JSON, the text as printed
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=2)
     if a.json:
         print(json.dumps(res, indent=2))
         return 0
