@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 
 from .errors import ReputError
+from .filenames import COMPACTING_DIR
 
 
 class BackendError(ReputError):
@@ -41,6 +42,28 @@ class AppendFile(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def start_writeback(self) -> None:
+        """Start writing what was appended to the device without waiting for it, so that a
+        later ``sync`` of a large file has little left to wait for. Optional (no-op here)."""
+
+
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    try:
+        import ctypes
+        import ctypes.util
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        f = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
 
 
 class Backend(ABC):
@@ -130,6 +153,15 @@ def _oserror(e: OSError, what: str, path: str) -> BackendError:
     reason = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied",
               errno.EROFS: "the file system is read-only", errno.EIO: "I/O error"}.get(
         e.errno, e.strerror or str(e))
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if f"/{COMPACTING_DIR}/" in f"/{path}":
+            # A compaction's output is staged in .compacting/ and committed only once it is
+            # whole (compaction-swap.md), so a failed write there leaves the partition as it was.
+            reason += ("; the compaction stopped and nothing was lost: the old segments are "
+                       "still in place (its partial output in .compacting/ is discarded); free "
+                       "space on the disk, then run the compaction again")
+        else:
+            reason += "; free space on the disk, then retry"
     return BackendError(f"cannot {what} {path}: {reason}")
 
 
@@ -167,6 +199,12 @@ class _LocalAppendFile(AppendFile):
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)
         self.size = size
+
+    def start_writeback(self) -> None:
+        # SYNC_FILE_RANGE_WRITE: queue the dirty pages for writeback, do not wait. Durability
+        # still comes only from sync(); this only spreads the device's work over the writes.
+        if _SYNC_FILE_RANGE is not None and self._fd >= 0:
+            _SYNC_FILE_RANGE(self._fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
     def close(self) -> None:
         if self._fd >= 0:

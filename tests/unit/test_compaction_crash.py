@@ -470,7 +470,13 @@ def test_disk_full_while_staging(base, after):
             for p in s.partitions(TOPIC):
                 c.compact_partition(TOPIC, p, force=True)
     msg = str(ei.value)
-    assert "disk is full" in msg and fn.COMPACTING_DIR in msg, msg
+    # one line: what failed and where, that nothing was lost, and what to do
+    assert "\n" not in msg, msg
+    assert msg.startswith("cannot write ") and f"/{fn.COMPACTING_DIR}/" in msg, msg
+    assert msg.endswith(": the disk is full; the compaction stopped and nothing was lost: the "
+                        "old segments are still in place (its partial output in .compacting/ "
+                        "is discarded); free space on the disk, then run the compaction "
+                        "again"), msg
     # the failed round's inputs are in place: the store is in the state of the last swap
     assert fingerprint(d) == base.states[committed["n"]]
     assert verify_store(s).ok
