@@ -6,12 +6,16 @@ The planner follows Kafka's LogCleanerManager: a partition is cleanable when its
 ``max.compaction.lag.ms``; the filthiest partition goes first. It also merges runs of small
 sealed segments (``small_segments`` of them under a quarter of ``segment.bytes``), which is what
 many short flushes leave behind. ``force`` picks everything.
+
+``Scheduler`` runs the planner in the background of a long-running process, one partition at a
+time, within an I/O budget (``IOBudget``, Kafka's ``log.cleaner.io.max.bytes.per.second``).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,6 +25,7 @@ from reput.config import SYSTEM_CLOCK, Clock
 from reput.store import Store
 
 from .compactor import CompactionOptions, CompactionResult, Compactor
+from .errors import CompactionError
 
 SMALL_SEGMENTS = 8
 
@@ -108,28 +113,127 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
     return results
 
 
+class IOBudget:
+    """A byte-rate limit (Kafka's cleaner ``Throttler``): ``charge(n)`` after moving ``n`` bytes
+    waits until the bytes charged since the budget's first use average at most ``bytes_per_s``.
+
+    Pacing is from the end of the previous charge, so the time the work itself took counts
+    toward the budget; the first charge of a run pays in full. ``monotonic`` and ``wait`` are
+    injected (tests pass a fake clock, never sleeping): ``wait(seconds)`` returns True when the
+    wait was cut short by a stop request, and then ``charge`` raises :class:`CompactionStopped`.
+    ``bytes_per_s`` None or 0 means unlimited (bytes are still counted)."""
+
+    def __init__(self, bytes_per_s: float | None, *,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], bool] | None = None):
+        if bytes_per_s is not None and bytes_per_s < 0:
+            raise CompactionError(f"I/O budget must be >= 0 bytes/s (0 = unlimited), "
+                                  f"got {bytes_per_s}")
+        self.bytes_per_s = bytes_per_s or 0
+        self.monotonic = monotonic
+        self._wait = wait if wait is not None else _sleep
+        self._last: float | None = None
+        self.bytes = 0          # charged so far
+        self.waited_s = 0.0     # time asked of wait() so far
+
+    def restart(self) -> None:
+        """Forget the pace (idle time between runs is not credit for the next run)."""
+        self._last = None
+
+    def charge(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        if not self.bytes_per_s:
+            return
+        now = self.monotonic()
+        due = (now if self._last is None else self._last) + nbytes / self.bytes_per_s
+        if due <= now:
+            self._last = now
+            return
+        self._last = due
+        self.waited_s += due - now
+        if self._wait(due - now):
+            raise CompactionStopped("compaction stopped by Scheduler.stop(); the old segments "
+                                    "are still in place")
+
+
+def _sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return False
+
+
+class CompactionStopped(CompactionError):
+    """A background compaction was cut short by a stop request: it was never committed, so the
+    partition is as it was (its staged output is discarded by the next compaction or on open)."""
+
+
+class _BudgetedCompactor(Compactor):
+    """The compactor, paced by an :class:`IOBudget`: pass 2 reports the bytes of each chunk it
+    read and wrote to ``Compactor._throttle`` (compactor.py), routed here to the budget instead
+    of the compactor's own ``time.sleep``."""
+
+    def __init__(self, store: Store, options: CompactionOptions, clock: Clock, budget: IOBudget):
+        super().__init__(store, options, clock)
+        self.budget = budget
+
+    def _throttle(self, nbytes: int) -> None:
+        self.budget.charge(nbytes)
+
+
 class Scheduler:
-    """Runs the planner every ``interval_s`` in a background thread (one compaction at a time,
-    ``options.throttle_bytes_per_s`` as the I/O budget), for `mirror --follow` and friends."""
+    """Runs the planner every ``interval_s`` in a background thread, for `mirror --follow`,
+    `replicate --follow` and other long-running processes.
+
+    One partition is compacted at a time (one thread), and pass 2's reads and writes share an
+    I/O budget of ``options.throttle_bytes_per_s`` (None or 0: unlimited), so compaction does
+    not starve the process's own writes. ``stop()`` is prompt: it interrupts a budget wait or
+    the pause between runs, abandons the partition being compacted (uncommitted, so nothing
+    changes) and joins the thread. ``monotonic``/``wait`` are the budget's (injected in tests);
+    by default it waits on the stop request itself. A failed run is reported on stderr and in
+    ``errors``, and the next run is tried (the process keeps going)."""
 
     def __init__(self, store: Store, options: CompactionOptions = CompactionOptions(),
-                 interval_s: float = 30.0, clock: Clock | None = None):
+                 interval_s: float = 30.0, clock: Clock | None = None, *,
+                 monotonic: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], bool] | None = None):
         self.store, self.options, self.interval_s = store, options, interval_s
         self.clock = clock or store.clock
         self.results: list[CompactionResult] = []
         self.errors: list[str] = []
+        self.runs = 0                                    # planner runs finished
+        self.busy: tuple[str, int] | None = None         # the partition being compacted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.budget = IOBudget(options.throttle_bytes_per_s, monotonic=monotonic,
+                               wait=wait if wait is not None else self._stop.wait)
 
     def run_once(self) -> list[CompactionResult]:
-        res = compact_store(self.store, options=self.options, clock=self.clock)
-        self.results += res
+        """Plan, then compact each chosen partition, until done or stopped."""
+        res = []
+        # a compactor per run, as `kcompact compact` does: its offset map is not kept
+        # allocated in the long-running process between runs
+        compactor = _BudgetedCompactor(self.store, self.options, self.clock, self.budget)
+        for c in plan(self.store, clock=self.clock):
+            if self._stop.is_set():
+                break
+            self.busy = (c.topic, c.partition)
+            self.budget.restart()
+            try:
+                r = compactor.compact_partition(c.topic, c.partition)
+            finally:
+                self.busy = None
+            if self.store.writer is None:
+                self.store.release_partition(c.topic, c.partition)
+            res.append(r)
+            self.results.append(r)
+        self.runs += 1
         return res
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
                 self.run_once()
+            except CompactionStopped:
+                return
             except Exception as e:  # keep the mirror running; report the failure
                 self.errors.append(f"{type(e).__name__}: {e}")
                 print(f"kcompact: background compaction failed: {e}", file=sys.stderr)
@@ -139,7 +243,10 @@ class Scheduler:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop and join the thread; False if it is still running after ``timeout`` s."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True

@@ -63,6 +63,9 @@ STORE_SINK_CONFIG = (
             "(compaction.Scheduler), as `kcompact mirror --follow` does.")
     .define("store.compaction.interval.ms", Type.LONG, 30_000, at_least(100), Importance.LOW,
             "How often the background compaction planner runs.")
+    .define("store.compaction.max.bytes.per.s", Type.LONG, 0, at_least(0), Importance.LOW,
+            "I/O budget of background compaction: bytes read plus written per second "
+            "(Kafka's log.cleaner.io.max.bytes.per.second); 0 = unlimited.")
 )
 
 
@@ -158,7 +161,8 @@ class StoreSinkTask(SinkTask):
         self.scheduler = None
         if props.get("store.compaction.background"):
             self.scheduler = _start_scheduler(self.store,
-                                              props.get("store.compaction.interval.ms") or 30_000)
+                                              props.get("store.compaction.interval.ms") or 30_000,
+                                              props.get("store.compaction.max.bytes.per.s") or 0)
 
     def open(self, partitions: Sequence[TopicPartition]) -> None:
         assert self.store is not None
@@ -273,9 +277,10 @@ class _Appender:
         self._raise()
 
 
-def _start_scheduler(store: Store, interval_ms: int):
+def _start_scheduler(store: Store, interval_ms: int, max_bytes_per_s: int = 0):
     """compaction.Scheduler on this writer's store (the compactor shares the writer's lock, so
-    it may rewrite sealed segments of partitions this task is appending to)."""
+    it may rewrite sealed segments of partitions this task is appending to), within an I/O
+    budget of ``max_bytes_per_s`` (0 = unlimited)."""
     try:
         import compaction
     except ImportError:
@@ -285,7 +290,8 @@ def _start_scheduler(store: Store, interval_ms: int):
         print("kcompact: background compaction is not available in this build; run "
               "`kcompact compact` later", file=sys.stderr, flush=True)
         return None
-    return sched_cls(store, interval_s=interval_ms / 1000).start()
+    options = compaction.CompactionOptions(throttle_bytes_per_s=max_bytes_per_s or None)
+    return sched_cls(store, options, interval_s=interval_ms / 1000).start()
 
 
 def _column(items: list) -> _VarColumn:
