@@ -505,12 +505,16 @@ class PartitionLog:
             self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
             raise
         self.manifest = new
-        for seg, ent in uploads:
-            self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-            seg.invalidate()
-        self._clear_pending()
+        try:
+            for seg, ent in uploads:
+                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+                seg.invalidate()
+        finally:
+            # committed: the view is the new version even if the local clean-up fails (it
+            # must not list staged files that were handed over; recovery removes the rest)
+            self._clear_pending()
+            self._rebuild()
         self.local_fs.remove_tree(self.staging_dir)
-        self._rebuild()
         return True
 
     def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,

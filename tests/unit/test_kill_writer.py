@@ -24,7 +24,7 @@ import numpy as np
 from reput import _kernels as K
 from reput import filenames as fn
 from reput.record import scan
-from reput.store import Store
+from reput.store import Store, default_commitlog_dir
 
 WRITER = str(Path(__file__).with_name("_writer_proc.py"))
 # the writer script's generator, loaded by path (tests/unit is not a package)
@@ -32,6 +32,9 @@ _spec = importlib.util.spec_from_file_location("_writer_proc", WRITER)
 W = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(W)
 TRIALS = 8
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _stores import shared_store_at  # noqa: E402,F401  (SeaweedFS in test_s3_suite.py)
 
 
 def _wait_ready(proc: subprocess.Popen, out: Path, err: Path, timeout: float = 60.0) -> None:
@@ -104,11 +107,13 @@ def _check_store(s: Store, flushed: dict[tuple[str, int], int]) -> int:
     return total
 
 
-def test_sigkilled_writer_loses_nothing_flushed(tmp_path):
-    root = tmp_path / "store"
+def test_sigkilled_writer_loses_nothing_flushed(tmp_path, shared_store_at):
+    root = shared_store_at("store")  # a directory here; test_s3_suite.py: on SeaweedFS
     with Store.create(str(root)) as s:
         for t in W.TOPICS:
             s.set_topic_config(t, {"segment.bytes": W.SEGMENT_BYTES})
+        # the commit log: in the store, or in the writer's local directory (S3)
+        cl_root = Path(root if s.fs.appendable else default_commitlog_dir(s.meta.store_id))
     rng = random.Random(20261121)
     flushed: dict[tuple[str, int], int] = {}
     total = 0
@@ -127,7 +132,7 @@ def test_sigkilled_writer_loses_nothing_flushed(tmp_path):
         assert proc.returncode == -signal.SIGKILL
         for k, v in _last_flushed(out).items():
             flushed[k] = max(flushed.get(k, -1), v)
-        pending = _records_after_checkpoint(root)
+        pending = _records_after_checkpoint(cl_root)
 
         with Store.open(str(root), writer="w", options=W.options(trial)) as s:
             st = s.stats
