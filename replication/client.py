@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
+import numpy as np
 from pyroaring import BitMap64
 
 from .errors import AuthError, MasterUnavailableError, ProtocolError, ReplicationError
@@ -48,7 +49,7 @@ def check_master_url(url: str) -> str:
 
 @dataclass
 class Chunk:
-    body: bytes
+    body: np.ndarray  # uint8, the records byte for byte
     next_offset: int
     count: int
     high_watermark: int
@@ -60,6 +61,26 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
         raise ProtocolError(f"{resp.url}: response without a valid {name} header "
                             "(is this a kcompact server of the same version?)")
     return int(v)
+
+
+async def _read_body(resp: aiohttp.ClientResponse):
+    """The body as a uint8 array filled chunk by chunk as it arrives (one copy; ``read()``
+    keeps every chunk and joins them, a second copy of a response of up to 64 MiB). A body that
+    ends before its Content-Length raises ClientPayloadError (retried by ``_request``)."""
+    length = resp.content_length
+    if length is None:
+        return np.frombuffer(await resp.read(), np.uint8)
+    out = np.empty(length, np.uint8)
+    pos = 0
+    async for chunk in resp.content.iter_any():
+        n = len(chunk)
+        if pos + n > length:
+            raise ProtocolError(f"{resp.url}: body longer than its Content-Length {length}")
+        out[pos:pos + n] = np.frombuffer(chunk, np.uint8)
+        pos += n
+    if pos != length:
+        raise aiohttp.ClientPayloadError(f"body cut short: {pos} of {length} bytes")
+    return out
 
 
 class MasterClient:
@@ -174,18 +195,21 @@ class MasterClient:
         return await self._request(partition_path(topic, partition), {}, handle)
 
     async def records(self, topic: str, partition: int, from_offset: int, max_bytes: int,
-                      wait_ms: int = 0, forever: bool = False) -> Chunk:
+                      wait_ms: int = 0, forever: bool = False, check: bool = False) -> Chunk:
+        """One records response. ``check``: ask the master to CRC-check what it sends (it
+        answers 500 naming file and byte if its store is damaged there)."""
         async def handle(resp):
             if resp.content_type != CT_RECORDS:
                 raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
             nxt = _int_header(resp, H_NEXT_OFFSET)
             count = _int_header(resp, H_RECORD_COUNT)
             hwm = _int_header(resp, H_HIGH_WATERMARK)
-            body = await resp.read()
-            return Chunk(body, nxt, count, hwm)
+            return Chunk(await _read_body(resp), nxt, count, hwm)
         params = {"from": str(from_offset), "max_bytes": str(max_bytes)}
         if wait_ms:
             params["wait_ms"] = str(wait_ms)
+        if check:
+            params["check"] = "1"
         return await self._request(partition_path(topic, partition, "records"), params, handle,
                                    forever=forever)
 

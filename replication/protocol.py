@@ -212,7 +212,7 @@ def partition_path(topic: str, partition: int, action: str | None = None) -> str
 
 QUERY_PARAMS = {
     "store": (), "topics": (), "topic": (), "partition": (),
-    "records": ("from", "max_bytes", "wait_ms"),
+    "records": ("from", "max_bytes", "wait_ms", "check"),
     "live": ("upto",),
     "digests": ("upto", "salt"),
 }
@@ -235,6 +235,7 @@ class Query:
     wait_ms: int = 0
     upto: int | None = None
     salt: bytes | None = None
+    check: bool = False
 
 
 def parse_query(kind: str, params: Mapping[str, str], limits: ServerLimits,
@@ -263,6 +264,10 @@ def parse_query(kind: str, params: Mapping[str, str], limits: ServerLimits,
                 raise RequestError(413, f"max_bytes={v} is above this server's limit of "
                                         f"{limits.max_bytes} bytes; ask for at most that")
             q["max_bytes"] = v
+    if "check" in params:
+        if params["check"] not in ("0", "1"):
+            raise RequestError(400, "query parameter check: 0 or 1")
+        q["check"] = params["check"] == "1"
     if "wait_ms" in params:
         q["wait_ms"] = _int_param("wait_ms", params["wait_ms"], 0, limits.max_wait_ms)
     if "upto" in params:

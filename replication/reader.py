@@ -17,6 +17,7 @@ and retries, and raises ``CorruptRecordError`` (file and byte) only if the misma
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -116,6 +117,84 @@ def read_records(pl: PartitionLog, from_offset: int, max_bytes: int, pool: Buffe
     for attempt in range(attempts):
         try:
             return _read_once(pl, from_offset, max_bytes, pool)
+        except (CorruptRecordError, FileNotFoundError):
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
+            for seg in pl.segments:
+                seg.invalidate()
+            pl.refresh()
+    raise AssertionError("unreachable")
+
+
+class Located:
+    """A range of one segment's .log to send as it is (``os.sendfile``): ``fd`` is open on the
+    .log the index entries describe (close it after sending)."""
+
+    __slots__ = ("fd", "start", "nbytes", "count", "next_offset")
+
+    def __init__(self, fd: int, start: int, nbytes: int, count: int, next_offset: int):
+        self.fd, self.start, self.nbytes = fd, start, nbytes
+        self.count, self.next_offset = count, next_offset
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+_HEAD = 24  # a record's size (u32 at 0) and offset (u64 at 16): record.md
+
+
+def _head_matches(fd: int, pos: int, size: int, offset: int) -> bool:
+    head = os.pread(fd, _HEAD, pos)
+    return (len(head) == _HEAD and int.from_bytes(head[0:4], "little") == size
+            and int.from_bytes(head[16:24], "little") == offset)
+
+
+def _locate_once(pl: PartitionLog, from_offset: int, max_bytes: int) -> Located | None:
+    i = pl.segment_for(from_offset)
+    while i < len(pl.segments):
+        seg = pl.segments[i]
+        e = pl.index(seg).entries
+        j = int(pl.index(seg).lower_bound(from_offset))
+        if j < e.shape[0]:
+            stop = min(e.shape[0], j + max_bytes // MIN_RECORD + 1)
+            first = int(e[j]["position"])
+            ends = e["position"][j:stop].astype(np.int64) + e["size"][j:stop] - first
+            stop = j + max(1, int(np.searchsorted(ends, max_bytes, side="right")))
+            nbytes = int(ends[stop - j - 1])
+            path = pl.fs.local_path(pl.log_path(seg.base))
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                # The fd pins this .log (a swap renames, never rewrites). The index entries must
+                # describe *this* file: a .bcq read before a swap and a .log opened after it
+                # differ at the range's ends (different records at those positions) - re-list
+                # and retry. The replica checks every record's CRC, offset order and count.
+                last = stop - 1
+                if (os.fstat(fd).st_size < first + nbytes
+                        or not _head_matches(fd, first, int(e[j]["size"]), int(e[j]["offset"]))
+                        or not _head_matches(fd, int(e[last]["position"]), int(e[last]["size"]),
+                                             int(e[last]["offset"]))):
+                    raise CorruptRecordError(
+                        f"{pl.log_path(seg.base)}: the .bcq does not match the .log at byte "
+                        f"{first}; run `kcompact verify`", pl.log_path(seg.base), first)
+            except BaseException:
+                os.close(fd)
+                raise
+            return Located(fd, first, nbytes, stop - j, int(e[last]["offset"]) + 1)
+        i += 1
+    return None
+
+
+def locate_records(pl: PartitionLog, from_offset: int, max_bytes: int,
+                   attempts: int = 4) -> Located | None:
+    """Where the records ``read_records`` would return lie, for a local store: a Located range
+    (open fd) or None when no record at or after ``from_offset`` exists. No byte is read but
+    the two record headers at the ends of the range; the replica checks every record."""
+    for attempt in range(attempts):
+        try:
+            return _locate_once(pl, from_offset, max_bytes)
         except (CorruptRecordError, FileNotFoundError):
             if attempt == attempts - 1:
                 raise

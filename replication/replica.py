@@ -51,7 +51,7 @@ from reput.record import Scratch, scan
 from reput.store import Store
 
 from .client import Chunk, MasterClient, check_master_url
-from .errors import ReplicaError, ReplicationError
+from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
 from .protocol import check_records, read_token_file
 
@@ -207,9 +207,11 @@ class Replicator:
             res.resumed_from = start
             first = int(info.get("first_offset", 0))
             self.progress.start(name, min(first, target), target, start)
+            # what the master already compacted: its tombstones count as cleaned from now
+            horizon = int(info.get("compaction_horizon", -1))
             try:
                 res.records, res.bytes = await self._pull(topic, partition, staging, start,
-                                                          target, name)
+                                                          target, name, horizon)
             except BaseException:
                 await self._run(staging.close)
                 raise
@@ -232,35 +234,51 @@ class Replicator:
         return res
 
     async def _pull(self, topic: str, partition: int, staging: PartitionLog, off: int,
-                    target: int, name: str) -> tuple[int, int]:
+                    target: int, name: str, horizon: int = -1) -> tuple[int, int]:
+        """Pull [off, target) into ``staging``: the next chunk is on the wire while the last
+        one is checked and written in the pool. A chunk that fails the checks (nothing of it
+        is written) is asked for again with ``check=1`` and the pull goes on after it."""
         scratch = Scratch()
-        pending: asyncio.Future | None = None
+        pending = None  # (future, its from offset, its records, its bytes)
         records = nbytes = 0
-        state = {"since_sync": 0}
+        state = {"since_sync": 0, "horizon": horizon, "clean_time_s": int(time.time())}
+        args = (staging, topic, partition, scratch, state)
         try:
-            while off < target:
-                chunk = await self.client.records(topic, partition, off, self.max_bytes)
+            while True:
+                chunk = (await self.client.records(topic, partition, off, self.max_bytes)
+                         if off < target else None)
                 if pending is not None:
-                    await pending
+                    fut, pfrom, pcount, pbytes = pending
                     pending = None
+                    try:
+                        await fut
+                    except _BadChunk:
+                        good = await self.client.records(topic, partition, pfrom,
+                                                         self.max_bytes, check=True)
+                        await self._run(self._append_staging, good, pfrom, *args, True)
+                        records += good.count - pcount
+                        nbytes += len(good.body) - pbytes
+                        if good.count == 0 and good.next_offset <= pfrom:
+                            break
+                        off = good.next_offset  # the chunk fetched meanwhile is dropped
+                        continue
+                if chunk is None:
+                    break
                 if chunk.count == 0:
                     if chunk.next_offset <= off:
                         break  # nothing more below target (the master lost its tail?)
                     off = chunk.next_offset
                     continue
-                pending = asyncio.ensure_future(self._run(
-                    self._append_staging, staging, chunk, off, topic, partition, scratch, state))
+                fut = asyncio.ensure_future(self._run(self._append_staging, chunk, off, *args))
+                pending = (fut, off, chunk.count, len(chunk.body))
                 off = chunk.next_offset
                 records += chunk.count
                 nbytes += len(chunk.body)
                 self.progress.advance(name, off, len(chunk.body))
                 await self._throttle(len(chunk.body))
-            if pending is not None:
-                await pending
-                pending = None
         finally:
             if pending is not None:
-                await asyncio.wait([pending])
+                await asyncio.wait([pending[0]])
         await self._run(staging.sync)
         return records, nbytes
 
@@ -276,15 +294,18 @@ class Replicator:
         if ahead > 0:
             await asyncio.sleep(ahead)
 
-    def _append_staging(self, staging: PartitionLog, chunk: Chunk, from_offset: int, topic: str,
-                        partition: int, scratch: Scratch, state: dict) -> None:
-        s = check_records(chunk.body, topic, partition, from_offset, chunk.next_offset,
-                          chunk.count, self.store.secret, scratch)
-        staging.append(np.frombuffer(chunk.body, np.uint8), s, 0, len(s))
+    def _append_staging(self, chunk: Chunk, from_offset: int, staging: PartitionLog, topic: str,
+                        partition: int, scratch: Scratch, state: dict,
+                        checked: bool = False) -> None:
+        s = _check(chunk, topic, partition, from_offset, self.store.secret, scratch, checked)
+        staging.append(chunk.body, s, 0, len(s), clean_upto=state["horizon"],
+                       clean_time_s=state["clean_time_s"])
         state["since_sync"] += len(chunk.body)
         if state["since_sync"] >= self.options.sync_every_bytes:
             staging.sync()
             state["since_sync"] = 0
+        else:
+            staging.start_writeback()
 
     # -- resume, install, finish (blocking; run in the pool) ------------------------------------
 
@@ -468,21 +489,25 @@ class Replicator:
                                               wait_ms=self.options.follow_wait_ms, forever=True)
             if chunk.count == 0 and chunk.next_offset <= off:
                 continue
-            await self._run(self._append_live, topic, partition, chunk, off, scratch)
+            try:
+                await self._run(self._append_live, topic, partition, chunk, off, scratch)
+            except _BadChunk:
+                chunk = await self.client.records(topic, partition, off, self.max_bytes,
+                                                  forever=True, check=True)
+                await self._run(self._append_live, topic, partition, chunk, off, scratch, True)
             if chunk.count:
                 self.progress.note(name, f"+{chunk.count:,} records, now at offset "
                                          f"{chunk.next_offset:,}")
             off = chunk.next_offset
 
     def _append_live(self, topic: str, partition: int, chunk: Chunk, from_offset: int,
-                     scratch: Scratch) -> None:
-        s = check_records(chunk.body, topic, partition, from_offset, chunk.next_offset,
-                          chunk.count, self.store.secret, scratch)
+                     scratch: Scratch, checked: bool = False) -> None:
+        s = _check(chunk, topic, partition, from_offset, self.store.secret, scratch, checked)
         with self.store._lock:
             # fetched each time: the background compaction may have released and reopened it
             live = self._live(topic, partition)
             if len(s):
-                live.append(np.frombuffer(chunk.body, np.uint8), s, 0, len(s))
+                live.append(chunk.body, s, 0, len(s))
             elif chunk.next_offset > live.next_offset:
                 live.roll(chunk.next_offset)  # the master's next offset moved past its last record
             now = time.monotonic()
@@ -499,6 +524,29 @@ class Replicator:
                     self._live(t, p).sync()
                 except ReputError:
                     pass
+
+
+class _BadChunk(ReplicationError):
+    """A records body failed the replica's checks (nothing of it was written): a race with
+    a swap on the master, or damage. The caller asks again with ``check=1``."""
+
+    def __init__(self, from_offset: int, message: str):
+        super().__init__(message)
+        self.from_offset = from_offset
+
+
+def _check(chunk: Chunk, topic: str, partition: int, from_offset: int, secret: bytes,
+           scratch: Scratch, checked: bool):
+    """check_records; a failure is a _BadChunk (retried with ``check=1``) unless the master
+    already checked these bytes, in which case it is final."""
+    try:
+        return check_records(chunk.body, topic, partition, from_offset, chunk.next_offset,
+                             chunk.count, secret, scratch)
+    except ProtocolError as e:
+        if checked:
+            raise ProtocolError(f"{e} (after the master had checked these bytes: they were "
+                                "damaged on the way; run `kcompact replicate` again)") from None
+        raise _BadChunk(from_offset, str(e)) from None
 
 
 def warm_up() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import ssl
 import sys
@@ -34,7 +35,7 @@ from reput import filenames as fn
 
 from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
-from .reader import BufferPool, read_records, warm_up
+from .reader import BufferPool, locate_records, read_records, warm_up
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
                        H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, parse_path,
@@ -108,6 +109,20 @@ class MasterStore:
             buf, nbytes, count, nxt = read_records(pl, from_offset, max_bytes, self.buffers)
             return buf, nbytes, count, nxt, pl.next_offset
 
+    def locate(self, topic: str, partition: int, from_offset: int, max_bytes: int):
+        """(Located or None, next offset, high watermark): the zero-copy twin of ``read``."""
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            loc = locate_records(pl, from_offset, max_bytes)
+            nxt = loc.next_offset if loc is not None else max(from_offset, pl.next_offset)
+            return loc, nxt, pl.next_offset
+
+    @property
+    def local(self) -> bool:
+        """A store in a local directory: its .log files can be sent with sendfile."""
+        return self.fs.local_path(fn.STORE_JSON) is not None
+
     def live(self, topic: str, partition: int, upto: int | None):
         """(BitMap64 of live offsets, upto), cached while the segments stay the same."""
         pl = PartitionLog(self.fs, topic, partition, self.store.secret)
@@ -134,8 +149,10 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
 
 class Server:
     def __init__(self, master: MasterStore, token: bytes, limits: ServerLimits = ServerLimits(),
-                 workers: int = 8):
+                 workers: int = 8, zero_copy: bool = True):
         self.master, self.token, self.limits = master, token, limits
+        # sendfile needs a local store and a plain TCP transport (no TLS)
+        self.zero_copy = zero_copy and master.local
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-serve")
         self._summaries = asyncio.Semaphore(limits.max_summaries)
         self.app = web.Application(client_max_size=1024)
@@ -212,6 +229,8 @@ class Server:
             return await self._digests(request, route, q)
 
     async def _records(self, request: web.Request, route: Route, q) -> web.StreamResponse:
+        if self.zero_copy and not q.check:
+            return await self._records_sendfile(request, route, q)
         deadline = time.monotonic() + q.wait_ms / 1000
         while True:
             buf, nbytes, count, nxt, hwm = await self._run(
@@ -238,6 +257,36 @@ class Server:
         finally:
             if buf is not None:
                 self.master.buffers.give(buf)
+        return resp
+
+    async def _records_sendfile(self, request: web.Request, route: Route, q
+                                ) -> web.StreamResponse:
+        deadline = time.monotonic() + q.wait_ms / 1000
+        while True:
+            loc, nxt, hwm = await self._run(
+                self.master.locate, route.topic, route.partition, q.from_offset, q.max_bytes)
+            left = deadline - time.monotonic()
+            if loc is not None or left <= 0:
+                break
+            await asyncio.sleep(min(0.1, left))
+        count, nbytes = (loc.count, loc.nbytes) if loc is not None else (0, 0)
+        resp = web.StreamResponse(status=200, headers=self._headers({
+            H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
+            "Content-Length": nbytes}))
+        resp.content_type = CT_RECORDS
+        try:
+            await resp.prepare(request)  # sends the headers at once (StreamResponse)
+            if loc is not None:
+                transport = request.transport
+                if transport is None:
+                    raise ConnectionResetError("connection lost")
+                with os.fdopen(os.dup(loc.fd), "rb", buffering=0) as f:
+                    await asyncio.get_running_loop().sendfile(transport, f, loc.start,
+                                                              loc.nbytes, fallback=True)
+            await resp.write_eof()
+        finally:
+            if loc is not None:
+                loc.close()
         return resp
 
     async def _live(self, route: Route, q) -> web.Response:
@@ -298,7 +347,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
         master = MasterStore(store_url, limits)
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
-    server = Server(master, token, limits)
+    server = Server(master, token, limits, zero_copy=ssl_context is None)
     await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
     runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
                            handle_signals=False)

@@ -891,11 +891,14 @@ class PartitionLog:
         if self._log is not None:
             self._log = self._idx = None  # kept in _dirty_files until the next sync
 
-    def append(self, src: np.ndarray, s: Scan, lo: int, hi: int) -> int:
+    def append(self, src: np.ndarray, s: Scan, lo: int, hi: int, *,
+               clean_upto: int = -1, clean_time_s: int = 0) -> int:
         """Append records lo..hi-1 of scan ``s`` (their bytes are in ``src``, contiguous).
 
         Records at or below the last stored offset are skipped (idempotent re-dispatch).
-        Returns how many were appended.
+        Returns how many were appended. ``clean_upto``/``clean_time_s``: keyed tombstones at or
+        below offset ``clean_upto`` are indexed as first cleaned at ``clean_time_s`` (a replica
+        pulling what its master already compacted; bcq.md, ``clean_time``).
         """
         assert self.writable
         last = self.last_offset
@@ -922,6 +925,11 @@ class PartitionLog:
             if scratch.shape[0] < k * B.ENTRY_SIZE:
                 scratch = self._entry_scratch = np.empty(k * B.ENTRY_SIZE, np.uint8)
             entries = B.entries_from_scan(s, lo, lo + k, seg.log_size - start_byte, scratch)
+            if clean_upto >= 0 and clean_time_s > 0 and int(s.offsets[lo]) <= clean_upto:
+                e = entries.view(B.BCQ_DTYPE)
+                stamp = (e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
+                stamp &= e["offset"] <= clean_upto
+                e["clean_time"][stamp] = np.uint32(clean_time_s)
             logf.write(src[start_byte:end_byte])
             idxf.write(entries.view(np.uint8))
             seg.log_size = logf.size
@@ -929,6 +937,12 @@ class PartitionLog:
             appended += k
             lo += k
         return appended
+
+    def start_writeback(self) -> None:
+        """Queue what was appended for writeback to the device without waiting (a bulk
+        writer calls it as it goes, so that its final ``sync`` is short)."""
+        for f in self._dirty_files:
+            f.start_writeback()
 
     def sync(self) -> None:
         """fsync what was appended since the last sync; close sealed segments' files."""

@@ -268,6 +268,13 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     assert "rebuilt" in r.stdout
     assert_equal_to_model(replica, model, {**nexts})
     assert live_records(replica, 3)[1] == 0  # the empty partition exists, empty
+    # a tombstone the master had cleaned is stamped when pulled: the replica keeps it at least
+    # as long as the master does (its clean_time is never earlier than the master's)
+    for p in (0, 1, 2):
+        mine, theirs = _tombstone_clean_times(replica, p), _tombstone_clean_times(master, p)
+        assert set(mine) == set(theirs)
+        for off, ct in mine.items():
+            assert ct != 0 and ct >= theirs[off], (p, off, ct, theirs[off])
     with Store.open(str(replica)) as st, Store.open(str(master)) as ms:
         assert st.meta.secret != ms.meta.secret  # its own digest secret
         assert st.topic_config(TOPIC) == ms.topic_config(TOPIC)
@@ -321,6 +328,76 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     assert "cannot be read" in v.stdout and "corrupt record" in v.stdout
     assert srv.stop() == 0
     assert "stopped" in srv.text
+
+
+def _tombstone_clean_times(store_path: Path, partition: int) -> dict[int, int]:
+    """offset -> clean_time of every tombstone of the partition's .bcq files."""
+    out = {}
+    with Store.open(str(store_path)) as st:
+        pl = PartitionLog(st.fs, TOPIC, partition, st.secret)
+        for seg in pl.segments:
+            e = pl.entries(seg)
+            t = (e["flags"] & 3) == 1
+            out.update(zip(e["offset"][t].tolist(), e["clean_time"][t].tolist()))
+    return out
+
+
+def _records(port: int, token: str, partition: int, frm: int, max_bytes: int, check: bool):
+    q = f"from={frm}&max_bytes={max_bytes}" + ("&check=1" if check else "")
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", f"/v1/topics/{TOPIC}/partitions/{partition}/records?{q}",
+              headers={"Authorization": f"Bearer {token}"})
+    r = c.getresponse()
+    body = r.read()
+    heads = {k: r.getheader(k) for k in ("Kcompact-Next-Offset", "Kcompact-Record-Count",
+                                         "Kcompact-High-Watermark")}
+    c.close()
+    return r.status, heads, body
+
+
+def test_issue_zero_copy_records_equal_checked_ones_and_a_damaged_master_is_named(
+        tmp_path, procs, token):
+    """The master sends a local store's records with sendfile (no CRC check of its own); with
+    ``check=1`` it reads and checks them. Both answers are the same bytes and headers, from any
+    offset. A damaged record is caught by the replica, which asks again with check=1 and fails
+    with the master's one-line diagnosis (file and byte), writing nothing of the bad chunk."""
+    master = tmp_path / "master"
+    build_compacted_master(master)
+    srv = procs.serve(master, token)
+    tok = token.read_text().strip()
+    for part in (0, 1, 2, 3):
+        frm = 0
+        while True:
+            a = _records(srv.port, tok, part, frm, 3000, False)
+            b = _records(srv.port, tok, part, frm, 3000, True)
+            assert a[0] == b[0] == 200 and a[1] == b[1] and a[2] == b[2], (part, frm)
+            if int(a[1]["Kcompact-Record-Count"]) == 0:
+                break
+            frm = int(a[1]["Kcompact-Next-Offset"]) - 1 + random.Random(frm).choice([1, 2])
+    assert _records(srv.port, tok, 0, 0, 3000, False)[0] == 200
+    status, body = _get(srv.port, f"/v1/topics/{TOPIC}/partitions/0/records?check=yes", tok)
+    assert status == 400 and b"check" in body
+
+    # damage one byte of a record in the middle of a sealed segment of partition 2
+    with Store.open(str(master)) as st:
+        pl = PartitionLog(st.fs, TOPIC, 2, st.secret)
+        seg = pl.segments[0]
+        e = pl.entries(seg)
+        mid = e.shape[0] // 2
+        pos = int(e["position"][mid]) + int(e["size"][mid]) - 3
+        path = master / pl.log_path(seg.base)
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        b = f.read(1)
+        f.seek(pos)
+        f.write(bytes([b[0] ^ 0x5A]))
+    replica = tmp_path / "replica"
+    r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", replica)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert "corrupt record" in last, r.stderr
+    assert f"{fn.base_name(seg.base)}.log" in last and "byte" in last, r.stderr
+    assert kc("verify", "--store", replica).returncode == 0  # nothing half-written
 
 
 def test_follow_picks_up_new_records_and_partitions(tmp_path, procs, token):
