@@ -26,8 +26,11 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
+# make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
+#              bench/out/REPORT.md with its plots; the full-size report is --scale 1 --out bench
+BENCH_SCALE ?= 0.1
 bench: install
-	$(BIN)/python bench/store.py
+	$(BIN)/python bench/report.py --scale $(BENCH_SCALE) --out bench/out
 
 clean:
 	rm -rf $(VENV) demo-work .pytest_cache

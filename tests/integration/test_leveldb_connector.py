@@ -10,7 +10,6 @@ following run stops cleanly on SIGTERM with everything it consumed applied.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
