@@ -7,10 +7,15 @@
 * a writer killed (os._exit) between uploading its segments and committing the manifest leaves
   only orphans, readers see the old state, and the next run cleans up and commits;
 * two committers racing for one manifest version: one wins, the other rebases;
-* the CLI on s3:// URLs: inspect, dump, verify, compact (local and Spark engines), the Spark
-  data source, kv build, serve from an S3 master, replicate into local and S3 replicas, mirror
-  from Kafka; bad input (wrong credentials, missing bucket, unreachable endpoint): exit 1 and
-  one line.
+* offset lookups answer from the manifest bitmaps (request counts, as
+  tests/unit/test_s3_lookups.py);
+* the CLI on s3:// URLs: inspect (and --plot), dump, verify, compact (local and Spark engines),
+  the same commands on a local store for comparison, the Spark data source, kv build (and
+  --follow while a mirror --follow appends; both stop on SIGTERM), serve from an S3 master,
+  replicate into local and S3 replicas, mirror from Kafka, restore into Kafka; bad input (wrong
+  credentials, missing bucket, unreachable endpoint): exit 1 and one line.
+
+tests/integration/test_s3_suite.py runs the backend-parametrized unit tests on SeaweedFS.
 """
 
 from __future__ import annotations
@@ -195,6 +200,31 @@ def test_requests_per_segment_do_not_grow_with_records(s3_store_url):
     per_partition = 6  # list + get manifest, put manifest, GC listing and delete, spare
     assert a["total"] <= 4 * segs_a + per_partition * parts_a + 3, a
     assert a["requests"].get("GetObject", 0) <= 2 * segs_a + parts_a + 1
+
+
+def test_offset_lookups_use_the_manifest_bitmaps(s3_store_url):
+    """tests/unit/test_s3_lookups.py's counts on SeaweedFS: counts, bounds, holds(o) and
+    offset_at_or_after(o) cost no request; a read from a gap at the end of a segment fetches
+    the next segment's .bcq and .log only; a read past the end fetches nothing."""
+    import test_s3_lookups as LK
+    url = s3_store_url()
+    segs = LK._gapped_store(url)
+    with Store.open(url) as st:
+        pl = st.partition(TOPIC, 0)
+        fs = st.fs
+        fs.cache.clear()
+        fs.spool.clear()  # cold: nothing local from the writer that filled the store
+        fs.stats.reset()
+        assert pl.record_count() == sum(map(len, segs.values())) == 1100
+        assert (pl.first_offset, pl.next_offset) == (0, 1200)
+        assert pl.holds(120) and not pl.holds(170) and not pl.holds(1200)
+        assert pl.offset_at_or_after(170) == 200 and pl.offset_at_or_after(1200) is None
+        assert fs.stats.total == 0
+        assert pl.read(1200, max_records=1).entries.shape[0] == 0
+        assert fs.stats.total == 0
+        r = pl.read(170, max_records=1)
+        assert r.entries["offset"].tolist() == [200]
+        assert fs.stats.snapshot()["requests"] == {"GetObject": 2}
 
 
 # -- faults ---------------------------------------------------------------------------------------
@@ -399,13 +429,19 @@ def test_cli_bad_input(s3_store_url):
     assert time.monotonic() - t0 < 60  # each fails within seconds (a few of them start Python)
 
 
-def test_cli_inspect_dump_verify_compact(s3_store_url, tmp_path):
-    url = s3_store_url()
+def test_cli_inspect_dump_verify_compact(store_url, tmp_path):
+    """The same commands and answers on a local store and on an S3 one; compared with a
+    local reference store compacted in-process."""
+    url = store_url
     fill(url, n=3000, batch=500)
-    local = str(tmp_path / "local")
+    local = str(tmp_path / "reference")
     fill(local, n=3000, batch=500)
     p = run("inspect", "--store", url)
     assert p.returncode == 0 and "t  " in p.stdout and url in p.stdout, p.stderr
+    png = tmp_path / "store.png"
+    p = run("inspect", "--store", url, "--plot", str(png))
+    assert p.returncode == 0 and f"wrote {png}" in p.stderr, p.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     p = run("dump", "--store", url, "--topic", TOPIC, "--partition", "1", "--json")
     assert p.returncode == 0, p.stderr
     got = [json.loads(line) for line in p.stdout.splitlines()]
@@ -634,3 +670,117 @@ def test_cli_mirror_into_s3(kafka_bootstrap, make_topic, s3_store_url, engine):
     check(url)
     p = run("verify", "--store", url)
     assert p.returncode == 0, p.stdout
+
+
+# -- restore, mirror --follow, kv build --follow on S3 ---------------------------------------------
+
+
+def _wait(cond, what: str, timeout: float, *procs: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            assert p.poll() is None, f"{p.args[1:3]} exited ({p.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _stored(url: str, topic: str) -> int:
+    """Records of ``topic`` a reader of the store sees (0 before the first flush)."""
+    try:
+        with Store.open(url) as st:
+            return sum(st.partition(topic, q).record_count() for q in st.partitions(topic))
+    except Exception:  # noqa: BLE001 - the store is not created yet
+        return 0
+
+
+def _produce(bootstrap: str, topic: str, rows_) -> None:
+    from confluent_kafka import Producer
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for q, key, value in rows_:
+        prod.produce(topic, key=key, value=value, partition=q, timestamp=1_700_000_000_000)
+    assert prod.flush(60) == 0
+
+
+def test_cli_restore_from_s3(kafka_bootstrap, make_topic, s3_store_url):
+    """`kcompact restore` of an S3 store (one partition compacted, the others not) into an
+    existing topic re-publishes the latest record of each key per partition (tombstones
+    included); its progress goes into the S3 store, so a rerun publishes nothing again."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from topics import read_topic
+    url = s3_store_url()
+    fill(url, n=3000, batch=500)
+    with Store.open(url) as st:
+        compact_store(st, topic=TOPIC, partition=0, force=True)
+    target = make_topic(partitions=3)
+    p = run("restore", "--store", url, "--topic", TOPIC, "--bootstrap-servers", kafka_bootstrap,
+            "--to-topic", target, timeout=300)
+    assert p.returncode == 0, p.stderr
+    want = {}
+    for q, recs in content(url).items():
+        last = {}
+        for off, ts, k, v, h in recs:
+            last[k] = (off, ts, k, v, tuple(h))
+        # into an existing topic a key whose latest record is a tombstone gets the tombstone
+        want[q] = [(ts, k, v, h) for off, ts, k, v, h in sorted(last.values())]
+    assert read_topic(kafka_bootstrap, target, 3, offsets=False) == want
+    with Store.open(url) as st:
+        assert len(st.topics()) == 2  # the topic and the restore's internal progress topic
+    again = run("restore", "--store", url, "--topic", TOPIC, "--bootstrap-servers",
+                kafka_bootstrap, "--to-topic", target, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert read_topic(kafka_bootstrap, target, 3, offsets=False) == want  # nothing twice
+
+
+def test_cli_mirror_follow_and_kv_build_follow_on_s3(kafka_bootstrap, make_topic, s3_store_url,
+                                                     tmp_path):
+    """`mirror --follow` into an S3 store: what it flushes appears in S3 while it runs. A
+    `kv build --follow` of that S3 store applies the records as the mirror appends them. Both
+    stop cleanly on SIGTERM (exit 0), and the map and the store equal the topic."""
+    topic = make_topic(partitions=3)
+    first = [(i % 3, b"p%d-k%d" % (i % 3, i % 40), None if i % 13 == 0 else b"a%d" % i)
+             for i in range(300)]
+    more = [(i % 3, b"p%d-k%d" % (i % 3, i % 55), None if i % 11 == 0 else b"b%d" % i)
+            for i in range(200)]
+    _produce(kafka_bootstrap, topic, first)
+    url, db = s3_store_url(), str(tmp_path / "kv")
+    kv_err = tmp_path / "kv.err"
+    mirror = subprocess.Popen([KCOMPACT, "mirror", "--bootstrap-servers", kafka_bootstrap,
+                               "--topic", topic, "--store", url, "--follow"],
+                              stderr=subprocess.PIPE, text=True)
+    kv = None
+    try:
+        _wait(lambda: _stored(url, topic) == 300, "the first records in S3", 120, mirror)
+        with open(kv_err, "w") as f:
+            kv = subprocess.Popen([KCOMPACT, "kv", "build", "--store", url, "--topic", topic,
+                                   "--db", db, "--follow"], stdout=subprocess.PIPE, stderr=f,
+                                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        _wait(lambda: "following" in kv_err.read_text(), "kv build to follow", 120, kv, mirror)
+        _produce(kafka_bootstrap, topic, more)
+        _wait(lambda: _stored(url, topic) == 500, "the new records in S3", 120, mirror, kv)
+
+        def applied() -> int:
+            return sum(int(line.split()[3].replace(",", "")) for line in
+                       kv_err.read_text().splitlines() if line.startswith("kv build: applied "))
+        _wait(lambda: applied() >= len(more), "the follower to apply them", 120, kv, mirror)
+        kv.send_signal(signal.SIGTERM)
+        kv.communicate(timeout=60)
+        mirror.send_signal(signal.SIGTERM)
+        _, merr = mirror.communicate(timeout=60)
+    finally:
+        for p in (kv, mirror):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert kv.returncode == 0, kv_err.read_text()
+    assert mirror.returncode == 0, merr
+    assert "stopped by SIGTERM" in merr and "flushed" in merr
+    model: dict[bytes, bytes | None] = {}
+    for _q, k, v in first + more:
+        model[k] = v
+    from connectors.kv import KVMap
+    with KVMap(db) as m:
+        assert dict(m.items()) == {k: v for k, v in model.items() if v is not None}
+    got = content(url, topic)
+    assert {q: [(k, v) for _o, _ts, k, v, _h in recs] for q, recs in got.items()} == \
+        {q: [(k, v) for qq, k, v in first + more if qq == q] for q in range(3)}
+    assert run("verify", "--store", url).returncode == 0
