@@ -406,7 +406,8 @@ class MemoryBackend(Backend):
         self._lock = threading.Lock()
 
     def _touch(self, path: str) -> None:
-        self.mtimes[path] = self.clock.ms() if self.clock is not None else time.time_ns() // 1_000_000
+        self.mtimes[path] = (self.clock.ms() if self.clock is not None
+                             else time.time_ns() // 1_000_000)
 
     def mtime_ms(self, path):
         if path not in self.files:
@@ -455,7 +456,9 @@ class MemoryBackend(Backend):
 
     def rename(self, src, dst):
         self.files[dst] = self.files.pop(src)
-        self.mtimes[dst] = self.mtimes.pop(src)  # a rename keeps the file's mtime, as on disk
+        mtime = self.mtimes.pop(src, None)  # a rename keeps the file's mtime, as on disk
+        if mtime is not None:
+            self.mtimes[dst] = mtime
 
     def open_append(self, path):
         return _MemAppendFile(self, path)

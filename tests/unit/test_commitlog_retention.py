@@ -46,8 +46,8 @@ def _fill(store: Store, segments: int) -> None:
 
 
 def _on_disk(fs, writer: str = "w") -> list[int]:
-    return sorted(b for b, kind in filter(None, map(fn.parse_base, fs.listdir(fn.writer_dir(writer))))
-                  if kind == "log")
+    names = fs.listdir(fn.writer_dir(writer))
+    return sorted(b for b, kind in filter(None, map(fn.parse_base, names)) if kind == "log")
 
 
 @pytest.mark.parametrize("kind", ["memory", "local"])
