@@ -44,12 +44,12 @@ DOCS = {
     "kv": {"keys": 1_000_000, "updates": 10_000_000, "ours_s": 4.5,
            "quix_latest": {"ready_wall_s": 52.65}, "ratio_quix_latest": 11.7,
            "get": {"hit_p50_us": 4.3, "hit_p99_us": 8.2}},
-    "s3": [{"records": 1_000_000, "partitions": p, "segments_in": 200, "total": 800 + 4 * p,
-            "overhead_per_partition": 4.0, "seconds": 3.0 * p, "local_seconds": 1.0 * p,
-            "time_ratio": 3.0} for p in (1, 16, 64)]
-          + [{"records": 250_000, "partitions": 16, "segments_in": 200, "total": 864,
-              "overhead_per_partition": 4.0, "seconds": 30.0, "local_seconds": 10.0,
-              "time_ratio": 3.0}],
+    "s3": [{"records": 1_000_000, "partitions": p, "segments_in": 200, "segments_out": 200,
+            "total": 800 + 4 * p + 1, "overhead_per_partition": 4.01, "seconds": 3.0 * p,
+            "local_seconds": 1.0 * p, "time_ratio": 3.0} for p in (1, 16, 64)]
+          + [{"records": 250_000, "partitions": 16, "segments_in": 200, "segments_out": 200,
+              "total": 864, "overhead_per_partition": 4.0, "seconds": 30.0,
+              "local_seconds": 10.0, "time_ratio": 3.0}],
     "restore": {"keys": 1_000_000, "partitions": 8, "rate_median": {"raw": 1e6, "restore": 9.5e5},
                 "ratio_of_medians": 0.95, "target": 0.8},
 }
@@ -90,8 +90,9 @@ def test_headline_table_puts_each_figure_next_to_its_baseline_as_a_ratio():
     assert kv[0][4].startswith("11.70 (quixstreams / ours") and kv[0][6] == "yes"
     assert kv[-1][2] == "8.20 us" and kv[-1][3] == "-" and kv[-1][4] == "-"
     s3 = rows_of(lines, "s3")
-    assert s3[0][2] == "4.00" and s3[0][6] == "yes"         # (800+4p - 4p) / 200
-    assert "64 partitions" in s3[1][1] and s3[1][4].startswith("3.00 (S3 / local")
+    assert s3[0][2] == "4.00" and s3[0][6] == "yes"   # 2 x (in + out) / in, not the rounded 4.01
+    assert s3[1][2] == "5.00 per partition"                  # (800 + 4 + 1 - 800) / 1
+    assert "64 partitions" in s3[2][1] and s3[2][4].startswith("3.00 (S3 / local")
     (restore,) = rows_of(lines, "restore")
     assert restore[4].startswith("0.95") and restore[6] == "yes"
     (spark, read) = rows_of(lines, "spark")
