@@ -38,7 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from numba import njit
+from reput._jit import native, njit
 
 from reput import bcq as B
 from reput import filenames as fn
@@ -180,6 +180,13 @@ def _gather_kept(src, positions, sizes, keep, out, out_entries_pos, base_out):
             n_out += 1
             q += n
     return q, n_out
+
+
+_N = native()
+# the C kernels when built (a compaction then loads no JIT compiler: reput/_native.c), else the
+# numba ones above; both are tested against each other (tests/unit/test_native_kernels.py)
+_decide_k = _N.decide if _N is not None else _decide
+_gather_kept_k = _N.gather_kept if _N is not None else _gather_kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,7 +464,7 @@ class Compactor:
         def decide(chunk):
             keep = np.empty(chunk.shape[0], np.bool_)
             clean = np.empty(chunk.shape[0], np.uint32)
-            counts = _decide(m.table, m.capacity, m.base, last_mapped, now_s, retention_s,
+            counts = _decide_k(m.table, m.capacity, m.base, last_mapped, now_s, retention_s,
                              chunk["offset"], chunk["digest_lo"], chunk["digest_hi"],
                              chunk["flags"], chunk["clean_time"], keep, clean)
             return keep, clean, counts
@@ -588,7 +595,7 @@ class Compactor:
                                 size = int(chunk["size"][kept].sum())
                                 out = self._buffer("out", max(size, chunk_bytes))[:size]
                                 new_pos = np.empty(kept.shape[0], np.int64)
-                                _gather_kept(data, pos[i:j] - start,
+                                _gather_kept_k(data, pos[i:j] - start,
                                              chunk["size"][i:j].astype(np.int64),
                                              keep[i:j], out, new_pos, out_pos)
                                 ent = chunk[kept].copy()

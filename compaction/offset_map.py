@@ -19,7 +19,7 @@ most 2^32 - 2 offsets; ``insert`` reports "full" past that, as it does when the 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from reput._jit import native, njit
 
 from reput._intrinsics import prefetch
 
@@ -107,6 +107,12 @@ def _lookup_many(table, cap, base, dlo, dhi, out):
                 h = 0
 
 
+_N = native()
+# the C kernels when built (no JIT compiler needed, reput/_native.c), else the numba ones above
+_insert = _N.insert_entries if _N is not None else _insert_entries
+_lookup = _N.lookup_many if _N is not None else _lookup_many
+
+
 class OffsetMap:
     """Fixed-budget digest -> latest-offset map (see module docstring)."""
 
@@ -141,7 +147,7 @@ class OffsetMap:
 
     def insert_entries(self, entries: np.ndarray, start: int = 0) -> tuple[int, bool]:
         """Insert .bcq entries from ``start`` in order; returns (next index, full?)."""
-        nxt, self.count, status = _insert_entries(
+        nxt, self.count, status = _insert(
             self.table, self.capacity, self.max_keys, self.count, self.base,
             entries["offset"], entries["digest_lo"], entries["digest_hi"], entries["flags"],
             start, entries.shape[0])
@@ -157,7 +163,7 @@ class OffsetMap:
 
     def lookup(self, dlo: np.ndarray, dhi: np.ndarray) -> np.ndarray:
         out = np.empty(dlo.shape[0], dtype=np.int64)
-        _lookup_many(self.table, self.capacity, self.base, dlo, dhi, out)
+        _lookup(self.table, self.capacity, self.base, dlo, dhi, out)
         return out
 
     def get(self, digest: tuple[int, int]) -> int | None:

@@ -11,7 +11,7 @@ uniform), linear probing, capacity a power of two kept at most 70% full by the c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from reput._jit import njit
 
 from reput._intrinsics import load_u64, store_u64
 

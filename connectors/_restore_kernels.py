@@ -12,7 +12,7 @@ so every constant is a np.uint64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from reput._jit import njit
 
 _M = np.uint64(0x5BD1E995)
 _SEED = np.uint64(0x9747B28C)

@@ -22,7 +22,7 @@ import threading
 import time
 
 import numpy as np
-from numba import njit
+from reput._jit import njit
 
 from reput import _kernels as K
 from reput._intrinsics import load_u32, load_u64

@@ -3,6 +3,9 @@
 Records are byte-packed, so integers inside them are unaligned; these compile to single mov
 instructions instead of byte-by-byte assembly. ``HAVE_SSE42`` says whether the CPU has the
 CRC32 instruction; reput/_kernels.py falls back to a slicing-by-8 table otherwise.
+
+Declared with reput/_jit.py's lazy ``intrinsic``: numba is imported (inside the typing
+functions below) only when a kernel that uses them is first compiled or loaded.
 """
 
 from __future__ import annotations
@@ -10,10 +13,9 @@ from __future__ import annotations
 import platform
 import sys
 
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from llvmlite import ir  # the IR builder only (pure Python); LLVM itself loads with numba
+
+from ._jit import intrinsic
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("kcompact's kernels assume a little-endian CPU")
@@ -35,6 +37,7 @@ HAVE_SSE42 = _cpu_has_sse42()
 def _load(bits: int):
     @intrinsic
     def load(typingctx, arr, idx):
+        from numba import types
         ret = {8: types.uint8, 16: types.uint16, 32: types.uint32, 64: types.uint64}[bits]
         sig = ret(arr, idx)
 
@@ -49,6 +52,7 @@ def _load(bits: int):
 def _store(bits: int):
     @intrinsic
     def store(typingctx, arr, idx, val):
+        from numba import types
         sig = types.void(arr, idx, val)
 
         def codegen(context, builder, signature, args):
@@ -70,6 +74,8 @@ store_u64 = _store(64)
 
 @intrinsic
 def crc32_u64(typingctx, crc, data):
+    from numba import types
+    from numba.core import cgutils
     sig = types.uint64(types.uint64, types.uint64)
 
     def codegen(context, builder, signature, args):
@@ -81,6 +87,8 @@ def crc32_u64(typingctx, crc, data):
 
 @intrinsic
 def crc32_u8(typingctx, crc, data):
+    from numba import types
+    from numba.core import cgutils
     sig = types.uint32(types.uint32, types.uint8)
 
     def codegen(context, builder, signature, args):
@@ -93,6 +101,8 @@ def crc32_u8(typingctx, crc, data):
 @intrinsic
 def prefetch(typingctx, arr, idx):
     """Hint the CPU to load arr[idx]'s cache line (read, high locality)."""
+    from numba import types
+    from numba.core import cgutils
     sig = types.void(arr, idx)
 
     def codegen(context, builder, signature, args):

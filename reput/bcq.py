@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
+from ._jit import native
 from .record import Scan
 
 FORMAT_VERSION = 1
@@ -56,7 +57,12 @@ class Index:
         """Index of the first entry with offset >= target (n if none)."""
         if self.n == 0:
             return 0
-        return K.lower_bound_strided(self.words, _WORDS, self.n, target)
+        return _lower_bound(self.words, _WORDS, self.n, target)
+
+
+_N = native()
+# the C search when built (reput/_native.c), else the numba kernel
+_lower_bound = _N.lower_bound_strided if _N is not None else K.lower_bound_strided
 
 
 def lower_bound(entries: "np.ndarray | Index", target: int) -> int:

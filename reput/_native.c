@@ -1,0 +1,378 @@
+/* reput._native: the compaction kernels in C, so that a compaction needs no JIT compiler.
+ *
+ * The same algorithms as the numba kernels they replace (compaction/offset_map.py
+ * _insert_entries/_lookup_many, compaction/compactor.py _decide/_gather_kept,
+ * reput/_kernels.py lower_bound_strided), which stay as the fallback when this module is not
+ * built and as the reference the tests compare against (tests/unit/test_native_kernels.py).
+ * Loading numba means loading LLVM (~120 MiB resident); a `kcompact compact` whose offset map
+ * budget is 128 MiB should not pay that. See reput/_jit.py.
+ *
+ * Arrays come in through the buffer protocol as 1-d views, possibly strided (fields of a .bcq
+ * structured array: a stride of 48 bytes). Loads go through memcpy, so unaligned views are fine.
+ * Every function releases the GIL while it loops, as the numba kernels do (nogil=True).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define EMPTY 0xFFFFFFFFu
+#define MAX_DELTA 0xFFFFFFFELL
+#define PREFETCH_AHEAD 16
+#define MAP_OK 0
+#define MAP_FULL 1
+
+typedef struct {
+    Py_buffer v;
+    char *p;
+    Py_ssize_t stride;
+    Py_ssize_t n;
+} Arr;
+
+static int arr_get(PyObject *o, Arr *a, Py_ssize_t itemsize, int writable, const char *name)
+{
+    if (PyObject_GetBuffer(o, &a->v, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (a->v.ndim != 1 || a->v.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: a 1-d array of %zd-byte items is required "
+                     "(got %d-d, %zd-byte items)", name, itemsize, a->v.ndim, a->v.itemsize);
+        PyBuffer_Release(&a->v);
+        return -1;
+    }
+    a->p = (char *)a->v.buf;
+    a->stride = a->v.strides ? a->v.strides[0] : itemsize;
+    a->n = a->v.shape ? a->v.shape[0] : a->v.len / itemsize;
+    return 0;
+}
+
+static void arr_release(Arr *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].v.obj != NULL)
+            PyBuffer_Release(&a[i].v);
+}
+
+static inline int64_t ld_i64(const Arr *a, int64_t i) { int64_t x; memcpy(&x, a->p + i * a->stride, 8); return x; }
+static inline uint64_t ld_u64(const Arr *a, int64_t i) { uint64_t x; memcpy(&x, a->p + i * a->stride, 8); return x; }
+static inline uint32_t ld_u32(const Arr *a, int64_t i) { uint32_t x; memcpy(&x, a->p + i * a->stride, 4); return x; }
+static inline uint16_t ld_u16(const Arr *a, int64_t i) { uint16_t x; memcpy(&x, a->p + i * a->stride, 2); return x; }
+static inline uint8_t ld_u8(const Arr *a, int64_t i) { return (uint8_t)a->p[i * a->stride]; }
+
+static inline int64_t home(uint64_t lo, int64_t cap)
+{
+    return (int64_t)(((lo & 0xFFFFFFFFull) * (uint64_t)cap) >> 32);
+}
+
+static int args_i64(PyObject *const *args, const int *which, int n, int64_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(args[which[i]]);
+        if (out[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+#define CHECK_NARGS(name, want)                                                              \
+    if (nargs != (want)) {                                                                   \
+        PyErr_Format(PyExc_TypeError, name "() takes %d arguments (%zd given)", (want), nargs); \
+        return NULL;                                                                         \
+    }
+
+/* insert_entries(table, cap, max_keys, count, base, offsets, dlo, dhi, flags, start, stop)
+ *   -> (next index, keys count, status) */
+static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("insert_entries", 11);
+    static const int ints[] = {1, 2, 3, 4, 9, 10};
+    int64_t iv[6];
+    if (args_i64(args, ints, 6, iv) < 0)
+        return NULL;
+    int64_t cap = iv[0], max_keys = iv[1], count = iv[2], base = iv[3], start = iv[4], stop = iv[5];
+    Arr a[5] = {0};
+    if (arr_get(args[0], &a[0], 4, 1, "table") < 0 || arr_get(args[5], &a[1], 8, 0, "offsets") < 0 ||
+        arr_get(args[6], &a[2], 8, 0, "dlo") < 0 || arr_get(args[7], &a[3], 8, 0, "dhi") < 0 ||
+        arr_get(args[8], &a[4], 2, 0, "flags") < 0) {
+        arr_release(a, 5);
+        return NULL;
+    }
+    if (a[0].stride != 4 || a[0].n < cap * 4 || start < 0 || stop > a[1].n || stop > a[2].n ||
+        stop > a[3].n || stop > a[4].n || cap <= 0) {
+        arr_release(a, 5);
+        PyErr_SetString(PyExc_ValueError, "insert_entries: arrays shorter than their bounds");
+        return NULL;
+    }
+    uint32_t *table = (uint32_t *)a[0].p;
+    int64_t next = stop, status = MAP_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = start; i < stop; i++) {
+        if (i + PREFETCH_AHEAD < stop)
+            __builtin_prefetch(&table[home(ld_u64(&a[2], i + PREFETCH_AHEAD), cap) * 4], 0, 3);
+        if (ld_u16(&a[4], i) & 2)
+            continue; /* keyless: never deduplicated, not in the map */
+        int64_t delta = ld_i64(&a[1], i) - base;
+        if (delta < 0 || delta > MAX_DELTA) {
+            next = i;
+            status = MAP_FULL;
+            break;
+        }
+        uint64_t lo = ld_u64(&a[2], i), hi = ld_u64(&a[3], i);
+        uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
+                 k2 = (uint32_t)(lo >> 32);
+        int64_t h = home(lo, cap);
+        for (;;) {
+            uint32_t *s = &table[h * 4];
+            if (s[3] == EMPTY) {
+                if (count >= max_keys) {
+                    next = i;
+                    status = MAP_FULL;
+                    goto done;
+                }
+                s[0] = k0;
+                s[1] = k1;
+                s[2] = k2;
+                s[3] = (uint32_t)delta;
+                count++;
+                break;
+            }
+            if (s[0] == k0 && s[1] == k1 && s[2] == k2) {
+                s[3] = (uint32_t)delta; /* offsets only grow: the newer one wins */
+                break;
+            }
+            if (++h == cap)
+                h = 0;
+        }
+    }
+done:
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    return Py_BuildValue("(LLL)", (long long)next, (long long)count, (long long)status);
+}
+
+static inline int64_t lookup(const uint32_t *table, int64_t cap, int64_t base, uint64_t lo,
+                             uint64_t hi)
+{
+    uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
+             k2 = (uint32_t)(lo >> 32);
+    int64_t h = home(lo, cap);
+    for (;;) {
+        const uint32_t *s = &table[h * 4];
+        if (s[3] == EMPTY)
+            return -1;
+        if (s[0] == k0 && s[1] == k1 && s[2] == k2)
+            return base + (int64_t)s[3];
+        if (++h == cap)
+            h = 0;
+    }
+}
+
+/* lookup_many(table, cap, base, dlo, dhi, out): out[i] = latest offset of digest i, or -1 */
+static PyObject *lookup_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("lookup_many", 6);
+    static const int ints[] = {1, 2};
+    int64_t iv[2];
+    if (args_i64(args, ints, 2, iv) < 0)
+        return NULL;
+    int64_t cap = iv[0], base = iv[1];
+    Arr a[4] = {0};
+    if (arr_get(args[0], &a[0], 4, 0, "table") < 0 || arr_get(args[3], &a[1], 8, 0, "dlo") < 0 ||
+        arr_get(args[4], &a[2], 8, 0, "dhi") < 0 || arr_get(args[5], &a[3], 8, 1, "out") < 0) {
+        arr_release(a, 4);
+        return NULL;
+    }
+    int64_t n = a[1].n;
+    if (a[0].stride != 4 || a[0].n < cap * 4 || cap <= 0 || a[2].n < n || a[3].n < n) {
+        arr_release(a, 4);
+        PyErr_SetString(PyExc_ValueError, "lookup_many: arrays shorter than their bounds");
+        return NULL;
+    }
+    const uint32_t *table = (const uint32_t *)a[0].p;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n)
+            __builtin_prefetch(&table[home(ld_u64(&a[1], i + PREFETCH_AHEAD), cap) * 4], 0, 3);
+        int64_t r = lookup(table, cap, base, ld_u64(&a[1], i), ld_u64(&a[2], i));
+        memcpy(a[3].p + i * a[3].stride, &r, 8);
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 4);
+    Py_RETURN_NONE;
+}
+
+/* decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi, flags,
+ *        clean_time, keep, new_clean) -> (kept, dropped, tombstones dropped, stamped) */
+static PyObject *decide(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("decide", 13);
+    static const int ints[] = {1, 2, 3, 4, 5};
+    int64_t iv[5];
+    if (args_i64(args, ints, 5, iv) < 0)
+        return NULL;
+    int64_t cap = iv[0], base = iv[1], last_mapped = iv[2], now_s = iv[3], retention_s = iv[4];
+    Arr a[8] = {0};
+    if (arr_get(args[0], &a[0], 4, 0, "table") < 0 || arr_get(args[6], &a[1], 8, 0, "offsets") < 0 ||
+        arr_get(args[7], &a[2], 8, 0, "dlo") < 0 || arr_get(args[8], &a[3], 8, 0, "dhi") < 0 ||
+        arr_get(args[9], &a[4], 2, 0, "flags") < 0 ||
+        arr_get(args[10], &a[5], 4, 0, "clean_time") < 0 ||
+        arr_get(args[11], &a[6], 1, 1, "keep") < 0 ||
+        arr_get(args[12], &a[7], 4, 1, "new_clean") < 0) {
+        arr_release(a, 8);
+        return NULL;
+    }
+    int64_t n = a[1].n;
+    if (a[0].stride != 4 || a[0].n < cap * 4 || cap <= 0 || a[2].n < n || a[3].n < n ||
+        a[4].n < n || a[5].n < n || a[6].n < n || a[7].n < n) {
+        arr_release(a, 8);
+        PyErr_SetString(PyExc_ValueError, "decide: arrays shorter than their bounds");
+        return NULL;
+    }
+    const uint32_t *table = (const uint32_t *)a[0].p;
+    int64_t kept = 0, dropped = 0, tdropped = 0, stamped = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n)
+            __builtin_prefetch(&table[home(ld_u64(&a[2], i + PREFETCH_AHEAD), cap) * 4], 0, 3);
+        int64_t off = ld_i64(&a[1], i);
+        uint16_t f = ld_u16(&a[4], i);
+        uint32_t ct = ld_u32(&a[5], i);
+        int k = 1;
+        if ((f & 2) == 0 && off <= last_mapped) {
+            int64_t latest = lookup(table, cap, base, ld_u64(&a[2], i), ld_u64(&a[3], i));
+            if (latest > off)
+                k = 0;
+        }
+        if (k && (f & 3) == 1) { /* a keyed tombstone still the latest for its key */
+            /* clean_time is whole seconds (floored): only a strict '>' guarantees that
+             * delete.retention.ms has really passed since the tombstone was first cleaned */
+            if (ct != 0 && now_s - (int64_t)ct > retention_s) {
+                k = 0;
+                tdropped++;
+            } else if (ct == 0 && off <= last_mapped) {
+                ct = (uint32_t)now_s;
+                stamped++;
+            }
+        }
+        a[6].p[i * a[6].stride] = (char)k;
+        memcpy(a[7].p + i * a[7].stride, &ct, 4);
+        if (k)
+            kept++;
+        else
+            dropped++;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 8);
+    return Py_BuildValue("(LLLL)", (long long)kept, (long long)dropped, (long long)tdropped,
+                         (long long)stamped);
+}
+
+/* gather_kept(src, positions, sizes, keep, out, out_entries_pos, base_out) -> (bytes, kept):
+ * copy the kept records (positions relative to src) into out, back to back; record where each
+ * landed (base_out + its position in out) */
+static PyObject *gather_kept(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("gather_kept", 7);
+    static const int ints[] = {6};
+    int64_t base_out;
+    if (args_i64(args, ints, 1, &base_out) < 0)
+        return NULL;
+    Arr a[6] = {0};
+    if (arr_get(args[0], &a[0], 1, 0, "src") < 0 || arr_get(args[1], &a[1], 8, 0, "positions") < 0 ||
+        arr_get(args[2], &a[2], 8, 0, "sizes") < 0 || arr_get(args[3], &a[3], 1, 0, "keep") < 0 ||
+        arr_get(args[4], &a[4], 1, 1, "out") < 0 ||
+        arr_get(args[5], &a[5], 8, 1, "out_entries_pos") < 0) {
+        arr_release(a, 6);
+        return NULL;
+    }
+    int64_t n = a[1].n;
+    if (a[0].stride != 1 || a[4].stride != 1 || a[2].n < n || a[3].n < n) {
+        arr_release(a, 6);
+        PyErr_SetString(PyExc_ValueError, "gather_kept: bad array shapes");
+        return NULL;
+    }
+    int64_t q = 0, n_out = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        if (!ld_u8(&a[3], i))
+            continue;
+        int64_t pos = ld_i64(&a[1], i), size = ld_i64(&a[2], i);
+        if (pos < 0 || size < 0 || pos + size > a[0].n || q + size > a[4].n || n_out >= a[5].n) {
+            bad = 1;
+            break;
+        }
+        memcpy(a[4].p + q, a[0].p + pos, (size_t)size);
+        int64_t at = base_out + q;
+        memcpy(a[5].p + n_out * a[5].stride, &at, 8);
+        n_out++;
+        q += size;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 6);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "gather_kept: a record lies outside its buffer");
+        return NULL;
+    }
+    return Py_BuildValue("(LL)", (long long)q, (long long)n_out);
+}
+
+/* lower_bound_strided(words, stride_words, n, target): first i in [0, n) with
+ * words[i * stride_words] >= target (int64), else n */
+static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("lower_bound_strided", 4);
+    static const int ints[] = {1, 2};
+    int64_t iv[2];
+    if (args_i64(args, ints, 2, iv) < 0)
+        return NULL;
+    int64_t stride = iv[0], n = iv[1];
+    int overflow = 0;
+    PyObject *t = PyNumber_Index(args[3]);
+    if (t == NULL)
+        return NULL;
+    int64_t target = PyLong_AsLongLongAndOverflow(t, &overflow);
+    Py_DECREF(t);
+    if (target == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow > 0) /* beyond every int64 offset */
+        return PyLong_FromLongLong(n < 0 ? 0 : n);
+    if (overflow < 0)
+        return PyLong_FromLongLong(0);
+    Arr a;
+    memset(&a, 0, sizeof a);
+    if (arr_get(args[0], &a, 8, 0, "words") < 0)
+        return NULL;
+    if (stride <= 0 || n < 0 || (n > 0 && (n - 1) * stride >= a.n)) {
+        PyBuffer_Release(&a.v);
+        PyErr_SetString(PyExc_ValueError, "lower_bound_strided: n entries do not fit words");
+        return NULL;
+    }
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + ((hi - lo) >> 1);
+        if (ld_i64(&a, mid * stride) < target)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    PyBuffer_Release(&a.v);
+    return PyLong_FromLongLong(lo);
+}
+
+static PyMethodDef methods[] = {
+    {"insert_entries", (PyCFunction)(void (*)(void))insert_entries, METH_FASTCALL, NULL},
+    {"lookup_many", (PyCFunction)(void (*)(void))lookup_many, METH_FASTCALL, NULL},
+    {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL, NULL},
+    {"gather_kept", (PyCFunction)(void (*)(void))gather_kept, METH_FASTCALL, NULL},
+    {"lower_bound_strided", (PyCFunction)(void (*)(void))lower_bound_strided, METH_FASTCALL,
+     NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "reput._native",
+    "The compaction kernels in C (see the comment at the top of reput/_native.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
