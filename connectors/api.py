@@ -106,7 +106,7 @@ class SinkRecords(Sequence[SinkRecord]):
     """
 
     __slots__ = ("topics", "partitions", "offsets", "timestamps", "keys", "values", "headers",
-                 "raw_keys", "raw_values", "nbytes")
+                 "raw_keys", "raw_values", "nbytes", "packed")
 
     def __init__(self, topics: list[str], partitions: Sequence[int], offsets: Sequence[int],
                  timestamps: Sequence[int], keys: list, values: list, headers: list,
@@ -121,6 +121,11 @@ class SinkRecords(Sequence[SinkRecord]):
         self.raw_values = values if raw_values is None else raw_values
         #: Key + value bytes of the batch, when a task counted them while writing (metrics).
         self.nbytes: int | None = None
+        #: The raw keys and values packed as columns, when the worker built them while reading
+        #: the batch (reput._native.message_columns): (key bytes, key starts (n+1 int64), key
+        #: nulls, value bytes, value starts, value nulls), each a bytearray. A columnar sink may
+        #: use them instead of ``raw_keys``/``raw_values``; they describe the same bytes.
+        self.packed: tuple | None = None
 
     @classmethod
     def empty(cls) -> "SinkRecords":

@@ -335,7 +335,15 @@ def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
         hcol = _column([encode_headers(h) if h else b"" for h in headers])
     else:
         hcol = _VarColumn.empties(n)
-    kcol, vcol = _column(keys), _column(values)
+    if idx is None and r.packed is not None:
+        # packed by the worker while it read the batch (SinkRecords.packed): no second pass
+        kb, ko, kn, vb, vo, vn = r.packed
+        kcol = _VarColumn(np.frombuffer(kb, np.uint8), np.frombuffer(ko, np.int64),
+                          np.frombuffer(kn, np.bool_))
+        vcol = _VarColumn(np.frombuffer(vb, np.uint8), np.frombuffer(vo, np.int64),
+                          np.frombuffer(vn, np.bool_))
+    else:
+        kcol, vcol = _column(keys), _column(values)
     if idx is None:
         r.nbytes = int(kcol.offs[-1]) + int(vcol.offs[-1])
     return RecordBatch(topic, num(r.partitions, np.int32), num(r.offsets, np.int64),

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, TextIO
 import numpy as np
 
 from reput._gc import bulk_gc
+from reput._jit import native as _jit_native
 
 from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
 from .api import (DataError, RetriableError, SinkConnector, SinkRecords, SinkTask,
@@ -111,6 +112,7 @@ _DEFAULT_CONSUMER = {
     "queued.min.messages": 1_000_000,
 }
 _TS = itemgetter(1)
+_NATIVE = _jit_native()
 
 
 def kafka_logger() -> logging.Logger:
@@ -490,19 +492,30 @@ class SinkTaskRunner:
             topics = [next(iter(topics_assigned))] * n
         else:
             topics = list(map(Message.topic, msgs))
-        # One pass per column, straight into numpy where the column is numeric.
-        parts = np.fromiter(map(Message.partition, msgs), np.int32, n)
-        offs = np.fromiter(map(Message.offset, msgs), np.int64, n)
-        ts = np.fromiter(map(_TS, map(Message.timestamp, msgs)), np.int64, n)
-        raw_keys = list(map(Message.key, msgs))
-        raw_values = list(map(Message.value, msgs))
-        headers = list(map(Message.headers, msgs))
+        packed = None
+        if _NATIVE is not None:
+            # one compiled pass: numeric columns, key/value/header lists, packed key/value
+            # columns for a columnar sink (reput/_native.c, message_columns)
+            parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+            (raw_keys, raw_values, headers, *packed) = _NATIVE.message_columns(
+                msgs, parts, offs, ts)
+            if headers is None:
+                headers = [None] * n
+        else:
+            # One pass per column, straight into numpy where the column is numeric.
+            parts = np.fromiter(map(Message.partition, msgs), np.int32, n)
+            offs = np.fromiter(map(Message.offset, msgs), np.int64, n)
+            ts = np.fromiter(map(_TS, map(Message.timestamp, msgs)), np.int64, n)
+            raw_keys = list(map(Message.key, msgs))
+            raw_values = list(map(Message.value, msgs))
+            headers = list(map(Message.headers, msgs))
         if self._unverified:
             for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
                 self._unverified.pop(tp, None)
 
         if self.key_conv.identity and self.value_conv.identity:
             records = SinkRecords(topics, parts, offs, ts, raw_keys, raw_values, headers)
+            records.packed = tuple(packed) if packed else None
         else:
             records = self._convert(topics, parts, offs, ts, raw_keys, raw_values, headers)
         self._put(records)

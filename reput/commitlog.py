@@ -157,6 +157,11 @@ class CommitLog:
         if self._active is not None:
             self._active.sync()
 
+    def start_writeback(self) -> None:
+        """Queue the active segment's appended bytes for writeback (no waiting)."""
+        if self._active is not None:
+            self._active.start_writeback()
+
     # -- read --------------------------------------------------------------------------------
 
     def views(self, start: int, end: int | None = None):

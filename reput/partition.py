@@ -71,11 +71,17 @@ class Segment:
     log_rel: str | None = None   # store-relative paths, for "remote" and "staged"
     bcq_rel: str | None = None
     entry: "M.SegmentEntry | None" = None  # the manifest's entry ("remote")
+    #: the offset of the last record this process appended to this segment, valid while
+    #: index_size == _appended_index_size (a writer's cache: no re-mapping of the growing .bcq
+    #: to find its last offset before each append)
+    last_appended: int | None = None
+    _appended_index_size: int = -1
 
     def invalidate(self) -> None:
         self._map = None
         self._index = None
         self._map_size = -1
+        self.last_appended = None
 
     @property
     def entry_count(self) -> int:
@@ -901,7 +907,12 @@ class PartitionLog:
         pulling what its master already compacted; bcq.md, ``clean_time``).
         """
         assert self.writable
-        last = self.last_offset
+        tail = self.segments[-1] if self.segments else None
+        if (tail is not None and tail.kind == "file" and tail.last_appended is not None
+                and tail._appended_index_size == tail.index_size):
+            last = tail.last_appended
+        else:
+            last = self.last_offset
         if hi > lo and s.offsets[lo] <= last:
             lo += int(np.searchsorted(s.offsets[lo:hi], last, side="right"))
         appended = 0
@@ -934,6 +945,8 @@ class PartitionLog:
             idxf.write(entries.view(np.uint8))
             seg.log_size = logf.size
             seg.index_size = idxf.size
+            seg.last_appended = int(s.offsets[lo + k - 1])
+            seg._appended_index_size = seg.index_size
             appended += k
             lo += k
         return appended

@@ -41,6 +41,7 @@ from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_t
 
 FORMAT_VERSION = 1
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
+WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 
 
 @dataclass
@@ -132,6 +133,7 @@ class Store:
         self.commitlog: CommitLog | None = None
         self._dispatched = 0
         self._scratch = Scratch()
+        self._since_writeback = 0
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
@@ -348,8 +350,10 @@ class Store:
                 n = self._dispatch_view(buf, 0, buf.shape[0], verify_crc=False, where="batch")
                 self._dispatched = end
                 self.stats["dispatched"] += n
-                return n
-            return self.dispatch()
+            else:
+                n = self.dispatch()
+            self._maybe_start_writeback(end - start)
+            return n
 
     def dispatch(self) -> int:
         """Reput: copy commit-log records after the dispatched position into partitions."""
@@ -385,6 +389,21 @@ class Store:
                 total += n
                 self.stats["skipped"] += (b - a) - n
         return total
+
+    def _maybe_start_writeback(self, nbytes: int) -> None:
+        """Under ``fsync=flush``, queue what was appended for writeback every
+        ``WRITEBACK_BYTES`` (sync_file_range, no waiting), so that the fsyncs of ``flush`` find
+        little left to write: the disk works while the writer goes on, instead of all at once
+        when a flush (or the end of a mirror) waits for it."""
+        if self.options.fsync != "flush":
+            return
+        self._since_writeback += nbytes
+        if self._since_writeback < WRITEBACK_BYTES:
+            return
+        self._since_writeback = 0
+        self.commitlog.start_writeback()
+        for key in self._writable:
+            self._partitions[key].start_writeback()
 
     def flush(self) -> None:
         """Make everything appended so far durable, then advance the reput checkpoint."""
