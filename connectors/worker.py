@@ -385,7 +385,9 @@ class SinkTaskRunner:
             msgs = consume(batch, 0.2)
             if self._kafka_errors:
                 self._check_kafka_errors()
-            if msgs:
+            # with the compiled pass, a batch without error events (the usual case) is read in
+            # one go; one with events (end of partition ...) is split first
+            if msgs and (_NATIVE is None or not self._process(msgs)):
                 errs = list(map(error_of, msgs))
                 if any(errs):
                     msgs = self._events(msgs, errs, pending)
@@ -483,22 +485,20 @@ class SinkTaskRunner:
             self._last_warning = now
             print(f"kcompact: warning: {self.metrics.name}: {msg}", file=sys.stderr, flush=True)
 
-    def _process(self, msgs: list) -> None:
+    def _process(self, msgs: list) -> bool:
+        """Hand a batch to the task; False (nothing done) when the compiled pass finds an error
+        event among the messages: the caller splits them out first."""
         from confluent_kafka import Message
         n = len(msgs)
-        topics_assigned = {tp.topic for tp in self.assignment}
-        single = len(topics_assigned) == 1
-        if single:
-            topics = [next(iter(topics_assigned))] * n
-        else:
-            topics = list(map(Message.topic, msgs))
         packed = None
         if _NATIVE is not None:
             # one compiled pass: numeric columns, key/value/header lists, packed key/value
             # columns for a columnar sink (reput/_native.c, message_columns)
             parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
-            (raw_keys, raw_values, headers, *packed) = _NATIVE.message_columns(
-                msgs, parts, offs, ts)
+            cols = _NATIVE.message_columns(msgs, parts, offs, ts)
+            if cols is None:
+                return False
+            (raw_keys, raw_values, headers, *packed) = cols
             if headers is None:
                 headers = [None] * n
         else:
@@ -509,6 +509,12 @@ class SinkTaskRunner:
             raw_keys = list(map(Message.key, msgs))
             raw_values = list(map(Message.value, msgs))
             headers = list(map(Message.headers, msgs))
+        topics_assigned = {tp.topic for tp in self.assignment}
+        single = len(topics_assigned) == 1
+        if single:
+            topics = [next(iter(topics_assigned))] * n
+        else:
+            topics = list(map(Message.topic, msgs))
         if self._unverified:
             for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
                 self._unverified.pop(tp, None)
@@ -538,6 +544,7 @@ class SinkTaskRunner:
         else:
             for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
                 m.position[TopicPartition(t, p)] = o + 1
+        return True
 
     def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
         single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)

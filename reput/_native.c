@@ -361,7 +361,8 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
 }
 
 /* message_columns(msgs, partitions, offsets, timestamps) ->
- *     (keys, values, headers, key_buf, key_offs, key_null, val_buf, val_offs, val_null)
+ *     (keys, values, headers, key_buf, key_offs, key_null, val_buf, val_offs, val_null),
+ *     or None when a message of the list is an error event (nothing is filled then)
  *
  * One pass over a list of confluent_kafka Message objects (no errors among them), through their
  * public methods: partition(), offset() and timestamp()[1] into the int32/int64/int64 arrays
@@ -370,13 +371,54 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
  * column the store can encode without touching the objects again); headers() into a list, or
  * None when no message has headers. What connectors/worker.py and store_sink.py did with six
  * map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. */
-static PyObject *s_partition, *s_offset, *s_timestamp, *s_key, *s_value, *s_headers;
+static PyObject *s_partition, *s_offset, *s_timestamp, *s_key, *s_value, *s_headers, *s_error;
 
-static PyObject *call0(PyObject *obj, PyObject *name)
+/* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
+ * their function pointers are looked up once and called directly, instead of an attribute
+ * lookup and a vectorcall per call. Any other type goes through the generic call. */
+enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_N };
+static PyTypeObject *m_type = NULL;
+static PyCFunction m_fn[M_N];
+
+static PyObject **m_names(void)
 {
-    PyObject *args[1] = {obj};
-    return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    static PyObject *names[M_N];
+    names[M_PARTITION] = s_partition; names[M_OFFSET] = s_offset;
+    names[M_TIMESTAMP] = s_timestamp; names[M_KEY] = s_key; names[M_VALUE] = s_value;
+    names[M_HEADERS] = s_headers; names[M_ERROR] = s_error;
+    return names;
 }
+
+static void resolve(PyTypeObject *tp)
+{
+    PyObject **names = m_names();
+    PyCFunction fn[M_N];
+    for (int i = 0; i < M_N; i++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)tp, names[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            return;
+        }
+        int ok = Py_IS_TYPE(d, &PyMethodDescr_Type) &&
+                 (((PyMethodDescrObject *)d)->d_method->ml_flags & METH_NOARGS);
+        fn[i] = ok ? ((PyMethodDescrObject *)d)->d_method->ml_meth : NULL;
+        Py_DECREF(d);
+        if (!ok)
+            return;
+    }
+    memcpy(m_fn, fn, sizeof fn);
+    m_type = tp;
+}
+
+static inline PyObject *call_m(PyObject *obj, int which)
+{
+    if (Py_TYPE(obj) == m_type)
+        return m_fn[which](obj, NULL);
+    PyObject *args[1] = {obj};
+    return PyObject_VectorcallMethod(m_names()[which], args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                     NULL);
+}
+#define call0(obj, name) call_m((obj), (name))
 
 static int pack(PyObject *list, Py_ssize_t n, PyObject **buf, PyObject **offs, PyObject **nulls)
 {
@@ -419,6 +461,17 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(msgs);
+    if (n > 0 && Py_TYPE(PyList_GET_ITEM(msgs, 0)) != m_type)
+        resolve(Py_TYPE(PyList_GET_ITEM(msgs, 0)));
+    /* an error event among them (end of partition ...): None, the caller takes its event path */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = call0(PyList_GET_ITEM(msgs, i), M_ERROR);
+        if (e == NULL)
+            return NULL;
+        Py_DECREF(e);
+        if (e != Py_None)
+            Py_RETURN_NONE;
+    }
     Arr a[3] = {0};
     if (arr_get(args[1], &a[0], 4, 1, "partitions") < 0 || arr_get(args[2], &a[1], 8, 1, "offsets") < 0 ||
         arr_get(args[3], &a[2], 8, 1, "timestamps") < 0) {
@@ -439,7 +492,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *o;
         long long v;
-        if ((o = call0(m, s_partition)) == NULL)
+        if ((o = call0(m, M_PARTITION)) == NULL)
             goto fail;
         v = PyLong_AsLongLong(o);
         Py_DECREF(o);
@@ -447,7 +500,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
             goto fail;
         int32_t p32 = (int32_t)v;
         memcpy(a[0].p + i * a[0].stride, &p32, 4);
-        if ((o = call0(m, s_offset)) == NULL)
+        if ((o = call0(m, M_OFFSET)) == NULL)
             goto fail;
         v = PyLong_AsLongLong(o);
         Py_DECREF(o);
@@ -455,7 +508,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
             goto fail;
         int64_t v64 = v;
         memcpy(a[1].p + i * a[1].stride, &v64, 8);
-        if ((o = call0(m, s_timestamp)) == NULL)
+        if ((o = call0(m, M_TIMESTAMP)) == NULL)
             goto fail;
         if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
             Py_DECREF(o);
@@ -468,7 +521,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
             goto fail;
         v64 = v;
         memcpy(a[2].p + i * a[2].stride, &v64, 8);
-        if ((o = call0(m, s_key)) == NULL)
+        if ((o = call0(m, M_KEY)) == NULL)
             goto fail;
         if (o != Py_None && !PyBytes_Check(o)) {
             Py_DECREF(o);
@@ -476,7 +529,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
             goto fail;
         }
         PyList_SET_ITEM(keys, i, o);
-        if ((o = call0(m, s_value)) == NULL)
+        if ((o = call0(m, M_VALUE)) == NULL)
             goto fail;
         if (o != Py_None && !PyBytes_Check(o)) {
             Py_DECREF(o);
@@ -484,7 +537,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
             goto fail;
         }
         PyList_SET_ITEM(values, i, o);
-        if ((o = call0(m, s_headers)) == NULL)
+        if ((o = call0(m, M_HEADERS)) == NULL)
             goto fail;
         any_headers |= (o != Py_None);
         PyList_SET_ITEM(headers, i, o);
@@ -533,7 +586,8 @@ PyMODINIT_FUNC PyInit__native(void)
         (s_timestamp = PyUnicode_InternFromString("timestamp")) == NULL ||
         (s_key = PyUnicode_InternFromString("key")) == NULL ||
         (s_value = PyUnicode_InternFromString("value")) == NULL ||
-        (s_headers = PyUnicode_InternFromString("headers")) == NULL)
+        (s_headers = PyUnicode_InternFromString("headers")) == NULL ||
+        (s_error = PyUnicode_InternFromString("error")) == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

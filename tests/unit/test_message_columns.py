@@ -78,6 +78,17 @@ def test_store_sink_encodes_the_same_bytes_from_packed_columns(rows):
     assert bytes(a) == bytes(b)
 
 
+def test_an_error_event_in_the_batch_gives_none():
+    from confluent_kafka import KafkaError
+    msgs = _make([(0, i, 0, b"k", b"v", None) for i in range(5)])
+    msgs.insert(3, Message(topic="t", partition=0, offset=5,
+                           error=KafkaError(KafkaError._PARTITION_EOF)))
+    parts = np.full(6, -7, np.int32)
+    assert _native.message_columns(msgs, parts, np.empty(6, np.int64),
+                                   np.empty(6, np.int64)) is None
+    assert (parts == -7).all()  # nothing was filled
+
+
 def test_bad_input_is_an_error():
     with pytest.raises(TypeError):
         _native.message_columns((), np.empty(0, np.int32), np.empty(0, np.int64),
