@@ -110,6 +110,8 @@ def main() -> int:
     ap.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     args = ap.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-mirror-", dir=args.workdir)
@@ -151,6 +153,9 @@ def main() -> int:
             "mirror_rec_per_s": args.records / mir_s,
             "ratio": raw_s / mir_s, "target_ratio": 0.8,
         }
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(doc, f, indent=2)
         if args.json:
             print(json.dumps(doc, indent=2))
         else:

@@ -164,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tombstones", type=float, default=0.01)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json-out", metavar="FILE", default=None,
+                    help="also write the --json document to FILE (the printed output is unchanged)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show replicate's progress")
     a = ap.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-repl-", dir=a.workdir)
@@ -171,6 +173,9 @@ def main(argv=None) -> int:
         res = run(a.size, a.partitions, a.tombstones, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=2)
     if a.json:
         print(json.dumps(res, indent=2))
         return 0

@@ -74,7 +74,8 @@ CONNECTOR_CONFIG = (
     .define("name", Type.STRING, None, non_empty, Importance.HIGH,
             "Unique connector name (also names its consumer group, connect-<name>). Required.")
     .define("connector.class", Type.CLASS, None, non_empty, Importance.HIGH,
-            "StoreSinkConnector, or a dotted Python path to a Connector subclass. Required.")
+            "StoreSinkConnector, StoreSourceConnector, LevelDBSinkConnector, or a dotted Python "
+            "path to a Connector subclass. Required.")
     .define("tasks.max", Type.INT, 1, at_least(1), Importance.HIGH,
             "Maximum number of tasks (threads); a sink's partitions are spread over them.")
     .define("key.converter", Type.CLASS, None, None, Importance.LOW,
@@ -99,7 +100,8 @@ SINK_CONFIG = (
 
 #: Short names of the built-in connectors.
 BUILTIN_CONNECTORS = {"StoreSinkConnector": "connectors.store_sink.StoreSinkConnector",
-                      "StoreSourceConnector": "connectors.store_source.StoreSourceConnector"}
+                      "StoreSourceConnector": "connectors.store_source.StoreSourceConnector",
+                      "LevelDBSinkConnector": "connectors.leveldb_connector.LevelDBSinkConnector"}
 
 #: Consumer settings every sink task needs (the worker assigns partitions and commits itself).
 _REQUIRED_CONSUMER = {"enable.auto.commit": "false", "enable.partition.eof": "true"}

@@ -73,7 +73,7 @@ def next_offsets(records) -> dict[int, int]:
 def write_files(tmp_path: Path, bootstrap: str, topic: str, db: Path, follow: bool
                 ) -> tuple[Path, Path]:
     props = parse_properties(EXAMPLE.read_text(), where=str(EXAMPLE))
-    assert props["connector.class"] == "connectors.leveldb_connector.LevelDBSinkConnector"
+    assert props["connector.class"] == "LevelDBSinkConnector"  # the short name
     props.update({"topics": topic, "kv.db": str(db), "follow": str(follow).lower()})
     conn = tmp_path / "leveldb-sink.properties"
     conn.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

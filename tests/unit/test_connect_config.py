@@ -216,7 +216,8 @@ def test_connector_validation_accepts_a_full_store_sink_config():
     ({"errors.tolerance": "most"}, "errors.tolerance: expected one of none, all; got 'most'"),
     ({"errors.retry.timeout": "-5"}, "errors.retry.timeout: -5 is out of range"),
     ({"connector.class": "FileStreamSink"},
-     r"unknown connector 'FileStreamSink' \(built-in: StoreSinkConnector, StoreSourceConnector\)"),
+     r"unknown connector 'FileStreamSink' \(built-in: StoreSinkConnector, StoreSourceConnector, "
+     r"LevelDBSinkConnector\)"),
     ({"connector.class": "org.apache.kafka.connect.file.FileStreamSinkConnector"},
      "is a Java class; kcompact runs Python connectors"),
     ({"connector.class": "json.JSONDecoder"}, "is not a kcompact Connector subclass"),
