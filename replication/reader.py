@@ -114,9 +114,15 @@ def read_records(pl: PartitionLog, from_offset: int, max_bytes: int, pool: Buffe
                  attempts: int = 4):
     """(buffer or None, nbytes, record count, next_offset): the records are
     ``buffer[:nbytes]``; give the buffer back to ``pool`` once it is sent."""
+    return _across_swaps(pl, attempts, _read_once, pl, from_offset, max_bytes, pool)
+
+
+def _across_swaps(pl: PartitionLog, attempts: int, fn, *args):
+    """``fn(*args)``, again after re-listing the partition when a .log/.bcq pair caught in the
+    middle of a compaction swap fails the checks; a mismatch that persists is raised."""
     for attempt in range(attempts):
         try:
-            return _read_once(pl, from_offset, max_bytes, pool)
+            return fn(*args)
         except (CorruptRecordError, FileNotFoundError):
             if attempt == attempts - 1:
                 raise
@@ -192,17 +198,7 @@ def locate_records(pl: PartitionLog, from_offset: int, max_bytes: int,
     """Where the records ``read_records`` would return lie, for a local store: a Located range
     (open fd) or None when no record at or after ``from_offset`` exists. No byte is read but
     the two record headers at the ends of the range; the replica checks every record."""
-    for attempt in range(attempts):
-        try:
-            return _locate_once(pl, from_offset, max_bytes)
-        except (CorruptRecordError, FileNotFoundError):
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.02 * (attempt + 1))
-            for seg in pl.segments:
-                seg.invalidate()
-            pl.refresh()
-    raise AssertionError("unreachable")
+    return _across_swaps(pl, attempts, _locate_once, pl, from_offset, max_bytes)
 
 
 def warm_up() -> None:
