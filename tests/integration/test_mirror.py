@@ -354,6 +354,22 @@ def _count(store: str, topic: str) -> int:
         return -1
 
 
+def _indexed(store: str, topic: str) -> int:
+    """Records indexed so far (.bcq sizes / 48): a few stat calls, so that a poll takes
+    microseconds however fast the mirror writes (opening the store may scan a not-yet-indexed
+    .log tail, and a fast mirror copies tens of thousands of records meanwhile)."""
+    root = os.path.join(store, "partitions", topic)
+    n = 0
+    try:
+        for p in os.listdir(root):
+            d = os.path.join(root, p)
+            n += sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
+                     if f.endswith(".bcq"))
+    except OSError:  # not created yet, or a file swapped away between listdir and stat
+        return -1 if not os.path.isdir(root) else 0
+    return n // 48
+
+
 def _wait_for(cond, timeout: float, proc=None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
@@ -613,16 +629,20 @@ def test_sigkill_five_times_during_a_500k_mirror(kafka_bootstrap, make_topic, tm
                                 stderr=subprocess.DEVNULL)
         # Mostly kill while records are being written: after a random number (5k..60k) of
         # new records landed, whatever the speed of the machine; once during start-up and
-        # recovery instead (a random moment after the process started).
-        before = max(_count(store, topic), 0)
+        # recovery instead (a random moment after the process started, but before it copied
+        # more than a few thousand records: a fast machine copies the whole topic in ~2 s).
+        before = max(_indexed(store, topic), 0)
         target = before + rng.randrange(5_000, 60_000)
         t0 = time.monotonic()
         if k == 2:
-            time.sleep(rng.uniform(0.2, 2.0))
+            until = t0 + rng.uniform(0.05, 1.0)
+            while time.monotonic() < until and _indexed(store, topic) < before + 5_000 \
+                    and proc.poll() is None:
+                time.sleep(0.002)
         else:
-            while _count(store, topic) < target and proc.poll() is None \
+            while _indexed(store, topic) < target and proc.poll() is None \
                     and time.monotonic() - t0 < 60:
-                time.sleep(0.005)
+                time.sleep(0.002)
         finished = proc.poll() is not None
         proc.send_signal(signal.SIGKILL)
         proc.wait()
