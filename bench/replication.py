@@ -15,7 +15,10 @@ replica pulls. Then, in the same run:
    (interpreter start included) and as the rebuild the command reports;
 3. ``kcompact verify --against`` must then exit 0.
 
-Target: rebuild time <= 2 x copy time. Prints the ratios and MB/s.
+Target: rebuild time <= 2 x copy time. Prints the ratios and MB/s. The rebuild is durable
+(it fsyncs what it writes before saying "rebuilt"), `cp -r` is not: on a disk slower than the
+page cache the durable copy (`cp -r` + `sync`) is the like-for-like baseline, and both ratios are
+printed.
 """
 
 from __future__ import annotations
@@ -152,6 +155,7 @@ def run(size: int, partitions: int, tombstones: float, workdir: str) -> dict:
             "rebuild_s": rebuild_s, "verify_s": vt,
             "ratio_command_vs_cp": rebuild_cmd / copy_s, "ratio_rebuild_vs_cp": rebuild_s / copy_s,
             "ratio_command_vs_cp_sync": rebuild_cmd / cp_sync,
+            "ratio_rebuild_vs_cp_sync": rebuild_s / cp_sync,
             "cp_mb_s": data / copy_s / 1e6, "rebuild_mb_s": data / rebuild_s / 1e6,
             "verify_equal": "EQUAL" in v.stdout,
             "replicate_stderr": r.stderr.strip().splitlines()}
@@ -184,7 +188,8 @@ def main(argv=None) -> int:
     print(f"  cp -r                 {res['cp_s']:7.2f} s  {res['cp_mb_s']:8,.0f} MB/s")
     print(f"  cp -r + sync          {res['cp_sync_s']:7.2f} s")
     print(f"  replicate (rebuild)   {res['rebuild_s']:7.2f} s  {res['rebuild_mb_s']:8,.0f} MB/s"
-          f"   rebuild / cp = {res['ratio_rebuild_vs_cp']:.2f}   (target <= 2.00)")
+          f"   rebuild / cp = {res['ratio_rebuild_vs_cp']:.2f}   (target <= 2.00)   "
+          f"rebuild / (cp + sync) = {res['ratio_rebuild_vs_cp_sync']:.2f}")
     print(f"  replicate (command)   {res['rebuild_command_s']:7.2f} s"
           f"                 command / cp = {res['ratio_command_vs_cp']:.2f}"
           f"   command / (cp + sync) = {res['ratio_command_vs_cp_sync']:.2f}")

@@ -231,6 +231,11 @@ def _replication(d: dict) -> list[Headline]:
         Headline(f"replica rebuild, {d['bytes'] / 1e6:,.0f} MB, {d['partitions']} partitions",
                  _s(d["rebuild_s"]), f"cp -r {_s(d['cp_s'])}", d["ratio_rebuild_vs_cp"],
                  "ours / cp -r", "<= 2.0", d["ratio_rebuild_vs_cp"] <= 2.0),
+    ] + ([
+        Headline("replica rebuild (durable: fsynced) vs a durable copy",
+                 _s(d["rebuild_s"]), f"cp -r + sync {_s(d['cp_sync_s'])}",
+                 d["ratio_rebuild_vs_cp_sync"], "ours / (cp -r + sync)"),
+    ] if "ratio_rebuild_vs_cp_sync" in d else []) + [
         Headline("verify --against the master", "EQUAL" if d["verify_equal"] else "DIFFERENT",
                  "-", target="equal", met=bool(d["verify_equal"])),
     ]
