@@ -133,6 +133,12 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
         from pyspark.sql import SparkSession
     except ImportError as e:
         raise SparkEngineError(f"the Spark engine needs pyspark: {e}") from None
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        # this process's session (the demo runs several stages in one): reuse it as it is,
+        # without a builder whose settings Spark would ignore with a warning
+        register_data_source(active)
+        return active
     why = java_problem()
     if why is not None:
         raise SparkEngineError(f"Spark cannot start: {why}, or use --engine local")
@@ -395,11 +401,20 @@ def _make_data_source():
 _DS = None
 
 
+_REGISTERED: set[int] = set()  # SparkContexts (by id) the data source is registered with
+
+
 def register_data_source(spark) -> None:
+    """Register the ``kcompact`` data source with this session's context (once: registering
+    again makes Spark warn that it replaced the source)."""
     global _DS
     if _DS is None:
         _DS = _make_data_source()
+    key = id(spark.sparkContext)
+    if key in _REGISTERED:
+        return
     spark.dataSource.register(_DS)
+    _REGISTERED.add(key)
 
 
 # ---------------------------------------------------------------------------------------------
