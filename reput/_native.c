@@ -371,30 +371,21 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
  * column the store can encode without touching the objects again); headers() into a list, or
  * None when no message has headers. What connectors/worker.py and store_sink.py did with six
  * map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. */
-static PyObject *s_partition, *s_offset, *s_timestamp, *s_key, *s_value, *s_headers, *s_error;
-
 /* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
  * their function pointers are looked up once and called directly, instead of an attribute
  * lookup and a vectorcall per call. Any other type goes through the generic call. */
 enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_N };
+static const char *const m_name_text[M_N] = {"partition", "offset", "timestamp", "key", "value",
+                                             "headers", "error"};
+static PyObject *m_names[M_N]; /* interned at module init */
 static PyTypeObject *m_type = NULL;
 static PyCFunction m_fn[M_N];
 
-static PyObject **m_names(void)
-{
-    static PyObject *names[M_N];
-    names[M_PARTITION] = s_partition; names[M_OFFSET] = s_offset;
-    names[M_TIMESTAMP] = s_timestamp; names[M_KEY] = s_key; names[M_VALUE] = s_value;
-    names[M_HEADERS] = s_headers; names[M_ERROR] = s_error;
-    return names;
-}
-
 static void resolve(PyTypeObject *tp)
 {
-    PyObject **names = m_names();
     PyCFunction fn[M_N];
     for (int i = 0; i < M_N; i++) {
-        PyObject *d = PyObject_GetAttr((PyObject *)tp, names[i]);
+        PyObject *d = PyObject_GetAttr((PyObject *)tp, m_names[i]);
         if (d == NULL) {
             PyErr_Clear();
             return;
@@ -415,10 +406,42 @@ static inline PyObject *call_m(PyObject *obj, int which)
     if (Py_TYPE(obj) == m_type)
         return m_fn[which](obj, NULL);
     PyObject *args[1] = {obj};
-    return PyObject_VectorcallMethod(m_names()[which], args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+    return PyObject_VectorcallMethod(m_names[which], args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
                                      NULL);
 }
-#define call0(obj, name) call_m((obj), (name))
+
+/* obj.which() as an integer; for timestamp(), the second item of its (type, ms) pair */
+static int int_of(PyObject *obj, int which, long long *out)
+{
+    PyObject *o = call_m(obj, which);
+    if (o == NULL)
+        return -1;
+    PyObject *x = o;
+    if (which == M_TIMESTAMP) {
+        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
+            Py_DECREF(o);
+            PyErr_SetString(PyExc_TypeError, "message_columns: timestamp() is not a pair");
+            return -1;
+        }
+        x = PyTuple_GET_ITEM(o, 1);
+    }
+    *out = PyLong_AsLongLong(x);
+    Py_DECREF(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* obj.which(), a new reference to bytes or None */
+static PyObject *bytes_of(PyObject *obj, int which)
+{
+    PyObject *o = call_m(obj, which);
+    if (o != NULL && o != Py_None && !PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "message_columns: %s() is not bytes or None",
+                     m_name_text[which]);
+        Py_DECREF(o);
+        return NULL;
+    }
+    return o;
+}
 
 static int pack(PyObject *list, Py_ssize_t n, PyObject **buf, PyObject **offs, PyObject **nulls)
 {
@@ -465,7 +488,7 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
         resolve(Py_TYPE(PyList_GET_ITEM(msgs, 0)));
     /* an error event among them (end of partition ...): None, the caller takes its event path */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = call0(PyList_GET_ITEM(msgs, i), M_ERROR);
+        PyObject *e = call_m(PyList_GET_ITEM(msgs, i), M_ERROR);
         if (e == NULL)
             return NULL;
         Py_DECREF(e);
@@ -491,53 +514,22 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *o;
-        long long v;
-        if ((o = call0(m, M_PARTITION)) == NULL)
+        long long p, off, ts;
+        if (int_of(m, M_PARTITION, &p) < 0 || int_of(m, M_OFFSET, &off) < 0 ||
+            int_of(m, M_TIMESTAMP, &ts) < 0)
             goto fail;
-        v = PyLong_AsLongLong(o);
-        Py_DECREF(o);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        int32_t p32 = (int32_t)v;
+        int32_t p32 = (int32_t)p;
+        int64_t off64 = off, ts64 = ts;
         memcpy(a[0].p + i * a[0].stride, &p32, 4);
-        if ((o = call0(m, M_OFFSET)) == NULL)
+        memcpy(a[1].p + i * a[1].stride, &off64, 8);
+        memcpy(a[2].p + i * a[2].stride, &ts64, 8);
+        if ((o = bytes_of(m, M_KEY)) == NULL)
             goto fail;
-        v = PyLong_AsLongLong(o);
-        Py_DECREF(o);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        int64_t v64 = v;
-        memcpy(a[1].p + i * a[1].stride, &v64, 8);
-        if ((o = call0(m, M_TIMESTAMP)) == NULL)
-            goto fail;
-        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
-            Py_DECREF(o);
-            PyErr_SetString(PyExc_TypeError, "message_columns: timestamp() is not a pair");
-            goto fail;
-        }
-        v = PyLong_AsLongLong(PyTuple_GET_ITEM(o, 1));
-        Py_DECREF(o);
-        if (v == -1 && PyErr_Occurred())
-            goto fail;
-        v64 = v;
-        memcpy(a[2].p + i * a[2].stride, &v64, 8);
-        if ((o = call0(m, M_KEY)) == NULL)
-            goto fail;
-        if (o != Py_None && !PyBytes_Check(o)) {
-            Py_DECREF(o);
-            PyErr_SetString(PyExc_TypeError, "message_columns: key() is not bytes or None");
-            goto fail;
-        }
         PyList_SET_ITEM(keys, i, o);
-        if ((o = call0(m, M_VALUE)) == NULL)
+        if ((o = bytes_of(m, M_VALUE)) == NULL)
             goto fail;
-        if (o != Py_None && !PyBytes_Check(o)) {
-            Py_DECREF(o);
-            PyErr_SetString(PyExc_TypeError, "message_columns: value() is not bytes or None");
-            goto fail;
-        }
         PyList_SET_ITEM(values, i, o);
-        if ((o = call0(m, M_HEADERS)) == NULL)
+        if ((o = call_m(m, M_HEADERS)) == NULL)
             goto fail;
         any_headers |= (o != Py_None);
         PyList_SET_ITEM(headers, i, o);
@@ -581,13 +573,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
-    if ((s_partition = PyUnicode_InternFromString("partition")) == NULL ||
-        (s_offset = PyUnicode_InternFromString("offset")) == NULL ||
-        (s_timestamp = PyUnicode_InternFromString("timestamp")) == NULL ||
-        (s_key = PyUnicode_InternFromString("key")) == NULL ||
-        (s_value = PyUnicode_InternFromString("value")) == NULL ||
-        (s_headers = PyUnicode_InternFromString("headers")) == NULL ||
-        (s_error = PyUnicode_InternFromString("error")) == NULL)
-        return NULL;
+    for (int i = 0; i < M_N; i++)
+        if ((m_names[i] = PyUnicode_InternFromString(m_name_text[i])) == NULL)
+            return NULL;
     return PyModule_Create(&module);
 }
