@@ -47,6 +47,11 @@ class AppendFile(ABC):
         """Start writing what was appended to the device without waiting for it, so that a
         later ``sync`` of a large file has little left to wait for. Optional (no-op here)."""
 
+    def sync_soon(self) -> None:
+        """Make what was appended so far durable in the background (no waiting, no promise):
+        a later ``sync`` then finds the device's caches already flushed. Errors are left to
+        that ``sync`` to report. Optional (no-op here)."""
+
 
 def _sync_file_range():
     """libc's sync_file_range (Linux), or None."""
@@ -64,6 +69,57 @@ def _sync_file_range():
 
 _SYNC_FILE_RANGE = _sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2
+
+
+class _BackgroundSync:
+    """One daemon thread that fdatasyncs files named by path, for ``sync_soon``.
+
+    Why: on a virtual disk the first fsync after a stream of writes waits for the host to make
+    everything written so far durable (measured here: 0.3-0.8 s after a 310 MB commit log, even
+    with every byte already queued by sync_file_range); an fdatasync every few tens of MB in this
+    thread spreads that wait over the stream, where it overlaps the writer's work (the final
+    fsync: 0.03 s). The file is opened anew (read-only) for each request: the writer's own
+    descriptor keeps every write error for its own fsync to report (Linux reports an error once
+    per open file description), and closing the writer's file never races with this thread.
+    A request for a path already waiting is dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._wake = threading.Event()
+        self._pid = -1
+        self.done = 0  # requests served (tests)
+
+    def submit(self, path: str) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: start the thread
+                self._pid, self._pending = os.getpid(), []
+                threading.Thread(target=self._run, name="kcompact-bg-sync", daemon=True).start()
+            if path not in self._pending:
+                self._pending.append(path)
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                todo, self._pending = self._pending, []
+            for path in todo:
+                try:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except OSError:
+                    continue  # deleted or renamed meanwhile: nothing to do for it
+                try:
+                    os.fdatasync(fd)
+                except OSError:
+                    pass  # the writer's own sync reports it
+                finally:
+                    os.close(fd)
+                self.done += 1
+
+
+BACKGROUND_SYNC = _BackgroundSync()
 
 
 class Backend(ABC):
@@ -168,6 +224,7 @@ def _oserror(e: OSError, what: str, path: str) -> BackendError:
 class _LocalAppendFile(AppendFile):
     def __init__(self, ospath: str, display: str):
         self._display = display
+        self._ospath = ospath
         try:
             self._fd = os.open(ospath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as e:
@@ -211,6 +268,10 @@ class _LocalAppendFile(AppendFile):
             if self.size > start:
                 _SYNC_FILE_RANGE(self._fd, start, self.size - start, _SYNC_FILE_RANGE_WRITE)
                 self._wb_pos = self.size
+
+    def sync_soon(self) -> None:
+        if self._fd >= 0:
+            BACKGROUND_SYNC.submit(self._ospath)
 
     def close(self) -> None:
         if self._fd >= 0:

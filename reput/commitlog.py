@@ -162,6 +162,11 @@ class CommitLog:
         if self._active is not None:
             self._active.start_writeback()
 
+    def sync_soon(self) -> None:
+        """fdatasync the active segment in the background (backend.AppendFile.sync_soon)."""
+        if self._active is not None:
+            self._active.sync_soon()
+
     # -- read --------------------------------------------------------------------------------
 
     def views(self, start: int, end: int | None = None):

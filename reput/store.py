@@ -42,6 +42,7 @@ from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_t
 FORMAT_VERSION = 1
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
+BACKGROUND_SYNC_BYTES = 32 << 20  # ... and fdatasync the commit log in the background this often
 
 
 @dataclass
@@ -134,6 +135,7 @@ class Store:
         self._dispatched = 0
         self._scratch = Scratch()
         self._since_writeback = 0
+        self._since_bg_sync = 0
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
@@ -400,10 +402,17 @@ class Store:
         self._since_writeback += nbytes
         if self._since_writeback < WRITEBACK_BYTES:
             return
+        self._since_bg_sync += self._since_writeback
         self._since_writeback = 0
         self.commitlog.start_writeback()
         for key in self._writable:
             self._partitions[key].start_writeback()
+        if self._since_bg_sync >= BACKGROUND_SYNC_BYTES:
+            # An fdatasync of the commit log, in a thread of its own: the device's cache is then
+            # flushed as the stream goes (the compaction logs' bytes queued just above with it),
+            # instead of all at once in the fsyncs of the next flush (backend._BackgroundSync).
+            self._since_bg_sync = 0
+            self.commitlog.sync_soon()
 
     def flush(self) -> None:
         """Make everything appended so far durable, then advance the reput checkpoint."""

@@ -1,0 +1,104 @@
+"""Background fdatasync of the commit log under ``fsync=flush`` (reput/backend.py
+``_BackgroundSync``, reput/store.py ``BACKGROUND_SYNC_BYTES``): every so many appended bytes the
+active commit-log segment is fdatasynced by a thread of its own, on a descriptor of its own; the
+writer's ``flush`` still fsyncs everything itself, so durability never depends on it. What is
+checked: the requests happen (and only under fsync=flush), they name the active segment, a path
+that vanished or an fdatasync that fails leaves the thread serving later requests, and the store
+reads back every record."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from reput import backend as B
+from reput import filenames as fn
+from reput import store as S
+from reput.config import WriterOptions
+from reput.record import RecordBatch
+from reput.store import Store
+
+T0 = 1_700_000_000_000
+
+
+@pytest.fixture
+def synced(monkeypatch):
+    """Record the paths the background thread fdatasyncs (and still sync them)."""
+    seen: list[str] = []
+    real = os.fdatasync
+
+    def spy(fd):
+        if threading.current_thread().name == "kcompact-bg-sync":
+            seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(B.os, "fdatasync", spy)
+    monkeypatch.setattr(S, "WRITEBACK_BYTES", 16 << 10)
+    monkeypatch.setattr(S, "BACKGROUND_SYNC_BYTES", 64 << 10)
+    return seen
+
+
+def _wait(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError("the background sync thread did not serve the request")
+        time.sleep(0.01)
+
+
+def _append(st: Store, n_batches: int) -> int:
+    off = 0
+    for _ in range(n_batches):
+        rows = [(off % 3, off + i, T0, b"k%d" % (off + i), b"v" * 500) for i in range(40)]
+        st.append(RecordBatch.from_records("t", rows))
+        off += 40
+    return off
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_commit_log_is_synced_in_the_background_as_the_stream_goes(tmp_path, synced):
+    st = Store.open(str(tmp_path / "s"), writer="w", create=True,
+                    options=WriterOptions(fsync="flush"))
+    served = B.BACKGROUND_SYNC.done
+    n = _append(st, 30)  # ~600 KiB: several 64 KiB periods
+    _wait(lambda: B.BACKGROUND_SYNC.done > served)
+    active = os.path.realpath(st.fs.local_path(
+        fn.commitlog_segment("w", st.commitlog.segments[-1].base)))
+    assert synced and set(synced) <= {active}, synced
+    st.close()
+    with Store.open(str(tmp_path / "s")) as ro:
+        got = sum(ro.partition("t", p).record_count() for p in ro.partitions("t"))
+    assert got == n
+
+
+def test_no_background_sync_without_fsync_at_flush(tmp_path, synced):
+    st = Store.open(str(tmp_path / "s"), writer="w", create=True,
+                    options=WriterOptions(fsync="never"))
+    _append(st, 30)
+    st.close()
+    time.sleep(0.2)
+    assert synced == []
+
+
+def test_vanished_path_and_failed_sync_leave_the_thread_serving(tmp_path, monkeypatch):
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"x")
+    real = os.fdatasync
+
+    def failing(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(bad):
+            raise OSError(5, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(B.os, "fdatasync", failing)
+    good = tmp_path / "good"
+    good.write_bytes(b"y")
+    start = B.BACKGROUND_SYNC.done
+    B.BACKGROUND_SYNC.submit(str(tmp_path / "gone"))  # never existed: skipped
+    B.BACKGROUND_SYNC.submit(str(bad))                 # fdatasync fails: ignored
+    _wait(lambda: B.BACKGROUND_SYNC.done >= start + 1)
+    B.BACKGROUND_SYNC.submit(str(good))
+    _wait(lambda: B.BACKGROUND_SYNC.done >= start + 2)
