@@ -401,6 +401,107 @@ static void resolve(PyTypeObject *tp)
     m_type = tp;
 }
 
+/* confluent_kafka.Message's C struct, as declared in its confluent_kafka.h (2.x, x86-64 and
+ * other LP64 ABIs): reading the fields saves the method calls, the timestamp() tuple and the
+ * offset() int of every message. Used only for a type whose instances are at least this large
+ * and only for a batch whose first message reads the same through the fields as through the
+ * methods (eight fields compared, pointers by identity): any other layout, or a future version
+ * that moves a field, takes the method path. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *topic;
+    PyObject *value;
+    PyObject *key;
+    PyObject *headers;   /* NULL until headers() converts c_headers */
+    void *c_headers;     /* rd_kafka_headers_t *, NULL when the message has none */
+    PyObject *error;     /* NULL or None when no error */
+    int32_t partition;
+    int64_t offset;
+    int32_t leader_epoch;
+    int64_t timestamp;
+    int tstype;
+} cfl_message;
+
+static inline PyObject *call_m(PyObject *obj, int which);
+
+static int same_obj(PyObject *field, PyObject *got)
+{
+    if (got == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = (field == got) || ((field == NULL || field == Py_None) && got == Py_None);
+    Py_DECREF(got);
+    return ok;
+}
+
+static int same_int(long long field, PyObject *got, int item)
+{
+    if (got == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *x = got;
+    if (item >= 0) {
+        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) <= item) {
+            Py_DECREF(got);
+            return 0;
+        }
+        x = PyTuple_GET_ITEM(got, item);
+    }
+    long long v = PyLong_AsLongLong(x);
+    int ok = !(v == -1 && PyErr_Occurred()) && v == field;
+    PyErr_Clear();
+    Py_DECREF(got);
+    return ok;
+}
+
+/* leader_epoch(): None for a negative field */
+static int same_epoch(int32_t field, PyObject *got)
+{
+    if (got == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (field < 0) {
+        int ok = got == Py_None;
+        Py_DECREF(got);
+        return ok;
+    }
+    return same_int(field, got, -1);
+}
+
+/* May the messages of this list (all of type m_type) be read through cfl_message? */
+static int fields_readable(PyObject *m)
+{
+    static PyObject *s_topic = NULL, *s_leader_epoch = NULL;
+    if (m_type == NULL || Py_TYPE(m) != m_type ||
+        m_type->tp_basicsize < (Py_ssize_t)sizeof(cfl_message))
+        return 0;
+    if (s_topic == NULL && (s_topic = PyUnicode_InternFromString("topic")) == NULL)
+        return PyErr_Clear(), 0;
+    if (s_leader_epoch == NULL &&
+        (s_leader_epoch = PyUnicode_InternFromString("leader_epoch")) == NULL)
+        return PyErr_Clear(), 0;
+    const cfl_message *f = (const cfl_message *)m;
+    PyObject *args[1] = {m};
+    size_t nargsf = 1 | PY_VECTORCALL_ARGUMENTS_OFFSET;
+    PyObject *headers_now = f->headers;
+    int ok = same_obj(f->topic, PyObject_VectorcallMethod(s_topic, args, nargsf, NULL)) &&
+             same_obj(f->value, call_m(m, M_VALUE)) && same_obj(f->key, call_m(m, M_KEY)) &&
+             same_obj(f->error, call_m(m, M_ERROR)) &&
+             same_int(f->partition, call_m(m, M_PARTITION), -1) &&
+             same_int(f->offset, call_m(m, M_OFFSET), -1) &&
+             same_int(f->timestamp, call_m(m, M_TIMESTAMP), 1) &&
+             same_int(f->tstype, call_m(m, M_TIMESTAMP), 0) &&
+             same_epoch(f->leader_epoch,
+                        PyObject_VectorcallMethod(s_leader_epoch, args, nargsf, NULL));
+    /* headers: nothing converted and nothing to convert reads None */
+    if (ok && headers_now == NULL && f->c_headers == NULL)
+        ok = same_obj(NULL, call_m(m, M_HEADERS));
+    return ok;
+}
+
 static inline PyObject *call_m(PyObject *obj, int which)
 {
     if (Py_TYPE(obj) == m_type)
@@ -475,6 +576,29 @@ static int pack(PyObject *list, Py_ssize_t n, PyObject **buf, PyObject **offs, P
     return 0;
 }
 
+static inline void put_numbers(Arr *a, Py_ssize_t i, long long p, long long off, long long ts)
+{
+    int32_t p32 = (int32_t)p;
+    int64_t off64 = off, ts64 = ts;
+    memcpy(a[0].p + i * a[0].stride, &p32, 4);
+    memcpy(a[1].p + i * a[1].stride, &off64, 8);
+    memcpy(a[2].p + i * a[2].stride, &ts64, 8);
+}
+
+/* list[i] = field (bytes; NULL reads None), a new reference */
+static inline int direct_column(PyObject *list, Py_ssize_t i, PyObject *field, const char *what)
+{
+    if (field == NULL)
+        field = Py_None;
+    if (field != Py_None && !PyBytes_Check(field)) {
+        PyErr_Format(PyExc_TypeError, "message_columns: %s() is not bytes or None", what);
+        return -1;
+    }
+    Py_INCREF(field);
+    PyList_SET_ITEM(list, i, field);
+    return 0;
+}
+
 static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("message_columns", 4);
@@ -486,9 +610,18 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t n = PyList_GET_SIZE(msgs);
     if (n > 0 && Py_TYPE(PyList_GET_ITEM(msgs, 0)) != m_type)
         resolve(Py_TYPE(PyList_GET_ITEM(msgs, 0)));
+    int direct = n > 0 && fields_readable(PyList_GET_ITEM(msgs, 0));
     /* an error event among them (end of partition ...): None, the caller takes its event path */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = call_m(PyList_GET_ITEM(msgs, i), M_ERROR);
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if (direct && Py_TYPE(m) == m_type) {
+            PyObject *e = ((const cfl_message *)m)->error;
+            if (e != NULL && e != Py_None)
+                Py_RETURN_NONE;
+            continue;
+        }
+        direct = 0; /* another type in the list: methods for every message */
+        PyObject *e = call_m(m, M_ERROR);
         if (e == NULL)
             return NULL;
         Py_DECREF(e);
@@ -515,14 +648,32 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *o;
         long long p, off, ts;
+        if (direct) {
+            const cfl_message *f = (const cfl_message *)m;
+            p = f->partition;
+            off = f->offset;
+            ts = f->timestamp;
+            if (direct_column(keys, i, f->key, "key") < 0 ||
+                direct_column(values, i, f->value, "value") < 0)
+                goto fail;
+            if (f->headers != NULL) {
+                Py_INCREF(f->headers);
+                o = f->headers;
+            } else if (f->c_headers == NULL) {
+                Py_INCREF(Py_None);
+                o = Py_None;
+            } else if ((o = call_m(m, M_HEADERS)) == NULL) {
+                goto fail;
+            }
+            any_headers |= (o != Py_None);
+            PyList_SET_ITEM(headers, i, o);
+            put_numbers(a, i, p, off, ts);
+            continue;
+        }
         if (int_of(m, M_PARTITION, &p) < 0 || int_of(m, M_OFFSET, &off) < 0 ||
             int_of(m, M_TIMESTAMP, &ts) < 0)
             goto fail;
-        int32_t p32 = (int32_t)p;
-        int64_t off64 = off, ts64 = ts;
-        memcpy(a[0].p + i * a[0].stride, &p32, 4);
-        memcpy(a[1].p + i * a[1].stride, &off64, 8);
-        memcpy(a[2].p + i * a[2].stride, &ts64, 8);
+        put_numbers(a, i, p, off, ts);
         if ((o = bytes_of(m, M_KEY)) == NULL)
             goto fail;
         PyList_SET_ITEM(keys, i, o);
@@ -554,7 +705,18 @@ fail:
     return result;
 }
 
+/* message_fields_readable(msg) -> bool: would message_columns read this message's type through
+ * its struct fields (tests) */
+static PyObject *message_fields_readable(PyObject *self, PyObject *msg)
+{
+    (void)self;
+    if (Py_TYPE(msg) != m_type)
+        resolve(Py_TYPE(msg));
+    return PyBool_FromLong(fields_readable(msg));
+}
+
 static PyMethodDef methods[] = {
+    {"message_fields_readable", (PyCFunction)message_fields_readable, METH_O, NULL},
     {"insert_entries", (PyCFunction)(void (*)(void))insert_entries, METH_FASTCALL, NULL},
     {"lookup_many", (PyCFunction)(void (*)(void))lookup_many, METH_FASTCALL, NULL},
     {"decide", (PyCFunction)(void (*)(void))decide, METH_FASTCALL, NULL},

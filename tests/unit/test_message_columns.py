@@ -60,6 +60,56 @@ def test_message_columns_match_the_python_path(rows):
     assert _unpack(kb, ko, kn) == k2 and _unpack(vb, vo, vn) == v2
 
 
+def test_messages_are_read_through_their_fields_on_this_confluent_kafka():
+    # the fast path of message_columns reads confluent_kafka.Message's C struct; on the
+    # pinned versions its layout checks pass, so the property test above exercises it
+    assert _native.message_fields_readable(_make([(3, 7, 9, b"k", b"v", None)])[0])
+    assert _native.message_fields_readable(_make([(0, 0, -1, None, None, [("h", b"x")])])[0])
+
+
+class _Lookalike:
+    """Not a Message: message_columns must take the method path for it."""
+
+    def __init__(self, p, o, ts, k, v, h):
+        self._row = (p, o, ts, k, v, h)
+
+    def error(self):
+        return None
+
+    def partition(self):
+        return self._row[0]
+
+    def offset(self):
+        return self._row[1]
+
+    def timestamp(self):
+        return (1, self._row[2])
+
+    def key(self):
+        return self._row[3]
+
+    def value(self):
+        return self._row[4]
+
+    def headers(self):
+        return self._row[5]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=messages, cut=st.integers(0, 60))
+def test_a_list_mixing_messages_and_other_objects_reads_the_same(rows, cut):
+    cut = min(cut, len(rows))
+    msgs = _make(rows[:cut]) + [_Lookalike(*r) for r in rows[cut:]]
+    n = len(msgs)
+    parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+    keys, values, hdrs, kb, ko, kn, vb, vo, vn = _native.message_columns(msgs, parts, offs, ts)
+    want = _python_columns(_make(rows))
+    assert np.array_equal(parts, want[0]) and np.array_equal(offs, want[1])
+    assert np.array_equal(ts, want[2])
+    assert keys == want[3] and values == want[4] and hdrs == (want[5] if any(want[5]) else None)
+    assert _unpack(kb, ko, kn) == want[3] and _unpack(vb, vo, vn) == want[4]
+
+
 @settings(max_examples=60, deadline=None)
 @given(rows=messages)
 def test_store_sink_encodes_the_same_bytes_from_packed_columns(rows):
