@@ -112,6 +112,11 @@ _DEFAULT_CONSUMER = {
     # Measured against Tansu and librdkafka 2.16: prefetching up to 1M messages per partition
     # (bounded by queued.max.messages.kbytes, 64 MiB) reads ~1.6x faster than the default.
     "queued.min.messages": 1_000_000,
+    # When that queue is over its limits (a consumer slower than the broker, as any sink is),
+    # librdkafka postpones the partition's next fetch by this much: 1000 ms by default, long
+    # enough for the queue to run dry. Measured on a 2M-record mirror: 0.2-0.45 s spent waiting
+    # for messages that were not fetched yet, gone at 10 ms (mirror 3.1-3.7 s -> 2.3-2.5 s).
+    "fetch.queue.backoff.ms": 10,
 }
 _TS = itemgetter(1)
 _NATIVE = _jit_native()
@@ -384,7 +389,7 @@ class SinkTaskRunner:
                 break
             if ctx.stop_requested:
                 break
-            msgs = consume(batch, 0.2)
+            msgs = consume(self._wanted(pending, batch), 0.2)
             if self._kafka_errors:
                 self._check_kafka_errors()
             # with the compiled pass, a batch without error events (the usual case) is read in
@@ -404,6 +409,27 @@ class SinkTaskRunner:
             if now - last_flush >= self.flush_interval / 1000:
                 self._commit()
                 last_flush = now
+
+    def _wanted(self, pending: set, batch: int) -> int:
+        """How many messages to ask consume() for: ``batch``, or fewer at the end of a bounded
+        run. consume() returns when it has that many or when its timeout expires, so asking
+        for the whole batch when fewer records are left would wait the full timeout before
+        the last of them is stored (0.2 s at the end of every run). Once every pending
+        partition's end is known, ask for what is left; offset gaps (transaction markers, a
+        compacted source) make that an upper bound, where the timeout still ends the wait."""
+        if self.follow or not pending:
+            return batch
+        left = 0
+        ends, pos = self._end_at_start, self.metrics.position
+        for tp in pending:
+            end = ends.get(tp)
+            at = pos.get(tp, -1)
+            if end is None or at < 0:
+                return batch
+            left += max(0, end - at)
+            if left >= batch:
+                return batch
+        return left if left > 0 else batch
 
     def _events(self, msgs: list, errs: list, pending: set) -> list:
         from confluent_kafka import KafkaError
