@@ -48,7 +48,7 @@ from reput import swap
 from reput.errors import ReputError, StoreLockedError
 from reput.partition import PartitionLog
 from reput.record import Scratch, scan
-from reput.store import Store
+from reput.store import BACKGROUND_SYNC_BYTES, Store
 
 from .client import Chunk, MasterClient, check_master_url
 from .errors import ProtocolError, ReplicaError, ReplicationError
@@ -301,11 +301,17 @@ class Replicator:
         staging.append(chunk.body, s, 0, len(s), clean_upto=state["horizon"],
                        clean_time_s=state["clean_time_s"])
         state["since_sync"] += len(chunk.body)
+        state["since_bg_sync"] = state.get("since_bg_sync", 0) + len(chunk.body)
         if state["since_sync"] >= self.options.sync_every_bytes:
             staging.sync()
-            state["since_sync"] = 0
+            state["since_sync"] = state["since_bg_sync"] = 0
         else:
             staging.start_writeback()
+            if state["since_bg_sync"] >= BACKGROUND_SYNC_BYTES:
+                # the device's cache flushed as the pull goes (reput/backend.py
+                # _BackgroundSync), not all at once at the next sync or at the install
+                staging.sync_soon()
+                state["since_bg_sync"] = 0
 
     # -- resume, install, finish (blocking; run in the pool) ------------------------------------
 

@@ -102,3 +102,18 @@ def test_vanished_path_and_failed_sync_leave_the_thread_serving(tmp_path, monkey
     _wait(lambda: B.BACKGROUND_SYNC.done >= start + 1)
     B.BACKGROUND_SYNC.submit(str(good))
     _wait(lambda: B.BACKGROUND_SYNC.done >= start + 2)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name descriptors")
+def test_partition_sync_soon_syncs_its_open_files(tmp_path, synced):
+    # what a replica's pull calls every BACKGROUND_SYNC_BYTES (replication/replica.py)
+    st = Store.open(str(tmp_path / "s"), writer="w", create=True,
+                    options=WriterOptions(fsync="never"))
+    _append(st, 3)
+    pl = st.writable_partition("t", 0)
+    served = B.BACKGROUND_SYNC.done
+    pl.sync_soon()
+    _wait(lambda: B.BACKGROUND_SYNC.done >= served + 2)  # its .log and its .bcq
+    pdir = os.path.realpath(st.fs.local_path(pl.dir))
+    assert len(synced) == 2 and all(os.path.dirname(p) == pdir for p in synced), synced
+    st.close()
