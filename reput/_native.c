@@ -374,9 +374,10 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
 /* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
  * their function pointers are looked up once and called directly, instead of an attribute
  * lookup and a vectorcall per call. Any other type goes through the generic call. */
-enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_N };
+enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_TOPIC,
+       M_LEADER_EPOCH, M_N };
 static const char *const m_name_text[M_N] = {"partition", "offset", "timestamp", "key", "value",
-                                             "headers", "error"};
+                                             "headers", "error", "topic", "leader_epoch"};
 static PyObject *m_names[M_N]; /* interned at module init */
 static PyTypeObject *m_type = NULL;
 static PyCFunction m_fn[M_N];
@@ -474,28 +475,19 @@ static int same_epoch(int32_t field, PyObject *got)
 /* May the messages of this list (all of type m_type) be read through cfl_message? */
 static int fields_readable(PyObject *m)
 {
-    static PyObject *s_topic = NULL, *s_leader_epoch = NULL;
     if (m_type == NULL || Py_TYPE(m) != m_type ||
         m_type->tp_basicsize < (Py_ssize_t)sizeof(cfl_message))
         return 0;
-    if (s_topic == NULL && (s_topic = PyUnicode_InternFromString("topic")) == NULL)
-        return PyErr_Clear(), 0;
-    if (s_leader_epoch == NULL &&
-        (s_leader_epoch = PyUnicode_InternFromString("leader_epoch")) == NULL)
-        return PyErr_Clear(), 0;
     const cfl_message *f = (const cfl_message *)m;
-    PyObject *args[1] = {m};
-    size_t nargsf = 1 | PY_VECTORCALL_ARGUMENTS_OFFSET;
     PyObject *headers_now = f->headers;
-    int ok = same_obj(f->topic, PyObject_VectorcallMethod(s_topic, args, nargsf, NULL)) &&
+    int ok = same_obj(f->topic, call_m(m, M_TOPIC)) &&
              same_obj(f->value, call_m(m, M_VALUE)) && same_obj(f->key, call_m(m, M_KEY)) &&
              same_obj(f->error, call_m(m, M_ERROR)) &&
              same_int(f->partition, call_m(m, M_PARTITION), -1) &&
              same_int(f->offset, call_m(m, M_OFFSET), -1) &&
              same_int(f->timestamp, call_m(m, M_TIMESTAMP), 1) &&
              same_int(f->tstype, call_m(m, M_TIMESTAMP), 0) &&
-             same_epoch(f->leader_epoch,
-                        PyObject_VectorcallMethod(s_leader_epoch, args, nargsf, NULL));
+             same_epoch(f->leader_epoch, call_m(m, M_LEADER_EPOCH));
     /* headers: nothing converted and nothing to convert reads None */
     if (ok && headers_now == NULL && f->c_headers == NULL)
         ok = same_obj(NULL, call_m(m, M_HEADERS));
