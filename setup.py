@@ -1,11 +1,18 @@
-"""Only the C extension lives here; everything else is in pyproject.toml.
+"""Only the C extensions live here; everything else is in pyproject.toml.
 
 reput._native holds the compaction kernels in C (reput/_native.c), so that a compaction runs
-without loading numba and LLVM. It is optional: without a C compiler the install goes on and the
-numba kernels are used instead (reput/_jit.py).
+without loading numba and LLVM. connectors._rdkafka reads consumed Kafka batches straight into
+columns (connectors/_rdkafka.c). Both are optional: without a C compiler the install goes on and
+the numba kernels and confluent_kafka's Message objects are used instead (reput/_jit.py,
+connectors/kafka_columns.py).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("reput._native", ["reput/_native.c"],
-                             extra_compile_args=["-O3", "-std=c11"], optional=True)])
+_FLAGS = ["-O3", "-std=c11"]
+
+setup(ext_modules=[
+    Extension("reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS, optional=True),
+    Extension("connectors._rdkafka", ["connectors/_rdkafka.c"],
+              extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], optional=True),
+])

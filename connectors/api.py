@@ -106,7 +106,7 @@ class SinkRecords(Sequence[SinkRecord]):
     """
 
     __slots__ = ("topics", "partitions", "offsets", "timestamps", "keys", "values", "headers",
-                 "raw_keys", "raw_values", "nbytes", "packed")
+                 "raw_keys", "raw_values", "nbytes", "packed", "packed_headers")
 
     def __init__(self, topics: list[str], partitions: Sequence[int], offsets: Sequence[int],
                  timestamps: Sequence[int], keys: list, values: list, headers: list,
@@ -126,6 +126,9 @@ class SinkRecords(Sequence[SinkRecord]):
         #: nulls, value bytes, value starts, value nulls), each a bytearray. A columnar sink may
         #: use them instead of ``raw_keys``/``raw_values``; they describe the same bytes.
         self.packed: tuple | None = None
+        #: The headers packed the same way, in the store's header encoding
+        #: (reput.record.encode_headers): (bytes, starts (n+1 int64)), or None.
+        self.packed_headers: tuple | None = None
 
     @classmethod
     def empty(cls) -> "SinkRecords":

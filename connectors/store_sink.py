@@ -329,12 +329,17 @@ def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
             return np.asarray(values, dtype=dtype)
         return np.asarray(values, dtype=dtype)[idx]
 
-    keys, values, headers = col(r.raw_keys), col(r.raw_values), col(r.headers)
-    n = len(keys)
-    if any(headers):
-        hcol = _column([encode_headers(h) if h else b"" for h in headers])
+    n = len(r) if idx is None else len(idx)
+    if idx is None and r.packed_headers is not None:
+        hb, ho = r.packed_headers
+        hcol = _VarColumn(np.frombuffer(hb, np.uint8), np.frombuffer(ho, np.int64),
+                          np.zeros(n, np.bool_))
     else:
-        hcol = _VarColumn.empties(n)
+        headers = col(r.headers)
+        if any(headers):
+            hcol = _column([encode_headers(h) if h else b"" for h in headers])
+        else:
+            hcol = _VarColumn.empties(n)
     if idx is None and r.packed is not None:
         # packed by the worker while it read the batch (SinkRecords.packed): no second pass
         kb, ko, kn, vb, vo, vn = r.packed
@@ -343,7 +348,7 @@ def _batch(topic: str, r: SinkRecords, idx: list[int] | None) -> RecordBatch:
         vcol = _VarColumn(np.frombuffer(vb, np.uint8), np.frombuffer(vo, np.int64),
                           np.frombuffer(vn, np.bool_))
     else:
-        kcol, vcol = _column(keys), _column(values)
+        kcol, vcol = _column(col(r.raw_keys)), _column(col(r.raw_values))
     if idx is None:
         r.nbytes = int(kcol.offs[-1]) + int(vcol.offs[-1])
     return RecordBatch(topic, num(r.partitions, np.int32), num(r.offsets, np.int64),

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Callable, Mapping, TextIO
+from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
 from .api import (DataError, RetriableError, SinkConnector, SinkRecords, SinkTask,
                   SinkTaskContext, SourceConnector, SourceRecord, SourceTask, SourceTaskContext,
                   TaskFailedError, TopicPartition, source_partition_key)
+from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders
 from .config import (ConfigDef, Importance, Type, at_least, between, load_class, non_empty)
 from .converters import Converter, make_converter
 from .errors import ConfigError, ConnectorsError
@@ -284,6 +285,8 @@ class SinkTaskRunner:
         self.thread = threading.Thread(target=self._run, name=f"task-{connector}-{task_id}",
                                        daemon=True)
         self.consumer: Any = None
+        #: the consumer's batches as columns (connectors/kafka_columns.py), when available
+        self.reader: ColumnReader | None = None
         self._end_at_start: dict[TopicPartition, int] = {}
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
@@ -319,6 +322,7 @@ class SinkTaskRunner:
         for step in (lambda: self.errors.flush_dlq(),
                      lambda: self.task.close(self.assignment) if started else None,
                      lambda: self.task.stop() if started else None,
+                     self._close_reader,
                      lambda: self.consumer.close() if self.consumer is not None else None,
                      lambda: self.errors.dlq.producer.flush(10) if self.errors.dlq else None,
                      self._release_clients):
@@ -331,9 +335,16 @@ class SinkTaskRunner:
     def _release_clients(self) -> None:
         """Drop librdkafka clients now (not at garbage collection, which may be never for a
         reference cycle), so no client keeps reconnecting after the task ended."""
+        self._close_reader()
         self.consumer = None
         if self.errors.dlq is not None:
             self.errors.dlq.producer = None
+
+    def _close_reader(self) -> None:
+        # before the consumer's close(): the reader holds a reference to its queue
+        if self.reader is not None:
+            reader, self.reader = self.reader, None
+            reader.close()
 
     def _on_kafka_error(self, err: Any) -> None:
         self._kafka_errors.append(err)
@@ -341,11 +352,13 @@ class SinkTaskRunner:
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
         from confluent_kafka import OFFSET_STORED, Consumer, KafkaException
         from confluent_kafka import TopicPartition as KTP
-        conf = dict(self.consumer_conf, error_cb=self._on_kafka_error, logger=kafka_logger())
+        error_cb, logger = self._on_kafka_error, kafka_logger()
+        conf = dict(self.consumer_conf, error_cb=error_cb, logger=logger)
         try:
             self.consumer = Consumer(conf)
         except KafkaException as e:
             raise self.settings.explain(e, "Kafka consumer") from None
+        self.reader = ColumnReader.attach(self.consumer, error_cb, logger)
         parts = []
         deadline = time.monotonic() + self.startup_timeout
         for tp in self.assignment:
@@ -381,6 +394,7 @@ class SinkTaskRunner:
         from confluent_kafka import Message
         consume, batch = self.consumer.consume, self.batch_max
         error_of = Message.error
+        reader = self.reader
         last_flush = time.monotonic()
         last_lag = 0.0
         pending = set() if self.follow else set(self.assignment)
@@ -389,17 +403,27 @@ class SinkTaskRunner:
                 break
             if ctx.stop_requested:
                 break
-            msgs = consume(self._wanted(pending, batch), 0.2)
-            if self._kafka_errors:
-                self._check_kafka_errors()
-            # with the compiled pass, a batch without error events (the usual case) is read in
-            # one go; one with events (end of partition ...) is split first
-            if msgs and (_NATIVE is None or not self._process(msgs)):
-                errs = list(map(error_of, msgs))
-                if any(errs):
-                    msgs = self._events(msgs, errs, pending)
-                if msgs:
-                    self._process(msgs)
+            if reader is not None:
+                # columns straight from librdkafka (connectors/kafka_columns.py)
+                cols = reader.consume(self._wanted(pending, batch), 0.2)
+                if self._kafka_errors:
+                    self._check_kafka_errors()
+                if cols.events:
+                    self._events(cols.events, pending)
+                if len(cols):
+                    self._process_columns(cols)
+            else:
+                msgs = consume(self._wanted(pending, batch), 0.2)
+                if self._kafka_errors:
+                    self._check_kafka_errors()
+                # with the compiled pass, a batch without error events (the usual case) is
+                # read in one go; one with events (end of partition ...) is split first
+                if msgs and (_NATIVE is None or not self._process(msgs)):
+                    errs = list(map(error_of, msgs))
+                    if any(errs):
+                        msgs = self._message_events(msgs, errs, pending)
+                    if msgs:
+                        self._process(msgs)
             now = time.monotonic()
             if self._unverified:
                 self._verify_starts(now)
@@ -431,34 +455,41 @@ class SinkTaskRunner:
                 return batch
         return left if left > 0 else batch
 
-    def _events(self, msgs: list, errs: list, pending: set) -> list:
-        from confluent_kafka import KafkaError
-        good = []
+    def _message_events(self, msgs: list, errs: list, pending: set) -> list:
+        """Handle the error messages among ``msgs`` (consume()'s path); the others, in order."""
+        good, events = [], []
         for m, e in zip(msgs, errs):
             if e is None:
                 good.append(m)
-                continue
-            code = e.code()
-            tp = TopicPartition(m.topic(), m.partition())
+            else:
+                events.append(Event(m.topic(), m.partition(), m.offset(), e.code(), e.str(),
+                                    e.fatal()))
+        self._events(events, pending)
+        return good
+
+    def _events(self, events: list[Event], pending: set) -> None:
+        from confluent_kafka import KafkaError
+        for ev in events:
+            code = ev.code
+            tp = TopicPartition(ev.topic or "", ev.partition)
             if code == KafkaError._PARTITION_EOF:
                 self._unverified.pop(tp, None)
-                if m.offset() > self.metrics.position.get(tp, -1):
-                    self.metrics.position[tp] = m.offset()
+                if ev.offset > self.metrics.position.get(tp, -1):
+                    self.metrics.position[tp] = ev.offset
                 if tp in pending:
                     self._partition_done(tp, pending)
             elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
                 raise ConnectorsError(
                     f"{tp}: offset {self.metrics.position.get(tp)} is not in the topic any more "
-                    f"({e.str()}): records were deleted (retention) before they were mirrored, "
+                    f"({ev.reason}): records were deleted (retention) before they were mirrored, "
                     "or the topic was recreated. Mirror into a new store, or accept the gap with "
                     "auto.offset.reset=earliest (-X / consumer.override.)")
-            elif e.fatal() or code in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                       KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                       KafkaError.GROUP_AUTHORIZATION_FAILED):
-                raise ConnectorsError(f"{tp}: {e.str()} ({e.name()})")
+            elif ev.fatal or code in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                      KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                      KafkaError.GROUP_AUTHORIZATION_FAILED):
+                raise ConnectorsError(f"{tp}: {ev.reason} ({KafkaError(code).name()})")
             else:
-                self._warn(f"{tp}: {e.str()}")
-        return good
+                self._warn(f"{tp}: {ev.reason}")
 
     def _partition_done(self, tp: TopicPartition, pending: set) -> None:
         from confluent_kafka import TopicPartition as KTP
@@ -543,13 +574,41 @@ class SinkTaskRunner:
             topics = [next(iter(topics_assigned))] * n
         else:
             topics = list(map(Message.topic, msgs))
+        self._deliver(topics, single, parts, offs, ts, raw_keys, raw_values, headers,
+                      tuple(packed) if packed else None, None)
+        return True
+
+    def _process_columns(self, cols: Batch) -> None:
+        """Hand a batch read as columns (ColumnReader) to the task."""
+        n = len(cols)
+        single = cols.topic_index is None
+        topics = cols.topic_column()
+        kb, ko, kn, vb, vo, vn = cols.packed
+        if self.key_conv.identity and self.value_conv.identity:
+            # bytes objects only if the task reads them (a columnar sink reads ``packed``)
+            raw_keys: Sequence = PackedBytes(kb, ko, kn)
+            raw_values: Sequence = PackedBytes(vb, vo, vn)
+            headers: Sequence = ([None] * n if cols.headers is None
+                                 else PackedHeaders(*cols.headers))
+        else:
+            unpack = PackedBytes.unpacked
+            raw_keys, raw_values = unpack(kb, ko, kn), unpack(vb, vo, vn)
+            headers = ([None] * n if cols.headers is None
+                       else list(PackedHeaders(*cols.headers)))
+        self._deliver(topics, single, cols.partitions, cols.offsets, cols.timestamps, raw_keys,
+                      raw_values, headers, cols.packed, cols.headers)
+
+    def _deliver(self, topics: list, single: bool, parts: np.ndarray, offs: np.ndarray,
+                 ts: np.ndarray, raw_keys: Sequence, raw_values: Sequence, headers: Sequence,
+                 packed: tuple | None, packed_headers: tuple | None) -> None:
+        n = len(offs)
         if self._unverified:
             for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
                 self._unverified.pop(tp, None)
 
         if self.key_conv.identity and self.value_conv.identity:
             records = SinkRecords(topics, parts, offs, ts, raw_keys, raw_values, headers)
-            records.packed = tuple(packed) if packed else None
+            records.packed, records.packed_headers = packed, packed_headers
         else:
             records = self._convert(topics, parts, offs, ts, raw_keys, raw_values, headers)
         self._put(records)
@@ -572,7 +631,6 @@ class SinkTaskRunner:
         else:
             for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
                 m.position[TopicPartition(t, p)] = o + 1
-        return True
 
     def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
         single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)

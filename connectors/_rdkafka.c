@@ -1,0 +1,731 @@
+/* connectors._rdkafka: read a confluent_kafka.Consumer's batches straight into columns.
+ *
+ * confluent_kafka's consume() builds a Message object per record, with the GIL held: its key
+ * and value bytes, its topic string, and a timestamp tuple and offset int when read. For the
+ * mirror that is two thirds of the task thread's GIL time, and the store's append thread, which
+ * overlaps with it, then waits for the GIL (see connectors/kafka_columns.py). Here the same
+ * librdkafka call confluent_kafka makes (rd_kafka_consume_batch_queue on the consumer's queue)
+ * runs with the GIL released, and the batch is copied into packed columns (key bytes + starts +
+ * nulls, the same for values, headers in the store's encoding, partitions, offsets,
+ * timestamps) before the GIL is taken back once: no Python object per record.
+ *
+ * The librdkafka used is the one confluent_kafka loaded (the path comes from the process's
+ * mappings, opened with RTLD_NOLOAD), and the rd_kafka_t is read from the Consumer's C struct
+ * (confluent_kafka.h "Handle"). attach() checks that layout on the live object: the rd_kafka_t's
+ * opaque is the Consumer itself, the error_cb and logger fields are the very objects the caller
+ * configured, the client type is a consumer and the thread-local key is created and unset. Any
+ * mismatch returns None, and the caller keeps confluent_kafka's consume().
+ *
+ * Callbacks (error_cb, the logger) run inside rd_kafka_consume_batch_queue, on this thread.
+ * confluent_kafka's callback trampolines find the GIL through a thread-local CallState; this
+ * module sets one up exactly as Consumer.consume does (CallState_begin/_end), so callbacks run
+ * and report their exceptions the same way.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* -- librdkafka's public ABI (rdkafka.h), the parts used here -------------------------------- */
+
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+typedef struct rd_kafka_headers_s rd_kafka_headers_t;
+
+typedef struct {
+    int err; /* rd_kafka_resp_err_t */
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rdk_message;
+
+#define RDK_CONSUMER 1
+#define RDK_ERR_FATAL (-150)
+#define RDK_NO_ERROR 0
+
+static struct {
+    ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rdk_message **, size_t);
+    void (*message_destroy)(rdk_message *);
+    int64_t (*message_timestamp)(const rdk_message *, int *);
+    int (*message_headers)(const rdk_message *, rd_kafka_headers_t **);
+    int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **,
+                          size_t *);
+    const char *(*topic_name)(const rd_kafka_topic_t *);
+    const char *(*err2str)(int);
+    rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
+    void (*queue_destroy)(rd_kafka_queue_t *);
+    void *(*opaque)(const rd_kafka_t *);
+    int (*fatal_error)(rd_kafka_t *, char *, size_t);
+    int (*type)(const rd_kafka_t *);
+} rdk;
+static int bound = 0;
+
+/* -- confluent_kafka's structs (confluent_kafka.h, 2.x on LP64) ------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk;
+    PyObject *error_cb;
+    PyObject *throttle_cb;
+    PyObject *stats_cb;
+    int initiated;
+    Py_tss_t tlskey;
+    int type;
+    PyObject *logger;
+} cfl_handle;
+
+/* 2.13+ has exception_value; before it, the struct ended at crashed, and a callback left its
+ * exception set on the thread state instead. Zeroed, this serves both. */
+typedef struct {
+    PyThreadState *thread_state;
+    int crashed;
+    PyObject *exception_value;
+} cfl_callstate;
+
+/* -- Buffer: malloc'd bytes exported through the buffer protocol (np.frombuffer) ------------ */
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t size;
+} Buffer;
+
+static int buffer_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+    Buffer *b = (Buffer *)self;
+    return PyBuffer_FillInfo(view, self, b->data, b->size, 0, flags);
+}
+
+static void buffer_dealloc(PyObject *self)
+{
+    free(((Buffer *)self)->data);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static Py_ssize_t buffer_len(PyObject *self) { return ((Buffer *)self)->size; }
+
+static PyBufferProcs buffer_as_buffer = {.bf_getbuffer = buffer_getbuffer};
+static PySequenceMethods buffer_as_sequence = {.sq_length = buffer_len};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "connectors._rdkafka.Buffer",
+    .tp_basicsize = sizeof(Buffer),
+    .tp_dealloc = buffer_dealloc,
+    .tp_as_buffer = &buffer_as_buffer,
+    .tp_as_sequence = &buffer_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Bytes of a consumed batch's column (buffer protocol).",
+};
+
+/* takes ownership of data (malloc'd) */
+static PyObject *buffer_wrap(char *data, Py_ssize_t size)
+{
+    Buffer *b = PyObject_New(Buffer, &BufferType);
+    if (b == NULL) {
+        free(data);
+        return NULL;
+    }
+    b->data = data;
+    b->size = size;
+    return (PyObject *)b;
+}
+
+/* -- bind(path): the librdkafka confluent_kafka loaded ---------------------------------------- */
+
+static PyObject *bind(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    const char *path = PyUnicode_AsUTF8(arg);
+    if (path == NULL)
+        return NULL;
+    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL) {
+        PyErr_Format(PyExc_OSError, "%s is not loaded in this process", path);
+        return NULL;
+    }
+#define SYM(field, name)                                                                       \
+    if ((*(void **)&rdk.field = dlsym(h, name)) == NULL) {                                     \
+        PyErr_Format(PyExc_OSError, "%s has no %s", path, name);                               \
+        dlclose(h);                                                                            \
+        return NULL;                                                                           \
+    }
+    SYM(consume_batch_queue, "rd_kafka_consume_batch_queue")
+    SYM(message_destroy, "rd_kafka_message_destroy")
+    SYM(message_timestamp, "rd_kafka_message_timestamp")
+    SYM(message_headers, "rd_kafka_message_headers")
+    SYM(header_get_all, "rd_kafka_header_get_all")
+    SYM(topic_name, "rd_kafka_topic_name")
+    SYM(err2str, "rd_kafka_err2str")
+    SYM(queue_get_consumer, "rd_kafka_queue_get_consumer")
+    SYM(queue_destroy, "rd_kafka_queue_destroy")
+    SYM(opaque, "rd_kafka_opaque")
+    SYM(fatal_error, "rd_kafka_fatal_error")
+    SYM(type, "rd_kafka_type")
+#undef SYM
+    /* the library stays loaded as long as confluent_kafka's module: keep our reference too */
+    bound = 1;
+    Py_RETURN_NONE;
+}
+
+/* -- attach(consumer, error_cb, logger) -> reader capsule or None --------------------------- */
+
+typedef struct {
+    PyObject *consumer; /* strong reference */
+    rd_kafka_t *rk;
+    rd_kafka_queue_t *q; /* our reference to the consumer queue; NULL once closed */
+} reader;
+
+static const char *READER = "connectors._rdkafka.reader";
+
+static void reader_free(PyObject *cap)
+{
+    reader *r = PyCapsule_GetPointer(cap, READER);
+    if (r == NULL)
+        return;
+    if (r->q != NULL && ((cfl_handle *)r->consumer)->rk == r->rk)
+        rdk.queue_destroy(r->q);
+    Py_XDECREF(r->consumer);
+    free(r);
+}
+
+static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "attach(consumer, error_cb, logger)");
+        return NULL;
+    }
+    PyObject *c = args[0], *error_cb = args[1], *logger = args[2];
+    if (!bound || error_cb == Py_None || logger == Py_None ||
+        Py_TYPE(c)->tp_basicsize < (Py_ssize_t)sizeof(cfl_handle))
+        Py_RETURN_NONE;
+    cfl_handle *h = (cfl_handle *)c;
+    /* the fields around the thread-local key first (plain loads), then the key itself, then
+     * the librdkafka calls on the pointer that the checks vouched for */
+    if (h->rk == NULL || h->error_cb != error_cb || h->logger != logger ||
+        h->type != RDK_CONSUMER || !PyThread_tss_is_created(&h->tlskey) ||
+        PyThread_tss_get(&h->tlskey) != NULL)
+        Py_RETURN_NONE;
+    if (rdk.opaque(h->rk) != (void *)c || rdk.type(h->rk) != RDK_CONSUMER)
+        Py_RETURN_NONE;
+    reader *r = calloc(1, sizeof *r);
+    if (r == NULL)
+        return PyErr_NoMemory();
+    r->rk = h->rk;
+    r->q = rdk.queue_get_consumer(h->rk);
+    if (r->q == NULL) {
+        free(r);
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(c);
+    r->consumer = c;
+    PyObject *cap = PyCapsule_New(r, READER, reader_free);
+    if (cap == NULL) {
+        rdk.queue_destroy(r->q);
+        Py_DECREF(c);
+        free(r);
+    }
+    return cap;
+}
+
+static reader *get_reader(PyObject *cap)
+{
+    reader *r = PyCapsule_GetPointer(cap, READER);
+    if (r == NULL)
+        return NULL;
+    if (r->q == NULL || ((cfl_handle *)r->consumer)->rk != r->rk) {
+        PyErr_SetString(PyExc_RuntimeError, "the consumer or its column reader is closed");
+        return NULL;
+    }
+    return r;
+}
+
+/* detach(reader): drop the queue reference; call before the consumer's close() */
+static PyObject *detach(PyObject *self, PyObject *cap)
+{
+    (void)self;
+    reader *r = PyCapsule_GetPointer(cap, READER);
+    if (r == NULL)
+        return NULL;
+    if (r->q != NULL && ((cfl_handle *)r->consumer)->rk == r->rk)
+        rdk.queue_destroy(r->q);
+    r->q = NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- consume(reader, want, timeout_ms) ------------------------------------------------------- */
+
+#define MAX_TOPICS 64
+
+typedef struct {
+    char *topic; /* strdup'd, or NULL */
+    int32_t partition;
+    int64_t offset;
+    int code;
+    int fatal;
+    char *reason; /* malloc'd */
+} event;
+
+typedef struct {
+    /* inputs */
+    rdk_message **ms;
+    ssize_t n;
+    rd_kafka_t *rk;
+    /* outputs */
+    Py_ssize_t good;
+    char *parts, *offs, *ts, *kb, *ko, *kn, *vb, *vo, *vn, *hb, *ho, *ti;
+    int64_t kbytes, vbytes, hbytes;
+    int any_headers;
+    rd_kafka_topic_t *rkts[MAX_TOPICS];
+    char *names[MAX_TOPICS];
+    int ntopics;
+    event *events;
+    int nevents;
+    const char *failure; /* static text: the batch could not be read */
+} work;
+
+static char *dup_n(const char *s, size_t n)
+{
+    char *d = malloc(n + 1);
+    if (d != NULL) {
+        memcpy(d, s, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static int topic_index(work *w, rd_kafka_topic_t *rkt)
+{
+    for (int i = 0; i < w->ntopics; i++)
+        if (w->rkts[i] == rkt)
+            return i;
+    if (w->ntopics == MAX_TOPICS)
+        return -1;
+    const char *name = rdk.topic_name(rkt);
+    if ((w->names[w->ntopics] = dup_n(name, strlen(name))) == NULL)
+        return -1;
+    w->rkts[w->ntopics] = rkt;
+    return w->ntopics++;
+}
+
+/* the store's header encoding (docs/formats: u32 count, then per header u16 name length, name,
+ * i32 value length or -1 for null, value), little-endian; returns bytes written, or the size
+ * needed when out is NULL; -1 when a name is longer than 65535 bytes */
+static int64_t encode_headers(const rd_kafka_headers_t *hs, char *out)
+{
+    const char *name;
+    const void *val;
+    size_t size;
+    int64_t at = 4;
+    uint32_t count = 0;
+    for (size_t i = 0; rdk.header_get_all(hs, i, &name, &val, &size) == RDK_NO_ERROR; i++) {
+        size_t nl = strlen(name);
+        if (nl > 0xFFFF)
+            return -1;
+        if (out != NULL) {
+            uint16_t n16 = (uint16_t)nl;
+            int32_t v32 = val == NULL ? -1 : (int32_t)size;
+            memcpy(out + at, &n16, 2);
+            memcpy(out + at + 2, name, nl);
+            memcpy(out + at + 2 + nl, &v32, 4);
+            if (val != NULL)
+                memcpy(out + at + 6 + nl, val, size);
+        }
+        at += 6 + (int64_t)nl + (val == NULL ? 0 : (int64_t)size);
+        count++;
+    }
+    if (count == 0)
+        return 0;
+    if (out != NULL)
+        memcpy(out, &count, 4);
+    return at;
+}
+
+static void fail(work *w, const char *why)
+{
+    if (w->failure == NULL)
+        w->failure = why;
+}
+
+/* the whole batch, without the GIL: columns, events, then every message destroyed */
+static void read_batch(work *w)
+{
+    ssize_t n = w->n;
+    w->events = calloc(n > 0 ? (size_t)n : 1, sizeof(event));
+    if (w->events == NULL) {
+        fail(w, "out of memory");
+        goto destroy;
+    }
+    /* pass 1: sizes */
+    for (ssize_t i = 0; i < n; i++) {
+        rdk_message *m = w->ms[i];
+        if (m->err != RDK_NO_ERROR)
+            continue;
+        w->good++;
+        w->kbytes += m->key != NULL ? (int64_t)m->key_len : 0;
+        w->vbytes += m->payload != NULL ? (int64_t)m->len : 0;
+        rd_kafka_headers_t *hs;
+        if (rdk.message_headers(m, &hs) == RDK_NO_ERROR) {
+            int64_t need = encode_headers(hs, NULL);
+            if (need < 0) {
+                fail(w, "a header name is longer than 65535 bytes");
+                goto destroy;
+            }
+            w->hbytes += need;
+            w->any_headers |= need > 0;
+        }
+    }
+    Py_ssize_t g = w->good;
+    w->parts = malloc((size_t)g * 4 + 1);
+    w->offs = malloc((size_t)g * 8 + 1);
+    w->ts = malloc((size_t)g * 8 + 1);
+    w->ti = malloc((size_t)g * 4 + 1);
+    w->kb = malloc((size_t)w->kbytes + 1);
+    w->ko = malloc((size_t)(g + 1) * 8);
+    w->kn = malloc((size_t)g + 1);
+    w->vb = malloc((size_t)w->vbytes + 1);
+    w->vo = malloc((size_t)(g + 1) * 8);
+    w->vn = malloc((size_t)g + 1);
+    if (w->any_headers) {
+        w->hb = malloc((size_t)w->hbytes + 1);
+        w->ho = malloc((size_t)(g + 1) * 8);
+    }
+    if (!w->parts || !w->offs || !w->ts || !w->ti || !w->kb || !w->ko || !w->kn || !w->vb ||
+        !w->vo || !w->vn || (w->any_headers && (!w->hb || !w->ho))) {
+        fail(w, "out of memory");
+        goto destroy;
+    }
+    /* pass 2: copy */
+    int64_t ka = 0, va = 0, ha = 0;
+    Py_ssize_t j = 0;
+    rd_kafka_topic_t *last_rkt = NULL;
+    int last_ti = -1;
+    for (ssize_t i = 0; i < n; i++) {
+        rdk_message *m = w->ms[i];
+        if (m->err != RDK_NO_ERROR) {
+            event *e = &w->events[w->nevents++];
+            e->partition = m->partition;
+            e->offset = m->offset;
+            e->code = m->err;
+            if (m->rkt != NULL) {
+                const char *t = rdk.topic_name(m->rkt);
+                e->topic = dup_n(t, strlen(t));
+            }
+            if (m->err == RDK_ERR_FATAL) {
+                char buf[512];
+                buf[0] = 0;
+                e->code = rdk.fatal_error(w->rk, buf, sizeof buf);
+                e->fatal = 1;
+                e->reason = dup_n(buf, strlen(buf));
+            } else if (m->payload != NULL) {
+                e->reason = dup_n(m->payload, strnlen(m->payload, m->len));
+            } else {
+                const char *s = rdk.err2str(m->err);
+                e->reason = dup_n(s, strlen(s));
+            }
+            continue;
+        }
+        int t = last_ti;
+        if (m->rkt != last_rkt) {
+            if ((t = topic_index(w, m->rkt)) < 0) {
+                fail(w, "more than 64 topics in one batch");
+                goto destroy;
+            }
+            last_rkt = m->rkt;
+            last_ti = t;
+        }
+        int32_t t32 = t, p32 = m->partition;
+        int tstype;
+        int64_t ts = rdk.message_timestamp(m, &tstype);
+        memcpy(w->ti + j * 4, &t32, 4);
+        memcpy(w->parts + j * 4, &p32, 4);
+        memcpy(w->offs + j * 8, &m->offset, 8);
+        memcpy(w->ts + j * 8, &ts, 8);
+        memcpy(w->ko + j * 8, &ka, 8);
+        memcpy(w->vo + j * 8, &va, 8);
+        w->kn[j] = m->key == NULL;
+        if (m->key != NULL) {
+            memcpy(w->kb + ka, m->key, m->key_len);
+            ka += (int64_t)m->key_len;
+        }
+        w->vn[j] = m->payload == NULL;
+        if (m->payload != NULL) {
+            memcpy(w->vb + va, m->payload, m->len);
+            va += (int64_t)m->len;
+        }
+        if (w->any_headers) {
+            memcpy(w->ho + j * 8, &ha, 8);
+            rd_kafka_headers_t *hs;
+            if (rdk.message_headers(m, &hs) == RDK_NO_ERROR)
+                ha += encode_headers(hs, w->hb + ha);
+        }
+        j++;
+    }
+    memcpy(w->ko + j * 8, &ka, 8);
+    memcpy(w->vo + j * 8, &va, 8);
+    if (w->any_headers)
+        memcpy(w->ho + j * 8, &ha, 8);
+destroy:
+    for (ssize_t i = 0; i < n; i++)
+        rdk.message_destroy(w->ms[i]);
+}
+
+static void work_free(work *w)
+{
+    char **bufs[] = {&w->parts, &w->offs, &w->ts, &w->ti, &w->kb, &w->ko,
+                     &w->kn,    &w->vb,   &w->vo, &w->vn, &w->hb, &w->ho};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        free(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    for (int i = 0; i < w->ntopics; i++)
+        free(w->names[i]);
+    w->ntopics = 0;
+    if (w->events != NULL)
+        for (int i = 0; i < w->nevents; i++) {
+            free(w->events[i].topic);
+            free(w->events[i].reason);
+        }
+    free(w->events);
+    w->events = NULL;
+    free(w->ms);
+    w->ms = NULL;
+}
+
+/* hand a work buffer to a Buffer object (NULL -> the slot stays NULL on failure) */
+static PyObject *take(char **p, Py_ssize_t size)
+{
+    char *d = *p;
+    *p = NULL;
+    return buffer_wrap(d, size);
+}
+
+/* consume(reader, want, timeout_ms) -> (parts, offsets, timestamps, topic_names, topic_index,
+ *   kb, ko, kn, vb, vo, vn, hb, ho, events). Buffers as Buffer objects; topic_index is None when
+ *   every record is of topic_names[0]; hb/ho None when no record has headers; events a list of
+ *   (topic | None, partition, offset, code, reason, fatal) for the error messages (end of
+ *   partition ...), in batch order. */
+static PyObject *consume(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "consume(reader, want, timeout_ms)");
+        return NULL;
+    }
+    reader *r = get_reader(args[0]);
+    if (r == NULL)
+        return NULL;
+    Py_ssize_t want = PyLong_AsSsize_t(args[1]);
+    long tmo = PyLong_AsLong(args[2]);
+    if ((want == -1 || tmo == -1) && PyErr_Occurred())
+        return NULL;
+    if (want < 1 || want > 1000000) {
+        PyErr_SetString(PyExc_ValueError, "consume: want must be 1..1000000");
+        return NULL;
+    }
+    work w;
+    memset(&w, 0, sizeof w);
+    w.rk = r->rk;
+    if ((w.ms = malloc((size_t)want * sizeof *w.ms)) == NULL)
+        return PyErr_NoMemory();
+    cfl_handle *h = (cfl_handle *)r->consumer;
+    /* CallState_begin */
+    cfl_callstate cs;
+    memset(&cs, 0, sizeof cs);
+    cs.thread_state = PyEval_SaveThread();
+    PyThread_tss_set(&h->tlskey, &cs);
+    w.n = rdk.consume_batch_queue(r->q, (int)tmo, w.ms, (size_t)want);
+    /* CallState_end's unset: nothing below calls back */
+    PyThread_tss_set(&h->tlskey, NULL);
+    if (w.n > 0)
+        read_batch(&w);
+    PyEval_RestoreThread(cs.thread_state);
+
+    PyObject *result = NULL, *names = NULL, *tindex = NULL, *events = NULL;
+    PyObject *bufs[11] = {0};
+    if (cs.crashed) {
+        /* a callback raised: its exception, as confluent_kafka's consume() reports it */
+        if (cs.exception_value != NULL) {
+            PyObject *v = cs.exception_value;
+            if (PyExceptionInstance_Check(v))
+                PyErr_SetObject((PyObject *)Py_TYPE(v), v);
+            else
+                PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
+            Py_DECREF(v);
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
+        }
+        goto done;
+    }
+    /* CallState_end: a signal handler's exception (main thread) ends the call, as in
+     * confluent_kafka; the batch is dropped with it (a restart resumes from the store) */
+    if (PyErr_CheckSignals() < 0)
+        goto done;
+    if (w.n < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "rd_kafka_consume_batch_queue failed");
+        goto done;
+    }
+    if (w.failure != NULL) {
+        PyErr_Format(PyExc_ValueError, "cannot read a consumed batch: %s", w.failure);
+        goto done;
+    }
+    Py_ssize_t g = w.good;
+    if (w.n == 0) {
+        /* nothing consumed: empty columns (the buffers were never allocated) */
+        w.parts = calloc(1, 1), w.offs = calloc(1, 1), w.ts = calloc(1, 1), w.kb = calloc(1, 1);
+        w.ko = calloc(1, 8), w.kn = calloc(1, 1), w.vb = calloc(1, 1), w.vo = calloc(1, 8);
+        w.vn = calloc(1, 1);
+        if (!w.parts || !w.offs || !w.ts || !w.kb || !w.ko || !w.kn || !w.vb || !w.vo || !w.vn) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    if ((names = PyList_New(w.ntopics)) == NULL)
+        goto done;
+    for (int i = 0; i < w.ntopics; i++) {
+        PyObject *s = PyUnicode_DecodeUTF8(w.names[i], (Py_ssize_t)strlen(w.names[i]),
+                                           "surrogateescape");
+        if (s == NULL)
+            goto done;
+        PyList_SET_ITEM(names, i, s);
+    }
+    if (w.ntopics > 1) {
+        if ((tindex = take(&w.ti, g * 4)) == NULL)
+            goto done;
+    } else {
+        tindex = Py_NewRef(Py_None);
+    }
+    if ((events = PyList_New(w.nevents)) == NULL)
+        goto done;
+    for (int i = 0; i < w.nevents; i++) {
+        event *e = &w.events[i];
+        PyObject *topic = e->topic == NULL
+                              ? Py_NewRef(Py_None)
+                              : PyUnicode_DecodeUTF8(e->topic, (Py_ssize_t)strlen(e->topic),
+                                                     "surrogateescape");
+        PyObject *reason = topic == NULL ? NULL
+                                         : PyUnicode_DecodeUTF8(
+                                               e->reason ? e->reason : "",
+                                               e->reason ? (Py_ssize_t)strlen(e->reason) : 0,
+                                               "replace");
+        PyObject *t = reason == NULL ? NULL
+                                     : Py_BuildValue("(NiLiNO)", topic, (int)e->partition,
+                                                     (long long)e->offset, e->code, reason,
+                                                     e->fatal ? Py_True : Py_False);
+        if (t == NULL) {
+            if (reason == NULL)
+                Py_XDECREF(topic);
+            goto done;
+        }
+        PyList_SET_ITEM(events, i, t);
+    }
+    struct { char **p; Py_ssize_t size; } spec[11] = {
+        {&w.parts, g * 4}, {&w.offs, g * 8}, {&w.ts, g * 8}, {&w.kb, (Py_ssize_t)w.kbytes},
+        {&w.ko, (g + 1) * 8}, {&w.kn, g}, {&w.vb, (Py_ssize_t)w.vbytes}, {&w.vo, (g + 1) * 8},
+        {&w.vn, g}, {&w.hb, (Py_ssize_t)w.hbytes}, {&w.ho, (g + 1) * 8}};
+    for (int i = 0; i < 11; i++) {
+        if (i >= 9 && !w.any_headers) {
+            bufs[i] = Py_NewRef(Py_None);
+            continue;
+        }
+        if ((bufs[i] = take(spec[i].p, spec[i].size)) == NULL)
+            goto done;
+    }
+    result = Py_BuildValue("(OOOOOOOOOOOOOO)", bufs[0], bufs[1], bufs[2], names, tindex,
+                           bufs[3], bufs[4], bufs[5], bufs[6], bufs[7], bufs[8], bufs[9],
+                           bufs[10], events);
+done:
+    for (int i = 0; i < 11; i++)
+        Py_XDECREF(bufs[i]);
+    Py_XDECREF(names);
+    Py_XDECREF(tindex);
+    Py_XDECREF(events);
+    work_free(&w);
+    return result;
+}
+
+/* -- unpack(buf, starts, nulls) -> list of bytes | None (a packed column, for sinks that want
+ *    objects) --------------------------------------------------------------------------------- */
+
+static PyObject *unpack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "unpack(buf, starts, nulls)");
+        return NULL;
+    }
+    Py_buffer b, o, nl;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &o, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &nl, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&b);
+        PyBuffer_Release(&o);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t n = nl.len;
+    if (o.len != (n + 1) * 8) {
+        PyErr_SetString(PyExc_ValueError, "unpack: starts must hold len(nulls) + 1 int64");
+        goto done;
+    }
+    const char *starts = o.buf, *nulls = nl.buf;
+    if ((out = PyList_New(n)) == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t a, z;
+        memcpy(&a, starts + i * 8, 8);
+        memcpy(&z, starts + (i + 1) * 8, 8);
+        PyObject *x;
+        if (nulls[i]) {
+            x = Py_NewRef(Py_None);
+        } else if (a < 0 || z < a || z > b.len) {
+            PyErr_SetString(PyExc_ValueError, "unpack: starts out of range");
+            Py_CLEAR(out);
+            goto done;
+        } else if ((x = PyBytes_FromStringAndSize((const char *)b.buf + a, z - a)) == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, x);
+    }
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&nl);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"bind", (PyCFunction)bind, METH_O, NULL},
+    {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL, NULL},
+    {"detach", (PyCFunction)detach, METH_O, NULL},
+    {"consume", (PyCFunction)(void (*)(void))consume, METH_FASTCALL, NULL},
+    {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "connectors._rdkafka",
+    "Consumed batches straight into columns (see the comment at the top of "
+    "connectors/_rdkafka.c).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rdkafka(void)
+{
+    if (PyType_Ready(&BufferType) < 0)
+        return NULL;
+    return PyModule_Create(&module);
+}
