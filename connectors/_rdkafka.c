@@ -47,7 +47,28 @@ typedef struct {
     void *_private;
 } rdk_message;
 
+#define RDK_PRODUCER 0
 #define RDK_CONSUMER 1
+#define RDK_ERR_QUEUE_FULL (-184)
+#define RDK_MSG_F_COPY 0x2
+enum { VT_END, VT_TOPIC, VT_RKT, VT_PARTITION, VT_VALUE, VT_KEY, VT_OPAQUE, VT_MSGFLAGS,
+       VT_TIMESTAMP, VT_HEADER, VT_HEADERS };
+
+/* rd_kafka_vu_t: an argument of rd_kafka_produceva */
+typedef struct {
+    int vtype;
+    union {
+        rd_kafka_topic_t *rkt;
+        int i;
+        int32_t i32;
+        int64_t i64;
+        struct {
+            const void *ptr;
+            size_t size;
+        } mem;
+        char _pad[64];
+    } u;
+} rdk_vu;
 #define RDK_ERR_FATAL (-150)
 #define RDK_NO_ERROR 0
 
@@ -65,6 +86,13 @@ static struct {
     void *(*opaque)(const rd_kafka_t *);
     int (*fatal_error)(rd_kafka_t *, char *, size_t);
     int (*type)(const rd_kafka_t *);
+    void *(*produceva)(rd_kafka_t *, const void *, size_t); /* rd_kafka_error_t * */
+    int (*error_code)(const void *);
+    const char *(*error_string)(const void *);
+    void (*error_destroy)(void *);
+    int (*poll)(rd_kafka_t *, int);
+    rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+    void (*topic_destroy)(rd_kafka_topic_t *);
 } rdk;
 static int bound = 0;
 
@@ -89,6 +117,44 @@ typedef struct {
     int crashed;
     PyObject *exception_value;
 } cfl_callstate;
+
+/* -- 1-d arrays through the buffer protocol (as reput/_native.c) ----------------------------- */
+
+typedef struct {
+    Py_buffer v;
+    char *p;
+    Py_ssize_t stride;
+    Py_ssize_t n;
+} Arr;
+
+static int arr_get(PyObject *o, Arr *a, Py_ssize_t itemsize, int writable, const char *name)
+{
+    if (PyObject_GetBuffer(o, &a->v, PyBUF_STRIDES |
+                           (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return -1;
+    if (a->v.ndim != 1 || a->v.itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: a 1-d array of %zd-byte items is required", name,
+                     itemsize);
+        PyBuffer_Release(&a->v);
+        a->v.obj = NULL;
+        return -1;
+    }
+    a->p = (char *)a->v.buf;
+    a->stride = a->v.strides ? a->v.strides[0] : itemsize;
+    a->n = a->v.shape ? a->v.shape[0] : a->v.len / itemsize;
+    return 0;
+}
+
+static void arr_release(Arr *a, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (a[i].v.obj != NULL)
+            PyBuffer_Release(&a[i].v);
+}
+
+static inline int64_t ld_i64(const Arr *a, Py_ssize_t i) { int64_t x; memcpy(&x, a->p + i * a->stride, 8); return x; }
+static inline uint32_t ld_u32(const Arr *a, Py_ssize_t i) { uint32_t x; memcpy(&x, a->p + i * a->stride, 4); return x; }
+static inline uint8_t ld_u8(const Arr *a, Py_ssize_t i) { return (uint8_t)a->p[i * a->stride]; }
 
 /* -- Buffer: malloc'd bytes exported through the buffer protocol (np.frombuffer) ------------ */
 
@@ -169,10 +235,48 @@ static PyObject *bind(PyObject *self, PyObject *arg)
     SYM(opaque, "rd_kafka_opaque")
     SYM(fatal_error, "rd_kafka_fatal_error")
     SYM(type, "rd_kafka_type")
+    SYM(produceva, "rd_kafka_produceva")
+    SYM(error_code, "rd_kafka_error_code")
+    SYM(error_string, "rd_kafka_error_string")
+    SYM(error_destroy, "rd_kafka_error_destroy")
+    SYM(poll, "rd_kafka_poll")
+    SYM(topic_new, "rd_kafka_topic_new")
+    SYM(topic_destroy, "rd_kafka_topic_destroy")
 #undef SYM
     /* the library stays loaded as long as confluent_kafka's module: keep our reference too */
     bound = 1;
     Py_RETURN_NONE;
+}
+
+/* -- confluent_kafka's CallState, as Consumer.consume and Producer.poll set it up ------------- */
+
+/* CallState_begin: release the GIL; callbacks on this thread find it through the key */
+static void callstate_begin(cfl_handle *h, cfl_callstate *cs)
+{
+    memset(cs, 0, sizeof *cs);
+    cs->thread_state = PyEval_SaveThread();
+    PyThread_tss_set(&h->tlskey, cs);
+}
+
+/* CallState_end's checks, after PyEval_RestoreThread(cs->thread_state): -1 with the exception
+ * of a callback that raised (as confluent_kafka reports it) or of a signal handler */
+static int callstate_failed(cfl_callstate *cs)
+{
+    if (cs->crashed) {
+        if (cs->exception_value != NULL) {
+            PyObject *v = cs->exception_value;
+            cs->exception_value = NULL;
+            if (PyExceptionInstance_Check(v))
+                PyErr_SetObject((PyObject *)Py_TYPE(v), v);
+            else
+                PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
+            Py_DECREF(v);
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
+        }
+        return -1;
+    }
+    return PyErr_CheckSignals();
 }
 
 /* -- attach(consumer, error_cb, logger) -> reader capsule or None --------------------------- */
@@ -196,6 +300,23 @@ static void reader_free(PyObject *cap)
     free(r);
 }
 
+/* the client's Handle when its layout checks out (see the top of this file), else NULL */
+static cfl_handle *recognise(PyObject *c, PyObject *error_cb, PyObject *logger, int type)
+{
+    if (!bound || error_cb == Py_None || logger == Py_None ||
+        Py_TYPE(c)->tp_basicsize < (Py_ssize_t)sizeof(cfl_handle))
+        return NULL;
+    cfl_handle *h = (cfl_handle *)c;
+    /* the fields around the thread-local key first (plain loads), then the key itself, then
+     * the librdkafka calls on the pointer that the checks vouched for */
+    if (h->rk == NULL || h->error_cb != error_cb || h->logger != logger || h->type != type ||
+        !PyThread_tss_is_created(&h->tlskey) || PyThread_tss_get(&h->tlskey) != NULL)
+        return NULL;
+    if (rdk.opaque(h->rk) != (void *)c || rdk.type(h->rk) != type)
+        return NULL;
+    return h;
+}
+
 static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
@@ -204,17 +325,8 @@ static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *c = args[0], *error_cb = args[1], *logger = args[2];
-    if (!bound || error_cb == Py_None || logger == Py_None ||
-        Py_TYPE(c)->tp_basicsize < (Py_ssize_t)sizeof(cfl_handle))
-        Py_RETURN_NONE;
-    cfl_handle *h = (cfl_handle *)c;
-    /* the fields around the thread-local key first (plain loads), then the key itself, then
-     * the librdkafka calls on the pointer that the checks vouched for */
-    if (h->rk == NULL || h->error_cb != error_cb || h->logger != logger ||
-        h->type != RDK_CONSUMER || !PyThread_tss_is_created(&h->tlskey) ||
-        PyThread_tss_get(&h->tlskey) != NULL)
-        Py_RETURN_NONE;
-    if (rdk.opaque(h->rk) != (void *)c || rdk.type(h->rk) != RDK_CONSUMER)
+    cfl_handle *h = recognise(c, error_cb, logger, RDK_CONSUMER);
+    if (h == NULL)
         Py_RETURN_NONE;
     reader *r = calloc(1, sizeof *r);
     if (r == NULL)
@@ -537,37 +649,19 @@ static PyObject *consume(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     if ((w.ms = malloc((size_t)want * sizeof *w.ms)) == NULL)
         return PyErr_NoMemory();
     cfl_handle *h = (cfl_handle *)r->consumer;
-    /* CallState_begin */
     cfl_callstate cs;
-    memset(&cs, 0, sizeof cs);
-    cs.thread_state = PyEval_SaveThread();
-    PyThread_tss_set(&h->tlskey, &cs);
+    callstate_begin(h, &cs);
     w.n = rdk.consume_batch_queue(r->q, (int)tmo, w.ms, (size_t)want);
-    /* CallState_end's unset: nothing below calls back */
-    PyThread_tss_set(&h->tlskey, NULL);
+    PyThread_tss_set(&h->tlskey, NULL); /* nothing below calls back */
     if (w.n > 0)
         read_batch(&w);
     PyEval_RestoreThread(cs.thread_state);
 
     PyObject *result = NULL, *names = NULL, *tindex = NULL, *events = NULL;
     PyObject *bufs[11] = {0};
-    if (cs.crashed) {
-        /* a callback raised: its exception, as confluent_kafka's consume() reports it */
-        if (cs.exception_value != NULL) {
-            PyObject *v = cs.exception_value;
-            if (PyExceptionInstance_Check(v))
-                PyErr_SetObject((PyObject *)Py_TYPE(v), v);
-            else
-                PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
-            Py_DECREF(v);
-        } else if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
-        }
-        goto done;
-    }
-    /* CallState_end: a signal handler's exception (main thread) ends the call, as in
-     * confluent_kafka; the batch is dropped with it (a restart resumes from the store) */
-    if (PyErr_CheckSignals() < 0)
+    /* the batch is dropped with a callback's or a signal handler's exception, as in
+     * confluent_kafka (a restart resumes from the store) */
+    if (callstate_failed(&cs) < 0)
         goto done;
     if (w.n < 0) {
         PyErr_SetString(PyExc_RuntimeError, "rd_kafka_consume_batch_queue failed");
@@ -652,6 +746,187 @@ done:
     return result;
 }
 
+/* -- producer_attach(producer, error_cb, logger) -> capsule or None ------------------------- */
+
+typedef struct {
+    PyObject *producer; /* strong reference */
+    rd_kafka_t *rk;
+} sender;
+
+static const char *SENDER = "connectors._rdkafka.sender";
+
+static void sender_free(PyObject *cap)
+{
+    sender *s = PyCapsule_GetPointer(cap, SENDER);
+    if (s == NULL)
+        return;
+    Py_XDECREF(s->producer);
+    free(s);
+}
+
+static PyObject *producer_attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "producer_attach(producer, error_cb, logger)");
+        return NULL;
+    }
+    cfl_handle *h = recognise(args[0], args[1], args[2], RDK_PRODUCER);
+    if (h == NULL)
+        Py_RETURN_NONE;
+    sender *sd = calloc(1, sizeof *sd);
+    if (sd == NULL)
+        return PyErr_NoMemory();
+    sd->rk = h->rk;
+    sd->producer = Py_NewRef(args[0]);
+    PyObject *cap = PyCapsule_New(sd, SENDER, sender_free);
+    if (cap == NULL) {
+        Py_DECREF(sd->producer);
+        free(sd);
+    }
+    return cap;
+}
+
+/* -- produce(sender, topic, partition, partitions, kbuf, kstarts, kends, knulls, vbuf, vstarts,
+ *            vends, vnulls, timestamps) -> (produced, error code, error text) ----------------
+ * Every record of the columns to ``topic``: at ``partition``, or partitions[i] when that is not
+ * None (int32). Keys and values are buf[starts[i]:ends[i]] (int64), null where nulls[i]; copied
+ * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns. No delivery
+ * report reaches Python for these records: the caller must produce them inside a transaction,
+ * whose commit fails when any of them failed delivery (librdkafka counts them whatever the
+ * application's callbacks). A full queue is served with rd_kafka_poll (callbacks run, as in
+ * Producer.poll) and the record retried; another error stops at that record and is returned. */
+
+static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "produce(sender, topic, partition, partitions, kbuf, "
+                        "kstarts, kends, knulls, vbuf, vstarts, vends, vnulls, timestamps)");
+        return NULL;
+    }
+    sender *sd = PyCapsule_GetPointer(args[0], SENDER);
+    if (sd == NULL)
+        return NULL;
+    cfl_handle *h = (cfl_handle *)sd->producer;
+    if (h->rk != sd->rk) {
+        PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
+        return NULL;
+    }
+    const char *topic = PyUnicode_AsUTF8(args[1]);
+    long part = PyLong_AsLong(args[2]);
+    if (topic == NULL || (part == -1 && PyErr_Occurred()))
+        return NULL;
+    Py_buffer kb = {0}, vb = {0};
+    Arr a[7] = {0}; /* partitions, kstarts, kends, knulls, vstarts, vends, vnulls; ts last */
+    Arr ts = {0};
+    PyObject *result = NULL;
+    int have_parts = args[3] != Py_None;
+    if (PyObject_GetBuffer(args[4], &kb, PyBUF_SIMPLE) < 0)
+        goto out;
+    if (PyObject_GetBuffer(args[8], &vb, PyBUF_SIMPLE) < 0)
+        goto out;
+    if ((have_parts && arr_get(args[3], &a[0], 4, 0, "partitions") < 0) ||
+        arr_get(args[5], &a[1], 8, 0, "kstarts") < 0 || arr_get(args[6], &a[2], 8, 0, "kends") < 0 ||
+        arr_get(args[7], &a[3], 1, 0, "knulls") < 0 || arr_get(args[9], &a[4], 8, 0, "vstarts") < 0 ||
+        arr_get(args[10], &a[5], 8, 0, "vends") < 0 || arr_get(args[11], &a[6], 1, 0, "vnulls") < 0 ||
+        arr_get(args[12], &ts, 8, 0, "timestamps") < 0)
+        goto out;
+    Py_ssize_t n = ts.n;
+    for (int i = have_parts ? 0 : 1; i < 7; i++)
+        if (a[i].n != n) {
+            PyErr_SetString(PyExc_ValueError, "produce: columns of different lengths");
+            goto out;
+        }
+    /* every range inside its buffer, before any record goes */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t k0 = ld_i64(&a[1], i), k1 = ld_i64(&a[2], i);
+        int64_t v0 = ld_i64(&a[4], i), v1 = ld_i64(&a[5], i);
+        if ((!ld_u8(&a[3], i) && (k0 < 0 || k1 < k0 || k1 > kb.len)) ||
+            (!ld_u8(&a[6], i) && (v0 < 0 || v1 < v0 || v1 > vb.len))) {
+            PyErr_SetString(PyExc_ValueError, "produce: a key or value range is out of bounds");
+            goto out;
+        }
+    }
+    static const char empty[1] = {0};
+    Py_ssize_t done = 0;
+    int code = 0;
+    char reason[512];
+    reason[0] = 0;
+    rd_kafka_topic_t *rkt = rdk.topic_new(sd->rk, topic, NULL);
+    if (rkt == NULL) {
+        PyErr_Format(PyExc_ValueError, "produce: cannot use topic %s", topic);
+        goto out;
+    }
+    cfl_callstate cs;
+    callstate_begin(h, &cs);
+    rdk_vu vu[6];
+    memset(vu, 0, sizeof vu);
+    vu[0].vtype = VT_RKT;
+    vu[0].u.rkt = rkt;
+    vu[1].vtype = VT_PARTITION;
+    vu[1].u.i32 = (int32_t)part;
+    vu[2].vtype = VT_KEY;
+    vu[3].vtype = VT_VALUE;
+    vu[4].vtype = VT_TIMESTAMP;
+    vu[5].vtype = VT_MSGFLAGS;
+    vu[5].u.i = RDK_MSG_F_COPY;
+    const char *kp = kb.buf, *vp = vb.buf;
+    for (; done < n && !cs.crashed; done++) {
+        Py_ssize_t i = done;
+        if (have_parts)
+            vu[1].u.i32 = (int32_t)ld_u32(&a[0], i);
+        if (ld_u8(&a[3], i)) {
+            vu[2].u.mem.ptr = NULL;
+            vu[2].u.mem.size = 0;
+        } else {
+            int64_t k0 = ld_i64(&a[1], i), k1 = ld_i64(&a[2], i);
+            vu[2].u.mem.ptr = k1 > k0 ? kp + k0 : empty; /* empty, not null */
+            vu[2].u.mem.size = (size_t)(k1 - k0);
+        }
+        if (ld_u8(&a[6], i)) {
+            vu[3].u.mem.ptr = NULL;
+            vu[3].u.mem.size = 0;
+        } else {
+            int64_t v0 = ld_i64(&a[4], i), v1 = ld_i64(&a[5], i);
+            vu[3].u.mem.ptr = v1 > v0 ? vp + v0 : empty;
+            vu[3].u.mem.size = (size_t)(v1 - v0);
+        }
+        vu[4].u.i64 = ld_i64(&ts, i);
+        void *err;
+        while ((err = rdk.produceva(sd->rk, vu, 6)) != NULL) {
+            int c = rdk.error_code(err);
+            if (c != RDK_ERR_QUEUE_FULL) {
+                code = c;
+                const char *t = rdk.error_string(err);
+                snprintf(reason, sizeof reason, "%s", t ? t : "");
+                rdk.error_destroy(err);
+                break;
+            }
+            rdk.error_destroy(err);
+            rdk.poll(sd->rk, 10);
+            if (cs.crashed)
+                break;
+        }
+        if (code != 0 || cs.crashed)
+            break;
+    }
+    PyThread_tss_set(&h->tlskey, NULL);
+    rdk.topic_destroy(rkt);
+    PyEval_RestoreThread(cs.thread_state);
+    if (callstate_failed(&cs) < 0)
+        goto out;
+    result = Py_BuildValue("(nis)", done, code, reason);
+out:
+    if (kb.obj != NULL)
+        PyBuffer_Release(&kb);
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    arr_release(a, 7);
+    arr_release(&ts, 1);
+    return result;
+}
+
 /* -- unpack(buf, starts, nulls) -> list of bytes | None (a packed column, for sinks that want
  *    objects) --------------------------------------------------------------------------------- */
 
@@ -713,6 +988,8 @@ static PyMethodDef methods[] = {
     {"detach", (PyCFunction)detach, METH_O, NULL},
     {"consume", (PyCFunction)(void (*)(void))consume, METH_FASTCALL, NULL},
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, NULL},
+    {"producer_attach", (PyCFunction)(void (*)(void))producer_attach, METH_FASTCALL, NULL},
+    {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

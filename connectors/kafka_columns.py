@@ -76,7 +76,7 @@ class PackedBytes(Sequence):
     @staticmethod
     def unpacked(buf: Any, starts: Any, nulls: Any) -> list:
         """The column as a list of bytes | None."""
-        return _module().unpack(buf, starts, nulls)
+        return (_BOUND or _module()).unpack(buf, starts, nulls)
 
     def _list(self) -> list:
         if self._items is None:
@@ -166,6 +166,8 @@ class ColumnReader:
         return None if handle is None else cls(mod, handle)
 
     def consume(self, num_messages: int, timeout: float) -> Batch:
+        if self._handle is None:
+            raise RuntimeError("the column reader is closed")
         (parts, offs, ts, names, tindex, kb, ko, kn, vb, vo, vn, hb, ho,
          events) = self._mod.consume(self._handle, num_messages, max(0, int(timeout * 1000)))
         return Batch(np.frombuffer(parts, np.int32), np.frombuffer(offs, np.int64),
@@ -178,3 +180,41 @@ class ColumnReader:
         if self._handle is not None:
             self._mod.detach(self._handle)
             self._handle = None
+
+
+class ColumnSender:
+    """Produces columns of records through a confluent_kafka Producer's librdkafka handle,
+    without a Python object or a delivery callback per record (connectors/_rdkafka.c produce).
+
+    Only inside a transaction: no delivery report of these records reaches Python, and it is the
+    transaction's commit that fails when any of them failed delivery (librdkafka counts failed
+    deliveries whatever the application's callbacks)."""
+
+    def __init__(self, mod: Any, handle: Any):
+        self._mod, self._handle = mod, handle
+
+    @classmethod
+    def attach(cls, producer: Any, error_cb: Any, logger: Any) -> "ColumnSender | None":
+        """A sender for ``producer``, configured with exactly these ``error_cb`` and ``logger``
+        objects; None when the native module is not built, is turned off, or does not
+        recognise this confluent_kafka."""
+        mod = _module()
+        if mod is None:
+            return None
+        handle = mod.producer_attach(producer, error_cb, logger)
+        return None if handle is None else cls(mod, handle)
+
+    def produce(self, topic: str, partition: int, partitions: np.ndarray | None,
+                keys: tuple, values: tuple, timestamps: np.ndarray) -> None:
+        """Every record: ``keys``/``values`` are (buffer, starts, ends, nulls) with int64 starts
+        and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``.
+        Raises KafkaException for an error other than a full queue (which it waits out)."""
+        done, code, reason = self._mod.produce(self._handle, topic, partition, partitions,
+                                               *keys, *values, timestamps)
+        if code:
+            from confluent_kafka import KafkaError, KafkaException
+            raise KafkaException(KafkaError(code, f"{reason} (after {done} of "
+                                                  f"{len(timestamps)} records)"))
+
+    def close(self) -> None:
+        self._handle = None

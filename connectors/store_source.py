@@ -159,6 +159,14 @@ class RecordBlock:
     def __len__(self) -> int:
         return self.n
 
+    def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
+        """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
+        uint8 nulls) and the int64 timestamps, for a producer that reads columns
+        (connectors.kafka_columns.ColumnSender); None once ``materialize`` ran."""
+        if self.keys is not None:
+            return None
+        return _ranges(self._kspec, self.n), _ranges(self._vspec, self.n), self._ts
+
     def materialize(self) -> "RecordBlock":
         """Build ``keys``, ``values`` (bytes or None) and ``timestamps`` (int) lists."""
         if self.keys is None:
@@ -188,6 +196,20 @@ def _field_spec(data: bytes, buf: np.ndarray, starts: np.ndarray, lengths: np.nd
         K.gather_ranges(buf, starts, lengths, out)
         return ("fixed", out, w, null_at)
     return ("slices", data, (starts, starts + lengths), null_at)
+
+
+def _ranges(spec: tuple, n: int) -> tuple:
+    kind, src, arg, null_at = spec
+    nulls = np.zeros(n, np.uint8)
+    nulls[null_at] = 1
+    if kind == "fixed":
+        starts = np.arange(0, n * arg, arg, dtype=np.int64)
+        return src, starts, starts + arg, nulls
+    if kind == "empty":
+        zeros = np.zeros(n, np.int64)
+        return b"", zeros, zeros, nulls
+    a, b = arg
+    return src, np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64), nulls
 
 
 def _materialize(spec: tuple, n: int) -> list:

@@ -19,7 +19,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.api import SourceConnector, SourceRecord, SourceTask
+from connectors import kafka_columns
 from connectors.converters import AvroConverter
+from connectors.kafka_columns import ColumnReader
 from connectors.errors import ConnectorsError
 from connectors.mirror import mirror_local
 from connectors.worker import Worker
@@ -100,12 +102,25 @@ def _mirror(bootstrap, topic, store, **kw):
 # -- exactness -----------------------------------------------------------------------------------
 
 
-def test_mirror_is_exact_offset_for_offset(kafka_bootstrap, make_topic, tmp_path):
+@pytest.mark.parametrize("columns", ["columns", "messages"])
+def test_mirror_is_exact_offset_for_offset(kafka_bootstrap, make_topic, tmp_path, monkeypatch,
+                                           columns):
+    """Both ways of reading batches: as columns (connectors/kafka_columns.py, the default when
+    built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
+    if columns == "messages":
+        monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
+    elif kafka_columns._module() is None:
+        pytest.skip("connectors._rdkafka is not built; the 'messages' case covers the mirror")
+    readers = []
+    attach = ColumnReader.attach
+    monkeypatch.setattr(ColumnReader, "attach",
+                        lambda *a: readers.append(attach(*a)) or readers[-1])
     topic = make_topic(partitions=3)
     recs = varied_records(3, 600)
     produce(kafka_bootstrap, topic, recs)
     store = tmp_path / "store"  # does not exist yet: the mirror creates it
     res = _mirror(kafka_bootstrap, topic, store)
+    assert len(readers) == 1 and (readers[0] is not None) == (columns == "columns")
     assert res.records == 600 and res.partitions == 3 and res.stopped_by is None
     in_topic = read_topic(kafka_bootstrap, topic, 3)
     assert in_topic == expected(recs, 3)  # the broker kept what we produced
