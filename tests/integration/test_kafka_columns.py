@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from connectors.kafka_columns import ColumnReader, PackedBytes, PackedHeaders, _module
+from connectors.kafka_columns import (ColumnReader, ColumnSender, PackedBytes, PackedHeaders,
+                                      _module)
 from connectors.worker import kafka_logger
-from test_mirror import produce, varied_records
+from test_mirror import TS0, produce, varied_records
+from topics import read_topic
 
 pytestmark = pytest.mark.skipif(
     _module() is None,
@@ -105,11 +108,15 @@ def test_attach_checks_the_configured_objects(kafka_bootstrap):
         reader = ColumnReader.attach(c, cb, logger)
         assert reader is not None
         reader.close()
+        assert ColumnSender.attach(c, cb, logger) is None  # a consumer is not a producer
     finally:
         c.close()
     p = Producer({"bootstrap.servers": kafka_bootstrap, "error_cb": cb, "logger": logger})
     assert ColumnReader.attach(p, cb, logger) is None
+    assert ColumnSender.attach(p, errors.append, logger) is None
+    assert ColumnSender.attach(p, cb, logger) is not None
     assert ColumnReader.attach("not a consumer", cb, logger) is None
+    assert ColumnSender.attach(b"not a producer", cb, logger) is None
 
 
 def test_callbacks_run_inside_consume(closed_port):
@@ -163,3 +170,44 @@ def test_closed_reader_and_consumer_raise(kafka_bootstrap):
     with pytest.raises(RuntimeError, match="closed"):
         reader.consume(10, 0.01)
     reader.close()
+
+
+def _columns(items: list) -> tuple:
+    starts, ends, at = [], [], 0
+    for x in items:
+        starts.append(at)
+        at += len(x or b"")
+        ends.append(at)
+    return (b"".join(x or b"" for x in items), np.array(starts, np.int64),
+            np.array(ends, np.int64), np.array([x is None for x in items], np.uint8))
+
+
+def test_sender_failed_delivery_fails_the_commit(kafka_bootstrap, make_topic):
+    """Records produced through ColumnSender have no delivery report in Python; a record that
+    fails delivery must still fail the transaction's commit (and one that is delivered reads
+    back as sent: null and empty keys and values, timestamps, a partition per record)."""
+    cb, logger = [].append, kafka_logger()
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "error_cb": cb, "logger": logger,
+                  "transactional.id": f"cols-{uuid.uuid4().hex[:8]}",
+                  "allow.auto.create.topics": False, "topic.metadata.propagation.max.ms": 500,
+                  "message.timeout.ms": 5000})
+    p.init_transactions(30)
+    sender = ColumnSender.attach(p, cb, logger)
+    assert sender is not None
+    topic = make_topic(partitions=2)
+    keys, values = [None, b"", b"k2", b"k3"], [b"v0", None, b"", b"v3" * 100]
+    p.begin_transaction()
+    sender.produce(topic, -1, np.array([0, 1, 0, 1], np.int32), _columns(keys),
+                   _columns(values), np.array([TS0 + i for i in range(4)], np.int64))
+    p.commit_transaction(30)
+    got = read_topic(kafka_bootstrap, topic, 2)
+    assert got == {0: [(0, TS0, None, b"v0", ()), (1, TS0 + 2, b"k2", b"", ())],
+                   1: [(0, TS0 + 1, b"", None, ()), (1, TS0 + 3, b"k3", b"v3" * 100, ())]}
+
+    p.begin_transaction()
+    sender.produce(f"no-such-topic-{uuid.uuid4().hex[:8]}", 0, None, _columns([b"k"]),
+                   _columns([b"v"]), np.array([TS0], np.int64))
+    with pytest.raises(KafkaException, match="failed delivery"):
+        p.commit_transaction(30)
+    p.abort_transaction(30)
+    sender.close()

@@ -24,6 +24,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
+from connectors import kafka_columns
+from connectors.errors import ConnectorsError
+from connectors.kafka_columns import ColumnSender
 from connectors.restore import RestoreJob, StoreProgress, restore
 from connectors.store_source import PROGRESS_TOPIC, default_partition
 from reput import Store
@@ -45,10 +48,11 @@ def on_tansu(kafka_broker_kind: str) -> bool:
 
 
 def build_store(url: str, partitions: int, n: int, *, seed: int = 1, keys: int = 50,
-                first_offset: int = 0, own_keys: bool = False) -> None:
+                first_offset: int = 0, own_keys: bool = False, headers: bool = True) -> None:
     """n records per partition: keys from a small set (so most are overwritten), tombstones,
-    keyless records, empty values and keys, headers with repeats and null values, gaps in the
-    offsets. ``own_keys``: each partition has its own keys (as Kafka's partitioner makes)."""
+    keyless records, empty values and keys, headers with repeats and null values (none when
+    ``headers`` is False), gaps in the offsets. ``own_keys``: each partition has its own keys
+    (as Kafka's partitioner makes)."""
     rng = random.Random(seed)
     with Store.open(url, writer="w", create=True) as st:
         for p in range(partitions):
@@ -62,10 +66,10 @@ def build_store(url: str, partitions: int, n: int, *, seed: int = 1, keys: int =
                 v = rng.random()
                 value = (None if v < 0.08 else b"" if v < 0.12 else
                          rng.randbytes(rng.randrange(1, 60)))
-                h = rng.random()
-                headers = ((("a", b"1"), ("a", None), ("\u00fc", b"")) if h < 0.2 else
-                           (("trace", b"%d" % i),) if h < 0.4 else ())
-                rows.append((p, off, TS0 + off * 3, key, value, headers))
+                h = rng.random() if headers else 1.0
+                hs = ((("a", b"1"), ("a", None), ("\u00fc", b"")) if h < 0.2 else
+                      (("trace", b"%d" % i),) if h < 0.4 else ())
+                rows.append((p, off, TS0 + off * 3, key, value, hs))
             st.append(RecordBatch.from_records("orders", rows))
 
 
@@ -152,9 +156,27 @@ def _job(bootstrap: str, url: str, target: str) -> RestoreJob:
 # -- exactness -----------------------------------------------------------------------------------
 
 
-def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path, on_tansu):
+@pytest.fixture
+def sent_by_columns(monkeypatch) -> list[int]:
+    """Records produced through ColumnSender (the transactional path for blocks without
+    headers), counted per call."""
+    counts: list[int] = []
+    real = ColumnSender.produce
+
+    def produce(self, topic, partition, partitions, keys, values, timestamps):
+        counts.append(len(timestamps))
+        return real(self, topic, partition, partitions, keys, values, timestamps)
+    monkeypatch.setattr(ColumnSender, "produce", produce)
+    return counts
+
+
+@pytest.mark.parametrize("headers", [True, False], ids=["headers", "no-headers"])
+def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path, on_tansu, headers,
+                                  sent_by_columns):
+    """With headers in most blocks (produce() per record) and without (inside a transaction,
+    whole blocks through ColumnSender)."""
     url = str(tmp_path / "store")
-    build_store(url, 3, 800)
+    build_store(url, 3, 800, headers=headers)
     target = new_topic()
     res = _restore(kafka_bootstrap, url, target, chunk_records=40)
     want = {p: latest(rows) for p, rows in store_records(url).items()}
@@ -162,6 +184,10 @@ def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path, on_tansu
     assert res.stats.created_topic and partition_count(kafka_bootstrap, target) == 3
     if on_tansu:
         assert res.stats.transactional
+    if res.stats.transactional and not headers and kafka_columns._module() is not None:
+        assert sum(sent_by_columns) == res.records
+    elif headers:
+        assert sum(sent_by_columns) < res.records
     got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
     # the progress is in the store's internal topic, written through its normal append path
@@ -189,12 +215,14 @@ def test_mode_all_is_every_stored_record(kafka_bootstrap, new_topic, tmp_path):
     assert any(k is None for rows in got.values() for _, k, _, _ in rows)  # keyless kept
 
 
-def test_idempotent_producer_without_transactions(kafka_bootstrap, new_topic, tmp_path):
+def test_idempotent_producer_without_transactions(kafka_bootstrap, new_topic, tmp_path,
+                                                  sent_by_columns):
     url = str(tmp_path / "store")
-    build_store(url, 2, 300, seed=3)
+    build_store(url, 2, 300, seed=3, headers=False)
     target = new_topic()
     res = _restore(kafka_bootstrap, url, target, exactly_once="disabled", chunk_records=100)
     assert not res.stats.transactional
+    assert sent_by_columns == []  # every record has its delivery report
     want = {p: latest(rows) for p, rows in store_records(url).items()}
     assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
 
@@ -278,6 +306,41 @@ def test_repartition_places_keys_like_the_java_client(kafka_bootstrap, make_topi
             if r[2] is not None:
                 want[r[2]] = r[3]
     assert last == want
+
+
+def test_repartition_without_headers_through_columns(kafka_bootstrap, make_topic, tmp_path,
+                                                     sent_by_columns):
+    """--repartition with blocks that go through ColumnSender (a partition per record)."""
+    url = str(tmp_path / "store")
+    build_store(url, 3, 300, seed=7, own_keys=True, headers=False)
+    target = make_topic(partitions=2)
+    res = _restore(kafka_bootstrap, url, target, repartition=True, mode="all")
+    got = read_back(kafka_bootstrap, target, 2)
+    stored = store_records(url)
+    assert sum(map(len, got.values())) == res.records == sum(map(len, stored.values()))
+    for part, rows in got.items():
+        for _, key, _, _ in rows:
+            assert key is None or part == default_partition(key, 2)
+    want = sorted(as_topic([r for rows in stored.values() for r in rows]),
+                  key=lambda r: (r[0], r[1] or b"", r[2] or b""))
+    assert sorted((r for rows in got.values() for r in rows),
+                  key=lambda r: (r[0], r[1] or b"", r[2] or b"")) == want
+    if res.stats.transactional and kafka_columns._module() is not None:
+        assert sum(sent_by_columns) == res.records
+
+
+def test_record_larger_than_the_producer_limit(kafka_bootstrap, new_topic, tmp_path):
+    """A record librdkafka refuses (message.max.bytes) stops the restore with the reason, on
+    either produce path, and the progress does not move past it."""
+    url = str(tmp_path / "store")
+    with Store.open(url, writer="w", create=True) as st:
+        st.append(RecordBatch.from_records("orders", [
+            (0, 0, TS0, b"small", b"v", ()), (0, 1, TS0, b"big", b"x" * 5000, ())]))
+    target = new_topic()
+    with pytest.raises(ConnectorsError, match="(?i)too large"):
+        _restore(kafka_bootstrap, url, target, kafka_config={"message.max.bytes": "2000"})
+    prog = StoreProgress(url, _job(kafka_bootstrap, url, target)).read()
+    assert prog is None or not prog.done
 
 
 # -- bad input -----------------------------------------------------------------------------------
