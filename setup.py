@@ -11,8 +11,10 @@ from setuptools import Extension, setup
 
 _FLAGS = ["-O3", "-std=c11"]
 
+_SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h"], "optional": True}
+
 setup(ext_modules=[
-    Extension("reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS, optional=True),
+    Extension("reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS, **_SHARED),
     Extension("connectors._rdkafka", ["connectors/_rdkafka.c"],
-              extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], optional=True),
+              extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
 ])

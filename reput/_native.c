@@ -23,41 +23,7 @@
 #define MAP_OK 0
 #define MAP_FULL 1
 
-typedef struct {
-    Py_buffer v;
-    char *p;
-    Py_ssize_t stride;
-    Py_ssize_t n;
-} Arr;
-
-static int arr_get(PyObject *o, Arr *a, Py_ssize_t itemsize, int writable, const char *name)
-{
-    if (PyObject_GetBuffer(o, &a->v, PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0)) < 0)
-        return -1;
-    if (a->v.ndim != 1 || a->v.itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: a 1-d array of %zd-byte items is required "
-                     "(got %d-d, %zd-byte items)", name, itemsize, a->v.ndim, a->v.itemsize);
-        PyBuffer_Release(&a->v);
-        return -1;
-    }
-    a->p = (char *)a->v.buf;
-    a->stride = a->v.strides ? a->v.strides[0] : itemsize;
-    a->n = a->v.shape ? a->v.shape[0] : a->v.len / itemsize;
-    return 0;
-}
-
-static void arr_release(Arr *a, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (a[i].v.obj != NULL)
-            PyBuffer_Release(&a[i].v);
-}
-
-static inline int64_t ld_i64(const Arr *a, int64_t i) { int64_t x; memcpy(&x, a->p + i * a->stride, 8); return x; }
-static inline uint64_t ld_u64(const Arr *a, int64_t i) { uint64_t x; memcpy(&x, a->p + i * a->stride, 8); return x; }
-static inline uint32_t ld_u32(const Arr *a, int64_t i) { uint32_t x; memcpy(&x, a->p + i * a->stride, 4); return x; }
-static inline uint16_t ld_u16(const Arr *a, int64_t i) { uint16_t x; memcpy(&x, a->p + i * a->stride, 2); return x; }
-static inline uint8_t ld_u8(const Arr *a, int64_t i) { return (uint8_t)a->p[i * a->stride]; }
+#include "_arr.h"
 
 static inline int64_t home(uint64_t lo, int64_t cap)
 {
