@@ -663,6 +663,561 @@ fail:
     return result;
 }
 
+/* -- record scanning (reput/_kernels.py count_records, fill_records; docs/formats/record.md) --
+ * Header, HEADER_SIZE = 44: 0 size u32 | 4 crc u32 | 8 magic u8 | 9 attributes u8 |
+ * 10 topic_len u8 | 11 reserved u8 | 12 partition i32 | 16 offset i64 | 24 timestamp i64 |
+ * 32 key_len i32 | 36 value_len i32 | 40 headers_len i32 | 44 topic | key | value | headers */
+
+#define REC_HEADER 44
+#define REC_MAGIC 1
+#define REC_NULL_VALUE 1
+#define REC_NULL_KEY 2
+#define REC_ATTR_MASK 3
+#define REC_MAX_SIZE (256ll * 1024 * 1024)
+#define SCAN_OK 0
+#define SCAN_TORN 1
+#define SCAN_CORRUPT 2
+
+static inline uint32_t rd32(const uint8_t *b) { uint32_t x; memcpy(&x, b, 4); return x; }
+static inline uint64_t rd64(const uint8_t *b) { uint64_t x; memcpy(&x, b, 8); return x; }
+
+static uint32_t crc_table[8][256];
+static int crc_hw = 0;
+
+static void crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(const uint8_t *p, int64_t n)
+{
+    uint64_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        c = __builtin_ia32_crc32di(c, rd64(p));
+        p += 8;
+        n -= 8;
+    }
+    uint32_t c32 = (uint32_t)c;
+    while (n-- > 0)
+        c32 = __builtin_ia32_crc32qi(c32, *p++);
+    return c32 ^ 0xFFFFFFFFu;
+}
+#endif
+
+static uint32_t crc32c_sw(const uint8_t *p, int64_t n)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t one = crc ^ rd32(p);
+        crc = crc_table[7][one & 0xFF] ^ crc_table[6][(one >> 8) & 0xFF] ^
+              crc_table[5][(one >> 16) & 0xFF] ^ crc_table[4][one >> 24] ^ crc_table[3][p[4]] ^
+              crc_table[2][p[5]] ^ crc_table[1][p[6]] ^ crc_table[0][p[7]];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0)
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return crc ^ 0xFFFFFFFFu;
+}
+
+static inline uint32_t crc32c(const uint8_t *p, int64_t n)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc_hw)
+        return crc32c_hw(p, n);
+#endif
+    return crc32c_sw(p, n);
+}
+
+/* the record size at p if its header is self-consistent, 0 if torn, -1 if invalid */
+static inline int64_t check_header(const uint8_t *b, int64_t p, int64_t end)
+{
+    if (end - p < REC_HEADER)
+        return 0;
+    const uint8_t *h = b + p;
+    int64_t size = rd32(h);
+    if (size < REC_HEADER || size > REC_MAX_SIZE)
+        return -1;
+    if (h[8] != REC_MAGIC || (h[9] & ~REC_ATTR_MASK) != 0 || h[11] != 0)
+        return -1;
+    int64_t tl = h[10], kl = (int32_t)rd32(h + 32), vl = (int32_t)rd32(h + 36),
+            hl = (int32_t)rd32(h + 40);
+    if (tl < 1 || kl < 0 || vl < 0 || hl < 0)
+        return -1;
+    if (REC_HEADER + tl + kl + vl + hl != size)
+        return -1;
+    if (((h[9] & REC_NULL_KEY) && kl != 0) || ((h[9] & REC_NULL_VALUE) && vl != 0))
+        return -1;
+    if (size > end - p)
+        return 0;
+    return size;
+}
+
+/* count_records(buf, start, end, verify_crc) -> (count, stop, status) */
+static PyObject *count_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("count_records", 4);
+    long long start = PyLong_AsLongLong(args[1]), end = PyLong_AsLongLong(args[2]);
+    int verify = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || verify < 0)
+        return NULL;
+    Arr a = {{0}};
+    if (arr_get(args[0], &a, 1, 0, "buf") < 0)
+        return NULL;
+    if (a.stride != 1 || start < 0 || end < start || end > a.n) {
+        arr_release(&a, 1);
+        PyErr_SetString(PyExc_ValueError, "count_records: start/end outside the buffer");
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a.p;
+    int64_t p = start, n = 0, status = SCAN_OK;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end) {
+        int64_t size = check_header(b, p, end);
+        if (size <= 0) {
+            status = size == 0 ? SCAN_TORN : SCAN_CORRUPT;
+            break;
+        }
+        if (verify && crc32c(b + p + 8, size - 8) != rd32(b + p + 4)) {
+            status = SCAN_CORRUPT;
+            break;
+        }
+        p += size;
+        n++;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(&a, 1);
+    return Py_BuildValue("(LLL)", (long long)n, (long long)p, (long long)status);
+}
+
+static inline uint64_t rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+
+#define SIPROUND                                                                               \
+    do {                                                                                       \
+        v0 += v1; v1 = rotl(v1, 13); v1 ^= v0; v0 = rotl(v0, 32);                              \
+        v2 += v3; v3 = rotl(v3, 16); v3 ^= v2;                                                 \
+        v0 += v3; v3 = rotl(v3, 21); v3 ^= v0;                                                 \
+        v2 += v1; v1 = rotl(v1, 17); v1 ^= v2; v2 = rotl(v2, 32);                              \
+    } while (0)
+
+/* SipHash-2-4-128 of p[0:len] under (k0, k1) */
+static void siphash128(uint64_t k0, uint64_t k1, const uint8_t *p, int64_t len, uint64_t *lo,
+                       uint64_t *hi)
+{
+    uint64_t v0 = 0x736F6D6570736575ull ^ k0, v1 = 0x646F72616E646F6Dull ^ k1 ^ 0xEE,
+             v2 = 0x6C7967656E657261ull ^ k0, v3 = 0x7465646279746573ull ^ k1;
+    int64_t i = 0;
+    for (; len - i >= 8; i += 8) {
+        uint64_t m = rd64(p + i);
+        v3 ^= m;
+        SIPROUND;
+        SIPROUND;
+        v0 ^= m;
+    }
+    uint64_t b = (uint64_t)(len & 0xFF) << 56;
+    for (int j = 0; i + j < len; j++)
+        b |= (uint64_t)p[i + j] << (8 * j);
+    v3 ^= b;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= b;
+    v2 ^= 0xEE;
+    SIPROUND; SIPROUND; SIPROUND; SIPROUND;
+    *lo = v0 ^ v1 ^ v2 ^ v3;
+    v1 ^= 0xDD;
+    SIPROUND; SIPROUND; SIPROUND; SIPROUND;
+    *hi = v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* fill_records(buf, start, n, k0, k1, positions, sizes, partitions, offsets, timestamps, attrs,
+ *              topic_hash, digest_lo, digest_hi, crcs): the columns of the first n records from
+ * start, which count_records validated (each header is checked against the buffer again) */
+static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("fill_records", 15);
+    long long start = PyLong_AsLongLong(args[1]), n = PyLong_AsLongLong(args[2]);
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[3]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    static const int size_of[11] = {1, 8, 8, 4, 8, 8, 1, 8, 8, 8, 4};
+    static const char *names[11] = {"buf", "positions", "sizes", "partitions", "offsets",
+                                    "timestamps", "attrs", "topic_hash", "digest_lo",
+                                    "digest_hi", "crcs"};
+    Arr a[11];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 11; i++)
+        if (arr_get(args[i == 0 ? 0 : i + 4], &a[i], size_of[i], i > 0, names[i]) < 0) {
+            arr_release(a, 11);
+            return NULL;
+        }
+    int bad = a[0].stride != 1 || start < 0 || n < 0;
+    for (int i = 1; i < 11; i++)
+        bad |= a[i].n < n;
+    if (bad) {
+        arr_release(a, 11);
+        PyErr_SetString(PyExc_ValueError, "fill_records: output arrays shorter than n");
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t blen = a[0].n, p = start, failed = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t size = check_header(b, p, blen);
+        if (size <= 0) {
+            failed = i;
+            break;
+        }
+        const uint8_t *h = b + p;
+        int32_t part = (int32_t)rd32(h + 12);
+        int64_t off = (int64_t)rd64(h + 16), ts = (int64_t)rd64(h + 24), sz = size;
+        uint32_t crc = rd32(h + 4);
+        uint8_t at = h[9];
+        int64_t tl = h[10], kl = (int32_t)rd32(h + 32);
+        memcpy(a[1].p + i * a[1].stride, &p, 8);
+        memcpy(a[2].p + i * a[2].stride, &sz, 8);
+        memcpy(a[3].p + i * a[3].stride, &part, 4);
+        memcpy(a[4].p + i * a[4].stride, &off, 8);
+        memcpy(a[5].p + i * a[5].stride, &ts, 8);
+        a[6].p[i * a[6].stride] = (char)at;
+        uint64_t th = 0xCBF29CE484222325ull; /* FNV-1a 64 of the topic name */
+        for (int64_t j = 0; j < tl; j++) {
+            th ^= h[REC_HEADER + j];
+            th *= 0x100000001B3ull;
+        }
+        memcpy(a[7].p + i * a[7].stride, &th, 8);
+        uint64_t lo = 0, hi = 0;
+        if (!(at & REC_NULL_KEY))
+            siphash128(k0, k1, h + REC_HEADER + tl, kl, &lo, &hi);
+        memcpy(a[8].p + i * a[8].stride, &lo, 8);
+        memcpy(a[9].p + i * a[9].stride, &hi, 8);
+        memcpy(a[10].p + i * a[10].stride, &crc, 4);
+        p += size;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 11);
+    if (failed >= 0) {
+        PyErr_Format(PyExc_ValueError, "fill_records: record %lld is not whole in the buffer "
+                     "(count it with count_records first)", (long long)failed);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* -- the key-value map's bulk-build kernels (connectors/_kv_kernels.py, same algorithms) ----- */
+
+/* a DigestTable row: five 64-bit words (lo, hi, offset, timestamp, meta) */
+#define KV_USED (1ull << 63)
+#define KV_TOMBSTONE 1
+#define KV_KEYLESS 2
+
+static inline int64_t kv_probe(const uint64_t *rows, int64_t cap, uint64_t lo, uint64_t hi)
+{
+    uint64_t mask = (uint64_t)cap - 1;
+    int64_t s = (int64_t)(lo & mask);
+    while (rows[s * 5 + 4] & KV_USED) {
+        if (rows[s * 5] == lo && rows[s * 5 + 1] == hi)
+            return s;
+        s = (int64_t)(((uint64_t)s + 1) & mask);
+    }
+    return s;
+}
+
+/* a C-contiguous (cap, 5) uint64 table, cap a power of two */
+static int kv_table(PyObject *o, Arr *a, int64_t *cap, const char *name)
+{
+    if (arr_get(o, a, 8, 1, name) < 0)
+        return -1;
+    *cap = a->n / 5;
+    if (a->stride != 8 || a->n % 5 != 0 || *cap <= 0 || (*cap & (*cap - 1)) != 0) {
+        arr_release(a, 1);
+        a->v.obj = NULL;
+        PyErr_Format(PyExc_ValueError, "%s: a contiguous (2**k, 5) uint64 table is required",
+                     name);
+        return -1;
+    }
+    return 0;
+}
+
+/* kv_upsert_latest(rows, offsets, timestamps, dlo, dhi, flags, end, partition)
+ *   -> (covered, keyless, added) */
+static PyObject *kv_upsert_latest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_upsert_latest", 8);
+    long long end = PyLong_AsLongLong(args[6]), part = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr t = {{0}}, a[5] = {{{0}}};
+    int64_t cap;
+    if (kv_table(args[0], &t, &cap, "rows") < 0)
+        return NULL;
+    if (arr_get(args[1], &a[0], 8, 0, "offsets") < 0 || arr_get(args[2], &a[1], 8, 0, "timestamps") < 0 ||
+        arr_get(args[3], &a[2], 8, 0, "dlo") < 0 || arr_get(args[4], &a[3], 8, 0, "dhi") < 0 ||
+        arr_get(args[5], &a[4], 2, 0, "flags") < 0) {
+        arr_release(&t, 1);
+        arr_release(a, 5);
+        return NULL;
+    }
+    int64_t n = a[0].n;
+    if (a[1].n < n || a[2].n < n || a[3].n < n || a[4].n < n) {
+        arr_release(&t, 1);
+        arr_release(a, 5);
+        PyErr_SetString(PyExc_ValueError, "kv_upsert_latest: columns of different lengths");
+        return NULL;
+    }
+    uint64_t *rows = (uint64_t *)t.p;
+    int64_t covered = 0, keyless = 0, added = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t off = ld_i64(&a[0], i);
+        if (off >= end)
+            break;
+        covered++;
+        uint16_t f = ld_u16(&a[4], i);
+        if (f & KV_KEYLESS) {
+            keyless++;
+            continue;
+        }
+        uint64_t lo = ld_u64(&a[2], i), hi = ld_u64(&a[3], i);
+        uint64_t *r = &rows[kv_probe(rows, cap, lo, hi) * 5];
+        if (!(r[4] & KV_USED)) {
+            r[0] = lo;
+            r[1] = hi;
+            added++;
+        }
+        r[2] = (uint64_t)off;
+        r[3] = (uint64_t)ld_i64(&a[1], i);
+        r[4] = KV_USED | ((uint64_t)f << 32) | (uint64_t)(uint32_t)part;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(&t, 1);
+    arr_release(a, 5);
+    return Py_BuildValue("(LLL)", (long long)covered, (long long)keyless, (long long)added);
+}
+
+/* kv_merge(rows, other) -> (added, both): across partitions the highest (timestamp, partition)
+ * wins */
+static PyObject *kv_merge(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_merge", 2);
+    Arr t = {{0}}, o = {{0}};
+    int64_t cap, ocap;
+    if (kv_table(args[0], &t, &cap, "rows") < 0)
+        return NULL;
+    if (kv_table(args[1], &o, &ocap, "other") < 0) {
+        arr_release(&t, 1);
+        return NULL;
+    }
+    uint64_t *rows = (uint64_t *)t.p;
+    const uint64_t *other = (const uint64_t *)o.p;
+    int64_t added = 0, both = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t j = 0; j < ocap; j++) {
+        const uint64_t *x = &other[j * 5];
+        if (!(x[4] & KV_USED))
+            continue;
+        uint64_t *r = &rows[kv_probe(rows, cap, x[0], x[1]) * 5];
+        if (r[4] & KV_USED) {
+            both++;
+            int64_t ts_new = (int64_t)x[3], ts_old = (int64_t)r[3];
+            uint64_t p_new = x[4] & 0xFFFFFFFFull, p_old = r[4] & 0xFFFFFFFFull;
+            if (ts_new < ts_old || (ts_new == ts_old && p_new < p_old))
+                continue;
+        } else {
+            added++;
+        }
+        memcpy(r, x, 5 * 8);
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(&t, 1);
+    arr_release(&o, 1);
+    return Py_BuildValue("(LL)", (long long)added, (long long)both);
+}
+
+/* kv_rehash(rows, new): every used row of rows into new */
+static PyObject *kv_rehash(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_rehash", 2);
+    Arr t = {{0}}, o = {{0}};
+    int64_t cap, ncap;
+    if (kv_table(args[0], &t, &cap, "rows") < 0)
+        return NULL;
+    if (kv_table(args[1], &o, &ncap, "new") < 0) {
+        arr_release(&t, 1);
+        return NULL;
+    }
+    const uint64_t *rows = (const uint64_t *)t.p;
+    uint64_t *nw = (uint64_t *)o.p;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t j = 0; j < cap; j++)
+        if (rows[j * 5 + 4] & KV_USED)
+            memcpy(&nw[kv_probe(nw, ncap, rows[j * 5], rows[j * 5 + 1]) * 5], &rows[j * 5], 40);
+    Py_END_ALLOW_THREADS
+    arr_release(&t, 1);
+    arr_release(&o, 1);
+    Py_RETURN_NONE;
+}
+
+#define KV_HEADER_SIZE 44 /* record header (docs/formats/record.md) */
+
+/* kv_record_spans(buf, positions, kstart, klen, vstart, vlen, attrs): where each record's key
+ * and value lie in buf (records already CRC-checked; positions checked against buf here) */
+static PyObject *kv_record_spans(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_record_spans", 7);
+    Arr a[7] = {{0}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[1], &a[1], 8, 0, "positions") < 0 ||
+        arr_get(args[2], &a[2], 8, 1, "kstart") < 0 || arr_get(args[3], &a[3], 8, 1, "klen") < 0 ||
+        arr_get(args[4], &a[4], 8, 1, "vstart") < 0 || arr_get(args[5], &a[5], 8, 1, "vlen") < 0 ||
+        arr_get(args[6], &a[6], 1, 1, "attrs") < 0) {
+        arr_release(a, 7);
+        return NULL;
+    }
+    int64_t n = a[1].n, blen = a[0].n;
+    int bad = a[0].stride != 1;
+    for (int i = 2; i < 7; i++)
+        bad |= a[i].n < n;
+    if (bad) {
+        arr_release(a, 7);
+        PyErr_SetString(PyExc_ValueError, "kv_record_spans: arrays shorter than positions");
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t at = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t p = ld_i64(&a[1], i);
+        if (p < 0 || p + KV_HEADER_SIZE > blen) {
+            at = i;
+            break;
+        }
+        int64_t tl = b[p + 10];
+        uint32_t kl, vl;
+        memcpy(&kl, b + p + 32, 4);
+        memcpy(&vl, b + p + 36, 4);
+        int64_t ks = p + KV_HEADER_SIZE + tl;
+        memcpy(a[2].p + i * a[2].stride, &ks, 8);
+        int64_t k64 = kl, v64 = vl, vs = ks + k64;
+        memcpy(a[3].p + i * a[3].stride, &k64, 8);
+        memcpy(a[4].p + i * a[4].stride, &vs, 8);
+        memcpy(a[5].p + i * a[5].stride, &v64, 8);
+        a[6].p[i * a[6].stride] = (char)b[p + 9];
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 7);
+    if (at >= 0) {
+        PyErr_Format(PyExc_ValueError, "kv_record_spans: position %lld is outside the buffer",
+                     (long long)at);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* kv_gather(src, starts, lengths, prefix, out, out_pos, offs, first) -> new out_pos: prefix
+ * (a byte, or nothing when negative) then src[starts[i]:+lengths[i]] appended to out for each
+ * i, each start recorded in offs[first + i], offs[first + n] = the end */
+static PyObject *kv_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_gather", 8);
+    long long prefix = PyLong_AsLongLong(args[3]), pos = PyLong_AsLongLong(args[5]);
+    long long first = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr a[5] = {{0}};
+    if (arr_get(args[0], &a[0], 1, 0, "src") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
+        arr_get(args[2], &a[2], 8, 0, "lengths") < 0 || arr_get(args[4], &a[3], 1, 1, "out") < 0 ||
+        arr_get(args[6], &a[4], 8, 1, "offs") < 0) {
+        arr_release(a, 5);
+        return NULL;
+    }
+    int64_t n = a[1].n;
+    int bad = a[0].stride != 1 || a[3].stride != 1 || a[2].n < n || first < 0 || pos < 0 ||
+              first + n + 1 > a[4].n;
+    /* bounds of every copy before any */
+    int64_t need = pos;
+    for (int64_t i = 0; !bad && i < n; i++) {
+        int64_t s = ld_i64(&a[1], i), l = ld_i64(&a[2], i);
+        bad |= s < 0 || l < 0 || s + l > a[0].n;
+        need += l + (prefix >= 0);
+    }
+    if (bad || need > a[3].n) {
+        arr_release(a, 5);
+        PyErr_SetString(PyExc_ValueError, "kv_gather: a range is outside its array");
+        return NULL;
+    }
+    const char *src = a[0].p;
+    char *out = a[3].p;
+    int64_t q = pos;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(a[4].p + (first + i) * a[4].stride, &q, 8);
+        if (prefix >= 0)
+            out[q++] = (char)prefix;
+        int64_t l = ld_i64(&a[2], i);
+        memcpy(out + q, src + ld_i64(&a[1], i), (size_t)l);
+        q += l;
+    }
+    memcpy(a[4].p + (first + n) * a[4].stride, &q, 8);
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    return PyLong_FromLongLong(q);
+}
+
+/* kv_sort_rows(keys, koffs, width, out): fixed-width sort rows, the key zero-padded to
+ * width - 4 bytes then its length big-endian (unsigned byte order = the keys' order) */
+static PyObject *kv_sort_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kv_sort_rows", 4);
+    long long width = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr a[3] = {{0}};
+    if (arr_get(args[0], &a[0], 1, 0, "keys") < 0 || arr_get(args[1], &a[1], 8, 0, "koffs") < 0 ||
+        arr_get(args[3], &a[2], 1, 1, "out") < 0) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    int64_t n = a[1].n - 1;
+    int bad = n < 0 || width < 4 || a[0].stride != 1 || a[2].stride != 1 || n * width > a[2].n;
+    for (int64_t i = 0; !bad && i < n; i++) {
+        int64_t s = ld_i64(&a[1], i), e = ld_i64(&a[1], i + 1);
+        bad |= s < 0 || e < s || e > a[0].n || e - s > width - 4;
+    }
+    if (bad) {
+        arr_release(a, 3);
+        PyErr_SetString(PyExc_ValueError, "kv_sort_rows: a key is outside its array or wider "
+                        "than width - 4");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t s = ld_i64(&a[1], i), m = ld_i64(&a[1], i + 1) - s;
+        uint8_t *row = (uint8_t *)a[2].p + i * width;
+        memcpy(row, a[0].p + s, (size_t)m);
+        memset(row + m, 0, (size_t)(width - 4 - m));
+        row[width - 4] = (uint8_t)(m >> 24);
+        row[width - 3] = (uint8_t)(m >> 16);
+        row[width - 2] = (uint8_t)(m >> 8);
+        row[width - 1] = (uint8_t)m;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 3);
+    Py_RETURN_NONE;
+}
+
 /* message_fields_readable(msg) -> bool: would message_columns read this message's type through
  * its struct fields (tests) */
 static PyObject *message_fields_readable(PyObject *self, PyObject *msg)
@@ -682,6 +1237,14 @@ static PyMethodDef methods[] = {
     {"lower_bound_strided", (PyCFunction)(void (*)(void))lower_bound_strided, METH_FASTCALL,
      NULL},
     {"message_columns", (PyCFunction)(void (*)(void))message_columns, METH_FASTCALL, NULL},
+    {"count_records", (PyCFunction)(void (*)(void))count_records, METH_FASTCALL, NULL},
+    {"fill_records", (PyCFunction)(void (*)(void))fill_records, METH_FASTCALL, NULL},
+    {"kv_upsert_latest", (PyCFunction)(void (*)(void))kv_upsert_latest, METH_FASTCALL, NULL},
+    {"kv_merge", (PyCFunction)(void (*)(void))kv_merge, METH_FASTCALL, NULL},
+    {"kv_rehash", (PyCFunction)(void (*)(void))kv_rehash, METH_FASTCALL, NULL},
+    {"kv_record_spans", (PyCFunction)(void (*)(void))kv_record_spans, METH_FASTCALL, NULL},
+    {"kv_gather", (PyCFunction)(void (*)(void))kv_gather, METH_FASTCALL, NULL},
+    {"kv_sort_rows", (PyCFunction)(void (*)(void))kv_sort_rows, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -693,6 +1256,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__native(void)
 {
+    crc_init();
     for (int i = 0; i < M_N; i++)
         if ((m_names[i] = PyUnicode_InternFromString(m_name_text[i])) == NULL)
             return NULL;

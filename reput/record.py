@@ -19,6 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from . import _kernels as K
+from ._jit import native
 from .errors import CorruptRecordError, InvalidTopicError, ReputError
 
 FORMAT_VERSION = K.MAGIC
@@ -291,7 +292,11 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
     # the kernels do no bounds checks of their own: never let them past the array
     end = buf.shape[0] if end is None else max(0, min(int(end), buf.shape[0]))
     start = max(0, min(int(start), end))
-    n, stop, status = K.count_records(buf, start, end, verify_crc, K.CRC_TABLES)
+    c = native()
+    if c is not None:  # the C kernels (reput/_native.c): no numba needed to read a store
+        n, stop, status = c.count_records(buf, start, end, verify_crc)
+    else:
+        n, stop, status = K.count_records(buf, start, end, verify_crc, K.CRC_TABLES)
     s = Scan()
     new = scratch.get if scratch is not None else (lambda _name, m, dt: np.empty(m, dt))
     s.positions = new("positions", n, np.int64)
@@ -305,8 +310,9 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
     s.digest_hi = new("digest_hi", n, np.uint64)
     s.crcs = new("crcs", n, np.uint32)
     k0, k1 = secret_words(secret)
-    K.fill_records(buf, start, n, k0, k1, s.positions, s.sizes, s.partitions, s.offsets,
-                   s.timestamps, s.attrs, s.topic_hash, s.digest_lo, s.digest_hi, s.crcs)
+    (c.fill_records if c is not None else K.fill_records)(
+        buf, start, n, k0, k1, s.positions, s.sizes, s.partitions, s.offsets, s.timestamps,
+        s.attrs, s.topic_hash, s.digest_lo, s.digest_hi, s.crcs)
     s.stop, s.status = int(stop), int(status)
     return s
 

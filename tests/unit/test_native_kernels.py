@@ -178,3 +178,207 @@ def test_a_compaction_loads_no_jit_compiler(tmp_path):
                          check=True, capture_output=True, text=True).stdout.split()
     assert out[0] == "False", out
     assert int(out[1]) == 50  # one record per key (some of them tombstones kept)
+
+
+# -- record scanning (count_records, fill_records) and the KV build kernels ----------------------
+
+
+def _record_buffer(seed: int, n: int) -> np.ndarray:
+    """n encoded records of varied topics, keys (null, empty, long), values and headers."""
+    from reput.record import RecordBatch, encode_batch
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        r = rng.random()
+        key = None if r < 0.1 else b"" if r < 0.15 else bytes(rng.integers(0, 256, int(
+            rng.integers(1, 40))).astype(np.uint8))
+        value = None if rng.random() < 0.1 else b"v" * int(rng.integers(0, 300))
+        headers = [("h", b"x" * int(rng.integers(0, 5)))] if rng.random() < 0.3 else []
+        rows.append((int(rng.integers(0, 4)), i * 3, int(rng.integers(-5, 2**40)), key, value,
+                     headers))
+    parts = []
+    for topic in ("t", "a-much-longer-topic-name.with.dots"):
+        buf, _ = encode_batch(RecordBatch.from_records(topic, rows[: n // 2] if topic == "t"
+                                                       else rows[n // 2:]))
+        parts.append(np.frombuffer(bytes(buf), np.uint8))
+    return np.concatenate(parts)
+
+
+def _scan_both(buf: np.ndarray, start: int, end: int, verify: bool, secret: bytes):
+    from reput.record import secret_words
+    out = []
+    for kernel in ("c", "numba"):
+        if kernel == "c":
+            n, stop, status = _native.count_records(buf, start, end, verify)
+        else:
+            n, stop, status = K.count_records(buf, start, end, verify, K.CRC_TABLES)
+        cols = [np.zeros(n, d) for d in (np.int64, np.int64, np.int32, np.int64, np.int64,
+                                         np.uint8, np.uint64, np.uint64, np.uint64, np.uint32)]
+        k0, k1 = secret_words(secret)
+        (_native.fill_records if kernel == "c" else K.fill_records)(buf, start, n, k0, k1, *cols)
+        out.append(((int(n), int(stop), int(status)), cols))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 300), cut=st.floats(0, 1),
+       corrupt=st.sampled_from(["none", "crc", "header", "size"]), verify=st.booleans(),
+       secret=st.binary(min_size=16, max_size=16))
+def test_record_scan_matches_numba(seed, n, cut, corrupt, verify, secret):
+    """count_records + fill_records: the same count, stop, status and columns (positions, sizes,
+    partitions, offsets, timestamps, attributes, topic hashes, SipHash digests, CRCs) on whole,
+    torn and corrupted buffers."""
+    buf = _record_buffer(seed, n).copy()
+    end = int(len(buf) * cut) if corrupt == "size" else len(buf)
+    if len(buf) and corrupt != "none" and corrupt != "size":
+        pos = int(cut * (len(buf) - 1))
+        if corrupt == "crc":
+            buf[pos] ^= 0x40
+        else:
+            buf[min(pos, len(buf) - 1)] = 0xEE
+    (sc_c, cols_c), (sc_nb, cols_nb) = _scan_both(buf, 0, end, verify, secret)
+    assert sc_c == sc_nb
+    for a, b in zip(cols_c, cols_nb):
+        assert np.array_equal(a, b)
+
+
+def test_crc_and_siphash_known_values():
+    """CRC32C of "123456789" is 0xE3069283 (RFC 3720); SipHash-2-4-128 of 0..14 under key
+    0..15 is the reference vector's (the numba kernel is tested against the same)."""
+    from reput.record import RecordBatch, encode_batch, scan
+    buf, _ = encode_batch(RecordBatch.from_records("t", [(0, 0, 0, bytes(range(15)), b"v", [])]))
+    b = np.frombuffer(bytes(buf), np.uint8)
+    c = scan(b, secret=bytes(range(16)))
+    lo, hi = K.siphash128(np.uint64(0x0706050403020100), np.uint64(0x0F0E0D0C0B0A0908),
+                          np.frombuffer(bytes(range(15)), np.uint8), 0, 15)
+    assert (int(c.digest_lo[0]), int(c.digest_hi[0])) == (int(lo), int(hi))
+    data = np.frombuffer(b"123456789", np.uint8)
+    assert int(K.crc32c(data, 0, 9, K.CRC_TABLES)) == 0xE3069283
+    n, stop, status = _native.count_records(b, 0, len(b), True)
+    assert (n, stop, status) == (1, len(b), K.SCAN_OK)
+
+
+def test_record_scan_bad_arguments():
+    b = _record_buffer(1, 4)
+    with pytest.raises(ValueError, match="outside the buffer"):
+        _native.count_records(b, 0, len(b) + 1, True)
+    cols = [np.zeros(9, d) for d in (np.int64, np.int64, np.int32, np.int64, np.int64,
+                                     np.uint8, np.uint64, np.uint64, np.uint64, np.uint32)]
+    with pytest.raises(ValueError, match="not whole"):  # 9 records asked, 4 in the buffer
+        _native.fill_records(b, 0, 9, 0, 0, *cols)
+    with pytest.raises(ValueError, match="shorter than n"):
+        _native.fill_records(b, 0, 10, 0, 0, *cols)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 3000), keys=st.integers(1, 500),
+       keyless=st.floats(0, 0.3), tombs=st.floats(0, 0.4), end_frac=st.floats(0, 1.2))
+def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
+    """upsert_latest (two partitions), merge and rehash (growth): the same table rows."""
+    from connectors import _kv_kernels as KK
+    e0 = _entries(seed, n, keys, keyless, tombs)
+    e1 = _entries(seed + 1, n // 2, keys, keyless, tombs)
+    e1["timestamp"] = np.random.default_rng(seed).integers(0, 50, e1.shape[0])
+    e0["timestamp"] = np.random.default_rng(seed + 2).integers(0, 50, e0.shape[0])
+    end = int(e0["offset"][-1] * end_frac) if n else 0
+    results = []
+    for use_c in (True, False):
+        def run(fn_c, fn_nb, rows, *args):
+            return fn_c(rows.reshape(-1), *args) if use_c else fn_nb(rows, *args)
+        t0, t1 = KK.DigestTable(16), KK.DigestTable(16)
+        out = []
+        for t, e, part in ((t0, e0, 0), (t1, e1, 1)):
+            # reserve() grows through the rehash kernel of the run under test
+            need = t.n + e.shape[0]
+            if need > t.capacity * KK.MAX_LOAD:
+                new = KK.DigestTable(int(need / 0.5))
+                run(_native.kv_rehash, KK._rehash, t.rows, new.rows.reshape(-1) if use_c
+                    else new.rows)
+                t.rows = new.rows
+            c, k, a = run(_native.kv_upsert_latest, KK._upsert_latest, t.rows, e["offset"],
+                          e["timestamp"], e["digest_lo"], e["digest_hi"], e["flags"], end, part)
+            t.n += a
+            out.append((int(c), int(k), int(a)))
+        grown = KK.DigestTable(int((t0.n + t1.n) / 0.5) + 16)
+        run(_native.kv_rehash, KK._rehash, t0.rows, grown.rows.reshape(-1) if use_c
+            else grown.rows)
+        added, both = run(_native.kv_merge, KK._merge, grown.rows,
+                          t1.rows.reshape(-1) if use_c else t1.rows)
+        out.append((int(added), int(both)))
+        results.append((out, t0.rows.copy(), t1.rows.copy(), grown.rows.copy()))
+    (o_c, *rows_c), (o_nb, *rows_nb) = results
+    assert o_c == o_nb
+    for a, b in zip(rows_c, rows_nb):
+        assert np.array_equal(a, b)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), prefix=st.sampled_from([-1, 7]),
+       pos=st.integers(0, 5), first=st.integers(0, 3))
+def test_kv_spans_gather_and_sort_rows_match_numba(seed, n, prefix, pos, first):
+    from connectors import _kv_kernels as KK
+    buf = _record_buffer(seed, n)
+    from reput.record import scan
+    positions = scan(buf).positions.astype(np.int64)
+    m = positions.shape[0]
+    outs = []
+    for use_c in (True, False):
+        spans = [np.zeros(m, np.int64) for _ in range(4)] + [np.zeros(m, np.uint8)]
+        (_native.kv_record_spans if use_c else KK._record_spans)(buf, positions, *spans)
+        ks, kl = spans[0], spans[1]
+        size = pos + int(kl.sum()) + m
+        out, offs = np.zeros(size, np.uint8), np.zeros(first + m + 1, np.int64)
+        q = (_native.kv_gather if use_c else KK._gather)(buf, ks, kl, prefix, out, pos, offs,
+                                                          first)
+        koffs = np.zeros(m + 1, np.int64)
+        keys = np.zeros(int(kl.sum()), np.uint8)
+        (_native.kv_gather if use_c else KK._gather)(buf, ks, kl, -1, keys, 0, koffs, 0)
+        width = (int(kl.max()) + 4 + 7) // 8 * 8 if m else 8
+        rows = np.zeros(m * width, np.uint8)
+        (_native.kv_sort_rows if use_c else KK._sort_rows)(keys, koffs, width, rows)
+        outs.append((spans, int(q), out, offs, rows))
+    (sp_c, q_c, out_c, offs_c, rows_c), (sp_nb, q_nb, out_nb, offs_nb, rows_nb) = outs
+    assert q_c == q_nb
+    for a, b in zip(sp_c + [out_c, offs_c, rows_c], sp_nb + [out_nb, offs_nb, rows_nb]):
+        assert np.array_equal(a, b)
+
+
+def test_kv_kernels_bad_arguments():
+    t = np.zeros((6, 5), np.uint64)  # capacity not a power of two
+    z = np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="2\\*\\*k, 5"):
+        _native.kv_upsert_latest(t.reshape(-1), z, z, z.view(np.uint64), z.view(np.uint64),
+                                 np.zeros(1, np.uint16), 10, 0)
+    with pytest.raises(ValueError, match="outside its array"):
+        _native.kv_gather(np.zeros(4, np.uint8), np.array([2], np.int64),
+                          np.array([5], np.int64), -1, np.zeros(10, np.uint8), 0,
+                          np.zeros(2, np.int64), 0)
+    with pytest.raises(ValueError, match="outside the buffer"):
+        _native.kv_record_spans(np.zeros(10, np.uint8), np.array([0], np.int64),
+                                *(np.zeros(1, np.int64) for _ in range(4)), np.zeros(1, np.uint8))
+
+
+def test_a_kv_build_loads_no_jit_compiler(tmp_path):
+    """`kv build` from a store: the C kernels read, check and pick the records; numba is
+    never imported."""
+    store = str(tmp_path / "s")
+    build = (
+        "import sys; sys.path.insert(0, {root!r})\n"
+        "from reput import Store\n"
+        "from reput.record import RecordBatch\n"
+        "st = Store.open({store!r}, writer='w', create=True)\n"
+        "st.append(RecordBatch.from_records('t', [(i % 2, i, 0, b'k%d' % (i % 50), None if i % 9"
+        " == 0 else b'v' * 40, []) for i in range(5000)]))\n"
+        "st.flush(); st.close()\n")
+    kv = (
+        "import sys; sys.path.insert(0, {root!r})\n"
+        "from connectors.kv import build_map, KVMap\n"
+        "r = build_map({db!r}, {store!r}, 't')\n"
+        "m = KVMap({db!r})\n"
+        "print('numba' in sys.modules, r['keys'], m.get(b'k1'))\n")
+    subprocess.run([sys.executable, "-c", build.format(root=ROOT, store=store)], check=True)
+    out = subprocess.run([sys.executable, "-c", kv.format(root=ROOT, store=store,
+                                                          db=str(tmp_path / "db"))],
+                         check=True, capture_output=True, text=True).stdout.split()
+    assert out[0] == "False", out
+    assert int(out[1]) > 0 and out[2] == repr(b"v" * 40)
