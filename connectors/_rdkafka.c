@@ -66,6 +66,7 @@ typedef struct {
             const void *ptr;
             size_t size;
         } mem;
+        void *ptr;
         char _pad[64];
     } u;
 } rdk_vu;
@@ -712,6 +713,14 @@ done:
 
 /* -- producer_attach(producer, error_cb, logger) -> capsule or None ------------------------- */
 
+/* confluent_kafka's per-message state (Producer.c, the same in 2.x): its delivery-report
+ * trampoline calls dr_cb(err, msg) (only for failures under delivery.report.only.error), then
+ * drops the reference and free()s the struct */
+typedef struct {
+    cfl_handle *self;
+    PyObject *dr_cb;
+} cfl_msgstate;
+
 typedef struct {
     PyObject *producer; /* strong reference */
     rd_kafka_t *rk;
@@ -752,21 +761,24 @@ static PyObject *producer_attach(PyObject *self, PyObject *const *args, Py_ssize
 }
 
 /* -- produce(sender, topic, partition, partitions, kbuf, kstarts, kends, knulls, vbuf, vstarts,
- *            vends, vnulls, timestamps) -> (produced, error code, error text) ----------------
+ *            vends, vnulls, timestamps, dr_cb) -> (produced, error code, error text) --------
  * Every record of the columns to ``topic``: at ``partition``, or partitions[i] when that is not
  * None (int32). Keys and values are buf[starts[i]:ends[i]] (int64), null where nulls[i]; copied
- * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns. No delivery
- * report reaches Python for these records: the caller must produce them inside a transaction,
- * whose commit fails when any of them failed delivery (librdkafka counts them whatever the
- * application's callbacks). A full queue is served with rd_kafka_poll (callbacks run, as in
+ * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns.
+ * dr_cb None: no delivery report reaches Python for these records, so the caller must produce
+ * them inside a transaction, whose commit fails when any of them failed delivery (librdkafka
+ * counts them whatever the application's callbacks). dr_cb a callable: each record carries
+ * confluent_kafka's per-message state with it, so its delivery report reaches dr_cb exactly as
+ * for produce(..., on_delivery=dr_cb). A full queue is served with rd_kafka_poll (callbacks run, as in
  * Producer.poll) and the record retried; another error stops at that record and is returned. */
 
 static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 13) {
+    if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError, "produce(sender, topic, partition, partitions, kbuf, "
-                        "kstarts, kends, knulls, vbuf, vstarts, vends, vnulls, timestamps)");
+                        "kstarts, kends, knulls, vbuf, vstarts, vends, vnulls, timestamps, "
+                        "dr_cb)");
         return NULL;
     }
     sender *sd = PyCapsule_GetPointer(args[0], SENDER);
@@ -775,6 +787,11 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     cfl_handle *h = (cfl_handle *)sd->producer;
     if (h->rk != sd->rk) {
         PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
+        return NULL;
+    }
+    PyObject *dr_cb = args[13] == Py_None ? NULL : args[13];
+    if (dr_cb != NULL && !PyCallable_Check(dr_cb)) {
+        PyErr_SetString(PyExc_TypeError, "produce: dr_cb must be callable or None");
         return NULL;
     }
     const char *topic = PyUnicode_AsUTF8(args[1]);
@@ -822,9 +839,13 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "produce: cannot use topic %s", topic);
         goto out;
     }
+    /* one reference per record for its msgstate, taken now with the GIL; the delivery reports
+     * (with the GIL) drop them one by one, and those of records never queued go back below */
+    if (dr_cb != NULL)
+        Py_SET_REFCNT(dr_cb, Py_REFCNT(dr_cb) + n);
     cfl_callstate cs;
     callstate_begin(h, &cs);
-    rdk_vu vu[6];
+    rdk_vu vu[7];
     memset(vu, 0, sizeof vu);
     vu[0].vtype = VT_RKT;
     vu[0].u.rkt = rkt;
@@ -835,6 +856,9 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     vu[4].vtype = VT_TIMESTAMP;
     vu[5].vtype = VT_MSGFLAGS;
     vu[5].u.i = RDK_MSG_F_COPY;
+    vu[6].vtype = VT_OPAQUE;
+    int nvu = dr_cb != NULL ? 7 : 6;
+    int nomem = 0;
     const char *kp = kb.buf, *vp = vb.buf;
     for (; done < n && !cs.crashed; done++) {
         Py_ssize_t i = done;
@@ -857,8 +881,19 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             vu[3].u.mem.size = (size_t)(v1 - v0);
         }
         vu[4].u.i64 = ld_i64(&ts, i);
+        cfl_msgstate *ms = NULL;
+        if (dr_cb != NULL) {
+            if ((ms = malloc(sizeof *ms)) == NULL) {
+                nomem = 1;
+                break;
+            }
+            ms->self = h;
+            ms->dr_cb = dr_cb;
+            vu[6].u.ptr = ms;
+        }
         void *err;
-        while ((err = rdk.produceva(sd->rk, vu, 6)) != NULL) {
+        int queued = 0;
+        while ((err = rdk.produceva(sd->rk, vu, nvu)) != NULL) {
             int c = rdk.error_code(err);
             if (c != RDK_ERR_QUEUE_FULL) {
                 code = c;
@@ -872,14 +907,23 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             if (cs.crashed)
                 break;
         }
-        if (code != 0 || cs.crashed)
+        queued = code == 0 && !cs.crashed;
+        if (!queued) {
+            free(ms); /* never handed to librdkafka */
             break;
+        }
     }
     PyThread_tss_set(&h->tlskey, NULL);
     rdk.topic_destroy(rkt);
     PyEval_RestoreThread(cs.thread_state);
+    if (dr_cb != NULL)
+        Py_SET_REFCNT(dr_cb, Py_REFCNT(dr_cb) - (n - done)); /* records never queued */
     if (callstate_failed(&cs) < 0)
         goto out;
+    if (nomem) {
+        PyErr_NoMemory();
+        goto out;
+    }
     result = Py_BuildValue("(nis)", done, code, reason);
 out:
     if (kb.obj != NULL)

@@ -184,11 +184,13 @@ class ColumnReader:
 
 class ColumnSender:
     """Produces columns of records through a confluent_kafka Producer's librdkafka handle,
-    without a Python object or a delivery callback per record (connectors/_rdkafka.c produce).
+    without a Python object per record (connectors/_rdkafka.c produce).
 
-    Only inside a transaction: no delivery report of these records reaches Python, and it is the
-    transaction's commit that fails when any of them failed delivery (librdkafka counts failed
-    deliveries whatever the application's callbacks)."""
+    Delivery reports: with ``on_delivery`` each record carries confluent_kafka's own per-message
+    state, so its report reaches that callable as for ``produce(..., on_delivery=...)`` (under
+    ``delivery.report.only.error`` only failures call it). Without, no report reaches Python:
+    only inside a transaction, whose commit fails when any record failed delivery (librdkafka
+    counts failed deliveries whatever the application's callbacks)."""
 
     def __init__(self, mod: Any, handle: Any):
         self._mod, self._handle = mod, handle
@@ -205,12 +207,13 @@ class ColumnSender:
         return None if handle is None else cls(mod, handle)
 
     def produce(self, topic: str, partition: int, partitions: np.ndarray | None,
-                keys: tuple, values: tuple, timestamps: np.ndarray) -> None:
+                keys: tuple, values: tuple, timestamps: np.ndarray,
+                on_delivery: Any = None) -> None:
         """Every record: ``keys``/``values`` are (buffer, starts, ends, nulls) with int64 starts
         and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``.
         Raises KafkaException for an error other than a full queue (which it waits out)."""
         done, code, reason = self._mod.produce(self._handle, topic, partition, partitions,
-                                               *keys, *values, timestamps)
+                                               *keys, *values, timestamps, on_delivery)
         if code:
             from confluent_kafka import KafkaError, KafkaException
             raise KafkaException(KafkaError(code, f"{reason} (after {done} of "

@@ -486,6 +486,7 @@ class RestoreRunner:
         self.producer: Any = None
         #: the error_cb object the producers are configured with (ColumnSender checks it)
         self._error_cb = self._on_error
+        self._dr_cb = self._on_delivery  # one object, carried by ColumnSender's records
         self._column_sender: tuple[Any, ColumnSender | None] | None = None
         self._delivery_errors: list[str] = []
         self._kafka_errors: list[Any] = []
@@ -784,15 +785,17 @@ class RestoreRunner:
                                "progress")
 
     def _produce(self, chunk: Any, txn: bool) -> None:
-        """The hot loop. Inside a transaction, blocks without headers go through the
-        ColumnSender (connectors/kafka_columns.py: no Python object or delivery callback per
-        record; the commit fails if a record failed). Otherwise positional produce() calls
-        (about 1.5x faster than keywords), one block at a time, without the partition or
-        headers column when the block has none."""
+        """The hot loop. Blocks without headers go through the ColumnSender
+        (connectors/kafka_columns.py: no Python object per record). Inside a transaction without
+        delivery callbacks either (the commit fails if a record failed); otherwise with
+        ``_on_delivery`` carried by each record, as produce() does. Blocks with headers:
+        positional produce() calls (about 1.5x faster than keywords), one block at a time,
+        without the partition or headers column when the block has none."""
         p = self.producer
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
-        sender = self._sender(p) if txn else None
+        sender = self._sender(p)
+        on_delivery = None if txn else self._dr_cb
         for b in chunk.blocks:
             cols = b.ranges() if sender is not None and b.headers is None else None
             if cols is not None:
@@ -800,7 +803,7 @@ class RestoreRunner:
                          else np.asarray(b.partitions, np.int32))
                 keys, values, ts = cols
                 sender.produce(topic, -1 if b.partition is None else b.partition, parts,
-                               keys, values, ts)
+                               keys, values, ts, on_delivery)
                 continue
             b.materialize()
             if b.headers is None and b.partitions is None:  # the common case

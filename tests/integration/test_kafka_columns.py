@@ -211,3 +211,40 @@ def test_sender_failed_delivery_fails_the_commit(kafka_bootstrap, make_topic):
         p.commit_transaction(30)
     p.abort_transaction(30)
     sender.close()
+
+
+def test_sender_delivery_reports_reach_on_delivery(kafka_bootstrap, make_topic):
+    """Without a transaction each record carries confluent_kafka's per-message state: a failed
+    delivery reaches on_delivery with its error and message, as from produce(); the references
+    the records held on the callable are all given back."""
+    import sys
+    cb, logger = [].append, kafka_logger()
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "error_cb": cb, "logger": logger,
+                  "enable.idempotence": True, "allow.auto.create.topics": False,
+                  "topic.metadata.propagation.max.ms": 500, "message.timeout.ms": 5000})
+    sender = ColumnSender.attach(p, cb, logger)
+    assert sender is not None
+    reports: list = []
+
+    def on_delivery(err, msg):
+        reports.append((err.code() if err else None, msg.topic(), msg.key()))
+    refs = sys.getrefcount(on_delivery)
+    topic = make_topic(partitions=1)
+    n = 500
+    keys = [b"k%d" % i for i in range(n)]
+    sender.produce(topic, 0, None, _columns(keys), _columns([b"v"] * n),
+                   np.full(n, TS0, np.int64), on_delivery)
+    assert p.flush(30) == 0
+    # delivery.report.only.error is off here: every success is reported, as from produce()
+    assert sorted(reports) == sorted((None, topic, k) for k in keys)
+    reports.clear()
+    missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
+    sender.produce(missing, 0, None, _columns([b"a", b"b"]), _columns([b"1", b"2"]),
+                   np.array([TS0, TS0], np.int64), on_delivery)
+    assert p.flush(30) == 0
+    assert sorted(reports) == [(KafkaError.UNKNOWN_TOPIC_OR_PART, missing, b"a"),
+                               (KafkaError.UNKNOWN_TOPIC_OR_PART, missing, b"b")], reports
+    assert sys.getrefcount(on_delivery) == refs
+    got = read_topic(kafka_bootstrap, topic, 1)
+    assert [r[2] for r in got[0]] == keys
+    sender.close()
