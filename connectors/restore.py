@@ -758,7 +758,7 @@ class RestoreRunner:
                 p.begin_transaction()
                 self._in_txn = True
             if chunk is not None and len(chunk):
-                self._produce(chunk, txn)
+                self._produce(chunk)
                 if on_produced is not None:
                     on_produced()
                 left = p.flush(ACK_TIMEOUT_S)
@@ -784,18 +784,17 @@ class RestoreRunner:
                                "run the same restore again to continue from the last recorded "
                                "progress")
 
-    def _produce(self, chunk: Any, txn: bool) -> None:
+    def _produce(self, chunk: Any) -> None:
         """The hot loop. Blocks without headers go through the ColumnSender
-        (connectors/kafka_columns.py: no Python object per record). Inside a transaction without
-        delivery callbacks either (the commit fails if a record failed); otherwise with
-        ``_on_delivery`` carried by each record, as produce() does. Blocks with headers:
-        positional produce() calls (about 1.5x faster than keywords), one block at a time,
-        without the partition or headers column when the block has none."""
+        (connectors/kafka_columns.py: no Python object per record; each record carries
+        ``_on_delivery`` as produce() would, so a failed delivery is reported the same way,
+        with or without a transaction). Blocks with headers: positional produce() calls (about
+        1.5x faster than keywords), one block at a time, without the partition or headers
+        column when the block has none."""
         p = self.producer
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
         sender = self._sender(p)
-        on_delivery = None if txn else self._dr_cb
         for b in chunk.blocks:
             cols = b.ranges() if sender is not None and b.headers is None else None
             if cols is not None:
@@ -803,7 +802,7 @@ class RestoreRunner:
                          else np.asarray(b.partitions, np.int32))
                 keys, values, ts = cols
                 sender.produce(topic, -1 if b.partition is None else b.partition, parts,
-                               keys, values, ts, on_delivery)
+                               keys, values, ts, self._dr_cb)
                 continue
             b.materialize()
             if b.headers is None and b.partitions is None:  # the common case
