@@ -152,18 +152,27 @@ def test_bad_arguments_are_errors_not_crashes():
         _native.decide(table)
 
 
-def test_a_compaction_loads_no_jit_compiler(tmp_path):
-    """Build a store (numba kernels) in one process, compact it in another: the compacting
-    process imports numba nowhere."""
+def _build_store_elsewhere(tmp_path, partitions: int) -> str:
+    """A store of 5000 records of topic t (50 keys, every 9th a tombstone), written by another
+    process (which loads the numba encoding kernels), so that the caller's process starts clean."""
     store = str(tmp_path / "s")
     build = (
         "import sys; sys.path.insert(0, {root!r})\n"
         "from reput import Store\n"
         "from reput.record import RecordBatch\n"
         "st = Store.open({store!r}, writer='w', create=True)\n"
-        "st.append(RecordBatch.from_records('t', [(0, i, 0, b'k%d' % (i % 50), None if i % 9 == 0"
-        " else b'v' * 40, []) for i in range(5000)]))\n"
+        "st.append(RecordBatch.from_records('t', [(i % {parts}, i, 0, b'k%d' % (i % 50), None if"
+        " i % 9 == 0 else b'v' * 40, []) for i in range(5000)]))\n"
         "st.flush(); st.close()\n")
+    subprocess.run([sys.executable, "-c", build.format(root=ROOT, store=store, parts=partitions)],
+                   check=True)
+    return store
+
+
+def test_a_compaction_loads_no_jit_compiler(tmp_path):
+    """Build a store (numba kernels) in one process, compact it in another: the compacting
+    process imports numba nowhere."""
+    store = _build_store_elsewhere(tmp_path, partitions=1)
     compact = (
         "import sys; sys.path.insert(0, {root!r})\n"
         "from reput import Store\n"
@@ -173,7 +182,6 @@ def test_a_compaction_loads_no_jit_compiler(tmp_path):
         "'t', 0, force=True)\n"
         "assert r.skipped is None and r.records_dropped > 4000, r\n"
         "print('numba' in sys.modules, r.records_kept)\n")
-    subprocess.run([sys.executable, "-c", build.format(root=ROOT, store=store)], check=True)
     out = subprocess.run([sys.executable, "-c", compact.format(root=ROOT, store=store)],
                          check=True, capture_output=True, text=True).stdout.split()
     assert out[0] == "False", out
@@ -361,22 +369,13 @@ def test_kv_kernels_bad_arguments():
 def test_a_kv_build_loads_no_jit_compiler(tmp_path):
     """`kv build` from a store: the C kernels read, check and pick the records; numba is
     never imported."""
-    store = str(tmp_path / "s")
-    build = (
-        "import sys; sys.path.insert(0, {root!r})\n"
-        "from reput import Store\n"
-        "from reput.record import RecordBatch\n"
-        "st = Store.open({store!r}, writer='w', create=True)\n"
-        "st.append(RecordBatch.from_records('t', [(i % 2, i, 0, b'k%d' % (i % 50), None if i % 9"
-        " == 0 else b'v' * 40, []) for i in range(5000)]))\n"
-        "st.flush(); st.close()\n")
+    store = _build_store_elsewhere(tmp_path, partitions=2)
     kv = (
         "import sys; sys.path.insert(0, {root!r})\n"
         "from connectors.kv import build_map, KVMap\n"
         "r = build_map({db!r}, {store!r}, 't')\n"
         "m = KVMap({db!r})\n"
         "print('numba' in sys.modules, r['keys'], m.get(b'k1'))\n")
-    subprocess.run([sys.executable, "-c", build.format(root=ROOT, store=store)], check=True)
     out = subprocess.run([sys.executable, "-c", kv.format(root=ROOT, store=store,
                                                           db=str(tmp_path / "db"))],
                          check=True, capture_output=True, text=True).stdout.split()
