@@ -42,7 +42,9 @@ from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_t
 FORMAT_VERSION = 1
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
-BACKGROUND_SYNC_BYTES = 32 << 20  # ... and fdatasync the commit log in the background this often
+BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
+# (8 MiB measured better than 32 on this VM: store bench with fsync 2.09M vs 1.85-1.89M rec/s,
+# mirror 1.34 s vs 1.52 s, a Spark task's final flush 0.02 s vs 0.09 s; one-off A/B runs)
 
 
 @dataclass
