@@ -849,11 +849,18 @@ class MapBuilder:
     def _kafka(self, sink: LevelDBSink, stop: threading.Event, follow: bool) -> None:
         from confluent_kafka import (Consumer, KafkaError, KafkaException,
                                      TopicPartition)
+
+        from .kafka_columns import ColumnReader
+        from .worker import kafka_logger
+
+        def error_cb(err: Any) -> None:
+            return None
+        logger = kafka_logger()
         conf = {"bootstrap.servers": self.bootstrap_servers,
                 "group.id": f"kcompact-kv-{uuid.uuid4().hex[:12]}",
                 "enable.auto.commit": False, "enable.auto.offset.store": False,
                 "isolation.level": "read_committed", "auto.offset.reset": "error",
-                "enable.partition.eof": True, "error_cb": lambda err: None,
+                "enable.partition.eof": True, "error_cb": error_cb, "logger": logger,
                 # a map builds slower than Kafka serves: without this, librdkafka's prefetch
                 # queue goes over its limit and the next fetch waits 1 s (connectors/worker.py)
                 "fetch.queue.backoff.ms": 10}
@@ -863,6 +870,8 @@ class MapBuilder:
             consumer = Consumer(conf)
         except KafkaException as e:
             raise KVError(f"invalid Kafka consumer settings: {e}") from None
+        # batches as columns, without Message objects (connectors/kafka_columns.py), when built
+        reader = ColumnReader.attach(consumer, error_cb, logger)
         try:
             try:
                 md = consumer.list_topics(self.topic, timeout=15)
@@ -882,28 +891,10 @@ class MapBuilder:
             at_end: set[int] = set()
             idle_since = time.monotonic()
             while not stop.is_set():
-                msgs = consumer.consume(num_messages=self.follow_batch_records, timeout=0.2)
-                keys: list = []
-                values: list = []
-                nxt: dict[int, int] = {}
-                for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            at_end.add(m.partition())
-                            continue
-                        if err.fatal() or not err.retriable():
-                            raise KVError(f"Kafka consumer of {self.topic!r}: {err.str()}"
-                                          + (" (the map's next offset is no longer in the "
-                                             "topic: delete the map and build it again)"
-                                             if err.code() == KafkaError._AUTO_OFFSET_RESET
-                                             else ""))
-                        continue
-                    p = m.partition()
-                    at_end.discard(p)
-                    keys.append(m.key())
-                    values.append(m.value())
-                    nxt[p] = m.offset() + 1
+                if reader is not None:
+                    keys, values, nxt = self._columns(reader, at_end)
+                else:
+                    keys, values, nxt = self._messages(consumer, at_end)
                 if keys:
                     sink.apply(keys, values, nxt)
                     self.report["applied_records"] += len(keys)
@@ -926,7 +917,69 @@ class MapBuilder:
                                   f"records nor their end for {self.kafka_idle_timeout:.0f}s "
                                   "(is the map ahead of the topic? it may have been recreated)")
         finally:
+            if reader is not None:
+                reader.close()  # before the consumer's close: it holds the consumer's queue
             consumer.close()
+
+    def _kafka_error(self, code: int, text: str, fatal: bool, retriable: bool) -> None:
+        from confluent_kafka import KafkaError
+        if fatal or not retriable:
+            raise KVError(f"Kafka consumer of {self.topic!r}: {text}"
+                          + (" (the map's next offset is no longer in the topic: delete the "
+                             "map and build it again)"
+                             if code == KafkaError._AUTO_OFFSET_RESET else ""))
+
+    def _messages(self, consumer: Any, at_end: set) -> tuple[list, list, dict]:
+        """One consume(): keys, values and next offsets per partition; ends seen into at_end."""
+        from confluent_kafka import KafkaError
+        keys: list = []
+        values: list = []
+        nxt: dict[int, int] = {}
+        for m in consumer.consume(num_messages=self.follow_batch_records, timeout=0.2):
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    at_end.add(m.partition())
+                else:
+                    self._kafka_error(err.code(), err.str(), err.fatal(), err.retriable())
+                continue
+            p = m.partition()
+            at_end.discard(p)
+            keys.append(m.key())
+            values.append(m.value())
+            nxt[p] = m.offset() + 1
+        return keys, values, nxt
+
+    def _columns(self, reader: Any, at_end: set) -> tuple[list, list, dict]:
+        """The same from a ColumnReader batch. Its end-of-partition events come apart from the
+        records, so a partition is at its end when its event's offset is past every record of
+        it in the batch (a record after the event means the partition grew again)."""
+        from confluent_kafka import KafkaError
+
+        from .kafka_columns import PackedBytes
+        b = reader.consume(self.follow_batch_records, 0.2)
+        eof: dict[int, int] = {}
+        for ev in b.events:
+            if ev.code == KafkaError._PARTITION_EOF:
+                eof[ev.partition] = ev.offset
+            else:
+                err = KafkaError(ev.code, ev.reason, fatal=ev.fatal)
+                self._kafka_error(ev.code, ev.reason, ev.fatal, err.retriable())
+        n = len(b)
+        nxt: dict[int, int] = {}
+        if n:
+            uniq, idx = np.unique(b.partitions[::-1], return_index=True)
+            for p, i in zip(uniq.tolist(), idx.tolist()):
+                nxt[p] = int(b.offsets[n - 1 - i]) + 1
+        for p in nxt:
+            at_end.discard(p)
+        for p, off in eof.items():
+            if nxt.get(p, -1) <= off:
+                at_end.add(p)
+        kb, ko, kn, vb, vo, vn = b.packed
+        if not n:
+            return [], [], nxt
+        return PackedBytes.unpacked(kb, ko, kn), PackedBytes.unpacked(vb, vo, vn), nxt
 
 
 def build_map(db_dir: str | os.PathLike, store: str, topic: str, *, follow: bool = False,

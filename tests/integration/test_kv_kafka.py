@@ -14,8 +14,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from confluent_kafka import Producer
 
+from connectors import kafka_columns
 from connectors.kv import KVMap, build_map
 from reput import RecordBatch, Store, WriterOptions
 
@@ -81,7 +83,15 @@ def wait_until(cond, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, tmp_path):
+@pytest.mark.parametrize("columns", ["columns", "messages"])
+def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, tmp_path,
+                                                  monkeypatch, columns):
+    """The Kafka part read as columns (connectors/kafka_columns.py, when built) and as
+    Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
+    if columns == "messages":
+        monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
+    elif kafka_columns._module() is None:
+        pytest.skip("connectors._rdkafka is not built; the 'messages' case covers this")
     topic = make_topic(partitions=3)
     first = produce(kafka_bootstrap, topic, rows(3000, 300, 1), 3)
     second = produce(kafka_bootstrap, topic, rows(2000, 300, 2), 3)

@@ -44,3 +44,34 @@ def test_packed_headers_read_back():
     starts[1:] = np.cumsum([len(e) for e in enc])
     col = PackedHeaders(b"".join(enc), starts.tobytes())
     assert len(col) == 4 and list(col) == rows and col[2][2] == ("ü", b"")
+
+
+def test_kv_columns_end_of_partition_order():
+    """MapBuilder._columns: an end-of-partition event at or after a partition's last record in
+    the batch marks it at its end; a record past the event (the partition grew again) does
+    not, whatever order the batch lists them in."""
+    from types import SimpleNamespace
+
+    from connectors.kafka_columns import Batch, Event
+    from connectors.kv import MapBuilder
+
+    def batch(parts, offs, events):
+        n = len(parts)
+        keys = [b"k%d" % o for o in offs]
+        packed = (*_pack(keys), *_pack([b"v"] * n))
+        return Batch(np.array(parts, np.int32), np.array(offs, np.int64),
+                     np.zeros(n, np.int64), ["t"], None, packed, None,
+                     [Event("t", p, o, -191, "end", False) for p, o in events])
+
+    reader = SimpleNamespace(consume=lambda n, t: reader.next)
+    me = SimpleNamespace(follow_batch_records=100)
+    at_end: set = {2}
+    reader.next = batch([0, 1, 0, 2], [5, 7, 6, 9], [(0, 7), (1, 7), (3, 0)])
+    keys, values, nxt = MapBuilder._columns(me, reader, at_end)
+    assert nxt == {0: 7, 1: 8, 2: 10}
+    # 0: its records end at 6, its end is 7; 1: record 7 is past its end event at 7; 2: a new
+    # record; 3: no records, at its end
+    assert at_end == {0, 3}
+    assert keys == [b"k5", b"k7", b"k6", b"k9"] and values == [b"v"] * 4
+    reader.next = batch([], [], [])
+    assert MapBuilder._columns(me, reader, at_end) == ([], [], {}) and at_end == {0, 3}
