@@ -48,7 +48,7 @@ from reput import swap
 from reput.errors import ReputError, StoreLockedError
 from reput.partition import PartitionLog
 from reput.record import Scratch, scan
-from reput.store import BACKGROUND_SYNC_BYTES, Store
+from reput.store import Store, SyncPacer
 
 from .client import Chunk, MasterClient, check_master_url
 from .errors import ProtocolError, ReplicaError, ReplicationError
@@ -241,7 +241,8 @@ class Replicator:
         scratch = Scratch()
         pending = None  # (future, its from offset, its records, its bytes)
         records = nbytes = 0
-        state = {"since_sync": 0, "horizon": horizon, "clean_time_s": int(time.time())}
+        state = {"since_sync": 0, "horizon": horizon, "clean_time_s": int(time.time()),
+                 "pacer": SyncPacer(writeback_every=0)}
         args = (staging, topic, partition, scratch, state)
         try:
             while True:
@@ -301,17 +302,17 @@ class Replicator:
         staging.append(chunk.body, s, 0, len(s), clean_upto=state["horizon"],
                        clean_time_s=state["clean_time_s"])
         state["since_sync"] += len(chunk.body)
-        state["since_bg_sync"] = state.get("since_bg_sync", 0) + len(chunk.body)
+        pacer = state.setdefault("pacer", SyncPacer(writeback_every=0))
         if state["since_sync"] >= self.options.sync_every_bytes:
             staging.sync()
-            state["since_sync"] = state["since_bg_sync"] = 0
+            state["since_sync"] = 0
+            pacer.reset()
         else:
             staging.start_writeback()
-            if state["since_bg_sync"] >= BACKGROUND_SYNC_BYTES:
+            if pacer.add(len(chunk.body))[1]:
                 # the device's cache flushed as the pull goes (reput/backend.py
                 # _BackgroundSync), not all at once at the next sync or at the install
                 staging.sync_soon()
-                state["since_bg_sync"] = 0
 
     # -- resume, install, finish (blocking; run in the pool) ------------------------------------
 

@@ -117,3 +117,18 @@ def test_partition_sync_soon_syncs_its_open_files(tmp_path, synced):
     pdir = os.path.realpath(st.fs.local_path(pl.dir))
     assert len(synced) == 2 and all(os.path.dirname(p) == pdir for p in synced), synced
     st.close()
+
+
+def test_sync_pacer_counts():
+    """SyncPacer: writeback every ``writeback_every`` bytes, a background sync once the queued
+    bytes reach ``sync_every``; reset() after a full sync starts both counts over."""
+    from reput.store import SyncPacer
+    p = SyncPacer(writeback_every=10, sync_every=25)
+    assert [p.add(4) for _ in range(3)] == [(False, False), (False, False), (True, False)]
+    assert p.add(10) == (True, False)   # 22 queued
+    assert p.add(10) == (True, True)    # 32 >= 25: sync, count starts over
+    assert p.add(9) == (False, False)
+    p.reset()
+    assert p.add(9) == (False, False) and p.add(1) == (True, False)
+    every_chunk = SyncPacer(writeback_every=0, sync_every=8)
+    assert [every_chunk.add(3) for _ in range(3)] == [(True, False), (True, False), (True, True)]
