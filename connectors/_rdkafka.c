@@ -67,6 +67,7 @@ typedef struct {
             size_t size;
         } mem;
         void *ptr;
+        rd_kafka_headers_t *headers;
         char _pad[64];
     } u;
 } rdk_vu;
@@ -93,6 +94,9 @@ static struct {
     void (*error_destroy)(void *);
     int (*poll)(rd_kafka_t *, int);
     rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+    rd_kafka_headers_t *(*headers_new)(size_t);
+    void (*headers_destroy)(rd_kafka_headers_t *);
+    int (*header_add)(rd_kafka_headers_t *, const char *, ssize_t, const void *, ssize_t);
     void (*topic_destroy)(rd_kafka_topic_t *);
 } rdk;
 static int bound = 0;
@@ -206,6 +210,9 @@ static PyObject *bind(PyObject *self, PyObject *arg)
     SYM(error_destroy, "rd_kafka_error_destroy")
     SYM(poll, "rd_kafka_poll")
     SYM(topic_new, "rd_kafka_topic_new")
+    SYM(headers_new, "rd_kafka_headers_new")
+    SYM(headers_destroy, "rd_kafka_headers_destroy")
+    SYM(header_add, "rd_kafka_header_add")
     SYM(topic_destroy, "rd_kafka_topic_destroy")
 #undef SYM
     /* the library stays loaded as long as confluent_kafka's module: keep our reference too */
@@ -711,6 +718,52 @@ done:
     return result;
 }
 
+/* the store's header encoding (u32 count, then per header u16 name length, name, i32 value
+ * length or -1 for null, value; little-endian) filling exactly p[0:len] */
+static int headers_valid(const uint8_t *p, int64_t len)
+{
+    if (len < 4)
+        return 0;
+    uint32_t count;
+    memcpy(&count, p, 4);
+    int64_t at = 4;
+    for (uint32_t i = 0; i < count; i++) {
+        uint16_t nl;
+        int32_t vl;
+        if (at + 2 > len)
+            return 0;
+        memcpy(&nl, p + at, 2);
+        if (at + 2 + nl + 4 > len)
+            return 0;
+        memcpy(&vl, p + at + 2 + nl, 4);
+        at += 6 + nl;
+        if (vl < -1 || (vl > 0 && at + vl > len))
+            return 0;
+        at += vl > 0 ? vl : 0;
+    }
+    return at == len;
+}
+
+/* librdkafka headers from a section that headers_valid accepted */
+static rd_kafka_headers_t *make_headers(const uint8_t *p)
+{
+    uint32_t count;
+    memcpy(&count, p, 4);
+    rd_kafka_headers_t *h = rdk.headers_new(count);
+    int64_t at = 4;
+    for (uint32_t i = 0; i < count; i++) {
+        uint16_t nl;
+        int32_t vl;
+        memcpy(&nl, p + at, 2);
+        memcpy(&vl, p + at + 2 + nl, 4);
+        const char *name = (const char *)p + at + 2;
+        at += 6 + nl;
+        rdk.header_add(h, name, nl, vl < 0 ? NULL : p + at, vl < 0 ? 0 : vl);
+        at += vl > 0 ? vl : 0;
+    }
+    return h;
+}
+
 /* -- producer_attach(producer, error_cb, logger) -> capsule or None ------------------------- */
 
 /* confluent_kafka's per-message state (Producer.c, the same in 2.x): its delivery-report
@@ -761,7 +814,9 @@ static PyObject *producer_attach(PyObject *self, PyObject *const *args, Py_ssize
 }
 
 /* -- produce(sender, topic, partition, partitions, kbuf, kstarts, kends, knulls, vbuf, vstarts,
- *            vends, vnulls, timestamps, dr_cb) -> (produced, error code, error text) --------
+ *            vends, vnulls, timestamps, dr_cb, headers) -> (produced, error code, error text) -
+ * headers: None, or (buf, starts, ends) of each record's header section in the store's
+ * encoding (reput.record.encode_headers; empty: no headers), made into librdkafka headers.
  * Every record of the columns to ``topic``: at ``partition``, or partitions[i] when that is not
  * None (int32). Keys and values are buf[starts[i]:ends[i]] (int64), null where nulls[i]; copied
  * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns.
@@ -775,10 +830,10 @@ static PyObject *producer_attach(PyObject *self, PyObject *const *args, Py_ssize
 static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 14) {
+    if (nargs != 15) {
         PyErr_SetString(PyExc_TypeError, "produce(sender, topic, partition, partitions, kbuf, "
                         "kstarts, kends, knulls, vbuf, vstarts, vends, vnulls, timestamps, "
-                        "dr_cb)");
+                        "dr_cb, headers)");
         return NULL;
     }
     sender *sd = PyCapsule_GetPointer(args[0], SENDER);
@@ -798,7 +853,10 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     long part = PyLong_AsLong(args[2]);
     if (topic == NULL || (part == -1 && PyErr_Occurred()))
         return NULL;
-    Py_buffer kb = {0}, vb = {0};
+    Py_buffer kb = {0}, vb = {0}, hb = {0};
+    Arr ha[2];
+    memset(ha, 0, sizeof ha);
+    int have_headers = args[14] != Py_None;
     Arr a[7] = {0}; /* partitions, kstarts, kends, knulls, vstarts, vends, vnulls; ts last */
     Arr ts = {0};
     PyObject *result = NULL;
@@ -814,6 +872,29 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         arr_get(args[12], &ts, 8, 0, "timestamps") < 0)
         goto out;
     Py_ssize_t n = ts.n;
+    if (have_headers) {
+        if (!PyTuple_Check(args[14]) || PyTuple_GET_SIZE(args[14]) != 3) {
+            PyErr_SetString(PyExc_TypeError, "produce: headers must be (buf, starts, ends)");
+            goto out;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args[14], 0), &hb, PyBUF_SIMPLE) < 0 ||
+            arr_get(PyTuple_GET_ITEM(args[14], 1), &ha[0], 8, 0, "hstarts") < 0 ||
+            arr_get(PyTuple_GET_ITEM(args[14], 2), &ha[1], 8, 0, "hends") < 0)
+            goto out;
+        if (ha[0].n != n || ha[1].n != n) {
+            PyErr_SetString(PyExc_ValueError, "produce: columns of different lengths");
+            goto out;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t h0 = ld_i64(&ha[0], i), h1 = ld_i64(&ha[1], i);
+            if (h0 < 0 || h1 < h0 || h1 > hb.len || (h1 > h0 && !headers_valid(
+                    (const uint8_t *)hb.buf + h0, h1 - h0))) {
+                PyErr_SetString(PyExc_ValueError, "produce: a header section is out of bounds "
+                                "or malformed");
+                goto out;
+            }
+        }
+    }
     for (int i = have_parts ? 0 : 1; i < 7; i++)
         if (a[i].n != n) {
             PyErr_SetString(PyExc_ValueError, "produce: columns of different lengths");
@@ -845,7 +926,7 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_SET_REFCNT(dr_cb, Py_REFCNT(dr_cb) + n);
     cfl_callstate cs;
     callstate_begin(h, &cs);
-    rdk_vu vu[7];
+    rdk_vu vu[8];
     memset(vu, 0, sizeof vu);
     vu[0].vtype = VT_RKT;
     vu[0].u.rkt = rkt;
@@ -857,7 +938,7 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     vu[5].vtype = VT_MSGFLAGS;
     vu[5].u.i = RDK_MSG_F_COPY;
     vu[6].vtype = VT_OPAQUE;
-    int nvu = dr_cb != NULL ? 7 : 6;
+    int nvu0 = dr_cb != NULL ? 7 : 6;
     int nomem = 0;
     const char *kp = kb.buf, *vp = vb.buf;
     for (; done < n && !cs.crashed; done++) {
@@ -891,6 +972,17 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             ms->dr_cb = dr_cb;
             vu[6].u.ptr = ms;
         }
+        rd_kafka_headers_t *hdrs = NULL;
+        int nvu = nvu0;
+        if (have_headers) {
+            int64_t h0 = ld_i64(&ha[0], i), h1 = ld_i64(&ha[1], i);
+            if (h1 > h0) {
+                hdrs = make_headers((const uint8_t *)hb.buf + h0);
+                vu[nvu].vtype = VT_HEADERS;
+                vu[nvu].u.headers = hdrs;
+                nvu++;
+            }
+        }
         void *err;
         int queued = 0;
         while ((err = rdk.produceva(sd->rk, vu, nvu)) != NULL) {
@@ -909,7 +1001,9 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         }
         queued = code == 0 && !cs.crashed;
         if (!queued) {
-            free(ms); /* never handed to librdkafka */
+            free(ms); /* never handed to librdkafka, nor the headers */
+            if (hdrs != NULL)
+                rdk.headers_destroy(hdrs);
             break;
         }
     }
@@ -930,6 +1024,9 @@ out:
         PyBuffer_Release(&kb);
     if (vb.obj != NULL)
         PyBuffer_Release(&vb);
+    if (hb.obj != NULL)
+        PyBuffer_Release(&hb);
+    arr_release(ha, 2);
     arr_release(a, 7);
     arr_release(&ts, 1);
     return result;

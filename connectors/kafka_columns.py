@@ -208,12 +208,15 @@ class ColumnSender:
 
     def produce(self, topic: str, partition: int, partitions: np.ndarray | None,
                 keys: tuple, values: tuple, timestamps: np.ndarray,
-                on_delivery: Any = None) -> None:
+                on_delivery: Any = None, headers: tuple | None = None) -> None:
         """Every record: ``keys``/``values`` are (buffer, starts, ends, nulls) with int64 starts
-        and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``.
+        and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``;
+        ``headers`` None or (buffer, starts, ends) of each record's header section in the
+        store's encoding (reput.record.encode_headers; empty for none).
         Raises KafkaException for an error other than a full queue (which it waits out)."""
         done, code, reason = self._mod.produce(self._handle, topic, partition, partitions,
-                                               *keys, *values, timestamps, on_delivery)
+                                               *keys, *values, timestamps, on_delivery,
+                                               headers)
         if code:
             from confluent_kafka import KafkaError, KafkaException
             raise KafkaException(KafkaError(code, f"{reason} (after {done} of "

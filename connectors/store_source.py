@@ -134,7 +134,9 @@ class RecordBlock:
 
     ``partition`` is their target partition when they share one (``partitions`` is None), else
     ``partitions`` lists it per record (--repartition); ``headers`` is None when no record has
-    headers; ``source_offsets`` are their store offsets (numpy int64).
+    headers, else a list of header lists decoded on first use from ``hspans`` (the bytes and
+    the start and end of each record's header section, store encoding); ``source_offsets`` are
+    their store offsets (numpy int64).
 
     Keys, values and timestamps become Python objects only in ``materialize()``: the reader
     thread prepares the bytes without the GIL (read, CRC check, gather), and the thread that
@@ -142,13 +144,15 @@ class RecordBlock:
     turns with the GIL for the same work.
     """
 
-    __slots__ = ("partition", "partitions", "headers", "source_partition", "source_offsets",
-                 "n", "_kspec", "_vspec", "_ts", "keys", "values", "timestamps")
+    __slots__ = ("partition", "partitions", "hspans", "_headers", "source_partition",
+                 "source_offsets", "n", "_kspec", "_vspec", "_ts", "keys", "values",
+                 "timestamps")
 
     def __init__(self, partition: int | None, partitions: list[int] | None, kspec: tuple,
-                 vspec: tuple, timestamps: np.ndarray, headers: list | None,
+                 vspec: tuple, timestamps: np.ndarray, hspans: tuple | None,
                  source_partition: int, source_offsets: np.ndarray):
-        self.partition, self.partitions, self.headers = partition, partitions, headers
+        self.partition, self.partitions, self.hspans = partition, partitions, hspans
+        self._headers: list | None = None
         self.source_partition, self.source_offsets = source_partition, source_offsets
         self.n = timestamps.shape[0]
         self._kspec, self._vspec, self._ts = kspec, vspec, timestamps
@@ -158,6 +162,16 @@ class RecordBlock:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def headers(self) -> list | None:
+        if self.hspans is None:
+            return None
+        if self._headers is None:
+            data, starts, ends = self.hspans
+            self._headers = [list(decode_headers(data[a:z])) if z > a else None
+                             for a, z in zip(starts.tolist(), ends.tolist())]
+        return self._headers
 
     def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
         """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
@@ -591,12 +605,7 @@ class StoreSourceTask(SourceTask):
         keyless = (attrs & 2) != 0
         kspec = _field_spec(data, buf, ks, kl, keyless)
         vspec = _field_spec(data, buf, vs, vl, (attrs & 1) != 0)
-        headers: list | None = None
-        for r in np.nonzero(hl)[0].tolist():
-            if headers is None:
-                headers = [None] * m
-            s = int(hs[r])
-            headers[r] = list(decode_headers(data[s:s + int(hl[r])]))
+        hspans = (data, hs, hs + hl) if hl.any() else None
         parts = None
         if self.repartition:
             from ._restore_kernels import murmur2_partitions
@@ -605,7 +614,7 @@ class StoreSourceTask(SourceTask):
                                                         self._next_keyless, out))
             parts = out.tolist()
         chunk.add(RecordBlock(None if parts is not None else partition, parts, kspec, vspec,
-                              e["timestamp"].copy(), headers, partition, e["offset"].copy()),
+                              e["timestamp"].copy(), hspans, partition, e["offset"].copy()),
                   int(kl.sum() + vl.sum()))
 
     def stop(self) -> None:

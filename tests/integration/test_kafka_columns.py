@@ -247,4 +247,10 @@ def test_sender_delivery_reports_reach_on_delivery(kafka_bootstrap, make_topic):
     assert sys.getrefcount(on_delivery) == refs
     got = read_topic(kafka_bootstrap, topic, 1)
     assert [r[2] for r in got[0]] == keys
+    # a header section that does not parse is refused before any record goes
+    bad = (b"\x05\x00\x00\x00", np.array([0], np.int64), np.array([4], np.int64))
+    with pytest.raises(ValueError, match="header section"):
+        sender.produce(topic, 0, None, _columns([b"x"]), _columns([b"y"]),
+                       np.array([TS0], np.int64), on_delivery, bad)
+    assert sys.getrefcount(on_delivery) == refs
     sender.close()
