@@ -984,7 +984,6 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             }
         }
         void *err;
-        int queued = 0;
         while ((err = rdk.produceva(sd->rk, vu, nvu)) != NULL) {
             int c = rdk.error_code(err);
             if (c != RDK_ERR_QUEUE_FULL) {
@@ -999,8 +998,7 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             if (cs.crashed)
                 break;
         }
-        queued = code == 0 && !cs.crashed;
-        if (!queued) {
+        if (code != 0 || cs.crashed) {
             free(ms); /* never handed to librdkafka, nor the headers */
             if (hdrs != NULL)
                 rdk.headers_destroy(hdrs);

@@ -96,6 +96,23 @@ class PackedBytes(Sequence):
         return self._list().count(x)
 
 
+def header_lists(buf: Any, starts: Sequence[int], ends: Sequence[int]) -> list:
+    """Header sections buf[starts[i]:ends[i]] in the store's encoding as Message.headers()
+    gives them: a list of (name, bytes | None), or None for an empty section."""
+    mv = memoryview(buf)
+    return [list(decode_headers(mv[a:z])) if z > a else None for a, z in zip(starts, ends)]
+
+
+def next_offsets(partitions: np.ndarray, offsets: np.ndarray) -> dict[int, int]:
+    """Per partition of a batch, the offset after its last record (offsets increase within a
+    partition)."""
+    n = len(offsets)
+    if not n:
+        return {}
+    uniq, idx = np.unique(partitions[::-1], return_index=True)
+    return {p: int(offsets[n - 1 - i]) + 1 for p, i in zip(uniq.tolist(), idx.tolist())}
+
+
 class PackedHeaders(Sequence):
     """A header column in the store's encoding (reput.record.encode_headers) as a sequence of
     lists of (name, bytes | None), or None for a record without headers, as Message.headers()."""
@@ -108,10 +125,8 @@ class PackedHeaders(Sequence):
 
     def _list(self) -> list:
         if self._items is None:
-            mv = memoryview(self.buf)
             st = np.frombuffer(self.starts, np.int64).tolist()
-            self._items = [list(decode_headers(mv[a:z])) if z > a else None
-                           for a, z in zip(st, st[1:])]
+            self._items = header_lists(self.buf, st, st[1:])
         return self._items
 
     def __len__(self) -> int:

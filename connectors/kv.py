@@ -956,29 +956,24 @@ class MapBuilder:
         it in the batch (a record after the event means the partition grew again)."""
         from confluent_kafka import KafkaError
 
-        from .kafka_columns import PackedBytes
+        from .kafka_columns import PackedBytes, next_offsets
         b = reader.consume(self.follow_batch_records, 0.2)
         eof: dict[int, int] = {}
         for ev in b.events:
             if ev.code == KafkaError._PARTITION_EOF:
                 eof[ev.partition] = ev.offset
             else:
-                err = KafkaError(ev.code, ev.reason, fatal=ev.fatal)
-                self._kafka_error(ev.code, ev.reason, ev.fatal, err.retriable())
-        n = len(b)
-        nxt: dict[int, int] = {}
-        if n:
-            uniq, idx = np.unique(b.partitions[::-1], return_index=True)
-            for p, i in zip(uniq.tolist(), idx.tolist()):
-                nxt[p] = int(b.offsets[n - 1 - i]) + 1
+                # not retriable: as for a Message's error, whose KafkaError never says so
+                self._kafka_error(ev.code, ev.reason, ev.fatal, False)
+        nxt = next_offsets(b.partitions, b.offsets)
         for p in nxt:
             at_end.discard(p)
         for p, off in eof.items():
             if nxt.get(p, -1) <= off:
                 at_end.add(p)
-        kb, ko, kn, vb, vo, vn = b.packed
-        if not n:
+        if not nxt:
             return [], [], nxt
+        kb, ko, kn, vb, vo, vn = b.packed
         return PackedBytes.unpacked(kb, ko, kn), PackedBytes.unpacked(vb, vo, vn), nxt
 
 

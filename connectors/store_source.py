@@ -40,12 +40,12 @@ import numpy as np
 from reput import Store
 from reput import _kernels as K
 from reput.errors import CorruptRecordError
-from reput.record import decode_headers
 
 from ._restore_kernels import first_offset_mismatch
 from .api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
 from .config import ConfigDef, Importance, Type, at_least, between, one_of
 from .errors import ConfigError, ConnectorsError
+from .kafka_columns import header_lists
 
 #: The store's internal topic (and the Kafka topic) that keeps restore progress.
 PROGRESS_TOPIC = "__kcompact-restore-offsets"
@@ -169,8 +169,7 @@ class RecordBlock:
             return None
         if self._headers is None:
             data, starts, ends = self.hspans
-            self._headers = [list(decode_headers(data[a:z])) if z > a else None
-                             for a, z in zip(starts.tolist(), ends.tolist())]
+            self._headers = header_lists(data, starts.tolist(), ends.tolist())
         return self._headers
 
     def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:

@@ -39,12 +39,12 @@ from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
 from .api import (DataError, RetriableError, SinkConnector, SinkRecords, SinkTask,
                   SinkTaskContext, SourceConnector, SourceRecord, SourceTask, SourceTaskContext,
                   TaskFailedError, TopicPartition, source_partition_key)
-from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders
 from .config import (ConfigDef, Importance, Type, at_least, between, load_class, non_empty)
 from .converters import Converter, make_converter
 from .errors import ConfigError, ConnectorsError
 from .errors_handling import (ERRORS_CONFIG, SKIPPED, DeadLetterQueue, ErrorContext,
                               ErrorHandler, Stage)
+from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
 
 WORKER_CONFIG = (
     ConfigDef()
@@ -624,10 +624,8 @@ class SinkTaskRunner:
         # Position = last offset + 1 per partition (offsets increase within a partition).
         if single:
             t = topics[0]
-            rev = parts[::-1]
-            uniq, idx = np.unique(rev, return_index=True)
-            for p, i in zip(uniq.tolist(), idx.tolist()):
-                m.position[TopicPartition(t, p)] = int(offs[n - 1 - i]) + 1
+            for p, nxt in next_offsets(parts, offs).items():
+                m.position[TopicPartition(t, p)] = nxt
         else:
             for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
                 m.position[TopicPartition(t, p)] = o + 1

@@ -302,7 +302,7 @@ class Replicator:
         staging.append(chunk.body, s, 0, len(s), clean_upto=state["horizon"],
                        clean_time_s=state["clean_time_s"])
         state["since_sync"] += len(chunk.body)
-        pacer = state.setdefault("pacer", SyncPacer(writeback_every=0))
+        pacer = state["pacer"]
         if state["since_sync"] >= self.options.sync_every_bytes:
             staging.sync()
             state["since_sync"] = 0
