@@ -12,11 +12,13 @@ queue offset 0 and compacted locally. Per partition:
 2. **Install** atomically with reput/swap.py: with no local records, the pulled segments are
    renamed into ``.compacting/``; with local records, the two logs are merged by offset (the
    master wins on equal offsets) into ``.compacting/``; then one ``swap.json`` commits the plan
-   (inputs: the local segments; outputs: the new ones; compaction horizon reset to -1) and
+   (inputs: the local segments; outputs: the new ones; compaction horizon: after a rename, the
+   master's horizon the pulled records are clean up to - ``_note_horizon`` - after a merge -1) and
    ``swap.apply`` puts it in place. ``.replicating/install.json`` records the step, so a crash
    anywhere resumes: before the commit the moved files are put back (or the pull restarts), after
    it the swap completes on open.
-3. **Force-compact** (compaction.Compactor), and roll the active segment to the master's next
+3. **Force-compact** (compaction.Compactor: its rounds map only the offsets past that
+   horizon, which the master had not compacted yet), and roll the active segment to the master's next
    offset when the master's is beyond the last record (so a mirror or a follower resumes at the
    same offset as on the master). Then ``.replicating/`` is removed.
 
@@ -209,6 +211,7 @@ class Replicator:
             self.progress.start(name, min(first, target), target, start)
             # what the master already compacted: its tombstones count as cleaned from now
             horizon = int(info.get("compaction_horizon", -1))
+            await self._run(self._note_horizon, topic, partition, start, horizon)
             try:
                 res.records, res.bytes = await self._pull(topic, partition, staging, start,
                                                           target, name, horizon)
@@ -384,6 +387,26 @@ class Replicator:
                                              "url": self.client.url}).encode())
         return "pull", staging
 
+    def _note_horizon(self, topic: str, partition: int, start: int, horizon: int) -> None:
+        """Keep in ``source.json`` the compaction horizon the pulled records are clean up to:
+        the master's at the start of a fresh pull, and never more than the master's at the start
+        of any resumed one (records pulled before the master compacted further are only clean up
+        to its horizon then). The install makes it the partition's horizon, so the force
+        compaction maps only what the master had not compacted."""
+        src = f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}"
+        doc = json.loads(self.fs.read(src))
+        clean = horizon if start == 0 else min(int(doc.get("horizon", -1)), horizon)
+        if doc.get("horizon") != clean:
+            doc["horizon"] = clean
+            self.fs.write_atomic(src, json.dumps(doc).encode())
+
+    def _pulled_horizon(self, topic: str, partition: int) -> int:
+        try:
+            doc = json.loads(self.fs.read(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}"))
+            return int(doc.get("horizon", -1))
+        except (FileNotFoundError, ValueError, TypeError):
+            return -1
+
     def _open_staging(self, topic: str, partition: int) -> PartitionLog:
         try:
             return PartitionLog(self.fs, topic, partition, self.store.secret,
@@ -403,6 +426,9 @@ class Replicator:
         staging.sync()
         bases = [s.base for s in staging.segments if s.entry_count]
         merge = live.record_count() > 0
+        # merged with local records, nothing is known clean; alone, the pulled records are
+        # clean up to the horizon _note_horizon kept
+        horizon = -1 if merge else self._pulled_horizon(topic, partition)
         marker = self._marker(topic, partition)
         fs.write_atomic(marker, json.dumps({"version": 1, "state": "installing",
                                             "mode": "merge" if merge else "rename",
@@ -423,11 +449,12 @@ class Replicator:
         if getattr(live, "manifest_mode", False):
             # S3: the staged segments replace every live one in one manifest commit
             with self.store._lock:
-                live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id})
+                live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id},
+                                      cleaned_offset=horizon)
                 self.store.release_partition(topic, partition)
             fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
             return merge
-        plan = swap.SwapPlan([s.base for s in live.segments], outputs, -1,
+        plan = swap.SwapPlan([s.base for s in live.segments], outputs, horizon,
                              {"replicated_from": self.client.store_id})
         swap.commit(fs, pdir, plan)
         with self.store._lock:

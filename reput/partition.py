@@ -524,16 +524,17 @@ class PartitionLog:
         return True
 
     def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
-                         writer: str = "replica") -> bool:
+                         writer: str = "replica", cleaned_offset: int = -1) -> bool:
         """S3: replace every segment of the partition with the local segments
         ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
-        horizon reset to -1 (a replica's install). The writer's own local segments are sealed
-        first, so they are among the replaced ones."""
+        horizon set to ``cleaned_offset`` (a replica's install: -1, or the horizon its pulled
+        records are clean up to). The writer's own local segments are sealed first, so they
+        are among the replaced ones."""
         self.seal(writer)
         self.stage_swap([s.base for s in self.sealed_segments],
                         [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
                           f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
-                        -1, last_run)
+                        cleaned_offset, last_run)
         return self.commit_staged(writer)
 
     def _clear_pending(self) -> None:

@@ -355,6 +355,37 @@ def _records(port: int, token: str, partition: int, frm: int, max_bytes: int, ch
     return r.status, heads, body
 
 
+def _checkpoint(store_path: Path, partition: int) -> tuple[int, dict | None]:
+    from reput import swap
+    with Store.open(str(store_path)) as st:
+        return swap.read_checkpoint(st.fs, fn.partition_dir(TOPIC, partition))
+
+
+def test_rebuild_compacts_only_what_the_master_had_not(tmp_path, procs, token):
+    """The pulled records are clean up to the master's compaction horizon: the replica's
+    force compaction maps only the offsets past it (partition 0: a dirty tail appended after
+    the master's last compaction; partition 2: nothing dirty, no round at all)."""
+    master, replica = tmp_path / "master", tmp_path / "replica"
+    model, nexts = build_compacted_master(master)
+    tail = [Record(TOPIC, 0, nexts[0] + i, T0 + i, b"key-%03d" % (i % 40), b"tail-%d" % i)
+            for i in range(300)]
+    with Store.open(str(master), writer="w") as st:
+        st.append(RecordBatch.from_records(TOPIC, tail))
+        st.flush()
+    horizons = {p: _checkpoint(master, p)[0] for p in (0, 2)}
+    assert horizons[0] == model[0][-1].offset and horizons[2] == model[2][-1].offset
+    srv = procs.serve(master, token)
+    r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", replica)
+    assert r.returncode == 0, r.stderr
+    cleaned, run = _checkpoint(replica, 0)
+    assert cleaned == tail[-1].offset
+    assert run["rounds"] == 1 and run["map_keys_max"] == 40  # the tail's keys, not all 250
+    cleaned, run = _checkpoint(replica, 2)
+    assert cleaned == horizons[2] and "rounds" not in (run or {})  # installed, not compacted
+    v = kc("verify", "--store", replica, "--against", srv.url, "--token-file", token)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
 def test_issue_zero_copy_records_equal_checked_ones_and_a_damaged_master_is_named(
         tmp_path, procs, token):
     """The master sends a local store's records with sendfile (no CRC check of its own); with
@@ -575,6 +606,32 @@ def test_sigkill_master_mid_transfer_then_restart(tmp_path, procs, token):
     assert "unreachable" in rep.text and "retrying" in rep.text
     v = kc("verify", "--store", replica, "--against", srv2.url, "--token-file", token)
     assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_resumed_pull_after_the_master_compacted_is_compacted_in_full(tmp_path, procs, token):
+    """Records pulled before the master compacted are not clean up to the master's new
+    horizon: the resumed rebuild keeps the lower one (-1 here), and the replica's compaction
+    drops the duplicates the first pull brought."""
+    master, replica = tmp_path / "master", tmp_path / "replica"
+    build_big_master(master, records=120_000, keys=3_000)
+    srv = procs.serve(master, token)
+    rep = procs.run("replicate", "--from", srv.url, "--token-file", token, "--store", replica,
+                    env=SLOW)
+    _wait_pulled(replica, 6 << 20, rep)
+    rep.stop(signal.SIGKILL)
+    pulled = [p for p in (0, 1) if (replica / fn.replicating_dir(TOPIC, p) / "source.json")
+              .is_file()]
+    assert pulled
+    with Store.open(str(master)) as st:
+        for p in (0, 1):
+            assert Compactor(st).compact_partition(TOPIC, p, force=True).records_dropped > 0
+            assert _checkpoint(master, p)[0] > 0
+    r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", replica)
+    assert r.returncode == 0, r.stderr
+    v = kc("verify", "--store", replica, "--against", srv.url, "--token-file", token)
+    assert v.returncode == 0, v.stdout + v.stderr
+    for p in pulled:  # the first pull's duplicates, dropped by the replica's own compaction
+        assert _checkpoint(replica, p)[1]["records_dropped"] > 0
 
 
 def test_master_compacts_while_a_replica_pulls(tmp_path, procs, token):
