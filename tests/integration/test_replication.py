@@ -574,13 +574,20 @@ def _wait_pulled(replica: Path, nbytes: int, proc: Proc, timeout: float = 60) ->
 SLOW = {"KCOMPACT_REPLICATION_RATE": str(8 << 20), "KCOMPACT_REPLICATION_MAX_BYTES": str(1 << 20)}
 
 
-def test_sigkill_replica_mid_transfer_then_resume(tmp_path, procs, token):
-    master, replica = tmp_path / "master", tmp_path / "replica"
-    build_big_master(master)
-    srv = procs.serve(master, token)
+def _slow_pull(tmp_path, procs, token, pulled: int, **master) -> tuple[Path, Path, Serve, Proc]:
+    """A big master served, and a rate-limited replicate of it that has pulled ``pulled``
+    bytes: (master, replica, server, replicate process)."""
+    m, replica = tmp_path / "master", tmp_path / "replica"
+    build_big_master(m, **master)
+    srv = procs.serve(m, token)
     rep = procs.run("replicate", "--from", srv.url, "--token-file", token, "--store", replica,
                     env=SLOW)
-    _wait_pulled(replica, 6 << 20, rep)
+    _wait_pulled(replica, pulled, rep)
+    return m, replica, srv, rep
+
+
+def test_sigkill_replica_mid_transfer_then_resume(tmp_path, procs, token):
+    master, replica, srv, rep = _slow_pull(tmp_path, procs, token, 6 << 20)
     rep.stop(signal.SIGKILL)
     assert any((replica / fn.replicating_dir(TOPIC, p)).is_dir() for p in (0, 1))
     r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", replica)
@@ -592,12 +599,7 @@ def test_sigkill_replica_mid_transfer_then_resume(tmp_path, procs, token):
 
 
 def test_sigkill_master_mid_transfer_then_restart(tmp_path, procs, token):
-    master, replica = tmp_path / "master", tmp_path / "replica"
-    build_big_master(master)
-    srv = procs.serve(master, token)
-    rep = procs.run("replicate", "--from", srv.url, "--token-file", token, "--store", replica,
-                    env=SLOW)
-    _wait_pulled(replica, 6 << 20, rep)
+    master, replica, srv, rep = _slow_pull(tmp_path, procs, token, 6 << 20)
     srv.stop(signal.SIGKILL)
     time.sleep(1.5)
     assert rep.p.poll() is None, rep.text  # still waiting for the master
@@ -612,12 +614,8 @@ def test_resumed_pull_after_the_master_compacted_is_compacted_in_full(tmp_path, 
     """Records pulled before the master compacted are not clean up to the master's new
     horizon: the resumed rebuild keeps the lower one (-1 here), and the replica's compaction
     drops the duplicates the first pull brought."""
-    master, replica = tmp_path / "master", tmp_path / "replica"
-    build_big_master(master, records=120_000, keys=3_000)
-    srv = procs.serve(master, token)
-    rep = procs.run("replicate", "--from", srv.url, "--token-file", token, "--store", replica,
-                    env=SLOW)
-    _wait_pulled(replica, 6 << 20, rep)
+    master, replica, srv, rep = _slow_pull(tmp_path, procs, token, 6 << 20, records=120_000,
+                                           keys=3_000)
     rep.stop(signal.SIGKILL)
     pulled = [p for p in (0, 1) if (replica / fn.replicating_dir(TOPIC, p) / "source.json")
               .is_file()]
@@ -637,12 +635,8 @@ def test_resumed_pull_after_the_master_compacted_is_compacted_in_full(tmp_path, 
 def test_master_compacts_while_a_replica_pulls(tmp_path, procs, token):
     """A pull never sees a half-swapped segment: the master is force-compacted (records
     dropped, segments merged and renamed) while the replica reads it."""
-    master, replica = tmp_path / "master", tmp_path / "replica"
-    build_big_master(master, records=120_000, keys=3_000)
-    srv = procs.serve(master, token)
-    rep = procs.run("replicate", "--from", srv.url, "--token-file", token, "--store", replica,
-                    env=SLOW)
-    _wait_pulled(replica, 3 << 20, rep)
+    master, replica, srv, rep = _slow_pull(tmp_path, procs, token, 3 << 20, records=120_000,
+                                           keys=3_000)
     with Store.open(str(master)) as st:
         for p in (0, 1):
             res = Compactor(st).compact_partition(TOPIC, p, force=True)
