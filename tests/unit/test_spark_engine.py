@@ -56,3 +56,20 @@ def test_task_error_line():
     assert task_error_line("Traceback:\nRuntimeError: boom\n SQLSTATE: 38000") == \
         "RuntimeError: boom"
     assert task_error_line("something odd happened\nmore") == "something odd happened"
+
+
+def test_a_worker_freezes_its_heap_once():
+    """The first mirror task of a Python worker freezes what is alive (gc.freeze), later ones
+    do not freeze again (what their tasks leave behind stays collectable)."""
+    code = """
+import gc
+from connectors.spark_engine import _freeze_heap
+assert gc.get_freeze_count() == 0
+_freeze_heap()
+first = gc.get_freeze_count()
+later = [[i] for i in range(1000)]
+_freeze_heap()
+print(first > 1000, gc.get_freeze_count() == first)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
