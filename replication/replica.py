@@ -18,9 +18,9 @@ queue offset 0 and compacted locally. Per partition:
    anywhere resumes: before the commit the moved files are put back (or the pull restarts), after
    it the swap completes on open.
 3. **Force-compact** (compaction.Compactor: its rounds map only the offsets past that
-   horizon, which the master had not compacted yet), and roll the active segment to the master's next
-   offset when the master's is beyond the last record (so a mirror or a follower resumes at the
-   same offset as on the master). Then ``.replicating/`` is removed.
+   horizon, which the master had not compacted yet), and roll the active segment to the
+   master's next offset when the master's is beyond the last record (so a mirror or a follower
+   resumes at the same offset as on the master). Then ``.replicating/`` is removed.
 
 ``--follow`` then pulls new records straight into the live partitions (long-polling the master),
 with compaction.Scheduler compacting in the background, until SIGINT/SIGTERM.
