@@ -106,7 +106,7 @@ def _consume_latest(bootstrap: str, topic: str, partitions: int) -> dict[tuple[i
     eof: set[int] = set()
     deadline = time.time() + 60
     while len(eof) < partitions and time.time() < deadline:
-        for m in c.consume(5000, timeout=1.0):
+        for m in c.consume(5000, timeout=0.1):  # the last call waits out its timeout
             if m.error():
                 if m.error().code() == -191:  # _PARTITION_EOF
                     eof.add(m.partition())
