@@ -26,6 +26,13 @@ from .errors import CorruptRecordError, ReputError
 
 FORMAT_VERSION = 1
 KEEP_VERSIONS = 3
+#: A zero-byte manifest version is an upload that never completed. S3 leaves nothing behind a
+#: PUT whose client died; SeaweedFS can leave the key with an empty body (seen once in CI: a
+#: writer SIGKILLed mid-commit, tests/unit/test_kill_writer.py on SeaweedFS). Readers skip such
+#: a version; a committer that finds one in its way deletes it once it is this old (a PUT of a
+#: few KB still in flight is never that slow; object ages assume clocks within it, as the
+#: garbage collector's grace period does) and takes its number.
+ABORTED_VERSION_AGE_MS = 10_000
 _MAX_REL = (1 << 32) - 1  # a 32-bit roaring bitmap holds offsets base .. base + 2^32 - 1
 
 
@@ -183,20 +190,28 @@ def list_versions(fs: Backend, pdir: str, after: int | None = None) -> list[int]
     return [v for v in out if after is None or v > after]
 
 
-def read_version(fs: Backend, pdir: str, version: int) -> Manifest:
+def read_version(fs: Backend, pdir: str, version: int) -> Manifest | None:
+    """Version ``version``; None when it is an aborted upload (zero bytes, see
+    ABORTED_VERSION_AGE_MS)."""
     path = fn.manifest_path(pdir, version)
-    return Manifest.from_json(fs.read(path), f"{fs.url}/{path}")
+    raw = fs.read(path)
+    if not raw:
+        return None
+    return Manifest.from_json(raw, f"{fs.url}/{path}")
 
 
 def read_latest(fs: Backend, pdir: str, known: Manifest | None = None) -> Manifest | None:
-    """The highest version (None: the partition has no manifest yet). With ``known``, only
-    versions above it are listed, and ``known`` itself is returned when there are none."""
+    """The highest committed version (None: the partition has no manifest yet); aborted
+    uploads above it are skipped. With ``known``, only versions above it are listed, and
+    ``known`` itself is returned when there are none."""
     for _ in range(5):
         versions = list_versions(fs, pdir, None if known is None else known.version)
-        if not versions:
-            return known
         try:
-            return read_version(fs, pdir, versions[-1])
+            for v in reversed(versions):
+                m = read_version(fs, pdir, v)
+                if m is not None:
+                    return m
+            return known
         except FileNotFoundError:
             continue  # deleted between the listing and the read (garbage of an old version)
     raise ReputError(f"{fs.url}/{fn.manifest_dir(pdir)}: manifest versions keep disappearing; "
@@ -228,8 +243,26 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
         if fs.create_exclusive(fn.manifest_path(pdir, new.version), new.to_json()):
             return new
         latest = read_latest(fs, pdir, latest)
+        if (latest.version if latest is not None else 0) < new.version:
+            _clear_aborted(fs, pdir, new.version, clock_ms())  # the key holds no manifest
     raise ManifestConflictError(f"{fs.url}/{pdir}: could not commit a manifest version after "
                                 f"{attempts} attempts (too many concurrent committers)")
+
+
+def _clear_aborted(fs: Backend, pdir: str, version: int, now_ms: int) -> None:
+    """Version ``version`` exists and holds no manifest: delete it once it is
+    ABORTED_VERSION_AGE_MS old, else wait a little for it to complete or age."""
+    lister = getattr(fs, "list_objects", None)
+    if lister is None:
+        return
+    name = f"{fn.base_name(version)}{fn.MANIFEST_SUFFIX}"
+    for n, size, mtime in lister(fn.manifest_dir(pdir), start_after=None):
+        if n == name:
+            if size == 0 and now_ms - mtime >= ABORTED_VERSION_AGE_MS:
+                fs.delete(fn.manifest_path(pdir, version))
+            else:
+                time.sleep(0.25)
+            return
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,9 +296,11 @@ def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
         latest = known
     else:
         try:
-            latest = read_version(fs, pdir, top_version)
+            latest = read_latest(fs, pdir, known)
         except FileNotFoundError:
             return []  # another collector got there first
+        if latest is None:
+            return []
     keep = latest.names()
     keep |= {n for r in latest.retired if int(r.get("since_ms", 0)) + grace_ms > now_ms
              for n in (r.get("log"), r.get("bcq")) if n}

@@ -324,6 +324,31 @@ def test_two_committers_race_for_one_version(s3_store_url):
     assert latest.version == 3 and sorted(s.base for s in latest.segments) == [0, 10, 20]
 
 
+def test_an_aborted_manifest_upload_is_skipped_then_replaced(s3_store_url, monkeypatch):
+    """A zero-byte manifest version (what SeaweedFS can leave of a commit whose writer was
+    SIGKILLed mid-PUT): readers see the version below it; the next committer deletes it once
+    ABORTED_VERSION_AGE_MS old and commits under its number; the garbage collector copes."""
+    url = s3_store_url(grace_ms=0)
+    fill(url, n=600, batch=300)
+    fs = S3Backend.from_url(url)
+    pdir = f"partitions/{TOPIC}/0"
+    top = M.read_latest(fs, pdir)
+    before = content(url)
+    fs.write_atomic(f"{pdir}/manifest/{top.version + 1:020d}.json", b"")
+    assert M.list_versions(fs, pdir)[-1] == top.version + 1
+    assert M.read_latest(fs, pdir).version == top.version
+    assert content(url) == before
+    assert M.collect_garbage(fs, pdir, grace_ms=0, now_ms=int(time.time() * 1000)) is not None
+    monkeypatch.setattr(M, "ABORTED_VERSION_AGE_MS", 300)
+    with Store.open(url, writer="w") as st:
+        st.append(RecordBatch.from_records(TOPIC, rows(300, start=600)))
+        st.flush()
+    m = M.read_latest(fs, pdir)
+    assert m.version == top.version + 1 and m.next_offset > top.next_offset
+    assert {p: [r[0] for r in v] for p, v in content(url).items()} == \
+        {p: list(range(p, 900, 3)) for p in range(3)}
+
+
 _KILLED_COMPACTOR = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
