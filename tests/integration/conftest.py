@@ -22,7 +22,6 @@ down in BROKER_NOTES.md next to this file.
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import sys
@@ -68,17 +67,6 @@ def kafka_broker_kind() -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(kafka_broker_kind: str) -> Iterator[str]:
     """``bootstrap.servers`` of the session's broker (module docstring)."""
-    broker = _bootstrap(kafka_broker_kind)
-    try:
-        yield next(broker)
-    finally:
-        # the Kafka clients tests left in reference cycles go first, or they keep logging
-        # "Connection refused" from the stopped broker until the interpreter exits
-        gc.collect()
-        broker.close()  # stops the broker
-
-
-def _bootstrap(kafka_broker_kind: str) -> Iterator[str]:
     if kafka_broker_kind == "external":
         yield os.environ[BOOTSTRAP_ENV].strip()
     elif kafka_broker_kind == "testcontainers":
