@@ -719,8 +719,9 @@ done:
 }
 
 /* the store's header encoding (u32 count, then per header u16 name length, name, i32 value
- * length or -1 for null, value; little-endian) filling exactly p[0:len] */
-static int headers_valid(const uint8_t *p, int64_t len)
+ * length or -1 for null, value; little-endian): 1 when it fills exactly p[0:len], adding each
+ * header to h on the way when h is not NULL */
+static int walk_headers(const uint8_t *p, int64_t len, rd_kafka_headers_t *h)
 {
     if (len < 4)
         return 0;
@@ -736,31 +737,24 @@ static int headers_valid(const uint8_t *p, int64_t len)
         if (at + 2 + nl + 4 > len)
             return 0;
         memcpy(&vl, p + at + 2 + nl, 4);
+        const char *name = (const char *)p + at + 2;
         at += 6 + nl;
         if (vl < -1 || (vl > 0 && at + vl > len))
             return 0;
+        if (h != NULL)
+            rdk.header_add(h, name, nl, vl < 0 ? NULL : p + at, vl < 0 ? 0 : vl);
         at += vl > 0 ? vl : 0;
     }
     return at == len;
 }
 
-/* librdkafka headers from a section that headers_valid accepted */
-static rd_kafka_headers_t *make_headers(const uint8_t *p)
+/* librdkafka headers from a section p[0:len] that walk_headers accepted */
+static rd_kafka_headers_t *make_headers(const uint8_t *p, int64_t len)
 {
     uint32_t count;
     memcpy(&count, p, 4);
     rd_kafka_headers_t *h = rdk.headers_new(count);
-    int64_t at = 4;
-    for (uint32_t i = 0; i < count; i++) {
-        uint16_t nl;
-        int32_t vl;
-        memcpy(&nl, p + at, 2);
-        memcpy(&vl, p + at + 2 + nl, 4);
-        const char *name = (const char *)p + at + 2;
-        at += 6 + nl;
-        rdk.header_add(h, name, nl, vl < 0 ? NULL : p + at, vl < 0 ? 0 : vl);
-        at += vl > 0 ? vl : 0;
-    }
+    walk_headers(p, len, h);
     return h;
 }
 
@@ -887,8 +881,8 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         }
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t h0 = ld_i64(&ha[0], i), h1 = ld_i64(&ha[1], i);
-            if (h0 < 0 || h1 < h0 || h1 > hb.len || (h1 > h0 && !headers_valid(
-                    (const uint8_t *)hb.buf + h0, h1 - h0))) {
+            if (h0 < 0 || h1 < h0 || h1 > hb.len || (h1 > h0 && !walk_headers(
+                    (const uint8_t *)hb.buf + h0, h1 - h0, NULL))) {
                 PyErr_SetString(PyExc_ValueError, "produce: a header section is out of bounds "
                                 "or malformed");
                 goto out;
@@ -977,7 +971,7 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         if (have_headers) {
             int64_t h0 = ld_i64(&ha[0], i), h1 = ld_i64(&ha[1], i);
             if (h1 > h0) {
-                hdrs = make_headers((const uint8_t *)hb.buf + h0);
+                hdrs = make_headers((const uint8_t *)hb.buf + h0, h1 - h0);
                 vu[nvu].vtype = VT_HEADERS;
                 vu[nvu].u.headers = hdrs;
                 nvu++;

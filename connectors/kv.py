@@ -847,8 +847,7 @@ class MapBuilder:
         return lo if lo is not None and lo >= 0 else OFFSET_BEGINNING
 
     def _kafka(self, sink: LevelDBSink, stop: threading.Event, follow: bool) -> None:
-        from confluent_kafka import (Consumer, KafkaError, KafkaException,
-                                     TopicPartition)
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         from .kafka_columns import ColumnReader
         from .worker import kafka_logger

@@ -370,11 +370,7 @@ class Replicator:
             fs.delete(marker)
         staging = self._open_staging(topic, partition)
         master_id = self.client.store_id
-        src = f"{rdir}/{SOURCE_FILE}"
-        try:
-            have = json.loads(fs.read(src)).get("store_id")
-        except (FileNotFoundError, ValueError):
-            have = None
+        have = self._source(topic, partition).get("store_id")
         if have is not None and have != master_id:
             staging.close()
             fs.remove_tree(rdir)
@@ -383,9 +379,17 @@ class Replicator:
             staging = self._open_staging(topic, partition)
             have = None
         if have is None:
-            fs.write_atomic(src, json.dumps({"store_id": master_id,
-                                             "url": self.client.url}).encode())
+            fs.write_atomic(f"{rdir}/{SOURCE_FILE}", json.dumps(
+                {"store_id": master_id, "url": self.client.url}).encode())
         return "pull", staging
+
+    def _source(self, topic: str, partition: int) -> dict:
+        """``.replicating/source.json`` ({} when missing or unreadable)."""
+        try:
+            doc = json.loads(self.fs.read(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}"))
+        except (FileNotFoundError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
 
     def _note_horizon(self, topic: str, partition: int, start: int, horizon: int) -> None:
         """Keep in ``source.json`` the compaction horizon the pulled records are clean up to:
@@ -393,18 +397,17 @@ class Replicator:
         of any resumed one (records pulled before the master compacted further are only clean up
         to its horizon then). The install makes it the partition's horizon, so the force
         compaction maps only what the master had not compacted."""
-        src = f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}"
-        doc = json.loads(self.fs.read(src))
+        doc = self._source(topic, partition)  # _prepare has just written or checked it
         clean = horizon if start == 0 else min(int(doc.get("horizon", -1)), horizon)
         if doc.get("horizon") != clean:
             doc["horizon"] = clean
-            self.fs.write_atomic(src, json.dumps(doc).encode())
+            self.fs.write_atomic(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}",
+                                 json.dumps(doc).encode())
 
     def _pulled_horizon(self, topic: str, partition: int) -> int:
         try:
-            doc = json.loads(self.fs.read(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}"))
-            return int(doc.get("horizon", -1))
-        except (FileNotFoundError, ValueError, TypeError):
+            return int(self._source(topic, partition).get("horizon", -1))
+        except (ValueError, TypeError):
             return -1
 
     def _open_staging(self, topic: str, partition: int) -> PartitionLog:
