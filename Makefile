@@ -10,7 +10,9 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h connectors/_rdkafka.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	@# PYTHONWARNINGS: setuptools' note on editable installs ("folders ... with the same name as
+	@# your package may take precedence") is about a stray kcompact/ folder; ours is the package's own.
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
 java:

@@ -1,20 +1,50 @@
-"""Only the C extensions live here; everything else is in pyproject.toml.
+"""The package layout and the C extensions; everything else is in pyproject.toml.
 
-reput._native holds the compaction kernels in C (reput/_native.c), so that a compaction runs
-without loading numba and LLVM. connectors._rdkafka reads consumed Kafka batches straight into
-columns (connectors/_rdkafka.c). Both are optional: without a C compiler the install goes on and
-the numba kernels and confluent_kafka's Message objects are used instead (reput/_jit.py,
-connectors/kafka_columns.py).
+The repository keeps its four layers as top-level folders (reput/, compaction/, replication/,
+connectors/) and installs them under one import name, ``kcompact`` (``kcompact.reput``, ...):
+``package_dir`` maps each ``kcompact.<folder>`` package to its folder, and ``kcompact/`` holds only
+the facade and ``python -m kcompact``.
+
+kcompact.reput._native holds the record, index and compaction kernels in C (reput/_native.c), so
+that a compaction runs without loading numba and LLVM. kcompact.connectors._rdkafka reads consumed
+Kafka batches straight into columns (connectors/_rdkafka.c). Both are optional: without a C
+compiler the install goes on and the numba kernels and confluent_kafka's Message objects are used
+instead (reput/_jit.py, connectors/kafka_columns.py).
 """
+
+import os
 
 from setuptools import Extension, setup
 
-_FLAGS = ["-O3", "-std=c11"]
+LAYERS = ("reput", "compaction", "replication", "connectors")
 
+
+def _packages() -> tuple[list[str], dict[str, str]]:
+    """Every folder with an __init__.py under the layers, as kcompact.<dotted path>."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    names, dirs = ["kcompact"], {"kcompact": "kcompact"}
+    for layer in LAYERS:
+        for dp, dns, files in os.walk(os.path.join(here, layer)):
+            dns[:] = sorted(d for d in dns if not d.startswith((".", "__")))
+            if "__init__.py" in files:
+                rel = os.path.relpath(dp, here)
+                name = "kcompact." + rel.replace(os.sep, ".")
+                names.append(name)
+                dirs[name] = rel.replace(os.sep, "/")
+    return names, dirs
+
+
+_FLAGS = ["-O3", "-std=c11"]
 _SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h"], "optional": True}
 
-setup(ext_modules=[
-    Extension("reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS, **_SHARED),
-    Extension("connectors._rdkafka", ["connectors/_rdkafka.c"],
-              extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
-])
+packages, package_dir = _packages()
+setup(
+    packages=packages,
+    package_dir=package_dir,
+    ext_modules=[
+        Extension("kcompact.reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS,
+                  **_SHARED),
+        Extension("kcompact.connectors._rdkafka", ["connectors/_rdkafka.c"],
+                  extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
+    ],
+)

@@ -30,8 +30,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from reput import Store, WriterOptions  # noqa: E402
-from reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
 
 TOPIC = "bench"
 BATCH = 200_000
@@ -44,11 +44,11 @@ def hwm_kib():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
 sys.path.insert(0, {root!r})
-from reput import Store
-from compaction import Compactor, CompactionOptions
+from kcompact.reput import Store
+from kcompact.compaction import Compactor, CompactionOptions
 mode = sys.argv[1]
 if mode == "baseline":
-    import compaction.compactor, reput.verify  # everything the compaction imports
+    import kcompact.compaction.compactor, kcompact.reput.verify  # everything the compaction imports
     print(json.dumps({{"maxrss_kib": hwm_kib()}}))
     sys.exit(0)
 # load the kernels on a tiny prebuilt store first (numba: its cache; C: nothing to load)
@@ -63,7 +63,7 @@ c.delete_delay_s = 3600  # as Kafka's file.delete.delay.ms: replaced files are u
 t = time.perf_counter()
 r = c.compact_partition({topic!r}, 0, force=True)
 elapsed = time.perf_counter() - t
-from reput import swap
+from kcompact.reput import swap
 t = time.perf_counter()
 swap.empty_trash(st.fs, st.partition({topic!r}, 0).dir)
 unlink_s = time.perf_counter() - t
@@ -73,7 +73,7 @@ d["elapsed_s"] = elapsed
 d["unlink_s"] = unlink_s
 d["jit_load_s"] = jit_s
 d["maxrss_kib"] = hwm_kib()
-from reput import _jit
+from kcompact.reput import _jit
 d["numba_loaded"] = "numba" in sys.modules
 d["kernels"] = "numba" if _jit.native() is None else "C"
 print(json.dumps(d))
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-numba-run", action="store_true",
                     help="skip the comparison run on the numba kernels")
     a = ap.parse_args(argv)
-    from connectors.cli import _size
+    from kcompact.connectors.cli import _size
     map_bytes = _size(a.map_memory)
     work = tempfile.mkdtemp(prefix="kcompact-bench-compaction-", dir=a.workdir)
     try:

@@ -8,7 +8,7 @@ average, random order, one partition). What a user would pick instead, in the sa
 quixstreams application that consumes a topic into its RocksDB state (``State.set`` per
 message) until it has seen every message - once on the full U-update topic, once on a topic that
 holds only the latest value of each key (K records: the best a broker's log cleaner could
-leave). Both topics live in the embedded broker (connectors.broker.EmbeddedBroker, Tansu).
+leave). Both topics live in the embedded broker (kcompact.connectors.broker.EmbeddedBroker, Tansu).
 
 Ours: ``kcompact kv build`` from the compacted store (built here with RecordBatch.from_columns,
 then compaction.Compactor with force), as a separate process, timed from spawn to the line it
@@ -41,8 +41,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from reput import Store, WriterOptions  # noqa: E402
-from reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
 
 TOPIC = "kv-bench"
 BATCH = 200_000
@@ -97,8 +97,8 @@ def build_store(path: str, data: Data) -> None:
 
 
 def compact_store(path: str) -> None:
-    from compaction import Compactor
-    from compaction.compactor import wait_for_deletes
+    from kcompact.compaction import Compactor
+    from kcompact.compaction.compactor import wait_for_deletes
     with Store.open(path, writer="compact") as st:
         Compactor(st).compact_partition(TOPIC, 0, force=True)
     wait_for_deletes()
@@ -128,7 +128,7 @@ def timed(cmd: list[str], ready: str) -> tuple[float, float, str]:
 
 def kv_build(store: str, db: str) -> tuple[float, float, str]:
     shutil.rmtree(db, ignore_errors=True)
-    return timed([sys.executable, "-m", "connectors.cli", "kv", "build", "--store", store,
+    return timed([sys.executable, "-m", "kcompact", "kv", "build", "--store", store,
                   "--topic", TOPIC, "--db", db], " keys of topic ")
 
 
@@ -144,7 +144,7 @@ def get_latency(db: str, data: Data, n: int = 200_000, rounds: int = 3) -> dict[
     """Per-call latency of KVMap.get (perf_counter_ns around each call), for existing keys
     and absent ones, after one warm-up pass. The machine is shared, so the pass with the lowest
     p99 of ``rounds`` is reported (as timeit reports its best), with the median pass's p99."""
-    from connectors.kv import KVMap
+    from kcompact.connectors.kv import KVMap
     rng = np.random.default_rng(9)
     hits = [bytes(data.key_bytes[i]) for i in rng.integers(0, data.keys, n)]
     misses = [b"nokey-%010d" % i for i in rng.integers(0, 1 << 40, n // 4)]
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         res["get"] = get_latency(db, data)
         assert res["get"]["keys"] == a.keys, res["get"]
         if not a.skip_quix:
-            from connectors.broker import EmbeddedBroker
+            from kcompact.connectors.broker import EmbeddedBroker
             py = ensure_quix_venv()
             with EmbeddedBroker() as broker:
                 b = broker.bootstrap_servers

@@ -12,7 +12,7 @@ Then, alternating for --rounds rounds:
   discarding the messages. It uses exactly the consumer settings the mirror uses (read_committed,
   queued.min.messages=1M ...) and the same garbage-collector thresholds (reput/_gc.py), so
   the two differ only in what happens to the messages.
-* mirror: connectors.mirror.mirror_local into a fresh store directory, timed from the call to
+* mirror: kcompact.connectors.mirror.mirror_local into a fresh store directory, timed from the call to
   its return (metadata, store creation, consume, append, final fsync'd flush).
 
 numba's kernels are loaded once before the first round (a fixed ~1-3 s per process that every
@@ -38,12 +38,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from connectors.broker import EmbeddedBroker  # noqa: E402
-from connectors.mirror import mirror_local  # noqa: E402
-from connectors.store_sink import _warm_up  # noqa: E402
-from connectors.worker import _DEFAULT_CONSUMER, kafka_logger  # noqa: E402
-from reput import Store  # noqa: E402
-from reput._gc import bulk_gc  # noqa: E402
+from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
+from kcompact.connectors.mirror import mirror_local  # noqa: E402
+from kcompact.connectors.store_sink import _warm_up  # noqa: E402
+from kcompact.connectors.worker import _DEFAULT_CONSUMER, kafka_logger  # noqa: E402
+from kcompact.reput import Store  # noqa: E402
+from kcompact.reput._gc import bulk_gc  # noqa: E402
 
 VALUE = 100
 

@@ -40,9 +40,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from compaction import CompactionOptions, Compactor  # noqa: E402
-from reput import Store, WriterOptions  # noqa: E402
-from reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.compaction import CompactionOptions, Compactor  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
 
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
 TOPIC = "bench"

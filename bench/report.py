@@ -360,7 +360,7 @@ def measure_map_point(budget: int, keys: int, chunk: int = 1 << 16, seed: int = 
 
     import numpy as np
 
-    from compaction.offset_map import OffsetMap
+    from kcompact.compaction.offset_map import OffsetMap
 
     rng = np.random.default_rng(seed)
 
@@ -401,10 +401,10 @@ def measure_rounds(budget: int, fractions=ROUNDS_FRACTIONS) -> list[dict]:
 
     import numpy as np
 
-    from compaction import CompactionOptions, Compactor
-    from compaction.offset_map import OffsetMap
-    from reput import Store, WriterOptions
-    from reput.record import RecordBatch, _VarColumn
+    from kcompact.compaction import CompactionOptions, Compactor
+    from kcompact.compaction.offset_map import OffsetMap
+    from kcompact.reput import Store, WriterOptions
+    from kcompact.reput.record import RecordBatch, _VarColumn
 
     capacity = OffsetMap(budget).max_keys
     out = []
@@ -459,7 +459,7 @@ def map_budget_for(scale: float) -> int:
 def measure_map_memory(budget: int) -> tuple[list[dict], list[dict], list[str]]:
     """(memory points, rounds points, errors), each measurement in its own process."""
     # the capacity without allocating a map in this process: slots x load, as OffsetMap does
-    from compaction.offset_map import DEFAULT_MAX_LOAD, SLOT_BYTES
+    from kcompact.compaction.offset_map import DEFAULT_MAX_LOAD, SLOT_BYTES
     capacity = int((budget // SLOT_BYTES) * DEFAULT_MAX_LOAD)
     points, errors = [], []
     for f in MAP_FRACTIONS:
@@ -782,7 +782,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHES)}")
     if a.map_budget:
-        from connectors.cli import _size
+        from kcompact.connectors.cli import _size
         budget = _size(a.map_budget) // 16 * 16
     else:
         budget = map_budget_for(a.scale)

@@ -11,11 +11,11 @@ KAFKA_BOOTSTRAP_SERVERS):
 
 * raw: one confluent-kafka producer sending the same K records (same keys, values, partitions,
   timestamps, same order) from Python lists built before the clock starts, with the restore's
-  producer settings (connectors.restore.DEFAULT_PRODUCER_CONFIG: acks=all, idempotence,
+  producer settings (kcompact.connectors.restore.DEFAULT_PRODUCER_CONFIG: acks=all, idempotence,
   compression none, linger.ms, batch.size, queue size) and the same positional produce() call,
   timed from the producer's creation to flush() done, under the restore's garbage-collector
   thresholds (reput/_gc.py). The topic exists beforehand.
-* restore: connectors.restore.restore (what `kcompact restore` runs) into a new topic, timed from
+* restore: kcompact.connectors.restore.restore (what `kcompact restore` runs) into a new topic, timed from
   the call to its return: metadata, topic creation, transactional producer and init, progress
   reads, the latest-per-key plan, reading the store, producing, a transaction commit and a store
   progress record (fsync'd) per chunk.
@@ -47,12 +47,12 @@ import numpy as np  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from connectors.broker import EmbeddedBroker  # noqa: E402
-from connectors.restore import DEFAULT_PRODUCER_CONFIG, restore  # noqa: E402
-from connectors.worker import kafka_logger  # noqa: E402
-from reput import Store  # noqa: E402
-from reput._gc import bulk_gc  # noqa: E402
-from reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
+from kcompact.connectors.restore import DEFAULT_PRODUCER_CONFIG, restore  # noqa: E402
+from kcompact.connectors.worker import kafka_logger  # noqa: E402
+from kcompact.reput import Store  # noqa: E402
+from kcompact.reput._gc import bulk_gc  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
 
 VALUE = 100
 TS0 = 1_700_000_000_000

@@ -32,10 +32,10 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from compaction import compact_store  # noqa: E402
-from reput import Store  # noqa: E402
-from reput.record import RecordBatch, _VarColumn  # noqa: E402
-from reput.seaweed import SeaweedS3  # noqa: E402
+from kcompact.compaction import compact_store  # noqa: E402
+from kcompact.reput import Store  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.seaweed import SeaweedS3  # noqa: E402
 
 TOPIC = "bench"
 BATCH = 100_000
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         mid = plist[len(plist) // 2]
         # 4x fewer records, each 4x larger on disk: the same bytes, the same segments
         one = next(batches(1, 1, args.value_bytes))
-        from reput.record import encode_batch
+        from kcompact.reput.record import encode_batch
         rec = int(encode_batch(one)[0].shape[0])
         rows.append(run_one(server, bucket, tmp, args.records // 4, mid,
                             4 * rec - (rec - args.value_bytes), seg))

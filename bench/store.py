@@ -7,7 +7,7 @@
    writing the same encoded bytes with plain file writes in 1 MiB chunks. Both are run with
    fsync at the end and without fsync (the OS writes back, as Kafka does by default).
    Target: >= 2,000,000 records/s on one core.
-2. Offset lookup on a partition index of M entries: p50/p99 of `reput.bcq.lower_bound` on the
+2. Offset lookup on a partition index of M entries: p50/p99 of `kcompact.reput.bcq.lower_bound` on the
    memory-mapped .bcq, next to Python's `bisect` on a list of the same offsets.
    Target: p99 <= 20 us.
 """
@@ -27,9 +27,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from reput import Store, WriterOptions  # noqa: E402
-from reput import bcq as B  # noqa: E402
-from reput.record import RecordBatch, _VarColumn, encode_batch  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
+from kcompact.reput import bcq as B  # noqa: E402
+from kcompact.reput.record import RecordBatch, _VarColumn, encode_batch  # noqa: E402
 
 KEY, VALUE, BATCH = 16, 100, 100_000
 

@@ -38,21 +38,21 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from reput._jit import native, njit
+from kcompact.reput._jit import native, njit
 
-from reput import bcq as B
-from reput import filenames as fn
-from reput import swap
-from reput.config import SYSTEM_CLOCK, Clock, TopicConfig
-from reput.errors import StoreLockedError
-from reput.locks import FileLock
-from reput.partition import PartitionLog, Segment, read_fully
-from reput.store import Store
+from kcompact.reput import bcq as B
+from kcompact.reput import filenames as fn
+from kcompact.reput import swap
+from kcompact.reput.config import SYSTEM_CLOCK, Clock, TopicConfig
+from kcompact.reput.errors import StoreLockedError
+from kcompact.reput.locks import FileLock
+from kcompact.reput.partition import PartitionLog, Segment, read_fully
+from kcompact.reput.store import Store
 
 from .errors import CompactionError
-from reput._kernels import _copy
+from kcompact.reput._kernels import _copy
 
-from reput._intrinsics import prefetch
+from kcompact.reput._intrinsics import prefetch
 
 from .offset_map import EMPTY, PREFETCH_AHEAD, OffsetMap, _home
 

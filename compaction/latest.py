@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reput.partition import PartitionLog, Segment
+from kcompact.reput.partition import PartitionLog, Segment
 
 from .offset_map import SLOT_BYTES, OffsetMap
 

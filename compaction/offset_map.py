@@ -19,9 +19,9 @@ most 2^32 - 2 offsets; ``insert`` reports "full" past that, as it does when the 
 from __future__ import annotations
 
 import numpy as np
-from reput._jit import native, njit
+from kcompact.reput._jit import native, njit
 
-from reput._intrinsics import prefetch
+from kcompact.reput._intrinsics import prefetch
 
 SLOT_BYTES = 16
 EMPTY = np.uint32(0xFFFFFFFF)

@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from reput.config import SYSTEM_CLOCK, Clock
-from reput.store import Store
+from kcompact.reput.config import SYSTEM_CLOCK, Clock
+from kcompact.reput.store import Store
 
 from .compactor import CompactionOptions, CompactionResult, Compactor
 from .errors import CompactionError

@@ -1,9 +1,9 @@
 """kcompact's Connect-style framework, its connectors and engines, and the ``kcompact`` CLI.
 
-Public API (importable without pyspark): the connector/task model (``connectors.api``), config
-definitions (``connectors.config``), converters and error handling. The worker, the store sink
-and the mirror live in ``connectors.worker``, ``connectors.store_sink``, ``connectors.mirror``;
-the store source and ``kcompact restore`` in ``connectors.store_source``, ``connectors.restore``.
+Public API (importable without pyspark): the connector/task model (``kcompact.connectors.api``), config
+definitions (``kcompact.connectors.config``), converters and error handling. The worker, the store sink
+and the mirror live in ``kcompact.connectors.worker``, ``kcompact.connectors.store_sink``, ``kcompact.connectors.mirror``;
+the store source and ``kcompact restore`` in ``kcompact.connectors.store_source``, ``kcompact.connectors.restore``.
 """
 
 from .api import (OFFSET_BEGINNING, ConnectRecord, Connector, DataError, RetriableError,

@@ -13,9 +13,9 @@ uniform), linear probing, capacity a power of two kept at most 70% full by the c
 from __future__ import annotations
 
 import numpy as np
-from reput._jit import native, njit
+from kcompact.reput._jit import native, njit
 
-from reput._intrinsics import load_u64, store_u64
+from kcompact.reput._intrinsics import load_u64, store_u64
 
 FLAG_TOMBSTONE = 1
 FLAG_KEYLESS = 2

@@ -3,7 +3,7 @@
 ``murmur2_many`` is the Java client's ``Utils.murmur2`` (MurmurHash2, seed 0x9747b28c), the hash
 of Kafka's default partitioner: a keyed record goes to ``toPositive(murmur2(key)) % partitions``
 where ``toPositive(h) = h & 0x7fffffff``. The pure-Python twin, used for single keys and as the
-reference in tests, is ``connectors.store_source.murmur2``.
+reference in tests, is ``kcompact.connectors.store_source.murmur2``.
 
 All arithmetic is on uint64 masked to 32 bits: numba would turn a uint64/int64 mix into float64,
 so every constant is a np.uint64.
@@ -12,7 +12,7 @@ so every constant is a np.uint64.
 from __future__ import annotations
 
 import numpy as np
-from reput._jit import njit
+from kcompact.reput._jit import njit
 
 _M = np.uint64(0x5BD1E995)
 _SEED = np.uint64(0x9747B28C)

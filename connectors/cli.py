@@ -16,9 +16,9 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from reput import ReputError, Store, verify_store
-from reput._gc import bulk_gc
-from reput.record import Record
+from kcompact.reput import ReputError, Store, verify_store
+from kcompact.reput._gc import bulk_gc
+from kcompact.reput.record import Record
 
 from .errors import ConnectorsError
 
@@ -32,9 +32,11 @@ def _register_optional_roots() -> tuple[type[BaseException], ...]:
     """The user-error roots, with those of compaction/ and replication/ when installed. Called
     only once an error needs classifying: importing replication costs ~0.5 s at start-up."""
     global _USER_ERRORS
-    for mod, name in (("compaction", "CompactionError"), ("replication", "ReplicationError")):
+    from importlib import import_module
+    for mod, name in (("kcompact.compaction", "CompactionError"),
+                      ("kcompact.replication", "ReplicationError")):
         try:
-            m = __import__(mod)
+            m = import_module(mod)
             root = getattr(m, name, None)
             if root is not None and root not in _USER_ERRORS:
                 _USER_ERRORS = _USER_ERRORS + (root,)
@@ -167,7 +169,7 @@ def cmd_dump(args) -> int:
 
 def cmd_verify(args) -> int:
     if args.against:
-        from replication import verify_against  # noqa: WPS433 (replication is optional here)
+        from kcompact.replication import verify_against  # noqa: WPS433 (replication is optional here)
         return verify_against(args)
     store = Store.open(args.store)
     report = verify_store(store)
@@ -184,7 +186,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_compact(args) -> int:
-    from compaction import CompactionOptions, compact_store
+    from kcompact.compaction import CompactionOptions, compact_store
     if args.engine == "spark":
         # An explicit engine is never swapped for another: say why Spark cannot run, before
         # anything is opened (as `mirror --engine spark` does).
@@ -248,12 +250,12 @@ def cmd_mirror(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from replication import serve  # noqa: WPS433
+    from kcompact.replication import serve  # noqa: WPS433
     return serve(args)
 
 
 def cmd_replicate(args) -> int:
-    from replication import replicate  # noqa: WPS433
+    from kcompact.replication import replicate  # noqa: WPS433
     return replicate(args)
 
 

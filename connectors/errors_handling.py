@@ -3,14 +3,14 @@
 Kafka Connect's ``RetryWithToleranceOperator`` and ``DeadLetterQueueReporter`` (KIP-298), with
 the same property names:
 
-* ``errors.retry.timeout`` / ``errors.retry.delay.max.ms``: a :class:`~connectors.api.RetriableError`
+* ``errors.retry.timeout`` / ``errors.retry.delay.max.ms``: a :class:`~kcompact.connectors.api.RetriableError`
   (a Schema Registry that does not answer) is retried with exponential back-off (300 ms, doubling,
   capped at the max delay) until the timeout; ``-1`` retries forever, ``0`` (the default) never.
   When retries run out the task stops with that error. Unlike Connect, kcompact never *tolerates*
   an exhausted retriable error: skipping every record while a registry is down would punch holes
   in a mirror.
 * ``errors.tolerance``: ``none`` (default) stops the task at the first record a converter cannot
-  read (:class:`~connectors.api.DataError`); ``all`` skips it - to the dead-letter topic when one
+  read (:class:`~kcompact.connectors.api.DataError`); ``all`` skips it - to the dead-letter topic when one
   is named - and goes on.
 * ``errors.deadletterqueue.topic.name``: the record's key, value, headers and timestamp are
   produced there as they were read, plus ``__connect.errors.*`` headers (original topic,

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from reput import FLAG_KEYLESS, FLAG_TOMBSTONE, Store
-from reput import filenames as fn
+from kcompact.reput import FLAG_KEYLESS, FLAG_TOMBSTONE, Store
+from kcompact.reput import filenames as fn
 
 
 def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any
         "first_offset": pl.first_offset, "next_offset": pl.next_offset,
     }
     try:
-        from compaction import partition_status  # compaction adds horizon, dirty ratio, last run
+        from kcompact.compaction import partition_status  # compaction adds horizon, dirty ratio, last run
     except ImportError:
         return doc
     doc.update(partition_status(store, topic, partition))

@@ -17,13 +17,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reput.record import decode_headers
+from kcompact.reput.record import decode_headers
 
 _BOUND: Any = None  # the module once bound to the loaded librdkafka; False when unavailable
 
 
 def _module() -> Any:
-    """connectors._rdkafka bound to the librdkafka confluent_kafka loaded, or None."""
+    """kcompact.connectors._rdkafka bound to the librdkafka confluent_kafka loaded, or None."""
     global _BOUND
     if os.environ.get("KCOMPACT_KAFKA_COLUMNS", "1") == "0":
         return None
@@ -114,7 +114,7 @@ def next_offsets(partitions: np.ndarray, offsets: np.ndarray) -> dict[int, int]:
 
 
 class PackedHeaders(Sequence):
-    """A header column in the store's encoding (reput.record.encode_headers) as a sequence of
+    """A header column in the store's encoding (kcompact.reput.record.encode_headers) as a sequence of
     lists of (name, bytes | None), or None for a record without headers, as Message.headers()."""
 
     __slots__ = ("buf", "starts", "_items")
@@ -227,7 +227,7 @@ class ColumnSender:
         """Every record: ``keys``/``values`` are (buffer, starts, ends, nulls) with int64 starts
         and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``;
         ``headers`` None or (buffer, starts, ends) of each record's header section in the
-        store's encoding (reput.record.encode_headers; empty for none).
+        store's encoding (kcompact.reput.record.encode_headers; empty for none).
         Raises KafkaException for an error other than a full queue (which it waits out)."""
         done, code, reason = self._mod.produce(self._handle, topic, partition, partitions,
                                                *keys, *values, timestamps, on_delivery,

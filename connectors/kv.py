@@ -39,9 +39,9 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import plyvel
 
-from reput import ReputError, Store
-from reput._gc import bulk_gc
-from reput.errors import CorruptRecordError
+from kcompact.reput import ReputError, Store
+from kcompact.reput._gc import bulk_gc
+from kcompact.reput.errors import CorruptRecordError
 
 from . import _kv_kernels as KK
 from .leveldb_sink import (DATA, DATA_END, K_BUILD, K_SOURCE, KVCorruptionError, KVError,
@@ -616,7 +616,7 @@ class MapBuilder:
         retention = store.topic_config(self.topic).delete_retention_ms
         if lag_ms <= retention:
             return
-        from reput.swap import read_checkpoint
+        from kcompact.reput.swap import read_checkpoint
         behind = []
         for p, off in sorted(sink.offsets.items()):
             try:

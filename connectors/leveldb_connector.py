@@ -1,11 +1,11 @@
 """The LevelDB sink as a Connect-style connector: a Kafka topic -> a key-value map directory.
 
-    connector.class=connectors.leveldb_connector.LevelDBSinkConnector
+    connector.class=kcompact.connectors.leveldb_connector.LevelDBSinkConnector
     topics=users
     kv.db=/data/users.kv
 
 for ``kcompact connect standalone``. The worker owns the consumer; the task applies each batch
-through :class:`~connectors.leveldb_sink.LevelDBSink` (the records' bytes as Kafka holds them, the
+through :class:`~kcompact.connectors.leveldb_sink.LevelDBSink` (the records' bytes as Kafka holds them, the
 partitions' next offsets in the same WriteBatch), starts every partition at the map's own offset
 and commits nothing to the consumer group: exactly once, as ``kcompact kv build`` is. One task
 (LevelDB is one process per database) and one topic per map.

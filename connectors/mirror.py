@@ -3,11 +3,11 @@
 The job is the store sink connector (connectors/store_sink.py) run by an in-process worker with
 one task and the writer id ``local``: it mirrors every partition (or ``--partitions``) up to the
 end offsets seen at start, or keeps following with ``--follow`` (with background compaction:
-``compaction.Scheduler`` on the mirror's own store). Each partition resumes from the
+``kcompact.compaction.Scheduler`` on the mirror's own store). Each partition resumes from the
 store's own next offset, so killing and rerunning the command at any moment ends with every
 record stored exactly once.
 
-``--engine spark`` (the default without ``--follow``) runs ``connectors.spark_engine.run_mirror``:
+``--engine spark`` (the default without ``--follow``) runs ``kcompact.connectors.spark_engine.run_mirror``:
 the same store sink, one Spark task per partition with writer ``spark-<topic>-<partition>``, then
 a compaction stage. When Spark cannot run here (no pyspark or no Java) a defaulted engine falls
 back to this local one, with a note on stderr.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, TextIO
 
 from .config import parse_kv_pairs
-from reput import StoreLockedError
+from kcompact.reput import StoreLockedError
 
 from .api import TaskFailedError
 from .errors import ConfigError, ConnectorsError

@@ -56,8 +56,8 @@ from typing import Any, Callable, Mapping, TextIO
 
 import numpy as np
 
-from reput import Store, StoreLockedError
-from reput.record import RecordBatch, key_digest
+from kcompact.reput import Store, StoreLockedError
+from kcompact.reput.record import RecordBatch, key_digest
 
 from .api import SourceTaskContext, TopicPartition, source_partition_key
 from .config import parse_kv_pairs

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import importlib
 import os
 import re
 import sys
@@ -113,16 +114,23 @@ def master_with_retries(master: str, max_failures: int = TASK_MAX_FAILURES) -> s
 
 
 def _code_zip() -> str:
-    """Our four packages zipped, shipped to executors when the master is not local."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """The ``kcompact`` package zipped as it is installed (kcompact/reput/..., each layer from
+    wherever its folder is), shipped to executors when the master is not local."""
+    import kcompact
     path = os.path.join(tempfile.gettempdir(), f"kcompact-code-{os.getpid()}.zip")
+    roots = [("kcompact", os.path.dirname(os.path.abspath(kcompact.__file__)))]
+    for layer in ("reput", "compaction", "replication", "connectors"):
+        mod = importlib.import_module(f"kcompact.{layer}")
+        roots.append((f"kcompact/{layer}", os.path.dirname(os.path.abspath(mod.__file__))))
     with zipfile.ZipFile(path, "w") as z:
-        for pkg in ("reput", "compaction", "replication", "connectors"):
-            for dp, _, files in os.walk(os.path.join(root, pkg)):
+        for arc_root, root in roots:
+            for dp, dns, files in os.walk(root):
+                if arc_root == "kcompact":
+                    dns[:] = []  # the layers are added from their own folders
                 for f in files:
                     if f.endswith(".py"):
                         full = os.path.join(dp, f)
-                        z.write(full, os.path.relpath(full, root))
+                        z.write(full, f"{arc_root}/{os.path.relpath(full, root)}")
     return path
 
 
@@ -210,7 +218,7 @@ def spark_available() -> str | None:
 #: ``module.path.SomeError: message`` as the last line of a Python traceback.
 _PY_ERROR_RE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit)))"
                           r"(?::\s*(.*))?$")
-_OUR_PACKAGES = ("connectors.", "reput.", "compaction.", "replication.")
+_OUR_PACKAGES = ("kcompact.",)
 
 
 def task_error_line(text: str) -> str:
@@ -254,8 +262,8 @@ def run_job(fn, *args):
 def _arrow_batches(store, topic: str, partition: int, mode: str) -> Iterator:
     """Arrow RecordBatches of a partition (mode 'all' or 'latest')."""
     import pyarrow as pa
-    from compaction.latest import latest_selection
-    from reput.record import decode_headers
+    from kcompact.compaction.latest import latest_selection
+    from kcompact.reput.record import decode_headers
 
     pl = store.partition(topic, partition)
     if mode == "all":
@@ -316,8 +324,8 @@ def _HEADERS_TYPE(pa):
 
 
 def _check_crcs(data, rel, sizes, path, file_start) -> None:
-    from reput import _kernels as K
-    from reput.errors import CorruptRecordError
+    from kcompact.reput import _kernels as K
+    from kcompact.reput.errors import CorruptRecordError
     bad = _crc_mismatch(data, rel, sizes, K.CRC_TABLES)
     if bad >= 0:
         raise CorruptRecordError(f"{path}: corrupt record at byte {file_start + int(rel[bad])}",
@@ -325,7 +333,7 @@ def _check_crcs(data, rel, sizes, path, file_start) -> None:
 
 
 def _spans(data, rel):
-    from reput._kernels import field_spans
+    from kcompact.reput._kernels import field_spans
     n = rel.shape[0]
     out = {k: np.empty(n, np.int64) for k in ("kstart", "klen", "vstart", "vlen", "hstart",
                                                "hlen")}
@@ -336,13 +344,13 @@ def _spans(data, rel):
 
 
 def _crc_mismatch(data, rel, sizes, tables):
-    from reput._kernels import first_crc_mismatch
+    from kcompact.reput._kernels import first_crc_mismatch
     return int(first_crc_mismatch(data, rel, sizes, tables))
 
 
 def _binary(pa, data, starts, lens, nulls):
     """A pyarrow BinaryArray gathered from (start, len) spans of data (nulls where flagged)."""
-    from reput._kernels import gather_ranges
+    from kcompact.reput._kernels import gather_ranges
     lens = np.where(nulls, 0, lens)
     offs = np.zeros(lens.shape[0] + 1, np.int32)
     np.cumsum(lens, out=offs[1:])
@@ -374,14 +382,14 @@ def _make_data_source():
                 raise SparkEngineError(f"mode must be 'latest' or 'all', not {self.mode!r}")
 
         def partitions(self):
-            from reput import Store
+            from kcompact.reput import Store
             st = Store.open(self.store_url)
             if self.topic not in st.topics():
                 raise SparkEngineError(f"topic {self.topic!r} is not in store {self.store_url}")
             return [InputPartition(p) for p in st.partitions(self.topic)]
 
         def read(self, partition):
-            from reput import Store
+            from kcompact.reput import Store
             st = Store.open(self.store_url)
             yield from _arrow_batches(st, self.topic, partition.value, self.mode)
 
@@ -424,8 +432,8 @@ def register_data_source(spark) -> None:
 
 def _compact_task(store_url: str, map_memory: int, force: bool):
     def run(candidates):
-        from compaction import CompactionOptions, Compactor
-        from reput import Store
+        from kcompact.compaction import CompactionOptions, Compactor
+        from kcompact.reput import Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
         for topic, partition in candidates:
@@ -461,8 +469,8 @@ def _compaction_lines(results: list[dict]) -> list[str]:
 
 def compact_with_spark(args) -> int:
     """`kcompact compact --engine spark`: one Spark task per partition the planner picks."""
-    from compaction import plan
-    from reput import Store
+    from kcompact.compaction import plan
+    from kcompact.reput import Store
 
     from .cli import _print_json
     st = Store.open(args.store)
@@ -592,7 +600,7 @@ class _MirrorJob:
 def _wait_for_writer(store_url: str, writer: str, timeout: float) -> None:
     """Open (and so recover) this task's commit log, waiting while a previous attempt of the
     same task that is still dying holds it."""
-    from reput import Store, StoreLockedError
+    from kcompact.reput import Store, StoreLockedError
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -664,7 +672,7 @@ def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iter
         try:
             yield _mirror_partition(job, item, attempt)
         except Exception as e:
-            from reput import ReputError
+            from kcompact.reput import ReputError
 
             from .api import TaskFailedError
             cause = e.__cause__ if isinstance(e, TaskFailedError) else None
@@ -832,7 +840,7 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
     """Mirror ``topic`` into ``store`` with one Spark task per partition, then compact the
     partitions the planner picks (``compact=False``: skip that stage). ``spark``: a session to
     use (else ``spark_session(master)``, stopped at the end if this call started it)."""
-    from reput import Store
+    from kcompact.reput import Store
 
     from .mirror import connector_props
     from .worker import Worker
@@ -927,12 +935,12 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
 
         # 2. compaction: one task per partition the planner picks
         if compact:
-            from compaction import plan
+            from kcompact.compaction import plan
             selected = {tp.partition for tp in tps}
             cands = [(c.topic, c.partition) for c in plan(st, topic=topic)
                      if c.partition in selected]
             if cands:
-                from compaction import DEFAULT_MAP_MEMORY
+                from kcompact.compaction import DEFAULT_MAP_MEMORY
                 print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
                 result.compaction = compact_partitions_spark(
                     session(), store, cands, map_memory=DEFAULT_MAP_MEMORY, force=False)

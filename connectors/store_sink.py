@@ -36,8 +36,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from reput import Store, WriterOptions
-from reput.record import RecordBatch, _VarColumn, encode_headers
+from kcompact.reput import Store, WriterOptions
+from kcompact.reput.record import RecordBatch, _VarColumn, encode_headers
 
 from .api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
 from .config import ConfigDef, Importance, Type, at_least, non_empty, one_of
@@ -60,7 +60,7 @@ STORE_SINK_CONFIG = (
             "Local directory for the commit log when store.url is not a local directory (S3).")
     .define("store.compaction.background", Type.BOOLEAN, False, None, Importance.MEDIUM,
             "Run the compaction planner in the background on the partitions this task writes "
-            "(compaction.Scheduler), as `kcompact mirror --follow` does.")
+            "(kcompact.compaction.Scheduler), as `kcompact mirror --follow` does.")
     .define("store.compaction.interval.ms", Type.LONG, 30_000, at_least(100), Importance.LOW,
             "How often the background compaction planner runs.")
     .define("store.compaction.max.bytes.per.s", Type.LONG, 0, at_least(0), Importance.LOW,
@@ -219,7 +219,7 @@ def _warm_up() -> None:
     """Compile (or load from numba's cache) the encode/scan kernels on a 1-record batch: about
     3 s on a small VM, spent here while the consumer connects and prefetches, instead of inside
     the first real append."""
-    from reput.record import encode_batch, scan
+    from kcompact.reput.record import encode_batch, scan
     for headers in (None, [("h", b"")]):
         recs = SinkRecords(["warm-up"], [0], [0], [0], [b"k"], [b"v"], [headers])
         buf, _ = encode_batch(_batch("warm-up", recs, None))
@@ -278,11 +278,11 @@ class _Appender:
 
 
 def _start_scheduler(store: Store, interval_ms: int, max_bytes_per_s: int = 0):
-    """compaction.Scheduler on this writer's store (the compactor shares the writer's lock, so
+    """kcompact.compaction.Scheduler on this writer's store (the compactor shares the writer's lock, so
     it may rewrite sealed segments of partitions this task is appending to), within an I/O
     budget of ``max_bytes_per_s`` (0 = unlimited)."""
     try:
-        import compaction
+        from kcompact import compaction
     except ImportError:
         compaction = None
     sched_cls = getattr(compaction, "Scheduler", None)

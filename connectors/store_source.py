@@ -5,7 +5,7 @@ produce with the same key, value (null = tombstone, empty kept empty), headers, 
 (CreateTime) and partition number:
 
 * ``mode=latest`` (default): the compacted state - the latest record per key of each partition,
-  decided from the .bcq index alone (``compaction.latest.latest_selection``: compacted segments
+  decided from the .bcq index alone (``kcompact.compaction.latest.latest_selection``: compacted segments
   plus the dirty tail; keyless records and deleted keys left out). When the target topic already
   existed, or the run continues an earlier one, a key whose latest record is a tombstone is
   re-published as that tombstone, so that stale values in the target are deleted too.
@@ -37,9 +37,9 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from reput import Store
-from reput import _kernels as K
-from reput.errors import CorruptRecordError
+from kcompact.reput import Store
+from kcompact.reput import _kernels as K
+from kcompact.reput.errors import CorruptRecordError
 
 from ._restore_kernels import first_offset_mismatch
 from .api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
@@ -175,7 +175,7 @@ class RecordBlock:
     def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
         """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
         uint8 nulls) and the int64 timestamps, for a producer that reads columns
-        (connectors.kafka_columns.ColumnSender); None once ``materialize`` ran."""
+        (kcompact.connectors.kafka_columns.ColumnSender); None once ``materialize`` ran."""
         if self.keys is not None:
             return None
         return _ranges(self._kspec, self.n), _ranges(self._vspec, self.n), self._ts
@@ -381,7 +381,7 @@ def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
             if lo < e.shape[0]:
                 pp.pieces.append((seg, np.arange(lo, e.shape[0], dtype=np.int64)))
     else:
-        from compaction.latest import latest_selection
+        from kcompact.compaction.latest import latest_selection
         tombs = _latest_tombstones(pl, segs, from_offset) if include_tombstones else {}
         for seg, which in (selection if selection is not None else latest_selection(pl)):
             e = pl.index(seg).entries
@@ -404,7 +404,7 @@ class StoreSourceConnector(SourceConnector):
     """Re-publishes a store topic into Kafka (``kcompact restore``). One task: the produce loop
     is bound by one Python thread anyway, and one transactional producer keeps progress simple.
 
-    The worker runs it with :class:`connectors.restore.RestoreRunner` (``make_runners``), which
+    The worker runs it with :class:`kcompact.connectors.restore.RestoreRunner` (``make_runners``), which
     owns the producer, the target topic, the transactions and the progress records.
     """
 
@@ -415,8 +415,8 @@ class StoreSourceConnector(SourceConnector):
         for key in ("store.url", "store.topic"):
             if not props.get(key):
                 raise ConfigError(f"{key}: required by StoreSourceConnector")
-        from reput.record import validate_topic
-        from reput.errors import ReputError
+        from kcompact.reput.record import validate_topic
+        from kcompact.reput.errors import ReputError
         for key in ("topic", "progress.topic"):
             if props.get(key):
                 try:
@@ -462,7 +462,7 @@ class StoreSourceTask(SourceTask):
             self._selector.start()
 
     def _select(self) -> None:
-        from compaction.latest import latest_selection
+        from kcompact.compaction.latest import latest_selection
         try:
             for p, pl in self.pls.items():
                 self._selections[p] = latest_selection(pl)

@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 
-from reput._gc import bulk_gc
-from reput._jit import native as _jit_native
+from kcompact.reput._gc import bulk_gc
+from kcompact.reput._jit import native as _jit_native
 
 from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
 from .api import (DataError, RetriableError, SinkConnector, SinkRecords, SinkTask,
@@ -100,9 +100,19 @@ SINK_CONFIG = (
 )
 
 #: Short names of the built-in connectors.
-BUILTIN_CONNECTORS = {"StoreSinkConnector": "connectors.store_sink.StoreSinkConnector",
-                      "StoreSourceConnector": "connectors.store_source.StoreSourceConnector",
-                      "LevelDBSinkConnector": "connectors.leveldb_connector.LevelDBSinkConnector"}
+BUILTIN_CONNECTORS = {
+    "StoreSinkConnector": "kcompact.connectors.store_sink.StoreSinkConnector",
+    "StoreSourceConnector": "kcompact.connectors.store_source.StoreSourceConnector",
+    "LevelDBSinkConnector": "kcompact.connectors.leveldb_connector.LevelDBSinkConnector",
+}
+#: The dotted names they had before kcompact installed under one import name: still accepted in
+#: connector.class (properties files written for kcompact 0.1 keep working).
+BUILTIN_CONNECTORS.update({
+    "connectors.store_sink.StoreSinkConnector": BUILTIN_CONNECTORS["StoreSinkConnector"],
+    "connectors.store_source.StoreSourceConnector": BUILTIN_CONNECTORS["StoreSourceConnector"],
+    "connectors.leveldb_connector.LevelDBSinkConnector":
+        BUILTIN_CONNECTORS["LevelDBSinkConnector"],
+})
 
 #: Consumer settings every sink task needs (the worker assigns partitions and commits itself).
 _REQUIRED_CONSUMER = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
@@ -209,7 +219,7 @@ class TaskMetrics:
 def connector_class(name: str) -> type:
     path = BUILTIN_CONNECTORS.get(name.strip(), name)
     cls = load_class(path, key="connector.class", kind="connector",
-                     known=list(BUILTIN_CONNECTORS))
+                     known=[k for k in BUILTIN_CONNECTORS if "." not in k])
     from .api import Connector
     if not (isinstance(cls, type) and issubclass(cls, Connector)):
         raise ConfigError(f"connector.class: {name!r} is not a kcompact Connector subclass")
@@ -1074,7 +1084,7 @@ class Worker:
                 e = r.failure
                 if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
                     raise e
-                from reput import ReputError
+                from kcompact.reput import ReputError
                 if isinstance(e, (ReputError, OSError)):
                     raise TaskFailedError(f"task {r.metrics.name}: {e}") from e
                 raise TaskFailedError(f"task {r.metrics.name} failed: {type(e).__name__}: {e}"

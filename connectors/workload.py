@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reput.record import RecordBatch, _VarColumn
+from kcompact.reput.record import RecordBatch, _VarColumn
 
 
 @dataclass(frozen=True)

@@ -261,7 +261,7 @@ class MasterClient:
 
 def check_store_doc(doc, url: str) -> None:
     """Refuse a store document whose shape is not what protocol 1 sends (names, ints >= 0)."""
-    from reput.record import validate_topic
+    from kcompact.reput.record import validate_topic
 
     def ok() -> bool:
         if not isinstance(doc, dict) or not isinstance(doc.get("store_id"), str) \

@@ -31,10 +31,10 @@ from typing import Iterator
 import numpy as np
 from pyroaring import BitMap64
 
-from compaction.offset_map import OffsetMap
-from reput import bcq as B
-from reput.errors import CorruptRecordError
-from reput.partition import PartitionLog
+from kcompact.compaction.offset_map import OffsetMap
+from kcompact.reput import bcq as B
+from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.partition import PartitionLog
 
 from .protocol import digest_frame
 

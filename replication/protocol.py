@@ -25,9 +25,9 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from reput import _kernels as K
-from reput.errors import InvalidTopicError
-from reput.record import Scratch, scan, secret_words, validate_topic
+from kcompact.reput import _kernels as K
+from kcompact.reput.errors import InvalidTopicError
+from kcompact.reput.record import Scratch, scan, secret_words, validate_topic
 
 from .errors import ProtocolError, ReplicationError, RequestError
 

@@ -22,12 +22,12 @@ import threading
 import time
 
 import numpy as np
-from reput._jit import njit
+from kcompact.reput._jit import njit
 
-from reput import _kernels as K
-from reput._intrinsics import load_u32, load_u64
-from reput.errors import CorruptRecordError
-from reput.partition import PartitionLog
+from kcompact.reput import _kernels as K
+from kcompact.reput._intrinsics import load_u32, load_u64
+from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.partition import PartitionLog
 
 #: the smallest record is its 44-byte header + a 1-byte topic
 MIN_RECORD = K.HEADER_SIZE + 1
@@ -203,7 +203,7 @@ def locate_records(pl: PartitionLog, from_offset: int, max_bytes: int,
 
 def warm_up() -> None:
     """Load the compiled kernels of this module (numba's cache) before the first request."""
-    from reput.record import Record, encode
+    from kcompact.reput.record import Record, encode
     raw = np.frombuffer(encode([Record("t", 0, 5, 0, b"k", b"v")]), np.uint8)
     n, _, _ = K.count_records(raw, 0, raw.shape[0], True, K.CRC_TABLES)
     e = np.zeros(1, dtype=[("offset", "<i8"), ("position", "<u4"), ("size", "<u4")])

@@ -23,7 +23,7 @@ queue offset 0 and compacted locally. Per partition:
    resumes at the same offset as on the master). Then ``.replicating/`` is removed.
 
 ``--follow`` then pulls new records straight into the live partitions (long-polling the master),
-with compaction.Scheduler compacting in the background, until SIGINT/SIGTERM.
+with kcompact.compaction.Scheduler compacting in the background, until SIGINT/SIGTERM.
 
 A rebuild must finish within the master's ``delete.retention.ms``: as for any Kafka consumer, a
 tombstone the master purges before the replica has pulled it cannot delete the older value the
@@ -42,15 +42,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compaction import CompactionOptions, Compactor, Scheduler
-from compaction.compactor import DEFAULT_MAP_MEMORY
-from reput import _kernels as K
-from reput import filenames as fn
-from reput import swap
-from reput.errors import ReputError, StoreLockedError
-from reput.partition import PartitionLog
-from reput.record import Scratch, scan
-from reput.store import Store, SyncPacer
+from kcompact.compaction import CompactionOptions, Compactor, Scheduler
+from kcompact.compaction.compactor import DEFAULT_MAP_MEMORY
+from kcompact.reput import _kernels as K
+from kcompact.reput import filenames as fn
+from kcompact.reput import swap
+from kcompact.reput.errors import ReputError, StoreLockedError
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.record import Scratch, scan
+from kcompact.reput.store import Store, SyncPacer
 
 from .client import Chunk, MasterClient, check_master_url
 from .errors import ProtocolError, ReplicaError, ReplicationError
@@ -589,8 +589,8 @@ def _check(chunk: Chunk, topic: str, partition: int, from_offset: int, secret: b
 def warm_up() -> None:
     """Load the kernels a rebuild runs (record scan, offset map, compaction) on a tiny
     in-memory store, so the first chunk does not wait for them."""
-    from reput.backend import MemoryBackend
-    from reput.record import RecordBatch
+    from kcompact.reput.backend import MemoryBackend
+    from kcompact.reput.record import RecordBatch
     st = Store.open("memory://warm-up", fs=MemoryBackend(), writer="w", create=True)
     st.append(RecordBatch.from_records("t", [(0, i, 0, b"k%d" % (i % 3), None if i == 4 else b"v")
                                              for i in range(9)]))

@@ -7,7 +7,7 @@ the compactor that keep writing it: every request re-lists the partition's segme
 reads are CRC-checked and retried across a compaction swap (``PartitionLog.read``), and a live
 computation restarts if a swap happened under it. Blocking store work runs in a thread pool;
 the event loop only parses requests and moves bytes. Every path a request can name goes through
-``reput.filenames`` (topic validated by Kafka's rule, partition an integer) and the store's
+``kcompact.reput.filenames`` (topic validated by Kafka's rule, partition an integer) and the store's
 backend, which refuses anything outside the store root.
 """
 
@@ -27,11 +27,11 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from reput import swap
-from reput.errors import CorruptRecordError, ReputError
-from reput.partition import PartitionLog
-from reput.store import Store, StoreMeta
-from reput import filenames as fn
+from kcompact.reput import swap
+from kcompact.reput.errors import CorruptRecordError, ReputError
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.store import Store, StoreMeta
+from kcompact.reput import filenames as fn
 
 from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
@@ -89,7 +89,7 @@ class MasterStore:
                     "segments": len(pl.segments), "bytes": pl.size_bytes()}
 
     def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:
-        from reput.config import TopicConfig
+        from kcompact.reput.config import TopicConfig
         return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
                 "partitions": [self.partition_info(topic, p)
                                for p in self.store.partitions(topic)]}

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from reput.errors import ReputError
-from reput.partition import PartitionLog
-from reput.store import Store
+from kcompact.reput.errors import ReputError
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.store import Store
 
 from .client import MasterClient, check_master_url
 from .errors import ReplicationError

@@ -2,7 +2,7 @@
 
 Importing numba loads LLVM (``libllvmlite.so``): about 120 MiB of resident pages and 0.4 s
 before any kernel runs. Most kcompact processes need kernels soon anyway, but some need few or
-none (``kcompact compact`` with the C kernels of ``reput._ckernels``, ``kv get``, ``inspect``), and
+none (``kcompact compact`` with the C kernels of ``kcompact.reput._native``, ``kv get``, ``inspect``), and
 a compaction's memory budget (``--offset-map-memory``) should not pay for a compiler it never
 calls. So the kernels are declared with this module's decorators, which only record them; the
 first call of any kernel imports numba, turns every recorded function into a numba dispatcher or
@@ -12,7 +12,7 @@ dispatchers. After that a placeholder only forwards to its dispatcher.
 
 ``loaded()`` tells whether numba has been loaded in this process (tests use it).
 
-``native()`` is the C module ``reput._native`` (the compaction kernels and the index search,
+``native()`` is the C module ``kcompact.reput._native`` (the compaction kernels and the index search,
 built at install from reput/_native.c) or None when it was not built. ``KCOMPACT_KERNELS=numba``
 makes it None, so that everything runs on the numba kernels (tests compare the two).
 """
@@ -122,7 +122,7 @@ def load() -> None:
 
 
 def native():
-    """reput._native, or None (not built, or KCOMPACT_KERNELS=numba)."""
+    """kcompact.reput._native, or None (not built, or KCOMPACT_KERNELS=numba)."""
     if os.environ.get("KCOMPACT_KERNELS", "").lower() == "numba":
         return None
     try:

@@ -11,7 +11,7 @@ Integers in records are little-endian and unaligned, so they are assembled from 
 from __future__ import annotations
 
 import numpy as np
-from reput._jit import njit
+from kcompact.reput._jit import njit
 
 from ._intrinsics import (HAVE_SSE42, crc32_u8, crc32_u64, load_u32, load_u64, store_u32,
                           store_u64)

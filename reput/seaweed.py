@@ -244,10 +244,10 @@ SeaweedFS = SeaweedS3
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m reput.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
+    """``python -m kcompact.reput.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
     prints the environment to use it; Ctrl-C stops it and deletes its data."""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m reput.seaweed", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kcompact.reput.seaweed", description=main.__doc__)
     ap.add_argument("bucket", nargs="?", default="kcompact-dev")
     ap.add_argument("--access-key", default="kcompact")
     ap.add_argument("--secret-key", default=None)

@@ -6,7 +6,7 @@
 2. testcontainers' Kafka (``KafkaContainer``, KRaft mode), started for the session and stopped
    at the end, when a Docker engine answers a ping within 0.8 s (brokers.py; with no engine
    the probe is one refused connection, well under a second);
-3. an :class:`connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
+3. an :class:`kcompact.connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
    and stopped at the end.
 
 ``KCOMPACT_TEST_BROKER=tansu`` or ``=testcontainers`` forces 3 or 2 (the latter fails the session
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from connectors.broker import EmbeddedBroker
+from kcompact.connectors.broker import EmbeddedBroker
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
@@ -189,7 +189,7 @@ def s3_store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     ``?grace_ms=N`` when given). ``make.server`` is the SeaweedS3 (endpoint, credentials,
     ``client()``), ``make.bucket`` the bucket name.
     """
-    from reput.seaweed import SeaweedS3
+    from kcompact.reput.seaweed import SeaweedS3
 
     server = SeaweedS3(workdir=str(tmp_path_factory.mktemp("seaweedfs"))).start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION",

@@ -13,7 +13,7 @@ import sys
 
 def _demo(tmp_path, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, KCOMPACT_CACHE_DIR=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-m", "connectors.cli", "demo", "--workdir",
+    return subprocess.run([sys.executable, "-m", "kcompact", "demo", "--workdir",
                            str(tmp_path / "demo"), "--records", "4000", *extra],
                           capture_output=True, text=True, timeout=900, env=env)
 
@@ -29,7 +29,7 @@ def test_demo_runs_every_step(tmp_path):
     assert "kcompact kv get" in out                        # KV lookups shown
     assert "reclaimed" in out                              # before/after sizes table
     # the stores it leaves behind verify clean
-    v = subprocess.run([sys.executable, "-m", "connectors.cli", "verify", "--store",
+    v = subprocess.run([sys.executable, "-m", "kcompact", "verify", "--store",
                         str(tmp_path / "demo" / "store")], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
 

@@ -1,4 +1,4 @@
-"""connectors.kafka_columns: consumed batches read straight into columns (connectors/_rdkafka.c)
+"""kcompact.connectors.kafka_columns: consumed batches read straight into columns (connectors/_rdkafka.c)
 against a real broker, compared with confluent_kafka's Message objects for the same records;
 the layout check, the callbacks that run inside its consume, and closing."""
 
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from connectors.kafka_columns import (ColumnReader, ColumnSender, PackedBytes, PackedHeaders,
+from kcompact.connectors.kafka_columns import (ColumnReader, ColumnSender, PackedBytes, PackedHeaders,
                                       _module)
-from connectors.worker import kafka_logger
+from kcompact.connectors.worker import kafka_logger
 from test_mirror import TS0, produce, varied_records
 from topics import read_topic
 
 pytestmark = pytest.mark.skipif(
     _module() is None,
-    reason="connectors._rdkafka is not built (no C compiler at install): consume() is used, "
+    reason="kcompact.connectors._rdkafka is not built (no C compiler at install): consume() is used, "
            "which every mirror test covers")
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from connectors.kv import KVMap
-from reput import RecordBatch, Store, WriterOptions
+from kcompact.connectors.kv import KVMap
+from kcompact.reput import RecordBatch, Store, WriterOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "users"
@@ -40,7 +40,7 @@ def confluent(schema_id: int, schema: dict, datum: dict) -> bytes:
 
 
 def kcompact(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

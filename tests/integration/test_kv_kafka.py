@@ -17,9 +17,9 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from connectors import kafka_columns
-from connectors.kv import KVMap, build_map
-from reput import RecordBatch, Store, WriterOptions
+from kcompact.connectors import kafka_columns
+from kcompact.connectors.kv import KVMap, build_map
+from kcompact.reput import RecordBatch, Store, WriterOptions
 
 
 def model(records) -> dict[bytes, bytes]:
@@ -91,7 +91,7 @@ def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, 
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:
-        pytest.skip("connectors._rdkafka is not built; the 'messages' case covers this")
+        pytest.skip("kcompact.connectors._rdkafka is not built; the 'messages' case covers this")
     topic = make_topic(partitions=3)
     first = produce(kafka_bootstrap, topic, rows(3000, 300, 1), 3)
     second = produce(kafka_bootstrap, topic, rows(2000, 300, 2), 3)
@@ -137,7 +137,7 @@ def test_cli_follow_kafka_stops_cleanly_on_sigterm(kafka_bootstrap, make_topic, 
     mirror_into_store(store, topic, first)
     log = open(tmp_path / "err.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "connectors.cli", "kv", "build", "--store", store, "--topic", topic,
+        [sys.executable, "-m", "kcompact", "kv", "build", "--store", store, "--topic", topic,
          "--db", db, "--follow", "--bootstrap-servers", kafka_bootstrap],
         stdout=subprocess.PIPE, stderr=log, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from connectors.config import parse_properties
-from connectors.kv import KVMap
+from kcompact.connectors.config import parse_properties
+from kcompact.connectors.kv import KVMap
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "leveldb-sink.properties"
@@ -29,7 +29,7 @@ PARTITIONS = 3
 
 
 def kcompact_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "connectors.cli", *args]
+    return [sys.executable, "-m", "kcompact", *args]
 
 
 def produce(bootstrap: str, topic: str, n: int, seed: int) -> list[tuple]:

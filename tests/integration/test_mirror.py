@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from connectors.api import SourceConnector, SourceRecord, SourceTask
-from connectors import kafka_columns
-from connectors.converters import AvroConverter
-from connectors.kafka_columns import ColumnReader
-from connectors.errors import ConnectorsError
-from connectors.mirror import mirror_local
-from connectors.worker import Worker
-from reput import Store, verify_store
+from kcompact.connectors.api import SourceConnector, SourceRecord, SourceTask
+from kcompact.connectors import kafka_columns
+from kcompact.connectors.converters import AvroConverter
+from kcompact.connectors.kafka_columns import ColumnReader
+from kcompact.connectors.errors import ConnectorsError
+from kcompact.connectors.mirror import mirror_local
+from kcompact.connectors.worker import Worker
+from kcompact.reput import Store, verify_store
 from topics import read_store, read_topic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def produce(bootstrap: str, topic: str, records, *, transactional: bool = False,
 
 
 def kcompact(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -110,7 +110,7 @@ def test_mirror_is_exact_offset_for_offset(kafka_bootstrap, make_topic, tmp_path
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:
-        pytest.skip("connectors._rdkafka is not built; the 'messages' case covers the mirror")
+        pytest.skip("kcompact.connectors._rdkafka is not built; the 'messages' case covers the mirror")
     readers = []
     attach = ColumnReader.attach
     monkeypatch.setattr(ColumnReader, "attach",
@@ -294,7 +294,7 @@ def test_cli_follow_and_sigterm_flushes(kafka_bootstrap, make_topic, tmp_path):
     topic = make_topic(partitions=2)
     produce(kafka_bootstrap, topic, varied_records(2, 100, seed=5))
     store = str(tmp_path / "s")
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "mirror",
+    proc = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror",
                              "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
                              "--store", store, "--follow"], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
@@ -317,7 +317,7 @@ def test_cli_second_mirror_on_the_same_store_is_refused(kafka_bootstrap, make_to
     topic = make_topic(partitions=1)
     produce(kafka_bootstrap, topic, varied_records(1, 10))
     store = str(tmp_path / "s")
-    first = subprocess.Popen([sys.executable, "-m", "connectors.cli", "mirror",
+    first = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror",
                               "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
                               "--store", store, "--follow"], cwd=ROOT,
                              stderr=subprocess.PIPE, text=True)
@@ -343,7 +343,7 @@ def test_cli_sigint_exits_130(kafka_bootstrap, make_topic, tmp_path):
     topic = make_topic(partitions=1)
     produce(kafka_bootstrap, topic, varied_records(1, 10))
     store = str(tmp_path / "s")
-    proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "mirror",
+    proc = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror",
                              "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
                              "--store", store, "--follow"], cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
@@ -451,8 +451,8 @@ def test_standalone_avro_dead_letter_queue(kafka_bootstrap, make_topic, schema_r
         assert h["__connect.errors.offset"] == str(offset).encode()
         assert h["__connect.errors.connector.name"] == b"avro-sink"
         assert h["__connect.errors.stage"] == b"VALUE_CONVERTER"
-        assert h["__connect.errors.class.name"] == b"connectors.converters.AvroConverter"
-        assert h["__connect.errors.exception.class.name"] == b"connectors.api.DataError"
+        assert h["__connect.errors.class.name"] == b"kcompact.connectors.converters.AvroConverter"
+        assert h["__connect.errors.exception.class.name"] == b"kcompact.connectors.api.DataError"
         assert h["__connect.errors.exception.message"].startswith(b"AvroConverter: ")
         assert b"Traceback" in h["__connect.errors.exception.stacktrace"]
     assert b"unknown magic byte 1" in dict(dead[0][4])["__connect.errors.exception.message"]
@@ -528,8 +528,8 @@ def test_standalone_bad_connector_property_names_the_key(kafka_bootstrap, make_t
 
 def test_standalone_examples_parse(tmp_path):
     """The files in examples/ are valid (validated, not run)."""
-    from connectors.config import load_config_file
-    from connectors.worker import WORKER_CONFIG, validate_connector
+    from kcompact.connectors.config import load_config_file
+    from kcompact.connectors.worker import WORKER_CONFIG, validate_connector
     ex = ROOT / "examples"
     WORKER_CONFIG.parse(load_config_file(ex / "worker.properties"))
     for f in sorted(ex.glob("*sink*.properties")) + sorted(ex.glob("*.json")):
@@ -545,7 +545,7 @@ def test_standalone_json_config_and_string_converter(kafka_bootstrap, make_topic
     worker.write_text(json.dumps({"bootstrap.servers": kafka_bootstrap}))
     conn = tmp_path / "conn.json"
     conn.write_text(json.dumps({"name": "json-sink", "config": {
-        "connector.class": "connectors.store_sink.StoreSinkConnector", "tasks.max": 2,
+        "connector.class": "kcompact.connectors.store_sink.StoreSinkConnector", "tasks.max": 2,
         "topics": topic, "store.url": str(tmp_path / "s"), "follow": False,
         "value.converter": "StringConverter", "errors.tolerance": "all"}}))
     proc = kcompact("connect", "standalone", str(worker), str(conn))
@@ -586,7 +586,7 @@ class CountingTask(SourceTask):
 
 
 class CountingSource(SourceConnector):
-    from connectors.config import ConfigDef, Type
+    from kcompact.connectors.config import ConfigDef, Type
     CONFIG = ConfigDef().define("topic", Type.STRING).define("count", Type.INT, 10)
 
     def task_class(self):
@@ -636,7 +636,7 @@ def test_sigkill_five_times_during_a_500k_mirror(kafka_bootstrap, make_topic, tm
                 p.poll(0.05)
     assert p.flush(120) == 0
     store = str(tmp_path / "store")
-    cmd = [sys.executable, "-m", "connectors.cli", "mirror", "--bootstrap-servers",
+    cmd = [sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers",
            kafka_bootstrap, "--topic", topic, "--store", store, "--engine", "local"]
     counts = []
     for k in range(5):

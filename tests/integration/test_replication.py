@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compaction import CompactionOptions, Compactor
-from reput import filenames as fn
-from reput.config import ManualClock
-from reput.partition import PartitionLog
-from reput.record import Record, RecordBatch, _VarColumn, encode
-from reput.store import Store
-from replication.live import bitmap_array, live_offsets
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import filenames as fn
+from kcompact.reput.config import ManualClock
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.record import Record, RecordBatch, _VarColumn, encode
+from kcompact.reput.store import Store
+from kcompact.replication.live import bitmap_array, live_offsets
 
 KCOMPACT = str(Path(sys.executable).parent / "kcompact")
 TOPIC = "orders"
@@ -356,7 +356,7 @@ def _records(port: int, token: str, partition: int, frm: int, max_bytes: int, ch
 
 
 def _checkpoint(store_path: Path, partition: int) -> tuple[int, dict | None]:
-    from reput import swap
+    from kcompact.reput import swap
     with Store.open(str(store_path)) as st:
         return swap.read_checkpoint(st.fs, fn.partition_dir(TOPIC, partition))
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from connectors import kafka_columns
-from connectors.errors import ConnectorsError
-from connectors.kafka_columns import ColumnSender
-from connectors.restore import RestoreJob, StoreProgress, restore
-from connectors.store_source import PROGRESS_TOPIC, default_partition
-from reput import Store
-from reput.record import RecordBatch
+from kcompact.connectors import kafka_columns
+from kcompact.connectors.errors import ConnectorsError
+from kcompact.connectors.kafka_columns import ColumnSender
+from kcompact.connectors.restore import RestoreJob, StoreProgress, restore
+from kcompact.connectors.store_source import PROGRESS_TOPIC, default_partition
+from kcompact.reput import Store
+from kcompact.reput.record import RecordBatch
 from topics import read_topic  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def as_topic(rows: list[tuple]) -> list[tuple]:
 
 
 def kcompact(*args: str, timeout: float = 180, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -441,7 +441,7 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
     for _ in range(3):
         # kill at a random moment after this run has committed a chunk of its own
         before = seq()
-        p = subprocess.Popen([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+        p = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while seq() <= before and p.poll() is None and time.monotonic() < deadline:
@@ -493,7 +493,7 @@ def test_sigterm_stops_after_the_chunk_and_a_rerun_continues(kafka_bootstrap, ne
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
             kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
     job = _job(kafka_bootstrap, url, target)
-    p = subprocess.Popen([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+    p = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while StoreProgress(url, job).read() is None and time.monotonic() < deadline:
@@ -527,7 +527,7 @@ def test_second_run_of_the_same_job_is_refused(kafka_bootstrap, new_topic, tmp_p
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
             kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
     job = _job(kafka_bootstrap, url, target)
-    first = subprocess.Popen([sys.executable, "-m", "connectors.cli", *args], cwd=ROOT,
+    first = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

@@ -37,12 +37,12 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from compaction import CompactionOptions, compact_store
-from reput import manifest as M
-from reput.record import Record, RecordBatch
-from reput.s3 import S3Backend
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionOptions, compact_store
+from kcompact.reput import manifest as M
+from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.s3 import S3Backend
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 UNIT = Path(__file__).resolve().parents[1] / "unit"
 sys.path.insert(0, str(UNIT))
@@ -233,9 +233,9 @@ def test_offset_lookups_use_the_manifest_bitmaps(s3_store_url):
 _KILLED_WRITER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    from reput import manifest as M
-    from reput.record import RecordBatch
-    from reput.store import Store
+    from kcompact.reput import manifest as M
+    from kcompact.reput.record import RecordBatch
+    from kcompact.reput.store import Store
     def rows(n, start=0):
         return [(i % 3, start + i, 1000 + start + i, b"k%d" % (i % 60), b"v" * 30)
                 for i in range(n)]
@@ -352,9 +352,9 @@ def test_an_aborted_manifest_upload_is_skipped_then_replaced(s3_store_url, monke
 _KILLED_COMPACTOR = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {root!r})
-    from compaction import CompactionOptions, compact_store
-    from reput import manifest as M
-    from reput.store import Store
+    from kcompact.compaction import CompactionOptions, compact_store
+    from kcompact.reput import manifest as M
+    from kcompact.reput.store import Store
     def die(*a, **k):                 # the outputs are uploaded: die before the commit
         os._exit(9)
     M.commit = die
@@ -511,7 +511,7 @@ def test_cli_compact_spark_and_the_data_source(s3_store_url, tmp_path):
         compact_store(st, force=True)
     assert content(url) == content(local)
     code = textwrap.dedent(f"""
-        from connectors.spark_engine import spark_session
+        from kcompact.connectors.spark_engine import spark_session
         spark = spark_session("local[2]")
         for mode in ("latest", "all"):
             df = (spark.read.format("kcompact").option("store", {url!r})
@@ -802,7 +802,7 @@ def test_cli_mirror_follow_and_kv_build_follow_on_s3(kafka_bootstrap, make_topic
     model: dict[bytes, bytes | None] = {}
     for _q, k, v in first + more:
         model[k] = v
-    from connectors.kv import KVMap
+    from kcompact.connectors.kv import KVMap
     with KVMap(db) as m:
         assert dict(m.items()) == {k: v for k, v in model.items() if v is not None}
     got = content(url, topic)

@@ -33,9 +33,9 @@ import test_md5_collision as MD5  # noqa: E402
 import test_planner as PL  # noqa: E402
 import test_s3_compaction_crash as S3CC  # noqa: E402
 
-from reput import manifest as M  # noqa: E402
-from reput.s3 import S3Backend  # noqa: E402
-from reput.store import Store, default_commitlog_dir  # noqa: E402
+from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput.s3 import S3Backend  # noqa: E402
+from kcompact.reput.store import Store, default_commitlog_dir  # noqa: E402
 
 
 def _factory(s3_store_url):
@@ -126,8 +126,8 @@ class SeaweedBase(S3CC.S3Base):
 
 
 def _compact_one(url: str, cl: str, p: int) -> None:
-    from compaction import Compactor
-    from reput.config import ManualClock
+    from kcompact.compaction import Compactor
+    from kcompact.reput.config import ManualClock
     clock = ManualClock(S3CC.NOW)
     with Store.open(url, clock=clock, commitlog_dir=cl) as st:
         Compactor(st, S3CC.proc.options(S3CC.MAP_BYTES, S3CC.MAX_LOAD), clock) \

@@ -21,11 +21,11 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs Java 17", allow_module_level=True)
 
-from connectors import cli  # noqa: E402
-from connectors.mirror import mirror_local  # noqa: E402
-from connectors.spark_engine import (FAIL_ENV, SparkEngineError, mirror_with_spark,  # noqa: E402
+from kcompact.connectors import cli  # noqa: E402
+from kcompact.connectors.mirror import mirror_local  # noqa: E402
+from kcompact.connectors.spark_engine import (FAIL_ENV, SparkEngineError, mirror_with_spark,  # noqa: E402
                                      spark_session, spark_writer_id)
-from reput import Store, verify_store  # noqa: E402
+from kcompact.reput import Store, verify_store  # noqa: E402
 from topics import read_store, read_topic  # noqa: E402
 
 TS0 = 1_700_000_000_000

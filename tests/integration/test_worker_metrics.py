@@ -15,10 +15,10 @@ import time
 
 from confluent_kafka import Producer
 
-from connectors.api import TopicPartition
-from connectors.store_sink import StoreSinkConnector, StoreSinkTask
-from connectors.worker import Worker
-from reput import Store
+from kcompact.connectors.api import TopicPartition
+from kcompact.connectors.store_sink import StoreSinkConnector, StoreSinkTask
+from kcompact.connectors.worker import Worker
+from kcompact.reput import Store
 
 N = 1000
 BATCH = 100

@@ -7,7 +7,7 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from reput import Store
+from kcompact.reput import Store
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int, *, offsets: bool = True

@@ -24,9 +24,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from compaction import CompactionOptions, Compactor  # noqa: E402
-from reput.config import ManualClock  # noqa: E402
-from reput.store import Store  # noqa: E402
+from kcompact.compaction import CompactionOptions, Compactor  # noqa: E402
+from kcompact.reput.config import ManualClock  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
 
 TOPIC = "t"
 

@@ -1,6 +1,6 @@
-"""An in-memory S3 for unit tests: the boto3 client calls ``reput.s3.S3Backend`` makes, with
+"""An in-memory S3 for unit tests: the boto3 client calls ``kcompact.reput.s3.S3Backend`` makes, with
 S3's answers (NoSuchKey, NoSuchBucket, 412 on If-None-Match, ranged GETs, paged listings),
-in the style of ``reput.MemoryBackend``. No network, no process."""
+in the style of ``kcompact.reput.MemoryBackend``. No network, no process."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A test that takes the ``store_at`` fixture runs twice: ``[local]`` on a directory under
 tmp_path, ``[s3]`` on an S3 store in the in-memory S3 (``_fake_s3.FakeS3``). ``store_at(name)``
 returns the URL of a (not yet created) store, a different one per name. On ``s3`` the fake is
-installed for the test: ``reput.s3.make_client`` returns it, so every S3Backend the test's
+installed for the test: ``kcompact.reput.s3.make_client`` returns it, so every S3Backend the test's
 process makes (``Store.open(url)``, the CLI's ``main`` run in-process) talks to it, and
 ``KCOMPACT_CACHE_DIR`` (writers' local commit logs) is the test's own directory. Other
 processes cannot see the fake: tests that run a store in a child process take their S3 run on
@@ -43,7 +43,7 @@ def backend_env(backend: str, root: str) -> Iterator[FakeS3 | None]:
     if backend != "s3":
         yield None
         return
-    import reput.s3 as s3mod
+    from kcompact.reput import s3 as s3mod
     fake = FakeS3(buckets=(BUCKET,))
     old_client, old_cache = s3mod.make_client, os.environ.get("KCOMPACT_CACHE_DIR")
     s3mod.make_client = lambda *a, **k: fake

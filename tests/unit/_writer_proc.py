@@ -17,9 +17,9 @@ import random
 import sys
 import time
 
-from reput.config import WriterOptions
-from reput.record import Record, RecordBatch
-from reput.store import Store
+from kcompact.reput.config import WriterOptions
+from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.store import Store
 
 TOPICS = {"kt": 3, "kt.b-2": 1}    # topic -> number of partitions
 SEGMENT_BYTES = 16384

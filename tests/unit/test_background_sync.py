@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from reput import backend as B
-from reput import filenames as fn
-from reput import store as S
-from reput.config import WriterOptions
-from reput.record import RecordBatch
-from reput.store import Store
+from kcompact.reput import backend as B
+from kcompact.reput import filenames as fn
+from kcompact.reput import store as S
+from kcompact.reput.config import WriterOptions
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
 
 T0 = 1_700_000_000_000
 
@@ -122,7 +122,7 @@ def test_partition_sync_soon_syncs_its_open_files(tmp_path, synced):
 def test_sync_pacer_counts():
     """SyncPacer: writeback every ``writeback_every`` bytes, a background sync once the queued
     bytes reach ``sync_every``; reset() after a full sync starts both counts over."""
-    from reput.store import SyncPacer
+    from kcompact.reput.store import SyncPacer
     p = SyncPacer(writeback_every=10, sync_every=25)
     assert [p.add(4) for _ in range(3)] == [(False, False), (False, False), (True, False)]
     assert p.add(10) == (True, False)   # 22 queued

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from reput import bcq as B
-from reput import filenames as fn
-from reput.config import ManualClock
-from reput.record import RecordBatch
-from reput.store import Store
+from kcompact.reput import bcq as B
+from kcompact.reput import filenames as fn
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
 
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
 TOPIC = "t"
@@ -227,7 +227,7 @@ def test_compact_engine_spark_without_java_fails_in_one_line(tmp_path, java_home
 
 
 def test_java_problem_follows_spark_launcher_rules(tmp_path, monkeypatch):
-    from connectors.spark_engine import java_problem
+    from kcompact.connectors.spark_engine import java_problem
     home = tmp_path / "jdk"
     monkeypatch.setenv("JAVA_HOME", str(home))
     assert "has no bin/java" in java_problem()

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _stores import backend, store_at  # noqa: E402,F401
 
-from connectors import cli  # noqa: E402
-from reput.record import RecordBatch  # noqa: E402
-from reput.store import Store  # noqa: E402
+from kcompact.connectors import cli  # noqa: E402
+from kcompact.reput.record import RecordBatch  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
 
 TOPIC = "t"
 
@@ -39,7 +39,7 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def _drop_caches() -> None:
     """An S3 reader in this process shares the block cache and spool with the writer."""
-    from reput.s3 import shared_cache, shared_spool
+    from kcompact.reput.s3 import shared_cache, shared_spool
     shared_cache().clear()
     shared_spool().clear()
 

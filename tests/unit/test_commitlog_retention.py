@@ -10,11 +10,11 @@ import os
 
 import pytest
 
-from reput import filenames as fn
-from reput.backend import LocalBackend, MemoryBackend
-from reput.config import ManualClock, WriterOptions
-from reput.record import RecordBatch
-from reput.store import Store
+from kcompact.reput import filenames as fn
+from kcompact.reput.backend import LocalBackend, MemoryBackend
+from kcompact.reput.config import ManualClock, WriterOptions
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
 
 T0 = 1_700_000_000_000
 HOUR = 3600 * 1000

@@ -42,15 +42,15 @@ from pathlib import Path
 
 import pytest
 
-from compaction import CompactionError, CompactionOptions, Compactor
-from reput import backend as backend_mod
-from reput import filenames as fn
-from reput import swap
-from reput.backend import BackendError, LocalBackend
-from reput.config import ManualClock
-from reput.record import Record, RecordBatch
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionError, CompactionOptions, Compactor
+from kcompact.reput import backend as backend_mod
+from kcompact.reput import filenames as fn
+from kcompact.reput import swap
+from kcompact.reput.backend import BackendError, LocalBackend
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 HERE = Path(__file__).resolve().parent
 PROC = HERE / "_compact_proc.py"
@@ -426,7 +426,7 @@ def test_crash_at_staging_removal(base, n):
 
 
 class _OsProxy:
-    """reput.backend's ``os`` with write() failing on chosen descriptors."""
+    """kcompact.reput.backend's ``os`` with write() failing on chosen descriptors."""
 
     def __init__(self, fail_fds: set, err: int, after: int):
         self.fail_fds, self.err, self.after = fail_fds, err, after

@@ -49,14 +49,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, rule,
                                  run_state_machine_as_test)
 
-from compaction import CompactionOptions, Compactor, compact_store, partition_status
-from reput import bcq as B
-from reput import swap
-from reput.backend import LocalBackend, MemoryBackend
-from reput.config import ManualClock
-from reput.record import Record, RecordBatch, _VarColumn
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionOptions, Compactor, compact_store, partition_status
+from kcompact.reput import bcq as B
+from kcompact.reput import swap
+from kcompact.reput.backend import LocalBackend, MemoryBackend
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import Record, RecordBatch, _VarColumn
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 TOPIC = "t"
 PARTS = (0, 1, 2)

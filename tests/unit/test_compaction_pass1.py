@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from compaction import CompactionOptions, Compactor
-from reput import filenames as fn
-from reput.backend import LocalBackend, MemoryBackend
-from reput.config import ManualClock
-from reput.record import RecordBatch
-from reput.store import Store
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import filenames as fn
+from kcompact.reput.backend import LocalBackend, MemoryBackend
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
 
 TOPIC = "t"
 PASS2 = "-- pass 2 --"

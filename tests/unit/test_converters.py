@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.api import DataError, RetriableError
-from connectors.converters import (AvroConverter, ByteArrayConverter, JsonConverter,
+from kcompact.connectors.api import DataError, RetriableError
+from kcompact.connectors.converters import (AvroConverter, ByteArrayConverter, JsonConverter,
                                    StringConverter, converter_class, make_converter)
-from connectors.errors import ConfigError
+from kcompact.connectors.errors import ConfigError
 
 SCHEMA = {"type": "record", "name": "User", "fields": [
     {"name": "id", "type": "long"},
@@ -130,7 +130,7 @@ def test_converter_lookup():
     assert converter_class("io.confluent.connect.avro.AvroConverter") is AvroConverter
     assert converter_class("org.apache.kafka.connect.json.JsonConverter") is JsonConverter
     assert converter_class("org.apache.kafka.connect.storage.StringConverter") is StringConverter
-    assert converter_class("connectors.converters.ByteArrayConverter") is ByteArrayConverter
+    assert converter_class("kcompact.connectors.converters.ByteArrayConverter") is ByteArrayConverter
     with pytest.raises(ConfigError, match="unknown converter 'Avro'.*built-in: ByteArrayConverter"):
         converter_class("Avro")
     with pytest.raises(ConfigError, match="is not a kcompact Converter subclass"):

@@ -10,13 +10,13 @@ import shutil
 import numpy as np
 import pytest
 
-from compaction import CompactionOptions, Compactor
-from reput import swap
-from reput.backend import LocalBackend
-from reput.config import ManualClock
-from reput.record import Record, RecordBatch
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import swap
+from kcompact.reput.backend import LocalBackend
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 T0 = 1_700_000_000_000
 TOPIC = "t"

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from reput import _kernels as K
-from reput import filenames as fn
-from reput.record import scan
-from reput.store import Store, default_commitlog_dir
+from kcompact.reput import _kernels as K
+from kcompact.reput import filenames as fn
+from kcompact.reput.record import scan
+from kcompact.reput.store import Store, default_commitlog_dir
 
 WRITER = str(Path(__file__).with_name("_writer_proc.py"))
 # the writer script's generator, loaded by path (tests/unit is not a package)

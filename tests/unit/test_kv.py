@@ -32,12 +32,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction import Compactor
-from connectors import cli
-from connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap, KVNotFoundError,
+from kcompact.compaction import Compactor
+from kcompact.connectors import cli
+from kcompact.connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap, KVNotFoundError,
                            KVSourceMismatchError, MapBuilder, build_map, kv_demo_step)
-from connectors.leveldb_sink import LevelDBSink, open_db
-from reput import RecordBatch, Store, WriterOptions
+from kcompact.connectors.leveldb_sink import LevelDBSink, open_db
+from kcompact.reput import RecordBatch, Store, WriterOptions
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _stores import (BACKENDS, backend, backend_env, shared_store_at,  # noqa: E402,F401
@@ -615,7 +615,7 @@ def test_cli_build_and_get(tmp_path, capsys, store_at):
 
 
 def test_cli_get_decodes_json_values(tmp_path, capsys):
-    pytest.importorskip("connectors.converters")
+    pytest.importorskip("kcompact.connectors.converters")
     write_store(tmp_path / "s", [(0, 0, 1, b"u", b'{"n": 1, "tags": ["a"]}')])
     db = str(tmp_path / "db")
     build_map(db, str(tmp_path / "s"), TOPIC)
@@ -627,7 +627,7 @@ def test_cli_get_decodes_json_values(tmp_path, capsys):
 
 
 def test_kv_demo_step(tmp_path):
-    from connectors.workload import Workload
+    from kcompact.connectors.workload import Workload
     wl = Workload(records=3000, keys=300, partitions=2)
     with Store.open(str(tmp_path / "s"), writer="demo", create=True) as st:
         for b in wl.batches("demo-users"):
@@ -641,8 +641,8 @@ def test_kv_demo_step(tmp_path):
 
 
 def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
-    api = pytest.importorskip("connectors.api")
-    from connectors.leveldb_connector import LevelDBSinkConnector
+    api = pytest.importorskip("kcompact.connectors.api")
+    from kcompact.connectors.leveldb_connector import LevelDBSinkConnector
 
     recs = gen_records(3000, partitions=2, keys=200)
     conn = LevelDBSinkConnector()
@@ -700,7 +700,7 @@ def test_cli_follow_store_stops_cleanly_on_a_signal(tmp_path, sig, shared_store_
     write_store(store, first)
     err = tmp_path / "err.log"
     with open(err, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "connectors.cli", "kv", "build", "--store",
+        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "kv", "build", "--store",
                                  store, "--topic", TOPIC, "--db", db, "--follow"],
                                 stdout=subprocess.PIPE, stderr=f, text=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -21,11 +21,11 @@ import sys
 
 import pytest
 
-from compaction import CompactionOptions, Compactor
-from reput.config import ManualClock
-from reput.record import RecordBatch, key_digest
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import RecordBatch, key_digest
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _stores import backend, store_at  # noqa: E402,F401  (local and in-memory S3 stores)

@@ -1,4 +1,4 @@
-"""reput._native.message_columns (the consumer path's one compiled pass over a batch of
+"""kcompact.reput._native.message_columns (the consumer path's one compiled pass over a batch of
 confluent_kafka Message objects) against the Python code it replaces, on random batches:
 nulls and empty bytes, headers on some messages or none, any partition/offset/timestamp.
 And the store sink stores the same bytes whether a batch comes with packed columns or not."""
@@ -13,10 +13,10 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.api import SinkRecords
-from connectors.store_sink import _batch
-from reput import _native
-from reput.record import encode_batch
+from kcompact.connectors.api import SinkRecords
+from kcompact.connectors.store_sink import _batch
+from kcompact.reput import _native
+from kcompact.reput.record import encode_batch
 
 blobs = st.one_of(st.none(), st.binary(max_size=40))
 headers = st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=5), st.one_of(

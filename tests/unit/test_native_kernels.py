@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction import compactor as C
-from compaction import offset_map as M
-from reput import _kernels as K
-from reput import _native
-from reput.bcq import BCQ_DTYPE
+from kcompact.compaction import compactor as C
+from kcompact.compaction import offset_map as M
+from kcompact.reput import _kernels as K
+from kcompact.reput import _native
+from kcompact.reput.bcq import BCQ_DTYPE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -159,7 +159,7 @@ def _build_store_elsewhere(tmp_path, partitions: int) -> str:
     build = (
         "import sys; sys.path.insert(0, {root!r})\n"
         "from reput import Store\n"
-        "from reput.record import RecordBatch\n"
+        "from kcompact.reput.record import RecordBatch\n"
         "st = Store.open({store!r}, writer='w', create=True)\n"
         "st.append(RecordBatch.from_records('t', [(i % {parts}, i, 0, b'k%d' % (i % 50), None if"
         " i % 9 == 0 else b'v' * 40, []) for i in range(5000)]))\n"
@@ -193,7 +193,7 @@ def test_a_compaction_loads_no_jit_compiler(tmp_path):
 
 def _record_buffer(seed: int, n: int) -> np.ndarray:
     """n encoded records of varied topics, keys (null, empty, long), values and headers."""
-    from reput.record import RecordBatch, encode_batch
+    from kcompact.reput.record import RecordBatch, encode_batch
     rng = np.random.default_rng(seed)
     rows = []
     for i in range(n):
@@ -213,7 +213,7 @@ def _record_buffer(seed: int, n: int) -> np.ndarray:
 
 
 def _scan_both(buf: np.ndarray, start: int, end: int, verify: bool, secret: bytes):
-    from reput.record import secret_words
+    from kcompact.reput.record import secret_words
     out = []
     for kernel in ("c", "numba"):
         if kernel == "c":
@@ -253,7 +253,7 @@ def test_record_scan_matches_numba(seed, n, cut, corrupt, verify, secret):
 def test_crc_and_siphash_known_values():
     """CRC32C of "123456789" is 0xE3069283 (RFC 3720); SipHash-2-4-128 of 0..14 under key
     0..15 is the reference vector's (the numba kernel is tested against the same)."""
-    from reput.record import RecordBatch, encode_batch, scan
+    from kcompact.reput.record import RecordBatch, encode_batch, scan
     buf, _ = encode_batch(RecordBatch.from_records("t", [(0, 0, 0, bytes(range(15)), b"v", [])]))
     b = np.frombuffer(bytes(buf), np.uint8)
     c = scan(b, secret=bytes(range(16)))
@@ -283,7 +283,7 @@ def test_record_scan_bad_arguments():
        keyless=st.floats(0, 0.3), tombs=st.floats(0, 0.4), end_frac=st.floats(0, 1.2))
 def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
     """upsert_latest (two partitions), merge and rehash (growth): the same table rows."""
-    from connectors import _kv_kernels as KK
+    from kcompact.connectors import _kv_kernels as KK
     e0 = _entries(seed, n, keys, keyless, tombs)
     e1 = _entries(seed + 1, n // 2, keys, keyless, tombs)
     e1["timestamp"] = np.random.default_rng(seed).integers(0, 50, e1.shape[0])
@@ -324,9 +324,9 @@ def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), prefix=st.sampled_from([-1, 7]),
        pos=st.integers(0, 5), first=st.integers(0, 3))
 def test_kv_spans_gather_and_sort_rows_match_numba(seed, n, prefix, pos, first):
-    from connectors import _kv_kernels as KK
+    from kcompact.connectors import _kv_kernels as KK
     buf = _record_buffer(seed, n)
-    from reput.record import scan
+    from kcompact.reput.record import scan
     positions = scan(buf).positions.astype(np.int64)
     m = positions.shape[0]
     outs = []
@@ -372,7 +372,7 @@ def test_a_kv_build_loads_no_jit_compiler(tmp_path):
     store = _build_store_elsewhere(tmp_path, partitions=2)
     kv = (
         "import sys; sys.path.insert(0, {root!r})\n"
-        "from connectors.kv import build_map, KVMap\n"
+        "from kcompact.connectors.kv import build_map, KVMap\n"
         "r = build_map({db!r}, {store!r}, 't')\n"
         "m = KVMap({db!r})\n"
         "print('numba' in sys.modules, r['keys'], m.get(b'k1'))\n")

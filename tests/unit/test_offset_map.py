@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction.offset_map import MAX_DELTA, SLOT_BYTES, OffsetMap, _home
-from reput import bcq as B
+from kcompact.compaction.offset_map import MAX_DELTA, SLOT_BYTES, OffsetMap, _home
+from kcompact.reput import bcq as B
 
 MASK32 = 0xFFFFFFFF
 MASK64 = (1 << 64) - 1

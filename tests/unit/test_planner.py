@@ -16,11 +16,11 @@ import sys
 
 import pytest
 
-from compaction import CompactionOptions, Compactor, assess, compact_store, partition_status, plan
-from reput.config import ConfigError, ManualClock, TopicConfig
-from reput.record import RecordBatch
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.compaction import CompactionOptions, Compactor, assess, compact_store, partition_status, plan
+from kcompact.reput.config import ConfigError, ManualClock, TopicConfig
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _stores import backend, shared_store_at, store_at  # noqa: E402,F401  (by backend)

@@ -8,10 +8,10 @@ import time
 
 import numpy as np
 
-from compaction import CompactionOptions, Compactor
-from reput import MemoryBackend, Store
-from reput.partition import PartitionLog
-from reput.record import RecordBatch, encode_batch, scan
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import MemoryBackend, Store
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.record import RecordBatch, encode_batch, scan
 
 TOPIC = "t"
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reput import _intrinsics
-from reput import _kernels as K
-from reput import bcq as B
-from reput.errors import CorruptRecordError, InvalidTopicError, ReputError
-from reput.record import (ATTR_NULL_KEY, ATTR_NULL_VALUE, HEADER, HEADER_SIZE, MAX_RECORD_SIZE,
+from kcompact.reput import _intrinsics
+from kcompact.reput import _kernels as K
+from kcompact.reput import bcq as B
+from kcompact.reput.errors import CorruptRecordError, InvalidTopicError, ReputError
+from kcompact.reput.record import (ATTR_NULL_KEY, ATTR_NULL_VALUE, HEADER, HEADER_SIZE, MAX_RECORD_SIZE,
                           Record, RecordBatch, _VarColumn, decode_all, decode_headers, decode_one,
                           encode, encode_batch, encode_headers, key_digest, scan, validate_topic)
 

@@ -23,14 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reput import bcq as B
-from reput import filenames as fn
-from reput.config import WriterOptions
-from reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
+from kcompact.reput import bcq as B
+from kcompact.reput import filenames as fn
+from kcompact.reput.config import WriterOptions
+from kcompact.reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
                           StoreNotFoundError)
-from reput.record import Record, RecordBatch, encode, scan
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.reput.record import Record, RecordBatch, encode, scan
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 TOPIC = "t"
 SEGMENT_BYTES = 16384
@@ -601,7 +601,7 @@ def test_not_a_store(tmp_path):
 
 _HOLDER = textwrap.dedent("""
     import sys
-    from reput.store import Store
+    from kcompact.reput.store import Store
     s = Store.open(sys.argv[1], writer="w")
     print("open", flush=True)
     sys.stdin.read()

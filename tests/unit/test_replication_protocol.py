@@ -18,20 +18,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compaction import CompactionOptions, Compactor
-from reput import filenames as fn
-from reput.backend import MemoryBackend
-from reput.config import ManualClock
-from reput.partition import PartitionLog
-from reput.record import Record, RecordBatch, encode, scan
-from reput.store import Store
-from replication.errors import ProtocolError, ReplicationError, RequestError
-from replication.live import bitmap_array, digest_frames, live_offsets
-from replication.protocol import (END_FRAME, FrameReader, Route, ServerLimits, check_records,
+from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import filenames as fn
+from kcompact.reput.backend import MemoryBackend
+from kcompact.reput.config import ManualClock
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.record import Record, RecordBatch, encode, scan
+from kcompact.reput.store import Store
+from kcompact.replication.errors import ProtocolError, ReplicationError, RequestError
+from kcompact.replication.live import bitmap_array, digest_frames, live_offsets
+from kcompact.replication.protocol import (END_FRAME, FrameReader, Route, ServerLimits, check_records,
                                   check_token, digest_frame, parse_bearer, parse_path,
                                   parse_query, partition_path, read_token_file)
-from replication.replica import merge_logs
-from replication.client import check_master_url
+from kcompact.replication.replica import merge_logs
+from kcompact.replication.client import check_master_url
 
 TOPIC = "orders"
 T0 = 1_700_000_000_000
@@ -461,8 +461,8 @@ def _pull_into(master: Store, staging: PartitionLog, secret: bytes, upto_bytes: 
 def test_install_resumes_from_every_crash_point(tmp_path, crash):
     import json as _json
 
-    from reput import swap
-    from replication.replica import INSTALL_MARKER, ReplicaOptions, Replicator
+    from kcompact.reput import swap
+    from kcompact.replication.replica import INSTALL_MARKER, ReplicaOptions, Replicator
     recs = _gen_records(9, 3000, 200, 0.1, 0.03)
     master = Store.open(str(tmp_path / "m"), writer="w", create=True)
     master.set_topic_config(TOPIC, {"segment.bytes": 16384})
@@ -522,7 +522,7 @@ def test_install_resumes_from_every_crash_point(tmp_path, crash):
 
 
 def test_store_doc_shape_is_checked():
-    from replication.client import check_store_doc
+    from kcompact.replication.client import check_store_doc
     good = {"store_id": "x", "topics": [{"topic": "a", "config": {}, "partitions": [
         {"partition": 0, "first_offset": 0, "next_offset": 3}]}]}
     check_store_doc(good, "u")

@@ -13,20 +13,20 @@ from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors._restore_kernels import murmur2_many, murmur2_partitions
-from connectors.api import SourceRecord, SourceTaskContext, source_partition_key
-from connectors.cli import build_parser
-from connectors.errors import ConfigError, ConnectorsError
-from connectors.restore import (PROGRESS_FORMAT_VERSION, Progress, ProgressFormatError,
+from kcompact.connectors._restore_kernels import murmur2_many, murmur2_partitions
+from kcompact.connectors.api import SourceRecord, SourceTaskContext, source_partition_key
+from kcompact.connectors.cli import build_parser
+from kcompact.connectors.errors import ConfigError, ConnectorsError
+from kcompact.connectors.restore import (PROGRESS_FORMAT_VERSION, Progress, ProgressFormatError,
                                 RestoreJob, StoreProgress, connector_props, decode_progress,
                                 encode_progress, kafka_failure, newest)
-from connectors.store_source import (INCLUDE_TOMBSTONES, PROGRESS_TOPIC, TARGET_PARTITIONS,
+from kcompact.connectors.store_source import (INCLUDE_TOMBSTONES, PROGRESS_TOPIC, TARGET_PARTITIONS,
                                      StoreSourceConnector, StoreSourceTask, default_partition,
                                      murmur2)
-from connectors.worker import validate_connector
-from reput import Store
-from reput.filenames import validate_writer
-from reput.record import RecordBatch, validate_topic
+from kcompact.connectors.worker import validate_connector
+from kcompact.reput import Store
+from kcompact.reput.filenames import validate_writer
+from kcompact.reput.record import RecordBatch, validate_topic
 
 # -- murmur2 ---------------------------------------------------------------------------------------
 
@@ -357,7 +357,7 @@ def test_cli_restore_flags_and_x_passthrough():
 def test_example_properties_validate():
     from pathlib import Path
 
-    from connectors.config import load_config_file
+    from kcompact.connectors.config import load_config_file
     path = Path(__file__).resolve().parents[2] / "examples" / "store-source.properties"
     cls, values = validate_connector(load_config_file(path), where=str(path))
     assert cls is StoreSourceConnector and values["store.topic"] == "orders"
@@ -367,7 +367,7 @@ def test_example_properties_validate():
 def test_a_compaction_under_the_reader_is_planned_again(tmp_path):
     """A forced compaction swaps the segments between two chunks: the task notices (the index
     entries no longer match the .log) and plans the rest again from its cursor."""
-    from compaction import compact_store
+    from kcompact.compaction import compact_store
     url = str(tmp_path / "s")
     with Store.open(url, writer="w", create=True) as st:
         st.set_topic_config("orders", {"segment.bytes": 16_384})

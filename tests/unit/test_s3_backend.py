@@ -23,15 +23,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _fake_s3 import FakeS3  # noqa: E402
 
-from compaction import CompactionOptions, Compactor, compact_store  # noqa: E402
-from reput import filenames as fn  # noqa: E402
-from reput import manifest as M  # noqa: E402
-from reput.backend import BackendError  # noqa: E402
-from reput.record import RecordBatch  # noqa: E402
-from reput.s3 import (BlockCache, S3AccessError, S3Backend, S3BucketNotFoundError,  # noqa: E402
+from kcompact.compaction import CompactionOptions, Compactor, compact_store  # noqa: E402
+from kcompact.reput import filenames as fn  # noqa: E402
+from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput.backend import BackendError  # noqa: E402
+from kcompact.reput.record import RecordBatch  # noqa: E402
+from kcompact.reput.s3 import (BlockCache, S3AccessError, S3Backend, S3BucketNotFoundError,  # noqa: E402
                       Spool)
-from reput.store import Store  # noqa: E402
-from reput.verify import verify_store  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
+from kcompact.reput.verify import verify_store  # noqa: E402
 
 
 @pytest.fixture
@@ -366,7 +366,7 @@ def test_writer_killed_between_upload_and_commit_leaves_only_orphans(make_fs, fa
 
     def die(*a, **k):
         raise Killed()
-    from reput import partition as P
+    from kcompact.reput import partition as P
     monkeypatch.setattr(M, "commit", die)  # dies after the uploads, before the commit ...
     monkeypatch.setattr(P.PartitionLog, "_delete_objects", lambda *a: None)  # ... and cleanup
     with pytest.raises(Killed):
@@ -400,7 +400,7 @@ def test_killed_after_commit_before_local_cleanup(make_fs, monkeypatch):
     fs = make_fs()
     st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True)
     st.append(RecordBatch.from_records("t", _rows(60)))
-    from reput import partition as P
+    from kcompact.reput import partition as P
     monkeypatch.setattr(P.PartitionLog, "_hand_over", lambda *a: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
@@ -448,7 +448,7 @@ def test_compaction_on_s3_equals_local(make_fs, tmp_path):
     # two GETs per input segment, two PUTs per output, a few per partition
     assert reqs["requests"]["GetObject"] <= 2 * segs + 2 * 3 + 1
     assert reqs["total"] <= 4 * segs + 6 * 3 + 3, reqs
-    from compaction import partition_status
+    from kcompact.compaction import partition_status
     st = partition_status(fresh, "t", 0)
     assert st["compaction_horizon"] == r_s3[0].cleaned_offset
     assert st["last_compaction"]["records_kept"] == r_s3[0].records_kept
@@ -540,7 +540,7 @@ def test_verify_names_a_corrupt_object_and_a_manifest_mismatch(make_fs, fake):
     fake.objects["bucket"][key] = (bytes(bad), mtime)
     rep = verify_store(Store.open("s3://bucket/v", fs=make_fs()))
     assert not rep.ok and any(p.path == seg.log_rel for p in rep.problems)
-    from reput.errors import CorruptRecordError
+    from kcompact.reput.errors import CorruptRecordError
     with pytest.raises(CorruptRecordError, match=seg.log_rel):
         list(Store.open("s3://bucket/v", fs=make_fs()).iter_records("t", 0))
     # an object shorter than the manifest says

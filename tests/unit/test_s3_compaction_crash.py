@@ -34,14 +34,14 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _stores import backend_env  # noqa: E402
 
-from compaction import Compactor  # noqa: E402
-from reput import manifest as M  # noqa: E402
-from reput.backend import LocalBackend  # noqa: E402
-from reput.config import ManualClock  # noqa: E402
-from reput.partition import PartitionLog  # noqa: E402
-from reput.s3 import S3Backend  # noqa: E402
-from reput.store import Store  # noqa: E402
-from reput.verify import verify_store  # noqa: E402
+from kcompact.compaction import Compactor  # noqa: E402
+from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput.backend import LocalBackend  # noqa: E402
+from kcompact.reput.config import ManualClock  # noqa: E402
+from kcompact.reput.partition import PartitionLog  # noqa: E402
+from kcompact.reput.s3 import S3Backend  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
+from kcompact.reput.verify import verify_store  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("_compact_proc", HERE / "_compact_proc.py")

@@ -29,11 +29,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from _fake_s3 import FakeS3  # noqa: E402
 
-from compaction import CompactionOptions, compact_store  # noqa: E402
-from reput import bcq as B  # noqa: E402
-from reput.record import RecordBatch  # noqa: E402
-from reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
-from reput.store import Store  # noqa: E402
+from kcompact.compaction import CompactionOptions, compact_store  # noqa: E402
+from kcompact.reput import bcq as B  # noqa: E402
+from kcompact.reput.record import RecordBatch  # noqa: E402
+from kcompact.reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
 
 TOPIC = "t"
 BLOCK = 4096                     # a small cache block, so that a .bcq spans many of them
@@ -116,7 +116,7 @@ def test_read_from_a_gap_at_the_end_of_a_segment_skips_it(make_fs, target, segme
     assert _requests(fs) == {"GetObject": 2}
     st.close()
     # the replication server's reader starts at the same segment
-    from replication.reader import BufferPool, read_records
+    from kcompact.replication.reader import BufferPool, read_records
     st, pl, fs = _cold(make_fs, block=1 << 20)
     buf, nbytes, n, nxt = read_records(pl, target, 256, BufferPool())
     assert n >= 1 and nxt > segment
@@ -130,7 +130,7 @@ def test_read_past_the_end_needs_no_request(make_fs):
     for target in (1200, 1500, 10**12):
         r = pl.read(target, max_records=5)
         assert r.entries.shape[0] == 0 and r.next_offset == max(target, 1200)
-    from replication.reader import BufferPool, read_records
+    from kcompact.replication.reader import BufferPool, read_records
     assert read_records(pl, 1200, 1 << 20, BufferPool())[0] is None
     assert _requests(fs) == {}
     st.close()

@@ -26,11 +26,11 @@ import test_compaction_model as CM  # noqa: E402
 import test_store_model as SM  # noqa: E402
 from _fake_s3 import FakeS3  # noqa: E402
 
-from reput import bcq as B  # noqa: E402
-from reput import manifest as M  # noqa: E402
-from reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
-from reput.store import Store  # noqa: E402
-from reput.verify import verify_store  # noqa: E402
+from kcompact.reput import bcq as B  # noqa: E402
+from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
+from kcompact.reput.store import Store  # noqa: E402
+from kcompact.reput.verify import verify_store  # noqa: E402
 
 
 def s3_backend_factory():

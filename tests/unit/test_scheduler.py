@@ -1,4 +1,4 @@
-"""compaction.Scheduler: the planner in the background of a long-running process, one partition
+"""kcompact.compaction.Scheduler: the planner in the background of a long-running process, one partition
 at a time, within an I/O budget (compaction/planner.py); and the store sink's property that sets
 that budget. Time is injected: the budget's pace is checked against a fake clock whose only way
 forward is the budget's own wait, never against wall-clock timings. Liveness (a thread that
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from compaction import (CompactionError, CompactionOptions, CompactionStopped, IOBudget,
+from kcompact.compaction import (CompactionError, CompactionOptions, CompactionStopped, IOBudget,
                         Scheduler)
-from reput.config import ManualClock
-from reput.record import RecordBatch
-from reput.store import Store
-from reput.verify import verify_store
+from kcompact.reput.config import ManualClock
+from kcompact.reput.record import RecordBatch
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
 
 TOPIC = "t"
 SEG = 16384
@@ -201,8 +201,8 @@ def test_io_budget_stop_and_bounds():
 
 
 def test_store_sink_passes_its_budget_to_the_scheduler(tmp_path):
-    from connectors.errors import ConfigError
-    from connectors.store_sink import STORE_SINK_CONFIG, StoreSinkTask
+    from kcompact.connectors.errors import ConfigError
+    from kcompact.connectors.store_sink import STORE_SINK_CONFIG, StoreSinkTask
 
     props = STORE_SINK_CONFIG.parse({
         "store.url": str(tmp_path / "s"), "store.writer": "w",

@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from connectors.errors import ConfigError
-from connectors.spark_engine import (master_with_retries, parse_fail_spec, spark_writer_id,
+from kcompact.connectors.errors import ConfigError
+from kcompact.connectors.spark_engine import (master_with_retries, parse_fail_spec, spark_writer_id,
                                      task_error_line)
-from reput.filenames import validate_writer
+from kcompact.reput.filenames import validate_writer
 
 
 def test_importing_the_engine_loads_no_pyspark():
-    code = "import sys, connectors.spark_engine; print('pyspark' in sys.modules)"
+    code = "import sys, kcompact.connectors.spark_engine; print('pyspark' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -51,7 +51,7 @@ def test_fail_spec():
 def test_task_error_line():
     text = ("An exception was thrown from the Python worker:\nTraceback (most recent call "
             "last):\n  File \"x.py\", line 1, in f\n    raise E\n"
-            "connectors.spark_engine.MirrorTaskError: mirror task t-1 (attempt 4): locked\n")
+            "kcompact.connectors.spark_engine.MirrorTaskError: mirror task t-1 (attempt 4): locked\n")
     assert task_error_line(text) == "mirror task t-1 (attempt 4): locked"
     assert task_error_line("Traceback:\nRuntimeError: boom\n SQLSTATE: 38000") == \
         "RuntimeError: boom"
@@ -63,7 +63,7 @@ def test_a_worker_freezes_its_heap_once():
     do not freeze again (what their tasks leave behind stays collectable)."""
     code = """
 import gc
-from connectors.spark_engine import _freeze_heap
+from kcompact.connectors.spark_engine import _freeze_heap
 assert gc.get_freeze_count() == 0
 _freeze_heap()
 first = gc.get_freeze_count()

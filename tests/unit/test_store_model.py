@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from reput import bcq as B
-from reput import filenames as fn
-from reput.backend import LocalBackend, MemoryBackend
-from reput.config import FSYNC_POLICIES, WriterOptions
-from reput.errors import OffsetOrderError
-from reput.record import Record, RecordBatch, decode_one, key_digest, scan
-from reput.store import Store
+from kcompact.reput import bcq as B
+from kcompact.reput import filenames as fn
+from kcompact.reput.backend import LocalBackend, MemoryBackend
+from kcompact.reput.config import FSYNC_POLICIES, WriterOptions
+from kcompact.reput.errors import OffsetOrderError
+from kcompact.reput.record import Record, RecordBatch, decode_one, key_digest, scan
+from kcompact.reput.store import Store
 
 TOPICS = ("orders", "x.y-z_2")
 PARTS = (0, 1, 2)

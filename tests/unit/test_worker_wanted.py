@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from connectors.api import TopicPartition
-from connectors.worker import SinkTaskRunner
+from kcompact.connectors.api import TopicPartition
+from kcompact.connectors.worker import SinkTaskRunner
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -1,0 +1,7 @@
+"""``python -m kcompact ...``: the same as the ``kcompact`` script."""
+
+import sys
+
+from kcompact.connectors.cli import main
+
+sys.exit(main())
