@@ -6,10 +6,10 @@ connectors/) and installs them under one import name, ``kcompact`` (``kcompact.r
 the facade and ``python -m kcompact``.
 
 kcompact.reput._native holds the record, index and compaction kernels in C (reput/_native.c), so
-that a compaction runs without loading numba and LLVM. kcompact.connectors._rdkafka reads consumed
-Kafka batches straight into columns (connectors/_rdkafka.c). Both are optional: without a C
-compiler the install goes on and the numba kernels and confluent_kafka's Message objects are used
-instead (reput/_jit.py, connectors/kafka_columns.py).
+that a compaction runs without loading numba and LLVM. kcompact.connectors.framework._rdkafka reads
+consumed Kafka batches straight into columns (connectors/framework/_rdkafka.c). Both are optional:
+without a C compiler the install goes on and the numba kernels and confluent_kafka's Message objects
+are used instead (reput/_jit.py, connectors/framework/kafka_columns.py).
 """
 
 import os
@@ -44,7 +44,7 @@ setup(
     ext_modules=[
         Extension("kcompact.reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS,
                   **_SHARED),
-        Extension("kcompact.connectors._rdkafka", ["connectors/_rdkafka.c"],
+        Extension("kcompact.connectors.framework._rdkafka", ["connectors/framework/_rdkafka.c"],
                   extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
     ],
 )

@@ -41,7 +41,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.store_sink import _warm_up  # noqa: E402
-from kcompact.connectors.worker import _DEFAULT_CONSUMER, kafka_logger  # noqa: E402
+from kcompact.connectors.framework.kafka_clients import SINK_CONSUMER_DEFAULTS  # noqa: E402
+from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput._gc import bulk_gc  # noqa: E402
 
@@ -71,9 +72,10 @@ def produce(bootstrap: str, topic: str, n: int, keys: int, partitions: int) -> f
 
 def raw_consume(bootstrap: str, topic: str, partitions: int, records: int
                 ) -> tuple[float, int]:
-    conf = dict(_DEFAULT_CONSUMER, **{"bootstrap.servers": bootstrap, "group.id": "bench-raw",
-                                      "enable.auto.commit": False, "enable.partition.eof": True,
-                                      "logger": kafka_logger()})
+    conf = dict(SINK_CONSUMER_DEFAULTS, **{"bootstrap.servers": bootstrap,
+                                           "group.id": "bench-raw", "enable.auto.commit": False,
+                                           "enable.partition.eof": True,
+                                           "logger": kafka_logger()})
     t = time.perf_counter()
     c = Consumer(conf)
     c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])

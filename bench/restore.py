@@ -49,7 +49,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.restore import DEFAULT_PRODUCER_CONFIG, restore  # noqa: E402
-from kcompact.connectors.worker import kafka_logger  # noqa: E402
+from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput._gc import bulk_gc  # noqa: E402
 from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402

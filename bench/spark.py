@@ -49,7 +49,7 @@ from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.spark_engine import mirror_with_spark, spark_session  # noqa: E402
 from kcompact.connectors.store_sink import _warm_up  # noqa: E402
-from kcompact.connectors.worker import kafka_logger  # noqa: E402
+from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 
 VALUE = 100

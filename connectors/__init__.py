@@ -1,18 +1,19 @@
-"""kcompact's Connect-style framework, its connectors and engines, and the ``kcompact`` CLI.
+"""kcompact's Connect-style framework, its connectors, the applications built on them and the
+``kcompact`` CLI.
 
-Public API (importable without pyspark): the connector/task model (``kcompact.connectors.api``), config
-definitions (``kcompact.connectors.config``), converters and error handling. The worker, the store sink
-and the mirror live in ``kcompact.connectors.worker``, ``kcompact.connectors.store_sink``, ``kcompact.connectors.mirror``;
-the store source and ``kcompact restore`` in ``kcompact.connectors.store_source``, ``kcompact.connectors.restore``.
+The names below are the framework's public API (importable without pyspark): the connector and
+task model, config definitions, converters and the package's errors. The framework lives in
+``kcompact.connectors.framework`` (api, config, converters, error handling, the worker, Kafka I/O).
 """
 
-from .api import (OFFSET_BEGINNING, ConnectRecord, Connector, DataError, RetriableError,
-                  SinkConnector, SinkRecord, SinkRecords, SinkTask, SinkTaskContext,
-                  SourceConnector, SourceRecord, SourceTask, SourceTaskContext, Task,
-                  TaskFailedError, TopicPartition)
-from .config import ConfigDef, ConfigKey, Importance, Type, load_config_file, parse_properties
-from .converters import (AvroConverter, ByteArrayConverter, Converter, JsonConverter,
-                         StringConverter)
+from .framework.api import (OFFSET_BEGINNING, ConnectRecord, Connector, DataError, RetriableError,
+                            SinkConnector, SinkRecord, SinkRecords, SinkTask, SinkTaskContext,
+                            SourceConnector, SourceRecord, SourceTask, SourceTaskContext, Task,
+                            TaskFailedError, TopicPartition)
+from .framework.config import (ConfigDef, ConfigKey, Importance, Type, load_config_file,
+                               parse_properties)
+from .framework.converters import (AvroConverter, ByteArrayConverter, Converter, JsonConverter,
+                                   StringConverter)
 from .errors import ConfigError, ConnectorsError
 
 __all__ = [

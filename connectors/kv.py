@@ -97,7 +97,7 @@ def _make_converter(name: str | Any, configs: Mapping[str, Any] | None):
     short = {"json": "JsonConverter", "avro": "AvroConverter", "string": "StringConverter",
              "bytes": "ByteArrayConverter", "bytearray": "ByteArrayConverter"}
     try:
-        from .converters import make_converter
+        from .framework.converters import make_converter
     except ImportError as e:
         raise KVError(f"value converters are not available in this kcompact: {e}") from None
     return make_converter(short.get(name.lower(), name), dict(configs or {}), is_key=False)
@@ -835,7 +835,7 @@ class MapBuilder:
     def _start(self, consumer: Any, sink: LevelDBSink, partition: int) -> int:
         """Where a partition's consumption starts: after the map's last record, or at the
         partition's low watermark for a new map (asked for here: ~0.5 s sooner than
-        librdkafka's own OFFSET_BEGINNING lookup, as in connectors/worker.py)."""
+        librdkafka's own OFFSET_BEGINNING lookup, as in connectors/framework/worker.py)."""
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
         if partition in sink.offsets:
             return sink.offsets[partition]
@@ -849,8 +849,8 @@ class MapBuilder:
     def _kafka(self, sink: LevelDBSink, stop: threading.Event, follow: bool) -> None:
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-        from .kafka_columns import ColumnReader
-        from .worker import kafka_logger
+        from .framework.kafka_columns import ColumnReader
+        from .framework.kafka_clients import kafka_logger
 
         def error_cb(err: Any) -> None:
             return None
@@ -861,7 +861,7 @@ class MapBuilder:
                 "isolation.level": "read_committed", "auto.offset.reset": "error",
                 "enable.partition.eof": True, "error_cb": error_cb, "logger": logger,
                 # a map builds slower than Kafka serves: without this, librdkafka's prefetch
-                # queue goes over its limit and the next fetch waits 1 s (connectors/worker.py)
+                # queue goes over its limit and the next fetch waits 1 s (connectors/framework/worker.py)
                 "fetch.queue.backoff.ms": 10}
         conf.update(self.kafka_config)
         conf["isolation.level"] = "read_committed"
@@ -869,7 +869,7 @@ class MapBuilder:
             consumer = Consumer(conf)
         except KafkaException as e:
             raise KVError(f"invalid Kafka consumer settings: {e}") from None
-        # batches as columns, without Message objects (connectors/kafka_columns.py), when built
+        # batches as columns, without Message objects (connectors/framework/kafka_columns.py), when built
         reader = ColumnReader.attach(consumer, error_cb, logger)
         try:
             try:
@@ -955,7 +955,7 @@ class MapBuilder:
         it in the batch (a record after the event means the partition grew again)."""
         from confluent_kafka import KafkaError
 
-        from .kafka_columns import PackedBytes, next_offsets
+        from .framework.kafka_columns import PackedBytes, next_offsets
         b = reader.consume(self.follow_batch_records, 0.2)
         eof: dict[int, int] = {}
         for ev in b.events:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
-from .config import ConfigDef, Importance, Type
+from .framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
+from .framework.config import ConfigDef, Importance, Type
 from .errors import ConfigError
 from .leveldb_sink import LevelDBSink, open_db
 

@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, TextIO
 
-from .config import parse_kv_pairs
+from .framework.config import parse_kv_pairs
 from kcompact.reput import StoreLockedError
 
-from .api import TaskFailedError
+from .framework.api import TaskFailedError
 from .errors import ConfigError, ConnectorsError
-from .worker import Worker
+from .framework.worker import Worker
 
 LOCAL_WRITER = "local"
 CONNECTOR_NAME = "kcompact-mirror"

@@ -59,13 +59,15 @@ import numpy as np
 from kcompact.reput import Store, StoreLockedError
 from kcompact.reput.record import RecordBatch, key_digest
 
-from .api import SourceTaskContext, TopicPartition, source_partition_key
-from .config import parse_kv_pairs
+from .framework.api import SourceTaskContext, TopicPartition, source_partition_key
+from .framework.config import parse_kv_pairs
 from .errors import ConfigError, ConnectorsError
-from .kafka_columns import ColumnSender
+from .framework.kafka_columns import ColumnSender
 from .store_source import (INCLUDE_TOMBSTONES, PROGRESS_TOPIC, TARGET_PARTITIONS, TARGET_TOPIC,
                            StoreSourceTask, open_store_topic, partition_count)
-from .worker import KafkaSettings, TaskMetrics, Worker, kafka_error_text, kafka_logger
+from .framework.kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
+from .framework.metrics import TaskMetrics
+from .framework.worker import Worker
 
 #: Version of the progress record's JSON (docs/formats/restore-progress.md).
 PROGRESS_FORMAT_VERSION = 1
@@ -785,7 +787,7 @@ class RestoreRunner:
                                "progress")
 
     def _produce(self, chunk: Any) -> None:
-        """The hot loop. Blocks go through the ColumnSender (connectors/kafka_columns.py: no
+        """The hot loop. Blocks go through the ColumnSender (connectors/framework/kafka_columns.py: no
         Python object per record, headers straight from the store's encoding; each record
         carries ``_on_delivery`` as produce() would, so a failed delivery is reported the same
         way, with or without a transaction). Without it (not built, or turned off): positional

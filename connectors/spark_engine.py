@@ -12,7 +12,7 @@
   the topic and the -X settings, creates the store, dispatches what dead writers left, reads each
   partition's end offset from the consumer side (never ListOffsets "latest", which Tansu gets
   wrong); then one Spark task per topic-partition runs the store sink (connectors/store_sink.py,
-  through connectors/worker.py, exactly as the local engine does) with its own commit-log writer
+  through connectors/framework/worker.py, exactly as the local engine does) with its own commit-log writer
   ``spark-<topic>-<partition>``, reput included; then a compaction stage, one task per partition
   the planner picks. A task resumes from the store's own next offset of its partition, and a
   retried task reopens (and so recovers) the same commit log: retries neither duplicate nor lose.
@@ -635,7 +635,7 @@ def _mirror_partition(job: _MirrorJob, item: tuple[int, int, int], attempt: int)
     global _FAIL
     _freeze_heap()
     from .mirror import connector_props
-    from .worker import Worker
+    from .framework.worker import Worker
 
     partition, start, end = item
     t0, started_at = time.monotonic(), time.time()
@@ -674,7 +674,7 @@ def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iter
         except Exception as e:
             from kcompact.reput import ReputError
 
-            from .api import TaskFailedError
+            from .framework.api import TaskFailedError
             cause = e.__cause__ if isinstance(e, TaskFailedError) else None
             if isinstance(cause, (ReputError, OSError)):
                 msg = str(cause)  # without the worker's "task kcompact-mirror-0:" prefix
@@ -699,7 +699,7 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
     from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException
     from confluent_kafka import TopicPartition as KTP
 
-    from .worker import kafka_error_text, kafka_logger
+    from .framework.kafka_clients import kafka_error_text, kafka_logger
     conf = dict(consumer_conf, **{"enable.partition.eof": True, "enable.auto.commit": False,
                                   "queued.min.messages": 1000, "fetch.wait.max.ms": 10,
                                   "logger": kafka_logger()})
@@ -843,7 +843,7 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
     from kcompact.reput import Store
 
     from .mirror import connector_props
-    from .worker import Worker
+    from .framework.worker import Worker
     out = out if out is not None else sys.stderr
     kafka_config = dict(kafka_config or {})
     fail = parse_fail_spec(os.environ.get(FAIL_ENV))
@@ -957,7 +957,7 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
 def run_mirror(args) -> int:
     """``kcompact mirror --engine spark`` (connectors/mirror.py calls it; also the default
     engine of a batch mirror, which falls back to the local engine when Spark cannot run)."""
-    from .config import parse_kv_pairs
+    from .framework.config import parse_kv_pairs
     from .mirror import cmd_mirror, parse_partitions
     if args.follow:
         raise ConfigError("--follow needs --engine local: the Spark engine runs batch mirrors "

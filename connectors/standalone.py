@@ -19,8 +19,8 @@ import sys
 import threading
 from typing import TextIO
 
-from .config import load_config_file
-from .worker import Worker
+from .framework.config import load_config_file
+from .framework.worker import Worker
 
 
 def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO | None = None,

@@ -42,10 +42,10 @@ from kcompact.reput import _kernels as K
 from kcompact.reput.errors import CorruptRecordError
 
 from ._restore_kernels import first_offset_mismatch
-from .api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
-from .config import ConfigDef, Importance, Type, at_least, between, one_of
+from .framework.api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
+from .framework.config import ConfigDef, Importance, Type, at_least, between, one_of
 from .errors import ConfigError, ConnectorsError
-from .kafka_columns import header_lists
+from .framework.kafka_columns import header_lists
 
 #: The store's internal topic (and the Kafka topic) that keeps restore progress.
 PROGRESS_TOPIC = "__kcompact-restore-offsets"
@@ -175,7 +175,7 @@ class RecordBlock:
     def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
         """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
         uint8 nulls) and the int64 timestamps, for a producer that reads columns
-        (kcompact.connectors.kafka_columns.ColumnSender); None once ``materialize`` ran."""
+        (kcompact.connectors.framework.kafka_columns.ColumnSender); None once ``materialize`` ran."""
         if self.keys is not None:
             return None
         return _ranges(self._kspec, self.n), _ranges(self._vspec, self.n), self._ts

@@ -1,5 +1,6 @@
 /* 1-d arrays through the buffer protocol, shared by the C modules (reput/_native.c,
- * connectors/_rdkafka.c): views possibly strided, loads through memcpy (unaligned is fine). */
+ * connectors/framework/_rdkafka.c): views possibly strided, loads through memcpy (unaligned is
+ * fine). */
 #ifndef KCOMPACT_ARR_H
 #define KCOMPACT_ARR_H
 #define PY_SSIZE_T_CLEAN

@@ -335,8 +335,8 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
  * given; key() and value() into lists (bytes or None) and packed as well (bytearray of the
  * bytes back to back, bytearray of n+1 int64 start offsets, bytearray of n null flags: a
  * column the store can encode without touching the objects again); headers() into a list, or
- * None when no message has headers. What connectors/worker.py and store_sink.py did with six
- * map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. */
+ * None when no message has headers. What the connectors' sink runner and store sink did with
+ * six map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. */
 /* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
  * their function pointers are looked up once and called directly, instead of an attribute
  * lookup and a vectorcall per call. Any other type goes through the generic call. */

@@ -1,6 +1,7 @@
-"""kcompact.connectors.kafka_columns: consumed batches read straight into columns (connectors/_rdkafka.c)
-against a real broker, compared with confluent_kafka's Message objects for the same records;
-the layout check, the callbacks that run inside its consume, and closing."""
+"""kcompact.connectors.framework.kafka_columns: consumed batches read straight into columns
+(connectors/framework/_rdkafka.c) against a real broker, compared with confluent_kafka's Message
+objects for the same records; the layout check, the callbacks that run inside its consume, and
+closing."""
 
 from __future__ import annotations
 
@@ -10,16 +11,16 @@ import numpy as np
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from kcompact.connectors.kafka_columns import (ColumnReader, ColumnSender, PackedBytes, PackedHeaders,
-                                      _module)
-from kcompact.connectors.worker import kafka_logger
+from kcompact.connectors.framework.kafka_columns import (ColumnReader, ColumnSender, PackedBytes,
+                                                         PackedHeaders, _module)
+from kcompact.connectors.framework.kafka_clients import kafka_logger
 from test_mirror import TS0, produce, varied_records
 from topics import read_topic
 
 pytestmark = pytest.mark.skipif(
     _module() is None,
-    reason="kcompact.connectors._rdkafka is not built (no C compiler at install): consume() is used, "
-           "which every mirror test covers")
+    reason="kcompact.connectors.framework._rdkafka is not built (no C compiler at install): "
+           "consume() is used, which every mirror test covers")
 
 
 def _consumer_with(bootstrap: str, error_cb, **extra) -> tuple[Consumer, object]:

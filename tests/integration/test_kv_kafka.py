@@ -17,7 +17,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from kcompact.connectors import kafka_columns
+from kcompact.connectors.framework import kafka_columns
 from kcompact.connectors.kv import KVMap, build_map
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
@@ -86,12 +86,13 @@ def wait_until(cond, timeout: float = 60.0) -> None:
 @pytest.mark.parametrize("columns", ["columns", "messages"])
 def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, tmp_path,
                                                   monkeypatch, columns):
-    """The Kafka part read as columns (connectors/kafka_columns.py, when built) and as
+    """The Kafka part read as columns (connectors/framework/kafka_columns.py, when built) and as
     Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:
-        pytest.skip("kcompact.connectors._rdkafka is not built; the 'messages' case covers this")
+        pytest.skip("kcompact.connectors.framework._rdkafka is not built; the 'messages' case "
+                    "covers this")
     topic = make_topic(partitions=3)
     first = produce(kafka_bootstrap, topic, rows(3000, 300, 1), 3)
     second = produce(kafka_bootstrap, topic, rows(2000, 300, 2), 3)

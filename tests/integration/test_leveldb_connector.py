@@ -20,7 +20,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from kcompact.connectors.config import parse_properties
+from kcompact.connectors.framework.config import parse_properties
 from kcompact.connectors.kv import KVMap
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kcompact.connectors.api import SourceConnector, SourceRecord, SourceTask
-from kcompact.connectors import kafka_columns
-from kcompact.connectors.converters import AvroConverter
-from kcompact.connectors.kafka_columns import ColumnReader
+from kcompact.connectors.framework.api import SourceConnector, SourceRecord, SourceTask
+from kcompact.connectors.framework import kafka_columns
+from kcompact.connectors.framework.converters import AvroConverter
+from kcompact.connectors.framework.kafka_columns import ColumnReader
 from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.mirror import mirror_local
-from kcompact.connectors.worker import Worker
+from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store, verify_store
 from topics import read_store, read_topic  # noqa: E402
 
@@ -105,12 +105,13 @@ def _mirror(bootstrap, topic, store, **kw):
 @pytest.mark.parametrize("columns", ["columns", "messages"])
 def test_mirror_is_exact_offset_for_offset(kafka_bootstrap, make_topic, tmp_path, monkeypatch,
                                            columns):
-    """Both ways of reading batches: as columns (connectors/kafka_columns.py, the default when
-    built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
+    """Both ways of reading batches: as columns (connectors/framework/kafka_columns.py, the
+    default when built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:
-        pytest.skip("kcompact.connectors._rdkafka is not built; the 'messages' case covers the mirror")
+        pytest.skip("kcompact.connectors.framework._rdkafka is not built; the 'messages' case "
+                    "covers the mirror")
     readers = []
     attach = ColumnReader.attach
     monkeypatch.setattr(ColumnReader, "attach",
@@ -451,8 +452,10 @@ def test_standalone_avro_dead_letter_queue(kafka_bootstrap, make_topic, schema_r
         assert h["__connect.errors.offset"] == str(offset).encode()
         assert h["__connect.errors.connector.name"] == b"avro-sink"
         assert h["__connect.errors.stage"] == b"VALUE_CONVERTER"
-        assert h["__connect.errors.class.name"] == b"kcompact.connectors.converters.AvroConverter"
-        assert h["__connect.errors.exception.class.name"] == b"kcompact.connectors.api.DataError"
+        assert h["__connect.errors.class.name"] == \
+            b"kcompact.connectors.framework.converters.AvroConverter"
+        assert h["__connect.errors.exception.class.name"] == \
+            b"kcompact.connectors.framework.api.DataError"
         assert h["__connect.errors.exception.message"].startswith(b"AvroConverter: ")
         assert b"Traceback" in h["__connect.errors.exception.stacktrace"]
     assert b"unknown magic byte 1" in dict(dead[0][4])["__connect.errors.exception.message"]
@@ -528,8 +531,8 @@ def test_standalone_bad_connector_property_names_the_key(kafka_bootstrap, make_t
 
 def test_standalone_examples_parse(tmp_path):
     """The files in examples/ are valid (validated, not run)."""
-    from kcompact.connectors.config import load_config_file
-    from kcompact.connectors.worker import WORKER_CONFIG, validate_connector
+    from kcompact.connectors.framework.config import load_config_file
+    from kcompact.connectors.framework.worker import WORKER_CONFIG, validate_connector
     ex = ROOT / "examples"
     WORKER_CONFIG.parse(load_config_file(ex / "worker.properties"))
     for f in sorted(ex.glob("*sink*.properties")) + sorted(ex.glob("*.json")):
@@ -586,7 +589,7 @@ class CountingTask(SourceTask):
 
 
 class CountingSource(SourceConnector):
-    from kcompact.connectors.config import ConfigDef, Type
+    from kcompact.connectors.framework.config import ConfigDef, Type
     CONFIG = ConfigDef().define("topic", Type.STRING).define("count", Type.INT, 10)
 
     def task_class(self):

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from kcompact.connectors import kafka_columns
+from kcompact.connectors.framework import kafka_columns
 from kcompact.connectors.errors import ConnectorsError
-from kcompact.connectors.kafka_columns import ColumnSender
+from kcompact.connectors.framework.kafka_columns import ColumnSender
 from kcompact.connectors.restore import RestoreJob, StoreProgress, restore
 from kcompact.connectors.store_source import PROGRESS_TOPIC, default_partition
 from kcompact.reput import Store

@@ -1,6 +1,6 @@
-"""Per-task metrics of the Connect-style worker (connectors/worker.py ``TaskMetrics``) against a
-real broker: records, bytes (key + value) and lag per partition (high watermark - position),
-mid-run and at the end, and the metrics line the worker prints every
+"""Per-task metrics of the Connect-style worker (``TaskMetrics``, connectors/framework/metrics.py)
+against a real broker: records, bytes (key + value) and lag per partition (high watermark -
+position), mid-run and at the end, and the metrics line the worker prints every
 ``metrics.log.interval.ms``.
 
 To look at a run mid-way without depending on timing, the store sink's task is wrapped so that
@@ -15,9 +15,9 @@ import time
 
 from confluent_kafka import Producer
 
-from kcompact.connectors.api import TopicPartition
+from kcompact.connectors.framework.api import TopicPartition
 from kcompact.connectors.store_sink import StoreSinkConnector, StoreSinkTask
-from kcompact.connectors.worker import Worker
+from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store
 
 N = 1000

@@ -10,17 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.connectors.api import DataError, RetriableError
-from kcompact.connectors.config import (ConfigDef, Importance, Type, at_least, between, load_config_file,
-                               one_of, parse_kv_pairs, parse_properties)
+from kcompact.connectors.framework.api import DataError, RetriableError
+from kcompact.connectors.framework.config import (ConfigDef, Importance, Type, at_least, between,
+                                                  load_config_file, one_of, parse_kv_pairs,
+                                                  parse_properties)
 from kcompact.connectors.errors import ConfigError
-from kcompact.connectors.errors_handling import (ERRORS_CONFIG, H_EXC_CLASS, H_EXC_MESSAGE,
-                                        H_EXC_STACKTRACE, H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC,
-                                        SKIPPED, DeadLetterQueue, ErrorContext, ErrorHandler,
-                                        Stage)
+from kcompact.connectors.framework.errors_handling import (ERRORS_CONFIG, H_EXC_CLASS,
+                                                           H_EXC_MESSAGE, H_EXC_STACKTRACE,
+                                                           H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC,
+                                                           SKIPPED, DeadLetterQueue, ErrorContext,
+                                                           ErrorHandler, Stage)
 from kcompact.connectors.mirror import connector_props, parse_partitions
-from kcompact.connectors.worker import (CONNECTOR_CONFIG, WORKER_CONFIG, KafkaSettings, Worker,
-                               validate_connector)
+from kcompact.connectors.framework.kafka_clients import KafkaSettings
+from kcompact.connectors.framework.worker import (CONNECTOR_CONFIG, WORKER_CONFIG, Worker,
+                                                  validate_connector)
 
 # -- properties files ----------------------------------------------------------------------------
 
@@ -294,7 +297,7 @@ class _Clock:
 
 def _ctx(stage=Stage.VALUE_CONVERTER) -> ErrorContext:
     return ErrorContext("orders", 3, 42, 1_700_000_000_000, b"k", b"\x01bad", [("h", b"1")],
-                        stage, "kcompact.connectors.converters.AvroConverter")
+                        stage, "kcompact.connectors.framework.converters.AvroConverter")
 
 
 def _handler(**cfg) -> tuple[ErrorHandler, _Clock]:
@@ -389,7 +392,7 @@ def test_tolerance_all_sends_to_the_dead_letter_topic_with_connect_headers():
     d = dict(hdrs[1:])
     assert d[H_TOPIC] == b"orders" and d[H_PARTITION] == b"3" and d[H_OFFSET] == b"42"
     assert d[H_STAGE] == b"VALUE_CONVERTER"
-    assert d[H_EXC_CLASS] == b"kcompact.connectors.api.DataError"
+    assert d[H_EXC_CLASS] == b"kcompact.connectors.framework.api.DataError"
     assert d[H_EXC_MESSAGE] == b"AvroConverter: unknown magic byte 1"
     assert b"Traceback" in d[H_EXC_STACKTRACE] and b"def bad" not in d[H_EXC_STACKTRACE]
     assert b"in bad" in d[H_EXC_STACKTRACE]

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.connectors.api import DataError, RetriableError
-from kcompact.connectors.converters import (AvroConverter, ByteArrayConverter, JsonConverter,
-                                   StringConverter, converter_class, make_converter)
+from kcompact.connectors.framework.api import DataError, RetriableError
+from kcompact.connectors.framework.converters import (AvroConverter, ByteArrayConverter,
+                                                      JsonConverter, StringConverter,
+                                                      converter_class, make_converter)
 from kcompact.connectors.errors import ConfigError
 
 SCHEMA = {"type": "record", "name": "User", "fields": [
@@ -130,7 +131,11 @@ def test_converter_lookup():
     assert converter_class("io.confluent.connect.avro.AvroConverter") is AvroConverter
     assert converter_class("org.apache.kafka.connect.json.JsonConverter") is JsonConverter
     assert converter_class("org.apache.kafka.connect.storage.StringConverter") is StringConverter
-    assert converter_class("kcompact.connectors.converters.ByteArrayConverter") is ByteArrayConverter
+    assert converter_class("kcompact.connectors.framework.converters.ByteArrayConverter") \
+        is ByteArrayConverter
+    # the dotted names of earlier layouts still resolve
+    for old in ("connectors.converters", "kcompact.connectors.converters"):
+        assert converter_class(f"{old}.AvroConverter") is AvroConverter
     with pytest.raises(ConfigError, match="unknown converter 'Avro'.*built-in: ByteArrayConverter"):
         converter_class("Avro")
     with pytest.raises(ConfigError, match="is not a kcompact Converter subclass"):

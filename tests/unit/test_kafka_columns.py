@@ -1,14 +1,16 @@
-"""kcompact.connectors.kafka_columns' packed columns read back as Message.key()/value()/headers() do."""
+"""kcompact.connectors.framework.kafka_columns' packed columns read back as
+Message.key()/value()/headers() do."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kcompact.connectors.kafka_columns import PackedBytes, PackedHeaders, _module
+from kcompact.connectors.framework.kafka_columns import PackedBytes, PackedHeaders, _module
 from kcompact.reput.record import encode_headers
 
-pytestmark = pytest.mark.skipif(_module() is None, reason="kcompact.connectors._rdkafka is not built")
+pytestmark = pytest.mark.skipif(_module() is None,
+                                reason="kcompact.connectors.framework._rdkafka is not built")
 
 
 def _pack(items):
@@ -52,7 +54,7 @@ def test_kv_columns_end_of_partition_order():
     not, whatever order the batch lists them in."""
     from types import SimpleNamespace
 
-    from kcompact.connectors.kafka_columns import Batch, Event
+    from kcompact.connectors.framework.kafka_columns import Batch, Event
     from kcompact.connectors.kv import MapBuilder
 
     def batch(parts, offs, events):

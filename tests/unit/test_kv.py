@@ -34,8 +34,9 @@ from hypothesis import strategies as st
 
 from kcompact.compaction import Compactor
 from kcompact.connectors import cli
-from kcompact.connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap, KVNotFoundError,
-                           KVSourceMismatchError, MapBuilder, build_map, kv_demo_step)
+from kcompact.connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap,
+                                    KVNotFoundError, KVSourceMismatchError, MapBuilder, build_map,
+                                    kv_demo_step)
 from kcompact.connectors.leveldb_sink import LevelDBSink, open_db
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
@@ -615,7 +616,7 @@ def test_cli_build_and_get(tmp_path, capsys, store_at):
 
 
 def test_cli_get_decodes_json_values(tmp_path, capsys):
-    pytest.importorskip("kcompact.connectors.converters")
+    pytest.importorskip("kcompact.connectors.framework.converters")
     write_store(tmp_path / "s", [(0, 0, 1, b"u", b'{"n": 1, "tags": ["a"]}')])
     db = str(tmp_path / "db")
     build_map(db, str(tmp_path / "s"), TOPIC)
@@ -641,7 +642,7 @@ def test_kv_demo_step(tmp_path):
 
 
 def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
-    api = pytest.importorskip("kcompact.connectors.api")
+    api = pytest.importorskip("kcompact.connectors.framework.api")
     from kcompact.connectors.leveldb_connector import LevelDBSinkConnector
 
     recs = gen_records(3000, partitions=2, keys=200)

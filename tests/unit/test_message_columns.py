@@ -13,7 +13,7 @@ from confluent_kafka import Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.connectors.api import SinkRecords
+from kcompact.connectors.framework.api import SinkRecords
 from kcompact.connectors.store_sink import _batch
 from kcompact.reput import _native
 from kcompact.reput.record import encode_batch

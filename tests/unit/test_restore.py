@@ -14,16 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kcompact.connectors._restore_kernels import murmur2_many, murmur2_partitions
-from kcompact.connectors.api import SourceRecord, SourceTaskContext, source_partition_key
+from kcompact.connectors.framework.api import SourceRecord, SourceTaskContext, source_partition_key
 from kcompact.connectors.cli import build_parser
 from kcompact.connectors.errors import ConfigError, ConnectorsError
 from kcompact.connectors.restore import (PROGRESS_FORMAT_VERSION, Progress, ProgressFormatError,
-                                RestoreJob, StoreProgress, connector_props, decode_progress,
-                                encode_progress, kafka_failure, newest)
+                                         RestoreJob, StoreProgress, connector_props,
+                                         decode_progress, encode_progress, kafka_failure, newest)
 from kcompact.connectors.store_source import (INCLUDE_TOMBSTONES, PROGRESS_TOPIC, TARGET_PARTITIONS,
-                                     StoreSourceConnector, StoreSourceTask, default_partition,
-                                     murmur2)
-from kcompact.connectors.worker import validate_connector
+                                              StoreSourceConnector, StoreSourceTask,
+                                              default_partition, murmur2)
+from kcompact.connectors.framework.worker import validate_connector
 from kcompact.reput import Store
 from kcompact.reput.filenames import validate_writer
 from kcompact.reput.record import RecordBatch, validate_topic
@@ -357,7 +357,7 @@ def test_cli_restore_flags_and_x_passthrough():
 def test_example_properties_validate():
     from pathlib import Path
 
-    from kcompact.connectors.config import load_config_file
+    from kcompact.connectors.framework.config import load_config_file
     path = Path(__file__).resolve().parents[2] / "examples" / "store-source.properties"
     cls, values = validate_connector(load_config_file(path), where=str(path))
     assert cls is StoreSourceConnector and values["store.topic"] == "orders"

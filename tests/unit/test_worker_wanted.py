@@ -1,4 +1,4 @@
-"""How many messages the sink loop asks consume() for (connectors/worker.py
+"""How many messages the sink loop asks consume() for (connectors/framework/worker.py
 ``SinkTaskRunner._wanted``): the whole batch until every pending partition's end is known, then
 no more than what is left, so that the last consume() of a bounded run returns with the last
 records instead of waiting out its timeout; always the batch in follow mode."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from kcompact.connectors.api import TopicPartition
-from kcompact.connectors.worker import SinkTaskRunner
+from kcompact.connectors.framework.api import TopicPartition
+from kcompact.connectors.framework.sink_runner import SinkTaskRunner
 
 A, B = TopicPartition("t", 0), TopicPartition("t", 1)
 

@@ -2,8 +2,8 @@
 in Python.
 
 A *connector* is configured once (``start(props)``) and splits its work into task configs
-(``task_configs(max_tasks)``); a *task* does the work. The worker (connectors/worker.py) owns the
-Kafka clients, the converters and the error handling, and drives a task through Connect's
+(``task_configs(max_tasks)``); a *task* does the work. The worker (framework/worker.py) owns
+the Kafka clients, the converters and the error handling, and drives a task through Connect's
 lifecycle:
 
     sink:    start(props) -> open(partitions) -> put(records)* / pre_commit(offsets) ... -> close -> stop
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, overload
 
 from .config import ConfigDef
-from .errors import ConnectorsError
+from ..errors import ConnectorsError
 
 Headers = tuple[tuple[str, "bytes | None"], ...]
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["ConfigDef", "ConfigKey", "Importance", "NO_DEFAULT", "Type", "at_least", "between",
            "one_of", "non_empty", "load_class", "load_config_file", "parse_properties",

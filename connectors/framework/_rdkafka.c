@@ -1,9 +1,10 @@
-/* connectors._rdkafka: read a confluent_kafka.Consumer's batches straight into columns.
+/* kcompact.connectors.framework._rdkafka: read a confluent_kafka.Consumer's batches straight
+ * into columns.
  *
  * confluent_kafka's consume() builds a Message object per record, with the GIL held: its key
  * and value bytes, its topic string, and a timestamp tuple and offset int when read. For the
  * mirror that is two thirds of the task thread's GIL time, and the store's append thread, which
- * overlaps with it, then waits for the GIL (see connectors/kafka_columns.py). Here the same
+ * overlaps with it, then waits for the GIL (see kafka_columns.py beside this file). Here the same
  * librdkafka call confluent_kafka makes (rd_kafka_consume_batch_queue on the consumer's queue)
  * runs with the GIL released, and the batch is copied into packed columns (key bytes + starts +
  * nulls, the same for values, headers in the store's encoding, partitions, offsets,
@@ -1091,9 +1092,9 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "connectors._rdkafka",
+    PyModuleDef_HEAD_INIT, "kcompact.connectors.framework._rdkafka",
     "Consumed batches straight into columns (see the comment at the top of "
-    "connectors/_rdkafka.c).",
+    "connectors/framework/_rdkafka.c).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -3,15 +3,15 @@
 Kafka Connect's ``RetryWithToleranceOperator`` and ``DeadLetterQueueReporter`` (KIP-298), with
 the same property names:
 
-* ``errors.retry.timeout`` / ``errors.retry.delay.max.ms``: a :class:`~kcompact.connectors.api.RetriableError`
-  (a Schema Registry that does not answer) is retried with exponential back-off (300 ms, doubling,
-  capped at the max delay) until the timeout; ``-1`` retries forever, ``0`` (the default) never.
-  When retries run out the task stops with that error. Unlike Connect, kcompact never *tolerates*
-  an exhausted retriable error: skipping every record while a registry is down would punch holes
-  in a mirror.
+* ``errors.retry.timeout`` / ``errors.retry.delay.max.ms``: a
+  :class:`~kcompact.connectors.framework.api.RetriableError` (a Schema Registry that does not
+  answer) is retried with exponential back-off (300 ms, doubling, capped at the max delay) until the
+  timeout; ``-1`` retries forever, ``0`` (the default) never. When retries run out the task stops
+  with that error. Unlike Connect, kcompact never *tolerates* an exhausted retriable error: skipping
+  every record while a registry is down would punch holes in a mirror.
 * ``errors.tolerance``: ``none`` (default) stops the task at the first record a converter cannot
-  read (:class:`~kcompact.connectors.api.DataError`); ``all`` skips it - to the dead-letter topic when one
-  is named - and goes on.
+  read (:class:`~kcompact.connectors.framework.api.DataError`); ``all`` skips it - to the
+  dead-letter topic when one is named - and goes on.
 * ``errors.deadletterqueue.topic.name``: the record's key, value, headers and timestamp are
   produced there as they were read, plus ``__connect.errors.*`` headers (original topic,
   partition, offset, connector, task, stage, class, exception class, message and stack trace),
@@ -34,7 +34,7 @@ from typing import Any, Callable, TextIO, TypeVar
 
 from .api import DataError, RetriableError
 from .config import ConfigDef, Importance, Type, at_least, one_of
-from .errors import ConnectorsError
+from ..errors import ConnectorsError
 
 T = TypeVar("T")
 
@@ -115,7 +115,8 @@ class _Skipped:
 SKIPPED: Any = _Skipped()
 
 
-def _qualname(cls: type) -> str:
+def class_name(cls: type) -> str:
+    """A class's dotted name, as the ``__connect.errors.*`` headers carry it."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -163,7 +164,7 @@ class DeadLetterQueue:
             (H_TOPIC, ctx.topic), (H_PARTITION, str(ctx.partition)), (H_OFFSET, str(ctx.offset)),
             (H_CONNECTOR, self.connector), (H_TASK, str(self.task_id)),
             (H_STAGE, ctx.stage.value), (H_CLASS, ctx.executing_class),
-            (H_EXC_CLASS, _qualname(type(exc))), (H_EXC_MESSAGE, str(exc)),
+            (H_EXC_CLASS, class_name(type(exc))), (H_EXC_MESSAGE, str(exc)),
             (H_EXC_STACKTRACE, stack),
         ]
         return [(k, v.encode("utf-8", "replace")) for k, v in items]

@@ -1,9 +1,10 @@
 """Converters: Kafka bytes <-> connector values (Connect's ``Converter``).
 
 ``to_connect(topic, data)`` reads a key or value from Kafka; ``from_connect(topic, value)`` writes
-one. A payload a converter cannot read raises :class:`~kcompact.connectors.api.DataError` (subject to
-``errors.tolerance``); a service that does not answer (the Schema Registry) raises
-:class:`~kcompact.connectors.api.RetriableError`. ``None`` (a null key, a tombstone) is ``None`` both ways.
+one. A payload a converter cannot read raises :class:`~kcompact.connectors.framework.api.DataError`
+(subject to ``errors.tolerance``); a service that does not answer (the Schema Registry) raises
+:class:`~kcompact.connectors.framework.api.RetriableError`. ``None`` (a null key, a tombstone) is
+``None`` both ways.
 
 * :class:`ByteArrayConverter` - the bytes as they are (the store sink's default: a mirror is exact).
 * :class:`StringConverter` - text in ``encoding`` (UTF-8).
@@ -32,7 +33,7 @@ from typing import Any, Mapping
 
 from .api import DataError, RetriableError
 from .config import ConfigDef, Importance, Type, at_least, load_class, one_of
-from .errors import ConfigError, ConnectorsError
+from ..errors import ConfigError, ConnectorsError
 
 #: Confluent wire format: magic byte 0, then the schema id (big-endian int32).
 MAGIC_BYTE = 0
@@ -420,8 +421,11 @@ _BUILTIN: dict[str, type[Converter]] = {
     "org.apache.kafka.connect.json.JsonConverter": JsonConverter,
     "io.confluent.connect.avro.AvroConverter": AvroConverter,
 }
-# The dotted names from before kcompact installed under one import name (kcompact 0.1).
-_BUILTIN.update({f"connectors.converters.{c.__name__}": c
+# The dotted names of earlier layouts, still accepted: before kcompact installed under one
+# import name (kcompact 0.1: connectors.converters.X), and before the framework had a folder of
+# its own (kcompact.connectors.converters.X).
+_BUILTIN.update({f"{module}.{c.__name__}": c
+                 for module in ("connectors.converters", "kcompact.connectors.converters")
                  for c in (ByteArrayConverter, StringConverter, JsonConverter, AvroConverter)})
 
 

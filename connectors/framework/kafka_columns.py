@@ -1,4 +1,4 @@
-"""Consumed batches as columns, without a Message object per record (connectors/_rdkafka.c).
+"""Consumed batches as columns, without a Message object per record (framework/_rdkafka.c).
 
 confluent_kafka's ``consume()`` builds one Message object per record with the GIL held. For a
 sink that stores bytes (the mirror), that is most of the task thread's GIL time, and the store's
@@ -23,7 +23,7 @@ _BOUND: Any = None  # the module once bound to the loaded librdkafka; False when
 
 
 def _module() -> Any:
-    """kcompact.connectors._rdkafka bound to the librdkafka confluent_kafka loaded, or None."""
+    """The C extension (_rdkafka) bound to the librdkafka confluent_kafka loaded, or None."""
     global _BOUND
     if os.environ.get("KCOMPACT_KAFKA_COLUMNS", "1") == "0":
         return None
@@ -199,7 +199,7 @@ class ColumnReader:
 
 class ColumnSender:
     """Produces columns of records through a confluent_kafka Producer's librdkafka handle,
-    without a Python object per record (connectors/_rdkafka.c produce).
+    without a Python object per record (connectors/framework/_rdkafka.c produce).
 
     Delivery reports: with ``on_delivery`` each record carries confluent_kafka's own per-message
     state, so its report reaches that callable as for ``produce(..., on_delivery=...)`` (under

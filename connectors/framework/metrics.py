@@ -1,0 +1,41 @@
+"""What a task runner counts: records, bytes, errors, positions and lag per partition."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .api import TopicPartition
+
+
+@dataclass
+class TaskMetrics:
+    """Per-task counters (read by progress printers from another thread)."""
+
+    name: str
+    records: int = 0            # records handed to put() / produced
+    bytes: int = 0              # key + value bytes of those records
+    errors: int = 0             # records that failed conversion (tolerated or not)
+    skipped: int = 0            # records dropped under errors.tolerance=all
+    dead_lettered: int = 0      # records written to the dead-letter topic
+    retries: int = 0
+    position: dict[TopicPartition, int] = field(default_factory=dict)
+    high_watermark: dict[TopicPartition, int] = field(default_factory=dict)
+    done: set = field(default_factory=set)  # partitions that reached their end (bounded runs)
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+
+    def lag(self) -> dict[TopicPartition, int]:
+        out = {}
+        for tp, hw in self.high_watermark.items():
+            pos = self.position.get(tp)
+            if hw >= 0 and pos is not None and pos >= 0:
+                out[tp] = max(0, hw - pos)
+        return out
+
+    def summary(self) -> str:
+        lag = self.lag()
+        dt = max((self.finished or time.monotonic()) - self.started, 1e-9)
+        return (f"{self.name}: {self.records} records ({self.records / dt:,.0f}/s, "
+                f"{self.bytes / dt / 1e6:.1f} MB/s), lag {sum(lag.values())}, errors "
+                f"{self.errors} (skipped {self.skipped}, dead-lettered {self.dead_lettered})")

@@ -1,0 +1,480 @@
+"""One sink task in a thread of its own: its consumer, converters, error handling and loop
+(Kafka Connect's ``WorkerSinkTask``).
+
+The task never joins a consumer group: the worker hands it an assignment, and the runner
+``assign()``s it, starting each partition where the task asked in ``open()``
+(``context.offset``) - else at the group's committed offset, else the earliest. It runs until
+stopped, or with ``follow=false`` until every partition has reached the end it had when the task
+started (end-of-partition events, and the high watermark of the first fetch response - never
+ListOffsets, which Tansu gets wrong). Every ``offset.flush.interval.ms`` (and at the end) it calls
+``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
+Batches are read as columns (kafka_columns.ColumnReader) when the C extension is built.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from operator import itemgetter
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from kcompact.reput._jit import native as _jit_native
+
+from ..errors import ConnectorsError
+from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
+from .api import (DataError, RetriableError, SinkRecords, SinkTask, SinkTaskContext,
+                  TopicPartition)
+from .converters import Converter
+from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
+from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
+from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
+from .metrics import TaskMetrics
+
+_TS = itemgetter(1)
+_NATIVE = _jit_native()
+
+
+class SinkTaskRunner:
+    """One sink task: its consumer, converters, error handler and loop (a thread)."""
+
+    def __init__(self, *, connector: str, task_id: int, task: SinkTask, props: dict[str, Any],
+                 assignment: list[TopicPartition], consumer_conf: dict[str, Any],
+                 key_converter: Converter, value_converter: Converter, errors: ErrorHandler,
+                 follow: bool, batch_max: int, flush_interval_ms: int, stop: threading.Event,
+                 startup_timeout: float, settings: KafkaSettings):
+        self.connector, self.task_id, self.task, self.props = connector, task_id, task, props
+        self.assignment, self.consumer_conf = assignment, consumer_conf
+        self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
+        self.follow, self.batch_max, self.flush_interval = follow, batch_max, flush_interval_ms
+        self.stop_event, self.startup_timeout, self.settings = stop, startup_timeout, settings
+        self.metrics = TaskMetrics(f"{connector}-{task_id}")
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"task-{connector}-{task_id}",
+                                       daemon=True)
+        self.consumer: Any = None
+        #: the consumer's batches as columns (connectors/framework/kafka_columns.py), when available
+        self.reader: ColumnReader | None = None
+        self._end_at_start: dict[TopicPartition, int] = {}
+        self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
+        self._last_warning = 0.0
+        self._kafka_errors: list[Any] = []
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        started = False
+        try:
+            ctx = SinkTaskContext(self.assignment)
+            self.task.initialize(ctx)
+            self.task.start(self.props)
+            started = True
+            self.task.open(self.assignment)
+            self._open_consumer(ctx.requested_offsets)
+            self._loop(ctx)
+            self._commit()
+        except BaseException as e:  # noqa: BLE001 - reported by the worker
+            self.failure = e
+        finally:
+            self.metrics.finished = time.monotonic()
+            self._shutdown(started)
+
+    def _shutdown(self, started: bool) -> None:
+        for step in (lambda: self.errors.flush_dlq(),
+                     lambda: self.task.close(self.assignment) if started else None,
+                     lambda: self.task.stop() if started else None,
+                     self._close_reader,
+                     lambda: self.consumer.close() if self.consumer is not None else None,
+                     lambda: self.errors.dlq.producer.flush(10) if self.errors.dlq else None,
+                     self._release_clients):
+            try:
+                step()
+            except BaseException as e:  # noqa: BLE001 - keep the first failure
+                if self.failure is None:
+                    self.failure = e
+
+    def _release_clients(self) -> None:
+        """Drop librdkafka clients now (not at garbage collection, which may be never for a
+        reference cycle), so no client keeps reconnecting after the task ended."""
+        self._close_reader()
+        self.consumer = None
+        if self.errors.dlq is not None:
+            self.errors.dlq.producer = None
+
+    def _close_reader(self) -> None:
+        # before the consumer's close(): the reader holds a reference to its queue
+        if self.reader is not None:
+            reader, self.reader = self.reader, None
+            reader.close()
+
+    def _on_kafka_error(self, err: Any) -> None:
+        self._kafka_errors.append(err)
+
+    def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
+        from confluent_kafka import OFFSET_STORED, Consumer, KafkaException
+        from confluent_kafka import TopicPartition as KTP
+        error_cb, logger = self._on_kafka_error, kafka_logger()
+        conf = dict(self.consumer_conf, error_cb=error_cb, logger=logger)
+        try:
+            self.consumer = Consumer(conf)
+        except KafkaException as e:
+            raise self.settings.explain(e, "Kafka consumer") from None
+        self.reader = ColumnReader.attach(self.consumer, error_cb, logger)
+        parts = []
+        deadline = time.monotonic() + self.startup_timeout
+        for tp in self.assignment:
+            off = requested.get(tp)
+            if off is None:
+                off = OFFSET_STORED
+            else:
+                try:
+                    lo, hi = self.consumer.get_watermark_offsets(KTP(tp.topic, tp.partition),
+                                                                 timeout=self.startup_timeout)
+                except KafkaException as e:
+                    raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
+                                          f"{kafka_error_text(e)}") from None
+                if off == OFFSET_BEGINNING_REQUEST:
+                    # The low watermark is right on every broker (Tansu included), and asking
+                    # for it here is ~0.5 s faster than librdkafka's OFFSET_BEGINNING lookup.
+                    off = lo
+                elif off > hi:
+                    # Tansu's uncached high watermark can be low (BROKER_NOTES.md): a start past
+                    # it is only suspicious, verified by the partition's first message or EOF.
+                    self._unverified[tp] = (deadline + self.startup_timeout, off, hi)
+            self.metrics.position[tp] = off if off >= 0 else -1
+            parts.append(KTP(tp.topic, tp.partition, off))
+        self.consumer.assign(parts)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _loop(self, ctx: SinkTaskContext) -> None:
+        # consume() stays on this thread: with confluent-kafka 2.16, pause() or
+        # get_watermark_offsets() from one thread while another is inside consume() deadlocks
+        # (measured), and a separate fetch thread gained nothing measurable under the GIL.
+        # The store sink overlaps its writes with consume() in a thread of its own instead.
+        from confluent_kafka import Message
+        consume, batch = self.consumer.consume, self.batch_max
+        error_of = Message.error
+        reader = self.reader
+        last_flush = time.monotonic()
+        last_lag = 0.0
+        pending = set() if self.follow else set(self.assignment)
+        while not self.stop_event.is_set():
+            if not self.follow and not pending:
+                break
+            if ctx.stop_requested:
+                break
+            if reader is not None:
+                # columns straight from librdkafka (connectors/framework/kafka_columns.py)
+                cols = reader.consume(self._wanted(pending, batch), 0.2)
+                if self._kafka_errors:
+                    self._check_kafka_errors()
+                if cols.events:
+                    self._events(cols.events, pending)
+                if len(cols):
+                    self._process_columns(cols)
+            else:
+                msgs = consume(self._wanted(pending, batch), 0.2)
+                if self._kafka_errors:
+                    self._check_kafka_errors()
+                # with the compiled pass, a batch without error events (the usual case) is
+                # read in one go; one with events (end of partition ...) is split first
+                if msgs and (_NATIVE is None or not self._process(msgs)):
+                    errs = list(map(error_of, msgs))
+                    if any(errs):
+                        msgs = self._message_events(msgs, errs, pending)
+                    if msgs:
+                        self._process(msgs)
+            now = time.monotonic()
+            if self._unverified:
+                self._verify_starts(now)
+            if now - last_lag >= 1.0 or (not self.follow and len(pending) < 64):
+                self._watermarks(pending)
+                last_lag = now
+            if now - last_flush >= self.flush_interval / 1000:
+                self._commit()
+                last_flush = now
+
+    def _wanted(self, pending: set, batch: int) -> int:
+        """How many messages to ask consume() for: ``batch``, or fewer at the end of a bounded
+        run. consume() returns when it has that many or when its timeout expires, so asking
+        for the whole batch when fewer records are left would wait the full timeout before
+        the last of them is stored (0.2 s at the end of every run). Once every pending
+        partition's end is known, ask for what is left; offset gaps (transaction markers, a
+        compacted source) make that an upper bound, where the timeout still ends the wait."""
+        if self.follow or not pending:
+            return batch
+        left = 0
+        ends, pos = self._end_at_start, self.metrics.position
+        for tp in pending:
+            end = ends.get(tp)
+            at = pos.get(tp, -1)
+            if end is None or at < 0:
+                return batch
+            left += max(0, end - at)
+            if left >= batch:
+                return batch
+        return left if left > 0 else batch
+
+    def _message_events(self, msgs: list, errs: list, pending: set) -> list:
+        """Handle the error messages among ``msgs`` (consume()'s path); the others, in order."""
+        good, events = [], []
+        for m, e in zip(msgs, errs):
+            if e is None:
+                good.append(m)
+            else:
+                events.append(Event(m.topic(), m.partition(), m.offset(), e.code(), e.str(),
+                                    e.fatal()))
+        self._events(events, pending)
+        return good
+
+    def _events(self, events: list[Event], pending: set) -> None:
+        from confluent_kafka import KafkaError
+        for ev in events:
+            code = ev.code
+            tp = TopicPartition(ev.topic or "", ev.partition)
+            if code == KafkaError._PARTITION_EOF:
+                self._unverified.pop(tp, None)
+                if ev.offset > self.metrics.position.get(tp, -1):
+                    self.metrics.position[tp] = ev.offset
+                if tp in pending:
+                    self._partition_done(tp, pending)
+            elif code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                raise ConnectorsError(
+                    f"{tp}: offset {self.metrics.position.get(tp)} is not in the topic any more "
+                    f"({ev.reason}): records were deleted (retention) before they were mirrored, "
+                    "or the topic was recreated. Mirror into a new store, or accept the gap with "
+                    "auto.offset.reset=earliest (-X / consumer.override.)")
+            elif ev.fatal or code in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                      KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                      KafkaError.GROUP_AUTHORIZATION_FAILED):
+                raise ConnectorsError(f"{tp}: {ev.reason} ({KafkaError(code).name()})")
+            else:
+                self._warn(f"{tp}: {ev.reason}")
+
+    def _partition_done(self, tp: TopicPartition, pending: set) -> None:
+        from confluent_kafka import TopicPartition as KTP
+        pending.discard(tp)
+        self.metrics.done.add(tp)
+        try:
+            self.consumer.pause([KTP(tp.topic, tp.partition)])
+        except Exception:  # noqa: BLE001 - pausing only saves work
+            pass
+        self.task.partition_done(tp)
+
+    def _watermarks(self, pending: set) -> None:
+        """Cached high watermarks (from fetch responses, right on Tansu): lag, and the end of
+        a bounded run when a partition's producer never lets it reach EOF."""
+        from confluent_kafka import TopicPartition as KTP
+        get = self.consumer.get_watermark_offsets
+        for tp in self.assignment:
+            try:
+                _, hi = get(KTP(tp.topic, tp.partition), cached=True)
+            except Exception:  # noqa: BLE001 - nothing fetched yet
+                continue
+            if hi is None or hi < 0:
+                continue
+            self.metrics.high_watermark[tp] = hi
+            if tp in pending:
+                end = self._end_at_start.setdefault(tp, hi)
+                if self.metrics.position.get(tp, -1) >= end:
+                    self._partition_done(tp, pending)
+
+    def _verify_starts(self, now: float) -> None:
+        for tp, (deadline, off, hi) in list(self._unverified.items()):
+            if now > deadline:
+                raise ConnectorsError(
+                    f"{tp}: nothing to read from offset {off} (the store's next offset) and no "
+                    f"end-of-partition within {self.startup_timeout * 2:.0f} s; the partition "
+                    f"seems to end at {hi}: was the topic deleted and recreated? Mirror into a "
+                    "new store")
+
+    def _check_kafka_errors(self) -> None:
+        from confluent_kafka import KafkaError
+        errs, self._kafka_errors = self._kafka_errors, []
+        for err in errs:
+            if err.fatal():
+                raise ConnectorsError(f"Kafka client failed: {err.str()} ({err.name()})")
+            if err.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT,
+                              KafkaError._RESOLVE, KafkaError._AUTHENTICATION):
+                self._warn(f"{err.str()}; retrying")
+
+    def _warn(self, msg: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= 10:
+            self._last_warning = now
+            print(f"kcompact: warning: {self.metrics.name}: {msg}", file=sys.stderr, flush=True)
+
+    def _process(self, msgs: list) -> bool:
+        """Hand a batch to the task; False (nothing done) when the compiled pass finds an error
+        event among the messages: the caller splits them out first."""
+        from confluent_kafka import Message
+        n = len(msgs)
+        packed = None
+        if _NATIVE is not None:
+            # one compiled pass: numeric columns, key/value/header lists, packed key/value
+            # columns for a columnar sink (reput/_native.c, message_columns)
+            parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
+            cols = _NATIVE.message_columns(msgs, parts, offs, ts)
+            if cols is None:
+                return False
+            (raw_keys, raw_values, headers, *packed) = cols
+            if headers is None:
+                headers = [None] * n
+        else:
+            # One pass per column, straight into numpy where the column is numeric.
+            parts = np.fromiter(map(Message.partition, msgs), np.int32, n)
+            offs = np.fromiter(map(Message.offset, msgs), np.int64, n)
+            ts = np.fromiter(map(_TS, map(Message.timestamp, msgs)), np.int64, n)
+            raw_keys = list(map(Message.key, msgs))
+            raw_values = list(map(Message.value, msgs))
+            headers = list(map(Message.headers, msgs))
+        topics_assigned = {tp.topic for tp in self.assignment}
+        single = len(topics_assigned) == 1
+        if single:
+            topics = [next(iter(topics_assigned))] * n
+        else:
+            topics = list(map(Message.topic, msgs))
+        self._deliver(topics, single, parts, offs, ts, raw_keys, raw_values, headers,
+                      tuple(packed) if packed else None, None)
+        return True
+
+    def _process_columns(self, cols: Batch) -> None:
+        """Hand a batch read as columns (ColumnReader) to the task."""
+        n = len(cols)
+        single = cols.topic_index is None
+        topics = cols.topic_column()
+        kb, ko, kn, vb, vo, vn = cols.packed
+        if self.key_conv.identity and self.value_conv.identity:
+            # bytes objects only if the task reads them (a columnar sink reads ``packed``)
+            raw_keys: Sequence = PackedBytes(kb, ko, kn)
+            raw_values: Sequence = PackedBytes(vb, vo, vn)
+            headers: Sequence = ([None] * n if cols.headers is None
+                                 else PackedHeaders(*cols.headers))
+        else:
+            unpack = PackedBytes.unpacked
+            raw_keys, raw_values = unpack(kb, ko, kn), unpack(vb, vo, vn)
+            headers = ([None] * n if cols.headers is None
+                       else list(PackedHeaders(*cols.headers)))
+        self._deliver(topics, single, cols.partitions, cols.offsets, cols.timestamps, raw_keys,
+                      raw_values, headers, cols.packed, cols.headers)
+
+    def _deliver(self, topics: list, single: bool, parts: np.ndarray, offs: np.ndarray,
+                 ts: np.ndarray, raw_keys: Sequence, raw_values: Sequence, headers: Sequence,
+                 packed: tuple | None, packed_headers: tuple | None) -> None:
+        n = len(offs)
+        if self._unverified:
+            for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
+                self._unverified.pop(tp, None)
+
+        if self.key_conv.identity and self.value_conv.identity:
+            records = SinkRecords(topics, parts, offs, ts, raw_keys, raw_values, headers)
+            records.packed, records.packed_headers = packed, packed_headers
+        else:
+            records = self._convert(topics, parts, offs, ts, raw_keys, raw_values, headers)
+        self._put(records)
+        m = self.metrics
+        m.records += len(records)
+        if records.nbytes is None:  # the task may have counted them while writing
+            records.nbytes = (sum(map(len, filter(None, records.raw_keys)))
+                              + sum(map(len, filter(None, records.raw_values))))
+        m.bytes += records.nbytes
+        m.errors, m.skipped, m.retries = self.errors.errors, self.errors.skipped, self.errors.retries
+        if self.errors.dlq is not None:
+            m.dead_lettered = self.errors.dlq.produced
+        # Position = last offset + 1 per partition (offsets increase within a partition).
+        if single:
+            t = topics[0]
+            for p, nxt in next_offsets(parts, offs).items():
+                m.position[TopicPartition(t, p)] = nxt
+        else:
+            for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
+                m.position[TopicPartition(t, p)] = o + 1
+
+    def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
+        single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)
+        if single:
+            try:
+                keys = self.key_conv.to_connect_many(topics[0], raw_keys)
+                values = self.value_conv.to_connect_many(topics[0], raw_values)
+                return SinkRecords(topics, parts, offs, ts, keys, values, headers,
+                                   raw_keys, raw_values)
+            except (DataError, RetriableError):
+                pass  # go record by record to retry / tolerate / attribute the failure
+        keep: list[int] = []
+        keys, values = [], []
+        kc, vc = self.key_conv, self.value_conv
+
+        def pick(col: list) -> list:
+            return [col[i] for i in keep]
+
+        def kept() -> SinkRecords:
+            if len(keep) == len(offs):
+                return SinkRecords(topics, parts, offs, ts, keys, values, headers, raw_keys,
+                                   raw_values)
+            return SinkRecords(pick(topics), pick(parts), pick(offs), pick(ts), keys, values,
+                               pick(headers), pick(raw_keys), pick(raw_values))
+        try:
+            for i in range(len(offs)):
+                base = (topics[i], parts[i], offs[i], ts[i], raw_keys[i], raw_values[i],
+                        headers[i])
+                k = self.errors.execute(
+                    lambda: kc.to_connect(base[0], base[4]),
+                    ErrorContext(*base, Stage.KEY_CONVERTER, class_name(type(kc))))
+                if k is SKIPPED:
+                    continue
+                v = self.errors.execute(
+                    lambda: vc.to_connect(base[0], base[5]),
+                    ErrorContext(*base, Stage.VALUE_CONVERTER, class_name(type(vc))))
+                if v is SKIPPED:
+                    continue
+                keep.append(i)
+                keys.append(k)
+                values.append(v)
+        except (DataError, RetriableError):
+            # The task stops at this record: keep what came before it (a restart resumes
+            # exactly at the record that failed).
+            self.errors.flush_dlq()
+            self._put(kept())
+            raise
+        # A skipped record must be in the dead-letter topic before anything after it can be
+        # stored (and flushed): otherwise a crash could leave it in neither.
+        self.errors.flush_dlq()
+        return kept()
+
+    def _put(self, records: SinkRecords) -> None:
+        if not len(records):
+            return
+        delay = 0.3
+        start = time.monotonic()
+        timeout_ms = self.errors.retry_timeout_ms
+        while True:
+            try:
+                self.task.put(records)
+                return
+            except RetriableError as e:
+                spent = (time.monotonic() - start) * 1000
+                if (timeout_ms >= 0 and spent + delay * 1000 > timeout_ms) or \
+                        self.stop_event.is_set():
+                    raise
+                self._warn(f"put failed ({e}); retrying")
+                time.sleep(delay)
+                delay = min(delay * 2, self.errors.max_delay_ms / 1000)
+
+    def _commit(self) -> None:
+        from confluent_kafka import TopicPartition as KTP
+        self.errors.flush_dlq()
+        positions = {tp: off for tp, off in self.metrics.position.items() if off >= 0}
+        offsets = self.task.pre_commit(positions)
+        if offsets:
+            self.consumer.commit(offsets=[KTP(tp.topic, tp.partition, off)
+                                          for tp, off in offsets.items()], asynchronous=False)

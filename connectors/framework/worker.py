@@ -1,0 +1,334 @@
+"""The worker: runs connectors' tasks in threads, owning their Kafka clients, converters, error
+handling and metrics (Kafka Connect's ``Worker``).
+
+``add_connector`` validates a connector's properties against its definition (the worker's,
+the sink or source keys, the connector's own), resolves ``connector.class`` (short names and the
+dotted names of earlier layouts through ``BUILTIN_CONNECTORS``), starts the connector and makes
+its task runners: a sink's partitions are listed with a *consumer* metadata request (which never
+auto-creates a topic), picked by the connector (``select_partitions``) and spread round-robin
+over its tasks (sink_runner.py); a source's tasks are polled (source_runner.py), unless the
+connector brings runners of its own. ``run`` starts every task and waits for them.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Callable, Mapping, TextIO
+
+from kcompact.reput._gc import bulk_gc
+
+from ..errors import ConfigError, ConnectorsError
+from .api import SinkConnector, SourceConnector, TaskFailedError, TopicPartition
+from .config import ConfigDef, Importance, Type, at_least, between, load_class, non_empty
+from .converters import Converter, make_converter
+from .errors_handling import ERRORS_CONFIG, DeadLetterQueue, ErrorHandler
+from .kafka_clients import (SINK_CONSUMER_DEFAULTS, SINK_CONSUMER_REQUIRED, KafkaSettings,
+                            kafka_logger, list_partitions)
+from .sink_runner import SinkTaskRunner
+from .source_runner import FileOffsetStore, SourceTaskRunner
+
+WORKER_CONFIG = (
+    ConfigDef()
+    .define("bootstrap.servers", Type.LIST, None, None, Importance.HIGH,
+            "Kafka brokers, host:port comma-separated. Required.")
+    .define("key.converter", Type.CLASS, "ByteArrayConverter", None, Importance.HIGH,
+            "Default key converter of the connectors.")
+    .define("value.converter", Type.CLASS, "ByteArrayConverter", None, Importance.HIGH,
+            "Default value converter of the connectors.")
+    .define("offset.flush.interval.ms", Type.LONG, 5_000, at_least(0), Importance.MEDIUM,
+            "How often tasks flush (the store sink fsyncs its commit log and partitions) and "
+            "offsets are committed; 0 = after every batch.")
+    .define("offset.storage.file.filename", Type.STRING, "", None, Importance.MEDIUM,
+            "File that keeps source connectors' offsets (required to run a source connector).")
+    .define("plugin.path", Type.LIST, [], None, Importance.LOW,
+            "Directories added to the Python path, where connector.class and converter "
+            "modules are looked up.")
+    .define("metrics.log.interval.ms", Type.LONG, 10_000, at_least(0), Importance.LOW,
+            "How often each task's metrics (records, bytes, lag, errors) are printed on "
+            "stderr; 0 = never.")
+    .define("startup.timeout.ms", Type.LONG, 10_000, at_least(100), Importance.LOW,
+            "How long to wait for the brokers' metadata at start before giving up.")
+    .with_passthrough("consumer.", "producer.", "admin.", "key.converter.", "value.converter.")
+)
+
+CONNECTOR_CONFIG = (
+    ConfigDef()
+    .define("name", Type.STRING, None, non_empty, Importance.HIGH,
+            "Unique connector name (also names its consumer group, connect-<name>). Required.")
+    .define("connector.class", Type.CLASS, None, non_empty, Importance.HIGH,
+            "StoreSinkConnector, StoreSourceConnector, LevelDBSinkConnector, or a dotted Python "
+            "path to a Connector subclass. Required.")
+    .define("tasks.max", Type.INT, 1, at_least(1), Importance.HIGH,
+            "Maximum number of tasks (threads); a sink's partitions are spread over them.")
+    .define("key.converter", Type.CLASS, None, None, Importance.LOW,
+            "Overrides the worker's key.converter.")
+    .define("value.converter", Type.CLASS, None, None, Importance.LOW,
+            "Overrides the worker's value.converter.")
+    .merge(ERRORS_CONFIG)
+    .with_passthrough("key.converter.", "value.converter.", "consumer.override.",
+                      "producer.override.", "admin.override.")
+)
+
+SINK_CONFIG = (
+    ConfigDef()
+    .define("topics", Type.LIST, None, None, Importance.HIGH,
+            "Topics to read, comma-separated. Required for sink connectors.")
+    .define("batch.max.records", Type.INT, 10_000, between(1, 1_000_000), Importance.LOW,
+            "Most records handed to put() at once (consume(num_messages=...)).")
+    .define("follow", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "true: keep reading new records until stopped (Connect's behaviour). false: each "
+            "task stops once its partitions reach the end offsets they had when it started.")
+)
+
+#: Short names of the built-in connectors.
+BUILTIN_CONNECTORS = {
+    "StoreSinkConnector": "kcompact.connectors.store_sink.StoreSinkConnector",
+    "StoreSourceConnector": "kcompact.connectors.store_source.StoreSourceConnector",
+    "LevelDBSinkConnector": "kcompact.connectors.leveldb_connector.LevelDBSinkConnector",
+}
+#: The dotted names they had before kcompact installed under one import name: still accepted in
+#: connector.class (properties files written for kcompact 0.1 keep working).
+BUILTIN_CONNECTORS.update({
+    "connectors.store_sink.StoreSinkConnector": BUILTIN_CONNECTORS["StoreSinkConnector"],
+    "connectors.store_source.StoreSourceConnector": BUILTIN_CONNECTORS["StoreSourceConnector"],
+    "connectors.leveldb_connector.LevelDBSinkConnector":
+        BUILTIN_CONNECTORS["LevelDBSinkConnector"],
+})
+
+
+# ---------------------------------------------------------------------------------------------
+# connectors: validation and instantiation
+
+
+def connector_class(name: str) -> type:
+    path = BUILTIN_CONNECTORS.get(name.strip(), name)
+    cls = load_class(path, key="connector.class", kind="connector",
+                     known=[k for k in BUILTIN_CONNECTORS if "." not in k])
+    from .api import Connector
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise ConfigError(f"connector.class: {name!r} is not a kcompact Connector subclass")
+    return cls
+
+
+def connector_definition(cls: type) -> ConfigDef:
+    base = CONNECTOR_CONFIG.merge(SINK_CONFIG) if issubclass(cls, SinkConnector) \
+        else CONNECTOR_CONFIG
+    return base.merge(cls.config())
+
+
+def validate_connector(props: Mapping[str, Any], *, where: str) -> tuple[type, dict[str, Any]]:
+    """Resolve connector.class and validate every property against its definition."""
+    if not props.get("connector.class"):
+        raise ConfigError(f"{where}: missing required property 'connector.class' (e.g. "
+                          "StoreSinkConnector)")
+    cls = connector_class(str(props["connector.class"]))
+    values = connector_definition(cls).parse(props, where=where)
+    if issubclass(cls, SinkConnector) and not values.get("topics"):
+        raise ConfigError(f"{where}: missing required property 'topics' (comma-separated)")
+    return cls, values
+
+
+class Worker:
+    """Runs connectors in this process until they finish or :meth:`stop` is called."""
+
+    def __init__(self, props: Mapping[str, Any], *, where: str = "worker",
+                 log: TextIO | None = None):
+        self.config = WORKER_CONFIG.parse(props, where=where)
+        if not self.config["bootstrap.servers"]:
+            raise ConfigError(f"{where}: missing required property 'bootstrap.servers'")
+        for d in self.config["plugin.path"]:
+            if d not in sys.path:
+                sys.path.insert(0, d)
+        self.bootstrap = ",".join(self.config["bootstrap.servers"])
+        self.log = log if log is not None else sys.stderr
+        self.stop_event = threading.Event()
+        self.runners: list[SinkTaskRunner | SourceTaskRunner] = []
+        self.connectors: list[Any] = []
+        self._offsets: FileOffsetStore | None = None
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def _converter(self, role: str, values: Mapping[str, Any], props: Mapping[str, Any]
+                   ) -> Converter:
+        name = values.get(f"{role}.converter") or self.config[f"{role}.converter"]
+        conf = ConfigDef.with_prefix(self.config, f"{role}.converter.")
+        conf.update(ConfigDef.with_prefix(props, f"{role}.converter."))
+        return make_converter(name, conf, is_key=role == "key")
+
+    def _settings(self, kind: str, base: Mapping[str, Any], values: Mapping[str, Any],
+                  override_origin: Callable[[str], str] | None) -> KafkaSettings:
+        s = KafkaSettings(dict(base, **{"bootstrap.servers": self.bootstrap}))
+        s.update(ConfigDef.with_prefix(self.config, f"{kind}."),
+                 lambda k: f"{kind}.{k} (worker)")
+        s.update(ConfigDef.with_prefix(values, f"{kind}.override."),
+                 override_origin or (lambda k: f"{kind}.override.{k}"))
+        return s
+
+    def _errors(self, name: str, task_id: int, values: Mapping[str, Any]) -> ErrorHandler:
+        dlq = None
+        topic = values.get("errors.deadletterqueue.topic.name")
+        if topic:
+            if values.get("errors.tolerance") != "all":
+                raise ConfigError("errors.deadletterqueue.topic.name needs errors.tolerance=all "
+                                  "(with none, the first bad record stops the task)")
+            from confluent_kafka import KafkaException, Producer
+            from confluent_kafka.admin import AdminClient
+            ps = self._settings("producer", {"enable.idempotence": True}, values, None)
+            admin_s = self._settings("admin", {}, values, None)
+            try:
+                admin = AdminClient(dict(admin_s.conf, logger=kafka_logger()))
+            except KafkaException as e:
+                raise admin_s.explain(e, "Kafka admin") from None
+            DeadLetterQueue.ensure_topic(
+                admin, topic, values["errors.deadletterqueue.topic.replication.factor"],
+                timeout=self.config["startup.timeout.ms"] / 1000)
+            try:
+                producer = Producer(dict(ps.conf, logger=kafka_logger()))
+            except KafkaException as e:
+                raise ps.explain(e, "Kafka producer") from None
+            dlq = DeadLetterQueue(producer, topic, connector=name, task_id=task_id,
+                                  context_headers=values[
+                                      "errors.deadletterqueue.context.headers.enable"])
+        return ErrorHandler(values, connector=name, task_id=task_id, dlq=dlq, log=self.log,
+                            stop=self.stop_event)
+
+    def add_connector(self, props: Mapping[str, Any], *, where: str = "connector",
+                      consumer_origin: Callable[[str], str] | None = None,
+                      producer_origin: Callable[[str], str] | None = None) -> list[Any]:
+        """Validate, start the connector and create (not yet start) its task runners."""
+        from confluent_kafka import Consumer, KafkaException
+        cls, values = validate_connector(props, where=where)
+        name = values["name"]
+        if any(getattr(c, "name", None) == name for c in self.connectors):
+            raise ConfigError(f"{where}: a connector named {name!r} is already defined")
+        # converters are validated before anything touches Kafka or the store
+        self._converter("key", values, props).close()
+        self._converter("value", values, props).close()
+        connector = cls()
+        connector.name = name
+        runners: list[Any] = []
+        timeout = self.config["startup.timeout.ms"] / 1000
+        flush_ms = self.config["offset.flush.interval.ms"]
+        if isinstance(connector, SinkConnector):
+            # Kafka first: an unknown topic or a dead broker must fail before the connector
+            # creates anything (a store, a dead-letter topic).
+            task_cls = connector.task_class()
+            base = dict(SINK_CONSUMER_DEFAULTS, **getattr(task_cls, "DEFAULT_CONSUMER_CONFIG", {}))
+            base["group.id"] = f"connect-{name}"
+            settings = self._settings("consumer", base, values, consumer_origin)
+            settings.require(SINK_CONSUMER_REQUIRED, "the worker (it assigns partitions itself)")
+            settings.require(getattr(task_cls, "REQUIRED_CONSUMER_CONFIG", {}), cls.__name__)
+            try:
+                probe = Consumer(dict(settings.conf, logger=kafka_logger()))
+            except KafkaException as e:
+                raise settings.explain(e, "Kafka consumer") from None
+            try:
+                by_topic = list_partitions(probe, values["topics"], self.bootstrap, timeout)
+            finally:
+                probe.close()
+            connector.start(values)
+            self.connectors.append(connector)
+            task_props = connector.task_configs(values["tasks.max"])[:values["tasks.max"]]
+            tps = [TopicPartition(t, p) for t in values["topics"]
+                   for p in connector.select_partitions(t, by_topic[t])]
+            n = len(task_props)
+            for i, tprops in enumerate(task_props):
+                assignment = tps[i::n]
+                conf = dict(settings.conf, **{"client.id": f"kcompact-{name}-{i}"})
+                runners.append(SinkTaskRunner(
+                    connector=name, task_id=i, task=task_cls(), props=tprops,
+                    assignment=assignment, consumer_conf=conf,
+                    key_converter=self._converter("key", values, props),
+                    value_converter=self._converter("value", values, props),
+                    errors=self._errors(name, i, values), follow=values["follow"],
+                    batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
+                    stop=self.stop_event, startup_timeout=timeout, settings=settings))
+        elif isinstance(connector, SourceConnector):
+            if values.get("errors.deadletterqueue.topic.name"):
+                raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "
+                                  "connectors only (as in Kafka Connect)")
+            make_runners = getattr(connector, "make_runners", None)
+            if make_runners is not None:
+                # The connector produces and keeps its progress itself (the store source:
+                # transactions, progress in the store), so no offsets file is needed.
+                settings = self._settings("producer", {}, values, producer_origin)
+                connector.start(values)
+                self.connectors.append(connector)
+                runners = make_runners(name=name, props=values, settings=settings,
+                                       stop=self.stop_event, startup_timeout=timeout,
+                                       log=self.log)
+                self.runners.extend(runners)
+                return runners
+            path = self.config["offset.storage.file.filename"]
+            if not path:
+                raise ConfigError("the worker needs offset.storage.file.filename to run source "
+                                  f"connector {name!r}")
+            connector.start(values)
+            self.connectors.append(connector)
+            task_props = connector.task_configs(values["tasks.max"])[:values["tasks.max"]]
+            if self._offsets is None:
+                self._offsets = FileOffsetStore(path)
+            settings = self._settings("producer", {"enable.idempotence": True}, values, None)
+            for i, tprops in enumerate(task_props):
+                runners.append(SourceTaskRunner(
+                    connector=name, task_id=i, task=connector.task_class()(), props=tprops,
+                    producer_conf=settings.conf,
+                    key_converter=self._converter("key", values, props),
+                    value_converter=self._converter("value", values, props),
+                    errors=self._errors(name, i, values), offsets=self._offsets,
+                    flush_interval_ms=flush_ms, stop=self.stop_event, settings=settings))
+        else:
+            raise ConfigError(f"{where}: {cls.__name__} is neither a sink nor a source connector")
+        self.runners.extend(runners)
+        return runners
+
+    # -- running -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
+        """Start every task and wait until all have ended (or one failed: the others are then
+        stopped, and the failure is raised as one line naming the task). The garbage collector
+        runs less often meanwhile (reput/_gc.py)."""
+        with bulk_gc():
+            self._run_tasks(on_tick, tick)
+
+    def _run_tasks(self, on_tick: Callable[["Worker"], None] | None, tick: float) -> None:
+        interval = self.config["metrics.log.interval.ms"] / 1000
+        last_log = time.monotonic()
+        for r in self.runners:
+            r.start()
+        try:
+            while any(r.alive for r in self.runners):
+                for r in self.runners:
+                    r.thread.join(timeout=tick / max(1, len(self.runners)))
+                if any(r.failure is not None for r in self.runners):
+                    self.stop_event.set()
+                if on_tick is not None:
+                    on_tick(self)
+                elif interval and time.monotonic() - last_log >= interval:
+                    last_log = time.monotonic()
+                    for r in self.runners:
+                        print(f"kcompact: {r.metrics.summary()}", file=self.log, flush=True)
+        finally:
+            self.stop_event.set()
+            for r in self.runners:
+                r.thread.join()
+            for c in self.connectors:
+                try:
+                    c.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+        for r in self.runners:
+            if r.failure is not None:
+                e = r.failure
+                if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
+                    raise e
+                from kcompact.reput import ReputError
+                if isinstance(e, (ReputError, OSError)):
+                    raise TaskFailedError(f"task {r.metrics.name}: {e}") from e
+                raise TaskFailedError(f"task {r.metrics.name} failed: {type(e).__name__}: {e}"
+                                      ) from e
