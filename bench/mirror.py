@@ -40,7 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.mirror import mirror_local  # noqa: E402
-from kcompact.connectors.store_sink import _warm_up  # noqa: E402
+from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import SINK_CONSUMER_DEFAULTS  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402

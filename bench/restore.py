@@ -11,9 +11,10 @@ KAFKA_BOOTSTRAP_SERVERS):
 
 * raw: one confluent-kafka producer sending the same K records (same keys, values, partitions,
   timestamps, same order) from Python lists built before the clock starts, with the restore's
-  producer settings (kcompact.connectors.restore.DEFAULT_PRODUCER_CONFIG: acks=all, idempotence,
-  compression none, linger.ms, batch.size, queue size) and the same positional produce() call,
-  timed from the producer's creation to flush() done, under the restore's garbage-collector
+  producer settings (kcompact.connectors.plugins.store_source.DEFAULT_PRODUCER_CONFIG: acks=all,
+  idempotence, compression none, linger.ms, batch.size, queue size) and the same positional
+  produce() call, timed from the producer's creation to flush() done, under the restore's
+  garbage-collector
   thresholds (reput/_gc.py). The topic exists beforehand.
 * restore: kcompact.connectors.restore.restore (what `kcompact restore` runs) into a new topic, timed from
   the call to its return: metadata, topic creation, transactional producer and init, progress
@@ -48,7 +49,8 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
-from kcompact.connectors.restore import DEFAULT_PRODUCER_CONFIG, restore  # noqa: E402
+from kcompact.connectors.plugins.store_source import DEFAULT_PRODUCER_CONFIG  # noqa: E402
+from kcompact.connectors.restore import restore  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput._gc import bulk_gc  # noqa: E402

@@ -48,7 +48,7 @@ from kcompact.connectors import cli  # noqa: E402
 from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.spark_engine import mirror_with_spark, spark_session  # noqa: E402
-from kcompact.connectors.store_sink import _warm_up  # noqa: E402
+from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 
@@ -82,7 +82,7 @@ def stored(store: str, topic: str) -> int:
 
 
 def _warm_task(_it):
-    from kcompact.connectors.store_sink import _warm_up as warm
+    from kcompact.connectors.plugins.store_sink import _warm_up as warm
     warm()
     yield 1
 

@@ -11,7 +11,7 @@ replaying history:
 * **Catch-up and follow**: from the map's own offsets, record by record from the store (as the
   mirror appends) or straight from the Kafka topic (``assign()`` at the map's offsets,
   ``isolation.level=read_committed``), one WriteBatch per batch of records with the new offsets
-  inside it (connectors/leveldb_sink.py): a restart neither loses nor repeats an update.
+  inside it (connectors/plugins/leveldb_sink.py): a restart neither loses nor repeats an update.
 * **Read API**: :class:`KVMap` (``get``, ``in``, ``items`` with prefix/range scans, ``len``,
   ``snapshot()``, ``offsets()``); ``kcompact kv get``.
 
@@ -44,9 +44,10 @@ from kcompact.reput._gc import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
 
 from . import _kv_kernels as KK
-from .leveldb_sink import (DATA, DATA_END, K_BUILD, K_SOURCE, KVCorruptionError, KVError,
-                           KVLockedError, KVNotFoundError, KVSourceMismatchError, LevelDBSink,
-                           corruption, open_db, read_count, read_json, read_offsets, read_stats)
+from .plugins.leveldb_sink import (DATA, DATA_END, K_BUILD, K_SOURCE, KVCorruptionError, KVError,
+                                   KVLockedError, KVNotFoundError, KVSourceMismatchError,
+                                   LevelDBSink, corruption, open_db, read_count, read_json,
+                                   read_offsets, read_stats)
 
 __all__ = ["KVMap", "KVSnapshot", "MapBuilder", "Following", "build_map", "kv_demo_step",
            "KVError", "KVNotFoundError", "KVSourceMismatchError", "KVCorruptionError",

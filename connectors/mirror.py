@@ -1,6 +1,6 @@
 """``kcompact mirror``: copy a Kafka topic into a store, exactly once, with the local engine.
 
-The job is the store sink connector (connectors/store_sink.py) run by an in-process worker with
+The job is the store sink connector (connectors/plugins/store_sink.py) run by an in-process worker with
 one task and the writer id ``local``: it mirrors every partition (or ``--partitions``) up to the
 end offsets seen at start, or keeps following with ``--follow`` (with background compaction:
 ``kcompact.compaction.Scheduler`` on the mirror's own store). Each partition resumes from the

@@ -11,7 +11,7 @@
 * ``mirror_with_spark`` / ``run_mirror`` (``kcompact mirror --engine spark``): the driver checks
   the topic and the -X settings, creates the store, dispatches what dead writers left, reads each
   partition's end offset from the consumer side (never ListOffsets "latest", which Tansu gets
-  wrong); then one Spark task per topic-partition runs the store sink (connectors/store_sink.py,
+  wrong); then one Spark task per topic-partition runs the store sink (connectors/plugins/store_sink.py,
   through connectors/framework/worker.py, exactly as the local engine does) with its own commit-log writer
   ``spark-<topic>-<partition>``, reput included; then a compaction stage, one task per partition
   the planner picks. A task resumes from the store's own next offset of its partition, and a
@@ -40,7 +40,7 @@ from typing import Any, Iterator, Mapping, TextIO
 import numpy as np
 
 from .errors import ConfigError, ConnectorsError
-from .store_sink import StoreSinkConnector, StoreSinkTask
+from .plugins.store_sink import StoreSinkConnector, StoreSinkTask
 
 SCHEMA = ("topic string, partition int, offset long, timestamp timestamp, key binary, "
           "value binary, headers array<struct<key:string,value:binary>>")

@@ -50,9 +50,16 @@ def kafka_logger() -> logging.Logger:
     return log
 
 
-def kafka_error_text(exc: BaseException) -> str:
+def kafka_error(exc: BaseException) -> Any:
+    """The KafkaError a KafkaException carries (its ``code()``, ``str()``...), or None."""
     err = exc.args[0] if getattr(exc, "args", None) else None
-    if hasattr(err, "str"):
+    return err if hasattr(err, "code") else None
+
+
+def kafka_error_text(exc: BaseException) -> str:
+    """``<reason> (<error name>)`` for a KafkaException, else the exception's text."""
+    err = kafka_error(exc)
+    if err is not None:
         return f"{err.str()} ({err.name()})"
     return str(exc)
 

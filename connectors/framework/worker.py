@@ -84,17 +84,19 @@ SINK_CONFIG = (
 
 #: Short names of the built-in connectors.
 BUILTIN_CONNECTORS = {
-    "StoreSinkConnector": "kcompact.connectors.store_sink.StoreSinkConnector",
-    "StoreSourceConnector": "kcompact.connectors.store_source.StoreSourceConnector",
-    "LevelDBSinkConnector": "kcompact.connectors.leveldb_connector.LevelDBSinkConnector",
+    "StoreSinkConnector": "kcompact.connectors.plugins.store_sink.StoreSinkConnector",
+    "StoreSourceConnector": "kcompact.connectors.plugins.store_source.StoreSourceConnector",
+    "LevelDBSinkConnector": "kcompact.connectors.plugins.leveldb_connector.LevelDBSinkConnector",
 }
-#: The dotted names they had before kcompact installed under one import name: still accepted in
-#: connector.class (properties files written for kcompact 0.1 keep working).
+#: The dotted names of earlier layouts, still accepted in connector.class: before kcompact
+#: installed under one import name (kcompact 0.1: connectors.store_sink.StoreSinkConnector), and
+#: before the connectors had a folder of their own (kcompact.connectors.store_sink...).
 BUILTIN_CONNECTORS.update({
-    "connectors.store_sink.StoreSinkConnector": BUILTIN_CONNECTORS["StoreSinkConnector"],
-    "connectors.store_source.StoreSourceConnector": BUILTIN_CONNECTORS["StoreSourceConnector"],
-    "connectors.leveldb_connector.LevelDBSinkConnector":
-        BUILTIN_CONNECTORS["LevelDBSinkConnector"],
+    f"{prefix}{module}.{name}": BUILTIN_CONNECTORS[name]
+    for prefix in ("connectors.", "kcompact.connectors.")
+    for module, name in (("store_sink", "StoreSinkConnector"),
+                         ("store_source", "StoreSourceConnector"),
+                         ("leveldb_connector", "LevelDBSinkConnector"))
 })
 
 

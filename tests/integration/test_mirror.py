@@ -548,7 +548,8 @@ def test_standalone_json_config_and_string_converter(kafka_bootstrap, make_topic
     worker.write_text(json.dumps({"bootstrap.servers": kafka_bootstrap}))
     conn = tmp_path / "conn.json"
     conn.write_text(json.dumps({"name": "json-sink", "config": {
-        "connector.class": "kcompact.connectors.store_sink.StoreSinkConnector", "tasks.max": 2,
+        "connector.class": "kcompact.connectors.plugins.store_sink.StoreSinkConnector",
+        "tasks.max": 2,
         "topics": topic, "store.url": str(tmp_path / "s"), "follow": False,
         "value.converter": "StringConverter", "errors.tolerance": "all"}}))
     proc = kcompact("connect", "standalone", str(worker), str(conn))

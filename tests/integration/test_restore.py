@@ -27,8 +27,9 @@ from confluent_kafka import Consumer, Producer
 from kcompact.connectors.framework import kafka_columns
 from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.framework.kafka_columns import ColumnSender
-from kcompact.connectors.restore import RestoreJob, StoreProgress, restore
-from kcompact.connectors.store_source import PROGRESS_TOPIC, default_partition
+from kcompact.connectors.plugins.store_source import PROGRESS_TOPIC, default_partition
+from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
+from kcompact.connectors.restore import restore
 from kcompact.reput import Store
 from kcompact.reput.record import RecordBatch
 from topics import read_topic  # noqa: E402

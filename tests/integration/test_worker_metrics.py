@@ -16,7 +16,7 @@ import time
 from confluent_kafka import Producer
 
 from kcompact.connectors.framework.api import TopicPartition
-from kcompact.connectors.store_sink import StoreSinkConnector, StoreSinkTask
+from kcompact.connectors.plugins.store_sink import StoreSinkConnector, StoreSinkTask
 from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store
 

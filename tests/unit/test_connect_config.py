@@ -4,6 +4,7 @@ validation, error handling (retry, tolerance, dead-letter headers). No processes
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -23,7 +24,7 @@ from kcompact.connectors.framework.errors_handling import (ERRORS_CONFIG, H_EXC_
 from kcompact.connectors.mirror import connector_props, parse_partitions
 from kcompact.connectors.framework.kafka_clients import KafkaSettings
 from kcompact.connectors.framework.worker import (CONNECTOR_CONFIG, WORKER_CONFIG, Worker,
-                                                  validate_connector)
+                                                  connector_class, validate_connector)
 
 # -- properties files ----------------------------------------------------------------------------
 
@@ -212,6 +213,27 @@ def test_connector_validation_accepts_a_full_store_sink_config():
     assert cls.__name__ == "StoreSinkConnector"
     assert values["tasks.max"] == 2 and values["errors.tolerance"] == "all"
     assert values["store.partitions"] == ["0", "1"]
+
+
+@pytest.mark.parametrize("name", ["StoreSinkConnector", "StoreSourceConnector",
+                                  "LevelDBSinkConnector"])
+def test_connector_class_names_of_every_layout_resolve(name):
+    """Short names, the module paths of today, and the dotted names of earlier layouts (kcompact
+    0.1's connectors.X, and kcompact.connectors.X before the plugins had a folder) all name the
+    same class: properties files written for any of them keep working."""
+    module = {"StoreSinkConnector": "store_sink", "StoreSourceConnector": "store_source",
+              "LevelDBSinkConnector": "leveldb_connector"}[name]
+    cls = connector_class(name)
+    assert cls.__name__ == name and cls.__module__.startswith("kcompact.connectors.plugins.")
+    for spelled in (f"connectors.{module}.{name}", f"kcompact.connectors.{module}.{name}",
+                    f"kcompact.connectors.plugins.{module}.{name}"):
+        assert connector_class(spelled) is cls, spelled
+    # the example properties files name them so
+    examples = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+    for f in os.listdir(examples):
+        doc = load_config_file(os.path.join(examples, f))
+        if doc.get("connector.class"):
+            connector_class(doc["connector.class"])
 
 
 @pytest.mark.parametrize("extra, message", [

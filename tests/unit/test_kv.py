@@ -1,4 +1,4 @@
-"""The key-value map (connectors/kv.py, connectors/leveldb_sink.py) against a dict model.
+"""The key-value map (connectors/kv.py, connectors/plugins/leveldb_sink.py) against a dict model.
 
 The model of a topic's map: within a partition the record with the highest offset is a key's
 latest (Kafka semantics); a key whose latest is a tombstone is absent; keyless records never
@@ -37,7 +37,7 @@ from kcompact.connectors import cli
 from kcompact.connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap,
                                     KVNotFoundError, KVSourceMismatchError, MapBuilder, build_map,
                                     kv_demo_step)
-from kcompact.connectors.leveldb_sink import LevelDBSink, open_db
+from kcompact.connectors.plugins.leveldb_sink import LevelDBSink, open_db
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -643,7 +643,7 @@ def test_kv_demo_step(tmp_path):
 
 def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
     api = pytest.importorskip("kcompact.connectors.framework.api")
-    from kcompact.connectors.leveldb_connector import LevelDBSinkConnector
+    from kcompact.connectors.plugins.leveldb_connector import LevelDBSinkConnector
 
     recs = gen_records(3000, partitions=2, keys=200)
     conn = LevelDBSinkConnector()

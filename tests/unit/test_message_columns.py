@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kcompact.connectors.framework.api import SinkRecords
-from kcompact.connectors.store_sink import _batch
+from kcompact.connectors.plugins.store_sink import _batch
 from kcompact.reput import _native
 from kcompact.reput.record import encode_batch
 

@@ -13,16 +13,20 @@ from confluent_kafka import KafkaError, KafkaException
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.connectors._restore_kernels import murmur2_many, murmur2_partitions
+from kcompact.connectors.plugins.store_source.kernels import murmur2_many, murmur2_partitions
 from kcompact.connectors.framework.api import SourceRecord, SourceTaskContext, source_partition_key
 from kcompact.connectors.cli import build_parser
 from kcompact.connectors.errors import ConfigError, ConnectorsError
-from kcompact.connectors.restore import (PROGRESS_FORMAT_VERSION, Progress, ProgressFormatError,
-                                         RestoreJob, StoreProgress, connector_props,
-                                         decode_progress, encode_progress, kafka_failure, newest)
-from kcompact.connectors.store_source import (INCLUDE_TOMBSTONES, PROGRESS_TOPIC, TARGET_PARTITIONS,
-                                              StoreSourceConnector, StoreSourceTask,
-                                              default_partition, murmur2)
+from kcompact.connectors.plugins.store_source import StoreSourceConnector, StoreSourceTask
+from kcompact.connectors.plugins.store_source.errors import ProgressFormatError
+from kcompact.connectors.plugins.store_source.kafka import kafka_failure
+from kcompact.connectors.plugins.store_source.kernels import default_partition, murmur2
+from kcompact.connectors.plugins.store_source.progress import (PROGRESS_FORMAT_VERSION,
+                                                               PROGRESS_TOPIC, Progress, RestoreJob,
+                                                               StoreProgress, decode_progress,
+                                                               encode_progress, newest)
+from kcompact.connectors.plugins.store_source.task import INCLUDE_TOMBSTONES, TARGET_PARTITIONS
+from kcompact.connectors.restore import connector_props
 from kcompact.connectors.framework.worker import validate_connector
 from kcompact.reput import Store
 from kcompact.reput.filenames import validate_writer

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kcompact.compaction import (CompactionError, CompactionOptions, CompactionStopped, IOBudget,
-                        Scheduler)
+                                 Scheduler)
 from kcompact.reput.config import ManualClock
 from kcompact.reput.record import RecordBatch
 from kcompact.reput.store import Store
@@ -202,7 +202,7 @@ def test_io_budget_stop_and_bounds():
 
 def test_store_sink_passes_its_budget_to_the_scheduler(tmp_path):
     from kcompact.connectors.errors import ConfigError
-    from kcompact.connectors.store_sink import STORE_SINK_CONFIG, StoreSinkTask
+    from kcompact.connectors.plugins.store_sink import STORE_SINK_CONFIG, StoreSinkTask
 
     props = STORE_SINK_CONFIG.parse({
         "store.url": str(tmp_path / "s"), "store.writer": "w",

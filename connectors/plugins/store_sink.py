@@ -39,9 +39,9 @@ import numpy as np
 from kcompact.reput import Store, WriterOptions
 from kcompact.reput.record import RecordBatch, _VarColumn, encode_headers
 
-from .framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
-from .framework.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
-from .errors import ConfigError
+from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
+from ..framework.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
+from ..errors import ConfigError
 
 STORE_SINK_CONFIG = (
     ConfigDef()

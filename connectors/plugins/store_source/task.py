@@ -1,14 +1,10 @@
-"""The store source connector: kcompact store -> Kafka topic (what ``kcompact restore`` runs).
-
-A task reads one store topic, partition by partition, and hands the worker chunks of records to
-produce with the same key, value (null = tombstone, empty kept empty), headers, timestamp
-(CreateTime) and partition number:
+"""The store source's task: plans a store topic's records and hands them out in chunks.
 
 * ``mode=latest`` (default): the compacted state - the latest record per key of each partition,
-  decided from the .bcq index alone (``kcompact.compaction.latest.latest_selection``: compacted segments
-  plus the dirty tail; keyless records and deleted keys left out). When the target topic already
-  existed, or the run continues an earlier one, a key whose latest record is a tombstone is
-  re-published as that tombstone, so that stale values in the target are deleted too.
+  decided from the .bcq index alone (``kcompact.compaction.latest.latest_selection``: compacted
+  segments plus the dirty tail; keyless records and deleted keys left out). When the target topic
+  already existed, or the run continues an earlier one, a key whose latest record is a tombstone
+  is re-published as that tombstone, so that stale values in the target are deleted too.
 * ``mode=all``: every record the store holds, in offset order (tombstones and keyless included).
 
 Placement: record of store partition p -> target partition p. ``repartition=true`` places keyed
@@ -17,23 +13,17 @@ exactly the Java client's), and keyless records round-robin (deterministically, 
 the Java client would spread them with its sticky partitioner).
 
 Progress is a position per store partition: every selected record with a store offset below it
-has been produced. The runner (connectors/restore.py) stores it in the store's internal compacted
-topic ``__kcompact-restore-offsets`` and gives it back through :class:`SourceTaskContext` on a
-restart; the task then plans only the records at or after it. The plan is made from the store as
-it is when the task starts: records appended later are picked up by the next run.
-
-Chunks are columnar (:class:`SourceChunk`, a sequence of :class:`SourceRecord` for generic
-code) so that the produce loop touches no per-record Python object but the key and value bytes.
+has been produced. The runner (runner.py) records it and gives it back through
+:class:`SourceTaskContext` on a restart; the task then plans only the records at or after it. The
+plan is made from the store as it is when the task starts: records appended later are picked up
+by the next run.
 """
 
 from __future__ import annotations
 
-import bisect
-import struct
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -41,47 +31,11 @@ from kcompact.reput import Store
 from kcompact.reput import _kernels as K
 from kcompact.reput.errors import CorruptRecordError
 
-from ._restore_kernels import first_offset_mismatch
-from .framework.api import SourceConnector, SourceRecord, SourceTask, SourceTaskContext
-from .framework.config import ConfigDef, Importance, Type, at_least, between, one_of
-from .errors import ConfigError, ConnectorsError
-from .framework.kafka_columns import header_lists
-
-#: The store's internal topic (and the Kafka topic) that keeps restore progress.
-PROGRESS_TOPIC = "__kcompact-restore-offsets"
-
-STORE_SOURCE_CONFIG = (
-    ConfigDef()
-    .define("store.url", Type.STRING, None, None, Importance.HIGH,
-            "The store to read: a directory (file:// also accepted) or s3://bucket/prefix. "
-            "Required.")
-    .define("store.topic", Type.STRING, None, None, Importance.HIGH,
-            "The store topic to restore. Required.")
-    .define("topic", Type.STRING, "", None, Importance.HIGH,
-            "The Kafka topic to produce to (default: store.topic). Created with the store's "
-            "partition count when missing.")
-    .define("mode", Type.STRING, "latest", one_of("latest", "all"), Importance.HIGH,
-            "latest: the latest value per key (the compacted state). all: every stored record.")
-    .define("repartition", Type.BOOLEAN, False, None, Importance.MEDIUM,
-            "Place records with Kafka's default partitioner (murmur2 of the key) instead of "
-            "keeping their partition numbers; needed when the target has fewer partitions.")
-    .define("exactly.once.support", Type.STRING, "requested",
-            one_of("requested", "required", "disabled"), Importance.MEDIUM,
-            "requested: a transactional producer when the broker supports transactions, else "
-            "the idempotent one. required: fail without transactions. disabled: idempotent.")
-    .define("restore.from.scratch", Type.BOOLEAN, False, None, Importance.MEDIUM,
-            "Ignore recorded progress and produce everything again.")
-    .define("restore.chunk.records", Type.INT, 250_000, between(1, 10_000_000), Importance.LOW,
-            "Records per chunk: one transaction, then one progress record.")
-    .define("target.replication.factor", Type.INT, -1, at_least(-1), Importance.LOW,
-            "Replication factor of topics the restore creates; -1 = the broker's default.")
-    .define("progress.topic", Type.STRING, PROGRESS_TOPIC, None, Importance.LOW,
-            "Internal compacted topic, in the store and on the target cluster, that keeps "
-            "restore progress.")
-    .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
-            "Local directory for the progress writer's commit log when store.url is not a "
-            "local directory (S3).")
-)
+from ...errors import ConfigError, ConnectorsError
+from ...framework.api import SourceTask
+from .chunks import RecordBlock, SourceChunk, field_spec
+from .kernels import first_offset_mismatch
+from .progress import PROGRESS_TOPIC
 
 #: Bytes of .log read at once when gathering selected records.
 READ_WINDOW = 8 << 20
@@ -92,214 +46,6 @@ MAX_REPLANS = 3
 TARGET_TOPIC = "__target.topic"
 TARGET_PARTITIONS = "__target.partitions"
 INCLUDE_TOMBSTONES = "__include.tombstones"
-
-_MASK32 = 0xFFFFFFFF
-_M = 0x5BD1E995
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's ``Utils.murmur2`` (signed 32-bit result), the default partitioner's hash."""
-    n = len(data)
-    h = (0x9747B28C ^ n) & _MASK32
-    for (k,) in struct.iter_unpack("<I", data[: n - n % 4]):
-        k = (k * _M) & _MASK32
-        k ^= k >> 24
-        k = (k * _M) & _MASK32
-        h = ((h * _M) & _MASK32) ^ k
-    tail, b = n % 4, n - n % 4
-    if tail == 3:
-        h ^= data[b + 2] << 16
-    if tail >= 2:
-        h ^= data[b + 1] << 8
-    if tail >= 1:
-        h ^= data[b]
-        h = (h * _M) & _MASK32
-    h ^= h >> 13
-    h = (h * _M) & _MASK32
-    h ^= h >> 15
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def default_partition(key: bytes, num_partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for a keyed record."""
-    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
-
-
-# ---------------------------------------------------------------------------------------------
-# chunks
-
-
-class RecordBlock:
-    """Records of one read of one store partition, as columns.
-
-    ``partition`` is their target partition when they share one (``partitions`` is None), else
-    ``partitions`` lists it per record (--repartition); ``headers`` is None when no record has
-    headers, else a list of header lists decoded on first use from ``hspans`` (the bytes and
-    the start and end of each record's header section, store encoding); ``source_offsets`` are
-    their store offsets (numpy int64).
-
-    Keys, values and timestamps become Python objects only in ``materialize()``: the reader
-    thread prepares the bytes without the GIL (read, CRC check, gather), and the thread that
-    produces builds the objects just before it sends them, so that the two threads do not take
-    turns with the GIL for the same work.
-    """
-
-    __slots__ = ("partition", "partitions", "hspans", "_headers", "source_partition",
-                 "source_offsets", "n", "_kspec", "_vspec", "_ts", "keys", "values",
-                 "timestamps")
-
-    def __init__(self, partition: int | None, partitions: list[int] | None, kspec: tuple,
-                 vspec: tuple, timestamps: np.ndarray, hspans: tuple | None,
-                 source_partition: int, source_offsets: np.ndarray):
-        self.partition, self.partitions, self.hspans = partition, partitions, hspans
-        self._headers: list | None = None
-        self.source_partition, self.source_offsets = source_partition, source_offsets
-        self.n = timestamps.shape[0]
-        self._kspec, self._vspec, self._ts = kspec, vspec, timestamps
-        self.keys: list | None = None
-        self.values: list | None = None
-        self.timestamps: list[int] | None = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    @property
-    def headers(self) -> list | None:
-        if self.hspans is None:
-            return None
-        if self._headers is None:
-            data, starts, ends = self.hspans
-            self._headers = header_lists(data, starts.tolist(), ends.tolist())
-        return self._headers
-
-    def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
-        """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
-        uint8 nulls) and the int64 timestamps, for a producer that reads columns
-        (kcompact.connectors.framework.kafka_columns.ColumnSender); None once ``materialize`` ran."""
-        if self.keys is not None:
-            return None
-        return _ranges(self._kspec, self.n), _ranges(self._vspec, self.n), self._ts
-
-    def materialize(self) -> "RecordBlock":
-        """Build ``keys``, ``values`` (bytes or None) and ``timestamps`` (int) lists."""
-        if self.keys is None:
-            self.keys = _materialize(self._kspec, self.n)
-            self.values = _materialize(self._vspec, self.n)
-            self.timestamps = self._ts.tolist()
-            self._kspec = self._vspec = self._ts = None  # type: ignore[assignment]
-        return self
-
-
-def _field_spec(data: bytes, buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                nulls: np.ndarray) -> tuple:
-    """How to build data[starts[i]:starts[i] + lengths[i]] for every i (None where ``nulls``);
-    ``buf`` is ``data`` as a uint8 array.
-
-    The per-record cost of a restore is mostly in building these bytes objects and in
-    produce(). When every length is the same (fixed-width keys or values are common) the fields
-    are gathered here (numba, no GIL) into one array, and ``materialize`` builds the objects
-    with ``view("V<width>").tolist()`` in C (2.2x faster than slicing, measured; "V" keeps
-    trailing NUL bytes, which "S" would strip)."""
-    w = int(lengths[0])
-    null_at = np.nonzero(nulls)[0]
-    if int(lengths.min()) == w == int(lengths.max()):
-        if w == 0:
-            return ("empty", None, 0, null_at)
-        out = np.empty(starts.shape[0] * w, np.uint8)
-        K.gather_ranges(buf, starts, lengths, out)
-        return ("fixed", out, w, null_at)
-    return ("slices", data, (starts, starts + lengths), null_at)
-
-
-def _ranges(spec: tuple, n: int) -> tuple:
-    kind, src, arg, null_at = spec
-    nulls = np.zeros(n, np.uint8)
-    nulls[null_at] = 1
-    if kind == "fixed":
-        starts = np.arange(0, n * arg, arg, dtype=np.int64)
-        return src, starts, starts + arg, nulls
-    if kind == "empty":
-        zeros = np.zeros(n, np.int64)
-        return b"", zeros, zeros, nulls
-    a, b = arg
-    return src, np.ascontiguousarray(a, np.int64), np.ascontiguousarray(b, np.int64), nulls
-
-
-def _materialize(spec: tuple, n: int) -> list:
-    kind, src, arg, null_at = spec
-    if kind == "fixed":
-        out = src.view(f"V{arg}").tolist()
-    elif kind == "empty":
-        out = [b""] * n
-    else:
-        # list comprehension: measured 2x faster than map(data.__getitem__, map(slice, ...))
-        a, b = arg
-        out = [src[x:y] for x, y in zip(a.tolist(), b.tolist())]
-    for i in null_at.tolist():
-        out[i] = None
-    return out
-
-
-class SourceChunk(Sequence[SourceRecord]):
-    """Records to produce (what ``StoreSourceTask.poll`` returns): a sequence of
-    :class:`SourceRecord` for generic code, kept as :class:`RecordBlock` columns that the
-    restore's produce loop reads directly (no per-record object but the key and value bytes).
-
-    ``positions`` is the progress once the chunk is produced (store partition -> next store
-    offset to restore); ``taken`` counts the records handed out per store partition so far;
-    ``done`` says nothing follows the chunk.
-    """
-
-    __slots__ = ("topic", "blocks", "n", "positions", "taken", "done", "nbytes", "_starts")
-
-    def __init__(self, topic: str):
-        self.topic = topic
-        self.blocks: list[RecordBlock] = []
-        self.n = 0
-        self.positions: dict[int, int] = {}
-        self.taken: dict[int, int] = {}
-        self.done = False
-        self.nbytes = 0
-        self._starts: list[int] | None = None
-
-    def add(self, block: RecordBlock, nbytes: int) -> None:
-        self.blocks.append(block)
-        self.n += len(block)
-        self.nbytes += nbytes
-        self._starts = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    def mark(self) -> tuple[int, int, int]:
-        return len(self.blocks), self.n, self.nbytes
-
-    def rollback(self, mark: tuple[int, int, int]) -> None:
-        """Drop what was added since ``mark`` (a read that failed half-way)."""
-        blocks, self.n, self.nbytes = mark
-        del self.blocks[blocks:]
-        self._starts = None
-
-    def __getitem__(self, i):  # type: ignore[override]
-        if isinstance(i, slice):
-            raise TypeError("SourceChunk does not support slicing")
-        if i < 0:
-            i += self.n
-        if not 0 <= i < self.n:
-            raise IndexError(i)
-        if self._starts is None:
-            self._starts = list(np.cumsum([0] + [len(b) for b in self.blocks[:-1]]).tolist())
-        k = bisect.bisect_right(self._starts, i) - 1
-        b, j = self.blocks[k].materialize(), i - self._starts[k]
-        h = b.headers[j] if b.headers is not None else None
-        return SourceRecord(self.topic, b.partition if b.partitions is None else b.partitions[j],
-                            None, b.timestamps[j], b.keys[j], b.values[j],
-                            tuple(h) if h else (),
-                            source_partition={"partition": b.source_partition},
-                            source_offset={"position": int(b.source_offsets[j]) + 1})
-
-    def __iter__(self) -> Iterator[SourceRecord]:
-        return (self[i] for i in range(self.n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,47 +140,6 @@ def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
                 pp.pieces.append((seg, which))
     pp.total = sum(w.shape[0] for _, w in pp.pieces)
     return pp
-
-
-# ---------------------------------------------------------------------------------------------
-# the connector and its task
-
-
-class StoreSourceConnector(SourceConnector):
-    """Re-publishes a store topic into Kafka (``kcompact restore``). One task: the produce loop
-    is bound by one Python thread anyway, and one transactional producer keeps progress simple.
-
-    The worker runs it with :class:`kcompact.connectors.restore.RestoreRunner` (``make_runners``), which
-    owns the producer, the target topic, the transactions and the progress records.
-    """
-
-    CONFIG = STORE_SOURCE_CONFIG
-
-    def start(self, props: Mapping[str, Any]) -> None:
-        super().start(props)
-        for key in ("store.url", "store.topic"):
-            if not props.get(key):
-                raise ConfigError(f"{key}: required by StoreSourceConnector")
-        from kcompact.reput.record import validate_topic
-        from kcompact.reput.errors import ReputError
-        for key in ("topic", "progress.topic"):
-            if props.get(key):
-                try:
-                    validate_topic(props[key])
-                except ReputError as e:
-                    raise ConfigError(f"{key}: {e}") from None
-        # before any thread or Kafka client: a missing store or topic is a one-line error
-        open_store_topic(props["store.url"], props["store.topic"]).close()
-
-    def task_class(self) -> type[SourceTask]:
-        return StoreSourceTask
-
-    def task_configs(self, max_tasks: int) -> list[dict[str, Any]]:
-        return [dict(self.props, **{"task.id": 0})]
-
-    def make_runners(self, **kw) -> list[Any]:
-        from .restore import RestoreRunner
-        return [RestoreRunner(connector=self, **kw)]
 
 
 class StoreSourceTask(SourceTask):
@@ -602,12 +307,12 @@ class StoreSourceTask(SourceTask):
         attrs = np.empty(m, np.uint8)
         K.field_spans(buf, rel, ks, kl, vs, vl, hs, hl, attrs)
         keyless = (attrs & 2) != 0
-        kspec = _field_spec(data, buf, ks, kl, keyless)
-        vspec = _field_spec(data, buf, vs, vl, (attrs & 1) != 0)
+        kspec = field_spec(data, buf, ks, kl, keyless)
+        vspec = field_spec(data, buf, vs, vl, (attrs & 1) != 0)
         hspans = (data, hs, hs + hl) if hl.any() else None
         parts = None
         if self.repartition:
-            from ._restore_kernels import murmur2_partitions
+            from .kernels import murmur2_partitions
             out = np.empty(m, np.int64)
             self._next_keyless = int(murmur2_partitions(buf, ks, kl, keyless, self.num_target,
                                                         self._next_keyless, out))
@@ -642,8 +347,3 @@ def partition_count(store: Store, topic: str) -> int:
     """Partitions a target topic needs to keep the store's partition numbers."""
     parts = store.partitions(topic)
     return (max(parts) + 1) if parts else 0
-
-
-__all__ = ["PROGRESS_TOPIC", "STORE_SOURCE_CONFIG", "SourceChunk", "StoreSourceConnector",
-           "StoreSourceTask", "SourceTaskContext", "default_partition", "murmur2",
-           "open_store_topic", "partition_count", "plan_partition"]

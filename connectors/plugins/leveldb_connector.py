@@ -1,23 +1,23 @@
 """The LevelDB sink as a Connect-style connector: a Kafka topic -> a key-value map directory.
 
-    connector.class=kcompact.connectors.leveldb_connector.LevelDBSinkConnector
+    connector.class=kcompact.connectors.plugins.leveldb_connector.LevelDBSinkConnector
     topics=users
     kv.db=/data/users.kv
 
 for ``kcompact connect standalone``. The worker owns the consumer; the task applies each batch
-through :class:`~kcompact.connectors.leveldb_sink.LevelDBSink` (the records' bytes as Kafka holds them, the
-partitions' next offsets in the same WriteBatch), starts every partition at the map's own offset
-and commits nothing to the consumer group: exactly once, as ``kcompact kv build`` is. One task
-(LevelDB is one process per database) and one topic per map.
+through :class:`~kcompact.connectors.plugins.leveldb_sink.LevelDBSink` (the records' bytes as Kafka
+holds them, the partitions' next offsets in the same WriteBatch), starts every partition at the
+map's own offset and commits nothing to the consumer group: exactly once, as ``kcompact kv build``
+is. One task (LevelDB is one process per database) and one topic per map.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
-from .framework.config import ConfigDef, Importance, Type
-from .errors import ConfigError
+from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
+from ..framework.config import ConfigDef, Importance, Type
+from ..errors import ConfigError
 from .leveldb_sink import LevelDBSink, open_db
 
 LEVELDB_SINK_CONFIG = ConfigDef().define(

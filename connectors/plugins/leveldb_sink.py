@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import plyvel
 
-from .errors import ConnectorsError
+from ..errors import ConnectorsError
 
 FORMAT_VERSION = 1
 DATA = b"d"

@@ -1,9 +1,10 @@
-"""Compiled kernels of the store source (restore): Kafka's key partitioner, for many keys at once.
+"""Kernels of the store source (restore): Kafka's key partitioner, compiled for many keys at once
+(with its pure-Python twin for one key), and the check that gathered records are the planned ones.
 
 ``murmur2_many`` is the Java client's ``Utils.murmur2`` (MurmurHash2, seed 0x9747b28c), the hash
 of Kafka's default partitioner: a keyed record goes to ``toPositive(murmur2(key)) % partitions``
 where ``toPositive(h) = h & 0x7fffffff``. The pure-Python twin, used for single keys and as the
-reference in tests, is ``kcompact.connectors.store_source.murmur2``.
+reference in tests, is :func:`murmur2` below.
 
 All arithmetic is on uint64 masked to 32 bits: numba would turn a uint64/int64 mix into float64,
 so every constant is a np.uint64.
@@ -11,8 +12,42 @@ so every constant is a np.uint64.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 from kcompact.reput._jit import njit
+
+_MASK32 = 0xFFFFFFFF
+_M32 = 0x5BD1E995
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's ``Utils.murmur2`` (signed 32-bit result), the default partitioner's hash."""
+    n = len(data)
+    h = (0x9747B28C ^ n) & _MASK32
+    for (k,) in struct.iter_unpack("<I", data[: n - n % 4]):
+        k = (k * _M32) & _MASK32
+        k ^= k >> 24
+        k = (k * _M32) & _MASK32
+        h = ((h * _M32) & _MASK32) ^ k
+    tail, b = n % 4, n - n % 4
+    if tail == 3:
+        h ^= data[b + 2] << 16
+    if tail >= 2:
+        h ^= data[b + 1] << 8
+    if tail >= 1:
+        h ^= data[b]
+        h = (h * _M32) & _MASK32
+    h ^= h >> 13
+    h = (h * _M32) & _MASK32
+    h ^= h >> 15
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def default_partition(key: bytes, num_partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for a keyed record."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
 
 _M = np.uint64(0x5BD1E995)
 _SEED = np.uint64(0x9747B28C)

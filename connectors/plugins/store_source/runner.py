@@ -1,0 +1,583 @@
+"""The store source connector's runner (what the worker runs for ``StoreSourceConnector``).
+
+The runner (:class:`RestoreRunner`, what the worker runs for ``StoreSourceConnector``) owns the
+Kafka side: it creates the target topic with the store's partition count when it is missing
+(explicitly: never through a broker's auto-creation), picks the producer, and writes progress.
+
+Progress (docs/formats/restore-progress.md): one record per chunk, key = the job id
+``<store topic>-><target cluster id>/<target topic>``, value = JSON with a sequence number and the
+position reached in each store partition. It is written to two compacted topics named
+``__kcompact-restore-offsets``: the store's own (appended through the store's normal write path
+by the writer ``restore-<job hash>``, as Connect keeps ``connect-offsets``) and one on the target
+cluster. A restart takes the record with the highest sequence number of the two and continues
+from its positions; ``restore.from.scratch`` starts over.
+
+Each chunk, with transactions (the broker supports them and ``exactly.once.support`` is not
+``disabled``)::
+
+    begin_transaction; produce the chunk; flush; produce progress(k) to Kafka's progress topic;
+    commit_transaction; then, in a thread of its own (the fsyncs overlap the next chunk),
+    append progress(k) to the store's progress topic and fsync
+
+The chunk and its Kafka progress record commit atomically, and a restart first calls
+``init_transactions`` with the job's transactional id (which aborts a dead run's open
+transaction) and then reads the Kafka progress record with ``read_committed``. So against Kafka:
+
+* killed before the commit: the chunk is aborted, both progress records say k-1 or less, the
+  chunk is produced again: a ``read_committed`` consumer sees every record once.
+* killed after the commit, before the store write: the store is behind (k-1 or less) but Kafka
+  says k, the higher sequence wins, nothing is produced twice.
+
+Exactly once for ``read_committed`` consumers (``read_uncommitted`` ones also see aborted
+chunks, as with any Kafka transaction). On a broker that does not hide aborted records from
+``read_committed`` consumers (the embedded Tansu broker, tests/integration/BROKER_NOTES.md) the
+records of a chunk cut by a crash stay visible and the chunk is produced again: they appear
+twice. The flush before the Kafka progress record makes an aborted-but-visible progress record
+harmless there: when it is visible, its whole chunk was acknowledged before it.
+
+Without transactions (``exactly.once.support=disabled``, or a broker without them under
+``requested``) the idempotent producer sends the same sequence, flushing instead of committing:
+at least once per chunk (a chunk cut by a crash is produced again, so up to one chunk of
+duplicates per crash); the latest value per key of the target still converges to the store's,
+because every duplicate is re-produced in its original order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any, Callable, Mapping, TextIO
+
+import numpy as np
+
+from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
+from ...framework.kafka_clients import KafkaSettings, kafka_error, kafka_error_text, kafka_logger
+from ...framework.kafka_columns import ColumnSender
+from ...framework.metrics import TaskMetrics
+from .errors import RestoreError
+from .kafka import AUTH_CODES, UNSUPPORTED_CODES, ensure_topic, kafka_failure, load_codes
+from .progress import (PROBE_CONSUMER_CONFIG, PROGRESS_TOPIC, Progress, RestoreJob, StoreProgress,
+                       encode_progress, newest, read_kafka_progress)
+from .task import (INCLUDE_TOMBSTONES, TARGET_PARTITIONS, TARGET_TOPIC, StoreSourceTask,
+                   open_store_topic, partition_count)
+
+#: Producer settings of a restore, under the user's (the bench's raw baseline uses the same).
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "compression.type": "none",
+    "linger.ms": 20,
+    "batch.size": 1 << 20,
+    "queue.buffering.max.messages": 1_000_000,
+}
+#: Settings the restore cannot work without.
+REQUIRED_PRODUCER_CONFIG = {"enable.idempotence": "true"}
+#: How long a flush or a commit may wait for the brokers' acknowledgements.
+ACK_TIMEOUT_S = 120.0
+#: How long a progress write waits for another restore that is writing the store's progress.
+STORE_LOCK_WAIT_S = 30.0
+
+#: Producer-only keys not passed to the admin client and the metadata consumer.
+_PRODUCER_ONLY = {"acks", "enable.idempotence", "compression.type", "compression.codec",
+                  "linger.ms", "queue.buffering.max.ms", "batch.size", "batch.num.messages",
+                  "queue.buffering.max.messages", "queue.buffering.max.kbytes",
+                  "transactional.id", "transaction.timeout.ms", "message.timeout.ms",
+                  "delivery.timeout.ms", "partitioner", "retries", "message.send.max.retries",
+                  "retry.backoff.ms", "request.required.acks", "delivery.report.only.error",
+                  "sticky.partitioning.linger.ms", "max.in.flight.requests.per.connection",
+                  "max.in.flight", "enable.gapless.guarantee", "compression.level"}
+
+
+@dataclass
+class RestoreStats:
+    total: int = 0             # records this run plans to produce
+    resumed: bool = False      # continued from recorded progress
+    previously_produced: int = 0
+    transactional: bool = False
+    created_topic: bool = False
+    target_partitions: int = 0
+    chunks: int = 0
+    planned: bool = False      # the task has made its plan (total is known)
+    notes: list[str] = field(default_factory=list)
+
+
+class RestoreRunner:
+    """Runs one StoreSourceTask against Kafka (the worker's task-runner interface: ``start``,
+    ``alive``, ``thread``, ``failure``, ``metrics``)."""
+
+    def __init__(self, *, connector: Any, name: str, props: Mapping[str, Any],
+                 settings: KafkaSettings, stop: threading.Event, startup_timeout: float,
+                 log: TextIO):
+        self.connector, self.name, self.props = connector, name, dict(props)
+        self.settings, self.stop_event, self.log = settings, stop, log
+        self.timeout = startup_timeout
+        self.metrics = TaskMetrics(f"{name}-0")
+        self.stats = RestoreStats()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"task-{name}-0", daemon=True)
+        self.task: StoreSourceTask | None = None
+        self.producer: Any = None
+        #: the error_cb object the producers are configured with (ColumnSender checks it)
+        self._error_cb = self._on_error
+        self._dr_cb = self._on_delivery  # one object, carried by ColumnSender's records
+        self._column_sender: tuple[Any, ColumnSender | None] | None = None
+        self._delivery_errors: list[str] = []
+        self._kafka_errors: list[Any] = []
+        self._in_txn = False
+        self._store_progress: StoreProgress | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.settings.conf.get("bootstrap.servers"))
+
+    def _run(self) -> None:
+        try:
+            self._restore()
+        except BaseException as e:  # noqa: BLE001 - reported by the worker
+            self.failure = e
+        finally:
+            self.metrics.finished = time.monotonic()
+            self._shutdown(self._store_progress)
+
+    def _shutdown(self, store_progress: StoreProgress | None) -> None:
+        if self._in_txn and self.producer is not None:
+            try:
+                self.producer.abort_transaction(10)
+            except Exception:  # noqa: BLE001 - a restart aborts it anyway
+                pass
+        for step in ((lambda: self.task.stop()) if self.task is not None else None,
+                     (lambda: store_progress.close()) if store_progress is not None else None):
+            if step is None:
+                continue
+            try:
+                step()
+            except BaseException as e:  # noqa: BLE001
+                self.failure = self.failure or e
+        self.producer = None  # let librdkafka's client go now
+        self._column_sender = None
+
+    def _warn(self, msg: str) -> None:
+        self.stats.notes.append(msg)
+        print(f"kcompact: warning: {msg}", file=self.log, flush=True)
+
+    # -- setup ---------------------------------------------------------------------------------
+
+    def _clients(self) -> tuple[Any, Any]:
+        from confluent_kafka import Consumer, KafkaException
+        from confluent_kafka.admin import AdminClient
+        conf = {k: v for k, v in self.settings.conf.items() if k not in _PRODUCER_ONLY}
+        try:
+            admin = AdminClient(dict(conf, logger=kafka_logger()))
+            consumer = Consumer(dict(conf, **PROBE_CONSUMER_CONFIG, logger=kafka_logger()))
+        except KafkaException as e:
+            raise self.settings.explain(e, "Kafka client") from None
+        return admin, consumer
+
+    def _producer_conf(self) -> dict[str, Any]:
+        conf = dict(DEFAULT_PRODUCER_CONFIG)
+        conf.update(self.settings.conf)
+        self.settings.require(REQUIRED_PRODUCER_CONFIG, "the store source")
+        conf["enable.idempotence"] = True
+        conf.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery,
+                     "error_cb": self._error_cb, "logger": kafka_logger()})
+        return conf
+
+    def _new_producer(self, conf: Mapping[str, Any]) -> Any:
+        from confluent_kafka import KafkaException, Producer
+        try:
+            return Producer(dict(conf))
+        except KafkaException as e:
+            raise self.settings.explain(e, "Kafka producer") from None
+
+    def _init_transactions(self, p: Any, eos: str) -> tuple[Any, bool]:
+        """``init_transactions`` (which aborts a dead run's open transaction), or, when the
+        broker has no transactions and eos is "requested", the idempotent producer instead."""
+        from confluent_kafka import KafkaException
+        load_codes()
+        try:
+            p.init_transactions(self.timeout)
+            return p, True
+        except KafkaException as e:
+            err = kafka_error(e)
+            code = err.code() if err is not None else None
+            if eos == "required":
+                raise kafka_failure("start a transaction (exactly.once.support=required)", e,
+                                    self.bootstrap, timeout=self.timeout) from None
+            # "requested": no transaction coordinator, an old broker, or no ACL for the
+            # transactional id -> the idempotent producer; anything else is an error
+            if code not in UNSUPPORTED_CODES and code not in AUTH_CODES:
+                raise kafka_failure("initialize the transactional producer", e,
+                                    self.bootstrap, timeout=self.timeout) from None
+            self._warn(f"transactions are not available on {self.bootstrap} "
+                       f"({kafka_error_text(e)}): restoring with the idempotent producer, "
+                       "at least once per chunk")
+        self._kafka_errors.clear()
+        conf = self._producer_conf()
+        conf.pop("transactional.id", None)
+        return self._new_producer(conf), False
+
+    def _sender(self, producer: Any) -> ColumnSender | None:
+        """The ColumnSender of ``producer`` (attached once per producer), or None."""
+        if self._column_sender is None or self._column_sender[0] is not producer:
+            self._column_sender = (producer, ColumnSender.attach(producer, self._error_cb,
+                                                                 kafka_logger()))
+        return self._column_sender[1]
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._delivery_errors.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
+
+    def _on_error(self, err: Any) -> None:
+        self._kafka_errors.append(err)
+
+    def _check_errors(self) -> None:
+        from confluent_kafka import KafkaException
+        if self._delivery_errors:
+            first = self._delivery_errors[0]
+            hint = ""
+            if "too large" in first.lower():
+                hint = "; raise -X message.max.bytes (and the topic's max.message.bytes)"
+            raise RestoreError(f"Kafka rejected {len(self._delivery_errors)} record(s): {first}"
+                               f"{hint}; run the same restore again to continue from the last "
+                               "recorded progress")
+        fatal = [e for e in self._kafka_errors if e.fatal()]
+        if fatal:
+            raise kafka_failure("produce", KafkaException(fatal[0]), self.bootstrap)
+        self._kafka_errors.clear()
+
+    # -- the restore ---------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        props = self.props
+        url, topic = props["store.url"], props["store.topic"]
+        target = props.get("topic") or topic
+        mode = props.get("mode") or "latest"
+        eos = props.get("exactly.once.support") or "requested"
+        progress_topic = props.get("progress.topic") or PROGRESS_TOPIC
+        with open_store_topic(url, topic) as st:
+            store_id = st.meta.store_id
+            needed = partition_count(st, topic)
+            policy = st.topic_config(topic).cleanup_policy
+        self.task = StoreSourceTask()
+        self.task.open(props)  # the latest-per-key selection runs meanwhile, without the GIL
+        admin, consumer = self._clients()
+        try:
+            try:
+                md = consumer.list_topics(timeout=self.timeout)
+            except Exception as e:  # noqa: BLE001 - KafkaException
+                raise kafka_failure("read the cluster metadata", e, self.bootstrap,
+                                    timeout=self.timeout) from None
+            cluster_id = md.cluster_id or self.bootstrap
+            job = RestoreJob(store_id, topic, cluster_id, target)
+            store_progress = StoreProgress(url, job, topic=progress_topic,
+                                           commitlog_dir=props.get("store.commitlog.dir"))
+            self._store_progress = store_progress
+            store_progress.open_writer()
+            conf = self._producer_conf()
+            if eos != "disabled":
+                conf.setdefault("transactional.id", job.transactional_id)
+            else:
+                conf.pop("transactional.id", None)
+            self.producer = self._new_producer(conf)
+            # connect it now (a metadata request for all topics creates none): its transaction
+            # coordinator lookup then finds a broker up (0.003 s instead of 0.05-0.5 s)
+            try:
+                self.producer.list_topics(timeout=self.timeout)
+            except Exception as e:  # noqa: BLE001 - KafkaException
+                raise kafka_failure("connect the producer", e, self.bootstrap,
+                                    timeout=self.timeout) from None
+            rf = int(props.get("target.replication.factor") or -1)
+            have, created = ensure_topic(admin, consumer, target, needed, self.bootstrap,
+                                         config={"cleanup.policy": policy},
+                                         replication_factor=rf, timeout=self.timeout)
+            if have < needed and not props.get("repartition"):
+                raise RestoreError(
+                    f"target topic {target!r} has {have} partition(s) but store topic {topic!r} "
+                    f"has partitions up to {needed - 1}: create the target with at least "
+                    f"{needed} partitions, or pass --repartition (repartition=true) to place "
+                    "records by key with Kafka's default partitioner (murmur2)")
+            ensure_topic(admin, consumer, progress_topic, 1, self.bootstrap,
+                         config={"cleanup.policy": "compact"}, replication_factor=rf,
+                         timeout=self.timeout)
+            txn = False
+            if "transactional.id" in conf:
+                # first: a dead run's open transaction is aborted before progress is read
+                self.producer, txn = self._init_transactions(self.producer, eos)
+            kafka_p = read_kafka_progress(consumer, progress_topic, job, self.bootstrap,
+                                          max(self.timeout, 30.0))
+        finally:
+            consumer.close()
+            del admin  # its threads are not needed any more
+        self.stats.created_topic, self.stats.target_partitions = created, have
+        self.stats.transactional = txn
+        store_p = store_progress.read()
+        last = newest(store_p, kafka_p)
+        for p in (store_p, kafka_p):
+            if p is not None and p.store_id != store_id and \
+                    not props.get("restore.from.scratch"):
+                raise RestoreError(f"progress of {job.key} was recorded for store {p.store_id}, "
+                                   f"not {store_id}; restore with --from-scratch")
+        if props.get("restore.from.scratch"):
+            # a reset record first: a crash before the first chunk must not resume the old run
+            progress = Progress.start(job, mode, last.seq if last else 0).advance({}, 0, False,
+                                                                                  txn)
+            self._send(None, progress, txn, progress_topic)
+            store_progress.write(progress)
+        elif last is not None:
+            if last.mode != mode:
+                raise RestoreError(f"{job.key} was restored with mode={last.mode}; rerun with "
+                                   f"mode={last.mode}, or with --from-scratch to start over in "
+                                   f"mode={mode}")
+            progress = last
+            self.stats.resumed = bool(last.positions)
+            self.stats.previously_produced = last.produced
+            if store_p is None or last.seq > store_p.seq:
+                store_progress.write(last)  # the Kafka record is ahead: catch the store up
+        else:
+            progress = Progress.start(job, mode)
+        offsets = {source_partition_key({"partition": p}): {"position": n}
+                   for p, n in progress.positions.items()}
+        self.task.initialize(SourceTaskContext(offsets))
+        self.task.start(dict(props, **{TARGET_TOPIC: target, TARGET_PARTITIONS: have,
+                                       INCLUDE_TOMBSTONES: not created}))
+        self.stats.total = self.task.total
+        self.stats.planned = True
+        for p, pp in self.task.plans.items():
+            tp = TopicPartition(topic, p)
+            self.metrics.high_watermark[tp] = pp.total
+            self.metrics.position[tp] = 0
+        reader = _Prefetch(self.task.poll, self.stop_event)
+        writer = _LatestWriter(store_progress.write)
+        failed = True
+        try:
+            while not self.stop_event.is_set():
+                chunk = reader.get()
+                if chunk is None:
+                    break
+                progress = progress.advance(chunk.positions, len(chunk), chunk.done, txn)
+                self._send(chunk, progress, txn, progress_topic,
+                           on_produced=None if chunk.done else reader.prepare)
+                writer.submit(progress)
+                m = self.metrics
+                m.records += len(chunk)
+                m.bytes += chunk.nbytes
+                self.stats.chunks += 1
+                for p, n in chunk.taken.items():
+                    m.position[TopicPartition(topic, p)] = n
+            failed = False
+        finally:
+            reader.close()
+            try:
+                writer.close()  # waits for the last progress record to be durable in the store
+            except BaseException:
+                if not failed:
+                    raise  # else the first failure is the one to report
+
+    def _send(self, chunk: Any, progress: Progress, txn: bool, progress_topic: str,
+              on_produced: Callable[[], None] | None = None) -> None:
+        """One chunk and its Kafka progress record: a transaction, or flushes.
+        ``on_produced`` runs once the chunk is handed to librdkafka (before the flush)."""
+        from confluent_kafka import KafkaException
+        p = self.producer
+        try:
+            if txn:
+                p.begin_transaction()
+                self._in_txn = True
+            if chunk is not None and len(chunk):
+                self._produce(chunk)
+                if on_produced is not None:
+                    on_produced()
+                left = p.flush(ACK_TIMEOUT_S)
+                self._acked(left)
+            p.produce(progress_topic, encode_progress(progress), progress.job.encode(), 0)
+            if txn:
+                p.commit_transaction(ACK_TIMEOUT_S)
+                self._in_txn = False
+            else:
+                self._acked(p.flush(ACK_TIMEOUT_S))
+            self._check_errors()
+        except KafkaException as e:
+            self._check_errors()
+            raise kafka_failure("produce the restore" if not txn else
+                                "commit the restore's transaction", e, self.bootstrap,
+                                topic=progress.target_topic, timeout=ACK_TIMEOUT_S) from None
+
+    def _acked(self, left: int) -> None:
+        self._check_errors()
+        if left:
+            raise RestoreError(f"{left} records were not acknowledged by Kafka at "
+                               f"{self.bootstrap} within {ACK_TIMEOUT_S:.0f} s (broker down?); "
+                               "run the same restore again to continue from the last recorded "
+                               "progress")
+
+    def _produce(self, chunk: Any) -> None:
+        """The hot loop. Blocks go through the ColumnSender (connectors/framework/kafka_columns.py: no
+        Python object per record, headers straight from the store's encoding; each record
+        carries ``_on_delivery`` as produce() would, so a failed delivery is reported the same
+        way, with or without a transaction). Without it (not built, or turned off): positional
+        produce() calls (about 1.5x faster than keywords), one block at a time, without the
+        partition or headers column when the block has none."""
+        p = self.producer
+        produce, topic = p.produce, chunk.topic
+        blocked = self._produce_blocked
+        sender = self._sender(p)
+        for b in chunk.blocks:
+            cols = b.ranges() if sender is not None else None
+            if cols is not None:
+                parts = (None if b.partitions is None
+                         else np.asarray(b.partitions, np.int32))
+                keys, values, ts = cols
+                sender.produce(topic, -1 if b.partition is None else b.partition, parts,
+                               keys, values, ts, self._dr_cb, b.hspans)
+                continue
+            b.materialize()
+            if b.headers is None and b.partitions is None:  # the common case
+                part = b.partition
+                for k, v, ts in zip(b.keys, b.values, b.timestamps):
+                    try:
+                        produce(topic, v, k, part, None, None, ts)
+                    except BufferError:
+                        blocked(topic, v, k, part, ts, None)
+                continue
+            parts = repeat(b.partition) if b.partitions is None else b.partitions
+            headers = repeat(None) if b.headers is None else b.headers
+            for k, v, part, ts, h in zip(b.keys, b.values, parts, b.timestamps, headers):
+                try:
+                    produce(topic, v, k, part, None, None, ts, h)
+                except BufferError:
+                    blocked(topic, v, k, part, ts, h)
+        p.poll(0)
+
+    def _produce_blocked(self, topic: str, v: Any, k: Any, part: int, ts: int, h: Any) -> None:
+        """librdkafka's queue is full: serve delivery reports until the record fits."""
+        p = self.producer
+        while True:
+            p.poll(0.01)
+            try:
+                p.produce(topic, v, k, part, None, None, ts, h)
+                return
+            except BufferError:
+                continue
+
+
+class _Prefetch:
+    """Calls ``poll`` in a thread of its own while the producer thread waits in librdkafka
+    (flush, commit: without the GIL): ``prepare()`` starts the next chunk, ``get()`` returns
+    it (starting it first if nobody did). Reading ahead during the produce loop instead only
+    made the two threads take turns with the GIL (measured: more CPU, no faster); the reading
+    itself is mostly numba kernels and file reads, and the Python objects are built by the
+    producer's thread (``RecordBlock.materialize``)."""
+
+    def __init__(self, poll: Callable[[], Any], stop: threading.Event):
+        self._poll, self._stop = poll, stop
+        self._cond = threading.Condition()
+        self._wanted = True
+        self._busy = False
+        self._ready: list = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="restore-read", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                self._wanted, self._busy = False, True
+            try:
+                item: Any = self._poll()
+            except BaseException as e:  # noqa: BLE001 - raised by get()
+                item = _Failed(e)
+            with self._cond:
+                self._ready.append(item)
+                self._busy = False
+                self._cond.notify_all()
+            if item is None or isinstance(item, _Failed):
+                return
+
+    def prepare(self) -> None:
+        with self._cond:
+            if not self._ready and not self._busy:
+                self._wanted = True
+                self._cond.notify_all()
+
+    def get(self) -> Any:
+        """The next chunk; None at the end, or once stopped."""
+        with self._cond:
+            if not self._ready and not self._busy and self._thread.is_alive():
+                self._wanted = True
+                self._cond.notify_all()
+            while not self._ready:
+                if self._stop.is_set() or not self._thread.is_alive():
+                    return None
+                self._cond.wait(0.1)
+            item = self._ready.pop(0)
+        if isinstance(item, _Failed):
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+
+@dataclass
+class _Failed:
+    error: BaseException
+
+
+class _LatestWriter:
+    """Writes progress records in a thread of its own, keeping only the newest pending one:
+    the store's fsyncs then overlap with the next chunk. The Kafka progress record, written
+    with each chunk, is never behind the store's, so a restart loses nothing by it."""
+
+    def __init__(self, write: Callable[[Progress], None]):
+        self._write = write
+        self._cond = threading.Condition()
+        self._pending: Progress | None = None
+        self._closed = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="restore-progress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                item, self._pending = self._pending, None
+                if item is None:
+                    return
+            try:
+                self._write(item)
+            except BaseException as e:  # noqa: BLE001 - raised by submit()/close()
+                self.error = e
+                return
+
+    def submit(self, p: Progress) -> None:
+        if self.error is not None:
+            raise self.error
+        with self._cond:
+            self._pending = p
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
