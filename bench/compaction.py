@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-numba-run", action="store_true",
                     help="skip the comparison run on the numba kernels")
     a = ap.parse_args(argv)
-    from kcompact.connectors.cli import _size
+    from kcompact.connectors.cli import parse_size as _size
     map_bytes = _size(a.map_memory)
     work = tempfile.mkdtemp(prefix="kcompact-bench-compaction-", dir=a.workdir)
     try:

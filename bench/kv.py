@@ -8,7 +8,7 @@ average, random order, one partition). What a user would pick instead, in the sa
 quixstreams application that consumes a topic into its RocksDB state (``State.set`` per
 message) until it has seen every message - once on the full U-update topic, once on a topic that
 holds only the latest value of each key (K records: the best a broker's log cleaner could
-leave). Both topics live in the embedded broker (kcompact.connectors.broker.EmbeddedBroker, Tansu).
+leave). Both topics live in the embedded broker (kcompact.connectors.devtools.broker.EmbeddedBroker, Tansu).
 
 Ours: ``kcompact kv build`` from the compacted store (built here with RecordBatch.from_columns,
 then compaction.Compactor with force), as a separate process, timed from spawn to the line it
@@ -144,7 +144,7 @@ def get_latency(db: str, data: Data, n: int = 200_000, rounds: int = 3) -> dict[
     """Per-call latency of KVMap.get (perf_counter_ns around each call), for existing keys
     and absent ones, after one warm-up pass. The machine is shared, so the pass with the lowest
     p99 of ``rounds`` is reported (as timeit reports its best), with the median pass's p99."""
-    from kcompact.connectors.kv import KVMap
+    from kcompact.connectors.apps.kv import KVMap
     rng = np.random.default_rng(9)
     hits = [bytes(data.key_bytes[i]) for i in rng.integers(0, data.keys, n)]
     misses = [b"nokey-%010d" % i for i in rng.integers(0, 1 << 40, n // 4)]
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         res["get"] = get_latency(db, data)
         assert res["get"]["keys"] == a.keys, res["get"]
         if not a.skip_quix:
-            from kcompact.connectors.broker import EmbeddedBroker
+            from kcompact.connectors.devtools.broker import EmbeddedBroker
             py = ensure_quix_venv()
             with EmbeddedBroker() as broker:
                 b = broker.bootstrap_servers

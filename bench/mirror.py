@@ -12,7 +12,7 @@ Then, alternating for --rounds rounds:
   discarding the messages. It uses exactly the consumer settings the mirror uses (read_committed,
   queued.min.messages=1M ...) and the same garbage-collector thresholds (reput/_gc.py), so
   the two differ only in what happens to the messages.
-* mirror: kcompact.connectors.mirror.mirror_local into a fresh store directory, timed from the call to
+* mirror: kcompact.connectors.apps.mirror.mirror_local into a fresh store directory, timed from the call to
   its return (metadata, store creation, consume, append, final fsync'd flush).
 
 numba's kernels are loaded once before the first round (a fixed ~1-3 s per process that every
@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
-from kcompact.connectors.mirror import mirror_local  # noqa: E402
+from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
+from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import SINK_CONSUMER_DEFAULTS  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402

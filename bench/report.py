@@ -782,7 +782,7 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(BENCHES)}")
     if a.map_budget:
-        from kcompact.connectors.cli import _size
+        from kcompact.connectors.cli import parse_size as _size
         budget = _size(a.map_budget) // 16 * 16
     else:
         budget = map_budget_for(a.scale)

@@ -16,7 +16,7 @@ KAFKA_BOOTSTRAP_SERVERS):
   produce() call, timed from the producer's creation to flush() done, under the restore's
   garbage-collector
   thresholds (reput/_gc.py). The topic exists beforehand.
-* restore: kcompact.connectors.restore.restore (what `kcompact restore` runs) into a new topic, timed from
+* restore: kcompact.connectors.apps.restore.restore (what `kcompact restore` runs) into a new topic, timed from
   the call to its return: metadata, topic creation, transactional producer and init, progress
   reads, the latest-per-key plan, reading the store, producing, a transaction commit and a store
   progress record (fsync'd) per chunk.
@@ -48,9 +48,9 @@ import numpy as np  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
+from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.plugins.store_source import DEFAULT_PRODUCER_CONFIG  # noqa: E402
-from kcompact.connectors.restore import restore  # noqa: E402
+from kcompact.connectors.apps.restore import restore  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput._gc import bulk_gc  # noqa: E402

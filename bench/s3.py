@@ -4,7 +4,7 @@
 
 Stores with 1, 16 and 64 partitions and the same total records (N records, N/10 distinct keys,
 ~100-byte values, 5% tombstones), written once to an S3 store on a local SeaweedFS
-(reput/seaweed.py, started and stopped here, every port on 127.0.0.1) and once to a local
+(connectors/devtools/seaweed.py, started and stopped here, every port on 127.0.0.1) and once to a local
 directory, with the same segment.bytes, so both hold the same segments. Then a forced
 compaction of each, with cold caches (the S3 block cache and spool cleared), printing per
 store: S3 requests by kind, requests per input segment, the requests left once 2 per input
@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 from kcompact.compaction import compact_store  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
-from kcompact.reput.seaweed import SeaweedS3  # noqa: E402
+from kcompact.connectors.devtools.seaweed import SeaweedS3  # noqa: E402
 
 TOPIC = "bench"
 BATCH = 100_000

@@ -11,8 +11,8 @@ Then:
   the Python workers and loads kcompact and its numba kernels in them - both fixed costs of a
   process, reported apart and not counted below.
 * **mirror**, alternating for --rounds rounds, each into a fresh store directory:
-  ``--engine local`` (kcompact.connectors.mirror.mirror_local: one process, one consumer for every
-  partition) and ``--engine spark`` (kcompact.connectors.spark_engine.mirror_with_spark: one Spark task per
+  ``--engine local`` (kcompact.connectors.apps.mirror.mirror_local: one process, one consumer for every
+  partition) and ``--engine spark`` (kcompact.connectors.apps.spark.mirror_job.mirror_with_spark: one Spark task per
   partition, each with its own consumer and commit-log writer; its compaction stage is off, as
   the local batch mirror has none). Timed from the call to its return.
 * **read**: the Spark store's every record, ``spark.read.format("kcompact").option("mode",
@@ -45,9 +45,10 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from kcompact.connectors import cli  # noqa: E402
-from kcompact.connectors.broker import EmbeddedBroker  # noqa: E402
-from kcompact.connectors.mirror import mirror_local  # noqa: E402
-from kcompact.connectors.spark_engine import mirror_with_spark, spark_session  # noqa: E402
+from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
+from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
+from kcompact.connectors.apps.spark import spark_session  # noqa: E402
+from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark  # noqa: E402
 from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402

@@ -1,285 +1,140 @@
-"""The ``kcompact`` command line (the contract in DESIGN.md, "Command line").
+"""The ``kcompact`` command line (the contract in DESIGN.md, "Command line"): argparse only.
 
-Exit codes: 0 success; 1 a runtime error, printed as one line naming what is wrong (``verify``
-also exits 1 when it finds corruption or a difference); 2 a usage error. ``--json`` prints one
-JSON document on stdout (``dump --json``: one object per line). Progress goes to stderr.
-Set KCOMPACT_DEBUG=1 for tracebacks.
+Each command's flags become its typed options (a frozen dataclass next to the application that
+takes them: connectors.apps, kcompact.replication, connectors.devtools), which the application
+runs. This module owns the exit codes and how an error is printed: 0 success; 1 a runtime
+error, printed as one line naming what is wrong (``verify`` also exits 1 when it finds
+corruption or a difference); 2 a usage error (argparse's message). ``--json`` prints one JSON
+document on stdout (``dump --json``: one object per line). Progress goes to stderr. Set
+KCOMPACT_DEBUG=1 for tracebacks.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import os
 import sys
 import traceback
 from typing import Any, Callable
 
-from kcompact.reput import ReputError, Store, verify_store
+from kcompact.reput import ReputError
 from kcompact.reput._gc import bulk_gc
-from kcompact.reput.record import Record
 
 from .errors import ConnectorsError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
-# Errors from any package root that a user can act on: printed as one line, exit 1.
-_USER_ERRORS: tuple[type[BaseException], ...] = (ReputError, ConnectorsError, OSError)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can act on (each package's root, and OSError): printed as one line, exit 1.
+    Imported only once an error needs classifying: importing replication costs ~0.5 s."""
+    from kcompact.compaction import CompactionError
+    from kcompact.replication import ReplicationError
+    return (ReputError, CompactionError, ReplicationError, ConnectorsError, OSError)
 
 
-def _register_optional_roots() -> tuple[type[BaseException], ...]:
-    """The user-error roots, with those of compaction/ and replication/ when installed. Called
-    only once an error needs classifying: importing replication costs ~0.5 s at start-up."""
-    global _USER_ERRORS
-    from importlib import import_module
-    for mod, name in (("kcompact.compaction", "CompactionError"),
-                      ("kcompact.replication", "ReplicationError")):
-        try:
-            m = import_module(mod)
-            root = getattr(m, name, None)
-            if root is not None and root not in _USER_ERRORS:
-                _USER_ERRORS = _USER_ERRORS + (root,)
-        except ImportError:
-            pass
-    return _USER_ERRORS
+def _kafka_config(items: list[str]) -> dict[str, str]:
+    from .framework.config import parse_kv_pairs
+    return parse_kv_pairs(items, flag="-X")
 
 
 # ---------------------------------------------------------------------------------------------
-# output helpers
+# commands: flags -> options -> the application
 
 
-def _text_or_b64(name: str, data: bytes | None, out: dict[str, Any]) -> None:
-    if data is None:
-        out[name] = None
-        return
-    try:
-        out[name] = data.decode("utf-8")
-    except UnicodeDecodeError:
-        out[name] = None
-        out[f"{name}_b64"] = base64.b64encode(data).decode()
+def cmd_demo(a: argparse.Namespace) -> int:
+    from .devtools.demo import DemoOptions, run_demo
+    return run_demo(DemoOptions(workdir=a.workdir, records=a.records, s3=a.s3))
 
 
-def record_json(r: Record) -> dict[str, Any]:
-    """The `dump --json` object of one record (DESIGN.md)."""
-    d: dict[str, Any] = {"topic": r.topic, "partition": r.partition, "offset": r.offset,
-                         "timestamp": r.timestamp}
-    _text_or_b64("key", r.key, d)
-    _text_or_b64("value", r.value, d)
-    hs = []
-    for name, value in r.headers:
-        h: dict[str, Any] = {"key": name}
-        _text_or_b64("value", value, h)
-        hs.append(h)
-    d["headers"] = hs
-    return d
+def cmd_broker(a: argparse.Namespace) -> int:
+    from .devtools.broker import run_foreground
+    return run_foreground(a.port)
 
 
-def _show(data: bytes | None, limit: int = 60) -> str:
-    if data is None:
-        return "null"
-    try:
-        s = data.decode("utf-8")
-        if not s.isprintable():
-            raise UnicodeDecodeError("utf-8", data, 0, 1, "unprintable")
-    except UnicodeDecodeError:
-        s = "b64:" + base64.b64encode(data).decode()
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+def cmd_mirror(a: argparse.Namespace) -> int:
+    from .apps.mirror import run_mirror
+    from .apps.options import MirrorOptions, parse_partitions
+    return run_mirror(MirrorOptions(
+        bootstrap_servers=a.bootstrap_servers, topic=a.topic, store=a.store, engine=a.engine,
+        spark_master=a.spark_master, follow=a.follow, compact=not a.no_compact,
+        partitions=parse_partitions(a.partitions), kafka_config=_kafka_config(a.kafka_config)))
 
 
-def _print_json(doc: Any) -> None:
-    json.dump(doc, sys.stdout, indent=2, sort_keys=False)
-    sys.stdout.write("\n")
+def cmd_compact(a: argparse.Namespace) -> int:
+    from .apps.compact import CompactOptions, run_compact
+    return run_compact(CompactOptions(
+        store=a.store, topic=a.topic, partition=a.partition, force=a.force,
+        offset_map_memory=a.offset_map_memory, engine=a.engine, spark_master=a.spark_master,
+        json=a.json))
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from .apps.inspect import InspectOptions, run_inspect
+    return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
 
 
-# ---------------------------------------------------------------------------------------------
-# commands
+def cmd_dump(a: argparse.Namespace) -> int:
+    from .apps.inspect import DumpOptions, run_dump
+    return run_dump(DumpOptions(store=a.store, topic=a.topic, partition=a.partition,
+                                from_offset=a.from_offset, limit=a.limit, json=a.json))
 
 
-def inspect_doc(store: Store, topic: str | None) -> dict[str, Any]:
-    from .inspect import store_summary
-    return store_summary(store, topic)
+def cmd_verify(a: argparse.Namespace) -> int:
+    if a.against:
+        from kcompact.replication import VerifyAgainstOptions, verify_against
+        return verify_against(VerifyAgainstOptions(store=a.store, against=a.against,
+                                                   token_file=a.token_file, json=a.json))
+    from .apps.inspect import VerifyOptions, run_verify
+    return run_verify(VerifyOptions(store=a.store, json=a.json))
 
 
-def cmd_inspect(args) -> int:
-    store = Store.open(args.store)
-    doc = inspect_doc(store, args.topic)
-    if args.plot:
-        from .inspect import plot_store
-        plot_store(doc, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.json:
-        _print_json(doc)
-        return EXIT_OK
-    print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
-    hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "FIRST", "NEXT",
-           "HORIZON", "DIRTY", "LAST RUN")
-    rows = []
-    for t in doc["topics"]:
-        for p in t["partitions"]:
-            rows.append((t["topic"], p["partition"], p["segments"], p["records"], p["tombstones"],
-                         p["keyless"], _human_bytes(p["bytes"]), p["first_offset"],
-                         p["next_offset"], p.get("compaction_horizon", -1),
-                         f"{p.get('dirty_ratio', 0.0):.2f}", _last_run_text(p)))
-    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows else [len(h) for h in hdr]
-    for row in (hdr, *rows):
-        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-    if not rows:
-        print("(no partitions)")
-    return EXIT_OK
+def cmd_serve(a: argparse.Namespace) -> int:
+    from kcompact.replication import ServeOptions, serve
+    return serve(ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                              tls_cert=a.tls_cert, tls_key=a.tls_key))
 
 
-def _last_run_text(p: dict[str, Any]) -> str:
-    """The LAST RUN column of `inspect`: when the last compaction ended (UTC, when the store
-    knows it) and how many records it kept and dropped; ``never`` before the first one."""
-    run = p.get("last_compaction")
-    if not run:
-        return "never"
-    what = f"kept {run['records_kept']} dropped {run['records_dropped']}"
-    when = p.get("last_compaction_ms")
-    if when is None:
-        return what
-    import time
-    return time.strftime("%Y-%m-%d %H:%M:%SZ ", time.gmtime(when / 1000)) + what
+def cmd_replicate(a: argparse.Namespace) -> int:
+    from kcompact.replication import ReplicateOptions, replicate
+    return replicate(ReplicateOptions(from_url=a.from_url, token_file=a.token_file,
+                                      store=a.store, follow=a.follow))
 
 
-def cmd_dump(args) -> int:
-    store = Store.open(args.store)
-    if args.partition not in store.partitions(args.topic):
-        raise ConnectorsError(f"{args.topic}-{args.partition} is not in store {store.url}; "
-                              "see `kcompact inspect`")
-    out = sys.stdout
-    for r in store.iter_records(args.topic, args.partition, args.from_offset, args.limit):
-        if args.json:
-            out.write(json.dumps(record_json(r)) + "\n")
-        else:
-            hdrs = " ".join(f"{k}={_show(v, 20)}" for k, v in r.headers)
-            out.write(f"{r.offset}\t{r.timestamp}\t{_show(r.key)}\t{_show(r.value)}"
-                      + (f"\t{hdrs}" if hdrs else "") + "\n")
-    return EXIT_OK
+def cmd_restore(a: argparse.Namespace) -> int:
+    from .apps.restore import RestoreOptions, run_restore
+    return run_restore(RestoreOptions(
+        store=a.store, topic=a.topic, bootstrap_servers=a.bootstrap_servers,
+        to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
+        from_scratch=a.from_scratch, chunk_records=a.chunk_records,
+        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config)))
 
 
-def cmd_verify(args) -> int:
-    if args.against:
-        from kcompact.replication import verify_against  # noqa: WPS433 (replication is optional here)
-        return verify_against(args)
-    store = Store.open(args.store)
-    report = verify_store(store)
-    if args.json:
-        _print_json(report.to_dict())
-    else:
-        for p in report.problems:
-            print(str(p))
-        print(f"{'OK' if report.ok else 'CORRUPT'}: {report.partitions} partitions, "
-              f"{report.segments} segments, {report.records} records, "
-              f"{_human_bytes(report.bytes)}, {report.commitlog_segments} commit-log segments, "
-              f"{len(report.problems)} problems")
-    return EXIT_OK if report.ok else EXIT_ERROR
+def cmd_kv_build(a: argparse.Namespace) -> int:
+    from .apps.kv.command import KVBuildOptions, kv_build, parse_settings
+    return kv_build(KVBuildOptions(store=a.store, topic=a.topic, db=a.db, follow=a.follow,
+                                   bootstrap_servers=a.bootstrap_servers,
+                                   kafka_config=parse_settings(a.kafka_config, "-X")))
 
 
-def cmd_compact(args) -> int:
-    from kcompact.compaction import CompactionOptions, compact_store
-    if args.engine == "spark":
-        # An explicit engine is never swapped for another: say why Spark cannot run, before
-        # anything is opened (as `mirror --engine spark` does).
-        from .spark_engine import SparkEngineError, compact_with_spark, spark_available
-        why = spark_available()
-        if why is not None:
-            raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
-        return compact_with_spark(args)
-    store = Store.open(args.store)
-    if args.topic and args.topic not in store.topics():
-        raise ConnectorsError(f"topic {args.topic!r} is not in store {store.url}")
-    if args.partition is not None and not args.topic:
-        raise ConnectorsError("--partition needs --topic")
-    results = compact_store(store, topic=args.topic, partition=args.partition, force=args.force,
-                            options=CompactionOptions(offset_map_memory=args.offset_map_memory),
-                            progress=lambda m: print(m, file=sys.stderr, flush=True))
-    store.close()
-    if args.json:
-        _print_json({"store": args.store, "partitions": [r.to_dict() for r in results]})
-        return EXIT_OK
-    if not results:
-        print("nothing to compact (no partition reached min.cleanable.dirty.ratio, "
-              "max.compaction.lag.ms or the small-segment limit; use --force)")
-    for r in results:
-        if r.skipped:
-            print(f"{r.topic}-{r.partition}: skipped: {r.skipped}")
-            continue
-        print(f"{r.topic}-{r.partition}: {r.rounds} rounds, kept {r.records_kept:,} dropped "
-              f"{r.records_dropped:,} records ({r.tombstones_dropped:,} tombstones), "
-              f"{_human_bytes(r.size_before)} -> {_human_bytes(r.size_after)}, "
-              f"read {_human_bytes(r.bytes_read)} wrote {_human_bytes(r.bytes_written)} "
-              f"(recopy {r.recopy_percent:.0f}%), segments {r.segments_before} -> "
-              f"{r.segments_after}, map {r.map_utilization_max:.0%} full at "
-              f"{r.map_bytes_per_key:.1f} B/key, {r.duration_s:.2f}s")
-    return EXIT_OK
+def cmd_kv_get(a: argparse.Namespace) -> int:
+    from .apps.kv.command import KVGetOptions, kv_get, parse_settings
+    return kv_get(KVGetOptions(db=a.db, key=a.key, json=a.json, key_base64=a.key_base64,
+                               value_converter=a.value_converter,
+                               converter_config=parse_settings(a.converter_config,
+                                                               "--converter-config")))
 
 
-def cmd_broker(args) -> int:
-    from .broker import run_foreground
-    return run_foreground(args.port)
-
-
-def cmd_demo(args) -> int:
-    from .demo import run_demo
-    return run_demo(args)
-
-
-def cmd_kv_build(args) -> int:
-    from .kv import cmd_kv_build as run
-    return run(args)
-
-
-def cmd_kv_get(args) -> int:
-    from .kv import cmd_kv_get as run
-    return run(args)
-
-
-def cmd_mirror(args) -> int:
-    from .mirror import cmd_mirror as run
-    return run(args)
-
-
-def cmd_serve(args) -> int:
-    from kcompact.replication import serve  # noqa: WPS433
-    return serve(args)
-
-
-def cmd_replicate(args) -> int:
-    from kcompact.replication import replicate  # noqa: WPS433
-    return replicate(args)
-
-
-def cmd_restore(args) -> int:
-    from .restore import cmd_restore as run
-    return run(args)
-
-
-def cmd_connect_standalone(args) -> int:
-    from .standalone import cmd_standalone
-    return cmd_standalone(args)
-
-
-def _not_yet(name: str) -> Callable[[Any], int]:
-    def run(_args) -> int:
-        raise ConnectorsError(f"`kcompact {name}` is not available in this version of kcompact")
-    return run
+def cmd_connect_standalone(a: argparse.Namespace) -> int:
+    from .apps.connect import ConnectOptions, run_connect
+    return run_connect(ConnectOptions(worker=a.worker, connectors=tuple(a.connectors)))
 
 
 # ---------------------------------------------------------------------------------------------
 # parser
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
     """'128MiB', '64m', '1g', '1048576' -> bytes."""
     t = text.strip().lower().replace("ib", "").replace("b", "")
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:], 1)
@@ -341,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topic", default=None)
     s.add_argument("--partition", type=int, default=None)
     s.add_argument("--force", action="store_true")
-    s.add_argument("--offset-map-memory", type=_size, default=128 << 20)
+    s.add_argument("--offset-map-memory", type=parse_size, default=128 << 20)
     s.add_argument("--engine", choices=("spark", "local"), default="local")
     s.add_argument("--spark-master", default=None)
     s.add_argument("--json", action="store_true")
@@ -455,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except _register_optional_roots() as e:
+    except _user_errors() as e:
         if debug:
             traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

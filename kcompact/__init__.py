@@ -36,9 +36,9 @@ _FACADE = {
     "compact_store": "kcompact.compaction",
     "CompactionError": "kcompact.compaction",
     "ReplicationError": "kcompact.replication",
-    "KVMap": "kcompact.connectors.kv",
-    "spark_session": "kcompact.connectors.spark_engine",
-    "register_data_source": "kcompact.connectors.spark_engine",
+    "KVMap": "kcompact.connectors.apps.kv",
+    "spark_session": "kcompact.connectors.apps.spark",
+    "register_data_source": "kcompact.connectors.apps.spark",
     "ConnectorsError": "kcompact.connectors",
 }
 

@@ -10,16 +10,17 @@ from .errors import (AuthError, MasterUnavailableError, ProtocolError, ReplicaEr
                      ReplicationError, RequestError)
 from .live import digest_frames, live_offsets
 from .protocol import PROTOCOL_VERSION, ServerLimits
-from .replica import PartitionResult, ReplicaOptions, Replicator, replicate
-from .server import run_server, serve
-from .verify import AgainstReport, PartitionDiff, compare_stores, verify_against
+from .replica import PartitionResult, ReplicaOptions, ReplicateOptions, Replicator, replicate
+from .server import ServeOptions, run_server, serve
+from .verify import (AgainstReport, PartitionDiff, VerifyAgainstOptions, compare_stores,
+                     verify_against)
 
 __all__ = [
     "AuthError", "MasterUnavailableError", "ProtocolError", "ReplicaError", "ReplicationError",
     "RequestError",
     "digest_frames", "live_offsets",
     "PROTOCOL_VERSION", "ServerLimits",
-    "PartitionResult", "ReplicaOptions", "Replicator", "replicate",
-    "run_server", "serve",
-    "AgainstReport", "PartitionDiff", "compare_stores", "verify_against",
+    "PartitionResult", "ReplicaOptions", "ReplicateOptions", "Replicator", "replicate",
+    "ServeOptions", "run_server", "serve",
+    "AgainstReport", "PartitionDiff", "VerifyAgainstOptions", "compare_stores", "verify_against",
 ]

@@ -650,7 +650,17 @@ def merge_logs(fs, topic: str, partition: int, store: Store, local: PartitionLog
 # the command
 
 
-async def _replicate(args, token: bytes, options: ReplicaOptions) -> int:
+@dataclass(frozen=True)
+class ReplicateOptions:
+    """``kcompact replicate``'s options (ReplicaOptions: the pull's tuning)."""
+
+    from_url: str
+    token_file: str
+    store: str
+    follow: bool = False
+
+
+async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptions) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -659,13 +669,13 @@ async def _replicate(args, token: bytes, options: ReplicaOptions) -> int:
     store = None
     rep = None
     try:
-        async with MasterClient(args.from_url, token, retry_s=options.retry_s,
+        async with MasterClient(opts.from_url, token, retry_s=options.retry_s,
                                 on_retry=lambda m: progress.note("replicate", m)) as client:
             first = await client.store_doc()  # fail fast before touching the replica store
             try:
-                store = Store.open(args.store, create=True)
+                store = Store.open(opts.store, create=True)
             except ReputError as e:
-                raise ReplicaError(f"replica store {args.store}: {e}") from None
+                raise ReplicaError(f"replica store {opts.store}: {e}") from None
             rep = Replicator(client, store, options, progress)
             rep.master_doc = first
             await rep.connect()
@@ -685,7 +695,7 @@ async def _replicate(args, token: bytes, options: ReplicaOptions) -> int:
             print(f"replica {store.url} rebuilt from {client.url}: {len(results)} partitions, "
                   f"{sum(r.records for r in results):,} records, {total / 1e6:,.1f} MB pulled "
                   f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s)", flush=True)
-            if getattr(args, "follow", False) and not stop.is_set():
+            if opts.follow and not stop.is_set():
                 progress.note("replicate", "following the master (Ctrl-C to stop)")
                 await rep.follow(stop)
         return 0
@@ -699,11 +709,12 @@ async def _replicate(args, token: bytes, options: ReplicaOptions) -> int:
         progress.close()
 
 
-def replicate(args, options: ReplicaOptions | None = None) -> int:
+def replicate(opts: ReplicateOptions, options: ReplicaOptions | None = None) -> int:
     """`kcompact replicate --from URL --token-file F --store URL [--follow]`."""
-    check_master_url(args.from_url)
-    token = read_token_file(args.token_file)
-    return asyncio.run(_replicate(args, token, options or ReplicaOptions.from_env()))
+    check_master_url(opts.from_url)
+    token = read_token_file(opts.token_file)
+    return asyncio.run(_replicate(opts, token, options or ReplicaOptions.from_env()))
 
 
-__all__ = ["PartitionResult", "ReplicaOptions", "Replicator", "merge_logs", "replicate"]
+__all__ = ["PartitionResult", "ReplicaOptions", "ReplicateOptions", "Replicator", "merge_logs",
+           "replicate"]

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from aiohttp import web
@@ -380,15 +381,26 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
         master.store.close()
 
 
-def serve(args) -> int:
+@dataclass(frozen=True)
+class ServeOptions:
+    """``kcompact serve``'s options."""
+
+    store: str
+    listen: str                      # HOST:PORT
+    token_file: str
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
+def serve(opts: ServeOptions) -> int:
     """`kcompact serve --store URL --listen HOST:PORT --token-file F [--tls-cert C --tls-key K]`."""
-    token = read_token_file(args.token_file)
-    ctx = tls_context(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+    token = read_token_file(opts.token_file)
+    ctx = tls_context(opts.tls_cert, opts.tls_key)
 
     def ready(url: str) -> None:
-        print(f"kcompact serve: serving {args.store} on {url} (Ctrl-C to stop)",
+        print(f"kcompact serve: serving {opts.store} on {url} (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
 
-    asyncio.run(run_server(args.store, args.listen, token, ssl_context=ctx, ready=ready))
+    asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, ready=ready))
     print("kcompact serve: stopped", file=sys.stderr, flush=True)
     return 0

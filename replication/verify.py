@@ -288,22 +288,32 @@ async def compare_stores(store: Store, master_url: str, token: bytes) -> Against
     return report
 
 
-def verify_against(args) -> int:
+@dataclass(frozen=True)
+class VerifyAgainstOptions:
+    """``kcompact verify --against``'s options."""
+
+    store: str
+    against: str                     # the master's URL
+    token_file: str
+    json: bool = False
+
+
+def verify_against(opts: VerifyAgainstOptions) -> int:
     """`kcompact verify --store URL --against URL --token-file F [--json]`: exit 1 on any
     difference."""
-    if not getattr(args, "token_file", None):
+    if not opts.token_file:
         raise ReplicationError("--against needs --token-file (the token the master serves with)")
-    check_master_url(args.against)
-    token = read_token_file(args.token_file)
+    check_master_url(opts.against)
+    token = read_token_file(opts.token_file)
     try:
-        store = Store.open(args.store)
+        store = Store.open(opts.store)
     except ReputError as e:
-        raise ReplicationError(f"replica store {args.store}: {e}") from None
+        raise ReplicationError(f"replica store {opts.store}: {e}") from None
     try:
-        report = asyncio.run(compare_stores(store, args.against, token))
+        report = asyncio.run(compare_stores(store, opts.against, token))
     finally:
         store.close()
-    if getattr(args, "json", False):
+    if opts.json:
         json.dump(report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -312,6 +322,6 @@ def verify_against(args) -> int:
                 print(line)
         bad = sum(1 for p in report.partitions if not p.ok)
         print(f"{'EQUAL' if report.ok else 'DIFFERENT'}: {len(report.partitions)} partitions "
-              f"compared with {args.against}, {bad} differ (live state: latest record per key, "
+              f"compared with {opts.against}, {bad} differ (live state: latest record per key, "
               "tombstones as deletions, keyless records)")
     return 0 if report.ok else 1

@@ -6,7 +6,7 @@
 2. testcontainers' Kafka (``KafkaContainer``, KRaft mode), started for the session and stopped
    at the end, when a Docker engine answers a ping within 0.8 s (brokers.py; with no engine
    the probe is one refused connection, well under a second);
-3. an :class:`kcompact.connectors.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
+3. an :class:`kcompact.connectors.devtools.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
    and stopped at the end.
 
 ``KCOMPACT_TEST_BROKER=tansu`` or ``=testcontainers`` forces 3 or 2 (the latter fails the session
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kcompact.connectors.broker import EmbeddedBroker
+from kcompact.connectors.devtools.broker import EmbeddedBroker
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
@@ -179,7 +179,7 @@ def closed_port() -> int:
 def s3_store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
     """Factory of fresh S3 store URLs on a SeaweedFS server started for the session.
 
-    ``weed mini`` (reput/seaweed.py) runs on free ports, every listener on 127.0.0.1, its data
+    ``weed mini`` (connectors/devtools/seaweed.py) runs on free ports, every listener on 127.0.0.1, its data
     in a temporary directory; the bucket ``kcompact-it`` is created; ``AWS_ACCESS_KEY_ID``,
     ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_REGION`` and ``KCOMPACT_CACHE_DIR``
     (the writers' local commit-log directories) are set for this process and its children, and
@@ -189,7 +189,7 @@ def s3_store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     ``?grace_ms=N`` when given). ``make.server`` is the SeaweedS3 (endpoint, credentials,
     ``client()``), ``make.bucket`` the bucket name.
     """
-    from kcompact.reput.seaweed import SeaweedS3
+    from kcompact.connectors.devtools.seaweed import SeaweedS3
 
     server = SeaweedS3(workdir=str(tmp_path_factory.mktemp("seaweedfs"))).start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION",

@@ -1,4 +1,4 @@
-"""The embedded broker (connectors/broker.py) against real Tansu processes.
+"""The embedded broker (connectors/devtools/broker.py) against real Tansu processes.
 
 Lifecycle tests start their own brokers (about 0.2 s each); the round-trip tests use the
 session's ``kafka_bootstrap``, so they also pass against a real Kafka named by
@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from kcompact.connectors import broker as broker_module
+from kcompact.connectors.devtools import broker as broker_module
 from brokers import BrokerChoiceError, broker_kind, docker_unavailable
-from kcompact.connectors.broker import BrokerError, EmbeddedBroker
+from kcompact.connectors.devtools.broker import BrokerError, EmbeddedBroker
 
 CONSUME_TIMEOUT = 10.0
 
@@ -237,7 +237,7 @@ def test_broken_binary_raises_broker_error():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_run_foreground_prints_address_and_stops_on_signal(sig):
-    code = "import sys; from kcompact.connectors.broker import run_foreground as r; sys.exit(r(None))"
+    code = "import sys; from kcompact.connectors.devtools.broker import run_foreground as r; sys.exit(r(None))"
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from kcompact.connectors.kv import KVMap
+from kcompact.connectors.apps.kv import KVMap
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kcompact.connectors.framework import kafka_columns
-from kcompact.connectors.kv import KVMap, build_map
+from kcompact.connectors.apps.kv import KVMap, build_map
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
 

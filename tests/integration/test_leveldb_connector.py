@@ -21,7 +21,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from kcompact.connectors.framework.config import parse_properties
-from kcompact.connectors.kv import KVMap
+from kcompact.connectors.apps.kv import KVMap
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "leveldb-sink.properties"

@@ -23,7 +23,7 @@ from kcompact.connectors.framework import kafka_columns
 from kcompact.connectors.framework.converters import AvroConverter
 from kcompact.connectors.framework.kafka_columns import ColumnReader
 from kcompact.connectors.errors import ConnectorsError
-from kcompact.connectors.mirror import mirror_local
+from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store, verify_store
 from topics import read_store, read_topic  # noqa: E402

@@ -29,7 +29,7 @@ from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.framework.kafka_columns import ColumnSender
 from kcompact.connectors.plugins.store_source import PROGRESS_TOPIC, default_partition
 from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
-from kcompact.connectors.restore import restore
+from kcompact.connectors.apps.restore import restore
 from kcompact.reput import Store
 from kcompact.reput.record import RecordBatch
 from topics import read_topic  # noqa: E402

@@ -511,7 +511,7 @@ def test_cli_compact_spark_and_the_data_source(s3_store_url, tmp_path):
         compact_store(st, force=True)
     assert content(url) == content(local)
     code = textwrap.dedent(f"""
-        from kcompact.connectors.spark_engine import spark_session
+        from kcompact.connectors.apps.spark import spark_session
         spark = spark_session("local[2]")
         for mode in ("latest", "all"):
             df = (spark.read.format("kcompact").option("store", {url!r})
@@ -802,7 +802,7 @@ def test_cli_mirror_follow_and_kv_build_follow_on_s3(kafka_bootstrap, make_topic
     model: dict[bytes, bytes | None] = {}
     for _q, k, v in first + more:
         model[k] = v
-    from kcompact.connectors.kv import KVMap
+    from kcompact.connectors.apps.kv import KVMap
     with KVMap(db) as m:
         assert dict(m.items()) == {k: v for k, v in model.items() if v is not None}
     got = content(url, topic)

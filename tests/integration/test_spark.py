@@ -1,7 +1,8 @@
 """The batch pipeline on Spark with a real PySpark ``local[2]`` (issue 5): the Spark mirror equals
 the local engine's, the ``kcompact`` data source equals a dict model of the topic, ``compact
---engine spark`` equals the local compaction, a task that fails once (an exception, or its Python
-worker killed) and is retried leaves no duplicate, and ``kcompact mirror`` runs Spark by default.
+--engine spark`` equals the local compaction, a task whose Python worker is killed is retried and
+leaves no duplicate, a task that fails on every attempt fails the job with one line, and
+``kcompact mirror`` runs Spark by default.
 
 One SparkSession for the module: starting the JVM takes ~20-30 s on a small loaded VM.
 """
@@ -11,20 +12,22 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
 
-pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs Java 17", allow_module_level=True)
 
 from kcompact.connectors import cli  # noqa: E402
-from kcompact.connectors.mirror import mirror_local  # noqa: E402
-from kcompact.connectors.spark_engine import (FAIL_ENV, SparkEngineError, mirror_with_spark,  # noqa: E402
-                                     spark_session, spark_writer_id)
+from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
+from kcompact.connectors.apps.spark import SparkEngineError, spark_session  # noqa: E402
+from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark, spark_writer_id  # noqa: E402
 from kcompact.reput import Store, verify_store  # noqa: E402
 from topics import read_store, read_topic  # noqa: E402
 
@@ -234,25 +237,117 @@ def test_mirror_compaction_stage(spark, kafka_bootstrap, make_topic, tmp_path, c
     assert verified(a)
 
 
-@pytest.mark.parametrize("mode", ["raise", "exit"])
-def test_retried_task_leaves_no_duplicate(spark, kafka_bootstrap, make_topic, tmp_path,
-                                          monkeypatch, mode):
-    """The first attempt of the tasks of partitions 0 and 2 fails after appending 1500 records
-    (``raise``: an exception, the store is closed; ``exit``: the Python worker dies with nothing
-    flushed); Spark retries them, they resume from the store's next offset."""
+def _descendants(root: int) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process below ``root`` (Linux /proc)."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        procs[int(name)] = (ppid, cmd)
+    below, grew = {}, True
+    while grew:
+        grew = False
+        for pid, (ppid, cmd) in procs.items():
+            if pid not in below and (ppid == root or ppid in below):
+                below[pid] = (ppid, cmd)
+                grew = True
+    return below
+
+
+def _python_workers() -> list[int]:
+    """This test's Spark Python workers: the children of its pyspark daemon (a child of the
+    JVM this process started), which forks one worker per task slot."""
+    procs = _descendants(os.getpid())
+    daemons = {pid for pid, (_, cmd) in procs.items() if "pyspark.daemon" in cmd}
+    return [pid for pid, (ppid, _) in procs.items() if ppid in daemons]
+
+
+def _stage(spark) -> tuple[int, int, int]:
+    """(completed, active, failed attempts) tasks of the running stages."""
+    tracker = spark.sparkContext.statusTracker()
+    done = active = failed = 0
+    for sid in tracker.getActiveStageIds():
+        info = tracker.getStageInfo(sid)
+        if info is not None:
+            done += info.numCompletedTasks
+            active += info.numActiveTasks
+            failed += info.numFailedTasks
+    return done, active, failed
+
+
+def _wait_for(what: str, cond, timeout: float = 120.0) -> None:
+    """Poll until ``cond()``; the timeout only bounds a hung run, the test asserts no timing."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        time.sleep(0.05)
+
+
+def test_killed_task_is_retried_and_resumes(spark, kafka_bootstrap, make_topic, tmp_path):
+    """The Python workers running the tasks of partitions 0 and 2 are SIGKILLed (nothing of
+    theirs is flushed or closed); Spark retries those tasks, and each retry reopens its
+    partition's commit log and resumes from the store's next offset: nothing is lost, nothing
+    duplicated, and the records a first run stored are not read again.
+
+    The kill is made deterministic from outside: this process holds the commit-log writers of
+    partitions 0 and 2 (spark-<topic>-0 and -2), so their tasks wait for them (a task waits for
+    a previous attempt of itself that still holds its log) while partition 1's task finishes;
+    once Spark shows that state, the workers are killed, and the writers are released once
+    Spark has seen both attempts fail."""
     topic = make_topic(partitions=3)
-    produce(kafka_bootstrap, topic, keyed_records(3, 9000, seed=11))
+    first, second = keyed_records(3, 4500, seed=11), keyed_records(3, 4500, seed=12)
+    # partition 1 gets the most new records: the driver starts the biggest task first, so
+    # local[2] runs it beside one of the others, and the third once it is done
+    second += [(1, *r[1:]) for r in keyed_records(3, 1500, seed=13)]
+    produce(kafka_bootstrap, topic, first)
     store = str(tmp_path / "store")
-    monkeypatch.setenv(FAIL_ENV, f"{mode}:1500:0,{mode}:1500:2")
-    res = mirror_with_spark(kafka_bootstrap, topic, store, spark=spark, batch_max=500,
-                            kafka_config={"fetch.max.bytes": "1048576"})
+    mirror_with_spark(kafka_bootstrap, topic, store, spark=spark, compact=False)
+    stored = read_store(store, topic)
+    produce(kafka_bootstrap, topic, second)
+
+    held = [Store.open(store, writer=spark_writer_id(topic, p)) for p in (0, 2)]
+    result: dict = {}
+
+    def run() -> None:
+        try:
+            result["res"] = mirror_with_spark(kafka_bootstrap, topic, store, spark=spark,
+                                              batch_max=500, compact=False)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            result["error"] = e
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    try:
+        # partition 1's task is done; the tasks of partitions 0 and 2 wait for their writers
+        _wait_for("p1 done, p0 and p2 waiting", lambda: _stage(spark)[:2] == (1, 2))
+        workers = _python_workers()  # the two waiting tasks' and any idle one (Spark checks
+        assert len(workers) >= 2, workers  # that a pooled worker is alive before reusing it)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        _wait_for("both attempts failed", lambda: _stage(spark)[2] >= 2)
+    finally:
+        for st in held:
+            st.close()
+    job.join(300)
+    assert not job.is_alive() and "error" not in result, result.get("error")
+    res = result["res"]
+
     by_p = {t["partition"]: t for t in res.tasks}
     assert by_p[0]["attempt"] == 1 and by_p[2]["attempt"] == 1 and by_p[1]["attempt"] == 0
     assert res.retried == 2
-    assert by_p[0]["records"] < by_p[1]["records"] + 1500  # the retry did not start over
     want = read_topic(kafka_bootstrap, topic, 3)
     assert read_store(store, topic) == want
-    assert res.records == sum(map(len, want.values())) - 2 * 1500
+    for p in range(3):  # each task read only what the first run had not stored
+        assert by_p[p]["start"] == stored[p][-1][0] + 1
+        assert by_p[p]["records"] == len(want[p]) - len(stored[p])
+    assert res.records == sum(map(len, want.values())) - sum(map(len, stored.values()))
     assert verified(store)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from kcompact.connectors.kv import MapBuilder
+from kcompact.connectors.apps.kv import MapBuilder
 
 
 def main() -> None:

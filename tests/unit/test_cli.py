@@ -227,7 +227,7 @@ def test_compact_engine_spark_without_java_fails_in_one_line(tmp_path, java_home
 
 
 def test_java_problem_follows_spark_launcher_rules(tmp_path, monkeypatch):
-    from kcompact.connectors.spark_engine import java_problem
+    from kcompact.connectors.apps.spark.session import java_problem
     home = tmp_path / "jdk"
     monkeypatch.setenv("JAVA_HOME", str(home))
     assert "has no bin/java" in java_problem()

@@ -21,7 +21,7 @@ from kcompact.connectors.framework.errors_handling import (ERRORS_CONFIG, H_EXC_
                                                            H_OFFSET, H_PARTITION, H_STAGE, H_TOPIC,
                                                            SKIPPED, DeadLetterQueue, ErrorContext,
                                                            ErrorHandler, Stage)
-from kcompact.connectors.mirror import connector_props, parse_partitions
+from kcompact.connectors.apps.options import mirror_props, parse_partitions
 from kcompact.connectors.framework.kafka_clients import KafkaSettings
 from kcompact.connectors.framework.worker import (CONNECTOR_CONFIG, WORKER_CONFIG, Worker,
                                                   connector_class, validate_connector)
@@ -288,17 +288,17 @@ def test_kafka_settings_reject_overrides_the_task_needs():
 
 
 def test_mirror_arguments():
-    assert parse_partitions("0,2, 5-7") == [0, 2, 5, 6, 7]
+    assert parse_partitions("0,2, 5-7") == (0, 2, 5, 6, 7)
     assert parse_partitions(None) is None
     with pytest.raises(ConfigError, match="--partitions: 'x' is not a partition number"):
         parse_partitions("1,x")
-    props = connector_props("t", "/s", partitions=[1], follow=False,
-                            kafka_config={"fetch.min.bytes": "1"})
+    props = mirror_props("t", "/s", partitions=[1], follow=False,
+                         kafka_config={"fetch.min.bytes": "1"})
     assert props["consumer.override.fetch.min.bytes"] == "1"
     assert props["store.partitions"] == "1" and props["store.writer"] == "local"
     with pytest.raises(ConfigError, match="-X bootstrap.servers: use --bootstrap-servers"):
-        connector_props("t", "/s", partitions=None, follow=False,
-                        kafka_config={"bootstrap.servers": "x"})
+        mirror_props("t", "/s", partitions=None, follow=False,
+                     kafka_config={"bootstrap.servers": "x"})
 
 
 # -- error handling ----------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_kv_columns_end_of_partition_order():
     from types import SimpleNamespace
 
     from kcompact.connectors.framework.kafka_columns import Batch, Event
-    from kcompact.connectors.kv import MapBuilder
+    from kcompact.connectors.apps.kv import MapBuilder
 
     def batch(parts, offs, events):
         n = len(parts)

@@ -1,4 +1,4 @@
-"""The key-value map (connectors/kv.py, connectors/plugins/leveldb_sink.py) against a dict model.
+"""The key-value map (connectors/apps/kv/map.py, connectors/plugins/leveldb_sink.py) against a dict model.
 
 The model of a topic's map: within a partition the record with the highest offset is a key's
 latest (Kafka semantics); a key whose latest is a tombstone is absent; keyless records never
@@ -34,9 +34,10 @@ from hypothesis import strategies as st
 
 from kcompact.compaction import Compactor
 from kcompact.connectors import cli
-from kcompact.connectors.kv import (KVCorruptionError, KVError, KVLockedError, KVMap,
-                                    KVNotFoundError, KVSourceMismatchError, MapBuilder, build_map,
-                                    kv_demo_step)
+from kcompact.connectors.apps.kv import (KVCorruptionError, KVError, KVLockedError, KVMap,
+                                        KVNotFoundError, KVSourceMismatchError, MapBuilder,
+                                        build_map)
+from kcompact.connectors.devtools.demo import kv_demo_step
 from kcompact.connectors.plugins.leveldb_sink import LevelDBSink, open_db
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
@@ -628,7 +629,7 @@ def test_cli_get_decodes_json_values(tmp_path, capsys):
 
 
 def test_kv_demo_step(tmp_path):
-    from kcompact.connectors.workload import Workload
+    from kcompact.connectors.devtools.workload import Workload
     wl = Workload(records=3000, keys=300, partitions=2)
     with Store.open(str(tmp_path / "s"), writer="demo", create=True) as st:
         for b in wl.batches("demo-users"):

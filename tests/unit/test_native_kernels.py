@@ -283,7 +283,7 @@ def test_record_scan_bad_arguments():
        keyless=st.floats(0, 0.3), tombs=st.floats(0, 0.4), end_frac=st.floats(0, 1.2))
 def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
     """upsert_latest (two partitions), merge and rehash (growth): the same table rows."""
-    from kcompact.connectors import _kv_kernels as KK
+    from kcompact.connectors.apps.kv import kernels as KK
     e0 = _entries(seed, n, keys, keyless, tombs)
     e1 = _entries(seed + 1, n // 2, keys, keyless, tombs)
     e1["timestamp"] = np.random.default_rng(seed).integers(0, 50, e1.shape[0])
@@ -324,7 +324,7 @@ def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 400), prefix=st.sampled_from([-1, 7]),
        pos=st.integers(0, 5), first=st.integers(0, 3))
 def test_kv_spans_gather_and_sort_rows_match_numba(seed, n, prefix, pos, first):
-    from kcompact.connectors import _kv_kernels as KK
+    from kcompact.connectors.apps.kv import kernels as KK
     buf = _record_buffer(seed, n)
     from kcompact.reput.record import scan
     positions = scan(buf).positions.astype(np.int64)
@@ -372,7 +372,7 @@ def test_a_kv_build_loads_no_jit_compiler(tmp_path):
     store = _build_store_elsewhere(tmp_path, partitions=2)
     kv = (
         "import sys; sys.path.insert(0, {root!r})\n"
-        "from kcompact.connectors.kv import build_map, KVMap\n"
+        "from kcompact.connectors.apps.kv import build_map, KVMap\n"
         "r = build_map({db!r}, {store!r}, 't')\n"
         "m = KVMap({db!r})\n"
         "print('numba' in sys.modules, r['keys'], m.get(b'k1'))\n")

@@ -26,7 +26,7 @@ from kcompact.connectors.plugins.store_source.progress import (PROGRESS_FORMAT_V
                                                                StoreProgress, decode_progress,
                                                                encode_progress, newest)
 from kcompact.connectors.plugins.store_source.task import INCLUDE_TOMBSTONES, TARGET_PARTITIONS
-from kcompact.connectors.restore import connector_props
+from kcompact.connectors.apps.restore import connector_props
 from kcompact.connectors.framework.worker import validate_connector
 from kcompact.reput import Store
 from kcompact.reput.filenames import validate_writer

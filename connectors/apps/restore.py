@@ -12,19 +12,16 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, TextIO
 
-from .errors import ConfigError
-from .framework.config import parse_kv_pairs
-from .framework.worker import Worker
-from .plugins.store_source import RestoreRunner
-from .plugins.store_source.runner import RestoreStats
+from ..framework.worker import Worker
+from ..plugins.store_source import RestoreRunner
+from ..plugins.store_source.runner import RestoreStats
+from .options import kafka_overrides
 
 CONNECTOR_NAME = "kcompact-restore"
 PROGRESS_INTERVAL = 1.0
-_OWN_FLAGS = {"bootstrap.servers": "--bootstrap-servers", "metadata.broker.list":
-              "--bootstrap-servers"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,10 +47,7 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
     }
     if chunk_records:
         props["restore.chunk.records"] = chunk_records
-    for k, v in (kafka_config or {}).items():
-        if k in _OWN_FLAGS:
-            raise ConfigError(f"-X {k}: use {_OWN_FLAGS[k]} instead")
-        props[f"producer.override.{k}"] = v
+    props.update(kafka_overrides(kafka_config or {}, "producer.override."))
     return props
 
 
@@ -165,15 +159,30 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
     return res
 
 
-def cmd_restore(args) -> int:
-    """The ``kcompact restore`` command (connectors/cli.py)."""
-    res = restore(args.bootstrap_servers, args.store, args.topic, args.to_topic,
-                  mode=getattr(args, "mode", "latest"), repartition=args.repartition,
-                  from_scratch=getattr(args, "from_scratch", False),
-                  exactly_once=getattr(args, "exactly_once", "requested"),
-                  chunk_records=getattr(args, "chunk_records", None),
-                  kafka_config=parse_kv_pairs(args.kafka_config, flag="-X"))
+@dataclass(frozen=True)
+class RestoreOptions:
+    """``kcompact restore``'s options."""
+
+    store: str
+    topic: str
+    bootstrap_servers: str
+    to_topic: str
+    repartition: bool = False
+    mode: str = "latest"                 # "latest" or "all"
+    from_scratch: bool = False
+    chunk_records: int | None = None
+    exactly_once: str = "requested"      # "requested", "required" or "disabled"
+    kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X producer settings
+
+
+def run_restore(opts: RestoreOptions) -> int:
+    """``kcompact restore``: exit 130 when stopped by SIGINT, else 0 (failures raise)."""
+    res = restore(opts.bootstrap_servers, opts.store, opts.topic, opts.to_topic,
+                  mode=opts.mode, repartition=opts.repartition, from_scratch=opts.from_scratch,
+                  exactly_once=opts.exactly_once, chunk_records=opts.chunk_records,
+                  kafka_config=opts.kafka_config)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 
-__all__ = ["ProgressBar", "RestoreResult", "cmd_restore", "connector_props", "restore"]
+__all__ = ["ProgressBar", "RestoreOptions", "RestoreResult", "connector_props", "restore",
+           "run_restore"]

@@ -1,16 +1,16 @@
-"""``kcompact mirror``: copy a Kafka topic into a store, exactly once, with the local engine.
+"""``kcompact mirror``: copy a Kafka topic into a store, exactly once; the engine is chosen here.
 
-The job is the store sink connector (connectors/plugins/store_sink.py) run by an in-process worker with
-one task and the writer id ``local``: it mirrors every partition (or ``--partitions``) up to the
-end offsets seen at start, or keeps following with ``--follow`` (with background compaction:
-``kcompact.compaction.Scheduler`` on the mirror's own store). Each partition resumes from the
-store's own next offset, so killing and rerunning the command at any moment ends with every
-record stored exactly once.
+The job is the store sink connector (connectors/plugins/store_sink.py). With the local engine
+(:func:`mirror_local`) an in-process worker runs it with one task and the writer id ``local``:
+it mirrors every partition (or ``--partitions``) up to the end offsets seen at start, or keeps
+following with ``--follow`` (with background compaction: ``kcompact.compaction.Scheduler`` on
+the mirror's own store). Each partition resumes from the store's own next offset, so killing and
+rerunning the command at any moment ends with every record stored exactly once.
 
-``--engine spark`` (the default without ``--follow``) runs ``kcompact.connectors.spark_engine.run_mirror``:
-the same store sink, one Spark task per partition with writer ``spark-<topic>-<partition>``, then
-a compaction stage. When Spark cannot run here (no pyspark or no Java) a defaulted engine falls
-back to this local one, with a note on stderr.
+``--engine spark`` (the default without ``--follow``) runs the same store sink in one Spark task
+per partition with writer ``spark-<topic>-<partition>``, then a compaction stage
+(apps/spark/mirror_job.py). When Spark cannot run here (no Java) a defaulted engine falls back to
+the local one, with a note on stderr; an explicit ``--engine spark`` says why it cannot run.
 
 Signals: SIGINT/SIGTERM stop consuming, flush the store and exit (0 after SIGTERM, 130 after
 SIGINT). Progress (records/s and per-partition lag) goes to stderr every
@@ -24,21 +24,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, TextIO
+from typing import Mapping, TextIO
 
-from .framework.config import parse_kv_pairs
 from kcompact.reput import StoreLockedError
 
-from .framework.api import TaskFailedError
-from .errors import ConfigError, ConnectorsError
-from .framework.worker import Worker
+from ..errors import ConfigError, ConnectorsError
+from ..framework.api import TaskFailedError
+from ..framework.worker import Worker
+from .options import LOCAL_WRITER, MirrorOptions, mirror_props
 
-LOCAL_WRITER = "local"
-CONNECTOR_NAME = "kcompact-mirror"
 PROGRESS_INTERVAL = 2.0
-#: -X keys that have their own flag (or that the mirror owns).
-_OWN_FLAGS = {"bootstrap.servers": "--bootstrap-servers", "metadata.broker.list":
-              "--bootstrap-servers"}
 
 
 @dataclass
@@ -51,50 +46,6 @@ class MirrorResult:
     @property
     def rate(self) -> float:
         return self.records / self.seconds if self.seconds > 0 else 0.0
-
-
-def parse_partitions(text: str | None) -> list[int] | None:
-    if text is None or not text.strip():
-        return None
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            if sep:
-                out.extend(range(int(lo), int(hi) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ConfigError(f"--partitions: {part!r} is not a partition number or range "
-                              "(examples: 0,2,5 or 0-3)") from None
-    if any(p < 0 for p in out):
-        raise ConfigError("--partitions: partition numbers are >= 0")
-    return sorted(set(out))
-
-
-def connector_props(topic: str, store: str, *, partitions: list[int] | None, follow: bool,
-                    kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER
-                    ) -> dict[str, Any]:
-    props: dict[str, Any] = {
-        "name": CONNECTOR_NAME,
-        "connector.class": "StoreSinkConnector",
-        "tasks.max": 1,
-        "topics": topic,
-        "store.url": store,
-        "store.writer": writer,
-        "follow": follow,
-        "store.compaction.background": follow,
-    }
-    if partitions:
-        props["store.partitions"] = ",".join(map(str, partitions))
-    for k, v in kafka_config.items():
-        if k in _OWN_FLAGS:
-            raise ConfigError(f"-X {k}: use {_OWN_FLAGS[k]} instead")
-        props[f"consumer.override.{k}"] = v
-    return props
 
 
 class _Progress:
@@ -124,7 +75,8 @@ class _Progress:
               file=self.out, flush=True)
 
 
-def mirror_local(bootstrap: str, topic: str, store: str, *, partitions: list[int] | None = None,
+def mirror_local(bootstrap: str, topic: str, store: str, *,
+                 partitions: tuple[int, ...] | list[int] | None = None,
                  follow: bool = False, kafka_config: Mapping[str, str] | None = None,
                  out: TextIO | None = None, handle_signals: bool = True,
                  stop: threading.Event | None = None) -> MirrorResult:
@@ -132,8 +84,8 @@ def mirror_local(bootstrap: str, topic: str, store: str, *, partitions: list[int
     out = out if out is not None else sys.stderr
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                     where="mirror", log=out)
-    props = connector_props(topic, store, partitions=partitions, follow=follow,
-                            kafka_config=kafka_config or {})
+    props = mirror_props(topic, store, partitions=partitions, follow=follow,
+                         kafka_config=kafka_config or {})
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -179,28 +131,29 @@ def mirror_local(bootstrap: str, topic: str, store: str, *, partitions: list[int
     return res
 
 
-def cmd_mirror(args) -> int:
-    """The ``kcompact mirror`` command (connectors/cli.py)."""
-    engine = args.engine or ("local" if args.follow else "spark")
+def run_mirror(opts: MirrorOptions) -> int:
+    """``kcompact mirror``: the engine ``opts`` names (or the default one), then the exit code."""
+    engine = opts.engine or ("local" if opts.follow else "spark")
     if engine == "spark":
-        try:
-            from . import spark_engine  # type: ignore[attr-defined]
-            run = getattr(spark_engine, "run_mirror", None)
-        except ImportError:
-            run = None
-        if run is not None:
-            return int(run(args) or 0)
-        print("kcompact mirror: the Spark engine cannot mirror in this build; running with "
-              "--engine local", file=sys.stderr, flush=True)
-    elif args.spark_master:
+        if opts.follow:
+            raise ConfigError("--follow needs --engine local: the Spark engine runs batch mirrors "
+                              "(to the end offsets seen at start)")
+        from .spark.session import spark_available
+        why = spark_available()
+        if why is None:
+            from .spark.mirror_job import run_spark_mirror
+            return run_spark_mirror(opts)
+        if opts.engine == "spark":
+            from .spark.errors import SparkEngineError
+            raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
+        print(f"kcompact mirror: the Spark engine cannot run ({why}); running with --engine "
+              "local", file=sys.stderr, flush=True)
+    if opts.spark_master:
         raise ConfigError("--spark-master applies to --engine spark only")
-    kafka_config = parse_kv_pairs(args.kafka_config, flag="-X")
-    res = mirror_local(args.bootstrap_servers, args.topic, args.store,
-                       partitions=parse_partitions(args.partitions), follow=args.follow,
-                       kafka_config=kafka_config)
-    if res.stopped_by == "SIGINT":
-        return 130
-    return 0
+    res = mirror_local(opts.bootstrap_servers, opts.topic, opts.store,
+                       partitions=opts.partitions, follow=opts.follow,
+                       kafka_config=opts.kafka_config)
+    return 130 if res.stopped_by == "SIGINT" else 0
 
 
-__all__ = ["MirrorResult", "cmd_mirror", "connector_props", "mirror_local", "parse_partitions"]
+__all__ = ["MirrorOptions", "MirrorResult", "mirror_local", "run_mirror"]

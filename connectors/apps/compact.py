@@ -1,0 +1,98 @@
+"""``kcompact compact``: compact a store's partitions, in this process or with Spark.
+
+The planner (kcompact.compaction) picks the partitions that reached ``min.cleanable.dirty.ratio``
+or ``max.compaction.lag.ms`` or hold runs of small segments (``--force``: every partition, the
+active segment rolled first); ``--engine local`` compacts them here, ``--engine spark`` in one
+Spark task per partition (apps/spark/compact_job.py). An explicit engine is never swapped for
+another: when Spark cannot run, the command says why before anything is opened.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from kcompact.compaction import DEFAULT_MAP_MEMORY, CompactionOptions, compact_store, plan
+from kcompact.reput import Store
+
+from ..errors import ConnectorsError
+from .output import human_bytes, print_json
+
+NOTHING_TO_COMPACT = ("nothing to compact (no partition reached min.cleanable.dirty.ratio, "
+                      "max.compaction.lag.ms or the small-segment limit; use --force)")
+
+
+@dataclass(frozen=True)
+class CompactOptions:
+    """``kcompact compact``'s options."""
+
+    store: str
+    topic: str | None = None
+    partition: int | None = None
+    force: bool = False
+    offset_map_memory: int = DEFAULT_MAP_MEMORY
+    engine: str = "local"            # "local" or "spark"
+    spark_master: str | None = None
+    json: bool = False
+
+
+def _open(opts: CompactOptions) -> Store:
+    store = Store.open(opts.store)
+    if opts.topic and opts.topic not in store.topics():
+        store.close()
+        raise ConnectorsError(f"topic {opts.topic!r} is not in store {store.url}")
+    if opts.partition is not None and not opts.topic:
+        store.close()
+        raise ConnectorsError("--partition needs --topic")
+    return store
+
+
+def run_compact(opts: CompactOptions) -> int:
+    """``kcompact compact``: compact, print what was done, return the exit code."""
+    if opts.engine == "spark":
+        return _compact_spark(opts)
+    store = _open(opts)
+    results = compact_store(store, topic=opts.topic, partition=opts.partition, force=opts.force,
+                            options=CompactionOptions(offset_map_memory=opts.offset_map_memory),
+                            progress=lambda m: print(m, file=sys.stderr, flush=True))
+    store.close()
+    if opts.json:
+        print_json({"store": opts.store, "partitions": [r.to_dict() for r in results]})
+        return 0
+    if not results:
+        print(NOTHING_TO_COMPACT)
+    for r in results:
+        if r.skipped:
+            print(f"{r.topic}-{r.partition}: skipped: {r.skipped}")
+            continue
+        print(f"{r.topic}-{r.partition}: {r.rounds} rounds, kept {r.records_kept:,} dropped "
+              f"{r.records_dropped:,} records ({r.tombstones_dropped:,} tombstones), "
+              f"{human_bytes(r.size_before)} -> {human_bytes(r.size_after)}, "
+              f"read {human_bytes(r.bytes_read)} wrote {human_bytes(r.bytes_written)} "
+              f"(recopy {r.recopy_percent:.0f}%), segments {r.segments_before} -> "
+              f"{r.segments_after}, map {r.map_utilization_max:.0%} full at "
+              f"{r.map_bytes_per_key:.1f} B/key, {r.duration_s:.2f}s")
+    return 0
+
+
+def _compact_spark(opts: CompactOptions) -> int:
+    from .spark.compact_job import compact_with_spark, compaction_lines
+    from .spark.errors import SparkEngineError
+    from .spark.session import spark_available
+    why = spark_available()
+    if why is not None:
+        raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
+    store = _open(opts)
+    cands = [(c.topic, c.partition) for c in plan(store, topic=opts.topic,
+                                                   partition=opts.partition, force=opts.force)]
+    store.close()
+    results = compact_with_spark(opts.store, cands, master=opts.spark_master,
+                                 map_memory=opts.offset_map_memory, force=opts.force)
+    if opts.json:
+        print_json({"store": opts.store, "engine": "spark", "partitions": results})
+        return 0
+    if not results:
+        print(NOTHING_TO_COMPACT)
+    for line in compaction_lines(results):
+        print(line)
+    return 0

@@ -1,0 +1,240 @@
+"""Looking at a store without changing it: ``kcompact inspect`` (per-partition segments, records,
+sizes, offsets, dirty ratio, last compaction; ``--plot``), ``kcompact dump`` (a partition's
+records) and ``kcompact verify`` (every record and index entry checked; exit 1 on a problem).
+``verify --against`` compares with a master instead: kcompact.replication's ``verify_against``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kcompact.compaction import partition_status
+from kcompact.reput import FLAG_KEYLESS, FLAG_TOMBSTONE, Store, verify_store
+from kcompact.reput import filenames as fn
+from kcompact.reput.record import Record
+
+from ..errors import ConnectorsError
+from .output import human_bytes, print_json, text_or_b64
+
+
+def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
+    pl = store.partition(topic, partition)
+    records = tombstones = keyless = 0
+    for seg in pl.segments:
+        e = pl.entries(seg)
+        records += e.shape[0]
+        if e.shape[0]:
+            flags = e["flags"]
+            tombstones += int(np.count_nonzero(flags & FLAG_TOMBSTONE))
+            keyless += int(np.count_nonzero(flags & FLAG_KEYLESS))
+    doc: dict[str, Any] = {
+        "partition": partition, "segments": len(pl.segments), "records": records,
+        "tombstones": tombstones, "keyless": keyless, "bytes": pl.size_bytes(),
+        "first_offset": pl.first_offset, "next_offset": pl.next_offset,
+    }
+    # compaction adds the horizon, the dirty ratio and the last run
+    doc.update(partition_status(store, topic, partition))
+    doc["last_compaction_ms"] = _last_compaction_ms(store, pl, doc) if \
+        doc.get("last_compaction") else None
+    return doc
+
+
+def _last_compaction_ms(store: Store, pl, doc: dict[str, Any]) -> int | None:
+    """When the last compaction ended: the time its result was written to the partition's
+    compaction checkpoint (the file's modification time, from the backend). None when that is
+    unknown (an S3 store keeps the last run in its manifest)."""
+    if pl.manifest_mode:
+        return None
+    try:
+        return store.fs.mtime_ms(fn.compaction_checkpoint(pl.topic, pl.partition))
+    except FileNotFoundError:
+        return None
+
+
+def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
+    topics = [topic] if topic else store.topics()
+    if topic and topic not in store.topics():
+        from ..errors import ConnectorsError
+        raise ConnectorsError(f"topic {topic!r} is not in store {store.url}; topics: "
+                              + (", ".join(store.topics()) or "(none)"))
+    return {
+        "store": store.url, "store_id": store.meta.store_id,
+        "format_version": store.meta.format_version,
+        "topics": [{"topic": t, "config": store.topic_config(t).to_dict(),
+                    "partitions": [partition_summary(store, t, p) for p in store.partitions(t)]}
+                   for t in topics],
+    }
+
+
+def plot_store(doc: dict[str, Any], path: str) -> None:
+    """Per-partition stacked bars of live (clean), dirty and reclaimed bytes, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, clean, dirty, reclaimed = [], [], [], []
+    for t in doc["topics"]:
+        for p in t["partitions"]:
+            labels.append(f"{t['topic']}-{p['partition']}")
+            d = p.get("dirty_bytes", 0) + p.get("active_bytes", 0)
+            dirty.append(d / 2**20)
+            clean.append(max(0, p["bytes"] - d) / 2**20)
+            reclaimed.append(p.get("reclaimed_bytes", 0) / 2**20)
+    if not labels:
+        from ..errors import ConnectorsError
+        raise ConnectorsError("nothing to plot: the store has no partitions")
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.6))
+    y = range(len(labels))
+    ax.barh(y, clean, color="#2b8a3e", label="live (compacted)")
+    ax.barh(y, dirty, left=clean, color="#f08c00", label="dirty (not yet compacted)")
+    ax.barh(y, reclaimed, left=[c + d for c, d in zip(clean, dirty)], color="#ced4da",
+            hatch="//", label="reclaimed by compaction")
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB")
+    ax.set_title(f"kcompact store {doc['store']}")
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# the commands
+
+
+@dataclass(frozen=True)
+class InspectOptions:
+    """``kcompact inspect``'s options."""
+
+    store: str
+    topic: str | None = None
+    json: bool = False
+    plot: str | None = None          # a PNG to write
+
+
+@dataclass(frozen=True)
+class DumpOptions:
+    """``kcompact dump``'s options."""
+
+    store: str
+    topic: str
+    partition: int
+    from_offset: int = 0
+    limit: int | None = None
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``kcompact verify``'s options (``--against`` is replication's VerifyAgainstOptions)."""
+
+    store: str
+    json: bool = False
+
+
+def run_inspect(opts: InspectOptions) -> int:
+    store = Store.open(opts.store)
+    doc = store_summary(store, opts.topic)
+    if opts.plot:
+        plot_store(doc, opts.plot)
+        print(f"wrote {opts.plot}", file=sys.stderr)
+    if opts.json:
+        print_json(doc)
+        return 0
+    print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
+    hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "FIRST", "NEXT",
+           "HORIZON", "DIRTY", "LAST RUN")
+    rows = []
+    for t in doc["topics"]:
+        for p in t["partitions"]:
+            rows.append((t["topic"], p["partition"], p["segments"], p["records"], p["tombstones"],
+                         p["keyless"], human_bytes(p["bytes"]), p["first_offset"],
+                         p["next_offset"], p.get("compaction_horizon", -1),
+                         f"{p.get('dirty_ratio', 0.0):.2f}", _last_run_text(p)))
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows else [len(h) for h in hdr]
+    for row in (hdr, *rows):
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+    if not rows:
+        print("(no partitions)")
+    return 0
+
+
+def _last_run_text(p: dict[str, Any]) -> str:
+    """The LAST RUN column of `inspect`: when the last compaction ended (UTC, when the store
+    knows it) and how many records it kept and dropped; ``never`` before the first one."""
+    run = p.get("last_compaction")
+    if not run:
+        return "never"
+    what = f"kept {run['records_kept']} dropped {run['records_dropped']}"
+    when = p.get("last_compaction_ms")
+    if when is None:
+        return what
+    return time.strftime("%Y-%m-%d %H:%M:%SZ ", time.gmtime(when / 1000)) + what
+
+
+def record_json(r: Record) -> dict[str, Any]:
+    """The `dump --json` object of one record (DESIGN.md)."""
+    d: dict[str, Any] = {"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                         "timestamp": r.timestamp}
+    text_or_b64("key", r.key, d)
+    text_or_b64("value", r.value, d)
+    hs = []
+    for name, value in r.headers:
+        h: dict[str, Any] = {"key": name}
+        text_or_b64("value", value, h)
+        hs.append(h)
+    d["headers"] = hs
+    return d
+
+
+def _show(data: bytes | None, limit: int = 60) -> str:
+    if data is None:
+        return "null"
+    try:
+        s = data.decode("utf-8")
+        if not s.isprintable():
+            raise UnicodeDecodeError("utf-8", data, 0, 1, "unprintable")
+    except UnicodeDecodeError:
+        s = "b64:" + base64.b64encode(data).decode()
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def run_dump(opts: DumpOptions) -> int:
+    store = Store.open(opts.store)
+    if opts.partition not in store.partitions(opts.topic):
+        raise ConnectorsError(f"{opts.topic}-{opts.partition} is not in store {store.url}; "
+                              "see `kcompact inspect`")
+    out = sys.stdout
+    for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
+        if opts.json:
+            out.write(json.dumps(record_json(r)) + "\n")
+        else:
+            hdrs = " ".join(f"{k}={_show(v, 20)}" for k, v in r.headers)
+            out.write(f"{r.offset}\t{r.timestamp}\t{_show(r.key)}\t{_show(r.value)}"
+                      + (f"\t{hdrs}" if hdrs else "") + "\n")
+    return 0
+
+
+def run_verify(opts: VerifyOptions) -> int:
+    """Exit 1 when any problem is found (each named with its file and position)."""
+    store = Store.open(opts.store)
+    report = verify_store(store)
+    if opts.json:
+        print_json(report.to_dict())
+    else:
+        for p in report.problems:
+            print(str(p))
+        print(f"{'OK' if report.ok else 'CORRUPT'}: {report.partitions} partitions, "
+              f"{report.segments} segments, {report.records} records, "
+              f"{human_bytes(report.bytes)}, {report.commitlog_segments} commit-log segments, "
+              f"{len(report.problems)} problems")
+    return 0 if report.ok else 1

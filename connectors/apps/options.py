@@ -1,0 +1,92 @@
+"""What the commands' options share, below every application that takes them.
+
+* ``-X key=value`` librdkafka settings become connector overrides (``consumer.override.`` or
+  ``producer.override.``): :func:`kafka_overrides`, which refuses a key that has a flag of its own;
+* ``kcompact mirror``'s options (:class:`MirrorOptions`, ``--partitions`` read by
+  :func:`parse_partitions`) and the store sink properties they stand for (:func:`mirror_props`):
+  both engines run the same store sink, the local one in this process (apps/mirror.py) and the
+  Spark one in one task per partition (apps/spark/mirror_job.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+
+#: -X keys that have their own flag.
+OWN_FLAGS = {"bootstrap.servers": "--bootstrap-servers",
+             "metadata.broker.list": "--bootstrap-servers"}
+#: The commit-log writer of the local engine.
+LOCAL_WRITER = "local"
+#: The mirror's connector (and consumer group) name.
+MIRROR_CONNECTOR = "kcompact-mirror"
+
+
+def kafka_overrides(kafka_config: Mapping[str, str], prefix: str) -> dict[str, str]:
+    """``-X`` settings as connector properties under ``prefix`` (``consumer.override.``...)."""
+    out = {}
+    for k, v in kafka_config.items():
+        if k in OWN_FLAGS:
+            raise ConfigError(f"-X {k}: use {OWN_FLAGS[k]} instead")
+        out[f"{prefix}{k}"] = v
+    return out
+
+
+@dataclass(frozen=True)
+class MirrorOptions:
+    """``kcompact mirror``: a topic into a store, with the engine chosen (apps/mirror.py)."""
+
+    bootstrap_servers: str
+    topic: str
+    store: str
+    engine: str | None = None        # "spark", "local", or None: spark unless following
+    spark_master: str | None = None
+    follow: bool = False
+    compact: bool = True             # --engine spark: the compaction stage after the mirror
+    partitions: tuple[int, ...] | None = None
+    kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X consumer settings
+
+
+def parse_partitions(text: str | None) -> tuple[int, ...] | None:
+    """``--partitions``: ``0,2,5`` or ranges ``0-3``, sorted without repeats; None for all."""
+    if text is None or not text.strip():
+        return None
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                out.extend(range(int(lo), int(hi) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise ConfigError(f"--partitions: {part!r} is not a partition number or range "
+                              "(examples: 0,2,5 or 0-3)") from None
+    if any(p < 0 for p in out):
+        raise ConfigError("--partitions: partition numbers are >= 0")
+    return tuple(sorted(set(out)))
+
+
+def mirror_props(topic: str, store: str, *, partitions: tuple[int, ...] | list[int] | None,
+                 follow: bool, kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER
+                 ) -> dict[str, Any]:
+    """The store sink connector's properties for a mirror of ``topic`` into ``store``."""
+    props: dict[str, Any] = {
+        "name": MIRROR_CONNECTOR,
+        "connector.class": "StoreSinkConnector",
+        "tasks.max": 1,
+        "topics": topic,
+        "store.url": store,
+        "store.writer": writer,
+        "follow": follow,
+        "store.compaction.background": follow,
+    }
+    if partitions:
+        props["store.partitions"] = ",".join(map(str, partitions))
+    props.update(kafka_overrides(kafka_config, "consumer.override."))
+    return props

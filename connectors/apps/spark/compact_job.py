@@ -1,0 +1,64 @@
+"""Compaction on Spark: one task per partition the planner picked (``kcompact compact --engine
+spark``, and the stage after a Spark mirror). Each task runs kcompact.compaction's Compactor on
+its partitions of the store, exactly as ``--engine local`` does in one process.
+"""
+
+from __future__ import annotations
+
+from ..output import human_bytes
+from .session import run_job, spark_active, spark_session
+
+
+def _compact_task(store_url: str, map_memory: int, force: bool):
+    def run(candidates):
+        from kcompact.compaction import CompactionOptions, Compactor
+        from kcompact.reput import Store
+        st = Store.open(store_url)
+        c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
+        for topic, partition in candidates:
+            r = c.compact_partition(topic, partition, force=force)
+            st.release_partition(topic, partition)
+            yield r.to_dict()
+        st.close()
+    return run
+
+
+def compact_partitions_spark(spark, store_url: str, candidates: list[tuple[str, int]], *,
+                             map_memory: int, force: bool) -> list[dict]:
+    """Compact ``candidates`` ((topic, partition) pairs) with the session ``spark``; the
+    compaction results as dicts (CompactionResult.to_dict), in the candidates' order."""
+    if not candidates:
+        return []
+    rdd = spark.sparkContext.parallelize(candidates, len(candidates))
+    return run_job(lambda: rdd.mapPartitions(_compact_task(store_url, map_memory, force))
+                   .collect())
+
+
+def compact_with_spark(store_url: str, candidates: list[tuple[str, int]], *,
+                       master: str | None, map_memory: int, force: bool) -> list[dict]:
+    """The same with a session of this process (started for the job and stopped after it when
+    none was running); no JVM is started for nothing to do."""
+    if not candidates:
+        return []
+    ours = not spark_active()
+    spark = spark_session(master)
+    try:
+        return compact_partitions_spark(spark, store_url, candidates, map_memory=map_memory,
+                                        force=force)
+    finally:
+        if ours:
+            spark.stop()
+
+
+def compaction_lines(results: list[dict]) -> list[str]:
+    """One line per partition a Spark compaction stage compacted (or skipped)."""
+    out = []
+    for r in results:
+        if r.get("skipped"):
+            out.append(f"{r['topic']}-{r['partition']}: skipped: {r['skipped']}")
+            continue
+        out.append(f"{r['topic']}-{r['partition']}: {r['rounds']} rounds, kept "
+                   f"{r['records_kept']:,} dropped {r['records_dropped']:,}, "
+                   f"{human_bytes(r['size_before'])} -> {human_bytes(r['size_after'])} "
+                   f"({r['duration_s']:.2f}s, spark)")
+    return out

@@ -1,0 +1,423 @@
+"""``kcompact mirror --engine spark``: one Spark task per topic-partition, then compaction.
+
+The driver checks the topic and the -X settings, creates the store, dispatches what dead
+writers left, and reads each partition's end offset from the consumer side (never ListOffsets
+"latest", which Tansu gets wrong); then one Spark task per topic-partition runs the store sink
+(connectors/plugins/store_sink.py, through the framework's worker, exactly as the local engine
+does) with its own commit-log writer ``spark-<topic>-<partition>``, reput included; then a
+compaction stage, one task per partition the planner picks (compact_job.py). A task resumes from
+the store's own next offset of its partition, and a retried task reopens (and so recovers) the
+same commit log: retries neither duplicate nor lose.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import hashlib
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, TextIO
+
+from kcompact.compaction import DEFAULT_MAP_MEMORY, plan
+from kcompact.reput import ReputError, Store, StoreLockedError
+
+from ...errors import ConnectorsError
+from ...framework.api import TaskFailedError
+from ...framework.kafka_clients import kafka_error_text, kafka_logger
+from ...framework.worker import Worker
+from ...plugins.store_sink import StoreSinkConnector
+from ..options import MirrorOptions, mirror_props
+from .compact_job import compact_partitions_spark, compaction_lines
+from .errors import MirrorTaskError
+from .session import run_job, spark_active, spark_session
+
+PROGRESS_INTERVAL = 2.0
+_WRITER_MAX = 128
+
+
+def spark_writer_id(topic: str, partition: int) -> str:
+    """The commit-log writer of a Spark mirror task: one per topic-partition, the same on
+    every attempt and every run (so a retry reopens, and so recovers, the log it wrote)."""
+    w = f"spark-{topic}-{partition}"
+    if len(w) <= _WRITER_MAX:
+        return w
+    digest = hashlib.blake2b(topic.encode(), digest_size=6).hexdigest()
+    return f"spark-{topic[:_WRITER_MAX - 40]}-{digest}-{partition}"
+
+
+class SparkStoreSinkConnector(StoreSinkConnector):
+    """The store sink of one Spark mirror task: the driver created the store and recovered
+    every writer before the job."""
+
+    RECOVER_WRITERS = False
+
+
+@dataclass(frozen=True)
+class _MirrorJob:
+    """What every mirror task needs (pickled to the executors)."""
+
+    bootstrap: str
+    topic: str
+    store: str
+    kafka_config: tuple[tuple[str, str], ...]
+    batch_max: int | None = None
+    lock_wait_s: float = 60.0
+
+
+def _wait_for_writer(store_url: str, writer: str, timeout: float) -> None:
+    """Open (and so recover) this task's commit log, waiting while a previous attempt of the
+    same task that is still dying holds it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            Store.open(store_url, writer=writer, create=True).close()
+            return
+        except StoreLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+
+
+_FROZEN = False
+
+
+def _freeze_heap() -> None:
+    """Once per Python worker: move what is alive then (pyspark, kcompact, numba and the
+    modules they loaded) into the collector's permanent generation (``gc.freeze``), so that
+    the collections made while a task runs stop walking all of it again and again. Measured
+    (one-off `perf` of a 2M-record Spark mirror): the collector was ~7% of the Python workers'
+    and librdkafka threads' samples, most of the CPU a Spark task spends beyond the local
+    engine's; `bench/spark.py --rounds 3`, two runs each, alternating: Spark 2.15-2.50 s
+    without, 1.76-2.25 s with (ratio to local 0.59-0.61 -> 0.72-0.73)."""
+    global _FROZEN
+    if not _FROZEN:
+        gc.collect()
+        gc.freeze()
+        _FROZEN = True
+
+
+def _mirror_partition(job: _MirrorJob, item: tuple[int, int, int], attempt: int) -> dict:
+    """One topic-partition, in a Spark task: the store sink with writer spark-<topic>-<p>."""
+    _freeze_heap()
+
+    partition, start, end = item
+    t0, started_at = time.monotonic(), time.time()
+    writer = spark_writer_id(job.topic, partition)
+    _wait_for_writer(job.store, writer, job.lock_wait_s)
+    props = mirror_props(job.topic, job.store, partitions=[partition], follow=False,
+                         kafka_config=dict(job.kafka_config), writer=writer)
+    props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
+    if job.batch_max:
+        props["batch.max.records"] = job.batch_max
+    worker = Worker({"bootstrap.servers": job.bootstrap, "metrics.log.interval.ms": 0},
+                    where=f"spark task {job.topic}-{partition}", log=sys.stderr)
+    worker.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")
+    worker.run()
+    runner = worker.runners[0]
+    return {"topic": job.topic, "partition": partition, "start": start, "end": end,
+            "records": runner.metrics.records, "appended": getattr(runner.task, "appended", 0),
+            "seconds": time.monotonic() - t0, "started_at": started_at, "attempt": attempt,
+            "writer": writer}
+
+
+def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iterator[dict]:
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    for item in items:
+        try:
+            yield _mirror_partition(job, item, attempt)
+        except Exception as e:
+            cause = e.__cause__ if isinstance(e, TaskFailedError) else None
+            if isinstance(cause, (ReputError, OSError)):
+                msg = str(cause)  # without the worker's "task kcompact-mirror-0:" prefix
+            elif isinstance(e, (ConnectorsError, ReputError)):
+                msg = str(e)
+            else:
+                msg = f"{type(e).__name__}: {e}"
+            raise MirrorTaskError(f"mirror task {job.topic}-{item[0]} (attempt {attempt + 1}): "
+                                  f"{msg}") from e
+
+
+def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
+                   ) -> dict[int, tuple[int, int, bool]]:
+    """(low watermark, end offset, exact) of each partition, read from the consumer side.
+
+    The consumer is assigned at the logical end (ListOffsets "latest": on Tansu the base offset
+    of the last batch + 1, BROKER_NOTES.md; right on Kafka - never past the true end) and
+    reads to end-of-partition, whose offset is the end (with read_committed, the last stable
+    offset); the low watermark is the one fetch responses carry. A partition that gives no EOF
+    within ``timeout`` (a producer outrunning us) ends at the cached high watermark of the
+    fetch responses (right on Tansu too) or after the last record seen (``exact`` False)."""
+    from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as KTP
+
+    conf = dict(consumer_conf, **{"enable.partition.eof": True, "enable.auto.commit": False,
+                                  "queued.min.messages": 1000, "fetch.wait.max.ms": 10,
+                                  "logger": kafka_logger()})
+    conf["client.id"] = f"{conf.get('client.id', 'kcompact')}-ends"
+    c = Consumer(conf)
+    try:
+        # Leaders first: assigned to a partition whose leader it does not know yet, librdkafka
+        # retries the offset lookup on a 500 ms timer (measured: 0.61 s -> 0.1 s here).
+        for topic in sorted({tp.topic for tp in tps}):
+            try:
+                c.list_topics(topic, timeout=timeout)
+            except KafkaException:
+                pass  # the assignment below reports what is wrong
+        c.assign([KTP(tp.topic, tp.partition, OFFSET_END) for tp in tps])
+        ends: dict[int, int] = {}
+        seen: dict[int, int] = {}
+        deadline = time.monotonic() + timeout
+        while len(ends) < len(tps) and time.monotonic() < deadline:
+            # poll(), not consume(n, timeout): consume waits out its whole timeout unless n
+            # messages came, and a few end-of-partition events never make n (0.1 s a mirror)
+            m = c.poll(0.1)
+            if m is None:
+                continue
+            err = m.error()
+            if err is None:
+                seen[m.partition()] = max(seen.get(m.partition(), 0), m.offset() + 1)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                ends.setdefault(m.partition(), m.offset())
+            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                               KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                raise ConnectorsError(f"{m.topic()}-{m.partition()}: {err.str()}")
+        out = {}
+        exact = set(ends)
+        for tp in tps:
+            try:
+                lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
+            except KafkaException:
+                lo, hw = -1, -1
+            if tp.partition not in ends:
+                if hw is None or hw < 0:
+                    try:  # nothing fetched at all: ask (low on Tansu, but never past the end)
+                        lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition),
+                                                         timeout=timeout)
+                    except KafkaException as e:
+                        raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
+                                              f"{kafka_error_text(e)}") from None
+                ends[tp.partition] = max(seen.get(tp.partition, 0), hw)
+            out[tp.partition] = (max(lo or 0, 0), ends[tp.partition], tp.partition in exact)
+        return out
+    finally:
+        c.close()
+
+
+@dataclass
+class SparkMirrorResult:
+    records: int                  # records appended to the store (duplicates skipped)
+    seconds: float                # from the job's start to the end of the compaction stage
+    partitions: int               # partitions of the topic selected
+    tasks: list[dict] = field(default_factory=list)
+    retried: int = 0              # tasks that needed more than one attempt
+    compaction: list[dict] = field(default_factory=list)
+    spark_start_s: float = 0.0    # JVM and SparkSession start (0 when one was running)
+    mirror_s: float = 0.0         # the mirror stage alone
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.mirror_s if self.mirror_s > 0 else 0.0
+
+
+class _Job:
+    """A Spark action in a thread of its own, so the driver can report progress meanwhile."""
+
+    def __init__(self, fn):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        from pyspark import InheritableThread
+
+        def run() -> None:
+            try:
+                self.result = run_job(fn)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the driver's thread
+                self.error = e
+        self.thread = InheritableThread(target=run, name="kcompact-spark-job", daemon=True)
+        self.thread.start()
+
+    def wait(self, seconds: float) -> bool:
+        self.thread.join(seconds)
+        return not self.thread.is_alive()
+
+
+def _stage_counts(spark) -> tuple[int, int, int]:
+    """(completed, running, failed attempts) tasks of the active stages."""
+    done = running = failed = 0
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None:
+                done += info.numCompletedTasks
+                running += info.numActiveTasks
+                failed += info.numFailedTasks
+    except Exception:  # noqa: BLE001 - progress only
+        pass
+    return done, running, failed
+
+
+def _mirror_progress(spark, store, topic: str, todo: list[tuple[int, int, int]], t0: float,
+                     last: list, out: TextIO) -> None:
+    """One progress line: records in the store (its next offsets), per-partition lag, tasks."""
+    copied, lag = 0, {}
+    try:
+        for p, start, end in todo:
+            n = min(max(store.next_offset(topic, p), start), end)
+            copied += n - start
+            if end - n:
+                lag[p] = end - n
+    except Exception:  # noqa: BLE001 - a partition being written may be mid-append
+        return
+    done, running, failed = _stage_counts(spark)
+    now = time.monotonic()
+    rate = (copied - last[1]) / max(now - last[0], 1e-9)
+    last[0], last[1] = now, copied
+    worst = sorted(lag.items(), key=lambda kv: -kv[1])[:8]
+    per = " ".join(f"p{p}={v:,}" for p, v in sorted(worst))
+    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
+    print(f"mirror: {copied:,} records, {rate:,.0f} rec/s, lag {sum(lag.values()):,}"
+          + (f" [{per}{more}]" if lag else "")
+          + f"; partitions done {done}/{len(todo)}, running {running}"
+          + (f", {failed} failed attempts (retrying)" if failed else "")
+          + f" ({now - t0:.0f} s)", file=out, flush=True)
+
+
+def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | None = None,
+                      spark: Any = None, partitions: tuple[int, ...] | list[int] | None = None,
+                      kafka_config: Mapping[str, str] | None = None, compact: bool = True,
+                      batch_max: int | None = None, out: TextIO | None = None,
+                      progress_interval: float = PROGRESS_INTERVAL) -> SparkMirrorResult:
+    """Mirror ``topic`` into ``store`` with one Spark task per partition, then compact the
+    partitions the planner picks (``compact=False``: skip that stage). ``spark``: a session to
+    use (else ``spark_session(master)``, stopped at the end if this call started it)."""
+    out = out if out is not None else sys.stderr
+    kafka_config = dict(kafka_config or {})
+
+    # 1. the driver: settings, topic, partitions, store, dead writers - before any JVM starts,
+    # through the same worker code as the local engine (nothing is run: its task never starts)
+    props = mirror_props(topic, store, partitions=partitions, follow=False,
+                         kafka_config=kafka_config, writer="spark-driver")
+    probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
+                   where="mirror", log=out)
+    runner = probe.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")[0]
+    for c in probe.connectors:
+        c.stop()
+    tps = list(runner.assignment)
+    timeout = probe.config["startup.timeout.ms"] / 1000
+    ends = partition_ends(runner.consumer_conf, tps, timeout)
+    st = Store.open(store)
+    todo = []
+    stored = set(st.partitions(topic))
+    for tp in tps:
+        lo, end, exact = ends[tp.partition]
+        nxt = st.next_offset(topic, tp.partition) if tp.partition in stored else 0
+        if exact and nxt > end:
+            st.close()
+            raise ConnectorsError(
+                f"{tp}: the store holds offsets up to {nxt - 1} but the partition ends at {end}: "
+                "was the topic deleted and recreated? Mirror into a new store")
+        start = nxt if nxt > 0 else lo
+        if start != end:  # not exact and past the end: the task's consumer finds out
+            todo.append((tp.partition, start, end))
+    todo.sort(key=lambda it: (-(it[2] - it[1]), it[0]))  # biggest first: better packing
+    total = sum(max(0, e - s) for _, s, e in todo)
+    result = SparkMirrorResult(0, 0.0, len(tps))
+
+    ours = False
+    t_all = time.monotonic()
+
+    def session():
+        nonlocal spark, ours
+        if spark is None:
+            ours = not spark_active()
+            t = time.monotonic()
+            spark = spark_session(master)
+            result.spark_start_s = time.monotonic() - t if ours else 0.0
+            if ours:
+                print(f"mirror: Spark {spark.sparkContext.master} started in "
+                      f"{result.spark_start_s:.1f} s", file=out, flush=True)
+        return spark
+
+    try:
+        if not todo:
+            print(f"mirror: {topic}: the store {store} is up to date ({len(tps)} partitions)",
+                  file=out, flush=True)
+        else:
+            print(f"mirror: {topic} ({len(tps)} partitions, {len(todo)} to copy, ~{total:,} "
+                  f"records) from {bootstrap} into {store} with Spark", file=out, flush=True)
+            sp = session()
+            t0 = time.monotonic()
+            job = _MirrorJob(bootstrap, topic, store, tuple(sorted(kafka_config.items())),
+                             batch_max)
+            rdd = sp.sparkContext.parallelize(todo, len(todo))
+            running = _Job(lambda: rdd.mapPartitions(
+                functools.partial(_mirror_task, job)).collect())
+            last = [t0, 0]
+            try:
+                while not running.wait(progress_interval):
+                    _mirror_progress(sp, st, topic, todo, t0, last, out)
+            except KeyboardInterrupt:
+                print("mirror: interrupted: cancelling the Spark job (run the same command "
+                      "again to resume; nothing is lost or repeated)", file=out, flush=True)
+                try:
+                    sp.sparkContext.cancelAllJobs()  # the JVM may be gone already (Ctrl-C)
+                except Exception:  # noqa: BLE001
+                    pass
+                running.wait(30)
+                raise
+            if running.error is not None:
+                raise running.error
+            result.tasks = sorted(running.result, key=lambda r: r["partition"])
+            result.mirror_s = time.monotonic() - t0
+            result.records = sum(r["appended"] for r in result.tasks)
+            result.retried = sum(1 for r in result.tasks if r["attempt"] > 0)
+            again = sum(r["records"] for r in result.tasks) - result.records
+            print(f"mirror: done: {result.records:,} records in {result.mirror_s:.1f} s "
+                  f"({result.rate:,.0f} rec/s), {len(result.tasks)} Spark tasks"
+                  + (f" ({result.retried} retried)" if result.retried else "")
+                  + (f", {again:,} records read again were already stored" if again else "")
+                  + f"; store {store} flushed", file=out, flush=True)
+
+        # 2. compaction: one task per partition the planner picks
+        if compact:
+            selected = {tp.partition for tp in tps}
+            cands = [(c.topic, c.partition) for c in plan(st, topic=topic)
+                     if c.partition in selected]
+            if cands:
+                print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
+                result.compaction = compact_partitions_spark(
+                    session(), store, cands, map_memory=DEFAULT_MAP_MEMORY, force=False)
+                for line in compaction_lines(result.compaction):
+                    print(f"compact: {line}", file=out, flush=True)
+    finally:
+        st.close()
+        if ours and spark is not None:
+            spark.stop()
+    result.seconds = time.monotonic() - t_all
+    return result
+
+
+def run_spark_mirror(opts: MirrorOptions) -> int:
+    """``kcompact mirror --engine spark`` (apps/mirror.py chose this engine): SIGTERM cancels the
+    job as Ctrl-C does, and a rerun resumes exactly where it stopped."""
+    def on_term(_signum, _frame) -> None:
+        raise KeyboardInterrupt  # cancel the job like Ctrl-C: a rerun resumes exactly
+
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        mirror_with_spark(opts.bootstrap_servers, opts.topic, opts.store,
+                          master=opts.spark_master, partitions=opts.partitions,
+                          kafka_config=opts.kafka_config, compact=opts.compact)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    return 0
+

@@ -1,0 +1,226 @@
+"""A quiet SparkSession for kcompact's jobs, and running a Spark action as one clear line.
+
+``spark_session(master)``: ``local[*]`` by default; Spark's own output is quiet (log level WARN,
+no UI unless ``KCOMPACT_SPARK_UI=1``); Python workers run this interpreter; the ``kcompact``
+data source (source.py) is registered; on a master that is not local the package is shipped to
+the executors. In local mode Spark retries a task only when the master says so (``local[N,F]``:
+in local mode ``spark.task.maxFailures`` is ignored), so ``local[N]`` becomes
+``local[N,TASK_MAX_FAILURES]``. ``run_job`` turns a failed job into one line naming the task's
+error (``task_error_line``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import tempfile
+import zipfile
+
+from .errors import SparkEngineError
+from .source import register_data_source
+
+_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = spark: %p %c{1}: %m%n%ex
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.spark.name = org.apache.spark
+logger.spark.level = warn
+"""
+#: Without KCOMPACT_DEBUG: a failed task attempt is not a wall of Java and Python stack traces
+#: (the executor's ERROR, the task-set manager's "Lost task" WARN); the driver reports task
+#: failures itself, as one line, and counts retried tasks.
+_LOG4J2_QUIET_TASKS = """\
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasksets.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasksets.level = off
+logger.pyrunner.name = org.apache.spark.api.python.PythonRunner
+logger.pyrunner.level = off
+"""
+#: Attempts per task (local masters get it as local[N,F]; others through spark.task.maxFailures).
+TASK_MAX_FAILURES = 4
+
+
+def _debug() -> bool:
+    return os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+
+
+def _log4j_file() -> str:
+    text = _LOG4J2 if _debug() else _LOG4J2 + _LOG4J2_QUIET_TASKS
+    name = "kcompact-log4j2-debug.properties" if _debug() else "kcompact-log4j2.properties"
+    path = os.path.join(tempfile.gettempdir(), name)
+    try:
+        with open(path) as f:
+            same = f.read() == text
+    except OSError:
+        same = False
+    if not same:
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)  # another kcompact process may be reading it
+    return path
+
+
+_LOCAL_RE = re.compile(r"^local(?:\[\s*(\*|\d+)\s*\])?$")
+
+
+def master_with_retries(master: str, max_failures: int = TASK_MAX_FAILURES) -> str:
+    """``local``/``local[N]``/``local[*]`` -> ``local[N,F]``: in local mode Spark ignores
+    spark.task.maxFailures and gives each task one attempt unless the master names F."""
+    m = _LOCAL_RE.match(master.strip())
+    if m is None:
+        return master
+    return f"local[{m.group(1) or 1},{max_failures}]"
+
+
+def _code_zip() -> str:
+    """The ``kcompact`` package zipped as it is installed (kcompact/reput/..., each layer from
+    wherever its folder is), shipped to executors when the master is not local."""
+    import kcompact
+    path = os.path.join(tempfile.gettempdir(), f"kcompact-code-{os.getpid()}.zip")
+    roots = [("kcompact", os.path.dirname(os.path.abspath(kcompact.__file__)))]
+    for layer in ("reput", "compaction", "replication", "connectors"):
+        mod = importlib.import_module(f"kcompact.{layer}")
+        roots.append((f"kcompact/{layer}", os.path.dirname(os.path.abspath(mod.__file__))))
+    with zipfile.ZipFile(path, "w") as z:
+        for arc_root, root in roots:
+            for dp, dns, files in os.walk(root):
+                if arc_root == "kcompact":
+                    dns[:] = []  # the layers are added from their own folders
+                for f in files:
+                    if f.endswith(".py"):
+                        full = os.path.join(dp, f)
+                        z.write(full, f"{arc_root}/{os.path.relpath(full, root)}")
+    return path
+
+
+def spark_session(master: str | None = None, app_name: str = "kcompact"):
+    """A SparkSession for kcompact's jobs (created once per process, then reused)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:
+        raise SparkEngineError(f"the Spark engine needs pyspark: {e}") from None
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        # this process's session (the demo runs several stages in one): reuse it as it is,
+        # without a builder whose settings Spark would ignore with a warning
+        register_data_source(active)
+        return active
+    why = java_problem()
+    if why is not None:
+        raise SparkEngineError(f"Spark cannot start: {why}, or use --engine local")
+    master = master_with_retries(master or "local[*]")
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
+    log4j = _log4j_file()
+    ui = os.environ.get("KCOMPACT_SPARK_UI") == "1"
+    b = (SparkSession.builder.master(master).appName(app_name)
+         .config("spark.ui.enabled", "true" if ui else "false")
+         .config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
+         .config("spark.executor.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
+         .config("spark.sql.shuffle.partitions", "8")
+         .config("spark.task.maxFailures", str(TASK_MAX_FAILURES))
+         .config("spark.python.worker.reuse", "true"))
+    if master.startswith("local"):
+        b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
+                                                              "127.0.0.1")
+    try:
+        spark = b.getOrCreate()
+    except Exception as e:  # py4j / JVM start failures
+        raise SparkEngineError(f"cannot start Spark ({master}): {str(e).splitlines()[0]}") from None
+    spark.sparkContext.setLogLevel("WARN")
+    if not master.startswith("local"):
+        spark.sparkContext.addPyFile(_code_zip())
+    register_data_source(spark)
+    return spark
+
+
+def spark_active() -> bool:
+    """Whether this process already has a SparkContext (then it is not ours to stop)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return False
+    return SparkContext._active_spark_context is not None
+
+
+def java_problem() -> str | None:
+    """None when a ``java`` that Spark's launcher will run exists, else why not (one line).
+
+    Spark's launcher (bin/spark-class) runs ``$JAVA_HOME/bin/java`` when JAVA_HOME is set and
+    ``java`` from PATH otherwise, so a JAVA_HOME that names no Java is as fatal as no Java at
+    all: checked here, before a JVM start fails with a py4j traceback."""
+    import shutil
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = os.path.join(home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            return (f"JAVA_HOME={home} has no bin/java; point JAVA_HOME at a Java 17 "
+                    "installation or unset it")
+        return None
+    if shutil.which("java") is None:
+        return ("Java 17 is not installed (apt-get install -y openjdk-17-jre-headless, "
+                "or set JAVA_HOME)")
+    return None
+
+
+def spark_available() -> str | None:
+    """None when the Spark engine can run here, else why not (one line)."""
+    import importlib.util
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install pyspark)"
+    return java_problem()
+
+
+#: ``module.path.SomeError: message`` as the last line of a Python traceback.
+_PY_ERROR_RE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit)))"
+                          r"(?::\s*(.*))?$")
+_OUR_PACKAGES = ("kcompact.",)
+
+
+def task_error_line(text: str) -> str:
+    """The error a Spark task raised, as one line, from the text of the driver's exception
+    (the task's Python traceback quoted in the JVM's message). kcompact's own errors are shown
+    by their message alone (as the CLI shows them); others keep their class name."""
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if not line or line.startswith(("at ", "File ", "SQLSTATE")):
+            continue
+        m = _PY_ERROR_RE.match(line)
+        if m is None:
+            continue
+        qual, name, msg = m.group(1), m.group(2), (m.group(3) or "").strip()
+        if qual.startswith(_OUR_PACKAGES) and msg:
+            return msg
+        if qual.startswith(("org.apache.", "java.", "py4j.", "scala.")) and not msg:
+            continue
+        return f"{name}: {msg}" if msg else name
+    first = text.strip().splitlines()
+    return first[0] if first else "unknown error"
+
+
+def run_job(fn, *args):
+    """Run a Spark action, turning a task failure into one clear line (and, with
+    KCOMPACT_DEBUG=1, printing the task's traceback on stderr first)."""
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:
+        if _debug():
+            print(str(e), file=sys.stderr, flush=True)
+        raise SparkEngineError(f"Spark job failed: {task_error_line(str(e))}") from None
