@@ -1,5 +1,6 @@
-# make demo : create .venv, install kcompact (and Java 17 for Spark if missing), run the demo
-# make test : create .venv, install kcompact with test extras, run unit + integration tests
+# make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
+#             run the demo
+# make test : create .venv, install kcompact with every extra, run unit + integration tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,7 +13,7 @@ $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h connecto
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: setuptools' note on editable installs ("folders ... with the same name as
 	@# your package may take precedence") is about a stray kcompact/ folder; ours is the package's own.
-	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[test]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[dev,plots,test]'
 	@touch $@
 
 java:

@@ -9,3 +9,8 @@ class ConnectorsError(Exception):
 
 class ConfigError(ConnectorsError, ValueError):
     """A connector or worker property is unknown or invalid: the message names the key."""
+
+
+class MissingExtraError(ConnectorsError, ImportError):
+    """An optional part of kcompact is not installed: the message names the extra to install
+    (``pip install 'kcompact[dev]'``...); see connectors/extras.py."""

