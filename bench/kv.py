@@ -5,10 +5,10 @@
 
 A topic of K keys whose history is U updates (100-byte values; every key updated U/K times on
 average, random order, one partition). What a user would pick instead, in the same run: a
-quixstreams application that consumes a topic into its RocksDB state (``State.set`` per
-message) until it has seen every message - once on the full U-update topic, once on a topic that
-holds only the latest value of each key (K records: the best a broker's log cleaner could
-leave). Both topics live in the embedded broker (kcompact.connectors.devtools.broker.EmbeddedBroker, Tansu).
+quixstreams application that consumes a topic into its RocksDB state (``State.set`` per message)
+until it has seen every message - once on the full U-update topic, once on a topic that holds only
+the latest value of each key (K records: the best a broker's log cleaner could leave). Both topics
+live in the embedded broker (kcompact.connectors.devtools.broker.EmbeddedBroker, Tansu).
 
 Ours: ``kcompact kv build`` from the compacted store (built here with RecordBatch.from_columns,
 then compaction.Compactor with force), as a separate process, timed from spawn to the line it

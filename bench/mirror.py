@@ -12,8 +12,8 @@ Then, alternating for --rounds rounds:
   discarding the messages. It uses exactly the consumer settings the mirror uses (read_committed,
   queued.min.messages=1M ...) and the same garbage-collector thresholds (reput/_gc.py), so
   the two differ only in what happens to the messages.
-* mirror: kcompact.connectors.apps.mirror.mirror_local into a fresh store directory, timed from the call to
-  its return (metadata, store creation, consume, append, final fsync'd flush).
+* mirror: kcompact.connectors.apps.mirror.mirror_local into a fresh store directory, timed from the
+  call to its return (metadata, store creation, consume, append, final fsync'd flush).
 
 numba's kernels are loaded once before the first round (a fixed ~1-3 s per process that every
 `kcompact` process pays at start-up, whatever the topic size). Target: mirror throughput

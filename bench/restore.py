@@ -14,12 +14,11 @@ KAFKA_BOOTSTRAP_SERVERS):
   producer settings (kcompact.connectors.plugins.store_source.DEFAULT_PRODUCER_CONFIG: acks=all,
   idempotence, compression none, linger.ms, batch.size, queue size) and the same positional
   produce() call, timed from the producer's creation to flush() done, under the restore's
-  garbage-collector
-  thresholds (reput/_gc.py). The topic exists beforehand.
-* restore: kcompact.connectors.apps.restore.restore (what `kcompact restore` runs) into a new topic, timed from
-  the call to its return: metadata, topic creation, transactional producer and init, progress
-  reads, the latest-per-key plan, reading the store, producing, a transaction commit and a store
-  progress record (fsync'd) per chunk.
+  garbage-collector thresholds (reput/_gc.py). The topic exists beforehand.
+* restore: kcompact.connectors.apps.restore.restore (what `kcompact restore` runs) into a new topic,
+  timed from the call to its return: metadata, topic creation, transactional producer and init,
+  progress reads, the latest-per-key plan, reading the store, producing, a transaction commit and a
+  store progress record (fsync'd) per chunk.
 * restore-idempotent: the same with --exactly-once disabled (no transactions), to show what
   the transactions cost.
 

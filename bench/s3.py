@@ -4,10 +4,10 @@
 
 Stores with 1, 16 and 64 partitions and the same total records (N records, N/10 distinct keys,
 ~100-byte values, 5% tombstones), written once to an S3 store on a local SeaweedFS
-(connectors/devtools/seaweed.py, started and stopped here, every port on 127.0.0.1) and once to a local
-directory, with the same segment.bytes, so both hold the same segments. Then a forced
-compaction of each, with cold caches (the S3 block cache and spool cleared), printing per
-store: S3 requests by kind, requests per input segment, the requests left once 2 per input
+(connectors/devtools/seaweed.py, started and stopped here, every port on 127.0.0.1) and once to a
+local directory, with the same segment.bytes, so both hold the same segments. Then a forced
+compaction of each, with cold caches (the S3 block cache and spool cleared), printing per store: S3
+requests by kind, requests per input segment, the requests left once 2 per input
 segment and 2 per output are taken off (the per-partition overhead: manifest list/get/put and
 the garbage listing), bytes down and up, and the S3 time next to the local-disk time of the
 same compaction (the ratio). A last row repeats the 16-partition store with 4x fewer, 4x larger

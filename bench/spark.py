@@ -11,10 +11,11 @@ Then:
   the Python workers and loads kcompact and its numba kernels in them - both fixed costs of a
   process, reported apart and not counted below.
 * **mirror**, alternating for --rounds rounds, each into a fresh store directory:
-  ``--engine local`` (kcompact.connectors.apps.mirror.mirror_local: one process, one consumer for every
-  partition) and ``--engine spark`` (kcompact.connectors.apps.spark.mirror_job.mirror_with_spark: one Spark task per
-  partition, each with its own consumer and commit-log writer; its compaction stage is off, as
-  the local batch mirror has none). Timed from the call to its return.
+  ``--engine local`` (kcompact.connectors.apps.mirror.mirror_local: one process, one consumer for
+  every partition) and ``--engine spark``
+  (kcompact.connectors.apps.spark.mirror_job.mirror_with_spark: one Spark task per partition, each
+  with its own consumer and commit-log writer; its compaction stage is off, as the local batch
+  mirror has none). Timed from the call to its return.
 * **read**: the Spark store's every record, ``spark.read.format("kcompact").option("mode",
   "all")...load().count()`` (and the default ``latest``) next to ``kcompact dump`` of each
   partition in turn (in this process, output counted and discarded). The session's first

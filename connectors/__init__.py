@@ -1,9 +1,15 @@
 """kcompact's Connect-style framework, its connectors, the applications built on them and the
-``kcompact`` CLI.
+``kcompact`` CLI, one folder per kind of thing (dependencies point down this list):
 
-The names below are the framework's public API (importable without pyspark): the connector and
-task model, config definitions, converters and the package's errors. The framework lives in
-``kcompact.connectors.framework`` (api, config, converters, error handling, the worker, Kafka I/O).
+* ``cli.py``: the command line, argparse only (flags -> typed options -> an application);
+* ``devtools/``: the embedded broker, SeaweedFS, the demo (the ``dev`` extra);
+* ``apps/``: what each command does (mirror, restore, kv, spark, compact, inspect, connect);
+* ``plugins/``: the connectors (store sink, store source, LevelDB sink);
+* ``framework/``: the connector and task API, configs, converters, error handling and the
+  dead-letter topic, the worker, Kafka I/O;
+* ``errors.py`` (the package's root errors), ``extras.py`` (optional dependencies).
+
+The names below are the framework's public API (importable without pyspark).
 """
 
 from .framework.api import (OFFSET_BEGINNING, ConnectRecord, Connector, DataError, RetriableError,

@@ -917,7 +917,7 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-/* -- the key-value map's bulk-build kernels (connectors/apps/kv/kernels.py, same algorithms) ----- */
+/* -- the key-value map's bulk-build kernels (connectors/apps/kv/kernels.py, same algorithms) */
 
 /* a DigestTable row: five 64-bit words (lo, hi, offset, timestamp, meta) */
 #define KV_USED (1ull << 63)

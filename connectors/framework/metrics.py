@@ -25,6 +25,10 @@ class TaskMetrics:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
 
+    def count_errors(self, errors) -> None:
+        """Take the error handler's counts (errors_handling.ErrorHandler)."""
+        self.errors, self.skipped, self.retries = errors.errors, errors.skipped, errors.retries
+
     def lag(self) -> dict[TopicPartition, int]:
         out = {}
         for tp, hw in self.high_watermark.items():

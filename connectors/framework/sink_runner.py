@@ -388,7 +388,7 @@ class SinkTaskRunner:
             records.nbytes = (sum(map(len, filter(None, records.raw_keys)))
                               + sum(map(len, filter(None, records.raw_values))))
         m.bytes += records.nbytes
-        m.errors, m.skipped, m.retries = self.errors.errors, self.errors.skipped, self.errors.retries
+        m.count_errors(self.errors)
         if self.errors.dlq is not None:
             m.dead_lettered = self.errors.dlq.produced
         # Position = last offset + 1 per partition (offsets increase within a partition).

@@ -174,4 +174,4 @@ class SourceTaskRunner:
             self.offsets.save(self._key, committed)
         self.task.commit()
         m = self.metrics
-        m.errors, m.skipped, m.retries = self.errors.errors, self.errors.skipped, self.errors.retries
+        m.count_errors(self.errors)

@@ -5,8 +5,9 @@
 1. the one named by ``KAFKA_BOOTSTRAP_SERVERS`` (bring your own Kafka);
 2. testcontainers' Kafka (``KafkaContainer``, KRaft mode), started for the session and stopped
    at the end, when a Docker engine answers a ping within 0.8 s (brokers.py; with no engine
-   the probe is one refused connection, well under a second);
-3. an :class:`kcompact.connectors.devtools.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started once
+   the probe is one refused connection, well under a second); 3. an
+:class:`kcompact.connectors.devtools.broker.EmbeddedBroker` (Tansu, memory only, 127.0.0.1) started
+once
    and stopped at the end.
 
 ``KCOMPACT_TEST_BROKER=tansu`` or ``=testcontainers`` forces 3 or 2 (the latter fails the session
@@ -179,11 +180,11 @@ def closed_port() -> int:
 def s3_store_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
     """Factory of fresh S3 store URLs on a SeaweedFS server started for the session.
 
-    ``weed mini`` (connectors/devtools/seaweed.py) runs on free ports, every listener on 127.0.0.1, its data
-    in a temporary directory; the bucket ``kcompact-it`` is created; ``AWS_ACCESS_KEY_ID``,
-    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_REGION`` and ``KCOMPACT_CACHE_DIR``
-    (the writers' local commit-log directories) are set for this process and its children, and
-    restored at the end, when the server is stopped (no process left behind).
+    ``weed mini`` (connectors/devtools/seaweed.py) runs on free ports, every listener on 127.0.0.1,
+    its data in a temporary directory; the bucket ``kcompact-it`` is created; ``AWS_ACCESS_KEY_ID``,
+    ``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``, ``AWS_REGION`` and ``KCOMPACT_CACHE_DIR`` (the
+    writers' local commit-log directories) are set for this process and its children, and restored
+    at the end, when the server is stopped (no process left behind).
 
     ``make(grace_ms=None)`` returns ``s3://kcompact-it/<unique prefix>`` (with
     ``?grace_ms=N`` when given). ``make.server`` is the SeaweedS3 (endpoint, credentials,

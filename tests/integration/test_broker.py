@@ -237,7 +237,8 @@ def test_broken_binary_raises_broker_error():
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_run_foreground_prints_address_and_stops_on_signal(sig):
-    code = "import sys; from kcompact.connectors.devtools.broker import run_foreground as r; sys.exit(r(None))"
+    code = ("import sys; from kcompact.connectors.devtools.broker import run_foreground as r; "
+            "sys.exit(r(None))")
     proc = subprocess.Popen(
         [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

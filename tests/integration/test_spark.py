@@ -27,7 +27,8 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 from kcompact.connectors import cli  # noqa: E402
 from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.apps.spark import SparkEngineError, spark_session  # noqa: E402
-from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark, spark_writer_id  # noqa: E402
+from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark  # noqa: E402
+from kcompact.connectors.apps.spark.mirror_job import spark_writer_id  # noqa: E402
 from kcompact.reput import Store, verify_store  # noqa: E402
 from topics import read_store, read_topic  # noqa: E402
 

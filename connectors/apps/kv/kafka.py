@@ -44,7 +44,8 @@ class KafkaCatchUp:
                 "isolation.level": "read_committed", "auto.offset.reset": "error",
                 "enable.partition.eof": True, "error_cb": error_cb, "logger": logger,
                 # a map builds slower than Kafka serves: without this, librdkafka's prefetch
-                # queue goes over its limit and the next fetch waits 1 s (connectors/framework/worker.py)
+                # queue goes over its limit and the next fetch waits 1 s (SINK_CONSUMER_DEFAULTS,
+                # connectors/framework/kafka_clients.py)
                 "fetch.queue.backoff.ms": 10}
         conf.update(self.kafka_config)
         conf["isolation.level"] = "read_committed"
@@ -52,7 +53,7 @@ class KafkaCatchUp:
             consumer = Consumer(conf)
         except KafkaException as e:
             raise KVError(f"invalid Kafka consumer settings: {e}") from None
-        # batches as columns, without Message objects (connectors/framework/kafka_columns.py), when built
+        # batches as columns, without Message objects (framework/kafka_columns.py), when built
         reader = ColumnReader.attach(consumer, error_cb, logger)
         try:
             try:

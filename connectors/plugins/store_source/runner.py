@@ -420,7 +420,7 @@ class RestoreRunner:
                                "progress")
 
     def _produce(self, chunk: Any) -> None:
-        """The hot loop. Blocks go through the ColumnSender (connectors/framework/kafka_columns.py: no
+        """The hot loop. Blocks go through the ColumnSender (framework/kafka_columns.py: no
         Python object per record, headers straight from the store's encoding; each record
         carries ``_on_delivery`` as produce() would, so a failed delivery is reported the same
         way, with or without a transaction). Without it (not built, or turned off): positional
