@@ -31,13 +31,13 @@ from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
 from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
 from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
-from .metrics import TaskMetrics
+from .task_runner import TaskRunner
 
 _TS = itemgetter(1)
 _NATIVE = _jit_native()
 
 
-class SinkTaskRunner:
+class SinkTaskRunner(TaskRunner):
     """One sink task: its consumer, converters, error handler and loop (a thread)."""
 
     def __init__(self, *, connector: str, task_id: int, task: SinkTask, props: dict[str, Any],
@@ -50,10 +50,7 @@ class SinkTaskRunner:
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
         self.follow, self.batch_max, self.flush_interval = follow, batch_max, flush_interval_ms
         self.stop_event, self.startup_timeout, self.settings = stop, startup_timeout, settings
-        self.metrics = TaskMetrics(f"{connector}-{task_id}")
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"task-{connector}-{task_id}",
-                                       daemon=True)
+        super().__init__(f"{connector}-{task_id}")
         self.consumer: Any = None
         #: the consumer's batches as columns (connectors/framework/kafka_columns.py), when available
         self.reader: ColumnReader | None = None
@@ -61,13 +58,6 @@ class SinkTaskRunner:
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
         self._kafka_errors: list[Any] = []
-
-    def start(self) -> None:
-        self.thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self.thread.is_alive()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

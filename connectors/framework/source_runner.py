@@ -19,7 +19,7 @@ from .api import SourceRecord, SourceTask, SourceTaskContext, source_partition_k
 from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
 from .kafka_clients import KafkaSettings, kafka_logger
-from .metrics import TaskMetrics
+from .task_runner import TaskRunner
 
 
 class FileOffsetStore:
@@ -52,7 +52,7 @@ class FileOffsetStore:
         os.replace(tmp, self.path)
 
 
-class SourceTaskRunner:
+class SourceTaskRunner(TaskRunner):
     """One source task: poll, convert, produce, and keep source offsets once Kafka has them."""
 
     def __init__(self, *, connector: str, task_id: int, task: SourceTask, props: dict[str, Any],
@@ -63,20 +63,10 @@ class SourceTaskRunner:
         self.producer_conf, self.offsets = producer_conf, offsets
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
         self.flush_interval, self.stop_event, self.settings = flush_interval_ms, stop, settings
-        self.metrics = TaskMetrics(f"{connector}-{task_id}")
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"task-{connector}-{task_id}",
-                                       daemon=True)
+        super().__init__(f"{connector}-{task_id}")
         self._delivery_errors: list[str] = []
         self._pending: list[tuple[SourceRecord, Any]] = []
         self._key = f"{connector}"
-
-    def start(self) -> None:
-        self.thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self.thread.is_alive()
 
     def _run(self) -> None:
         from confluent_kafka import KafkaException, Producer

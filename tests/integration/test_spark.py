@@ -29,6 +29,7 @@ from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.apps.spark import SparkEngineError, spark_session  # noqa: E402
 from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark  # noqa: E402
 from kcompact.connectors.apps.spark.mirror_job import spark_writer_id  # noqa: E402
+from kcompact.connectors.apps.spark.session import stage_counts  # noqa: E402
 from kcompact.reput import Store, verify_store  # noqa: E402
 from topics import read_store, read_topic  # noqa: E402
 
@@ -270,19 +271,6 @@ def _python_workers() -> list[int]:
     return [pid for pid, (ppid, _) in procs.items() if ppid in daemons]
 
 
-def _stage(spark) -> tuple[int, int, int]:
-    """(completed, active, failed attempts) tasks of the running stages."""
-    tracker = spark.sparkContext.statusTracker()
-    done = active = failed = 0
-    for sid in tracker.getActiveStageIds():
-        info = tracker.getStageInfo(sid)
-        if info is not None:
-            done += info.numCompletedTasks
-            active += info.numActiveTasks
-            failed += info.numFailedTasks
-    return done, active, failed
-
-
 def _wait_for(what: str, cond, timeout: float = 120.0) -> None:
     """Poll until ``cond()``; the timeout only bounds a hung run, the test asserts no timing."""
     deadline = time.monotonic() + timeout
@@ -327,12 +315,12 @@ def test_killed_task_is_retried_and_resumes(spark, kafka_bootstrap, make_topic, 
     job.start()
     try:
         # partition 1's task is done; the tasks of partitions 0 and 2 wait for their writers
-        _wait_for("p1 done, p0 and p2 waiting", lambda: _stage(spark)[:2] == (1, 2))
+        _wait_for("p1 done, p0 and p2 waiting", lambda: stage_counts(spark)[:2] == (1, 2))
         workers = _python_workers()  # the two waiting tasks' and any idle one (Spark checks
         assert len(workers) >= 2, workers  # that a pooled worker is alive before reusing it)
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
-        _wait_for("both attempts failed", lambda: _stage(spark)[2] >= 2)
+        _wait_for("both attempts failed", lambda: stage_counts(spark)[2] >= 2)
     finally:
         for st in held:
             st.close()

@@ -1,7 +1,7 @@
-"""Per-task metrics of the Connect-style worker (``TaskMetrics``, connectors/framework/metrics.py)
-against a real broker: records, bytes (key + value) and lag per partition (high watermark -
-position), mid-run and at the end, and the metrics line the worker prints every
-``metrics.log.interval.ms``.
+"""Per-task metrics of the Connect-style worker (``TaskMetrics``,
+connectors/framework/task_runner.py) against a real broker: records, bytes (key + value) and lag per
+partition (high watermark - position), mid-run and at the end, and the metrics line the worker
+prints every ``metrics.log.interval.ms``.
 
 To look at a run mid-way without depending on timing, the store sink's task is wrapped so that
 its second ``put()`` waits for the test: the worker has then counted exactly the first batch,

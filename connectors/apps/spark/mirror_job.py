@@ -33,7 +33,7 @@ from ...plugins.store_sink import StoreSinkConnector
 from ..options import MirrorOptions, mirror_props
 from .compact_job import compact_partitions_spark, compaction_lines
 from .errors import MirrorTaskError
-from .session import run_job, spark_active, spark_session
+from .session import run_job, spark_active, spark_session, stage_counts
 
 PROGRESS_INTERVAL = 2.0
 _WRITER_MAX = 128
@@ -246,22 +246,6 @@ class _Job:
         return not self.thread.is_alive()
 
 
-def _stage_counts(spark) -> tuple[int, int, int]:
-    """(completed, running, failed attempts) tasks of the active stages."""
-    done = running = failed = 0
-    try:
-        tracker = spark.sparkContext.statusTracker()
-        for sid in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(sid)
-            if info is not None:
-                done += info.numCompletedTasks
-                running += info.numActiveTasks
-                failed += info.numFailedTasks
-    except Exception:  # noqa: BLE001 - progress only
-        pass
-    return done, running, failed
-
-
 def _mirror_progress(spark, store, topic: str, todo: list[tuple[int, int, int]], t0: float,
                      last: list, out: TextIO) -> None:
     """One progress line: records in the store (its next offsets), per-partition lag, tasks."""
@@ -274,7 +258,7 @@ def _mirror_progress(spark, store, topic: str, todo: list[tuple[int, int, int]],
                 lag[p] = end - n
     except Exception:  # noqa: BLE001 - a partition being written may be mid-append
         return
-    done, running, failed = _stage_counts(spark)
+    done, running, failed = stage_counts(spark)
     now = time.monotonic()
     rate = (copied - last[1]) / max(now - last[0], 1e-9)
     last[0], last[1] = now, copied

@@ -221,3 +221,20 @@ def run_job(fn, *args):
         if _debug():
             print(str(e), file=sys.stderr, flush=True)
         raise SparkEngineError(f"Spark job failed: {task_error_line(str(e))}") from None
+
+
+def stage_counts(spark) -> tuple[int, int, int]:
+    """(completed, running, failed attempts) tasks of the active stages; zeros when Spark
+    cannot say (progress only)."""
+    done = running = failed = 0
+    try:
+        tracker = spark.sparkContext.statusTracker()
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None:
+                done += info.numCompletedTasks
+                running += info.numActiveTasks
+                failed += info.numFailedTasks
+    except Exception:  # noqa: BLE001 - progress only
+        pass
+    return done, running, failed

@@ -55,7 +55,7 @@ import numpy as np
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
 from ...framework.kafka_clients import KafkaSettings, kafka_error, kafka_error_text, kafka_logger
 from ...framework.kafka_columns import ColumnSender
-from ...framework.metrics import TaskMetrics
+from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
 from .kafka import AUTH_CODES, UNSUPPORTED_CODES, ensure_topic, kafka_failure, load_codes
 from .progress import (PROBE_CONSUMER_CONFIG, PROGRESS_TOPIC, Progress, RestoreJob, StoreProgress,
@@ -103,9 +103,8 @@ class RestoreStats:
     notes: list[str] = field(default_factory=list)
 
 
-class RestoreRunner:
-    """Runs one StoreSourceTask against Kafka (the worker's task-runner interface: ``start``,
-    ``alive``, ``thread``, ``failure``, ``metrics``)."""
+class RestoreRunner(TaskRunner):
+    """Runs one StoreSourceTask against Kafka, in the worker as its task runner."""
 
     def __init__(self, *, connector: Any, name: str, props: Mapping[str, Any],
                  settings: KafkaSettings, stop: threading.Event, startup_timeout: float,
@@ -113,10 +112,8 @@ class RestoreRunner:
         self.connector, self.name, self.props = connector, name, dict(props)
         self.settings, self.stop_event, self.log = settings, stop, log
         self.timeout = startup_timeout
-        self.metrics = TaskMetrics(f"{name}-0")
+        super().__init__(f"{name}-0")
         self.stats = RestoreStats()
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"task-{name}-0", daemon=True)
         self.task: StoreSourceTask | None = None
         self.producer: Any = None
         #: the error_cb object the producers are configured with (ColumnSender checks it)
@@ -127,13 +124,6 @@ class RestoreRunner:
         self._kafka_errors: list[Any] = []
         self._in_txn = False
         self._store_progress: StoreProgress | None = None
-
-    def start(self) -> None:
-        self.thread.start()
-
-    @property
-    def alive(self) -> bool:
-        return self.thread.is_alive()
 
     @property
     def bootstrap(self) -> str:

@@ -1,7 +1,12 @@
-"""What a task runner counts: records, bytes, errors, positions and lag per partition."""
+"""What the worker runs a task with: a :class:`TaskRunner` (the task's thread, its failure and
+its :class:`TaskMetrics`: records, bytes, errors, positions and lag per partition, read by
+progress printers from another thread). sink_runner.py and source_runner.py are the framework's
+two; a connector may bring its own (``make_runners``: the store source's RestoreRunner).
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -43,3 +48,24 @@ class TaskMetrics:
         return (f"{self.name}: {self.records} records ({self.records / dt:,.0f}/s, "
                 f"{self.bytes / dt / 1e6:.1f} MB/s), lag {sum(lag.values())}, errors "
                 f"{self.errors} (skipped {self.skipped}, dead-lettered {self.dead_lettered})")
+
+
+class TaskRunner:
+    """The worker's view of a running task: ``start()``, ``alive``, ``thread`` (joined by the
+    worker), ``failure`` (the first error, reported by the worker) and ``metrics``. A subclass
+    does the task's work in ``_run``, in the thread, and sets ``failure`` instead of raising."""
+
+    def __init__(self, name: str):
+        self.metrics = TaskMetrics(name)
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"task-{name}", daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
