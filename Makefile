@@ -8,7 +8,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id 
 
 .PHONY: demo test install java bench clean
 
-$(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h connectors/framework/_rdkafka.c
+$(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h compaction/_native.c \
+                   connectors/framework/_rdkafka.c connectors/apps/kv/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: setuptools' note on editable installs ("folders ... with the same name as

@@ -5,11 +5,15 @@ connectors/) and installs them under one import name, ``kcompact`` (``kcompact.r
 ``package_dir`` maps each ``kcompact.<folder>`` package to its folder, and ``kcompact/`` holds only
 the facade and ``python -m kcompact``.
 
-kcompact.reput._native holds the record, index and compaction kernels in C (reput/_native.c), so
-that a compaction runs without loading numba and LLVM. kcompact.connectors.framework._rdkafka reads
-consumed Kafka batches straight into columns (connectors/framework/_rdkafka.c). Both are optional:
-without a C compiler the install goes on and the numba kernels and confluent_kafka's Message objects
-are used instead (reput/_jit.py, connectors/framework/kafka_columns.py).
+Each layer's kernels are a C extension next to its data: kcompact.reput._native the record and
+index kernels (reput/_native.c), kcompact.compaction._native the offset map's and the cleaner's
+(compaction/_native.c), kcompact.connectors.apps.kv._native the key-value map's bulk build
+(connectors/apps/kv/_native.c), so that reading a store, compacting it or building the map runs
+without loading numba and LLVM; kcompact.connectors.framework._rdkafka reads consumed Kafka batches
+straight into columns (connectors/framework/_rdkafka.c). All are optional: without a C compiler
+the install goes on and the numba kernels and confluent_kafka's Message objects are used instead
+(reput/jit.py, connectors/framework/kafka_columns.py). They share reput/_arr.h (1-d arrays
+through the buffer protocol).
 """
 
 import os
@@ -44,6 +48,10 @@ setup(
     ext_modules=[
         Extension("kcompact.reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS,
                   **_SHARED),
+        Extension("kcompact.compaction._native", ["compaction/_native.c"],
+                  extra_compile_args=_FLAGS, **_SHARED),
+        Extension("kcompact.connectors.apps.kv._native", ["connectors/apps/kv/_native.c"],
+                  extra_compile_args=_FLAGS, **_SHARED),
         Extension("kcompact.connectors.framework._rdkafka", ["connectors/framework/_rdkafka.c"],
                   extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
     ],

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from kcompact.reput import Store, WriterOptions  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 
 TOPIC = "bench"
 BATCH = 200_000
@@ -73,7 +73,7 @@ d["elapsed_s"] = elapsed
 d["unlink_s"] = unlink_s
 d["jit_load_s"] = jit_s
 d["maxrss_kib"] = hwm_kib()
-from kcompact.reput import _jit
+from kcompact.reput import jit as _jit
 d["numba_loaded"] = "numba" in sys.modules
 d["kernels"] = "numba" if _jit.native() is None else "C"
 print(json.dumps(d))
@@ -94,10 +94,10 @@ def build_store(path: str, n: int, keys: int, seed: int = 3) -> int:
         vlen = np.where(tomb, 0, 100)
         voffs = np.zeros(m + 1, np.int64)
         np.cumsum(vlen, out=voffs[1:])
-        values = _VarColumn(vals[~tomb].reshape(-1), voffs, tomb)
+        values = BytesColumn(vals[~tomb].reshape(-1), voffs, tomb)
         st.append(RecordBatch.from_columns(TOPIC, 0, np.arange(lo, hi, dtype=np.int64),
                                            1_700_000_000_000,
-                                           keys=_VarColumn.fixed(key_bytes[ids], 16),
+                                           keys=BytesColumn.fixed(key_bytes[ids], 16),
                                            values=values))
     st.flush()
     st.close()

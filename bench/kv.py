@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from kcompact.reput import Store, WriterOptions  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 
 TOPIC = "kv-bench"
 BATCH = 200_000
@@ -89,8 +89,8 @@ def build_store(path: str, data: Data) -> None:
                     options=WriterOptions(fsync="never", commitlog_retention_ms=0))
     for lo, hi, keys, vals in data.chunks():
         st.append(RecordBatch.from_columns(TOPIC, 0, np.arange(lo, hi, dtype=np.int64), TS,
-                                           keys=_VarColumn.fixed(keys, 16),
-                                           values=_VarColumn.fixed(vals, data.value_size)))
+                                           keys=BytesColumn.fixed(keys, 16),
+                                           values=BytesColumn.fixed(vals, data.value_size)))
     st.flush()
     st.close()
     shutil.rmtree(os.path.join(path, "commitlog"))

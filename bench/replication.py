@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 from kcompact.compaction import CompactionOptions, Compactor  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
 TOPIC = "bench"
@@ -68,7 +68,7 @@ def build_master(path: str, size: int, partitions: int, tombstones: float) -> di
                 keys = rng.integers(0, 256, (m, KEY), dtype=np.uint8)
                 keys[:, :8] = np.arange(lo, lo + m, dtype=np.uint64).view(np.uint8).reshape(m, 8)
                 vals = rng.integers(97, 123, (m, VALUE), dtype=np.uint8)
-                vcol = _VarColumn.fixed(vals, VALUE)
+                vcol = BytesColumn.fixed(vals, VALUE)
                 if tombstones:
                     tomb = rng.random(m) < tombstones
                     vcol.null = tomb
@@ -78,7 +78,7 @@ def build_master(path: str, size: int, partitions: int, tombstones: float) -> di
                     vcol.buf = vals[~tomb].reshape(-1)
                 st.append(RecordBatch.from_columns(TOPIC, p, np.arange(lo, lo + m, dtype=np.int64),
                                                    1_700_000_000_000,
-                                                   keys=_VarColumn.fixed(keys, KEY), values=vcol))
+                                                   keys=BytesColumn.fixed(keys, KEY), values=vcol))
         st.flush()
     build_s = time.perf_counter() - t
     t = time.perf_counter()

@@ -388,7 +388,7 @@ def measure_map_point(budget: int, keys: int, chunk: int = 1 << 16, seed: int = 
     rss1 = _rss()
     return {"budget": budget, "keys_offered": keys, "keys_held": m.count,
             "max_keys": m.max_keys, "full": bool(full or m.count >= m.max_keys),
-            "table_nbytes": int(m.table.nbytes),
+            "table_nbytes": int(m.nbytes),
             "rss_delta": None if rss0 is None else rss1 - rss0,
             "rss_delta_at_alloc": None if rss0 is None else rss_alloc - rss0}
 
@@ -404,7 +404,7 @@ def measure_rounds(budget: int, fractions=ROUNDS_FRACTIONS) -> list[dict]:
     from kcompact.compaction import CompactionOptions, Compactor
     from kcompact.compaction.offset_map import OffsetMap
     from kcompact.reput import Store, WriterOptions
-    from kcompact.reput.record import RecordBatch, _VarColumn
+    from kcompact.reput.record import RecordBatch, BytesColumn
 
     capacity = OffsetMap(budget).max_keys
     out = []
@@ -420,7 +420,7 @@ def measure_rounds(budget: int, fractions=ROUNDS_FRACTIONS) -> list[dict]:
                             options=WriterOptions(fsync="never")) as st:
                 st.append(RecordBatch.from_columns(
                     "rounds", 0, np.arange(2 * n, dtype=np.int64), 1_700_000_000_000,
-                    keys=_VarColumn.fixed(keys, 16), values=_VarColumn.fixed(values, 10)))
+                    keys=BytesColumn.fixed(keys, 16), values=BytesColumn.fixed(values, 10)))
                 st.flush()
                 r = Compactor(st, CompactionOptions(offset_map_memory=budget)) \
                     .compact_partition("rounds", 0, force=True)

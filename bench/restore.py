@@ -52,8 +52,8 @@ from kcompact.connectors.plugins.store_source import DEFAULT_PRODUCER_CONFIG  # 
 from kcompact.connectors.apps.restore import restore  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
-from kcompact.reput._gc import bulk_gc  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 
 VALUE = 100
 TS0 = 1_700_000_000_000
@@ -73,8 +73,8 @@ def build_store(url: str, keys: int, partitions: int, dead: float) -> None:
                 part = mine[lo:lo + 200_000]
                 m = part.shape[0]
                 kbytes = b"".join(b"key-%08d" % i for i in part.tolist())
-                kcol = _VarColumn.fixed(np.frombuffer(kbytes, np.uint8).copy(), 12)
-                vcol = _VarColumn.fixed(np.frombuffer(value * m, np.uint8).copy(), VALUE)
+                kcol = BytesColumn.fixed(np.frombuffer(kbytes, np.uint8).copy(), 12)
+                vcol = BytesColumn.fixed(np.frombuffer(value * m, np.uint8).copy(), VALUE)
                 offs = np.arange(lo, lo + m, dtype=np.int64)
                 st.append(RecordBatch.from_columns(TOPIC, p, offs, TS0 + offs, keys=kcol,
                                                    values=vcol))

@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 
 from kcompact.compaction import compact_store  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 from kcompact.connectors.devtools.seaweed import SeaweedS3  # noqa: E402
 
 TOPIC = "bench"
@@ -67,8 +67,8 @@ def batches(records: int, partitions: int, value_bytes: int, seed: int = 7):
         np.cumsum(vlen, out=voffs[1:])
         vb = rng.integers(97, 123, int(voffs[-1]), dtype=np.uint8)
         yield RecordBatch(TOPIC, parts, offs, np.full(n, 1_700_000_000_000, np.int64),
-                          _VarColumn(kb, koffs, np.zeros(n, bool)),
-                          _VarColumn(vb, voffs, tomb), _VarColumn.empties(n))
+                          BytesColumn(kb, koffs, np.zeros(n, bool)),
+                          BytesColumn(vb, voffs, tomb), BytesColumn.empties(n))
 
 
 def write(url: str, records: int, partitions: int, value_bytes: int, segment_bytes: int,

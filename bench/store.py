@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import bcq as B  # noqa: E402
-from kcompact.reput.record import RecordBatch, _VarColumn, encode_batch  # noqa: E402
+from kcompact.reput.record import RecordBatch, BytesColumn, encode_batch  # noqa: E402
 
 KEY, VALUE, BATCH = 16, 100, 100_000
 
@@ -40,8 +40,8 @@ def make_batches(n: int, topic: str = "bench") -> list[RecordBatch]:
     vals = rng.integers(0, 256, (n, VALUE), dtype=np.uint8)
     return [RecordBatch.from_columns(topic, 0, np.arange(lo, min(lo + BATCH, n), dtype=np.int64),
                                      1_700_000_000_000,
-                                     keys=_VarColumn.fixed(keys[lo:lo + BATCH], KEY),
-                                     values=_VarColumn.fixed(vals[lo:lo + BATCH], VALUE))
+                                     keys=BytesColumn.fixed(keys[lo:lo + BATCH], KEY),
+                                     values=BytesColumn.fixed(vals[lo:lo + BATCH], VALUE))
             for lo in range(0, n, BATCH)]
 
 

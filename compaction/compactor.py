@@ -38,7 +38,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from kcompact.reput._jit import native, njit
 
 from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
@@ -46,15 +45,13 @@ from kcompact.reput import swap
 from kcompact.reput.config import SYSTEM_CLOCK, Clock, TopicConfig
 from kcompact.reput.errors import StoreLockedError
 from kcompact.reput.locks import FileLock
-from kcompact.reput.partition import PartitionLog, Segment, read_fully
+from kcompact.reput.partition import PartitionLog, Segment
+from kcompact.reput.reader import IndexCursor, PartitionReader
+from kcompact.reput.rewrite import SegmentWriter
 from kcompact.reput.store import Store
 
 from .errors import CompactionError
-from kcompact.reput._kernels import _copy
-
-from kcompact.reput._intrinsics import prefetch
-
-from .offset_map import EMPTY, PREFETCH_AHEAD, OffsetMap, _home
+from .offset_map import OffsetMap
 
 DEFAULT_MAP_MEMORY = 128 << 20
 
@@ -106,87 +103,6 @@ class CompactionResult:
         d = asdict(self)
         d["recopy_percent"] = round(self.recopy_percent, 2)
         return d
-
-
-# ---------------------------------------------------------------------------------------------
-# kernels
-
-
-@njit(cache=True, nogil=True)
-def _decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi, flags,
-            clean_time, keep, new_clean):
-    """keep[i], new_clean[i] for entries i. Returns (kept, dropped, tombstones dropped, stamped)."""
-    kept = 0
-    dropped = 0
-    tdropped = 0
-    stamped = 0
-    n = offsets.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
-        off = offsets[i]
-        f = flags[i]
-        ct = clean_time[i]
-        k = True
-        if (f & 2) == 0 and off <= last_mapped:
-            lo = dlo[i]
-            hi = dhi[i]
-            k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
-            k1 = np.uint32(hi >> np.uint64(32))
-            k2 = np.uint32(lo >> np.uint64(32))
-            h = _home(lo, cap)
-            latest = np.int64(-1)
-            while True:
-                s = h * 4
-                v = table[s + 3]
-                if v == EMPTY:
-                    break
-                if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
-                    latest = base + np.int64(v)
-                    break
-                h += 1
-                if h == cap:
-                    h = 0
-            if latest > off:
-                k = False
-        if k and (f & 3) == 1:  # a keyed tombstone still the latest for its key (keyless: kept)
-            # clean_time is whole seconds (floored): only a strict '>' guarantees that
-            # delete.retention.ms has really passed since the tombstone was first cleaned
-            if ct != 0 and now_s - np.int64(ct) > retention_s:
-                k = False
-                tdropped += 1
-            elif ct == 0 and off <= last_mapped:
-                ct = np.uint32(now_s)
-                stamped += 1
-        keep[i] = k
-        new_clean[i] = ct
-        if k:
-            kept += 1
-        else:
-            dropped += 1
-    return kept, dropped, tdropped, stamped
-
-
-@njit(cache=True, nogil=True)
-def _gather_kept(src, positions, sizes, keep, out, out_entries_pos, base_out):
-    """Copy kept records (positions relative to src) into out; record their new positions."""
-    q = 0
-    n_out = 0
-    for i in range(positions.shape[0]):
-        if keep[i]:
-            n = sizes[i]
-            _copy(out, q, src, positions[i], n)
-            out_entries_pos[n_out] = base_out + q
-            n_out += 1
-            q += n
-    return q, n_out
-
-
-_N = native()
-# the C kernels when built (a compaction then loads no JIT compiler: reput/_native.c), else the
-# numba ones above; both are tested against each other (tests/unit/test_native_kernels.py)
-_decide_k = _N.decide if _N is not None else _decide
-_gather_kept_k = _N.gather_kept if _N is not None else _gather_kept
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +159,8 @@ class Compactor:
     def _index_chunks(self, pl: PartitionLog, seg: Segment, start_entry: int = 0):
         """Bounded-memory .bcq chunks in this compactor's reused buffer."""
         step = self.options.index_chunk_entries
-        return pl.index_chunks(seg, start_entry, step, self._buffer("index", step * B.ENTRY_SIZE))
+        cursor = IndexCursor(pl, step, self._buffer("index", step * B.ENTRY_SIZE))
+        return cursor.chunks(seg, start_entry)
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
         b = self._buffers.get(name)
@@ -270,13 +187,13 @@ class Compactor:
             cfg = self.store.topic_config(topic)
             pl.config = cfg
             if pl.manifest_mode:
-                with self.store._lock:
+                with self.store.lock:
                     # nothing pending from an earlier, failed compaction; a fresh manifest
                     pl.abort_staged() if pl.has_staged else pl.reload_manifest(max_age_s=1.0)
             res.segments_before = len(pl.segments)
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
-            with self.store._lock:
+            with self.store.lock:
                 if pl.manifest_mode:
                     if force:
                         pl.seal(self.store.writer or "compactor")
@@ -296,7 +213,7 @@ class Compactor:
                     raise
                 # S3: an input was replaced by another compactor and deleted after the grace
                 # period while this one still read it; nothing of this run is published
-                with self.store._lock:
+                with self.store.lock:
                     pl.abort_staged()
                 res.skipped = (f"its input segments were replaced and deleted meanwhile "
                                f"({e.filename}); nothing was changed")
@@ -304,7 +221,7 @@ class Compactor:
                 return res
             except BaseException:
                 if pl.manifest_mode:
-                    with self.store._lock:
+                    with self.store.lock:
                         pl.abort_staged()
                 raise
             res.segments_after = len(pl.segments)
@@ -336,7 +253,7 @@ class Compactor:
     def _commit_remote(self, pl: PartitionLog, run: dict | None, res: CompactionResult,
                        records_before: int) -> None:
         """S3: publish the staged rounds as one manifest version, then collect garbage."""
-        with self.store._lock:
+        with self.store.lock:
             if pl.has_staged:
                 if not pl.commit_staged(self.store.writer or "compactor", run):
                     res.skipped = ("another compaction replaced this partition's segments "
@@ -461,20 +378,12 @@ class Compactor:
         retention_s = -(-cfg.delete_retention_ms // 1000)
         targets = [s for s in pl.sealed_segments if s.base <= last_mapped]
 
-        def decide(chunk):
-            keep = np.empty(chunk.shape[0], np.bool_)
-            clean = np.empty(chunk.shape[0], np.uint32)
-            counts = _decide_k(m.table, m.capacity, m.base, last_mapped, now_s, retention_s,
-                             chunk["offset"], chunk["digest_lo"], chunk["digest_hi"],
-                             chunk["flags"], chunk["clean_time"], keep, clean)
-            return keep, clean, counts
-
         # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
             sp = _SegPlan(seg)
             for lo, chunk in self._index_chunks(pl, seg):
-                keep, _, (k, d, td, st) = decide(chunk)
+                keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s)
                 sp.kept += k
                 sp.dropped += d
                 sp.tdropped += td
@@ -558,81 +467,38 @@ class Compactor:
 
     def _copy_group(self, pl: PartitionLog, g: _Group, log_out: str, idx_out: str, recall,
                     res: CompactionResult) -> bool:
-        # outputs go to the store itself, or to the local directory on S3
-        fs = pl.local_fs
+        """Pass 2 for one group: its members' kept records, byte for byte and with their new
+        clean times, into one output segment. The records come from the partition reader
+        (each checked against its entry and CRC), each input .log streamed once front to back."""
         if g.kept_bytes == 0:
             return False
-        logf = fs.open_append(log_out)
-        idxf = fs.open_append(idx_out)
-        out_pos = 0
         chunk_bytes = self.options.io_chunk_bytes
+        reader = PartitionReader(pl)
+        # outputs go to the store itself, or to the local directory on S3
+        out = SegmentWriter(pl.local_fs, log_out, idx_out)
         try:
             for sp in g.members:
-                seg = sp.seg
-                path = pl.seg_log_path(seg)
-                with pl.open_log(seg) as stream:
-                    at = 0  # stream position: the .log is read once, front to back
-                    for lo, chunk in self._index_chunks(pl, seg):
+                with reader.segment(sp.seg, sequential=True, block_bytes=chunk_bytes,
+                                    buffer=self._buffer("data", chunk_bytes)) as src:
+                    for lo, chunk in self._index_chunks(pl, sp.seg):
                         keep, clean, _ = recall(sp, lo, chunk)
-                        pos = chunk["position"].astype(np.int64)
-                        ends = pos + chunk["size"]
-                        i = 0
-                        n = chunk.shape[0]
-                        while i < n:
-                            # the largest run of entries from i whose bytes fit one I/O chunk
-                            j = int(np.searchsorted(ends, pos[i] + chunk_bytes, side="right"))
-                            j = max(j, i + 1)
-                            start, stop = int(pos[i]), int(ends[j - 1])
-                            if keep[i:j].any():
-                                at = self._skip(stream, at, start, path)
-                                data = self._buffer("data", max(stop - start, chunk_bytes))[
-                                    :stop - start]
-                                if read_fully(stream, data) != stop - start:
-                                    raise CompactionError(f"{path}: short read at byte {start}")
-                                at = stop
-                                res.bytes_read += stop - start
-                                kept = np.nonzero(keep[i:j])[0] + i
-                                size = int(chunk["size"][kept].sum())
-                                out = self._buffer("out", max(size, chunk_bytes))[:size]
-                                new_pos = np.empty(kept.shape[0], np.int64)
-                                _gather_kept_k(data, pos[i:j] - start,
-                                             chunk["size"][i:j].astype(np.int64),
-                                             keep[i:j], out, new_pos, out_pos)
-                                ent = chunk[kept].copy()
-                                ent["position"] = new_pos
-                                ent["clean_time"] = clean[kept]
-                                logf.write(out)
-                                idxf.write(ent.view(np.uint8))
-                                out_pos += out.shape[0]
-                                res.bytes_written += out.shape[0] + ent.nbytes
-                                self._throttle(stop - start + out.shape[0])
-                            i = j
-            logf.sync()
-            idxf.sync()
+                        if not keep.any():
+                            continue
+                        kept = chunk[keep]
+                        kept["clean_time"] = clean[keep]
+                        for block in src.select(kept):
+                            read0 = src.bytes_read
+                            wrote = out.append(block)
+                            res.bytes_written += wrote
+                            self._throttle(src.bytes_read - read0 + wrote)
+                    res.bytes_read += src.bytes_read
+            out.sync()
         except OSError as e:  # reading the input .log failed (the stream raises raw OSError)
-            raise CompactionError(f"{path}: read error: {e.strerror or e}; compaction stopped, "
-                                  "the old segments are still in place") from e
+            raise CompactionError(f"{pl.seg_log_path(sp.seg)}: read error: {e.strerror or e}; "
+                                  "compaction stopped, the old segments are still in place") from e
         finally:
-            logf.close()
-            idxf.close()
-        if out_pos > 0xFFFFFFFF:
-            raise CompactionError(f"{pl.dir}: merged segment larger than 4 GiB")
+            out.close()
         return True
-
-    def _skip(self, stream, at: int, to: int, path: str) -> int:
-        """Advance a sequential stream from ``at`` to ``to`` (seek where it can, else read)."""
-        if to == at:
-            return at
-        if stream.seekable():
-            stream.seek(to)
-            return to
-        junk = self._buffer("skip", 1 << 20)
-        while at < to:
-            n = read_fully(stream, junk[:min(to - at, junk.shape[0])])
-            if n == 0:
-                raise CompactionError(f"{path}: short read at byte {at}")
-            at += n
-        return at
 
     def _throttle(self, nbytes: int) -> None:
         bps = self.options.throttle_bytes_per_s
@@ -643,13 +509,13 @@ class Compactor:
                staged: list[tuple[int, str, str]] | None = None) -> None:
         if pl.manifest_mode:
             # S3: only this object's view changes now; commit_staged publishes every round
-            with self.store._lock:
+            with self.store.lock:
                 pl.stage_swap(plan.inputs, staged or [], plan.cleaned_offset, plan.last_run)
             return
         fs = self.store.fs
         fs.sync_dir(swap.staging_dir(pl.dir)) if fs.isdir(swap.staging_dir(pl.dir)) else None
         swap.commit(fs, pl.dir, plan)
-        with self.store._lock:
+        with self.store.lock:
             swap.apply(fs, pl.dir, plan)
             pl.reload_after_swap()
 
@@ -694,8 +560,9 @@ def partition_status(store: Store, topic: str, partition: int) -> dict:
     pl = store.partition(topic, partition)
     cleaned, last_run = pl.checkpoint()
     clean = dirty = 0
+    cursor = IndexCursor(pl)
     for seg in pl.sealed_segments:
-        for _, e in pl.index_chunks(seg):
+        for _, e in cursor.chunks(seg):
             i = int(np.searchsorted(e["offset"], cleaned + 1))
             clean += int(e["size"][:i].sum())
             dirty += int(e["size"][i:].sum())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from kcompact.reput.partition import PartitionLog, Segment
+from kcompact.reput.reader import IndexCursor
 
 from .offset_map import SLOT_BYTES, OffsetMap
 
@@ -29,8 +30,9 @@ def latest_selection(pl: PartitionLog, *, include_keyless: bool = False
     first = int(pl.index(segs[0]).entries[0]["offset"])
     m = OffsetMap(max(4096, int(total / 0.85 + 64) * SLOT_BYTES))
     m.clear(first)
+    cursor = IndexCursor(pl)
     for seg in segs:
-        for _, e in pl.index_chunks(seg):
+        for _, e in cursor.chunks(seg):
             _, full = m.insert_entries(e)
             if full:  # offsets span more than 2^32: fall back to sorting
                 return _latest_by_sort(pl, segs, include_keyless)
@@ -38,7 +40,7 @@ def latest_selection(pl: PartitionLog, *, include_keyless: bool = False
     for seg in segs:
         e = pl.index(seg).entries
         keyed = (e["flags"] & 2) == 0
-        latest = m.lookup(np.ascontiguousarray(e["digest_lo"]), np.ascontiguousarray(e["digest_hi"]))
+        latest = m.latest_of(e)
         win = keyed & (latest == e["offset"]) & ((e["flags"] & 1) == 0)
         if include_keyless:
             win |= ~keyed

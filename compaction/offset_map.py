@@ -14,103 +14,22 @@ and the probe position agree: for 100M keys the chance of any such collision is 
 
 Offsets are stored relative to ``base`` (the round's first dirty offset), so a round covers at
 most 2^32 - 2 offsets; ``insert`` reports "full" past that, as it does when the table is full.
+
+Kafka's ``OffsetMap``: a small interface its callers call and never probe. The compactor and the
+live-set pass ask it through ``insert_entries``, ``lookup``/``latest_of`` and ``decide`` (the
+cleaner's keep/drop decision in one compiled pass); the table is this class's alone. Its kernels
+are compaction/_native.c (C) and compaction/_kernels.py (numba).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from kcompact.reput._jit import native, njit
 
-from kcompact.reput._intrinsics import prefetch
+from . import _kernels as KM
+from ._kernels import MAP_FULL, MAX_DELTA  # noqa: F401  (MAX_DELTA: the largest offset delta)
 
 SLOT_BYTES = 16
-EMPTY = np.uint32(0xFFFFFFFF)
-MAX_DELTA = 0xFFFFFFFE
 DEFAULT_MAX_LOAD = 0.9
-
-# insert_entries status
-MAP_OK = 0
-MAP_FULL = 1
-#: entries ahead whose home slot is prefetched: a probe is a cache miss into a table much larger
-#: than the caches, and prefetching hides most of it (8x faster lookups measured here)
-PREFETCH_AHEAD = 16
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _home(lo, cap):
-    return np.int64((np.uint64(lo & np.uint64(0xFFFFFFFF)) * np.uint64(cap)) >> np.uint64(32))
-
-
-@njit(cache=True, nogil=True)
-def _insert_entries(table, cap, max_keys, count, base, offsets, dlo, dhi, flags, start, stop):
-    """Insert entries start..stop-1 (keyless ones skipped). Stops before the first key that
-    does not fit. Returns (next index, keys count, status)."""
-    for i in range(start, stop):
-        if i + PREFETCH_AHEAD < stop:
-            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
-        if flags[i] & 2:  # keyless: never deduplicated, not in the map
-            continue
-        delta = offsets[i] - base
-        if delta < 0 or delta > MAX_DELTA:
-            return i, count, MAP_FULL
-        lo = dlo[i]
-        hi = dhi[i]
-        k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
-        k1 = np.uint32(hi >> np.uint64(32))
-        k2 = np.uint32(lo >> np.uint64(32))
-        h = _home(lo, cap)
-        while True:
-            s = h * 4
-            v = table[s + 3]
-            if v == EMPTY:
-                if count >= max_keys:
-                    return i, count, MAP_FULL
-                table[s] = k0
-                table[s + 1] = k1
-                table[s + 2] = k2
-                table[s + 3] = np.uint32(delta)
-                count += 1
-                break
-            if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
-                table[s + 3] = np.uint32(delta)  # offsets only grow: the newer one wins
-                break
-            h += 1
-            if h == cap:
-                h = 0
-    return stop, count, MAP_OK
-
-
-@njit(cache=True, nogil=True)
-def _lookup_many(table, cap, base, dlo, dhi, out):
-    """out[i] = latest offset mapped for digest i, or -1 when absent."""
-    n = dlo.shape[0]
-    for i in range(n):
-        if i + PREFETCH_AHEAD < n:
-            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
-        lo = dlo[i]
-        hi = dhi[i]
-        k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
-        k1 = np.uint32(hi >> np.uint64(32))
-        k2 = np.uint32(lo >> np.uint64(32))
-        h = _home(lo, cap)
-        out[i] = -1
-        while True:
-            s = h * 4
-            v = table[s + 3]
-            if v == EMPTY:
-                break
-            if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
-                out[i] = base + np.int64(v)
-                break
-            h += 1
-            if h == cap:
-                h = 0
-
-
-_N = native()
-# the C kernels when built (no JIT compiler needed, reput/_native.c), else the numba ones above
-_insert = _N.insert_entries if _N is not None else _insert_entries
-_lookup = _N.lookup_many if _N is not None else _lookup_many
 
 
 class OffsetMap:
@@ -124,17 +43,22 @@ class OffsetMap:
         self.memory_bytes = memory_bytes
         self.capacity = memory_bytes // SLOT_BYTES
         self.max_keys = int(self.capacity * max_load)
-        self.table = np.full(self.capacity * 4, 0xFFFFFFFF, dtype=np.uint32)
+        self._table = np.full(self.capacity * 4, 0xFFFFFFFF, dtype=np.uint32)
         self.base = 0
         self.count = 0
         self._fresh = True  # every slot empty: clear() has nothing to do
 
     def clear(self, base: int) -> None:
         if self.count or not self._fresh:
-            self.table.fill(0xFFFFFFFF)
+            self._table.fill(0xFFFFFFFF)
         self._fresh = False if self.count else self._fresh
         self.base = base
         self.count = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The table's allocation: the whole budget, reserved up front."""
+        return self._table.nbytes
 
     @property
     def bytes_per_key(self) -> float:
@@ -147,8 +71,8 @@ class OffsetMap:
 
     def insert_entries(self, entries: np.ndarray, start: int = 0) -> tuple[int, bool]:
         """Insert .bcq entries from ``start`` in order; returns (next index, full?)."""
-        nxt, self.count, status = _insert(
-            self.table, self.capacity, self.max_keys, self.count, self.base,
+        nxt, self.count, status = KM.insert_entries_k(
+            self._table, self.capacity, self.max_keys, self.count, self.base,
             entries["offset"], entries["digest_lo"], entries["digest_hi"], entries["flags"],
             start, entries.shape[0])
         return int(nxt), status == MAP_FULL
@@ -162,9 +86,32 @@ class OffsetMap:
         return not full
 
     def lookup(self, dlo: np.ndarray, dhi: np.ndarray) -> np.ndarray:
+        """The latest offset mapped for each digest (dlo[i], dhi[i]), -1 where none is."""
         out = np.empty(dlo.shape[0], dtype=np.int64)
-        _lookup(self.table, self.capacity, self.base, dlo, dhi, out)
+        KM.lookup_many_k(self._table, self.capacity, self.base, dlo, dhi, out)
         return out
+
+    def latest_of(self, entries: np.ndarray) -> np.ndarray:
+        """``lookup`` of .bcq entries' digests."""
+        return self.lookup(entries["digest_lo"], entries["digest_hi"])
+
+    def decide(self, entries: np.ndarray, last_mapped: int, now_s: int, retention_s: int
+               ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]]:
+        """The cleaner's decision for .bcq entries, from this map (one compiled pass):
+        (keep mask, new clean_time, (kept, dropped, tombstones dropped, tombstones stamped)).
+
+        An entry is dropped when it is keyed, at or below ``last_mapped`` and a later offset is
+        mapped for its digest, or when it is a keyed tombstone first cleaned more than
+        ``retention_s`` seconds before ``now_s`` (strictly: clean_time is floored to seconds).
+        A kept keyed tombstone at or below ``last_mapped`` not stamped yet gets ``now_s``."""
+        n = entries.shape[0]
+        keep = np.empty(n, np.bool_)
+        clean = np.empty(n, np.uint32)
+        counts = KM.decide_k(self._table, self.capacity, self.base, last_mapped, now_s,
+                             retention_s, entries["offset"], entries["digest_lo"],
+                             entries["digest_hi"], entries["flags"], entries["clean_time"], keep,
+                             clean)
+        return keep, clean, tuple(int(c) for c in counts)
 
     def get(self, digest: tuple[int, int]) -> int | None:
         r = self.lookup(np.array([digest[0]], np.uint64), np.array([digest[1]], np.uint64))

@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from kcompact.reput.config import SYSTEM_CLOCK, Clock
+from kcompact.reput.reader import IndexCursor
 from kcompact.reput.store import Store
 
 from .compactor import CompactionOptions, CompactionResult, Compactor
@@ -50,10 +51,11 @@ def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK
     oldest_dirty = None
     small = 0
     first_max_ts = None
+    cursor = IndexCursor(pl)
     for k, seg in enumerate(pl.sealed_segments):
         if seg.log_size < cfg.segment_bytes // 4:
             small += 1
-        for _, e in pl.index_chunks(seg):
+        for _, e in cursor.chunks(seg):
             if k == 0:
                 m = int(e["timestamp"].max())
                 first_max_ts = m if first_max_ts is None else max(first_max_ts, m)

@@ -18,7 +18,7 @@ import traceback
 from typing import Any, Callable
 
 from kcompact.reput import ReputError
-from kcompact.reput._gc import bulk_gc
+from kcompact.reput.gcmode import bulk_gc
 
 from .errors import ConnectorsError
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         check_usage(args)  # exits 2 with argparse's usage message
     debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
     try:
-        with bulk_gc():  # a command is one bulk job (reput/_gc.py)
+        with bulk_gc():  # a command is one bulk job (reput/gcmode.py)
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("kcompact: interrupted", file=sys.stderr)

@@ -33,8 +33,9 @@ from pyroaring import BitMap64
 
 from kcompact.compaction.offset_map import OffsetMap
 from kcompact.reput import bcq as B
-from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput.partition import PartitionLog
+from kcompact.reput.reader import IndexCursor, PartitionReader
 
 from .protocol import digest_frame
 
@@ -73,30 +74,35 @@ class _Pass:
     """Ordered iteration over a partition's valid index entries below ``upto``, from a
     position (segment number, entry number), checking that offsets strictly increase.
 
-    Entries come from ``PartitionLog.index`` (the mapped .bcq, plus, on a read-only view, the
-    records of a .log tail its .bcq does not list yet), in slices of ``CHUNK_ENTRIES``: the
-    same entries ``PartitionLog.read`` serves, so the live set and the records agree."""
+    Entries come from the partition reader's ``IndexCursor`` (the .bcq, plus, on a read-only
+    view, the records of a .log tail its .bcq does not list yet), in chunks of
+    ``CHUNK_ENTRIES``: the same entries the reader serves, so the live set and the records
+    agree. A chunk is valid until the next one."""
 
     def __init__(self, pl: PartitionLog, upto: int):
         self.pl, self.upto = pl, upto
         self.segs = list(pl.segments)
+        self.cursor = IndexCursor(pl, CHUNK_ENTRIES)
 
     def chunks(self, si0: int, ei0: int, stop: tuple[int, int] | None = None
                ) -> Iterator[tuple[int, int, np.ndarray]]:
+        try:
+            yield from self._chunks(si0, ei0, stop)
+        except (FileNotFoundError, ReputError, ValueError, OSError):
+            raise _Changed() from None
+
+    def _chunks(self, si0: int, ei0: int, stop: tuple[int, int] | None
+                ) -> Iterator[tuple[int, int, np.ndarray]]:
         last = -1
         for si in range(si0, len(self.segs)):
             seg = self.segs[si]
-            try:
-                entries = self.pl.index(seg).entries
-            except (FileNotFoundError, CorruptRecordError, ValueError, OSError):
-                raise _Changed() from None
-            for lo in range(ei0 if si == si0 else 0, entries.shape[0], CHUNK_ENTRIES):
+            for lo, entries in self.cursor.chunks(seg, ei0 if si == si0 else 0):
                 if stop is not None and (si, lo) >= stop:
                     return
-                hi = min(entries.shape[0], lo + CHUNK_ENTRIES)
+                hi = entries.shape[0]
                 if stop is not None and si == stop[0]:
-                    hi = min(hi, stop[1])
-                e = entries[lo:hi]
+                    hi = min(hi, stop[1] - lo)
+                e = entries[:hi]
                 offs = e["offset"]
                 if e.shape[0] and (int(offs[0]) <= last or (e.shape[0] > 1 and bool(
                         np.any(offs[1:] <= offs[:-1])))):
@@ -193,15 +199,17 @@ def digest_frames(pl: PartitionLog, live: BitMap64, upto: int, salt: bytes,
                   read_bytes: int = 4 << 20) -> Iterator[bytes]:
     """Digests frames (protocol.py) of the live records below ``upto``, in offset order.
 
-    Reads go through ``PartitionLog.read`` (CRC-checked, retried across a compaction swap);
-    the reader skips straight to the next live offset, so a sparse live set reads little."""
+    A digest covers a record's bytes as the master stores them, so they are read as raw ranges
+    (``PartitionReader.read_raw``: verified, retried across a compaction swap); the reader skips
+    straight to the next live offset, so a sparse live set reads little."""
+    reader = PartitionReader(pl)
     off = 0
     while off < upto and len(live):
         nxt = live.next_set_bit(off) if off <= live.max() else None
         if nxt is None or nxt >= upto:
             return
         off = int(nxt)
-        r = pl.read(off, max_bytes=read_bytes)
+        r = reader.read_raw(off, read_bytes)
         e = r.entries
         if e.shape[0] == 0:
             return
@@ -209,8 +217,7 @@ def digest_frames(pl: PartitionLog, live: BitMap64, upto: int, salt: bytes,
         cand = bitmap_slice(live, int(offs[0]), min(int(offs[-1]), upto - 1))
         mask = np.isin(offs, cand) & (offs < upto)
         if bool(mask.any()):
-            buf = np.frombuffer(r.data, dtype=np.uint8)
-            frame = digest_frame(buf, e["position"][mask].astype(np.int64),
+            frame = digest_frame(r.buf[:r.nbytes], r.positions()[mask],
                                  e["size"][mask].astype(np.int64), offs[mask], salt)
             if frame:
                 yield frame

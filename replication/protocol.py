@@ -25,9 +25,9 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from kcompact.reput import _kernels as K
 from kcompact.reput.errors import InvalidTopicError
-from kcompact.reput.record import Scratch, scan, secret_words, validate_topic
+from kcompact.reput.record import (ATTR_NULL_KEY, HEADER_SIZE, SCAN_OK, SCAN_TORN, Scratch,
+                                   field_spans, gather, hash_ranges, scan, validate_topic)
 
 from .errors import ProtocolError, ReplicationError, RequestError
 
@@ -298,8 +298,8 @@ def check_records(body: bytes, topic: str, partition: int, from_offset: int,
     buf = np.frombuffer(body, dtype=np.uint8)
     s = scan(buf, 0, buf.shape[0], secret=secret, verify_crc=True, scratch=scratch)
     n = len(s)
-    if s.status != K.SCAN_OK:
-        raise ProtocolError(f"{where}: {'torn' if s.status == K.SCAN_TORN else 'corrupt'} record "
+    if s.status != SCAN_OK:
+        raise ProtocolError(f"{where}: {'torn' if s.status == SCAN_TORN else 'corrupt'} record "
                             f"at byte {s.stop} of the master's response (CRC or header check "
                             "failed); nothing of it was written")
     if n != count:
@@ -320,7 +320,7 @@ def check_records(body: bytes, topic: str, partition: int, from_offset: int,
     tb = topic.encode()
     p0 = int(s.positions[0])
     if (bool(np.any(th != th[0])) or int(buf[p0 + 10]) != len(tb)
-            or bytes(buf[p0 + K.HEADER_SIZE:p0 + K.HEADER_SIZE + len(tb)]) != tb):
+            or bytes(buf[p0 + HEADER_SIZE:p0 + HEADER_SIZE + len(tb)]) != tb):
         raise ProtocolError(f"{where}: the master sent records of another topic")
     return s
 
@@ -348,19 +348,7 @@ def record_hashes(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray,
                   salt: bytes) -> tuple[np.ndarray, np.ndarray]:
     """SipHash-2-4-128 under ``salt`` of each record's bytes [8, size): everything its CRC
     covers (header fields, topic, key, value, headers). Vectorized (one compiled loop)."""
-    k0, k1 = secret_words(salt)
-    n = positions.shape[0]
-    lo = np.empty(n, np.uint64)
-    hi = np.empty(n, np.uint64)
-    if n:
-        K.siphash128_many(k0, k1, buf, positions.astype(np.int64) + 8,
-                          sizes.astype(np.int64) - 8, lo, hi)
-    return lo, hi
-
-
-def _le_i32(buf: np.ndarray, at: np.ndarray) -> np.ndarray:
-    b = buf[at[:, None] + np.arange(4)].astype(np.uint32)
-    return (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)).view(np.int32)
+    return hash_ranges(buf, positions.astype(np.int64) + 8, sizes.astype(np.int64) - 8, salt)
 
 
 def digest_frame(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray,
@@ -373,16 +361,13 @@ def digest_frame(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray,
     e = np.empty(n, DIGEST_DTYPE)
     e["offset"] = offsets
     e["hash_lo"], e["hash_hi"] = record_hashes(buf, pos, sizes, salt)
-    null_key = (buf[pos + 9] & K.ATTR_NULL_KEY) != 0
-    klen = _le_i32(buf, pos + 32).astype(np.int64)
-    kstart = pos + K.HEADER_SIZE + buf[pos + 10].astype(np.int64)
-    klen[null_key] = 0
+    sp = field_spans(buf, pos)
+    null_key = (sp.attrs & ATTR_NULL_KEY) != 0
+    klen = np.where(null_key, 0, sp.klen)
     kpos = np.zeros(n, np.int64)
     np.cumsum(klen[:-1], out=kpos[1:])
     total = int(klen.sum())
-    keys = np.empty(total, np.uint8)
-    if total:
-        K.gather_ranges(buf, kstart, klen, keys)
+    keys = gather(buf, sp.kstart, klen)
     e["key_pos"] = kpos
     e["key_len"] = np.where(null_key, -1, klen)
     return FRAME_HEADER.pack(DIGEST_MAGIC, n, total) + e.tobytes() + keys.tobytes()

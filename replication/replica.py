@@ -44,12 +44,12 @@ import numpy as np
 
 from kcompact.compaction import CompactionOptions, Compactor, Scheduler
 from kcompact.compaction.compactor import DEFAULT_MAP_MEMORY
-from kcompact.reput import _kernels as K
 from kcompact.reput import filenames as fn
 from kcompact.reput import swap
 from kcompact.reput.errors import ReputError, StoreLockedError
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.record import Scratch, scan
+from kcompact.reput.reader import PartitionReader, RecordColumns
+from kcompact.reput.record import Scratch
 from kcompact.reput.store import Store, SyncPacer
 
 from .client import Chunk, MasterClient, check_master_url
@@ -244,7 +244,9 @@ class Replicator:
         scratch = Scratch()
         pending = None  # (future, its from offset, its records, its bytes)
         records = nbytes = 0
-        state = {"since_sync": 0, "horizon": horizon, "clean_time_s": int(time.time()),
+        # the master's tombstones up to its horizon count as cleaned now (the store's clock)
+        state = {"since_sync": 0, "horizon": horizon,
+                 "clean_time_s": self.store.clock.ms() // 1000,
                  "pacer": SyncPacer(writeback_every=0)}
         args = (staging, topic, partition, scratch, state)
         try:
@@ -328,7 +330,7 @@ class Replicator:
                                "stop it first") from None
 
     def _live_next(self, topic: str, partition: int) -> int:
-        with self.store._lock:
+        with self.store.lock:
             return self._live(topic, partition).next_offset
 
     def _marker(self, topic: str, partition: int) -> str:
@@ -347,7 +349,7 @@ class Replicator:
                 return "installed", None
             if fs.exists(f"{sdir}/{swap.PLAN_NAME}"):
                 # committed before the crash: opening the partition for write completes the swap
-                with self.store._lock:
+                with self.store.lock:
                     self._live(topic, partition)
                 fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
                 return "installed", None
@@ -414,7 +416,7 @@ class Replicator:
         try:
             return PartitionLog(self.fs, topic, partition, self.store.secret,
                                 self.store.topic_config(topic), writable=True,
-                                sub=fn.REPLICATING_DIR)
+                                sub=fn.REPLICATING_DIR, clock=self.store.clock)
         except StoreLockedError:
             raise ReplicaError(f"another `kcompact replicate` is rebuilding {topic}-{partition} "
                                f"in {self.store.url}") from None
@@ -422,7 +424,7 @@ class Replicator:
     def _install(self, topic: str, partition: int, staging: PartitionLog) -> bool:
         """Put the pulled segments in place (module docstring, step 2). Returns merged?"""
         fs = self.fs
-        with self.store._lock:
+        with self.store.lock:
             live = self._live(topic, partition)  # recovers any interrupted compaction swap
         pdir, rdir = live.dir, staging.dir
         sdir = swap.staging_dir(pdir)
@@ -451,7 +453,7 @@ class Replicator:
             outputs = bases
         if getattr(live, "manifest_mode", False):
             # S3: the staged segments replace every live one in one manifest commit
-            with self.store._lock:
+            with self.store.lock:
                 live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id},
                                       cleaned_offset=horizon)
                 self.store.release_partition(topic, partition)
@@ -460,7 +462,7 @@ class Replicator:
         plan = swap.SwapPlan([s.base for s in live.segments], outputs, horizon,
                              {"replicated_from": self.client.store_id})
         swap.commit(fs, pdir, plan)
-        with self.store._lock:
+        with self.store.lock:
             swap.apply(fs, pdir, plan)
             # reopen: the active segment may have been replaced by a pulled one
             self.store.release_partition(topic, partition)
@@ -469,14 +471,14 @@ class Replicator:
         return merge
 
     def _finish(self, topic: str, partition: int, master_next: int):
-        with self.store._lock:
+        with self.store.lock:
             records = self._live(topic, partition).record_count()
         comp = Compactor(self.store, CompactionOptions(
             offset_map_memory=map_memory_for(records, self.options.offset_map_memory)))
         res = comp.compact_partition(topic, partition, force=True)
         if res.skipped:
             raise ReplicaError(f"{topic}-{partition}: compaction skipped: {res.skipped}")
-        with self.store._lock:
+        with self.store.lock:
             live = self._live(topic, partition)
             if live.next_offset < master_next:
                 live.roll(master_next)
@@ -540,7 +542,7 @@ class Replicator:
     def _append_live(self, topic: str, partition: int, chunk: Chunk, from_offset: int,
                      scratch: Scratch, checked: bool = False) -> None:
         s = _check(chunk, topic, partition, from_offset, self.store.secret, scratch, checked)
-        with self.store._lock:
+        with self.store.lock:
             # fetched each time: the background compaction may have released and reopened it
             live = self._live(topic, partition)
             if len(s):
@@ -555,7 +557,7 @@ class Replicator:
                 self._follow_sync[(topic, partition)] = now
 
     def _sync_all(self) -> None:
-        with self.store._lock:
+        with self.store.lock:
             for t, p in list(self._follow_sync):
                 try:
                     self._live(t, p).sync()
@@ -611,34 +613,23 @@ def map_memory_for(records: int, budget: int) -> int:
 def merge_logs(fs, topic: str, partition: int, store: Store, local: PartitionLog,
                master: PartitionLog, read_bytes: int = 4 * MIB) -> list[int]:
     """Merge two partition logs by offset into ``.compacting/`` (the master wins on an offset
-    both hold); returns the bases of the segments written. Records are copied byte for byte
-    and indexed with the store's secret."""
+    both hold); returns the bases of the segments written. Records are read with the partition
+    reader (verified), copied byte for byte and indexed with the store's secret."""
     out = PartitionLog(fs, topic, partition, store.secret, store.topic_config(topic),
-                       writable=True, sub=fn.COMPACTING_DIR)
+                       writable=True, sub=fn.COMPACTING_DIR, clock=store.clock)
+    ra_, rb_ = PartitionReader(local), PartitionReader(master)
     try:
         a = b = 0
         while True:
-            ra, rb = local.read(a, max_bytes=read_bytes), master.read(b, max_bytes=read_bytes)
-            ea, eb = ra.entries, rb.entries
-            if ea.shape[0] == 0 and eb.shape[0] == 0:
+            ra, rb = ra_.read(a, max_bytes=read_bytes), rb_.read(b, max_bytes=read_bytes)
+            if len(ra) == 0 and len(rb) == 0:
                 break
-            ends = [int(e["offset"][-1]) for e in (ea, eb) if e.shape[0]]
-            limit = min(ends)
-            sa, sb = ea[ea["offset"] <= limit], eb[eb["offset"] <= limit]
-            sa = sa[~np.isin(sa["offset"], sb["offset"])]
-            src = np.concatenate([np.frombuffer(ra.data, np.uint8),
-                                  np.frombuffer(rb.data, np.uint8)])
-            offs = np.concatenate([sa["offset"], sb["offset"]])
-            starts = np.concatenate([sa["position"].astype(np.int64),
-                                     sb["position"].astype(np.int64) + len(ra.data)])
-            sizes = np.concatenate([sa["size"], sb["size"]]).astype(np.int64)
-            order = np.argsort(offs, kind="stable")
-            buf = np.empty(int(sizes.sum()), np.uint8)
-            K.gather_ranges(src, starts[order], sizes[order], buf)
-            s = scan(buf, 0, buf.shape[0], secret=store.secret, verify_crc=False)
-            if s.status != K.SCAN_OK or len(s) != order.shape[0]:
-                raise ReplicaError(f"{topic}-{partition}: merge produced an invalid buffer")
-            out.append(buf, s, 0, len(s))
+            limit = min(int(r.offsets[-1]) for r in (ra, rb) if len(r))
+            sa = ra.take(ra.offsets <= limit)
+            sb = rb.take(rb.offsets <= limit)
+            sa = sa.take(~np.isin(sa.offsets, sb.offsets))
+            both = RecordColumns.concat([sa, sb])
+            out.append_block(both.take(np.argsort(both.offsets, kind="stable")))
             a = b = limit + 1
         out.sync()
         return [s.base for s in out.segments if s.entry_count]

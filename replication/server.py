@@ -4,7 +4,8 @@ Protocol: docs/formats/replication-protocol.md (paths, headers and bodies in pro
 
 The store is opened read-only (``Store.open(url)``), so the server runs next to the mirror and
 the compactor that keep writing it: every request re-lists the partition's segments, record
-reads are CRC-checked and retried across a compaction swap (``PartitionLog.read``), and a live
+reads are CRC-checked and retried across a compaction swap (the partition reader's raw ranges,
+reput/reader.py: the records are sent as the store holds them), and a live
 computation restarts if a swap happened under it. Blocking store work runs in a thread pool;
 the event loop only parses requests and moves bytes. Every path a request can name goes through
 ``kcompact.reput.filenames`` (topic validated by Kafka's rule, partition an integer) and the store's
@@ -31,12 +32,12 @@ from aiohttp import web
 from kcompact.reput import swap
 from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput.partition import PartitionLog
+from kcompact.reput.reader import BufferPool, PartitionReader, warm_up
 from kcompact.reput.store import Store, StoreMeta
 from kcompact.reput import filenames as fn
 
 from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
-from .reader import BufferPool, locate_records, read_records, warm_up
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
                        H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, parse_path,
@@ -103,19 +104,19 @@ class MasterStore:
 
     def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
         """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives
-        the buffer back to ``self.buffers`` once it is sent (reader.py)."""
+        the buffer back to ``self.buffers`` once it is sent (``PartitionReader.read_raw``)."""
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
-            buf, nbytes, count, nxt = read_records(pl, from_offset, max_bytes, self.buffers)
-            return buf, nbytes, count, nxt, pl.next_offset
+            r = PartitionReader(pl).read_raw(from_offset, max_bytes, self.buffers)
+            return r.buf, r.nbytes, r.count, r.next_offset, pl.next_offset
 
     def locate(self, topic: str, partition: int, from_offset: int, max_bytes: int):
         """(Located or None, next offset, high watermark): the zero-copy twin of ``read``."""
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
-            loc = locate_records(pl, from_offset, max_bytes)
+            loc = PartitionReader(pl).locate(from_offset, max_bytes)
             nxt = loc.next_offset if loc is not None else max(from_offset, pl.next_offset)
             return loc, nxt, pl.next_offset
 

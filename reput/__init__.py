@@ -8,8 +8,10 @@ from .bcq import BCQ_DTYPE, FLAG_KEYLESS, FLAG_TOMBSTONE, lower_bound
 from .config import Clock, ConfigError, ManualClock, SYSTEM_CLOCK, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, InvalidTopicError, OffsetOrderError, ReputError,
                      StoreFormatError, StoreLockedError, StoreNotFoundError)
-from .partition import PartitionLog, ReadResult
-from .record import Record, RecordBatch, decode_one, encode, encode_batch, key_digest, scan
+from .partition import PartitionLog
+from .reader import IndexCursor, PartitionReader, RecordColumns
+from .record import (BytesColumn, Record, RecordBatch, decode_one, encode, encode_batch, key_digest,
+                     scan)
 from .store import FORMAT_VERSION, Store, StoreMeta, backend_for
 from .verify import Problem, VerifyReport, verify_store
 
@@ -19,8 +21,9 @@ __all__ = [
     "Clock", "ConfigError", "ManualClock", "SYSTEM_CLOCK", "TopicConfig", "WriterOptions",
     "CorruptRecordError", "InvalidTopicError", "OffsetOrderError", "ReputError",
     "StoreFormatError", "StoreLockedError", "StoreNotFoundError",
-    "PartitionLog", "ReadResult",
-    "Record", "RecordBatch", "decode_one", "encode", "encode_batch", "key_digest", "scan",
+    "PartitionLog", "IndexCursor", "PartitionReader", "RecordColumns",
+    "BytesColumn", "Record", "RecordBatch", "decode_one", "encode", "encode_batch", "key_digest",
+    "scan",
     "FORMAT_VERSION", "Store", "StoreMeta", "backend_for",
     "Problem", "VerifyReport", "verify_store",
 ]

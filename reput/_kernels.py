@@ -11,9 +11,9 @@ Integers in records are little-endian and unaligned, so they are assembled from 
 from __future__ import annotations
 
 import numpy as np
-from kcompact.reput._jit import njit
+from kcompact.reput.jit import njit
 
-from ._intrinsics import (HAVE_SSE42, crc32_u8, crc32_u64, load_u32, load_u64, store_u32,
+from .intrinsics import (HAVE_SSE42, crc32_u8, crc32_u64, load_u32, load_u64, store_u32,
                           store_u64)
 
 # ---------------------------------------------------------------------------------------------
@@ -436,14 +436,25 @@ def field_spans(buf, positions, kstart, klen, vstart, vlen, hstart, hlen, attrs)
 
 
 @njit(cache=True, nogil=True)
-def first_crc_mismatch(buf, positions, sizes, tables):
-    """Index of the first record (at positions[i], sizes[i]) whose header or CRC fails, or -1."""
-    n = buf.shape[0]
-    for i in range(positions.shape[0]):
-        p = positions[i]
-        size = _check_header(buf, p, n)
-        if size != sizes[i]:
+def verify_records(buf, base, positions, sizes, offsets, contiguous):
+    """Index of the first record that does not match its index entry, or -1 (reput/_native.c's
+    verify_records: header valid, the entry's size and offset, CRC32C; with ``contiguous`` the
+    records lie back to back from buf[0] to its end, else ``positions.shape[0]``)."""
+    blen = buf.shape[0]
+    expect = np.int64(0)
+    n = positions.shape[0]
+    for i in range(n):
+        p = np.int64(positions[i]) - base
+        size = np.int64(sizes[i])
+        if p < 0 or p > blen or (contiguous and p != expect):
             return i
-        if crc32c(buf, p + 8, p + size, tables) != _rd_u32(buf, p + 4):
+        if _check_header(buf, p, blen) != size:
             return i
+        if _rd_i64(buf, p + 16) != offsets[i]:
+            return i
+        if crc32c(buf, p + 8, p + size, CRC_TABLES) != _rd_u32(buf, p + 4):
+            return i
+        expect = p + size
+    if contiguous and expect != blen:
+        return n
     return -1

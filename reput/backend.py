@@ -157,6 +157,11 @@ class Backend(ABC):
         except FileNotFoundError:
             return False
 
+    def clock_ms(self) -> int:
+        """Now, on the clock this backend's modification times are on (an object store's
+        LastModified comes from its own clock): what object ages are measured against."""
+        return time.time_ns() // 1_000_000
+
     def mtime_ms(self, path: str) -> int | None:
         """When ``path`` was last modified (ms since the epoch), or None when this backend
         cannot tell cheaply (an object store would need a request per file; nothing asks it
@@ -475,6 +480,9 @@ class MemoryBackend(Backend):
     def _touch(self, path: str) -> None:
         self.mtimes[path] = (self.clock.ms() if self.clock is not None
                              else time.time_ns() // 1_000_000)
+
+    def clock_ms(self):
+        return self.clock.ms() if self.clock is not None else time.time_ns() // 1_000_000
 
     def mtime_ms(self, path):
         if path not in self.files:

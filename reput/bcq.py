@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
-from ._jit import native
+from .jit import native
 from .record import Scan
 
 FORMAT_VERSION = 1

@@ -24,12 +24,20 @@ class CorruptRecordError(ReputError):
 
     The store never serves such bytes as data: run `kcompact verify` to list every problem, then
     rebuild the partition from a replica (`kcompact replicate`) or from the source topic.
+
+    Raised by a read (reput/reader.py), it also carries ``last_good_offset`` (the offset of the
+    last record before the damage that passed every check, None if none did) and ``prefix``
+    (those verified records of the block, a ``RecordColumns``, or None): an iterating reader
+    hands them out before it raises.
     """
 
-    def __init__(self, message: str, path: str | None = None, position: int | None = None):
+    def __init__(self, message: str, path: str | None = None, position: int | None = None, *,
+                 last_good_offset: int | None = None, prefix=None):
         super().__init__(message)
         self.path = path
         self.position = position
+        self.last_good_offset = last_good_offset
+        self.prefix = prefix
 
 
 class OffsetOrderError(ReputError, ValueError):

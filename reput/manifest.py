@@ -244,7 +244,8 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
             return new
         latest = read_latest(fs, pdir, latest)
         if (latest.version if latest is not None else 0) < new.version:
-            _clear_aborted(fs, pdir, new.version, clock_ms())  # the key holds no manifest
+            # the key holds no manifest; its age is on the object store's clock
+            _clear_aborted(fs, pdir, new.version, fs.clock_ms())
     raise ManifestConflictError(f"{fs.url}/{pdir}: could not commit a manifest version after "
                                 f"{attempts} attempts (too many concurrent committers)")
 
@@ -270,8 +271,8 @@ def _clear_aborted(fs: Backend, pdir: str, version: int, now_ms: int) -> None:
 
 
 def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
-                    keep_versions: int = KEEP_VERSIONS,
-                    known: Manifest | None = None) -> list[str]:
+                    keep_versions: int = KEEP_VERSIONS, known: Manifest | None = None,
+                    objects_now_ms: int | None = None) -> list[str]:
     """Delete what no reader can need any more (docs/formats/manifest.md, Garbage):
 
     * segment objects that the latest version does not list, unless they were retired less
@@ -282,7 +283,13 @@ def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
 
     Lists first, then reads the latest version, so a segment committed after the listing is
     never taken for an orphan (the listing names the latest version: it is read unless
-    ``known`` is that version). Returns the deleted paths (relative to the store)."""
+    ``known`` is that version). Returns the deleted paths (relative to the store).
+
+    ``now_ms`` is the committers' clock (the one ``since_ms`` of a retired entry was stamped
+    with: the store's injected clock); ``objects_now_ms`` (default ``now_ms``) is the object
+    store's, which object modification times are on."""
+    if objects_now_ms is None:
+        objects_now_ms = now_ms
     lister = getattr(fs, "list_objects", None)
     if lister is None:
         return []
@@ -316,7 +323,7 @@ def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
             continue
         if fn.parse_segment_object(name) is None:
             continue
-        if name not in keep and mtime + grace_ms <= now_ms:
+        if name not in keep and mtime + grace_ms <= objects_now_ms:
             doomed.append(f"{pdir}/{name}")
     versions.sort()
     top = {v for v, _ in versions[-keep_versions:]}
@@ -325,7 +332,7 @@ def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
         if v in top or v >= latest.version:
             continue
         succ = mtimes.get(v + 1)
-        if succ is not None and succ + grace_ms <= now_ms:
+        if succ is not None and succ + grace_ms <= objects_now_ms:
             doomed.append(fn.manifest_path(pdir, v))
     if doomed:
         deleter = getattr(fs, "delete_many", None)

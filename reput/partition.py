@@ -4,110 +4,48 @@ Spec: docs/formats/bcq.md (index) and docs/formats/record.md (data). Segments ar
 20-digit base offset (the first offset the segment may hold); each holds the offsets from its
 base up to the next segment's base. Records are appended byte for byte as reput found them in
 the commit log: first the .log bytes, then the .bcq entries, so an entry never points past its
-data. Opening for write recovers: a .bcq behind its .log is rebuilt from the .log, entries past
-the end of the .log are dropped, and a torn .log tail is cut (reput re-dispatches it from the
-commit log, whose checkpoint is behind it). Reads check every record's CRC and never serve a
-record that fails it.
+data. Opening for write recovers (reput/partition_recovery.py). Every read goes through the
+partition reader (reput/reader.py), which checks each record against its index entry and its
+CRC and never serves a record that fails.
 
 On an object store (S3, ``fs.appendable`` false) the segments are the partition manifest's
-(docs/formats/manifest.md), never a listing: each sealed segment is an immutable object whose
-manifest entry gives its record count, first and last offsets and offset bitmap, so offset
-lookups and counts need no download; its .bcq is fetched whole once (``Backend.map``) and its
-.log read in cached blocks. A writer's active segments stay in its local directory
-(``local_fs``, the store's commitlog_dir) with the local layout until ``seal()`` uploads them
-and commits a manifest version. A compaction stages its outputs locally (``stage_swap``) and
-``commit_staged`` uploads them and commits one manifest version: readers see the old segment
-list or the new one, never a mix.
+(docs/formats/manifest.md), never a listing: reput/partition_manifest.py. The class is split
+along those seams: this file is the catalog of segments, the index access and the writer.
+The injected clock (``clock``, the store's) is the "now" of every decision about what is kept.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
-import secrets
-import time
-from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
 
-from . import _kernels as K
 from . import bcq as B
 from . import filenames as fn
 from . import manifest as M
-from .backend import AppendFile, Backend, _oserror
-from .config import TopicConfig
-from .errors import CorruptRecordError, ReputError
+from .backend import AppendFile, Backend
+from .config import SYSTEM_CLOCK, Clock, TopicConfig
+from .errors import ReputError
 from .locks import FileLock
-from .record import Record, Scan, decode_one, scan
-from .swap import empty_trash, recover_swap
+from .partition_manifest import ManifestPartition
+from .partition_recovery import SegmentRecovery
+from .columns import RecordColumns, stored_records
+from .reader import PartitionReader
+from .record import Record, Scan, scan
+from .segment import Segment
+from .swap import recover_swap
+
+__all__ = ["PartitionLog", "Segment"]
 
 
-def read_fully(f, out: np.ndarray) -> int:
-    """readinto until ``out`` is full or the stream ends; returns bytes read."""
-    mv = memoryview(out).cast("B")
-    done = 0
-    while done < len(mv):
-        n = f.readinto(mv[done:])
-        if not n:
-            break
-        done += n
-    return done
+class PartitionLog(ManifestPartition, SegmentRecovery):
+    """One partition of a store, read-only or as its (one) writer; see the module docstring."""
 
-
-@dataclass(eq=False)
-class Segment:
-    base: int
-    log_size: int
-    index_size: int
-    _map: np.ndarray | None = None
-    _map_size: int = -1
-    _index: "B.Index | None" = None
-    _index_log_size: int = -1
-    #: "file": <base>.log/.bcq in the partition directory (a local store's segment, or a
-    #: writer's active segment on S3); "remote": a sealed object listed by the manifest;
-    #: "staged": a compaction output on local disk, not committed yet (S3 only)
-    kind: str = "file"
-    log_rel: str | None = None   # store-relative paths, for "remote" and "staged"
-    bcq_rel: str | None = None
-    entry: "M.SegmentEntry | None" = None  # the manifest's entry ("remote")
-    #: the offset of the last record this process appended to this segment, valid while
-    #: index_size == _appended_index_size (a writer's cache: no re-mapping of the growing .bcq
-    #: to find its last offset before each append)
-    last_appended: int | None = None
-    _appended_index_size: int = -1
-
-    def invalidate(self) -> None:
-        self._map = None
-        self._index = None
-        self._map_size = -1
-        self.last_appended = None
-
-    @property
-    def entry_count(self) -> int:
-        return self.index_size // B.ENTRY_SIZE
-
-
-@dataclass
-class ReadResult:
-    """Records read from one partition: their bytes, their index entries, and where to go next.
-
-    ``entries['position']`` is relative to ``data`` (the records are contiguous in it).
-    """
-
-    data: bytes
-    entries: np.ndarray
-    next_offset: int
-
-    def records(self, topic_hint: str = "") -> Iterator[Record]:
-        for pos in self.entries["position"]:
-            yield decode_one(self.data, int(pos), verify_crc=False, where=topic_hint)
-
-
-class PartitionLog:
     def __init__(self, fs: Backend, topic: str, partition: int, secret: bytes,
                  config: TopicConfig = TopicConfig(), *, writable: bool = False,
-                 sub: str | None = None, local_fs: Backend | None = None):
+                 sub: str | None = None, local_fs: Backend | None = None,
+                 clock: Clock = SYSTEM_CLOCK):
         if not fs.appendable and sub is not None:
             # a sub-directory (a replica's pull, a merge) is local scratch on an object store
             if local_fs is None:
@@ -123,6 +61,7 @@ class PartitionLog:
         #: where "file" segments live: the store itself, or the local directory on S3
         self.local_fs: Backend = (local_fs or fs) if self.manifest_mode else fs
         self.config = config
+        self.clock = clock
         self.sub = sub
         self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")
         self.writable = writable
@@ -214,12 +153,17 @@ class PartitionLog:
             return
         self._load_files()
 
-    def _load_files(self) -> None:
+    def _listed_bases(self, fs: Backend) -> tuple[set[int], set[int]]:
+        """(bases of the .log files, bases of the .bcq files) in this partition's directory."""
         logs, idxs = set(), set()
-        for name in self.fs.listdir(self.dir):
+        for name in fs.listdir(self.dir):
             parsed = fn.parse_base(name)
             if parsed:
                 (logs if parsed[1] == "log" else idxs).add(parsed[0])
+        return logs, idxs
+
+    def _load_files(self) -> None:
+        logs, idxs = self._listed_bases(self.fs)
         segs = []
         old = {s.base: s for s in self.segments}
         for base in sorted(logs):
@@ -237,55 +181,6 @@ class PartitionLog:
             segs.append(seg)
         self.segments = segs
         self._orphan_indexes = sorted(idxs - logs)
-
-    # -- manifest mode (S3) ----------------------------------------------------------------
-
-    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True) -> None:
-        """Segments = the latest manifest's (minus what a pending compaction replaced), plus
-        staged compaction outputs, plus the writer's local segments (listed from its directory
-        the first time, then kept in memory)."""
-        if reread:
-            self.manifest = M.read_latest(self.fs, self.dir, known)
-            self._manifest_read_at = time.monotonic()
-        old = {s.log_rel: s for s in self.segments if s.kind == "remote"}
-        remote = []
-        for e in (self.manifest.segments if self.manifest else []):
-            rel = f"{self.dir}/{e.log}"
-            if rel in self._replaced:
-                continue
-            seg = old.get(rel) or Segment(e.base, e.log_size, e.bcq_size, kind="remote",
-                                          log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}", entry=e)
-            remote.append(seg)
-        if self.writable and not self._local_listed:
-            local = self._list_local()
-            self._local_listed = True
-        else:
-            local = [s for s in self.segments if s.kind == "file"]
-        self.segments = sorted(remote + self._staged, key=lambda s: s.base) + local
-
-    def _list_local(self) -> list[Segment]:
-        logs, idxs = set(), set()
-        for name in self.local_fs.listdir(self.dir):
-            parsed = fn.parse_base(name)
-            if parsed:
-                (logs if parsed[1] == "log" else idxs).add(parsed[0])
-        segs = []
-        for base in sorted(logs):
-            d = f"{self.dir}/{fn.base_name(base)}"
-            isz = self.local_fs.size(d + fn.INDEX_SUFFIX) if base in idxs else 0
-            segs.append(Segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
-        self._orphan_indexes = sorted(idxs - logs)
-        return segs
-
-    def reload_manifest(self, max_age_s: float = 0.0) -> None:
-        """Pick up manifest versions committed by other processes (one listing request),
-        unless the manifest was read less than ``max_age_s`` ago."""
-        if self.manifest_mode and time.monotonic() - self._manifest_read_at >= max_age_s:
-            self._load_manifest(self.manifest)  # objects are immutable: cached indexes stay
-
-    def _rebuild(self) -> None:
-        """Recompute ``segments`` from the manifest held in memory (no request)."""
-        self._load_manifest(self.manifest, reread=False)
 
     def checkpoint(self) -> tuple[int, dict | None]:
         """(cleaned_offset, last_run): the compaction horizon (-1: never compacted)."""
@@ -318,248 +213,6 @@ class PartitionLog:
         if not self.manifest_mode:
             return self.segments[-1].log_size if self.segments else 0
         return sum(s.log_size for s in self.segments if s.kind == "file")
-
-    def _upload(self, seg: Segment, log_name: str, bcq_name: str) -> "M.SegmentEntry":
-        """Upload a local segment's .log and .bcq as immutable objects (one PUT each)."""
-        e = self.entries(seg)
-        n = e.shape[0]
-        lpath, ipath = self.seg_log_path(seg), self.seg_index_path(seg)
-        llocal, ilocal = self.local_fs.local_path(lpath), self.local_fs.local_path(ipath)
-        up = getattr(self.fs, "upload_file", None)
-        if up is not None and llocal and ilocal:
-            up(f"{self.dir}/{log_name}", llocal)
-            if os.path.getsize(ilocal) != n * B.ENTRY_SIZE:
-                raise CorruptRecordError(f"{ipath}: index size does not match its entries",
-                                         ipath, n * B.ENTRY_SIZE)
-            up(f"{self.dir}/{bcq_name}", ilocal)
-        else:
-            self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
-            self.fs.write_atomic(f"{self.dir}/{bcq_name}", e.tobytes())
-        return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
-                                           e["offset"])
-
-    def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
-        """After a commit: a local segment file becomes the spooled copy of its object (so it
-        is read back without a request), or is deleted."""
-        seed = getattr(self.fs, "seed", None)
-        for rel, obj in ((self.seg_log_path(seg), log_obj), (self.seg_index_path(seg), bcq_obj)):
-            lp = self.local_fs.local_path(rel)
-            if seed is not None and lp and os.path.exists(lp):
-                seed(obj, lp)
-            else:
-                self.local_fs.delete(rel)
-
-    def seal(self, writer: str = "writer") -> bool:
-        """S3: upload every local segment holding records and commit a manifest version that
-        appends them (conditional create; on a lost race re-read and rebase, which fails only
-        if another writer wrote offsets past ours). Returns whether a version was committed.
-        The local files are dropped only after the commit, so a crash before it leaves
-        orphans (deleted later by ``collect_garbage``) and local files that the next open
-        uploads again."""
-        if not self.manifest_mode or not self.writable:
-            return False
-        local = [s for s in self.segments if s.kind == "file"]
-        nxt = self.next_offset
-        have = self.manifest.next_offset if self.manifest else 0
-        if not any(s.log_size for s in local) and nxt <= have:
-            return False
-        self.sync()
-        for f in (self._log, self._idx):
-            if f is not None:
-                f.close()
-        self._log = self._idx = None
-        self._dirty_files = []
-        uploads = []
-        try:
-            for seg in local:
-                if seg.log_size == 0:
-                    continue
-                tag = secrets.token_hex(8)
-                ent = self._upload(seg, fn.segment_object(seg.base, tag, fn.LOG_SUFFIX),
-                                   fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX))
-                uploads.append((seg, ent))
-            new_entries = [e for _, e in uploads]
-
-            def change(cur: M.Manifest) -> M.Manifest:
-                if new_entries and new_entries[0].first_offset <= cur.last_offset:
-                    raise M.ManifestConflictError(
-                        f"{self.fs.url}/{self.dir}: another writer committed offsets up to "
-                        f"{cur.last_offset} while this one wrote from "
-                        f"{new_entries[0].first_offset}; one writer per partition at a time")
-                return replace(cur, segments=cur.segments + new_entries,
-                               next_offset=max(cur.next_offset, nxt))
-
-            new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
-                           grace_ms=self.grace_ms)
-        except BaseException:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
-            raise
-        if new is not None:
-            self.manifest = new
-        for seg in local:
-            ent = next((e for s, e in uploads if s is seg), None)
-            if ent is not None:
-                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-            else:
-                self.local_fs.delete(self.seg_log_path(seg))
-                self.local_fs.delete(self.seg_index_path(seg))
-            seg.invalidate()
-        self.segments = [s for s in self.segments if s.kind != "file"]
-        self._rebuild()
-        return new is not None
-
-    def _delete_objects(self, paths: list[str]) -> None:
-        try:
-            deleter = getattr(self.fs, "delete_many", None)
-            if deleter is not None:
-                deleter(paths)
-            else:
-                for p in paths:
-                    self.fs.delete(p)
-        except Exception:  # noqa: BLE001 - best effort: they are orphans for the next GC
-            pass
-
-    # -- compaction on S3: staged outputs, one manifest commit --------------------------------
-
-    @property
-    def staging_dir(self) -> str:
-        return f"{self.dir}/{fn.COMPACTING_DIR}"
-
-    def staging_paths(self, base: int) -> tuple[str, str]:
-        """Local paths (on ``local_fs``) for a compaction output based at ``base``, named as
-        its objects will be (a fresh random tag, so no round's output collides with another)."""
-        tag = secrets.token_hex(8)
-        return (f"{self.staging_dir}/{fn.segment_object(base, tag, fn.LOG_SUFFIX)}",
-                f"{self.staging_dir}/{fn.segment_object(base, tag, fn.INDEX_SUFFIX)}")
-
-    @property
-    def has_staged(self) -> bool:
-        return self._pending
-
-    def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
-                   cleaned_offset: int | None, last_run: dict | None = None) -> None:
-        """Replace sealed segments (by base) with staged outputs (base, .log, .bcq on
-        ``local_fs``) in this object's view only; ``commit_staged`` publishes all of it."""
-        by_base = {s.base: s for s in self.segments if s.kind != "file"}
-        for b in inputs:
-            seg = by_base.get(b)
-            if seg is None:
-                raise ReputError(f"{self.dir}: no sealed segment at base {b} to replace")
-            if seg.kind == "remote":
-                self._replaced[seg.log_rel] = seg.entry
-            else:
-                self._staged.remove(seg)
-                self.local_fs.delete(self.seg_log_path(seg))
-                self.local_fs.delete(self.seg_index_path(seg))
-            seg.invalidate()
-        for base, lrel, irel in outputs:
-            self._staged.append(Segment(base, self.local_fs.size(lrel), self.local_fs.size(irel),
-                                        kind="staged", log_rel=lrel, bcq_rel=irel))
-        if cleaned_offset is not None:
-            self._pending_cleaned = cleaned_offset
-        if last_run is not None:
-            self._pending_run = last_run
-        self._pending = True
-        self._rebuild()
-
-    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
-        """Upload the staged outputs (one PUT per object) and commit one manifest version that
-        replaces the inputs with them, sets the horizon and the last run, and retires the
-        inputs (deleted after the grace period). On a lost race the change is rebased if
-        every input is still listed; else it is abandoned (outputs deleted, view reloaded)
-        and False returned."""
-        if not self._pending:
-            return True
-        if last_run is not None:
-            self._pending_run = last_run
-        replaced = list(self._replaced.values())
-        gone = {e.log for e in replaced}
-        cleaned, run = self._pending_cleaned, self._pending_run
-        uploads = []
-        try:
-            for seg in self._staged:
-                lname = seg.log_rel.rsplit("/", 1)[1]
-                iname = seg.bcq_rel.rsplit("/", 1)[1]
-                if fn.parse_segment_object(lname) is None:  # staged under a plain name
-                    tag = secrets.token_hex(8)
-                    lname = fn.segment_object(seg.base, tag, fn.LOG_SUFFIX)
-                    iname = fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX)
-                uploads.append((seg, self._upload(seg, lname, iname)))
-            new_entries = [e for _, e in uploads]
-
-            def change(cur: M.Manifest) -> M.Manifest:
-                listed = {s.log for s in cur.segments}
-                if not gone <= listed:
-                    raise M.ManifestConflictError(
-                        f"{self.fs.url}/{self.dir}: another compaction replaced segments this "
-                        "one was rewriting; its outputs are abandoned")
-                now = int(time.time() * 1000)
-                return replace(cur, segments=[s for s in cur.segments if s.log not in gone]
-                               + new_entries,
-                               cleaned_offset=cur.cleaned_offset if cleaned is None else cleaned,
-                               last_run=run if run is not None else cur.last_run,
-                               retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
-                                                       "since_ms": now} for e in replaced])
-
-            new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
-                           grace_ms=self.grace_ms)
-        except M.ManifestConflictError:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
-            self.abort_staged()
-            return False
-        except BaseException:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
-            raise
-        self.manifest = new
-        try:
-            for seg, ent in uploads:
-                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-                seg.invalidate()
-        finally:
-            # committed: the view is the new version even if the local clean-up fails (it
-            # must not list staged files that were handed over; recovery removes the rest)
-            self._clear_pending()
-            self._rebuild()
-        self.local_fs.remove_tree(self.staging_dir)
-        return True
-
-    def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
-                         writer: str = "replica", cleaned_offset: int = -1) -> bool:
-        """S3: replace every segment of the partition with the local segments
-        ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
-        horizon set to ``cleaned_offset`` (a replica's install: -1, or the horizon its pulled
-        records are clean up to). The writer's own local segments are sealed first, so they
-        are among the replaced ones."""
-        self.seal(writer)
-        self.stage_swap([s.base for s in self.sealed_segments],
-                        [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
-                          f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
-                        cleaned_offset, last_run)
-        return self.commit_staged(writer)
-
-    def _clear_pending(self) -> None:
-        self._staged, self._replaced = [], {}
-        self._pending_cleaned = self._pending_run = None
-        self._pending = False
-
-    def abort_staged(self) -> None:
-        """Drop staged outputs and pending changes; re-read the manifest."""
-        for seg in self._staged:
-            seg.invalidate()
-        self._clear_pending()
-        self.local_fs.remove_tree(self.staging_dir)
-        for seg in self.segments:
-            seg.invalidate()
-        self.segments = [s for s in self.segments if s.kind == "file"]
-        self._load_manifest(self.manifest)
-
-    def collect_garbage(self) -> list[str]:
-        """S3: delete replaced segments, orphans and old manifest versions past the grace
-        period (reput/manifest.py ``collect_garbage``). Returns the deleted paths."""
-        if not self.manifest_mode:
-            return []
-        return M.collect_garbage(self.fs, self.dir, grace_ms=self.grace_ms,
-                                 now_ms=int(time.time() * 1000), known=self.manifest)
 
     def refresh(self) -> None:
         """Pick up what other processes appended or compacted since this object looked."""
@@ -648,37 +301,6 @@ class PartitionLog:
         seg._index = B.Index(e)
         return seg._index
 
-    def index_chunks(self, seg: Segment, start_entry: int = 0, chunk_entries: int = 1 << 15,
-                     buf: np.ndarray | None = None):
-        """Yield (first entry number, entries) of a segment's valid .bcq entries in bounded
-        chunks read into ``buf`` (reused: valid until the next chunk). Unlike ``entries``,
-        this keeps memory bounded whatever the index size (no mapping of the whole file), and
-        it reads the .bcq as one sequential stream (one request on an object store)."""
-        idx = self.index(seg)
-        n = idx.n
-        # entries a read-only view indexed in memory from the .log tail are not in the file
-        n_file = min(n, seg.entry_count)
-        path = self.seg_index_path(seg)
-        if buf is None or buf.shape[0] < chunk_entries * B.ENTRY_SIZE:
-            buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
-        if start_entry < n_file:
-            try:
-                with self.seg_fs(seg).open_read(path, start_entry * B.ENTRY_SIZE) as f:
-                    for lo in range(start_entry, n_file, chunk_entries):
-                        hi = min(n_file, lo + chunk_entries)
-                        want = (hi - lo) * B.ENTRY_SIZE
-                        if read_fully(f, buf[:want]) != want:
-                            raise CorruptRecordError(
-                                f"{path}: index shorter than expected at entry {lo}",
-                                path, lo * B.ENTRY_SIZE)
-                        yield lo, buf[:want].view(B.BCQ_DTYPE)
-            except FileNotFoundError:
-                raise
-            except OSError as e:  # the stream's reads raise raw OSError: say which file
-                raise _oserror(e, "read", path) from e
-        for lo in range(max(start_entry, n_file), n, chunk_entries):
-            yield lo, idx.entries[lo:min(n, lo + chunk_entries)]
-
     @property
     def first_offset(self) -> int:
         for seg in self.segments:
@@ -759,115 +381,6 @@ class PartitionLog:
             if j < idx.n:
                 return int(idx.entries[j]["offset"])
         return None
-
-    # -- recovery ------------------------------------------------------------------------
-
-    def recover(self) -> None:
-        """Finish or roll back an interrupted compaction swap, then make every .bcq match its
-        .log (see module docstring). Writer-only. A swap that a live compactor (another
-        process holding the partition's compaction lock) is running is left alone."""
-        if self.manifest_mode:
-            self._recover_local()
-            return
-        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
-        if lock.acquire(blocking=False):
-            try:
-                if recover_swap(self.fs, self.dir):
-                    self.swap_recovered = True
-                    for seg in self.segments:
-                        seg.invalidate()
-                    self._load()
-                empty_trash(self.fs, self.dir)
-            finally:
-                lock.release()
-        for base in self._orphan_indexes:
-            self.fs.delete(self.index_path(base))
-        self._orphan_indexes = []
-        for name in self.fs.listdir(self.dir):
-            if name.endswith(fn.TMP_SUFFIX):
-                self.fs.delete(f"{self.dir}/{name}")
-        for seg in self.segments:
-            self._recover_segment(seg)
-
-    def _recover_local(self) -> None:
-        """S3 writer: the local segments are recovered as on a local store; those a crash left
-        behind after their manifest commit (all their offsets already listed) are dropped, and
-        a dead compaction's local staging is removed."""
-        lfs = self.local_fs
-        lock = FileLock(lfs, f"{self.dir}/{fn.COMPACTION_LOCK}")
-        if lock.acquire(blocking=False):
-            try:
-                lfs.remove_tree(self.staging_dir)
-            finally:
-                lock.release()
-        for base in self._orphan_indexes:
-            lfs.delete(f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
-        self._orphan_indexes = []
-        for name in lfs.listdir(self.dir):
-            if name.endswith(fn.TMP_SUFFIX):
-                lfs.delete(f"{self.dir}/{name}")
-        committed = self.manifest.last_offset if self.manifest else -1
-        keep = []
-        for seg in self.segments:
-            if seg.kind != "file":
-                keep.append(seg)
-                continue
-            self._recover_segment(seg)
-            e = self.entries(seg)
-            if (e.shape[0] and int(e[-1]["offset"]) <= committed) or \
-                    (not e.shape[0] and seg.base <= committed):
-                lfs.delete(self.seg_log_path(seg))     # committed before the crash
-                lfs.delete(self.seg_index_path(seg))
-                seg.invalidate()
-                continue
-            if e.shape[0] and int(e[0]["offset"]) <= committed:
-                raise M.ManifestConflictError(
-                    f"{self.fs.url}/{self.dir}: local segment {fn.base_name(seg.base)} "
-                    f"(offsets {int(e[0]['offset'])}..{int(e[-1]['offset'])}) overlaps what the "
-                    f"manifest lists (up to {committed}): another writer wrote this partition")
-            keep.append(seg)
-        self.segments = keep
-
-    def _recover_segment(self, seg: Segment) -> None:
-        n = seg.entry_count
-        if seg.index_size != n * B.ENTRY_SIZE:
-            self._truncate(self.seg_index_path(seg), n * B.ENTRY_SIZE)
-            seg.index_size = n * B.ENTRY_SIZE
-        e = self.entries(seg)
-        if e.shape[0] != n:  # entries point past the end of the .log
-            self._truncate(self.seg_index_path(seg), e.shape[0] * B.ENTRY_SIZE)
-            seg.index_size = e.shape[0] * B.ENTRY_SIZE
-            seg.invalidate()
-        indexed_end = int(e[-1]["position"]) + int(e[-1]["size"]) if e.shape[0] else 0
-        if seg.log_size <= indexed_end:
-            return
-        buf = self.local_fs.map(self.seg_log_path(seg), seg.log_size)
-        s = scan(buf, indexed_end, seg.log_size, secret=self.secret, verify_crc=True)
-        last = int(e[-1]["offset"]) if e.shape[0] else -1
-        # offsets only grow: a record at or below the last indexed one is not ours to index
-        good = len(s) if len(s) == 0 or int(s.offsets[0]) > last else 0
-        if good:
-            entries = B.entries_from_scan(s, 0, good, 0)
-            f = self.local_fs.open_append(self.seg_index_path(seg))
-            f.write(entries.tobytes())
-            f.sync()
-            f.close()
-            seg.index_size += good * B.ENTRY_SIZE
-            seg.invalidate()
-            self.recovered_entries += good
-        stop = int(s.positions[good - 1] + s.sizes[good - 1]) if good else indexed_end
-        del buf
-        if stop < seg.log_size:
-            self.truncated_bytes += seg.log_size - stop
-            self._truncate(self.seg_log_path(seg), stop)
-            seg.log_size = stop
-
-    def _truncate(self, path: str, size: int) -> None:
-        f = self.local_fs.open_append(path)
-        f.truncate(size)
-        f.sync()
-        f.close()
-
     # -- append (writer) -----------------------------------------------------------------
 
     def _active_files(self) -> tuple[Segment, AppendFile, AppendFile]:
@@ -973,148 +486,50 @@ class PartitionLog:
                 f.close()
         self._dirty_files = active
 
-    def close(self, seal: bool = True) -> None:
-        """Release the partition. An S3 writer first seals what it appended (``seal=False``:
-        leave it in the local directory, for the next open to upload)."""
-        if seal and self.manifest_mode and self.writable and self._writer_lock is not None:
-            self.seal()
+    def _sync_and_close_files(self) -> None:
+        """fsync what was appended and close every open file (the active segment's too)."""
         self.sync()
         for f in (self._log, self._idx):
             if f is not None:
                 f.close()
         self._log = self._idx = None
         self._dirty_files = []
+
+    def close(self, seal: bool = True) -> None:
+        """Release the partition. An S3 writer first seals what it appended (``seal=False``:
+        leave it in the local directory, for the next open to upload)."""
+        if seal and self.manifest_mode and self.writable and self._writer_lock is not None:
+            self.seal()
+        self._sync_and_close_files()
         for seg in self.segments:
             seg.invalidate()
         if self._writer_lock is not None:
             self._writer_lock.release()
             self._writer_lock = None
 
-    # -- read ----------------------------------------------------------------------------
+    def append_block(self, block: RecordColumns) -> int:
+        """Append the records of a block read from a partition of this topic, byte for byte,
+        indexed with this partition's secret (a replica's merge). Returns records appended."""
+        data, rel, sizes, _ = stored_records(block)
+        if not len(block):
+            return 0
+        from .record import gather
+        buf = gather(data, rel, sizes)
+        s = scan(buf, 0, buf.shape[0], secret=self.secret, verify_crc=False)
+        if len(s) != len(block):
+            raise ReputError(f"{self.dir}: a block of {len(block)} records scanned as {len(s)}")
+        return self.append(buf, s, 0, len(s))
+
+    # -- read: reput/reader.py -------------------------------------------------------------
 
     def read(self, from_offset: int, max_records: int | None = None,
-             max_bytes: int | None = None) -> ReadResult:
-        """Records with offset >= from_offset, in offset order, from one segment at most.
-
-        A missing offset continues at the next existing one. At least one record is returned
-        when any exists, even if it is larger than ``max_bytes``. Every record's CRC is checked.
-        A read-only reader that meets a .log/.bcq mismatch re-lists and retries, because a
-        compaction swap in another process replaces the two files one after the other
-        (docs/formats/compaction-swap.md); a mismatch that persists is corruption.
-        """
-        if max_records is not None and max_records <= 0:
-            return ReadResult(b"", np.zeros(0, dtype=B.BCQ_DTYPE), from_offset)
-        from_offset = max(0, min(int(from_offset), (1 << 63) - 1))
-        attempts = 1 if self.writable else 4
-        for attempt in range(attempts):
-            try:
-                return self._read_once(from_offset, max_records, max_bytes)
-            except (CorruptRecordError, FileNotFoundError):
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(0.02 * (attempt + 1))
-                for seg in self.segments:
-                    seg.invalidate()
-                self._load()
-        raise AssertionError("unreachable")
-
-    def _read_once(self, from_offset: int, max_records: int | None,
-                   max_bytes: int | None) -> ReadResult:
-        i = self.segment_for(from_offset)
-        while i < len(self.segments):
-            seg = self.segments[i]
-            if seg.entry is not None and (seg.entry.records == 0
-                                          or seg.entry.last_offset < from_offset):
-                i += 1  # the manifest says it holds nothing at or after from_offset
-                continue
-            part = self._short_index_read(seg, from_offset, max_records)
-            if part is not None:
-                e, j = part, 0
-            else:
-                idx = self.index(seg)
-                e = idx.entries
-                j = int(idx.lower_bound(from_offset))
-            if j < e.shape[0]:
-                stop = e.shape[0] if max_records is None else min(e.shape[0], j + max_records)
-                if max_bytes is not None:
-                    ends = e["position"][j:stop].astype(np.int64) + e["size"][j:stop] \
-                        - int(e[j]["position"])
-                    stop = j + max(1, int(np.searchsorted(ends, max_bytes, side="right")))
-                sel = e[j:stop].copy()
-                start = int(sel[0]["position"])
-                end = int(sel[-1]["position"]) + int(sel[-1]["size"])
-                # max(0, ..): entries damaged out of order must fail the check below, not the read
-                data = self.read_log(seg, start, max(0, end - start))
-                sel["position"] -= start
-                self._check(data, sel, seg, start)
-                return ReadResult(data, sel, int(sel[-1]["offset"]) + 1)
-            i += 1
-        return ReadResult(b"", np.zeros(0, dtype=B.BCQ_DTYPE), max(from_offset, self.next_offset))
-
-    def _short_index_read(self, seg: Segment, from_offset: int,
-                          max_records: int | None) -> np.ndarray | None:
-        """Object store: the .bcq entries of a committed segment from the first offset
-        >= ``from_offset``, at most ``max_records`` and not past the cache block holding the
-        first, read by range (the manifest bitmap's rank is the entry number). None when the
-        whole .bcq is the better read: it is local already, no larger than a block, or the
-        read wants more entries than a block holds."""
-        ent = seg.entry
-        bs = int(getattr(self.fs, "block_size", 0) or 0)
-        if ent is None or seg._index is not None or max_records is None or bs <= 0 \
-                or max_records * B.ENTRY_SIZE > bs or ent.bcq_size <= bs:
-            return None
-        path = self.seg_index_path(seg)
-        if self.fs.has_local_copy(path):
-            return None
-        j = ent.rank_below(from_offset)
-        if j >= ent.records:
-            return np.zeros(0, dtype=B.BCQ_DTYPE)
-        start = j * B.ENTRY_SIZE
-        hi = min(ent.records, j + max_records,
-                 max(j + 1, (start // bs + 1) * bs // B.ENTRY_SIZE))
-        raw = self.fs.read(path, start, (hi - j) * B.ENTRY_SIZE)
-        e = B.view(np.frombuffer(raw, dtype=np.uint8))
-        want = ent.offset_at_or_after(from_offset)
-        if e.shape[0] != hi - j or int(e[0]["offset"]) != want:
-            raise CorruptRecordError(
-                f"{path}: entry {j} does not hold offset {want} as the manifest's bitmap says "
-                "(or the index is short); run `kcompact verify`", path, start)
-        return e
-
-    def _check(self, data: bytes, sel: np.ndarray, seg: Segment, file_start: int) -> None:
-        buf = np.frombuffer(data, dtype=np.uint8)
-        s = scan(buf, 0, len(buf), verify_crc=True)
-        ok = (len(s) == sel.shape[0] and s.status == K.SCAN_OK
-              and np.array_equal(s.offsets, sel["offset"])
-              and np.array_equal(s.positions, sel["position"].astype(np.int64))
-              and np.array_equal(s.sizes, sel["size"].astype(np.int64)))
-        if not ok:
-            bad = int(s.stop) if s.status != K.SCAN_OK else self._first_mismatch(s, sel)
-            raise CorruptRecordError(
-                f"{self.seg_log_path(seg)}: corrupt record at byte {file_start + bad} "
-                "(CRC or header check failed, or the .bcq does not match the .log); run "
-                "`kcompact verify` and rebuild this partition from a replica",
-                self.seg_log_path(seg), file_start + bad)
-
-    @staticmethod
-    def _first_mismatch(s: Scan, sel: np.ndarray) -> int:
-        n = min(len(s), sel.shape[0])
-        diff = np.nonzero((s.offsets[:n] != sel["offset"][:n])
-                          | (s.positions[:n] != sel["position"][:n].astype(np.int64))
-                          | (s.sizes[:n] != sel["size"][:n].astype(np.int64)))[0]
-        return int(sel[diff[0]]["position"]) if diff.size else int(s.stop)
+             max_bytes: int | None = None) -> RecordColumns:
+        """Records with offset >= from_offset, from one segment at most (``PartitionReader.read``:
+        a missing offset continues at the next existing one; at least one record when any
+        exists; every record checked; retried across a compaction swap)."""
+        return PartitionReader(self).read(from_offset, max_records, max_bytes)
 
     def iter_records(self, from_offset: int = 0, limit: int | None = None,
                      batch_bytes: int = 4 << 20) -> Iterator[Record]:
         """Decoded records from ``from_offset`` (for dump, restore and tests)."""
-        off = from_offset
-        n = 0
-        while limit is None or n < limit:
-            r = self.read(off, max_records=None if limit is None else limit - n,
-                          max_bytes=batch_bytes)
-            if r.entries.shape[0] == 0:
-                return
-            for rec in r.records(self.log_path(0)):
-                yield rec
-                n += 1
-            off = r.next_offset
+        return PartitionReader(self).records(from_offset, limit, batch_bytes)

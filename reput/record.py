@@ -14,15 +14,18 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
 from . import _kernels as K
-from ._jit import native
+from .jit import native
 from .errors import CorruptRecordError, InvalidTopicError, ReputError
 
 FORMAT_VERSION = K.MAGIC
+#: ``scan`` statuses: every record whole and valid / the last one runs past the end / an invalid
+#: header or CRC at ``stop``
+SCAN_OK, SCAN_TORN, SCAN_CORRUPT = K.SCAN_OK, K.SCAN_TORN, K.SCAN_CORRUPT
 HEADER_SIZE = K.HEADER_SIZE
 MAX_RECORD_SIZE = K.MAX_RECORD_SIZE
 ATTR_NULL_VALUE = K.ATTR_NULL_VALUE
@@ -118,8 +121,13 @@ def decode_headers(buf: bytes | memoryview) -> tuple[tuple[str, bytes | None], .
     return tuple(out)
 
 
-class _VarColumn:
-    """A nullable variable-length bytes column: one buffer, n+1 offsets, a null mask."""
+class BytesColumn:
+    """A nullable variable-length bytes column: one buffer, n+1 offsets, a null mask.
+
+    Item i is ``buf[offs[i]:offs[i+1]]``, or None where ``null[i]`` (its length is then 0). The
+    key, value and header columns of a ``RecordBatch`` (what a writer appends) and of a
+    ``reader.RecordColumns`` block (what a reader gets back) are this type.
+    """
 
     __slots__ = ("buf", "offs", "null")
 
@@ -127,7 +135,7 @@ class _VarColumn:
         self.buf, self.offs, self.null = buf, offs, null
 
     @classmethod
-    def from_list(cls, items: Sequence[bytes | None]) -> "_VarColumn":
+    def from_list(cls, items: Sequence[bytes | None]) -> "BytesColumn":
         n = len(items)
         null = np.fromiter((x is None for x in items), dtype=np.bool_, count=n)
         lens = np.fromiter((0 if x is None else len(x) for x in items), dtype=np.int64, count=n)
@@ -138,7 +146,7 @@ class _VarColumn:
                    offs, null)
 
     @classmethod
-    def fixed(cls, data: np.ndarray, width: int) -> "_VarColumn":
+    def fixed(cls, data: np.ndarray, width: int) -> "BytesColumn":
         """n values of exactly ``width`` bytes each, packed in ``data``."""
         data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
         n = data.shape[0] // width if width else 0
@@ -146,15 +154,28 @@ class _VarColumn:
                    else np.zeros(n + 1, np.int64), np.zeros(n, np.bool_))
 
     @classmethod
-    def nulls(cls, n: int) -> "_VarColumn":
+    def nulls(cls, n: int) -> "BytesColumn":
         return cls(np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.ones(n, np.bool_))
 
     @classmethod
-    def empties(cls, n: int) -> "_VarColumn":
+    def empties(cls, n: int) -> "BytesColumn":
         return cls(np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), np.zeros(n, np.bool_))
+
+    def __len__(self) -> int:
+        return self.null.shape[0]
 
     def lengths(self) -> np.ndarray:
         return np.diff(self.offs)
+
+    def to_list(self) -> list[bytes | None]:
+        """The items as bytes objects (None for a null)."""
+        n = len(self)
+        if n == 0:
+            return []
+        a = int(self.offs[0])
+        data = self.buf[a:int(self.offs[n])].tobytes()
+        o = (self.offs[:n + 1] - a).tolist()
+        return [None if z else data[o[i]:o[i + 1]] for i, z in enumerate(self.null.tolist())]
 
     def get(self, i: int) -> bytes | None:
         if self.null[i]:
@@ -172,8 +193,8 @@ class RecordBatch:
     __slots__ = ("topic", "partitions", "offsets", "timestamps", "keys", "values", "headers")
 
     def __init__(self, topic: str, partitions: np.ndarray, offsets: np.ndarray,
-                 timestamps: np.ndarray, keys: _VarColumn, values: _VarColumn,
-                 headers: _VarColumn):
+                 timestamps: np.ndarray, keys: BytesColumn, values: BytesColumn,
+                 headers: BytesColumn):
         self.topic = validate_topic(topic)
         n = offsets.shape[0]
         self.partitions = np.ascontiguousarray(partitions, dtype=np.int32)
@@ -198,20 +219,20 @@ class RecordBatch:
         parts = np.fromiter((r[0] for r in rows), dtype=np.int32, count=n)
         offs = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
         ts = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
-        keys = _VarColumn.from_list([r[3] for r in rows])
-        values = _VarColumn.from_list([r[4] for r in rows])
+        keys = BytesColumn.from_list([r[3] for r in rows])
+        values = BytesColumn.from_list([r[4] for r in rows])
         hdrs = [encode_headers(r[5]) for r in rows]
-        headers = _VarColumn.from_list(hdrs) if any(hdrs) else _VarColumn.empties(n)
+        headers = BytesColumn.from_list(hdrs) if any(hdrs) else BytesColumn.empties(n)
         return cls(topic, parts, offs, ts, keys, values, headers)
 
     @classmethod
     def from_columns(cls, topic: str, partitions, offsets, timestamps, *,
-                     keys: _VarColumn, values: _VarColumn,
-                     headers: _VarColumn | None = None) -> "RecordBatch":
+                     keys: BytesColumn, values: BytesColumn,
+                     headers: BytesColumn | None = None) -> "RecordBatch":
         n = len(offsets)
         return cls(topic, np.broadcast_to(np.asarray(partitions, np.int32), (n,)), offsets,
                    np.broadcast_to(np.asarray(timestamps, np.int64), (n,)), keys, values,
-                   headers if headers is not None else _VarColumn.empties(n))
+                   headers if headers is not None else BytesColumn.empties(n))
 
     def encoded_sizes(self) -> np.ndarray:
         tl = len(self.topic.encode())
@@ -315,6 +336,59 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
         s.attrs, s.topic_hash, s.digest_lo, s.digest_hi, s.crcs)
     s.stop, s.status = int(stop), int(status)
     return s
+
+
+class FieldSpans(NamedTuple):
+    """Where each record's key, value and headers lie in a buffer (int64 starts and lengths),
+    and its attributes byte (ATTR_NULL_KEY | ATTR_NULL_VALUE)."""
+
+    kstart: np.ndarray
+    klen: np.ndarray
+    vstart: np.ndarray
+    vlen: np.ndarray
+    hstart: np.ndarray
+    hlen: np.ndarray
+    attrs: np.ndarray
+
+
+def field_spans(buf: np.ndarray, positions: np.ndarray) -> FieldSpans:
+    """The fields of the records at ``positions`` of ``buf`` (records already verified; each
+    header is checked against the buffer again)."""
+    n = positions.shape[0]
+    out = FieldSpans(*(np.empty(n, np.int64) for _ in range(6)), np.empty(n, np.uint8))
+    pos = np.ascontiguousarray(positions, dtype=np.int64)
+    c = native()
+    if c is not None:
+        c.field_spans(buf, pos, *out)
+    else:
+        K.field_spans(buf, pos, *out)
+    return out
+
+
+def gather(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """``src[starts[i]:starts[i]+lengths[i]]`` back to back (into ``out`` when given, which
+    must be large enough); returns the filled array."""
+    starts = np.ascontiguousarray(starts, dtype=np.int64)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+    total = int(lengths.sum())
+    out = np.empty(total, np.uint8) if out is None else out[:total]
+    c = native()
+    (c.gather_ranges if c is not None else K.gather_ranges)(src, starts, lengths, out)
+    return out
+
+
+def hash_ranges(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """SipHash-2-4-128 under the 16-byte ``key`` of each ``buf[starts[i]:+lengths[i]]``, as
+    (lo, hi) uint64 arrays (the key digest's function, over any ranges)."""
+    k0, k1 = secret_words(key)
+    n = starts.shape[0]
+    lo, hi = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    if n:
+        K.siphash128_many(k0, k1, buf, np.ascontiguousarray(starts, dtype=np.int64),
+                          np.ascontiguousarray(lengths, dtype=np.int64), lo, hi)
+    return lo, hi
 
 
 def secret_words(secret: bytes) -> tuple[np.uint64, np.uint64]:

@@ -625,7 +625,7 @@ class S3Backend(Backend):
     @property
     def block_size(self) -> int:
         """The block cache's block: a ranged read of an immutable object fetches whole blocks
-        (``PartitionLog.read`` reads a few .bcq entries by range when the .bcq is larger)."""
+        (the partition reader reads a few .bcq entries by range when the .bcq is larger)."""
         return self.cache.block_size
 
     def has_local_copy(self, path: str) -> bool:

@@ -36,7 +36,8 @@ from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
-from .partition import PartitionLog, ReadResult
+from .partition import PartitionLog
+from .reader import PartitionReader, RecordColumns
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
 
 FORMAT_VERSION = 1
@@ -162,7 +163,9 @@ class Store:
         self._collected: set[tuple[str, int]] = set()
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
-        self._lock = threading.RLock()
+        #: held while partitions are opened, appended to, swapped or released: a compactor or a
+        #: replica that changes a partition this store writes takes it around each step
+        self.lock = threading.RLock()
         self.commitlog: CommitLog | None = None
         self._dispatched = 0
         self._scratch = Scratch()
@@ -262,7 +265,7 @@ class Store:
     def partitions(self, topic: str) -> list[int]:
         found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
         if self.remote:  # this writer's partitions that have no manifest yet
-            with self._lock:
+            with self.lock:
                 found |= {p for (t, p), pl in self._partitions.items()
                           if t == topic and (t, p) in self._writable and pl.segments}
         return sorted(found)
@@ -272,7 +275,7 @@ class Store:
 
     def set_topic_config(self, topic: str, overrides: dict[str, Any]) -> TopicConfig:
         """Validate and persist topic config overrides in store.json."""
-        with self._lock:
+        with self.lock:
             raw = self.fs.read(fn.STORE_JSON)
             meta = StoreMeta.from_json(raw, self.fs.url)
             cfg = TopicConfig.from_dict(meta.topics.get(validate_topic(topic))).with_overrides(
@@ -290,10 +293,11 @@ class Store:
     def partition(self, topic: str, partition: int) -> PartitionLog:
         """The partition's log (read-only view unless this process writes it)."""
         key = (topic, partition)
-        with self._lock:
+        with self.lock:
             pl = self._partitions.get(key)
             if pl is None:
-                pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic))
+                pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
+                                  clock=self.clock)
                 self._partitions[key] = pl
             elif key not in self._writable:
                 pl.refresh()
@@ -301,14 +305,15 @@ class Store:
 
     def writable_partition(self, topic: str, partition: int) -> PartitionLog:
         key = (topic, partition)
-        with self._lock:
+        with self.lock:
             if key not in self._writable:
                 old = self._partitions.pop(key, None)
                 if old is not None:
                     old.close()
                 pl = PartitionLog(self.fs, topic, partition, self.secret,
                                   self.topic_config(topic), writable=True,
-                                  local_fs=self.local_fs if self.remote else None)
+                                  local_fs=self.local_fs if self.remote else None,
+                                  clock=self.clock)
                 self._partitions[key] = pl
                 self._writable.add(key)
                 if self.remote and self.writer is not None and key not in self._collected:
@@ -320,7 +325,7 @@ class Store:
 
     def release_partition(self, topic: str, partition: int) -> None:
         """Forget a cached partition (after another component rewrote its files)."""
-        with self._lock:
+        with self.lock:
             pl = self._partitions.pop((topic, partition), None)
             self._writable.discard((topic, partition))
             if pl is not None:
@@ -333,8 +338,13 @@ class Store:
         return self.partition(topic, partition).first_offset
 
     def read(self, topic: str, partition: int, from_offset: int = 0, *,
-             max_records: int | None = None, max_bytes: int | None = None) -> ReadResult:
+             max_records: int | None = None, max_bytes: int | None = None) -> RecordColumns:
+        """One block of records from ``from_offset`` (``reader.PartitionReader.read``)."""
         return self.partition(topic, partition).read(from_offset, max_records, max_bytes)
+
+    def reader(self, topic: str, partition: int) -> PartitionReader:
+        """The partition reader of a topic-partition (reput/reader.py)."""
+        return PartitionReader(self.partition(topic, partition))
 
     def iter_records(self, topic: str, partition: int, from_offset: int = 0,
                      limit: int | None = None) -> Iterator[Record]:
@@ -370,7 +380,7 @@ class Store:
         if len(batch) == 0:
             return 0
         self._check_order(batch)
-        with self._lock:
+        with self.lock:
             # take every partition this batch writes before the commit log gets a byte of it:
             # a partition held by another writer fails the append with nothing written
             for p in np.unique(batch.partitions):
@@ -392,7 +402,7 @@ class Store:
         """Reput: copy commit-log records after the dispatched position into partitions."""
         assert self.commitlog is not None
         total = 0
-        with self._lock:
+        with self.lock:
             for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
                 # re-dispatch from the files (after a crash) always checks CRCs
                 total += self._dispatch_view(view, lo, hi, verify_crc=True,
@@ -446,7 +456,7 @@ class Store:
         """Make everything appended so far durable, then advance the reput checkpoint."""
         if self.commitlog is None:
             return
-        with self._lock:
+        with self.lock:
             if self.options.fsync != "never":
                 self.commitlog.sync()
                 for key in self._writable:
@@ -474,7 +484,7 @@ class Store:
                 f.result()
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             if self.commitlog is not None:
                 self.flush()
             for pl in self._partitions.values():
@@ -526,7 +536,7 @@ class Store:
                 continue
             other.close()
             done.append(w)
-        with self._lock:
+        with self.lock:
             for key in list(self._partitions):
                 if key not in self._writable:
                     self._partitions.pop(key).close()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kcompact.reput.record import RecordBatch, _VarColumn
+from kcompact.reput.record import RecordBatch, BytesColumn
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Workload:
                           for i in sel]
                 yield RecordBatch.from_columns(
                     topic, p, offsets, self.start_ms + sel.astype(np.int64) * 10,
-                    keys=_VarColumn.from_list(keys), values=_VarColumn.from_list(values))
+                    keys=BytesColumn.from_list(keys), values=BytesColumn.from_list(values))
 
     def produce_args(self, topic: str):
         """(partition, key, value, timestamp) tuples in produce order, for a Kafka producer."""

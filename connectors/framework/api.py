@@ -122,9 +122,10 @@ class SinkRecords(Sequence[SinkRecord]):
         #: Key + value bytes of the batch, when a task counted them while writing (metrics).
         self.nbytes: int | None = None
         #: The raw keys and values packed as columns, when the worker built them while reading
-        #: the batch (kcompact.reput._native.message_columns): (key bytes, key starts (n+1 int64), key
-        #: nulls, value bytes, value starts, value nulls), each a bytearray. A columnar sink may
-        #: use them instead of ``raw_keys``/``raw_values``; they describe the same bytes.
+        #: the batch (framework/_rdkafka.c, message_columns): (key bytes, key starts (n+1
+        #: int64), key nulls, value bytes, value starts, value nulls), each a bytearray. A
+        #: columnar sink may use them instead of ``raw_keys``/``raw_values``; they describe the
+        #: same bytes.
         self.packed: tuple | None = None
         #: The headers packed the same way, in the store's header encoding
         #: (kcompact.reput.record.encode_headers): (bytes, starts (n+1 int64)), or None.

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kcompact.reput._jit import native as _jit_native
+from kcompact.reput.jit import extension
 
 from ..errors import ConnectorsError
 from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
@@ -34,7 +34,7 @@ from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeader
 from .task_runner import TaskRunner
 
 _TS = itemgetter(1)
-_NATIVE = _jit_native()
+_NATIVE = extension("kcompact.connectors.framework._rdkafka")
 
 
 class SinkTaskRunner(TaskRunner):
@@ -312,7 +312,7 @@ class SinkTaskRunner(TaskRunner):
         packed = None
         if _NATIVE is not None:
             # one compiled pass: numeric columns, key/value/header lists, packed key/value
-            # columns for a columnar sink (reput/_native.c, message_columns)
+            # columns for a columnar sink (_rdkafka.c, message_columns)
             parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
             cols = _NATIVE.message_columns(msgs, parts, offs, ts)
             if cols is None:

@@ -34,7 +34,7 @@ from kcompact.compaction import CompactionOptions, Compactor
 from kcompact.reput import filenames as fn
 from kcompact.reput.config import ManualClock
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.record import Record, RecordBatch, _VarColumn, encode
+from kcompact.reput.record import Record, RecordBatch, BytesColumn, encode
 from kcompact.reput.store import Store
 from kcompact.replication.live import bitmap_array, live_offsets
 
@@ -226,7 +226,7 @@ def build_big_master(path: Path, partitions: int = 2, records: int = 150_000,
                 v = rng.integers(97, 123, (n, value), dtype=np.uint8)
                 st.append(RecordBatch.from_columns(
                     TOPIC, p, np.arange(lo, lo + n, dtype=np.int64) * 2, T0,
-                    keys=_VarColumn.fixed(k, 12), values=_VarColumn.fixed(v, value)))
+                    keys=BytesColumn.fixed(k, 12), values=BytesColumn.fixed(v, value)))
         st.flush()
 
 

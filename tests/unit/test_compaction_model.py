@@ -54,7 +54,7 @@ from kcompact.reput import bcq as B
 from kcompact.reput import swap
 from kcompact.reput.backend import LocalBackend, MemoryBackend
 from kcompact.reput.config import ManualClock
-from kcompact.reput.record import Record, RecordBatch, _VarColumn
+from kcompact.reput.record import Record, RecordBatch, BytesColumn
 from kcompact.reput.store import Store
 from kcompact.reput.verify import verify_store
 
@@ -498,10 +498,10 @@ def _many_keys(tmp_path, n: int, distinct: int, map_bytes: int, tombstone_every:
         null = tomb[lo:hi]
         voffs = np.zeros(hi - lo + 1, np.int64)
         np.cumsum(np.where(null, 0, 8), out=voffs[1:])
-        vals = _VarColumn(np.ascontiguousarray(vbytes[lo:hi][~null]).reshape(-1), voffs,
+        vals = BytesColumn(np.ascontiguousarray(vbytes[lo:hi][~null]).reshape(-1), voffs,
                           null.copy())
         s.append(RecordBatch.from_columns(TOPIC, 0, offsets[lo:hi], clock.ms(),
-                                          keys=_VarColumn.fixed(kbytes[lo:hi], 8), values=vals))
+                                          keys=BytesColumn.fixed(kbytes[lo:hi], 8), values=vals))
     s.flush()
     build_s = time.perf_counter() - t
     t = time.perf_counter()

@@ -1,4 +1,4 @@
-"""kcompact.reput._native.message_columns (the consumer path's one compiled pass over a batch of
+"""kcompact.connectors.framework._rdkafka.message_columns (the consumer path's one compiled pass over a batch of
 confluent_kafka Message objects) against the Python code it replaces, on random batches:
 nulls and empty bytes, headers on some messages or none, any partition/offset/timestamp.
 And the store sink stores the same bytes whether a batch comes with packed columns or not."""
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from kcompact.connectors.framework.api import SinkRecords
 from kcompact.connectors.plugins.store_sink import _batch
-from kcompact.reput import _native
+from kcompact.connectors.framework import _rdkafka as _native
 from kcompact.reput.record import encode_batch
 
 blobs = st.one_of(st.none(), st.binary(max_size=40))

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcompact.reput import _intrinsics
+from kcompact.reput import intrinsics as _intrinsics
 from kcompact.reput import _kernels as K
 from kcompact.reput import bcq as B
 from kcompact.reput.errors import CorruptRecordError, InvalidTopicError, ReputError
 from kcompact.reput.record import (ATTR_NULL_KEY, ATTR_NULL_VALUE, HEADER, HEADER_SIZE, MAX_RECORD_SIZE,
-                          Record, RecordBatch, _VarColumn, decode_all, decode_headers, decode_one,
+                          Record, RecordBatch, BytesColumn, decode_all, decode_headers, decode_one,
                           encode, encode_batch, encode_headers, key_digest, scan, validate_topic)
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -228,12 +228,12 @@ def test_from_columns_matches_from_records():
     n = 6
     keys = np.arange(n * 4, dtype=np.uint8)
     b1 = RecordBatch.from_columns("t", 2, np.arange(10, 10 + n), 99,
-                                  keys=_VarColumn.fixed(keys, 4), values=_VarColumn.nulls(n))
+                                  keys=BytesColumn.fixed(keys, 4), values=BytesColumn.nulls(n))
     b2 = RecordBatch.from_records("t", [(2, 10 + i, 99, keys[4 * i:4 * i + 4].tobytes(), None)
                                         for i in range(n)])
     assert encode_batch(b1)[0].tobytes() == encode_batch(b2)[0].tobytes()
-    b3 = RecordBatch.from_columns("t", 0, np.arange(n), 1, keys=_VarColumn.nulls(n),
-                                  values=_VarColumn.empties(n))
+    b3 = RecordBatch.from_columns("t", 0, np.arange(n), 1, keys=BytesColumn.nulls(n),
+                                  values=BytesColumn.empties(n))
     assert [(r.key, r.value) for r in b3.records()] == [(None, b"")] * n
     assert [(r.key, r.value) for r in decode_all(encode_batch(b3)[0])] == [(None, b"")] * n
 
@@ -244,13 +244,13 @@ def test_batch_rejects_bad_columns():
     with pytest.raises(ReputError):
         RecordBatch.from_records("t", [(0, -1, 0, b"k", b"v")])
     with pytest.raises(ReputError):
-        RecordBatch.from_columns("t", 0, np.arange(3), 0, keys=_VarColumn.nulls(2),
-                                 values=_VarColumn.nulls(3))
+        RecordBatch.from_columns("t", 0, np.arange(3), 0, keys=BytesColumn.nulls(2),
+                                 values=BytesColumn.nulls(3))
     # a record over the maximum is refused before any byte is allocated for it
-    big = _VarColumn(np.zeros(0, np.uint8), np.array([0, MAX_RECORD_SIZE], np.int64),
+    big = BytesColumn(np.zeros(0, np.uint8), np.array([0, MAX_RECORD_SIZE], np.int64),
                      np.zeros(1, np.bool_))
     with pytest.raises(ReputError, match="maximum"):
-        encode_batch(RecordBatch.from_columns("t", 0, np.arange(1), 0, keys=_VarColumn.nulls(1),
+        encode_batch(RecordBatch.from_columns("t", 0, np.arange(1), 0, keys=BytesColumn.nulls(1),
                                               values=big))
 
 

@@ -23,6 +23,7 @@ from kcompact.reput import filenames as fn
 from kcompact.reput.backend import MemoryBackend
 from kcompact.reput.config import ManualClock
 from kcompact.reput.partition import PartitionLog
+from kcompact.reput.reader import PartitionReader
 from kcompact.reput.record import Record, RecordBatch, encode, scan
 from kcompact.reput.store import Store
 from kcompact.replication.errors import ProtocolError, ReplicationError, RequestError
@@ -446,14 +447,15 @@ class _FakeClient:
 def _pull_into(master: Store, staging: PartitionLog, secret: bytes, upto_bytes: int = 8192):
     """What the replica's pull does, reading the master in-process."""
     pl = PartitionLog(master.fs, TOPIC, 0, master.secret)
+    reader = PartitionReader(pl)
     off = 0
     while True:
-        r = pl.read(off, max_bytes=upto_bytes)
-        if r.entries.shape[0] == 0:
+        r = reader.read_raw(off, upto_bytes)
+        if r.count == 0:
             return pl.next_offset
-        buf = np.frombuffer(r.data, np.uint8)
-        s = check_records(r.data, TOPIC, 0, off, r.next_offset, r.entries.shape[0], secret)
-        staging.append(buf, s, 0, len(s))
+        body = r.buf[:r.nbytes].tobytes()
+        s = check_records(body, TOPIC, 0, off, r.next_offset, r.count, secret)
+        staging.append(np.frombuffer(body, np.uint8), s, 0, len(s))
         off = r.next_offset
 
 

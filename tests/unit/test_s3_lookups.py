@@ -9,7 +9,7 @@ objects the lookup cannot do without:
 * a read from a target inside a gap at the end of a segment (compaction left it, or the
   writer skipped offsets): the .bcq and .log of the *next* segment only, never the .bcq of the
   segment whose range holds the target; past the end: none. The same for the replication
-  server's reader (replication/reader.py), which starts at ``PartitionLog.segment_for``;
+  server's raw reads (``PartitionReader.read_raw``), which start at ``PartitionLog.segment_for``;
 * a read of a few records from a segment whose .bcq is larger than a cache block: the one
   block of the .bcq holding the entries (the bitmap's rank says which), not the whole .bcq.
 
@@ -112,14 +112,14 @@ def test_read_from_a_gap_at_the_end_of_a_segment_skips_it(make_fs, target, segme
     _gapped_store("s3://bucket/s", make_fs())
     st, pl, fs = _cold(make_fs, block=1 << 20)  # one cache block per object
     r = pl.read(target, max_records=1)
-    assert int(r.entries[0]["offset"]) == segment
+    assert int(r.offsets[0]) == segment
     assert _requests(fs) == {"GetObject": 2}
     st.close()
     # the replication server's reader starts at the same segment
-    from kcompact.replication.reader import BufferPool, read_records
+    from kcompact.reput.reader import BufferPool, PartitionReader
     st, pl, fs = _cold(make_fs, block=1 << 20)
-    buf, nbytes, n, nxt = read_records(pl, target, 256, BufferPool())
-    assert n >= 1 and nxt > segment
+    raw = PartitionReader(pl).read_raw(target, 256, BufferPool())
+    assert raw.count >= 1 and raw.next_offset > segment
     assert _requests(fs) == {"GetObject": 2}
     st.close()
 
@@ -129,9 +129,9 @@ def test_read_past_the_end_needs_no_request(make_fs):
     st, pl, fs = _cold(make_fs)
     for target in (1200, 1500, 10**12):
         r = pl.read(target, max_records=5)
-        assert r.entries.shape[0] == 0 and r.next_offset == max(target, 1200)
-    from kcompact.replication.reader import BufferPool, read_records
-    assert read_records(pl, 1200, 1 << 20, BufferPool())[0] is None
+        assert len(r) == 0 and r.next_offset == max(target, 1200)
+    from kcompact.reput.reader import BufferPool, PartitionReader
+    assert PartitionReader(pl).read_raw(1200, 1 << 20, BufferPool()).buf is None
     assert _requests(fs) == {}
     st.close()
 
@@ -145,7 +145,7 @@ def test_a_short_read_fetches_one_block_of_a_large_bcq(make_fs):
     seg = pl.segments[2]
     assert seg.entry.bcq_size == 1000 * B.ENTRY_SIZE > 10 * BLOCK
     r = pl.read(700, max_records=3)
-    assert r.entries["offset"].tolist() == [700, 701, 702]
+    assert r.offsets.tolist() == [700, 701, 702]
     assert [x.offset for x in r.records()] == [700, 701, 702]
     snap = fs.stats.snapshot()
     assert snap["requests"]["GetObject"] <= 1 + 2  # one .bcq block, at most two .log blocks
@@ -153,7 +153,7 @@ def test_a_short_read_fetches_one_block_of_a_large_bcq(make_fs):
     # a read of the whole rest of the segment takes the .bcq whole (one request)
     fs.stats.reset()
     r = pl.read(205)
-    assert r.entries.shape[0] == 995
+    assert len(r) == 995
     assert _requests(fs)["GetObject"] >= 1
     st.close()
 
@@ -179,7 +179,7 @@ def test_lookups_after_a_compaction(make_fs):
     assert pl.offset_at_or_after(0) == 100 and pl.offset_at_or_after(500) is None
     assert _requests(fs) == {}
     r = pl.read(30, max_records=2)
-    assert r.entries["offset"].tolist() == [100, 101]
+    assert r.offsets.tolist() == [100, 101]
     st.close()
 
 
@@ -196,9 +196,9 @@ def test_local_store_gives_the_same_answers(tmp_path):
             assert pl.offset_at_or_after(o) == next((x for x in every if x >= o), None)
         for target in (50, 99, 150, 700, 1199, 1200):
             want = [x for x in every if x >= target][:3]
-            assert pl.read(target, max_records=3).entries["offset"].tolist() == want
+            assert pl.read(target, max_records=3).offsets.tolist() == want
             assert np.array_equal(
-                pl.read(target, max_records=3).entries["offset"],
+                pl.read(target, max_records=3).offsets,
                 np.asarray(want, np.int64))
 
 
@@ -214,7 +214,7 @@ def test_short_reads_match_the_local_store(make_fs, tmp_path):
         for target in range(-1, 1205, 13):
             for n in (1, 3, 85, 86, 200):
                 got, want = pl.read(target, max_records=n), lpl.read(target, max_records=n)
-                assert got.entries["offset"].tolist() == want.entries["offset"].tolist()
+                assert got.offsets.tolist() == want.offsets.tolist()
                 assert list(got.records()) == list(want.records())
                 assert got.next_offset == want.next_offset
     assert fs.stats.snapshot()["bytes_down"] < 2 * 48000 + 200_000  # no .bcq fetched twice

@@ -190,16 +190,16 @@ class StoreMachine(RuleBasedStateMachine):
         got = list(r.records())
         want = self.expected_from(topic, p, frm)
         if not want:
-            assert got == [] and r.data == b"" and r.entries.shape[0] == 0
+            assert got == [] and len(r) == 0 and r.nbytes == 0
             assert r.next_offset == max(frm, self.model_next(topic, p))
             return
         assert 1 <= len(got) and got == want[:len(got)]
         if max_records is not None:
             assert len(got) <= max_records
         if max_bytes is not None and len(got) > 1:
-            assert len(r.data) <= max_bytes
+            assert r.nbytes <= max_bytes
         assert r.next_offset == got[-1].offset + 1
-        self.check_entries(r.entries, r.data, got)
+        self.check_columns(r, got)
 
     @rule(topic=st.sampled_from(TOPICS), p=st.sampled_from(PARTS),
           frm=st.integers(-1, 400), limit=st.one_of(st.none(), st.integers(0, 30)))
@@ -218,21 +218,21 @@ class StoreMachine(RuleBasedStateMachine):
         finally:
             ro.close()
 
-    def check_entries(self, entries, data, recs):
-        assert entries.dtype == B.BCQ_DTYPE
-        assert list(entries["offset"]) == [r.offset for r in recs]
-        assert list(entries["timestamp"]) == [r.timestamp for r in recs]
-        pos = 0
-        for e, r in zip(entries, recs):
-            assert int(e["position"]) == pos
-            assert decode_one(data, pos) == r
-            pos += int(e["size"])
-            flags = (B.FLAG_TOMBSTONE if r.value is None else 0) | (
-                B.FLAG_KEYLESS if r.key is None else 0)
-            assert int(e["flags"]) == flags and int(e["reserved"]) == 0
-            dig = (0, 0) if r.key is None else key_digest(r.key, self.store.secret)
-            assert (int(e["digest_lo"]), int(e["digest_hi"])) == dig
-        assert pos == len(data)
+    def check_columns(self, r, recs):
+        """A block's columns are its records' fields (reput/reader.py RecordColumns)."""
+        assert len(r) == len(recs)
+        assert r.offsets.tolist() == [x.offset for x in recs]
+        assert r.timestamps.tolist() == [x.timestamp for x in recs]
+        assert r.keys.to_list() == [x.key for x in recs]
+        assert r.values.to_list() == [x.value for x in recs]
+        assert r.header_lists() == [x.headers for x in recs]
+        assert r.tombstones.tolist() == [x.value is None for x in recs]
+        assert r.keyless.tolist() == [x.key is None for x in recs]
+        flags = [(B.FLAG_TOMBSTONE if x.value is None else 0)
+                 | (B.FLAG_KEYLESS if x.key is None else 0) for x in recs]
+        assert r.flags.tolist() == flags
+        digs = [(0, 0) if x.key is None else key_digest(x.key, self.store.secret) for x in recs]
+        assert list(zip(r.digest_lo.tolist(), r.digest_hi.tolist())) == digs
 
     def check_all(self, store):
         for (t, p), m in self.model.items():

@@ -34,8 +34,9 @@ import numpy as np
 import plyvel
 
 from kcompact.reput import ReputError, Store
-from kcompact.reput._gc import bulk_gc
+from kcompact.reput.gcmode import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.reader import IndexCursor
 
 from ...plugins.leveldb_sink import KVError, LevelDBSink, open_db
 from . import kernels as KK
@@ -90,7 +91,7 @@ class MapBuilder(KafkaCatchUp):
     # -- top level ---------------------------------------------------------------------------
 
     def run(self, *, follow: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
-        with bulk_gc():  # reput/_gc.py
+        with bulk_gc():  # reput/gcmode.py
             return self._run_build(follow=follow, stop=stop)
 
     def _run_build(self, *, follow: bool, stop: threading.Event | None) -> dict[str, Any]:
@@ -211,11 +212,12 @@ class MapBuilder(KafkaCatchUp):
         # sized for every entry up to 4M (no rehash); a longer history grows it as keys come
         t = KK.DigestTable(int(min(entries, 4 << 20) / KK.MAX_LOAD) + 16)
         covered = keyless = 0
+        cursor = IndexCursor(pl, 1 << 16)
         for seg in list(pl.segments):
             if seg.base >= end:
                 break
             done = False
-            for _, e in pl.index_chunks(seg, 0, 1 << 16):
+            for _, e in cursor.chunks(seg):
                 c, k, done = t.upsert_latest(e, end, p)
                 covered += c
                 keyless += k
@@ -281,24 +283,23 @@ class MapBuilder(KafkaCatchUp):
                 w = offs[np.searchsorted(parts, p, "left"):np.searchsorted(parts, p, "right")]
                 if w.shape[0] == 0:
                     continue
-                pl = store.partition(self.topic, p)
+                reader = store.reader(self.topic, p)
                 i = 0
                 while i < w.shape[0]:
                     if stop.is_set():
                         break
-                    r = pl.read(int(w[i]), max_bytes=READ_BYTES)
-                    e = r.entries
-                    if e.shape[0] == 0:
+                    r = reader.read(int(w[i]), max_bytes=READ_BYTES)
+                    if len(r) == 0:
                         missing += w.shape[0] - i
                         break
-                    eo = e["offset"]
+                    eo = r.offsets
                     j = int(np.searchsorted(w, eo[-1], "right"))
                     sel = w[i:j]
                     idx = np.minimum(np.searchsorted(eo, sel), eo.shape[0] - 1)
                     present = eo[idx] == sel
                     missing += int(sel.shape[0] - np.count_nonzero(present))
                     if present.any():
-                        run.add(r.data, e["position"][idx[present]])
+                        run.add(r.take(idx[present]))
                     if run.nbytes >= self.memory:
                         flush_run()
                     i = j
@@ -332,21 +333,21 @@ class MapBuilder(KafkaCatchUp):
             nxt: dict[int, int] = {}
             nbytes = 0
             for p in store.partitions(self.topic):
-                pl = store.partition(self.topic, p)
+                reader = store.reader(self.topic, p)
                 off = sink.offsets.get(p, 0)
                 while nbytes < self.follow_batch_bytes and len(keys) < self.follow_batch_records:
-                    r = pl.read(off, max_records=self.follow_batch_records - len(keys),
-                                max_bytes=min(READ_BYTES, self.follow_batch_bytes - nbytes))
-                    if r.entries.shape[0] == 0:
+                    r = reader.read(off, max_records=self.follow_batch_records - len(keys),
+                                    max_bytes=min(READ_BYTES, self.follow_batch_bytes - nbytes))
+                    if len(r) == 0:
                         if r.next_offset > off and p in sink.offsets:
                             nxt[p] = off = r.next_offset   # past a gap at the end
                         elif p not in sink.offsets:
                             nxt[p] = off                   # a new partition: record it
                         break
-                    k, v = records_of(r.data, r.entries)
+                    k, v = records_of(r)
                     keys += k
                     values += v
-                    nbytes += len(r.data)
+                    nbytes += r.nbytes
                     nxt[p] = off = r.next_offset
             if not keys and all(sink.offsets.get(p) == o for p, o in nxt.items()):
                 if not self.bootstrap_servers:

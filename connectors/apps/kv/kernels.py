@@ -1,10 +1,11 @@
-"""Compiled kernels of the key-value map's bulk build: C (reput/_native.c, kv_*) when built,
-else numba (the functions below, which stay the reference the tests compare the C ones with).
-With the C kernels a `kv build` never loads numba and LLVM (~0.9 s of a 2 s build, measured).
+"""Compiled kernels of the key-value map's bulk build: C (this folder's _native.c, built as
+kcompact.connectors.apps.kv._native) when built, else numba (the functions below, which stay the
+reference the tests compare the C ones with). With the C kernels a `kv build` never loads numba
+and LLVM (~0.9 s of a 2 s build, measured).
 
 The build decides which records are the latest per key from the .bcq entries alone (offset,
-timestamp, 128-bit keyed digest, flags: docs/formats/bcq.md), then copies only those records'
-keys and values out of the .log bytes (docs/formats/record.md).
+timestamp, 128-bit keyed digest, flags: docs/formats/bcq.md, read with the partition reader's
+IndexCursor), then gathers only those records' keys and values from the reader's columns.
 
 The digest table is open addressing over the digest's low word (SipHash output: already
 uniform), linear probing, capacity a power of two kept at most 70% full by the caller.
@@ -13,13 +14,11 @@ uniform), linear probing, capacity a power of two kept at most 70% full by the c
 from __future__ import annotations
 
 import numpy as np
-from kcompact.reput._jit import native, njit
-
-from kcompact.reput._intrinsics import load_u64, store_u64
+from kcompact.reput.intrinsics import load_u64, store_u64
+from kcompact.reput.jit import extension, njit
 
 FLAG_TOMBSTONE = 1
 FLAG_KEYLESS = 2
-HEADER_SIZE = 44     # record header (docs/formats/record.md)
 MAX_LOAD = 0.7
 
 
@@ -164,13 +163,6 @@ def _rehash(rows, new):
                 new[s, w] = rows[j, w]
 
 
-def record_spans(buf, positions, kstart, klen, vstart, vlen, attrs) -> None:
-    """Where each record's key and value lie in ``buf`` (records already CRC-checked)."""
-    c = native()
-    (c.kv_record_spans if c is not None else _record_spans)(buf, positions, kstart, klen,
-                                                            vstart, vlen, attrs)
-
-
 def gather(src, starts, lengths, prefix, out, out_pos, offs, first) -> int:
     """Append ``prefix`` (a byte, or nothing when negative) then src[starts[i]:+lengths[i]] to
     out at out_pos for each i, recording each start in offs[first + i] (offs[first + n] = the
@@ -185,23 +177,6 @@ def sort_rows(keys, koffs, width, out) -> None:
     big-endian, so that comparing rows as unsigned bytes orders keys exactly as bytes do."""
     c = native()
     (c.kv_sort_rows if c is not None else _sort_rows)(keys, koffs, width, out)
-
-
-@njit(cache=True, nogil=True)
-def _record_spans(buf, positions, kstart, klen, vstart, vlen, attrs):
-    """Where each record's key and value lie in ``buf`` (records already CRC-checked)."""
-    for i in range(positions.shape[0]):
-        p = np.int64(positions[i])
-        tl = np.int64(buf[p + 10])
-        kl = np.int64(buf[p + 32]) | (np.int64(buf[p + 33]) << 8) \
-            | (np.int64(buf[p + 34]) << 16) | (np.int64(buf[p + 35]) << 24)
-        vl = np.int64(buf[p + 36]) | (np.int64(buf[p + 37]) << 8) \
-            | (np.int64(buf[p + 38]) << 16) | (np.int64(buf[p + 39]) << 24)
-        kstart[i] = p + HEADER_SIZE + tl
-        klen[i] = kl
-        vstart[i] = p + HEADER_SIZE + tl + kl
-        vlen[i] = vl
-        attrs[i] = buf[p + 9]
 
 
 @njit(cache=True, nogil=True)
@@ -246,3 +221,8 @@ def _sort_rows(keys, koffs, width, out):
         out[row + width - 3] = (m >> 16) & 0xFF
         out[row + width - 2] = (m >> 8) & 0xFF
         out[row + width - 1] = m & 0xFF
+
+
+def native():
+    """The C kernels (kcompact.connectors.apps.kv._native), or None: numba (reput/jit.py)."""
+    return extension("kcompact.connectors.apps.kv._native")

@@ -49,24 +49,10 @@ class BatchWriter:
             raise self.error
 
 
-def _spans(data: bytes, positions: np.ndarray):
-    n = positions.shape[0]
-    ks, kl, vs, vl = (np.empty(n, np.int64) for _ in range(4))
-    attrs = np.empty(n, np.uint8)
-    KK.record_spans(np.frombuffer(data, np.uint8), positions.astype(np.int64), ks, kl, vs, vl,
-                    attrs)
-    return ks, kl, vs, vl, attrs
-
-
-def records_of(data: bytes, entries: np.ndarray) -> tuple[list, list]:
-    """Keys and values (None for a null key / a tombstone) of a ReadResult's records."""
-    ks, kl, vs, vl, attrs = _spans(data, entries["position"])
-    a = attrs.tolist()
-    kend = (ks + kl).tolist()
-    vend = (vs + vl).tolist()
-    keys = [None if f & 2 else data[s:e] for f, s, e in zip(a, ks.tolist(), kend)]
-    values = [None if f & 1 else data[s:e] for f, s, e in zip(a, vs.tolist(), vend)]
-    return keys, values
+def records_of(block) -> tuple[list, list]:
+    """Keys and values (None for a null key / a tombstone) of a block of records the partition
+    reader returned (reput/reader.py RecordColumns)."""
+    return block.keys.to_list(), block.values.to_list()
 
 
 def bytes_list(buf: np.ndarray, offs: np.ndarray) -> list[bytes]:
@@ -138,14 +124,17 @@ class Run:
         b[: a.shape[0]] = a
         return b
 
-    def add(self, data: bytes, positions: np.ndarray) -> None:
-        ks, kl, vs, vl, _ = _spans(data, positions)
-        m = positions.shape[0]
-        src = np.frombuffer(data, np.uint8)
+    def add(self, block) -> None:
+        """The keys and values of a block of winners (the reader's RecordColumns), gathered
+        from where they lie in the bytes read (no intermediate copy)."""
+        k, v = block.key_spans(), block.value_spans()
+        kl = np.where(k.null, 0, k.lengths)
+        vl = np.where(v.null, 0, v.lengths)
+        m = len(block)
         self.koffs = self._grow(self.koffs, self.n + m + 1)
         self.voffs = self._grow(self.voffs, self.n + m + 1)
         self.kbuf = self._grow(self.kbuf, self.kpos + int(kl.sum()) + m)
         self.vbuf = self._grow(self.vbuf, self.vpos + int(vl.sum()))
-        self.kpos = KK.gather(src, ks, kl, _D, self.kbuf, self.kpos, self.koffs, self.n)
-        self.vpos = KK.gather(src, vs, vl, -1, self.vbuf, self.vpos, self.voffs, self.n)
+        self.kpos = KK.gather(k.buf, k.starts, kl, _D, self.kbuf, self.kpos, self.koffs, self.n)
+        self.vpos = KK.gather(v.buf, v.starts, vl, -1, self.vbuf, self.vpos, self.voffs, self.n)
         self.n += m

@@ -4,7 +4,8 @@
 ``topic, partition, offset, timestamp, key, value, headers``, one input partition per
 topic-partition, batches through Arrow. ``mode=latest`` (default): one row per live key
 (compacted segments plus the not-yet-compacted tail; tombstoned keys and keyless records absent);
-``mode=all``: every stored record. Every record's CRC is checked as it is read.
+``mode=all``: every stored record. Every record is read through the partition reader, which
+checks it against its index entry and its CRC.
 """
 
 from __future__ import annotations
@@ -21,61 +22,41 @@ ARROW_BATCH_BYTES = 8 << 20
 
 
 def _arrow_batches(store, topic: str, partition: int, mode: str) -> Iterator:
-    """Arrow RecordBatches of a partition (mode 'all' or 'latest')."""
+    """Arrow RecordBatches of a partition (mode 'all' or 'latest'): the partition reader's
+    verified blocks of each segment's selected entries (reput/reader.py), as Arrow columns."""
     import pyarrow as pa
     from kcompact.compaction.latest import latest_selection
-    from kcompact.reput.record import decode_headers
+    from kcompact.reput.reader import PartitionReader
 
     pl = store.partition(topic, partition)
     if mode == "all":
         selection = [(seg, None) for seg in pl.segments]
     else:
         selection = latest_selection(pl)
+    reader = PartitionReader(pl)
     topic_arr_cache: dict[int, object] = {}
     for seg, which in selection:
         idx = pl.index(seg)
         e = idx.entries if which is None else idx.entries[which]
         if e.shape[0] == 0:
             continue
-        path = pl.log_path(seg.base)
-        # contiguous runs of selected entries are read in bounded slices
-        pos = e["position"].astype(np.int64)
-        ends = pos + e["size"].astype(np.int64)
-        i = 0
-        n = e.shape[0]
-        while i < n:
-            j = int(np.searchsorted(ends, pos[i] + ARROW_BATCH_BYTES, side="right"))
-            j = max(j, i + 1)
-            start, stop = int(pos[i]), int(ends[j - 1])
-            data = np.frombuffer(store.fs.read(path, start, stop - start), np.uint8)
-            rel = pos[i:j] - start
-            spans = _spans(data, rel)
-            _check_crcs(data, rel, e["size"][i:j].astype(np.int64), path, start)
-            m = j - i
-            kl, vl, hl = spans["klen"], spans["vlen"], spans["hlen"]
-            keys = _binary(pa, data, spans["kstart"], kl, (spans["attrs"] & 2) != 0)
-            values = _binary(pa, data, spans["vstart"], vl, (spans["attrs"] & 1) != 0)
-            headers = []
-            for r in range(m):
-                if hl[r]:
-                    s = int(spans["hstart"][r])
-                    headers.append([{"key": k, "value": v} for k, v in
-                                    decode_headers(data[s:s + int(hl[r])].tobytes())])
-                else:
-                    headers.append([])
-            if m not in topic_arr_cache:
-                topic_arr_cache[m] = pa.array([topic] * m, pa.string())
-            batch = pa.RecordBatch.from_arrays([
-                topic_arr_cache[m],
-                pa.array(np.full(m, partition, np.int32)),
-                pa.array(e["offset"][i:j].astype(np.int64)),
-                pa.array(e["timestamp"][i:j].astype(np.int64) * 1000,
-                         pa.timestamp("us", tz="UTC")),
-                keys, values,
-                pa.array(headers, _HEADERS_TYPE(pa)),
-            ], names=["topic", "partition", "offset", "timestamp", "key", "value", "headers"])
-            yield batch
-            i = j
+        with reader.segment(seg, block_bytes=ARROW_BATCH_BYTES) as src:
+            for block in src.select(e):
+                m = len(block)
+                headers = [[{"key": k, "value": v} for k, v in h]
+                           for h in block.header_lists()]
+                if m not in topic_arr_cache:
+                    topic_arr_cache[m] = pa.array([topic] * m, pa.string())
+                yield pa.RecordBatch.from_arrays([
+                    topic_arr_cache[m],
+                    pa.array(np.full(m, partition, np.int32)),
+                    pa.array(block.offsets.astype(np.int64)),
+                    pa.array(block.timestamps.astype(np.int64) * 1000,
+                             pa.timestamp("us", tz="UTC")),
+                    _binary(pa, block.keys), _binary(pa, block.values),
+                    pa.array(headers, _HEADERS_TYPE(pa)),
+                ], names=["topic", "partition", "offset", "timestamp", "key", "value",
+                          "headers"])
 
 
 def _HEADERS_TYPE(pa):
@@ -84,43 +65,15 @@ def _HEADERS_TYPE(pa):
                                                    ("value", pa.binary())])))
 
 
-def _check_crcs(data, rel, sizes, path, file_start) -> None:
-    from kcompact.reput import _kernels as K
-    from kcompact.reput.errors import CorruptRecordError
-    bad = _crc_mismatch(data, rel, sizes, K.CRC_TABLES)
-    if bad >= 0:
-        raise CorruptRecordError(f"{path}: corrupt record at byte {file_start + int(rel[bad])}",
-                                 path, file_start + int(rel[bad]))
-
-
-def _spans(data, rel):
-    from kcompact.reput._kernels import field_spans
-    n = rel.shape[0]
-    out = {k: np.empty(n, np.int64) for k in ("kstart", "klen", "vstart", "vlen", "hstart",
-                                               "hlen")}
-    out["attrs"] = np.empty(n, np.uint8)
-    field_spans(data, rel, out["kstart"], out["klen"], out["vstart"], out["vlen"],
-                out["hstart"], out["hlen"], out["attrs"])
-    return out
-
-
-def _crc_mismatch(data, rel, sizes, tables):
-    from kcompact.reput._kernels import first_crc_mismatch
-    return int(first_crc_mismatch(data, rel, sizes, tables))
-
-
-def _binary(pa, data, starts, lens, nulls):
-    """A pyarrow BinaryArray gathered from (start, len) spans of data (nulls where flagged)."""
-    from kcompact.reput._kernels import gather_ranges
-    lens = np.where(nulls, 0, lens)
-    offs = np.zeros(lens.shape[0] + 1, np.int32)
-    np.cumsum(lens, out=offs[1:])
-    buf = np.empty(int(offs[-1]), np.uint8)
-    gather_ranges(data, starts, lens, buf)
+def _binary(pa, col):
+    """A pyarrow BinaryArray of a BytesColumn (one buffer, n+1 offsets, nulls)."""
+    nulls = col.null
+    offs = (col.offs - col.offs[0]).astype(np.int32)
     validity = pa.py_buffer(np.packbits(~nulls, bitorder="little").tobytes())
-    return pa.BinaryArray.from_buffers(pa.binary(), lens.shape[0],
+    return pa.BinaryArray.from_buffers(pa.binary(), nulls.shape[0],
                                        [validity, pa.py_buffer(offs.tobytes()),
-                                        pa.py_buffer(buf.tobytes())],
+                                        pa.py_buffer(col.buf[int(col.offs[0]):int(col.offs[-1])]
+                                                     .tobytes())],
                                        null_count=int(nulls.sum()))
 
 

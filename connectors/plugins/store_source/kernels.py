@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 
 import numpy as np
-from kcompact.reput._jit import njit
+from kcompact.reput.jit import njit
 
 _MASK32 = 0xFFFFFFFF
 _M32 = 0x5BD1E995
@@ -103,18 +103,3 @@ def murmur2_partitions(buf, starts, lengths, keyless, num_partitions, next_keyle
         else:
             out[i] = np.int64((hashes[i] & _POSITIVE) % n)
     return rr
-
-
-@njit(cache=True, nogil=True)
-def first_offset_mismatch(buf, positions, expected):
-    """Index of the first record (at ``positions[i]`` in ``buf``) whose offset field (int64
-    little-endian at byte 16 of the header, docs/formats/record.md) is not ``expected[i]``;
-    -1 when all match. A mismatch means the .bcq entries read belong to other .log bytes."""
-    for i in range(positions.shape[0]):
-        p = positions[i] + 16
-        v = np.int64(0)
-        for b in range(8):
-            v |= np.int64(buf[p + b]) << np.int64(8 * b)
-        if v != expected[i]:
-            return i
-    return -1

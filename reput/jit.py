@@ -1,8 +1,13 @@
 """Compiled kernels, loaded when first needed: ``njit`` and ``intrinsic`` as numba's, but lazy.
 
+Public: every layer declares its numba kernels with these decorators and finds its C extension
+with ``extension()`` (reput's record kernels, compaction's offset-map kernels, the KV map's and
+the Kafka column pass's), so one switch (``KCOMPACT_KERNELS``) and one lazy load serve them all.
+
 Importing numba loads LLVM (``libllvmlite.so``): about 120 MiB of resident pages and 0.4 s
 before any kernel runs. Most kcompact processes need kernels soon anyway, but some need few or
-none (``kcompact compact`` with the C kernels of ``kcompact.reput._native``, ``kv get``, ``inspect``), and
+none (``kcompact compact`` with the C kernels of ``kcompact.compaction._native``, ``kv get``,
+``inspect``), and
 a compaction's memory budget (``--offset-map-memory``) should not pay for a compiler it never
 calls. So the kernels are declared with this module's decorators, which only record them; the
 first call of any kernel imports numba, turns every recorded function into a numba dispatcher or
@@ -12,13 +17,15 @@ dispatchers. After that a placeholder only forwards to its dispatcher.
 
 ``loaded()`` tells whether numba has been loaded in this process (tests use it).
 
-``native()`` is the C module ``kcompact.reput._native`` (the compaction kernels and the index search,
-built at install from reput/_native.c) or None when it was not built. ``KCOMPACT_KERNELS=numba``
-makes it None, so that everything runs on the numba kernels (tests compare the two).
+``extension("kcompact.<layer>._native")`` is a layer's C module (built at install from its
+``_native.c``, setup.py) or None when it was not built; ``native()`` is reput's own (the record and
+index kernels). ``KCOMPACT_KERNELS=numba`` makes every one None, so that everything runs on the
+numba kernels (tests compare the two).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import threading
@@ -121,15 +128,20 @@ def load() -> None:
         _loaded = True
 
 
-def native():
-    """kcompact.reput._native, or None (not built, or KCOMPACT_KERNELS=numba)."""
+def extension(module: str):
+    """The C extension module ``module`` (e.g. ``"kcompact.compaction._native"``), or None when
+    it was not built or ``KCOMPACT_KERNELS=numba`` asks for the numba kernels."""
     if os.environ.get("KCOMPACT_KERNELS", "").lower() == "numba":
         return None
     try:
-        from . import _native
+        return importlib.import_module(module)
     except ImportError:
         return None
-    return _native
+
+
+def native():
+    """kcompact.reput._native (records and the index search), or None (see ``extension``)."""
+    return extension("kcompact.reput._native")
 
 
 def loaded() -> bool:
@@ -137,4 +149,4 @@ def loaded() -> bool:
     return _loaded
 
 
-__all__ = ["intrinsic", "load", "loaded", "native", "njit"]
+__all__ = ["extension", "intrinsic", "load", "loaded", "native", "njit"]

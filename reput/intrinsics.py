@@ -4,8 +4,9 @@ Records are byte-packed, so integers inside them are unaligned; these compile to
 instructions instead of byte-by-byte assembly. ``HAVE_SSE42`` says whether the CPU has the
 CRC32 instruction; reput/_kernels.py falls back to a slicing-by-8 table otherwise.
 
-Declared with reput/_jit.py's lazy ``intrinsic``: numba is imported (inside the typing
-functions below) only when a kernel that uses them is first compiled or loaded.
+Declared with reput/jit.py's lazy ``intrinsic``: numba is imported (inside the typing
+functions below) only when a kernel that uses them is first compiled or loaded. Public: the
+numba kernels of every layer (compaction's offset map, the KV map) build on them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from llvmlite import ir  # the IR builder only (pure Python); LLVM itself loads with numba
 
-from ._jit import intrinsic
+from .jit import intrinsic
 
 if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
     raise ImportError("kcompact's kernels assume a little-endian CPU")

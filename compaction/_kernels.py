@@ -1,0 +1,140 @@
+"""The offset map's and the cleaner's kernels: C (compaction/_native.c) when it was built, else
+these numba twins (the same algorithms; tests/unit/test_native_kernels.py compares the two).
+
+Only ``offset_map.OffsetMap`` calls them: the compactor asks the map (``insert_entries``,
+``lookup``, ``decide``) and never reads its table. The table layout is in offset_map.py's
+docstring. ``prefetch`` hides the cache miss of a probe into a table much larger than the
+caches: the home slot of the entry ``PREFETCH_AHEAD`` ahead is requested while this one probes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kcompact.reput.intrinsics import prefetch
+from kcompact.reput.jit import extension, njit
+
+EMPTY = np.uint32(0xFFFFFFFF)
+MAX_DELTA = 0xFFFFFFFE
+# insert_entries status
+MAP_OK = 0
+MAP_FULL = 1
+#: entries ahead whose home slot is prefetched (8x faster lookups measured here)
+PREFETCH_AHEAD = 16
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _home(lo, cap):
+    return np.int64((np.uint64(lo & np.uint64(0xFFFFFFFF)) * np.uint64(cap)) >> np.uint64(32))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _probe(table, cap, base, lo, hi):
+    """The offset mapped for digest (lo, hi), or -1."""
+    k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
+    k1 = np.uint32(hi >> np.uint64(32))
+    k2 = np.uint32(lo >> np.uint64(32))
+    h = _home(lo, cap)
+    while True:
+        s = h * 4
+        v = table[s + 3]
+        if v == EMPTY:
+            return np.int64(-1)
+        if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
+            return base + np.int64(v)
+        h += 1
+        if h == cap:
+            h = 0
+
+
+@njit(cache=True, nogil=True)
+def insert_entries(table, cap, max_keys, count, base, offsets, dlo, dhi, flags, start, stop):
+    """Insert entries start..stop-1 (keyless ones skipped). Stops before the first key that
+    does not fit. Returns (next index, keys count, status)."""
+    for i in range(start, stop):
+        if i + PREFETCH_AHEAD < stop:
+            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
+        if flags[i] & 2:  # keyless: never deduplicated, not in the map
+            continue
+        delta = offsets[i] - base
+        if delta < 0 or delta > MAX_DELTA:
+            return i, count, MAP_FULL
+        lo = dlo[i]
+        hi = dhi[i]
+        k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
+        k1 = np.uint32(hi >> np.uint64(32))
+        k2 = np.uint32(lo >> np.uint64(32))
+        h = _home(lo, cap)
+        while True:
+            s = h * 4
+            v = table[s + 3]
+            if v == EMPTY:
+                if count >= max_keys:
+                    return i, count, MAP_FULL
+                table[s] = k0
+                table[s + 1] = k1
+                table[s + 2] = k2
+                table[s + 3] = np.uint32(delta)
+                count += 1
+                break
+            if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
+                table[s + 3] = np.uint32(delta)  # offsets only grow: the newer one wins
+                break
+            h += 1
+            if h == cap:
+                h = 0
+    return stop, count, MAP_OK
+
+
+@njit(cache=True, nogil=True)
+def lookup_many(table, cap, base, dlo, dhi, out):
+    """out[i] = latest offset mapped for digest i, or -1 when absent."""
+    n = dlo.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
+        out[i] = _probe(table, cap, base, dlo[i], dhi[i])
+
+
+@njit(cache=True, nogil=True)
+def decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi, flags,
+           clean_time, keep, new_clean):
+    """keep[i], new_clean[i] for entries i. Returns (kept, dropped, tombstones dropped, stamped)."""
+    kept = 0
+    dropped = 0
+    tdropped = 0
+    stamped = 0
+    n = offsets.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            prefetch(table, _home(dlo[i + PREFETCH_AHEAD], cap) * 4)
+        off = offsets[i]
+        f = flags[i]
+        ct = clean_time[i]
+        k = True
+        if (f & 2) == 0 and off <= last_mapped:
+            if _probe(table, cap, base, dlo[i], dhi[i]) > off:
+                k = False
+        if k and (f & 3) == 1:  # a keyed tombstone still the latest for its key (keyless: kept)
+            # clean_time is whole seconds (floored): only a strict '>' guarantees that
+            # delete.retention.ms has really passed since the tombstone was first cleaned
+            if ct != 0 and now_s - np.int64(ct) > retention_s:
+                k = False
+                tdropped += 1
+            elif ct == 0 and off <= last_mapped:
+                ct = np.uint32(now_s)
+                stamped += 1
+        keep[i] = k
+        new_clean[i] = ct
+        if k:
+            kept += 1
+        else:
+            dropped += 1
+    return kept, dropped, tdropped, stamped
+
+
+_C = extension("kcompact.compaction._native")
+# the C kernels when built (a compaction then loads no JIT compiler), else the numba ones above
+insert_entries_k = _C.insert_entries if _C is not None else insert_entries
+lookup_many_k = _C.lookup_many if _C is not None else lookup_many
+decide_k = _C.decide if _C is not None else decide

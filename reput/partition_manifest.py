@@ -1,0 +1,355 @@
+"""A partition on an object store: its segments come from the partition manifest.
+
+Spec: docs/formats/manifest.md. Each sealed segment is an immutable object pair whose manifest
+entry gives its record count, first and last offsets and offset bitmap, so offset lookups and
+counts need no download; its .bcq is fetched whole once (``Backend.map``) and its .log read in
+cached blocks. A writer's active segments stay in its local directory (``local_fs``, the store's
+commitlog_dir) with the local layout until ``seal()`` uploads them and commits a manifest version.
+A compaction stages its outputs locally (``stage_swap``) and ``commit_staged`` uploads them and
+commits one manifest version: readers see the old segment list or the new one, never a mix.
+Replaced objects retire with the injected clock's "now" of the commit (``clock``, the store's)
+and are deleted by ``collect_garbage`` once the grace period has passed on that clock and,
+for the object's own age, on the object store's (``Backend.clock_ms``: LastModified is its).
+
+``ManifestPartition`` is the part of ``PartitionLog`` (reput/partition.py) that only an object
+store uses; the class is split along that seam so that each file reads on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import replace
+
+from . import bcq as B
+from . import filenames as fn
+from . import manifest as M
+from .errors import CorruptRecordError, ReputError
+from .locks import FileLock
+from .segment import Segment
+
+
+class ManifestPartition:
+    """Object-store mode of ``PartitionLog`` (a mixin: it uses the log's attributes)."""
+
+
+    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True) -> None:
+        """Segments = the latest manifest's (minus what a pending compaction replaced), plus
+        staged compaction outputs, plus the writer's local segments (listed from its directory
+        the first time, then kept in memory)."""
+        if reread:
+            self.manifest = M.read_latest(self.fs, self.dir, known)
+            self._manifest_read_at = time.monotonic()
+        old = {s.log_rel: s for s in self.segments if s.kind == "remote"}
+        remote = []
+        for e in (self.manifest.segments if self.manifest else []):
+            rel = f"{self.dir}/{e.log}"
+            if rel in self._replaced:
+                continue
+            seg = old.get(rel) or Segment(e.base, e.log_size, e.bcq_size, kind="remote",
+                                          log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}", entry=e)
+            remote.append(seg)
+        if self.writable and not self._local_listed:
+            local = self._list_local()
+            self._local_listed = True
+        else:
+            local = [s for s in self.segments if s.kind == "file"]
+        self.segments = sorted(remote + self._staged, key=lambda s: s.base) + local
+
+    def _list_local(self) -> list[Segment]:
+        logs, idxs = self._listed_bases(self.local_fs)
+        segs = []
+        for base in sorted(logs):
+            d = f"{self.dir}/{fn.base_name(base)}"
+            isz = self.local_fs.size(d + fn.INDEX_SUFFIX) if base in idxs else 0
+            segs.append(Segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
+        self._orphan_indexes = sorted(idxs - logs)
+        return segs
+
+    def reload_manifest(self, max_age_s: float = 0.0) -> None:
+        """Pick up manifest versions committed by other processes (one listing request),
+        unless the manifest was read less than ``max_age_s`` ago."""
+        if self.manifest_mode and time.monotonic() - self._manifest_read_at >= max_age_s:
+            self._load_manifest(self.manifest)  # objects are immutable: cached indexes stay
+
+    def _rebuild(self) -> None:
+        """Recompute ``segments`` from the manifest held in memory (no request)."""
+        self._load_manifest(self.manifest, reread=False)
+
+    def _upload(self, seg: Segment, log_name: str, bcq_name: str) -> "M.SegmentEntry":
+        """Upload a local segment's .log and .bcq as immutable objects (one PUT each)."""
+        e = self.entries(seg)
+        n = e.shape[0]
+        lpath, ipath = self.seg_log_path(seg), self.seg_index_path(seg)
+        llocal, ilocal = self.local_fs.local_path(lpath), self.local_fs.local_path(ipath)
+        up = getattr(self.fs, "upload_file", None)
+        if up is not None and llocal and ilocal:
+            up(f"{self.dir}/{log_name}", llocal)
+            if os.path.getsize(ilocal) != n * B.ENTRY_SIZE:
+                raise CorruptRecordError(f"{ipath}: index size does not match its entries",
+                                         ipath, n * B.ENTRY_SIZE)
+            up(f"{self.dir}/{bcq_name}", ilocal)
+        else:
+            self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
+            self.fs.write_atomic(f"{self.dir}/{bcq_name}", e.tobytes())
+        return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
+                                           e["offset"])
+
+    def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
+        """After a commit: a local segment file becomes the spooled copy of its object (so it
+        is read back without a request), or is deleted."""
+        seed = getattr(self.fs, "seed", None)
+        for rel, obj in ((self.seg_log_path(seg), log_obj), (self.seg_index_path(seg), bcq_obj)):
+            lp = self.local_fs.local_path(rel)
+            if seed is not None and lp and os.path.exists(lp):
+                seed(obj, lp)
+            else:
+                self.local_fs.delete(rel)
+
+    def seal(self, writer: str = "writer") -> bool:
+        """S3: upload every local segment holding records and commit a manifest version that
+        appends them (conditional create; on a lost race re-read and rebase, which fails only
+        if another writer wrote offsets past ours). Returns whether a version was committed.
+        The local files are dropped only after the commit, so a crash before it leaves
+        orphans (deleted later by ``collect_garbage``) and local files that the next open
+        uploads again."""
+        if not self.manifest_mode or not self.writable:
+            return False
+        local = [s for s in self.segments if s.kind == "file"]
+        nxt = self.next_offset
+        have = self.manifest.next_offset if self.manifest else 0
+        if not any(s.log_size for s in local) and nxt <= have:
+            return False
+        self._sync_and_close_files()
+        uploads = []
+        try:
+            for seg in local:
+                if seg.log_size == 0:
+                    continue
+                tag = secrets.token_hex(8)
+                ent = self._upload(seg, fn.segment_object(seg.base, tag, fn.LOG_SUFFIX),
+                                   fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX))
+                uploads.append((seg, ent))
+            new_entries = [e for _, e in uploads]
+
+            def change(cur: M.Manifest) -> M.Manifest:
+                if new_entries and new_entries[0].first_offset <= cur.last_offset:
+                    raise M.ManifestConflictError(
+                        f"{self.fs.url}/{self.dir}: another writer committed offsets up to "
+                        f"{cur.last_offset} while this one wrote from "
+                        f"{new_entries[0].first_offset}; one writer per partition at a time")
+                return replace(cur, segments=cur.segments + new_entries,
+                               next_offset=max(cur.next_offset, nxt))
+
+            new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
+                           grace_ms=self.grace_ms, clock_ms=self.clock.ms)
+        except BaseException:
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            raise
+        if new is not None:
+            self.manifest = new
+        for seg in local:
+            ent = next((e for s, e in uploads if s is seg), None)
+            if ent is not None:
+                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+            else:
+                self.local_fs.delete(self.seg_log_path(seg))
+                self.local_fs.delete(self.seg_index_path(seg))
+            seg.invalidate()
+        self.segments = [s for s in self.segments if s.kind != "file"]
+        self._rebuild()
+        return new is not None
+
+    def _delete_objects(self, paths: list[str]) -> None:
+        try:
+            deleter = getattr(self.fs, "delete_many", None)
+            if deleter is not None:
+                deleter(paths)
+            else:
+                for p in paths:
+                    self.fs.delete(p)
+        except Exception:  # noqa: BLE001 - best effort: they are orphans for the next GC
+            pass
+
+    # -- compaction on S3: staged outputs, one manifest commit --------------------------------
+
+    @property
+    def staging_dir(self) -> str:
+        return f"{self.dir}/{fn.COMPACTING_DIR}"
+
+    def staging_paths(self, base: int) -> tuple[str, str]:
+        """Local paths (on ``local_fs``) for a compaction output based at ``base``, named as
+        its objects will be (a fresh random tag, so no round's output collides with another)."""
+        tag = secrets.token_hex(8)
+        return (f"{self.staging_dir}/{fn.segment_object(base, tag, fn.LOG_SUFFIX)}",
+                f"{self.staging_dir}/{fn.segment_object(base, tag, fn.INDEX_SUFFIX)}")
+
+    @property
+    def has_staged(self) -> bool:
+        return self._pending
+
+    def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
+                   cleaned_offset: int | None, last_run: dict | None = None) -> None:
+        """Replace sealed segments (by base) with staged outputs (base, .log, .bcq on
+        ``local_fs``) in this object's view only; ``commit_staged`` publishes all of it."""
+        by_base = {s.base: s for s in self.segments if s.kind != "file"}
+        for b in inputs:
+            seg = by_base.get(b)
+            if seg is None:
+                raise ReputError(f"{self.dir}: no sealed segment at base {b} to replace")
+            if seg.kind == "remote":
+                self._replaced[seg.log_rel] = seg.entry
+            else:
+                self._staged.remove(seg)
+                self.local_fs.delete(self.seg_log_path(seg))
+                self.local_fs.delete(self.seg_index_path(seg))
+            seg.invalidate()
+        for base, lrel, irel in outputs:
+            self._staged.append(Segment(base, self.local_fs.size(lrel), self.local_fs.size(irel),
+                                        kind="staged", log_rel=lrel, bcq_rel=irel))
+        if cleaned_offset is not None:
+            self._pending_cleaned = cleaned_offset
+        if last_run is not None:
+            self._pending_run = last_run
+        self._pending = True
+        self._rebuild()
+
+    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
+        """Upload the staged outputs (one PUT per object) and commit one manifest version that
+        replaces the inputs with them, sets the horizon and the last run, and retires the
+        inputs (deleted after the grace period). On a lost race the change is rebased if
+        every input is still listed; else it is abandoned (outputs deleted, view reloaded)
+        and False returned."""
+        if not self._pending:
+            return True
+        if last_run is not None:
+            self._pending_run = last_run
+        replaced = list(self._replaced.values())
+        gone = {e.log for e in replaced}
+        cleaned, run = self._pending_cleaned, self._pending_run
+        now = self.clock.ms()  # one "now" for the commit: when the replaced objects retire
+        uploads = []
+        try:
+            for seg in self._staged:
+                lname = seg.log_rel.rsplit("/", 1)[1]
+                iname = seg.bcq_rel.rsplit("/", 1)[1]
+                if fn.parse_segment_object(lname) is None:  # staged under a plain name
+                    tag = secrets.token_hex(8)
+                    lname = fn.segment_object(seg.base, tag, fn.LOG_SUFFIX)
+                    iname = fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX)
+                uploads.append((seg, self._upload(seg, lname, iname)))
+            new_entries = [e for _, e in uploads]
+
+            def change(cur: M.Manifest) -> M.Manifest:
+                listed = {s.log for s in cur.segments}
+                if not gone <= listed:
+                    raise M.ManifestConflictError(
+                        f"{self.fs.url}/{self.dir}: another compaction replaced segments this "
+                        "one was rewriting; its outputs are abandoned")
+                return replace(cur, segments=[s for s in cur.segments if s.log not in gone]
+                               + new_entries,
+                               cleaned_offset=cur.cleaned_offset if cleaned is None else cleaned,
+                               last_run=run if run is not None else cur.last_run,
+                               retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
+                                                       "since_ms": now} for e in replaced])
+
+            new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
+                           grace_ms=self.grace_ms, clock_ms=lambda: now)
+        except M.ManifestConflictError:
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self.abort_staged()
+            return False
+        except BaseException:
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            raise
+        self.manifest = new
+        try:
+            for seg, ent in uploads:
+                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+                seg.invalidate()
+        finally:
+            # committed: the view is the new version even if the local clean-up fails (it
+            # must not list staged files that were handed over; recovery removes the rest)
+            self._clear_pending()
+            self._rebuild()
+        self.local_fs.remove_tree(self.staging_dir)
+        return True
+
+    def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
+                         writer: str = "replica", cleaned_offset: int = -1) -> bool:
+        """S3: replace every segment of the partition with the local segments
+        ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
+        horizon set to ``cleaned_offset`` (a replica's install: -1, or the horizon its pulled
+        records are clean up to). The writer's own local segments are sealed first, so they
+        are among the replaced ones."""
+        self.seal(writer)
+        self.stage_swap([s.base for s in self.sealed_segments],
+                        [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
+                          f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
+                        cleaned_offset, last_run)
+        return self.commit_staged(writer)
+
+    def _clear_pending(self) -> None:
+        self._staged, self._replaced = [], {}
+        self._pending_cleaned = self._pending_run = None
+        self._pending = False
+
+    def abort_staged(self) -> None:
+        """Drop staged outputs and pending changes; re-read the manifest."""
+        for seg in self._staged:
+            seg.invalidate()
+        self._clear_pending()
+        self.local_fs.remove_tree(self.staging_dir)
+        for seg in self.segments:
+            seg.invalidate()
+        self.segments = [s for s in self.segments if s.kind == "file"]
+        self._load_manifest(self.manifest)
+
+    def collect_garbage(self) -> list[str]:
+        """S3: delete replaced segments, orphans and old manifest versions past the grace
+        period (reput/manifest.py ``collect_garbage``). Returns the deleted paths."""
+        if not self.manifest_mode:
+            return []
+        return M.collect_garbage(self.fs, self.dir, grace_ms=self.grace_ms,
+                                 now_ms=self.clock.ms(), known=self.manifest,
+                                 objects_now_ms=self.fs.clock_ms())
+
+    def _recover_local(self) -> None:
+        """S3 writer: the local segments are recovered as on a local store; those a crash left
+        behind after their manifest commit (all their offsets already listed) are dropped, and
+        a dead compaction's local staging is removed."""
+        lfs = self.local_fs
+        lock = FileLock(lfs, f"{self.dir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                lfs.remove_tree(self.staging_dir)
+            finally:
+                lock.release()
+        for base in self._orphan_indexes:
+            lfs.delete(f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
+        self._orphan_indexes = []
+        for name in lfs.listdir(self.dir):
+            if name.endswith(fn.TMP_SUFFIX):
+                lfs.delete(f"{self.dir}/{name}")
+        committed = self.manifest.last_offset if self.manifest else -1
+        keep = []
+        for seg in self.segments:
+            if seg.kind != "file":
+                keep.append(seg)
+                continue
+            self._recover_segment(seg)
+            e = self.entries(seg)
+            if (e.shape[0] and int(e[-1]["offset"]) <= committed) or \
+                    (not e.shape[0] and seg.base <= committed):
+                lfs.delete(self.seg_log_path(seg))     # committed before the crash
+                lfs.delete(self.seg_index_path(seg))
+                seg.invalidate()
+                continue
+            if e.shape[0] and int(e[0]["offset"]) <= committed:
+                raise M.ManifestConflictError(
+                    f"{self.fs.url}/{self.dir}: local segment {fn.base_name(seg.base)} "
+                    f"(offsets {int(e[0]['offset'])}..{int(e[-1]['offset'])}) overlaps what the "
+                    f"manifest lists (up to {committed}): another writer wrote this partition")
+            keep.append(seg)
+        self.segments = keep

@@ -1,0 +1,54 @@
+"""One segment of a partition's compaction log: a .log and its .bcq, as a PartitionLog sees them.
+
+Sizes are what the partition last listed (a writer's appends move them); the mapped index is
+cached until the files change (``invalidate``). On an object store a committed segment is an
+immutable object pair named by the partition manifest (docs/formats/manifest.md), whose entry
+answers offset questions without a download.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bcq as B
+from . import manifest as M
+
+
+@dataclass(eq=False)
+class Segment:
+    base: int
+    log_size: int
+    index_size: int
+    _map: np.ndarray | None = None
+    _map_size: int = -1
+    _index: "B.Index | None" = None
+    _index_log_size: int = -1
+    #: "file": <base>.log/.bcq in the partition directory (a local store's segment, or a
+    #: writer's active segment on S3); "remote": a sealed object listed by the manifest;
+    #: "staged": a compaction output on local disk, not committed yet (S3 only)
+    kind: str = "file"
+    log_rel: str | None = None   # store-relative paths, for "remote" and "staged"
+    bcq_rel: str | None = None
+    entry: "M.SegmentEntry | None" = None  # the manifest's entry ("remote")
+    #: the offset of the last record this process appended to this segment, valid while
+    #: index_size == _appended_index_size (a writer's cache: no re-mapping of the growing .bcq
+    #: to find its last offset before each append)
+    last_appended: int | None = None
+    _appended_index_size: int = -1
+
+    def invalidate(self) -> None:
+        self._map = None
+        self._index = None
+        self._map_size = -1
+        self.last_appended = None
+
+    @property
+    def entry_count(self) -> int:
+        return self.index_size // B.ENTRY_SIZE
+
+    @property
+    def index_cached(self) -> bool:
+        """Whether this segment's index is held in memory (mapped or read) already."""
+        return self._index is not None
