@@ -726,3 +726,17 @@ def _applied(log: Path) -> int:
     """Records the follower reported applied (its "kv build: applied N records" lines)."""
     return sum(int(line.split()[3].replace(",", "")) for line in log.read_text().splitlines()
                if line.startswith("kv build: applied "))
+
+
+def test_reverse_prefix_scan_when_the_next_key_lies_outside(tmp_path):
+    """Regression (hypothesis found it): plyvel's reverse iterator(start=, stop=) returned nothing
+    for a prefix whose last key is followed by a key outside the prefix."""
+    recs = [(0, 0, 1, b"a", b"1", []), (0, 1, 2, b"b", b"2", []), (0, 2, 3, b"d", b"3", [])]
+    write_store(tmp_path / "s", recs)
+    build_map(tmp_path / "db", str(tmp_path / "s"), TOPIC)
+    with KVMap(tmp_path / "db") as m:
+        assert list(m.items(prefix=b"b", reverse=True)) == [(b"b", b"2")]
+        assert list(m.keys(start=b"a", stop=b"c", reverse=True)) == [b"b", b"a"]
+        assert list(m.keys(reverse=True)) == [b"d", b"b", b"a"]
+        with m.snapshot() as s:
+            assert list(s.keys(prefix=b"b", reverse=True)) == [b"b"]

@@ -102,7 +102,10 @@ class _Reader:
             hi = min(hi, _successor(DATA + _key_bytes(prefix)) or DATA_END)
         if lo >= hi:
             return
-        it = self._r.iterator(start=lo, stop=hi, reverse=reverse, include_value=include_value,
+        if reverse:
+            yield from self._iter_reverse(lo, hi, include_value)
+            return
+        it = self._r.iterator(start=lo, stop=hi, include_value=include_value,
                               verify_checksums=True, fill_cache=False)
         try:
             if include_value:
@@ -111,6 +114,32 @@ class _Reader:
             else:
                 for k in it:
                     yield k[1:]
+        except plyvel.CorruptionError as e:
+            raise corruption(self.path, e) from None
+        finally:
+            it.close()
+
+    def _iter_reverse(self, lo: bytes, hi: bytes, include_value: bool):
+        """[lo, hi) from the last key down, on a raw iterator: plyvel 1.5's reverse
+        ``iterator(start=, stop=)`` returns nothing when the key after the range's last key lies
+        outside it (``[b"b", b"c")`` of {a, b, d}: none), as a hypothesis test found."""
+        it = self._r.raw_iterator(verify_checksums=True, fill_cache=False)
+        try:
+            it.seek(hi)  # the first key >= hi, the one after the range
+            if it.valid():
+                it.prev()
+            else:
+                it.seek_to_last()
+            while it.valid():
+                k = it.key()
+                if k < lo:
+                    break
+                if include_value:
+                    v = it.value()
+                    yield k[1:], (v if self._conv is None else self._decode(v))
+                else:
+                    yield k[1:]
+                it.prev()
         except plyvel.CorruptionError as e:
             raise corruption(self.path, e) from None
         finally:
