@@ -92,7 +92,9 @@ def cmd_verify(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from kcompact.replication import ServeOptions, serve
     return serve(ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
-                              tls_cert=a.tls_cert, tls_key=a.tls_key))
+                              tls_cert=a.tls_cert, tls_key=a.tls_key,
+                              max_connections=a.max_connections,
+                              client_timeout_s=a.client_timeout))
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
@@ -232,6 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", required=True)
     s.add_argument("--tls-cert", default=None)
     s.add_argument("--tls-key", default=None)
+    s.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="client connections open at once; more are answered 503 (default 256)")
+    s.add_argument("--client-timeout", type=float, default=None, metavar="S",
+                   help="seconds a client has to send a whole request, or to take any byte of "
+                        "its response, before it is disconnected (default 30)")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")

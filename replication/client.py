@@ -5,7 +5,14 @@
 * Once the master has answered, a connection error, a cut-short body, a timeout or a 502/503/504
   is retried with exponential backoff (0.2 s .. 5 s) for up to ``retry_s`` seconds (None:
   forever, as `replicate --follow` does), so a master restart mid-transfer only pauses the rebuild.
-* 401/403 raise ``AuthError``; other 4xx and 500 raise with the master's own message.
+* 401/403 raise ``AuthError``; other 4xx raise with the master's own message; a 500, or an
+  error frame ending a digests body, raises ``MasterStoreError`` (the master's store cannot serve
+  it: the message names the master's file and byte), never retried. A records body cut short is
+  asked for again with ``check=1``, so a master that cannot send a range (an I/O error during
+  sendfile) answers the retry with that 500 instead of being retried for minutes.
+* Every body is read with our own idle bound (``read_timeout_s`` without a byte): aiohttp's
+  ``sock_read`` timer is stopped when its parser fails inside a body, and that body's stream is
+  then never ended, so a read without this bound could wait forever (issue 26).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import sys
 import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
@@ -25,7 +33,12 @@ from pyroaring import BitMap64
 from .errors import AuthError, MasterUnavailableError, ProtocolError, ReplicationError
 from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID, H_UPTO,
-                       PROTOCOL_VERSION, DigestFrame, FrameReader, partition_path)
+                       PROTOCOL_VERSION, DigestFrame, FrameReader, master_error, partition_path)
+
+if sys.version_info >= (3, 11):
+    from asyncio import timeout as _timeout
+else:  # aiohttp depends on async-timeout below 3.11; same API
+    from async_timeout import timeout as _timeout
 
 DEFAULT_RETRY_S = 120.0
 _RETRY_STATUSES = (502, 503, 504)
@@ -63,16 +76,37 @@ def _int_header(resp: aiohttp.ClientResponse, name: str) -> int:
     return int(v)
 
 
-async def _read_body(resp: aiohttp.ClientResponse):
+async def body_chunks(resp: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive. No byte for ``idle_s`` seconds raises
+    asyncio.TimeoutError; the bound is armed only while waiting for the network (not while the
+    caller works between chunks), and it holds whatever state aiohttp's parser is in."""
+    content = resp.content
+    while True:
+        data = content.read_nowait()
+        if not data:
+            if content.at_eof():
+                return
+            async with _timeout(idle_s):
+                data = await content.readany()
+            if not data:
+                return
+        yield data
+
+
+async def read_all(resp: aiohttp.ClientResponse, idle_s: float) -> bytes:
+    return b"".join([c async for c in body_chunks(resp, idle_s)])
+
+
+async def _read_body(resp: aiohttp.ClientResponse, idle_s: float):
     """The body as a uint8 array filled chunk by chunk as it arrives (one copy; ``read()``
     keeps every chunk and joins them, a second copy of a response of up to 64 MiB). A body that
     ends before its Content-Length raises ClientPayloadError (retried by ``_request``)."""
     length = resp.content_length
     if length is None:
-        return np.frombuffer(await resp.read(), np.uint8)
+        return np.frombuffer(await read_all(resp, idle_s), np.uint8)
     out = np.empty(length, np.uint8)
     pos = 0
-    async for chunk in resp.content.iter_any():
+    async for chunk in body_chunks(resp, idle_s):
         n = len(chunk)
         if pos + n > length:
             raise ProtocolError(f"{resp.url}: body longer than its Content-Length {length}")
@@ -116,9 +150,11 @@ class MasterClient:
 
     # -- the one request loop -----------------------------------------------------------------
 
-    async def _request(self, path: str, params: dict, handle, *, forever: bool = False):
+    async def _request(self, path: str, params: dict, handle, *, forever: bool = False,
+                       retry_params: dict | None = None):
         """GET ``path``; ``handle(resp)`` reads the response (inside the retry loop, so a body
-        cut short is retried too). Returns what ``handle`` returns."""
+        cut short is retried too; ``retry_params`` are added to the retries' query). Returns
+        what ``handle`` returns."""
         assert self._session is not None, "use `async with MasterClient(...)`"
         first_fail = None
         delay = 0.2
@@ -133,8 +169,7 @@ class MasterClient:
                     if resp.status in _RETRY_STATUSES:
                         raise _Retry(f"HTTP {resp.status}: {await self._message(resp)}")
                     if resp.status != 200:
-                        raise ReplicationError(f"master {self.url}{path}: HTTP {resp.status}: "
-                                               f"{await self._message(resp)}")
+                        raise await self._refusal(resp, path)
                     proto = resp.headers.get(H_PROTOCOL)
                     if proto != str(PROTOCOL_VERSION):
                         raise ProtocolError(f"master {self.url} speaks replication protocol "
@@ -168,21 +203,39 @@ class MasterClient:
                         "when it is back: it resumes where it stopped") from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                if retry_params:
+                    params = {**params, **retry_params}
 
-    @staticmethod
-    async def _message(resp: aiohttp.ClientResponse) -> str:
+    async def _error_doc(self, resp: aiohttp.ClientResponse):
+        """The JSON error document of a non-200 answer (None when there is none)."""
         try:
-            raw = await resp.content.read(4096)
-            return str(json.loads(raw).get("error", raw[:200].decode(errors="replace")))
+            async with _timeout(self.read_timeout_s):
+                raw = await resp.content.read(64 * 1024)
+            doc = json.loads(raw)
         except Exception:  # noqa: BLE001 - best effort: the status is reported anyway
-            return resp.reason or ""
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    async def _message(self, resp: aiohttp.ClientResponse) -> str:
+        doc = await self._error_doc(resp)
+        return str(doc["error"]) if doc and "error" in doc else (resp.reason or "")
+
+    async def _refusal(self, resp: aiohttp.ClientResponse, path: str) -> ReplicationError:
+        """The error of a non-200 answer that is not retried: a 500 is the master's store
+        failing (MasterStoreError, naming its file and byte), anything else the request."""
+        where = f"master {self.url}{path}"
+        doc = await self._error_doc(resp)
+        if resp.status == 500:
+            return master_error(doc, 500, where)
+        msg = str(doc["error"]) if doc and "error" in doc else (resp.reason or "")
+        return ReplicationError(f"{where}: HTTP {resp.status}: {msg}")
 
     # -- resources ------------------------------------------------------------------------------
 
     async def store_doc(self, forever: bool = False) -> dict:
         async def handle(resp):
             try:
-                doc = json.loads(await resp.read())
+                doc = json.loads(await read_all(resp, self.read_timeout_s))
             except ValueError:
                 doc = None
             check_store_doc(doc, self.url)
@@ -191,27 +244,28 @@ class MasterClient:
 
     async def partition_info(self, topic: str, partition: int) -> dict:
         async def handle(resp):
-            return json.loads(await resp.read())
+            return json.loads(await read_all(resp, self.read_timeout_s))
         return await self._request(partition_path(topic, partition), {}, handle)
 
     async def records(self, topic: str, partition: int, from_offset: int, max_bytes: int,
                       wait_ms: int = 0, forever: bool = False, check: bool = False) -> Chunk:
         """One records response. ``check``: ask the master to CRC-check what it sends (it
-        answers 500 naming file and byte if its store is damaged there)."""
+        answers 500 naming file and byte if its store is damaged there; a retry always asks
+        for that)."""
         async def handle(resp):
             if resp.content_type != CT_RECORDS:
                 raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
             nxt = _int_header(resp, H_NEXT_OFFSET)
             count = _int_header(resp, H_RECORD_COUNT)
             hwm = _int_header(resp, H_HIGH_WATERMARK)
-            return Chunk(await _read_body(resp), nxt, count, hwm)
+            return Chunk(await _read_body(resp, self.read_timeout_s), nxt, count, hwm)
         params = {"from": str(from_offset), "max_bytes": str(max_bytes)}
         if wait_ms:
             params["wait_ms"] = str(wait_ms)
         if check:
             params["check"] = "1"
         return await self._request(partition_path(topic, partition, "records"), params, handle,
-                                   forever=forever)
+                                   forever=forever, retry_params={"check": "1"})
 
     async def live(self, topic: str, partition: int, upto: int | None) -> tuple[BitMap64, int]:
         async def handle(resp):
@@ -219,7 +273,7 @@ class MasterClient:
                 raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
             up = _int_header(resp, H_UPTO)
             count = _int_header(resp, H_LIVE_COUNT)
-            body = await resp.read()
+            body = await read_all(resp, self.read_timeout_s)
             try:
                 bm = BitMap64.deserialize(body)
             except Exception:  # noqa: BLE001 - pyroaring raises several types
@@ -243,12 +297,11 @@ class MasterClient:
                 if resp.status in (401, 403):
                     raise AuthError(f"master {self.url} refused the request ({resp.status})")
                 if resp.status != 200:
-                    raise ReplicationError(f"master {self.url}{path}: HTTP {resp.status}: "
-                                           f"{await self._message(resp)}")
+                    raise await self._refusal(resp, path)
                 if resp.content_type != CT_DIGESTS:
                     raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
-                reader = FrameReader()
-                async for data in resp.content.iter_chunked(1 << 20):
+                reader = FrameReader(f"master {self.url}{path}")
+                async for data in body_chunks(resp, self.read_timeout_s):
                     for frame in reader.feed(data):
                         yield frame
                 if not reader.done:

@@ -28,6 +28,21 @@ class ProtocolError(ReplicationError):
     response was written; upgrade both sides to the same kcompact version if it persists."""
 
 
+class MasterStoreError(ReplicationError):
+    """The master answered that its own store cannot serve what was asked (a ``500``, or an
+    error frame ending a streamed body): ``path`` and ``position`` name the master's damaged file
+    and byte when it is damage. Deterministic, so never retried: run `kcompact verify --store` on
+    the master, rebuild that partition there (from a replica or the source topic), then run
+    `kcompact replicate` or `verify --against` again."""
+
+    def __init__(self, message: str, detail: str, path: str | None = None,
+                 position: int | None = None):
+        super().__init__(message)
+        self.detail = detail  # the master's own words, without the URL
+        self.path = path
+        self.position = position
+
+
 class RequestError(ReplicationError, ValueError):
     """A request parameter is invalid (server side: turned into HTTP 400/404/413)."""
 

@@ -10,12 +10,15 @@ Bodies:
 * ``live``: a pyroaring ``BitMap64`` in the portable serialization: the live offsets.
 * ``digests``: frames of fixed 32-byte entries (``DIGEST_DTYPE``) and a key block, ending with an
   empty frame; one entry per live record: offset, SipHash-2-4-128 of the record under a salt the
-  client chose, and where its key is in the frame's key block.
+  client chose, and where its key is in the frame's key block. A failure after the status line
+  was sent ends the body with an *error frame* instead (``ERROR_MAGIC``, the JSON error document
+  of a non-200 answer), which a reader of protocol 1 without it refuses by its magic.
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import re
 import struct
@@ -29,7 +32,7 @@ from kcompact.reput.errors import InvalidTopicError
 from kcompact.reput.record import (ATTR_NULL_KEY, HEADER_SIZE, SCAN_OK, SCAN_TORN, Scratch,
                                    field_spans, gather, hash_ranges, scan, validate_topic)
 
-from .errors import ProtocolError, ReplicationError, RequestError
+from .errors import MasterStoreError, ProtocolError, ReplicationError, RequestError
 
 PROTOCOL_VERSION = 1
 API_PREFIX = "/v1"
@@ -61,6 +64,8 @@ class ServerLimits:
     live_map_memory: int = 64 * MIB    # offset-map budget of one live/digests computation
     max_summaries: int = 2             # live/digests computations running at once (else 503)
     max_url_bytes: int = 2048          # longer request targets: 414
+    max_connections: int = 256         # client connections open at once (more: 503, closed)
+    client_timeout_s: float = 30.0     # to send a whole request, or to take 1 MiB of a response
 
     def __post_init__(self):
         if not 64 * 1024 <= self.default_max_bytes <= self.max_bytes <= 1 << 30:
@@ -70,6 +75,11 @@ class ServerLimits:
             raise ReplicationError("server limits: max_wait_ms must be in [0, 300000]")
         if self.live_map_memory < 1 << 16 or self.max_summaries < 1:
             raise ReplicationError("server limits: live_map_memory >= 64 KiB, max_summaries >= 1")
+        if not 1 <= self.max_connections <= 65536:
+            raise ReplicationError(f"--max-connections {self.max_connections}: use 1 to 65536")
+        if not 0.1 <= self.client_timeout_s <= 3600:
+            raise ReplicationError(f"--client-timeout {self.client_timeout_s:g}: use 0.1 to 3600 "
+                                   "seconds")
 
     def to_dict(self) -> dict:
         return {"max_bytes": self.max_bytes, "default_max_bytes": self.default_max_bytes,
@@ -343,6 +353,44 @@ MAX_FRAME_ENTRIES = 1 << 20
 MAX_FRAME_KEYS = 256 * MIB
 END_FRAME = FRAME_HEADER.pack(DIGEST_MAGIC, 0, 0)
 
+# The error frame: ends a streamed body whose 200 status line is already on the wire (the server
+# can no longer answer 500). Same 12-byte header shape, another magic, so a reader that knows only
+# DIGEST_MAGIC refuses it as a bad frame instead of taking it for digests.
+ERROR_MAGIC = b"KCE1"
+ERROR_HEADER = struct.Struct("<4sII")  # magic, status (as HTTP's), bytes of the JSON document
+MAX_ERROR_BYTES = 64 * 1024
+
+
+def error_doc(status: int, message: str, path: str | None = None,
+              position: int | None = None) -> dict:
+    """The JSON error document of every non-200 answer and of an error frame: one line, the
+    status, and for damage the store-relative file and byte."""
+    doc: dict = {"error": " ".join(message.split())[:4000], "status": int(status)}
+    if path is not None:
+        doc["path"] = path
+    if position is not None:
+        doc["position"] = int(position)
+    return doc
+
+
+def error_frame(doc: dict) -> bytes:
+    """An error frame carrying ``doc`` (error_doc)."""
+    raw = json.dumps(doc).encode()
+    if len(raw) > MAX_ERROR_BYTES:
+        raw = json.dumps(error_doc(doc.get("status", 500), doc["error"][:1000])).encode()
+    return ERROR_HEADER.pack(ERROR_MAGIC, int(doc.get("status", 500)), len(raw)) + raw
+
+
+def master_error(doc, status: int, where: str) -> MasterStoreError:
+    """The MasterStoreError of an error document (``where``: the master URL and path)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("error"), str):
+        detail = f"error {status} without a valid error document"
+        return MasterStoreError(f"{where}: {detail}", detail)
+    detail = " ".join(doc["error"].split())
+    path, pos = doc.get("path"), doc.get("position")
+    return MasterStoreError(f"{where}: {detail}", detail, path if isinstance(path, str) else None,
+                            pos if isinstance(pos, int) and not isinstance(pos, bool) else None)
+
 
 def record_hashes(buf: np.ndarray, positions: np.ndarray, sizes: np.ndarray,
                   salt: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -391,11 +439,26 @@ class FrameReader:
 
     Rejects a bad magic, oversized frames, key positions outside the key block, and anything
     after the end frame; ``done`` is True once the end frame was read (a body without it was cut
-    short)."""
+    short). An error frame raises MasterStoreError with the master's message (``where`` prefixes
+    it: the master URL and path)."""
 
-    def __init__(self):
+    def __init__(self, where: str = "master"):
         self._buf = bytearray()
         self.done = False
+        self.where = where
+
+    def _error(self) -> None:
+        """Raise the error frame at the start of the buffer once it is whole."""
+        _, status, size = ERROR_HEADER.unpack_from(self._buf, 0)
+        if size > MAX_ERROR_BYTES:
+            raise ProtocolError(f"{self.where}: error frame of {size} bytes is over the limit")
+        if len(self._buf) < ERROR_HEADER.size + size:
+            return
+        try:
+            doc = json.loads(bytes(self._buf[ERROR_HEADER.size:ERROR_HEADER.size + size]))
+        except ValueError:
+            doc = None
+        raise master_error(doc, status, self.where)
 
     def feed(self, data: bytes) -> Iterator[DigestFrame]:
         if self.done and data:
@@ -403,6 +466,9 @@ class FrameReader:
         self._buf += data
         while len(self._buf) >= FRAME_HEADER.size:
             magic, n, klen = FRAME_HEADER.unpack_from(self._buf, 0)
+            if magic == ERROR_MAGIC:
+                self._error()
+                return  # not whole yet
             if magic != DIGEST_MAGIC:
                 raise ProtocolError("digests: bad frame magic (not a kcompact digests body)")
             if n > MAX_FRAME_ENTRIES or klen > MAX_FRAME_KEYS:

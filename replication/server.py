@@ -9,13 +9,29 @@ reput/reader.py: the records are sent as the store holds them), and a live
 computation restarts if a swap happened under it. Blocking store work runs in a thread pool;
 the event loop only parses requests and moves bytes. Every path a request can name goes through
 ``kcompact.reput.filenames`` (topic validated by Kafka's rule, partition an integer) and the store's
-backend, which refuses anything outside the store root.
+backend, which refuses anything outside the store root; and since a directory or file of a local
+store can be a symlink, the root is resolved once and a topic or partition any of whose paths
+resolves outside it is not served (404, one log line), nor listed.
+
+Against bad clients (limits in ``ServerLimits``): every connection goes through ``Connections``
+(the protocol factory handed to ``loop.create_server``, wrapping aiohttp's ``web.Server``), which
+answers connections beyond ``max_connections`` with a 503 and closes them, and closes a connection
+that has not sent a whole request within ``client_timeout_s`` of connecting or of its previous
+response, or that takes no byte of its response for as long. Everything the server logs is one
+line (``_OneLine``: aiohttp's parse errors too, with the client address, no traceback).
+
+A failure after a response's status line was sent can no longer be a 500: a digests body then ends
+with an error frame (protocol.py, the JSON document a 500 would carry), and a records body, whose
+length is in its headers, is cut by closing the connection, so the client asks again with
+``check=1`` and gets the 500. The handler then returns the response it prepared: a second response
+would be written into the first one's body (the hang of issue 26).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import ssl
@@ -40,12 +56,57 @@ from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
-                       H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, parse_path,
-                       parse_query, read_token_file)
+                       H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, error_doc,
+                       error_frame, parse_path, parse_query, read_token_file)
 
 
 #: transport write buffer high-water mark for records responses (per connection)
 WRITE_BUFFER_HIGH = 16 << 20
+#: a records range is handed to sendfile in slices of this size: a client that takes less than
+#: one slice in client_timeout_s is disconnected
+SEND_SLICE = 1 << 20
+
+log = logging.getLogger("kcompact.serve")
+
+
+class _OneLine(logging.Formatter):
+    """``kcompact serve: <message>[: <exception in one line>]``, never a traceback (aiohttp logs
+    a malformed request with its exception; the client address is in its message), unless
+    KCOMPACT_DEBUG is set."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            msg = f"{msg}: {describe(exc)}"
+        line = "kcompact serve: " + " ".join(msg.split())
+        if exc is not None and os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def describe(e: BaseException) -> str:
+    """An exception in one line (aiohttp's parse errors keep their reason in ``message``)."""
+    text = getattr(e, "message", None)
+    text = " ".join(str(text if isinstance(text, str) and text else e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def _setup_log() -> None:
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(_OneLine())
+        log.addHandler(h)
+        log.setLevel(logging.DEBUG)  # aiohttp logs a garbage first request at debug level
+        log.propagate = False
+
+
+def _peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
+        return f"{host}:{peer[1]}"
+    return str(peer or "?")
 
 
 class MasterStore:
@@ -59,6 +120,58 @@ class MasterStore:
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
         self._live_cache: OrderedDict = OrderedDict()
         self.buffers = BufferPool()
+        self._reported: set[str] = set()
+        # a local store's root, resolved once: nothing that resolves outside it is served
+        local = self.fs.local_path("")
+        self.root = os.path.realpath(local) if local is not None else None
+        if self.root is not None:
+            why = self._escapes(fn.STORE_JSON)
+            if why:
+                self.store.close()
+                raise ReplicationError(f"cannot serve {url}: {why}")
+
+    def _escapes(self, path: str) -> str | None:
+        """Why ``path`` (store-relative) must not be served: it resolves outside the root."""
+        real = os.path.realpath(self.fs.local_path(path))
+        if real == self.root or real.startswith(self.root + os.sep):
+            return None
+        return f"{path} resolves to {real}, outside the store {self.root} (a symlink?)"
+
+    def outside(self, topic: str, partition: int | None = None) -> str | None:
+        """Why a topic (or one of its partitions) is not served: its directory, or a symlink
+        in the partition's directory, resolves outside the store root; None when it is inside.
+        Each reason is logged once."""
+        if self.root is None:
+            return None  # an object store has no symlinks
+        if partition is None:
+            why = self._escapes(fn.topic_dir(topic))
+        else:
+            pdir = fn.partition_dir(topic, partition)
+            why = self._escapes(pdir)
+            if why is None:
+                try:
+                    with os.scandir(self.fs.local_path(pdir)) as it:
+                        links = [e.name for e in it if e.is_symlink()]
+                except (FileNotFoundError, NotADirectoryError):
+                    links = []
+                for name in links:
+                    why = self._escapes(f"{pdir}/{name}")
+                    if why:
+                        break
+        if why is not None:
+            with self._lock:
+                new = why not in self._reported
+                self._reported.add(why)
+            if new:
+                log.warning("not serving %s: %s", topic if partition is None
+                            else f"{topic}-{partition}", why)
+        return why
+
+    def topics(self) -> list[str]:
+        return [t for t in self.store.topics() if self.outside(t) is None]
+
+    def partitions(self, topic: str) -> list[int]:
+        return [p for p in self.store.partitions(topic) if self.outside(topic, p) is None]
 
     @property
     def store_id(self) -> str:
@@ -67,10 +180,15 @@ class MasterStore:
     def meta(self) -> StoreMeta:
         return StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
 
-    def has_partition(self, topic: str, partition: int | None = None) -> bool:
-        if partition is None:
-            return topic in self.store.topics()
-        return partition in self.store.partitions(topic)
+    def has_partition(self, topic: str, partition: int | None = None) -> str | None:
+        """None when the store serves the topic (partition), else why not (for a 404)."""
+        what = f"topic {topic!r}" if partition is None else f"partition {topic}-{partition}"
+        if topic not in self.store.topics() or (partition is not None and partition
+                                                 not in self.store.partitions(topic)):
+            return f"{what} is not in this store"
+        why = self.outside(topic) or (self.outside(topic, partition)
+                                      if partition is not None else None)
+        return f"{what} is not served: {why}" if why else None
 
     def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
         with self._lock:
@@ -93,14 +211,13 @@ class MasterStore:
     def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:
         from kcompact.reput.config import TopicConfig
         return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
-                "partitions": [self.partition_info(topic, p)
-                               for p in self.store.partitions(topic)]}
+                "partitions": [self.partition_info(topic, p) for p in self.partitions(topic)]}
 
     def store_doc(self) -> dict[str, Any]:
         meta = self.meta()
         return {"protocol": PROTOCOL_VERSION, "store_id": meta.store_id,
                 "format_version": meta.format_version, "limits": self.limits.to_dict(),
-                "topics": [self.topic_doc(t, meta) for t in self.store.topics()]}
+                "topics": [self.topic_doc(t, meta) for t in self.topics()]}
 
     def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
         """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives
@@ -144,9 +261,27 @@ class MasterStore:
         return bm, upto, pl
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
+def _error(status: int, message: str, headers: dict | None = None, *, path: str | None = None,
+           position: int | None = None) -> web.Response:
     return web.Response(status=status, content_type="application/json", headers=headers,
-                        text=json.dumps({"error": message, "status": status}) + "\n")
+                        text=json.dumps(error_doc(status, message, path, position)) + "\n")
+
+
+def _failure(e: Exception) -> dict:
+    """The error document (500) of a failure of the store or of the server itself."""
+    if isinstance(e, CorruptRecordError):
+        return error_doc(500, f"the master's store is damaged: {e}", e.path, e.position)
+    if isinstance(e, (ReputError, OSError)):
+        return error_doc(500, f"store error: {e}")
+    return error_doc(500, f"internal error: {describe(e)}")
+
+
+class _Gone(Exception):
+    """The connection of a response already started was closed (the client left or stalled)."""
+
+    def __init__(self, resp: web.StreamResponse):
+        super().__init__()
+        self.resp = resp
 
 
 class Server:
@@ -157,6 +292,7 @@ class Server:
         self.zero_copy = zero_copy and master.local
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-serve")
         self._summaries = asyncio.Semaphore(limits.max_summaries)
+        self.connections: Connections | None = None  # set by run_server
         self.app = web.Application(client_max_size=1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
 
@@ -171,6 +307,18 @@ class Server:
         return h
 
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        conn = self.connections.of(request) if self.connections is not None else None
+        if conn is not None:
+            conn.request_started()
+        try:
+            return await self._answer(request)
+        except _Gone as e:
+            return e.resp  # prepared: aiohttp must not write a second response after it
+        finally:
+            if conn is not None:
+                conn.request_done()
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         if len(request.raw_path) > self.limits.max_url_bytes:
             return _error(414, f"request target longer than {self.limits.max_url_bytes} bytes")
         status = check_token(request.headers.get("Authorization"), self.token)
@@ -183,7 +331,9 @@ class Server:
             return _error(405, f"method {request.method} not allowed; use GET",
                           {"Allow": "GET, HEAD"})
         if request.body_exists:
-            return _error(413, "requests carry no body")
+            resp = _error(413, "requests carry no body")
+            resp.force_close()  # the body is not read: do not wait for it
+            return resp
         try:
             route = parse_path(request.raw_path)
             params = {k: v for k, v in request.query.items()}
@@ -192,26 +342,60 @@ class Server:
             return await self._handle(request, route, q)
         except RequestError as e:
             return _error(e.status, str(e))
-        except CorruptRecordError as e:
-            return _error(500, f"the master cannot serve this: {e}")
-        except (ReputError, OSError) as e:
-            return _error(500, f"store error: {e}")
+        except _Gone:
+            raise
+        except Exception as e:  # noqa: BLE001 - every failure is a one-line 500, logged
+            doc = _failure(e)
+            self._log_failure(request, doc, e)
+            return _error(500, doc["error"], path=doc.get("path"), position=doc.get("position"))
+
+    @staticmethod
+    def _log_failure(request: web.Request, doc: dict, e: Exception, what: str = "500") -> None:
+        exc_info = e if not isinstance(e, (ReputError, OSError)) else None
+        log.error("%s to %s for %s: %s", what, _peer(request.transport), request.path_qs[:200],
+                  doc["error"], exc_info=exc_info)
+
+    async def _send(self, request: web.Request, resp: web.StreamResponse, aw) -> None:
+        """Await one write of a response whose status line was sent. A client that takes no
+        byte of it for client_timeout_s (while sendfile runs: not one slice) is disconnected,
+        as is one that has gone: _Gone."""
+        transport = request.transport
+        task = asyncio.ensure_future(aw)
+        try:
+            if transport is None:
+                raise ConnectionResetError("connection lost")
+            last = transport.get_write_buffer_size()
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=self.limits.client_timeout_s)
+                if done:
+                    task.result()
+                    return
+                size = transport.get_write_buffer_size()
+                if size >= last:
+                    break
+                last = size
+        except ConnectionError:
+            raise _Gone(resp) from None
+        finally:
+            if not task.done():
+                task.cancel()
+        log.warning("closed the connection of %s: it took no byte of its response for %gs",
+                    _peer(transport), self.limits.client_timeout_s)
+        transport.abort()
+        raise _Gone(resp)
 
     async def _check_exists(self, route: Route) -> None:
-        exists = await self._run(self.master.has_partition, route.topic, route.partition)
-        if not exists:
-            what = (f"topic {route.topic!r}" if route.partition is None
-                    else f"partition {route.topic}-{route.partition}")
-            raise RequestError(404, f"{what} is not in this store")
+        why = await self._run(self.master.has_partition, route.topic, route.partition)
+        if why:
+            raise RequestError(404, why)
 
     async def _handle(self, request: web.Request, route: Route, q) -> web.StreamResponse:
         if route.kind == "store":
             doc = await self._run(self.master.store_doc)
             return web.json_response(doc, headers=self._headers())
         if route.kind == "topics":
-            doc = await self._run(self.master.store_doc)
-            return web.json_response({"topics": [t["topic"] for t in doc["topics"]]},
-                                     headers=self._headers())
+            topics = await self._run(self.master.topics)
+            return web.json_response({"topics": topics}, headers=self._headers())
         await self._check_exists(route)
         if route.kind == "topic":
             meta = await self._run(self.master.meta)
@@ -229,6 +413,15 @@ class Server:
             if route.kind == "live":
                 return await self._live(route, q)
             return await self._digests(request, route, q)
+
+    def _cut(self, request: web.Request, resp: web.StreamResponse, e: Exception) -> _Gone:
+        """A records body that cannot be finished: its length is in the headers, so the only
+        honest end is to close the connection short of it (the client asks again with check=1
+        and gets the 500)."""
+        self._log_failure(request, _failure(e), e, "records response cut")
+        if request.transport is not None:
+            request.transport.abort()
+        return _Gone(resp)
 
     async def _records(self, request: web.Request, route: Route, q) -> web.StreamResponse:
         if self.zero_copy and not q.check:
@@ -251,11 +444,16 @@ class Server:
                 # 64 KiB high-water mark, every 64 KiB waits for the replica to catch up
                 request.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
             await resp.prepare(request)
-            if buf is not None:
-                mv = memoryview(buf)[:nbytes]
-                for i in range(0, nbytes, 1 << 20):
-                    await resp.write(mv[i:i + (1 << 20)])
-            await resp.write_eof()
+            try:
+                if buf is not None:
+                    mv = memoryview(buf)[:nbytes]
+                    for i in range(0, nbytes, 1 << 20):
+                        await self._send(request, resp, resp.write(mv[i:i + (1 << 20)]))
+                await self._send(request, resp, resp.write_eof())
+            except _Gone:
+                raise
+            except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
+                raise self._cut(request, resp, e) from None
         finally:
             if buf is not None:
                 self.master.buffers.give(buf)
@@ -278,14 +476,24 @@ class Server:
         resp.content_type = CT_RECORDS
         try:
             await resp.prepare(request)  # sends the headers at once (StreamResponse)
-            if loc is not None:
-                transport = request.transport
-                if transport is None:
-                    raise ConnectionResetError("connection lost")
-                with os.fdopen(os.dup(loc.fd), "rb", buffering=0) as f:
-                    await asyncio.get_running_loop().sendfile(transport, f, loc.start,
-                                                              loc.nbytes, fallback=True)
-            await resp.write_eof()
+            try:
+                if loc is not None:
+                    transport = request.transport
+                    if transport is None:
+                        raise _Gone(resp)
+                    loop = asyncio.get_running_loop()
+                    with os.fdopen(os.dup(loc.fd), "rb", buffering=0) as f:
+                        pos, end = loc.start, loc.start + loc.nbytes
+                        while pos < end:
+                            n = min(SEND_SLICE, end - pos)
+                            await self._send(request, resp, loop.sendfile(
+                                transport, f, pos, n, fallback=True))
+                            pos += n
+                await self._send(request, resp, resp.write_eof())
+            except _Gone:
+                raise
+            except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
+                raise self._cut(request, resp, e) from None
         finally:
             if loc is not None:
                 loc.close()
@@ -304,15 +512,179 @@ class Server:
         resp.content_type = CT_DIGESTS
         await resp.prepare(request)
         gen = digest_frames(pl, bm, upto, q.salt)
-        while True:
-            # an error here cuts the body short: the client sees no end frame and fails
-            frame = await self._run(next, gen, None)
-            if frame is None:
-                break
-            await resp.write(frame)
-        await resp.write(END_FRAME)
-        await resp.write_eof()
+        try:
+            while True:
+                frame = await self._run(next, gen, None)
+                if frame is None:
+                    break
+                await self._send(request, resp, resp.write(frame))
+            tail = END_FRAME
+        except _Gone:
+            raise
+        except Exception as e:  # noqa: BLE001 - after the status line: the error frame says it
+            doc = _failure(e)
+            self._log_failure(request, doc, e, "error frame")
+            tail = error_frame(doc)
+        await self._send(request, resp, resp.write(tail))
+        await self._send(request, resp, resp.write_eof())
         return resp
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit: read its request head, answer 503, close (answering before
+    the request is read would close with unread bytes: a reset that can destroy the answer)."""
+
+    def __init__(self, conns: "Connections"):
+        self.conns = conns
+        self.transport: asyncio.Transport | None = None
+        self.head = bytearray()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.conns.note_refused(_peer(transport))
+        self.timer = self.conns.loop.call_later(self.conns.limits.client_timeout_s,
+                                                transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.head += data
+        if b"\r\n\r\n" in self.head or len(self.head) > 16384:
+            self.transport.write(self.conns.busy)
+            self.transport.close()
+
+    def eof_received(self):
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.conns.busy)
+        return False
+
+    def connection_lost(self, exc) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.transport = None
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: aiohttp's protocol for it (``handler``), behind the request and
+    response timeouts. A request is being handled between ``request_started`` and
+    ``request_done`` (Server.dispatch); otherwise the client has ``client_timeout_s`` to send a
+    whole request, and a response still in the write buffer must make progress as long."""
+
+    def __init__(self, conns: "Connections"):
+        self.conns = conns
+        self.handler: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.timer: asyncio.TimerHandle | None = None
+        self.received = 0   # bytes since the timer was armed
+        self.unsent = 0     # the write buffer when it was armed (or last checked)
+        self.requests = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = _peer(transport)
+        self.handler = self.conns.server()
+        self.conns.open[transport] = self
+        self.handler.connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        self.handler.data_received(data)
+
+    def eof_received(self):
+        return self.handler.eof_received()
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        self.conns.open.pop(self.transport, None)
+        self.handler.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self._disarm()
+        self.requests += 1
+
+    def request_done(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._arm()
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.received = 0
+        self.unsent = self.transport.get_write_buffer_size()
+        self.timer = self.conns.loop.call_later(self.conns.limits.client_timeout_s,
+                                                self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        timeout = self.conns.limits.client_timeout_s
+        unsent = t.get_write_buffer_size()
+        if self.received:
+            log.warning("closed the connection of %s: its request was not whole after %gs "
+                        "(%d bytes received)", self.peer, timeout, self.received)
+        elif unsent and unsent < self.unsent:
+            self.unsent = unsent  # the client is still taking its response
+            self.timer = self.conns.loop.call_later(timeout, self._expired)
+            return
+        elif unsent:
+            log.warning("closed the connection of %s: it took no byte of its response for %gs",
+                        self.peer, timeout)
+        elif not self.requests:
+            log.warning("closed the connection of %s: no request within %gs of connecting",
+                        self.peer, timeout)
+        # else: an idle keep-alive connection, closed quietly
+        t.abort()
+
+
+class Connections:
+    """The protocol factory of the listening socket (``loop.create_server``): aiohttp's
+    ``web.Server`` behind the connection limit and the timeouts (``Connection``)."""
+
+    def __init__(self, server: web.Server, limits: ServerLimits):
+        self.server, self.limits = server, limits
+        self.loop = asyncio.get_running_loop()
+        self.open: dict[asyncio.BaseTransport, Connection] = {}
+        body = json.dumps(error_doc(503, f"too many connections: this master serves at most "
+                                         f"{limits.max_connections} at once; retry")).encode()
+        self.busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     b"Retry-After: 1\r\nConnection: close\r\n"
+                     + f"{H_PROTOCOL}: {PROTOCOL_VERSION}\r\n".encode()
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.refused = 0
+        self._refused_logged = -1e9
+
+    def __call__(self) -> asyncio.Protocol:
+        if len(self.open) < self.limits.max_connections:
+            return Connection(self)
+        return _Refused(self)
+
+    def note_refused(self, peer: str) -> None:
+        """One log line per 10 s at most, counting the refusals since the previous one."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 10:
+            log.warning("refused the connection of %s with a 503: %d connections are open, the "
+                        "limit (--max-connections); %d refused since the last such line", peer,
+                        len(self.open), self.refused)
+            self._refused_logged, self.refused = now, 0
+
+    def of(self, request: web.BaseRequest) -> Connection | None:
+        return self.open.get(request.transport)
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -345,28 +717,35 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
                      stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
     host, port = parse_listen(listen)
+    _setup_log()
     try:
         master = MasterStore(store_url, limits)
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
     server = Server(master, token, limits, zero_copy=ssl_context is None)
     await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
+    # aiohttp's web.Server is the protocol factory; Connections wraps it (limit, timeouts) and
+    # the listening socket is ours (TCPSite would hand aiohttp's factory to create_server)
     runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
-                           handle_signals=False)
+                           handle_signals=False, logger=log, shutdown_timeout=5.0,
+                           keepalive_timeout=limits.client_timeout_s)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context, shutdown_timeout=5.0)
+    loop = asyncio.get_running_loop()
+    server.connections = Connections(runner.server, limits)
     try:
-        await site.start()
+        listener = await loop.create_server(server.connections, host, port,
+                                            ssl=ssl_context, backlog=128,
+                                            ssl_handshake_timeout=(limits.client_timeout_s
+                                                                   if ssl_context else None))
     except OSError as e:
         await runner.cleanup()
         raise ReplicationError(f"cannot listen on {listen}: {e.strerror or e}") from None
-    loop = asyncio.get_running_loop()
     own_stop = stop is None
     stop = stop or asyncio.Event()
     if own_stop:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    bound = runner.addresses[0][1] if runner.addresses else port
+    bound = listener.sockets[0].getsockname()[1] if listener.sockets else port
     shown = f"[{host}]" if ":" in host else host
     url = f"{'https' if ssl_context else 'http'}://{shown}:{bound}"
     if ready:
@@ -377,7 +756,11 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
         if own_stop:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
-        await runner.cleanup()
+        listener.close()
+        await runner.cleanup()  # closes the connections aiohttp serves
+        for conn in list(server.connections.open.values()):
+            if conn.transport is not None:
+                conn.transport.abort()
         server.pool.shutdown(wait=False, cancel_futures=True)
         master.store.close()
 
@@ -391,17 +774,31 @@ class ServeOptions:
     token_file: str
     tls_cert: str | None = None
     tls_key: str | None = None
+    max_connections: int | None = None     # None: ServerLimits' default (256)
+    client_timeout_s: float | None = None  # None: ServerLimits' default (30 s)
+
+    def limits(self) -> ServerLimits:
+        """The server limits these options set (bounds checked there, one-line errors)."""
+        d = ServerLimits()
+        return ServerLimits(
+            max_connections=d.max_connections if self.max_connections is None
+            else self.max_connections,
+            client_timeout_s=d.client_timeout_s if self.client_timeout_s is None
+            else self.client_timeout_s)
 
 
 def serve(opts: ServeOptions) -> int:
-    """`kcompact serve --store URL --listen HOST:PORT --token-file F [--tls-cert C --tls-key K]`."""
+    """`kcompact serve --store URL --listen HOST:PORT --token-file F [--tls-cert C --tls-key K]
+    [--max-connections N] [--client-timeout S]`."""
     token = read_token_file(opts.token_file)
     ctx = tls_context(opts.tls_cert, opts.tls_key)
+    limits = opts.limits()
 
     def ready(url: str) -> None:
         print(f"kcompact serve: serving {opts.store} on {url} (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
 
-    asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, ready=ready))
+    asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, limits=limits,
+                           ready=ready))
     print("kcompact serve: stopped", file=sys.stderr, flush=True)
     return 0

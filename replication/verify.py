@@ -15,6 +15,9 @@ Raw segments are *not* compared: a side that compacted more recently, or still k
 the other purged, has the same live state. A partition on one side only, a replica whose next
 offset is behind ``upto``, a live offset on one side only or a record whose digest differs is a
 difference; each is printed with topic, partition, counts and the first few offsets and keys.
+A side that cannot read its store for a partition (the replica's damage, or the master's: its 500
+or the error frame ending its digests body, MasterStoreError) makes that partition a difference,
+named with the file and byte, and the comparison goes on with the next partition.
 Exit 1 when any difference is found, 0 when every partition is equal.
 
 Against a master that keeps writing and compacting, the comparison is of the state below
@@ -38,7 +41,7 @@ from kcompact.reput.partition import PartitionLog
 from kcompact.reput.store import Store
 
 from .client import MasterClient, check_master_url
-from .errors import ReplicationError
+from .errors import MasterStoreError, ReplicationError
 from .live import bitmap_array, digest_frames, live_offsets
 from .protocol import DigestFrame, FrameReader, new_salt, read_token_file
 
@@ -201,6 +204,20 @@ def _compare_window(d: PartitionDiff, m, r, want: dict[int, str]) -> None:
 async def compare_partition(client: MasterClient, store: Store, pool: ThreadPoolExecutor,
                             topic: str, partition: int, info: dict,
                             map_memory: int = 64 << 20) -> PartitionDiff:
+    try:
+        return await _compare_partition(client, store, pool, topic, partition, info, map_memory)
+    except MasterStoreError as e:
+        d = PartitionDiff(topic, partition, upto=int(info["next_offset"]),
+                          master_next=int(info["next_offset"]))
+        # "the master's store is damaged: FILE: corrupt record at byte N ..."
+        d.problems.append(e.detail if e.detail.startswith("the master")
+                          else f"the master failed: {e.detail}")
+        return d
+
+
+async def _compare_partition(client: MasterClient, store: Store, pool: ThreadPoolExecutor,
+                             topic: str, partition: int, info: dict,
+                             map_memory: int) -> PartitionDiff:
     loop = asyncio.get_running_loop()
     run = lambda f, *a: loop.run_in_executor(pool, f, *a)  # noqa: E731
     upto = int(info["next_offset"])
