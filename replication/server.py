@@ -188,7 +188,9 @@ class MasterStore:
             return f"{what} is not in this store"
         why = self.outside(topic) or (self.outside(topic, partition)
                                       if partition is not None else None)
-        return f"{what} is not served: {why}" if why else None
+        # the client is not told where the link points; the master's log line says it
+        return (f"{what} is not served: a path of it resolves outside the store (a symlink?); "
+                "the master's log names it") if why else None
 
     def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
         with self._lock:
@@ -530,46 +532,17 @@ class Server:
         return resp
 
 
-class _Refused(asyncio.Protocol):
-    """A connection over the limit: read its request head, answer 503, close (answering before
-    the request is read would close with unread bytes: a reset that can destroy the answer)."""
-
-    def __init__(self, conns: "Connections"):
-        self.conns = conns
-        self.transport: asyncio.Transport | None = None
-        self.head = bytearray()
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.conns.note_refused(_peer(transport))
-        self.timer = self.conns.loop.call_later(self.conns.limits.client_timeout_s,
-                                                transport.abort)
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        self.head += data
-        if b"\r\n\r\n" in self.head or len(self.head) > 16384:
-            self.transport.write(self.conns.busy)
-            self.transport.close()
-
-    def eof_received(self):
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(self.conns.busy)
-        return False
-
-    def connection_lost(self, exc) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.transport = None
-
-
 class Connection(asyncio.Protocol):
     """One client connection: aiohttp's protocol for it (``handler``), behind the request and
     response timeouts. A request is being handled between ``request_started`` and
     ``request_done`` (Server.dispatch); otherwise the client has ``client_timeout_s`` to send a
-    whole request, and a response still in the write buffer must make progress as long."""
+    whole request, and a response still in the write buffer must make progress as long.
+
+    A connection made while ``max_connections`` are open gets no handler: its request head is
+    read and answered 503, then it is closed (answering before reading the request would close
+    the socket with unread bytes: a reset, which can destroy the answer). The limit is checked
+    here, not in the factory: asyncio calls the factory for every socket of an accept batch
+    before it makes any of their connections."""
 
     def __init__(self, conns: "Connections"):
         self.conns = conns
@@ -580,32 +553,52 @@ class Connection(asyncio.Protocol):
         self.received = 0   # bytes since the timer was armed
         self.unsent = 0     # the write buffer when it was armed (or last checked)
         self.requests = 0
+        self.head = bytearray()  # a refused connection's request head
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.peer = _peer(transport)
-        self.handler = self.conns.server()
-        self.conns.open[transport] = self
-        self.handler.connection_made(transport)
+        if len(self.conns.open) >= self.conns.limits.max_connections:
+            self.conns.note_refused(self.peer)
+        else:
+            self.handler = self.conns.server()
+            self.conns.open[transport] = self
+            self.handler.connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
         self.received += len(data)
-        self.handler.data_received(data)
+        if self.handler is not None:
+            self.handler.data_received(data)
+        elif not self.transport.is_closing():
+            self.head += data
+            if b"\r\n\r\n" in self.head or len(self.head) > 16384:
+                self._refuse()
 
     def eof_received(self):
-        return self.handler.eof_received()
+        if self.handler is not None:
+            return self.handler.eof_received()
+        self._refuse()
+        return False
+
+    def _refuse(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(self.conns.busy)
+            self.transport.close()
 
     def pause_writing(self) -> None:
-        self.handler.pause_writing()
+        if self.handler is not None:
+            self.handler.pause_writing()
 
     def resume_writing(self) -> None:
-        self.handler.resume_writing()
+        if self.handler is not None:
+            self.handler.resume_writing()
 
     def connection_lost(self, exc) -> None:
         self._disarm()
-        self.conns.open.pop(self.transport, None)
-        self.handler.connection_lost(exc)
+        if self.handler is not None:
+            self.conns.open.pop(self.transport, None)
+            self.handler.connection_lost(exc)
 
     def request_started(self) -> None:
         self._disarm()
@@ -634,7 +627,9 @@ class Connection(asyncio.Protocol):
             return
         timeout = self.conns.limits.client_timeout_s
         unsent = t.get_write_buffer_size()
-        if self.received:
+        if self.handler is None:
+            pass  # refused (logged), and its request head did not even come
+        elif self.received:
             log.warning("closed the connection of %s: its request was not whole after %gs "
                         "(%d bytes received)", self.peer, timeout, self.received)
         elif unsent and unsent < self.unsent:
@@ -669,9 +664,7 @@ class Connections:
         self._refused_logged = -1e9
 
     def __call__(self) -> asyncio.Protocol:
-        if len(self.open) < self.limits.max_connections:
-            return Connection(self)
-        return _Refused(self)
+        return Connection(self)
 
     def note_refused(self, peer: str) -> None:
         """One log line per 10 s at most, counting the refusals since the previous one."""
@@ -679,8 +672,8 @@ class Connections:
         now = time.monotonic()
         if now - self._refused_logged >= 10:
             log.warning("refused the connection of %s with a 503: %d connections are open, the "
-                        "limit (--max-connections); %d refused since the last such line", peer,
-                        len(self.open), self.refused)
+                        "--max-connections limit (%d refused since the previous such line)",
+                        peer, len(self.open), self.refused)
             self._refused_logged, self.refused = now, 0
 
     def of(self, request: web.BaseRequest) -> Connection | None:
@@ -727,8 +720,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
     # aiohttp's web.Server is the protocol factory; Connections wraps it (limit, timeouts) and
     # the listening socket is ours (TCPSite would hand aiohttp's factory to create_server)
     runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
-                           handle_signals=False, logger=log, shutdown_timeout=5.0,
-                           keepalive_timeout=limits.client_timeout_s)
+                           handle_signals=False, logger=log, shutdown_timeout=5.0)
     await runner.setup()
     loop = asyncio.get_running_loop()
     server.connections = Connections(runner.server, limits)
