@@ -183,6 +183,8 @@ class MasterClient:
                     out = await handle(resp)
                     self.contacted = True
                     return out
+            except aiohttp.ClientResponseError as e:  # a status line or headers aiohttp refuses
+                raise _not_http(self.url + path, e) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                     asyncio.TimeoutError, _Retry) as e:
                 reason = _reason(e)
@@ -306,6 +308,8 @@ class MasterClient:
                         yield frame
                 if not reader.done:
                     raise ProtocolError(f"{self.url}{path}: the digests body was cut short")
+        except aiohttp.ClientResponseError as e:
+            raise _not_http(self.url + path, e) from None
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
                 asyncio.TimeoutError) as e:
             raise MasterUnavailableError(f"lost the master at {self.url} while reading "
@@ -341,6 +345,11 @@ def check_store_doc(doc, url: str) -> None:
 
 class _Retry(Exception):
     pass
+
+
+def _not_http(where: str, e: aiohttp.ClientResponseError) -> ProtocolError:
+    return ProtocolError(f"master {where}: not a valid HTTP response ({' '.join(e.message.split())}"
+                         "); is a kcompact serve of the same version at that address?")
 
 
 def _reason(e: BaseException) -> str:

@@ -357,7 +357,7 @@ class Server:
         log.error("%s to %s for %s: %s", what, _peer(request.transport), request.path_qs[:200],
                   doc["error"], exc_info=exc_info)
 
-    async def _send(self, request: web.Request, resp: web.StreamResponse, aw) -> None:
+    async def _send(self, request: web.Request, resp: web.StreamResponse, aw):
         """Await one write of a response whose status line was sent. A client that takes no
         byte of it for client_timeout_s (while sendfile runs: not one slice) is disconnected,
         as is one that has gone: _Gone."""
@@ -370,8 +370,7 @@ class Server:
             while True:
                 done, _ = await asyncio.wait((task,), timeout=self.limits.client_timeout_s)
                 if done:
-                    task.result()
-                    return
+                    return task.result()
                 size = transport.get_write_buffer_size()
                 if size >= last:
                     break
@@ -488,8 +487,13 @@ class Server:
                         pos, end = loc.start, loc.start + loc.nbytes
                         while pos < end:
                             n = min(SEND_SLICE, end - pos)
-                            await self._send(request, resp, loop.sendfile(
+                            sent = await self._send(request, resp, loop.sendfile(
                                 transport, f, pos, n, fallback=True))
+                            if sent != n:  # the .log ended early: cut under us
+                                where = fn.partition_dir(route.topic, route.partition)
+                                raise CorruptRecordError(
+                                    f"{where}: a .log ended at byte {pos + sent} of a range "
+                                    "its index lists; run `kcompact verify`")
                             pos += n
                 await self._send(request, resp, resp.write_eof())
             except _Gone:

@@ -2,7 +2,8 @@
 
 * request parsing: traversal, Kafka's topic rule, partitions, query limits (400/404/413), auth;
 * records responses: what a replica accepts (CRC, topic, partition, order, headers);
-* digests bodies: framing round trip, cut-short and trailing data;
+* digests bodies: framing round trip, cut-short and trailing data, the error frame (and that a
+  reader knowing only the digest frame refuses it);
 * the live state (replication/live.py) against a dict model (hypothesis), with a tiny offset map
   so that many rounds run, and its invariance under compaction (tombstones inside and past
   delete.retention.ms);
@@ -26,11 +27,14 @@ from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
 from kcompact.reput.record import Record, RecordBatch, encode, scan
 from kcompact.reput.store import Store
-from kcompact.replication.errors import ProtocolError, ReplicationError, RequestError
+from kcompact.replication.errors import (MasterStoreError, ProtocolError, ReplicationError,
+                                         RequestError)
 from kcompact.replication.live import bitmap_array, digest_frames, live_offsets
-from kcompact.replication.protocol import (END_FRAME, FrameReader, Route, ServerLimits, check_records,
-                                  check_token, digest_frame, parse_bearer, parse_path,
-                                  parse_query, partition_path, read_token_file)
+from kcompact.replication.protocol import (DIGEST_MAGIC, END_FRAME, ERROR_HEADER, FRAME_HEADER,
+                                           MAX_ERROR_BYTES, FrameReader, Route, ServerLimits,
+                                           check_records, check_token, digest_frame, error_doc,
+                                           error_frame, parse_bearer, parse_path, parse_query,
+                                           partition_path, read_token_file)
 from kcompact.replication.replica import merge_logs
 from kcompact.replication.client import check_master_url
 
@@ -147,6 +151,11 @@ def test_limits_are_validated():
         ServerLimits(max_bytes=1 << 31)
     with pytest.raises(ReplicationError):
         ServerLimits(default_max_bytes=LIMITS.max_bytes + 1)
+    assert (LIMITS.max_connections, LIMITS.client_timeout_s) == (256, 30.0)
+    for bad in ({"max_connections": 0}, {"max_connections": 70000}, {"client_timeout_s": 0},
+                {"client_timeout_s": 4000}):
+        with pytest.raises(ReplicationError, match="--max-connections|--client-timeout"):
+            ServerLimits(**bad)
 
 
 # -- auth -------------------------------------------------------------------------------------
@@ -288,6 +297,54 @@ def test_frame_reader_rejects_bad_bodies():
     bad[12 + 24:12 + 28] = (10_000).to_bytes(4, "little")  # key_pos of entry 0 past the block
     with pytest.raises(ProtocolError, match="outside"):
         list(FrameReader().feed(bytes(bad)))
+
+
+# The error frame: the master's 500 after the status line (issue 26)
+DAMAGE = error_doc(500, "the master's store is damaged: partitions/orders/0/"
+                        "00000000000000000002.log: corrupt record at byte 7237\n(CRC)",
+                   "partitions/orders/0/00000000000000000002.log", 7237)
+
+
+def test_an_error_frame_ends_a_digests_body_with_the_masters_error_in_any_split():
+    raw = _frame_of(_recs(3)) + error_frame(DAMAGE)
+    for step in (1, 5, 12, 13, len(raw)):
+        r = FrameReader("master http://m:1/v1/x")
+        got = []
+        with pytest.raises(MasterStoreError) as e:
+            for i in range(0, len(raw), step):
+                got.extend(r.feed(raw[i:i + step]))
+        assert [int(o) for f in got for o in f.entries["offset"]] == [x.offset for x in _recs(3)]
+        assert not r.done
+        assert e.value.path == "partitions/orders/0/00000000000000000002.log"
+        assert e.value.position == 7237
+        assert str(e.value).startswith("master http://m:1/v1/x: the master's store is damaged: "
+                                       "partitions/orders/0/00000000000000000002.log")
+        assert "\n" not in str(e.value) and e.value.detail.startswith("the master's store")
+
+
+def test_an_error_frame_is_not_data_to_a_reader_of_digest_frames_only():
+    """A protocol-1 reader without error frames checks the magic of every frame header (the
+    same 12-byte shape) before anything else: the error frame's is not DIGEST_MAGIC."""
+    frame = error_frame(DAMAGE)
+    magic, n, klen = FRAME_HEADER.unpack_from(frame, 0)
+    assert FRAME_HEADER.size == ERROR_HEADER.size and magic != DIGEST_MAGIC
+    assert frame[:4] == b"KCE1" and n == 500 and klen == len(frame) - 12
+
+
+def test_bad_error_frames_are_protocol_errors():
+    big = ERROR_HEADER.pack(b"KCE1", 500, MAX_ERROR_BYTES + 1)
+    with pytest.raises(ProtocolError, match="over the limit"):
+        list(FrameReader().feed(big))
+    junk = ERROR_HEADER.pack(b"KCE1", 500, 3) + b"{{{"
+    with pytest.raises(MasterStoreError, match="without a valid error document") as e:
+        list(FrameReader().feed(junk))
+    assert e.value.path is None
+    r = FrameReader()
+    assert list(r.feed(error_frame(DAMAGE)[:20])) == [] and not r.done  # not whole yet: wait
+    # a document too large for a frame keeps its message, shortened
+    huge = error_doc(500, "x" * 3000, "p" * (MAX_ERROR_BYTES + 10), 1)
+    with pytest.raises(MasterStoreError, match="x{100}"):
+        list(FrameReader().feed(error_frame(huge)))
 
 
 # -- the live state against a model -----------------------------------------------------------
