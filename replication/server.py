@@ -13,12 +13,9 @@ backend, which refuses anything outside the store root; and since a directory or
 store can be a symlink, the root is resolved once and a topic or partition any of whose paths
 resolves outside it is not served (404, one log line), nor listed.
 
-Against bad clients (limits in ``ServerLimits``): every connection goes through ``Connections``
-(the protocol factory handed to ``loop.create_server``, wrapping aiohttp's ``web.Server``), which
-answers connections beyond ``max_connections`` with a 503 and closes them, and closes a connection
-that has not sent a whole request within ``client_timeout_s`` of connecting or of its previous
-response, or that takes no byte of its response for as long. Everything the server logs is one
-line (``_OneLine``: aiohttp's parse errors too, with the client address, no traceback).
+Against bad clients (limits in ``ServerLimits``): every connection goes through
+``connections.Connections`` (the connection limit, the request timeout, one-line logging), and a
+response being sent must make progress within ``client_timeout_s`` (``Server._send``).
 
 A failure after a response's status line was sent can no longer be a 500: a digests body then ends
 with an error frame (protocol.py, the JSON document a 500 would carry), and a records body, whose
@@ -31,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import signal
 import ssl
@@ -52,6 +48,7 @@ from kcompact.reput.reader import BufferPool, PartitionReader, warm_up
 from kcompact.reput.store import Store, StoreMeta
 from kcompact.reput import filenames as fn
 
+from .connections import Connections, describe, log, peer, setup_log
 from .errors import ReplicationError, RequestError
 from .live import digest_frames, live_offsets
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
@@ -65,49 +62,6 @@ WRITE_BUFFER_HIGH = 16 << 20
 #: a records range is handed to sendfile in slices of this size: a client that takes less than
 #: one slice in client_timeout_s is disconnected
 SEND_SLICE = 1 << 20
-
-log = logging.getLogger("kcompact.serve")
-
-
-class _OneLine(logging.Formatter):
-    """``kcompact serve: <message>[: <exception in one line>]``, never a traceback (aiohttp logs
-    a malformed request with its exception; the client address is in its message), unless
-    KCOMPACT_DEBUG is set."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage()
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None:
-            msg = f"{msg}: {describe(exc)}"
-        line = "kcompact serve: " + " ".join(msg.split())
-        if exc is not None and os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
-            line += "\n" + self.formatException(record.exc_info)
-        return line
-
-
-def describe(e: BaseException) -> str:
-    """An exception in one line (aiohttp's parse errors keep their reason in ``message``)."""
-    text = getattr(e, "message", None)
-    text = " ".join(str(text if isinstance(text, str) and text else e).split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
-
-
-def _setup_log() -> None:
-    if not log.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(_OneLine())
-        log.addHandler(h)
-        log.setLevel(logging.DEBUG)  # aiohttp logs a garbage first request at debug level
-        log.propagate = False
-
-
-def _peer(transport: asyncio.BaseTransport | None) -> str:
-    peer = transport.get_extra_info("peername") if transport is not None else None
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
-        return f"{host}:{peer[1]}"
-    return str(peer or "?")
-
 
 class MasterStore:
     """Thread-safe, read-only access to the served store (all blocking calls)."""
@@ -353,9 +307,10 @@ class Server:
 
     @staticmethod
     def _log_failure(request: web.Request, doc: dict, e: Exception, what: str = "500") -> None:
-        exc_info = e if not isinstance(e, (ReputError, OSError)) else None
-        log.error("%s to %s for %s: %s", what, _peer(request.transport), request.path_qs[:200],
-                  doc["error"], exc_info=exc_info)
+        # the message has the error; an unexpected one's traceback only with KCOMPACT_DEBUG
+        debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+        log.error("%s to %s for %s: %s", what, peer(request.transport), request.path_qs[:200],
+                  doc["error"], exc_info=e if debug and not isinstance(e, ReputError) else None)
 
     async def _send(self, request: web.Request, resp: web.StreamResponse, aw):
         """Await one write of a response whose status line was sent. A client that takes no
@@ -381,7 +336,7 @@ class Server:
             if not task.done():
                 task.cancel()
         log.warning("closed the connection of %s: it took no byte of its response for %gs",
-                    _peer(transport), self.limits.client_timeout_s)
+                    peer(transport), self.limits.client_timeout_s)
         transport.abort()
         raise _Gone(resp)
 
@@ -536,154 +491,6 @@ class Server:
         return resp
 
 
-class Connection(asyncio.Protocol):
-    """One client connection: aiohttp's protocol for it (``handler``), behind the request and
-    response timeouts. A request is being handled between ``request_started`` and
-    ``request_done`` (Server.dispatch); otherwise the client has ``client_timeout_s`` to send a
-    whole request, and a response still in the write buffer must make progress as long.
-
-    A connection made while ``max_connections`` are open gets no handler: its request head is
-    read and answered 503, then it is closed (answering before reading the request would close
-    the socket with unread bytes: a reset, which can destroy the answer). The limit is checked
-    here, not in the factory: asyncio calls the factory for every socket of an accept batch
-    before it makes any of their connections."""
-
-    def __init__(self, conns: "Connections"):
-        self.conns = conns
-        self.handler: asyncio.Protocol | None = None
-        self.transport: asyncio.Transport | None = None
-        self.peer = "?"
-        self.timer: asyncio.TimerHandle | None = None
-        self.received = 0   # bytes since the timer was armed
-        self.unsent = 0     # the write buffer when it was armed (or last checked)
-        self.requests = 0
-        self.head = bytearray()  # a refused connection's request head
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        self.peer = _peer(transport)
-        if len(self.conns.open) >= self.conns.limits.max_connections:
-            self.conns.note_refused(self.peer)
-        else:
-            self.handler = self.conns.server()
-            self.conns.open[transport] = self
-            self.handler.connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        self.received += len(data)
-        if self.handler is not None:
-            self.handler.data_received(data)
-        elif not self.transport.is_closing():
-            self.head += data
-            if b"\r\n\r\n" in self.head or len(self.head) > 16384:
-                self._refuse()
-
-    def eof_received(self):
-        if self.handler is not None:
-            return self.handler.eof_received()
-        self._refuse()
-        return False
-
-    def _refuse(self) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(self.conns.busy)
-            self.transport.close()
-
-    def pause_writing(self) -> None:
-        if self.handler is not None:
-            self.handler.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.handler is not None:
-            self.handler.resume_writing()
-
-    def connection_lost(self, exc) -> None:
-        self._disarm()
-        if self.handler is not None:
-            self.conns.open.pop(self.transport, None)
-            self.handler.connection_lost(exc)
-
-    def request_started(self) -> None:
-        self._disarm()
-        self.requests += 1
-
-    def request_done(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self._arm()
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _arm(self) -> None:
-        self._disarm()
-        self.received = 0
-        self.unsent = self.transport.get_write_buffer_size()
-        self.timer = self.conns.loop.call_later(self.conns.limits.client_timeout_s,
-                                                self._expired)
-
-    def _expired(self) -> None:
-        self.timer = None
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        timeout = self.conns.limits.client_timeout_s
-        unsent = t.get_write_buffer_size()
-        if self.handler is None:
-            pass  # refused (logged), and its request head did not even come
-        elif self.received:
-            log.warning("closed the connection of %s: its request was not whole after %gs "
-                        "(%d bytes received)", self.peer, timeout, self.received)
-        elif unsent and unsent < self.unsent:
-            self.unsent = unsent  # the client is still taking its response
-            self.timer = self.conns.loop.call_later(timeout, self._expired)
-            return
-        elif unsent:
-            log.warning("closed the connection of %s: it took no byte of its response for %gs",
-                        self.peer, timeout)
-        elif not self.requests:
-            log.warning("closed the connection of %s: no request within %gs of connecting",
-                        self.peer, timeout)
-        # else: an idle keep-alive connection, closed quietly
-        t.abort()
-
-
-class Connections:
-    """The protocol factory of the listening socket (``loop.create_server``): aiohttp's
-    ``web.Server`` behind the connection limit and the timeouts (``Connection``)."""
-
-    def __init__(self, server: web.Server, limits: ServerLimits):
-        self.server, self.limits = server, limits
-        self.loop = asyncio.get_running_loop()
-        self.open: dict[asyncio.BaseTransport, Connection] = {}
-        body = json.dumps(error_doc(503, f"too many connections: this master serves at most "
-                                         f"{limits.max_connections} at once; retry")).encode()
-        self.busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                     b"Retry-After: 1\r\nConnection: close\r\n"
-                     + f"{H_PROTOCOL}: {PROTOCOL_VERSION}\r\n".encode()
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        self.refused = 0
-        self._refused_logged = -1e9
-
-    def __call__(self) -> asyncio.Protocol:
-        return Connection(self)
-
-    def note_refused(self, peer: str) -> None:
-        """One log line per 10 s at most, counting the refusals since the previous one."""
-        self.refused += 1
-        now = time.monotonic()
-        if now - self._refused_logged >= 10:
-            log.warning("refused the connection of %s with a 503: %d connections are open, the "
-                        "--max-connections limit (%d refused since the previous such line)",
-                        peer, len(self.open), self.refused)
-            self._refused_logged, self.refused = now, 0
-
-    def of(self, request: web.BaseRequest) -> Connection | None:
-        return self.open.get(request.transport)
-
-
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     if not cert and not key:
         return None
@@ -714,7 +521,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
                      stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
     host, port = parse_listen(listen)
-    _setup_log()
+    setup_log()
     try:
         master = MasterStore(store_url, limits)
     except ReputError as e:
@@ -754,9 +561,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
                 loop.remove_signal_handler(sig)
         listener.close()
         await runner.cleanup()  # closes the connections aiohttp serves
-        for conn in list(server.connections.open.values()):
-            if conn.transport is not None:
-                conn.transport.abort()
+        server.connections.abort_all()
         server.pool.shutdown(wait=False, cancel_futures=True)
         master.store.close()
 

@@ -31,6 +31,7 @@ from kcompact.replication.client import MasterClient
 from kcompact.replication.errors import MasterStoreError, MasterUnavailableError
 from kcompact.replication.protocol import CT_DIGESTS, CT_RECORDS, H_PROTOCOL, H_STORE_ID, new_salt
 
+# the process helpers of test_replication, and its fixtures (procs, token) by import
 from test_replication import (TOPIC, build_big_master, build_compacted_master,  # noqa: F401
                               free_port, kc, procs, token)
 

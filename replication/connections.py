@@ -1,0 +1,227 @@
+"""The listening side of `kcompact serve`: every client connection, before aiohttp sees it.
+
+``Connections`` is the protocol factory handed to ``loop.create_server``; it wraps aiohttp's
+``web.Server`` (itself a protocol factory, aiohttp's documented low-level server), so that
+
+* at most ``ServerLimits.max_connections`` connections are served at once; one more is answered
+  ``503`` (Retry-After: 1) once its request head arrives, then closed;
+* a connection that has not sent a whole request within ``client_timeout_s`` of connecting, or
+  of its previous response, is closed (clients trickling bytes hold nothing), as is one whose
+  response sits unsent in the write buffer without progress for as long;
+* everything the server logs is one line (``OneLine``): aiohttp's own lines too (it logs a
+  request its parser refuses with the exception: here its reason, after the client address).
+
+Only public API: asyncio's Protocol and transports, aiohttp's ``web.Server`` as a factory and
+its ``logger`` parameter. Server.dispatch tells a Connection when a request is being handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+
+from aiohttp import web
+
+from .protocol import H_PROTOCOL, PROTOCOL_VERSION, ServerLimits, error_doc
+
+log = logging.getLogger("kcompact.serve")
+
+
+class OneLine(logging.Formatter):
+    """``kcompact serve: <message>[: <exception in one line>]``, never a traceback (aiohttp logs
+    a malformed request with its exception; the client address is in its message), unless
+    KCOMPACT_DEBUG is set."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        msg = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            msg = f"{msg}: {describe(exc)}"
+        line = "kcompact serve: " + " ".join(msg.split())
+        if exc is not None and os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def describe(e: BaseException) -> str:
+    """An exception in one line (aiohttp's parse errors keep their reason in ``message``)."""
+    text = getattr(e, "message", None)
+    text = " ".join(str(text if isinstance(text, str) and text else e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def setup_log() -> None:
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(OneLine())
+        log.addHandler(h)
+        log.setLevel(logging.DEBUG)  # aiohttp logs a garbage first request at debug level
+        log.propagate = False
+
+
+def peer(transport: asyncio.BaseTransport | None) -> str:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = f"[{peer[0]}]" if ":" in str(peer[0]) else peer[0]
+        return f"{host}:{peer[1]}"
+    return str(peer or "?")
+
+
+class Connection(asyncio.Protocol):
+    """One client connection: aiohttp's protocol for it (``handler``), behind the request and
+    response timeouts. A request is being handled between ``request_started`` and
+    ``request_done`` (Server.dispatch); otherwise the client has ``client_timeout_s`` to send a
+    whole request, and a response still in the write buffer must make progress as long.
+
+    A connection made while ``max_connections`` are open gets no handler: its request head is
+    read and answered 503, then it is closed (answering before reading the request would close
+    the socket with unread bytes: a reset, which can destroy the answer). The limit is checked
+    here, not in the factory: asyncio calls the factory for every socket of an accept batch
+    before it makes any of their connections."""
+
+    def __init__(self, conns: "Connections"):
+        self.conns = conns
+        self.handler: asyncio.Protocol | None = None
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.timer: asyncio.TimerHandle | None = None
+        self.received = 0   # bytes since the timer was armed
+        self.unsent = 0     # the write buffer when it was armed (or last checked)
+        self.requests = 0
+        self.head = bytearray()  # a refused connection's request head
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.peer = peer(transport)
+        if len(self.conns.open) >= self.conns.limits.max_connections:
+            self.conns.refusing.add(transport)
+            self.conns.note_refused(self.peer)
+        else:
+            self.handler = self.conns.server()
+            self.conns.open[transport] = self
+            self.handler.connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self.received += len(data)
+        if self.handler is not None:
+            self.handler.data_received(data)
+        elif not self.transport.is_closing():
+            self.head += data
+            if b"\r\n\r\n" in self.head or len(self.head) > 16384:
+                self._refuse()
+
+    def eof_received(self):
+        if self.handler is not None:
+            return self.handler.eof_received()
+        self._refuse()
+        return False
+
+    def _refuse(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(self.conns.busy)
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.handler is not None:
+            self.handler.resume_writing()
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        self.conns.refusing.discard(self.transport)
+        if self.handler is not None:
+            self.conns.open.pop(self.transport, None)
+            self.handler.connection_lost(exc)
+
+    def request_started(self) -> None:
+        self._disarm()
+        self.requests += 1
+
+    def request_done(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self._arm()
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self.received = 0
+        self.unsent = self.transport.get_write_buffer_size()
+        self.timer = self.conns.loop.call_later(self.conns.limits.client_timeout_s,
+                                                self._expired)
+
+    def _expired(self) -> None:
+        self.timer = None
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        timeout = self.conns.limits.client_timeout_s
+        unsent = t.get_write_buffer_size()
+        if self.handler is None:
+            pass  # refused (logged), and its request head did not even come
+        elif self.received:
+            log.warning("closed the connection of %s: its request was not whole after %gs "
+                        "(%d bytes received)", self.peer, timeout, self.received)
+        elif unsent and unsent < self.unsent:
+            self.unsent = unsent  # the client is still taking its response
+            self.timer = self.conns.loop.call_later(timeout, self._expired)
+            return
+        elif unsent:
+            log.warning("closed the connection of %s: it took no byte of its response for %gs",
+                        self.peer, timeout)
+        elif not self.requests:
+            log.warning("closed the connection of %s: no request within %gs of connecting",
+                        self.peer, timeout)
+        # else: an idle keep-alive connection, closed quietly
+        t.abort()
+
+
+class Connections:
+    """The protocol factory of the listening socket (``loop.create_server``): aiohttp's
+    ``web.Server`` behind the connection limit and the timeouts (``Connection``)."""
+
+    def __init__(self, server: web.Server, limits: ServerLimits):
+        self.server, self.limits = server, limits
+        self.loop = asyncio.get_running_loop()
+        self.open: dict[asyncio.BaseTransport, Connection] = {}
+        self.refusing: set[asyncio.BaseTransport] = set()
+        body = json.dumps(error_doc(503, f"too many connections: this master serves at most "
+                                         f"{limits.max_connections} at once; retry")).encode()
+        self.busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                     b"Retry-After: 1\r\nConnection: close\r\n"
+                     + f"{H_PROTOCOL}: {PROTOCOL_VERSION}\r\n".encode()
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.refused = 0
+        self._refused_logged = -1e9
+
+    def __call__(self) -> asyncio.Protocol:
+        return Connection(self)
+
+    def note_refused(self, peer: str) -> None:
+        """One log line per 10 s at most, counting the refusals since the previous one."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= 10:
+            log.warning("refused the connection of %s with a 503: %d connections are open, the "
+                        "--max-connections limit (%d refused since the previous such line)",
+                        peer, len(self.open), self.refused)
+            self._refused_logged, self.refused = now, 0
+
+    def of(self, request: web.BaseRequest) -> Connection | None:
+        return self.open.get(request.transport)
+
+    def abort_all(self) -> None:
+        """At shutdown, after aiohttp closed the connections it serves: whatever is left."""
+        for t in [*self.open, *self.refusing]:
+            t.abort()
