@@ -208,18 +208,21 @@ class MasterClient:
                 if retry_params:
                     params = {**params, **retry_params}
 
-    async def _error_doc(self, resp: aiohttp.ClientResponse):
+    async def _error_doc(self, resp: aiohttp.ClientResponse) -> dict | None:
         """The JSON error document of a non-200 answer (None when there is none)."""
+        raw = bytearray()
         try:
-            async with _timeout(self.read_timeout_s):
-                raw = await resp.content.read(64 * 1024)
+            async for chunk in body_chunks(resp, self.read_timeout_s):
+                raw += chunk
+                if len(raw) > 64 * 1024:
+                    return None
             doc = json.loads(raw)
         except Exception:  # noqa: BLE001 - best effort: the status is reported anyway
             return None
         return doc if isinstance(doc, dict) else None
 
-    async def _message(self, resp: aiohttp.ClientResponse) -> str:
-        doc = await self._error_doc(resp)
+    async def _message(self, resp: aiohttp.ClientResponse, doc: dict | None = None) -> str:
+        doc = doc or await self._error_doc(resp)
         return str(doc["error"]) if doc and "error" in doc else (resp.reason or "")
 
     async def _refusal(self, resp: aiohttp.ClientResponse, path: str) -> ReplicationError:
@@ -229,8 +232,7 @@ class MasterClient:
         doc = await self._error_doc(resp)
         if resp.status == 500:
             return master_error(doc, 500, where)
-        msg = str(doc["error"]) if doc and "error" in doc else (resp.reason or "")
-        return ReplicationError(f"{where}: HTTP {resp.status}: {msg}")
+        return ReplicationError(f"{where}: HTTP {resp.status}: {await self._message(resp, doc)}")
 
     # -- resources ------------------------------------------------------------------------------
 
