@@ -31,6 +31,7 @@ import json
 import os
 import signal
 import ssl
+import stat
 import sys
 import threading
 import time
@@ -75,6 +76,7 @@ class MasterStore:
         self._live_cache: OrderedDict = OrderedDict()
         self.buffers = BufferPool()
         self._reported: set[str] = set()
+        self._link_cache: dict[str, tuple[int, list[str]]] = {}
         # a local store's root, resolved once: nothing that resolves outside it is served
         local = self.fs.local_path("")
         self.root = os.path.realpath(local) if local is not None else None
@@ -85,8 +87,19 @@ class MasterStore:
                 raise ReplicationError(f"cannot serve {url}: {why}")
 
     def _escapes(self, path: str) -> str | None:
-        """Why ``path`` (store-relative) must not be served: it resolves outside the root."""
-        real = os.path.realpath(self.fs.local_path(path))
+        """Why ``path`` (store-relative) must not be served: it resolves outside the root.
+        No component of it a symlink (one lstat each, the usual case): inside; else realpath."""
+        cur = self.root
+        for name in path.split("/"):
+            cur = os.path.join(cur, name)
+            try:
+                if stat.S_ISLNK(os.lstat(cur).st_mode):
+                    break
+            except FileNotFoundError:
+                return None  # nothing there, so nothing to serve from elsewhere
+        else:
+            return None
+        real = os.path.realpath(os.path.join(self.root, path))
         if real == self.root or real.startswith(self.root + os.sep):
             return None
         return f"{path} resolves to {real}, outside the store {self.root} (a symlink?)"
@@ -99,16 +112,11 @@ class MasterStore:
             return None  # an object store has no symlinks
         if partition is None:
             why = self._escapes(fn.topic_dir(topic))
-        else:
+        else:  # the partition's directory, so the topic's too
             pdir = fn.partition_dir(topic, partition)
             why = self._escapes(pdir)
             if why is None:
-                try:
-                    with os.scandir(self.fs.local_path(pdir)) as it:
-                        links = [e.name for e in it if e.is_symlink()]
-                except (FileNotFoundError, NotADirectoryError):
-                    links = []
-                for name in links:
+                for name in self._links(pdir):
                     why = self._escapes(f"{pdir}/{name}")
                     if why:
                         break
@@ -120,6 +128,22 @@ class MasterStore:
                 log.warning("not serving %s: %s", topic if partition is None
                             else f"{topic}-{partition}", why)
         return why
+
+    def _links(self, pdir: str) -> list[str]:
+        """The symlinks in a partition's directory, listed again only when it changed."""
+        path = os.path.join(self.root, pdir)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            hit = self._link_cache.get(pdir)
+            if hit is not None and hit[0] == mtime:
+                return hit[1]
+            with os.scandir(path) as it:
+                links = [e.name for e in it if e.is_symlink()]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        with self._lock:
+            self._link_cache[pdir] = (mtime, links)
+        return links
 
     def topics(self) -> list[str]:
         return [t for t in self.store.topics() if self.outside(t) is None]
@@ -140,8 +164,7 @@ class MasterStore:
         if topic not in self.store.topics() or (partition is not None and partition
                                                  not in self.store.partitions(topic)):
             return f"{what} is not in this store"
-        why = self.outside(topic) or (self.outside(topic, partition)
-                                      if partition is not None else None)
+        why = self.outside(topic, partition)
         # the client is not told where the link points; the master's log line says it
         return (f"{what} is not served: a path of it resolves outside the store (a symlink?); "
                 "the master's log names it") if why else None
