@@ -65,7 +65,7 @@ class ServerLimits:
     max_summaries: int = 2             # live/digests computations running at once (else 503)
     max_url_bytes: int = 2048          # longer request targets: 414
     max_connections: int = 256         # client connections open at once (more: 503, closed)
-    client_timeout_s: float = 30.0     # to send a whole request, or to take 1 MiB of a response
+    client_timeout_s: float = 30.0     # to send a whole request; a response must move as often
 
     def __post_init__(self):
         if not 64 * 1024 <= self.default_max_bytes <= self.max_bytes <= 1 << 30:
