@@ -6,8 +6,8 @@ Protocol: docs/formats/replication-protocol.md. Depends on reput and compaction,
 connectors (the CLI there calls ``serve``, ``replicate`` and ``verify_against``).
 """
 
-from .errors import (AuthError, MasterUnavailableError, ProtocolError, ReplicaError,
-                     ReplicationError, RequestError)
+from .errors import (AuthError, MasterStoreError, MasterUnavailableError, ProtocolError,
+                     ReplicaError, ReplicationError, RequestError)
 from .live import digest_frames, live_offsets
 from .protocol import PROTOCOL_VERSION, ServerLimits
 from .replica import PartitionResult, ReplicaOptions, ReplicateOptions, Replicator, replicate
@@ -16,8 +16,8 @@ from .verify import (AgainstReport, PartitionDiff, VerifyAgainstOptions, compare
                      verify_against)
 
 __all__ = [
-    "AuthError", "MasterUnavailableError", "ProtocolError", "ReplicaError", "ReplicationError",
-    "RequestError",
+    "AuthError", "MasterStoreError", "MasterUnavailableError", "ProtocolError", "ReplicaError",
+    "ReplicationError", "RequestError",
     "digest_frames", "live_offsets",
     "PROTOCOL_VERSION", "ServerLimits",
     "PartitionResult", "ReplicaOptions", "ReplicateOptions", "Replicator", "replicate",

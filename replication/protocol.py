@@ -56,7 +56,8 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Per-request limits of `kcompact serve` (advertised in ``GET /v1/store``)."""
+    """Limits of `kcompact serve`: per request (max_bytes, default_max_bytes and max_wait_ms are
+    advertised in ``GET /v1/store``) and per client (max_connections, client_timeout_s)."""
 
     max_bytes: int = 64 * MIB          # largest max_bytes a records request may ask for (else 413)
     default_max_bytes: int = 8 * MIB   # when the request names none
