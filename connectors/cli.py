@@ -49,6 +49,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 def cmd_broker(a: argparse.Namespace) -> int:
     from .devtools.broker import run_foreground
+    if a.engine == "kafka":
+        from .devtools.apache_kafka import ApacheKafkaBroker
+        return run_foreground(a.port, factory=ApacheKafkaBroker)
     return run_foreground(a.port)
 
 
@@ -170,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--s3", action="store_true", help="run on a SeaweedFS-backed S3 store")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("broker", help="embedded Kafka-compatible broker, in the foreground")
+    s = sub.add_parser("broker", help="a development broker on 127.0.0.1, in the foreground")
+    s.add_argument("--engine", choices=("tansu", "kafka"), default="tansu",
+                   help="tansu (default): the embedded memory-only broker; kafka: a real Apache "
+                   "Kafka (KRaft single node; jars fetched with Maven into $KCOMPACT_CACHE_DIR, "
+                   "version $KCOMPACT_KAFKA_VERSION)")
     s.add_argument("--port", type=int, default=None)
     s.set_defaults(func=cmd_broker)
 

@@ -34,6 +34,9 @@ import uuid
 import weakref
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any, Callable
+
+from ..errors import ConnectorsError
 
 from ..extras import require
 
@@ -68,7 +71,7 @@ _TANSU_ENV_VARS = (
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
-class BrokerError(Exception):
+class BrokerError(ConnectorsError):
     """The embedded broker could not be found, started, or kept running.
 
     The message is one line: what failed, what to do about it, and the last lines of the
@@ -397,11 +400,17 @@ def _metadata_cluster_id(admin) -> str | None:
         return None
 
 
-def run_foreground(port: int | None = None) -> int:
-    """``kcompact broker [--port P]``: run the broker until SIGINT or SIGTERM, then stop it.
+def run_foreground(port: int | None = None, factory: Callable[[int | None], Any] | None = None
+                   ) -> int:
+    """``kcompact broker [--engine tansu|kafka] [--port P]``: run the broker until SIGINT or
+    SIGTERM, then stop it.
 
+    ``factory(port)`` makes the broker (default :class:`EmbeddedBroker`; the Apache Kafka one is
+    ``kcompact.connectors.devtools.apache_kafka.ApacheKafkaBroker``): anything with the same
+    context manager, ``bootstrap_servers``, ``is_running()`` and ``log_tail()``.
     Prints ``kcompact broker listening on 127.0.0.1:PORT`` on stdout once clients can connect.
-    Returns 0 after a signal; raises :class:`BrokerError` if the broker cannot start or dies.
+    Returns 0 after a signal; raises :class:`BrokerError` (or the factory's error) if the broker
+    cannot start or dies.
     """
     stop_requested = threading.Event()
     received: list[int] = []
@@ -414,12 +423,12 @@ def run_foreground(port: int | None = None) -> int:
         sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with EmbeddedBroker(port) as broker:
+        with (factory or EmbeddedBroker)(port) as broker:
             print(f"kcompact broker listening on {broker.bootstrap_servers}", flush=True)
             while not stop_requested.wait(0.5):
                 if not broker.is_running():
                     raise BrokerError(
-                        f"the embedded broker on {broker.bootstrap_servers} exited unexpectedly; "
+                        f"the broker on {broker.bootstrap_servers} exited unexpectedly; "
                         f"restart it (last lines of its log: {broker.log_tail()})"
                     )
             print(
