@@ -525,8 +525,8 @@ class ApacheKafkaBroker:
                     f.seek(max(0, f.tell() - 32768))
                     kept += [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()
                              if ln.strip()]
-        errors = [ln for ln in kept if " ERROR " in ln or " FATAL " in ln or "Exception" in ln
-                  or ln.startswith("Error")]
+        errors = [ln for ln in kept if not ln.startswith(("at ", "..."))
+                  and (" ERROR " in ln or " FATAL " in ln or re.search(r"(Exception|Error)\b", ln))]
         return " | ".join((errors or kept)[-lines:]) or "(broker log is empty)"
 
 
@@ -535,9 +535,13 @@ class _PortTaken(Exception):
 
 
 def _last_line(text: str) -> str:
+    """The cause in a JVM's output: the last exception line (not its stack frames), else the
+    last line."""
     lines = [ln.strip() for ln in text.splitlines()
              if ln.strip() and not ln.startswith("log4j:WARN")]
-    return lines[-1] if lines else "(no output)"
+    causes = [ln for ln in lines if not ln.startswith(("at ", "..."))
+              and re.search(r"(Exception|Error)\b", ln)]
+    return (causes or lines or ["(no output)"])[-1]
 
 
 def main(argv: list[str] | None = None) -> int:

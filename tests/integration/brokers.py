@@ -20,6 +20,22 @@ KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 DOCKER_PROBE_TIMEOUT_S = 0.8
 
 
+def apache_kafka_unavailable() -> str | None:
+    """None when a real Apache Kafka can be started here (java, and the jars cached or mvn to
+    fetch them), else why not, one line (the real-broker tests skip with it)."""
+    import shutil
+
+    from kcompact.connectors.devtools import apache_kafka
+    if shutil.which("java") is None:
+        return "no `java` on PATH: the real Apache Kafka tier needs Java 17 (and Maven)"
+    version = apache_kafka.kafka_version()
+    if not (apache_kafka.cache_dir() / f"kafka-{version}" / apache_kafka.MARKER).is_file() \
+            and shutil.which("mvn") is None:
+        return (f"no `mvn` on PATH and Apache Kafka {version}'s jars are not cached: the real "
+                "Apache Kafka tier needs Maven once")
+    return None
+
+
 class BrokerChoiceError(Exception):
     """The environment asks for a broker that cannot be had; ``usage`` when the request itself
     is malformed (an unknown name, two contradicting variables)."""

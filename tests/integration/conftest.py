@@ -16,6 +16,16 @@ with one clear line when no Docker engine answers, since it was asked for);
 runs (``external``, ``testcontainers`` or ``tansu``), for tests that pin Tansu's quirks.
 ``make_topic`` creates uniquely named topics on it.
 
+**The real Apache Kafka tier.** ``apache_kafka`` is a real Apache Kafka for the session
+(kcompact.connectors.devtools.apache_kafka, the pinned version, fetched with Maven when missing),
+started lazily by the first test that asks for it and stopped at the end; the broker you bring
+(``KAFKA_BOOTSTRAP_SERVERS``) or testcontainers' Kafka serves instead when it is the session's.
+Without ``java`` (or without ``mvn`` and cached jars) those tests skip with the one-line reason.
+``any_broker`` runs a test on the session broker (``tansu``: Tansu unless one of the above
+replaces it) and on the real Kafka (``kafka``): the tests of Kafka semantics (transactions,
+read_committed mirror, restore exactly-once, kv follow, the store sink) take it;
+``make_topic`` then creates topics on the broker of the run.
+
 Every test under tests/integration/ is marked ``integration``, so ``pytest -m "not integration"``
 runs without starting any process. What the embedded broker does and does not support is written
 down in BROKER_NOTES.md next to this file.
@@ -29,19 +39,24 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kcompact.connectors.devtools.broker import EmbeddedBroker
+from kcompact.connectors.devtools import apache_kafka as _apache_kafka
 
 _HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(_HERE))
-from brokers import (BOOTSTRAP_ENV, BrokerChoiceError, broker_kind,  # noqa: E402
-                     kafka_container_class, kafka_image)
+from brokers import (BOOTSTRAP_ENV, BrokerChoiceError, apache_kafka_unavailable,  # noqa: E402
+                     broker_kind, kafka_container_class, kafka_image)
 
 _TOPIC_READY_TIMEOUT = 15.0
+#: Where Apache Kafka's jars are cached, read before any fixture changes KCOMPACT_CACHE_DIR
+#: (the S3 fixture points it at a temporary directory for the writers' commit logs).
+_KAFKA_CACHE = _apache_kafka.cache_dir()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -91,16 +106,76 @@ def kafka_admin(kafka_bootstrap: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": kafka_bootstrap})
 
 
+@dataclass
+class BrokerUnderTest:
+    """One broker a test runs on: ``kind`` is ``tansu``, ``external``, ``testcontainers`` or
+    ``kafka`` (the real Apache Kafka of this session)."""
+
+    kind: str
+    bootstrap: str
+    admin: AdminClient
+    #: the ApacheKafkaBroker when this session started one (its logs, data directory)
+    process: object | None = None
+
+    @property
+    def real_kafka(self) -> bool:
+        """A real Kafka: read_committed hides aborted transactions, ListOffsets is right."""
+        return self.kind != "tansu"
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(request: pytest.FixtureRequest, kafka_broker_kind: str) -> Iterator[BrokerUnderTest]:
+    """A real Apache Kafka for the session (module docstring), started on first use."""
+    if kafka_broker_kind in ("external", "testcontainers"):
+        bootstrap = os.environ[BOOTSTRAP_ENV].strip() if kafka_broker_kind == "external" \
+            else None
+        if bootstrap is None:  # the session's testcontainers Kafka is a real Kafka already
+            bootstrap = request.getfixturevalue("kafka_bootstrap")
+        yield BrokerUnderTest(kafka_broker_kind, bootstrap, AdminClient({"bootstrap.servers": bootstrap}))
+        return
+    why = apache_kafka_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    try:
+        broker = _apache_kafka.ApacheKafkaBroker(cache=_KAFKA_CACHE).start()
+    except _apache_kafka.ApacheKafkaError as e:
+        pytest.fail(f"the real Apache Kafka did not start: {e}", pytrace=False)
+    try:
+        yield BrokerUnderTest("kafka", broker.bootstrap_servers,
+                         AdminClient({"bootstrap.servers": broker.bootstrap_servers}), broker)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(params=["tansu", "kafka"])
+def any_broker(request: pytest.FixtureRequest) -> BrokerUnderTest:
+    """The session broker (``tansu``) and the real Apache Kafka (``kafka``), in turn."""
+    if request.param == "kafka":
+        return request.getfixturevalue("apache_kafka")
+    return BrokerUnderTest(request.getfixturevalue("kafka_broker_kind"),
+                      request.getfixturevalue("kafka_bootstrap"),
+                      request.getfixturevalue("kafka_admin"))
+
+
+def _admin_of_test(request: pytest.FixtureRequest) -> AdminClient:
+    """The admin client of the broker the test runs on: ``any_broker``'s, or ``apache_kafka``'s
+    for a real-Kafka-only test, else the session broker's."""
+    for name in ("any_broker", "apache_kafka"):
+        if name in request.fixturenames:
+            return request.getfixturevalue(name).admin
+    return request.getfixturevalue("kafka_admin")
+
+
 @pytest.fixture
-def make_topic(
-    request: pytest.FixtureRequest, kafka_admin: AdminClient
-) -> Iterator[Callable[..., str]]:
+def make_topic(request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
     """Factory: ``make_topic(partitions=N, config={...})`` creates a fresh topic, returns its name.
 
     The name is unique per call (test name + random suffix), so tests never see each other's
     records on a shared broker. The call returns once metadata shows every partition with a
-    leader; the topics are deleted after the test (best effort).
+    leader; the topics are deleted after the test (best effort). The broker is the one the test
+    runs on (``any_broker``, ``apache_kafka``, else the session's).
     """
+    kafka_admin = _admin_of_test(request)
     created: list[str] = []
     prefix = "it-" + re.sub(r"[^A-Za-z0-9._-]+", "-", request.node.name)[:60]
 
