@@ -6,7 +6,9 @@ The task never joins a consumer group: the worker hands it an assignment, and th
 (``context.offset``) - else at the group's committed offset, else the earliest. It runs until
 stopped, or with ``follow=false`` until every partition has reached the end it had when the task
 started (end-of-partition events, and the high watermark of the first fetch response - never
-ListOffsets, which Tansu gets wrong). Every ``offset.flush.interval.ms`` (and at the end) it calls
+ListOffsets, which Tansu gets wrong). A following task whose topic (read whole) gains partitions
+stops with an error saying to restart, which assigns the new partitions (checked every
+``PARTITION_CHECK_INTERVAL`` seconds). Every ``offset.flush.interval.ms`` (and at the end) it calls
 ``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
 Batches are read as columns (kafka_columns.ColumnReader) when the C extension is built.
 """
@@ -35,6 +37,8 @@ from .task_runner import TaskRunner
 
 _TS = itemgetter(1)
 _NATIVE = extension("kcompact.connectors.framework._rdkafka")
+#: Seconds between checks, while following, that no followed topic gained partitions.
+PARTITION_CHECK_INTERVAL = 5.0
 
 
 class SinkTaskRunner(TaskRunner):
@@ -44,7 +48,8 @@ class SinkTaskRunner(TaskRunner):
                  assignment: list[TopicPartition], consumer_conf: dict[str, Any],
                  key_converter: Converter, value_converter: Converter, errors: ErrorHandler,
                  follow: bool, batch_max: int, flush_interval_ms: int, stop: threading.Event,
-                 startup_timeout: float, settings: KafkaSettings):
+                 startup_timeout: float, settings: KafkaSettings,
+                 whole_topics: Mapping[str, int] | None = None):
         self.connector, self.task_id, self.task, self.props = connector, task_id, task, props
         self.assignment, self.consumer_conf = assignment, consumer_conf
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
@@ -58,6 +63,9 @@ class SinkTaskRunner(TaskRunner):
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
         self._kafka_errors: list[Any] = []
+        #: topics followed whole -> their partition count at start (checked while following)
+        self.whole_topics = dict(whole_topics or {})
+        self._last_partition_check = time.monotonic()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -193,6 +201,10 @@ class SinkTaskRunner(TaskRunner):
             if now - last_flush >= self.flush_interval / 1000:
                 self._commit()
                 last_flush = now
+            if self.follow and self.whole_topics and \
+                    now - self._last_partition_check >= PARTITION_CHECK_INTERVAL:
+                self._last_partition_check = now
+                self._check_partition_counts()
 
     def _wanted(self, pending: set, batch: int) -> int:
         """How many messages to ask consume() for: ``batch``, or fewer at the end of a bounded
@@ -287,6 +299,22 @@ class SinkTaskRunner(TaskRunner):
                     f"end-of-partition within {self.startup_timeout * 2:.0f} s; the partition "
                     f"seems to end at {hi}: was the topic deleted and recreated? Mirror into a "
                     "new store")
+
+    def _check_partition_counts(self) -> None:
+        """A followed topic that gained partitions stops the task with a clear error: the
+        partitions are assigned at start, so the new ones would silently not be mirrored. A
+        restart assigns them (their records are read from offset 0)."""
+        for topic, count in self.whole_topics.items():
+            try:
+                meta = self.consumer.list_topics(topic=topic, timeout=5).topics.get(topic)
+            except Exception:  # noqa: BLE001 - a broker away for a moment: check next time
+                continue
+            if meta is None or meta.error is not None or len(meta.partitions) <= count:
+                continue
+            raise ConnectorsError(
+                f"topic {topic} grew from {count} to {len(meta.partitions)} partitions while "
+                f"{self.connector} followed it; restart it to mirror the new partitions too "
+                "(their records are read from the beginning)")
 
     def _check_kafka_errors(self) -> None:
         from confluent_kafka import KafkaError

@@ -236,6 +236,9 @@ class Worker:
             tps = [TopicPartition(t, p) for t in values["topics"]
                    for p in connector.select_partitions(t, by_topic[t])]
             n = len(task_props)
+            # topics read whole are watched for new partitions while following
+            whole = {t: len(by_topic[t]) for t in values["topics"]
+                     if sum(1 for tp in tps if tp.topic == t) == len(by_topic[t])}
             for i, tprops in enumerate(task_props):
                 assignment = tps[i::n]
                 conf = dict(settings.conf, **{"client.id": f"kcompact-{name}-{i}"})
@@ -246,7 +249,9 @@ class Worker:
                     value_converter=self._converter("value", values, props),
                     errors=self._errors(name, i, values), follow=values["follow"],
                     batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
-                    stop=self.stop_event, startup_timeout=timeout, settings=settings))
+                    stop=self.stop_event, startup_timeout=timeout, settings=settings,
+                    whole_topics={t: c for t, c in whole.items()
+                                  if any(tp.topic == t for tp in assignment)}))
         elif isinstance(connector, SourceConnector):
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "
