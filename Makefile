@@ -1,12 +1,13 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
-# make test : create .venv, install kcompact with every extra, run unit + integration tests
+# make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
+#             missing (Maven, for the real-broker tier), run unit + integration tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test install java bench clean
+.PHONY: demo test install java maven kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h compaction/_native.c \
                    connectors/framework/_rdkafka.c connectors/apps/kv/_native.c
@@ -22,12 +23,22 @@ java:
 	  echo "installing Java 17 (needed by Spark)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless; }
 
+maven:
+	@command -v mvn >/dev/null 2>&1 || { \
+	  echo "installing Maven (fetches Apache Kafka's jars for the real-broker tests)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven; }
+
 install: java $(BIN)/.installed
+
+# Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
+# $KCOMPACT_CACHE_DIR (~/.cache/kcompact); a no-op once fetched
+kafka-jars: install maven
+	$(BIN)/python -m kcompact.connectors.devtools.apache_kafka fetch
 
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
-test: install
+test: install kafka-jars
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into

@@ -84,10 +84,11 @@ def wait_until(cond, timeout: float = 60.0) -> None:
 
 
 @pytest.mark.parametrize("columns", ["columns", "messages"])
-def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, tmp_path,
+def test_build_from_store_then_catch_up_from_kafka(any_broker, make_topic, tmp_path,
                                                   monkeypatch, columns):
     """The Kafka part read as columns (connectors/framework/kafka_columns.py, when built) and as
-    Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
+    Message objects (KCOMPACT_KAFKA_COLUMNS=0); on the session broker and a real Kafka."""
+    kafka_bootstrap = any_broker.bootstrap
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:
@@ -109,7 +110,8 @@ def test_build_from_store_then_catch_up_from_kafka(kafka_bootstrap, make_topic, 
         assert m.source["kafka_cluster_id"] and m.source["store_id"]
 
 
-def test_follow_kafka_topic_with_tombstones(kafka_bootstrap, make_topic, tmp_path):
+def test_follow_kafka_topic_with_tombstones(any_broker, make_topic, tmp_path):
+    kafka_bootstrap = any_broker.bootstrap
     topic = make_topic(partitions=2)
     first = produce(kafka_bootstrap, topic, rows(1000, 100, 3), 2)
     store, db = str(tmp_path / "store"), str(tmp_path / "db")

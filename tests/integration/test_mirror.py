@@ -103,10 +103,12 @@ def _mirror(bootstrap, topic, store, **kw):
 
 
 @pytest.mark.parametrize("columns", ["columns", "messages"])
-def test_mirror_is_exact_offset_for_offset(kafka_bootstrap, make_topic, tmp_path, monkeypatch,
+def test_mirror_is_exact_offset_for_offset(any_broker, make_topic, tmp_path, monkeypatch,
                                            columns):
     """Both ways of reading batches: as columns (connectors/framework/kafka_columns.py, the
-    default when built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0)."""
+    default when built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0); on
+    the session broker and on a real Apache Kafka."""
+    kafka_bootstrap = any_broker.bootstrap
     if columns == "messages":
         monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
     elif kafka_columns._module() is None:

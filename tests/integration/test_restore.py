@@ -42,12 +42,6 @@ SLOW = ("-X", "batch.num.messages=5", "-X", "linger.ms=0", "-X", "max.in.flight=
 # -- helpers -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def on_tansu(kafka_broker_kind: str) -> bool:
-    """The session's broker is the embedded Tansu (aborted transactions stay visible)."""
-    return kafka_broker_kind == "tansu"
-
-
 def build_store(url: str, partitions: int, n: int, *, seed: int = 1, keys: int = 50,
                 first_offset: int = 0, own_keys: bool = False, headers: bool = True) -> None:
     """n records per partition: keys from a small set (so most are overwritten), tombstones,
@@ -119,10 +113,13 @@ def partition_count(bootstrap: str, topic: str) -> int | None:
 
 
 @pytest.fixture
-def new_topic(request, kafka_admin):
+def new_topic(request):
     """Factory of unique topic names that do not exist yet (the restore creates them);
-    deleted after the test."""
+    deleted after the test (on ``any_broker`` when the test runs on both brokers)."""
     names: list[str] = []
+    kafka_admin = request.getfixturevalue("any_broker" if "any_broker" in request.fixturenames
+                                          else "kafka_admin")
+    kafka_admin = getattr(kafka_admin, "admin", kafka_admin)
 
     def make() -> str:
         name = f"it-restore-{request.node.name[:30]}-{uuid.uuid4().hex[:8]}".replace("[", "-")
@@ -173,10 +170,10 @@ def sent_by_columns(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("headers", [True, False], ids=["headers", "no-headers"])
-def test_restore_equals_the_store(kafka_bootstrap, new_topic, tmp_path, on_tansu, headers,
-                                  sent_by_columns):
+def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent_by_columns):
     """With headers (repeated names, null values, non-ASCII names) and without; whole blocks
-    through ColumnSender either way."""
+    through ColumnSender either way; on the session broker and on a real Apache Kafka."""
+    kafka_bootstrap, on_tansu = any_broker.bootstrap, not any_broker.real_kafka
     url = str(tmp_path / "store")
     build_store(url, 3, 800, headers=headers)
     target = new_topic()
@@ -421,8 +418,10 @@ def _committed_part(offsets: list[int]) -> tuple[list[int], int, int]:
     return out, dropped, rewinds
 
 
-def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_path,
-                                                 on_tansu):
+def test_sigkill_at_random_moments_then_restart(any_broker, new_topic, tmp_path):
+    """Against a real Kafka with ``--exactly-once required``: a read_committed consumer of the
+    target sees every live key exactly once, in store order."""
+    kafka_bootstrap, on_tansu = any_broker.bootstrap, not any_broker.real_kafka
     url = str(tmp_path / "store")
     # ~90k live records: a whole run takes several seconds even on a fast machine, so each of
     # the three runs below is killed part-way
@@ -430,7 +429,8 @@ def test_sigkill_at_random_moments_then_restart(kafka_bootstrap, new_topic, tmp_
     target = new_topic()
     chunk = 2000
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
-            kafka_bootstrap, "--to-topic", target, "--chunk-records", str(chunk), *SLOW)
+            kafka_bootstrap, "--to-topic", target, "--chunk-records", str(chunk), *SLOW,
+            *(("--exactly-once", "required") if not on_tansu else ()))
     job = _job(kafka_bootstrap, url, target)
 
     def seq() -> int:
