@@ -53,6 +53,7 @@ BENCHES = {
     "kv": ("kv.py", [("--keys", 1_000_000), ("--updates", 10_000_000)]),
     "s3": ("s3.py", [("--records", 1_000_000)]),
     "restore": ("restore.py", [("--keys", 1_000_000)]),
+    "kafka_peers": ("kafka_peers.py", [("--records", 1_000_000)]),
 }
 
 KAFKA_BYTES_PER_KEY = 24 / 0.9      # MD5 (16 B) + offset (8 B) per slot, load factor 0.9
@@ -289,9 +290,28 @@ def _restore(d: dict) -> list[Headline]:
                      d["ratio_of_medians"] >= target)]
 
 
+def _kafka_peers(d: dict) -> list[Headline]:
+    """kcompact next to Apache Kafka's own tools on a real Kafka (bench/kafka_peers.py)."""
+    m, r, c = d["mirror"], d["restore"], d["compaction"]
+    where = f"Apache Kafka {d['kafka_version']}, {d['records']:,} records"
+    return [
+        Headline(f"mirror on {where}", _rate(m["rec_per_s"]),
+                 f"Kafka's ConsumerPerformance {_rate(m['peer_fetch_rec_per_s'])}", m["ratio"],
+                 "ours / Java consumer (throughput)", ">= 1.0", m["ratio"] >= 1.0),
+        Headline(f"restore on {where}", _rate(r["rec_per_s"]),
+                 f"Kafka's ProducerPerformance {_rate(r['peer_rec_per_s'])}", r["ratio"],
+                 "ours / Java producer (throughput)", ">= 1.0", r["ratio"] >= 1.0),
+        Headline(f"compaction of {d['records']:,} records / {d['keys']:,} keys",
+                 f"{c['ours']['mb_per_s']:.1f} MB/s",
+                 f"Kafka's log cleaner {c['kafka']['mb_per_s']:.1f} MB/s", c["ratio"],
+                 "ours / Kafka's cleaner (MB/s)", ">= 3", c["ratio"] >= 3),
+    ]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Headline]]] = {
     "store": _store, "compaction": _compaction, "mirror": _mirror, "spark": _spark,
     "replication": _replication, "kv": _kv, "s3": _s3, "restore": _restore,
+    "kafka_peers": _kafka_peers,
 }
 
 
