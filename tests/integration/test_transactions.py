@@ -68,7 +68,8 @@ def transactions(bootstrap: str, topic: str, partitions: int, txns: int, *, per_
                          msg.value()))
         p.begin_transaction()
         for i in range(per_txn):
-            k = (t * 3 + i) % keys  # a key lives in one partition, as the partitioner makes
+            # a key lives in one partition, as the partitioner makes (the sentinel in 0)
+            k = (t * 3 + i) % keys if tag != "z" else 0
             key = b"k%d" % k if tag != "z" else b"sentinel"
             p.produce(topic, key=key, value=b"%s%d-%s-%d" % (tag.encode(), t,
                                                               b"A" if abort else b"C", i),
