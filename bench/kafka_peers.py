@@ -8,7 +8,8 @@ Maven when missing; ``-Xmx1g``, SerialGC). Three figures, each a ratio to its pe
 * **mirror** (``mirror_local``, the local engine) of a topic of ``--records`` records (8-byte
   keys, 100-byte values, ``--partitions`` partitions) next to Kafka's Java consumer on the same
   topic: ``org.apache.kafka.tools.ConsumerPerformance`` (kafka-consumer-perf-test), its
-  ``fetch.nMsg.sec`` (the rate without its group join). Target >= 1.0 x.
+  ``fetch.nMsg.sec`` (the rate without its group join). Target >= 1.0 x. For context, a raw
+  confluent-kafka consume of the same topic (bench/mirror.py's baseline) is measured too.
 * **restore** (``kcompact restore``, transactions, the store just mirrored: every key live) next
   to ``org.apache.kafka.tools.ProducerPerformance`` (kafka-producer-perf-test) sending as many
   100-byte records with idempotence on, ``acks=all``. Target >= 1.0 x.
@@ -35,12 +36,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry,  # noqa: E402
                                    ConfigResource, NewTopic)
 
 from kcompact.connectors.devtools.apache_kafka import ApacheKafkaBroker, tool_command  # noqa: E402
+
+import mirror as mirror_bench  # noqa: E402  (bench/mirror.py: the raw confluent-kafka consume)
 
 VALUE = 100
 _CLEANED = re.compile(r"cleaned log (\S+) \(dirty section = \[(\d+), (\d+)\]\)")
@@ -185,16 +189,20 @@ def main(argv=None) -> int:
             create(admin, "peers", parts)
             produce(bs, "peers", n, n, parts)
             cperf = consumer_perf(bs, "peers", n)
+            raw_secs, raw_n = mirror_bench.raw_consume(bs, "peers", parts, n)
+            assert raw_n == n, (raw_n, n)
             got, secs = mirror(bs, "peers", os.path.join(work, "m"))
             assert got == n, (got, n)
             doc["mirror"] = {"rec_per_s": n / secs, "seconds": secs,
+                             "raw_confluent_kafka_rec_per_s": n / raw_secs,
                              "peer": "ConsumerPerformance", **{f"peer_{k}": v
                                                                for k, v in cperf.items()}}
             doc["mirror"]["ratio"] = doc["mirror"]["rec_per_s"] / cperf["fetch_rec_per_s"]
             print(f"mirror: {n / secs:,.0f} rec/s; Kafka's ConsumerPerformance "
                   f"{cperf['fetch_rec_per_s']:,.0f} rec/s fetching ({cperf['rec_per_s']:,.0f} "
                   f"with its {cperf['rebalance_ms']:.0f} ms group join): "
-                  f"{doc['mirror']['ratio']:.2f} x", file=sys.stderr)
+                  f"{doc['mirror']['ratio']:.2f} x; a raw confluent-kafka consume that discards "
+                  f"the records: {n / raw_secs:,.0f} rec/s", file=sys.stderr)
 
             # 2. restore (every key live) vs ProducerPerformance, as many 100-byte records
             create(admin, "peers-perf", parts)
