@@ -50,6 +50,12 @@ DOCS = {
               "local_seconds": 10.0, "time_ratio": 3.0}],
     "restore": {"keys": 1_000_000, "partitions": 8, "rate_median": {"raw": 1e6, "restore": 9.5e5},
                 "ratio_of_medians": 0.95, "target": 0.8},
+    "kafka_peers": {"records": 1_000_000, "keys": 100_000, "partitions": 8,
+                    "kafka_version": "3.9.1",
+                    "mirror": {"rec_per_s": 5e5, "peer_fetch_rec_per_s": 1e6, "ratio": 0.5},
+                    "restore": {"rec_per_s": 6e5, "peer_rec_per_s": 4e5, "ratio": 1.5},
+                    "compaction": {"ours": {"mb_per_s": 400.0}, "kafka": {"mb_per_s": 100.0},
+                                   "ratio": 4.0}},
 }
 
 
@@ -93,6 +99,10 @@ def test_headline_table_puts_each_figure_next_to_its_baseline_as_a_ratio():
     assert "64 partitions" in s3[2][1] and s3[2][4].startswith("3.00 (S3 / local")
     (restore,) = rows_of(lines, "restore")
     assert restore[4].startswith("0.95") and restore[6] == "yes"
+    (kmirror, krestore, kcompaction) = rows_of(lines, "kafka_peers")
+    assert kmirror[3] == "Kafka's ConsumerPerformance 1.00M rec/s" and kmirror[6] == "**no**"
+    assert krestore[4].startswith("1.50 (ours / Java producer") and krestore[6] == "yes"
+    assert kcompaction[2] == "400.0 MB/s" and kcompaction[5] == ">= 3" and kcompaction[6] == "yes"
     (spark, read) = rows_of(lines, "spark")
     assert spark[4].startswith("1.15 (spark / local") and read[6] == "-"
 
