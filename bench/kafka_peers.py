@@ -77,7 +77,7 @@ def create(admin: AdminClient, topic: str, partitions: int, config: dict | None 
 
 
 def mirror(bootstrap: str, topic: str, store: str) -> tuple[int, float]:
-    from kcompact.connectors.mirror import mirror_local
+    from kcompact.connectors.apps.mirror import mirror_local
     t0 = time.perf_counter()
     res = mirror_local(bootstrap, topic, store, out=io.StringIO(), handle_signals=False)
     return res.records, time.perf_counter() - t0
@@ -109,7 +109,7 @@ def producer_perf(bootstrap: str, topic: str, records: int) -> dict:
 
 
 def restore(bootstrap: str, store: str, topic: str, target: str) -> tuple[int, float]:
-    from kcompact.connectors.restore import restore as run
+    from kcompact.connectors.apps.restore import restore as run
     t0 = time.perf_counter()
     res = run(bootstrap, store, topic, target, out=io.StringIO(), handle_signals=False)
     return res.records, time.perf_counter() - t0

@@ -9,7 +9,8 @@ scratch; once it is there no network (and no ``mvn``) is needed. The version is 
 ``$KCOMPACT_KAFKA_VERSION`` or ``version=``; the launcher runs Kafka 3.x (reload4j) and 4.x
 (log4j 2), both in KRaft mode.
 
-:class:`ApacheKafkaBroker` mirrors :class:`~kcompact.connectors.broker.EmbeddedBroker`: a context
+``ApacheKafkaBroker`` shares its lifecycle with the Tansu broker
+(:class:`~kcompact.connectors.devtools.broker.BrokerProcess`): a context
 manager with ``start``/``stop``, ``bootstrap_servers``, ``is_running`` and ``log_tail``. ``start``
 writes a KRaft combined-mode single node (``process.roles=broker,controller``, a static
 ``controller.quorum.voters``) into a temporary directory, formats it with
@@ -335,7 +336,7 @@ class ApacheKafkaBroker(BrokerProcess):
     """A single-node Apache Kafka (KRaft, broker and controller in one JVM) on ``127.0.0.1``,
     for as long as the context lasts; data and logs live in a temporary directory that
     :meth:`stop` removes (pass ``log_dir`` to keep the logs). The lifecycle is
-    :class:`~kcompact.connectors.broker.BrokerProcess`'s, shared with the Tansu broker. ::
+    :class:`~kcompact.connectors.devtools.broker.BrokerProcess`'s, shared with the Tansu broker. ::
 
         with ApacheKafkaBroker() as broker:
             producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
