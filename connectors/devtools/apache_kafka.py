@@ -1,4 +1,5 @@
-"""A real Apache Kafka broker for development, tests and benchmarks (``kcompact broker --engine kafka``).
+"""A real Apache Kafka broker for development, tests and benchmarks: ``kcompact broker
+--engine kafka``.
 
 Apache Kafka's jars (``org.apache.kafka:kafka_2.13``, ``kafka-tools`` for the perf-test peers,
 and ``slf4j-reload4j`` so the broker logs) are resolved from Maven Central by ``mvn`` through a
@@ -210,8 +211,8 @@ def kafka_version() -> str:
     if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(-[A-Za-z0-9.]+)?", version) or \
             int(version.split(".")[0]) < 3:
         raise ApacheKafkaError(f"{VERSION_ENV}={version!r} is not a Kafka release number "
-                               f"the launcher runs (3.x or 4.x, example: {KAFKA_VERSION}); unset it "
-                               "for the pinned one")
+                               f"the launcher runs (3.x or 4.x, example: {KAFKA_VERSION}); "
+                               "unset it for the pinned one")
     return version
 
 
@@ -246,7 +247,8 @@ def _pom(version: str) -> str:
         f"<dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
         f"<version>{v or version}</version></dependency>\n"
         for g, a, v in (*ARTIFACTS, SLF4J_BINDING[min(4, _major(version))]))
-    return ("<project xmlns=\"http://maven.apache.org/POM/4.0.0\"><modelVersion>4.0.0</modelVersion>"
+    return ("<project xmlns=\"http://maven.apache.org/POM/4.0.0\">"
+            "<modelVersion>4.0.0</modelVersion>"
             "<groupId>kcompact</groupId><artifactId>apache-kafka-jars</artifactId>"
             f"<version>{version}</version><packaging>pom</packaging>\n"
             f"<dependencies>\n{deps}</dependencies></project>\n")
@@ -391,7 +393,8 @@ class ApacheKafkaBroker(BrokerProcess):
         return self._tmpdir / "data" if self._tmpdir is not None else None
 
     def properties(self, port: int, controller_port: int, data: Path) -> dict[str, str]:
-        """server.properties for a node listening on ``port`` (controller on ``controller_port``)."""
+        """server.properties for a node listening on ``port`` (its controller on
+        ``controller_port``)."""
         props = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -498,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m kcompact.connectors.devtools.apache_kafka fetch|path``."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m kcompact.connectors.devtools.apache_kafka",
-                                description="Apache Kafka's jars for kcompact's tests and benchmarks")
+                                description="Apache Kafka's jars for kcompact's tests and "
+                                "benchmarks")
     p.add_argument("action", choices=("fetch", "path"))
     p.add_argument("--version", default=None, help=f"default ${VERSION_ENV} or {KAFKA_VERSION}")
     args = p.parse_args(argv)

@@ -124,14 +124,16 @@ class BrokerUnderTest:
 
 
 @pytest.fixture(scope="session")
-def apache_kafka(request: pytest.FixtureRequest, kafka_broker_kind: str) -> Iterator[BrokerUnderTest]:
+def apache_kafka(request: pytest.FixtureRequest,
+                 kafka_broker_kind: str) -> Iterator[BrokerUnderTest]:
     """A real Apache Kafka for the session (module docstring), started on first use."""
     if kafka_broker_kind in ("external", "testcontainers"):
         bootstrap = os.environ[BOOTSTRAP_ENV].strip() if kafka_broker_kind == "external" \
             else None
         if bootstrap is None:  # the session's testcontainers Kafka is a real Kafka already
             bootstrap = request.getfixturevalue("kafka_bootstrap")
-        yield BrokerUnderTest(kafka_broker_kind, bootstrap, AdminClient({"bootstrap.servers": bootstrap}))
+        yield BrokerUnderTest(kafka_broker_kind, bootstrap,
+                              AdminClient({"bootstrap.servers": bootstrap}))
         return
     why = apache_kafka_unavailable()
     if why is not None:

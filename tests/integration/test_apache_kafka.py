@@ -147,7 +147,8 @@ def test_cached_jars_need_no_mvn(tmp_path):
 
 def test_a_release_not_on_maven_central_names_the_artifact(tmp_path):
     res = kcompact("broker", "--engine", "kafka",
-                   env=_env(KCOMPACT_CACHE_DIR=str(tmp_path / "c"), KCOMPACT_KAFKA_VERSION="3.0.99"))
+                   env=_env(KCOMPACT_CACHE_DIR=str(tmp_path / "c"),
+                            KCOMPACT_KAFKA_VERSION="3.0.99"))
     assert res.returncode == 1
     line = error_line(res)
     assert "fetching Apache Kafka 3.0.99's jars failed: cannot resolve org.apache.kafka:" \

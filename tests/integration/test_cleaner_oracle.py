@@ -2,10 +2,11 @@
 
 Hypothesis draws workloads (updates, tombstones, empty values; every record keyed, as Kafka
 refuses keyless records on a compacted topic). Each is produced to a fresh Apache Kafka topic
-with ``cleanup.policy=compact`` and small segments (1 KiB; 1 MiB on Kafka 4), created with ``min.compaction.lag.ms`` of an
-hour so that nothing is cleaned while ``kcompact mirror`` copies it (the copy is checked against
-the producer's delivery reports). Then the lag goes to 0 and the dirty ratio to 0.01, and the
-test waits until Kafka's cleaner has cleaned every sealed segment (its own "cleaned log ...
+with ``cleanup.policy=compact`` and small segments (1 KiB; 1 MiB on Kafka 4), created with
+``min.compaction.lag.ms`` of an hour so that nothing is cleaned while ``kcompact mirror`` copies
+it (the copy is checked against the producer's delivery reports). Then the lag goes to 0 (the
+dirty ratio is 0.01 from the start), and the test waits until Kafka's cleaner has cleaned every
+sealed segment (its own "cleaned log ...
 (dirty section = [0, END])" line in log-cleaner.log, END being the active segment's base offset
 in the broker's data directory). The mirrored copy is force-compacted by kcompact under the same
 ``delete.retention.ms``, and both are read back:

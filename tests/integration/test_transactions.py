@@ -139,7 +139,7 @@ def test_mirror_keeps_exactly_the_committed_records(any_broker, make_topic, tmp_
         assert stored == by_partition(committed + aborted, 2)
 
 
-# -- the key-value map following Kafka --------------------------------------------------------------
+# -- the key-value map following Kafka -------------------------------------------------------
 
 
 def test_kv_follow_from_kafka_applies_only_committed_records(any_broker, make_topic, tmp_path):
@@ -168,7 +168,7 @@ def test_kv_follow_from_kafka_applies_only_committed_records(any_broker, make_to
         assert set(got.values()) & {r[4] for r in first_a + more_a}
 
 
-# -- the store sink under connect standalone --------------------------------------------------------
+# -- the store sink under connect standalone -------------------------------------------------
 
 
 def test_standalone_store_sink_keeps_exactly_the_committed_records(any_broker, make_topic,
