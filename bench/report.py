@@ -22,6 +22,10 @@ printed output in full below. The plots are measurements too:
 
 A benchmark or a plot that fails is named in REPORT.md and makes the exit status 1; a plot
 without any data is not written.
+
+Why one file of ~800 lines: it is a script, run as ``python bench/report.py`` from a checkout (no
+package to import helpers from), and it re-executes itself (``_child``) to take each memory
+measurement in a fresh interpreter.
 """
 
 from __future__ import annotations

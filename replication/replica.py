@@ -28,6 +28,10 @@ with kcompact.compaction.Scheduler compacting in the background, until SIGINT/SI
 A rebuild must finish within the master's ``delete.retention.ms``: as for any Kafka consumer, a
 tombstone the master purges before the replica has pulled it cannot delete the older value the
 replica pulled earlier.
+
+Why one file of ~700 lines: ``Replicator`` is one state machine (pull, install, force-compact,
+follow) whose crash-resume rules are written against each other (what ``.replicating/`` and
+``install.json`` hold at each step); read apart, a change to one step breaks another's resume.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """`kcompact serve`: the master side of replication, an aiohttp server over a store.
 
-Protocol: docs/formats/replication-protocol.md (paths, headers and bodies in protocol.py).
+Protocol: docs/formats/replication-protocol.md (paths, headers and bodies in protocol.py). The
+store side (read-only access, symlink refusal, the live-record cache) is master_store.py.
 
 The store is opened read-only (``Store.open(url)``), so the server runs next to the mirror and
 the compactor that keep writing it: every request re-lists the partition's segments, record
@@ -31,27 +32,22 @@ import json
 import os
 import signal
 import ssl
-import stat
 import sys
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from aiohttp import web
 
-from kcompact.reput import swap
 from kcompact.reput.errors import CorruptRecordError, ReputError
-from kcompact.reput.partition import PartitionLog
-from kcompact.reput.reader import BufferPool, PartitionReader, warm_up
-from kcompact.reput.store import Store, StoreMeta
+from kcompact.reput.reader import warm_up
 from kcompact.reput import filenames as fn
 
 from .connections import Connections, describe, log, peer, setup_log
 from .errors import ReplicationError, RequestError
-from .live import digest_frames, live_offsets
+from .live import digest_frames
+from .master_store import MasterStore
 from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
                        H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
                        H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, error_doc,
@@ -65,181 +61,6 @@ WRITE_BUFFER_HIGH = 16 << 20
 #: One slice is a whole default-sized request: 1 MiB slices cost ~4x the event-loop turns and
 #: ~45% more of the server's CPU on a pull (cProfile, bench master of 512 MiB)
 SEND_SLICE = 8 << 20
-
-class MasterStore:
-    """Thread-safe, read-only access to the served store (all blocking calls)."""
-
-    def __init__(self, url: str, limits: ServerLimits):
-        self.store = Store.open(url)
-        self.fs = self.store.fs
-        self.limits = limits
-        self._lock = threading.Lock()
-        self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
-        self._live_cache: OrderedDict = OrderedDict()
-        self.buffers = BufferPool()
-        self._reported: set[str] = set()
-        self._link_cache: dict[str, tuple[int, list[str]]] = {}
-        # a local store's root, resolved once: nothing that resolves outside it is served
-        local = self.fs.local_path("")
-        self.root = os.path.realpath(local) if local is not None else None
-        if self.root is not None:
-            why = self._escapes(fn.STORE_JSON)
-            if why:
-                self.store.close()
-                raise ReplicationError(f"cannot serve {url}: {why}")
-
-    def _escapes(self, path: str) -> str | None:
-        """Why ``path`` (store-relative) must not be served: it resolves outside the root.
-        No component of it a symlink (one lstat each, the usual case): inside; else realpath."""
-        cur = self.root
-        for name in path.split("/"):
-            cur = os.path.join(cur, name)
-            try:
-                if stat.S_ISLNK(os.lstat(cur).st_mode):
-                    break
-            except FileNotFoundError:
-                return None  # nothing there, so nothing to serve from elsewhere
-        else:
-            return None
-        real = os.path.realpath(os.path.join(self.root, path))
-        if real == self.root or real.startswith(self.root + os.sep):
-            return None
-        return f"{path} resolves to {real}, outside the store {self.root} (a symlink?)"
-
-    def outside(self, topic: str, partition: int | None = None) -> str | None:
-        """Why a topic (or one of its partitions) is not served: its directory, or a symlink
-        in the partition's directory, resolves outside the store root; None when it is inside.
-        Each reason is logged once."""
-        if self.root is None:
-            return None  # an object store has no symlinks
-        if partition is None:
-            why = self._escapes(fn.topic_dir(topic))
-        else:  # the partition's directory, so the topic's too
-            pdir = fn.partition_dir(topic, partition)
-            why = self._escapes(pdir)
-            if why is None:
-                for name in self._links(pdir):
-                    why = self._escapes(f"{pdir}/{name}")
-                    if why:
-                        break
-        if why is not None:
-            with self._lock:
-                new = why not in self._reported
-                self._reported.add(why)
-            if new:
-                log.warning("not serving %s: %s", topic if partition is None
-                            else f"{topic}-{partition}", why)
-        return why
-
-    def _links(self, pdir: str) -> list[str]:
-        """The symlinks in a partition's directory, listed again only when it changed."""
-        path = os.path.join(self.root, pdir)
-        try:
-            mtime = os.stat(path).st_mtime_ns
-            hit = self._link_cache.get(pdir)
-            if hit is not None and hit[0] == mtime:
-                return hit[1]
-            with os.scandir(path) as it:
-                links = [e.name for e in it if e.is_symlink()]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        with self._lock:
-            self._link_cache[pdir] = (mtime, links)
-        return links
-
-    def topics(self) -> list[str]:
-        return [t for t in self.store.topics() if self.outside(t) is None]
-
-    def partitions(self, topic: str) -> list[int]:
-        return [p for p in self.store.partitions(topic) if self.outside(topic, p) is None]
-
-    @property
-    def store_id(self) -> str:
-        return self.store.meta.store_id
-
-    def meta(self) -> StoreMeta:
-        return StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
-
-    def has_partition(self, topic: str, partition: int | None = None) -> str | None:
-        """None when the store serves the topic (partition), else why not (for a 404)."""
-        what = f"topic {topic!r}" if partition is None else f"partition {topic}-{partition}"
-        if topic not in self.store.topics() or (partition is not None and partition
-                                                 not in self.store.partitions(topic)):
-            return f"{what} is not in this store"
-        why = self.outside(topic, partition)
-        # the client is not told where the link points; the master's log line says it
-        return (f"{what} is not served: a path of it resolves outside the store (a symlink?); "
-                "the master's log names it") if why else None
-
-    def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
-        with self._lock:
-            got = self._parts.get((topic, partition))
-            if got is None:
-                pl = PartitionLog(self.fs, topic, partition, self.store.secret,
-                                  self.store.topic_config(topic))
-                got = self._parts[(topic, partition)] = (threading.Lock(), pl)
-            return got
-
-    def partition_info(self, topic: str, partition: int) -> dict[str, Any]:
-        lock, pl = self._part(topic, partition)
-        with lock:
-            pl.refresh()
-            cleaned, _ = swap.read_checkpoint(self.fs, pl.dir)
-            return {"partition": partition, "first_offset": pl.first_offset,
-                    "next_offset": pl.next_offset, "compaction_horizon": cleaned,
-                    "segments": len(pl.segments), "bytes": pl.size_bytes()}
-
-    def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:
-        from kcompact.reput.config import TopicConfig
-        return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
-                "partitions": [self.partition_info(topic, p) for p in self.partitions(topic)]}
-
-    def store_doc(self) -> dict[str, Any]:
-        meta = self.meta()
-        return {"protocol": PROTOCOL_VERSION, "store_id": meta.store_id,
-                "format_version": meta.format_version, "limits": self.limits.to_dict(),
-                "topics": [self.topic_doc(t, meta) for t in self.topics()]}
-
-    def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
-        """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives
-        the buffer back to ``self.buffers`` once it is sent (``PartitionReader.read_raw``)."""
-        lock, pl = self._part(topic, partition)
-        with lock:
-            pl.refresh()
-            r = PartitionReader(pl).read_raw(from_offset, max_bytes, self.buffers)
-            return r.buf, r.nbytes, r.count, r.next_offset, pl.next_offset
-
-    def locate(self, topic: str, partition: int, from_offset: int, max_bytes: int):
-        """(Located or None, next offset, high watermark): the zero-copy twin of ``read``."""
-        lock, pl = self._part(topic, partition)
-        with lock:
-            pl.refresh()
-            loc = PartitionReader(pl).locate(from_offset, max_bytes)
-            nxt = loc.next_offset if loc is not None else max(from_offset, pl.next_offset)
-            return loc, nxt, pl.next_offset
-
-    @property
-    def local(self) -> bool:
-        """A store in a local directory: its .log files can be sent with sendfile."""
-        return self.fs.local_path(fn.STORE_JSON) is not None
-
-    def live(self, topic: str, partition: int, upto: int | None):
-        """(BitMap64 of live offsets, upto), cached while the segments stay the same."""
-        pl = PartitionLog(self.fs, topic, partition, self.store.secret)
-        if upto is None:
-            upto = pl.next_offset
-        sig = tuple((s.base, s.log_size, s.index_size) for s in pl.segments)
-        key = (topic, partition, upto, sig)
-        with self._lock:
-            hit = self._live_cache.get(key)
-        if hit is not None:
-            return hit, upto, pl
-        bm, upto = live_offsets(pl, upto, self.limits.live_map_memory)
-        with self._lock:
-            self._live_cache[key] = bm
-            while len(self._live_cache) > 8:
-                self._live_cache.popitem(last=False)
-        return bm, upto, pl
 
 
 def _error(status: int, message: str, headers: dict | None = None, *, path: str | None = None,

@@ -6,11 +6,11 @@ Spec: docs/formats/manifest.md (object layout, manifests, reads, garbage). In sh
   no multipart, a segment is < 4 GiB); ``create_exclusive`` is ``PUT If-None-Match: *``, which is
   how a manifest version is committed (two committers cannot both win). Nothing is appended
   (``appendable = False``): a writer's commit log and active segments stay in a local directory.
-* **Block cache** (``BlockCache``): ranged reads of sealed segment objects page 4 MiB aligned
+* **Block cache** (``BlockCache``, in s3_cache.py): ranged reads of sealed segment objects page 4 MiB aligned
   blocks through a process-wide LRU (``KCOMPACT_S3_CACHE_MB``, default 256) that merges
   concurrent requests for the same block. Sealed objects are immutable (their names carry a
   random tag), so a cached block never goes stale; mutable keys (store.json) are never cached.
-* **Spool** (``Spool``): ``map()`` of a sealed object (a ``.bcq`` index) downloads it whole, once,
+* **Spool** (``Spool``, in s3_cache.py): ``map()`` of a sealed object (a ``.bcq`` index) downloads it whole, once,
   into a local file and maps that (bounded memory: the pages are the OS's to drop), LRU-bounded
   on disk (``KCOMPACT_S3_SPOOL_MB``, default 4096). A segment this process uploaded is moved
   into the spool rather than deleted, so reading it back costs no request.
@@ -29,15 +29,9 @@ line saying which, within a few seconds (connect timeout 3 s, 3 attempts).
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import os
-import shutil
-import tempfile
 import threading
-import weakref
-from collections import Counter, OrderedDict
-from concurrent.futures import Future
 from typing import Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
@@ -45,10 +39,8 @@ import numpy as np
 
 from . import filenames as fn
 from .backend import AppendFile, Backend, BackendError
+from .s3_cache import BlockCache, RequestStats, Spool, shared_cache, shared_spool
 
-BLOCK_SIZE = 4 << 20
-DEFAULT_CACHE_MB = 256
-DEFAULT_SPOOL_MB = 4096
 DEFAULT_GRACE_MS = 10 * 60 * 1000
 MAX_PUT_BYTES = 5 << 30          # S3's single-PUT limit; a segment is < 4 GiB (bcq positions)
 CONNECT_TIMEOUT_S = 3
@@ -84,298 +76,11 @@ class S3UnreachableError(S3Error):
 
 
 # ---------------------------------------------------------------------------------------------
-# request counting
-
-
-class RequestStats:
-    """Requests by S3 operation, plus bytes down and up (thread-safe)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.requests: Counter = Counter()
-        self.bytes_down = 0
-        self.bytes_up = 0
-
-    def count(self, kind: str, down: int = 0, up: int = 0) -> None:
-        with self._lock:
-            if kind:
-                self.requests[kind] += 1
-            self.bytes_down += down
-            self.bytes_up += up
-
-    @property
-    def total(self) -> int:
-        with self._lock:
-            return sum(self.requests.values())
-
-    def snapshot(self) -> dict:
-        with self._lock:
-            return {"requests": dict(self.requests), "total": sum(self.requests.values()),
-                    "bytes_down": self.bytes_down, "bytes_up": self.bytes_up}
-
-    def reset(self) -> None:
-        with self._lock:
-            self.requests.clear()
-            self.bytes_down = self.bytes_up = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# the block cache
-
-
-class BlockCache:
-    """LRU of fixed-size aligned blocks of immutable objects, bounded in bytes, thread-safe.
-
-    ``get(key, block, fetch)`` returns block ``block`` of object ``key``: from the cache, or by
-    calling ``fetch()`` once however many threads ask for it at the same time (the others wait
-    for that one request: ``merged`` counts them). A failed fetch is raised in every waiter and
-    not cached.
-    """
-
-    def __init__(self, capacity_bytes: int, block_size: int = BLOCK_SIZE):
-        if block_size <= 0:
-            raise ValueError("block_size must be > 0")
-        self.capacity = max(0, int(capacity_bytes))
-        self.block_size = block_size
-        self._lock = threading.Lock()
-        self._lru: OrderedDict[tuple[str, int], bytes] = OrderedDict()
-        self._inflight: dict[tuple[str, int], Future] = {}
-        self.used = 0
-        self.hits = self.misses = self.merged = self.evictions = 0
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def get(self, key: str, block: int, fetch: Callable[[], bytes]) -> bytes:
-        k = (key, block)
-        with self._lock:
-            data = self._lru.get(k)
-            if data is not None:
-                self._lru.move_to_end(k)
-                self.hits += 1
-                return data
-            fut = self._inflight.get(k)
-            owner = fut is None
-            if owner:
-                fut = self._inflight[k] = Future()
-                self.misses += 1
-            else:
-                self.merged += 1
-        if not owner:
-            return fut.result()
-        try:
-            data = bytes(fetch())
-        except BaseException as e:
-            with self._lock:
-                del self._inflight[k]
-            fut.set_exception(e)
-            raise
-        with self._lock:
-            del self._inflight[k]
-            if len(data) <= self.capacity:
-                self._lru[k] = data
-                self.used += len(data)
-                while self.used > self.capacity and self._lru:
-                    _, old = self._lru.popitem(last=False)
-                    self.used -= len(old)
-                    self.evictions += 1
-        fut.set_result(data)
-        return data
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lru.clear()
-            self.used = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# the spool: whole immutable objects as local files
-
-
-_SPOOL_PREFIX = "kcompact-s3-spool-"
-
-
-def _sweep_dead_spools() -> None:
-    """Remove spool directories of processes that died without cleaning up (killed, or left
-    through os._exit as Spark's Python workers are): ``kcompact-s3-spool-<pid>-*`` whose pid
-    is gone."""
-    tmp = tempfile.gettempdir()
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(_SPOOL_PREFIX):
-            continue
-        pid = name[len(_SPOOL_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # alive (or not ours to signal: then not ours to delete either)
-        except ProcessLookupError:
-            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
-        except OSError:
-            continue
-
-
-class Spool:
-    """Whole immutable objects in local files (a temporary directory removed at exit), LRU
-    bounded in bytes. Concurrent fetches of one object are merged. Evicting unlinks the file;
-    a mapping of it stays valid until it is dropped (POSIX)."""
-
-    def __init__(self, capacity_bytes: int, root: str | None = None):
-        self.capacity = max(0, int(capacity_bytes))
-        self._root = root
-        self._lock = threading.Lock()
-        self._dir_lock = threading.Lock()
-        self._files: OrderedDict[str, tuple[str, int]] = OrderedDict()
-        self._inflight: dict[str, Future] = {}
-        self.used = 0
-        self.hits = self.misses = self.merged = 0
-
-    def _dir(self) -> str:
-        with self._dir_lock:
-            if self._root is None:
-                _sweep_dead_spools()
-                self._root = tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-")
-                weakref.finalize(self, shutil.rmtree, self._root, True)
-            os.makedirs(self._root, exist_ok=True)
-            return self._root
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self._dir(), hashlib.sha1(key.encode()).hexdigest())
-
-    def get(self, key: str) -> tuple[str, int] | None:
-        with self._lock:
-            hit = self._files.get(key)
-            if hit is not None:
-                if not os.path.exists(hit[0]):  # removed behind our back
-                    self.used -= hit[1]
-                    del self._files[key]
-                    return None
-                self._files.move_to_end(key)
-                self.hits += 1
-            return hit
-
-    def fetch(self, key: str, download: Callable[[str], int]) -> tuple[str, int]:
-        """The local copy of ``key``; ``download(path)`` writes it there and returns its size."""
-        hit = self.get(key)
-        if hit is not None:
-            return hit
-        with self._lock:
-            fut = self._inflight.get(key)
-            owner = fut is None
-            if owner:
-                fut = self._inflight[key] = Future()
-                self.misses += 1
-            else:
-                self.merged += 1
-        if not owner:
-            return fut.result()
-        final = self._path(key)
-        tmp = f"{final}.{threading.get_ident()}.part"
-        try:
-            size = download(tmp)
-            os.replace(tmp, final)
-        except BaseException as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            with self._lock:
-                del self._inflight[key]
-            fut.set_exception(e)
-            raise
-        res = self._insert(key, final, size)
-        with self._lock:
-            del self._inflight[key]
-        fut.set_result(res)
-        return res
-
-    def seed(self, key: str, src: str) -> None:
-        """Move the local file ``src`` (the object's exact bytes) into the spool as ``key``."""
-        final = self._path(key)
-        try:
-            os.replace(src, final)
-        except OSError:
-            shutil.copyfile(src, final)
-            os.unlink(src)
-        self._insert(key, final, os.path.getsize(final))
-
-    def clear(self) -> None:
-        """Forget (and unlink) every spooled object."""
-        with self._lock:
-            files, self._files = list(self._files.values()), OrderedDict()
-            self.used = 0
-        for p, _ in files:
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-
-    def _insert(self, key: str, path: str, size: int) -> tuple[str, int]:
-        with self._lock:
-            old = self._files.pop(key, None)
-            if old is not None:
-                self.used -= old[1]
-            self._files[key] = (path, size)
-            self.used += size
-            while self.used > self.capacity and len(self._files) > 1:
-                k, (p, n) = self._files.popitem(last=False)
-                if k == key:  # never evict what was just inserted
-                    self._files[k] = (p, n)
-                    self._files.move_to_end(k, last=False)
-                    break
-                self.used -= n
-                try:
-                    os.unlink(p)
-                except OSError:
-                    pass
-        return path, size
-
-
-def _env_mb(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise BackendError(f"{name}={raw!r} is not a whole number of MiB") from None
-    if v < 0:
-        raise BackendError(f"{name} must be >= 0")
-    return v
-
-
-_shared_lock = threading.Lock()
-_shared: dict[str, object] = {}
-
-
-def shared_cache() -> BlockCache:
-    """The process-wide block cache (``KCOMPACT_S3_CACHE_MB``)."""
-    with _shared_lock:
-        c = _shared.get("cache")
-        if c is None:
-            mb = _env_mb("KCOMPACT_S3_CACHE_MB", DEFAULT_CACHE_MB)
-            c = _shared["cache"] = BlockCache(mb << 20)
-        return c  # type: ignore[return-value]
-
-
-def shared_spool() -> Spool:
-    """The process-wide spool (``KCOMPACT_S3_SPOOL_MB``)."""
-    with _shared_lock:
-        s = _shared.get("spool")
-        if s is None:
-            s = _shared["spool"] = Spool(_env_mb("KCOMPACT_S3_SPOOL_MB", DEFAULT_SPOOL_MB) << 20)
-        return s  # type: ignore[return-value]
-
-
-# ---------------------------------------------------------------------------------------------
 # boto3 clients
 
 
 _clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
 
 
 def _resolve_endpoint(endpoint: str | None) -> str | None:
@@ -399,7 +104,7 @@ def make_client(endpoint: str | None = None, region: str | None = None,
                                             "AWS_DEFAULT_REGION", "AWS_REGION",
                                             "AWS_MAX_ATTEMPTS"))
     ck = (endpoint, region, profile, env, os.getpid())
-    with _shared_lock:
+    with _clients_lock:
         c = _clients.get(ck)
         if c is not None:
             return c
@@ -426,7 +131,7 @@ def make_client(endpoint: str | None = None, region: str | None = None,
         cfg = Config(**kw)
     c = session.client("s3", endpoint_url=endpoint,
                        region_name=region or session.region_name or "us-east-1", config=cfg)
-    with _shared_lock:
+    with _clients_lock:
         _clients[ck] = c
     return c
 
