@@ -119,7 +119,18 @@ def cmd_kv_build(a: argparse.Namespace) -> int:
     from .apps.kv.command import KVBuildOptions, kv_build, parse_settings
     return kv_build(KVBuildOptions(store=a.store, topic=a.topic, db=a.db, follow=a.follow,
                                    bootstrap_servers=a.bootstrap_servers,
-                                   kafka_config=parse_settings(a.kafka_config, "-X")))
+                                   kafka_config=parse_settings(a.kafka_config, "-X"),
+                                   metrics=a.metrics))
+
+
+def cmd_kv_serve(a: argparse.Namespace) -> int:
+    from .apps.kv.command import parse_settings
+    from .apps.kv.serve import KVServeOptions, follow_and_serve
+    return follow_and_serve(KVServeOptions(
+        store=a.store, topic=a.topic, db=a.db, listen=a.listen, token_file=a.token_file,
+        bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
+        metrics=a.metrics, max_connections=a.max_connections,
+        client_timeout_s=a.client_timeout))
 
 
 def cmd_kv_get(a: argparse.Namespace) -> int:
@@ -158,6 +169,12 @@ def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if args.token_file and not args.against:
             parser.error("--token-file applies to --against only")
     return check
+
+
+def _metrics_flag(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics at /metrics and a health check at /healthz "
+                   "(no token: use a loopback or private address)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,7 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the store, catch up (and with --follow, follow) from this Kafka")
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer setting for --bootstrap-servers (repeatable)")
+    _metrics_flag(s)
     s.set_defaults(func=cmd_kv_build)
+    s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
+    s.add_argument("--store", required=True)
+    s.add_argument("--topic", required=True)
+    s.add_argument("--db", required=True)
+    s.add_argument("--listen", required=True, metavar="HOST:PORT",
+                   help="where the read API listens (without --token-file: a loopback address "
+                   "only)")
+    s.add_argument("--token-file", default=None,
+                   help="the bearer token clients must send (required beyond loopback)")
+    s.add_argument("--bootstrap-servers", default=None,
+                   help="after the store, catch up and follow from this Kafka")
+    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
+                   help="librdkafka consumer setting for --bootstrap-servers (repeatable)")
+    s.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="client connections open at once; more are answered 503 (default 256)")
+    s.add_argument("--client-timeout", type=float, default=None, metavar="S",
+                   help="seconds a client has to send a whole request (default 30)")
+    _metrics_flag(s)
+    s.set_defaults(func=cmd_kv_serve)
     s = kvs.add_parser("get", help="look a key up (exit 1 when it is absent)")
     s.add_argument("--db", required=True)
     s.add_argument("key")

@@ -21,11 +21,14 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import sys
 import time
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from .errors import ReplicationError
 from .protocol import H_PROTOCOL, PROTOCOL_VERSION, ServerLimits, error_doc
 
 log = logging.getLogger("kcompact.serve")
@@ -196,7 +199,7 @@ class Connections:
         self.loop = asyncio.get_running_loop()
         self.open: dict[asyncio.BaseTransport, Connection] = {}
         self.refusing: set[asyncio.BaseTransport] = set()
-        body = json.dumps(error_doc(503, f"too many connections: this master serves at most "
+        body = json.dumps(error_doc(503, f"too many connections: this server serves at most "
                                          f"{limits.max_connections} at once; retry")).encode()
         self.busy = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                      b"Retry-After: 1\r\nConnection: close\r\n"
@@ -225,3 +228,110 @@ class Connections:
         """At shutdown, after aiohttp closed the connections it serves: whatever is left."""
         for t in [*self.open, *self.refusing]:
             t.abort()
+
+
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of a listening flag; port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ReplicationError(f"{flag} {text!r}: use HOST:PORT, e.g. 127.0.0.1:8470 "
+                               "(port 0 picks a free one)")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_url(url: str) -> str:
+    """The URL a process on this machine uses to reach a server listening at ``url``: a
+    wildcard address (0.0.0.0, ::) becomes the loopback one."""
+    return url.replace("://0.0.0.0:", "://127.0.0.1:").replace("://[::]:", "://[::1]:")
+
+
+@web.middleware
+async def track_requests(request: web.Request, handler) -> web.StreamResponse:
+    """The aiohttp middleware that tells ``Connections`` when a request is being handled (for
+    an application served by :class:`Listening`; ``Server.dispatch`` does the same itself)."""
+    conns = request.app.get(CONNECTIONS_KEY, {}).get("connections")
+    conn = conns.of(request) if conns is not None else None
+    if conn is not None:
+        conn.request_started()
+    try:
+        return await handler(request)
+    finally:
+        if conn is not None:
+            conn.request_done()
+
+
+#: where an application served by Listening finds its Connections (a dict set before the
+#: application is frozen, filled once it listens)
+CONNECTIONS_KEY = web.AppKey("kcompact_connections", dict)
+
+
+class Listening:
+    """An aiohttp application listening on ``HOST:PORT`` behind :class:`Connections` (the
+    connection limit, the client timeout, one-line logging): ``await Listening.open(...)``,
+    ``.url``, ``await .close()``. The listening socket is ours (aiohttp's TCPSite would hand
+    its own factory to ``create_server``)."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.AbstractServer,
+                 connections: Connections, url: str):
+        self.runner, self.listener, self.connections, self.url = (runner, listener,
+                                                                  connections, url)
+
+    @classmethod
+    async def open(cls, app: web.Application, listen: str, limits: ServerLimits, *,
+                   ssl_context: ssl.SSLContext | None = None, flag: str = "--listen"
+                   ) -> "Listening":
+        host, port = parse_listen(listen, flag)
+        setup_log()
+        holder: dict = app.setdefault(CONNECTIONS_KEY, {})
+        runner = web.AppRunner(app, access_log=None, max_line_size=limits.max_url_bytes + 64,
+                               handle_signals=False, logger=log, shutdown_timeout=5.0)
+        await runner.setup()
+        conns = holder["connections"] = Connections(runner.server, limits)
+        loop = asyncio.get_running_loop()
+        try:
+            listener = await loop.create_server(
+                conns, host, port, ssl=ssl_context, backlog=128,
+                ssl_handshake_timeout=limits.client_timeout_s if ssl_context else None)
+        except OSError as e:
+            await runner.cleanup()
+            raise ReplicationError(f"cannot listen on {flag} {listen}: {e.strerror or e}"
+                                   ) from None
+        bound = listener.sockets[0].getsockname()[1] if listener.sockets else port
+        shown = f"[{host}]" if ":" in host else host
+        return cls(runner, listener, conns,
+                   f"{'https' if ssl_context else 'http'}://{shown}:{bound}")
+
+    async def close(self) -> None:
+        self.listener.close()
+        await self.runner.cleanup()  # closes the connections aiohttp serves
+        self.connections.abort_all()
+
+
+async def serve_until(stop: asyncio.Event | None, body: Callable[[asyncio.Event],
+                                                                  Awaitable[None]]) -> None:
+    """Run ``body(stop)``; with ``stop`` None, a new event set by SIGINT/SIGTERM."""
+    import signal
+    loop = asyncio.get_running_loop()
+    own = stop is None
+    stop = stop or asyncio.Event()
+    if own:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await body(stop)
+    finally:
+        if own:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)

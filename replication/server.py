@@ -44,7 +44,8 @@ from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput.reader import warm_up
 from kcompact.reput import filenames as fn
 
-from .connections import Connections, describe, log, peer, setup_log
+from .connections import (Connections, Listening, describe, log, parse_listen, peer,
+                          serve_until, setup_log)
 from .errors import ReplicationError, RequestError
 from .live import digest_frames
 from .master_store import MasterStore
@@ -359,63 +360,30 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     return ctx
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ReplicationError(f"--listen {text!r}: use HOST:PORT, e.g. 127.0.0.1:8470 "
-                               "(port 0 picks a free one)")
-    return host, int(port)
-
-
 async def run_server(store_url: str, listen: str, token: bytes, *,
                      ssl_context: ssl.SSLContext | None = None,
                      limits: ServerLimits = ServerLimits(),
                      ready: Callable[[str], None] | None = None,
                      stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
-    host, port = parse_listen(listen)
+    parse_listen(listen)
     setup_log()
     try:
         master = MasterStore(store_url, limits)
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
     server = Server(master, token, limits, zero_copy=ssl_context is None)
-    await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
-    # aiohttp's web.Server is the protocol factory; Connections wraps it (limit, timeouts) and
-    # the listening socket is ours (TCPSite would hand aiohttp's factory to create_server)
-    runner = web.AppRunner(server.app, access_log=None, max_line_size=limits.max_url_bytes + 64,
-                           handle_signals=False, logger=log, shutdown_timeout=5.0)
-    await runner.setup()
-    loop = asyncio.get_running_loop()
-    server.connections = Connections(runner.server, limits)
     try:
-        listener = await loop.create_server(server.connections, host, port,
-                                            ssl=ssl_context, backlog=128,
-                                            ssl_handshake_timeout=(limits.client_timeout_s
-                                                                   if ssl_context else None))
-    except OSError as e:
-        await runner.cleanup()
-        raise ReplicationError(f"cannot listen on {listen}: {e.strerror or e}") from None
-    own_stop = stop is None
-    stop = stop or asyncio.Event()
-    if own_stop:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-    bound = listener.sockets[0].getsockname()[1] if listener.sockets else port
-    shown = f"[{host}]" if ":" in host else host
-    url = f"{'https' if ssl_context else 'http'}://{shown}:{bound}"
-    if ready:
-        ready(url)
-    try:
-        await stop.wait()
+        await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
+        listening = await Listening.open(server.app, listen, limits, ssl_context=ssl_context)
+        server.connections = listening.connections
+        if ready:
+            ready(listening.url)
+        try:
+            await serve_until(stop, lambda ev: ev.wait())
+        finally:
+            await listening.close()
     finally:
-        if own_stop:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-        listener.close()
-        await runner.cleanup()  # closes the connections aiohttp serves
-        server.connections.abort_all()
         server.pool.shutdown(wait=False, cancel_futures=True)
         master.store.close()
 

@@ -10,10 +10,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...plugins.leveldb_sink import KVError
+from ...plugins.leveldb_sink import KVError, KVLockedError
 from ..output import text_or_b64
 from .build import MapBuilder
-from .map import KVMap
+from .map import KVMap, _make_converter
+from .remote import get_through_follower
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class KVBuildOptions:
     follow: bool = False
     bootstrap_servers: str | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X consumer settings
+    metrics: str | None = None      # --metrics HOST:PORT (with --follow)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,16 @@ def parse_settings(items: list[str] | None, what: str) -> dict[str, str]:
 
 
 def kv_build(opts: KVBuildOptions) -> int:
-    """``kcompact kv build``: 130 when interrupted before the bulk build finished, else 0."""
+    """``kcompact kv build``: 130 when interrupted before the bulk build finished, else 0.
+    With ``follow`` the process answers reads too (serve.py), for ``kv get`` elsewhere."""
+    if opts.follow:
+        from .serve import KVServeOptions, follow_and_serve
+        return follow_and_serve(KVServeOptions(
+            store=opts.store, topic=opts.topic, db=opts.db,
+            bootstrap_servers=opts.bootstrap_servers, kafka_config=opts.kafka_config,
+            metrics=opts.metrics, command="kv build"))
+    if opts.metrics:
+        raise KVError("--metrics applies to kv build --follow (a long-running build) only")
     stop = threading.Event()
 
     def progress(m: str) -> None:
@@ -97,12 +108,19 @@ def kv_get(opts: KVGetOptions) -> int:
     else:
         key = opts.key.encode("utf-8")
     conv = opts.value_converter
-    with KVMap(opts.db, value_converter=conv, verify_checksums=True,
-               converter_config=opts.converter_config) as m:
-        if m.building:
-            print(f"kv get: warning: the bulk build of {opts.db} is unfinished; the map is "
-                  "partial", file=sys.stderr)
-        value = m.get(key)
+    try:
+        with KVMap(opts.db, value_converter=conv, verify_checksums=True,
+                   converter_config=opts.converter_config) as m:
+            building = m.building
+            value = m.get(key)
+    except KVLockedError as e:  # a follower holds it: ask it (remote.py)
+        got = get_through_follower(opts.db, key, e)
+        building, value = got.building, got.value
+        if conv is not None and value is not None:
+            value = _make_converter(conv, opts.converter_config).to_connect(got.topic, value)
+    if building:
+        print(f"kv get: warning: the bulk build of {opts.db} is unfinished; the map is "
+              "partial", file=sys.stderr)
     found = value is not None
     if opts.json:
         doc: dict[str, Any] = {}

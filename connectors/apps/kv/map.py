@@ -14,7 +14,8 @@ from typing import Any, Iterator, Mapping
 import plyvel
 
 from ...framework.converters import make_converter
-from ...plugins.leveldb_sink import (DATA, DATA_END, K_BUILD, K_SOURCE, KVCorruptionError,
+from ...plugins.leveldb_sink import (DATA, DATA_END, K_BUILD, K_CAUGHT_UP, K_SOURCE,
+                                     KVCorruptionError,
                                      corruption, open_db, read_count, read_json, read_offsets,
                                      read_stats)
 from .build import POLL_INTERVAL, MapBuilder, Progress, quiet
@@ -293,13 +294,26 @@ class KVMap(_Reader):
                poll_interval: float = POLL_INTERVAL) -> "Following":
         """Build (if empty) and keep this map current in a background thread, from the store
         or, with ``bootstrap_servers``, from the Kafka topic. Stop it with ``.stop()``."""
-        f = Following(MapBuilder(self.path, store, topic, bootstrap_servers=bootstrap_servers,
-                                 kafka_config=kafka_config, progress=progress,
-                                 poll_interval=poll_interval, db=self._db))
+        f = Following(self.builder(store, topic, bootstrap_servers=bootstrap_servers,
+                                   kafka_config=kafka_config, progress=progress,
+                                   poll_interval=poll_interval))
         self._following.append(f)
         if not self.topic:
             self.topic = topic
         return f.start()
+
+    def builder(self, store: str, topic: str, **options: Any) -> MapBuilder:
+        """A MapBuilder writing this map through this process's handle (LevelDB allows one
+        process per map: the builder and the reads share it); MapBuilder's options."""
+        if not self.topic:
+            self.topic = topic
+        return MapBuilder(self.path, store, topic, db=self._db, **options)
+
+    def caught_up_ms(self) -> int | None:
+        """When the map last held everything its source had (ms since the epoch; written at
+        most every 10 s while following), None before the first time."""
+        raw = self._db.get(K_CAUGHT_UP)
+        return int.from_bytes(raw, "little", signed=True) if raw else None
 
     def close(self) -> None:
         for f in self._following:
@@ -339,6 +353,11 @@ class Following:
     def start(self) -> "Following":
         self._thread.start()
         return self
+
+    @property
+    def alive(self) -> bool:
+        """True while the follower's thread runs (it ends on stop() or a failure)."""
+        return self._thread.is_alive()
 
     def wait_caught_up(self, timeout: float | None = None) -> bool:
         """Block until the map has caught up once (built and up to date); re-raise a failure."""

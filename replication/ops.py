@@ -1,0 +1,257 @@
+"""Operating a long-running command: Prometheus metrics and a health check over HTTP
+(``--metrics HOST:PORT`` on every long-running command, the worker property ``metrics.listen``).
+
+``GET /metrics`` is Prometheus' text exposition format, written by ``prometheus_client`` from a
+registry of its own per command (process metrics, ``kcompact_info``, ``kcompact_errors_total``
+by kind, and the collectors the command adds). A collector reads the command's own counters when
+Prometheus scrapes (``Ops.collect``): nothing is counted twice and no hot path pays for it.
+
+``GET /healthz`` is ``200 ok`` while every check the command added passes, else ``503`` with one
+line per failing check (a partition stuck in error, a broker unreachable for longer than
+``unreachable_timeout_s``...). Both answer without a token: bind ``--metrics`` to a loopback or
+private address (the default examples use 127.0.0.1).
+
+Lives in replication because every layer that runs a long-running command can import it from
+here (``serve`` and ``replicate`` in replication, the others in connectors); the HTTP side is
+``connections.Listening``, as ``serve`` and ``kv serve`` listen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Callable, Iterable
+
+from aiohttp import web
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, PlatformCollector,
+                               ProcessCollector, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .connections import Listening
+from .protocol import ServerLimits
+
+#: a broker (or master) that has not answered for this long makes /healthz answer 503
+UNREACHABLE_TIMEOUT_S = 60.0
+
+Check = Callable[[], "str | None"]
+
+__all__ = ["AppThread", "Ops", "OpsServer", "check_listen", "Unreachable", "counter", "gauge", "start_ops",
+           "UNREACHABLE_TIMEOUT_S", "CounterMetricFamily", "GaugeMetricFamily"]
+
+
+def counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
+    """A counter family named ``kcompact_<name>`` (prometheus_client adds ``_total``)."""
+    return CounterMetricFamily(f"kcompact_{name}", doc, labels=list(labels))
+
+
+def gauge(name: str, doc: str, labels: Iterable[str] = ()) -> GaugeMetricFamily:
+    """A gauge family named ``kcompact_<name>``."""
+    return GaugeMetricFamily(f"kcompact_{name}", doc, labels=list(labels))
+
+
+class _Collector:
+    """Adapts a function yielding metric families to prometheus_client's collector protocol."""
+
+    def __init__(self, fn: Callable[[], Iterable[Metric]]):
+        self.fn = fn
+
+    def collect(self) -> Iterable[Metric]:
+        return self.fn()
+
+
+class Unreachable:
+    """When a peer (a Kafka broker, a master) stopped answering: ``down(reason)`` on each
+    failure, ``up()`` on each success; ``check()`` is a health check failing once the peer has
+    been down for ``timeout_s``."""
+
+    def __init__(self, what: str, timeout_s: float = UNREACHABLE_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.what, self.timeout_s, self.clock = what, timeout_s, clock
+        self.since: float | None = None
+        self.reason = ""
+
+    def down(self, reason: str) -> None:
+        if self.since is None:
+            self.since = self.clock()
+        self.reason = reason
+
+    def up(self) -> None:
+        self.since = None
+
+    def check(self) -> str | None:
+        since = self.since
+        if since is None:
+            return None
+        dt = self.clock() - since
+        if dt < self.timeout_s:
+            return None
+        return f"{self.what} unreachable for {dt:.0f}s: {self.reason}"
+
+
+class Ops:
+    """A command's metrics registry and health checks.
+
+    ``add(fn)``: a function yielding metric families (``gauge``/``counter``), called on each
+    scrape; ``check(fn)``: a health check returning None when fine, else the reason;
+    ``error(kind)``: counts one error in ``kcompact_errors_total{kind}``.
+    """
+
+    def __init__(self, command: str):
+        from kcompact import __version__
+        self.command = command
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self._errors = Counter("kcompact_errors", "Errors by kind (counted as they happen).",
+                               ["kind"], registry=self.registry)
+        self._checks: list[Check] = []
+        self._closing: list[Callable[[], None]] = []
+        self.started = time.time()
+        self.version = __version__
+        self.add(self._info)
+
+    def _info(self) -> Iterable[Metric]:
+        g = gauge("info", "The running command and kcompact's version (always 1).",
+                  ["command", "version"])
+        g.add_metric([self.command, self.version], 1)
+        yield g
+        s = gauge("start_time_seconds", "When the command started (seconds since the epoch).")
+        s.add_metric([], self.started)
+        yield s
+
+    def add(self, fn: Callable[[], Iterable[Metric]]) -> None:
+        self.registry.register(_Collector(fn))
+
+    def check(self, fn: Check) -> None:
+        self._checks.append(fn)
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` at ``close()`` (a collector's clients, stores...)."""
+        self._closing.append(fn)
+
+    def close(self) -> None:
+        for fn in reversed(self._closing):
+            fn()
+        self._closing.clear()
+
+    def error(self, kind: str, n: int = 1) -> None:
+        self._errors.labels(kind=kind).inc(n)
+
+    def health(self) -> list[str]:
+        """The reasons the command is unhealthy (empty: healthy)."""
+        out = []
+        for fn in self._checks:
+            try:
+                why = fn()
+            except Exception as e:  # noqa: BLE001 - a failing check is itself a reason
+                why = f"health check failed: {type(e).__name__}: {e}"
+            if why:
+                out.append(" ".join(str(why).split()))
+        return out
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1024)
+
+        async def metrics(_request: web.Request) -> web.Response:
+            body = await asyncio.get_running_loop().run_in_executor(None, self.exposition)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        async def healthz(_request: web.Request) -> web.Response:
+            reasons = await asyncio.get_running_loop().run_in_executor(None, self.health)
+            if reasons:
+                return web.Response(status=503, text="".join(f"{r}\n" for r in reasons))
+            return web.Response(text="ok\n")
+
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", healthz)
+        return app
+
+
+class AppThread:
+    """An aiohttp application listening (``connections.Listening``) from a thread with its own
+    event loop, so the command's own work keeps its thread or loop: ``start()`` returns the URL
+    (a busy or invalid address is a one-line ReplicationError), ``stop()``."""
+
+    def __init__(self, make_app: Callable[[], web.Application], listen: str, *,
+                 limits: ServerLimits = ServerLimits(), flag: str = "--listen",
+                 ssl_context=None, name: str = "kcompact-http"):
+        self.make_app, self.listen, self.limits, self.flag = make_app, listen, limits, flag
+        self.ssl_context = ssl_context
+        self.url: str | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> str:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self.url
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            listening = await Listening.open(self.make_app(), self.listen, self.limits,
+                                             ssl_context=self.ssl_context, flag=self.flag)
+        except BaseException as e:  # noqa: BLE001 - handed to start()'s caller
+            self._error = e
+            self._ready.set()
+            return
+        self.url = listening.url
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await listening.close()
+
+    def stop(self) -> None:
+        loop = self._loop
+        if loop is not None and self._stop is not None:
+            try:
+                loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass  # the loop already ended
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+class OpsServer(AppThread):
+    """``/metrics`` and ``/healthz`` of an :class:`Ops` (an :class:`AppThread`)."""
+
+    def __init__(self, ops: Ops, listen: str, limits: ServerLimits = ServerLimits()):
+        super().__init__(ops.app, listen, limits=limits, flag="--metrics",
+                         name="kcompact-metrics")
+        self.ops = ops
+
+
+def start_ops(ops: Ops, listen: str | None, say: Callable[[str], None] | None = None
+              ) -> OpsServer | None:
+    """Start serving ``ops`` on ``listen`` (None: do nothing); tells ``say`` the URL."""
+    if not listen:
+        return None
+    server = OpsServer(ops, listen)
+    url = server.start()
+    if say is not None:
+        say(f"metrics on {url}/metrics, health on {url}/healthz")
+    return server
+
+
+def check_listen(listen: str | None) -> None:
+    """A ``--metrics`` address that cannot be valid fails before the command starts."""
+    if listen:
+        from .connections import parse_listen
+        parse_listen(listen, "--metrics")
+
+
