@@ -61,7 +61,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
     return run_mirror(MirrorOptions(
         bootstrap_servers=a.bootstrap_servers, topic=a.topic, store=a.store, engine=a.engine,
         spark_master=a.spark_master, follow=a.follow, compact=not a.no_compact,
-        partitions=parse_partitions(a.partitions), kafka_config=_kafka_config(a.kafka_config)))
+        partitions=parse_partitions(a.partitions), kafka_config=_kafka_config(a.kafka_config),
+        metrics=a.metrics))
 
 
 def cmd_compact(a: argparse.Namespace) -> int:
@@ -97,13 +98,13 @@ def cmd_serve(a: argparse.Namespace) -> int:
     return serve(ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
                               tls_cert=a.tls_cert, tls_key=a.tls_key,
                               max_connections=a.max_connections,
-                              client_timeout_s=a.client_timeout))
+                              client_timeout_s=a.client_timeout, metrics=a.metrics))
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
     from kcompact.replication import ReplicateOptions, replicate
     return replicate(ReplicateOptions(from_url=a.from_url, token_file=a.token_file,
-                                      store=a.store, follow=a.follow))
+                                      store=a.store, follow=a.follow, metrics=a.metrics))
 
 
 def cmd_restore(a: argparse.Namespace) -> int:
@@ -143,7 +144,8 @@ def cmd_kv_get(a: argparse.Namespace) -> int:
 
 def cmd_connect_standalone(a: argparse.Namespace) -> int:
     from .apps.connect import ConnectOptions, run_connect
-    return run_connect(ConnectOptions(worker=a.worker, connectors=tuple(a.connectors)))
+    return run_connect(ConnectOptions(worker=a.worker, connectors=tuple(a.connectors),
+                                      metrics=a.metrics))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,14 +174,22 @@ def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
 
 
 def _metrics_flag(s: argparse.ArgumentParser) -> None:
+    """The flags of a long-running command (README, "Operating kcompact")."""
     s.add_argument("--metrics", default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics at /metrics and a health check at /healthz "
                    "(no token: use a loopback or private address)")
+    _log_format_flag(s, argparse.SUPPRESS)
+
+
+def _log_format_flag(s: argparse.ArgumentParser, default: Any) -> None:
+    s.add_argument("--log-format", choices=("text", "json"), default=default,
+                   help="stderr lines as text (default) or one JSON object per line")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage."))
+    _log_format_flag(p, "text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -215,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partitions", default=None, help="comma-separated partition numbers")
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer setting (repeatable)")
+    _metrics_flag(s)
     s.set_defaults(func=cmd_mirror)
 
     s = sub.add_parser("compact", help="compact partitions of a store")
@@ -263,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--client-timeout", type=float, default=None, metavar="S",
                    help="seconds a client has to send a whole request, or to take any byte of "
                         "its response, before it is disconnected (default 30)")
+    _metrics_flag(s)
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
@@ -270,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", required=True)
     s.add_argument("--store", required=True)
     s.add_argument("--follow", action="store_true")
+    _metrics_flag(s)
     s.set_defaults(func=cmd_replicate)
 
     s = sub.add_parser("restore", help="re-publish a store's topic into Kafka")
@@ -342,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = cs.add_parser("standalone", help="WORKER.properties CONNECTOR.properties...")
     s.add_argument("worker")
     s.add_argument("connectors", nargs="+")
+    _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
 
@@ -353,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     if check_usage is not None:
         check_usage(args)  # exits 2 with argparse's usage message
     debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+    if getattr(args, "log_format", "text") == "json":
+        from .apps.output import JsonLines
+        name = " ".join(x for x in (args.command, getattr(args, "kv_command", None),
+                                    getattr(args, "connect_command", None)) if x)
+        sys.stderr = JsonLines(sys.stderr, name)
     try:
         with bulk_gc():  # a command is one bulk job (reput/gcmode.py)
             return int(args.func(args) or 0)

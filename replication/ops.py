@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from aiohttp import web
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, PlatformCollector,
@@ -36,7 +36,7 @@ UNREACHABLE_TIMEOUT_S = 60.0
 
 Check = Callable[[], "str | None"]
 
-__all__ = ["AppThread", "Ops", "OpsServer", "check_listen", "Unreachable", "counter", "gauge", "start_ops",
+__all__ = ["AppThread", "Ops", "OpsServer", "check_listen", "compaction_metrics", "Unreachable", "counter", "gauge", "start_ops",
            "UNREACHABLE_TIMEOUT_S", "CounterMetricFamily", "GaugeMetricFamily"]
 
 
@@ -255,3 +255,39 @@ def check_listen(listen: str | None) -> None:
         parse_listen(listen, "--metrics")
 
 
+
+
+def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
+    """The metric families of a background compaction ``Scheduler`` (kcompact.compaction):
+    runs, partitions compacted, bytes read and written, records dropped, the offset map's
+    utilisation, failures."""
+    runs = counter("compaction_runs", "Planner runs of the background compaction.")
+    runs.add_metric([], scheduler.runs)
+    yield runs
+    fails = counter("compaction_failures", "Background compaction runs that failed.")
+    fails.add_metric([], len(scheduler.errors))
+    yield fails
+    lab = ["topic", "partition"]
+    fam = {
+        "compacted": counter("compaction_partition_runs", "Compactions of a partition.", lab),
+        "read": counter("compaction_read_bytes", "Bytes compaction read.", lab),
+        "written": counter("compaction_written_bytes", "Bytes compaction wrote.", lab),
+        "dropped": counter("compaction_records_dropped", "Records compaction removed.", lab),
+        "util": gauge("compaction_offset_map_utilization", "The offset map's highest fill "
+                      "ratio in the partition's last compaction (0-1).", lab),
+        "seconds": counter("compaction_seconds", "Time spent compacting.", lab),
+    }
+    agg: dict[tuple[str, int], list] = {}
+    for r in list(scheduler.results):
+        a = agg.setdefault((r.topic, r.partition), [0, 0, 0, 0, 0.0, 0.0])
+        a[0] += 1
+        a[1] += r.bytes_read
+        a[2] += r.bytes_written
+        a[3] += r.records_dropped
+        a[4] = r.map_utilization_max
+        a[5] += r.duration_s
+    for (t, p), a in sorted(agg.items()):
+        lv = [t, str(p)]
+        for name, v in zip(("compacted", "read", "written", "dropped", "util", "seconds"), a):
+            fam[name].add_metric(lv, v)
+    yield from fam.values()

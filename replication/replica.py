@@ -43,6 +43,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -143,6 +144,11 @@ class Replicator:
         self.master_doc: dict | None = None
         self._rate_t0: float | None = None
         self._rate_bytes = 0
+        #: following: (topic, partition) -> [bytes pulled, records, next offset, master's
+        #: next offset], read by the metrics (replication/ops.py)
+        self.follow_stats: dict[tuple[str, int], list[int]] = {}
+        self.scheduler: Scheduler | None = None
+        self.last_pull = time.monotonic()  # when a records response last arrived
 
     async def _run(self, fn_, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
@@ -293,6 +299,7 @@ class Replicator:
         return records, nbytes
 
     async def _throttle(self, nbytes: int) -> None:
+        self.last_pull = time.monotonic()
         rate = self.options.max_bytes_per_s
         if not rate:
             return
@@ -499,6 +506,7 @@ class Replicator:
             offset_map_memory=self.options.offset_map_memory),
             interval_s=self.options.compaction_interval_s)
         sched.start()
+        self.scheduler = sched
         tasks: dict[tuple[str, int], asyncio.Task] = {}
         try:
             while not stop.is_set():
@@ -542,6 +550,11 @@ class Replicator:
                 self.progress.note(name, f"+{chunk.count:,} records, now at offset "
                                          f"{chunk.next_offset:,}")
             off = chunk.next_offset
+            self.last_pull = time.monotonic()
+            st = self.follow_stats.setdefault((topic, partition), [0, 0, 0, 0])
+            st[0] += int(chunk.body.shape[0])
+            st[1] += chunk.count
+            st[2], st[3] = off, chunk.high_watermark
 
     def _append_live(self, topic: str, partition: int, chunk: Chunk, from_offset: int,
                      scratch: Scratch, checked: bool = False) -> None:
@@ -653,6 +666,34 @@ class ReplicateOptions:
     token_file: str
     store: str
     follow: bool = False
+    metrics: str | None = None       # --metrics HOST:PORT
+
+
+def _replica_metrics(ops, rep_of: Callable[[], "Replicator | None"]):
+    """The replica's metrics: pull bytes, records and follow lag per partition while following,
+    the background compaction's; the rebuild's totals."""
+    from .ops import compaction_metrics, counter, gauge
+
+    def collect():
+        rep = rep_of()
+        lab = ["topic", "partition"]
+        pulled = counter("replication_pull_bytes", "Bytes pulled from the master while "
+                         "following.", lab)
+        recs = counter("replication_pull_records", "Records pulled while following.", lab)
+        lag = gauge("replication_follow_lag_records", "The master's next offset minus the "
+                    "replica's, as of the last pull.", lab)
+        nxt = gauge("replication_next_offset", "The replica's next offset.", lab)
+        stats = sorted(rep.follow_stats.items()) if rep is not None else []
+        for (t, p), (b, n, off, hwm) in stats:
+            lv = [t, str(p)]
+            pulled.add_metric(lv, b)
+            recs.add_metric(lv, n)
+            lag.add_metric(lv, max(0, hwm - off))
+            nxt.add_metric(lv, off)
+        yield from (pulled, recs, lag, nxt)
+        if rep is not None and rep.scheduler is not None:
+            yield from compaction_metrics(rep.scheduler)
+    ops.add(collect)
 
 
 async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptions) -> int:
@@ -663,9 +704,28 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
     progress = Progress()
     store = None
     rep = None
+    metrics = None
+    master = None
+    if opts.metrics:
+        from .ops import Ops, Unreachable, start_ops
+        ops = Ops("replicate")
+        master = Unreachable(f"the master at {opts.from_url}")
+
+        def master_check() -> str | None:
+            if rep is not None and master.since is not None and rep.last_pull > master.since:
+                master.up()  # a records response came after the failure
+            return master.check()
+        ops.check(master_check)
+        _replica_metrics(ops, lambda: rep)
+        metrics = start_ops(ops, opts.metrics, lambda m: progress.note("replicate", m))
+
+    def on_retry(m: str) -> None:
+        if master is not None:
+            master.down(m)
+        progress.note("replicate", m)
     try:
         async with MasterClient(opts.from_url, token, retry_s=options.retry_s,
-                                on_retry=lambda m: progress.note("replicate", m)) as client:
+                                on_retry=on_retry) as client:
             first = await client.store_doc()  # fail fast before touching the replica store
             try:
                 store = Store.open(opts.store, create=True)
@@ -701,6 +761,8 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
             rep.close()
         if store is not None:
             store.close()
+        if metrics is not None:
+            metrics.stop()
         progress.close()
 
 
@@ -708,6 +770,9 @@ def replicate(opts: ReplicateOptions, options: ReplicaOptions | None = None) -> 
     """`kcompact replicate --from URL --token-file F --store URL [--follow]`."""
     check_master_url(opts.from_url)
     token = read_token_file(opts.token_file)
+    if opts.metrics and not opts.follow:
+        raise ReplicationError("--metrics applies to replicate --follow (a long-running "
+                               "replica) only")
     return asyncio.run(_replicate(opts, token, options or ReplicaOptions.from_env()))
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import ssl
 import sys
 import time
@@ -96,8 +95,27 @@ class Server:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-serve")
         self._summaries = asyncio.Semaphore(limits.max_summaries)
         self.connections: Connections | None = None  # set by run_server
+        self.sent: dict[tuple[str, int], int] = {}  # records bytes per partition (metrics)
         self.app = web.Application(client_max_size=1024)
         self.app.router.add_route("*", "/{tail:.*}", self.dispatch)
+
+    def collect(self):
+        """Metric families (replication/ops.py): records bytes sent per partition, client
+        connections open and refused."""
+        from .ops import counter, gauge
+        sent = counter("serve_sent_bytes", "Records bytes sent to replicas.",
+                       ["topic", "partition"])
+        for (t, p), n in sorted(self.sent.items()):
+            sent.add_metric([t, str(p)], n)
+        yield sent
+        conns = self.connections
+        c = gauge("serve_connections", "Client connections open.")
+        c.add_metric([], len(conns.open) if conns is not None else 0)
+        yield c
+
+    def _count_sent(self, route: Route, nbytes: int) -> None:
+        key = (route.topic, route.partition)
+        self.sent[key] = self.sent.get(key, 0) + nbytes
 
     async def _run(self, fn_: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
@@ -237,6 +255,7 @@ class Server:
             if count or left <= 0:
                 break
             await asyncio.sleep(min(0.1, left))
+        self._count_sent(route, nbytes)
         resp = web.StreamResponse(status=200, headers=self._headers({
             H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
             "Content-Length": nbytes}))
@@ -281,6 +300,7 @@ class Server:
                 break
             await asyncio.sleep(min(0.1, left))
         count, nbytes = (loc.count, loc.nbytes) if loc is not None else (0, 0)
+        self._count_sent(route, nbytes)
         resp = web.StreamResponse(status=200, headers=self._headers({
             H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
             "Content-Length": nbytes}))
@@ -364,8 +384,9 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
                      ssl_context: ssl.SSLContext | None = None,
                      limits: ServerLimits = ServerLimits(),
                      ready: Callable[[str], None] | None = None,
-                     stop: asyncio.Event | None = None) -> None:
-    """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None)."""
+                     stop: asyncio.Event | None = None, ops: Any = None) -> None:
+    """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None); ``ops``
+    (replication/ops.py) gets the server's metrics."""
     parse_listen(listen)
     setup_log()
     try:
@@ -373,6 +394,8 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
     server = Server(master, token, limits, zero_copy=ssl_context is None)
+    if ops is not None:
+        ops.add(server.collect)
     try:
         await asyncio.get_running_loop().run_in_executor(server.pool, warm_up)
         listening = await Listening.open(server.app, listen, limits, ssl_context=ssl_context)
@@ -399,6 +422,7 @@ class ServeOptions:
     tls_key: str | None = None
     max_connections: int | None = None     # None: ServerLimits' default (256)
     client_timeout_s: float | None = None  # None: ServerLimits' default (30 s)
+    metrics: str | None = None             # --metrics HOST:PORT
 
     def limits(self) -> ServerLimits:
         """The server limits these options set (bounds checked there, one-line errors)."""
@@ -421,7 +445,16 @@ def serve(opts: ServeOptions) -> int:
         print(f"kcompact serve: serving {opts.store} on {url} (Ctrl-C to stop)",
               file=sys.stderr, flush=True)
 
-    asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, limits=limits,
-                           ready=ready))
+    from .ops import Ops, check_listen, start_ops
+    check_listen(opts.metrics)
+    ops = Ops("serve") if opts.metrics else None
+    metrics = start_ops(ops, opts.metrics, lambda m: print(
+        f"kcompact serve: {m}", file=sys.stderr, flush=True)) if ops is not None else None
+    try:
+        asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, limits=limits,
+                               ready=ready, ops=ops))
+    finally:
+        if metrics is not None:
+            metrics.stop()
     print("kcompact serve: stopped", file=sys.stderr, flush=True)
     return 0

@@ -25,11 +25,16 @@ from ..framework.worker import Worker
 
 
 def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO | None = None,
-                   stop: threading.Event | None = None) -> str | None:
-    """Run the connectors; returns the name of the signal that stopped them, if any."""
+                   stop: threading.Event | None = None, metrics: str | None = None
+                   ) -> str | None:
+    """Run the connectors; returns the name of the signal that stopped them, if any.
+    ``metrics`` (HOST:PORT) overrides the worker file's ``metrics.listen``."""
     out = out if out is not None else sys.stderr
-    worker = Worker(load_config_file(worker_file), where=worker_file, log=out)
-    props = [(path, load_config_file(path)) for path in connector_files]
+    props = load_config_file(worker_file)
+    if metrics:
+        props["metrics.listen"] = metrics
+    worker = Worker(props, where=worker_file, log=out)
+    conns = [(path, load_config_file(path)) for path in connector_files]
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -42,7 +47,7 @@ def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO 
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for path, p in props:
+        for path, p in conns:
             runners = worker.add_connector(p, where=path)
             name = p.get("name")
             parts = sum(len(getattr(r, "assignment", ())) for r in runners)
@@ -65,9 +70,10 @@ class ConnectOptions:
 
     worker: str
     connectors: tuple[str, ...]
+    metrics: str | None = None       # --metrics HOST:PORT (else the worker's metrics.listen)
 
 
 def run_connect(opts: ConnectOptions) -> int:
     """``kcompact connect standalone``: 130 when stopped by SIGINT, else 0."""
-    stopped_by = run_standalone(opts.worker, list(opts.connectors))
+    stopped_by = run_standalone(opts.worker, list(opts.connectors), metrics=opts.metrics)
     return 130 if stopped_by == "SIGINT" else 0

@@ -79,11 +79,13 @@ def mirror_local(bootstrap: str, topic: str, store: str, *,
                  partitions: tuple[int, ...] | list[int] | None = None,
                  follow: bool = False, kafka_config: Mapping[str, str] | None = None,
                  out: TextIO | None = None, handle_signals: bool = True,
-                 stop: threading.Event | None = None) -> MirrorResult:
-    """Run the mirror in this process; returns when done, stopped, or raises on failure."""
+                 stop: threading.Event | None = None, metrics: str | None = None
+                 ) -> MirrorResult:
+    """Run the mirror in this process; returns when done, stopped, or raises on failure.
+    ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
     out = out if out is not None else sys.stderr
-    worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
-                    where="mirror", log=out)
+    worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
+                     "metrics.listen": metrics or ""}, where="mirror", log=out)
     props = mirror_props(topic, store, partitions=partitions, follow=follow,
                          kafka_config=kafka_config or {})
     received: list[int] = []
@@ -150,9 +152,11 @@ def run_mirror(opts: MirrorOptions) -> int:
               "local", file=sys.stderr, flush=True)
     if opts.spark_master:
         raise ConfigError("--spark-master applies to --engine spark only")
+    if opts.metrics and not opts.follow:
+        raise ConfigError("--metrics applies to mirror --follow (a long-running mirror) only")
     res = mirror_local(opts.bootstrap_servers, opts.topic, opts.store,
                        partitions=opts.partitions, follow=opts.follow,
-                       kafka_config=opts.kafka_config)
+                       kafka_config=opts.kafka_config, metrics=opts.metrics)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

@@ -47,6 +47,7 @@ class MirrorOptions:
     compact: bool = True             # --engine spark: the compaction stage after the mirror
     partitions: tuple[int, ...] | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X consumer settings
+    metrics: str | None = None       # --metrics HOST:PORT (--engine local)
 
 
 def parse_partitions(text: str | None) -> tuple[int, ...] | None:

@@ -15,6 +15,7 @@ Batches are read as columns (kafka_columns.ColumnReader) when the C extension is
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -39,6 +40,14 @@ _TS = itemgetter(1)
 _NATIVE = extension("kcompact.connectors.framework._rdkafka")
 #: Seconds between checks, while following, that no followed topic gained partitions.
 PARTITION_CHECK_INTERVAL = 5.0
+
+
+@functools.cache
+def _unreachable_codes() -> frozenset:
+    """The Kafka client's error codes that mean its brokers cannot be reached (health:
+    framework/metrics.py)."""
+    from confluent_kafka import KafkaError
+    return frozenset((KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE))
 
 
 class SinkTaskRunner(TaskRunner):
@@ -116,6 +125,8 @@ class SinkTaskRunner(TaskRunner):
 
     def _on_kafka_error(self, err: Any) -> None:
         self._kafka_errors.append(err)
+        if err.code() in _unreachable_codes():
+            self.metrics.note_unreachable(err.str())
 
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
         from confluent_kafka import OFFSET_STORED, Consumer, KafkaException

@@ -29,6 +29,15 @@ class TaskMetrics:
     done: set = field(default_factory=set)  # partitions that reached their end (bounded runs)
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
+    #: since when the Kafka client has reported its brokers unreachable (monotonic; the health
+    #: check clears it once they answer again: framework/metrics.py), and its last such error
+    unreachable_since: float | None = None
+    unreachable_reason: str = ""
+
+    def note_unreachable(self, reason: str) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
+        self.unreachable_reason = reason
 
     def count_errors(self, errors) -> None:
         """Take the error handler's counts (errors_handling.ErrorHandler)."""

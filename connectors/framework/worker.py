@@ -48,6 +48,12 @@ WORKER_CONFIG = (
     .define("metrics.log.interval.ms", Type.LONG, 10_000, at_least(0), Importance.LOW,
             "How often each task's metrics (records, bytes, lag, errors) are printed on "
             "stderr; 0 = never.")
+    .define("metrics.listen", Type.STRING, "", None, Importance.MEDIUM,
+            "HOST:PORT where Prometheus metrics (/metrics) and a health check (/healthz) are "
+            "served while the worker runs; empty = not served. No token: use a loopback or "
+            "private address.")
+    .define("metrics.unreachable.timeout.ms", Type.LONG, 60_000, at_least(0), Importance.LOW,
+            "How long a task's brokers may stay unreachable before /healthz answers 503.")
     .define("startup.timeout.ms", Type.LONG, 10_000, at_least(100), Importance.LOW,
             "How long to wait for the brokers' metadata at start before giving up.")
     .with_passthrough("consumer.", "producer.", "admin.", "key.converter.", "value.converter.")
@@ -138,6 +144,7 @@ class Worker:
     def __init__(self, props: Mapping[str, Any], *, where: str = "worker",
                  log: TextIO | None = None):
         self.config = WORKER_CONFIG.parse(props, where=where)
+        self.where = where
         if not self.config["bootstrap.servers"]:
             raise ConfigError(f"{where}: missing required property 'bootstrap.servers'")
         for d in self.config["plugin.path"]:
@@ -149,6 +156,20 @@ class Worker:
         self.runners: list[SinkTaskRunner | SourceTaskRunner] = []
         self.connectors: list[Any] = []
         self._offsets: FileOffsetStore | None = None
+        self._ops = None
+
+    @property
+    def ops(self):
+        """The worker's metrics and health checks (kcompact.replication.ops.Ops), served on
+        ``metrics.listen`` while it runs; an application may add its own to it."""
+        if self._ops is None:
+            from kcompact.replication.ops import Ops, check_listen
+            from .metrics import worker_metrics
+            check_listen(self.config["metrics.listen"] or None)
+            self._ops = Ops(self.where)
+            worker_metrics(self._ops, self,
+                           self.config["metrics.unreachable.timeout.ms"] / 1000)
+        return self._ops
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -300,8 +321,19 @@ class Worker:
         """Start every task and wait until all have ended (or one failed: the others are then
         stopped, and the failure is raised as one line naming the task). The garbage collector
         runs less often meanwhile (reput/gcmode.py)."""
-        with bulk_gc():
-            self._run_tasks(on_tick, tick)
+        server = None
+        if self.config["metrics.listen"]:
+            from kcompact.replication.ops import start_ops
+            server = start_ops(self.ops, self.config["metrics.listen"],
+                               lambda m: print(f"kcompact: {m}", file=self.log, flush=True))
+        try:
+            with bulk_gc():
+                self._run_tasks(on_tick, tick)
+        finally:
+            if server is not None:
+                server.stop()
+            if self._ops is not None:
+                self._ops.close()
 
     def _run_tasks(self, on_tick: Callable[["Worker"], None] | None, tick: float) -> None:
         interval = self.config["metrics.log.interval.ms"] / 1000
