@@ -1,13 +1,14 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier), run unit + integration tests
+#             missing (Maven, for the real-broker tier) and Debian's prometheus, run unit +
+#             integration tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test install java maven kafka-jars bench clean
+.PHONY: demo test install java maven prometheus kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_arr.h compaction/_native.c \
                    connectors/framework/_rdkafka.c connectors/apps/kv/_native.c
@@ -28,6 +29,13 @@ maven:
 	  echo "installing Maven (fetches Apache Kafka's jars for the real-broker tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven; }
 
+# Debian's Prometheus server: tests/integration/test_service.py has it scrape a running kcompact
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  echo "installing Prometheus (a test has it scrape kcompact --metrics)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
+
 install: java $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
@@ -38,7 +46,7 @@ kafka-jars: install maven
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
-test: install kafka-jars
+test: install kafka-jars prometheus
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into

@@ -45,9 +45,9 @@ def worker_metrics(ops: Ops, worker: Any, unreachable_timeout_s: float) -> None:
                            ("retries", m.retries)):
                 fams[key].add_metric(lv, v)
             up.add_metric(lv, int(r.alive))
-            for tp, v in sorted(m.lag().items()):
+            for tp, v in sorted(m.lag().items(), key=_by_tp):
                 lag.add_metric([tp.topic, str(tp.partition)], v)
-            for tp, v in sorted(m.position.items()):
+            for tp, v in sorted(m.position.items(), key=_by_tp):
                 if v >= 0:
                     position.add_metric([tp.topic, str(tp.partition)], v)
         yield from fams.values()
@@ -88,6 +88,10 @@ def worker_metrics(ops: Ops, worker: Any, unreachable_timeout_s: float) -> None:
             c.close()
         probes.clear()
     ops.on_close(close)
+
+
+def _by_tp(item: tuple) -> tuple[str, int]:
+    return item[0].topic, item[0].partition
 
 
 def _probe(runner: Any, probes: dict[int, Any]) -> str | None:
