@@ -1,7 +1,7 @@
 """Benchmark: time to a ready key-value map - `kcompact kv build` against a quixstreams app.
 
     python bench/kv.py [--keys 1000000] [--updates 10000000] [--value-size 100]
-                       [--skip-full-topic] [--skip-quix] [--json]
+                       [--skip-full-topic] [--skip-quix] [--skip-http] [--json]
 
 A topic of K keys whose history is U updates (100-byte values; every key updated U/K times on
 average, random order, one partition). What a user would pick instead, in the same run: a
@@ -21,8 +21,11 @@ it: see bench/kv_quix_peer.py. Process exit times are printed too.
 
 Also: ``kv build`` from the uncompacted store (the whole history is the dirty tail: the winners
 are picked from the .bcq digests, only their records are read), and ``KVMap.get`` latency in
-this process (hits and misses, after one warm-up pass). Targets: ready >= 10x sooner than the
-quixstreams run on the K-record topic; get p99 <= 10 us.
+this process (hits and misses, after one warm-up pass), and the same map served by
+``kcompact kv serve``: GET /v1/raw of random existing keys from 8 client processes at once, each
+over one keep-alive connection (throughput and p50/p99 over every request), next to the
+in-process figure of the same run. Targets: ready >= 10x sooner than the quixstreams run on the
+K-record topic; get p99 <= 10 us.
 """
 
 from __future__ import annotations
@@ -164,12 +167,91 @@ def get_latency(db: str, data: Data, n: int = 200_000, rounds: int = 3) -> dict[
                     lat[i] = clock() - t
                 passes.append((float(np.percentile(lat, 99)), float(np.percentile(lat, 50))))
             passes.sort()
+            t = time.perf_counter()
+            for k in keys:
+                get(k)
+            out[f"{name}_per_s"] = len(keys) / (time.perf_counter() - t)
             out[f"{name}_p50_us"] = passes[0][1] / 1000
             out[f"{name}_p99_us"] = passes[0][0] / 1000
             out[f"{name}_p99_median_pass_us"] = passes[len(passes) // 2][0] / 1000
         assert m.get(hits[0]) is not None and m.get(misses[0]) is None
         out["keys"] = len(m)
     return out
+
+
+def _http_client(args) -> tuple[int, float, np.ndarray]:
+    """One client process: ``n`` GET /v1/raw over one keep-alive connection; (hits, seconds,
+    latencies in ns)."""
+    import http.client
+    host, port, targets, token = args
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    headers = {"Authorization": f"Bearer {token}"}
+    lat = np.empty(len(targets), np.int64)
+    hits = 0
+    clock = time.perf_counter_ns
+    t0 = time.perf_counter()
+    for i, target in enumerate(targets):
+        t = clock()
+        conn.request("GET", target, headers=headers)
+        r = conn.getresponse()
+        body = r.read()
+        lat[i] = clock() - t
+        hits += r.status == 200 and len(body) > 0
+    dt = time.perf_counter() - t0
+    conn.close()
+    return hits, dt, lat
+
+
+def http_get(store: str, db: str, data: Data, clients: int = 8, per_client: int = 5_000
+             ) -> dict[str, float]:
+    """``kcompact kv serve`` on the built map (it catches up with nothing), then ``clients``
+    processes each doing ``per_client`` GET /v1/raw of random existing keys over one keep-alive
+    connection (through the address file's URL and token, as ``kv get`` does): throughput
+    and latency percentiles over every request."""
+    import base64
+    import multiprocessing
+    import signal
+    import urllib.parse
+    from kcompact.connectors.apps.kv.remote import FollowerAddress
+    err = open(os.path.join(os.path.dirname(db), "serve.err"), "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "kcompact", "kv", "serve", "--store", store,
+                             "--topic", TOPIC, "--db", db, "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            err.seek(0)
+            if "following topic" in err.read():
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                err.seek(0)
+                raise RuntimeError(f"kv serve did not start: {err.read()[-500:]}")
+            time.sleep(0.05)
+        addr = FollowerAddress.read(db)
+        u = urllib.parse.urlsplit(addr.url)
+        rng = np.random.default_rng(11)
+        jobs = []
+        for c in range(clients):
+            ids = rng.integers(0, data.keys, per_client)
+            targets = ["/v1/raw?key_b64=" + urllib.parse.quote(
+                base64.b64encode(bytes(data.key_bytes[i])).decode()) for i in ids]
+            jobs.append((u.hostname, u.port, targets, addr.token))
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(clients) as pool:
+            pool.map(_http_client, [(h, p, t[:200], tok) for h, p, t, tok in jobs])  # warm-up
+            t0 = time.perf_counter()
+            res = pool.map(_http_client, jobs)
+            wall = time.perf_counter() - t0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        err.close()
+    lat = np.concatenate([r[2] for r in res])
+    hits = sum(r[0] for r in res)
+    assert hits == clients * per_client, (hits, clients * per_client)
+    return {"clients": clients, "requests": int(lat.shape[0]), "wall_s": wall,
+            "per_s": lat.shape[0] / wall, "p50_us": float(np.percentile(lat, 50)) / 1000,
+            "p99_us": float(np.percentile(lat, 99)) / 1000}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +322,8 @@ def main(argv=None) -> int:
     ap.add_argument("--updates", type=int, default=10_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--skip-quix", action="store_true", help="measure kcompact only")
+    ap.add_argument("--skip-http", action="store_true",
+                    help="skip the kv serve figure (HTTP gets, 8 concurrent clients)")
     ap.add_argument("--skip-full-topic", action="store_true",
                     help="run quixstreams on the latest-per-key topic only")
     ap.add_argument("--workdir", default=None)
@@ -274,6 +358,9 @@ def main(argv=None) -> int:
         say(res["ours_summary"])
         res["get"] = get_latency(db, data)
         assert res["get"]["keys"] == a.keys, res["get"]
+        if not a.skip_http:
+            say("kcompact kv serve: GET /v1/raw with 8 concurrent client processes")
+            res["http"] = http_get(store, db, data)
         if not a.skip_quix:
             from kcompact.connectors.devtools.broker import EmbeddedBroker
             py = ensure_quix_venv()
@@ -323,6 +410,12 @@ def main(argv=None) -> int:
     print(f"  KVMap.get in-process: hit p50 {g['hit_p50_us']:.2f} us, p99 {g['hit_p99_us']:.2f} us"
           f" (target <= 10; median pass {g['hit_p99_median_pass_us']:.2f}); miss p50 "
           f"{g['miss_p50_us']:.2f} us, p99 {g['miss_p99_us']:.2f} us")
+    if "http" in res:
+        h = res["http"]
+        print(f"  kv serve GET /v1/raw, {h['clients']} client processes: {h['per_s']:,.0f} "
+              f"gets/s, p50 {h['p50_us']:.0f} us, p99 {h['p99_us']:.0f} us; in-process "
+              f"KVMap.get, one thread, same run: {g['hit_per_s']:,.0f} gets/s, p99 "
+              f"{g['hit_p99_us']:.2f} us")
     print(f"  (store written in {res['store_build_s']:.1f}s and compacted in "
           f"{res['compaction_s']:.1f}s before; not part of either figure)")
     return 0
