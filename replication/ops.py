@@ -36,8 +36,9 @@ UNREACHABLE_TIMEOUT_S = 60.0
 
 Check = Callable[[], "str | None"]
 
-__all__ = ["AppThread", "Ops", "OpsServer", "check_listen", "compaction_metrics", "Unreachable", "counter", "gauge", "start_ops",
-           "UNREACHABLE_TIMEOUT_S", "CounterMetricFamily", "GaugeMetricFamily"]
+__all__ = ["AppThread", "Ops", "OpsServer", "Unreachable", "check_listen",
+           "compaction_metrics", "counter", "gauge", "start_ops", "UNREACHABLE_TIMEOUT_S",
+           "CounterMetricFamily", "GaugeMetricFamily"]
 
 
 def counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:

@@ -86,6 +86,17 @@ class ServerLimits:
         return {"max_bytes": self.max_bytes, "default_max_bytes": self.default_max_bytes,
                 "max_wait_ms": self.max_wait_ms}
 
+    @classmethod
+    def per_client(cls, max_connections: int | None, client_timeout_s: float | None
+                   ) -> "ServerLimits":
+        """The defaults with a server's --max-connections and --client-timeout (None: the
+        default); bounds checked in __post_init__ (one-line errors)."""
+        d = cls()
+        return cls(max_connections=d.max_connections if max_connections is None
+                   else max_connections,
+                   client_timeout_s=d.client_timeout_s if client_timeout_s is None
+                   else client_timeout_s)
+
 
 # ---------------------------------------------------------------------------------------------
 # auth

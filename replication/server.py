@@ -426,12 +426,7 @@ class ServeOptions:
 
     def limits(self) -> ServerLimits:
         """The server limits these options set (bounds checked there, one-line errors)."""
-        d = ServerLimits()
-        return ServerLimits(
-            max_connections=d.max_connections if self.max_connections is None
-            else self.max_connections,
-            client_timeout_s=d.client_timeout_s if self.client_timeout_s is None
-            else self.client_timeout_s)
+        return ServerLimits.per_client(self.max_connections, self.client_timeout_s)
 
 
 def serve(opts: ServeOptions) -> int:

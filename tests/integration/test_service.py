@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 
 import pytest
@@ -21,17 +20,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit"))
 sys.path.insert(0, os.path.dirname(__file__))
 from test_kv_kafka import ends, mirror_into_store, model, produce, rows  # noqa: E402
-from test_kv_serve import Proc, http, jget, kv_get, scan_all, scrape, wait_for  # noqa: E402
-
-
-@pytest.fixture
-def procs():
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        if p.p.poll() is None:
-            p.p.kill()
-            p.p.wait()
+from test_kv_serve import (Proc, http, jget, kv_get, procs, scan_all, scrape,  # noqa: E402,F401
+                           wait_for)
 
 
 def test_kv_serve_follows_kafka_and_answers(kafka_bootstrap, make_topic, tmp_path, procs):
@@ -117,7 +107,7 @@ def test_mirror_follow_metrics_scraped_by_prometheus(kafka_bootstrap, make_topic
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prom.err", "wb"))
     try:
         url = f"http://127.0.0.1:{port}"
-        query = f'sum(kcompact_records_total{{job="kcompact"}})'
+        query = 'sum(kcompact_records_total{job="kcompact"})'
         wait_for(lambda: prom.poll() is None and _prometheus_query(url, query),
                  "Prometheus scrapes kcompact " + (tmp_path / "prom.err").read_text()[-300:])
         got = _prometheus_query(url, query)

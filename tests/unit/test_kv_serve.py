@@ -358,3 +358,47 @@ def test_ops_health_unreachable_and_json_lines(tmp_path):
     assert [(x["level"], x["command"], x["msg"]) for x in lines] == [
         ("info", "mirror", "mirror: 10 records"), ("warning", "mirror", "kcompact: warning: slow"),
         ("error", "mirror", "kcompact: error: boom")]
+
+
+def test_serve_and_replicate_follow_metrics(tmp_path, procs):
+    """serve --metrics counts the records bytes it sent; replicate --follow --metrics shows its
+    pull bytes, next offsets and follow lag per partition, and they reach the master's ends
+    after more records are appended; both healthy."""
+    records = gen_records(1500, partitions=2, keys=100, seed=6)
+    master, replica = tmp_path / "master", tmp_path / "replica"
+    write_store(master, records)
+    (tmp_path / "token").write_text("a-token-of-enough-characters\n")
+    token = str(tmp_path / "token")
+    srv = Proc(["serve", "--store", str(master), "--listen", "127.0.0.1:0", "--token-file",
+                token, "--metrics", "127.0.0.1:0"], tmp_path, "serve")
+    procs.append(srv)
+    smetrics = srv.url_after("metrics on ").rsplit("/metrics", 1)[0]
+    url = srv.url_after(f"serving {master} on ")
+    rep = Proc(["replicate", "--from", url, "--token-file", token, "--store", str(replica),
+                "--follow", "--metrics", "127.0.0.1:0"], tmp_path, "replicate")
+    procs.append(rep)
+    rmetrics = rep.url_after("metrics on ").rsplit("/metrics", 1)[0]
+    rep.wait_line("following the master")
+    more = [(p, off + 10_000, ts, k, v) for p, off, ts, k, v in records[:300]]
+    append_records(master, more)
+    ends: dict[int, int] = {}
+    for p, off, *_ in records + more:
+        ends[p] = max(ends.get(p, 0), off + 1)
+
+    def replica_at_ends() -> bool:
+        m = scrape(rmetrics).get("kcompact_replication_next_offset", {})
+        return {dict(lab)["partition"]: v for lab, v in m.items()} == \
+            {str(p): float(o) for p, o in ends.items()}
+    wait_for(replica_at_ends, "the replica's next offsets reach the master's")
+    m = scrape(rmetrics)
+    assert set(m["kcompact_replication_follow_lag_records"].values()) == {0.0}
+    assert sum(m["kcompact_replication_pull_records_total"].values()) == len(more)
+    assert min(m["kcompact_replication_pull_bytes_total"].values()) > 0
+    assert "kcompact_compaction_runs_total" in m
+    assert http(rmetrics + "/healthz")[:3:2] == (200, b"ok\n")
+    s = scrape(smetrics)
+    assert min(s["kcompact_serve_sent_bytes_total"].values()) > 0
+    assert [dict(lab)["command"] for lab in s["kcompact_info"]] == ["serve"]
+    assert http(smetrics + "/healthz")[:3:2] == (200, b"ok\n")
+    assert rep.stop() == 0
+    assert srv.stop() == 0

@@ -475,12 +475,7 @@ class KVServeOptions:
     command: str = "kv serve"
 
     def limits(self) -> ServerLimits:
-        d = ServerLimits()
-        return ServerLimits(
-            max_connections=d.max_connections if self.max_connections is None
-            else self.max_connections,
-            client_timeout_s=d.client_timeout_s if self.client_timeout_s is None
-            else self.client_timeout_s)
+        return ServerLimits.per_client(self.max_connections, self.client_timeout_s)
 
 
 def _tokens(opts: KVServeOptions, local: bytes) -> list[bytes] | None:
