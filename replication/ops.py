@@ -37,7 +37,7 @@ UNREACHABLE_TIMEOUT_S = 60.0
 Check = Callable[[], "str | None"]
 
 __all__ = ["AppThread", "Ops", "OpsServer", "Unreachable", "check_listen",
-           "compaction_metrics", "counter", "gauge", "start_ops", "UNREACHABLE_TIMEOUT_S",
+           "compaction_metrics", "counter", "gauge", "replica_metrics", "start_ops", "UNREACHABLE_TIMEOUT_S",
            "CounterMetricFamily", "GaugeMetricFamily"]
 
 
@@ -292,3 +292,30 @@ def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
         for name, v in zip(("compacted", "read", "written", "dropped", "util", "seconds"), a):
             fam[name].add_metric(lv, v)
     yield from fam.values()
+
+
+def replica_metrics(rep_of: Callable[[], Any]) -> Callable[[], Iterable[Metric]]:
+    """A collector of ``replicate --follow``'s Replicator (``rep_of()``: it, or None before it
+    exists): pull bytes, records, follow lag and next offset per partition while following (its
+    ``follow_stats``), and its background compaction."""
+
+    def collect() -> Iterable[Metric]:
+        rep = rep_of()
+        lab = ["topic", "partition"]
+        pulled = counter("replication_pull_bytes", "Bytes pulled from the master while "
+                         "following.", lab)
+        recs = counter("replication_pull_records", "Records pulled while following.", lab)
+        lag = gauge("replication_follow_lag_records", "The master's next offset minus the "
+                    "replica's, as of the last pull.", lab)
+        nxt = gauge("replication_next_offset", "The replica's next offset.", lab)
+        stats = sorted(rep.follow_stats.items()) if rep is not None else []
+        for (t, p), (b, n, off, hwm) in stats:
+            lv = [t, str(p)]
+            pulled.add_metric(lv, b)
+            recs.add_metric(lv, n)
+            lag.add_metric(lv, max(0, hwm - off))
+            nxt.add_metric(lv, off)
+        yield from (pulled, recs, lag, nxt)
+        if rep is not None and rep.scheduler is not None:
+            yield from compaction_metrics(rep.scheduler)
+    return collect

@@ -43,7 +43,6 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -669,33 +668,6 @@ class ReplicateOptions:
     metrics: str | None = None       # --metrics HOST:PORT
 
 
-def _replica_metrics(ops, rep_of: Callable[[], "Replicator | None"]):
-    """The replica's metrics: pull bytes, records and follow lag per partition while following,
-    the background compaction's; the rebuild's totals."""
-    from .ops import compaction_metrics, counter, gauge
-
-    def collect():
-        rep = rep_of()
-        lab = ["topic", "partition"]
-        pulled = counter("replication_pull_bytes", "Bytes pulled from the master while "
-                         "following.", lab)
-        recs = counter("replication_pull_records", "Records pulled while following.", lab)
-        lag = gauge("replication_follow_lag_records", "The master's next offset minus the "
-                    "replica's, as of the last pull.", lab)
-        nxt = gauge("replication_next_offset", "The replica's next offset.", lab)
-        stats = sorted(rep.follow_stats.items()) if rep is not None else []
-        for (t, p), (b, n, off, hwm) in stats:
-            lv = [t, str(p)]
-            pulled.add_metric(lv, b)
-            recs.add_metric(lv, n)
-            lag.add_metric(lv, max(0, hwm - off))
-            nxt.add_metric(lv, off)
-        yield from (pulled, recs, lag, nxt)
-        if rep is not None and rep.scheduler is not None:
-            yield from compaction_metrics(rep.scheduler)
-    ops.add(collect)
-
-
 async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptions) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -707,7 +679,7 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
     metrics = None
     master = None
     if opts.metrics:
-        from .ops import Ops, Unreachable, start_ops
+        from .ops import Ops, Unreachable, replica_metrics, start_ops
         ops = Ops("replicate")
         master = Unreachable(f"the master at {opts.from_url}")
 
@@ -716,7 +688,7 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
                 master.up()  # a records response came after the failure
             return master.check()
         ops.check(master_check)
-        _replica_metrics(ops, lambda: rep)
+        ops.add(replica_metrics(lambda: rep))
         metrics = start_ops(ops, opts.metrics, lambda m: progress.note("replicate", m))
 
     def on_retry(m: str) -> None:
