@@ -1,12 +1,14 @@
 """Compaction: the bounded-memory offset map, multi-round compactor, planner and scheduler."""
 
+from .assessment import Assessment, assess_partition
 from .compactor import (CompactionOptions, CompactionResult, Compactor, DEFAULT_MAP_MEMORY,
                         partition_status)
 from .errors import CompactionError
 from .offset_map import OffsetMap
-from .planner import (Candidate, CompactionStopped, IOBudget, Scheduler, assess,
-                      compact_store, plan)
+from .planner import Candidate, Scheduler, assess, compact_store, plan, roll_unheld
+from .throttle import CompactionStopped, IOBudget
 
-__all__ = ["CompactionOptions", "CompactionResult", "Compactor", "DEFAULT_MAP_MEMORY",
-           "partition_status", "CompactionError", "OffsetMap", "Candidate", "CompactionStopped",
-           "IOBudget", "Scheduler", "assess", "compact_store", "plan"]
+__all__ = ["Assessment", "assess_partition", "CompactionOptions", "CompactionResult",
+           "Compactor", "DEFAULT_MAP_MEMORY", "partition_status", "CompactionError", "OffsetMap",
+           "Candidate", "CompactionStopped", "IOBudget", "Scheduler", "assess", "compact_store",
+           "plan", "roll_unheld"]

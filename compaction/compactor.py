@@ -50,8 +50,10 @@ from kcompact.reput.reader import IndexCursor, PartitionReader
 from kcompact.reput.rewrite import SegmentWriter
 from kcompact.reput.store import Store
 
+from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
 from .errors import CompactionError
 from .offset_map import OffsetMap
+from .throttle import IOBudget
 
 DEFAULT_MAP_MEMORY = 128 << 20
 
@@ -62,7 +64,8 @@ class CompactionOptions:
     io_chunk_bytes: int = 4 << 20          # data read/written per step of pass 2
     index_chunk_entries: int = 1 << 15     # .bcq entries read per step (1.5 MiB)
     max_load: float = 0.9
-    throttle_bytes_per_s: float | None = None  # I/O budget for background compaction
+    #: I/O budget (bytes read + written per second, index reads included; None/0: unlimited)
+    throttle_bytes_per_s: float | None = None
 
     def __post_init__(self):
         if self.offset_map_memory < 4096:
@@ -81,6 +84,7 @@ class CompactionResult:
     records_read: int = 0      # index entries examined, summed over rounds
     records_kept: int = 0      # records in the partition after compaction
     records_dropped: int = 0   # records before minus records after
+    reason: str | None = None  # why the planner picked the partition (its triggers, "forced")
     tombstones_dropped: int = 0
     segments_before: int = 0
     segments_after: int = 0
@@ -137,11 +141,16 @@ class _Group:
 
 
 class Compactor:
+    """Compacts one partition at a time (``compact_partition``). Every byte it reads or writes,
+    index reads included, is charged to ``budget`` (``options.throttle_bytes_per_s`` by default;
+    the background scheduler passes its own, whose waits a stop request interrupts)."""
+
     def __init__(self, store: Store, options: CompactionOptions = CompactionOptions(),
-                 clock: Clock | None = None):
+                 clock: Clock | None = None, budget: IOBudget | None = None):
         self.store = store
         self.options = options
         self.clock = clock or store.clock or SYSTEM_CLOCK
+        self.budget = budget if budget is not None else IOBudget(options.throttle_bytes_per_s)
         self._map: OffsetMap | None = None
         self._buffers: dict[str, np.ndarray] = {}
         #: seconds before replaced segments are unlinked (Kafka's file.delete.delay.ms); 0 = at
@@ -158,9 +167,13 @@ class Compactor:
 
     def _index_chunks(self, pl: PartitionLog, seg: Segment, start_entry: int = 0):
         """Bounded-memory .bcq chunks in this compactor's reused buffer."""
+        for lo, chunk in self._cursor(pl).chunks(seg, start_entry):
+            self._throttle(chunk.nbytes)
+            yield lo, chunk
+
+    def _cursor(self, pl: PartitionLog) -> IndexCursor:
         step = self.options.index_chunk_entries
-        cursor = IndexCursor(pl, step, self._buffer("index", step * B.ENTRY_SIZE))
-        return cursor.chunks(seg, start_entry)
+        return IndexCursor(pl, step, self._buffer("index", step * B.ENTRY_SIZE))
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
         b = self._buffers.get(name)
@@ -170,9 +183,9 @@ class Compactor:
 
     # -- the public entry point ---------------------------------------------------------------
 
-    def compact_partition(self, topic: str, partition: int, *, force: bool = False
-                          ) -> CompactionResult:
-        res = CompactionResult(topic, partition)
+    def compact_partition(self, topic: str, partition: int, *, force: bool = False,
+                          reason: str | None = None) -> CompactionResult:
+        res = CompactionResult(topic, partition, reason=reason or ("forced" if force else None))
         t0 = time.perf_counter()
         try:
             pl = self.store.writable_partition(topic, partition)
@@ -286,17 +299,11 @@ class Compactor:
     # -- tombstone purge: nothing dirty, but tombstones past delete.retention.ms -------------
 
     def purge_due(self, pl: PartitionLog, cfg: TopicConfig) -> bool:
-        """Does a cleaned tombstone's delete.retention.ms run out (index only)?"""
-        now_s = self.clock.ms() // 1000
-        retention_s = -(-cfg.delete_retention_ms // 1000)
-        for seg in pl.sealed_segments:
-            for _, e in self._index_chunks(pl, seg):
-                ct = e["clean_time"][(e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS))
-                                     == B.FLAG_TOMBSTONE]
-                ct = ct[ct != 0]
-                if ct.size and now_s - int(ct.min()) > retention_s:
-                    return True
-        return False
+        """Does a cleaned tombstone's delete.retention.ms run out (index only; the planner's
+        "tombstones expired" trigger, assessment.py)?"""
+        now_s, ret_s = self.clock.ms() // 1000, retention_s(cfg)
+        return any(expired_tombstones(e, now_s, ret_s)
+                   for seg in pl.sealed_segments for _, e in self._index_chunks(pl, seg))
 
     @staticmethod
     def _mergeable(pl: PartitionLog, cfg: TopicConfig) -> bool:
@@ -317,17 +324,8 @@ class Compactor:
     # -- one round ----------------------------------------------------------------------------
 
     def _cleanable_end(self, pl: PartitionLog, cfg: TopicConfig) -> int:
-        """First offset that may not be cleaned: the active segment's base, or the base of the
-        first sealed segment holding a record younger than min.compaction.lag.ms."""
-        sealed = pl.sealed_segments
-        end = pl.active_base
-        if cfg.min_compaction_lag_ms > 0:
-            limit = self.clock.ms() - cfg.min_compaction_lag_ms
-            for seg in sealed:
-                for _, e in self._index_chunks(pl, seg):
-                    if e.shape[0] and int(e["timestamp"].max()) > limit:
-                        return seg.base
-        return end
+        """First offset that may not be cleaned (assessment.cleanable_end, the planner's)."""
+        return cleanable_end(pl, cfg, self.clock.ms(), _Charged(self, pl))
 
     def _round(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> bool:
         if not pl.sealed_segments:
@@ -501,9 +499,7 @@ class Compactor:
         return True
 
     def _throttle(self, nbytes: int) -> None:
-        bps = self.options.throttle_bytes_per_s
-        if bps:
-            time.sleep(nbytes / bps)
+        self.budget.charge(nbytes)
 
     def _apply(self, pl: PartitionLog, plan: swap.SwapPlan,
                staged: list[tuple[int, str, str]] | None = None) -> None:
@@ -518,6 +514,16 @@ class Compactor:
         with self.store.lock:
             swap.apply(fs, pl.dir, plan)
             pl.reload_after_swap()
+
+
+class _Charged:
+    """An index cursor whose every chunk is charged to the compactor's I/O budget."""
+
+    def __init__(self, compactor: "Compactor", pl: PartitionLog):
+        self.compactor, self.pl = compactor, pl
+
+    def chunks(self, seg: Segment, start_entry: int = 0):
+        return self.compactor._index_chunks(self.pl, seg, start_entry)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,23 +558,20 @@ def wait_for_deletes() -> None:
 
 
 def partition_status(store: Store, topic: str, partition: int) -> dict:
-    """Compaction horizon, dirty ratio and last run of a partition (for `kcompact inspect`).
-
-    The dirty ratio is the planner's: dirty bytes / (clean + dirty bytes) over the sealed
-    segments (the active segment is never cleanable without --force); ``active_bytes`` is the
-    active segment's size."""
+    """Compaction horizon, dirty ratio, triggers and last run of a partition (for `kcompact
+    inspect`): the planner's own assessment (assessment.py) at the store clock's "now". The
+    dirty ratio is dirty bytes / (clean + dirty bytes) over the cleanable range (honouring
+    ``min.compaction.lag.ms``); the active segment's bytes (``active_bytes``) and the sealed
+    bytes still too young to clean (``uncleanable_bytes``) are counted apart."""
     pl = store.partition(topic, partition)
-    cleaned, last_run = pl.checkpoint()
-    clean = dirty = 0
-    cursor = IndexCursor(pl)
-    for seg in pl.sealed_segments:
-        for _, e in cursor.chunks(seg):
-            i = int(np.searchsorted(e["offset"], cleaned + 1))
-            clean += int(e["size"][:i].sum())
-            dirty += int(e["size"][i:].sum())
-    return {"compaction_horizon": cleaned,
-            "dirty_bytes": dirty,
-            "active_bytes": pl.active_bytes,
+    _, last_run = pl.checkpoint()
+    a = assess_partition(pl, store.topic_config(topic), store.clock.ms())
+    return {"compaction_horizon": a.horizon,
+            "clean_bytes": a.clean_bytes,
+            "dirty_bytes": a.dirty_bytes,
+            "uncleanable_bytes": a.uncleanable_bytes,
+            "active_bytes": a.active_bytes,
             "reclaimed_bytes": (last_run or {}).get("reclaimed_bytes_total", 0),
-            "dirty_ratio": round(dirty / (clean + dirty), 4) if clean + dirty else 0.0,
+            "dirty_ratio": round(a.dirty_ratio, 4),
+            "compaction_due": a.triggers,
             "last_compaction": last_run}

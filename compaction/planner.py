@@ -1,11 +1,18 @@
 """Which partitions to compact, and a background scheduler for long-running processes.
 
-The planner follows Kafka's LogCleanerManager: a partition is cleanable when its dirty ratio
-(dirty bytes / (clean + dirty bytes) over the cleanable range) reaches
-``min.cleanable.dirty.ratio``, or when its oldest dirty record is older than
-``max.compaction.lag.ms``; the filthiest partition goes first. It also merges runs of small
-sealed segments (``small_segments`` of them under a quarter of ``segment.bytes``), which is what
-many short flushes leave behind. ``force`` picks everything.
+The planner follows Kafka's LogCleanerManager on the assessment it shares with `kcompact
+inspect` (assessment.py): a partition is picked when its dirty ratio (dirty / (clean + dirty)
+bytes over the cleanable range) reaches ``min.cleanable.dirty.ratio``, or when a dirty record in a
+sealed segment is older than ``max.compaction.lag.ms``; beyond Kafka, when a tombstone cleaned
+once is past ``delete.retention.ms`` ("tombstones expired"), or for a run of small sealed
+segments (what short batch jobs leave behind). The filthiest partition goes first; each pick
+carries its reasons. ``force`` picks everything.
+
+Only sealed segments are cleanable, so before planning the active segments are rolled where
+that is the rule: ``compact_store`` rolls a partition's active segment when no writer holds it
+(a store at rest, e.g. written before rolls existed), and the ``Scheduler`` of a long-running
+writer rolls those open longer than their topic's roll time
+(``PartitionLog.roll_if_due``: min(segment.ms, max.compaction.lag.ms)).
 
 ``Scheduler`` runs the planner in the background of a long-running process, one partition at a
 time, within an I/O budget (``IOBudget``, Kafka's ``log.cleaner.io.max.bytes.per.second``).
@@ -16,169 +23,109 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from kcompact.reput.config import SYSTEM_CLOCK, Clock
-from kcompact.reput.reader import IndexCursor
+from kcompact.reput.errors import StoreLockedError
 from kcompact.reput.store import Store
 
+from .assessment import SMALL_SEGMENTS, assess_partition  # noqa: F401  (SMALL_SEGMENTS: API)
 from .compactor import CompactionOptions, CompactionResult, Compactor
-from .errors import CompactionError
-
-SMALL_SEGMENTS = 8
+from .throttle import CompactionStopped, IOBudget  # noqa: F401  (re-exported)
 
 
 @dataclass
 class Candidate:
     topic: str
     partition: int
-    reason: str
+    reason: str                  # the first trigger (or "forced")
     dirty_ratio: float
+    reasons: list[str] = field(default_factory=list)   # every trigger that fired
 
 
 def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK
            ) -> Candidate | None:
-    cfg = store.topic_config(topic)
+    """The partition as a candidate when a trigger fires (assessment.py), else None."""
     pl = store.partition(topic, partition)
     if not pl.sealed_segments:
         return None
-    cleaned, _ = pl.checkpoint()
-    now = clock.ms()
-    clean = dirty = 0
-    oldest_dirty = None
-    small = 0
-    first_max_ts = None
-    cursor = IndexCursor(pl)
-    for k, seg in enumerate(pl.sealed_segments):
-        if seg.log_size < cfg.segment_bytes // 4:
-            small += 1
-        for _, e in cursor.chunks(seg):
-            if k == 0:
-                m = int(e["timestamp"].max())
-                first_max_ts = m if first_max_ts is None else max(first_max_ts, m)
-            i = int(np.searchsorted(e["offset"], cleaned + 1))
-            clean += int(e["size"][:i].sum())
-            dirty += int(e["size"][i:].sum())
-            if i < e.shape[0]:
-                t = int(e["timestamp"][i:].min())
-                oldest_dirty = t if oldest_dirty is None else min(oldest_dirty, t)
-    if cfg.delete and cfg.retention_ms >= 0:
-        if first_max_ts is not None and first_max_ts < now - cfg.retention_ms:
-            return Candidate(topic, partition, "retention.ms", 0.0)
-    if not cfg.compact:
+    a = assess_partition(pl, store.topic_config(topic), clock.ms())
+    if not a.triggers:
         return None
-    ratio = dirty / (clean + dirty) if clean + dirty else 0.0
-    if dirty and ratio >= cfg.min_cleanable_dirty_ratio:
-        return Candidate(topic, partition, f"dirty ratio {ratio:.2f}", ratio)
-    if oldest_dirty is not None and now - oldest_dirty > cfg.max_compaction_lag_ms:
-        return Candidate(topic, partition, "max.compaction.lag.ms", ratio)
-    if small >= SMALL_SEGMENTS:
-        return Candidate(topic, partition, f"{small} small segments", ratio)
-    return None
+    return Candidate(topic, partition, a.triggers[0], a.dirty_ratio, a.triggers)
+
+
+def _selected(store: Store, topic: str | None, partition: int | None):
+    for t in ([topic] if topic else store.topics()):
+        for p in store.partitions(t):
+            if partition is None or p == partition:
+                yield t, p
 
 
 def plan(store: Store, *, topic: str | None = None, partition: int | None = None,
          force: bool = False, clock: Clock = SYSTEM_CLOCK) -> list[Candidate]:
     out = []
-    for t in ([topic] if topic else store.topics()):
-        for p in store.partitions(t):
-            if partition is not None and p != partition:
-                continue
-            if force:
-                out.append(Candidate(t, p, "forced", 0.0))
-                continue
-            c = assess(store, t, p, clock)
-            if c is not None:
-                out.append(c)
+    for t, p in _selected(store, topic, partition):
+        if force:
+            out.append(Candidate(t, p, "forced", 0.0, ["forced"]))
+            continue
+        c = assess(store, t, p, clock)
+        if c is not None:
+            out.append(c)
     out.sort(key=lambda c: -c.dirty_ratio)
     return out
+
+
+def roll_unheld(store: Store, topic: str, partition: int) -> bool:
+    """Roll the active segment of a partition that no writer holds (a store at rest), so
+    compaction may clean it; a partition another live process writes is left to that writer.
+    Returns whether it rolled. For a store that is not itself a writer (`kcompact compact`)."""
+    pl = store.partition(topic, partition)
+    if not any(s.kind == "file" and s.log_size for s in pl.segments[-1:]):
+        return False
+    try:
+        with store.lock:
+            pl = store.writable_partition(topic, partition)
+            if not any(s.kind == "file" and s.log_size for s in pl.segments[-1:]):
+                return False
+            pl.roll(writer="compactor")
+            pl.sync()
+            return True
+    except StoreLockedError:
+        return False
 
 
 def compact_store(store: Store, *, topic: str | None = None, partition: int | None = None,
                   force: bool = False, options: CompactionOptions = CompactionOptions(),
                   clock: Clock | None = None,
-                  progress: Callable[[str], None] | None = None) -> list[CompactionResult]:
-    """Plan, then compact each chosen partition once (`kcompact compact`)."""
+                  progress: Callable[[str], None] | None = None,
+                  budget: IOBudget | None = None) -> list[CompactionResult]:
+    """Roll the active segments no writer holds (a store that is not a writer) or those due
+    (a writer's own store), plan, then compact each chosen partition once (`kcompact
+    compact`). ``budget``: the I/O budget (default: ``options.throttle_bytes_per_s``)."""
     clock = clock or store.clock
-    compactor = Compactor(store, options, clock)
+    if not force:
+        if store.writer is None:
+            for t, p in _selected(store, topic, partition):
+                if roll_unheld(store, t, p) and progress:
+                    progress(f"rolled the active segment of {t}-{p} (no writer holds it)")
+        else:
+            store.roll(only_due=True)
+    compactor = Compactor(store, options, clock, budget)
     results = []
     for c in plan(store, topic=topic, partition=partition, force=force, clock=clock):
+        why = ", ".join(c.reasons) or c.reason
         if progress:
-            progress(f"compacting {c.topic}-{c.partition} ({c.reason})")
-        r = compactor.compact_partition(c.topic, c.partition, force=force)
+            progress(f"compacting {c.topic}-{c.partition} ({why})")
+        r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
         if store.writer is None:
             store.release_partition(c.topic, c.partition)
         results.append(r)
+    if store.writer is None:
+        for t, p in _selected(store, topic, partition):
+            store.release_partition(t, p)  # the partitions rolled above
     return results
-
-
-class IOBudget:
-    """A byte-rate limit (Kafka's cleaner ``Throttler``): ``charge(n)`` after moving ``n`` bytes
-    waits until the bytes charged since the budget's first use average at most ``bytes_per_s``.
-
-    Pacing is from the end of the previous charge, so the time the work itself took counts
-    toward the budget; the first charge of a run pays in full. ``monotonic`` and ``wait`` are
-    injected (tests pass a fake clock, never sleeping): ``wait(seconds)`` returns True when the
-    wait was cut short by a stop request, and then ``charge`` raises :class:`CompactionStopped`.
-    ``bytes_per_s`` None or 0 means unlimited (bytes are still counted)."""
-
-    def __init__(self, bytes_per_s: float | None, *,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 wait: Callable[[float], bool] | None = None):
-        if bytes_per_s is not None and bytes_per_s < 0:
-            raise CompactionError(f"I/O budget must be >= 0 bytes/s (0 = unlimited), "
-                                  f"got {bytes_per_s}")
-        self.bytes_per_s = bytes_per_s or 0
-        self.monotonic = monotonic
-        self._wait = wait if wait is not None else _sleep
-        self._last: float | None = None
-        self.bytes = 0          # charged so far
-        self.waited_s = 0.0     # time asked of wait() so far
-
-    def restart(self) -> None:
-        """Forget the pace (idle time between runs is not credit for the next run)."""
-        self._last = None
-
-    def charge(self, nbytes: int) -> None:
-        self.bytes += nbytes
-        if not self.bytes_per_s:
-            return
-        now = self.monotonic()
-        due = (now if self._last is None else self._last) + nbytes / self.bytes_per_s
-        if due <= now:
-            self._last = now
-            return
-        self._last = due
-        self.waited_s += due - now
-        if self._wait(due - now):
-            raise CompactionStopped("compaction stopped by Scheduler.stop(); the old segments "
-                                    "are still in place")
-
-
-def _sleep(seconds: float) -> bool:
-    time.sleep(seconds)
-    return False
-
-
-class CompactionStopped(CompactionError):
-    """A background compaction was cut short by a stop request: it was never committed, so the
-    partition is as it was (its staged output is discarded by the next compaction or on open)."""
-
-
-class _BudgetedCompactor(Compactor):
-    """The compactor, paced by an :class:`IOBudget`: pass 2 reports the bytes of each chunk it
-    read and wrote to ``Compactor._throttle`` (compactor.py), routed here to the budget instead
-    of the compactor's own ``time.sleep``."""
-
-    def __init__(self, store: Store, options: CompactionOptions, clock: Clock, budget: IOBudget):
-        super().__init__(store, options, clock)
-        self.budget = budget
-
-    def _throttle(self, nbytes: int) -> None:
-        self.budget.charge(nbytes)
 
 
 class Scheduler:
@@ -213,14 +160,18 @@ class Scheduler:
         res = []
         # a compactor per run, as `kcompact compact` does: its offset map is not kept
         # allocated in the long-running process between runs
-        compactor = _BudgetedCompactor(self.store, self.options, self.clock, self.budget)
+        compactor = Compactor(self.store, self.options, self.clock, self.budget)
+        # the partitions this process writes whose active segment is due (idle, or open for
+        # min(segment.ms, max.compaction.lag.ms)): only sealed segments are cleanable
+        self.store.roll(only_due=True)
         for c in plan(self.store, clock=self.clock):
             if self._stop.is_set():
                 break
             self.busy = (c.topic, c.partition)
             self.budget.restart()
             try:
-                r = compactor.compact_partition(c.topic, c.partition)
+                r = compactor.compact_partition(c.topic, c.partition,
+                                                reason=", ".join(c.reasons) or c.reason)
             finally:
                 self.busy = None
             if self.store.writer is None:

@@ -70,7 +70,7 @@ def cmd_compact(a: argparse.Namespace) -> int:
     return run_compact(CompactOptions(
         store=a.store, topic=a.topic, partition=a.partition, force=a.force,
         offset_map_memory=a.offset_map_memory, engine=a.engine, spark_master=a.spark_master,
-        json=a.json))
+        json=a.json, max_bytes_per_sec=a.max_bytes_per_sec))
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--partition", type=int, default=None)
     s.add_argument("--force", action="store_true")
     s.add_argument("--offset-map-memory", type=parse_size, default=128 << 20)
+    s.add_argument("--max-bytes-per-sec", type=parse_size, default=0,
+                   help="I/O budget: bytes read (index reads included) plus written per second, "
+                   "as Kafka's log.cleaner.io.max.bytes.per.second (e.g. 50M); 0: unlimited")
     s.add_argument("--engine", choices=("spark", "local"), default="local")
     s.add_argument("--spark-master", default=None)
     s.add_argument("--json", action="store_true")

@@ -75,6 +75,10 @@ TOPIC_KEYS: tuple[_Key, ...] = (
          "Compact a partition when dirty bytes / total bytes reaches this."),
     _Key("segment.bytes", "segment_bytes", 1 << 30, _int_at_least(1 << 14, (1 << 31) - 1),
          "Maximum size of a compaction-log segment before it is sealed and a new one starts."),
+    _Key("segment.ms", "segment_ms", 7 * DAY_MS, _int_at_least(1),
+         "The active segment is rolled when a record arrives this long (by its timestamp) "
+         "after the segment's first record; with cleanup.policy=compact the roll time is "
+         "min(segment.ms, max.compaction.lag.ms) (Kafka's KIP-354)."),
     _Key("retention.ms", "retention_ms", 7 * DAY_MS, _int_at_least(-1),
          "With cleanup.policy=compact,delete: segments whose newest record is older are "
          "deleted; -1 keeps them forever."),
@@ -90,6 +94,7 @@ class TopicConfig:
     max_compaction_lag_ms: int = LONG_MAX
     min_cleanable_dirty_ratio: float = 0.5
     segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * DAY_MS
     retention_ms: int = 7 * DAY_MS
 
     @classmethod
@@ -116,6 +121,15 @@ class TopicConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def roll_ms(self) -> int:
+        """How long the active segment stays active: ``segment.ms``, or for a compacted topic
+        ``min(segment.ms, max.compaction.lag.ms)`` so that no record waits longer than the lag
+        to become cleanable (Kafka's KIP-354)."""
+        if self.compact:
+            return min(self.segment_ms, self.max_compaction_lag_ms)
+        return self.segment_ms
 
 
 FSYNC_POLICIES = ("always", "flush", "never")

@@ -83,6 +83,10 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         self._local_listed = False
         self._manifest_read_at = 0.0
         self._writer_lock: FileLock | None = None
+        #: (active segment base, first record timestamp) and (base, writer clock at its first
+        #: append): the roll rules' memory (``_roll_cut``, ``roll_if_due``)
+        self._first_ts: tuple[int, int] | None = None
+        self._active_since: tuple[int, int] | None = None
         if writable:
             self._writer_lock = FileLock(self.local_fs, f"{self.dir}/{fn.LOCK_FILE}")
             if not self._writer_lock.acquire(blocking=False):
@@ -392,8 +396,20 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             self._dirty_files += [self._log, self._idx]
         return seg, self._log, self._idx
 
-    def roll(self, base: int | None = None) -> None:
-        """Seal the active segment and start an empty one at ``base`` (default: next offset)."""
+    def roll(self, base: int | None = None, *, writer: str = "writer") -> None:
+        """Seal the active segment and start an empty one at ``base`` (default: next offset),
+        so that compaction may clean what it holds. Crash-safe: the sealed segment's files are
+        fsynced before the new one is created, and the directory after, so a crash leaves
+        either the old segment active or the new one, never a segment based past records that
+        a re-dispatch would then append to it. On an object store (``base`` None) the writer's
+        local segments are sealed instead (uploaded and committed to the manifest).
+
+        Called on append (``segment.bytes``, the time rule: ``_roll_cut``), by ``roll_if_due``,
+        when a batch job ends, and by ``kcompact compact`` on a partition no writer holds."""
+        if self.manifest_mode and base is None:
+            if any(s.kind == "file" and s.log_size for s in self.segments):
+                self.seal(writer)
+            return
         base = self.next_offset if base is None else base
         if self.segments and self.segments[-1].base == base:
             return
@@ -403,9 +419,55 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             old = self.segments.pop()
             self.local_fs.delete(self.seg_log_path(old))
             self.local_fs.delete(self.seg_index_path(old))
+        self.sync()
         self._close_files()
         self.segments.append(Segment(base, 0, 0))
         self._active_files()
+        self.local_fs.sync_dir(self.dir)
+
+    def roll_if_due(self, now_ms: int | None = None) -> bool:
+        """Roll the active segment when it has been open for longer than the topic's roll time
+        (``TopicConfig.roll_ms``: min(segment.ms, max.compaction.lag.ms) for a compacted topic)
+        by the writer's clock, counted from its first append in this process: what a long-
+        running writer calls while its topic is idle (Kafka rolls only on the next append).
+        Not on an object store, where every flush seals. Returns whether it rolled."""
+        seg = self.segments[-1] if self.segments else None
+        if (not self.writable or self.manifest_mode or seg is None or seg.kind != "file"
+                or seg.log_size == 0):
+            return False
+        now = self.clock.ms() if now_ms is None else now_ms
+        if self._active_since is None or self._active_since[0] != seg.base:
+            # opened with records in it: its age is unknown, so it counts from now
+            self._active_since = (seg.base, now)
+        if now - self._active_since[1] <= self.config.roll_ms:
+            return False
+        self.roll()
+        return True
+
+    def _roll_cut(self, seg: Segment, s: Scan, lo: int, hi: int) -> int:
+        """How many of records lo..hi-1 may still join the active segment by Kafka's time rule:
+        a record whose timestamp is more than ``roll_ms`` past the segment's first record's
+        starts a new segment. Timestamps below 0 (none) never roll."""
+        roll_ms = self.config.roll_ms
+        ts = s.timestamps[lo:hi]
+        if self._first_ts is None or self._first_ts[0] != seg.base:
+            first = None
+            if seg.log_size:
+                own = self.entries(seg)["timestamp"]
+                i = np.flatnonzero(own >= 0)
+                first = int(own[i[0]]) if i.size else None
+            if first is None:
+                i = np.flatnonzero(ts >= 0)
+                if not i.size:
+                    return hi - lo
+                first = int(ts[i[0]])
+            self._first_ts = (seg.base, first)
+        first = self._first_ts[1]
+        if roll_ms >= (1 << 63) - 1 - max(first, 0):
+            return hi - lo
+        over = ts > first + roll_ms
+        i = int(np.argmax(over))
+        return i if over[i] else hi - lo
 
     def _close_files(self) -> None:
         if self._log is not None:
@@ -441,11 +503,14 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             start_byte = int(s.positions[lo])
             ends = s.positions[lo:hi] + s.sizes[lo:hi] - start_byte
             k = int(np.searchsorted(ends, limit - seg.log_size, side="right"))
+            k = min(k, self._roll_cut(seg, s, lo, hi))
             if k == 0:
                 if seg.log_size > 0:
                     self.roll(int(s.offsets[lo]))
                     continue
                 k = 1
+            if seg.log_size == 0:
+                self._active_since = (seg.base, self.clock.ms())
             end_byte = start_byte + int(ends[k - 1])
             if scratch.shape[0] < k * B.ENTRY_SIZE:
                 scratch = self._entry_scratch = np.empty(k * B.ENTRY_SIZE, np.uint8)

@@ -469,6 +469,24 @@ class Store:
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
 
+    def roll(self, *, only_due: bool = False) -> int:
+        """Roll the active segment of every partition this process writes, so that compaction
+        may clean what it holds (``PartitionLog.roll``): at the end of a batch job (a one-shot
+        mirror, a Spark mirror task). ``only_due``: only those open longer than their topic's
+        roll time (``PartitionLog.roll_if_due``), what a following writer does while its topic
+        is idle. Returns how many were rolled."""
+        n = 0
+        with self.lock:
+            now = self.clock.ms()
+            for key in sorted(self._writable):
+                pl = self._partitions[key]
+                if only_due:
+                    n += pl.roll_if_due(now)
+                elif any(s.kind == "file" and s.log_size for s in pl.segments[-1:]):
+                    pl.roll(writer=self.writer or "writer")
+                    n += 1
+        return n
+
     def _seal_all(self) -> None:
         """S3: seal every writable partition, several at once (each is a few requests whose
         latency, not bandwidth, is the cost); the first failure is raised."""

@@ -1,10 +1,14 @@
 """``kcompact compact``: compact a store's partitions, in this process or with Spark.
 
-The planner (kcompact.compaction) picks the partitions that reached ``min.cleanable.dirty.ratio``
-or ``max.compaction.lag.ms`` or hold runs of small segments (``--force``: every partition, the
-active segment rolled first); ``--engine local`` compacts them here, ``--engine spark`` in one
-Spark task per partition (apps/spark/compact_job.py). An explicit engine is never swapped for
-another: when Spark cannot run, the command says why before anything is opened.
+First the active segment of each partition no writer holds is rolled (a store at rest: only
+sealed segments are cleanable). Then the planner (kcompact.compaction) picks the partitions that
+reached ``min.cleanable.dirty.ratio`` or ``max.compaction.lag.ms``, hold a tombstone past its
+``delete.retention.ms`` or runs of small segments (``--force``: every partition, the active
+segment rolled first), and each result names its trigger (``reason``); ``--engine local``
+compacts them here, within ``--max-bytes-per-sec`` (Kafka's
+``log.cleaner.io.max.bytes.per.second``), ``--engine spark`` in one Spark task per partition
+(apps/spark/compact_job.py). An explicit engine is never swapped for another: when Spark cannot
+run, the command says why before anything is opened.
 """
 
 from __future__ import annotations
@@ -12,14 +16,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from kcompact.compaction import DEFAULT_MAP_MEMORY, CompactionOptions, compact_store, plan
+from kcompact.compaction import (DEFAULT_MAP_MEMORY, CompactionOptions, compact_store, plan,
+                                 roll_unheld)
 from kcompact.reput import Store
 
 from ..errors import ConnectorsError
 from .output import human_bytes, print_json
 
 NOTHING_TO_COMPACT = ("nothing to compact (no partition reached min.cleanable.dirty.ratio, "
-                      "max.compaction.lag.ms or the small-segment limit; use --force)")
+                      "max.compaction.lag.ms, an expired tombstone or the small-segment limit; "
+                      "use --force)")
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class CompactOptions:
     engine: str = "local"            # "local" or "spark"
     spark_master: str | None = None
     json: bool = False
+    max_bytes_per_sec: int = 0       # I/O budget, bytes read + written per second; 0: unlimited
 
 
 def _open(opts: CompactOptions) -> Store:
@@ -51,9 +58,14 @@ def run_compact(opts: CompactOptions) -> int:
     """``kcompact compact``: compact, print what was done, return the exit code."""
     if opts.engine == "spark":
         return _compact_spark(opts)
+    if opts.max_bytes_per_sec < 0:
+        raise ConnectorsError(f"--max-bytes-per-sec: {opts.max_bytes_per_sec} is negative; "
+                              "give a byte rate, or 0 for unlimited")
     store = _open(opts)
     results = compact_store(store, topic=opts.topic, partition=opts.partition, force=opts.force,
-                            options=CompactionOptions(offset_map_memory=opts.offset_map_memory),
+                            options=CompactionOptions(
+                                offset_map_memory=opts.offset_map_memory,
+                                throttle_bytes_per_s=opts.max_bytes_per_sec or None),
                             progress=lambda m: print(m, file=sys.stderr, flush=True))
     store.close()
     if opts.json:
@@ -65,7 +77,7 @@ def run_compact(opts: CompactOptions) -> int:
         if r.skipped:
             print(f"{r.topic}-{r.partition}: skipped: {r.skipped}")
             continue
-        print(f"{r.topic}-{r.partition}: {r.rounds} rounds, kept {r.records_kept:,} dropped "
+        print(f"{r.topic}-{r.partition} ({r.reason}): {r.rounds} rounds, kept {r.records_kept:,} dropped "
               f"{r.records_dropped:,} records ({r.tombstones_dropped:,} tombstones), "
               f"{human_bytes(r.size_before)} -> {human_bytes(r.size_after)}, "
               f"read {human_bytes(r.bytes_read)} wrote {human_bytes(r.bytes_written)} "
@@ -82,7 +94,15 @@ def _compact_spark(opts: CompactOptions) -> int:
     why = spark_available()
     if why is not None:
         raise SparkEngineError(f"--engine spark: {why}; or use --engine local")
+    if opts.max_bytes_per_sec:
+        raise ConnectorsError("--max-bytes-per-sec applies to --engine local (a Spark task "
+                              "per partition has no shared budget)")
     store = _open(opts)
+    if not opts.force:
+        for t in ([opts.topic] if opts.topic else store.topics()):
+            for p in store.partitions(t):
+                if opts.partition is None or p == opts.partition:
+                    roll_unheld(store, t, p)
     cands = [(c.topic, c.partition) for c in plan(store, topic=opts.topic,
                                                    partition=opts.partition, force=opts.force)]
     store.close()

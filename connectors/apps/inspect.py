@@ -1,5 +1,6 @@
 """Looking at a store without changing it: ``kcompact inspect`` (per-partition segments, records,
-sizes, offsets, dirty ratio, last compaction; ``--plot``), ``kcompact dump`` (a partition's
+sizes, the active segment's bytes, offsets, dirty ratio, the compaction triggers that fire now
+(``compaction_due``: the planner's own assessment), last compaction; ``--plot``), ``kcompact dump`` (a partition's
 records) and ``kcompact verify`` (every record and index entry checked; exit 1 on a problem).
 ``verify --against`` compares with a master instead: kcompact.replication's ``verify_against``.
 """
@@ -150,15 +151,17 @@ def run_inspect(opts: InspectOptions) -> int:
         print_json(doc)
         return 0
     print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
-    hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "FIRST", "NEXT",
-           "HORIZON", "DIRTY", "LAST RUN")
+    hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "ACTIVE", "FIRST",
+           "NEXT", "HORIZON", "DIRTY", "DUE", "LAST RUN")
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
             rows.append((t["topic"], p["partition"], p["segments"], p["records"], p["tombstones"],
-                         p["keyless"], human_bytes(p["bytes"]), p["first_offset"],
+                         p["keyless"], human_bytes(p["bytes"]),
+                         human_bytes(p.get("active_bytes", 0)), p["first_offset"],
                          p["next_offset"], p.get("compaction_horizon", -1),
-                         f"{p.get('dirty_ratio', 0.0):.2f}", _last_run_text(p)))
+                         f"{p.get('dirty_ratio', 0.0):.2f}",
+                         ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p)))
     widths = ([max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows
               else [len(h) for h in hdr])
     for row in (hdr, *rows):

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kcompact.reput import Store, WriterOptions
+from kcompact.reput.config import SYSTEM_CLOCK, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
@@ -149,12 +150,19 @@ class StoreSinkTask(SinkTask):
 
     store: Store | None = None
     scheduler: Any = None
+    #: the store's clock (Kafka's ``Time``): what the roll rules and the background compaction
+    #: count time with; a subclass injects another (tests: a ManualClock)
+    clock: Clock = SYSTEM_CLOCK
 
     def start(self, props: Mapping[str, Any]) -> None:
         self.props = dict(props)
+        #: a batch job (``follow`` false: a one-shot mirror, a Spark mirror task) rolls every
+        #: active segment it wrote when it stops, so the store at rest is compactable
+        self.batch_job = props.get("follow", True) is False
         options = WriterOptions(fsync=props.get("store.fsync") or "flush")
         self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
-                                options=options, commitlog_dir=props.get("store.commitlog.dir"))
+                                options=options, commitlog_dir=props.get("store.commitlog.dir"),
+                                clock=self.clock)
         self.appended = 0
         self.appender = _Appender(self.store)
         self.scheduler = None
@@ -206,6 +214,8 @@ class StoreSinkTask(SinkTask):
             store, self.store = self.store, None
             try:
                 self.appender.close()
+                if self.batch_job:
+                    store.roll()
             finally:
                 self.appended = self.appender.appended
                 store.close()  # flushes what was appended
