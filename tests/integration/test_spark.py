@@ -135,7 +135,9 @@ def test_spark_mirror_equals_local_mirror(spark, kafka_bootstrap, make_topic, tm
     produce(kafka_bootstrap, topic, recs[4100:])
 
     sp, lo = str(tmp_path / "spark"), str(tmp_path / "local")
-    res = mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark)
+    # without the compaction stage (each task rolls its active segment when it ends, so the
+    # stage would compact what the local engine leaves for `kcompact compact`)
+    res = mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark, compact=False)
     mirror_local(kafka_bootstrap, topic, lo, handle_signals=False)
     want = read_topic(kafka_bootstrap, topic, 4)
     got = read_store(sp, topic)
@@ -148,17 +150,18 @@ def test_spark_mirror_equals_local_mirror(spark, kafka_bootstrap, make_topic, tm
     assert verified(sp)
 
     # a second run finds nothing to do; new records are picked up where each partition ended
-    assert mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark).records == 0
+    assert mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark, compact=False).records == 0
     more = keyed_records(4, 1500, seed=9)
     produce(kafka_bootstrap, topic, more)
-    res = mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark, partitions=[1, 3])
+    res = mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark, partitions=[1, 3],
+                            compact=False)
     mirror_local(kafka_bootstrap, topic, lo, handle_signals=False)
     assert res.records == sum(1 for r in more if r[0] in (1, 3))
     want = read_topic(kafka_bootstrap, topic, 4)
     got = read_store(sp, topic)
     assert {p: got[p] for p in (1, 3)} == {p: want[p] for p in (1, 3)}
     assert {p: got[p] for p in (0, 2)} != {p: want[p] for p in (0, 2)}  # not selected
-    mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark)
+    mirror_with_spark(kafka_bootstrap, topic, sp, spark=spark, compact=False)
     assert read_store(sp, topic) == read_store(lo, topic) == want
 
 
@@ -166,7 +169,7 @@ def test_data_source_latest_and_all(spark, kafka_bootstrap, make_topic, tmp_path
     topic = make_topic(partitions=3)
     produce(kafka_bootstrap, topic, keyed_records(3, 5000, keys=80, seed=3))
     store = str(tmp_path / "store")
-    mirror_with_spark(kafka_bootstrap, topic, store, spark=spark)
+    mirror_with_spark(kafka_bootstrap, topic, store, spark=spark, compact=False)
     everything = read_topic(kafka_bootstrap, topic, 3)
     model = latest_model(everything)
 
@@ -218,8 +221,9 @@ def test_compact_engine_spark_equals_local(spark, kafka_bootstrap, make_topic, t
 
 
 def test_mirror_compaction_stage(spark, kafka_bootstrap, make_topic, tmp_path, capsys):
-    """With sealed segments (small segment.bytes) the mirror's compaction stage compacts what
-    the planner picks; --no-compact leaves every record."""
+    """The mirror's compaction stage compacts what the planner picks (the tasks rolled their
+    active segments; small segment.bytes here seals more of them); --no-compact leaves every
+    record."""
     topic = make_topic(partitions=3)
     produce(kafka_bootstrap, topic, keyed_records(3, 4500, keys=30, seed=13))
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -365,7 +369,10 @@ def test_cli_mirror_defaults_to_spark(spark, kafka_bootstrap, make_topic, tmp_pa
     err = capsys.readouterr().err
     assert "with Spark" in err and "mirror: done: 3,000 records" in err, err
     assert writers(store) == {spark_writer_id(topic, 0), spark_writer_id(topic, 1)}
-    assert read_store(store, topic) == read_topic(kafka_bootstrap, topic, 2)
+    # the compaction stage ran: each task rolled its active segment when it ended
+    assert "compact: 2 partitions with Spark" in err, err
+    assert latest_model(read_store(store, topic)) == latest_model(
+        read_topic(kafka_bootstrap, topic, 2))
 
     # -X keys are checked on the driver, before any task: one line naming the key
     assert cli.main(["mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
