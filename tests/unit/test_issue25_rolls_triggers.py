@@ -316,6 +316,28 @@ def test_scheduler_converges_within_max_compaction_lag(tmp_path):
     s.close()
 
 
+def test_scheduler_of_a_replica_rolls_the_partitions_it_pulls_into(tmp_path):
+    """`replicate --follow`: a store without a commit-log writer appends pulled records to the
+    live partitions it holds (``PartitionLog.append``); its Scheduler rolls them when due too."""
+    from kcompact.reput.record import encode_batch, scan
+    clock = ManualClock()
+    s = Store.open(str(tmp_path / "replica"), create=True, clock=clock)
+    s.set_topic_config(TOPIC, {"max.compaction.lag.ms": 60_000})
+    rows = [(0, i, clock.ms(), b"k%d" % (i % 4), b"%d" % i) for i in range(40)]
+    buf, _ = encode_batch(RecordBatch.from_records(TOPIC, rows))
+    with s.lock:
+        live = s.writable_partition(TOPIC, 0)
+        live.append(buf, scan(buf, secret=s.secret), 0, len(rows))
+        live.sync()
+    sched = Scheduler(s, OPTS, clock=clock)
+    assert sched.run_once() == []
+    clock.advance(60_001)
+    (r,) = sched.run_once()
+    assert "max.compaction.lag.ms" in r.reason
+    assert contents(s) == latest_per_key([(o, k, v) for _, o, _, k, v in rows])
+    s.close()
+
+
 # -- the I/O budget --------------------------------------------------------------------------------
 
 
