@@ -84,7 +84,8 @@ def plot_store(doc: dict[str, Any], path: str) -> None:
     for t in doc["topics"]:
         for p in t["partitions"]:
             labels.append(f"{t['topic']}-{p['partition']}")
-            d = p.get("dirty_bytes", 0) + p.get("active_bytes", 0)
+            d = (p.get("dirty_bytes", 0) + p.get("uncleanable_bytes", 0)
+                 + p.get("active_bytes", 0))
             dirty.append(d / 2**20)
             clean.append(max(0, p["bytes"] - d) / 2**20)
             reclaimed.append(p.get("reclaimed_bytes", 0) / 2**20)
