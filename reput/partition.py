@@ -11,7 +11,8 @@ CRC and never serves a record that fails.
 On an object store (S3, ``fs.appendable`` false) the segments are the partition manifest's
 (docs/formats/manifest.md), never a listing: reput/partition_manifest.py. The class is split
 along those seams: this file is the catalog of segments, the index access and the writer.
-The injected clock (``clock``, the store's) is the "now" of every decision about what is kept.
+The writer rolls its active segment at ``segment.bytes`` and by the time rules (``roll``). The
+injected clock (``clock``, the store's) is the "now" of every decision about what is kept.
 """
 
 from __future__ import annotations
