@@ -65,6 +65,13 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         metrics=a.metrics))
 
 
+def cmd_configs(a: argparse.Namespace) -> int:
+    from .apps.configs import ConfigsOptions, run_configs
+    return run_configs(ConfigsOptions(store=a.store, topic=a.topic, describe=a.describe,
+                                      alter=a.alter, add_config=a.add_config,
+                                      delete_config=a.delete_config, json=a.json))
+
+
 def cmd_compact(a: argparse.Namespace) -> int:
     from .apps.compact import CompactOptions, run_compact
     return run_compact(CompactOptions(
@@ -186,6 +193,16 @@ def _log_format_flag(s: argparse.ArgumentParser, default: Any) -> None:
                    help="stderr lines as text (default) or one JSON object per line")
 
 
+def _configs_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`configs`: --add-config/--delete-config go with --alter, which needs one of them."""
+    def check(args) -> None:
+        if args.describe and (args.add_config or args.delete_config):
+            parser.error("--add-config and --delete-config go with --alter")
+        if args.alter and not (args.add_config or args.delete_config):
+            parser.error("--alter needs --add-config K=V[,K=V] or --delete-config K[,K]")
+    return check
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage."))
@@ -241,6 +258,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--spark-master", default=None)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_compact)
+
+    s = sub.add_parser("configs", help="describe or alter a store's topic configs "
+                       "(kafka-configs.sh's spelling)")
+    s.add_argument("--store", required=True)
+    s.add_argument("--topic", required=True)
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--describe", action="store_true",
+                      help="each config with its value and source: default, synced from Kafka "
+                      "(by kcompact mirror) or local override")
+    what.add_argument("--alter", action="store_true",
+                      help="change local overrides (with --add-config and/or --delete-config)")
+    s.add_argument("--add-config", default=None, metavar="K=V[,K=V]",
+                   help="set local overrides; they win over synced values and survive later "
+                   "mirrors (a value with commas in brackets: cleanup.policy=[compact,delete])")
+    s.add_argument("--delete-config", default=None, metavar="K[,K]",
+                   help="remove local overrides (the synced value or the default applies again)")
+    s.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    s.set_defaults(func=cmd_configs, check_usage=_configs_usage(s))
 
     s = sub.add_parser("inspect", help="show topics, partitions, segments and dirty ratios")
     s.add_argument("--store", required=True)

@@ -27,7 +27,7 @@ def _int_at_least(lo: int, hi: int = LONG_MAX):
         try:
             iv = int(v)
         except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected an integer, got {v!r}") from None
+            raise ConfigError(f"{name}: expected an integer in [{lo}, {hi}], got {v!r}") from None
         if iv < lo or iv > hi:
             raise ConfigError(f"{name}: {iv} is out of range [{lo}, {hi}]")
         return iv

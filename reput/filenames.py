@@ -25,6 +25,8 @@ from .errors import ReputError
 from .record import validate_topic
 
 STORE_JSON = "store.json"
+#: flock taken around a read-modify-write of store.json (local stores; reput/locks.py)
+STORE_JSON_LOCK = "store.json.lock"
 COMMITLOG_DIR = "commitlog"
 PARTITIONS_DIR = "partitions"
 LOG_SUFFIX = ".log"

@@ -36,9 +36,11 @@ from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
+from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
+from .topic_configs import TopicConfigLayers
 
 FORMAT_VERSION = 1
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
@@ -87,15 +89,25 @@ class StoreMeta:
     created_ms: int
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
+    #: each topic's synced values and local overrides (reput/topic_configs.py); ``topics``
+    #: holds the effective values they give, written alongside for readers that know only it
+    layers: dict[str, TopicConfigLayers] = field(default_factory=dict)
+
+    def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
+        self.layers[topic] = layers
+        self.topics[topic] = layers.effective().to_dict()
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        doc: dict[str, Any] = {
             "format_version": self.format_version,
             "store_id": self.store_id,
             "digest": {"algorithm": "siphash-2-4-128", "secret": self.secret.hex()},
             "created_ms": self.created_ms,
             "topics": self.topics,
-        }, indent=2, sort_keys=True).encode() + b"\n"
+        }
+        if self.layers:
+            doc["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
+        return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "StoreMeta":
@@ -116,7 +128,10 @@ class StoreMeta:
             for t, cfg in topics.items():
                 validate_topic(t)
                 TopicConfig.from_dict(cfg)
-            return cls(str(d["store_id"]), secret, int(d.get("created_ms", 0)), topics, version)
+            meta = cls(str(d["store_id"]), secret, int(d.get("created_ms", 0)), topics, version)
+            for t, ly in (d.get("topic_configs") or {}).items():
+                meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
+            return meta
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
@@ -205,7 +220,7 @@ class Store:
         fs = fs or backend_for(url)
         meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {})
         for t, cfg in (topics or {}).items():
-            meta.topics[validate_topic(t)] = TopicConfig.from_dict(cfg).to_dict()
+            meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
             raise ReputError(f"{fs.url}: a store already exists here")
         return cls(fs, meta, writer=None, options=WriterOptions(), clock=clock)
@@ -271,22 +286,63 @@ class Store:
         return sorted(found)
 
     def topic_config(self, topic: str) -> TopicConfig:
+        """The effective config: default < synced from Kafka < local override."""
         return TopicConfig.from_dict(self.meta.topics.get(topic))
 
+    # Topic configs by source (reput/topic_configs.py, docs/formats/store-json.md): every
+    # change is a read-modify-write of store.json under store.json.lock (flock; on S3 the
+    # object is replaced whole by one PUT), so a mirror's sync and `kcompact configs --alter`
+    # from another process never write over each other's keys.
+
+    def topic_config_layers(self, topic: str) -> TopicConfigLayers:
+        ly = self.meta.layers.get(topic)
+        return ly if ly is not None else TopicConfigLayers.from_legacy(
+            self.meta.topics.get(topic))
+
+    def alter_topic_config(self, topic: str, add: dict[str, Any] | None = None,
+                           delete: list[str] | tuple[str, ...] = ()) -> TopicConfig:
+        """Set (``add``) and remove (``delete``) local overrides of ``topic``; they win over
+        synced values and survive later mirrors. Returns the effective config."""
+        validate_topic(topic)
+        return self._update_layers(topic, lambda ly: ly.altered(add or {}, delete))
+
     def set_topic_config(self, topic: str, overrides: dict[str, Any]) -> TopicConfig:
-        """Validate and persist topic config overrides in store.json."""
+        """Validate and persist local overrides in store.json (``alter_topic_config``)."""
+        return self.alter_topic_config(topic, overrides)
+
+    def sync_topic_config(self, topic: str, values: dict[str, Any], *,
+                          origin: str | None = None) -> TopicConfig:
+        """Replace the values synced from Kafka for ``topic`` (store.json is written only when
+        they change). Returns the effective config."""
+        validate_topic(topic)
+        return self._update_layers(
+            topic, lambda ly: ly.with_synced(values, ms=self.clock.ms(), origin=origin))
+
+    def reload_topic_configs(self) -> None:
+        """Re-read store.json's topic configs (changed by another process: `kcompact configs`)
+        and hand them to the partitions this store has open."""
         with self.lock:
-            raw = self.fs.read(fn.STORE_JSON)
-            meta = StoreMeta.from_json(raw, self.fs.url)
-            cfg = TopicConfig.from_dict(meta.topics.get(validate_topic(topic))).with_overrides(
-                overrides)
-            meta.topics[topic] = cfg.to_dict()
-            self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
-            self.meta = meta
-            for (t, _), pl in self._partitions.items():
-                if t == topic:
-                    pl.config = cfg
-            return cfg
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            self._adopt(meta)
+
+    def _update_layers(self, topic: str, change) -> TopicConfig:
+        with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
+            flock.acquire(blocking=True)
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            before = meta.layers.get(topic)
+            current = before if before is not None else TopicConfigLayers.from_legacy(
+                meta.topics.get(topic))
+            new = change(current)
+            if new != before:
+                meta.set_layers(topic, new)
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self._adopt(meta)
+            return self.topic_config(topic)
+
+    def _adopt(self, meta: StoreMeta) -> None:
+        self.meta = meta
+        for (t, _), pl in self._partitions.items():
+            pl.config = self.topic_config(t)
 
     # -- partitions ----------------------------------------------------------------------
 

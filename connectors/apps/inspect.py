@@ -69,6 +69,8 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
         "store": store.url, "store_id": store.meta.store_id,
         "format_version": store.meta.format_version,
         "topics": [{"topic": t, "config": store.topic_config(t).to_dict(),
+                    "config_source": {e.name: e.source
+                                      for e in store.topic_config_layers(t).describe()},
                     "partitions": [partition_summary(store, t, p) for p in store.partitions(t)]}
                    for t in topics],
     }
