@@ -59,9 +59,11 @@ def cmd_mirror(a: argparse.Namespace) -> int:
     from .apps.mirror import run_mirror
     from .apps.options import MirrorOptions, parse_partitions
     return run_mirror(MirrorOptions(
-        bootstrap_servers=a.bootstrap_servers, topic=a.topic, store=a.store, engine=a.engine,
-        spark_master=a.spark_master, follow=a.follow, compact=not a.no_compact,
-        partitions=parse_partitions(a.partitions), kafka_config=_kafka_config(a.kafka_config),
+        bootstrap_servers=a.bootstrap_servers, topic=None, topics=tuple(a.topic or ()),
+        topics_regex=a.topics_regex, exclude_regex=a.exclude_regex, store=a.store,
+        engine=a.engine, spark_master=a.spark_master, follow=a.follow,
+        compact=not a.no_compact, partitions=parse_partitions(a.partitions),
+        kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
         metrics=a.metrics))
 
 
@@ -193,6 +195,16 @@ def _log_format_flag(s: argparse.ArgumentParser, default: Any) -> None:
                    help="stderr lines as text (default) or one JSON object per line")
 
 
+def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`mirror`: some topic to mirror; --exclude-regex narrows --topics-regex."""
+    def check(args) -> None:
+        if not args.topic and not args.topics_regex:
+            parser.error("give --topic T (repeatable) or --topics-regex RE")
+        if args.exclude_regex and not args.topics_regex:
+            parser.error("--exclude-regex applies to the topics --topics-regex matches")
+    return check
+
+
 def _configs_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     """`configs`: --add-config/--delete-config go with --alter, which needs one of them."""
     def check(args) -> None:
@@ -225,9 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None)
     s.set_defaults(func=cmd_broker)
 
-    s = sub.add_parser("mirror", help="mirror a Kafka topic into a store")
+    s = sub.add_parser("mirror", help="mirror Kafka topics into a store")
     s.add_argument("--bootstrap-servers", required=True)
-    s.add_argument("--topic", required=True)
+    s.add_argument("--topic", action="append", default=None, metavar="T",
+                   help="a topic to mirror (repeatable; an internal __ topic only when named)")
+    s.add_argument("--topics-regex", default=None, metavar="RE",
+                   help="also every topic whose whole name this regular expression matches "
+                   "(Connect's topics.regex), internal topics (names starting with __) left out")
+    s.add_argument("--exclude-regex", default=None, metavar="RE",
+                   help="leave out the topics --topics-regex matched that this matches whole")
+    s.add_argument("--no-sync-configs", action="store_true",
+                   help="do not read the topics' configs from Kafka (describe_configs) into the "
+                   "store; by default they follow the source at each start (and refresh)")
     s.add_argument("--store", required=True)
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -243,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
                    help="librdkafka consumer setting (repeatable)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_mirror)
+    s.set_defaults(func=cmd_mirror, check_usage=_mirror_usage(s))
 
     s = sub.add_parser("compact", help="compact partitions of a store")
     s.add_argument("--store", required=True)

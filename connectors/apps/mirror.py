@@ -24,13 +24,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Mapping, TextIO
+from typing import Mapping, Sequence, TextIO
 
 from kcompact.reput import StoreLockedError
 
 from ..errors import ConfigError, ConnectorsError
 from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
+from .config_sync import ConfigFollower
+from .config_sync import sync_configs as sync_configs_of
 from .options import LOCAL_WRITER, MirrorOptions, mirror_props
 
 PROGRESS_INTERVAL = 2.0
@@ -65,29 +67,59 @@ class _Progress:
         for r in worker.runners:
             lag.update(r.metrics.lag())
         total = sum(lag.values())
-        worst = sorted(lag.items(), key=lambda kv: (-kv[1], kv[0].partition))[:8]
-        per = " ".join(f"p{tp.partition}={v:,}" for tp, v in sorted(
-            worst, key=lambda kv: kv[0].partition))
-        more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
         errs = sum(r.metrics.errors for r in worker.runners)
         print(f"mirror: {n:,} records, {rate:,.0f} rec/s, lag {total:,}"
-              + (f" [{per}{more}]" if lag else "") + (f", {errs} errors" if errs else ""),
+              + (f" [{_lag_text(lag)}]" if lag else "") + (f", {errs} errors" if errs else ""),
               file=self.out, flush=True)
 
 
-def mirror_local(bootstrap: str, topic: str, store: str, *,
+def _lag_text(lag: Mapping) -> str:
+    """The worst lags: ``p0=12 p3=4`` for one topic, ``orders: p0=12; users: p1=3`` for
+    several (at most 8 partitions named)."""
+    worst = sorted(lag.items(), key=lambda kv: (-kv[1], kv[0].topic, kv[0].partition))[:8]
+    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
+    topics = sorted({tp.topic for tp in lag})
+    if len(topics) == 1:
+        return " ".join(f"p{tp.partition}={v:,}" for tp, v in sorted(
+            worst, key=lambda kv: kv[0].partition)) + more
+    by_topic: dict[str, list] = {}
+    for tp, v in sorted(worst, key=lambda kv: (kv[0].topic, kv[0].partition)):
+        by_topic.setdefault(tp.topic, []).append(f"p{tp.partition}={v:,}")
+    return "; ".join(f"{t}: {' '.join(ps)}" for t, ps in by_topic.items()) + more
+
+
+def _per_topic(worker: Worker) -> dict[str, list[int]]:
+    """Records read and partitions of each topic the worker's tasks mirror."""
+    out: dict[str, list[int]] = {}
+    for r in worker.runners:
+        for tp in r.assignment:
+            out.setdefault(tp.topic, [0, 0])[1] += 1
+        for topic, n in r.metrics.records_by_topic().items():
+            out.setdefault(topic, [0, 0])[0] += n
+    return out
+
+
+def _task_stores(worker: Worker) -> list:
+    return [r.task.store for r in worker.runners if getattr(r.task, "store", None) is not None]
+
+
+def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, *,
                  partitions: tuple[int, ...] | list[int] | None = None,
                  follow: bool = False, kafka_config: Mapping[str, str] | None = None,
                  out: TextIO | None = None, handle_signals: bool = True,
-                 stop: threading.Event | None = None, metrics: str | None = None
-                 ) -> MirrorResult:
-    """Run the mirror in this process; returns when done, stopped, or raises on failure.
+                 stop: threading.Event | None = None, metrics: str | None = None,
+                 topics_regex: str | None = None, exclude_regex: str | None = None,
+                 sync_configs: bool = True) -> MirrorResult:
+    """Run the mirror of ``topic`` (one name or several) and the topics ``topics_regex``
+    matches in this process; returns when done, stopped, or raises on failure.
     ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
     out = out if out is not None else sys.stderr
+    kafka_config = dict(kafka_config or {})
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
                      "metrics.listen": metrics or ""}, where="mirror", log=out)
     props = mirror_props(topic, store, partitions=partitions, follow=follow,
-                         kafka_config=kafka_config or {})
+                         kafka_config=kafka_config, topics_regex=topics_regex,
+                         exclude_regex=exclude_regex)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -103,14 +135,27 @@ def mirror_local(bootstrap: str, topic: str, store: str, *,
     try:
         worker.add_connector(props, where="mirror",
                              consumer_origin=lambda k: f"-X {k}")
+        topics = list(worker.connectors[-1].props["topics"])
         n_parts = sum(len(r.assignment) for r in worker.runners)
-        print(f"mirror: {topic} ({n_parts} partitions) from {bootstrap} into {store}"
+        what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
+        print(f"mirror: {what} ({n_parts} partitions) from {bootstrap} into {store}"
               + (" (following)" if follow else ""), file=out, flush=True)
+        if len(topics) > 1:
+            print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
+        if sync_configs:
+            sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
+        ticks = [_Progress(out)]
+        if follow:
+            ticks.append(ConfigFollower(
+                bootstrap, lambda: sorted({tp.topic for r in worker.runners
+                                           for tp in r.assignment}),
+                store, kafka_config, out=out, sync=sync_configs,
+                on_synced=lambda: [s.reload_topic_configs() for s in _task_stores(worker)]))
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
         t0 = time.monotonic()
         try:
-            worker.run(on_tick=_Progress(out))
+            worker.run(on_tick=lambda w: [tick(w) for tick in ticks])
         except TaskFailedError as e:
             if isinstance(e.__cause__, StoreLockedError):
                 raise ConnectorsError(
@@ -127,7 +172,12 @@ def mirror_local(bootstrap: str, topic: str, store: str, *,
     sig = signal.Signals(received[0]).name if received else None
     res = MirrorResult(records, dt, n_parts, sig)
     how = f"stopped by {sig}" if sig else "done"
+    per = _per_topic(worker)
+    if len(per) > 1:
+        for t, (n, parts) in sorted(per.items()):
+            print(f"mirror: {t}: {n:,} records ({parts} partitions)", file=out, flush=True)
     print(f"mirror: {how}: {records:,} records in {dt:.1f} s ({res.rate:,.0f} rec/s)"
+          + (f", {len(per)} topics" if len(per) > 1 else "")
           + (f", {skipped} skipped" if skipped else "") + f"; store {store} flushed",
           file=out, flush=True)
     return res
@@ -154,9 +204,11 @@ def run_mirror(opts: MirrorOptions) -> int:
         raise ConfigError("--spark-master applies to --engine spark only")
     if opts.metrics and not opts.follow:
         raise ConfigError("--metrics applies to mirror --follow (a long-running mirror) only")
-    res = mirror_local(opts.bootstrap_servers, opts.topic, opts.store,
+    res = mirror_local(opts.bootstrap_servers, opts.named_topics, opts.store,
                        partitions=opts.partitions, follow=opts.follow,
-                       kafka_config=opts.kafka_config, metrics=opts.metrics)
+                       kafka_config=opts.kafka_config, metrics=opts.metrics,
+                       topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
+                       sync_configs=opts.sync_configs)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

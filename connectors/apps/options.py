@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError
 
@@ -36,10 +36,14 @@ def kafka_overrides(kafka_config: Mapping[str, str], prefix: str) -> dict[str, s
 
 @dataclass(frozen=True)
 class MirrorOptions:
-    """``kcompact mirror``: a topic into a store, with the engine chosen (apps/mirror.py)."""
+    """``kcompact mirror``: topics into a store, with the engine chosen (apps/mirror.py).
+
+    The topics: ``topic`` and ``topics`` (named; ``--topic`` repeated) and those
+    ``topics_regex`` matches whole, less internal ones and those ``exclude_regex`` matches
+    (framework/topic_sets.py)."""
 
     bootstrap_servers: str
-    topic: str
+    topic: str | None
     store: str
     engine: str | None = None        # "spark", "local", or None: spark unless following
     spark_master: str | None = None
@@ -48,6 +52,23 @@ class MirrorOptions:
     partitions: tuple[int, ...] | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X consumer settings
     metrics: str | None = None       # --metrics HOST:PORT (--engine local)
+    topics: tuple[str, ...] = ()
+    topics_regex: str | None = None
+    exclude_regex: str | None = None
+    sync_configs: bool = True        # configs follow the source (apps/config_sync.py)
+
+    @property
+    def named_topics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(([self.topic] if self.topic else []) + list(self.topics)))
+
+
+def named_topics(topic: str | Sequence[str] | None) -> list[str]:
+    """A topic, several, or none -> the list of names (in order, without repeats)."""
+    if topic is None:
+        return []
+    if isinstance(topic, str):
+        return [topic]
+    return list(dict.fromkeys(topic))
 
 
 def parse_partitions(text: str | None) -> tuple[int, ...] | None:
@@ -73,20 +94,30 @@ def parse_partitions(text: str | None) -> tuple[int, ...] | None:
     return tuple(sorted(set(out)))
 
 
-def mirror_props(topic: str, store: str, *, partitions: tuple[int, ...] | list[int] | None,
-                 follow: bool, kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER
+def mirror_props(topic: str | Sequence[str] | None, store: str, *,
+                 partitions: tuple[int, ...] | list[int] | None, follow: bool,
+                 kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER,
+                 topics_regex: str | None = None, exclude_regex: str | None = None
                  ) -> dict[str, Any]:
-    """The store sink connector's properties for a mirror of ``topic`` into ``store``."""
+    """The store sink connector's properties for a mirror of ``topic`` (one name or several)
+    and the topics ``topics_regex`` matches into ``store``."""
+    names = named_topics(topic)
+    if not names and not topics_regex:
+        raise ConfigError("give --topic T (repeatable) or --topics-regex PATTERN")
     props: dict[str, Any] = {
         "name": MIRROR_CONNECTOR,
         "connector.class": "StoreSinkConnector",
         "tasks.max": 1,
-        "topics": topic,
+        "topics": ",".join(names),
         "store.url": store,
         "store.writer": writer,
         "follow": follow,
         "store.compaction.background": follow,
     }
+    if topics_regex:
+        props["topics.regex"] = topics_regex
+    if exclude_regex:
+        props["topics.exclude.regex"] = exclude_regex
     if partitions:
         props["store.partitions"] = ",".join(map(str, partitions))
     props.update(kafka_overrides(kafka_config, "consumer.override."))

@@ -86,6 +86,18 @@ def list_partitions(consumer: Any, topics: list[str], bootstrap: str, timeout: f
     return out
 
 
+def list_topic_names(consumer: Any, bootstrap: str, timeout: float) -> list[str]:
+    """Every topic of the cluster (one metadata request for all topics)."""
+    from confluent_kafka import KafkaException
+    try:
+        md = consumer.list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise ConnectorsError(f"cannot reach Kafka at {bootstrap} within {timeout:.0f} s "
+                              f"({kafka_error_text(e)}); check the bootstrap servers and that "
+                              "the broker is up") from None
+    return sorted(t for t, m in md.topics.items() if m.error is None)
+
+
 class KafkaSettings:
     """Compose librdkafka settings from defaults, the worker's ``consumer.``/``producer.`` keys
     and the connector's ``*.override.`` keys, remembering where each user value came from so an

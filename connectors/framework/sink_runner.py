@@ -19,6 +19,7 @@ import functools
 import sys
 import threading
 import time
+from collections import Counter
 from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
@@ -423,9 +424,12 @@ class SinkTaskRunner(TaskRunner):
         # Position = last offset + 1 per partition (offsets increase within a partition).
         if single:
             t = topics[0]
+            m.count_topic(t, len(records))
             for p, nxt in next_offsets(parts, offs).items():
                 m.position[TopicPartition(t, p)] = nxt
         else:
+            for t, c in Counter(records.topics).items():
+                m.count_topic(t, c)
             for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
                 m.position[TopicPartition(t, p)] = o + 1
 

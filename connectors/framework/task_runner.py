@@ -27,6 +27,7 @@ class TaskMetrics:
     position: dict[TopicPartition, int] = field(default_factory=dict)
     high_watermark: dict[TopicPartition, int] = field(default_factory=dict)
     done: set = field(default_factory=set)  # partitions that reached their end (bounded runs)
+    by_topic: dict[str, int] = field(default_factory=dict)  # records, per topic
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     #: since when the Kafka client has reported its brokers unreachable (monotonic; the health
@@ -42,6 +43,12 @@ class TaskMetrics:
     def count_errors(self, errors) -> None:
         """Take the error handler's counts (errors_handling.ErrorHandler)."""
         self.errors, self.skipped, self.retries = errors.errors, errors.skipped, errors.retries
+
+    def count_topic(self, topic: str, n: int) -> None:
+        self.by_topic[topic] = self.by_topic.get(topic, 0) + n
+
+    def records_by_topic(self) -> dict[str, int]:
+        return dict(self.by_topic)
 
     def lag(self) -> dict[TopicPartition, int]:
         out = {}

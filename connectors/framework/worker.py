@@ -25,7 +25,7 @@ from .config import ConfigDef, Importance, Type, at_least, between, load_class, 
 from .converters import Converter, make_converter
 from .errors_handling import ERRORS_CONFIG, DeadLetterQueue, ErrorHandler
 from .kafka_clients import (SINK_CONSUMER_DEFAULTS, SINK_CONSUMER_REQUIRED, KafkaSettings,
-                            kafka_logger, list_partitions)
+                            kafka_logger, list_partitions, list_topic_names)
 from .sink_runner import SinkTaskRunner
 from .source_runner import FileOffsetStore, SourceTaskRunner
 
@@ -80,7 +80,15 @@ CONNECTOR_CONFIG = (
 SINK_CONFIG = (
     ConfigDef()
     .define("topics", Type.LIST, None, None, Importance.HIGH,
-            "Topics to read, comma-separated. Required for sink connectors.")
+            "Topics to read, comma-separated. A sink connector needs topics or topics.regex.")
+    .define("topics.regex", Type.STRING, "", None, Importance.HIGH,
+            "Also read every topic whose whole name this Java-style regular expression matches "
+            "(Connect's topics.regex; framework/topic_sets.py says where Python's re differs); "
+            "internal topics (names starting with __) only when listed in topics. Resolved when "
+            "the connector starts, and again while following (new topics that match are read).")
+    .define("topics.exclude.regex", Type.STRING, "", None, Importance.MEDIUM,
+            "Topics matched by topics.regex that this regular expression matches whole are "
+            "left out (as MirrorMaker 2's topics.exclude).")
     .define("batch.max.records", Type.INT, 10_000, between(1, 1_000_000), Importance.LOW,
             "Most records handed to put() at once (consume(num_messages=...)).")
     .define("follow", Type.BOOLEAN, True, None, Importance.MEDIUM,
@@ -133,9 +141,30 @@ def validate_connector(props: Mapping[str, Any], *, where: str) -> tuple[type, d
                           "StoreSinkConnector)")
     cls = connector_class(str(props["connector.class"]))
     values = connector_definition(cls).parse(props, where=where)
-    if issubclass(cls, SinkConnector) and not values.get("topics"):
-        raise ConfigError(f"{where}: missing required property 'topics' (comma-separated)")
+    if issubclass(cls, SinkConnector) and not values.get("topics") and \
+            not values.get("topics.regex"):
+        raise ConfigError(f"{where}: missing required property 'topics' (comma-separated) or "
+                          "'topics.regex'")
     return cls, values
+
+
+def resolve_topics(consumer: Any, values: Mapping[str, Any], bootstrap: str, timeout: float
+                   ) -> list[str]:
+    """A sink's topics: ``topics``, then those ``topics.regex`` matches among the cluster's
+    (framework/topic_sets.py); a pattern that matches nothing is an error naming it."""
+    from .topic_sets import match_topics
+    named = list(values.get("topics") or [])
+    regex, exclude = values.get("topics.regex") or "", values.get("topics.exclude.regex") or ""
+    if not regex:
+        return match_topics((), named, None, exclude)
+    available = list_topic_names(consumer, bootstrap, timeout)
+    topics = match_topics(available, named, regex, exclude)
+    if len(topics) == len(named) and not named:
+        raise ConnectorsError(f"topics.regex {regex!r} matches no topic on {bootstrap} ("
+                              f"{sum(1 for t in available if not t.startswith('__'))} topics, "
+                              "internal ones left out"
+                              + (f", topics.exclude.regex {exclude!r}" if exclude else "") + ")")
+    return topics
 
 
 class Worker:
@@ -248,6 +277,7 @@ class Worker:
             except KafkaException as e:
                 raise settings.explain(e, "Kafka consumer") from None
             try:
+                values["topics"] = resolve_topics(probe, values, self.bootstrap, timeout)
                 by_topic = list_partitions(probe, values["topics"], self.bootstrap, timeout)
             finally:
                 probe.close()

@@ -1,0 +1,213 @@
+"""Configs that follow the source: what ``kcompact mirror`` reads with describe_configs and stores
+as each topic's *synced* configs (reput/topic_configs.py has the precedence: a local override set
+with ``kcompact configs --alter`` still wins).
+
+The rules (README "Mirror topics" has them as a table):
+
+* the keys synced are :data:`SYNCED_KEYS`, Kafka's names; a key the source leaves at Kafka's
+  built-in default (describe_configs' ``DEFAULT_CONFIG`` source) is not synced, so the store's
+  default applies: the same value for every key but ``cleanup.policy``, whose store default is
+  ``compact`` (Kafka's is ``delete``). A value set on the topic or on the broker is synced.
+* ``segment.bytes`` larger than the store's default (1 GiB) is not synced: the store keeps 1 GiB
+  (a store's segment is the unit of a compaction rewrite and of an S3 upload); a note says so.
+* a value outside the store's range (``segment.bytes`` under 16 KiB, Kafka allowing 14 bytes) is
+  not synced, with a warning naming the key and the range.
+* a broker that refuses describe_configs (ACLs: ``DescribeConfigs`` on the topic) or cannot
+  answer it gives one warning naming the permission, and the mirror goes on with the store's
+  values; a sync never fails a mirror.
+
+Done when a mirror starts (both engines, before any record is copied) and, under ``--follow``,
+every ``topic.metadata.refresh.interval.ms`` (librdkafka's, ``-X``; 5 minutes by default).
+store.json is rewritten only when a synced value changed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Iterable, Mapping, TextIO
+
+from kcompact.reput import ConfigError as ReputConfigError
+from kcompact.reput import Store, TopicConfig
+
+from ..framework.kafka_clients import kafka_error, kafka_error_text, kafka_logger
+
+#: The topic configs read from Kafka (Kafka's names, reput/config.py's keys).
+SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
+               "max.compaction.lag.ms", "min.cleanable.dirty.ratio", "segment.bytes",
+               "retention.ms")
+#: The largest segment.bytes synced: the store's own default.
+MAX_SYNCED_SEGMENT_BYTES = TopicConfig().segment_bytes
+#: librdkafka's default topic.metadata.refresh.interval.ms.
+DEFAULT_REFRESH_MS = 300_000
+#: Settings a librdkafka admin client cannot take (consumer-only ones are dropped quietly).
+_ADMIN_SKIP = ("group.", "auto.offset.reset", "isolation.level", "enable.auto", "fetch.",
+               "queued.", "enable.partition.eof", "max.poll", "session.timeout",
+               "heartbeat.", "partition.assignment", "check.crcs", "auto.commit")
+
+
+def refresh_interval_ms(kafka_config: Mapping[str, str]) -> int:
+    try:
+        return max(1000, int(kafka_config.get("topic.metadata.refresh.interval.ms",
+                                              DEFAULT_REFRESH_MS)))
+    except ValueError:
+        return DEFAULT_REFRESH_MS
+
+
+def admin_settings(bootstrap: str, kafka_config: Mapping[str, str]) -> dict[str, Any]:
+    """The admin client's settings: the bootstrap servers and the ``-X`` settings that apply
+    to any client (security, timeouts...), not the consumer's own."""
+    conf = {k: v for k, v in kafka_config.items() if not k.startswith(_ADMIN_SKIP)}
+    conf["bootstrap.servers"] = bootstrap
+    return conf
+
+
+def source_configs(entries: Mapping[str, Any]
+                   ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """describe_configs' entries of one topic -> (values to sync, (``note`` or ``warning``,
+    text) on each value left out)."""
+    from confluent_kafka.admin import ConfigSource
+    out, notes = {}, []
+    # Kafka describes every config, its built-in defaults marked DEFAULT_CONFIG; Tansu returns
+    # only the configs set on the topic, and marks those DEFAULT_CONFIG too (BROKER_NOTES.md):
+    # a response without some key Kafka always describes is one of configs set.
+    complete = all(k in entries for k in SYNCED_KEYS)
+    for key in SYNCED_KEYS:
+        e = entries.get(key)
+        if e is None or e.value is None:
+            continue
+        if complete and (getattr(e, "is_default", False) or getattr(e, "source", None) in (
+                ConfigSource.DEFAULT_CONFIG, ConfigSource.DEFAULT_CONFIG.value)):
+            continue
+        value = str(e.value)
+        if key == "segment.bytes":
+            try:
+                if int(value) > MAX_SYNCED_SEGMENT_BYTES:
+                    notes.append(("note", f"segment.bytes={value} is larger than a store's "
+                                  "segments should be; the store keeps its default "
+                                  f"{MAX_SYNCED_SEGMENT_BYTES}"))
+                    continue
+            except ValueError:
+                pass
+        try:
+            TopicConfig().with_overrides({key: value})
+        except ReputConfigError as err:
+            notes.append(("warning", f"{err}; not synced, the store's value applies"))
+            continue
+        out[key] = value
+    return out, notes
+
+
+def describe_topics(bootstrap: str, topics: Iterable[str], kafka_config: Mapping[str, str],
+                    timeout: float, warn: Callable[..., None]) -> dict[str, dict[str, str]]:
+    """Each topic's values to sync, read with describe_configs; a topic whose configs cannot be
+    read is left out, with a warning (``warn``) naming why and the permission needed."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    topics = list(topics)
+    if not topics:
+        return {}
+    try:
+        admin = AdminClient(dict(admin_settings(bootstrap, kafka_config),
+                                 logger=kafka_logger()))
+    except KafkaException as e:
+        warn(f"cannot read the topics' configs ({kafka_error_text(e)}); the store's values "
+             "apply")
+        return {}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    try:
+        futures = admin.describe_configs(resources, request_timeout=timeout)
+    except KafkaException as e:
+        warn(f"describe_configs failed ({kafka_error_text(e)}); the store's values apply")
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    for res, fut in futures.items():
+        topic = res.name
+        try:
+            entries = fut.result(timeout=timeout + 5)
+        except KafkaException as e:
+            err = kafka_error(e)
+            code = err.code() if err is not None else None
+            if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                        KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+                warn(f"topic {topic}: the broker refused describe_configs "
+                     f"({kafka_error_text(e)}): grant DescribeConfigs on topic {topic} to sync "
+                     "its configs; mirroring with the store's values")
+            else:
+                warn(f"topic {topic}: cannot read its configs ({kafka_error_text(e)}); "
+                     "mirroring with the store's values")
+            continue
+        except Exception as e:  # noqa: BLE001 - a sync never fails the mirror
+            warn(f"topic {topic}: cannot read its configs ({e}); mirroring with the store's "
+                 "values")
+            continue
+        values, notes = source_configs(entries)
+        for kind, n in notes:
+            warn(f"topic {topic}: {n}", kind)
+        out[topic] = values
+    return out
+
+
+def sync_configs(bootstrap: str, topics: Iterable[str], store_url: str,
+                 kafka_config: Mapping[str, str], *, timeout: float = 10.0,
+                 commitlog_dir: str | None = None, out: TextIO | None = None,
+                 prefix: str = "mirror") -> dict[str, TopicConfig]:
+    """Read the topics' configs from Kafka and store them as synced configs (module
+    docstring); returns the effective config of each topic synced. Never raises for Kafka's
+    sake: a refusal is a warning on ``out``."""
+    out = out if out is not None else sys.stderr
+
+    def warn(msg: str, kind: str = "warning") -> None:
+        print(f"{prefix}: {kind}: {msg}", file=out, flush=True)
+
+    found = describe_topics(bootstrap, topics, kafka_config, timeout, warn)
+    if not found:
+        return {}
+    done = {}
+    with Store.open(store_url, commitlog_dir=commitlog_dir) as store:
+        for topic, values in found.items():
+            before = store.topic_config_layers(topic)
+            done[topic] = store.sync_topic_config(topic, values, origin=bootstrap)
+            after = store.topic_config_layers(topic)
+            if after.synced != before.synced:
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(after.synced.items()))
+                hidden = sorted(set(after.synced) & set(after.overrides))
+                print(f"{prefix}: {topic}: configs synced from Kafka: {shown or '(none set)'}"
+                      + (f" (local overrides win for {', '.join(hidden)})" if hidden else ""),
+                      file=out, flush=True)
+    return done
+
+
+class ConfigFollower:
+    """Under ``--follow``: the sync again every metadata refresh interval (called from the
+    mirror's tick), then each running task's store re-reads store.json (``on_change``)."""
+
+    def __init__(self, bootstrap: str, topics: Callable[[], Iterable[str]], store_url: str,
+                 kafka_config: Mapping[str, str], *, out: TextIO,
+                 on_synced: Callable[[], None], sync: bool = True,
+                 clock: Callable[[], float] = time.monotonic):
+        self.bootstrap, self.topics, self.store_url = bootstrap, topics, store_url
+        self.sync = sync  # False (--no-sync-configs): only local overrides are picked up
+        self.kafka_config, self.out, self.on_synced = dict(kafka_config), out, on_synced
+        self.interval = refresh_interval_ms(kafka_config) / 1000
+        self.clock = clock
+        self.last = clock()
+
+    def __call__(self, *_: Any) -> None:
+        now = self.clock()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        try:
+            if self.sync:
+                sync_configs(self.bootstrap, list(self.topics()), self.store_url, self.kafka_config,
+                             out=self.out)
+        except Exception as e:  # noqa: BLE001 - a sync never stops a following mirror
+            print(f"mirror: warning: config sync failed ({e}); trying again in "
+                  f"{self.interval:.0f} s", file=self.out, flush=True)
+            return
+        self.on_synced()
+
+
+__all__ = ["SYNCED_KEYS", "ConfigFollower", "admin_settings", "describe_topics",
+           "refresh_interval_ms", "source_configs", "sync_configs"]
