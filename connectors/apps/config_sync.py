@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, TextIO
 from kcompact.reput import ConfigError as ReputConfigError
 from kcompact.reput import Store, TopicConfig
 
-from ..framework.kafka_clients import kafka_error, kafka_error_text, kafka_logger
+from ..framework.kafka_clients import admin_settings, kafka_error, kafka_error_text, kafka_logger
 
 #: The topic configs read from Kafka (Kafka's names, reput/config.py's keys).
 SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
@@ -40,11 +40,6 @@ SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
 MAX_SYNCED_SEGMENT_BYTES = TopicConfig().segment_bytes
 #: librdkafka's default topic.metadata.refresh.interval.ms.
 DEFAULT_REFRESH_MS = 300_000
-#: Settings a librdkafka admin client cannot take (consumer-only ones are dropped quietly).
-_ADMIN_SKIP = ("group.", "auto.offset.reset", "isolation.level", "enable.auto", "fetch.",
-               "queued.", "enable.partition.eof", "max.poll", "session.timeout",
-               "heartbeat.", "partition.assignment", "check.crcs", "auto.commit")
-
 
 def refresh_interval_ms(kafka_config: Mapping[str, str]) -> int:
     try:
@@ -52,14 +47,6 @@ def refresh_interval_ms(kafka_config: Mapping[str, str]) -> int:
                                               DEFAULT_REFRESH_MS)))
     except ValueError:
         return DEFAULT_REFRESH_MS
-
-
-def admin_settings(bootstrap: str, kafka_config: Mapping[str, str]) -> dict[str, Any]:
-    """The admin client's settings: the bootstrap servers and the ``-X`` settings that apply
-    to any client (security, timeouts...), not the consumer's own."""
-    conf = {k: v for k, v in kafka_config.items() if not k.startswith(_ADMIN_SKIP)}
-    conf["bootstrap.servers"] = bootstrap
-    return conf
 
 
 def source_configs(entries: Mapping[str, Any]
@@ -108,7 +95,7 @@ def describe_topics(bootstrap: str, topics: Iterable[str], kafka_config: Mapping
     if not topics:
         return {}
     try:
-        admin = AdminClient(dict(admin_settings(bootstrap, kafka_config),
+        admin = AdminClient(dict(admin_settings(kafka_config, bootstrap),
                                  logger=kafka_logger()))
     except KafkaException as e:
         warn(f"cannot read the topics' configs ({kafka_error_text(e)}); the store's values "
@@ -209,5 +196,5 @@ class ConfigFollower:
         self.on_synced()
 
 
-__all__ = ["SYNCED_KEYS", "ConfigFollower", "admin_settings", "describe_topics",
+__all__ = ["SYNCED_KEYS", "ConfigFollower", "describe_topics",
            "refresh_interval_ms", "source_configs", "sync_configs"]

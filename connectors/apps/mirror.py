@@ -33,7 +33,7 @@ from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
 from .config_sync import ConfigFollower
 from .config_sync import sync_configs as sync_configs_of
-from .options import LOCAL_WRITER, MirrorOptions, mirror_props
+from .options import LOCAL_WRITER, MirrorOptions, lag_text, mirror_props
 
 PROGRESS_INTERVAL = 2.0
 
@@ -69,23 +69,8 @@ class _Progress:
         total = sum(lag.values())
         errs = sum(r.metrics.errors for r in worker.runners)
         print(f"mirror: {n:,} records, {rate:,.0f} rec/s, lag {total:,}"
-              + (f" [{_lag_text(lag)}]" if lag else "") + (f", {errs} errors" if errs else ""),
+              + (f" [{lag_text(lag)}]" if lag else "") + (f", {errs} errors" if errs else ""),
               file=self.out, flush=True)
-
-
-def _lag_text(lag: Mapping) -> str:
-    """The worst lags: ``p0=12 p3=4`` for one topic, ``orders: p0=12; users: p1=3`` for
-    several (at most 8 partitions named)."""
-    worst = sorted(lag.items(), key=lambda kv: (-kv[1], kv[0].topic, kv[0].partition))[:8]
-    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
-    topics = sorted({tp.topic for tp in lag})
-    if len(topics) == 1:
-        return " ".join(f"p{tp.partition}={v:,}" for tp, v in sorted(
-            worst, key=lambda kv: kv[0].partition)) + more
-    by_topic: dict[str, list] = {}
-    for tp, v in sorted(worst, key=lambda kv: (kv[0].topic, kv[0].partition)):
-        by_topic.setdefault(tp.topic, []).append(f"p{tp.partition}={v:,}")
-    return "; ".join(f"{t}: {' '.join(ps)}" for t, ps in by_topic.items()) + more
 
 
 def _per_topic(worker: Worker) -> dict[str, list[int]]:

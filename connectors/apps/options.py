@@ -122,3 +122,18 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         props["store.partitions"] = ",".join(map(str, partitions))
     props.update(kafka_overrides(kafka_config, "consumer.override."))
     return props
+
+
+def lag_text(lag: Mapping) -> str:
+    """The worst lags: ``p0=12 p3=4`` for one topic, ``orders: p0=12; users: p1=3`` for
+    several (at most 8 partitions named)."""
+    worst = sorted(lag.items(), key=lambda kv: (-kv[1], kv[0].topic, kv[0].partition))[:8]
+    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
+    topics = sorted({tp.topic for tp in lag})
+    if len(topics) == 1:
+        return " ".join(f"p{tp.partition}={v:,}" for tp, v in sorted(
+            worst, key=lambda kv: kv[0].partition)) + more
+    by_topic: dict[str, list] = {}
+    for tp, v in sorted(worst, key=lambda kv: (kv[0].topic, kv[0].partition)):
+        by_topic.setdefault(tp.topic, []).append(f"p{tp.partition}={v:,}")
+    return "; ".join(f"{t}: {' '.join(ps)}" for t, ps in by_topic.items()) + more

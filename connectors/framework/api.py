@@ -187,6 +187,10 @@ class SinkTaskContext:
     def assignment(self) -> list[TopicPartition]:
         return list(self._assignment)
 
+    def add_assignment(self, partitions: Sequence[TopicPartition]) -> None:
+        """Partitions the worker assigns while the task runs (before it ``open()``s them)."""
+        self._assignment.extend(p for p in partitions if p not in self._assignment)
+
     def offset(self, offsets: Mapping[TopicPartition, int]) -> None:
         for tp, off in offsets.items():
             if int(off) < 0 and int(off) != OFFSET_BEGINNING:

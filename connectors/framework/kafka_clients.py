@@ -86,6 +86,23 @@ def list_partitions(consumer: Any, topics: list[str], bootstrap: str, timeout: f
     return out
 
 
+#: Settings only a consumer takes, left out of an admin client's (apps/config_sync.py,
+#: topic_watch.py): the rest (security, timeouts, client.id...) applies to any client.
+_CONSUMER_ONLY = ("group.", "auto.offset.reset", "isolation.level", "enable.auto",
+                  "fetch.", "queued.", "enable.partition.eof", "max.poll", "session.timeout",
+                  "heartbeat.", "partition.assignment", "check.crcs", "auto.commit",
+                  "error_cb", "logger", "on_commit", "stats_cb")
+
+
+def admin_settings(conf: Mapping[str, Any], bootstrap: str | None = None) -> dict[str, Any]:
+    """An admin client's settings from a consumer's (or ``-X`` settings): the consumer-only
+    keys left out; ``bootstrap`` when given."""
+    out = {k: v for k, v in conf.items() if not k.startswith(_CONSUMER_ONLY)}
+    if bootstrap is not None:
+        out["bootstrap.servers"] = bootstrap
+    return out
+
+
 def list_topic_names(consumer: Any, bootstrap: str, timeout: float) -> list[str]:
     """Every topic of the cluster (one metadata request for all topics)."""
     from confluent_kafka import KafkaException

@@ -6,9 +6,12 @@ The task never joins a consumer group: the worker hands it an assignment, and th
 (``context.offset``) - else at the group's committed offset, else the earliest. It runs until
 stopped, or with ``follow=false`` until every partition has reached the end it had when the task
 started (end-of-partition events, and the high watermark of the first fetch response - never
-ListOffsets, which Tansu gets wrong). A following task whose topic (read whole) gains partitions
-stops with an error saying to restart, which assigns the new partitions (checked every
-``PARTITION_CHECK_INTERVAL`` seconds). Every ``offset.flush.interval.ms`` (and at the end) it calls
+ListOffsets, which Tansu gets wrong). While following, every metadata refresh interval
+(``topic.metadata.refresh.interval.ms`` when set, else ``PARTITION_CHECK_INTERVAL`` seconds) a
+:class:`~.topic_watch.TopicWatcher` finds the partitions a topic read whole gained and the topics
+that started to match ``topics.regex``: the task ``open()``s them and they are assigned from the
+start offsets it asks for; a followed topic deleted or created again (new topic id) stops the
+task with an error naming it. Every ``offset.flush.interval.ms`` (and at the end) it calls
 ``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
 Batches are read as columns (kafka_columns.ColumnReader) when the C extension is built.
 """
@@ -36,6 +39,7 @@ from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_n
 from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
 from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
 from .task_runner import TaskRunner
+from .topic_watch import TopicWatcher
 
 _TS = itemgetter(1)
 _NATIVE = extension("kcompact.connectors.framework._rdkafka")
@@ -59,7 +63,8 @@ class SinkTaskRunner(TaskRunner):
                  key_converter: Converter, value_converter: Converter, errors: ErrorHandler,
                  follow: bool, batch_max: int, flush_interval_ms: int, stop: threading.Event,
                  startup_timeout: float, settings: KafkaSettings,
-                 whole_topics: Mapping[str, int] | None = None):
+                 whole_topics: Mapping[str, int] | None = None,
+                 topic_pattern: tuple[str, str] | None = None):
         self.connector, self.task_id, self.task, self.props = connector, task_id, task, props
         self.assignment, self.consumer_conf = assignment, consumer_conf
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
@@ -75,18 +80,34 @@ class SinkTaskRunner(TaskRunner):
         self._kafka_errors: list[Any] = []
         #: topics followed whole -> their partition count at start (checked while following)
         self.whole_topics = dict(whole_topics or {})
+        #: (topics.regex, topics.exclude.regex) whose new matches this task picks up
+        self.topic_pattern = topic_pattern
+        self.watcher: TopicWatcher | None = None
+        self._ctx: SinkTaskContext | None = None
         self._last_partition_check = time.monotonic()
+        try:
+            refresh = float(consumer_conf.get("topic.metadata.refresh.interval.ms", 0)) / 1000
+        except (TypeError, ValueError):
+            refresh = 0.0
+        self.check_interval = max(1.0, refresh) if refresh > 0 else PARTITION_CHECK_INTERVAL
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def _run(self) -> None:
         started = False
         try:
-            ctx = SinkTaskContext(self.assignment)
+            ctx = self._ctx = SinkTaskContext(self.assignment)
             self.task.initialize(ctx)
             self.task.start(self.props)
             started = True
             self.task.open(self.assignment)
+            if self.follow and (self.whole_topics or self.topic_pattern):
+                regex, exclude = self.topic_pattern or (None, None)
+                self.watcher = TopicWatcher(self.consumer_conf, self.whole_topics,
+                                            connector=self.connector, regex=regex,
+                                            exclude=exclude,
+                                            known={tp.topic for tp in self.assignment})
+                self.watcher.start()
             self._open_consumer(ctx.requested_offsets)
             self._loop(ctx)
             self._commit()
@@ -115,6 +136,8 @@ class SinkTaskRunner(TaskRunner):
         reference cycle), so no client keeps reconnecting after the task ended."""
         self._close_reader()
         self.consumer = None
+        if self.watcher is not None:
+            self.watcher.close()
         if self.errors.dlq is not None:
             self.errors.dlq.producer = None
 
@@ -130,7 +153,7 @@ class SinkTaskRunner(TaskRunner):
             self.metrics.note_unreachable(err.str())
 
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
-        from confluent_kafka import OFFSET_STORED, Consumer, KafkaException
+        from confluent_kafka import Consumer, KafkaException
         from confluent_kafka import TopicPartition as KTP
         error_cb, logger = self._on_kafka_error, kafka_logger()
         conf = dict(self.consumer_conf, error_cb=error_cb, logger=logger)
@@ -140,29 +163,34 @@ class SinkTaskRunner(TaskRunner):
             raise self.settings.explain(e, "Kafka consumer") from None
         self.reader = ColumnReader.attach(self.consumer, error_cb, logger)
         parts = []
-        deadline = time.monotonic() + self.startup_timeout
         for tp in self.assignment:
-            off = requested.get(tp)
-            if off is None:
-                off = OFFSET_STORED
-            else:
-                try:
-                    lo, hi = self.consumer.get_watermark_offsets(KTP(tp.topic, tp.partition),
-                                                                 timeout=self.startup_timeout)
-                except KafkaException as e:
-                    raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
-                                          f"{kafka_error_text(e)}") from None
-                if off == OFFSET_BEGINNING_REQUEST:
-                    # The low watermark is right on every broker (Tansu included), and asking
-                    # for it here is ~0.5 s faster than librdkafka's OFFSET_BEGINNING lookup.
-                    off = lo
-                elif off > hi:
-                    # Tansu's uncached high watermark can be low (BROKER_NOTES.md): a start past
-                    # it is only suspicious, verified by the partition's first message or EOF.
-                    self._unverified[tp] = (deadline + self.startup_timeout, off, hi)
+            off = self._start_offset(tp, requested.get(tp))
             self.metrics.position[tp] = off if off >= 0 else -1
             parts.append(KTP(tp.topic, tp.partition, off))
         self.consumer.assign(parts)
+
+    def _start_offset(self, tp: TopicPartition, off: int | None) -> int:
+        """Where ``tp`` starts: the offset the task asked for (OFFSET_BEGINNING: the low
+        watermark), else the group's committed offset (OFFSET_STORED)."""
+        from confluent_kafka import OFFSET_STORED, KafkaException
+        from confluent_kafka import TopicPartition as KTP
+        if off is None:
+            return OFFSET_STORED
+        try:
+            lo, hi = self.consumer.get_watermark_offsets(KTP(tp.topic, tp.partition),
+                                                         timeout=self.startup_timeout)
+        except KafkaException as e:
+            raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
+                                  f"{kafka_error_text(e)}") from None
+        if off == OFFSET_BEGINNING_REQUEST:
+            # The low watermark is right on every broker (Tansu included), and asking for it
+            # here is ~0.5 s faster than librdkafka's OFFSET_BEGINNING lookup.
+            return lo
+        if off > hi:
+            # Tansu's uncached high watermark can be low (BROKER_NOTES.md): a start past it is
+            # only suspicious, verified by the partition's first message or EOF.
+            self._unverified[tp] = (time.monotonic() + 2 * self.startup_timeout, off, hi)
+        return off
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -213,10 +241,10 @@ class SinkTaskRunner(TaskRunner):
             if now - last_flush >= self.flush_interval / 1000:
                 self._commit()
                 last_flush = now
-            if self.follow and self.whole_topics and \
-                    now - self._last_partition_check >= PARTITION_CHECK_INTERVAL:
+            if self.watcher is not None and \
+                    now - self._last_partition_check >= self.check_interval:
                 self._last_partition_check = now
-                self._check_partition_counts()
+                self._watch_topics()
 
     def _wanted(self, pending: set, batch: int) -> int:
         """How many messages to ask consume() for: ``batch``, or fewer at the end of a bounded
@@ -312,21 +340,31 @@ class SinkTaskRunner(TaskRunner):
                     f"seems to end at {hi}: was the topic deleted and recreated? Mirror into a "
                     "new store")
 
-    def _check_partition_counts(self) -> None:
-        """A followed topic that gained partitions stops the task with a clear error: the
-        partitions are assigned at start, so the new ones would silently not be mirrored. A
-        restart assigns them (their records are read from offset 0)."""
-        for topic, count in self.whole_topics.items():
-            try:
-                meta = self.consumer.list_topics(topic=topic, timeout=5).topics.get(topic)
-            except Exception:  # noqa: BLE001 - a broker away for a moment: check next time
-                continue
-            if meta is None or meta.error is not None or len(meta.partitions) <= count:
-                continue
-            raise ConnectorsError(
-                f"topic {topic} grew from {count} to {len(meta.partitions)} partitions while "
-                f"{self.connector} followed it; restart it to mirror the new partitions too "
-                "(their records are read from the beginning)")
+    def _watch_topics(self) -> None:
+        """Assign what the watcher found (topic_watch.py): the task opens the new partitions
+        and they start where it asks (the store sink: the partition's first offset)."""
+        from confluent_kafka import TopicPartition as KTP
+        new = self.watcher.check(self.consumer)
+        if not new:
+            return
+        ctx = self._ctx
+        ctx.add_assignment(new)
+        self.task.open(new)
+        parts = []
+        for tp in new:
+            off = self._start_offset(tp, ctx.requested_offsets.get(tp))
+            self.metrics.position[tp] = off if off >= 0 else -1
+            parts.append(KTP(tp.topic, tp.partition, off))
+        self.consumer.incremental_assign(parts)
+        self.assignment.extend(new)
+        by_topic: dict[str, list[int]] = {}
+        for tp in new:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        for topic, ps in sorted(by_topic.items()):
+            what = "new topic" if len(ps) == self.watcher.whole.get(topic) else "new partitions"
+            print(f"kcompact: {self.metrics.name}: {what} {topic} "
+                  f"[{', '.join(map(str, ps))}]: following from the start",
+                  file=sys.stderr, flush=True)
 
     def _check_kafka_errors(self) -> None:
         from confluent_kafka import KafkaError

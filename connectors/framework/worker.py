@@ -302,7 +302,9 @@ class Worker:
                     batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
                     stop=self.stop_event, startup_timeout=timeout, settings=settings,
                     whole_topics={t: c for t, c in whole.items()
-                                  if any(tp.topic == t for tp in assignment)}))
+                                  if any(tp.topic == t for tp in assignment)},
+                    topic_pattern=(values["topics.regex"], values["topics.exclude.regex"])
+                    if values.get("topics.regex") and i == 0 else None))
         elif isinstance(connector, SourceConnector):
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "

@@ -1,7 +1,8 @@
 """``kcompact mirror --engine spark``: one Spark task per topic-partition, then compaction.
 
-The driver checks the topic and the -X settings, creates the store, dispatches what dead
-writers left, and reads each partition's end offset from the consumer side (never ListOffsets
+The driver checks the topics (named, or matched by ``--topics-regex``) and the -X settings,
+creates the store, syncs the topics' configs from Kafka (apps/config_sync.py), dispatches what
+dead writers left, and reads each partition's end offset from the consumer side (never ListOffsets
 "latest", which Tansu gets wrong); then one Spark task per topic-partition runs the store sink
 (connectors/plugins/store_sink.py, through the framework's worker, exactly as the local engine
 does) with its own commit-log writer ``spark-<topic>-<partition>``, reput included; then a
@@ -20,17 +21,18 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, TextIO
+from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 from kcompact.compaction import DEFAULT_MAP_MEMORY, plan
 from kcompact.reput import ReputError, Store, StoreLockedError
 
 from ...errors import ConnectorsError
-from ...framework.api import TaskFailedError
+from ...framework.api import TaskFailedError, TopicPartition
 from ...framework.kafka_clients import kafka_error_text, kafka_logger
 from ...framework.worker import Worker
 from ...plugins.store_sink import StoreSinkConnector
-from ..options import MirrorOptions, mirror_props
+from ..config_sync import sync_configs as sync_configs_of
+from ..options import MirrorOptions, lag_text, mirror_props
 from .compact_job import compact_partitions_spark, compaction_lines
 from .errors import MirrorTaskError
 from .session import run_job, spark_active, spark_session, stage_counts
@@ -61,7 +63,6 @@ class _MirrorJob:
     """What every mirror task needs (pickled to the executors)."""
 
     bootstrap: str
-    topic: str
     store: str
     kafka_config: tuple[tuple[str, str], ...]
     batch_max: int | None = None
@@ -100,31 +101,32 @@ def _freeze_heap() -> None:
         _FROZEN = True
 
 
-def _mirror_partition(job: _MirrorJob, item: tuple[int, int, int], attempt: int) -> dict:
+def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt: int) -> dict:
     """One topic-partition, in a Spark task: the store sink with writer spark-<topic>-<p>."""
     _freeze_heap()
 
-    partition, start, end = item
+    topic, partition, start, end = item
     t0, started_at = time.monotonic(), time.time()
-    writer = spark_writer_id(job.topic, partition)
+    writer = spark_writer_id(topic, partition)
     _wait_for_writer(job.store, writer, job.lock_wait_s)
-    props = mirror_props(job.topic, job.store, partitions=[partition], follow=False,
+    props = mirror_props(topic, job.store, partitions=[partition], follow=False,
                          kafka_config=dict(job.kafka_config), writer=writer)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
         props["batch.max.records"] = job.batch_max
     worker = Worker({"bootstrap.servers": job.bootstrap, "metrics.log.interval.ms": 0},
-                    where=f"spark task {job.topic}-{partition}", log=sys.stderr)
+                    where=f"spark task {topic}-{partition}", log=sys.stderr)
     worker.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")
     worker.run()
     runner = worker.runners[0]
-    return {"topic": job.topic, "partition": partition, "start": start, "end": end,
+    return {"topic": topic, "partition": partition, "start": start, "end": end,
             "records": runner.metrics.records, "appended": getattr(runner.task, "appended", 0),
             "seconds": time.monotonic() - t0, "started_at": started_at, "attempt": attempt,
             "writer": writer}
 
 
-def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iterator[dict]:
+def _mirror_task(job: _MirrorJob, items: Iterator[tuple[str, int, int, int]]
+                 ) -> Iterator[dict]:
     from pyspark import TaskContext
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx is not None else 0
@@ -139,12 +141,12 @@ def _mirror_task(job: _MirrorJob, items: Iterator[tuple[int, int, int]]) -> Iter
                 msg = str(e)
             else:
                 msg = f"{type(e).__name__}: {e}"
-            raise MirrorTaskError(f"mirror task {job.topic}-{item[0]} (attempt {attempt + 1}): "
+            raise MirrorTaskError(f"mirror task {item[0]}-{item[1]} (attempt {attempt + 1}): "
                                   f"{msg}") from e
 
 
 def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
-                   ) -> dict[int, tuple[int, int, bool]]:
+                   ) -> dict[Any, tuple[int, int, bool]]:
     """(low watermark, end offset, exact) of each partition, read from the consumer side.
 
     The consumer is assigned at the logical end (ListOffsets "latest": on Tansu the base offset
@@ -170,8 +172,8 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
             except KafkaException:
                 pass  # the assignment below reports what is wrong
         c.assign([KTP(tp.topic, tp.partition, OFFSET_END) for tp in tps])
-        ends: dict[int, int] = {}
-        seen: dict[int, int] = {}
+        ends: dict[tuple[str, int], int] = {}
+        seen: dict[tuple[str, int], int] = {}
         deadline = time.monotonic() + timeout
         while len(ends) < len(tps) and time.monotonic() < deadline:
             # poll(), not consume(n, timeout): consume waits out its whole timeout unless n
@@ -180,10 +182,11 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
             if m is None:
                 continue
             err = m.error()
+            key = (m.topic(), m.partition())
             if err is None:
-                seen[m.partition()] = max(seen.get(m.partition(), 0), m.offset() + 1)
+                seen[key] = max(seen.get(key, 0), m.offset() + 1)
             elif err.code() == KafkaError._PARTITION_EOF:
-                ends.setdefault(m.partition(), m.offset())
+                ends.setdefault(key, m.offset())
             elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
                                                KafkaError.TOPIC_AUTHORIZATION_FAILED):
                 raise ConnectorsError(f"{m.topic()}-{m.partition()}: {err.str()}")
@@ -194,7 +197,8 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
                 lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition), cached=True)
             except KafkaException:
                 lo, hw = -1, -1
-            if tp.partition not in ends:
+            key = (tp.topic, tp.partition)
+            if key not in ends:
                 if hw is None or hw < 0:
                     try:  # nothing fetched at all: ask (low on Tansu, but never past the end)
                         lo, hw = c.get_watermark_offsets(KTP(tp.topic, tp.partition),
@@ -202,8 +206,8 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
                     except KafkaException as e:
                         raise ConnectorsError(f"{tp}: cannot read the partition's offsets: "
                                               f"{kafka_error_text(e)}") from None
-                ends[tp.partition] = max(seen.get(tp.partition, 0), hw)
-            out[tp.partition] = (max(lo or 0, 0), ends[tp.partition], tp.partition in exact)
+                ends[key] = max(seen.get(key, 0), hw)
+            out[tp] = (max(lo or 0, 0), ends[key], key in exact)
         return out
     finally:
         c.close()
@@ -213,7 +217,7 @@ def partition_ends(consumer_conf: Mapping[str, Any], tps: list, timeout: float
 class SparkMirrorResult:
     records: int                  # records appended to the store (duplicates skipped)
     seconds: float                # from the job's start to the end of the compaction stage
-    partitions: int               # partitions of the topic selected
+    partitions: int               # partitions of the topics selected
     tasks: list[dict] = field(default_factory=list)
     retried: int = 0              # tasks that needed more than one attempt
     compaction: list[dict] = field(default_factory=list)
@@ -246,61 +250,69 @@ class _Job:
         return not self.thread.is_alive()
 
 
-def _mirror_progress(spark, store, topic: str, todo: list[tuple[int, int, int]], t0: float,
+def _mirror_progress(spark, store, todo: list[tuple[str, int, int, int]], t0: float,
                      last: list, out: TextIO) -> None:
     """One progress line: records in the store (its next offsets), per-partition lag, tasks."""
     copied, lag = 0, {}
     try:
-        for p, start, end in todo:
+        for topic, p, start, end in todo:
             n = min(max(store.next_offset(topic, p), start), end)
             copied += n - start
             if end - n:
-                lag[p] = end - n
+                lag[TopicPartition(topic, p)] = end - n
     except Exception:  # noqa: BLE001 - a partition being written may be mid-append
         return
     done, running, failed = stage_counts(spark)
     now = time.monotonic()
     rate = (copied - last[1]) / max(now - last[0], 1e-9)
     last[0], last[1] = now, copied
-    worst = sorted(lag.items(), key=lambda kv: -kv[1])[:8]
-    per = " ".join(f"p{p}={v:,}" for p, v in sorted(worst))
-    more = f" (+{len(lag) - len(worst)} more)" if len(lag) > len(worst) else ""
     print(f"mirror: {copied:,} records, {rate:,.0f} rec/s, lag {sum(lag.values()):,}"
-          + (f" [{per}{more}]" if lag else "")
+          + (f" [{lag_text(lag)}]" if lag else "")
           + f"; partitions done {done}/{len(todo)}, running {running}"
           + (f", {failed} failed attempts (retrying)" if failed else "")
           + f" ({now - t0:.0f} s)", file=out, flush=True)
 
 
-def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | None = None,
+def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: str, *,
+                      master: str | None = None,
                       spark: Any = None, partitions: tuple[int, ...] | list[int] | None = None,
                       kafka_config: Mapping[str, str] | None = None, compact: bool = True,
                       batch_max: int | None = None, out: TextIO | None = None,
-                      progress_interval: float = PROGRESS_INTERVAL) -> SparkMirrorResult:
-    """Mirror ``topic`` into ``store`` with one Spark task per partition, then compact the
-    partitions the planner picks (``compact=False``: skip that stage). ``spark``: a session to
-    use (else ``spark_session(master)``, stopped at the end if this call started it)."""
+                      progress_interval: float = PROGRESS_INTERVAL,
+                      topics_regex: str | None = None, exclude_regex: str | None = None,
+                      sync_configs: bool = True) -> SparkMirrorResult:
+    """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
+    ``store`` with one Spark task per topic-partition, then compact the partitions the
+    planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
+    ``spark_session(master)``, stopped at the end if this call started it)."""
     out = out if out is not None else sys.stderr
     kafka_config = dict(kafka_config or {})
 
-    # 1. the driver: settings, topic, partitions, store, dead writers - before any JVM starts,
+    # 1. the driver: settings, topics, partitions, store, dead writers - before any JVM starts,
     # through the same worker code as the local engine (nothing is run: its task never starts)
     props = mirror_props(topic, store, partitions=partitions, follow=False,
-                         kafka_config=kafka_config, writer="spark-driver")
+                         kafka_config=kafka_config, writer="spark-driver",
+                         topics_regex=topics_regex, exclude_regex=exclude_regex)
     probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                    where="mirror", log=out)
     runner = probe.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")[0]
     for c in probe.connectors:
         c.stop()
+    topics = list(probe.connectors[-1].props["topics"])
+    what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
+    if len(topics) > 1:
+        print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
+    if sync_configs:
+        sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
     tps = list(runner.assignment)
     timeout = probe.config["startup.timeout.ms"] / 1000
     ends = partition_ends(runner.consumer_conf, tps, timeout)
     st = Store.open(store)
     todo = []
-    stored = set(st.partitions(topic))
+    stored = {t: set(st.partitions(t)) for t in topics}
     for tp in tps:
-        lo, end, exact = ends[tp.partition]
-        nxt = st.next_offset(topic, tp.partition) if tp.partition in stored else 0
+        lo, end, exact = ends[tp]
+        nxt = st.next_offset(tp.topic, tp.partition) if tp.partition in stored[tp.topic] else 0
         if exact and nxt > end:
             st.close()
             raise ConnectorsError(
@@ -308,9 +320,9 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
                 "was the topic deleted and recreated? Mirror into a new store")
         start = nxt if nxt > 0 else lo
         if start != end:  # not exact and past the end: the task's consumer finds out
-            todo.append((tp.partition, start, end))
-    todo.sort(key=lambda it: (-(it[2] - it[1]), it[0]))  # biggest first: better packing
-    total = sum(max(0, e - s) for _, s, e in todo)
+            todo.append((tp.topic, tp.partition, start, end))
+    todo.sort(key=lambda it: (-(it[3] - it[2]), it[0], it[1]))  # biggest first: better packing
+    total = sum(max(0, e - s) for _, _, s, e in todo)
     result = SparkMirrorResult(0, 0.0, len(tps))
 
     ours = False
@@ -330,22 +342,21 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
 
     try:
         if not todo:
-            print(f"mirror: {topic}: the store {store} is up to date ({len(tps)} partitions)",
+            print(f"mirror: {what}: the store {store} is up to date ({len(tps)} partitions)",
                   file=out, flush=True)
         else:
-            print(f"mirror: {topic} ({len(tps)} partitions, {len(todo)} to copy, ~{total:,} "
+            print(f"mirror: {what} ({len(tps)} partitions, {len(todo)} to copy, ~{total:,} "
                   f"records) from {bootstrap} into {store} with Spark", file=out, flush=True)
             sp = session()
             t0 = time.monotonic()
-            job = _MirrorJob(bootstrap, topic, store, tuple(sorted(kafka_config.items())),
-                             batch_max)
+            job = _MirrorJob(bootstrap, store, tuple(sorted(kafka_config.items())), batch_max)
             rdd = sp.sparkContext.parallelize(todo, len(todo))
             running = _Job(lambda: rdd.mapPartitions(
                 functools.partial(_mirror_task, job)).collect())
             last = [t0, 0]
             try:
                 while not running.wait(progress_interval):
-                    _mirror_progress(sp, st, topic, todo, t0, last, out)
+                    _mirror_progress(sp, st, todo, t0, last, out)
             except KeyboardInterrupt:
                 print("mirror: interrupted: cancelling the Spark job (run the same command "
                       "again to resume; nothing is lost or repeated)", file=out, flush=True)
@@ -357,22 +368,31 @@ def mirror_with_spark(bootstrap: str, topic: str, store: str, *, master: str | N
                 raise
             if running.error is not None:
                 raise running.error
-            result.tasks = sorted(running.result, key=lambda r: r["partition"])
+            result.tasks = sorted(running.result, key=lambda r: (r["topic"], r["partition"]))
             result.mirror_s = time.monotonic() - t0
             result.records = sum(r["appended"] for r in result.tasks)
             result.retried = sum(1 for r in result.tasks if r["attempt"] > 0)
             again = sum(r["records"] for r in result.tasks) - result.records
+            per: dict[str, list[int]] = {}
+            for r in result.tasks:
+                acc = per.setdefault(r["topic"], [0, 0])
+                acc[0] += r["appended"]
+                acc[1] += 1
+            if len(per) > 1:
+                for t, (n, k) in sorted(per.items()):
+                    print(f"mirror: {t}: {n:,} records ({k} Spark tasks)", file=out, flush=True)
             print(f"mirror: done: {result.records:,} records in {result.mirror_s:.1f} s "
                   f"({result.rate:,.0f} rec/s), {len(result.tasks)} Spark tasks"
+                  + (f", {len(per)} topics" if len(per) > 1 else "")
                   + (f" ({result.retried} retried)" if result.retried else "")
                   + (f", {again:,} records read again were already stored" if again else "")
                   + f"; store {store} flushed", file=out, flush=True)
 
         # 2. compaction: one task per partition the planner picks
         if compact:
-            selected = {tp.partition for tp in tps}
-            cands = [(c.topic, c.partition) for c in plan(st, topic=topic)
-                     if c.partition in selected]
+            selected = set(tps)
+            cands = [(c.topic, c.partition) for t in topics for c in plan(st, topic=t)
+                     if TopicPartition(c.topic, c.partition) in selected]
             if cands:
                 print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
                 result.compaction = compact_partitions_spark(
@@ -397,9 +417,11 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        mirror_with_spark(opts.bootstrap_servers, opts.topic, opts.store,
+        mirror_with_spark(opts.bootstrap_servers, opts.named_topics, opts.store,
                           master=opts.spark_master, partitions=opts.partitions,
-                          kafka_config=opts.kafka_config, compact=opts.compact)
+                          kafka_config=opts.kafka_config, compact=opts.compact,
+                          topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
+                          sync_configs=opts.sync_configs)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
