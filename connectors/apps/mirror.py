@@ -1,14 +1,19 @@
-"""``kcompact mirror``: copy a Kafka topic into a store, exactly once; the engine is chosen here.
+"""``kcompact mirror``: copy Kafka topics into a store, exactly once; the engine is chosen here.
+
+The topics: ``--topic`` (repeatable) and those ``--topics-regex`` matches whole, internal ones
+and ``--exclude-regex`` matches left out (framework/topic_sets.py). Before any record is copied
+their configs are synced from Kafka into the store (apps/config_sync.py; ``--no-sync-configs``).
 
 The job is the store sink connector (connectors/plugins/store_sink.py). With the local engine
 (:func:`mirror_local`) an in-process worker runs it with one task and the writer id ``local``:
 it mirrors every partition (or ``--partitions``) up to the end offsets seen at start, or keeps
 following with ``--follow`` (with background compaction: ``kcompact.compaction.Scheduler`` on
-the mirror's own store). Each partition resumes from the store's own next offset, so killing and
+the mirror's own store; new partitions and newly matching topics are picked up, configs synced
+again at each metadata refresh). Each partition resumes from the store's own next offset, so killing and
 rerunning the command at any moment ends with every record stored exactly once.
 
 ``--engine spark`` (the default without ``--follow``) runs the same store sink in one Spark task
-per partition with writer ``spark-<topic>-<partition>``, then a compaction stage
+per topic-partition with writer ``spark-<topic>-<partition>``, then a compaction stage
 (apps/spark/mirror_job.py). When Spark cannot run here (no Java) a defaulted engine falls back to
 the local one, with a note on stderr; an explicit ``--engine spark`` says why it cannot run.
 

@@ -1,0 +1,365 @@
+"""Issue 21: mirror an estate, not a topic. Topic sets (--topic repeated, --topics-regex,
+--exclude-regex, internal topics), configs that follow the source (describe_configs; a real Kafka
+where its semantics matter: every config described, defaults marked, ACLs), `kcompact configs`
+on a mirrored store, and a following mirror that picks up new topics and partitions and stops
+on a deleted or recreated topic (real Kafka: Tansu 0.6 crashes librdkafka 2.16 when a topic a
+consumer is assigned to is deleted, BROKER_NOTES.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
+                                   AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
+                                   NewTopic, ResourcePatternType, ResourceType)
+
+from kcompact.reput import Store
+from topics import read_store, read_topic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kcompact(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcompact: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def wait_until(cond, timeout: float = 90.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} not reached in time"
+        time.sleep(0.2)
+
+
+def produce(bootstrap: str, topic: str, n: int, *, partition: int | None = None,
+            tag: bytes = b"v") -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    for i in range(n):
+        kw = {} if partition is None else {"partition": partition}
+        p.produce(topic, key=b"k%d" % i, value=tag + b"%d" % i, **kw)
+    assert p.flush(60) == 0
+
+
+class Topics:
+    """Topics with names of the test's choosing (a common prefix, for regexes), deleted at the
+    end."""
+
+    def __init__(self, admin: AdminClient):
+        self.admin, self.prefix, self.made = admin, f"est{uuid.uuid4().hex[:8]}", []
+
+    def make(self, suffix: str, partitions: int = 1, config: dict | None = None,
+             name: str | None = None) -> str:
+        name = name or f"{self.prefix}-{suffix}"
+        self.admin.create_topics([NewTopic(name, partitions, 1, config=config or {})],
+                                 operation_timeout=30)[name].result()
+        self.made.append(name)
+        wait_until(lambda: name in self.admin.list_topics(timeout=10).topics, 30, name)
+        return name
+
+    def delete(self) -> None:
+        if self.made:
+            for f in self.admin.delete_topics(self.made, operation_timeout=30).values():
+                try:
+                    f.result()
+                except Exception:  # noqa: BLE001 - cleanup
+                    pass
+
+
+@pytest.fixture
+def topics(kafka_admin):
+    t = Topics(kafka_admin)
+    yield t
+    t.delete()
+
+
+@pytest.fixture
+def kafka_topics(apache_kafka):
+    t = Topics(apache_kafka.admin)
+    yield t
+    t.delete()
+
+
+def stored_count(store: str, topic: str) -> int:
+    try:
+        with Store.open(store) as st:
+            return sum(1 for p in st.partitions(topic) for _ in st.iter_records(topic, p))
+    except Exception:  # noqa: BLE001 - not created yet
+        return -1
+
+
+def describe(store: str, topic: str) -> dict[str, tuple]:
+    res = kcompact("configs", "--store", store, "--topic", topic, "--describe", "--json")
+    assert res.returncode == 0, res.stderr
+    return {c["name"]: (c["value"], c["source"], c.get("synced_value"))
+            for c in json.loads(res.stdout)["configs"]}
+
+
+# -- topic sets (the session broker) -------------------------------------------------------------
+
+
+def test_topics_regex_exclude_and_internal_topics(kafka_bootstrap, topics, tmp_path):
+    orders = topics.make("orders", 2)
+    users = topics.make("users")
+    skipped = topics.make("skip")
+    internal = topics.make("", name=f"__{topics.prefix}-internal")
+    for t in (orders, users, skipped, internal):
+        produce(kafka_bootstrap, t, 20)
+    store = str(tmp_path / "s")
+    res = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topics-regex",
+                   f"(__)?{topics.prefix}-.*", "--exclude-regex", ".*-skip", "--store", store,
+                   "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    with Store.open(store) as st:
+        assert st.topics() == [orders, users]
+    for t, parts in ((orders, 2), (users, 1)):
+        assert read_store(store, t) == read_topic(kafka_bootstrap, t, parts)
+    assert f"mirror: 2 topics (3 partitions) from {kafka_bootstrap} into {store}" in res.stderr
+    assert f"mirror: {orders}: 20 records (2 partitions)" in res.stderr
+    assert f"mirror: {users}: 20 records (1 partitions)" in res.stderr
+    assert "mirror: done: 40 records in " in res.stderr and ", 2 topics;" in res.stderr
+
+    # an internal topic is mirrored when named, next to a pattern's topics; --topic repeats
+    res = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", internal,
+                   "--topic", skipped, "--store", store, "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    with Store.open(store) as st:
+        assert st.topics() == sorted([orders, users, skipped, internal])
+    assert stored_count(store, internal) == 20
+
+
+def test_topic_set_usage_and_errors(kafka_bootstrap, topics, tmp_path):
+    store = str(tmp_path / "s")
+    base = ["mirror", "--bootstrap-servers", kafka_bootstrap, "--store", store, "--engine",
+            "local"]
+    res = kcompact(*base)
+    assert res.returncode == 2 and "give --topic T (repeatable) or --topics-regex RE" in \
+        res.stderr
+    res = kcompact(*base, "--topic", "x", "--exclude-regex", "y")
+    assert res.returncode == 2 and "--exclude-regex applies to" in res.stderr
+    res = kcompact(*base, "--topics-regex", "[unclosed")
+    assert res.returncode == 1
+    assert "topics.regex: '[unclosed' is not a valid regular expression" in error_line(res)
+    res = kcompact(*base, "--topics-regex", f"{topics.prefix}-nothing-.*")
+    assert res.returncode == 1
+    assert f"matches no topic on {kafka_bootstrap}" in error_line(res)
+    assert not os.path.exists(store)  # nothing created
+
+
+def test_store_sink_takes_topics_regex(kafka_bootstrap, topics, tmp_path):
+    """connect standalone: the store sink with Connect's topics.regex (no topics)."""
+    a, b = topics.make("a"), topics.make("b", 2)
+    produce(kafka_bootstrap, a, 5)
+    produce(kafka_bootstrap, b, 7)
+    store = tmp_path / "s"
+    worker = tmp_path / "worker.properties"
+    worker.write_text(f"bootstrap.servers={kafka_bootstrap}\n")
+    conn = tmp_path / "sink.properties"
+    conn.write_text("name=estate-sink\nconnector.class=StoreSinkConnector\n"
+                    f"topics.regex={topics.prefix}-.*\nstore.url={store}\nfollow=false\n")
+    res = kcompact("connect", "standalone", str(worker), str(conn))
+    assert res.returncode == 0, res.stderr
+    assert read_store(str(store), a) == read_topic(kafka_bootstrap, a, 1)
+    assert read_store(str(store), b) == read_topic(kafka_bootstrap, b, 2)
+
+
+def test_configs_set_on_tansu_are_synced(kafka_bootstrap, kafka_broker_kind, topics, tmp_path):
+    """On Tansu describe_configs returns only the configs set on the topic (and marks them
+    default): those are synced; on a real Kafka see the tests below."""
+    t = topics.make("cfg", config={"cleanup.policy": "compact", "delete.retention.ms": "12345"})
+    produce(kafka_bootstrap, t, 3)
+    store = str(tmp_path / "s")
+    res = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", t, "--store",
+                   store, "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    got = describe(store, t)
+    assert got["delete.retention.ms"] == (12345, "synced", None)
+    assert got["cleanup.policy"] == ("compact", "synced", None)
+    assert got["min.compaction.lag.ms"] == (0, "default", None)
+
+
+# -- configs follow the source (a real Kafka) ----------------------------------------------------
+
+
+def test_configs_follow_the_source_and_local_overrides_win(apache_kafka, kafka_topics, tmp_path):
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t = kafka_topics.make("cfg", config={"cleanup.policy": "compact",
+                                         "delete.retention.ms": "12345",
+                                         "min.cleanable.dirty.ratio": "0.2",
+                                         "segment.bytes": "2147483647"})
+    produce(bootstrap, t, 10)
+    store = str(tmp_path / "s")
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", t, "--store", store,
+                   "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    assert f"mirror: note: topic {t}: segment.bytes=2147483647 is larger than a store's " \
+        "segments should be; the store keeps its default 1073741824" in res.stderr
+    got = describe(store, t)
+    assert got["delete.retention.ms"] == (12345, "synced", None)
+    assert got["min.cleanable.dirty.ratio"] == (0.2, "synced", None)
+    assert got["cleanup.policy"] == ("compact", "synced", None)
+    assert got["segment.bytes"] == (1 << 30, "default", None)
+    # Kafka's built-in defaults are not synced: the store's own apply
+    assert got["min.compaction.lag.ms"] == (0, "default", None)
+    assert got["retention.ms"] == (604800000, "default", None)
+
+    # a local override survives the next mirror, which syncs what changed in Kafka
+    res = kcompact("configs", "--store", store, "--topic", t, "--alter", "--add-config",
+                   "delete.retention.ms=5")
+    assert res.returncode == 0, res.stderr
+    r = ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
+        ConfigEntry("delete.retention.ms", "999",
+                    incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([r])[r].result(timeout=30)
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", t, "--store", store,
+                   "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    assert "(local overrides win for delete.retention.ms)" in res.stderr
+    got = describe(store, t)
+    assert got["delete.retention.ms"] == (5, "override", 999)
+    assert got["retention.ms"] == (3600000, "synced", None)
+    res = kcompact("inspect", "--store", store, "--json")
+    doc = json.loads(res.stdout)["topics"][0]
+    assert doc["config"]["delete.retention.ms"] == 5
+    assert doc["config_source"]["retention.ms"] == "synced"
+
+    # --no-sync-configs: nothing read from Kafka
+    other = str(tmp_path / "other")
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", t, "--store", other,
+                   "--engine", "local", "--no-sync-configs")
+    assert res.returncode == 0, res.stderr
+    assert {v[1] for v in describe(other, t).values()} == {"default"}
+
+
+def test_a_broker_refusing_describe_configs_is_a_warning(tmp_path):
+    """A real Kafka with ACLs: the mirror may read the topic but not DescribeConfigs on it."""
+    from brokers import apache_kafka_unavailable
+    why = apache_kafka_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    from kcompact.connectors.devtools.apache_kafka import ApacheKafkaBroker
+    cfg = {"authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+           "allow.everyone.if.no.acl.found": "true"}
+    with ApacheKafkaBroker(broker_config=cfg) as broker:
+        bootstrap = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("acl", 1, 1, config={"delete.retention.ms": "12345"})],
+                            operation_timeout=30)["acl"].result()
+        acls = [AclBinding(ResourceType.TOPIC, "acl", ResourcePatternType.LITERAL,
+                           "User:ANONYMOUS", "*", op, perm)
+                for op, perm in ((AclOperation.ALL, AclPermissionType.ALLOW),
+                                 (AclOperation.DESCRIBE_CONFIGS, AclPermissionType.DENY))]
+        for f in admin.create_acls(acls).values():
+            f.result()
+        produce(bootstrap, "acl", 5)
+        store = str(tmp_path / "s")
+        res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", "acl", "--store",
+                       store, "--engine", "local")
+    assert res.returncode == 0, res.stderr
+    assert "mirror: warning: topic acl: the broker refused describe_configs (Topic " \
+        "authorization failed" in res.stderr
+    assert "grant DescribeConfigs on topic acl to sync its configs; mirroring with the " \
+        "store's values" in res.stderr
+    assert stored_count(store, "acl") == 5
+    assert describe(store, "acl")["delete.retention.ms"] == (86400000, "default", None)
+
+
+# -- following: new topics, new partitions, deleted and recreated topics (a real Kafka) ----------
+
+
+def _follow(bootstrap: str, store: str, *args: str, log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:
+        return subprocess.Popen(
+            [sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers", bootstrap,
+             "--store", store, "--engine", "local", "--follow", *args],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    if proc.poll() is None:
+        proc.kill()
+    return proc.wait(30)
+
+
+def test_following_picks_up_new_topics_and_partitions_then_stops_on_a_deleted_one(
+        apache_kafka, kafka_topics, tmp_path):
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    a = kafka_topics.make("a")
+    produce(bootstrap, a, 10)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topics-regex", f"{kafka_topics.prefix}-.*",
+                   "-X", "topic.metadata.refresh.interval.ms=1000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, a) == 10, what="the first topic")
+        b = kafka_topics.make("b", 2)
+        produce(bootstrap, b, 8)
+        wait_until(lambda: stored_count(store, b) == 8, what="the new topic")
+        admin.create_partitions([NewPartitions(b, 3)])[b].result()
+        produce(bootstrap, b, 4, partition=2, tag=b"p2-")
+        wait_until(lambda: stored_count(store, b) == 12, what="the new partition")
+        assert proc.poll() is None, log.read_text()
+        assert read_store(store, b) == read_topic(bootstrap, b, 3)
+        admin.delete_topics([a], operation_timeout=30)[a].result()
+        kafka_topics.made.remove(a)
+        proc.wait(90)
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 1, err
+    assert f"new topic {b} [0, 1]: following from the start" in err
+    assert f"new partitions {b} [2]: following from the start" in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")]
+    assert len(lines) == 1 and f"topic {a}" in lines[0] and "deleted" in lines[0], err
+    assert stored_count(store, a) == 10  # what was mirrored stays
+
+
+def test_a_topic_recreated_under_a_following_mirror_never_mixes_into_its_log(
+        apache_kafka, kafka_topics, tmp_path):
+    """Deleted and created again between two metadata checks: the mirror stops naming the
+    topic (by its new topic id, or by its offsets not being in the new topic), and the store
+    holds the old topic's records only."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t = kafka_topics.make("re")
+    produce(bootstrap, t, 30)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topic", t,
+                   "-X", "topic.metadata.refresh.interval.ms=20000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, t) == 30, what="the first records")
+        old = read_store(store, t)
+        admin.delete_topics([t], operation_timeout=30)[t].result()
+
+        def created() -> bool:
+            try:
+                admin.create_topics([NewTopic(t, 1, 1)], operation_timeout=30)[t].result()
+                return True
+            except Exception as e:  # noqa: BLE001 - deletion still in progress
+                if "marked for deletion" in str(e) or "TOPIC_ALREADY_EXISTS" in str(e):
+                    return False
+                raise
+        wait_until(created, what="the re-creation")
+        produce(bootstrap, t, 40, tag=b"new")
+        proc.wait(120)
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 1, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")]
+    assert len(lines) == 1 and t in lines[0], err
+    assert any(w in lines[0] for w in ("created again", "recreated", "deleted")), lines[0]
+    assert read_store(store, t) == old
