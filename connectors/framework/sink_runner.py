@@ -39,7 +39,7 @@ from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_n
 from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
 from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
 from .task_runner import TaskRunner
-from .topic_watch import TopicWatcher
+from .topic_watch import RESUME_CHECK_S, TopicWatcher
 
 _TS = itemgetter(1)
 _NATIVE = extension("kcompact.connectors.framework._rdkafka")
@@ -83,6 +83,8 @@ class SinkTaskRunner(TaskRunner):
         #: (topics.regex, topics.exclude.regex) whose new matches this task picks up
         self.topic_pattern = topic_pattern
         self.watcher: TopicWatcher | None = None
+        self._last_data: dict[str, float] = {}  # topic -> when its last records arrived
+        self._bulk: dict[str, bool] = {}         # topic -> its last batch was a full one
         self._ctx: SinkTaskContext | None = None
         self._last_partition_check = time.monotonic()
         try:
@@ -440,6 +442,8 @@ class SinkTaskRunner(TaskRunner):
                  ts: np.ndarray, raw_keys: Sequence, raw_values: Sequence, headers: Sequence,
                  packed: tuple | None, packed_headers: tuple | None) -> None:
         n = len(offs)
+        if self.watcher is not None:
+            self._verify_resumed(topics, single, n)
         if self._unverified:
             for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
                 self._unverified.pop(tp, None)
@@ -470,6 +474,26 @@ class SinkTaskRunner(TaskRunner):
                 m.count_topic(t, c)
             for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
                 m.position[TopicPartition(t, p)] = o + 1
+
+    def _verify_resumed(self, topics: list, single: bool, n: int) -> None:
+        """While following, a batch is stored only once the ids of its topics are confirmed
+        (topic_watch.py: one describe_topics, ~1 ms on a local Kafka), so a topic deleted and
+        created again is never mixed into the old one's logs (librdkafka goes on fetching at the
+        same offset in the new topic without a word). Not repeated for a full batch that follows
+        a full batch of the same topic within RESUME_CHECK_S: such a consumer reads far behind
+        the end, and a new topic would have to outgrow its position first (until then its fetches
+        fail with an offset out of range, which stops the task)."""
+        now = time.monotonic()
+        names = (topics[0],) if single else set(topics)
+        full = n >= self.batch_max
+        last, bulk = self._last_data, self._bulk
+        stale = [t for t in names
+                 if not (full and bulk.get(t) and now - last.get(t, 0.0) < RESUME_CHECK_S)]
+        if stale:
+            self.watcher.verify(stale)
+        for t in names:
+            last[t] = now
+            bulk[t] = full
 
     def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
         single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)

@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -24,25 +23,7 @@ from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, 
 from kcompact.reput import Store
 from topics import read_store, read_topic  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def kcompact(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcompact: error:")]
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
-
-
-def wait_until(cond, timeout: float = 90.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what} not reached in time"
-        time.sleep(0.2)
+from test_transactions import ROOT, error_line, kcompact, wait_until  # noqa: E402
 
 
 def produce(bootstrap: str, topic: str, n: int, *, partition: int | None = None,
