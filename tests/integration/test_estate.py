@@ -172,6 +172,33 @@ def test_configs_set_on_tansu_are_synced(kafka_bootstrap, kafka_broker_kind, top
     assert got["min.compaction.lag.ms"] == (0, "default", None)
 
 
+def test_topic_set_and_configs_on_an_s3_store(kafka_bootstrap, topics, s3_store_url):
+    """SeaweedFS: a regex mirror into an S3 store syncs each topic's configs; `kcompact configs`
+    alters them there while the store holds data, and a later mirror keeps the override."""
+    a = topics.make("a", config={"delete.retention.ms": "4242"})
+    b = topics.make("b", 2)
+    produce(kafka_bootstrap, a, 6)
+    produce(kafka_bootstrap, b, 9)
+    url = s3_store_url()
+    args = ("mirror", "--bootstrap-servers", kafka_bootstrap, "--topics-regex",
+            f"{topics.prefix}-.*", "--store", url, "--engine", "local")
+    res = kcompact(*args)
+    assert res.returncode == 0, res.stderr
+    assert read_store(url, a) == read_topic(kafka_bootstrap, a, 1)
+    assert read_store(url, b) == read_topic(kafka_bootstrap, b, 2)
+    assert describe(url, a)["delete.retention.ms"] == (4242, "synced", None)
+    res = kcompact("configs", "--store", url, "--topic", a, "--alter", "--add-config",
+                   "delete.retention.ms=7,min.cleanable.dirty.ratio=0.25")
+    assert res.returncode == 0, res.stderr
+    produce(kafka_bootstrap, a, 2, tag=b"more")
+    res = kcompact(*args)
+    assert res.returncode == 0, res.stderr
+    got = describe(url, a)
+    assert got["delete.retention.ms"] == (7, "override", 4242)
+    assert got["min.cleanable.dirty.ratio"] == (0.25, "override", None)
+    assert stored_count(url, a) == 8
+
+
 # -- configs follow the source (a real Kafka) ----------------------------------------------------
 
 

@@ -127,6 +127,38 @@ def rows_by_key(rows) -> dict[tuple[int, bytes], tuple]:
 # -- tests ---------------------------------------------------------------------------------------
 
 
+def test_spark_mirror_of_a_topic_set(spark, kafka_bootstrap, kafka_admin, tmp_path):
+    """Issue 21: one Spark task per topic-partition across every topic the regex matches (an
+    internal __ topic left out), each topic's configs synced, per-topic final lines."""
+    import io
+    from confluent_kafka.admin import NewTopic
+    prefix = f"sparkset{uuid.uuid4().hex[:8]}"
+    names = {f"{prefix}-a": 2, f"{prefix}-b": 3, f"__{prefix}-internal": 1}
+    for name, parts in names.items():
+        kafka_admin.create_topics([NewTopic(name, parts, 1, config={
+            "cleanup.policy": "compact", "delete.retention.ms": "777"})])[name].result()
+    try:
+        for name, parts in names.items():
+            produce(kafka_bootstrap, name, keyed_records(parts, 300 * parts))
+        store, out = str(tmp_path / "s"), io.StringIO()
+        res = mirror_with_spark(kafka_bootstrap, None, store, spark=spark,
+                                topics_regex=f"(__)?{prefix}-.*", out=out)
+        a, b = f"{prefix}-a", f"{prefix}-b"
+        assert read_store(store, a) == read_topic(kafka_bootstrap, a, 2)
+        assert read_store(store, b) == read_topic(kafka_bootstrap, b, 3)
+        assert res.records == 1500 and len(res.tasks) == 5
+        assert writers(store) == {spark_writer_id(t, p) for t, n in ((a, 2), (b, 3))
+                                  for p in range(n)}
+        with Store.open(store) as st:
+            assert st.topics() == [a, b]
+            assert st.topic_config(a).delete_retention_ms == 777
+        text = out.getvalue()
+        assert f"mirror: {a}: 600 records (2 Spark tasks)" in text
+        assert f"mirror: {b}: 900 records (3 Spark tasks)" in text and ", 2 topics;" in text
+    finally:
+        kafka_admin.delete_topics(list(names), operation_timeout=30)
+
+
 def test_spark_mirror_equals_local_mirror(spark, kafka_bootstrap, make_topic, tmp_path):
     topic = make_topic(partitions=4)
     recs = keyed_records(4, 6000)
