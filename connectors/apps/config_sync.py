@@ -35,7 +35,7 @@ from ..framework.kafka_clients import admin_settings, kafka_error, kafka_error_t
 #: The topic configs read from Kafka (Kafka's names, reput/config.py's keys).
 SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
                "max.compaction.lag.ms", "min.cleanable.dirty.ratio", "segment.bytes",
-               "retention.ms")
+               "segment.ms", "retention.ms")
 #: The largest segment.bytes synced: the store's own default.
 MAX_SYNCED_SEGMENT_BYTES = TopicConfig().segment_bytes
 #: librdkafka's default topic.metadata.refresh.interval.ms.
