@@ -9,10 +9,12 @@ Each layer's kernels are a C extension next to its data: kcompact.reput._native 
 index kernels (reput/_native.c), kcompact.compaction._native the offset map's and the cleaner's
 (compaction/_native.c), kcompact.connectors.apps.kv._native the key-value map's bulk build
 (connectors/apps/kv/_native.c), so that reading a store, compacting it or building the map runs
-without loading numba and LLVM; kcompact.connectors.framework._rdkafka reads consumed Kafka batches
-straight into columns (connectors/framework/_rdkafka.c). All are optional: without a C compiler
-the install goes on and the numba kernels and confluent_kafka's Message objects are used instead
-(reput/jit.py, connectors/framework/kafka_columns.py). They share reput/_arr.h (1-d arrays
+without loading numba and LLVM; kcompact.connectors.framework._rdkafka is kcompact's own Kafka
+client on librdkafka's public API, reading consumed batches straight into columns and producing
+columns (connectors/framework/_rdkafka.c; compiled against rdkafka.h when found, see
+_rdkafka_macros). All are optional: without a C compiler the install goes on and the numba
+kernels and confluent-kafka's clients are used instead (reput/jit.py,
+connectors/framework/native_kafka.py). They share reput/_arr.h (1-d arrays
 through the buffer protocol).
 """
 
@@ -39,6 +41,18 @@ def _packages() -> tuple[list[str], dict[str, str]]:
 
 
 _FLAGS = ["-O3", "-std=c11"]
+
+
+def _rdkafka_macros() -> list[tuple[str, str | None]]:
+    """KC_HAVE_RDKAFKA_H when librdkafka's header is found (KCOMPACT_RDKAFKA_INCLUDE, else the
+    system's include folders: Debian's librdkafka-dev, which `make install` installs). Without it,
+    kcompact.connectors.framework._rdkafka is built without its own Kafka client and the
+    confluent-kafka path is used (connectors/framework/native_kafka.py)."""
+    dirs = [os.environ.get("KCOMPACT_RDKAFKA_INCLUDE", ""), "/usr/include", "/usr/local/include"]
+    for d in filter(None, dirs):
+        if os.path.exists(os.path.join(d, "librdkafka", "rdkafka.h")):
+            return [("KC_HAVE_RDKAFKA_H", None)]
+    return []
 _SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h"], "optional": True}
 
 packages, package_dir = _packages()
@@ -53,6 +67,10 @@ setup(
         Extension("kcompact.connectors.apps.kv._native", ["connectors/apps/kv/_native.c"],
                   extra_compile_args=_FLAGS, **_SHARED),
         Extension("kcompact.connectors.framework._rdkafka", ["connectors/framework/_rdkafka.c"],
-                  extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"], **_SHARED),
+                  extra_compile_args=_FLAGS + ["-D_GNU_SOURCE"], libraries=["dl"],
+                  define_macros=_rdkafka_macros(),
+                  include_dirs=["reput"] + list(filter(None, [
+                      os.environ.get("KCOMPACT_RDKAFKA_INCLUDE")])),
+                  depends=["reput/_arr.h"], optional=True),
     ],
 )

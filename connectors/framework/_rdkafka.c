@@ -1,31 +1,43 @@
-/* kcompact.connectors.framework._rdkafka: read a confluent_kafka.Consumer's batches straight
- * into columns.
+/* kcompact.connectors.framework._rdkafka: kcompact's own Kafka client on librdkafka's public API
+ * (rdkafka.h), with consumed batches read straight into columns and columns produced.
  *
- * confluent_kafka's consume() builds a Message object per record, with the GIL held: its key
- * and value bytes, its topic string, and a timestamp tuple and offset int when read. For the
- * mirror that is two thirds of the task thread's GIL time, and the store's append thread, which
- * overlaps with it, then waits for the GIL (see kafka_columns.py beside this file). Here the same
- * librdkafka call confluent_kafka makes (rd_kafka_consume_batch_queue on the consumer's queue)
- * runs with the GIL released, and the batch is copied into packed columns (key bytes + starts +
- * nulls, the same for values, headers in the store's encoding, partitions, offsets,
- * timestamps) before the GIL is taken back once: no Python object per record.
+ * Client(kind, conf, logs, stats) creates an rd_kafka_t with rd_kafka_conf_set (librdkafka
+ * validates every key; its error text names the key) and rd_kafka_new. Nothing here reads or
+ * writes a struct of confluent-kafka: confluent-kafka stays for admin, metadata, the Schema
+ * Registry and as the fallback data path (connectors/framework/native_kafka.py chooses).
  *
- * The librdkafka used is the one confluent_kafka loaded (the path comes from the process's
- * mappings, opened with RTLD_NOLOAD), and the rd_kafka_t is read from the Consumer's C struct
- * (confluent_kafka.h "Handle"). attach() checks that layout on the live object: the rd_kafka_t's
- * opaque is the Consumer itself, the error_cb and logger fields are the very objects the caller
- * configured, the client type is a consumer and the thread-local key is created and unset. Any
- * mismatch returns None, and the caller keeps confluent_kafka's consume().
+ * The library: load(path) dlopens the librdkafka that native_kafka.py found (the one
+ * confluent-kafka's wheel ships, through importlib.metadata; or KCOMPACT_LIBRDKAFKA; or the
+ * system's), resolves each function used here by name with its type taken from rdkafka.h
+ * (__typeof__: the header is compiled against, the library is not linked), and refuses a library
+ * older than the header (rd_kafka_version() < RD_KAFKA_VERSION). The header is the system's
+ * (Debian's librdkafka-dev, /usr/include/librdkafka/rdkafka.h; setup.py looks for it): without
+ * it the module is built without Client and load(), and native_kafka.py takes the
+ * confluent-kafka path.
  *
- * Callbacks (error_cb, the logger) run inside rd_kafka_consume_batch_queue, on this thread.
- * confluent_kafka's callback trampolines find the GIL through a thread-local CallState; this
- * module sets one up exactly as Consumer.consume does (CallState_begin/_end), so callbacks run
- * and report their exceptions the same way.
+ * Callbacks: librdkafka calls error_cb, log_cb, stats_cb and dr_msg_cb from inside its calls
+ * (consume, poll, flush, commit...) or, for the log, from its own threads. None of them touches
+ * Python: each appends an event to the client's list under a mutex, and the Python side drains
+ * the list (drain()) after each call and calls the application's callables, with the GIL, on
+ * its own thread. So every librdkafka call here runs with the GIL released, a callable that
+ * raises raises from the call that served its event (the batch of that consume() is dropped, as
+ * in confluent-kafka), and no per-message state is allocated: a delivery report carries the
+ * message's topic, partition, offset and error, which is all the application reads.
  *
- * Why one file of ~1,100 lines: it is one extension module, and its consumer half (columns from
- * consume) and producer half (ColumnSender's produce) share the librdkafka ABI declarations,
- * the checks of confluent_kafka's Handle layout and the header-section walker; split, each half
- * would repeat them or need a private header of its own.
+ * Consume: rd_kafka_consume_batch_queue on the consumer queue (rd_kafka_poll_set_consumer
+ * forwards the main queue to it, so errors and stats are served there too) with the GIL
+ * released, in slices of at most 200 ms with a signal check between slices (Ctrl-C during a long
+ * wait raises KeyboardInterrupt; the batch in hand is dropped, a restart resumes from the store),
+ * then one pass copies the batch into packed columns (key bytes + starts + nulls, the same for
+ * values, headers in the store's encoding, partitions, offsets, timestamps) before the GIL is
+ * taken back once: no Python object per record.
+ *
+ * Produce: rd_kafka_produceva per record of the columns (RD_KAFKA_MSG_F_COPY), the GIL released
+ * for the whole block; a full queue is served with rd_kafka_poll and the record retried.
+ *
+ * One file: one extension module; the client, the column passes and the header-section walker
+ * share the librdkafka declarations. Without rdkafka.h only unpack() and message_columns() (the
+ * confluent-kafka path's pass over Message objects, through their public methods) are built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,101 +45,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* -- librdkafka's public ABI (rdkafka.h), the parts used here -------------------------------- */
-
-typedef struct rd_kafka_s rd_kafka_t;
-typedef struct rd_kafka_topic_s rd_kafka_topic_t;
-typedef struct rd_kafka_queue_s rd_kafka_queue_t;
-typedef struct rd_kafka_headers_s rd_kafka_headers_t;
-
-typedef struct {
-    int err; /* rd_kafka_resp_err_t */
-    rd_kafka_topic_t *rkt;
-    int32_t partition;
-    void *payload;
-    size_t len;
-    void *key;
-    size_t key_len;
-    int64_t offset;
-    void *_private;
-} rdk_message;
-
-#define RDK_PRODUCER 0
-#define RDK_CONSUMER 1
-#define RDK_ERR_QUEUE_FULL (-184)
-#define RDK_MSG_F_COPY 0x2
-enum { VT_END, VT_TOPIC, VT_RKT, VT_PARTITION, VT_VALUE, VT_KEY, VT_OPAQUE, VT_MSGFLAGS,
-       VT_TIMESTAMP, VT_HEADER, VT_HEADERS };
-
-/* rd_kafka_vu_t: an argument of rd_kafka_produceva */
-typedef struct {
-    int vtype;
-    union {
-        rd_kafka_topic_t *rkt;
-        int i;
-        int32_t i32;
-        int64_t i64;
-        struct {
-            const void *ptr;
-            size_t size;
-        } mem;
-        void *ptr;
-        rd_kafka_headers_t *headers;
-        char _pad[64];
-    } u;
-} rdk_vu;
-#define RDK_ERR_FATAL (-150)
-#define RDK_NO_ERROR 0
-
-static struct {
-    ssize_t (*consume_batch_queue)(rd_kafka_queue_t *, int, rdk_message **, size_t);
-    void (*message_destroy)(rdk_message *);
-    int64_t (*message_timestamp)(const rdk_message *, int *);
-    int (*message_headers)(const rdk_message *, rd_kafka_headers_t **);
-    int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **,
-                          size_t *);
-    const char *(*topic_name)(const rd_kafka_topic_t *);
-    const char *(*err2str)(int);
-    rd_kafka_queue_t *(*queue_get_consumer)(rd_kafka_t *);
-    void (*queue_destroy)(rd_kafka_queue_t *);
-    void *(*opaque)(const rd_kafka_t *);
-    int (*fatal_error)(rd_kafka_t *, char *, size_t);
-    int (*type)(const rd_kafka_t *);
-    void *(*produceva)(rd_kafka_t *, const void *, size_t); /* rd_kafka_error_t * */
-    int (*error_code)(const void *);
-    const char *(*error_string)(const void *);
-    void (*error_destroy)(void *);
-    int (*poll)(rd_kafka_t *, int);
-    rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
-    rd_kafka_headers_t *(*headers_new)(size_t);
-    void (*headers_destroy)(rd_kafka_headers_t *);
-    int (*header_add)(rd_kafka_headers_t *, const char *, ssize_t, const void *, ssize_t);
-    void (*topic_destroy)(rd_kafka_topic_t *);
-} rdk;
-static int bound = 0;
-
-/* -- confluent_kafka's structs (confluent_kafka.h, 2.x on LP64) ------------------------------ */
-
-typedef struct {
-    PyObject_HEAD
-    rd_kafka_t *rk;
-    PyObject *error_cb;
-    PyObject *throttle_cb;
-    PyObject *stats_cb;
-    int initiated;
-    Py_tss_t tlskey;
-    int type;
-    PyObject *logger;
-} cfl_handle;
-
-/* 2.13+ has exception_value; before it, the struct ended at crashed, and a callback left its
- * exception set on the thread state instead. Zeroed, this serves both. */
-typedef struct {
-    PyThreadState *thread_state;
-    int crashed;
-    PyObject *exception_value;
-} cfl_callstate;
 
 #include "_arr.h" /* reput/_arr.h: 1-d arrays through the buffer protocol */
 
@@ -179,179 +96,652 @@ static PyObject *buffer_wrap(char *data, Py_ssize_t size)
     return (PyObject *)b;
 }
 
-/* -- bind(path): the librdkafka confluent_kafka loaded ---------------------------------------- */
+#ifdef KC_HAVE_RDKAFKA_H
+#include <pthread.h>
+#include <librdkafka/rdkafka.h>
 
-static PyObject *bind(PyObject *self, PyObject *arg)
+/* -- librdkafka's functions, resolved by load() ----------------------------------------------- */
+
+#define RDK_FUNCS(X)                                                                           \
+    X(version) X(version_str) X(conf_new) X(conf_destroy) X(conf_set) X(conf_set_opaque)      \
+    X(conf_set_error_cb) X(conf_set_log_cb) X(conf_set_stats_cb) X(conf_set_dr_msg_cb)        \
+    X(new) X(destroy) X(opaque) X(poll_set_consumer) X(queue_get_consumer) X(queue_destroy)   \
+    X(consume_batch_queue) X(message_destroy) X(message_timestamp) X(message_headers)         \
+    X(message_errstr) X(header_get_all) X(headers_new) X(headers_destroy) X(header_add)       \
+    X(topic_name) X(topic_new) X(topic_destroy) X(err2str) X(err2name) X(fatal_error)          \
+    X(produceva) X(error_code) X(error_string) X(error_is_fatal) X(error_is_retriable)         \
+    X(error_txn_requires_abort) X(error_destroy) X(poll) X(flush) X(outq_len) X(assign)       \
+    X(pause_partitions) X(commit) X(consumer_close) X(get_watermark_offsets)                 \
+    X(query_watermark_offsets) X(metadata) X(metadata_destroy) X(clusterid) X(mem_free)       \
+    X(topic_partition_list_new) X(topic_partition_list_add) X(topic_partition_list_destroy)   \
+    X(init_transactions) X(begin_transaction) X(commit_transaction) X(abort_transaction)
+
+#define RDK_FIELD(f) __typeof__(rd_kafka_##f) *f;
+static struct {
+    RDK_FUNCS(RDK_FIELD)
+} rdk;
+#undef RDK_FIELD
+static char loaded_version[32] = "";
+
+/* the Python exception of a librdkafka error: KafkaIOError(code, reason, fatal, retriable,
+ * txn_requires_abort); native_kafka.py turns it into confluent_kafka's KafkaException */
+static PyObject *KafkaIOError;
+
+static PyObject *raise_kafka(int code, const char *reason, int fatal, int retriable, int abort)
+{
+    PyObject *args = Py_BuildValue("(isiii)", code, reason ? reason : "", fatal, retriable, abort);
+    if (args != NULL) {
+        PyErr_SetObject(KafkaIOError, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+static PyObject *raise_err(rd_kafka_resp_err_t err)
+{
+    return raise_kafka(err, rdk.err2str(err), 0, 0, 0);
+}
+
+/* an rd_kafka_error_t (destroyed here) as KafkaIOError */
+static PyObject *raise_error_t(rd_kafka_error_t *e)
+{
+    raise_kafka(rdk.error_code(e), rdk.error_string(e), rdk.error_is_fatal(e),
+                rdk.error_is_retriable(e), rdk.error_txn_requires_abort(e));
+    rdk.error_destroy(e);
+    return NULL;
+}
+
+/* load(path) -> librdkafka's version text: dlopen the library and resolve every function, once
+ * per process; OSError when it cannot be loaded, lacks a function or is older than rdkafka.h */
+static PyObject *load(PyObject *self, PyObject *arg)
 {
     (void)self;
     const char *path = PyUnicode_AsUTF8(arg);
     if (path == NULL)
         return NULL;
-    void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+    if (loaded_version[0])
+        return PyUnicode_FromString(loaded_version);
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (h == NULL) {
-        PyErr_Format(PyExc_OSError, "%s is not loaded in this process", path);
+        PyErr_Format(PyExc_OSError, "cannot load librdkafka from %s: %s", path, dlerror());
         return NULL;
     }
-#define SYM(field, name)                                                                       \
-    if ((*(void **)&rdk.field = dlsym(h, name)) == NULL) {                                     \
-        PyErr_Format(PyExc_OSError, "%s has no %s", path, name);                               \
+    __typeof__(rdk) got;
+#define RDK_SYM(f)                                                                             \
+    if ((*(void **)&got.f = dlsym(h, "rd_kafka_" #f)) == NULL) {                               \
+        PyErr_Format(PyExc_OSError, "%s has no rd_kafka_" #f " (not librdkafka, or too old)", \
+                     path);                                                                    \
         dlclose(h);                                                                            \
         return NULL;                                                                           \
     }
-    SYM(consume_batch_queue, "rd_kafka_consume_batch_queue")
-    SYM(message_destroy, "rd_kafka_message_destroy")
-    SYM(message_timestamp, "rd_kafka_message_timestamp")
-    SYM(message_headers, "rd_kafka_message_headers")
-    SYM(header_get_all, "rd_kafka_header_get_all")
-    SYM(topic_name, "rd_kafka_topic_name")
-    SYM(err2str, "rd_kafka_err2str")
-    SYM(queue_get_consumer, "rd_kafka_queue_get_consumer")
-    SYM(queue_destroy, "rd_kafka_queue_destroy")
-    SYM(opaque, "rd_kafka_opaque")
-    SYM(fatal_error, "rd_kafka_fatal_error")
-    SYM(type, "rd_kafka_type")
-    SYM(produceva, "rd_kafka_produceva")
-    SYM(error_code, "rd_kafka_error_code")
-    SYM(error_string, "rd_kafka_error_string")
-    SYM(error_destroy, "rd_kafka_error_destroy")
-    SYM(poll, "rd_kafka_poll")
-    SYM(topic_new, "rd_kafka_topic_new")
-    SYM(headers_new, "rd_kafka_headers_new")
-    SYM(headers_destroy, "rd_kafka_headers_destroy")
-    SYM(header_add, "rd_kafka_header_add")
-    SYM(topic_destroy, "rd_kafka_topic_destroy")
-#undef SYM
-    /* the library stays loaded as long as confluent_kafka's module: keep our reference too */
-    bound = 1;
-    Py_RETURN_NONE;
-}
-
-/* -- confluent_kafka's CallState, as Consumer.consume and Producer.poll set it up ------------- */
-
-/* CallState_begin: release the GIL; callbacks on this thread find it through the key */
-static void callstate_begin(cfl_handle *h, cfl_callstate *cs)
-{
-    memset(cs, 0, sizeof *cs);
-    cs->thread_state = PyEval_SaveThread();
-    PyThread_tss_set(&h->tlskey, cs);
-}
-
-/* CallState_end's checks, after PyEval_RestoreThread(cs->thread_state): -1 with the exception
- * of a callback that raised (as confluent_kafka reports it) or of a signal handler */
-static int callstate_failed(cfl_callstate *cs)
-{
-    if (cs->crashed) {
-        if (cs->exception_value != NULL) {
-            PyObject *v = cs->exception_value;
-            cs->exception_value = NULL;
-            if (PyExceptionInstance_Check(v))
-                PyErr_SetObject((PyObject *)Py_TYPE(v), v);
-            else
-                PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
-            Py_DECREF(v);
-        } else if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_RuntimeError, "a librdkafka callback failed");
-        }
-        return -1;
+    RDK_FUNCS(RDK_SYM)
+#undef RDK_SYM
+    int v = got.version();
+    if (v < RD_KAFKA_VERSION) {
+        PyErr_Format(PyExc_OSError, "%s is librdkafka %s; kcompact's client needs %d.%d.%d or "
+                     "newer (the rdkafka.h it was built with)", path, got.version_str(),
+                     (RD_KAFKA_VERSION >> 24) & 0xff, (RD_KAFKA_VERSION >> 16) & 0xff,
+                     (RD_KAFKA_VERSION >> 8) & 0xff);
+        dlclose(h);
+        return NULL;
     }
-    return PyErr_CheckSignals();
+    rdk = got; /* the library stays loaded for the life of the process */
+    snprintf(loaded_version, sizeof loaded_version, "%s", got.version_str());
+    return PyUnicode_FromString(loaded_version);
 }
 
-/* -- attach(consumer, error_cb, logger) -> reader capsule or None --------------------------- */
+/* -- Client: an rd_kafka_t, and the events its callbacks leave for Python ------------------------ */
+
+enum { EV_ERROR, EV_LOG, EV_STATS, EV_DR };
+
+typedef struct ev {
+    struct ev *next;
+    int kind, code, fatal, level;
+    int32_t partition;
+    int64_t offset;
+    char *topic; /* EV_DR: the topic; EV_LOG: the facility */
+    char *text;
+} ev;
+
+/* log lines kept between two drains; more are counted and reported as dropped */
+#define MAX_LOGS 10000
 
 typedef struct {
-    PyObject *consumer; /* strong reference */
-    rd_kafka_t *rk;
-    rd_kafka_queue_t *q; /* our reference to the consumer queue; NULL once closed */
-} reader;
+    PyObject_HEAD
+    rd_kafka_t *rk;      /* NULL once closed */
+    rd_kafka_queue_t *q; /* the consumer queue (consumers) */
+    int type;            /* RD_KAFKA_PRODUCER or RD_KAFKA_CONSUMER */
+    int logs;            /* keep log lines (else dropped in the callback) */
+    pthread_mutex_t mu;  /* guards the list and the counts below */
+    ev *head, *tail;
+    int pending;         /* events in the list; read without the mutex as a hint */
+    int nlogs, dropped_logs;
+    int busy;            /* calls of this client running without the GIL */
+} Client;
 
-static const char *READER = "connectors._rdkafka.reader";
-
-static void reader_free(PyObject *cap)
+static char *dup_s(const char *s)
 {
-    reader *r = PyCapsule_GetPointer(cap, READER);
-    if (r == NULL)
+    if (s == NULL)
+        return NULL;
+    size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d != NULL)
+        memcpy(d, s, n + 1);
+    return d;
+}
+
+/* append an event (any thread); an event that cannot be allocated is lost */
+static void push(Client *c, int kind, int code, int fatal, int level, const char *topic,
+                 int32_t partition, int64_t offset, const char *text, size_t text_len)
+{
+    ev *e = calloc(1, sizeof *e);
+    if (e == NULL)
         return;
-    if (r->q != NULL && ((cfl_handle *)r->consumer)->rk == r->rk)
-        rdk.queue_destroy(r->q);
-    Py_XDECREF(r->consumer);
-    free(r);
+    e->kind = kind, e->code = code, e->fatal = fatal, e->level = level;
+    e->partition = partition, e->offset = offset;
+    e->topic = dup_s(topic);
+    if (text != NULL && (e->text = malloc(text_len + 1)) != NULL) {
+        memcpy(e->text, text, text_len);
+        e->text[text_len] = 0;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (kind == EV_LOG && c->nlogs >= MAX_LOGS) {
+        c->dropped_logs++;
+        pthread_mutex_unlock(&c->mu);
+        free(e->topic);
+        free(e->text);
+        free(e);
+        return;
+    }
+    c->nlogs += kind == EV_LOG;
+    if (c->tail != NULL)
+        c->tail->next = e;
+    else
+        c->head = e;
+    c->tail = e;
+    __atomic_store_n(&c->pending, c->pending + 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&c->mu);
 }
 
-/* the client's Handle when its layout checks out (see the top of this file), else NULL */
-static cfl_handle *recognise(PyObject *c, PyObject *error_cb, PyObject *logger, int type)
+static void on_error(rd_kafka_t *rk, int err, const char *reason, void *opaque)
 {
-    if (!bound || error_cb == Py_None || logger == Py_None ||
-        Py_TYPE(c)->tp_basicsize < (Py_ssize_t)sizeof(cfl_handle))
-        return NULL;
-    cfl_handle *h = (cfl_handle *)c;
-    /* the fields around the thread-local key first (plain loads), then the key itself, then
-     * the librdkafka calls on the pointer that the checks vouched for */
-    if (h->rk == NULL || h->error_cb != error_cb || h->logger != logger || h->type != type ||
-        !PyThread_tss_is_created(&h->tlskey) || PyThread_tss_get(&h->tlskey) != NULL)
-        return NULL;
-    if (rdk.opaque(h->rk) != (void *)c || rdk.type(h->rk) != type)
-        return NULL;
-    return h;
+    char buf[512];
+    int fatal = 0;
+    if (err == RD_KAFKA_RESP_ERR__FATAL) { /* the underlying error, as confluent-kafka reports */
+        buf[0] = 0;
+        err = rdk.fatal_error(rk, buf, sizeof buf);
+        reason = buf;
+        fatal = 1;
+    }
+    push(opaque, EV_ERROR, err, fatal, 0, NULL, -1, -1, reason, strlen(reason));
 }
 
-static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "attach(consumer, error_cb, logger)");
+    Client *c = rdk.opaque(rk);
+    if (c != NULL && c->logs)
+        push(c, EV_LOG, 0, 0, level, fac, -1, -1, buf, strlen(buf));
+}
+
+static int on_stats(rd_kafka_t *rk, char *json, size_t len, void *opaque)
+{
+    (void)rk;
+    push(opaque, EV_STATS, 0, 0, 0, NULL, -1, -1, json, len);
+    return 0; /* librdkafka frees json */
+}
+
+/* a failed delivery (successes are not reported to Python: the callers count acks by flush) */
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    (void)rk;
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return;
+    const char *why = rdk.message_errstr(m);
+    push(opaque, EV_DR, m->err, 0, 0, m->rkt != NULL ? rdk.topic_name(m->rkt) : NULL,
+         m->partition, m->offset, why, strlen(why));
+}
+
+static void free_events(ev *e)
+{
+    while (e != NULL) {
+        ev *next = e->next;
+        free(e->topic);
+        free(e->text);
+        free(e);
+        e = next;
+    }
+}
+
+#define BUSY_BEGIN(c)                                                                          \
+    (c)->busy++;                                                                               \
+    Py_BEGIN_ALLOW_THREADS
+#define BUSY_END(c)                                                                            \
+    Py_END_ALLOW_THREADS(c)->busy--;
+
+static rd_kafka_t *live(Client *c)
+{
+    if (c->rk == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "the Kafka client is closed");
+    return c->rk;
+}
+
+/* Client(kind, conf, logs, stats): kind 0 producer, 1 consumer; conf a dict of str -> str */
+static PyObject *client_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
+{
+    int kind, logs, stats;
+    PyObject *conf;
+    if (kw != NULL && PyDict_GET_SIZE(kw)) {
+        PyErr_SetString(PyExc_TypeError, "Client(kind, conf, logs, stats)");
         return NULL;
     }
-    PyObject *c = args[0], *error_cb = args[1], *logger = args[2];
-    cfl_handle *h = recognise(c, error_cb, logger, RDK_CONSUMER);
-    if (h == NULL)
-        Py_RETURN_NONE;
-    reader *r = calloc(1, sizeof *r);
-    if (r == NULL)
-        return PyErr_NoMemory();
-    r->rk = h->rk;
-    r->q = rdk.queue_get_consumer(h->rk);
-    if (r->q == NULL) {
-        free(r);
-        Py_RETURN_NONE;
+    if (!PyArg_ParseTuple(args, "iO!pp", &kind, &PyDict_Type, &conf, &logs, &stats))
+        return NULL;
+    if (rdk.new == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded (call load() first)");
+        return NULL;
     }
-    Py_INCREF(c);
-    r->consumer = c;
-    PyObject *cap = PyCapsule_New(r, READER, reader_free);
-    if (cap == NULL) {
-        rdk.queue_destroy(r->q);
+    if (kind != RD_KAFKA_PRODUCER && kind != RD_KAFKA_CONSUMER) {
+        PyErr_SetString(PyExc_ValueError, "Client: kind is 0 (producer) or 1 (consumer)");
+        return NULL;
+    }
+    Client *c = (Client *)tp->tp_alloc(tp, 0);
+    if (c == NULL)
+        return NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    c->type = kind;
+    c->logs = logs;
+    char errstr[512];
+    rd_kafka_conf_t *cf = rdk.conf_new();
+    PyObject *k, *v;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(conf, &pos, &k, &v)) {
+        const char *ks = PyUnicode_AsUTF8(k), *vs = ks ? PyUnicode_AsUTF8(v) : NULL;
+        if (vs == NULL) {
+            rdk.conf_destroy(cf);
+            Py_DECREF(c);
+            return NULL;
+        }
+        if (rdk.conf_set(cf, ks, vs, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+            rdk.conf_destroy(cf);
+            Py_DECREF(c);
+            return raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
+        }
+    }
+    rdk.conf_set_opaque(cf, c);
+    rdk.conf_set_error_cb(cf, on_error);
+    rdk.conf_set_log_cb(cf, on_log); /* else librdkafka prints to stderr */
+    if (stats)
+        rdk.conf_set_stats_cb(cf, on_stats);
+    if (kind == RD_KAFKA_PRODUCER)
+        rdk.conf_set_dr_msg_cb(cf, on_delivery);
+    rd_kafka_t *rk;
+    Py_BEGIN_ALLOW_THREADS
+    rk = rdk.new(kind, cf, errstr, sizeof errstr);
+    Py_END_ALLOW_THREADS
+    if (rk == NULL) {
+        rdk.conf_destroy(cf); /* still ours when rd_kafka_new fails */
         Py_DECREF(c);
-        free(r);
+        return raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
     }
-    return cap;
+    c->rk = rk;
+    if (kind == RD_KAFKA_CONSUMER) {
+        rd_kafka_resp_err_t err = rdk.poll_set_consumer(rk);
+        if (err != RD_KAFKA_RESP_ERR_NO_ERROR || (c->q = rdk.queue_get_consumer(rk)) == NULL) {
+            Py_DECREF(c); /* destroys rk */
+            return raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG,
+                               "a consumer needs group.id (its queue is the group's)", 0, 0, 0);
+        }
+    }
+    return (PyObject *)c;
 }
 
-static reader *get_reader(PyObject *cap)
+/* consumer_close (consumers), then rd_kafka_destroy; the GIL released, callbacks still land in
+ * the list, which the next drain() returns */
+static void client_shut(Client *c)
 {
-    reader *r = PyCapsule_GetPointer(cap, READER);
-    if (r == NULL)
-        return NULL;
-    if (r->q == NULL || ((cfl_handle *)r->consumer)->rk != r->rk) {
-        PyErr_SetString(PyExc_RuntimeError, "the consumer or its column reader is closed");
-        return NULL;
-    }
-    return r;
+    rd_kafka_t *rk = c->rk;
+    rd_kafka_queue_t *q = c->q;
+    int consumer = c->type == RD_KAFKA_CONSUMER;
+    if (rk == NULL)
+        return;
+    c->rk = NULL;
+    c->q = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (consumer)
+        rdk.consumer_close(rk);
+    if (q != NULL)
+        rdk.queue_destroy(q);
+    rdk.destroy(rk);
+    Py_END_ALLOW_THREADS
 }
 
-/* detach(reader): drop the queue reference; call before the consumer's close() */
-static PyObject *detach(PyObject *self, PyObject *cap)
+static void client_dealloc(PyObject *self)
 {
-    (void)self;
-    reader *r = PyCapsule_GetPointer(cap, READER);
-    if (r == NULL)
+    Client *c = (Client *)self;
+    client_shut(c);
+    free_events(c->head);
+    pthread_mutex_destroy(&c->mu);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyObject *client_close(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Client *c = (Client *)self;
+    if (c->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "close(): another thread is inside this client");
         return NULL;
-    if (r->q != NULL && ((cfl_handle *)r->consumer)->rk == r->rk)
-        rdk.queue_destroy(r->q);
-    r->q = NULL;
+    }
+    client_shut(c);
     Py_RETURN_NONE;
 }
 
-/* -- consume(reader, want, timeout_ms) ------------------------------------------------------- */
+/* drain() -> None when nothing happened, else (errors, logs, stats, failures):
+ * errors [(code, reason, fatal)], logs [(syslog level, facility, text)], stats [json text],
+ * failures [(code, reason, topic, partition, offset)] (failed deliveries), each in order */
+static PyObject *client_drain(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Client *c = (Client *)self;
+    if (__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE) == 0 && c->dropped_logs == 0)
+        Py_RETURN_NONE;
+    pthread_mutex_lock(&c->mu);
+    ev *e = c->head;
+    int dropped = c->dropped_logs;
+    c->head = c->tail = NULL;
+    c->pending = c->nlogs = c->dropped_logs = 0;
+    pthread_mutex_unlock(&c->mu);
+    PyObject *out[4] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0)};
+    PyObject *result = NULL;
+    if (!out[0] || !out[1] || !out[2] || !out[3])
+        goto done;
+    for (ev *x = e; x != NULL; x = x->next) {
+        const char *text = x->text ? x->text : "";
+        PyObject *item = NULL;
+        int list = x->kind == EV_ERROR ? 0 : x->kind == EV_LOG ? 1 : x->kind == EV_STATS ? 2 : 3;
+        switch (x->kind) {
+        case EV_ERROR:
+            item = Py_BuildValue("(isO)", x->code, text, x->fatal ? Py_True : Py_False);
+            break;
+        case EV_LOG:
+            item = Py_BuildValue("(iss)", x->level, x->topic ? x->topic : "", text);
+            break;
+        case EV_STATS:
+            item = PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace");
+            break;
+        default:
+            item = Py_BuildValue("(issiL)", x->code, text, x->topic ? x->topic : "",
+                                 (int)x->partition, (long long)x->offset);
+        }
+        if (item == NULL || PyList_Append(out[list], item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    if (dropped) {
+        PyObject *item = PyUnicode_FromFormat("%d log lines dropped (more than %d between two calls)",
+                                    dropped, MAX_LOGS);
+        PyObject *t = item ? Py_BuildValue("(isN)", 4, "LOG", item) : NULL;
+        if (t == NULL || PyList_Append(out[1], t) < 0) {
+            Py_XDECREF(t);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+    result = Py_BuildValue("(OOOO)", out[0], out[1], out[2], out[3]);
+done:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(out[i]);
+    free_events(e);
+    return result;
+}
+
+/* a list of (topic, partition[, offset]) as an rd_kafka_topic_partition_list_t */
+static rd_kafka_topic_partition_list_t *tp_list(PyObject *seq, int with_offset)
+{
+    PyObject *fast = PySequence_Fast(seq, "a list of (topic, partition[, offset]) is required");
+    if (fast == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    rd_kafka_topic_partition_list_t *l = rdk.topic_partition_list_new((int)(n > 0 ? n : 1));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *topic;
+        int part;
+        long long off = RD_KAFKA_OFFSET_INVALID;
+        PyObject *t = PySequence_Fast_GET_ITEM(fast, i);
+        int ok = with_offset ? PyArg_ParseTuple(t, "siL", &topic, &part, &off)
+                             : PyArg_ParseTuple(t, "si", &topic, &part);
+        if (!ok) {
+            rdk.topic_partition_list_destroy(l);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        rdk.topic_partition_list_add(l, topic, part)->offset = off;
+    }
+    Py_DECREF(fast);
+    return l;
+}
+
+/* the first error of a partition list (destroyed here), raised; 0 when none */
+static int tp_list_failed(rd_kafka_topic_partition_list_t *l, rd_kafka_resp_err_t err)
+{
+    for (int i = 0; err == RD_KAFKA_RESP_ERR_NO_ERROR && i < l->cnt; i++)
+        err = l->elems[i].err;
+    rdk.topic_partition_list_destroy(l);
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return 0;
+    raise_err(err);
+    return -1;
+}
+
+/* assign([(topic, partition, offset), ...]) */
+static PyObject *client_assign(PyObject *self, PyObject *arg)
+{
+    Client *c = (Client *)self;
+    if (live(c) == NULL)
+        return NULL;
+    rd_kafka_topic_partition_list_t *l = tp_list(arg, 1);
+    if (l == NULL)
+        return NULL;
+    rd_kafka_resp_err_t err = rdk.assign(c->rk, l);
+    rdk.topic_partition_list_destroy(l);
+    if (err)
+        return raise_err(err);
+    Py_RETURN_NONE;
+}
+
+/* pause([(topic, partition), ...]) */
+static PyObject *client_pause(PyObject *self, PyObject *arg)
+{
+    Client *c = (Client *)self;
+    if (live(c) == NULL)
+        return NULL;
+    rd_kafka_topic_partition_list_t *l = tp_list(arg, 0);
+    if (l == NULL)
+        return NULL;
+    rd_kafka_resp_err_t err = rdk.pause_partitions(c->rk, l);
+    if (tp_list_failed(l, err) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* commit([(topic, partition, offset), ...]): synchronous */
+static PyObject *client_commit(PyObject *self, PyObject *arg)
+{
+    Client *c = (Client *)self;
+    if (live(c) == NULL)
+        return NULL;
+    rd_kafka_topic_partition_list_t *l = tp_list(arg, 1);
+    if (l == NULL)
+        return NULL;
+    rd_kafka_resp_err_t err;
+    BUSY_BEGIN(c)
+    err = rdk.commit(c->rk, l, 0);
+    BUSY_END(c)
+    if (tp_list_failed(l, err) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* watermarks(topic, partition, timeout_ms, cached) -> (low, high) */
+static PyObject *client_watermarks(PyObject *self, PyObject *args)
+{
+    Client *c = (Client *)self;
+    const char *topic;
+    int part, tmo, cached;
+    if (!PyArg_ParseTuple(args, "siip", &topic, &part, &tmo, &cached) || live(c) == NULL)
+        return NULL;
+    int64_t lo = RD_KAFKA_OFFSET_INVALID, hi = RD_KAFKA_OFFSET_INVALID;
+    rd_kafka_resp_err_t err;
+    if (cached) {
+        err = rdk.get_watermark_offsets(c->rk, topic, part, &lo, &hi);
+    } else {
+        BUSY_BEGIN(c)
+        err = rdk.query_watermark_offsets(c->rk, topic, part, &lo, &hi, tmo);
+        BUSY_END(c)
+    }
+    if (err)
+        return raise_err(err);
+    return Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+}
+
+/* metadata(topic | None, timeout_ms) -> (cluster id | None, [(topic, error code,
+ * [partition ids])]): of one topic (never auto-created), or of all */
+static PyObject *client_metadata(PyObject *self, PyObject *args)
+{
+    Client *c = (Client *)self;
+    PyObject *topic_obj;
+    int tmo;
+    if (!PyArg_ParseTuple(args, "Oi", &topic_obj, &tmo) || live(c) == NULL)
+        return NULL;
+    rd_kafka_topic_t *rkt = NULL;
+    if (topic_obj != Py_None) {
+        const char *topic = PyUnicode_AsUTF8(topic_obj);
+        if (topic == NULL)
+            return NULL;
+        if ((rkt = rdk.topic_new(c->rk, topic, NULL)) == NULL)
+            return raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, "invalid topic name", 0, 0, 0);
+    }
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err;
+    char *cid = NULL;
+    BUSY_BEGIN(c)
+    err = rdk.metadata(c->rk, rkt == NULL, rkt, &md, tmo);
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        cid = rdk.clusterid(c->rk, 0);
+    if (rkt != NULL)
+        rdk.topic_destroy(rkt);
+    BUSY_END(c)
+    if (err)
+        return raise_err(err);
+    PyObject *topics = PyList_New(0), *result = NULL;
+    if (topics == NULL)
+        goto done;
+    for (int i = 0; i < md->topic_cnt; i++) {
+        const rd_kafka_metadata_topic_t *t = &md->topics[i];
+        PyObject *parts = PyList_New(t->partition_cnt);
+        if (parts == NULL)
+            goto done;
+        for (int j = 0; j < t->partition_cnt; j++)
+            PyList_SET_ITEM(parts, j, PyLong_FromLong(t->partitions[j].id));
+        PyObject *item = Py_BuildValue("(siN)", t->topic, (int)t->err, parts);
+        if (item == NULL || PyList_Append(topics, item) < 0) {
+            Py_XDECREF(item);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    if (cid != NULL)
+        result = Py_BuildValue("(sO)", cid, topics);
+    else
+        result = Py_BuildValue("(OO)", Py_None, topics);
+done:
+    Py_XDECREF(topics);
+    if (cid != NULL)
+        rdk.mem_free(c->rk, cid);
+    rdk.metadata_destroy(md);
+    return result;
+}
+
+/* poll(timeout_ms) -> events served */
+static PyObject *client_poll(PyObject *self, PyObject *arg)
+{
+    Client *c = (Client *)self;
+    int tmo = PyLong_AsLong(arg), n;
+    if ((tmo == -1 && PyErr_Occurred()) || live(c) == NULL)
+        return NULL;
+    BUSY_BEGIN(c)
+    n = rdk.poll(c->rk, tmo);
+    BUSY_END(c)
+    return PyLong_FromLong(n);
+}
+
+/* flush(timeout_ms) -> messages still in the queue */
+static PyObject *client_flush(PyObject *self, PyObject *arg)
+{
+    Client *c = (Client *)self;
+    int tmo = PyLong_AsLong(arg), n;
+    if ((tmo == -1 && PyErr_Occurred()) || live(c) == NULL)
+        return NULL;
+    BUSY_BEGIN(c)
+    rdk.flush(c->rk, tmo);
+    n = rdk.outq_len(c->rk);
+    BUSY_END(c)
+    return PyLong_FromLong(n);
+}
+
+static PyObject *client_outq_len(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Client *c = (Client *)self;
+    if (live(c) == NULL)
+        return NULL;
+    return PyLong_FromLong(rdk.outq_len(c->rk));
+}
+
+/* the transactional calls: init_transactions(ms), begin_transaction(), commit_transaction(ms),
+ * abort_transaction(ms); a failure raises KafkaIOError with the error's flags */
+enum { TXN_INIT, TXN_BEGIN, TXN_COMMIT, TXN_ABORT };
+
+static PyObject *txn_call(PyObject *self, PyObject *arg, int which)
+{
+    Client *c = (Client *)self;
+    int tmo = 0;
+    if (arg != NULL && (tmo = PyLong_AsLong(arg)) == -1 && PyErr_Occurred())
+        return NULL;
+    if (live(c) == NULL)
+        return NULL;
+    rd_kafka_error_t *e = NULL;
+    BUSY_BEGIN(c)
+    switch (which) {
+    case TXN_INIT:
+        e = rdk.init_transactions(c->rk, tmo);
+        break;
+    case TXN_BEGIN:
+        e = rdk.begin_transaction(c->rk);
+        break;
+    case TXN_COMMIT:
+        e = rdk.commit_transaction(c->rk, tmo);
+        break;
+    default:
+        e = rdk.abort_transaction(c->rk, tmo);
+    }
+    BUSY_END(c)
+    if (e != NULL)
+        return raise_error_t(e);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_init_txn(PyObject *s, PyObject *a) { return txn_call(s, a, TXN_INIT); }
+static PyObject *client_begin_txn(PyObject *s, PyObject *a)
+{
+    (void)a;
+    return txn_call(s, NULL, TXN_BEGIN);
+}
+static PyObject *client_commit_txn(PyObject *s, PyObject *a) { return txn_call(s, a, TXN_COMMIT); }
+static PyObject *client_abort_txn(PyObject *s, PyObject *a) { return txn_call(s, a, TXN_ABORT); }
+/* -- consume(want, timeout_ms): a batch into columns ----------------------------------------- */
 
 #define MAX_TOPICS 64
 
@@ -366,7 +756,7 @@ typedef struct {
 
 typedef struct {
     /* inputs */
-    rdk_message **ms;
+    rd_kafka_message_t **ms;
     ssize_t n;
     rd_kafka_t *rk;
     /* outputs */
@@ -416,7 +806,7 @@ static int64_t encode_headers(const rd_kafka_headers_t *hs, char *out)
     size_t size;
     int64_t at = 4;
     uint32_t count = 0;
-    for (size_t i = 0; rdk.header_get_all(hs, i, &name, &val, &size) == RDK_NO_ERROR; i++) {
+    for (size_t i = 0; rdk.header_get_all(hs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++) {
         size_t nl = strlen(name);
         if (nl > 0xFFFF)
             return -1;
@@ -456,14 +846,14 @@ static void read_batch(work *w)
     }
     /* pass 1: sizes */
     for (ssize_t i = 0; i < n; i++) {
-        rdk_message *m = w->ms[i];
-        if (m->err != RDK_NO_ERROR)
+        rd_kafka_message_t *m = w->ms[i];
+        if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR)
             continue;
         w->good++;
         w->kbytes += m->key != NULL ? (int64_t)m->key_len : 0;
         w->vbytes += m->payload != NULL ? (int64_t)m->len : 0;
         rd_kafka_headers_t *hs;
-        if (rdk.message_headers(m, &hs) == RDK_NO_ERROR) {
+        if (rdk.message_headers(m, &hs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
             int64_t need = encode_headers(hs, NULL);
             if (need < 0) {
                 fail(w, "a header name is longer than 65535 bytes");
@@ -499,8 +889,8 @@ static void read_batch(work *w)
     rd_kafka_topic_t *last_rkt = NULL;
     int last_ti = -1;
     for (ssize_t i = 0; i < n; i++) {
-        rdk_message *m = w->ms[i];
-        if (m->err != RDK_NO_ERROR) {
+        rd_kafka_message_t *m = w->ms[i];
+        if (m->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
             event *e = &w->events[w->nevents++];
             e->partition = m->partition;
             e->offset = m->offset;
@@ -509,7 +899,7 @@ static void read_batch(work *w)
                 const char *t = rdk.topic_name(m->rkt);
                 e->topic = dup_n(t, strlen(t));
             }
-            if (m->err == RDK_ERR_FATAL) {
+            if (m->err == RD_KAFKA_RESP_ERR__FATAL) {
                 char buf[512];
                 buf[0] = 0;
                 e->code = rdk.fatal_error(w->rk, buf, sizeof buf);
@@ -533,7 +923,7 @@ static void read_batch(work *w)
             last_ti = t;
         }
         int32_t t32 = t, p32 = m->partition;
-        int tstype;
+        rd_kafka_timestamp_type_t tstype;
         int64_t ts = rdk.message_timestamp(m, &tstype);
         memcpy(w->ti + j * 4, &t32, 4);
         memcpy(w->parts + j * 4, &p32, 4);
@@ -554,7 +944,7 @@ static void read_batch(work *w)
         if (w->any_headers) {
             memcpy(w->ho + j * 8, &ha, 8);
             rd_kafka_headers_t *hs;
-            if (rdk.message_headers(m, &hs) == RDK_NO_ERROR)
+            if (rdk.message_headers(m, &hs) == RD_KAFKA_RESP_ERR_NO_ERROR)
                 ha += encode_headers(hs, w->hb + ha);
         }
         j++;
@@ -603,43 +993,58 @@ static PyObject *take(char **p, Py_ssize_t size)
  *   every record is of topic_names[0]; hb/ho None when no record has headers; events a list of
  *   (topic | None, partition, offset, code, reason, fatal) for the error messages (end of
  *   partition ...), in batch order. */
-static PyObject *consume(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* consume(want, timeout_ms) -> (parts, offsets, timestamps, topic_names, topic_index,
+ *   kb, ko, kn, vb, vo, vn, hb, ho, events). Buffers as Buffer objects; topic_index is None when
+ *   every record is of topic_names[0]; hb/ho None when no record has headers; events a list of
+ *   (topic | None, partition, offset, code, reason, fatal) for the error messages (end of
+ *   partition ...), in batch order. Waits up to timeout_ms for the first message, in slices of
+ *   CONSUME_SLICE_MS with a signal check between them. */
+#define CONSUME_SLICE_MS 200
+
+static PyObject *client_consume(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "consume(reader, want, timeout_ms)");
-        return NULL;
-    }
-    reader *r = get_reader(args[0]);
-    if (r == NULL)
-        return NULL;
-    Py_ssize_t want = PyLong_AsSsize_t(args[1]);
-    long tmo = PyLong_AsLong(args[2]);
+    Client *c = (Client *)self;
+    CHECK_NARGS("consume", 2);
+    Py_ssize_t want = PyLong_AsSsize_t(args[0]);
+    long tmo = PyLong_AsLong(args[1]);
     if ((want == -1 || tmo == -1) && PyErr_Occurred())
         return NULL;
     if (want < 1 || want > 1000000) {
         PyErr_SetString(PyExc_ValueError, "consume: want must be 1..1000000");
         return NULL;
     }
+    if (live(c) == NULL)
+        return NULL;
+    if (c->q == NULL) {
+        PyErr_SetString(PyExc_TypeError, "consume: not a consumer");
+        return NULL;
+    }
     work w;
     memset(&w, 0, sizeof w);
-    w.rk = r->rk;
+    w.rk = c->rk;
     if ((w.ms = malloc((size_t)want * sizeof *w.ms)) == NULL)
         return PyErr_NoMemory();
-    cfl_handle *h = (cfl_handle *)r->consumer;
-    cfl_callstate cs;
-    callstate_begin(h, &cs);
-    w.n = rdk.consume_batch_queue(r->q, (int)tmo, w.ms, (size_t)want);
-    PyThread_tss_set(&h->tlskey, NULL); /* nothing below calls back */
-    if (w.n > 0)
-        read_batch(&w);
-    PyEval_RestoreThread(cs.thread_state);
+    long left = tmo < 0 ? 0 : tmo;
+    int signalled = 0;
+    for (;;) {
+        int slice = left > CONSUME_SLICE_MS ? CONSUME_SLICE_MS : (int)left;
+        BUSY_BEGIN(c)
+        w.n = rdk.consume_batch_queue(c->q, slice, w.ms, (size_t)want);
+        if (w.n > 0)
+            read_batch(&w);
+        BUSY_END(c)
+        left -= slice;
+        if (w.n != 0 || left <= 0)
+            break;
+        if ((signalled = PyErr_CheckSignals()) < 0)
+            break;
+    }
 
     PyObject *result = NULL, *names = NULL, *tindex = NULL, *events = NULL;
     PyObject *bufs[11] = {0};
-    /* the batch is dropped with a callback's or a signal handler's exception, as in
-     * confluent_kafka (a restart resumes from the store) */
-    if (callstate_failed(&cs) < 0)
+    /* the batch is dropped with a signal handler's exception, as in confluent-kafka (a
+     * restart resumes from the store) */
+    if (signalled < 0 || PyErr_CheckSignals() < 0)
         goto done;
     if (w.n < 0) {
         PyErr_SetString(PyExc_RuntimeError, "rd_kafka_consume_batch_queue failed");
@@ -764,122 +1169,56 @@ static rd_kafka_headers_t *make_headers(const uint8_t *p, int64_t len)
     return h;
 }
 
-/* -- producer_attach(producer, error_cb, logger) -> capsule or None ------------------------- */
-
-/* confluent_kafka's per-message state (Producer.c, the same in 2.x): its delivery-report
- * trampoline calls dr_cb(err, msg) (only for failures under delivery.report.only.error), then
- * drops the reference and free()s the struct */
-typedef struct {
-    cfl_handle *self;
-    PyObject *dr_cb;
-} cfl_msgstate;
-
-typedef struct {
-    PyObject *producer; /* strong reference */
-    rd_kafka_t *rk;
-} sender;
-
-static const char *SENDER = "connectors._rdkafka.sender";
-
-static void sender_free(PyObject *cap)
-{
-    sender *s = PyCapsule_GetPointer(cap, SENDER);
-    if (s == NULL)
-        return;
-    Py_XDECREF(s->producer);
-    free(s);
-}
-
-static PyObject *producer_attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "producer_attach(producer, error_cb, logger)");
-        return NULL;
-    }
-    cfl_handle *h = recognise(args[0], args[1], args[2], RDK_PRODUCER);
-    if (h == NULL)
-        Py_RETURN_NONE;
-    sender *sd = calloc(1, sizeof *sd);
-    if (sd == NULL)
-        return PyErr_NoMemory();
-    sd->rk = h->rk;
-    sd->producer = Py_NewRef(args[0]);
-    PyObject *cap = PyCapsule_New(sd, SENDER, sender_free);
-    if (cap == NULL) {
-        Py_DECREF(sd->producer);
-        free(sd);
-    }
-    return cap;
-}
-
-/* -- produce(sender, topic, partition, partitions, kbuf, kstarts, kends, knulls, vbuf, vstarts,
- *            vends, vnulls, timestamps, dr_cb, headers) -> (produced, error code, error text) -
+/* -- produce_columns(topic, partition, partitions, kbuf, kstarts, kends, knulls, vbuf, vstarts,
+ *                    vends, vnulls, timestamps, headers) -> (produced, error code, error text)
  * headers: None, or (buf, starts, ends) of each record's header section in the store's
  * encoding (reput.record.encode_headers; empty: no headers), made into librdkafka headers.
  * Every record of the columns to ``topic``: at ``partition``, or partitions[i] when that is not
  * None (int32). Keys and values are buf[starts[i]:ends[i]] (int64), null where nulls[i]; copied
- * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns.
- * dr_cb None: no delivery report reaches Python for these records, so the caller must produce
- * them inside a transaction, whose commit fails when any of them failed delivery (librdkafka
- * counts them whatever the application's callbacks). dr_cb a callable: each record carries
- * confluent_kafka's per-message state with it, so its delivery report reaches dr_cb exactly as
- * for produce(..., on_delivery=dr_cb). A full queue is served with rd_kafka_poll (callbacks run, as in
- * Producer.poll) and the record retried; another error stops at that record and is returned. */
+ * by librdkafka (RD_KAFKA_MSG_F_COPY), so the buffers may go once this returns. The GIL is
+ * released for the whole block. A failed delivery is reported later, by drain(), as for any
+ * record of this client. A full queue is served with rd_kafka_poll and the record retried (a
+ * signal check every PRODUCE_SIGNAL_POLLS polls: Ctrl-C stops at that record); another error
+ * stops at that record and is returned. */
+#define PRODUCE_SIGNAL_POLLS 20
 
-static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *client_produce_columns(PyObject *self, PyObject *const *argv, Py_ssize_t nargs)
 {
-    (void)self;
-    if (nargs != 15) {
-        PyErr_SetString(PyExc_TypeError, "produce(sender, topic, partition, partitions, kbuf, "
-                        "kstarts, kends, knulls, vbuf, vstarts, vends, vnulls, timestamps, "
-                        "dr_cb, headers)");
+    Client *c = (Client *)self;
+    CHECK_NARGS("produce_columns", 13);
+    if (live(c) == NULL)
         return NULL;
-    }
-    sender *sd = PyCapsule_GetPointer(args[0], SENDER);
-    if (sd == NULL)
-        return NULL;
-    cfl_handle *h = (cfl_handle *)sd->producer;
-    if (h->rk != sd->rk) {
-        PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
-        return NULL;
-    }
-    PyObject *dr_cb = args[13] == Py_None ? NULL : args[13];
-    if (dr_cb != NULL && !PyCallable_Check(dr_cb)) {
-        PyErr_SetString(PyExc_TypeError, "produce: dr_cb must be callable or None");
-        return NULL;
-    }
-    const char *topic = PyUnicode_AsUTF8(args[1]);
-    long part = PyLong_AsLong(args[2]);
+    const char *topic = PyUnicode_AsUTF8(argv[0]);
+    long part = PyLong_AsLong(argv[1]);
     if (topic == NULL || (part == -1 && PyErr_Occurred()))
         return NULL;
     Py_buffer kb = {0}, vb = {0}, hb = {0};
     Arr ha[2];
     memset(ha, 0, sizeof ha);
-    int have_headers = args[14] != Py_None;
+    int have_headers = argv[12] != Py_None;
     Arr a[7] = {0}; /* partitions, kstarts, kends, knulls, vstarts, vends, vnulls; ts last */
     Arr ts = {0};
     PyObject *result = NULL;
-    int have_parts = args[3] != Py_None;
-    if (PyObject_GetBuffer(args[4], &kb, PyBUF_SIMPLE) < 0)
+    int have_parts = argv[2] != Py_None;
+    if (PyObject_GetBuffer(argv[3], &kb, PyBUF_SIMPLE) < 0)
         goto out;
-    if (PyObject_GetBuffer(args[8], &vb, PyBUF_SIMPLE) < 0)
+    if (PyObject_GetBuffer(argv[7], &vb, PyBUF_SIMPLE) < 0)
         goto out;
-    if ((have_parts && arr_get(args[3], &a[0], 4, 0, "partitions") < 0) ||
-        arr_get(args[5], &a[1], 8, 0, "kstarts") < 0 || arr_get(args[6], &a[2], 8, 0, "kends") < 0 ||
-        arr_get(args[7], &a[3], 1, 0, "knulls") < 0 || arr_get(args[9], &a[4], 8, 0, "vstarts") < 0 ||
-        arr_get(args[10], &a[5], 8, 0, "vends") < 0 || arr_get(args[11], &a[6], 1, 0, "vnulls") < 0 ||
-        arr_get(args[12], &ts, 8, 0, "timestamps") < 0)
+    if ((have_parts && arr_get(argv[2], &a[0], 4, 0, "partitions") < 0) ||
+        arr_get(argv[4], &a[1], 8, 0, "kstarts") < 0 || arr_get(argv[5], &a[2], 8, 0, "kends") < 0 ||
+        arr_get(argv[6], &a[3], 1, 0, "knulls") < 0 || arr_get(argv[8], &a[4], 8, 0, "vstarts") < 0 ||
+        arr_get(argv[9], &a[5], 8, 0, "vends") < 0 || arr_get(argv[10], &a[6], 1, 0, "vnulls") < 0 ||
+        arr_get(argv[11], &ts, 8, 0, "timestamps") < 0)
         goto out;
     Py_ssize_t n = ts.n;
     if (have_headers) {
-        if (!PyTuple_Check(args[14]) || PyTuple_GET_SIZE(args[14]) != 3) {
+        if (!PyTuple_Check(argv[12]) || PyTuple_GET_SIZE(argv[12]) != 3) {
             PyErr_SetString(PyExc_TypeError, "produce: headers must be (buf, starts, ends)");
             goto out;
         }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(args[14], 0), &hb, PyBUF_SIMPLE) < 0 ||
-            arr_get(PyTuple_GET_ITEM(args[14], 1), &ha[0], 8, 0, "hstarts") < 0 ||
-            arr_get(PyTuple_GET_ITEM(args[14], 2), &ha[1], 8, 0, "hends") < 0)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(argv[12], 0), &hb, PyBUF_SIMPLE) < 0 ||
+            arr_get(PyTuple_GET_ITEM(argv[12], 1), &ha[0], 8, 0, "hstarts") < 0 ||
+            arr_get(PyTuple_GET_ITEM(argv[12], 2), &ha[1], 8, 0, "hends") < 0)
             goto out;
         if (ha[0].n != n || ha[1].n != n) {
             PyErr_SetString(PyExc_ValueError, "produce: columns of different lengths");
@@ -915,33 +1254,27 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     int code = 0;
     char reason[512];
     reason[0] = 0;
-    rd_kafka_topic_t *rkt = rdk.topic_new(sd->rk, topic, NULL);
+    rd_kafka_topic_t *rkt = rdk.topic_new(c->rk, topic, NULL);
     if (rkt == NULL) {
         PyErr_Format(PyExc_ValueError, "produce: cannot use topic %s", topic);
         goto out;
     }
-    /* one reference per record for its msgstate, taken now with the GIL; the delivery reports
-     * (with the GIL) drop them one by one, and those of records never queued go back below */
-    if (dr_cb != NULL)
-        Py_SET_REFCNT(dr_cb, Py_REFCNT(dr_cb) + n);
-    cfl_callstate cs;
-    callstate_begin(h, &cs);
-    rdk_vu vu[8];
+    int signalled = 0, polls = 0;
+    BUSY_BEGIN(c)
+    rd_kafka_vu_t vu[8];
     memset(vu, 0, sizeof vu);
-    vu[0].vtype = VT_RKT;
+    vu[0].vtype = RD_KAFKA_VTYPE_RKT;
     vu[0].u.rkt = rkt;
-    vu[1].vtype = VT_PARTITION;
+    vu[1].vtype = RD_KAFKA_VTYPE_PARTITION;
     vu[1].u.i32 = (int32_t)part;
-    vu[2].vtype = VT_KEY;
-    vu[3].vtype = VT_VALUE;
-    vu[4].vtype = VT_TIMESTAMP;
-    vu[5].vtype = VT_MSGFLAGS;
-    vu[5].u.i = RDK_MSG_F_COPY;
-    vu[6].vtype = VT_OPAQUE;
-    int nvu0 = dr_cb != NULL ? 7 : 6;
-    int nomem = 0;
+    vu[2].vtype = RD_KAFKA_VTYPE_KEY;
+    vu[3].vtype = RD_KAFKA_VTYPE_VALUE;
+    vu[4].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+    vu[5].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+    vu[5].u.i = RD_KAFKA_MSG_F_COPY;
+    int nvu0 = 6;
     const char *kp = kb.buf, *vp = vb.buf;
-    for (; done < n && !cs.crashed; done++) {
+    for (; done < n && !signalled; done++) {
         Py_ssize_t i = done;
         if (have_parts)
             vu[1].u.i32 = (int32_t)ld_u32(&a[0], i);
@@ -950,7 +1283,7 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             vu[2].u.mem.size = 0;
         } else {
             int64_t k0 = ld_i64(&a[1], i), k1 = ld_i64(&a[2], i);
-            vu[2].u.mem.ptr = k1 > k0 ? kp + k0 : empty; /* empty, not null */
+            vu[2].u.mem.ptr = (void *)(k1 > k0 ? kp + k0 : empty); /* empty, not null */
             vu[2].u.mem.size = (size_t)(k1 - k0);
         }
         if (ld_u8(&a[6], i)) {
@@ -958,64 +1291,51 @@ static PyObject *produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs
             vu[3].u.mem.size = 0;
         } else {
             int64_t v0 = ld_i64(&a[4], i), v1 = ld_i64(&a[5], i);
-            vu[3].u.mem.ptr = v1 > v0 ? vp + v0 : empty;
+            vu[3].u.mem.ptr = (void *)(v1 > v0 ? vp + v0 : empty);
             vu[3].u.mem.size = (size_t)(v1 - v0);
         }
         vu[4].u.i64 = ld_i64(&ts, i);
-        cfl_msgstate *ms = NULL;
-        if (dr_cb != NULL) {
-            if ((ms = malloc(sizeof *ms)) == NULL) {
-                nomem = 1;
-                break;
-            }
-            ms->self = h;
-            ms->dr_cb = dr_cb;
-            vu[6].u.ptr = ms;
-        }
         rd_kafka_headers_t *hdrs = NULL;
         int nvu = nvu0;
         if (have_headers) {
             int64_t h0 = ld_i64(&ha[0], i), h1 = ld_i64(&ha[1], i);
             if (h1 > h0) {
                 hdrs = make_headers((const uint8_t *)hb.buf + h0, h1 - h0);
-                vu[nvu].vtype = VT_HEADERS;
+                vu[nvu].vtype = RD_KAFKA_VTYPE_HEADERS;
                 vu[nvu].u.headers = hdrs;
                 nvu++;
             }
         }
-        void *err;
-        while ((err = rdk.produceva(sd->rk, vu, nvu)) != NULL) {
-            int c = rdk.error_code(err);
-            if (c != RDK_ERR_QUEUE_FULL) {
-                code = c;
+        rd_kafka_error_t *err;
+        while ((err = rdk.produceva(c->rk, vu, (size_t)nvu)) != NULL) {
+            int ec = rdk.error_code(err);
+            if (ec != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                code = ec;
                 const char *t = rdk.error_string(err);
                 snprintf(reason, sizeof reason, "%s", t ? t : "");
                 rdk.error_destroy(err);
                 break;
             }
             rdk.error_destroy(err);
-            rdk.poll(sd->rk, 10);
-            if (cs.crashed)
-                break;
+            rdk.poll(c->rk, 10);
+            if (++polls % PRODUCE_SIGNAL_POLLS == 0) {
+                Py_BLOCK_THREADS
+                signalled = PyErr_CheckSignals() < 0;
+                Py_UNBLOCK_THREADS
+                if (signalled)
+                    break;
+            }
         }
-        if (code != 0 || cs.crashed) {
-            free(ms); /* never handed to librdkafka, nor the headers */
-            if (hdrs != NULL)
+        if (code != 0 || signalled) {
+            if (hdrs != NULL) /* never handed to librdkafka */
                 rdk.headers_destroy(hdrs);
             break;
         }
     }
-    PyThread_tss_set(&h->tlskey, NULL);
     rdk.topic_destroy(rkt);
-    PyEval_RestoreThread(cs.thread_state);
-    if (dr_cb != NULL)
-        Py_SET_REFCNT(dr_cb, Py_REFCNT(dr_cb) - (n - done)); /* records never queued */
-    if (callstate_failed(&cs) < 0)
+    BUSY_END(c)
+    if (signalled)
         goto out;
-    if (nomem) {
-        PyErr_NoMemory();
-        goto out;
-    }
     result = Py_BuildValue("(nis)", done, code, reason);
 out:
     if (kb.obj != NULL)
@@ -1030,6 +1350,132 @@ out:
     return result;
 }
 
+/* produce(topic, value, key, partition, timestamp, headers): one record, the GIL held (it only
+ * queues). value/key bytes-like or None; headers None or a sequence of (name, bytes | str |
+ * None). A full queue raises BufferError, as confluent-kafka's produce() does. */
+static PyObject *client_produce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Client *c = (Client *)self;
+    CHECK_NARGS("produce", 6);
+    if (live(c) == NULL)
+        return NULL;
+    const char *topic = PyUnicode_AsUTF8(args[0]);
+    long part = PyLong_AsLong(args[3]);
+    long long ts = PyLong_AsLongLong(args[4]);
+    if (topic == NULL || ((part == -1 || ts == -1) && PyErr_Occurred()))
+        return NULL;
+    Py_buffer vb = {0}, kb = {0};
+    PyObject *result = NULL, *fast = NULL;
+    rd_kafka_headers_t *hdrs = NULL;
+    if ((args[1] != Py_None && PyObject_GetBuffer(args[1], &vb, PyBUF_SIMPLE) < 0) ||
+        (args[2] != Py_None && PyObject_GetBuffer(args[2], &kb, PyBUF_SIMPLE) < 0))
+        goto out;
+    if (args[5] != Py_None) {
+        if ((fast = PySequence_Fast(args[5], "produce: headers must be a list of (name, "
+                                                 "value) pairs")) == NULL)
+            goto out;
+        Py_ssize_t nh = PySequence_Fast_GET_SIZE(fast);
+        hdrs = rdk.headers_new((size_t)nh);
+        for (Py_ssize_t i = 0; i < nh; i++) {
+            PyObject *name, *val;
+            if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "UO", &name, &val))
+                goto out;
+            Py_ssize_t nl, vl = 0;
+            const char *ns = PyUnicode_AsUTF8AndSize(name, &nl), *vs = NULL;
+            if (ns == NULL)
+                goto out;
+            if (PyUnicode_Check(val)) {
+                if ((vs = PyUnicode_AsUTF8AndSize(val, &vl)) == NULL)
+                    goto out;
+            } else if (PyBytes_Check(val)) {
+                vs = PyBytes_AS_STRING(val);
+                vl = PyBytes_GET_SIZE(val);
+            } else if (val != Py_None) {
+                PyErr_SetString(PyExc_TypeError, "produce: a header value must be bytes, str "
+                                "or None");
+                goto out;
+            }
+            rdk.header_add(hdrs, ns, nl, vs, vl);
+        }
+    }
+    static const char empty[1] = {0};
+    rd_kafka_vu_t vu[7];
+    memset(vu, 0, sizeof vu);
+    vu[0].vtype = RD_KAFKA_VTYPE_TOPIC;
+    vu[0].u.cstr = topic;
+    vu[1].vtype = RD_KAFKA_VTYPE_PARTITION;
+    vu[1].u.i32 = (int32_t)part;
+    vu[2].vtype = RD_KAFKA_VTYPE_VALUE;
+    vu[2].u.mem.ptr = vb.obj == NULL ? NULL : vb.len ? vb.buf : (void *)empty;
+    vu[2].u.mem.size = (size_t)vb.len;
+    vu[3].vtype = RD_KAFKA_VTYPE_KEY;
+    vu[3].u.mem.ptr = kb.obj == NULL ? NULL : kb.len ? kb.buf : (void *)empty;
+    vu[3].u.mem.size = (size_t)kb.len;
+    vu[4].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+    vu[4].u.i64 = ts;
+    vu[5].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+    vu[5].u.i = RD_KAFKA_MSG_F_COPY;
+    size_t nvu = 6;
+    if (hdrs != NULL) {
+        vu[6].vtype = RD_KAFKA_VTYPE_HEADERS;
+        vu[6].u.headers = hdrs;
+        nvu = 7;
+    }
+    rd_kafka_error_t *err = rdk.produceva(c->rk, vu, nvu);
+    if (err != NULL) {
+        if (rdk.error_code(err) == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            PyErr_SetString(PyExc_BufferError, rdk.error_string(err));
+            rdk.error_destroy(err);
+        } else {
+            raise_error_t(err);
+        }
+        goto out;
+    }
+    hdrs = NULL; /* librdkafka's now */
+    result = Py_NewRef(Py_None);
+out:
+    if (hdrs != NULL)
+        rdk.headers_destroy(hdrs);
+    Py_XDECREF(fast);
+    if (vb.obj != NULL)
+        PyBuffer_Release(&vb);
+    if (kb.obj != NULL)
+        PyBuffer_Release(&kb);
+    return result;
+}
+
+static PyMethodDef client_methods[] = {
+    {"consume", (PyCFunction)(void (*)(void))client_consume, METH_FASTCALL, NULL},
+    {"produce_columns", (PyCFunction)(void (*)(void))client_produce_columns, METH_FASTCALL, NULL},
+    {"produce", (PyCFunction)(void (*)(void))client_produce, METH_FASTCALL, NULL},
+    {"drain", client_drain, METH_NOARGS, NULL},
+    {"close", client_close, METH_NOARGS, NULL},
+    {"assign", client_assign, METH_O, NULL},
+    {"pause", client_pause, METH_O, NULL},
+    {"commit", client_commit, METH_O, NULL},
+    {"watermarks", client_watermarks, METH_VARARGS, NULL},
+    {"metadata", client_metadata, METH_VARARGS, NULL},
+    {"poll", client_poll, METH_O, NULL},
+    {"flush", client_flush, METH_O, NULL},
+    {"outq_len", client_outq_len, METH_NOARGS, NULL},
+    {"init_transactions", client_init_txn, METH_O, NULL},
+    {"begin_transaction", client_begin_txn, METH_NOARGS, NULL},
+    {"commit_transaction", client_commit_txn, METH_O, NULL},
+    {"abort_transaction", client_abort_txn, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ClientType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kcompact.connectors.framework._rdkafka.Client",
+    .tp_basicsize = sizeof(Client),
+    .tp_dealloc = client_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = client_new,
+    .tp_methods = client_methods,
+    .tp_doc = "Client(kind, conf, logs, stats): an rd_kafka_t of kcompact's own (see the top of "
+              "connectors/framework/_rdkafka.c); native_kafka.py wraps it.",
+};
+#endif /* KC_HAVE_RDKAFKA_H */
 /* -- unpack(buf, starts, nulls) -> list of bytes | None (a packed column, for sinks that want
  *    objects) --------------------------------------------------------------------------------- */
 
@@ -1098,14 +1544,14 @@ done:
  * column the store can encode without touching the objects again); headers() into a list, or
  * None when no message has headers. What connectors/worker.py and store_sink.py did with six
  * map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. The consumer path's
- * Message objects (a batch read with consume(); the column path above needs no objects). */
+ * Message objects (a batch read with confluent-kafka's consume(): the fallback path; the
+ * native client's consume needs no objects). Only the Message's public methods are used. */
 /* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
  * their function pointers are looked up once and called directly, instead of an attribute
  * lookup and a vectorcall per call. Any other type goes through the generic call. */
-enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_TOPIC,
-       M_LEADER_EPOCH, M_N };
+enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_N };
 static const char *const m_name_text[M_N] = {"partition", "offset", "timestamp", "key", "value",
-                                             "headers", "error", "topic", "leader_epoch"};
+                                             "headers", "error"};
 static PyObject *m_names[M_N]; /* interned at module init */
 static PyTypeObject *m_type = NULL;
 static PyCFunction m_fn[M_N];
@@ -1128,98 +1574,6 @@ static void resolve(PyTypeObject *tp)
     }
     memcpy(m_fn, fn, sizeof fn);
     m_type = tp;
-}
-
-/* confluent_kafka.Message's C struct, as declared in its confluent_kafka.h (2.x, x86-64 and
- * other LP64 ABIs): reading the fields saves the method calls, the timestamp() tuple and the
- * offset() int of every message. Used only for a type whose instances are at least this large
- * and only for a batch whose first message reads the same through the fields as through the
- * methods (eight fields compared, pointers by identity): any other layout, or a future version
- * that moves a field, takes the method path. */
-typedef struct {
-    PyObject_HEAD
-    PyObject *topic;
-    PyObject *value;
-    PyObject *key;
-    PyObject *headers;   /* NULL until headers() converts c_headers */
-    void *c_headers;     /* rd_kafka_headers_t *, NULL when the message has none */
-    PyObject *error;     /* NULL or None when no error */
-    int32_t partition;
-    int64_t offset;
-    int32_t leader_epoch;
-    int64_t timestamp;
-    int tstype;
-} cfl_message;
-
-static inline PyObject *call_m(PyObject *obj, int which);
-
-static int same_obj(PyObject *field, PyObject *got)
-{
-    if (got == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    int ok = (field == got) || ((field == NULL || field == Py_None) && got == Py_None);
-    Py_DECREF(got);
-    return ok;
-}
-
-static int same_int(long long field, PyObject *got, int item)
-{
-    if (got == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    PyObject *x = got;
-    if (item >= 0) {
-        if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) <= item) {
-            Py_DECREF(got);
-            return 0;
-        }
-        x = PyTuple_GET_ITEM(got, item);
-    }
-    long long v = PyLong_AsLongLong(x);
-    int ok = !(v == -1 && PyErr_Occurred()) && v == field;
-    PyErr_Clear();
-    Py_DECREF(got);
-    return ok;
-}
-
-/* leader_epoch(): None for a negative field */
-static int same_epoch(int32_t field, PyObject *got)
-{
-    if (got == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    if (field < 0) {
-        int ok = got == Py_None;
-        Py_DECREF(got);
-        return ok;
-    }
-    return same_int(field, got, -1);
-}
-
-/* May the messages of this list (all of type m_type) be read through cfl_message? */
-static int fields_readable(PyObject *m)
-{
-    if (m_type == NULL || Py_TYPE(m) != m_type ||
-        m_type->tp_basicsize < (Py_ssize_t)sizeof(cfl_message))
-        return 0;
-    const cfl_message *f = (const cfl_message *)m;
-    PyObject *headers_now = f->headers;
-    int ok = same_obj(f->topic, call_m(m, M_TOPIC)) &&
-             same_obj(f->value, call_m(m, M_VALUE)) && same_obj(f->key, call_m(m, M_KEY)) &&
-             same_obj(f->error, call_m(m, M_ERROR)) &&
-             same_int(f->partition, call_m(m, M_PARTITION), -1) &&
-             same_int(f->offset, call_m(m, M_OFFSET), -1) &&
-             same_int(f->timestamp, call_m(m, M_TIMESTAMP), 1) &&
-             same_int(f->tstype, call_m(m, M_TIMESTAMP), 0) &&
-             same_epoch(f->leader_epoch, call_m(m, M_LEADER_EPOCH));
-    /* headers: nothing converted and nothing to convert reads None */
-    if (ok && headers_now == NULL && f->c_headers == NULL)
-        ok = same_obj(NULL, call_m(m, M_HEADERS));
-    return ok;
 }
 
 static inline PyObject *call_m(PyObject *obj, int which)
@@ -1305,22 +1659,9 @@ static inline void put_numbers(Arr *a, Py_ssize_t i, long long p, long long off,
     memcpy(a[2].p + i * a[2].stride, &ts64, 8);
 }
 
-/* list[i] = field (bytes; NULL reads None), a new reference */
-static inline int direct_column(PyObject *list, Py_ssize_t i, PyObject *field, const char *what)
-{
-    if (field == NULL)
-        field = Py_None;
-    if (field != Py_None && !PyBytes_Check(field)) {
-        PyErr_Format(PyExc_TypeError, "message_columns: %s() is not bytes or None", what);
-        return -1;
-    }
-    Py_INCREF(field);
-    PyList_SET_ITEM(list, i, field);
-    return 0;
-}
-
 static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    (void)self;
     CHECK_NARGS("message_columns", 4);
     PyObject *msgs = args[0];
     if (!PyList_Check(msgs)) {
@@ -1330,18 +1671,9 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
     Py_ssize_t n = PyList_GET_SIZE(msgs);
     if (n > 0 && Py_TYPE(PyList_GET_ITEM(msgs, 0)) != m_type)
         resolve(Py_TYPE(PyList_GET_ITEM(msgs, 0)));
-    int direct = n > 0 && fields_readable(PyList_GET_ITEM(msgs, 0));
     /* an error event among them (end of partition ...): None, the caller takes its event path */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i);
-        if (direct && Py_TYPE(m) == m_type) {
-            PyObject *e = ((const cfl_message *)m)->error;
-            if (e != NULL && e != Py_None)
-                Py_RETURN_NONE;
-            continue;
-        }
-        direct = 0; /* another type in the list: methods for every message */
-        PyObject *e = call_m(m, M_ERROR);
+        PyObject *e = call_m(PyList_GET_ITEM(msgs, i), M_ERROR);
         if (e == NULL)
             return NULL;
         Py_DECREF(e);
@@ -1368,28 +1700,6 @@ static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i), *o;
         long long p, off, ts;
-        if (direct) {
-            const cfl_message *f = (const cfl_message *)m;
-            p = f->partition;
-            off = f->offset;
-            ts = f->timestamp;
-            if (direct_column(keys, i, f->key, "key") < 0 ||
-                direct_column(values, i, f->value, "value") < 0)
-                goto fail;
-            if (f->headers != NULL) {
-                Py_INCREF(f->headers);
-                o = f->headers;
-            } else if (f->c_headers == NULL) {
-                Py_INCREF(Py_None);
-                o = Py_None;
-            } else if ((o = call_m(m, M_HEADERS)) == NULL) {
-                goto fail;
-            }
-            any_headers |= (o != Py_None);
-            PyList_SET_ITEM(headers, i, o);
-            put_numbers(a, i, p, off, ts);
-            continue;
-        }
         if (int_of(m, M_PARTITION, &p) < 0 || int_of(m, M_OFFSET, &off) < 0 ||
             int_of(m, M_TIMESTAMP, &ts) < 0)
             goto fail;
@@ -1425,34 +1735,20 @@ fail:
     return result;
 }
 
-/* message_fields_readable(msg) -> bool: would message_columns read this message's type through
- * its struct fields (tests) */
-static PyObject *message_fields_readable(PyObject *self, PyObject *msg)
-{
-    (void)self;
-    if (Py_TYPE(msg) != m_type)
-        resolve(Py_TYPE(msg));
-    return PyBool_FromLong(fields_readable(msg));
-}
-
 
 static PyMethodDef methods[] = {
-    {"bind", (PyCFunction)bind, METH_O, NULL},
-    {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL, NULL},
-    {"detach", (PyCFunction)detach, METH_O, NULL},
-    {"consume", (PyCFunction)(void (*)(void))consume, METH_FASTCALL, NULL},
+#ifdef KC_HAVE_RDKAFKA_H
+    {"load", (PyCFunction)load, METH_O, NULL},
+#endif
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, NULL},
-    {"producer_attach", (PyCFunction)(void (*)(void))producer_attach, METH_FASTCALL, NULL},
-    {"produce", (PyCFunction)(void (*)(void))produce, METH_FASTCALL, NULL},
     {"message_columns", (PyCFunction)(void (*)(void))message_columns, METH_FASTCALL, NULL},
-    {"message_fields_readable", (PyCFunction)message_fields_readable, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "kcompact.connectors.framework._rdkafka",
-    "Consumed batches straight into columns (see the comment at the top of "
-    "connectors/framework/_rdkafka.c).",
+    "kcompact's Kafka client on librdkafka's public API, and the column passes (see the "
+    "comment at the top of connectors/framework/_rdkafka.c).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
@@ -1463,5 +1759,25 @@ PyMODINIT_FUNC PyInit__rdkafka(void)
     for (int i = 0; i < M_N; i++)
         if ((m_names[i] = PyUnicode_InternFromString(m_name_text[i])) == NULL)
             return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+#ifdef KC_HAVE_RDKAFKA_H
+    if (PyType_Ready(&ClientType) < 0 ||
+        (KafkaIOError = PyErr_NewException("kcompact.connectors.framework._rdkafka.KafkaIOError",
+                                           NULL, NULL)) == NULL ||
+        PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0 ||
+        PyModule_AddObjectRef(m, "KafkaIOError", KafkaIOError) < 0 ||
+        PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0 ||
+        PyModule_AddIntConstant(m, "NATIVE", 1) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#else
+    if (PyModule_AddIntConstant(m, "NATIVE", 0) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
 }

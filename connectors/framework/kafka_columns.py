@@ -1,17 +1,13 @@
-"""Consumed batches as columns, without a Message object per record (framework/_rdkafka.c).
+"""Consumed batches as columns, without a Message object per record.
 
-confluent_kafka's ``consume()`` builds one Message object per record with the GIL held. For a
-sink that stores bytes (the mirror), that is most of the task thread's GIL time, and the store's
-append thread, which runs beside it, waits for the GIL. :class:`ColumnReader` makes the same
-librdkafka call on the same consumer with the GIL released and returns the batch as packed
-columns. It attaches only to a Consumer whose C layout it recognises (see the C file); otherwise
-:meth:`ColumnReader.attach` returns None and the caller keeps ``consume()``.
-``KCOMPACT_KAFKA_COLUMNS=0`` turns it off.
+kcompact's own Kafka consumer (native_kafka.NativeConsumer, on _rdkafka.c) reads a batch with the
+GIL released and returns it as packed columns: a :class:`Batch`. The sequences here read those
+columns back as confluent-kafka's Message methods would give them, made into Python objects only
+when an element is read.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -19,38 +15,10 @@ import numpy as np
 
 from kcompact.reput.record import decode_headers
 
-_BOUND: Any = None  # the module once bound to the loaded librdkafka; False when unavailable
-
-
-def _module() -> Any:
-    """The C extension (_rdkafka) bound to the librdkafka confluent_kafka loaded, or None."""
-    global _BOUND
-    if os.environ.get("KCOMPACT_KAFKA_COLUMNS", "1") == "0":
-        return None
-    if _BOUND is None:
-        _BOUND = False
-        try:
-            from confluent_kafka import cimpl  # noqa: F401 - loads librdkafka
-            from . import _rdkafka
-            path = _loaded_librdkafka()
-            if path is not None:
-                _rdkafka.bind(path)
-                _BOUND = _rdkafka
-        except (ImportError, OSError):
-            pass
-    return _BOUND or None
-
-
-def _loaded_librdkafka() -> str | None:
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                path = line.rstrip("\n").split(None, 5)[-1]
-                if "librdkafka" in os.path.basename(path) and ".so" in path:
-                    return path
-    except OSError:
-        return None
-    return None
+try:  # a Batch exists only where the extension is built
+    from . import _rdkafka as _NATIVE
+except ImportError:  # pragma: no cover - without a C compiler
+    _NATIVE = None
 
 
 class Event(NamedTuple):
@@ -76,7 +44,7 @@ class PackedBytes(Sequence):
     @staticmethod
     def unpacked(buf: Any, starts: Any, nulls: Any) -> list:
         """The column as a list of bytes | None."""
-        return (_BOUND or _module()).unpack(buf, starts, nulls)
+        return _NATIVE.unpack(buf, starts, nulls)
 
     def _list(self) -> list:
         if self._items is None:
@@ -160,82 +128,3 @@ class Batch(NamedTuple):
             return [self.topics[0]] * len(self) if self.topics else []
         names = self.topics
         return [names[i] for i in self.topic_index.tolist()]
-
-
-class ColumnReader:
-    """Reads a confluent_kafka Consumer's batches as :class:`Batch` columns. Call
-    :meth:`close` before the consumer's own close()."""
-
-    def __init__(self, mod: Any, handle: Any):
-        self._mod, self._handle = mod, handle
-
-    @classmethod
-    def attach(cls, consumer: Any, error_cb: Any, logger: Any) -> "ColumnReader | None":
-        """A reader for ``consumer``, which was configured with exactly these ``error_cb`` and
-        ``logger`` objects (the layout check compares them); None when the native module is not
-        built, is turned off, or does not recognise this confluent_kafka."""
-        mod = _module()
-        if mod is None:
-            return None
-        handle = mod.attach(consumer, error_cb, logger)
-        return None if handle is None else cls(mod, handle)
-
-    def consume(self, num_messages: int, timeout: float) -> Batch:
-        if self._handle is None:
-            raise RuntimeError("the column reader is closed")
-        (parts, offs, ts, names, tindex, kb, ko, kn, vb, vo, vn, hb, ho,
-         events) = self._mod.consume(self._handle, num_messages, max(0, int(timeout * 1000)))
-        return Batch(np.frombuffer(parts, np.int32), np.frombuffer(offs, np.int64),
-                     np.frombuffer(ts, np.int64), names,
-                     None if tindex is None else np.frombuffer(tindex, np.int32),
-                     (kb, ko, kn, vb, vo, vn), None if hb is None else (hb, ho),
-                     [Event(*e) for e in events])
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._mod.detach(self._handle)
-            self._handle = None
-
-
-class ColumnSender:
-    """Produces columns of records through a confluent_kafka Producer's librdkafka handle,
-    without a Python object per record (connectors/framework/_rdkafka.c produce).
-
-    Delivery reports: with ``on_delivery`` each record carries confluent_kafka's own per-message
-    state, so its report reaches that callable as for ``produce(..., on_delivery=...)`` (under
-    ``delivery.report.only.error`` only failures call it). Without, no report reaches Python:
-    only inside a transaction, whose commit fails when any record failed delivery (librdkafka
-    counts failed deliveries whatever the application's callbacks)."""
-
-    def __init__(self, mod: Any, handle: Any):
-        self._mod, self._handle = mod, handle
-
-    @classmethod
-    def attach(cls, producer: Any, error_cb: Any, logger: Any) -> "ColumnSender | None":
-        """A sender for ``producer``, configured with exactly these ``error_cb`` and ``logger``
-        objects; None when the native module is not built, is turned off, or does not
-        recognise this confluent_kafka."""
-        mod = _module()
-        if mod is None:
-            return None
-        handle = mod.producer_attach(producer, error_cb, logger)
-        return None if handle is None else cls(mod, handle)
-
-    def produce(self, topic: str, partition: int, partitions: np.ndarray | None,
-                keys: tuple, values: tuple, timestamps: np.ndarray,
-                on_delivery: Any = None, headers: tuple | None = None) -> None:
-        """Every record: ``keys``/``values`` are (buffer, starts, ends, nulls) with int64 starts
-        and ends and uint8 nulls; ``partitions`` int32 per record, or None for ``partition``;
-        ``headers`` None or (buffer, starts, ends) of each record's header section in the
-        store's encoding (kcompact.reput.record.encode_headers; empty for none).
-        Raises KafkaException for an error other than a full queue (which it waits out)."""
-        done, code, reason = self._mod.produce(self._handle, topic, partition, partitions,
-                                               *keys, *values, timestamps, on_delivery,
-                                               headers)
-        if code:
-            from confluent_kafka import KafkaError, KafkaException
-            raise KafkaException(KafkaError(code, f"{reason} (after {done} of "
-                                                  f"{len(timestamps)} records)"))
-
-    def close(self) -> None:
-        self._handle = None
