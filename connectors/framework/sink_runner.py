@@ -13,7 +13,8 @@ that started to match ``topics.regex``: the task ``open()``s them and they are a
 start offsets it asks for; a followed topic deleted or created again (new topic id) stops the
 task with an error naming it. Every ``offset.flush.interval.ms`` (and at the end) it calls
 ``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
-Batches are read as columns (kafka_columns.ColumnReader) when the C extension is built.
+The consumer is kcompact's own (native_kafka.NativeConsumer: batches read as columns, without a
+Message object per record) or confluent-kafka's (KCOMPACT_KAFKA_IO, native_kafka.kafka_io).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from .api import (DataError, RetriableError, SinkRecords, SinkTask, SinkTaskCont
 from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
 from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
-from .kafka_columns import Batch, ColumnReader, Event, PackedBytes, PackedHeaders, next_offsets
+from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, next_offsets
+from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
 from .topic_watch import RESUME_CHECK_S, TopicWatcher
 
@@ -72,8 +74,8 @@ class SinkTaskRunner(TaskRunner):
         self.stop_event, self.startup_timeout, self.settings = stop, startup_timeout, settings
         super().__init__(f"{connector}-{task_id}")
         self.consumer: Any = None
-        #: the consumer's batches as columns (connectors/framework/kafka_columns.py), when available
-        self.reader: ColumnReader | None = None
+        #: the consumer reads batches as columns (NativeConsumer.consume_columns)
+        self.columnar = False
         self._end_at_start: dict[TopicPartition, int] = {}
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
@@ -123,7 +125,6 @@ class SinkTaskRunner(TaskRunner):
         for step in (lambda: self.errors.flush_dlq(),
                      lambda: self.task.close(self.assignment) if started else None,
                      lambda: self.task.stop() if started else None,
-                     self._close_reader,
                      lambda: self.consumer.close() if self.consumer is not None else None,
                      lambda: self.errors.dlq.producer.flush(10) if self.errors.dlq else None,
                      self._release_clients):
@@ -136,18 +137,11 @@ class SinkTaskRunner(TaskRunner):
     def _release_clients(self) -> None:
         """Drop librdkafka clients now (not at garbage collection, which may be never for a
         reference cycle), so no client keeps reconnecting after the task ended."""
-        self._close_reader()
         self.consumer = None
         if self.watcher is not None:
             self.watcher.close()
         if self.errors.dlq is not None:
             self.errors.dlq.producer = None
-
-    def _close_reader(self) -> None:
-        # before the consumer's close(): the reader holds a reference to its queue
-        if self.reader is not None:
-            reader, self.reader = self.reader, None
-            reader.close()
 
     def _on_kafka_error(self, err: Any) -> None:
         self._kafka_errors.append(err)
@@ -155,15 +149,15 @@ class SinkTaskRunner(TaskRunner):
             self.metrics.note_unreachable(err.str())
 
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
-        from confluent_kafka import Consumer, KafkaException
+        from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KTP
         error_cb, logger = self._on_kafka_error, kafka_logger()
         conf = dict(self.consumer_conf, error_cb=error_cb, logger=logger)
         try:
-            self.consumer = Consumer(conf)
+            self.consumer = kafka_consumer(conf)
         except KafkaException as e:
             raise self.settings.explain(e, "Kafka consumer") from None
-        self.reader = ColumnReader.attach(self.consumer, error_cb, logger)
+        self.columnar = isinstance(self.consumer, NativeConsumer)
         parts = []
         for tp in self.assignment:
             off = self._start_offset(tp, requested.get(tp))
@@ -202,9 +196,9 @@ class SinkTaskRunner(TaskRunner):
         # (measured), and a separate fetch thread gained nothing measurable under the GIL.
         # The store sink overlaps its writes with consume() in a thread of its own instead.
         from confluent_kafka import Message
-        consume, batch = self.consumer.consume, self.batch_max
+        columnar, batch = self.columnar, self.batch_max
+        consume = self.consumer.consume_columns if columnar else self.consumer.consume
         error_of = Message.error
-        reader = self.reader
         last_flush = time.monotonic()
         last_lag = 0.0
         pending = set() if self.follow else set(self.assignment)
@@ -213,9 +207,9 @@ class SinkTaskRunner(TaskRunner):
                 break
             if ctx.stop_requested:
                 break
-            if reader is not None:
-                # columns straight from librdkafka (connectors/framework/kafka_columns.py)
-                cols = reader.consume(self._wanted(pending, batch), 0.2)
+            if columnar:
+                # columns straight from librdkafka (native_kafka.NativeConsumer)
+                cols = consume(self._wanted(pending, batch), 0.2)
                 if self._kafka_errors:
                     self._check_kafka_errors()
                 if cols.events:
@@ -419,7 +413,7 @@ class SinkTaskRunner(TaskRunner):
         return True
 
     def _process_columns(self, cols: Batch) -> None:
-        """Hand a batch read as columns (ColumnReader) to the task."""
+        """Hand a batch read as columns (NativeConsumer.consume_columns) to the task."""
         n = len(cols)
         single = cols.topic_index is None
         topics = cols.topic_column()

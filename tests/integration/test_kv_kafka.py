@@ -17,7 +17,6 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from kcompact.connectors.framework import kafka_columns
 from kcompact.connectors.apps.kv import KVMap, build_map
 from kcompact.reput import RecordBatch, Store, WriterOptions
 
@@ -83,17 +82,11 @@ def wait_until(cond, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("columns", ["columns", "messages"])
-def test_build_from_store_then_catch_up_from_kafka(any_broker, make_topic, tmp_path,
-                                                  monkeypatch, columns):
-    """The Kafka part read as columns (connectors/framework/kafka_columns.py, when built) and as
-    Message objects (KCOMPACT_KAFKA_COLUMNS=0); on the session broker and a real Kafka."""
+def test_build_from_store_then_catch_up_from_kafka(any_broker, make_topic, tmp_path, kafka_io):
+    """The Kafka part read on both Kafka I/O paths (kcompact's own consumer as columns, and
+    confluent-kafka's with Message objects: KCOMPACT_KAFKA_IO); on the session broker and a
+    real Kafka."""
     kafka_bootstrap = any_broker.bootstrap
-    if columns == "messages":
-        monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
-    elif kafka_columns._module() is None:
-        pytest.skip("kcompact.connectors.framework._rdkafka is not built; the 'messages' case "
-                    "covers this")
     topic = make_topic(partitions=3)
     first = produce(kafka_bootstrap, topic, rows(3000, 300, 1), 3)
     second = produce(kafka_bootstrap, topic, rows(2000, 300, 2), 3)

@@ -19,9 +19,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from kcompact.connectors.framework.api import SourceConnector, SourceRecord, SourceTask
-from kcompact.connectors.framework import kafka_columns
+from kcompact.connectors.framework import sink_runner
 from kcompact.connectors.framework.converters import AvroConverter
-from kcompact.connectors.framework.kafka_columns import ColumnReader
+from kcompact.connectors.framework.native_kafka import NativeConsumer
 from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.connectors.framework.worker import Worker
@@ -102,28 +102,23 @@ def _mirror(bootstrap, topic, store, **kw):
 # -- exactness -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("columns", ["columns", "messages"])
 def test_mirror_is_exact_offset_for_offset(any_broker, make_topic, tmp_path, monkeypatch,
-                                           columns):
-    """Both ways of reading batches: as columns (connectors/framework/kafka_columns.py, the
-    default when built) and as confluent_kafka Message objects (KCOMPACT_KAFKA_COLUMNS=0); on
-    the session broker and on a real Apache Kafka."""
+                                           kafka_io):
+    """Both Kafka I/O paths: kcompact's own consumer reading columns (native) and
+    confluent-kafka's Consumer with Message objects (KCOMPACT_KAFKA_IO=confluent); on the
+    session broker and on a real Apache Kafka."""
     kafka_bootstrap = any_broker.bootstrap
-    if columns == "messages":
-        monkeypatch.setenv("KCOMPACT_KAFKA_COLUMNS", "0")
-    elif kafka_columns._module() is None:
-        pytest.skip("kcompact.connectors.framework._rdkafka is not built; the 'messages' case "
-                    "covers the mirror")
-    readers = []
-    attach = ColumnReader.attach
-    monkeypatch.setattr(ColumnReader, "attach",
-                        lambda *a: readers.append(attach(*a)) or readers[-1])
+    consumers = []
+    make = sink_runner.kafka_consumer
+    monkeypatch.setattr(sink_runner, "kafka_consumer",
+                        lambda conf: consumers.append(make(conf)) or consumers[-1])
     topic = make_topic(partitions=3)
     recs = varied_records(3, 600)
     produce(kafka_bootstrap, topic, recs)
     store = tmp_path / "store"  # does not exist yet: the mirror creates it
     res = _mirror(kafka_bootstrap, topic, store)
-    assert len(readers) == 1 and (readers[0] is not None) == (columns == "columns")
+    assert len(consumers) == 1
+    assert isinstance(consumers[0], NativeConsumer) == (kafka_io == "native")
     assert res.records == 600 and res.partitions == 3 and res.stopped_by is None
     in_topic = read_topic(kafka_bootstrap, topic, 3)
     assert in_topic == expected(recs, 3)  # the broker kept what we produced

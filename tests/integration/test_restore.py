@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from kcompact.connectors.framework import kafka_columns
+from kcompact.connectors.framework.native_kafka import kafka_io as io_kind
 from kcompact.connectors.errors import ConnectorsError
-from kcompact.connectors.framework.kafka_columns import ColumnSender
+from kcompact.connectors.framework.native_kafka import NativeProducer
 from kcompact.connectors.plugins.store_source import PROGRESS_TOPIC, default_partition
 from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
 from kcompact.connectors.apps.restore import restore
@@ -156,23 +156,23 @@ def _job(bootstrap: str, url: str, target: str) -> RestoreJob:
 
 @pytest.fixture
 def sent_by_columns(monkeypatch) -> list[int]:
-    """Records produced through ColumnSender (blocks without headers), counted per call."""
+    """Records produced as columns (NativeProducer.produce_columns), counted per call."""
     counts: list[int] = []
-    real = ColumnSender.produce
+    real = NativeProducer.produce_columns
 
-    def produce(self, topic, partition, partitions, keys, values, timestamps,
-                on_delivery=None, headers=None):
+    def produce(self, topic, partition, partitions, keys, values, timestamps, headers=None):
         counts.append(len(timestamps))
-        return real(self, topic, partition, partitions, keys, values, timestamps, on_delivery,
-                    headers)
-    monkeypatch.setattr(ColumnSender, "produce", produce)
+        return real(self, topic, partition, partitions, keys, values, timestamps, headers)
+    monkeypatch.setattr(NativeProducer, "produce_columns", produce)
     return counts
 
 
 @pytest.mark.parametrize("headers", [True, False], ids=["headers", "no-headers"])
-def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent_by_columns):
-    """With headers (repeated names, null values, non-ASCII names) and without; whole blocks
-    through ColumnSender either way; on the session broker and on a real Apache Kafka."""
+def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent_by_columns,
+                                  kafka_io):
+    """With headers (repeated names, null values, non-ASCII names) and without; on both Kafka
+    I/O paths (whole blocks as columns on kcompact's own producer either way, one produce() per
+    record on confluent-kafka's); on the session broker and on a real Apache Kafka."""
     kafka_bootstrap, on_tansu = any_broker.bootstrap, not any_broker.real_kafka
     url = str(tmp_path / "store")
     build_store(url, 3, 800, headers=headers)
@@ -183,8 +183,10 @@ def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent
     assert res.stats.created_topic and partition_count(kafka_bootstrap, target) == 3
     if on_tansu:
         assert res.stats.transactional
-    if kafka_columns._module() is not None:  # headers included, from the store's encoding
+    if kafka_io == "native":  # headers included, from the store's encoding
         assert sum(sent_by_columns) == res.records
+    else:
+        assert not sent_by_columns
     got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
     # the progress is in the store's internal topic, written through its normal append path
@@ -213,13 +215,13 @@ def test_mode_all_is_every_stored_record(kafka_bootstrap, new_topic, tmp_path):
 
 
 def test_idempotent_producer_without_transactions(kafka_bootstrap, new_topic, tmp_path,
-                                                  sent_by_columns):
+                                                  sent_by_columns, kafka_io):
     url = str(tmp_path / "store")
     build_store(url, 2, 300, seed=3, headers=False)
     target = new_topic()
     res = _restore(kafka_bootstrap, url, target, exactly_once="disabled", chunk_records=100)
     assert not res.stats.transactional
-    if kafka_columns._module() is not None:  # with a delivery report per record
+    if kafka_io == "native":
         assert sum(sent_by_columns) == res.records
     want = {p: latest(rows) for p, rows in store_records(url).items()}
     assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
@@ -308,7 +310,7 @@ def test_repartition_places_keys_like_the_java_client(kafka_bootstrap, make_topi
 
 def test_repartition_without_headers_through_columns(kafka_bootstrap, make_topic, tmp_path,
                                                      sent_by_columns):
-    """--repartition with blocks that go through ColumnSender (a partition per record)."""
+    """--repartition with blocks produced as columns (a partition per record)."""
     url = str(tmp_path / "store")
     build_store(url, 3, 300, seed=7, own_keys=True, headers=False)
     target = make_topic(partitions=2)
@@ -323,7 +325,7 @@ def test_repartition_without_headers_through_columns(kafka_bootstrap, make_topic
                   key=lambda r: (r[0], r[1] or b"", r[2] or b""))
     assert sorted((r for rows in got.values() for r in rows),
                   key=lambda r: (r[0], r[1] or b"", r[2] or b"")) == want
-    if res.stats.transactional and kafka_columns._module() is not None:
+    if res.stats.transactional and io_kind() == "native":
         assert sum(sent_by_columns) == res.records
 
 

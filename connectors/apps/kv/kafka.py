@@ -1,6 +1,7 @@
 """The Kafka half of the map builder: catching up from (and following) the topic itself, after
 the store, at the map's own offsets (``assign()``, ``isolation.level=read_committed``, batches as
-columns when the C extension is built), one WriteBatch per batch with the new offsets inside it.
+columns on kcompact's own consumer, framework/native_kafka.py), one WriteBatch per batch with the
+new offsets inside it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import uuid
 from typing import Any
 
 from ...framework.kafka_clients import kafka_logger
-from ...framework.kafka_columns import ColumnReader, PackedBytes, next_offsets
+from ...framework.kafka_columns import PackedBytes, next_offsets
+from ...framework.native_kafka import NativeConsumer, kafka_consumer
 from ...plugins.leveldb_sink import KVError, LevelDBSink
 
 
@@ -33,7 +35,7 @@ class KafkaCatchUp:
         return lo if lo is not None and lo >= 0 else OFFSET_BEGINNING
 
     def _kafka(self, sink: LevelDBSink, stop: threading.Event, follow: bool) -> None:
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         def error_cb(err: Any) -> None:
             return None
@@ -50,11 +52,11 @@ class KafkaCatchUp:
         conf.update(self.kafka_config)
         conf["isolation.level"] = "read_committed"
         try:
-            consumer = Consumer(conf)
+            consumer = kafka_consumer(conf)
         except KafkaException as e:
             raise KVError(f"invalid Kafka consumer settings: {e}") from None
-        # batches as columns, without Message objects (framework/kafka_columns.py), when built
-        reader = ColumnReader.attach(consumer, error_cb, logger)
+        # batches as columns, without Message objects, on kcompact's own consumer
+        columnar = isinstance(consumer, NativeConsumer)
         try:
             try:
                 md = consumer.list_topics(self.topic, timeout=15)
@@ -74,8 +76,8 @@ class KafkaCatchUp:
             at_end: set[int] = set()
             idle_since = time.monotonic()
             while not stop.is_set():
-                if reader is not None:
-                    keys, values, nxt = self._columns(reader, at_end)
+                if columnar:
+                    keys, values, nxt = self._columns(consumer, at_end)
                 else:
                     keys, values, nxt = self._messages(consumer, at_end)
                 if keys:
@@ -100,8 +102,6 @@ class KafkaCatchUp:
                                   f"records nor their end for {self.kafka_idle_timeout:.0f}s "
                                   "(is the map ahead of the topic? it may have been recreated)")
         finally:
-            if reader is not None:
-                reader.close()  # before the consumer's close: it holds the consumer's queue
             consumer.close()
 
     def _kafka_error(self, code: int, text: str, fatal: bool, retriable: bool) -> None:
@@ -133,13 +133,13 @@ class KafkaCatchUp:
             nxt[p] = m.offset() + 1
         return keys, values, nxt
 
-    def _columns(self, reader: Any, at_end: set) -> tuple[list, list, dict]:
-        """The same from a ColumnReader batch. Its end-of-partition events come apart from the
+    def _columns(self, consumer: Any, at_end: set) -> tuple[list, list, dict]:
+        """The same from a batch of columns (NativeConsumer.consume_columns). Its end-of-partition events come apart from the
         records, so a partition is at its end when its event's offset is past every record of
         it in the batch (a record after the event means the partition grew again)."""
         from confluent_kafka import KafkaError
 
-        b = reader.consume(self.follow_batch_records, 0.2)
+        b = consumer.consume_columns(self.follow_batch_records, 0.2)
         eof: dict[int, int] = {}
         for ev in b.events:
             if ev.code == KafkaError._PARTITION_EOF:

@@ -66,7 +66,7 @@ class RecordBlock:
     def ranges(self) -> tuple[tuple, tuple, np.ndarray] | None:
         """Keys and values as (buffer, starts, ends, nulls) columns (int64 starts and ends,
         uint8 nulls) and the int64 timestamps, for a producer that reads columns
-        (framework.kafka_columns.ColumnSender); None once ``materialize`` ran."""
+        (framework.native_kafka.NativeProducer.produce_columns); None once ``materialize`` ran."""
         if self.keys is not None:
             return None
         return _ranges(self._kspec, self.n), _ranges(self._vspec, self.n), self._ts

@@ -54,7 +54,7 @@ import numpy as np
 
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
 from ...framework.kafka_clients import KafkaSettings, kafka_error, kafka_error_text, kafka_logger
-from ...framework.kafka_columns import ColumnSender
+from ...framework.native_kafka import NativeProducer, kafka_producer
 from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
 from .kafka import AUTH_CODES, UNSUPPORTED_CODES, ensure_topic, kafka_failure, load_codes
@@ -116,10 +116,7 @@ class RestoreRunner(TaskRunner):
         self.stats = RestoreStats()
         self.task: StoreSourceTask | None = None
         self.producer: Any = None
-        #: the error_cb object the producers are configured with (ColumnSender checks it)
         self._error_cb = self._on_error
-        self._dr_cb = self._on_delivery  # one object, carried by ColumnSender's records
-        self._column_sender: tuple[Any, ColumnSender | None] | None = None
         self._delivery_errors: list[str] = []
         self._kafka_errors: list[Any] = []
         self._in_txn = False
@@ -153,7 +150,6 @@ class RestoreRunner(TaskRunner):
             except BaseException as e:  # noqa: BLE001
                 self.failure = self.failure or e
         self.producer = None  # let librdkafka's client go now
-        self._column_sender = None
 
     def _warn(self, msg: str) -> None:
         self.stats.notes.append(msg)
@@ -182,9 +178,9 @@ class RestoreRunner(TaskRunner):
         return conf
 
     def _new_producer(self, conf: Mapping[str, Any]) -> Any:
-        from confluent_kafka import KafkaException, Producer
+        from confluent_kafka import KafkaException
         try:
-            return Producer(dict(conf))
+            return kafka_producer(dict(conf))
         except KafkaException as e:
             raise self.settings.explain(e, "Kafka producer") from None
 
@@ -214,13 +210,6 @@ class RestoreRunner(TaskRunner):
         conf = self._producer_conf()
         conf.pop("transactional.id", None)
         return self._new_producer(conf), False
-
-    def _sender(self, producer: Any) -> ColumnSender | None:
-        """The ColumnSender of ``producer`` (attached once per producer), or None."""
-        if self._column_sender is None or self._column_sender[0] is not producer:
-            self._column_sender = (producer, ColumnSender.attach(producer, self._error_cb,
-                                                                 kafka_logger()))
-        return self._column_sender[1]
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -410,24 +399,24 @@ class RestoreRunner(TaskRunner):
                                "progress")
 
     def _produce(self, chunk: Any) -> None:
-        """The hot loop. Blocks go through the ColumnSender (framework/kafka_columns.py: no
-        Python object per record, headers straight from the store's encoding; each record
-        carries ``_on_delivery`` as produce() would, so a failed delivery is reported the same
-        way, with or without a transaction). Without it (not built, or turned off): positional
-        produce() calls (about 1.5x faster than keywords), one block at a time, without the
-        partition or headers column when the block has none."""
+        """The hot loop. On kcompact's own producer (framework/native_kafka.py) blocks go as
+        columns (no Python object per record, headers straight from the store's encoding, the
+        GIL released; a failed delivery reaches ``_on_delivery`` as with produce()). On
+        confluent-kafka's (KCOMPACT_KAFKA_IO=confluent), or for a block without columns:
+        positional produce() calls (about 1.5x faster than keywords), one block at a time,
+        without the partition or headers column when the block has none."""
         p = self.producer
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
-        sender = self._sender(p)
+        columnar = isinstance(p, NativeProducer)
         for b in chunk.blocks:
-            cols = b.ranges() if sender is not None else None
+            cols = b.ranges() if columnar else None
             if cols is not None:
                 parts = (None if b.partitions is None
                          else np.asarray(b.partitions, np.int32))
                 keys, values, ts = cols
-                sender.produce(topic, -1 if b.partition is None else b.partition, parts,
-                               keys, values, ts, self._dr_cb, b.hspans)
+                p.produce_columns(topic, -1 if b.partition is None else b.partition, parts,
+                                  keys, values, ts, b.hspans)
                 continue
             b.materialize()
             if b.headers is None and b.partitions is None:  # the common case
