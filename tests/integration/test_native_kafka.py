@@ -34,7 +34,8 @@ needs_native = pytest.mark.skipif(native_kafka._native_module() is None,
 
 def _consumer_conf(bootstrap: str, error_cb=None, **extra) -> dict:
     conf = {"bootstrap.servers": bootstrap, "group.id": f"nk-{uuid.uuid4().hex[:6]}",
-            "enable.partition.eof": True, "logger": kafka_logger(), **extra}
+            "enable.partition.eof": True, "enable.auto.commit": False, "logger": kafka_logger(),
+            **extra}
     if error_cb is not None:
         conf["error_cb"] = error_cb
     return conf
