@@ -107,7 +107,7 @@ static PyObject *buffer_wrap(char *data, Py_ssize_t size)
     X(conf_set_error_cb) X(conf_set_log_cb) X(conf_set_stats_cb) X(conf_set_dr_msg_cb)        \
     X(new) X(destroy) X(opaque) X(poll_set_consumer) X(queue_get_consumer) X(queue_destroy)   \
     X(consume_batch_queue) X(message_destroy) X(message_timestamp) X(message_headers)         \
-    X(message_errstr) X(header_get_all) X(headers_new) X(headers_destroy) X(header_add)       \
+    X(header_get_all) X(headers_new) X(headers_destroy) X(header_add)       \
     X(topic_name) X(topic_new) X(topic_destroy) X(err2str) X(err2name) X(fatal_error)          \
     X(produceva) X(error_code) X(error_string) X(error_is_fatal) X(error_is_retriable)         \
     X(error_txn_requires_abort) X(error_destroy) X(poll) X(flush) X(outq_len) X(assign)       \
@@ -296,7 +296,9 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaqu
     (void)rk;
     if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
         return;
-    const char *why = rdk.message_errstr(m);
+    /* not rd_kafka_message_errstr: for a produced message its payload is the record's value,
+     * not an error text (AddressSanitizer found the strlen past it) */
+    const char *why = rdk.err2str(m->err);
     push(opaque, EV_DR, m->err, 0, 0, m->rkt != NULL ? rdk.topic_name(m->rkt) : NULL,
          m->partition, m->offset, why, strlen(why));
 }
