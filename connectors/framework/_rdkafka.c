@@ -190,7 +190,7 @@ static PyObject *load(PyObject *self, PyObject *arg)
     return PyUnicode_FromString(loaded_version);
 }
 
-/* -- Client: an rd_kafka_t, and the events its callbacks leave for Python ------------------------ */
+/* -- Client: an rd_kafka_t, and the events its callbacks leave for Python ------------------ */
 
 enum { EV_ERROR, EV_LOG, EV_STATS, EV_DR };
 
@@ -482,8 +482,8 @@ static PyObject *client_drain(PyObject *self, PyObject *unused)
         Py_DECREF(item);
     }
     if (dropped) {
-        PyObject *item = PyUnicode_FromFormat("%d log lines dropped (more than %d between two calls)",
-                                    dropped, MAX_LOGS);
+        PyObject *item = PyUnicode_FromFormat(
+            "%d log lines dropped (more than %d between two calls)", dropped, MAX_LOGS);
         PyObject *t = item ? Py_BuildValue("(isN)", 4, "LOG", item) : NULL;
         if (t == NULL || PyList_Append(out[1], t) < 0) {
             Py_XDECREF(t);
@@ -537,54 +537,36 @@ static int tp_list_failed(rd_kafka_topic_partition_list_t *l, rd_kafka_resp_err_
     return -1;
 }
 
-/* assign([(topic, partition, offset), ...]) */
-static PyObject *client_assign(PyObject *self, PyObject *arg)
-{
-    Client *c = (Client *)self;
-    if (live(c) == NULL)
-        return NULL;
-    rd_kafka_topic_partition_list_t *l = tp_list(arg, 1);
-    if (l == NULL)
-        return NULL;
-    rd_kafka_resp_err_t err = rdk.assign(c->rk, l);
-    rdk.topic_partition_list_destroy(l);
-    if (err)
-        return raise_err(err);
-    Py_RETURN_NONE;
-}
+/* assign([(topic, partition, offset), ...]), pause([(topic, partition), ...]),
+ * commit([(topic, partition, offset), ...]) (synchronous, the GIL released) */
+enum { TP_ASSIGN, TP_PAUSE, TP_COMMIT };
 
-/* pause([(topic, partition), ...]) */
-static PyObject *client_pause(PyObject *self, PyObject *arg)
+static PyObject *tp_call(PyObject *self, PyObject *arg, int which)
 {
     Client *c = (Client *)self;
     if (live(c) == NULL)
         return NULL;
-    rd_kafka_topic_partition_list_t *l = tp_list(arg, 0);
-    if (l == NULL)
-        return NULL;
-    rd_kafka_resp_err_t err = rdk.pause_partitions(c->rk, l);
-    if (tp_list_failed(l, err) < 0)
-        return NULL;
-    Py_RETURN_NONE;
-}
-
-/* commit([(topic, partition, offset), ...]): synchronous */
-static PyObject *client_commit(PyObject *self, PyObject *arg)
-{
-    Client *c = (Client *)self;
-    if (live(c) == NULL)
-        return NULL;
-    rd_kafka_topic_partition_list_t *l = tp_list(arg, 1);
+    rd_kafka_topic_partition_list_t *l = tp_list(arg, which != TP_PAUSE);
     if (l == NULL)
         return NULL;
     rd_kafka_resp_err_t err;
-    BUSY_BEGIN(c)
-    err = rdk.commit(c->rk, l, 0);
-    BUSY_END(c)
+    if (which == TP_ASSIGN) {
+        err = rdk.assign(c->rk, l);
+    } else if (which == TP_PAUSE) {
+        err = rdk.pause_partitions(c->rk, l);
+    } else {
+        BUSY_BEGIN(c)
+        err = rdk.commit(c->rk, l, 0);
+        BUSY_END(c)
+    }
     if (tp_list_failed(l, err) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
+
+static PyObject *client_assign(PyObject *s, PyObject *a) { return tp_call(s, a, TP_ASSIGN); }
+static PyObject *client_pause(PyObject *s, PyObject *a) { return tp_call(s, a, TP_PAUSE); }
+static PyObject *client_commit(PyObject *s, PyObject *a) { return tp_call(s, a, TP_COMMIT); }
 
 /* watermarks(topic, partition, timeout_ms, cached) -> (low, high) */
 static PyObject *client_watermarks(PyObject *self, PyObject *args)
@@ -808,7 +790,8 @@ static int64_t encode_headers(const rd_kafka_headers_t *hs, char *out)
     size_t size;
     int64_t at = 4;
     uint32_t count = 0;
-    for (size_t i = 0; rdk.header_get_all(hs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++) {
+    for (size_t i = 0;
+         rdk.header_get_all(hs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR; i++) {
         size_t nl = strlen(name);
         if (nl > 0xFFFF)
             return -1;
@@ -1207,9 +1190,11 @@ static PyObject *client_produce_columns(PyObject *self, PyObject *const *argv, P
     if (PyObject_GetBuffer(argv[7], &vb, PyBUF_SIMPLE) < 0)
         goto out;
     if ((have_parts && arr_get(argv[2], &a[0], 4, 0, "partitions") < 0) ||
-        arr_get(argv[4], &a[1], 8, 0, "kstarts") < 0 || arr_get(argv[5], &a[2], 8, 0, "kends") < 0 ||
-        arr_get(argv[6], &a[3], 1, 0, "knulls") < 0 || arr_get(argv[8], &a[4], 8, 0, "vstarts") < 0 ||
-        arr_get(argv[9], &a[5], 8, 0, "vends") < 0 || arr_get(argv[10], &a[6], 1, 0, "vnulls") < 0 ||
+        arr_get(argv[4], &a[1], 8, 0, "kstarts") < 0 ||
+        arr_get(argv[5], &a[2], 8, 0, "kends") < 0 || arr_get(argv[6], &a[3], 1, 0, "knulls") < 0 ||
+        arr_get(argv[8], &a[4], 8, 0, "vstarts") < 0 ||
+        arr_get(argv[9], &a[5], 8, 0, "vends") < 0 ||
+        arr_get(argv[10], &a[6], 1, 0, "vnulls") < 0 ||
         arr_get(argv[11], &ts, 8, 0, "timestamps") < 0)
         goto out;
     Py_ssize_t n = ts.n;

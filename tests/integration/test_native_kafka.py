@@ -26,7 +26,7 @@ from kcompact.connectors.framework.kafka_columns import PackedBytes, PackedHeade
 from kcompact.connectors.framework.native_kafka import (NativeConsumer, NativeProducer,
                                                         kafka_consumer, kafka_producer)
 from test_mirror import TS0, produce, varied_records
-from topics import read_topic
+from topics import packed_columns, read_topic
 
 needs_native = pytest.mark.skipif(native_kafka._native_module() is None,
                                   reason="kcompact's Kafka client is not available")
@@ -228,23 +228,13 @@ def _producer_conf(bootstrap: str, **extra) -> dict:
             "message.timeout.ms": 5000, **extra}
 
 
-def _columns(items: list) -> tuple:
-    starts, ends, at = [], [], 0
-    for x in items:
-        starts.append(at)
-        at += len(x or b"")
-        ends.append(at)
-    return (b"".join(x or b"" for x in items), np.array(starts, np.int64),
-            np.array(ends, np.int64), np.array([x is None for x in items], np.uint8))
-
-
 def _send(p, topic: str, partition: int, keys: list, values: list, parts=None) -> None:
     """The records on either path: columns on kcompact's producer, produce() on
     confluent-kafka's."""
     ts = np.array([TS0 + i for i in range(len(keys))], np.int64)
     if isinstance(p, NativeProducer):
         p.produce_columns(topic, partition, None if parts is None else np.array(parts, np.int32),
-                          _columns(keys), _columns(values), ts)
+                          packed_columns(keys), packed_columns(values), ts)
         return
     for i, (k, v) in enumerate(zip(keys, values)):
         p.produce(topic, v, k, partition if parts is None else parts[i], None, None, int(ts[i]))
@@ -299,7 +289,7 @@ def test_malformed_header_section_is_refused_before_any_record(kafka_bootstrap, 
     topic = make_topic(partitions=1)
     bad = (b"\x05\x00\x00\x00", np.array([0], np.int64), np.array([4], np.int64))
     with pytest.raises(ValueError, match="header section"):
-        p.produce_columns(topic, 0, None, _columns([b"x"]), _columns([b"y"]),
+        p.produce_columns(topic, 0, None, packed_columns([b"x"]), packed_columns([b"y"]),
                           np.array([TS0], np.int64), bad)
     assert len(p) == 0
     with pytest.raises(TypeError, match="on_delivery"):

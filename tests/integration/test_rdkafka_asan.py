@@ -41,21 +41,14 @@ _CHILD = textwrap.dedent('''
     from kcompact.connectors.framework import native_kafka
     from kcompact.connectors.framework.kafka_columns import PackedBytes, PackedHeaders
     from kcompact.reput.record import encode_headers
+    sys.path.insert(0, sys.argv[3])
+    from topics import packed_columns as cols
     assert native_kafka._native_module() is mod, native_kafka._why_not
     bootstrap = sys.argv[2]
     topics = ["asan-%s-%d" % (uuid.uuid4().hex[:8], i) for i in range(2)]
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for f in admin.create_topics([NewTopic(t, 2, 1) for t in topics]).values():
         f.result(30)
-
-    def cols(items):
-        starts, ends, at = [], [], 0
-        for x in items:
-            starts.append(at)
-            at += len(x or b"")
-            ends.append(at)
-        return (b"".join(x or b"" for x in items), np.array(starts, np.int64),
-                np.array(ends, np.int64), np.array([x is None for x in items], np.uint8))
     failures = []
     p = native_kafka.NativeProducer({
         "bootstrap.servers": bootstrap, "transactional.id": "asan-" + uuid.uuid4().hex[:8],
@@ -158,7 +151,8 @@ def test_client_is_clean_under_address_sanitizer(kafka_bootstrap, tmp_path, requ
                     "-o", str(so)], check=True)
     env = dict(os.environ, LD_PRELOAD=libasan, PYTHONMALLOC="malloc",
                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=99")
-    res = subprocess.run([sys.executable, "-c", _CHILD, str(so), kafka_bootstrap],
+    res = subprocess.run([sys.executable, "-c", _CHILD, str(so), kafka_bootstrap,
+                          str(Path(__file__).resolve().parent)],
                          capture_output=True, text=True, env=env, timeout=600)
     assert "AddressSanitizer" not in res.stderr, res.stderr[-6000:]
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]

@@ -1,10 +1,12 @@
-"""Reading a topic and a store back for comparison (shared by the integration tests)."""
+"""Reading a topic and a store back for comparison, and records as the column producer takes
+them (shared by the integration tests)."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from kcompact.reput import Store
@@ -41,3 +43,15 @@ def read_store(url: str, topic: str) -> dict[int, list[tuple]]:
     with Store.open(url) as st:
         return {p: [(r.offset, r.timestamp, r.key, r.value, tuple(r.headers))
                     for r in st.iter_records(topic, p)] for p in st.partitions(topic)}
+
+
+def packed_columns(items: list) -> tuple:
+    """bytes | None items as NativeProducer.produce_columns takes a key or value column:
+    (buffer, int64 starts, int64 ends, uint8 nulls)."""
+    starts, ends, at = [], [], 0
+    for x in items:
+        starts.append(at)
+        at += len(x or b"")
+        ends.append(at)
+    return (b"".join(x or b"" for x in items), np.array(starts, np.int64),
+            np.array(ends, np.int64), np.array([x is None for x in items], np.uint8))
