@@ -246,7 +246,7 @@ static void push(Client *c, int kind, int code, int fatal, int level, const char
     }
     pthread_mutex_lock(&c->mu);
     if (kind == EV_LOG && c->nlogs >= MAX_LOGS) {
-        c->dropped_logs++;
+        __atomic_store_n(&c->dropped_logs, c->dropped_logs + 1, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&c->mu);
         free(e->topic);
         free(e->text);
@@ -445,7 +445,8 @@ static PyObject *client_drain(PyObject *self, PyObject *unused)
 {
     (void)unused;
     Client *c = (Client *)self;
-    if (__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE) == 0 && c->dropped_logs == 0)
+    if (__atomic_load_n(&c->pending, __ATOMIC_ACQUIRE) == 0 &&
+        __atomic_load_n(&c->dropped_logs, __ATOMIC_RELAXED) == 0)
         Py_RETURN_NONE;
     pthread_mutex_lock(&c->mu);
     ev *e = c->head;

@@ -142,7 +142,7 @@ def test_unknown_setting_names_the_key(kafka_bootstrap, kafka_io):
         kafka_producer({"bootstrap.servers": kafka_bootstrap, "batch.size": "big"})
 
 
-def test_explicit_native_when_unavailable_is_an_error(monkeypatch):
+def test_io_choice_when_native_is_unavailable(monkeypatch):
     monkeypatch.setenv(native_kafka.IO_ENV, "fast")
     with pytest.raises(ConfigError, match="KCOMPACT_KAFKA_IO='fast': use native or confluent"):
         native_kafka.kafka_io()
@@ -151,6 +151,10 @@ def test_explicit_native_when_unavailable_is_an_error(monkeypatch):
     monkeypatch.setattr(native_kafka, "_why_not", "no librdkafka found")
     with pytest.raises(ConfigError, match="not available: no librdkafka found"):
         native_kafka.kafka_io()
+    monkeypatch.delenv(native_kafka.IO_ENV)
+    assert native_kafka.kafka_io() == "confluent"  # unasked: the confluent-kafka path
+    from confluent_kafka import Producer
+    assert isinstance(native_kafka.kafka_producer({}), Producer)
 
 
 class Boom(Exception):

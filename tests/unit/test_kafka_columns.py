@@ -65,7 +65,7 @@ def test_kv_columns_end_of_partition_order():
                      np.zeros(n, np.int64), ["t"], None, packed, None,
                      [Event("t", p, o, -191, "end", False) for p, o in events])
 
-    reader = SimpleNamespace(consume=lambda n, t: reader.next)
+    reader = SimpleNamespace(consume_columns=lambda n, t: reader.next)
     me = SimpleNamespace(follow_batch_records=100)
     at_end: set = {2}
     reader.next = batch([0, 1, 0, 2], [5, 7, 6, 9], [(0, 7), (1, 7), (3, 0)])
