@@ -48,6 +48,10 @@
 
 #include "_arr.h" /* reput/_arr.h: 1-d arrays through the buffer protocol */
 
+#ifdef KC_HAVE_RDKAFKA_H
+#include <pthread.h>
+#include <librdkafka/rdkafka.h>
+
 /* -- Buffer: malloc'd bytes exported through the buffer protocol (np.frombuffer) ------------ */
 
 typedef struct {
@@ -96,9 +100,6 @@ static PyObject *buffer_wrap(char *data, Py_ssize_t size)
     return (PyObject *)b;
 }
 
-#ifdef KC_HAVE_RDKAFKA_H
-#include <pthread.h>
-#include <librdkafka/rdkafka.h>
 
 /* -- librdkafka's functions, resolved by load() ----------------------------------------------- */
 
@@ -1742,8 +1743,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__rdkafka(void)
 {
-    if (PyType_Ready(&BufferType) < 0)
-        return NULL;
     for (int i = 0; i < M_N; i++)
         if ((m_names[i] = PyUnicode_InternFromString(m_name_text[i])) == NULL)
             return NULL;
@@ -1751,7 +1750,7 @@ PyMODINIT_FUNC PyInit__rdkafka(void)
     if (m == NULL)
         return NULL;
 #ifdef KC_HAVE_RDKAFKA_H
-    if (PyType_Ready(&ClientType) < 0 ||
+    if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&ClientType) < 0 ||
         (KafkaIOError = PyErr_NewException("kcompact.connectors.framework._rdkafka.KafkaIOError",
                                            NULL, NULL)) == NULL ||
         PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0 ||
