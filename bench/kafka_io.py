@@ -74,9 +74,10 @@ def main() -> int:
                 print(f"  round {r + 1}: {side} {dt:.2f} s ({args.records / dt:,.0f} rec/s)",
                       file=sys.stderr, flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["confluent"] / med["native"]
     print(f"consume to the end, {args.records:,} records, {args.partitions} partitions, median of "
           f"{args.rounds} rounds: confluent-kafka {med['confluent']:.2f} s, native "
-          f"{med['native']:.2f} s, native/confluent throughput {med['confluent'] / med['native']:.2f}")
+          f"{med['native']:.2f} s, native/confluent throughput {ratio:.2f}")
     return 0
 
 

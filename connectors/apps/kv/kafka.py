@@ -134,9 +134,10 @@ class KafkaCatchUp:
         return keys, values, nxt
 
     def _columns(self, consumer: Any, at_end: set) -> tuple[list, list, dict]:
-        """The same from a batch of columns (NativeConsumer.consume_columns). Its end-of-partition events come apart from the
-        records, so a partition is at its end when its event's offset is past every record of
-        it in the batch (a record after the event means the partition grew again)."""
+        """The same from a batch of columns (NativeConsumer.consume_columns). Its
+        end-of-partition events come apart from the records, so a partition is at its end when
+        its event's offset is past every record of it in the batch (a record after the event
+        means the partition grew again)."""
         from confluent_kafka import KafkaError
 
         b = consumer.consume_columns(self.follow_batch_records, 0.2)
