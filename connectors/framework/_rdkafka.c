@@ -112,7 +112,7 @@ static PyObject *buffer_wrap(char *data, Py_ssize_t size)
     X(topic_name) X(topic_new) X(topic_destroy) X(err2str) X(err2name) X(fatal_error)          \
     X(produceva) X(error_code) X(error_string) X(error_is_fatal) X(error_is_retriable)         \
     X(error_txn_requires_abort) X(error_destroy) X(poll) X(flush) X(outq_len) X(assign)       \
-    X(pause_partitions) X(commit) X(consumer_close) X(get_watermark_offsets)                 \
+    X(incremental_assign) X(pause_partitions) X(commit) X(consumer_close) X(get_watermark_offsets)                 \
     X(query_watermark_offsets) X(metadata) X(metadata_destroy) X(clusterid) X(mem_free)       \
     X(topic_partition_list_new) X(topic_partition_list_add) X(topic_partition_list_destroy)   \
     X(init_transactions) X(begin_transaction) X(commit_transaction) X(abort_transaction)
@@ -539,9 +539,10 @@ static int tp_list_failed(rd_kafka_topic_partition_list_t *l, rd_kafka_resp_err_
     return -1;
 }
 
-/* assign([(topic, partition, offset), ...]), pause([(topic, partition), ...]),
- * commit([(topic, partition, offset), ...]) (synchronous, the GIL released) */
-enum { TP_ASSIGN, TP_PAUSE, TP_COMMIT };
+/* assign([(topic, partition, offset), ...]), incremental_assign(the same: added to the
+ * assignment), pause([(topic, partition), ...]), commit([(topic, partition, offset), ...])
+ * (synchronous, the GIL released) */
+enum { TP_ASSIGN, TP_ADD, TP_PAUSE, TP_COMMIT };
 
 static PyObject *tp_call(PyObject *self, PyObject *arg, int which)
 {
@@ -554,6 +555,13 @@ static PyObject *tp_call(PyObject *self, PyObject *arg, int which)
     rd_kafka_resp_err_t err;
     if (which == TP_ASSIGN) {
         err = rdk.assign(c->rk, l);
+    } else if (which == TP_ADD) {
+        rd_kafka_error_t *e = rdk.incremental_assign(c->rk, l);
+        if (e != NULL) {
+            rdk.topic_partition_list_destroy(l);
+            return raise_error_t(e);
+        }
+        err = RD_KAFKA_RESP_ERR_NO_ERROR;
     } else if (which == TP_PAUSE) {
         err = rdk.pause_partitions(c->rk, l);
     } else {
@@ -567,6 +575,7 @@ static PyObject *tp_call(PyObject *self, PyObject *arg, int which)
 }
 
 static PyObject *client_assign(PyObject *s, PyObject *a) { return tp_call(s, a, TP_ASSIGN); }
+static PyObject *client_add(PyObject *s, PyObject *a) { return tp_call(s, a, TP_ADD); }
 static PyObject *client_pause(PyObject *s, PyObject *a) { return tp_call(s, a, TP_PAUSE); }
 static PyObject *client_commit(PyObject *s, PyObject *a) { return tp_call(s, a, TP_COMMIT); }
 
@@ -1440,6 +1449,7 @@ static PyMethodDef client_methods[] = {
     {"drain", client_drain, METH_NOARGS, NULL},
     {"close", client_close, METH_NOARGS, NULL},
     {"assign", client_assign, METH_O, NULL},
+    {"incremental_assign", client_add, METH_O, NULL},
     {"pause", client_pause, METH_O, NULL},
     {"commit", client_commit, METH_O, NULL},
     {"watermarks", client_watermarks, METH_VARARGS, NULL},

@@ -305,6 +305,12 @@ class NativeConsumer(NativeClient):
         """``partitions``: confluent-kafka TopicPartitions (topic, partition, offset)."""
         self._call(self._h.assign, [(tp.topic, tp.partition, tp.offset) for tp in partitions])
 
+    def incremental_assign(self, partitions: Sequence[Any]) -> None:
+        """Add ``partitions`` (TopicPartitions with their start offsets) to the assignment,
+        the others keeping their positions (a followed topic's new partitions)."""
+        self._call(self._h.incremental_assign,
+                   [(tp.topic, tp.partition, tp.offset) for tp in partitions])
+
     def pause(self, partitions: Sequence[Any]) -> None:
         self._call(self._h.pause, [(tp.topic, tp.partition) for tp in partitions])
 
