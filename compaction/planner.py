@@ -30,7 +30,8 @@ from kcompact.reput.config import SYSTEM_CLOCK, Clock
 from kcompact.reput.errors import StoreLockedError
 from kcompact.reput.store import Store
 
-from .assessment import SMALL_SEGMENTS, assess_partition  # noqa: F401  (SMALL_SEGMENTS: API)
+from .assessment import (SMALL_SEGMENTS, Assessment,  # noqa: F401  (SMALL_SEGMENTS: API)
+                         assess_partition)
 from .compactor import CompactionOptions, CompactionResult, Compactor
 from .throttle import CompactionStopped, IOBudget  # noqa: F401  (re-exported)
 
@@ -44,14 +45,17 @@ class Candidate:
     reasons: list[str] = field(default_factory=list)   # every trigger that fired
 
 
-def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK
-           ) -> Candidate | None:
-    """The partition as a candidate when a trigger fires (assessment.py), else None."""
+def assess(store: Store, topic: str, partition: int, clock: Clock = SYSTEM_CLOCK,
+           seen: dict[tuple[str, int], Assessment] | None = None) -> Candidate | None:
+    """The partition as a candidate when a trigger fires (assessment.py), else None.
+    ``seen``: where to keep the partition's assessment (the Scheduler's, for metrics)."""
     pl = store.partition(topic, partition)
-    if not pl.sealed_segments:
+    if not pl.sealed_segments and seen is None:
         return None
     a = assess_partition(pl, store.topic_config(topic), clock.ms())
-    if not a.triggers:
+    if seen is not None:
+        seen[(topic, partition)] = a
+    if not a.triggers or not pl.sealed_segments:
         return None
     return Candidate(topic, partition, a.triggers[0], a.dirty_ratio, a.triggers)
 
@@ -64,13 +68,16 @@ def _selected(store: Store, topic: str | None, partition: int | None):
 
 
 def plan(store: Store, *, topic: str | None = None, partition: int | None = None,
-         force: bool = False, clock: Clock = SYSTEM_CLOCK) -> list[Candidate]:
+         force: bool = False, clock: Clock = SYSTEM_CLOCK,
+         seen: dict[tuple[str, int], Assessment] | None = None) -> list[Candidate]:
+    """The partitions due for compaction, filthiest first; ``seen`` (not with ``force``):
+    where to keep every partition's assessment."""
     out = []
     for t, p in _selected(store, topic, partition):
         if force:
             out.append(Candidate(t, p, "forced", 0.0, ["forced"]))
             continue
-        c = assess(store, t, p, clock)
+        c = assess(store, t, p, clock, seen)
         if c is not None:
             out.append(c)
     out.sort(key=lambda c: -c.dirty_ratio)
@@ -150,6 +157,10 @@ class Scheduler:
         self.errors: list[str] = []
         self.runs = 0                                    # planner runs finished
         self.busy: tuple[str, int] | None = None         # the partition being compacted
+        #: every partition's assessment as of this thread's last look (each run's plan, and
+        #: again after compacting it): what a metrics scrape reads, so it takes no lock of
+        #: the writer's and reads no index while the writer appends
+        self.assessments: dict[tuple[str, int], Assessment] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.budget = IOBudget(options.throttle_bytes_per_s, monotonic=monotonic,
@@ -164,7 +175,10 @@ class Scheduler:
         # the partitions this process writes whose active segment is due (idle, or open for
         # min(segment.ms, max.compaction.lag.ms)): only sealed segments are cleanable
         self.store.roll(only_due=True)
-        for c in plan(self.store, clock=self.clock):
+        seen: dict[tuple[str, int], Assessment] = {}
+        planned = plan(self.store, clock=self.clock, seen=seen)
+        self.assessments = seen
+        for c in planned:
             if self._stop.is_set():
                 break
             self.busy = (c.topic, c.partition)
@@ -174,6 +188,7 @@ class Scheduler:
                                                 reason=", ".join(c.reasons) or c.reason)
             finally:
                 self.busy = None
+            assess(self.store, c.topic, c.partition, self.clock, seen)
             if self.store.writer is None:
                 self.store.release_partition(c.topic, c.partition)
             res.append(r)

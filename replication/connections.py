@@ -31,20 +31,22 @@ from aiohttp import web
 from .errors import ReplicationError
 from .protocol import H_PROTOCOL, PROTOCOL_VERSION, ServerLimits, error_doc
 
-log = logging.getLogger("kcompact.serve")
-
 
 class OneLine(logging.Formatter):
-    """``kcompact serve: <message>[: <exception in one line>]``, never a traceback (aiohttp logs
-    a malformed request with its exception; the client address is in its message), unless
+    """``kcompact <command>: <message>[: <exception in one line>]``, never a traceback (aiohttp
+    logs a malformed request with its exception; the client address is in its message), unless
     KCOMPACT_DEBUG is set."""
+
+    def __init__(self, command: str = "serve"):
+        super().__init__()
+        self.prefix = f"kcompact {command}: "
 
     def format(self, record: logging.LogRecord) -> str:
         msg = record.getMessage()
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
             msg = f"{msg}: {describe(exc)}"
-        line = "kcompact serve: " + " ".join(msg.split())
+        line = self.prefix + " ".join(msg.split())
         if exc is not None and os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -57,13 +59,28 @@ def describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
-def setup_log() -> None:
-    if not log.handlers:
+def server_log(command: str = "serve") -> logging.Logger:
+    """The logger of a server run by ``command`` (``serve``, or the command whose metrics
+    endpoint or read API it is); ``setup_log(command)`` sends it to stderr."""
+    return logging.getLogger("kcompact.serve" if command == "serve"
+                             else f"kcompact.http.{command}")
+
+
+#: ``kcompact serve``'s
+log = server_log("serve")
+
+
+def setup_log(command: str = "serve") -> logging.Logger:
+    """``command``'s server logger, one line each on stderr prefixed ``kcompact <command>:``
+    (set up when a server starts, so it writes to the stderr of then: --log-format json's)."""
+    lg = server_log(command)
+    if not lg.handlers:
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(OneLine())
-        log.addHandler(h)
-        log.setLevel(logging.DEBUG)  # aiohttp logs a garbage first request at debug level
-        log.propagate = False
+        h.setFormatter(OneLine(command))
+        lg.addHandler(h)
+        lg.setLevel(logging.DEBUG)  # aiohttp logs a garbage first request at debug level
+        lg.propagate = False
+    return lg
 
 
 def peer(transport: asyncio.BaseTransport | None) -> str:
@@ -174,18 +191,19 @@ class Connection(asyncio.Protocol):
         if self.handler is None:
             pass  # refused (logged), and its request head did not even come
         elif self.received:
-            log.warning("closed the connection of %s: its request was not whole after %gs "
-                        "(%d bytes received)", self.peer, timeout, self.received)
+            self.conns.log.warning("closed the connection of %s: its request was not whole "
+                                   "after %gs (%d bytes received)", self.peer, timeout,
+                                   self.received)
         elif unsent and unsent < self.unsent:
             self.unsent = unsent  # the client is still taking its response
             self.timer = self.conns.loop.call_later(timeout, self._expired)
             return
         elif unsent:
-            log.warning("closed the connection of %s: it took no byte of its response for %gs",
-                        self.peer, timeout)
+            self.conns.log.warning("closed the connection of %s: it took no byte of its "
+                                   "response for %gs", self.peer, timeout)
         elif not self.requests:
-            log.warning("closed the connection of %s: no request within %gs of connecting",
-                        self.peer, timeout)
+            self.conns.log.warning("closed the connection of %s: no request within %gs of "
+                                   "connecting", self.peer, timeout)
         # else: an idle keep-alive connection, closed quietly
         t.abort()
 
@@ -194,8 +212,9 @@ class Connections:
     """The protocol factory of the listening socket (``loop.create_server``): aiohttp's
     ``web.Server`` behind the connection limit and the timeouts (``Connection``)."""
 
-    def __init__(self, server: web.Server, limits: ServerLimits):
-        self.server, self.limits = server, limits
+    def __init__(self, server: web.Server, limits: ServerLimits,
+                 logger: logging.Logger = log):
+        self.server, self.limits, self.log = server, limits, logger
         self.loop = asyncio.get_running_loop()
         self.open: dict[asyncio.BaseTransport, Connection] = {}
         self.refusing: set[asyncio.BaseTransport] = set()
@@ -216,9 +235,9 @@ class Connections:
         self.refused += 1
         now = time.monotonic()
         if now - self._refused_logged >= 10:
-            log.warning("refused the connection of %s with a 503: %d connections are open, the "
-                        "--max-connections limit (%d refused since the previous such line)",
-                        peer, len(self.open), self.refused)
+            self.log.warning("refused the connection of %s with a 503: %d connections are open, "
+                             "the --max-connections limit (%d refused since the previous such "
+                             "line)", peer, len(self.open), self.refused)
             self._refused_logged, self.refused = now, 0
 
     def of(self, request: web.BaseRequest) -> Connection | None:
@@ -290,15 +309,16 @@ class Listening:
 
     @classmethod
     async def open(cls, app: web.Application, listen: str, limits: ServerLimits, *,
-                   ssl_context: ssl.SSLContext | None = None, flag: str = "--listen"
-                   ) -> "Listening":
+                   ssl_context: ssl.SSLContext | None = None, flag: str = "--listen",
+                   command: str = "serve") -> "Listening":
+        """``command``: the running command, the prefix of the server's log lines."""
         host, port = parse_listen(listen, flag)
-        setup_log()
+        logger = setup_log(command)
         holder: dict = app.setdefault(CONNECTIONS_KEY, {})
         runner = web.AppRunner(app, access_log=None, max_line_size=limits.max_url_bytes + 64,
-                               handle_signals=False, logger=log, shutdown_timeout=5.0)
+                               handle_signals=False, logger=logger, shutdown_timeout=5.0)
         await runner.setup()
-        conns = holder["connections"] = Connections(runner.server, limits)
+        conns = holder["connections"] = Connections(runner.server, limits, logger)
         loop = asyncio.get_running_loop()
         try:
             listener = await loop.create_server(

@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable
 from aiohttp import web
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, PlatformCollector,
                                ProcessCollector, generate_latest)
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                   HistogramMetricFamily, Metric)
 
 from .connections import Listening
 from .protocol import ServerLimits
@@ -37,8 +38,8 @@ UNREACHABLE_TIMEOUT_S = 60.0
 Check = Callable[[], "str | None"]
 
 __all__ = ["AppThread", "Ops", "OpsServer", "Unreachable", "check_listen",
-           "compaction_metrics", "counter", "gauge", "replica_metrics", "start_ops", "UNREACHABLE_TIMEOUT_S",
-           "CounterMetricFamily", "GaugeMetricFamily"]
+           "compaction_metrics", "counter", "gauge", "replica_metrics", "start_ops",
+           "store_metrics", "UNREACHABLE_TIMEOUT_S", "CounterMetricFamily", "GaugeMetricFamily"]
 
 
 def counter(name: str, doc: str, labels: Iterable[str] = ()) -> CounterMetricFamily:
@@ -179,8 +180,9 @@ class AppThread:
 
     def __init__(self, make_app: Callable[[], web.Application], listen: str, *,
                  limits: ServerLimits = ServerLimits(), flag: str = "--listen",
-                 ssl_context=None, name: str = "kcompact-http"):
+                 ssl_context=None, name: str = "kcompact-http", command: str = "serve"):
         self.make_app, self.listen, self.limits, self.flag = make_app, listen, limits, flag
+        self.command = command  # the prefix of its log lines: kcompact <command>:
         self.ssl_context = ssl_context
         self.url: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -205,7 +207,8 @@ class AppThread:
         self._stop = asyncio.Event()
         try:
             listening = await Listening.open(self.make_app(), self.listen, self.limits,
-                                             ssl_context=self.ssl_context, flag=self.flag)
+                                             ssl_context=self.ssl_context, flag=self.flag,
+                                             command=self.command)
         except BaseException as e:  # noqa: BLE001 - handed to start()'s caller
             self._error = e
             self._ready.set()
@@ -233,7 +236,7 @@ class OpsServer(AppThread):
 
     def __init__(self, ops: Ops, listen: str, limits: ServerLimits = ServerLimits()):
         super().__init__(ops.app, listen, limits=limits, flag="--metrics",
-                         name="kcompact-metrics")
+                         name="kcompact-metrics", command=ops.command)
         self.ops = ops
 
 
@@ -261,7 +264,9 @@ def check_listen(listen: str | None) -> None:
 def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
     """The metric families of a background compaction ``Scheduler`` (kcompact.compaction):
     runs, partitions compacted, bytes read and written, records dropped, the offset map's
-    utilisation, failures."""
+    utilisation, failures; and each partition's dirty ratio and clean/dirty bytes as of the
+    scheduler's last assessment (``Scheduler.assessments``, made on its own thread: a scrape
+    takes none of the writer's locks)."""
     runs = counter("compaction_runs", "Planner runs of the background compaction.")
     runs.add_metric([], scheduler.runs)
     yield runs
@@ -292,6 +297,45 @@ def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
         for name, v in zip(("compacted", "read", "written", "dropped", "util", "seconds"), a):
             fam[name].add_metric(lv, v)
     yield from fam.values()
+    ratio = gauge("dirty_ratio", "Dirty bytes / (clean + dirty bytes) over the cleanable "
+                  "range, as the planner assessed the partition last (0-1).", lab)
+    clean = gauge("clean_bytes", "Bytes at or below the compaction horizon, as last "
+                  "assessed.", lab)
+    dirty = gauge("dirty_bytes", "Bytes above the horizon in the cleanable range, as last "
+                  "assessed.", lab)
+    for (t, p), a in sorted(scheduler.assessments.items()):
+        lv = [t, str(p)]
+        ratio.add_metric(lv, a.dirty_ratio)
+        clean.add_metric(lv, a.clean_bytes)
+        dirty.add_metric(lv, a.dirty_bytes)
+    yield from (ratio, clean, dirty)
+
+
+def store_metrics(stores: Iterable[Any]) -> Iterable[Metric]:
+    """The commit-log append and fsync durations of writer stores (``Store.write_timings``,
+    histograms the writer keeps: one observation per append call or fsync), summed over
+    ``stores``."""
+    append = HistogramMetricFamily("kcompact_commitlog_append_seconds", "Time of each append "
+                                   "of a batch to the commit log (a roll's fsync included).")
+    fsync = HistogramMetricFamily("kcompact_fsync_seconds", "Time of each fsync: the commit "
+                                  "log's active segment, or a flush's fsyncs of the partitions' "
+                                  "files (all of them: one observation).", labels=["file"])
+    merged: dict[str, tuple[list, float]] = {}
+    for st in stores:
+        for name, timing in st.write_timings().items():
+            buckets, total, _ = timing.snapshot()
+            have = merged.get(name)
+            if have is not None:
+                buckets = [(le, n + m) for (le, n), (_, m) in zip(buckets, have[0])]
+                total += have[1]
+            merged[name] = (buckets, total)
+    if "append" in merged:
+        append.add_metric([], *merged["append"])
+    for name in ("commitlog", "partitions"):
+        if name in merged:
+            fsync.add_metric([name], *merged[name])
+    yield append
+    yield fsync
 
 
 def replica_metrics(rep_of: Callable[[], Any]) -> Callable[[], Iterable[Metric]]:

@@ -22,6 +22,7 @@ from . import filenames as fn
 from .backend import AppendFile, Backend
 from .config import SYSTEM_CLOCK, Clock, WriterOptions
 from .errors import CorruptRecordError, StoreLockedError
+from .timing import Timing
 
 CHECKPOINT_VERSION = 1
 
@@ -47,6 +48,9 @@ class CommitLog:
         self.segments: list[_Segment] = []
         self._active: AppendFile | None = None
         self.truncated_bytes = 0
+        #: durations of append() calls and of the active segment's fsyncs (reput/timing.py)
+        self.append_time = Timing()
+        self.fsync_time = Timing()
         self._load()
 
     # -- locking: one process per writer directory ------------------------------------------
@@ -112,7 +116,7 @@ class CommitLog:
 
     def _roll(self) -> None:
         if self._active is not None:
-            self._active.sync()  # a sealed segment is durable before the next one exists
+            self._sync_active()  # a sealed segment is durable before the next one exists
             self._active.close()
             self._active = None
         self.segments.append(_Segment(self.end, 0))
@@ -124,6 +128,7 @@ class CommitLog:
         Returns the global [start, end) positions of the appended bytes. A batch that does not
         fit in the active segment is split at record boundaries across new segments.
         """
+        t0 = self.clock.monotonic()
         start = self.end if self.segments else self.read_checkpoint()
         total = buf.shape[0]
         limit = self.options.commitlog_segment_bytes
@@ -148,6 +153,7 @@ class CommitLog:
             i += k
             if done < total:
                 self._roll()
+        self.append_time.observe(self.clock.monotonic() - t0)
         if self.options.fsync == "always":
             self.sync()
         assert i == n
@@ -155,7 +161,12 @@ class CommitLog:
 
     def sync(self) -> None:
         if self._active is not None:
-            self._active.sync()
+            self._sync_active()
+
+    def _sync_active(self) -> None:
+        t0 = self.clock.monotonic()
+        self._active.sync()
+        self.fsync_time.observe(self.clock.monotonic() - t0)
 
     def start_writeback(self) -> None:
         """Queue the active segment's appended bytes for writeback (no waiting)."""

@@ -160,6 +160,10 @@ class Clock:
     def ms(self) -> int:
         return int(time.time() * 1000)
 
+    def monotonic(self) -> float:
+        """Seconds on a monotonic clock, for durations (reput/timing.py)."""
+        return time.perf_counter()
+
 
 SYSTEM_CLOCK = Clock()
 
@@ -170,6 +174,9 @@ class ManualClock(Clock):
 
     def ms(self) -> int:
         return self.now_ms
+
+    def monotonic(self) -> float:
+        return self.now_ms / 1000
 
     def advance(self, ms: int) -> None:
         self.now_ms += ms

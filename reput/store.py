@@ -39,6 +39,7 @@ from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreForm
 from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
+from .timing import Timing
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
 from .topic_configs import TopicConfigLayers
 
@@ -186,6 +187,8 @@ class Store:
         self._scratch = Scratch()
         self._pacer = SyncPacer()
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
+        #: each flush's fsyncs of the partitions' files (all of them: one observation)
+        self.partition_fsync_time = Timing()
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
             try:
@@ -454,6 +457,16 @@ class Store:
             self._maybe_start_writeback(end - start)
             return n
 
+    def write_timings(self) -> dict[str, Timing]:
+        """A writer's durations (reput/timing.py) for metrics: ``append`` (commit-log append
+        calls), ``commitlog`` (its fsyncs), ``partitions`` (each flush's fsyncs of the
+        partitions' files); empty for a read-only store."""
+        cl = self.commitlog
+        if cl is None:
+            return {}
+        return {"append": cl.append_time, "commitlog": cl.fsync_time,
+                "partitions": self.partition_fsync_time}
+
     def dispatch(self) -> int:
         """Reput: copy commit-log records after the dispatched position into partitions."""
         assert self.commitlog is not None
@@ -515,8 +528,10 @@ class Store:
         with self.lock:
             if self.options.fsync != "never":
                 self.commitlog.sync()
+                t0 = self.clock.monotonic()
                 for key in self._writable:
                     self._partitions[key].sync()
+                self.partition_fsync_time.observe(self.clock.monotonic() - t0)
             if self.remote:
                 # seal: upload each partition's new segments and commit its manifest, before
                 # the checkpoint says those records need no re-dispatch

@@ -33,7 +33,7 @@ def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO 
     props = load_config_file(worker_file)
     if metrics:
         props["metrics.listen"] = metrics
-    worker = Worker(props, where=worker_file, log=out)
+    worker = Worker(props, where=worker_file, log=out, command="connect standalone")
     conns = [(path, load_config_file(path)) for path in connector_files]
     received: list[int] = []
 

@@ -71,14 +71,28 @@ def header_lists(buf: Any, starts: Sequence[int], ends: Sequence[int]) -> list:
     return [list(decode_headers(mv[a:z])) if z > a else None for a, z in zip(starts, ends)]
 
 
+def _last_of_each(partitions: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The partitions of a batch and where each one's last record is."""
+    uniq, idx = np.unique(partitions[::-1], return_index=True)
+    return uniq.tolist(), len(partitions) - 1 - idx
+
+
 def next_offsets(partitions: np.ndarray, offsets: np.ndarray) -> dict[int, int]:
     """Per partition of a batch, the offset after its last record (offsets increase within a
     partition)."""
-    n = len(offsets)
-    if not n:
+    if not len(offsets):
         return {}
-    uniq, idx = np.unique(partitions[::-1], return_index=True)
-    return {p: int(offsets[n - 1 - i]) + 1 for p, i in zip(uniq.tolist(), idx.tolist())}
+    parts, last = _last_of_each(partitions)
+    return dict(zip(parts, (offsets[last] + 1).tolist()))
+
+
+def last_records(partitions: np.ndarray, offsets: np.ndarray, timestamps: np.ndarray
+                 ) -> dict[int, tuple[int, int]]:
+    """Per partition of a batch, (the offset after its last record, that record's timestamp)."""
+    if not len(offsets):
+        return {}
+    parts, last = _last_of_each(partitions)
+    return dict(zip(parts, zip((offsets[last] + 1).tolist(), timestamps[last].tolist())))
 
 
 class PackedHeaders(Sequence):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable
 
-from kcompact.replication.ops import Ops, compaction_metrics, counter, gauge
+from kcompact.replication.ops import Ops, compaction_metrics, counter, gauge, store_metrics
 
 
 def worker_metrics(ops: Ops, worker: Any, unreachable_timeout_s: float) -> None:
@@ -36,6 +36,9 @@ def worker_metrics(ops: Ops, worker: Any, unreachable_timeout_s: float) -> None:
                     ["topic", "partition"])
         position = gauge("next_offset", "Per partition: the task's next offset.",
                          ["topic", "partition"])
+        last_ts = gauge("last_record_timestamp_seconds", "Per partition: the timestamp of the "
+                        "last record the task stored (its Kafka timestamp; a record without one "
+                        "is not counted).", ["topic", "partition"])
         up = gauge("task_running", "1 while the task's thread runs.", lab)
         for r in list(worker.runners):
             m = r.metrics
@@ -50,12 +53,20 @@ def worker_metrics(ops: Ops, worker: Any, unreachable_timeout_s: float) -> None:
             for tp, v in sorted(m.position.items(), key=_by_tp):
                 if v >= 0:
                     position.add_metric([tp.topic, str(tp.partition)], v)
+            for tp, v in sorted(m.last_timestamp.items(), key=_by_tp):
+                last_ts.add_metric([tp.topic, str(tp.partition)], v / 1000)
         yield from fams.values()
         yield lag
         yield position
+        yield last_ts
         yield up
-        for r in list(worker.runners):
-            sched = getattr(getattr(r, "task", None), "scheduler", None)
+        tasks = [getattr(r, "task", None) for r in list(worker.runners)]
+        stores = [st for st in (getattr(t, "store", None) for t in tasks)
+                  if hasattr(st, "write_timings")]
+        if stores:
+            yield from store_metrics(stores)
+        for t in tasks:
+            sched = getattr(t, "scheduler", None)
             if sched is not None:
                 yield from compaction_metrics(sched)
 
@@ -97,7 +108,7 @@ def _by_tp(item: tuple) -> tuple[str, int]:
 def _probe(runner: Any, probes: dict[int, Any]) -> str | None:
     """None when the task's brokers answer a metadata request within 5 s, else why not."""
     from confluent_kafka import Consumer, KafkaException
-    conf = getattr(runner, "consumer_conf", None) or getattr(runner, "producer_conf", None)
+    conf = runner.kafka_conf()
     if not conf:
         return "no client settings to probe with"
     c = probes.get(id(runner))

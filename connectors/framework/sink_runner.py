@@ -19,7 +19,6 @@ Message object per record) or confluent-kafka's (KCOMPACT_KAFKA_IO, native_kafka
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 import time
@@ -38,7 +37,7 @@ from .api import (DataError, RetriableError, SinkRecords, SinkTask, SinkTaskCont
 from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
 from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
-from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, next_offsets
+from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
 from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
 from .topic_watch import RESUME_CHECK_S, TopicWatcher
@@ -48,13 +47,6 @@ _NATIVE = extension("kcompact.connectors.framework._rdkafka")
 #: Seconds between checks, while following, that no followed topic gained partitions.
 PARTITION_CHECK_INTERVAL = 5.0
 
-
-@functools.cache
-def _unreachable_codes() -> frozenset:
-    """The Kafka client's error codes that mean its brokers cannot be reached (health:
-    framework/metrics.py)."""
-    from confluent_kafka import KafkaError
-    return frozenset((KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE))
 
 
 class SinkTaskRunner(TaskRunner):
@@ -143,10 +135,12 @@ class SinkTaskRunner(TaskRunner):
         if self.errors.dlq is not None:
             self.errors.dlq.producer = None
 
+    def kafka_conf(self) -> dict | None:
+        return self.consumer_conf
+
     def _on_kafka_error(self, err: Any) -> None:
         self._kafka_errors.append(err)
-        if err.code() in _unreachable_codes():
-            self.metrics.note_unreachable(err.str())
+        self.metrics.note_kafka_error(err)
 
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
         from confluent_kafka import KafkaException
@@ -457,17 +451,24 @@ class SinkTaskRunner(TaskRunner):
         m.count_errors(self.errors)
         if self.errors.dlq is not None:
             m.dead_lettered = self.errors.dlq.produced
-        # Position = last offset + 1 per partition (offsets increase within a partition).
+        # Position = last offset + 1 per partition (offsets increase within a partition), and
+        # the timestamp of that last record (-1: it has none).
         if single:
             t = topics[0]
             m.count_topic(t, len(records))
-            for p, nxt in next_offsets(parts, offs).items():
-                m.position[TopicPartition(t, p)] = nxt
+            for p, (nxt, last_ts) in last_records(parts, offs, ts).items():
+                tp = TopicPartition(t, p)
+                m.position[tp] = nxt
+                if last_ts >= 0:
+                    m.last_timestamp[tp] = last_ts
         else:
             for t, c in Counter(records.topics).items():
                 m.count_topic(t, c)
-            for t, p, o in zip(topics, parts.tolist(), offs.tolist()):
-                m.position[TopicPartition(t, p)] = o + 1
+            for t, p, o, last_ts in zip(topics, parts.tolist(), offs.tolist(), ts.tolist()):
+                tp = TopicPartition(t, p)
+                m.position[tp] = o + 1
+                if last_ts >= 0:
+                    m.last_timestamp[tp] = last_ts
 
     def _verify_resumed(self, topics: list, single: bool, n: int) -> None:
         """While following, a batch is stored only once the ids of its topics are confirmed

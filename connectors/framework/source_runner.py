@@ -68,13 +68,17 @@ class SourceTaskRunner(TaskRunner):
         self._pending: list[tuple[SourceRecord, Any]] = []
         self._key = f"{connector}"
 
+    def kafka_conf(self) -> dict | None:
+        return self.producer_conf
+
     def _run(self) -> None:
         from confluent_kafka import KafkaException, Producer
         producer = None
         started = False
         try:
             try:
-                producer = Producer(dict(self.producer_conf, logger=kafka_logger()))
+                producer = Producer(dict(self.producer_conf, logger=kafka_logger(),
+                                         error_cb=self.metrics.note_kafka_error))
             except KafkaException as e:
                 raise self.settings.explain(e, "Kafka producer") from None
             self.producer = producer

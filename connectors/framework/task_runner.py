@@ -6,11 +6,20 @@ two; a connector may bring its own (``make_runners``: the store source's Restore
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
 
 from .api import TopicPartition
+
+
+@functools.cache
+def unreachable_codes() -> frozenset:
+    """The Kafka client's error codes that mean its brokers cannot be reached (health:
+    framework/metrics.py)."""
+    from confluent_kafka import KafkaError
+    return frozenset((KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE))
 
 
 @dataclass
@@ -34,11 +43,19 @@ class TaskMetrics:
     #: check clears it once they answer again: framework/metrics.py), and its last such error
     unreachable_since: float | None = None
     unreachable_reason: str = ""
+    #: per partition, the timestamp (ms) of the last record stored (sinks)
+    last_timestamp: dict[TopicPartition, int] = field(default_factory=dict)
 
     def note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
             self.unreachable_since = time.monotonic()
         self.unreachable_reason = reason
+
+    def note_kafka_error(self, err) -> None:
+        """A Kafka client's error callback (``error_cb``) of the task's consumer or producer:
+        notes the brokers unreachable when the error says so."""
+        if err.code() in unreachable_codes():
+            self.note_unreachable(err.str())
 
     def count_errors(self, errors) -> None:
         """Take the error handler's counts (errors_handling.ErrorHandler)."""
@@ -78,6 +95,11 @@ class TaskRunner:
 
     def _run(self) -> None:
         raise NotImplementedError
+
+    def kafka_conf(self) -> dict | None:
+        """The task's Kafka client settings, for the health check's metadata probe
+        (framework/metrics.py); None: it has no Kafka client to probe."""
+        return None
 
     def start(self) -> None:
         self.thread.start()

@@ -171,9 +171,11 @@ class Worker:
     """Runs connectors in this process until they finish or :meth:`stop` is called."""
 
     def __init__(self, props: Mapping[str, Any], *, where: str = "worker",
-                 log: TextIO | None = None):
+                 log: TextIO | None = None, command: str | None = None):
         self.config = WORKER_CONFIG.parse(props, where=where)
         self.where = where
+        #: the running command (``kcompact_info``, the metrics endpoint's log lines)
+        self.command = command or where
         if not self.config["bootstrap.servers"]:
             raise ConfigError(f"{where}: missing required property 'bootstrap.servers'")
         for d in self.config["plugin.path"]:
@@ -195,7 +197,7 @@ class Worker:
             from kcompact.replication.ops import Ops, check_listen
             from .metrics import worker_metrics
             check_listen(self.config["metrics.listen"] or None)
-            self._ops = Ops(self.where)
+            self._ops = Ops(self.command)
             worker_metrics(self._ops, self,
                            self.config["metrics.unreachable.timeout.ms"] / 1000)
         return self._ops

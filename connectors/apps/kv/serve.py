@@ -515,7 +515,7 @@ def follow_and_serve(opts: KVServeOptions) -> int:
     kv_metrics(ops, m, opts.store, opts.topic, builder, opts.bootstrap_servers,
                opts.kafka_config)
     reader = AppThread(api.app, opts.listen or "127.0.0.1:0", limits=limits,
-                       name="kcompact-kv-read")
+                       name="kcompact-kv-read", command=prefix)
     previous = {}
     received: list[int] = []
 

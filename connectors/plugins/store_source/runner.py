@@ -122,6 +122,9 @@ class RestoreRunner(TaskRunner):
         self._in_txn = False
         self._store_progress: StoreProgress | None = None
 
+    def kafka_conf(self) -> dict | None:
+        return dict(self.settings.conf)
+
     @property
     def bootstrap(self) -> str:
         return str(self.settings.conf.get("bootstrap.servers"))
@@ -217,6 +220,7 @@ class RestoreRunner(TaskRunner):
 
     def _on_error(self, err: Any) -> None:
         self._kafka_errors.append(err)
+        self.metrics.note_kafka_error(err)
 
     def _check_errors(self) -> None:
         from confluent_kafka import KafkaException
