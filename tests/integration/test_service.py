@@ -85,6 +85,23 @@ def test_mirror_follow_metrics_scraped_by_prometheus(kafka_bootstrap, make_topic
     wait_for(lambda: set(scrape(murl).get("kcompact_lag_records", {0: 1}).values()) == {0.0},
              "lag 0 once everything is mirrored")
     assert m["kcompact_bytes_total"] and min(m["kcompact_bytes_total"].values()) > 0
+    # the last record's Kafka timestamp per partition, as the broker stored it
+    last = {}
+    for p, off, ts, *_ in produced:
+        if off >= last.get(p, (-1, 0))[0]:
+            last[p] = (off, ts)
+    got_ts = {dict(lab)["partition"]: v
+              for lab, v in m["kcompact_last_record_timestamp_seconds"].items()}
+    assert got_ts == {str(p): ts / 1000 for p, (_, ts) in last.items()}
+    # fsyncs of the commit log once the sink flushes (offset.flush.interval.ms, 5 s), after
+    # the batches appended before (the sink's appender thread appends behind the counters)
+    wait_for(lambda: scrape(murl).get("kcompact_fsync_seconds_count", {}).get(
+        (("file", "commitlog"),), 0) >= 1, "the commit log's fsync counted")
+    m = scrape(murl)
+    # one append per batch stored: at least one, at most one per record
+    n_append = m["kcompact_commitlog_append_seconds_count"][()]
+    assert 1 <= n_append <= len(produced)
+    assert m["kcompact_commitlog_append_seconds_bucket"][(("le", "+Inf"),)] == n_append
     assert http(murl + "/healthz")[:3:2] == (200, b"ok\n")
 
     prom_bin = shutil.which("prometheus")
