@@ -21,6 +21,8 @@
 #define PREFETCH_AHEAD 16
 #define MAP_OK 0
 #define MAP_FULL 1
+/* offsets are stored as base + a 32-bit delta: base must leave room for it */
+#define MAX_BASE (INT64_MAX - 0xFFFFFFFFLL)
 
 #include "_arr.h"
 
@@ -46,12 +48,16 @@ static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_
         arr_release(a, 5);
         return NULL;
     }
-    if (a[0].stride != 4 || a[0].n < cap * 4 || start < 0 || stop > a[1].n || stop > a[2].n ||
-        stop > a[3].n || stop > a[4].n || cap <= 0) {
-        arr_release(a, 5);
-        PyErr_SetString(PyExc_ValueError, "insert_entries: arrays shorter than their bounds");
-        return NULL;
-    }
+    /* (the table needs an empty slot whatever it holds: max_keys < cap, and every probe below
+     * stops after cap slots) */
+    if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || start < 0 || stop > a[1].n ||
+        stop > a[2].n || stop > a[3].n || stop > a[4].n || base < 0 || base > MAX_BASE ||
+        max_keys < 0 || max_keys >= cap || count < 0 || count > max_keys)
+        ARG_ERROR(a, 5, "insert_entries: cap %lld, max_keys %lld, count %lld, base %lld or "
+                  "start/stop %lld/%lld do not fit the arrays (table of %lld words, %lld "
+                  "entries)", (long long)cap, (long long)max_keys, (long long)count,
+                  (long long)base, (long long)start, (long long)stop, (long long)a[0].n,
+                  (long long)a[1].n);
     uint32_t *table = (uint32_t *)a[0].p;
     int64_t next = stop, status = MAP_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -60,17 +66,23 @@ static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_
             __builtin_prefetch(&table[home(ld_u64(&a[2], i + PREFETCH_AHEAD), cap) * 4], 0, 3);
         if (ld_u16(&a[4], i) & 2)
             continue; /* keyless: never deduplicated, not in the map */
-        int64_t delta = ld_i64(&a[1], i) - base;
-        if (delta < 0 || delta > MAX_DELTA) {
+        int64_t off = ld_i64(&a[1], i);
+        if (off < base || off - base > MAX_DELTA) {
             next = i;
             status = MAP_FULL;
             break;
         }
+        int64_t delta = off - base;
         uint64_t lo = ld_u64(&a[2], i), hi = ld_u64(&a[3], i);
         uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
                  k2 = (uint32_t)(lo >> 32);
         int64_t h = home(lo, cap);
-        for (;;) {
+        for (int64_t probes = 0;; probes++) {
+            if (probes == cap) { /* no empty slot: a table that is not the map's */
+                next = i;
+                status = MAP_FULL;
+                goto done;
+            }
             uint32_t *s = &table[h * 4];
             if (s[3] == EMPTY) {
                 if (count >= max_keys) {
@@ -105,7 +117,7 @@ static inline int64_t lookup(const uint32_t *table, int64_t cap, int64_t base, u
     uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
              k2 = (uint32_t)(lo >> 32);
     int64_t h = home(lo, cap);
-    for (;;) {
+    for (int64_t probes = 0; probes < cap; probes++) {
         const uint32_t *s = &table[h * 4];
         if (s[3] == EMPTY)
             return -1;
@@ -114,6 +126,7 @@ static inline int64_t lookup(const uint32_t *table, int64_t cap, int64_t base, u
         if (++h == cap)
             h = 0;
     }
+    return -1; /* every slot probed (a table with no empty slot) */
 }
 
 /* lookup_many(table, cap, base, dlo, dhi, out): out[i] = latest offset of digest i, or -1 */
@@ -132,11 +145,11 @@ static PyObject *lookup_many(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     int64_t n = a[1].n;
-    if (a[0].stride != 4 || a[0].n < cap * 4 || cap <= 0 || a[2].n < n || a[3].n < n) {
-        arr_release(a, 4);
-        PyErr_SetString(PyExc_ValueError, "lookup_many: arrays shorter than their bounds");
-        return NULL;
-    }
+    if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || a[2].n < n || a[3].n < n ||
+        base < 0 || base > MAX_BASE)
+        ARG_ERROR(a, 4, "lookup_many: cap %lld or base %lld do not fit the arrays (table of "
+                  "%lld words, %lld digests)", (long long)cap, (long long)base,
+                  (long long)a[0].n, (long long)n);
     const uint32_t *table = (const uint32_t *)a[0].p;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n; i++) {
@@ -171,12 +184,13 @@ static PyObject *decide(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     int64_t n = a[1].n;
-    if (a[0].stride != 4 || a[0].n < cap * 4 || cap <= 0 || a[2].n < n || a[3].n < n ||
-        a[4].n < n || a[5].n < n || a[6].n < n || a[7].n < n) {
-        arr_release(a, 8);
-        PyErr_SetString(PyExc_ValueError, "decide: arrays shorter than their bounds");
-        return NULL;
-    }
+    /* clean times are u32 seconds: now_s must be one, and no difference may overflow */
+    if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || a[2].n < n || a[3].n < n ||
+        a[4].n < n || a[5].n < n || a[6].n < n || a[7].n < n || base < 0 || base > MAX_BASE ||
+        now_s < 0 || now_s > 0xFFFFFFFFLL || retention_s < 0)
+        ARG_ERROR(a, 8, "decide: cap %lld, base %lld, now_s %lld or retention_s %lld out of "
+                  "range, or arrays shorter than the %lld entries", (long long)cap,
+                  (long long)base, (long long)now_s, (long long)retention_s, (long long)n);
     const uint32_t *table = (const uint32_t *)a[0].p;
     int64_t kept = 0, dropped = 0, tdropped = 0, stamped = 0;
     Py_BEGIN_ALLOW_THREADS

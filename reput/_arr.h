@@ -45,16 +45,31 @@ static inline uint32_t ld_u32(const Arr *a, int64_t i) { uint32_t x; memcpy(&x, 
 static inline uint16_t ld_u16(const Arr *a, int64_t i) { uint16_t x; memcpy(&x, a->p + i * a->stride, 2); return x; }
 static inline uint8_t ld_u8(const Arr *a, int64_t i) { return (uint8_t)a->p[i * a->stride]; }
 
-/* Python ints args[which[i]] as int64 into out[i]; -1 with an exception set on failure */
+/* Python ints args[which[i]] as int64 into out[i]; -1 with an exception set on failure (a
+ * value outside int64 is a ValueError naming the argument, not an OverflowError) */
 static inline int args_i64(PyObject *const *args, const int *which, int n, int64_t *out)
 {
     for (int i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(args[which[i]]);
+        int overflow = 0;
+        out[i] = PyLong_AsLongLongAndOverflow(args[which[i]], &overflow);
         if (out[i] == -1 && PyErr_Occurred())
             return -1;
+        if (overflow) {
+            PyErr_Format(PyExc_ValueError, "argument %d is outside the 64-bit integer range",
+                         which[i]);
+            return -1;
+        }
     }
     return 0;
 }
+
+/* a ValueError naming the function, then return NULL after releasing the arrays */
+#define ARG_ERROR(arrs, count, ...)                                                          \
+    do {                                                                                     \
+        arr_release((arrs), (count));                                                        \
+        PyErr_Format(PyExc_ValueError, __VA_ARGS__);                                         \
+        return NULL;                                                                         \
+    } while (0)
 
 #define CHECK_NARGS(name, want)                                                              \
     if (nargs != (want)) {                                                                   \

@@ -22,17 +22,22 @@
 #define KV_TOMBSTONE 1
 #define KV_KEYLESS 2
 
+/* the row of (lo, hi), or the free row where it goes; -1 when the table is full without it */
 static inline int64_t kv_probe(const uint64_t *rows, int64_t cap, uint64_t lo, uint64_t hi)
 {
     uint64_t mask = (uint64_t)cap - 1;
     int64_t s = (int64_t)(lo & mask);
-    while (rows[s * 5 + 4] & KV_USED) {
+    for (int64_t probes = 0; rows[s * 5 + 4] & KV_USED; probes++) {
         if (rows[s * 5] == lo && rows[s * 5 + 1] == hi)
             return s;
+        if (probes == cap)
+            return -1;
         s = (int64_t)(((uint64_t)s + 1) & mask);
     }
     return s;
 }
+
+#define TABLE_FULL "%s: the table is full (grow it before inserting)"
 
 /* a C-contiguous (cap, 5) uint64 table, cap a power of two */
 static int kv_table(PyObject *o, Arr *a, int64_t *cap, const char *name)
@@ -55,9 +60,11 @@ static int kv_table(PyObject *o, Arr *a, int64_t *cap, const char *name)
 static PyObject *kv_upsert_latest(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("kv_upsert_latest", 8);
-    long long end = PyLong_AsLongLong(args[6]), part = PyLong_AsLongLong(args[7]);
-    if (PyErr_Occurred())
+    static const int ints[] = {6, 7};
+    int64_t iv[2];
+    if (args_i64(args, ints, 2, iv) < 0)
         return NULL;
+    int64_t end = iv[0], part = iv[1];
     Arr t = {{0}}, a[5] = {{{0}}};
     int64_t cap;
     if (kv_table(args[0], &t, &cap, "rows") < 0)
@@ -77,7 +84,7 @@ static PyObject *kv_upsert_latest(PyObject *self, PyObject *const *args, Py_ssiz
         return NULL;
     }
     uint64_t *rows = (uint64_t *)t.p;
-    int64_t covered = 0, keyless = 0, added = 0;
+    int64_t covered = 0, keyless = 0, added = 0, full = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n; i++) {
         int64_t off = ld_i64(&a[0], i);
@@ -90,7 +97,12 @@ static PyObject *kv_upsert_latest(PyObject *self, PyObject *const *args, Py_ssiz
             continue;
         }
         uint64_t lo = ld_u64(&a[2], i), hi = ld_u64(&a[3], i);
-        uint64_t *r = &rows[kv_probe(rows, cap, lo, hi) * 5];
+        int64_t at = kv_probe(rows, cap, lo, hi);
+        if (at < 0) {
+            full = 1;
+            break;
+        }
+        uint64_t *r = &rows[at * 5];
         if (!(r[4] & KV_USED)) {
             r[0] = lo;
             r[1] = hi;
@@ -103,6 +115,10 @@ static PyObject *kv_upsert_latest(PyObject *self, PyObject *const *args, Py_ssiz
     Py_END_ALLOW_THREADS
     arr_release(&t, 1);
     arr_release(a, 5);
+    if (full) {
+        PyErr_Format(PyExc_ValueError, TABLE_FULL, "kv_upsert_latest");
+        return NULL;
+    }
     return Py_BuildValue("(LLL)", (long long)covered, (long long)keyless, (long long)added);
 }
 
@@ -121,13 +137,18 @@ static PyObject *kv_merge(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     uint64_t *rows = (uint64_t *)t.p;
     const uint64_t *other = (const uint64_t *)o.p;
-    int64_t added = 0, both = 0;
+    int64_t added = 0, both = 0, full = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t j = 0; j < ocap; j++) {
         const uint64_t *x = &other[j * 5];
         if (!(x[4] & KV_USED))
             continue;
-        uint64_t *r = &rows[kv_probe(rows, cap, x[0], x[1]) * 5];
+        int64_t at = kv_probe(rows, cap, x[0], x[1]);
+        if (at < 0) {
+            full = 1;
+            break;
+        }
+        uint64_t *r = &rows[at * 5];
         if (r[4] & KV_USED) {
             both++;
             int64_t ts_new = (int64_t)x[3], ts_old = (int64_t)r[3];
@@ -142,6 +163,10 @@ static PyObject *kv_merge(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_END_ALLOW_THREADS
     arr_release(&t, 1);
     arr_release(&o, 1);
+    if (full) {
+        PyErr_Format(PyExc_ValueError, TABLE_FULL, "kv_merge");
+        return NULL;
+    }
     return Py_BuildValue("(LL)", (long long)added, (long long)both);
 }
 
@@ -159,13 +184,24 @@ static PyObject *kv_rehash(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     const uint64_t *rows = (const uint64_t *)t.p;
     uint64_t *nw = (uint64_t *)o.p;
+    int full = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t j = 0; j < cap; j++)
-        if (rows[j * 5 + 4] & KV_USED)
-            memcpy(&nw[kv_probe(nw, ncap, rows[j * 5], rows[j * 5 + 1]) * 5], &rows[j * 5], 40);
+        if (rows[j * 5 + 4] & KV_USED) {
+            int64_t at = kv_probe(nw, ncap, rows[j * 5], rows[j * 5 + 1]);
+            if (at < 0) {
+                full = 1;
+                break;
+            }
+            memcpy(&nw[at * 5], &rows[j * 5], 40);
+        }
     Py_END_ALLOW_THREADS
     arr_release(&t, 1);
     arr_release(&o, 1);
+    if (full) {
+        PyErr_Format(PyExc_ValueError, TABLE_FULL, "kv_rehash");
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -175,10 +211,11 @@ static PyObject *kv_rehash(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *kv_gather(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("kv_gather", 8);
-    long long prefix = PyLong_AsLongLong(args[3]), pos = PyLong_AsLongLong(args[5]);
-    long long first = PyLong_AsLongLong(args[7]);
-    if (PyErr_Occurred())
+    static const int ints[] = {3, 5, 7};
+    int64_t iv[3];
+    if (args_i64(args, ints, 3, iv) < 0)
         return NULL;
+    int64_t prefix = iv[0], pos = iv[1], first = iv[2];
     Arr a[5] = {{0}};
     if (arr_get(args[0], &a[0], 1, 0, "src") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
         arr_get(args[2], &a[2], 8, 0, "lengths") < 0 || arr_get(args[4], &a[3], 1, 1, "out") < 0 ||
@@ -188,19 +225,19 @@ static PyObject *kv_gather(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     int64_t n = a[1].n;
     int bad = a[0].stride != 1 || a[3].stride != 1 || a[2].n < n || first < 0 || pos < 0 ||
-              first + n + 1 > a[4].n;
-    /* bounds of every copy before any */
-    int64_t need = pos;
+              prefix > 255 || first > a[4].n - n - 1 || pos > a[3].n;
+    /* bounds of every copy before any, written so that no sum can overflow */
+    int64_t need = pos, extra = prefix >= 0;
     for (int64_t i = 0; !bad && i < n; i++) {
         int64_t s = ld_i64(&a[1], i), l = ld_i64(&a[2], i);
-        bad |= s < 0 || l < 0 || s + l > a[0].n;
-        need += l + (prefix >= 0);
+        bad |= s < 0 || l < 0 || s > a[0].n || l > a[0].n - s || l > a[3].n - need - extra;
+        if (!bad)
+            need += l + extra;
     }
-    if (bad || need > a[3].n) {
-        arr_release(a, 5);
-        PyErr_SetString(PyExc_ValueError, "kv_gather: a range is outside its array");
-        return NULL;
-    }
+    if (bad)
+        ARG_ERROR(a, 5, "kv_gather: a range is outside its source, or the ranges do not fit "
+                  "out (%lld bytes from %lld) or offs (%lld from %lld)", (long long)a[3].n,
+                  (long long)pos, (long long)a[4].n, (long long)first);
     const char *src = a[0].p;
     char *out = a[3].p;
     int64_t q = pos;
@@ -224,8 +261,9 @@ static PyObject *kv_gather(PyObject *self, PyObject *const *args, Py_ssize_t nar
 static PyObject *kv_sort_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("kv_sort_rows", 4);
-    long long width = PyLong_AsLongLong(args[2]);
-    if (PyErr_Occurred())
+    static const int ints[] = {2};
+    int64_t width;
+    if (args_i64(args, ints, 1, &width) < 0)
         return NULL;
     Arr a[3] = {{0}};
     if (arr_get(args[0], &a[0], 1, 0, "keys") < 0 || arr_get(args[1], &a[1], 8, 0, "koffs") < 0 ||
@@ -234,7 +272,8 @@ static PyObject *kv_sort_rows(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     int64_t n = a[1].n - 1;
-    int bad = n < 0 || width < 4 || a[0].stride != 1 || a[2].stride != 1 || n * width > a[2].n;
+    int bad = n < 0 || width < 4 || a[0].stride != 1 || a[2].stride != 1 ||
+              (n > 0 && width > a[2].n / n);
     for (int64_t i = 0; !bad && i < n; i++) {
         int64_t s = ld_i64(&a[1], i), e = ld_i64(&a[1], i + 1);
         bad |= s < 0 || e < s || e > a[0].n || e - s > width - 4;
