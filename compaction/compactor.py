@@ -19,6 +19,16 @@ A round:
    checkpoint to ``last_mapped``.
 
 Rounds repeat until the dirty range is empty, so deduplication is exact for any number of keys.
+
+**Damage is refused, never spread.** Every .bcq a round acts on (the segments it maps, plans and
+rewrites, the segments retention deletes) is read whole before anything is written, and
+``IndexCursor`` checks it against the checksum in the partition's segment list (or manifest):
+a mismatch raises ``CorruptRecordError`` naming the .bcq before the round writes anything. The
+records a round keeps are read through the partition reader, each checked against its entry and
+its CRC, so a damaged .log fails the copy; the round's staged outputs are then deleted and no
+swap happens. A forced compaction that is refused takes back its roll of the active segment
+(``PartitionLog.unroll``), so a compaction refused in its first round leaves the partition as
+it was; rounds that completed before a refused one stay (each is a whole, correct swap).
 Memory: the map's budget plus a few chunk buffers (``io_chunk_bytes``), whatever the partition
 size. The active segment is never compacted, except with ``force``, which rolls it first.
 
@@ -206,12 +216,13 @@ class Compactor:
             res.segments_before = len(pl.segments)
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
+            rolled = False
             with self.store.lock:
                 if pl.manifest_mode:
                     if force:
                         pl.seal(self.store.writer or "compactor")
                 elif force and pl.segments and pl.segments[-1].log_size > 0:
-                    pl.roll()
+                    rolled = pl.roll()
                 pl.sync()
             try:
                 if cfg.delete:
@@ -233,9 +244,11 @@ class Compactor:
                 res.duration_s = time.perf_counter() - t0
                 return res
             except BaseException:
-                if pl.manifest_mode:
-                    with self.store.lock:
+                with self.store.lock:
+                    if pl.manifest_mode:
                         pl.abort_staged()
+                    else:
+                        self._abandon(pl, rolled)
                 raise
             res.segments_after = len(pl.segments)
             res.size_after = pl.size_bytes()
@@ -262,6 +275,15 @@ class Compactor:
             return res
         finally:
             lock.release()
+
+    def _abandon(self, pl: PartitionLog, rolled: bool) -> None:
+        """A local compaction that failed: staged outputs not committed are deleted, and the
+        roll this compaction made is taken back while the new active segment is empty."""
+        fs = self.store.fs
+        if not fs.exists(f"{swap.staging_dir(pl.dir)}/{swap.PLAN_NAME}"):
+            swap.abort(fs, pl.dir)
+        if rolled:
+            pl.unroll()
 
     def _commit_remote(self, pl: PartitionLog, run: dict | None, res: CompactionResult,
                        records_before: int) -> None:

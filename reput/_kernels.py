@@ -436,25 +436,48 @@ def field_spans(buf, positions, kstart, klen, vstart, vlen, hstart, hlen, attrs)
 
 
 @njit(cache=True, nogil=True)
-def verify_records(buf, base, positions, sizes, offsets, contiguous):
+def verify_records(buf, base, entries, k0, k1, contiguous):
     """Index of the first record that does not match its index entry, or -1 (reput/_native.c's
-    verify_records: header valid, the entry's size and offset, CRC32C; with ``contiguous`` the
-    records lie back to back from buf[0] to its end, else ``positions.shape[0]``)."""
+    verify_records: ``entries`` the bytes of n 48-byte .bcq entries; header valid, CRC32C, and
+    the entry's size, offset, timestamp, flags and key digest; with ``contiguous`` the records
+    lie back to back from buf[0] to its end, else ``n``). The caller checks the arguments."""
     blen = buf.shape[0]
     expect = np.int64(0)
-    n = positions.shape[0]
+    n = entries.shape[0] // 48
     for i in range(n):
-        p = np.int64(positions[i]) - base
-        size = np.int64(sizes[i])
-        if p < 0 or p > blen or (contiguous and p != expect):
+        q = i * 48
+        p = np.int64(_rd_u32(entries, q + 32)) - base
+        size = np.int64(_rd_u32(entries, q + 36))
+        if size < HEADER_SIZE or p < 0 or p > blen or (contiguous and p != expect):
             return i
         if _check_header(buf, p, blen) != size:
             return i
-        if _rd_i64(buf, p + 16) != offsets[i]:
+        if _rd_u64(buf, p + 16) != _rd_u64(entries, q) or \
+                _rd_u64(buf, p + 24) != _rd_u64(entries, q + 8):
+            return i
+        flags = np.uint32(entries[q + 40]) | (np.uint32(entries[q + 41]) << np.uint32(8))
+        if flags != np.uint32(buf[p + 9]):
             return i
         if crc32c(buf, p + 8, p + size, CRC_TABLES) != _rd_u32(buf, p + 4):
+            return i
+        lo = np.uint64(0)
+        hi = np.uint64(0)
+        if not (buf[p + 9] & ATTR_NULL_KEY):
+            lo, hi = siphash128(k0, k1, buf, p + HEADER_SIZE + np.int64(buf[p + 10]),
+                                np.int64(_rd_i32(buf, p + 32)))
+        if lo != _rd_u64(entries, q + 16) or hi != _rd_u64(entries, q + 24):
             return i
         expect = p + size
     if contiguous and expect != blen:
         return n
     return -1
+
+
+@njit(cache=True, nogil=True)
+def crc32c_update(crc, buf):
+    """CRC32C of ``buf`` continuing from ``crc`` (0 to start): reput/_native.c's crc32c."""
+    c = np.uint32(crc) ^ np.uint32(0xFFFFFFFF)
+    t0 = CRC_TABLES[0]
+    for i in range(buf.shape[0]):
+        c = t0[(c ^ np.uint32(buf[i])) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
+    return c ^ np.uint32(0xFFFFFFFF)

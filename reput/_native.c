@@ -21,7 +21,7 @@
 #include "_arr.h"
 
 /* lower_bound_strided(words, stride_words, n, target): first i in [0, n) with
- * words[i * stride_words] >= target (int64), else n */
+ * words[i * stride_words] >= target (int64), else n. The n entries must lie in words. */
 static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("lower_bound_strided", 4);
@@ -38,18 +38,17 @@ static PyObject *lower_bound_strided(PyObject *self, PyObject *const *args, Py_s
     Py_DECREF(t);
     if (target == -1 && PyErr_Occurred())
         return NULL;
-    if (overflow > 0) /* beyond every int64 offset */
-        return PyLong_FromLongLong(n < 0 ? 0 : n);
-    if (overflow < 0)
-        return PyLong_FromLongLong(0);
     Arr a;
     memset(&a, 0, sizeof a);
     if (arr_get(args[0], &a, 8, 0, "words") < 0)
         return NULL;
-    if (stride <= 0 || n < 0 || (n > 0 && (n - 1) * stride >= a.n)) {
+    /* (n - 1) * stride < a.n, written so that it cannot overflow */
+    if (stride <= 0 || n < 0 || (n > 0 && (a.n <= 0 || n - 1 > (a.n - 1) / stride)))
+        ARG_ERROR(&a, 1, "lower_bound_strided: %lld entries of stride %lld do not fit %lld "
+                  "words", (long long)n, (long long)stride, (long long)a.n);
+    if (overflow) { /* beyond every int64 offset: all below it, or none */
         PyBuffer_Release(&a.v);
-        PyErr_SetString(PyExc_ValueError, "lower_bound_strided: n entries do not fit words");
-        return NULL;
+        return PyLong_FromLongLong(overflow > 0 ? n : 0);
     }
     int64_t lo = 0, hi = n;
     while (lo < hi) {
@@ -101,25 +100,26 @@ static void crc_init(void)
 #endif
 }
 
+/* the CRC32C register after p[0:n], from register c (the caller inverts in and out) */
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(const uint8_t *p, int64_t n)
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw_from(uint32_t c32, const uint8_t *p,
+                                                                 int64_t n)
 {
-    uint64_t c = 0xFFFFFFFFu;
+    uint64_t c = c32;
     while (n >= 8) {
         c = __builtin_ia32_crc32di(c, rd64(p));
         p += 8;
         n -= 8;
     }
-    uint32_t c32 = (uint32_t)c;
+    c32 = (uint32_t)c;
     while (n-- > 0)
         c32 = __builtin_ia32_crc32qi(c32, *p++);
-    return c32 ^ 0xFFFFFFFFu;
+    return c32;
 }
 #endif
 
-static uint32_t crc32c_sw(const uint8_t *p, int64_t n)
+static uint32_t crc32c_sw_from(uint32_t crc, const uint8_t *p, int64_t n)
 {
-    uint32_t crc = 0xFFFFFFFFu;
     while (n >= 8) {
         uint32_t one = crc ^ rd32(p);
         crc = crc_table[7][one & 0xFF] ^ crc_table[6][(one >> 8) & 0xFF] ^
@@ -130,16 +130,16 @@ static uint32_t crc32c_sw(const uint8_t *p, int64_t n)
     }
     while (n-- > 0)
         crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
-    return crc ^ 0xFFFFFFFFu;
+    return crc;
 }
 
 static inline uint32_t crc32c(const uint8_t *p, int64_t n)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (crc_hw)
-        return crc32c_hw(p, n);
+        return crc32c_hw_from(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
 #endif
-    return crc32c_sw(p, n);
+    return crc32c_sw_from(0xFFFFFFFFu, p, n) ^ 0xFFFFFFFFu;
 }
 
 /* the record size at p if its header is self-consistent, 0 if torn, -1 if invalid */
@@ -170,18 +170,21 @@ static inline int64_t check_header(const uint8_t *b, int64_t p, int64_t end)
 static PyObject *count_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("count_records", 4);
-    long long start = PyLong_AsLongLong(args[1]), end = PyLong_AsLongLong(args[2]);
+    static const int ints[] = {1, 2};
+    int64_t iv[2];
+    if (args_i64(args, ints, 2, iv) < 0)
+        return NULL;
+    int64_t start = iv[0], end = iv[1];
     int verify = PyObject_IsTrue(args[3]);
-    if (PyErr_Occurred() || verify < 0)
+    if (verify < 0)
         return NULL;
     Arr a = {{0}};
     if (arr_get(args[0], &a, 1, 0, "buf") < 0)
         return NULL;
-    if (a.stride != 1 || start < 0 || end < start || end > a.n) {
-        arr_release(&a, 1);
-        PyErr_SetString(PyExc_ValueError, "count_records: start/end outside the buffer");
-        return NULL;
-    }
+    if (a.stride != 1 || start < 0 || end < start || end > a.n)
+        ARG_ERROR(&a, 1, "count_records: start %lld / end %lld outside the buffer of %lld "
+                  "bytes (or the buffer is not contiguous)", (long long)start, (long long)end,
+                  (long long)a.n);
     const uint8_t *b = (const uint8_t *)a.p;
     int64_t p = start, n = 0, status = SCAN_OK;
     Py_BEGIN_ALLOW_THREADS
@@ -248,7 +251,11 @@ static void siphash128(uint64_t k0, uint64_t k1, const uint8_t *p, int64_t len, 
 static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("fill_records", 15);
-    long long start = PyLong_AsLongLong(args[1]), n = PyLong_AsLongLong(args[2]);
+    static const int ints[] = {1, 2};
+    int64_t iv[2];
+    if (args_i64(args, ints, 2, iv) < 0)
+        return NULL;
+    int64_t start = iv[0], n = iv[1];
     unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[3]);
     unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[4]);
     if (PyErr_Occurred())
@@ -264,14 +271,13 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
             arr_release(a, 11);
             return NULL;
         }
-    int bad = a[0].stride != 1 || start < 0 || n < 0;
+    int bad = a[0].stride != 1 || start < 0 || start > a[0].n || n < 0;
     for (int i = 1; i < 11; i++)
         bad |= a[i].n < n;
-    if (bad) {
-        arr_release(a, 11);
-        PyErr_SetString(PyExc_ValueError, "fill_records: output arrays shorter than n");
-        return NULL;
-    }
+    if (bad)
+        ARG_ERROR(a, 11, "fill_records: start %lld outside the buffer of %lld bytes, or output "
+                  "arrays shorter than n = %lld", (long long)start, (long long)a[0].n,
+                  (long long)n);
     const uint8_t *b = (const uint8_t *)a[0].p;
     int64_t blen = a[0].n, p = start, failed = -1;
     Py_BEGIN_ALLOW_THREADS
@@ -319,12 +325,24 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* -- reading records against their index entries (reput/reader.py) ------------------------- */
 
-/* verify_records(buf, base, positions, sizes, offsets, contiguous) -> index of the first record
- * that fails, or -1. Record i is the one index entry i points to: at buf[positions[i] - base]
- * (positions u32, sizes u32, offsets i64: the .bcq fields, strided) it must have a valid header,
- * the entry's size and offset, and a matching CRC32C. With contiguous, the records must also lie
- * back to back from buf[0] and end exactly at the end of buf (a range shipped as it is). The
- * reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
+/* verify_records(buf, base, entries, k0, k1, contiguous) -> index of the first record that
+ * fails, or -1. ``entries`` is the bytes of n .bcq entries (docs/formats/bcq.md: 48 bytes each,
+ * contiguous); record i is the one entry i points to: at buf[position - base] there must be a
+ * record with a valid header and a matching CRC32C whose size, offset, timestamp, attributes
+ * (the entry's flags) and key digest (SipHash-2-4-128 under (k0, k1); 0 when keyless) are the
+ * entry's. With contiguous, the records must also lie back to back from buf[0] and end exactly
+ * at the end of buf (a range read or shipped as it is); bytes left after the last record make
+ * the result n. The reader's one check (reader.verify_records); the numba twin is
+ * reput/_kernels.py's. */
+#define E_OFFSET 0
+#define E_TIMESTAMP 8
+#define E_DIGEST_LO 16
+#define E_DIGEST_HI 24
+#define E_POSITION 32
+#define E_SIZE 36
+#define E_FLAGS 40
+#define ENTRY_SIZE 48
+
 static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("verify_records", 6);
@@ -332,38 +350,56 @@ static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_
     int64_t base;
     if (args_i64(args, ints, 1, &base) < 0)
         return NULL;
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[3]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
     int contiguous = PyObject_IsTrue(args[5]);
     if (contiguous < 0)
         return NULL;
-    Arr a[4] = {{{0}}};
-    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[2], &a[1], 4, 0, "positions") < 0 ||
-        arr_get(args[3], &a[2], 4, 0, "sizes") < 0 || arr_get(args[4], &a[3], 8, 0, "offsets") < 0) {
-        arr_release(a, 4);
+    Arr a[2] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[2], &a[1], 1, 0, "entries") < 0) {
+        arr_release(a, 2);
         return NULL;
     }
-    int64_t n = a[1].n, blen = a[0].n;
-    if (a[0].stride != 1 || a[2].n < n || a[3].n < n) {
-        arr_release(a, 4);
-        PyErr_SetString(PyExc_ValueError, "verify_records: arrays shorter than positions");
-        return NULL;
-    }
-    const uint8_t *b = (const uint8_t *)a[0].p;
-    int64_t bad = -1, expect = 0;
+    /* a .log position is 32 bits: base (the file position of buf[0]) is one too */
+    if (a[0].stride != 1 || a[1].stride != 1 || a[1].n % ENTRY_SIZE != 0 || base < 0 ||
+        base > 0xFFFFFFFFll)
+        ARG_ERROR(a, 2, "verify_records: buf and entries must be contiguous bytes, entries a "
+                  "whole number of %d-byte entries (got %lld bytes), base in [0, 2^32) "
+                  "(got %lld)", ENTRY_SIZE, (long long)a[1].n, (long long)base);
+    const uint8_t *b = (const uint8_t *)a[0].p, *e = (const uint8_t *)a[1].p;
+    int64_t n = a[1].n / ENTRY_SIZE, blen = a[0].n, bad = -1, expect = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t i = 0; i < n; i++) {
-        int64_t p = (int64_t)ld_u32(&a[1], i) - base, size = (int64_t)ld_u32(&a[2], i);
-        if (p < 0 || p > blen || (contiguous && p != expect) ||
-            check_header(b, p, blen) != size || (int64_t)rd64(b + p + 16) != ld_i64(&a[3], i) ||
-            crc32c(b + p + 8, size - 8) != rd32(b + p + 4)) {
+    for (int64_t i = 0; i < n; i++, e += ENTRY_SIZE) {
+        int64_t p = (int64_t)rd32(e + E_POSITION) - base, size = (int64_t)rd32(e + E_SIZE);
+        /* size >= REC_HEADER before anything is read at p (a zeroed entry has size 0) */
+        if (size < REC_HEADER || p < 0 || p > blen || (contiguous && p != expect) ||
+            check_header(b, p, blen) != size) {
+            bad = i;
+            break;
+        }
+        const uint8_t *h = b + p;
+        uint16_t flags;
+        memcpy(&flags, e + E_FLAGS, 2);
+        if (rd64(h + 16) != rd64(e + E_OFFSET) || rd64(h + 24) != rd64(e + E_TIMESTAMP) ||
+            flags != h[9] || crc32c(h + 8, size - 8) != rd32(h + 4)) {
+            bad = i;
+            break;
+        }
+        uint64_t lo = 0, hi = 0;
+        if (!(h[9] & REC_NULL_KEY))
+            siphash128(k0, k1, h + REC_HEADER + h[10], (int32_t)rd32(h + 32), &lo, &hi);
+        if (lo != rd64(e + E_DIGEST_LO) || hi != rd64(e + E_DIGEST_HI)) {
             bad = i;
             break;
         }
         expect = p + size;
     }
     if (bad < 0 && contiguous && expect != blen)
-        bad = n; /* bytes after the last record: none of them may be shipped */
+        bad = n; /* bytes after the last record: none of them may be handed out */
     Py_END_ALLOW_THREADS
-    arr_release(a, 4);
+    arr_release(a, 2);
     return PyLong_FromLongLong(bad);
 }
 
@@ -387,11 +423,9 @@ static PyObject *field_spans(PyObject *self, PyObject *const *args, Py_ssize_t n
     int bad = a[0].stride != 1;
     for (int i = 2; i < 9; i++)
         bad |= a[i].n < n;
-    if (bad) {
-        arr_release(a, 9);
-        PyErr_SetString(PyExc_ValueError, "field_spans: arrays shorter than positions");
-        return NULL;
-    }
+    if (bad)
+        ARG_ERROR(a, 9, "field_spans: buf is not contiguous or an output array is shorter than "
+                  "the %lld positions", (long long)n);
     const uint8_t *b = (const uint8_t *)a[0].p;
     int64_t at = -1;
     Py_BEGIN_ALLOW_THREADS
@@ -437,14 +471,14 @@ static PyObject *gather_ranges(PyObject *self, PyObject *const *args, Py_ssize_t
     int bad = a[0].stride != 1 || a[3].stride != 1 || a[2].n < n;
     for (int64_t i = 0; !bad && i < n; i++) {
         int64_t s = ld_i64(&a[1], i), l = ld_i64(&a[2], i);
-        bad |= s < 0 || l < 0 || s + l > a[0].n;
-        need += l;
+        /* written so that no sum can overflow */
+        bad |= s < 0 || l < 0 || s > a[0].n || l > a[0].n - s || l > a[3].n - need;
+        if (!bad)
+            need += l;
     }
-    if (bad || need > a[3].n) {
-        arr_release(a, 4);
-        PyErr_SetString(PyExc_ValueError, "gather_ranges: a range is outside its array");
-        return NULL;
-    }
+    if (bad)
+        ARG_ERROR(a, 4, "gather_ranges: a range is outside its source array, or the ranges "
+                  "do not fit the output of %lld bytes", (long long)a[3].n);
     int64_t q = 0;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n; i++) {
@@ -457,7 +491,38 @@ static PyObject *gather_ranges(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromLongLong(q);
 }
 
+/* crc32c(buf, crc) -> the CRC32C of buf's bytes continuing from crc (0 to start): the
+ * checksum of a .bcq in a partition's segment list (docs/formats/segment-list.md) */
+static PyObject *crc32c_update(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("crc32c", 2);
+    unsigned long long crc = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (crc > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_ValueError, "crc32c: crc must be a 32-bit value");
+        return NULL;
+    }
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    const uint8_t *p = (const uint8_t *)v.buf;
+    int64_t n = v.len;
+    uint32_t c = (uint32_t)crc ^ 0xFFFFFFFFu;
+    Py_BEGIN_ALLOW_THREADS
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (crc_hw)
+        c = crc32c_hw_from(c, p, n);
+    else
+#endif
+        c = crc32c_sw_from(c, p, n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLong(c ^ 0xFFFFFFFFu);
+}
+
 static PyMethodDef methods[] = {
+    {"crc32c", (PyCFunction)(void (*)(void))crc32c_update, METH_FASTCALL, NULL},
     {"verify_records", (PyCFunction)(void (*)(void))verify_records, METH_FASTCALL, NULL},
     {"field_spans", (PyCFunction)(void (*)(void))field_spans, METH_FASTCALL, NULL},
     {"gather_ranges", (PyCFunction)(void (*)(void))gather_ranges, METH_FASTCALL, NULL},

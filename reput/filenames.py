@@ -6,6 +6,7 @@ Layout (docs/formats/README.md):
     commitlog/<writer>/<20-digit base position>.log
     commitlog/<writer>/reput.checkpoint
     partitions/<topic>/<partition>/<20-digit base offset>.log   (+ .bcq, same base name)
+    partitions/<topic>/<partition>/segments.json   (the segment list)
     partitions/<topic>/<partition>/compaction.checkpoint
     partitions/<topic>/<partition>/.compacting/   .replicating/
 
@@ -33,6 +34,7 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".bcq"
 REPUT_CHECKPOINT = "reput.checkpoint"
 COMPACTION_CHECKPOINT = "compaction.checkpoint"
+SEGMENT_LIST = "segments.json"
 COMPACTING_DIR = ".compacting"
 REPLICATING_DIR = ".replicating"
 DELETED_DIR = ".deleted"
@@ -128,6 +130,10 @@ def segment_log(topic: str, partition: int, base: int, sub: str | None = None) -
 def segment_index(topic: str, partition: int, base: int, sub: str | None = None) -> str:
     d = partition_dir(topic, partition) + (f"/{sub}" if sub else "")
     return f"{d}/{base_name(base)}{INDEX_SUFFIX}"
+
+
+def segment_list(topic: str, partition: int) -> str:
+    return f"{partition_dir(topic, partition)}/{SEGMENT_LIST}"
 
 
 def compaction_checkpoint(topic: str, partition: int) -> str:

@@ -34,6 +34,16 @@ KEEP_VERSIONS = 3
 #: garbage collector's grace period does) and takes its number.
 ABORTED_VERSION_AGE_MS = 10_000
 _MAX_REL = (1 << 32) - 1  # a 32-bit roaring bitmap holds offsets base .. base + 2^32 - 1
+MAX_OFFSET = (1 << 63) - 1  # offsets are int64 (record.md)
+
+
+def _int(d: dict, key: str, lo: int, hi: int) -> int:
+    v = d[key]
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"{key} is not an integer")
+    if not lo <= v <= hi:
+        raise ValueError(f"{key} {v} is outside [{lo}, {hi}]")
+    return v
 
 
 class ManifestConflictError(ReputError):
@@ -54,10 +64,13 @@ class SegmentEntry:
     first_offset: int   # -1 when the segment is empty
     last_offset: int
     offsets: BitMap = field(default_factory=BitMap)  # offset - base of every record
+    #: CRC32C of the .bcq object (written since segment lists; None in older manifests): what
+    #: compaction checks an index against before it acts on it (reput/reader.py IndexCursor)
+    bcq_crc32c: int | None = None
 
     @classmethod
     def from_entries(cls, base: int, log: str, bcq: str, log_size: int,
-                     offsets: np.ndarray) -> "SegmentEntry":
+                     offsets: np.ndarray, bcq_crc32c: int | None = None) -> "SegmentEntry":
         """The entry of a segment whose .bcq holds records at ``offsets`` (sorted int64)."""
         n = int(offsets.shape[0])
         rel = offsets.astype(np.int64) - base
@@ -66,7 +79,7 @@ class SegmentEntry:
                              f"not fit a 32-bit bitmap relative to base {base}")
         bm = BitMap(rel.astype(np.uint32)) if n else BitMap()
         return cls(base, log, bcq, int(log_size), n * 48, n,
-                   int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm)
+                   int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm, bcq_crc32c)
 
     def holds(self, offset: int) -> bool:
         rel = offset - self.base
@@ -94,20 +107,60 @@ class SegmentEntry:
         return np.asarray(self.offsets.to_array(), dtype=np.int64) + self.base
 
     def to_dict(self) -> dict:
-        return {"base": self.base, "log": self.log, "bcq": self.bcq,
-                "log_size": self.log_size, "bcq_size": self.bcq_size, "records": self.records,
-                "first_offset": self.first_offset, "last_offset": self.last_offset,
-                "offsets": base64.b64encode(self.offsets.serialize()).decode()}
+        d = {"base": self.base, "log": self.log, "bcq": self.bcq,
+             "log_size": self.log_size, "bcq_size": self.bcq_size, "records": self.records,
+             "first_offset": self.first_offset, "last_offset": self.last_offset,
+             "offsets": base64.b64encode(self.offsets.serialize()).decode()}
+        if self.bcq_crc32c is not None:
+            d["bcq_crc32c"] = f"{self.bcq_crc32c:08x}"
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "SegmentEntry":
-        bm = BitMap.deserialize(base64.b64decode(d["offsets"]))
-        e = cls(int(d["base"]), str(d["log"]), str(d["bcq"]), int(d["log_size"]),
-                int(d["bcq_size"]), int(d["records"]), int(d["first_offset"]),
-                int(d["last_offset"]), bm)
+        """Parse and validate one entry (ValueError naming what is wrong): object names of
+        this base, sizes and offsets in range, the bitmap consistent with the counts."""
+        if not isinstance(d, dict):
+            raise ValueError("a segment entry is not an object")
+        base = _int(d, "base", 0, MAX_OFFSET)
+        names = []
+        for key, suffix in (("log", "log"), ("bcq", "bcq")):
+            name = d[key]
+            parsed = fn.parse_segment_object(name) if isinstance(name, str) else None
+            if parsed is None or parsed[0] != base or parsed[2] != suffix:
+                raise ValueError(f"segment {base}: {key} {name!r} is not a segment object name "
+                                 "of that base")
+            names.append(name)
+        raw = d["offsets"]
+        if not isinstance(raw, str) or not raw:
+            raise ValueError(f"segment {names[0]}: offsets is not a base64 bitmap")
+        try:
+            bm = BitMap.deserialize(base64.b64decode(raw, validate=True))
+        except (ValueError, IndexError, MemoryError, OverflowError):
+            raise ValueError(f"segment {names[0]}: offsets is not a valid bitmap") from None
+        records = _int(d, "records", 0, _MAX_REL + 1)
+        e = cls(base, names[0], names[1], _int(d, "log_size", 0, MAX_OFFSET),
+                _int(d, "bcq_size", 0, MAX_OFFSET), records,
+                _int(d, "first_offset", -1, MAX_OFFSET), _int(d, "last_offset", -1, MAX_OFFSET),
+                bm, None)
+        crc = d.get("bcq_crc32c")
+        if crc is not None:
+            if not isinstance(crc, str) or len(crc) != 8:
+                raise ValueError(f"segment {e.log}: bcq_crc32c is not 8 hex digits")
+            e.bcq_crc32c = int(crc, 16)
         if len(bm) != e.records:
             raise ValueError(f"segment {e.log}: bitmap holds {len(bm)} offsets, records says "
                              f"{e.records}")
+        if e.bcq_size != 48 * e.records:
+            raise ValueError(f"segment {e.log}: bcq_size {e.bcq_size} is not 48 x {e.records}")
+        want = (base + bm.min(), base + bm.max()) if e.records else (-1, -1)
+        if (e.first_offset, e.last_offset) != want:
+            raise ValueError(f"segment {e.log}: first/last offsets {e.first_offset}.."
+                             f"{e.last_offset} are not its bitmap's {want[0]}..{want[1]}")
+        if e.last_offset > MAX_OFFSET:
+            raise ValueError(f"segment {e.log}: offsets beyond 2^63")
+        if e.log_size < 45 * e.records:
+            raise ValueError(f"segment {e.log}: log_size {e.log_size} is too small for "
+                             f"{e.records} records")
         return e
 
 
@@ -147,20 +200,50 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "Manifest":
+        """Parse and validate (schema, bounds, segments in order and apart, offsets below
+        next_offset); CorruptRecordError naming ``where`` and what is wrong otherwise."""
         try:
             d = json.loads(raw)
-            fv = int(d["format_version"])
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            fv = _int(d, "format_version", 1, MAX_OFFSET)
             if fv > FORMAT_VERSION:
                 raise ReputError(f"{where}: manifest format version {fv} is newer than this "
                                  f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+            if not isinstance(d["segments"], list):
+                raise ValueError("segments is not a list")
             segs = sorted((SegmentEntry.from_dict(s) for s in d["segments"]),
                           key=lambda s: s.base)
-            return cls(int(d["version"]), int(d.get("created_ms", 0)), str(d.get("writer", "")),
-                       int(d["cleaned_offset"]), int(d["next_offset"]), d.get("last_run"),
-                       segs, list(d.get("retired") or []), fv)
+            for a, b in zip(segs, segs[1:]):
+                if b.base <= a.base or (a.records and a.last_offset >= b.base):
+                    raise ValueError(f"segments {a.log} and {b.log} overlap")
+            last_run = d.get("last_run")
+            if last_run is not None and not isinstance(last_run, dict):
+                raise ValueError("last_run is not an object")
+            retired = d.get("retired") or []
+            if not isinstance(retired, list) or not all(isinstance(r, dict) for r in retired):
+                raise ValueError("retired is not a list of objects")
+            for r in retired:
+                for key in ("log", "bcq"):
+                    if r.get(key) is not None and (not isinstance(r[key], str) or
+                                                   fn.parse_segment_object(r[key]) is None):
+                        raise ValueError(f"retired {key} {r[key]!r} is not a segment object")
+            writer = d.get("writer", "")
+            m = cls(_int(d, "version", 1, MAX_OFFSET),
+                    _int(d, "created_ms", 0, MAX_OFFSET) if "created_ms" in d else 0,
+                    writer if isinstance(writer, str) else str(writer),
+                    _int(d, "cleaned_offset", -1, MAX_OFFSET),
+                    _int(d, "next_offset", 0, MAX_OFFSET), last_run, segs, retired, fv)
+            if m.last_offset >= m.next_offset:
+                raise ValueError(f"next_offset {m.next_offset} is not past the last offset "
+                                 f"{m.last_offset}")
+            return m
         except ReputError:
             raise
-        except (ValueError, KeyError, TypeError) as e:
+        except RecursionError:
+            raise CorruptRecordError(f"{where}: unreadable partition manifest (nested too "
+                                     "deeply)", where, 0) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptRecordError(f"{where}: unreadable partition manifest ({e})",
                                      where, 0) from None
 

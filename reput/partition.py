@@ -8,11 +8,14 @@ data. Opening for write recovers (reput/partition_recovery.py). Every read goes 
 partition reader (reput/reader.py), which checks each record against its index entry and its
 CRC and never serves a record that fails.
 
-On an object store (S3, ``fs.appendable`` false) the segments are the partition manifest's
-(docs/formats/manifest.md), never a listing: reput/partition_manifest.py. The class is split
-along those seams: this file is the catalog of segments, the index access and the writer.
-The writer rolls its active segment at ``segment.bytes`` and by the time rules (``roll``). The
-injected clock (``clock``, the store's) is the "now" of every decision about what is kept.
+A local partition keeps a segment list (docs/formats/segment-list.md: which segments it holds,
+their sizes and .bcq checksums), which readers check the files against:
+reput/partition_list.py. On an object store (S3, ``fs.appendable`` false) the segments are the
+partition manifest's (docs/formats/manifest.md), never a listing: reput/partition_manifest.py.
+The class is split along those seams: this file is the catalog of segments, the index access and
+the writer. The writer rolls its active segment at ``segment.bytes`` and by the time rules
+(``roll``). The injected clock (``clock``, the store's) is the "now" of every decision about
+what is kept.
 """
 
 from __future__ import annotations
@@ -29,24 +32,32 @@ from .backend import AppendFile, Backend
 from .config import SYSTEM_CLOCK, Clock, TopicConfig
 from .errors import ReputError
 from .locks import FileLock
+from .partition_list import ListedPartition
 from .partition_manifest import ManifestPartition
 from .partition_recovery import SegmentRecovery
 from .columns import RecordColumns, stored_records
 from .reader import PartitionReader
 from .record import Record, Scan, scan
 from .segment import Segment
+from .segment_list import crc32c
 from .swap import recover_swap
 
 __all__ = ["PartitionLog", "Segment"]
 
 
-class PartitionLog(ManifestPartition, SegmentRecovery):
-    """One partition of a store, read-only or as its (one) writer; see the module docstring."""
+class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
+    """One partition of a store, read-only or as its (one) writer; see the module docstring.
+
+    ``require_list``: the store keeps a segment list per partition (store.json says so), so a
+    partition with segments and no list is refused rather than read as an old store's.
+    ``strict=False`` (``kcompact verify``): a read-only view that disagrees with its segment
+    list, or whose list is damaged, still opens; ``problems`` says what is wrong."""
 
     def __init__(self, fs: Backend, topic: str, partition: int, secret: bytes,
                  config: TopicConfig = TopicConfig(), *, writable: bool = False,
                  sub: str | None = None, local_fs: Backend | None = None,
-                 clock: Clock = SYSTEM_CLOCK):
+                 clock: Clock = SYSTEM_CLOCK, require_list: bool = False,
+                 strict: bool = True):
         if not fs.appendable and sub is not None:
             # a sub-directory (a replica's pull, a merge) is local scratch on an object store
             if local_fs is None:
@@ -66,6 +77,14 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         self.sub = sub
         self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")
         self.writable = writable
+        #: a local store's partition keeps segments.json (scratch partitions do not)
+        self.keeps_list = not self.manifest_mode and sub is None
+        self.require_list = require_list
+        self.strict = strict
+        self.seglist = None          # the segment list as last read or written
+        self.problems: list = []     # where the files disagree with it (partition_list.py)
+        self.strays: list[int] = []  # bases of empty segment files it does not name
+        self._listed_open: set[int] = set()
         self.segments: list[Segment] = []
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
@@ -75,6 +94,7 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         self._entry_scratch = np.empty(0, np.uint8)
         self.swap_recovered = False
         self._orphan_indexes: list[int] = []
+        self._before_roll = None
         self.manifest: M.Manifest | None = None
         self._staged: list[Segment] = []
         self._replaced: dict[str, M.SegmentEntry] = {}
@@ -156,7 +176,9 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         if self.manifest_mode:
             self._load_manifest(self.manifest)
             return
-        self._load_files()
+        self._load_local()
+        if self.seglist is not None:
+            self._listed_open = {m.base for m in self.seglist.segments if m.open}
 
     def _listed_bases(self, fs: Backend) -> tuple[set[int], set[int]]:
         """(bases of the .log files, bases of the .bcq files) in this partition's directory."""
@@ -166,26 +188,6 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             if parsed:
                 (logs if parsed[1] == "log" else idxs).add(parsed[0])
         return logs, idxs
-
-    def _load_files(self) -> None:
-        logs, idxs = self._listed_bases(self.fs)
-        segs = []
-        old = {s.base: s for s in self.segments}
-        for base in sorted(logs):
-            try:
-                ls = self.fs.size(self.log_path(base))
-            except FileNotFoundError:
-                continue  # replaced under us by a compaction swap; the next refresh sees it
-            try:
-                isz = self.fs.size(self.index_path(base)) if base in idxs else 0
-            except FileNotFoundError:
-                isz = 0
-            seg = old.get(base) or Segment(base, ls, isz)
-            if seg.log_size != ls or seg.index_size != isz:
-                seg.log_size, seg.index_size = ls, isz
-            segs.append(seg)
-        self.segments = segs
-        self._orphan_indexes = sorted(idxs - logs)
 
     def checkpoint(self) -> tuple[int, dict | None]:
         """(cleaned_offset, last_run): the compaction horizon (-1: never compacted)."""
@@ -236,7 +238,13 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
         if lock.acquire(blocking=False):
             try:
-                recover_swap(self.fs, self.dir)
+                # ... and no live writer, which rewrites the segment list as it appends
+                writer = FileLock(self.fs, f"{self.dir}/{fn.LOCK_FILE}")
+                if writer.acquire(blocking=False):
+                    try:
+                        recover_swap(self.fs, self.dir)
+                    finally:
+                        writer.release()
                 for seg in self.segments:
                     seg.invalidate()
             finally:
@@ -296,10 +304,12 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
                 seg._map = self.seg_fs(seg).map(self.seg_index_path(seg), size)
             e = B.view(seg._map)
             last = e[-1]
-            if int(last["position"]) + int(last["size"]) > seg.log_size:
+            if seg.open_tail and int(last["position"]) + int(last["size"]) > seg.log_size:
+                # a writer's append in progress (its .bcq read after its .log was sized); in
+                # an exact segment such entries stay, and the reader's check refuses them
                 ends = e["position"].astype(np.int64) + e["size"]
                 e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
-        if not self.writable and seg.kind == "file":
+        if not self.writable and seg.kind == "file" and seg.open_tail:
             e = self._index_unindexed_tail(seg, e)
         seg._map_size = size
         seg._index_log_size = seg.log_size
@@ -397,34 +407,55 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             self._dirty_files += [self._log, self._idx]
         return seg, self._log, self._idx
 
-    def roll(self, base: int | None = None, *, writer: str = "writer") -> None:
+    def _new_segment(self, base: int) -> Segment:
+        """Start an empty active segment at ``base``: its files, then (a local store) the list
+        naming it, open."""
+        self._close_files()
+        seg = Segment(base, 0, 0, open_tail=True, bcq_crc=0, bcq_crc_size=0)
+        self.segments.append(seg)
+        self._active_files()
+        if self.keeps_list:
+            self._write_list(self._listed_open | {base})
+        return seg
+
+    def roll(self, base: int | None = None, *, writer: str = "writer") -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),
         so that compaction may clean what it holds. Crash-safe: the sealed segment's files are
         fsynced before the new one is created, and the directory after, so a crash leaves
         either the old segment active or the new one, never a segment based past records that
-        a re-dispatch would then append to it. On an object store (``base`` None) the writer's
-        local segments are sealed instead (uploaded and committed to the manifest).
+        a re-dispatch would then append to it; the segment list names the new segment (open)
+        once its files exist. On an object store (``base`` None) the writer's local segments
+        are sealed instead (uploaded and committed to the manifest). Returns whether it rolled
+        (``unroll`` takes a local roll back while nothing was appended).
 
         Called on append (``segment.bytes``, the time rule: ``_roll_cut``), by ``roll_if_due``,
         when a batch job ends, and by ``kcompact compact`` on a partition no writer holds."""
         if self.manifest_mode and base is None:
             if any(s.kind == "file" and s.log_size for s in self.segments):
                 self.seal(writer)
-            return
+                return True
+            return False
         base = self.next_offset if base is None else base
         if self.segments and self.segments[-1].base == base:
-            return
+            return False
+        before = (self.seglist, len(self.segments))
+        self._before_roll = None
         if self.segments and self.segments[-1].log_size == 0 and self.segments[-1].kind == "file":
-            # an empty active segment is renamed forward rather than left behind
+            # an empty active segment is renamed forward rather than left behind: the new
+            # files, the list without it, then its files go (empty: nothing is lost between)
             self._close_files()
             old = self.segments.pop()
+            self._listed_open.discard(old.base)
+            self._new_segment(base)  # (nothing to take back to)
             self.local_fs.delete(self.seg_log_path(old))
             self.local_fs.delete(self.seg_index_path(old))
+            self.local_fs.sync_dir(self.dir)
+            return True
         self.sync()
-        self._close_files()
-        self.segments.append(Segment(base, 0, 0))
-        self._active_files()
+        self._new_segment(base)
         self.local_fs.sync_dir(self.dir)
+        self._before_roll = before + (self.seglist.version if self.seglist else None,)
+        return True
 
     def roll_if_due(self, now_ms: int | None = None) -> bool:
         """Roll the active segment when it has been open for longer than the topic's roll time
@@ -470,6 +501,33 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         i = int(np.argmax(over))
         return i if over[i] else hi - lo
 
+    def unroll(self) -> bool:
+        """Undo the last ``roll`` while the segment it started is still empty (a forced
+        compaction that was refused): the list as it was, the empty segment's files gone.
+        Returns whether it did."""
+        prev = getattr(self, "_before_roll", None)
+        self._before_roll = None
+        if prev is None or not self.segments or self.segments[-1].log_size \
+                or self.segments[-1].index_size or len(self.segments) != prev[1] + 1 \
+                or (self.seglist.version if self.seglist else None) != prev[2]:
+            return False  # appended to, or the list changed since (a swap)
+        lst = prev[0]
+        self.sync()  # (lists nothing: the empty segment is the one open)
+        for f in (self._log, self._idx):
+            if f is not None:
+                f.close()
+        self._log = self._idx = None
+        self._dirty_files = []
+        seg = self.segments.pop()
+        if self.keeps_list and lst is not None:
+            self._restore_list(lst)
+        elif self.keeps_list:
+            self.fs.delete(f"{self.dir}/{fn.SEGMENT_LIST}")
+            self.seglist, self._listed_open = None, set()
+        self.local_fs.delete(self.seg_log_path(seg))
+        self.local_fs.delete(self.seg_index_path(seg))
+        return True
+
     def _close_files(self) -> None:
         if self._log is not None:
             self._log = self._idx = None  # kept in _dirty_files until the next sync
@@ -498,8 +556,9 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         while lo < hi:
             if not self.segments or self.segments[-1].kind != "file":
                 # (on S3, after a seal, the next record starts a new local segment)
-                self._close_files()
-                self.segments.append(Segment(int(s.offsets[lo]), 0, 0))
+                self._new_segment(int(s.offsets[lo]))
+            self._before_roll = None
+            self._list_before_append()
             seg, logf, idxf = self._active_files()
             start_byte = int(s.positions[lo])
             ends = s.positions[lo:hi] + s.sizes[lo:hi] - start_byte
@@ -521,8 +580,12 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
                 stamp = (e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
                 stamp &= e["offset"] <= clean_upto
                 e["clean_time"][stamp] = np.uint32(clean_time_s)
+            raw = entries.view(np.uint8)
+            if seg.bcq_crc_size == seg.index_size:  # the list's checksum of this .bcq
+                seg.bcq_crc = crc32c(raw, seg.bcq_crc)
+                seg.bcq_crc_size += raw.shape[0]
             logf.write(src[start_byte:end_byte])
-            idxf.write(entries.view(np.uint8))
+            idxf.write(raw)
             seg.log_size = logf.size
             seg.index_size = idxf.size
             seg.last_appended = int(s.offsets[lo + k - 1])
@@ -544,13 +607,15 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
             f.sync_soon()
 
     def sync(self) -> None:
-        """fsync what was appended since the last sync; close sealed segments' files."""
+        """fsync what was appended since the last sync; close sealed segments' files; list
+        the sizes of the segments sealed since (a local store's segment list)."""
         active = [f for f in (self._log, self._idx) if f is not None]
         for f in self._dirty_files:
             f.sync()
             if f not in active:
                 f.close()
         self._dirty_files = active
+        self._list_after_sync(closing=False)
 
     def _sync_and_close_files(self) -> None:
         """fsync what was appended and close every open file (the active segment's too)."""
@@ -567,6 +632,8 @@ class PartitionLog(ManifestPartition, SegmentRecovery):
         if seal and self.manifest_mode and self.writable and self._writer_lock is not None:
             self.seal()
         self._sync_and_close_files()
+        if self._writer_lock is not None:
+            self._list_after_sync(closing=True)
         for seg in self.segments:
             seg.invalidate()
         if self._writer_lock is not None:

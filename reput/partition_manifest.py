@@ -22,9 +22,12 @@ import secrets
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from . import bcq as B
 from . import filenames as fn
 from . import manifest as M
+from .segment_list import crc32c
 from .errors import CorruptRecordError, ReputError
 from .locks import FileLock
 from .segment import Segment
@@ -94,7 +97,7 @@ class ManifestPartition:
             self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
             self.fs.write_atomic(f"{self.dir}/{bcq_name}", e.tobytes())
         return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
-                                           e["offset"])
+                                           e["offset"], crc32c(np.ascontiguousarray(e).view(np.uint8)))
 
     def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
         """After a commit: a local segment file becomes the spooled copy of its object (so it

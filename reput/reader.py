@@ -25,12 +25,26 @@ keyless), key digests and clean times (from the index), key, value and header co
 
 **What is verified.** Every record handed out passed ``verify_records``, the one check every path
 goes through (C in reput/_native.c, numba in reput/_kernels.py): at the position its index entry
-names there is a record with a valid header, the entry's size and offset, and a CRC32C that
-matches. A raw range must also be contiguous: its records back to back, nothing before, between
-or after them (every byte shipped is a checked record). The check returns the first record that
-fails, so a reader can hand out the verified prefix of a block: the ``CorruptRecordError`` it
-raises carries it (``prefix``, ``last_good_offset``), and ``blocks``/``records`` yield it before
-they raise. (Issue 27 adds the key digest to this check.)
+names there is a record with a valid header and a CRC32C that matches, whose size, offset,
+timestamp, attributes and key digest (under the store's secret) are the entry's. So the index is
+cross-checked against the record wherever a record is read, and nothing the index says about a
+record handed out can differ from the record. An offset read and a raw range must also be
+contiguous: records back to back, nothing before, between or after them. And an offset read
+checks that the index search could not have stepped over a record: the record before the first
+one handed out (the "guard", when there is one) is read and verified too, and must end where the
+first begins with an offset below the one asked for; a read from the first entry must start at
+byte 0 of the .log; a read to the last entry of an exact segment (every segment but a writer's
+open one: reput/segment.py) must end where the .log ends; a segment stepped over must end with
+a record below the offset asked for. So a read returns every record of the .log at or after the
+offset asked for, or fails. The check returns the first record that fails, so a reader can hand
+out the verified prefix of a block: the ``CorruptRecordError`` it raises carries it
+(``prefix``, ``last_good_offset``) and names the file, the byte position and what did not match;
+``blocks``/``records`` yield the prefix before they raise.
+
+Index-only consumers (compaction's passes, the KV map's winner pass, the planner) read entries
+they do not verify against records: ``IndexCursor`` checks a .bcq it reads whole against the
+checksum its segment-list or manifest entry gives (once per segment, until the files change),
+and raises at the end of that pass when it differs, before its caller acts on what it read.
 
 **Across a compaction swap.** A read-only reader next to a compactor in another process can meet
 a .log and a .bcq from different sides of a swap (docs/formats/compaction-swap.md: the two are
@@ -63,7 +77,8 @@ from .backend import _oserror
 from .errors import CorruptRecordError
 from .jit import native
 from .columns import RecordColumns, Spans
-from .record import HEADER_SIZE, Record, field_spans
+from .record import HEADER, HEADER_SIZE, Record, field_spans, secret_words
+from .segment_list import crc32c
 
 #: the smallest record is its header + a 1-byte topic
 MIN_RECORD = HEADER_SIZE + 1
@@ -78,29 +93,59 @@ _verify = _N.verify_records if _N is not None else K.verify_records
 _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
 
 
-def verify_records(data: np.ndarray, start: int, entries: np.ndarray, *,
+def verify_records(data: np.ndarray, start: int, entries: np.ndarray, secret: bytes, *,
                    contiguous: bool = False) -> int:
     """The one check of records against their index entries: the number of the first entry
     whose record fails (see module docstring), ``len(entries)`` when only the contiguity of a
-    raw range fails after the last one, -1 when all pass. ``data`` holds the .log bytes from
-    file position ``start``."""
+    range fails after the last one, -1 when all pass. ``data`` holds the .log bytes from file
+    position ``start``; ``secret`` is the store's digest secret."""
     if entries.shape[0] == 0:
         return 0 if contiguous and data.shape[0] else -1
-    return int(_verify(data, int(start), entries["position"], entries["size"], entries["offset"],
-                       bool(contiguous)))
+    if not 0 <= start <= 0xFFFFFFFF:  # a .log position is 32 bits (bcq.md)
+        return 0
+    k0, k1 = secret_words(secret)
+    raw = np.ascontiguousarray(entries).view(np.uint8).reshape(-1)
+    return int(_verify(data, int(start), raw, int(k0), int(k1), bool(contiguous)))
 
 
-def _corrupt(path: str, start: int, entries: np.ndarray, bad: int, prefix) -> CorruptRecordError:
-    if bad < entries.shape[0]:
-        pos = int(entries[bad]["position"])
-    else:  # a raw range with bytes after its last record
-        pos = int(entries[-1]["position"]) + int(entries[-1]["size"]) if entries.shape[0] \
-            else start
-    last_good = int(entries[bad - 1]["offset"]) if bad > 0 else None
+def mismatch(data: np.ndarray, start: int, entry, secret: bytes) -> str:
+    """What differs between one index entry and the bytes at its position (the reason in a
+    corruption message; ``data`` holds the .log from position ``start``)."""
+    p, size = int(entry["position"]) - start, int(entry["size"])
+    if size < MIN_RECORD or p < 0 or p + HEADER_SIZE > data.shape[0]:
+        return (f"the .bcq entry for offset {int(entry['offset'])} points at no whole record "
+                f"(byte {int(entry['position'])}, {size} bytes)")
+    (rsize, crc, magic, attrs, tl, resv, _part, off, ts, kl, vl, hl) = HEADER.unpack_from(
+        memoryview(data), p)
+    if (magic != 1 or resv or attrs & ~3 or min(kl, vl, hl) < 0 or tl < 1
+            or HEADER_SIZE + tl + kl + vl + hl != rsize):
+        return "no valid record header there"
+    if rsize != size:
+        return f"the .bcq entry says {size} bytes, the record has {rsize}"
+    if p + size > data.shape[0]:
+        return "the record runs past the end of the .log"
+    if off != int(entry["offset"]):
+        return f"the .bcq entry says offset {int(entry['offset'])}, the record has {off}"
+    if ts != int(entry["timestamp"]):
+        return f"the .bcq entry's timestamp {int(entry['timestamp'])} is not the record's {ts}"
+    if attrs != int(entry["flags"]):
+        return (f"the .bcq entry's flags {int(entry['flags'])} are not the record's attributes "
+                f"{attrs} (tombstone, keyless)")
+    if crc != crc32c(np.ascontiguousarray(data[p + 8:p + size])):
+        return "CRC mismatch: the record's bytes are damaged"
+    one = np.array([entry], dtype=B.BCQ_DTYPE)
+    if verify_records(data, start, one, secret) >= 0:
+        return "the .bcq entry's key digest does not match the record's key"
+    return "the record is not back to back with the one before it, as the index says"
+
+
+def _corrupt(path: str, pos: int, what: str, last_good: int | None,
+             prefix=None) -> CorruptRecordError:
+    after = (f"; the records up to offset {last_good} were read" if last_good is not None
+             else "")
     return CorruptRecordError(
-        f"{path}: corrupt record at byte {pos} (CRC or header check failed, or the .bcq does not "
-        "match the .log); run `kcompact verify` and rebuild this partition from a replica",
-        path, pos, last_good_offset=last_good, prefix=prefix)
+        f"{path}: corrupt record at byte {pos}: {what}{after}; run `kcompact verify` and rebuild "
+        "this partition from a replica", path, pos, last_good_offset=last_good, prefix=prefix)
 
 
 class RawRange(NamedTuple):
@@ -234,19 +279,47 @@ class PartitionReader:
         if plan is None:
             return RecordColumns.empty(self.pl.topic, self.pl.partition,
                                        max(from_offset, self.pl.next_offset))
-        seg, sel = plan
+        seg, sel, guard, at_start, at_end = plan
         sel = sel.copy()
         start = int(sel[0]["position"])
         end = int(sel[-1]["position"]) + int(sel[-1]["size"])
         # max(0, ..): entries damaged out of order must fail the check, not the read
         data = np.frombuffer(self.pl.read_log(seg, start, max(0, end - start)), np.uint8)
-        return self._verified(seg, data, start, sel)
+        return self._verified(seg, data, start, sel, contiguous=True, guard=guard,
+                              at_start=at_start, at_end=at_end)
 
     def _verified(self, seg, data: np.ndarray, start: int, sel: np.ndarray, *,
-                  contiguous: bool = False) -> RecordColumns:
-        """The block of ``sel``'s records in ``data`` (the .log from ``start``), verified."""
+                  contiguous: bool = False, guard: int = 0, at_start: bool = False,
+                  at_end: bool = False) -> RecordColumns:
+        """The block of ``sel[guard:]``'s records in ``data`` (the .log from ``start``),
+        verified (module docstring): every record against its entry; with ``contiguous``,
+        back to back and in offset order; ``at_start``: the first is at byte 0; ``at_end``:
+        the last ends where the .log ends. The guard entry before them (``guard`` = 1) is
+        checked, not handed out."""
         pl = self.pl
-        bad = verify_records(data, start, sel, contiguous=contiguous)
+        if guard:
+            g = sel[0]
+            gsize = self._check_guard_at(
+                seg, data[:HEADER_SIZE] if int(g["position"]) == start else data[:0], g,
+                int(sel[1]["position"]) if sel.shape[0] > 1 else None)
+            if gsize > data.shape[0]:
+                raise _corrupt(pl.seg_log_path(seg), start, "the .log ends inside a record",
+                               None)
+            data, start, sel = data[gsize:], start + gsize, sel[1:]
+        n = sel.shape[0]
+        bad = verify_records(data, start, sel, pl.secret, contiguous=contiguous)
+        what = None
+        if bad < 0 and contiguous and n > 1:
+            off = sel["offset"]
+            down = np.nonzero(off[1:] <= off[:-1])[0]
+            if down.size:
+                bad, what = int(down[0]) + 1, "offsets do not increase"
+        if bad < 0 and at_start and int(sel[0]["position"]) != 0:
+            bad, what = 0, "the first .bcq entry does not point at the start of the .log"
+        if bad < 0 and at_end and start + data.shape[0] != seg.log_size:
+            bad = n
+            what = (f"records after the last .bcq entry (the .log holds {seg.log_size} bytes, "
+                    f"its last entry ends at byte {start + data.shape[0]})")
         rel = sel["position"].astype(np.int64) - start
         if bad < 0:
             return RecordColumns(pl.topic, pl.partition, data, sel, rel,
@@ -255,10 +328,46 @@ class PartitionReader:
         if bad > 0:
             prefix = RecordColumns(pl.topic, pl.partition, data, sel[:bad], rel[:bad],
                                    int(sel[bad - 1]["offset"]) + 1)
-        raise _corrupt(pl.seg_log_path(seg), start, sel, bad, prefix)
+        if what is None:
+            what = ("bytes after the last record" if bad >= n else
+                    mismatch(data, start, sel[bad], pl.secret))
+        if bad < n:
+            pos = int(sel[bad]["position"])
+        else:
+            pos = start + data.shape[0] if at_end else \
+                int(sel[-1]["position"]) + int(sel[-1]["size"])
+        last_good = int(sel[bad - 1]["offset"]) if bad > 0 else None
+        raise _corrupt(pl.seg_log_path(seg), pos, what, last_good, prefix)
+
+    def _check_guard_at(self, seg, head: np.ndarray, g, next_pos: int | None,
+                        log_end: int | None = None) -> int:
+        """The guard (module docstring): the record at entry ``g``'s position (``head``: its
+        first HEADER_SIZE bytes, fewer where the .log ends) has the entry's size and offset in
+        a valid header, lies inside the .log, and ends at ``next_pos`` (the first record
+        handed out) or at ``log_end``. Its body is not checked: it is not handed out, and a
+        damaged body cannot make the index search step over a record. Returns its size;
+        raises CorruptRecordError."""
+        pos, size = int(g["position"]), int(g["size"])
+        ok = size >= MIN_RECORD and head.shape[0] >= HEADER_SIZE and pos + size <= seg.log_size
+        if ok:
+            (rsize, _crc, magic, _a, _tl, resv, _part, off, *_rest) = HEADER.unpack_from(
+                memoryview(np.ascontiguousarray(head[:HEADER_SIZE])), 0)
+            ok = rsize == size and magic == 1 and resv == 0 and off == int(g["offset"])
+        if ok and next_pos is not None:
+            ok = pos + size == next_pos
+        if ok and log_end is not None:
+            ok = pos + size == log_end
+        if not ok:
+            raise _corrupt(self.pl.seg_log_path(seg), pos, (
+                f"the .bcq entry for offset {int(g['offset'])} does not match the record at "
+                "its position, or is not next to the records after it, so the read cannot "
+                "tell what lies between them"), None)
+        return size
 
     def _plan(self, from_offset: int, max_records: int | None, max_bytes: int | None):
-        """(segment, its entries to read) for a read from ``from_offset``, or None."""
+        """What a read from ``from_offset`` reads: (segment, its entries to read, how many of
+        them are guards, whether the first read is the segment's first, whether the last is
+        its last in an exact segment), or None when no record at or after it exists."""
         pl = self.pl
         i = pl.segment_for(from_offset)
         while i < len(pl.segments):
@@ -268,23 +377,46 @@ class PartitionReader:
                 i += 1  # the manifest says it holds nothing at or after from_offset
                 continue
             part = self._short_index_read(seg, from_offset, max_records)
-            if part is not None:
-                e, j = part, 0
+            if part is not None:  # the manifest's bitmap placed it: no guard needed
+                e, j, whole = part, 0, False
             else:
                 idx = pl.index(seg)
                 e = idx.entries
                 j = int(idx.lower_bound(from_offset))
-            if j < e.shape[0]:
-                stop = e.shape[0] if max_records is None else min(e.shape[0], j + max_records)
+                whole = True
+            n = e.shape[0]
+            if j < n:
+                stop = n if max_records is None else min(n, j + max_records)
                 if max_bytes is not None:
                     # entries are >= MIN_RECORD bytes each: no need to look further than this
                     stop = min(stop, j + max_bytes // MIN_RECORD + 1)
                     ends = e["position"][j:stop].astype(np.int64) + e["size"][j:stop] \
                         - int(e[j]["position"])
                     stop = j + max(1, int(np.searchsorted(ends, max_bytes, side="right")))
-                return seg, e[j:stop]
+                guard = 1 if whole and j > 0 else 0
+                return (seg, e[j - guard:stop], guard, whole and j == 0,
+                        whole and stop == n and not seg.open_tail)
+            if whole:
+                self._check_stepped_over(seg, e, from_offset)
             i += 1
         return None
+
+    def _check_stepped_over(self, seg, e: np.ndarray, from_offset: int) -> None:
+        """A segment the index search says holds nothing at or after ``from_offset``: its last
+        entry's record is verified, and in an exact segment ends where the .log ends (the
+        search saw that entry below ``from_offset``, so no record of the .log is at or after
+        it). An empty index of an exact segment needs an empty .log."""
+        n = e.shape[0]
+        path = self.pl.seg_log_path(seg)
+        if n == 0:
+            if not seg.open_tail and seg.log_size:
+                raise _corrupt(path, 0, f"the .bcq lists no record of a .log of {seg.log_size} "
+                               "bytes", None)
+            return
+        last = e[n - 1]
+        pos = int(last["position"])
+        head = np.frombuffer(self.pl.read_log(seg, pos, HEADER_SIZE), np.uint8)
+        self._check_guard_at(seg, head, last, None, None if seg.open_tail else seg.log_size)
 
     def _short_index_read(self, seg, from_offset: int,
                           max_records: int | None) -> np.ndarray | None:
@@ -355,25 +487,38 @@ class PartitionReader:
         plan = self._plan(from_offset, None, max_bytes)
         if plan is None:
             return RawRange(None, 0, _EMPTY_ENTRIES, max(from_offset, pl.next_offset))
-        seg, sel = plan
+        seg, sel, guard, at_start, at_end = plan
+        self._check_guard(seg, sel, guard, at_start)
+        sel = sel[guard:]
         start = int(sel[0]["position"])
         nbytes = max(0, int(sel[-1]["position"]) + int(sel[-1]["size"]) - start)
         buf = pool.take(nbytes) if pool is not None else np.empty(nbytes, np.uint8)
         try:
             got = pl.seg_fs(seg).read_into(pl.seg_log_path(seg), start, buf[:nbytes])
-            bad = verify_records(buf[:got], start, sel, contiguous=True)
-            if bad >= 0:
-                raise _corrupt(pl.seg_log_path(seg), start, sel, bad, None)
+            self._verified(seg, buf[:got], start, sel, contiguous=True, at_end=at_end)
         except BaseException:
             if pool is not None:
                 pool.give(buf)
             raise
         return RawRange(buf, nbytes, sel.copy(), int(sel[-1]["offset"]) + 1)
 
+    def _check_guard(self, seg, sel: np.ndarray, guard: int, at_start: bool) -> None:
+        """A raw range's guard (module docstring), read on its own: verified, and ending where
+        the range begins; or, from the first entry, the range beginning at byte 0."""
+        if at_start and int(sel[0]["position"]) != 0:
+            raise _corrupt(self.pl.seg_log_path(seg), int(sel[0]["position"]),
+                           "the first .bcq entry does not point at the start of the .log", None)
+        if not guard:
+            return
+        g = sel[0]
+        head = np.frombuffer(self.pl.read_log(seg, int(g["position"]), HEADER_SIZE), np.uint8)
+        self._check_guard_at(seg, head, g, int(sel[1]["position"]))
+
     def locate(self, from_offset: int, max_bytes: int) -> Located | None:
         """Where the records ``read_raw`` would return lie, for a local store: a Located range
         (open fd) or None when no record at or after ``from_offset`` exists. No byte is read but
-        the two record headers at the ends of the range; the replica checks every record."""
+        the record headers at the ends of the range and before it; the replica checks every
+        record."""
         return self._retrying(self._locate_once, int(from_offset), max_bytes)
 
     def _locate_once(self, from_offset: int, max_bytes: int) -> Located | None:
@@ -381,8 +526,8 @@ class PartitionReader:
         plan = self._plan(from_offset, None, max_bytes)
         if plan is None:
             return None
-        seg, e = plan
-        first = int(e[0]["position"])
+        seg, e, guard, at_start, at_end = plan
+        first = int(e[guard]["position"])
         nbytes = int(e[-1]["position"]) + int(e[-1]["size"]) - first
         rel = pl.seg_log_path(seg)
         fd = os.open(pl.seg_fs(seg).local_path(rel), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -390,17 +535,27 @@ class PartitionReader:
             # The fd pins this .log (a swap renames, never rewrites). The index entries must
             # describe *this* file: a .bcq read before a swap and a .log opened after it differ
             # at the range's ends (different records at those positions) - re-list and retry.
-            if (nbytes <= 0 or os.fstat(fd).st_size < first + nbytes
-                    or not _head_matches(fd, first, int(e[0]["size"]), int(e[0]["offset"]))
+            # The guard's header and position say the index search stepped over nothing.
+            size = os.fstat(fd).st_size
+            g = e[0] if guard else None
+            if (nbytes <= 0 or size < first + nbytes
+                    or not _head_matches(fd, first, int(e[guard]["size"]),
+                                         int(e[guard]["offset"]))
                     or not _head_matches(fd, int(e[-1]["position"]), int(e[-1]["size"]),
-                                         int(e[-1]["offset"]))):
+                                         int(e[-1]["offset"]))
+                    or (g is not None and (int(g["position"]) + int(g["size"]) != first
+                                           or not _head_matches(fd, int(g["position"]),
+                                                                int(g["size"]),
+                                                                int(g["offset"]))))
+                    or (at_start and first != 0)
+                    or (at_end and first + nbytes != size)):
                 raise CorruptRecordError(
                     f"{rel}: the .bcq does not match the .log at byte {first}; run "
                     "`kcompact verify`", rel, first)
         except BaseException:
             os.close(fd)
             raise
-        return Located(fd, first, nbytes, e.shape[0], int(e[-1]["offset"]) + 1)
+        return Located(fd, first, nbytes, e.shape[0] - guard, int(e[-1]["offset"]) + 1)
 
 
 class SegmentRecords:
@@ -508,13 +663,18 @@ class IndexCursor:
         return int(self.pl.index(seg).lower_bound(offset))
 
     def chunks(self, seg, start_entry: int = 0) -> Iterator[tuple[int, np.ndarray]]:
-        """(number of the first entry, entries) of ``seg`` from entry ``start_entry``."""
+        """(number of the first entry, entries) of ``seg`` from entry ``start_entry``. A pass
+        from entry 0 to the end over a .bcq whose segment-list or manifest entry gives its
+        checksum checks it (module docstring): a mismatch raises ``CorruptRecordError`` after
+        the last chunk, before the caller acts on the pass."""
         pl = self.pl
         idx = pl.index(seg)
         n = idx.n
         n_file = min(n, seg.entry_count)
         path = pl.seg_index_path(seg)
         step, buf = self.chunk_entries, self.buf
+        expect = seg.expected_bcq() if start_entry == 0 and not seg.bcq_checked else None
+        crc = 0
         if start_entry < n_file:
             try:
                 with pl.seg_fs(seg).open_read(path, start_entry * B.ENTRY_SIZE) as f:
@@ -525,11 +685,21 @@ class IndexCursor:
                             raise CorruptRecordError(
                                 f"{path}: index shorter than expected at entry {lo}",
                                 path, lo * B.ENTRY_SIZE)
+                        if expect is not None:
+                            crc = crc32c(buf[:want], crc)
                         yield lo, buf[:want].view(B.BCQ_DTYPE)
             except FileNotFoundError:
                 raise
             except OSError as e:  # the stream's reads raise raw OSError: say which file
                 raise _oserror(e, "read", path) from e
+        if expect is not None:
+            if (n_file * B.ENTRY_SIZE, crc) != expect:
+                raise CorruptRecordError(
+                    f"{path}: the index does not match its checksum ({n_file} entries, crc32c "
+                    f"{crc:08x}; its segment list says {expect[0] // B.ENTRY_SIZE} entries, "
+                    f"{expect[1]:08x}): its entries cannot be trusted; run `kcompact verify` "
+                    "and rebuild this partition from a replica", path, 0)
+            seg.bcq_checked = True
         for lo in range(max(start_entry, n_file), n, step):
             yield lo, idx.entries[lo:min(n, lo + step)]
 
@@ -540,7 +710,7 @@ def warm_up() -> None:
     raw = np.frombuffer(encode([Record("t", 0, 5, 0, b"k", b"v")]), np.uint8)
     e = np.zeros(1, dtype=B.BCQ_DTYPE)
     e["offset"], e["size"] = 5, raw.shape[0]
-    verify_records(raw, 0, e, contiguous=True)
+    verify_records(raw, 0, e, bytes(16), contiguous=True)
     field_spans(raw, np.zeros(1, np.int64))
 
 

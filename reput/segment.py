@@ -3,7 +3,8 @@
 Sizes are what the partition last listed (a writer's appends move them); the mapped index is
 cached until the files change (``invalidate``). On an object store a committed segment is an
 immutable object pair named by the partition manifest (docs/formats/manifest.md), whose entry
-answers offset questions without a download.
+answers offset questions without a download; on a local store a segment's entry in the segment
+list (docs/formats/segment-list.md) says what its files must be.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 
 from . import bcq as B
 from . import manifest as M
+from . import segment_list as SL
 
 
 @dataclass(eq=False)
@@ -37,12 +39,37 @@ class Segment:
     #: to find its last offset before each append)
     last_appended: int | None = None
     _appended_index_size: int = -1
+    #: its entry in the local segment list (docs/formats/segment-list.md), None without one
+    meta: "SL.SegmentMeta | None" = None
+    #: a segment whose files may still grow or hold a crash's torn tail: the active segment of
+    #: a writer (listed open), a writer's local segments on an object store. Every other one is
+    #: exact: its .bcq lists every record of its .log, the last ending where the .log ends.
+    open_tail: bool = False
+    #: CRC32C of the first ``bcq_crc_size`` bytes of the .bcq (-1: not known): what a writer
+    #: appended, for the list entry it writes when it seals or closes the segment
+    bcq_crc: int = 0
+    bcq_crc_size: int = -1
+
+    #: the .bcq was read whole and matched its checksum (IndexCursor), until it changes
+    bcq_checked: bool = False
 
     def invalidate(self) -> None:
         self._map = None
         self._index = None
         self._map_size = -1
         self.last_appended = None
+        self.bcq_checked = False
+
+    def expected_bcq(self) -> tuple[int, int] | None:
+        """(size, CRC32C) this segment's .bcq must have (its segment-list entry, or its
+        manifest entry when that lists one); None when nothing says."""
+        m = self.meta
+        if m is not None and not m.open:
+            return m.bcq_size, m.bcq_crc32c
+        e = self.entry
+        if e is not None and getattr(e, "bcq_crc32c", None) is not None:
+            return e.bcq_size, e.bcq_crc32c
+        return None
 
     @property
     def entry_count(self) -> int:

@@ -41,9 +41,13 @@ from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
+from .segment_list import crc32c
 from .topic_configs import TopicConfigLayers
 
 FORMAT_VERSION = 1
+#: store.json "features": what this store keeps beyond format 1. "segment-list": every local
+#: partition has a segment list (docs/formats/segment-list.md), so one without is refused
+FEATURE_SEGMENT_LIST = "segment-list"
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
@@ -93,13 +97,14 @@ class StoreMeta:
     #: each topic's synced values and local overrides (reput/topic_configs.py); ``topics``
     #: holds the effective values they give, written alongside for readers that know only it
     layers: dict[str, TopicConfigLayers] = field(default_factory=dict)
+    features: list[str] = field(default_factory=list)
 
     def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
         self.layers[topic] = layers
         self.topics[topic] = layers.effective().to_dict()
 
-    def to_json(self) -> bytes:
-        doc: dict[str, Any] = {
+    def _body(self) -> dict:
+        body: dict[str, Any] = {
             "format_version": self.format_version,
             "store_id": self.store_id,
             "digest": {"algorithm": "siphash-2-4-128", "secret": self.secret.hex()},
@@ -107,17 +112,39 @@ class StoreMeta:
             "topics": self.topics,
         }
         if self.layers:
-            doc["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
-        return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+            body["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
+        if self.features:
+            body["features"] = sorted(set(self.features))
+        return body
+
+    def to_json(self) -> bytes:
+        body = self._body()
+        body["crc32c"] = f"{crc32c(_canonical(body)):08x}"
+        return json.dumps(body, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "StoreMeta":
         try:
             d = json.loads(raw)
             version = int(d["format_version"])
+        except RecursionError:
+            raise StoreFormatError(f"{where}: store.json is nested too deeply to be one; restore "
+                                   "it from a backup (the digest secret is in it)") from None
         except (ValueError, KeyError, TypeError):
             raise StoreFormatError(f"{where}: store.json is truncated or not valid JSON; restore "
                                    "it from a backup (the digest secret is in it)") from None
+        if version > FORMAT_VERSION:
+            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
+                                   f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+        if "crc32c" in d:  # written by a kcompact that checksums it (older ones do not)
+            crc = d.pop("crc32c")
+            try:
+                ok = crc == f"{crc32c(_canonical(d)):08x}"
+            except (RecursionError, ValueError, TypeError):
+                ok = False
+            if not ok:
+                raise StoreFormatError(f"{where}: store.json does not match its checksum; "
+                                       "restore it from a backup (the digest secret is in it)")
         if version > FORMAT_VERSION:
             raise StoreFormatError(f"{where}: store format version {version} is newer than this "
                                    f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
@@ -129,13 +156,23 @@ class StoreMeta:
             for t, cfg in topics.items():
                 validate_topic(t)
                 TopicConfig.from_dict(cfg)
-            meta = cls(str(d["store_id"]), secret, int(d.get("created_ms", 0)), topics, version)
+            features = d.get("features", [])
+            if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
+                raise ValueError("features is not a list of names")
+            if not isinstance(d["store_id"], str) or not d["store_id"]:
+                raise ValueError("store_id is not a name")
+            meta = cls(d["store_id"], secret, int(d.get("created_ms", 0)), topics, version,
+                       features=features)
             for t, ly in (d.get("topic_configs") or {}).items():
                 meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
             return meta
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
+
+
+def _canonical(body: dict) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def default_commitlog_dir(store_id: str) -> str:
@@ -179,6 +216,7 @@ class Store:
         self._collected: set[tuple[str, int]] = set()
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
+        self._wrote_partitions = False
         #: held while partitions are opened, appended to, swapped or released: a compactor or a
         #: replica that changes a partition this store writes takes it around each step
         self.lock = threading.RLock()
@@ -221,7 +259,8 @@ class Store:
     def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
                fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK) -> "Store":
         fs = fs or backend_for(url)
-        meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {})
+        meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {},
+                         features=[FEATURE_SEGMENT_LIST] if fs.appendable else [])
         for t, cfg in (topics or {}).items():
             meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
@@ -356,7 +395,7 @@ class Store:
             pl = self._partitions.get(key)
             if pl is None:
                 pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
-                                  clock=self.clock)
+                                  clock=self.clock, require_list=self.require_list)
                 self._partitions[key] = pl
             elif key not in self._writable:
                 pl.refresh()
@@ -372,7 +411,8 @@ class Store:
                 pl = PartitionLog(self.fs, topic, partition, self.secret,
                                   self.topic_config(topic), writable=True,
                                   local_fs=self.local_fs if self.remote else None,
-                                  clock=self.clock)
+                                  clock=self.clock, require_list=self.require_list)
+                self._wrote_partitions = True
                 self._partitions[key] = pl
                 self._writable.add(key)
                 if self.remote and self.writer is not None and key not in self._collected:
@@ -381,6 +421,30 @@ class Store:
                     self._collected.add(key)
                     pl.collect_garbage()
             return self._partitions[key]
+
+    @property
+    def require_list(self) -> bool:
+        """Whether every local partition of this store has a segment list (store.json's
+        features say so), so that one without is refused."""
+        return not self.remote and FEATURE_SEGMENT_LIST in self.meta.features
+
+    def _maybe_require_lists(self) -> None:
+        """A store from before segment lists: once every partition has its list (each gets
+        one the first time it is opened for write), store.json says so, and from then on a
+        partition without a list is refused."""
+        for t in self.topics():
+            for p in self.partitions(t):
+                pdir = fn.partition_dir(t, p)
+                if not self.fs.exists(f"{pdir}/{fn.SEGMENT_LIST}") and any(
+                        fn.parse_base(n) for n in self.fs.listdir(pdir)):
+                    return
+        with FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:  # (as _update_layers)
+            flock.acquire(blocking=True)
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            if FEATURE_SEGMENT_LIST not in meta.features:
+                meta.features = meta.features + [FEATURE_SEGMENT_LIST]
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+        self.meta = meta
 
     def release_partition(self, topic: str, partition: int) -> None:
         """Forget a cached partition (after another component rewrote its files)."""
@@ -580,6 +644,9 @@ class Store:
                 pl.close()
             self._partitions.clear()
             self._writable.clear()
+            if self._wrote_partitions and not self.remote and not self.require_list:
+                self._wrote_partitions = False
+                self._maybe_require_lists()
             if self.commitlog is not None:
                 self.commitlog.close()
                 self.commitlog = None

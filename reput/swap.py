@@ -3,9 +3,11 @@
 Spec and state machine: docs/formats/compaction-swap.md. In short:
 
 1. STAGED   outputs are written and fsynced in ``.compacting/`` (no plan yet: abort = delete dir)
-2. COMMITTED ``.compacting/swap.json`` written atomically: the plan (inputs, outputs, checkpoint)
-3. APPLIED  outputs renamed over/next to the old segments, replaced inputs deleted, checkpoint
-            written, then swap.json and ``.compacting/`` removed.
+2. COMMITTED ``.compacting/swap.json`` written atomically: the plan (inputs, outputs with their
+            segment-list entries, checkpoint)
+3. APPLIED  outputs renamed over/next to the old segments, replaced inputs deleted, the segment
+            list rewritten (docs/formats/segment-list.md), checkpoint written, then swap.json
+            and ``.compacting/`` removed.
 
 Opening a partition for write calls ``recover_swap``: a ``.compacting/`` without swap.json is
 rolled back (deleted); with swap.json the apply step is redone (every step is idempotent).
@@ -17,10 +19,13 @@ import json
 from dataclasses import dataclass
 
 from . import filenames as fn
+from . import segment_list as SL
 from .backend import Backend
 from .errors import CorruptRecordError
 
-SWAP_VERSION = 1
+#: 2 adds "segments", the outputs' segment-list entries; a version 1 plan (written before
+#: segment lists) is still applied, its entries computed from the files
+SWAP_VERSION = 2
 PLAN_NAME = "swap.json"
 CHECKPOINT_VERSION = 1
 
@@ -31,23 +36,51 @@ class SwapPlan:
     outputs: list[int]          # bases of the staged segments that replace them
     cleaned_offset: int | None  # new compaction horizon (None: unchanged)
     last_run: dict | None = None
+    #: the outputs' segment-list entries (their ``next`` is set when applied); None: computed
+    #: from the staged files at the commit
+    segments: list[SL.SegmentMeta] | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"version": SWAP_VERSION, "inputs": self.inputs, "outputs": self.outputs,
                            "cleaned_offset": self.cleaned_offset,
-                           "last_run": self.last_run}).encode()
+                           "last_run": self.last_run,
+                           "segments": None if self.segments is None else
+                           [m.to_dict() for m in self.segments]}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "SwapPlan":
         try:
             d = json.loads(raw)
-            if d["version"] != SWAP_VERSION:
-                raise ValueError("version")
-            return cls([int(x) for x in d["inputs"]], [int(x) for x in d["outputs"]],
-                       None if d["cleaned_offset"] is None else int(d["cleaned_offset"]),
-                       d.get("last_run"))
-        except (ValueError, KeyError, TypeError) as e:
+            if not isinstance(d, dict) or d.get("version") not in (1, SWAP_VERSION):
+                raise ValueError(f"version {d.get('version') if isinstance(d, dict) else '?'}")
+            bounds = (0, SL.MAX_OFFSET)
+            inputs = [_bounded(x, *bounds) for x in d["inputs"]]
+            outputs = [_bounded(x, *bounds) for x in d["outputs"]]
+            cleaned = d["cleaned_offset"]
+            cleaned = None if cleaned is None else _bounded(cleaned, -1, SL.MAX_OFFSET)
+            last_run = d.get("last_run")
+            if last_run is not None and not isinstance(last_run, dict):
+                raise ValueError("last_run is not an object")
+            metas = None
+            if d.get("segments") is not None:
+                body = {"format_version": SL.FORMAT_VERSION, "version": 0,
+                        "next_offset": SL.MAX_OFFSET, "segments": d["segments"]}
+                metas = SL.SegmentList._validated(body).segments
+                if sorted(m.base for m in metas) != sorted(outputs) or \
+                        any(m.open for m in metas):
+                    raise ValueError("its segment entries are not its outputs'")
+            return cls(inputs, outputs, cleaned, last_run, metas)
+        except RecursionError:
+            raise CorruptRecordError(f"{where}: unreadable swap plan (nested too deeply)",
+                                     where, 0) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptRecordError(f"{where}: unreadable swap plan ({e})", where, 0) from None
+
+
+def _bounded(x, lo: int, hi: int) -> int:
+    if not isinstance(x, int) or isinstance(x, bool) or not lo <= x <= hi:
+        raise ValueError(f"{x!r} is not an integer in [{lo}, {hi}]")
+    return x
 
 
 def staging_dir(pdir: str) -> str:
@@ -55,8 +88,27 @@ def staging_dir(pdir: str) -> str:
 
 
 def commit(fs: Backend, pdir: str, plan: SwapPlan) -> None:
-    """The commit point: after this returns, the swap completes even across a crash."""
+    """The commit point: after this returns, the swap completes even across a crash. The
+    outputs' segment-list entries are computed from the staged files when the plan has none."""
+    if plan.segments is None and fs.appendable:
+        plan.segments = [_describe_output(fs, pdir, b) for b in plan.outputs]
     fs.write_atomic(f"{staging_dir(pdir)}/{PLAN_NAME}", plan.to_json())
+
+
+def _output_paths(fs: Backend, pdir: str, base: int) -> tuple[str, str]:
+    """An output's .log and .bcq: staged, or already in place (an index-only output's .log,
+    or a re-run of apply)."""
+    out = []
+    for suffix in (fn.LOG_SUFFIX, fn.INDEX_SUFFIX):
+        name = f"{fn.base_name(base)}{suffix}"
+        staged = f"{staging_dir(pdir)}/{name}"
+        out.append(staged if fs.exists(staged) else f"{pdir}/{name}")
+    return out[0], out[1]
+
+
+def _describe_output(fs: Backend, pdir: str, base: int) -> SL.SegmentMeta:
+    lp, ip = _output_paths(fs, pdir, base)
+    return SL.describe(fs, lp, ip, base, None)
 
 
 def trash_dir(pdir: str) -> str:
@@ -79,8 +131,18 @@ def _retire(fs: Backend, pdir: str, name: str) -> None:
 
 
 def apply(fs: Backend, pdir: str, plan: SwapPlan) -> None:
-    """Move staged outputs into place, retire replaced inputs, write the checkpoint. Idempotent."""
+    """Move staged outputs into place, retire replaced inputs, rewrite the segment list, write
+    the checkpoint. Idempotent."""
     sdir = staging_dir(pdir)
+    metas = plan.segments
+    if metas is None and fs.appendable:  # a version 1 plan
+        metas = [_describe_output(fs, pdir, b) for b in plan.outputs]
+    for m in metas or []:  # a staged file must be what the plan says before it goes live
+        for path, size in zip(_output_paths(fs, pdir, m.base), (m.log_size, m.bcq_size)):
+            if fs.size(path) != size:
+                raise CorruptRecordError(
+                    f"{path}: holds {fs.size(path)} bytes, the committed swap plan says "
+                    f"{size}; the swap is not applied: run `kcompact verify`", path, 0)
     for base in plan.outputs:
         # .log first: until the .bcq follows, readers see a .bcq that does not match and retry
         for suffix in (fn.LOG_SUFFIX, fn.INDEX_SUFFIX):
@@ -95,11 +157,44 @@ def apply(fs: Backend, pdir: str, plan: SwapPlan) -> None:
             _retire(fs, pdir, f"{fn.base_name(base)}{fn.INDEX_SUFFIX}")
             _retire(fs, pdir, f"{fn.base_name(base)}{fn.LOG_SUFFIX}")
     fs.sync_dir(pdir)
+    if metas is not None:
+        _update_list(fs, pdir, plan, metas)
     if plan.cleaned_offset is not None or plan.last_run is not None:
         write_checkpoint(fs, pdir, plan.cleaned_offset, plan.last_run)
     fs.delete(f"{sdir}/{PLAN_NAME}")
     fs.remove_tree(sdir)
     fs.sync_dir(pdir)
+
+
+def _update_list(fs: Backend, pdir: str, plan: SwapPlan, metas: list[SL.SegmentMeta]) -> None:
+    """The segment list without the inputs and with the outputs (each output's range ends at
+    the next segment's base). A partition without a list (a new one, or a store from before
+    lists) gets one listing every segment now in place."""
+    lst = SL.read(fs, pdir)
+    if lst is None:
+        listed = []
+        outs = {m.base: m for m in metas}
+        for name in sorted(fs.listdir(pdir)):
+            parsed = fn.parse_base(name)
+            if parsed and parsed[1] == "log" and parsed[0] not in outs:
+                listed.append(SL.describe(fs, f"{pdir}/{name}", f"{pdir}/{fn.base_name(parsed[0])}"
+                                          f"{fn.INDEX_SUFFIX}", parsed[0], None))
+        lst = SL.SegmentList(listed, 0, 0)
+    gone = set(plan.inputs) | {m.base for m in metas}
+    segs = sorted([m for m in lst.segments if m.base not in gone] + list(metas),
+                  key=lambda m: m.base)
+    outs = {m.base for m in metas}
+    out = []
+    for i, m in enumerate(segs):
+        if m.base in outs:  # its range: up to the next segment (the last: past its records)
+            nxt = segs[i + 1].base if i + 1 < len(segs) else max(m.last_offset + 1, m.base)
+            m = SL.SegmentMeta(m.base, nxt, m.records, m.first_offset, m.last_offset,
+                               m.log_size, m.bcq_size, m.bcq_crc32c)
+        out.append(m)
+    nxt_off = max([lst.next_offset] + [m.base if m.open else m.next for m in out])
+    new = SL.SegmentList(out, nxt_off, lst.version)
+    if new.segments != lst.segments or new.next_offset != lst.next_offset:
+        SL.write(fs, pdir, new)
 
 
 def abort(fs: Backend, pdir: str) -> None:

@@ -1,9 +1,13 @@
-"""Check a whole store without modifying it: every record's CRC, every .bcq entry, offset order.
+"""Check a whole store without modifying it: every record's CRC, every .bcq entry, offset order,
+and each partition's files against its segment list (docs/formats/segment-list.md) or manifest.
 
 Like LevelDB's log reader, a problem is reported with its file and byte position and the check
 keeps going (resynchronising on the next index entry), so one run lists every problem. Safe to
-run next to a live writer: bytes past the last index entry of a partition's active segment that
-form a torn record are an append in progress, not corruption.
+run next to a live writer: bytes past the last index entry of a segment a writer has open that
+form a torn record are an append in progress, not corruption. Against the segment list: a listed
+segment whose files are missing, a file the list does not name that holds bytes, sizes, the
+.bcq's checksum, record count, first and last offsets, offsets outside [base, next), a damaged
+or missing list.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ import numpy as np
 from . import _kernels as K
 from . import bcq as B
 from . import filenames as fn
+from .errors import ReputError
 from .partition import PartitionLog
 from .record import scan
+from .segment_list import crc32c
 from .store import Store
 
 
@@ -54,14 +60,24 @@ _CMP_FIELDS = ("offset", "timestamp", "digest_lo", "digest_hi", "position", "siz
 
 
 def verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
-    pl = PartitionLog(store.fs, topic, partition, store.secret)
+    try:
+        pl = PartitionLog(store.fs, topic, partition, store.secret,
+                          require_list=store.require_list, strict=False)
+    except ReputError as e:  # an unreadable manifest
+        report.partitions += 1
+        report.problems.append(Problem(getattr(e, "path", None) or
+                                       fn.partition_dir(topic, partition), 0, str(e)))
+        return
     report.partitions += 1
+    for d in pl.problems:
+        report.problems.append(Problem(d.path, d.position or 0,
+                                       getattr(d, "what", None) or str(d).split(": ", 1)[-1]))
     prev_last = -1
     for si, seg in enumerate(pl.segments):
         report.segments += 1
         report.bytes += seg.log_size
-        # on S3 every listed segment is sealed; locally the last one is the active segment
-        is_active = si == len(pl.segments) - 1 and seg.entry is None
+        # a segment a writer may still append to (or a crash left torn): its tail is its own
+        is_active = seg.open_tail
         log_path, idx_path = pl.seg_log_path(seg), pl.seg_index_path(seg)
         fs = pl.seg_fs(seg)
         if seg.index_size % B.ENTRY_SIZE:
@@ -78,6 +94,8 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
         idx = B.view(raw)
         if seg.entry is not None:
             _check_manifest_entry(seg, idx, buf, log_path, idx_path, report)
+        if seg.meta is not None and not seg.meta.open:
+            _check_list_entry(seg.meta, raw, idx, idx_path, report)
         pos = 0
         i = 0  # next index entry expected
         log_size = min(seg.log_size, int(buf.shape[0]))
@@ -105,8 +123,10 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                 if offs[0] <= prev_last or np.any(np.diff(offs) <= 0):
                     report.problems.append(Problem(log_path, int(s.positions[0]),
                                                    "offsets do not strictly increase"))
-                if offs[0] < seg.base or (not is_active and si + 1 < len(pl.segments)
-                                          and offs[-1] >= pl.segments[si + 1].base):
+                end = seg.meta.next if seg.meta is not None and not seg.meta.open else (
+                    pl.segments[si + 1].base if si + 1 < len(pl.segments) else None)
+                if offs[0] < seg.base or (not is_active and end is not None
+                                          and offs[-1] >= end):
                     report.problems.append(Problem(log_path, int(s.positions[0]),
                                                    "offsets outside the segment's range"))
                 prev_last = int(offs[-1])
@@ -131,6 +151,21 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                                            f"{idx.shape[0] - i} index entries point past the "
                                            "last valid record of the .log"))
         del buf, raw
+
+
+def _check_list_entry(m, raw: np.ndarray, idx: np.ndarray, idx_path: str,
+                      report: VerifyReport) -> None:
+    """A local segment's segment-list entry (docs/formats/segment-list.md) against its .bcq
+    (its size was compared when the partition was opened)."""
+    if raw.shape[0] == m.bcq_size and crc32c(raw) != m.bcq_crc32c:
+        report.problems.append(Problem(idx_path, 0, f"the .bcq does not match its checksum in "
+                                       f"the segment list (crc32c {crc32c(raw):08x}, listed "
+                                       f"{m.bcq_crc32c:08x})"))
+        return
+    if idx.shape[0] == m.records and m.records and (
+            int(idx[0]["offset"]), int(idx[-1]["offset"])) != (m.first_offset, m.last_offset):
+        report.problems.append(Problem(idx_path, 0, "the segment list's first/last offsets do "
+                                       "not match the .bcq"))
 
 
 def _check_manifest_entry(seg, idx: np.ndarray, buf: np.ndarray, log_path: str, idx_path: str,

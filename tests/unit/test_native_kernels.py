@@ -122,13 +122,15 @@ def _entries_of(buf: np.ndarray) -> np.ndarray:
     return entries_from_scan(s, 0, len(s), 0).copy()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(0, 200), flip=st.floats(0, 1),
-       what=st.sampled_from(["none", "byte", "offset", "position", "size", "cut", "tail"]),
+       what=st.sampled_from(["none", "byte", "offset", "position", "size", "cut", "tail",
+                             "timestamp", "flags", "digest_lo", "digest_hi", "zero"]),
        contiguous=st.booleans(), pick=st.floats(0, 1))
 def test_verify_records_matches_numba(seed, n, flip, what, contiguous, pick):
     """The reader's one check: the same first failing record, C and numba, on whole, damaged
-    and cut buffers and on selections of the entries."""
+    and cut buffers and on selections of the entries; every field of an entry derived from its
+    record (size, offset, timestamp, flags, key digest) is compared."""
     buf = _record_buffer(seed, n).copy()
     e = _entries_of(buf)
     base = 1000
@@ -139,17 +141,24 @@ def test_verify_records_matches_numba(seed, n, flip, what, contiguous, pick):
     j = min(int(flip * m), m - 1) if m else 0
     if m and what == "byte":
         buf[int(e[j]["position"]) - base + int(flip * (int(e[j]["size"]) - 1))] ^= 0x10
-    elif m and what in ("offset", "position", "size"):
+    elif m and what in ("offset", "position", "size", "timestamp", "flags", "digest_lo",
+                        "digest_hi"):
         e[what][j] += 1
+    elif m and what == "zero":
+        e[j] = np.zeros(1, BCQ_DTYPE)[0]
     elif what == "cut":
         buf = buf[:int(flip * buf.shape[0])]
     elif what == "tail":
         buf = np.concatenate([buf, np.zeros(3, np.uint8)])
-    got = [int(k(buf, base, e["position"], e["size"], e["offset"], contiguous))
+    raw = np.ascontiguousarray(e).view(np.uint8)
+    got = [int(k(buf, base, raw, 0, 0, contiguous))
            for k in (_native.verify_records, K.verify_records)]
     assert got[0] == got[1]
     if what == "none" and (not contiguous or m == n):
         assert got[0] == -1
+    if m and what not in ("none", "cut", "tail", "byte") and not (what == "position" and
+                                                                  not contiguous):
+        assert 0 <= got[0] <= j
 
 
 @settings(max_examples=40, deadline=None)
@@ -200,9 +209,8 @@ def test_bad_arguments_are_errors_not_crashes():
     with pytest.raises(ValueError):  # no record at that position
         _native.field_spans(np.zeros(10, np.uint8), np.array([0], np.int64),
                             *(np.zeros(1, np.int64) for _ in range(6)), np.zeros(1, np.uint8))
-    with pytest.raises(TypeError):  # positions must be the .bcq's u32 field
-        _native.verify_records(np.zeros(10, np.uint8), 0, e["offset"], e["size"], e["offset"],
-                               False)
+    with pytest.raises(TypeError):  # entries must be the .bcq's bytes
+        _native.verify_records(np.zeros(10, np.uint8), 0, e["offset"], 0, 0, False)
     with pytest.raises(TypeError):
         CN.decide(table)
 

@@ -1,0 +1,230 @@
+"""A local partition's segments against its segment list (docs/formats/segment-list.md).
+
+``ListedPartition`` is the part of ``PartitionLog`` (reput/partition.py) that keeps and checks
+``segments.json`` on a local store: how the segments are loaded from the files and the list,
+what disagrees between the two, and when the writer rewrites the list (a mixin: it uses the
+log's attributes). Scratch partitions (a replica's ``.replicating/``, a merge's
+``.compacting/``) and object stores (whose list is the manifest) keep none.
+
+Loading: every listed segment must have its .log and .bcq, each of the listed size unless the
+segment is listed open (a writer is appending to it); files the list does not name are allowed
+only when they hold nothing (a roll or a crash in the middle of one). A read-only view re-reads
+the list and the directory a few times when they disagree (a writer or a compaction swap may be
+between two steps) and then refuses the partition, naming the file. A writer's open leaves the
+disagreements to recovery (reput/partition_recovery.py), which repairs only open segments.
+
+Writing: the writer lists the active segment open before its first append of a session, lists
+a new segment (open) when it rolls, and lists the sizes and checksums of the segments it
+appended to once their bytes are fsynced (``sync``, ``close``); a compaction swap rewrites the
+list in its apply step (reput/swap.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import bcq as B
+from . import filenames as fn
+from . import segment_list as SL
+from .errors import CorruptRecordError
+from .segment import Segment
+
+#: attempts of a read-only view when the files disagree with the list (20-80 ms apart)
+LOAD_ATTEMPTS = 4
+
+
+class Disagreement(CorruptRecordError):
+    """A partition's files disagree with its segment list (``path`` names the file)."""
+
+
+class ListedPartition:
+    """Segment-list mode of ``PartitionLog`` (see the module docstring)."""
+
+    # -- loading -------------------------------------------------------------------------
+
+    def _load_local(self) -> None:
+        """Segments from the directory (and the list, when the partition keeps one); a
+        read-only view retries and then raises the first disagreement."""
+        attempts = 1 if self.writable or not self.strict else LOAD_ATTEMPTS
+        for attempt in range(attempts):
+            self._scan_local()
+            if self.writable or not self.strict or not self.problems:
+                return
+            if attempt < attempts - 1:
+                time.sleep(0.02 * (attempt + 1))
+        raise self.problems[0]
+
+    def _scan_local(self) -> None:
+        logs, idxs = self._listed_bases(self.fs)
+        self.problems: list[Disagreement] = []
+        self.strays: list[int] = []
+        try:
+            lst = SL.read(self.fs, self.dir) if self.keeps_list else None
+        except CorruptRecordError as e:
+            if self.strict or self.writable:
+                raise
+            self.problems.append(Disagreement(str(e), e.path, 0))  # verify: go on, files only
+            lst = None
+        self.seglist = lst
+        old = {s.base: s for s in self.segments}
+        if lst is None:
+            self._scan_unlisted(logs, idxs, old)
+            return
+        listed = lst.by_base()
+        segs = []
+        for m in lst.segments:
+            lp, ip = self.log_path(m.base), self.index_path(m.base)
+            ls, isz = self._size_or_none(lp), self._size_or_none(ip)
+            if ls is None or isz is None:
+                missing = lp if ls is None else ip
+                self._problem(missing, 0, "missing: the segment list names it (the segment's "
+                              "records are gone)")
+                continue
+            if not m.open:
+                if ls != m.log_size:
+                    self._problem(lp, min(ls, m.log_size), f"holds {ls} bytes, the segment "
+                                  f"list says {m.log_size}")
+                if isz != m.bcq_size:
+                    self._problem(ip, min(isz, m.bcq_size), f"holds {isz} bytes, the segment "
+                                  f"list says {m.bcq_size} ({m.records} entries)")
+            seg = old.get(m.base)
+            if seg is None or seg.meta != m:
+                seg = Segment(m.base, ls, isz)
+            seg.log_size, seg.index_size, seg.meta, seg.open_tail = ls, isz, m, m.open
+            segs.append(seg)
+        for base in sorted((logs | idxs) - listed.keys()):
+            lp, ip = self.log_path(base), self.index_path(base)
+            sizes = [s for s in (self._size_or_none(lp), self._size_or_none(ip)) if s]
+            if sizes:
+                self._problem(lp if base in logs else ip, 0, "is not in the segment list "
+                              f"({SL.path(self.dir)})")
+            else:
+                self.strays.append(base)  # empty: a roll or its crash; holds nothing
+        self.segments = segs
+        self._orphan_indexes = []
+
+    def _scan_unlisted(self, logs: set[int], idxs: set[int], old: dict[int, Segment]) -> None:
+        """No list: a scratch partition, a store written before lists existed, or a
+        partition being created (its files empty)."""
+        if self.keeps_list and self.require_list and not self.problems:
+            nonempty = [b for b in sorted(logs | idxs)
+                        if self._size_or_none(self.log_path(b))
+                        or self._size_or_none(self.index_path(b))]
+            if nonempty:
+                self._problem(SL.path(self.dir), 0, "missing: this store keeps a segment list "
+                              "per partition, and this partition has segments")
+        segs = []
+        for base in sorted(logs):
+            ls = self._size_or_none(self.log_path(base))
+            if ls is None:
+                continue  # replaced under us by a compaction swap; the next refresh sees it
+            isz = (self._size_or_none(self.index_path(base)) or 0) if base in idxs else 0
+            seg = old.get(base) or Segment(base, ls, isz)
+            seg.log_size, seg.index_size, seg.meta = ls, isz, None
+            segs.append(seg)
+        for i, seg in enumerate(segs):
+            seg.open_tail = i == len(segs) - 1  # the active segment
+        self.segments = segs
+        self._orphan_indexes = sorted(idxs - logs)
+
+    def _size_or_none(self, path: str) -> int | None:
+        try:
+            return self.fs.size(path)
+        except FileNotFoundError:
+            return None
+
+    def _problem(self, path: str, position: int, what: str) -> None:
+        d = Disagreement(f"{path}: {what}; the partition's files disagree with its segment "
+                         "list: run `kcompact verify` and rebuild this partition from a "
+                         "replica", path, position)
+        d.what = what
+        self.problems.append(d)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _list_now(self, open_bases: set[int]) -> SL.SegmentList:
+        """The list as the segments are now: those in ``open_bases`` listed open (they must
+        be the last ones), every other one with its sizes and checksum."""
+        metas = []
+        for i, seg in enumerate(self.segments):
+            nxt = self.segments[i + 1].base if i + 1 < len(self.segments) else None
+            if seg.base in open_bases:
+                metas.append(SL.SegmentMeta(seg.base))
+            elif seg.meta is not None and not seg.meta.open and seg.meta.log_size == \
+                    seg.log_size and seg.meta.bcq_size == seg.index_size and \
+                    (nxt is None or seg.meta.next <= nxt):
+                metas.append(seg.meta)
+            else:
+                metas.append(self._meta_now(seg, nxt))
+        prev = self.seglist.version if self.seglist is not None else 0
+        return SL.SegmentList(metas, self.next_offset, prev)
+
+    def _meta_now(self, seg: Segment, nxt: int | None) -> SL.SegmentMeta:
+        """A segment's closed entry from what this writer knows of it (its .bcq read once when
+        the checksum of what was appended is not known)."""
+        if seg.bcq_crc_size == seg.index_size:
+            e = self.index(seg).entries
+            if e.shape[0] != seg.entry_count:
+                raise CorruptRecordError(
+                    f"{self.seg_index_path(seg)}: entries point past the end of the .log; "
+                    "the segment cannot be sealed", self.seg_index_path(seg),
+                    e.shape[0] * B.ENTRY_SIZE)
+            first = int(e[0]["offset"]) if e.shape[0] else -1
+            last = int(e[-1]["offset"]) if e.shape[0] else -1
+            m = SL.SegmentMeta(seg.base, 0, e.shape[0], first, last, seg.log_size,
+                               seg.index_size, seg.bcq_crc)
+        else:
+            m = SL.describe(self.local_fs, self.seg_log_path(seg), self.seg_index_path(seg),
+                            seg.base, None)
+            seg.bcq_crc, seg.bcq_crc_size = m.bcq_crc32c, m.bcq_size
+        end = nxt if nxt is not None else max(m.last_offset + 1, seg.base)
+        m = SL.SegmentMeta(m.base, end, m.records, m.first_offset, m.last_offset, m.log_size,
+                           m.bcq_size, m.bcq_crc32c)
+        try:
+            SL.check_meta(m)
+        except ValueError as e:
+            raise CorruptRecordError(f"{self.seg_index_path(seg)}: {e}",
+                                     self.seg_index_path(seg), 0) from None
+        return m
+
+    def _write_list(self, open_bases: set[int]) -> None:
+        """Write the list as the segments are now (``_list_now``) and take it as the
+        segments' entries."""
+        lst = SL.write(self.fs, self.dir, self._list_now(open_bases))
+        self._take_list(lst)
+
+    def _take_list(self, lst: SL.SegmentList) -> None:
+        self.seglist = lst
+        metas = lst.by_base()
+        for seg in self.segments:
+            seg.meta = metas.get(seg.base)
+            seg.open_tail = seg.meta is not None and seg.meta.open
+        self._listed_open = {m.base for m in lst.segments if m.open}
+
+    def _list_before_append(self) -> None:
+        """Before a writer's append changes the active segment: list it open (once)."""
+        if not self.keeps_list or not self.segments:
+            return
+        base = self.segments[-1].base
+        if base in self._listed_open:
+            return
+        self._write_list(self._listed_open | {base})
+
+    def _list_after_sync(self, *, closing: bool) -> None:
+        """After an fsync of what was appended: list the sizes of the segments appended to
+        (all of them when ``closing``, else every one but the active segment)."""
+        if not self.keeps_list or not self.writable or not self._listed_open:
+            return
+        keep = set()
+        if not closing and self.segments:
+            keep = self._listed_open & {self.segments[-1].base}
+        if keep != self._listed_open:
+            self._write_list(keep)
+
+    def _restore_list(self, lst: SL.SegmentList) -> None:
+        """Put back a list written before (same bytes, same version): undoing a roll."""
+        self.fs.write_atomic(SL.path(self.dir), lst.to_json())
+        self._take_list(lst)
+
+
+__all__ = ["Disagreement", "LOAD_ATTEMPTS", "ListedPartition"]
