@@ -282,7 +282,9 @@ class PartitionReader:
         seg, sel, guard, at_start, at_end = plan
         sel = sel.copy()
         start = int(sel[0]["position"])
-        end = int(sel[-1]["position"]) + int(sel[-1]["size"])
+        # the furthest end, not the last entry's: a damaged entry must not shorten the read
+        # of the good records before it (their prefix is handed out before the error)
+        end = int((sel["position"].astype(np.int64) + sel["size"]).max())
         # max(0, ..): entries damaged out of order must fail the check, not the read
         data = np.frombuffer(self.pl.read_log(seg, start, max(0, end - start)), np.uint8)
         return self._verified(seg, data, start, sel, contiguous=True, guard=guard,
@@ -382,7 +384,11 @@ class PartitionReader:
             else:
                 idx = pl.index(seg)
                 e = idx.entries
-                j = int(idx.lower_bound(from_offset))
+                # from the first entry when the offset is not past it (what a search of sorted
+                # entries returns), so a damaged index further on cannot misplace a read from
+                # the segment's start: the records before the damage are still read
+                j = 0 if e.shape[0] and from_offset <= int(e[0]["offset"]) else \
+                    int(idx.lower_bound(from_offset))
                 whole = True
             n = e.shape[0]
             if j < n:

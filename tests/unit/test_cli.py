@@ -15,6 +15,8 @@ import pytest
 
 from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
+from kcompact.reput import segment_list as SL
+from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import ManualClock
 from kcompact.reput.record import RecordBatch
 from kcompact.reput.store import Store
@@ -155,8 +157,14 @@ def test_verify_lists_every_problem_with_file_and_position(tmp_path):
     _flip(os.path.join(url, logs[a]), int(rec_a["position"]) + int(rec_a["size"]) - 10)
     _flip(os.path.join(url, logs[c]), int(rec_c["position"]) + int(rec_c["size"]) - 10)
     _flip(os.path.join(url, idxs[b]), 2 * B.ENTRY_SIZE + B.BCQ_DTYPE.fields["timestamp"][1])
+    # the segment list's checksum of b's .bcq no longer matches (docs/formats/segment-list.md)
+    listed = SL.read(LocalBackend(url), fn.partition_dir(TOPIC, 0)).by_base()[b].bcq_crc32c
+    with open(os.path.join(url, idxs[b]), "rb") as f:
+        now = SL.crc32c(f.read())
     want = [
         (logs[a], int(rec_a["position"]), "corrupt record (CRC or header check failed)"),
+        (idxs[b], 0, f"the .bcq does not match its checksum in the segment list (crc32c "
+                     f"{now:08x}, listed {listed:08x})"),
         (idxs[b], 2 * B.ENTRY_SIZE, f"index entry 2 does not match the record at byte "
                                     f"{int(entries[b][2]['position'])} of the .log "
                                     "(rebuild the .bcq)"),
@@ -167,7 +175,7 @@ def test_verify_lists_every_problem_with_file_and_position(tmp_path):
     assert proc.returncode == 1, proc.stderr
     out = proc.stdout.splitlines()
     assert out[:-1] == [f"{path}: byte {pos}: {msg}" for path, pos, msg in want]
-    assert out[-1].startswith("CORRUPT: 1 partitions,") and out[-1].endswith("3 problems")
+    assert out[-1].startswith("CORRUPT: 1 partitions,") and out[-1].endswith("4 problems")
 
     proc = kcompact("verify", "--store", url, "--json")
     assert proc.returncode == 1, proc.stderr
