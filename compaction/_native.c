@@ -51,7 +51,7 @@ static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_
     /* (the table needs an empty slot whatever it holds: max_keys < cap, and every probe below
      * stops after cap slots) */
     if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || start < 0 || stop > a[1].n ||
-        stop > a[2].n || stop > a[3].n || stop > a[4].n || base < 0 || base > MAX_BASE ||
+        stop > a[2].n || stop > a[3].n || stop > a[4].n || base > MAX_BASE ||
         max_keys < 0 || max_keys >= cap || count < 0 || count > max_keys)
         ARG_ERROR(a, 5, "insert_entries: cap %lld, max_keys %lld, count %lld, base %lld or "
                   "start/stop %lld/%lld do not fit the arrays (table of %lld words, %lld "
@@ -67,7 +67,7 @@ static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_
         if (ld_u16(&a[4], i) & 2)
             continue; /* keyless: never deduplicated, not in the map */
         int64_t off = ld_i64(&a[1], i);
-        if (off < base || off - base > MAX_DELTA) {
+        if (off < base || (uint64_t)off - (uint64_t)base > MAX_DELTA) {
             next = i;
             status = MAP_FULL;
             break;
@@ -146,7 +146,7 @@ static PyObject *lookup_many(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     int64_t n = a[1].n;
     if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || a[2].n < n || a[3].n < n ||
-        base < 0 || base > MAX_BASE)
+        base > MAX_BASE)
         ARG_ERROR(a, 4, "lookup_many: cap %lld or base %lld do not fit the arrays (table of "
                   "%lld words, %lld digests)", (long long)cap, (long long)base,
                   (long long)a[0].n, (long long)n);
@@ -186,7 +186,7 @@ static PyObject *decide(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t n = a[1].n;
     /* clean times are u32 seconds: now_s must be one, and no difference may overflow */
     if (a[0].stride != 4 || cap <= 0 || cap > a[0].n / 4 || a[2].n < n || a[3].n < n ||
-        a[4].n < n || a[5].n < n || a[6].n < n || a[7].n < n || base < 0 || base > MAX_BASE ||
+        a[4].n < n || a[5].n < n || a[6].n < n || a[7].n < n || base > MAX_BASE ||
         now_s < 0 || now_s > 0xFFFFFFFFLL || retention_s < 0)
         ARG_ERROR(a, 8, "decide: cap %lld, base %lld, now_s %lld or retention_s %lld out of "
                   "range, or arrays shorter than the %lld entries", (long long)cap,

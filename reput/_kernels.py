@@ -444,6 +444,8 @@ def verify_records(buf, base, entries, k0, k1, contiguous):
     blen = buf.shape[0]
     expect = np.int64(0)
     n = entries.shape[0] // 48
+    u0 = np.uint64(k0)  # (a Python int comes in as int64: XOR with uint64 would make a float)
+    u1 = np.uint64(k1)
     for i in range(n):
         q = i * 48
         p = np.int64(_rd_u32(entries, q + 32)) - base
@@ -463,7 +465,7 @@ def verify_records(buf, base, entries, k0, k1, contiguous):
         lo = np.uint64(0)
         hi = np.uint64(0)
         if not (buf[p + 9] & ATTR_NULL_KEY):
-            lo, hi = siphash128(k0, k1, buf, p + HEADER_SIZE + np.int64(buf[p + 10]),
+            lo, hi = siphash128(u0, u1, buf, p + HEADER_SIZE + np.int64(buf[p + 10]),
                                 np.int64(_rd_i32(buf, p + 32)))
         if lo != _rd_u64(entries, q + 16) or hi != _rd_u64(entries, q + 24):
             return i

@@ -46,6 +46,14 @@ def _int(d: dict, key: str, lo: int, hi: int) -> int:
     return v
 
 
+def _object_name(name, suffix: str) -> bool:
+    """A segment object's name as a manifest may hold it: a plain file name in the partition
+    (no path: a damaged manifest must not name an object elsewhere) ending in .log or .bcq."""
+    return (isinstance(name, str) and name.endswith("." + suffix) and len(name) > 4
+            and "/" not in name and "\\" not in name and name not in (".", "..")
+            and not name.startswith("."))
+
+
 class ManifestConflictError(ReputError):
     """Another process changed the partition in a way this commit cannot be rebased onto (two
     writers of one partition, or a compaction whose inputs were replaced meanwhile)."""
@@ -123,12 +131,10 @@ class SegmentEntry:
             raise ValueError("a segment entry is not an object")
         base = _int(d, "base", 0, MAX_OFFSET)
         names = []
-        for key, suffix in (("log", "log"), ("bcq", "bcq")):
+        for key in ("log", "bcq"):
             name = d[key]
-            parsed = fn.parse_segment_object(name) if isinstance(name, str) else None
-            if parsed is None or parsed[0] != base or parsed[2] != suffix:
-                raise ValueError(f"segment {base}: {key} {name!r} is not a segment object name "
-                                 "of that base")
+            if not _object_name(name, key):
+                raise ValueError(f"segment {base}: {key} {name!r} is not a segment object name")
             names.append(name)
         raw = d["offsets"]
         if not isinstance(raw, str) or not raw:
@@ -158,9 +164,6 @@ class SegmentEntry:
                              f"{e.last_offset} are not its bitmap's {want[0]}..{want[1]}")
         if e.last_offset > MAX_OFFSET:
             raise ValueError(f"segment {e.log}: offsets beyond 2^63")
-        if e.log_size < 45 * e.records:
-            raise ValueError(f"segment {e.log}: log_size {e.log_size} is too small for "
-                             f"{e.records} records")
         return e
 
 
@@ -225,8 +228,7 @@ class Manifest:
                 raise ValueError("retired is not a list of objects")
             for r in retired:
                 for key in ("log", "bcq"):
-                    if r.get(key) is not None and (not isinstance(r[key], str) or
-                                                   fn.parse_segment_object(r[key]) is None):
+                    if r.get(key) is not None and not _object_name(r[key], key):
                         raise ValueError(f"retired {key} {r[key]!r} is not a segment object")
             writer = d.get("writer", "")
             m = cls(_int(d, "version", 1, MAX_OFFSET),
@@ -234,9 +236,6 @@ class Manifest:
                     writer if isinstance(writer, str) else str(writer),
                     _int(d, "cleaned_offset", -1, MAX_OFFSET),
                     _int(d, "next_offset", 0, MAX_OFFSET), last_run, segs, retired, fv)
-            if m.last_offset >= m.next_offset:
-                raise ValueError(f"next_offset {m.next_offset} is not past the last offset "
-                                 f"{m.last_offset}")
             return m
         except ReputError:
             raise

@@ -75,6 +75,8 @@ class ListedPartition:
         for m in lst.segments:
             lp, ip = self.log_path(m.base), self.index_path(m.base)
             ls, isz = self._size_or_none(lp), self._size_or_none(ip)
+            if m.open and ls is not None and isz is None:
+                isz = 0  # an open segment's index is rebuilt from its .log (recovery)
             if ls is None or isz is None:
                 missing = lp if ls is None else ip
                 self._problem(missing, 0, "missing: the segment list names it (the segment's "

@@ -104,7 +104,7 @@ class SegmentList:
 
     def to_json(self) -> bytes:
         body = self.body()
-        body["crc32c"] = f"{crc32c(_canonical(body)):08x}"
+        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
         return json.dumps(body, sort_keys=True, indent=1).encode() + b"\n"
 
     @classmethod
@@ -126,7 +126,7 @@ class SegmentList:
                                      "kcompact", where, 0)
         crc = doc.pop("crc32c", None)
         try:
-            want = f"{crc32c(_canonical(doc)):08x}"
+            want = f"{crc32c(canonical(doc)):08x}"
         except (RecursionError, ValueError, TypeError):
             raise _bad(where, "its fields cannot be checked") from None
         if crc != want:
@@ -197,7 +197,9 @@ def check_meta(m: SegmentMeta) -> None:
                          f"{m.first_offset}..{m.last_offset}")
 
 
-def _canonical(body: dict) -> bytes:
+def canonical(body: dict) -> bytes:
+    """The bytes a JSON metadata file's ``crc32c`` covers: its other fields, sorted keys, no
+    spaces (segments.json, store.json, compaction.checkpoint)."""
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -286,5 +288,5 @@ def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | No
                        log_size, bcq_size, crc)
 
 
-__all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "check_meta", "crc32c", "describe",
-           "path", "read", "write"]
+__all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "canonical", "check_meta",
+           "crc32c", "describe", "path", "read", "write"]

@@ -41,7 +41,7 @@ from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
-from .segment_list import crc32c
+from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
 
 FORMAT_VERSION = 1
@@ -119,7 +119,7 @@ class StoreMeta:
 
     def to_json(self) -> bytes:
         body = self._body()
-        body["crc32c"] = f"{crc32c(_canonical(body)):08x}"
+        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
         return json.dumps(body, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
@@ -139,7 +139,7 @@ class StoreMeta:
         if "crc32c" in d:  # written by a kcompact that checksums it (older ones do not)
             crc = d.pop("crc32c")
             try:
-                ok = crc == f"{crc32c(_canonical(d)):08x}"
+                ok = crc == f"{crc32c(canonical(d)):08x}"
             except (RecursionError, ValueError, TypeError):
                 ok = False
             if not ok:
@@ -169,10 +169,6 @@ class StoreMeta:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
-
-
-def _canonical(body: dict) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def default_commitlog_dir(store_id: str) -> str:

@@ -232,10 +232,17 @@ def read_checkpoint(fs: Backend, pdir: str) -> tuple[int, dict | None]:
         return -1, None
     try:
         d = json.loads(raw)
-        if d["version"] != CHECKPOINT_VERSION:
+        if not isinstance(d, dict) or d.get("version") != CHECKPOINT_VERSION:
             raise ValueError("version")
-        return int(d["cleaned_offset"]), d.get("last_run")
-    except (ValueError, KeyError, TypeError):
+        if "crc32c" in d:  # written since segment lists (older checkpoints have none)
+            crc = d.pop("crc32c")
+            if crc != f"{SL.crc32c(SL.canonical(d)):08x}":
+                raise ValueError("checksum")
+        last_run = d.get("last_run")
+        if last_run is not None and not isinstance(last_run, dict):
+            raise ValueError("last_run")
+        return _bounded(d["cleaned_offset"], -1, SL.MAX_OFFSET), last_run
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise CorruptRecordError(f"{path}: unreadable compaction checkpoint; delete it and the "
                                  "next compaction recleans the partition from offset 0",
                                  path, 0) from None
@@ -244,10 +251,11 @@ def read_checkpoint(fs: Backend, pdir: str) -> tuple[int, dict | None]:
 def write_checkpoint(fs: Backend, pdir: str, cleaned_offset: int | None,
                      last_run: dict | None) -> None:
     old, old_run = read_checkpoint(fs, pdir)
-    fs.write_atomic(f"{pdir}/{fn.COMPACTION_CHECKPOINT}", json.dumps({
-        "version": CHECKPOINT_VERSION,
-        "cleaned_offset": old if cleaned_offset is None else cleaned_offset,
-        "last_run": last_run if last_run is not None else old_run}).encode())
+    body = {"version": CHECKPOINT_VERSION,
+            "cleaned_offset": old if cleaned_offset is None else cleaned_offset,
+            "last_run": last_run if last_run is not None else old_run}
+    body["crc32c"] = f"{SL.crc32c(SL.canonical(body)):08x}"
+    fs.write_atomic(f"{pdir}/{fn.COMPACTION_CHECKPOINT}", json.dumps(body).encode())
 
 
 def empty_trash(fs: Backend, pdir: str) -> int:

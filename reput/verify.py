@@ -19,7 +19,8 @@ import numpy as np
 from . import _kernels as K
 from . import bcq as B
 from . import filenames as fn
-from .errors import ReputError
+from . import swap
+from .errors import CorruptRecordError, ReputError
 from .partition import PartitionLog
 from .record import scan
 from .segment_list import crc32c
@@ -69,6 +70,11 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                                        fn.partition_dir(topic, partition), 0, str(e)))
         return
     report.partitions += 1
+    if store.fs.appendable:  # (on S3 the horizon is the manifest's, validated when read)
+        try:
+            swap.read_checkpoint(store.fs, pl.dir)
+        except CorruptRecordError as e:
+            report.problems.append(Problem(e.path, 0, str(e).split(": ", 1)[-1]))
     for d in pl.problems:
         report.problems.append(Problem(d.path, d.position or 0,
                                        getattr(d, "what", None) or str(d).split(": ", 1)[-1]))

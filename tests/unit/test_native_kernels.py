@@ -422,7 +422,7 @@ def test_kv_kernels_bad_arguments():
     with pytest.raises(ValueError, match="2\\*\\*k, 5"):
         KN.kv_upsert_latest(t.reshape(-1), z, z, z.view(np.uint64), z.view(np.uint64),
                             np.zeros(1, np.uint16), 10, 0)
-    with pytest.raises(ValueError, match="outside its array"):
+    with pytest.raises(ValueError, match="outside its"):
         KN.kv_gather(np.zeros(4, np.uint8), np.array([2], np.int64),
                      np.array([5], np.int64), -1, np.zeros(10, np.uint8), 0,
                      np.zeros(2, np.int64), 0)

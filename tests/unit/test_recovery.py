@@ -25,6 +25,8 @@ import pytest
 
 from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
+from kcompact.reput import segment_list as SL
+from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import WriterOptions
 from kcompact.reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
                           StoreNotFoundError)
@@ -66,6 +68,14 @@ def _files(root: Path, sub: str) -> dict[str, bytes]:
     base = root / sub
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(base.rglob("*"))
             if p.is_file() and p.suffix != ".lock"}
+
+
+def _segment_files(root: Path) -> dict[str, bytes]:
+    """The partitions' .log and .bcq files. (Their segment lists differ from a crash
+    snapshot's by design: a crashed writer's list names its active segment open, a closed
+    store's lists it with its sizes; each is checked by the store's strict open.)"""
+    return {k: v for k, v in _files(root, fn.PARTITIONS_DIR).items()
+            if not k.endswith(fn.SEGMENT_LIST)}
 
 
 def _last(root: Path, rel: str, suffix: str) -> Path:
@@ -175,7 +185,7 @@ def test_torn_commit_log_tail_at_every_byte(tmp_path):
                 assert _contents(s) == _model(before + [last])
                 assert s.stats["dispatched"] == 0
             # byte for byte what the uncrashed writer had
-            assert _files(work, fn.PARTITIONS_DIR) == _files(snap, fn.PARTITIONS_DIR)
+            assert _segment_files(work) == _segment_files(snap)
 
 
 @pytest.mark.parametrize("keep_entry", [False, True], ids=["entry-dropped", "entry-past-end"])
@@ -185,27 +195,27 @@ def test_torn_partition_tail_is_redispatched_at_every_byte(tmp_path, keep_entry)
     from the commit log, exactly once, to the same bytes."""
     snap, before, last = _crash_snapshot(tmp_path)
     size = len(encode([last]))
-    want_files = _files(snap, fn.PARTITIONS_DIR)
+    want_files = _segment_files(snap)
     for cut in range(size):
         work = _copy(snap, tmp_path / "work")
         _drop_last_from_partition(work, size, keep_bytes=cut, keep_entry=keep_entry)
         with Store.open(str(work), writer="w") as s:
             assert _contents(s) == _model(before + [last]), cut
             assert s.stats == {"appended": 0, "dispatched": 1, "skipped": 0}
-        assert _files(work, fn.PARTITIONS_DIR) == want_files, cut
+        assert _segment_files(work) == want_files, cut
 
 
 def test_whole_record_in_partition_log_but_not_indexed(tmp_path):
     """Killed between the .log write and the .bcq write: the record is indexed from the .log
     and its re-dispatch from the commit log is skipped."""
     snap, before, last = _crash_snapshot(tmp_path)
-    want_files = _files(snap, fn.PARTITIONS_DIR)
+    want_files = _segment_files(snap)
     idx = _last(snap, _partition_dir(1), fn.INDEX_SUFFIX)
     _truncate(idx, idx.stat().st_size - B.ENTRY_SIZE)
     with Store.open(str(snap), writer="w") as s:
         assert _contents(s) == _model(before + [last])
         assert s.stats == {"appended": 0, "dispatched": 0, "skipped": 1}
-    assert _files(snap, fn.PARTITIONS_DIR) == want_files
+    assert _segment_files(snap) == want_files
 
 
 def test_read_only_open_of_a_crashed_store_changes_nothing(tmp_path):
@@ -363,9 +373,17 @@ def test_flipped_byte_in_sealed_segment_is_reported_never_served(tmp_path):
                 err = ei.value
                 assert err.path == rel and err.position == pos, i
                 assert rel in str(err) and f"byte {pos}" in str(err)
-                # everything before it is readable (up to the record before), and after it
+                # everything before it is readable (up to the record before), and after it;
+                # unless its header is damaged: then a read from the next offset cannot tell
+                # that the damaged record is not at or after that offset (the reader's guard,
+                # reput/reader.py), and refuses too, naming the same file
                 assert list(s.iter_records(TOPIC, 0, 0, limit=bad)) == recs[:bad]
-                assert list(s.iter_records(TOPIC, 0, recs[bad].offset + 1)) == recs[bad + 1:]
+                try:
+                    after = list(s.iter_records(TOPIC, 0, recs[bad].offset + 1))
+                except CorruptRecordError as e2:
+                    assert i < 45 and e2.path == rel, i
+                else:
+                    assert after == recs[bad + 1:]
                 if k % 4 == 0:  # a missing offset right before the bad one does not skip it
                     with pytest.raises(CorruptRecordError):
                         s.read(TOPIC, 0, recs[bad].offset - 1, max_records=1)
@@ -415,9 +433,11 @@ def _bcq_damages(path: Path, rng: random.Random):
     yield "deleted", lambda: path.unlink()
 
 
-def test_damaged_bcq_is_rebuilt_identical_on_writer_open(tmp_path):
-    """After a crash, the writer's reopen re-dispatches into the partition and rebuilds every
-    damaged or missing .bcq of it, byte for byte as the writer had written it."""
+def test_damaged_bcq_of_an_open_segment_is_rebuilt_identical_on_writer_open(tmp_path):
+    """After a crash, the writer's reopen re-dispatches into the partition and rebuilds a
+    damaged or missing .bcq of a segment its segment list names open (the writer was appending
+    to it), byte for byte as the writer had written it. A damaged .bcq of a closed segment is
+    evidence: the open refuses, naming it, and changes nothing (issue 27)."""
     rng = random.Random(1)
     orig = tmp_path / "orig"
     Store.create(str(orig)).close()
@@ -429,22 +449,34 @@ def test_damaged_bcq_is_rebuilt_identical_on_writer_open(tmp_path):
     _append(s, recs[100:])                            # not flushed: re-dispatched on open
     snap = _copy(orig, tmp_path / "snap")
     s.close()
-    want = _files(snap, fn.PARTITIONS_DIR)
+    want = _segment_files(snap)
     bcqs = sorted((snap / _partition_dir(0)).glob("*.bcq"))
     assert len(bcqs) >= 3
+    listed = SL.read(LocalBackend(str(snap)), _partition_dir(0)).by_base()
+    opened = {k for k, p in enumerate(bcqs) if listed[int(p.stem)].open}
+    assert opened and len(opened) < len(bcqs)
     for k, _ in enumerate(bcqs):
         for name, _damage in _bcq_damages(bcqs[k], rng):
             work = _copy(snap, tmp_path / "work")
             target = sorted((work / _partition_dir(0)).glob("*.bcq"))[k]
             dict(_bcq_damages(target, rng))[name]()
-            with Store.open(str(work), writer="w") as s2:
-                assert _contents(s2) == _model(recs), (k, name)
-            assert _files(work, fn.PARTITIONS_DIR) == want, (k, name)
+            if k in opened:
+                with Store.open(str(work), writer="w") as s2:
+                    assert _contents(s2) == _model(recs), (k, name)
+                assert _segment_files(work) == want, (k, name)
+            else:
+                damaged = _files(work, "")
+                with pytest.raises(CorruptRecordError) as ei:
+                    with Store.open(str(work), writer="w") as s2:
+                        _contents(s2)
+                assert target.name in str(ei.value), (k, name)
+                assert _files(work, "") == damaged, (k, name)
 
 
-def test_damaged_bcq_is_rebuilt_before_the_writer_appends(tmp_path):
-    """A clean store whose .bcq files were damaged: the writer's next append to the partition
-    first rebuilds them identical, then appends after the last stored offset."""
+def test_damaged_bcq_of_a_closed_store_is_refused_not_rebuilt(tmp_path):
+    """A .bcq damaged in a cleanly closed store: readers and a writer's open refuse the
+    partition naming the .bcq (its size disagrees with the segment list), nothing is rebuilt
+    or cut, and verify reports it; the undamaged copy still takes appends."""
     rng = random.Random(2)
     root = tmp_path / "s"
     Store.create(str(root)).close()
@@ -452,51 +484,27 @@ def test_damaged_bcq_is_rebuilt_before_the_writer_appends(tmp_path):
     with Store.open(str(root), writer="w") as s:
         s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
         _append(s, recs)
-    clean = _copy(root, tmp_path / "clean")
     extra = [Record(TOPIC, 0, 60 + i, 1, b"e", b"extra") for i in range(3)]
-    with Store.open(str(clean), writer="w") as s:
-        _append(s, extra)
-    want = _files(clean, fn.PARTITIONS_DIR)
     bcqs = sorted((root / _partition_dir(0)).glob("*.bcq"))
     for k in (0, len(bcqs) - 1):
         for name, _ in _bcq_damages(bcqs[k], rng):
             work = _copy(root, tmp_path / "work")
             target = sorted((work / _partition_dir(0)).glob("*.bcq"))[k]
             dict(_bcq_damages(target, rng))[name]()
-            with Store.open(str(work), writer="w") as s:
-                # re-sending already stored offsets is skipped, not duplicated
-                assert s.append(RecordBatch.from_records(TOPIC, recs[-5:] + extra)) == 3
-                assert _contents(s) == _model(recs + extra), (k, name)
-            assert _files(work, fn.PARTITIONS_DIR) == want, (k, name)
-
-
-def test_damaged_bcq_of_a_closed_store_reads_right_at_once(tmp_path):
-    """A .bcq damaged in a cleanly closed store: every reader and a writer's open see all the
-    records and the right next offset at once (the .log past the index is indexed in memory);
-    the file itself is rebuilt when the partition is next written (the test above), since a
-    writer's open recovers only the partitions it re-dispatches into."""
-    rng = random.Random(4)
-    root = tmp_path / "s"
-    Store.create(str(root)).close()
-    recs = [_gen(rng, 0, i, big=True) for i in range(40)]
+            damaged = _files(work, "")
+            for writer in (None, "w"):
+                with pytest.raises(CorruptRecordError) as ei:
+                    with Store.open(str(work), writer=writer) as s:
+                        _contents(s)
+                        s.append(RecordBatch.from_records(TOPIC, extra))
+                assert target.name in str(ei.value), (k, name, writer)
+            assert _files(work, "") == damaged, (k, name)
+            with Store.open(str(work)) as s:
+                report = verify_store(s)
+            assert not report.ok and any(target.name in p.path for p in report.problems)
     with Store.open(str(root), writer="w") as s:
-        _append(s, recs)
-    clean = _copy(root, tmp_path / "clean")
-    bcq = _last(root, _partition_dir(0), fn.INDEX_SUFFIX)
-    _truncate(bcq, bcq.stat().st_size - 100)
-    for writer in (None, "w"):
-        with Store.open(str(root), writer=writer) as s:
-            assert s.next_offset(TOPIC, 0) == 40
-            assert _contents(s) == _model(recs)
-    extra = [Record(TOPIC, 0, 40 + i, 1, b"e", b"extra") for i in range(2)]
-    for d in (root, clean):
-        with Store.open(str(d), writer="w") as s:
-            assert s.append(RecordBatch.from_records(TOPIC, recs[-3:] + extra)) == 2
-            assert _contents(s) == _model(recs + extra)
-    # rebuilt identical, then appended to as the undamaged copy was
-    assert _files(root, fn.PARTITIONS_DIR) == _files(clean, fn.PARTITIONS_DIR)
-    with Store.open(str(root)) as s:
-        assert verify_store(s).ok
+        assert s.append(RecordBatch.from_records(TOPIC, recs[-5:] + extra)) == 3
+        assert _contents(s) == _model(recs + extra)
 
 
 # -- (d) store.json ---------------------------------------------------------------------------
