@@ -23,6 +23,7 @@ from pyroaring import BitMap
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, ReputError
+from .segment_list import field_int as _int
 
 FORMAT_VERSION = 1
 KEEP_VERSIONS = 3
@@ -35,15 +36,6 @@ KEEP_VERSIONS = 3
 ABORTED_VERSION_AGE_MS = 10_000
 _MAX_REL = (1 << 32) - 1  # a 32-bit roaring bitmap holds offsets base .. base + 2^32 - 1
 MAX_OFFSET = (1 << 63) - 1  # offsets are int64 (record.md)
-
-
-def _int(d: dict, key: str, lo: int, hi: int) -> int:
-    v = d[key]
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{key} is not an integer")
-    if not lo <= v <= hi:
-        raise ValueError(f"{key} {v} is outside [{lo}, {hi}]")
-    return v
 
 
 def _object_name(name, suffix: str) -> bool:

@@ -140,8 +140,8 @@ class SegmentList:
     def _validated(cls, doc: dict) -> "SegmentList":
         if doc.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unknown format_version {doc.get('format_version')!r}")
-        version = _int(doc, "version", 0, MAX_OFFSET)
-        nxt = _int(doc, "next_offset", 0, MAX_OFFSET)
+        version = field_int(doc, "version", 0, MAX_OFFSET)
+        nxt = field_int(doc, "next_offset", 0, MAX_OFFSET)
         raw = doc["segments"]
         if not isinstance(raw, list):
             raise ValueError("segments is not a list")
@@ -149,19 +149,19 @@ class SegmentList:
         for i, d in enumerate(raw):
             if not isinstance(d, dict):
                 raise ValueError(f"segment {i} is not an object")
-            base = _int(d, "base", 0, MAX_OFFSET)
+            base = field_int(d, "base", 0, MAX_OFFSET)
             if d.get("open") is True:
                 segs.append(SegmentMeta(base))
                 continue
             if segs and segs[-1].open:
                 raise ValueError(f"segment {base} is closed after an open one (only the last "
                                  "segments may be open)")
-            m = SegmentMeta(base, _int(d, "next", 0, MAX_OFFSET),
-                            _int(d, "records", 0, MAX_SEGMENT_BYTES // MIN_RECORD),
-                            _int(d, "first_offset", -1, MAX_OFFSET),
-                            _int(d, "last_offset", -1, MAX_OFFSET),
-                            _int(d, "log_size", 0, MAX_SEGMENT_BYTES),
-                            _int(d, "bcq_size", 0, MAX_OFFSET), _hex32(d, "bcq_crc32c"))
+            m = SegmentMeta(base, field_int(d, "next", 0, MAX_OFFSET),
+                            field_int(d, "records", 0, MAX_SEGMENT_BYTES // MIN_RECORD),
+                            field_int(d, "first_offset", -1, MAX_OFFSET),
+                            field_int(d, "last_offset", -1, MAX_OFFSET),
+                            field_int(d, "log_size", 0, MAX_SEGMENT_BYTES),
+                            field_int(d, "bcq_size", 0, MAX_OFFSET), _hex32(d, "bcq_crc32c"))
             check_meta(m)
             segs.append(m)
         for a, b in zip(segs, segs[1:]):
@@ -203,7 +203,9 @@ def canonical(body: dict) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _int(d: dict, key: str, lo: int, hi: int) -> int:
+def field_int(d: dict, key: str, lo: int, hi: int) -> int:
+    """``d[key]``, an integer (never a boolean) in [lo, hi]; ValueError naming it otherwise
+    (the bounds check of every JSON metadata file: segment lists, manifests)."""
     v = d[key]
     if not isinstance(v, int) or isinstance(v, bool):
         raise ValueError(f"{key} is not an integer")
@@ -289,4 +291,4 @@ def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | No
 
 
 __all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "canonical", "check_meta",
-           "crc32c", "describe", "path", "read", "write"]
+           "crc32c", "describe", "field_int", "path", "read", "write"]
