@@ -227,3 +227,46 @@ def test_issue27_manifest_is_validated(over, what):
 def test_issue27_nested_manifest_is_a_corruption_error():
     with pytest.raises(CorruptRecordError, match="nested too deeply"):
         M.Manifest.from_json(b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "m.json")
+
+
+@pytest.mark.parametrize("over, what", [
+    ({"seg_offsets": ""}, "offsets"),
+    ({"seg_last_offset": 2 ** 70}, "last_offset"),
+])
+def test_issue27_damaged_s3_manifest_through_the_cli(tmp_path, over, what):
+    """On S3 (the in-memory fake, the CLI run in-process): `inspect`, `verify` and `dump` on a
+    manifest with an empty bitmap or an offset beyond 2^63 each exit 1 with one line naming the
+    manifest (they raised IndexError / ValueError, or showed the absurd offset and exited 0)."""
+    import contextlib
+    import io
+
+    from _stores import backend_env, store_url
+
+    from kcompact.connectors.cli import main
+    with backend_env("s3", tmp_path) as fake:
+        url = store_url("s3", tmp_path)
+        with Store.open(url, writer="w", create=True) as s:
+            s.append(__import__("kcompact.reput.record", fromlist=["RecordBatch"]).RecordBatch
+                     .from_records(TOPIC, [(0, i, 1000 + i, b"k%d" % (i % 7), b"v") for i in
+                                           range(50)]))
+            s.flush()
+        objs = fake.objects["bucket"]
+        key = max(k for k in objs if "/manifest/" in k and objs[k][0])
+        doc = json.loads(objs[key][0])
+        for k, v in over.items():
+            doc["segments"][0][k[4:]] = v
+        objs[key] = (json.dumps(doc).encode(), objs[key][1])
+        for argv in (["inspect", "--store", url], ["verify", "--store", url],
+                     ["dump", "--store", url, "--topic", TOPIC, "--partition", "0"]):
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                code = main(argv)
+            assert code == 1 and "KCOMPACT_DEBUG" not in err.getvalue(), (argv, err.getvalue())
+            if argv[0] == "verify":  # the problem listed, naming the manifest
+                lines = out.getvalue().splitlines()
+                assert lines[-1].startswith("CORRUPT:") and any(
+                    "/manifest/" in ln and what in ln for ln in lines[:-1]), lines
+            else:
+                lines = err.getvalue().splitlines()
+                assert len(lines) == 1 and lines[0].startswith("kcompact: error: s3://"), lines
+                assert "/manifest/" in lines[0] and what in lines[0], lines
