@@ -551,9 +551,11 @@ class _Charged:
 # ---------------------------------------------------------------------------------------------
 
 def _last_offset(pl: PartitionLog, seg: Segment) -> int:
-    """A sealed segment's last offset (-1 if empty): the manifest says it on S3."""
-    if seg.entry is not None:
-        return seg.entry.last_offset if seg.entry.records else -1
+    """A sealed segment's last offset (-1 if empty): its manifest or segment-list entry says
+    it when there is one."""
+    listed = seg.listed()
+    if listed is not None:
+        return listed[2] if listed[0] else -1
     idx = pl.index(seg)
     return int(idx.entries[-1]["offset"]) if idx.n else -1
 

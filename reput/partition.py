@@ -319,9 +319,10 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     @property
     def first_offset(self) -> int:
         for seg in self.segments:
-            if seg.entry is not None:  # a manifest entry answers without a download
-                if seg.entry.records:
-                    return seg.entry.first_offset
+            listed = seg.listed()  # a manifest or segment-list entry answers without the .bcq
+            if listed is not None:
+                if listed[0]:
+                    return listed[1]
                 continue
             e = self.entries(seg)
             if e.shape[0]:
@@ -332,9 +333,10 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def last_offset(self) -> int:
         """Offset of the last indexed record, -1 when there is none."""
         for seg in reversed(self.segments):
-            if seg.entry is not None:
-                if seg.entry.records:
-                    return seg.entry.last_offset
+            listed = seg.listed()
+            if listed is not None:
+                if listed[0]:
+                    return listed[2]
                 continue
             e = self.entries(seg)
             if e.shape[0]:
@@ -347,10 +349,12 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         n = max(self.last_offset + 1, base)
         if self.manifest is not None:
             n = max(n, self.manifest.next_offset)  # survives a compaction that empties the tail
+        if self.seglist is not None:  # (and a damaged .bcq cannot move it back)
+            n = max(n, self.seglist.next_offset)
         return n
 
     def record_count(self) -> int:
-        return sum(seg.entry.records if seg.entry is not None else len(self.entries(seg))
+        return sum(seg.listed()[0] if seg.listed() is not None else len(self.entries(seg))
                    for seg in self.segments)
 
     def size_bytes(self) -> int:

@@ -60,6 +60,17 @@ class Segment:
         self.last_appended = None
         self.bcq_checked = False
 
+    def listed(self) -> tuple[int, int, int] | None:
+        """(records, first offset, last offset) as its manifest or closed segment-list entry
+        says, without reading the .bcq; None when nothing says (an open segment)."""
+        if self.entry is not None:
+            e = self.entry
+            return e.records, e.first_offset, e.last_offset
+        m = self.meta
+        if m is not None and not m.open:
+            return m.records, m.first_offset, m.last_offset
+        return None
+
     def expected_bcq(self) -> tuple[int, int] | None:
         """(size, CRC32C) this segment's .bcq must have (its segment-list entry, or its
         manifest entry when that lists one); None when nothing says."""
