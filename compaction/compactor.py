@@ -20,15 +20,14 @@ A round:
 
 Rounds repeat until the dirty range is empty, so deduplication is exact for any number of keys.
 
-**Damage is refused, never spread.** Every .bcq a round acts on (the segments it maps, plans and
-rewrites, the segments retention deletes) is read whole before anything is written, and
-``IndexCursor`` checks it against the checksum in the partition's segment list (or manifest):
-a mismatch raises ``CorruptRecordError`` naming the .bcq before the round writes anything. The
+**Damage is refused, never spread.** Before a local run writes anything, every sealed .bcq is
+read whole and ``IndexCursor`` checks it against the checksum in the partition's segment list
+(``_check_inputs``; on S3 the manifest's, as each round reads it, and nothing is published
+before the run ends): a mismatch raises ``CorruptRecordError`` naming the .bcq. The
 records a round keeps are read through the partition reader, each checked against its entry and
 its CRC, so a damaged .log fails the copy; the round's staged outputs are then deleted and no
 swap happens. A forced compaction that is refused takes back its roll of the active segment
-(``PartitionLog.unroll``), so a compaction refused in its first round leaves the partition as
-it was; rounds that completed before a refused one stay (each is a whole, correct swap).
+(``PartitionLog.unroll``), so a refused compaction leaves the partition as it was.
 Memory: the map's budget plus a few chunk buffers (``io_chunk_bytes``), whatever the partition
 size. The active segment is never compacted, except with ``force``, which rolls it first.
 
@@ -225,6 +224,8 @@ class Compactor:
                     rolled = pl.roll()
                 pl.sync()
             try:
+                if not pl.manifest_mode:
+                    self._check_inputs(pl)
                 if cfg.delete:
                     self._delete_retention(pl, cfg, res)
                 if cfg.compact:
@@ -275,6 +276,18 @@ class Compactor:
             return res
         finally:
             lock.release()
+
+    def _check_inputs(self, pl: PartitionLog) -> None:
+        """Before a local run writes anything: the horizon is readable and every sealed .bcq
+        matches the checksum its segment-list entry gives (a whole ``IndexCursor`` pass raises
+        at its end otherwise; the check is remembered per segment, so the rounds' passes do
+        not repeat it). So a run refused for damage leaves every segment as it was, whichever
+        round would have met it. (On S3 nothing is published before the run's end anyway.)"""
+        pl.checkpoint()
+        for seg in pl.sealed_segments:
+            if seg.expected_bcq() is not None and not seg.bcq_checked:
+                for _ in self._index_chunks(pl, seg):
+                    pass
 
     def _abandon(self, pl: PartitionLog, rolled: bool) -> None:
         """A local compaction that failed: staged outputs not committed are deleted, and the
