@@ -60,6 +60,9 @@ read"), instead of the whole .bcq; a mismatch with the bitmap is corruption.
 ``IndexCursor`` is the index side of the same walk: a segment's entries in bounded chunks read
 into a reused buffer (what compaction's first pass, the planner, the KV map's winner pass and the
 live-set computation read), never the data.
+
+(Over 600 lines on purpose: every read path and the checks that guard it stay in one file, so
+that no reader of partition data can bypass them.)
 """
 
 from __future__ import annotations
