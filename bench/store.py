@@ -7,7 +7,10 @@
    writing the same encoded bytes with plain file writes in 1 MiB chunks. Both are run with
    fsync at the end and without fsync (the OS writes back, as Kafka does by default).
    Target: >= 2,000,000 records/s on one core.
-2. Offset lookup on a partition index of M entries: p50/p99 of `kcompact.reput.bcq.lower_bound` on the
+2. Read: every record of the same N records through the partition reader
+   (`PartitionReader.blocks`: each record checked against its index entry, key digest included,
+   and its CRC, as every read is), and 5,000 short reads of 10 records at random offsets.
+3. Offset lookup on a partition index of M entries: p50/p99 of `kcompact.reput.bcq.lower_bound` on the
    memory-mapped .bcq, next to Python's `bisect` on a list of the same offsets.
    Target: p99 <= 20 us.
 """
@@ -90,6 +93,36 @@ def bench_append(n: int, workdir: str) -> dict:
     return out
 
 
+def bench_read(batches, workdir: str, passes: int = 5) -> dict:
+    """The read figures (module docstring, 2.), best of ``passes``."""
+    from kcompact.reput.reader import PartitionReader
+    d = tempfile.mkdtemp(dir=workdir)
+    try:
+        st = Store.open(d, writer="bench", create=True, options=WriterOptions(fsync="never"))
+        for b in batches:
+            st.append(b)
+        st.close()
+        n = sum(len(b) for b in batches)
+        with Store.open(d) as st:
+            pl = st.partition(batches[0].topic, 0)
+            rng = np.random.default_rng(3)
+            scan, short = [], []
+            for _ in range(passes):
+                t = time.perf_counter()
+                got = sum(len(blk) for blk in PartitionReader(pl).blocks(0))
+                scan.append(time.perf_counter() - t)
+                assert got == n
+                targets = rng.integers(0, n, 5000).tolist()
+                t = time.perf_counter()
+                for o in targets:
+                    PartitionReader(pl).read(o, max_records=10)
+                short.append(time.perf_counter() - t)
+        return {"records": n, "scan_s": min(scan), "scan_rps": n / min(scan),
+                "short_reads": 5000, "short_read_us": min(short) / 5000 * 1e6}
+    finally:
+        shutil.rmtree(d)
+
+
 def bench_lookup(m: int, workdir: str, samples: int = 20_000) -> dict:
     rng = np.random.default_rng(2)
     offsets = np.cumsum(rng.integers(1, 4, m)).astype(np.int64)  # gaps, as after compaction
@@ -135,6 +168,7 @@ def main(argv=None) -> int:
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-", dir=a.workdir)
     try:
         res = {"append": bench_append(a.records, workdir),
+               "read": bench_read(make_batches(a.records), workdir),
                "lookup": bench_lookup(a.lookup_entries, workdir)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -152,6 +186,11 @@ def main(argv=None) -> int:
         print(f"  {label:9s} ours {r['ours_rps']:>12,.0f} rec/s   raw file writes "
               f"{r['raw_rps']:>12,.0f} rec/s   ours/raw = {r['ratio_vs_raw']:.2f}"
               "   (target >= 2,000,000 rec/s)")
+    rd = res["read"]
+    print(f"read through the partition reader (every record checked), {rd['records']:,} "
+          "records:")
+    print(f"  whole partition {rd['scan_rps']:>12,.0f} rec/s   short reads of 10 records "
+          f"{rd['short_read_us']:.1f} us each")
     lk = res["lookup"]
     print(f"offset lookup, {lk['entries']:,}-entry mapped .bcq:")
     print(f"  ours   p50 {lk['ours_p50_us']:.2f} us  p99 {lk['ours_p99_us']:.2f} us   "

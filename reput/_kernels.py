@@ -436,26 +436,39 @@ def field_spans(buf, positions, kstart, klen, vstart, vlen, hstart, hlen, attrs)
 
 
 @njit(cache=True, nogil=True)
-def verify_records(buf, base, entries, k0, k1, contiguous):
+def verify_records(buf, base, entries, k0, k1, mode):
     """Index of the first record that does not match its index entry, or -1 (reput/_native.c's
     verify_records: ``entries`` the bytes of n 48-byte .bcq entries; header valid, CRC32C, and
-    the entry's size, offset, timestamp, flags and key digest; with ``contiguous`` the records
-    lie back to back from buf[0] to its end, else ``n``). The caller checks the arguments."""
+    the entry's size, offset, timestamp, flags and key digest; mode 1 (contiguous): the records
+    lie back to back from buf[0] to its end in increasing offset order, else ``n``; mode 2: as
+    1 with the first record a guard, only its header checked). The caller checks the
+    arguments."""
     blen = buf.shape[0]
     expect = np.int64(0)
     n = entries.shape[0] // 48
+    contiguous = mode >= 1
+    guard = mode == 2
     u0 = np.uint64(k0)  # (a Python int comes in as int64: XOR with uint64 would make a float)
     u1 = np.uint64(k1)
+    prev_off = np.int64(0)
     for i in range(n):
         q = i * 48
         p = np.int64(_rd_u32(entries, q + 32)) - base
         size = np.int64(_rd_u32(entries, q + 36))
-        if size < HEADER_SIZE or p < 0 or p > blen or (contiguous and p != expect):
+        off = np.int64(_rd_u64(entries, q))
+        if size < HEADER_SIZE or p < 0 or p > blen:
+            return i
+        if contiguous and (p != expect or (i > 0 and off <= prev_off)):
             return i
         if _check_header(buf, p, blen) != size:
             return i
-        if _rd_u64(buf, p + 16) != _rd_u64(entries, q) or \
-                _rd_u64(buf, p + 24) != _rd_u64(entries, q + 8):
+        prev_off = off
+        if _rd_u64(buf, p + 16) != _rd_u64(entries, q):
+            return i
+        if guard and i == 0:
+            expect = p + size
+            continue
+        if _rd_u64(buf, p + 24) != _rd_u64(entries, q + 8):
             return i
         flags = np.uint32(entries[q + 40]) | (np.uint32(entries[q + 41]) << np.uint32(8))
         if flags != np.uint32(buf[p + 9]):

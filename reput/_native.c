@@ -325,15 +325,18 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
 
 /* -- reading records against their index entries (reput/reader.py) ------------------------- */
 
-/* verify_records(buf, base, entries, k0, k1, contiguous) -> index of the first record that
- * fails, or -1. ``entries`` is the bytes of n .bcq entries (docs/formats/bcq.md: 48 bytes each,
+/* verify_records(buf, base, entries, k0, k1, mode) -> index of the first record that fails, or
+ * -1. ``entries`` is the bytes of n .bcq entries (docs/formats/bcq.md: 48 bytes each,
  * contiguous); record i is the one entry i points to: at buf[position - base] there must be a
  * record with a valid header and a matching CRC32C whose size, offset, timestamp, attributes
  * (the entry's flags) and key digest (SipHash-2-4-128 under (k0, k1); 0 when keyless) are the
- * entry's. With contiguous, the records must also lie back to back from buf[0] and end exactly
- * at the end of buf (a range read or shipped as it is); bytes left after the last record make
- * the result n. The reader's one check (reader.verify_records); the numba twin is
- * reput/_kernels.py's. */
+ * entry's. mode 0: a selection of entries. mode 1 (contiguous): the records must also lie back
+ * to back from buf[0], in strictly increasing offset order, and end exactly at the end of buf
+ * (a range read or shipped as it is); bytes left after the last record make the result n.
+ * mode 2 (contiguous, with a guard): as 1, but the first record is the one before those handed
+ * out (reput/reader.py): only its header is checked (the entry's size and offset, a valid
+ * header), not its CRC or digest, so that damage inside it does not fail reads after it. The
+ * reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
 #define E_OFFSET 0
 #define E_TIMESTAMP 8
 #define E_DIGEST_LO 16
@@ -354,9 +357,14 @@ static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_
     unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[4]);
     if (PyErr_Occurred())
         return NULL;
-    int contiguous = PyObject_IsTrue(args[5]);
-    if (contiguous < 0)
+    long mode = PyLong_AsLong(args[5]);
+    if (mode == -1 && PyErr_Occurred())
         return NULL;
+    if (mode < 0 || mode > 2) {
+        PyErr_Format(PyExc_ValueError, "verify_records: mode %ld is not 0, 1 or 2", mode);
+        return NULL;
+    }
+    int contiguous = mode >= 1, guard = mode == 2;
     Arr a[2] = {{{0}}};
     if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[2], &a[1], 1, 0, "entries") < 0) {
         arr_release(a, 2);
@@ -370,16 +378,28 @@ static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_
                   "(got %lld)", ENTRY_SIZE, (long long)a[1].n, (long long)base);
     const uint8_t *b = (const uint8_t *)a[0].p, *e = (const uint8_t *)a[1].p;
     int64_t n = a[1].n / ENTRY_SIZE, blen = a[0].n, bad = -1, expect = 0;
+    int64_t prev_off = INT64_MIN;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n; i++, e += ENTRY_SIZE) {
         int64_t p = (int64_t)rd32(e + E_POSITION) - base, size = (int64_t)rd32(e + E_SIZE);
+        int64_t off = (int64_t)rd64(e + E_OFFSET);
         /* size >= REC_HEADER before anything is read at p (a zeroed entry has size 0) */
-        if (size < REC_HEADER || p < 0 || p > blen || (contiguous && p != expect) ||
+        if (size < REC_HEADER || p < 0 || p > blen ||
+            (contiguous && (p != expect || (i > 0 && off <= prev_off))) ||
             check_header(b, p, blen) != size) {
             bad = i;
             break;
         }
         const uint8_t *h = b + p;
+        prev_off = off;
+        if (guard && i == 0) { /* the guard: its header's offset, nothing more */
+            if ((int64_t)rd64(h + 16) != off) {
+                bad = i;
+                break;
+            }
+            expect = p + size;
+            continue;
+        }
         uint16_t flags;
         memcpy(&flags, e + E_FLAGS, 2);
         if (rd64(h + 16) != rd64(e + E_OFFSET) || rd64(h + 24) != rd64(e + E_TIMESTAMP) ||

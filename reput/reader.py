@@ -67,6 +67,7 @@ that no reader of partition data can bypass them.)
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -97,18 +98,26 @@ _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
 
 
 def verify_records(data: np.ndarray, start: int, entries: np.ndarray, secret: bytes, *,
-                   contiguous: bool = False) -> int:
+                   contiguous: bool = False, guard: bool = False) -> int:
     """The one check of records against their index entries: the number of the first entry
     whose record fails (see module docstring), ``len(entries)`` when only the contiguity of a
     range fails after the last one, -1 when all pass. ``data`` holds the .log bytes from file
-    position ``start``; ``secret`` is the store's digest secret."""
+    position ``start``; ``secret`` is the store's digest secret. ``contiguous``: back to back
+    from ``data[0]`` to its end, offsets increasing; ``guard`` (contiguous only): the first
+    entry is the guard, only its header checked."""
     if entries.shape[0] == 0:
         return 0 if contiguous and data.shape[0] else -1
     if not 0 <= start <= 0xFFFFFFFF:  # a .log position is 32 bits (bcq.md)
         return 0
-    k0, k1 = secret_words(secret)
+    k0, k1 = _secret_words(secret)
     raw = np.ascontiguousarray(entries).view(np.uint8).reshape(-1)
-    return int(_verify(data, int(start), raw, int(k0), int(k1), bool(contiguous)))
+    return int(_verify(data, int(start), raw, k0, k1, 2 if guard else int(bool(contiguous))))
+
+
+@functools.lru_cache(maxsize=64)
+def _secret_words(secret: bytes) -> tuple[int, int]:
+    k0, k1 = secret_words(secret)
+    return int(k0), int(k1)
 
 
 def mismatch(data: np.ndarray, start: int, entry, secret: bytes) -> str:
@@ -139,7 +148,8 @@ def mismatch(data: np.ndarray, start: int, entry, secret: bytes) -> str:
     one = np.array([entry], dtype=B.BCQ_DTYPE)
     if verify_records(data, start, one, secret) >= 0:
         return "the .bcq entry's key digest does not match the record's key"
-    return "the record is not back to back with the one before it, as the index says"
+    return ("the record is not back to back with the one before it, or its offset does not "
+            "follow that one's, as the index says")
 
 
 def _corrupt(path: str, pos: int, what: str, last_good: int | None,
@@ -302,29 +312,26 @@ class PartitionReader:
         the last ends where the .log ends. The guard entry before them (``guard`` = 1) is
         checked, not handed out."""
         pl = self.pl
-        if guard:
-            g = sel[0]
-            gsize = self._check_guard_at(
-                seg, data[:HEADER_SIZE] if int(g["position"]) == start else data[:0], g,
-                int(sel[1]["position"]) if sel.shape[0] > 1 else None)
-            if gsize > data.shape[0]:
-                raise _corrupt(pl.seg_log_path(seg), start, "the .log ends inside a record",
-                               None)
-            data, start, sel = data[gsize:], start + gsize, sel[1:]
         n = sel.shape[0]
-        bad = verify_records(data, start, sel, pl.secret, contiguous=contiguous)
+        bad = verify_records(data, start, sel, pl.secret, contiguous=contiguous,
+                             guard=bool(guard))
         what = None
-        if bad < 0 and contiguous and n > 1:
-            off = sel["offset"]
-            down = np.nonzero(off[1:] <= off[:-1])[0]
-            if down.size:
-                bad, what = int(down[0]) + 1, "offsets do not increase"
         if bad < 0 and at_start and int(sel[0]["position"]) != 0:
             bad, what = 0, "the first .bcq entry does not point at the start of the .log"
         if bad < 0 and at_end and start + data.shape[0] != seg.log_size:
             bad = n
             what = (f"records after the last .bcq entry (the .log holds {seg.log_size} bytes, "
                     f"its last entry ends at byte {start + data.shape[0]})")
+        if guard:
+            if bad == 0:
+                g = sel[0]
+                raise _corrupt(pl.seg_log_path(seg), int(g["position"]), (
+                    f"the .bcq entry for offset {int(g['offset'])} does not match the record "
+                    "at its position, or is not next to the records after it, so the read "
+                    "cannot tell what lies between them"), None)
+            gsize = int(sel[0]["size"])  # (verified: the records follow it)
+            data, start, sel, n = data[gsize:], start + gsize, sel[1:], n - 1
+            bad = bad - 1 if bad > 0 else bad
         rel = sel["position"].astype(np.int64) - start
         if bad < 0:
             return RecordColumns(pl.topic, pl.partition, data, sel, rel,
