@@ -97,7 +97,8 @@ class ManifestPartition:
             self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
             self.fs.write_atomic(f"{self.dir}/{bcq_name}", e.tobytes())
         return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
-                                           e["offset"], crc32c(np.ascontiguousarray(e).view(np.uint8)))
+                                           e["offset"],
+                                           crc32c(np.ascontiguousarray(e).view(np.uint8)))
 
     def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
         """After a commit: a local segment file becomes the spooled copy of its object (so it
