@@ -216,6 +216,8 @@ class Compactor:
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
             rolled = False
+            if not pl.manifest_mode:
+                self._check_inputs(pl)  # before the forced roll: a refusal writes nothing
             with self.store.lock:
                 if pl.manifest_mode:
                     if force:
@@ -224,8 +226,6 @@ class Compactor:
                     rolled = pl.roll()
                 pl.sync()
             try:
-                if not pl.manifest_mode:
-                    self._check_inputs(pl)
                 if cfg.delete:
                     self._delete_retention(pl, cfg, res)
                 if cfg.compact:
@@ -278,13 +278,14 @@ class Compactor:
             lock.release()
 
     def _check_inputs(self, pl: PartitionLog) -> None:
-        """Before a local run writes anything: the horizon is readable and every sealed .bcq
-        matches the checksum its segment-list entry gives (a whole ``IndexCursor`` pass raises
-        at its end otherwise; the check is remembered per segment, so the rounds' passes do
-        not repeat it). So a run refused for damage leaves every segment as it was, whichever
-        round would have met it. (On S3 nothing is published before the run's end anyway.)"""
+        """Before a local run writes anything (its forced roll included): the horizon is
+        readable and every .bcq whose segment-list entry gives a checksum (every segment but
+        one a writer has open) matches it (a whole ``IndexCursor`` pass raises at its end
+        otherwise; the check is remembered per segment, so the rounds' passes do not repeat
+        it). So a run refused for damage leaves every file as it was, whichever round would
+        have met it. (On S3 nothing is published before the run's end anyway.)"""
         pl.checkpoint()
-        for seg in pl.sealed_segments:
+        for seg in pl.segments:
             if seg.expected_bcq() is not None and not seg.bcq_checked:
                 for _ in self._index_chunks(pl, seg):
                     pass

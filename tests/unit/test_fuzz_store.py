@@ -19,7 +19,7 @@ and a rewritten segment list), more records after it. Metadata covered (README "
 store.json and segments.json are checksummed, compaction.checkpoint is validated, the commit
 log's files are the writer's (a closed store's are read by nobody here).
 
-Bounded: ``max_examples`` 120 (about 1.5 minutes here), derandomized so CI runs the same
+Bounded: ``max_examples`` 250 (about 1.5 minutes here), derandomized so CI runs the same
 examples; ``KCOMPACT_FUZZ_EXAMPLES=N`` runs N random ones (a longer local run).
 """
 
@@ -44,7 +44,7 @@ from kcompact.reput.store import Store
 
 TOPIC = "t"
 EXAMPLES = int(os.environ.get("KCOMPACT_FUZZ_EXAMPLES", "0") or 0)
-SETTINGS = settings(max_examples=EXAMPLES or 120, deadline=None, derandomize=not EXAMPLES,
+SETTINGS = settings(max_examples=EXAMPLES or 250, deadline=None, derandomize=not EXAMPLES,
                     suppress_health_check=list(HealthCheck), database=None)
 
 
