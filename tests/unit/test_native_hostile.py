@@ -58,6 +58,8 @@ CASES = {
                                                                 False),
     "verify_records strided buf": lambda: RN.verify_records(u8(128)[::2], 0, _entries(0, 50),
                                                             0, 0, False),
+    "verify_records unknown mode": lambda: RN.verify_records(u8(64), 0, _entries(0, 50), 0, 0,
+                                                             3),
     "field_spans outputs short": lambda: RN.field_spans(u8(64), i64(4), *[i64(1)] * 6, u8(1)),
     "gather_ranges range past src": lambda: RN.gather_ranges(u8(8), np.array([4], np.int64),
                                                              np.array([BIG], np.int64), u8(8)),
