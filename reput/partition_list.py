@@ -77,6 +77,10 @@ class ListedPartition:
             ls, isz = self._size_or_none(lp), self._size_or_none(ip)
             if m.open and ls is not None and isz is None:
                 isz = 0  # an open segment's index is rebuilt from its .log (recovery)
+            if not m.open and m.log_size == 0 and m.bcq_size == 0:
+                # an empty segment (a roll's new active one): a missing file loses nothing,
+                # and the writer creates it again when it appends (a crash between the two)
+                ls, isz = ls or 0, isz or 0
             if ls is None or isz is None:
                 missing = lp if ls is None else ip
                 self._problem(missing, 0, "missing: the segment list names it (the segment's "
