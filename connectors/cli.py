@@ -216,17 +216,27 @@ def _configs_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command and flag, each with its help text: what it is, its default and its unit,
+    as Kafka's own tools say it (a test runs every ``--help`` and checks that none is missing).
+    """
+    from kcompact import __version__
+
     p = argparse.ArgumentParser(prog="kcompact", description=(
-        "Keep a compacted copy of Kafka topics in RocketMQ-style storage."))
+        "Keep a compacted copy of Kafka topics in RocketMQ-style storage. "
+        "`kcompact COMMAND --help` lists a command's flags."))
+    p.add_argument("--version", action="version", version=f"kcompact {__version__}",
+                   help="print kcompact's version and exit")
     _log_format_flag(p, "text")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
 
     s = sub.add_parser("demo", help="broker + sample data + mirror + compact + replica + KV")
-    s.add_argument("--workdir", default=None, help="where the demo keeps its stores "
-                   "(default: a new temporary directory)")
-    s.add_argument("--records", type=int, default=20_000)
-    s.add_argument("--s3", action="store_true", help="run on a SeaweedFS-backed S3 store")
+    s.add_argument("--workdir", default=None, metavar="DIR", help="where the demo keeps its "
+                   "stores and map (default: a new temporary directory)")
+    s.add_argument("--records", type=int, default=20_000, metavar="N",
+                   help="records to produce to the demo topic (default 20000)")
+    s.add_argument("--s3", action="store_true", help="put the stores on S3, served by a "
+                   "SeaweedFS the demo starts on 127.0.0.1 (needs kcompact[dev])")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("broker", help="a development broker on 127.0.0.1, in the foreground")
@@ -234,12 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tansu (default): the embedded memory-only broker; kafka: a real Apache "
                    "Kafka (KRaft single node; jars fetched with Maven into $KCOMPACT_CACHE_DIR, "
                    "version $KCOMPACT_KAFKA_VERSION)")
-    s.add_argument("--port", type=int, default=None)
+    s.add_argument("--port", type=int, default=None, metavar="PORT",
+                   help="port to listen on, on 127.0.0.1 (default: a free port); the broker "
+                   "prints 'kcompact broker listening on 127.0.0.1:PORT' once it is ready")
     s.set_defaults(func=cmd_broker)
 
     s = sub.add_parser("mirror", help="mirror Kafka topics into a store")
-    s.add_argument("--bootstrap-servers", required=True)
-    s.add_argument("--topic", action="append", default=None, metavar="T",
+    _bootstrap_flag(s, "the Kafka cluster to read from")
+    s.add_argument("--topic", action="append", default=None, metavar="TOPIC",
                    help="a topic to mirror (repeatable; an internal __ topic only when named)")
     s.add_argument("--topics-regex", default=None, metavar="RE",
                    help="also every topic whose whole name this regular expression matches "
@@ -249,41 +261,54 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-sync-configs", action="store_true",
                    help="do not read the topics' configs from Kafka (describe_configs) into the "
                    "store; by default they follow the source at each start (and refresh)")
-    s.add_argument("--store", required=True)
+    _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
                    "then a compaction stage; local: this process")
-    s.add_argument("--spark-master", default=None,
-                   help="Spark master URL (default local[*]); the store must be reachable from "
-                   "every executor")
-    s.add_argument("--follow", action="store_true")
+    s.add_argument("--spark-master", default=None, metavar="URL",
+                   help="--engine spark: the Spark master (default local[*]); the store must be "
+                   "reachable from every executor")
+    s.add_argument("--follow", action="store_true",
+                   help="keep mirroring new records, with background compaction, until Ctrl-C "
+                   "or SIGTERM (implies --engine local); without it the mirror stops at the end "
+                   "offsets it saw when it started")
     s.add_argument("--no-compact", action="store_true",
                    help="--engine spark: skip the compaction stage after the mirror (the store "
                    "then holds every record, as after a batch --engine local)")
-    s.add_argument("--partitions", default=None, help="comma-separated partition numbers")
-    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
-                   help="librdkafka consumer setting (repeatable)")
+    s.add_argument("--partitions", default=None, metavar="LIST",
+                   help="only these partitions: numbers and ranges, comma-separated, e.g. "
+                   "0,2-3 (default: every partition)")
+    _kafka_settings_flag(s, "consumer")
     _metrics_flag(s)
     s.set_defaults(func=cmd_mirror, check_usage=_mirror_usage(s))
 
     s = sub.add_parser("compact", help="compact partitions of a store")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", default=None)
-    s.add_argument("--partition", type=int, default=None)
-    s.add_argument("--force", action="store_true")
-    s.add_argument("--offset-map-memory", type=parse_size, default=128 << 20)
-    s.add_argument("--max-bytes-per-sec", type=parse_size, default=0,
+    _store_flag(s, "the store to compact")
+    s.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="only this topic (default: every topic)")
+    s.add_argument("--partition", type=int, default=None, metavar="P",
+                   help="only this partition of --topic (default: every partition)")
+    s.add_argument("--force", action="store_true",
+                   help="compact every selected partition now, the active segment included "
+                   "(it is rolled first), whatever its dirty ratio and lag")
+    s.add_argument("--offset-map-memory", type=parse_size, default=128 << 20, metavar="SIZE",
+                   help="memory for the offset map, e.g. 128MiB, 64m, 1g (default 128MiB, "
+                   "~7.5M keys); more distinct keys take more rounds, never a wrong result")
+    s.add_argument("--max-bytes-per-sec", type=parse_size, default=0, metavar="RATE",
                    help="I/O budget: bytes read (index reads included) plus written per second, "
-                   "as Kafka's log.cleaner.io.max.bytes.per.second (e.g. 50M); 0: unlimited")
-    s.add_argument("--engine", choices=("spark", "local"), default="local")
-    s.add_argument("--spark-master", default=None)
-    s.add_argument("--json", action="store_true")
+                   "as Kafka's log.cleaner.io.max.bytes.per.second (e.g. 50M; default 0: "
+                   "unlimited)")
+    s.add_argument("--engine", choices=("spark", "local"), default="local",
+                   help="local (default): in this process; spark: one Spark task per partition")
+    s.add_argument("--spark-master", default=None, metavar="URL",
+                   help="--engine spark: the Spark master (default local[*])")
+    _json_flag(s, "print the report as one JSON document on stdout")
     s.set_defaults(func=cmd_compact)
 
     s = sub.add_parser("configs", help="describe or alter a store's topic configs "
                        "(kafka-configs.sh's spelling)")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", required=True)
+    _store_flag(s, "the store whose topic configs to describe or alter")
+    s.add_argument("--topic", required=True, metavar="TOPIC", help="the store topic")
     what = s.add_mutually_exclusive_group(required=True)
     what.add_argument("--describe", action="store_true",
                       help="each config with its value and source: default, synced from Kafka "
@@ -295,39 +320,55 @@ def build_parser() -> argparse.ArgumentParser:
                    "mirrors (a value with commas in brackets: cleanup.policy=[compact,delete])")
     s.add_argument("--delete-config", default=None, metavar="K[,K]",
                    help="remove local overrides (the synced value or the default applies again)")
-    s.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    _json_flag(s, "print the configs as one JSON document on stdout")
     s.set_defaults(func=cmd_configs, check_usage=_configs_usage(s))
 
     s = sub.add_parser("inspect", help="show topics, partitions, segments and dirty ratios")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", default=None)
-    s.add_argument("--json", action="store_true")
-    s.add_argument("--plot", default=None, metavar="FILE.png")
+    _store_flag(s, "the store to look at (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="only this topic (default: every topic)")
+    _json_flag(s, "print everything as one JSON document on stdout")
+    s.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="also write a chart of live, dirty and reclaimed bytes per partition to "
+                   "this PNG (needs kcompact[plots])")
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("dump", help="print a partition's records")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", required=True)
-    s.add_argument("--partition", type=int, required=True)
-    s.add_argument("--from-offset", type=int, default=0)
-    s.add_argument("--limit", type=int, default=None)
-    s.add_argument("--json", action="store_true")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", required=True, metavar="TOPIC", help="the topic to print")
+    s.add_argument("--partition", type=int, required=True, metavar="P",
+                   help="the partition to print")
+    s.add_argument("--from-offset", type=int, default=0, metavar="O",
+                   help="first offset to print (default 0); an offset compaction removed "
+                   "starts at the next one")
+    s.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="print at most N records (default: every record)")
+    _json_flag(s, "one JSON object per record (topic, partition, offset, timestamp, key, value, "
+               "headers), values uncut; without it a line per record, values cut at 60 "
+               "characters")
     s.set_defaults(func=cmd_dump)
 
     s = sub.add_parser("verify", help="check every record and index entry (exit 1 on problems)")
-    s.add_argument("--store", required=True)
-    s.add_argument("--json", action="store_true")
+    _store_flag(s, "the store to check (nothing is changed)")
+    _json_flag(s, "print the report as one JSON document on stdout")
     s.add_argument("--against", default=None, metavar="URL",
-                   help="compare with a master served by `kcompact serve` (needs --token-file)")
-    s.add_argument("--token-file", default=None, help="the master's bearer token (--against)")
+                   help="compare with a master served by `kcompact serve` at this URL, "
+                   "http(s)://HOST:PORT (needs --token-file)")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="--against: the file holding the master's bearer token")
     s.set_defaults(func=cmd_verify, check_usage=_verify_usage(s))
 
     s = sub.add_parser("serve", help="serve a store to replicas over HTTP")
-    s.add_argument("--store", required=True)
-    s.add_argument("--listen", required=True, metavar="HOST:PORT")
-    s.add_argument("--token-file", required=True)
-    s.add_argument("--tls-cert", default=None)
-    s.add_argument("--tls-key", default=None)
+    _store_flag(s, "the store to serve (read-only: mirrors and compaction keep running)")
+    s.add_argument("--listen", required=True, metavar="HOST:PORT",
+                   help="address to listen on, e.g. 0.0.0.0:8470")
+    s.add_argument("--token-file", required=True, metavar="FILE",
+                   help="file holding the bearer token replicas must send (e.g. made with "
+                   "`openssl rand -hex 32`)")
+    s.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (with --tls-key; default: HTTP)")
+    s.add_argument("--tls-key", default=None, metavar="PEM",
+                   help="the private key of --tls-cert")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
                    help="client connections open at once; more are answered 503 (default 256)")
     s.add_argument("--client-timeout", type=float, default=None, metavar="S",
@@ -337,20 +378,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
-    s.add_argument("--from", dest="from_url", required=True, metavar="URL")
-    s.add_argument("--token-file", required=True)
-    s.add_argument("--store", required=True)
-    s.add_argument("--follow", action="store_true")
+    s.add_argument("--from", dest="from_url", required=True, metavar="URL",
+                   help="the master's `kcompact serve`, http(s)://HOST:PORT")
+    s.add_argument("--token-file", required=True, metavar="FILE",
+                   help="file holding the master's bearer token")
+    _store_flag(s, "the replica store to build (created when missing, with its own digest "
+                "secret)")
+    s.add_argument("--follow", action="store_true",
+                   help="after the rebuild, keep pulling new records until Ctrl-C or SIGTERM")
     _metrics_flag(s)
     s.set_defaults(func=cmd_replicate)
 
     s = sub.add_parser("restore", help="re-publish a store's topic into Kafka")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", required=True)
-    s.add_argument("--bootstrap-servers", required=True)
-    s.add_argument("--to-topic", required=True)
+    _store_flag(s, "the store to read")
+    s.add_argument("--topic", required=True, metavar="TOPIC", help="the store topic to restore")
+    _bootstrap_flag(s, "the Kafka cluster to write to")
+    s.add_argument("--to-topic", required=True, metavar="TOPIC",
+                   help="the Kafka topic to write; created when missing, with the store "
+                   "topic's partition count and cleanup.policy")
     s.add_argument("--repartition", action="store_true",
-                   help="place records by key with Kafka's default partitioner (murmur2)")
+                   help="place records by key with Kafka's default partitioner (murmur2), "
+                   "e.g. into a topic with fewer partitions (default: store partition p -> "
+                   "partition p)")
     s.add_argument("--mode", choices=("latest", "all"), default="latest",
                    help="latest value per key (default), or every stored record")
     s.add_argument("--from-scratch", action="store_true",
@@ -360,37 +409,45 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
                    default="requested", help="transactions: when the broker has them "
                    "(default), always, or never (idempotent producer)")
-    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
-                   help="librdkafka producer setting (repeatable)")
+    _kafka_settings_flag(s, "producer")
     s.set_defaults(func=cmd_restore)
 
     kv = sub.add_parser("kv", help="the local key-value map (LevelDB)")
-    kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND")
+    kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND", help="one of:")
     kvs.required = True
     s = kvs.add_parser("build", help="build (and follow) a map from a store")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", required=True)
-    s.add_argument("--db", required=True)
-    s.add_argument("--follow", action="store_true")
-    s.add_argument("--bootstrap-servers", default=None,
-                   help="after the store, catch up (and with --follow, follow) from this Kafka")
-    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
-                   help="librdkafka consumer setting for --bootstrap-servers (repeatable)")
+    _store_flag(s, "the store to build the map from")
+    s.add_argument("--topic", required=True, metavar="TOPIC",
+                   help="the store topic whose latest value per key the map holds")
+    s.add_argument("--db", required=True, metavar="DIR",
+                   help="the map's LevelDB directory: created when missing, brought up to "
+                   "date when it exists")
+    s.add_argument("--follow", action="store_true",
+                   help="keep applying new records (from the store, or from Kafka with "
+                   "--bootstrap-servers) until Ctrl-C or SIGTERM")
+    s.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
+                   help="after the store, catch up (and with --follow, follow) from this Kafka "
+                   "cluster (default: the store only)")
+    _kafka_settings_flag(s, "consumer", "for --bootstrap-servers")
     _metrics_flag(s)
     s.set_defaults(func=cmd_kv_build)
     s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
-    s.add_argument("--store", required=True)
-    s.add_argument("--topic", required=True)
-    s.add_argument("--db", required=True)
+    _store_flag(s, "the store to build and follow the map from")
+    s.add_argument("--topic", required=True, metavar="TOPIC",
+                   help="the store topic whose latest value per key the map holds")
+    s.add_argument("--db", required=True, metavar="DIR",
+                   help="the map's LevelDB directory: created when missing, brought up to "
+                   "date when it exists")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
                    help="where the read API listens (without --token-file: a loopback address "
                    "only)")
-    s.add_argument("--token-file", default=None,
-                   help="the bearer token clients must send (required beyond loopback)")
-    s.add_argument("--bootstrap-servers", default=None,
-                   help="after the store, catch up and follow from this Kafka")
-    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
-                   help="librdkafka consumer setting for --bootstrap-servers (repeatable)")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="file holding the bearer token clients must send (required beyond "
+                   "loopback; default: none, loopback only)")
+    s.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
+                   help="after the store, catch up and follow from this Kafka cluster "
+                   "(default: follow the store only)")
+    _kafka_settings_flag(s, "consumer", "for --bootstrap-servers")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
                    help="client connections open at once; more are answered 503 (default 256)")
     s.add_argument("--client-timeout", type=float, default=None, metavar="S",
@@ -398,25 +455,48 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_kv_serve)
     s = kvs.add_parser("get", help="look a key up (exit 1 when it is absent)")
-    s.add_argument("--db", required=True)
-    s.add_argument("key")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--db", required=True, metavar="DIR", help="the map's LevelDB directory")
+    s.add_argument("key", metavar="KEY", help="the key, as UTF-8 text (base64 with --key-base64)")
+    _json_flag(s, "print {\"key\", \"found\", \"value\"} as one JSON document")
     s.add_argument("--key-base64", action="store_true", help="KEY is base64 (binary keys)")
     s.add_argument("--value-converter", default=None, metavar="NAME",
-                   help="decode the value: json, avro, string, or a converter class name")
+                   help="decode the value: json, avro, string, or a converter class name "
+                   "(default: the bytes as stored)")
     s.add_argument("--converter-config", action="append", default=[], metavar="KEY=VALUE",
                    help="value converter setting, e.g. schema.registry.url=URL (repeatable)")
     s.set_defaults(func=cmd_kv_get)
 
     c = sub.add_parser("connect", help="run Connect-style connectors")
-    cs = c.add_subparsers(dest="connect_command", metavar="MODE")
+    cs = c.add_subparsers(dest="connect_command", metavar="MODE", help="one of:")
     cs.required = True
     s = cs.add_parser("standalone", help="WORKER.properties CONNECTOR.properties...")
-    s.add_argument("worker")
-    s.add_argument("connectors", nargs="+")
+    s.add_argument("worker", metavar="WORKER.properties",
+                   help="the worker's properties (bootstrap.servers, converters, ...)")
+    s.add_argument("connectors", nargs="+", metavar="CONNECTOR.properties",
+                   help="one file per connector (name, connector.class, its settings)")
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
+
+
+def _store_flag(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--store", required=True, metavar="URL",
+                   help=f"{what}: a directory, or s3://bucket/prefix")
+
+
+def _bootstrap_flag(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT[,...]",
+                   help=f"{what}: one or more brokers, comma-separated")
+
+
+def _json_flag(s: argparse.ArgumentParser, what: str) -> None:
+    s.add_argument("--json", action="store_true", help=what)
+
+
+def _kafka_settings_flag(s: argparse.ArgumentParser, client: str, when: str = "") -> None:
+    s.add_argument("-X", dest="kafka_config", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"a librdkafka {client} setting{' ' + when if when else ''}, e.g. "
+                   "security.protocol=SASL_SSL (repeatable)")
 
 
 def main(argv: list[str] | None = None) -> int:
