@@ -98,6 +98,8 @@ class StoreMeta:
     #: holds the effective values they give, written alongside for readers that know only it
     layers: dict[str, TopicConfigLayers] = field(default_factory=dict)
     features: list[str] = field(default_factory=list)
+    #: each topic's recorded partitions (Store.record_partitions), written only when some are
+    recorded_partitions: dict[str, list[int]] = field(default_factory=dict)
 
     def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
         self.layers[topic] = layers
@@ -115,6 +117,8 @@ class StoreMeta:
             body["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
         if self.features:
             body["features"] = sorted(set(self.features))
+        if self.recorded_partitions:
+            body["partitions"] = self.recorded_partitions
         return body
 
     def to_json(self) -> bytes:
@@ -165,10 +169,19 @@ class StoreMeta:
                        features=features)
             for t, ly in (d.get("topic_configs") or {}).items():
                 meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
+            meta.recorded_partitions = {validate_topic(t): _partition_list(ps)
+                                        for t, ps in d.get("partitions", {}).items()}
             return meta
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
+
+
+def _partition_list(ps: Any) -> list[int]:
+    """A topic's entry of store.json's ``partitions``: sorted distinct partition numbers."""
+    if not isinstance(ps, list) or not all(type(p) is int and p >= 0 for p in ps):
+        raise ValueError(f"partitions: {ps!r} is not a list of partition numbers")
+    return sorted(set(ps))
 
 
 def default_commitlog_dir(store_id: str) -> str:
@@ -307,7 +320,7 @@ class Store:
     # -- topics and configs --------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        names = set(self.meta.topics)
+        names = set(self.meta.topics) | set(self.meta.recorded_partitions)
         for name in self.fs.listdir(fn.PARTITIONS_DIR):
             try:
                 names.add(validate_topic(name))
@@ -322,6 +335,27 @@ class Store:
                 found |= {p for (t, p), pl in self._partitions.items()
                           if t == topic and (t, p) in self._writable and pl.segments}
         return sorted(found)
+
+    def recorded_partitions(self, topic: str) -> list[int]:
+        """The partitions of ``topic`` recorded in store.json (:meth:`record_partitions`): those
+        a mirror was started on, written yet or not. ``partitions()`` lists those holding data."""
+        return list(self.meta.recorded_partitions.get(topic, []))
+
+    def record_partitions(self, topic: str, partitions: list[int] | tuple[int, ...]) -> list[int]:
+        """Record in store.json that ``topic`` has these partitions (added to those recorded
+        before; docs/formats/store-json.md), so that a partition a mirror knows but has not
+        written yet reads as empty instead of unknown. store.json is rewritten atomically, and
+        only when the recorded set grows. Returns the recorded partitions."""
+        want = _partition_list(list(partitions))
+        with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
+            flock.acquire(blocking=True)  # as a topic config change (store-json.md)
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            have = meta.recorded_partitions.get(validate_topic(topic), [])
+            if not set(want) <= set(have):
+                meta.recorded_partitions[topic] = sorted(set(have) | set(want))
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self._adopt(meta)
+            return list(meta.recorded_partitions.get(topic, []))
 
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""

@@ -60,18 +60,30 @@ def _last_compaction_ms(store: Store, pl, doc: dict[str, Any]) -> int | None:
         return None
 
 
-def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
-    topics = [topic] if topic else store.topics()
-    if topic and topic not in store.topics():
+def known_partitions(store: Store, topic: str) -> list[int]:
+    """The partitions of ``topic`` that hold data, and those a mirror recorded in store.json
+    when it started (Store.record_partitions), written yet or not."""
+    return sorted(set(store.partitions(topic)) | set(store.recorded_partitions(topic)))
+
+
+def _check_topic(store: Store, topic: str) -> None:
+    if topic not in store.topics():
         raise ConnectorsError(f"topic {topic!r} is not in store {store.url}; topics: "
                               + (", ".join(store.topics()) or "(none)"))
+
+
+def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
+    if topic:
+        _check_topic(store, topic)
+    topics = [topic] if topic else store.topics()
     return {
         "store": store.url, "store_id": store.meta.store_id,
         "format_version": store.meta.format_version,
         "topics": [{"topic": t, "config": store.topic_config(t).to_dict(),
                     "config_source": {e.name: e.source
                                       for e in store.topic_config_layers(t).describe()},
-                    "partitions": [partition_summary(store, t, p) for p in store.partitions(t)]}
+                    "partitions": [partition_summary(store, t, p)
+                                   for p in known_partitions(store, t)]}
                    for t in topics],
     }
 
@@ -176,11 +188,18 @@ def run_inspect(opts: InspectOptions) -> int:
 
 def _last_run_text(p: dict[str, Any]) -> str:
     """The LAST RUN column of `inspect`: when the last compaction ended (UTC, when the store
-    knows it) and how many records it kept and dropped; ``never`` before the first one."""
+    knows it) and what it did: the records it kept and dropped, or, on a replica, the master
+    store it was replicated from (a replica installs the master's compacted segments instead of
+    compacting them again: replication/replica.py); ``never`` before the first one."""
     run = p.get("last_compaction")
     if not run:
         return "never"
-    what = f"kept {run['records_kept']} dropped {run['records_dropped']}"
+    if "records_kept" in run:
+        what = f"kept {run['records_kept']} dropped {run.get('records_dropped', 0)}"
+    elif "replicated_from" in run:
+        what = f"replicated from store {run['replicated_from']}"
+    else:  # written by a newer kcompact: the time is still worth showing
+        what = "compacted"
     when = p.get("last_compaction_ms")
     if when is None:
         return what
@@ -202,31 +221,59 @@ def record_json(r: Record) -> dict[str, Any]:
     return d
 
 
-def _show(data: bytes | None, limit: int = 60) -> str:
+#: Characters of a key or value (and of a header value) that text `dump` shows.
+DUMP_TEXT_CUT = 60
+DUMP_HEADER_CUT = 20
+
+
+def dump_field(data: bytes | None, limit: int = DUMP_TEXT_CUT) -> str:
+    """A key, value or header value as text `dump` prints it: ``null`` when there is none (a
+    keyless record's key, a tombstone's value), ``"text"`` in double quotes when it is
+    printable UTF-8 (so the key ``null`` prints as ``"null"``), else ``b64:`` and its base64.
+    Beyond ``limit`` characters it is cut, and says so with its whole size:
+    ``"abc..."... (cut: 472 bytes)``; ``dump --json`` prints every byte."""
     if data is None:
         return "null"
     try:
         s = data.decode("utf-8")
         if not s.isprintable():
             raise UnicodeDecodeError("utf-8", data, 0, 1, "unprintable")
+        quote = '"'
     except UnicodeDecodeError:
-        s = "b64:" + base64.b64encode(data).decode()
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+        s, quote = "b64:" + base64.b64encode(data).decode(), ""
+    if len(s) <= limit:
+        return f"{quote}{s}{quote}"
+    return f"{quote}{s[:limit]}{quote}... (cut: {len(data):,} bytes)"
+
+
+def _header_name(name: str) -> str:
+    """A header name as text `dump` prints it: as it is, or in double quotes when it would be
+    hard to read (empty, or with spaces, '=', quotes or unprintable characters)."""
+    plain = name and name.isprintable() and not any(c in name for c in ' ="')
+    return name if plain else '"' + name.encode("unicode_escape").decode() + '"'
+
+
+def dump_line(r: Record) -> str:
+    """One record of text `dump`: offset, timestamp (ms), key, value and headers
+    (``name=value`` separated by spaces), tab-separated (README, "Commands")."""
+    line = f"{r.offset}\t{r.timestamp}\t{dump_field(r.key)}\t{dump_field(r.value)}"
+    if r.headers:
+        line += "\t" + " ".join(f"{_header_name(k)}={dump_field(v, DUMP_HEADER_CUT)}"
+                                 for k, v in r.headers)
+    return line + "\n"
 
 
 def run_dump(opts: DumpOptions) -> int:
     store = Store.open(opts.store)
-    if opts.partition not in store.partitions(opts.topic):
+    _check_topic(store, opts.topic)
+    known = known_partitions(store, opts.topic)
+    if opts.partition not in known:  # a recorded partition with no record yet dumps as empty
         raise ConnectorsError(f"{opts.topic}-{opts.partition} is not in store {store.url}; "
-                              "see `kcompact inspect`")
+                              f"partitions of {opts.topic!r}: "
+                              f"{', '.join(map(str, known)) or '(none)'}")
     out = sys.stdout
     for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
-        if opts.json:
-            out.write(json.dumps(record_json(r)) + "\n")
-        else:
-            hdrs = " ".join(f"{k}={_show(v, 20)}" for k, v in r.headers)
-            out.write(f"{r.offset}\t{r.timestamp}\t{_show(r.key)}\t{_show(r.value)}"
-                      + (f"\t{hdrs}" if hdrs else "") + "\n")
+        out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
     return 0
 
 

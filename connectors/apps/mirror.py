@@ -38,7 +38,7 @@ from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
 from .config_sync import ConfigFollower
 from .config_sync import sync_configs as sync_configs_of
-from .options import LOCAL_WRITER, MirrorOptions, lag_text, mirror_props
+from .options import LOCAL_WRITER, MirrorOptions, add_mirror, lag_text, mirror_props
 
 PROGRESS_INTERVAL = 2.0
 
@@ -123,8 +123,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
     if handle_signals and threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        worker.add_connector(props, where="mirror",
-                             consumer_origin=lambda k: f"-X {k}")
+        add_mirror(worker, props)
         topics = list(worker.connectors[-1].props["topics"])
         n_parts = sum(len(r.assignment) for r in worker.runners)
         what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"

@@ -22,6 +22,8 @@ OWN_FLAGS = {"bootstrap.servers": "--bootstrap-servers",
 LOCAL_WRITER = "local"
 #: The mirror's connector (and consumer group) name.
 MIRROR_CONNECTOR = "kcompact-mirror"
+#: Store sink properties that a flag of ``kcompact mirror`` sets: errors name the flag.
+MIRROR_FLAGS = {"store.partitions": "--partitions", "store.url": "--store"}
 
 
 def kafka_overrides(kafka_config: Mapping[str, str], prefix: str) -> dict[str, str]:
@@ -92,6 +94,16 @@ def parse_partitions(text: str | None) -> tuple[int, ...] | None:
     if any(p < 0 for p in out):
         raise ConfigError("--partitions: partition numbers are >= 0")
     return tuple(sorted(set(out)))
+
+
+def add_mirror(worker: Any, props: Mapping[str, Any]) -> list[Any]:
+    """Add the mirror's store sink (``props``: :func:`mirror_props`) to a framework Worker, as
+    both engines do; a bad setting is reported with the flag the user gave (``--partitions``,
+    ``--store``, ``-X key``). Returns its task runners."""
+    try:
+        return worker.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")
+    except ConfigError as e:
+        raise e.for_flags(MIRROR_FLAGS) from None
 
 
 def mirror_props(topic: str | Sequence[str] | None, store: str, *,

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kcompact.reput import Store, WriterOptions
+from kcompact.reput import Store, StoreNotFoundError, WriterOptions
 from kcompact.reput.config import SYSTEM_CLOCK, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
@@ -77,9 +77,9 @@ def _refuse_foreign_directory(url: str) -> None:
     if os.path.isdir(path) and os.listdir(path) and \
             not os.path.exists(os.path.join(path, "store.json")):
         raise ConfigError(f"store.url: {path} is a non-empty directory that is not a kcompact "
-                          "store (no store.json); give a new or empty directory")
+                          "store (no store.json); give a new or empty directory", key="store.url")
     if os.path.exists(path) and not os.path.isdir(path):
-        raise ConfigError(f"store.url: {path} is a file, not a store directory")
+        raise ConfigError(f"store.url: {path} is a file, not a store directory", key="store.url")
 
 
 def _partition_numbers(values: Sequence[str]) -> list[int]:
@@ -88,9 +88,10 @@ def _partition_numbers(values: Sequence[str]) -> list[int]:
         try:
             p = int(v)
         except ValueError:
-            raise ConfigError(f"store.partitions: {v!r} is not a partition number") from None
+            raise ConfigError(f"store.partitions: {v!r} is not a partition number",
+                              key="store.partitions") from None
         if p < 0:
-            raise ConfigError(f"store.partitions: {p} is negative")
+            raise ConfigError(f"store.partitions: {p} is negative", key="store.partitions")
         out.append(p)
     return sorted(set(out))
 
@@ -108,15 +109,20 @@ class StoreSinkConnector(SinkConnector):
         super().start(props)
         if not props.get("store.url"):
             raise ConfigError("store.url: required by StoreSinkConnector (a directory for the "
-                              "store; it is created when missing)")
+                              "store; it is created when missing)", key="store.url")
         self.only = _partition_numbers(props.get("store.partitions") or [])
         _refuse_foreign_directory(props["store.url"])
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
-        # mirror or Spark task) left in its commit log, so next_offset() sees all of it.
-        store = Store.open(props["store.url"], create=True,
-                           commitlog_dir=props.get("store.commitlog.dir"))
+        # mirror or Spark task) left in its commit log, so next_offset() sees all of it. A store
+        # that does not exist yet has none, and is created only once the partitions are known
+        # to exist (select_partitions): a failed start leaves nothing behind.
+        try:
+            store = Store.open(props["store.url"],
+                               commitlog_dir=props.get("store.commitlog.dir"))
+        except StoreNotFoundError:
+            return
         try:
             store.recover_writers()
         finally:
@@ -132,14 +138,26 @@ class StoreSinkConnector(SinkConnector):
                 for i in range(max(1, max_tasks))]
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
-        if not self.only:
-            return list(partitions)
-        missing = [p for p in self.only if p not in set(partitions)]
-        if missing:
-            raise ConfigError(f"store.partitions: topic {topic!r} has partitions "
-                              f"0..{max(partitions) if partitions else -1}; it has no partition "
-                              f"{', '.join(map(str, missing))}")
-        return [p for p in partitions if p in set(self.only)]
+        """The partitions of ``topic`` this connector mirrors (``store.partitions``, or all),
+        recorded in the store (created here when missing) before any task starts: a partition
+        the mirror knows but has not written yet then reads as empty, not as unknown
+        (Store.record_partitions)."""
+        selected = list(partitions)
+        if self.only:
+            missing = [p for p in self.only if p not in set(partitions)]
+            if missing:
+                raise ConfigError(f"store.partitions: topic {topic!r} has partitions "
+                                  f"0..{max(partitions) if partitions else -1}; it has no "
+                                  f"partition {', '.join(map(str, missing))}",
+                                  key="store.partitions")
+            selected = [p for p in partitions if p in set(self.only)]
+        store = Store.open(self.props["store.url"], create=True,
+                           commitlog_dir=self.props.get("store.commitlog.dir"))
+        try:
+            store.record_partitions(topic, selected)
+        finally:
+            store.close()
+        return selected
 
 
 class StoreSinkTask(SinkTask):

@@ -32,7 +32,7 @@ from ...framework.kafka_clients import kafka_error_text, kafka_logger
 from ...framework.worker import Worker
 from ...plugins.store_sink import StoreSinkConnector
 from ..config_sync import sync_configs as sync_configs_of
-from ..options import MirrorOptions, lag_text, mirror_props
+from ..options import MirrorOptions, add_mirror, lag_text, mirror_props
 from .compact_job import compact_partitions_spark, compaction_lines
 from .errors import MirrorTaskError
 from .session import run_job, spark_active, spark_session, stage_counts
@@ -116,7 +116,7 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
         props["batch.max.records"] = job.batch_max
     worker = Worker({"bootstrap.servers": job.bootstrap, "metrics.log.interval.ms": 0},
                     where=f"spark task {topic}-{partition}", log=sys.stderr)
-    worker.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")
+    add_mirror(worker, props)
     worker.run()
     runner = worker.runners[0]
     return {"topic": topic, "partition": partition, "start": start, "end": end,
@@ -295,7 +295,7 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                          topics_regex=topics_regex, exclude_regex=exclude_regex)
     probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                    where="mirror", log=out)
-    runner = probe.add_connector(props, where="mirror", consumer_origin=lambda k: f"-X {k}")[0]
+    runner = add_mirror(probe, props)[0]
     for c in probe.connectors:
         c.stop()
     topics = list(probe.connectors[-1].props["topics"])
