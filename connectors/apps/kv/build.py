@@ -25,7 +25,9 @@ written by two partitions while following holds the last one applied.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -102,13 +104,22 @@ class MapBuilder(KafkaCatchUp):
         except ReputError as e:
             raise KVError(f"cannot open store {self.store_url}: {e}") from None
         own_db = self._db is None
-        db = open_db(self.db_dir, create=True) if own_db else self._db
+        dir_existed = os.path.isdir(self.db_dir)
+        # a map this run creates: only in a missing or empty directory (open_db refuses any
+        # other without a map), so removing what is there after a failure removes only ours
+        new_db = own_db and (not os.path.lexists(self.db_dir)
+                             or (dir_existed and not os.listdir(self.db_dir)))
+        topic_missing = self.topic not in store.topics()
+        db = None
         try:
+            if topic_missing and new_db:  # before the map is created: nothing left behind
+                raise self._topic_missing(store)
+            db = open_db(self.db_dir, create=True) if own_db else self._db
             sink = LevelDBSink(db, self.db_dir)
+            # an existing map says first which source it holds (another store or topic)
             sink.check_source(self.topic, store_id=store.meta.store_id)
-            if self.topic not in store.topics():
-                raise KVError(f"topic {self.topic!r} is not in store {store.url} (topics: "
-                              f"{', '.join(store.topics()) or 'none'})")
+            if topic_missing:
+                raise self._topic_missing(store)
             sink.bind(self.topic, store_id=store.meta.store_id)
             if sink.build_state is not None:
                 ends = {int(p): int(e) for p, e in sink.build_state["ends"].items()}
@@ -135,10 +146,36 @@ class MapBuilder(KafkaCatchUp):
                 if follow:
                     self._follow_store(store, sink, stop)
             return self._finish(sink, t0)
+        except BaseException:
+            if own_db and db is not None:
+                db.close()
+                db = None
+            if new_db and not self.caught_up.is_set() and not stop.is_set():
+                # a map this run created and never completed: nothing of it is left behind
+                self._remove_new_db(dir_existed)
+            raise
         finally:
             store.close()
-            if own_db:
+            if own_db and db is not None:
                 db.close()
+
+    def _topic_missing(self, store: Store) -> KVError:
+        return KVError(f"topic {self.topic!r} is not in store {store.url} (topics: "
+                       f"{', '.join(store.topics()) or 'none'})")
+
+    def _remove_new_db(self, dir_existed: bool) -> None:
+        """Remove the LevelDB files this run created (and the directory, unless it existed
+        before, empty: a new map is made only in a missing or empty directory)."""
+        if not dir_existed:
+            shutil.rmtree(self.db_dir, ignore_errors=True)
+            return
+        for name in os.listdir(self.db_dir):
+            path = os.path.join(self.db_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):  # the build's own error is the one to report
+                    os.unlink(path)
 
     def _check_lag(self, store: Store, sink: LevelDBSink) -> None:
         """Warn when deletes may have been compacted away before the map saw them.

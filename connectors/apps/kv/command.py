@@ -99,7 +99,7 @@ def kv_build(opts: KVBuildOptions) -> int:
 
 
 def kv_get(opts: KVGetOptions) -> int:
-    """``kcompact kv get``: prints the value; 1 when the key is absent."""
+    """``kcompact kv get``: prints the value; 1 when the key is absent, saying so on stderr."""
     if opts.key_base64:
         try:
             key = base64.b64decode(opts.key, validate=True)
@@ -139,6 +139,10 @@ def kv_get(opts: KVGetOptions) -> int:
         else:
             sys.stdout.write(json.dumps(value, default=_json_default) + "\n")
     sys.stdout.flush()
+    if not found:
+        shown = f"(base64) {opts.key}" if opts.key_base64 else f'"{opts.key}"'
+        print(f"kv get: key {shown} is not in {opts.db} (never written, or deleted by a "
+              "tombstone)", file=sys.stderr, flush=True)
     return 0 if found else 1
 
 
