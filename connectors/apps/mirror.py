@@ -73,9 +73,14 @@ class _Progress:
             lag.update(r.metrics.lag())
         total = sum(lag.values())
         errs = sum(r.metrics.errors for r in worker.runners)
-        print(f"mirror: {n:,} records, {rate:,.0f} rec/s, lag {total:,}"
-              + (f" [{lag_text(lag)}]" if lag else "") + (f", {errs} errors" if errs else ""),
-              file=self.out, flush=True)
+        down = [r.metrics for r in worker.runners if r.metrics.disconnected_since is not None]
+        if down:  # while no broker answers, the lag is unknown (not 0)
+            first = min(down, key=lambda m: m.disconnected_since)
+            state = f"{first.disconnected_text()}: no broker answers, retrying; lag unknown"
+        else:
+            state = f"lag {total:,}" + (f" [{lag_text(lag)}]" if lag else "")
+        print(f"mirror: {n:,} records, {rate:,.0f} rec/s, {state}"
+              + (f", {errs} errors" if errs else ""), file=self.out, flush=True)
 
 
 def _per_topic(worker: Worker) -> dict[str, list[int]]:

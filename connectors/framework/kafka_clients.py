@@ -9,6 +9,7 @@ through as confluent-kafka does (STYLE.md).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -113,6 +114,61 @@ def list_topic_names(consumer: Any, bootstrap: str, timeout: float) -> list[str]
                               f"({kafka_error_text(e)}); check the bootstrap servers and that "
                               "the broker is up") from None
     return sorted(t for t, m in md.topics.items() if m.error is None)
+
+
+class ClientReports:
+    """What a Kafka client's callbacks report (client errors, failed deliveries, the brokers'
+    connection state), in an object of its own, not in the client's owner.
+
+    A client holds its callbacks from C, and so does every record in flight (the delivery
+    callback rides with each message until its report is served); the garbage collector does
+    not see those references (a Consumer does not even report its error_cb and stats_cb to it).
+    Callbacks bound to the owner (a task runner) kept the owner alive after a failed run, and
+    with it the failure, its traceback's frames and every Kafka client in them, which kept
+    reconnecting to a broker long gone: the "Connection refused" lines at the end of a test
+    session. This object refers only to its lists and to the task's metrics.
+
+    ``metrics`` (a TaskMetrics) hears of every client error (``note_kafka_error``: unreachable
+    brokers, for the health check: framework/metrics.py); with ``disconnects`` (a task that
+    follows, whose consumer also sends statistics) it is also told when every broker is down and
+    when one is up again (``brokers_up``, for "disconnected since" in progress lines)."""
+
+    __slots__ = ("errors", "delivery_errors", "metrics", "disconnects")
+
+    def __init__(self, metrics: Any = None, *, disconnects: bool = False):
+        self.errors: list[Any] = []            # KafkaErrors from error_cb, oldest first
+        self.delivery_errors: list[str] = []   # "topic-partition: reason" of failed deliveries
+        self.metrics = metrics
+        self.disconnects = disconnects
+
+    def on_error(self, err: Any) -> None:
+        """error_cb: kept for the owner; unreachable brokers also go to the metrics."""
+        if self.metrics is not None:
+            from confluent_kafka import KafkaError
+            self.metrics.note_kafka_error(err)
+            if self.disconnects and err.code() == KafkaError._ALL_BROKERS_DOWN:
+                self.metrics.brokers_up(False)
+        self.errors.append(err)
+
+    def on_delivery(self, err: Any, msg: Any) -> None:
+        """on_delivery: the failed ones are kept."""
+        if err is not None:
+            self.delivery_errors.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
+
+    def on_stats(self, raw: str) -> None:
+        """stats_cb (librdkafka's statistics JSON): connected again once any broker's connection
+        is UP, disconnected while none is."""
+        try:
+            brokers = json.loads(raw).get("brokers") or {}
+        except ValueError:
+            return
+        if brokers and self.metrics is not None and self.disconnects:
+            self.metrics.brokers_up(any(b.get("state") == "UP" for b in brokers.values()))
+
+    def take_errors(self) -> list[Any]:
+        """The client errors reported since the last call."""
+        errs, self.errors = self.errors, []
+        return errs
 
 
 class KafkaSettings:

@@ -36,17 +36,18 @@ from .api import (DataError, RetriableError, SinkRecords, SinkTask, SinkTaskCont
                   TopicPartition)
 from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
-from .kafka_clients import KafkaSettings, kafka_error_text, kafka_logger
+from .kafka_clients import ClientReports, KafkaSettings, kafka_error_text, kafka_logger
 from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
 from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
 from .topic_watch import RESUME_CHECK_S, TopicWatcher
 
 _TS = itemgetter(1)
+#: How often a following task's consumer reports its brokers' state (librdkafka statistics).
+STATS_INTERVAL_MS = 2000
 _NATIVE = extension("kcompact.connectors.framework._rdkafka")
 #: Seconds between checks, while following, that no followed topic gained partitions.
 PARTITION_CHECK_INTERVAL = 5.0
-
 
 
 class SinkTaskRunner(TaskRunner):
@@ -71,7 +72,10 @@ class SinkTaskRunner(TaskRunner):
         self._end_at_start: dict[TopicPartition, int] = {}
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
-        self._kafka_errors: list[Any] = []
+        # the callbacks' state, apart from the runner; the metrics hear of unreachable brokers,
+        # and a following task's also of all brokers down and up again (from the statistics
+        # that only it asks for)
+        self._reports = ClientReports(self.metrics, disconnects=follow)
         #: topics followed whole -> their partition count at start (checked while following)
         self.whole_topics = dict(whole_topics or {})
         #: (topics.regex, topics.exclude.regex) whose new matches this task picks up
@@ -138,15 +142,15 @@ class SinkTaskRunner(TaskRunner):
     def kafka_conf(self) -> dict | None:
         return self.consumer_conf
 
-    def _on_kafka_error(self, err: Any) -> None:
-        self._kafka_errors.append(err)
-        self.metrics.note_kafka_error(err)
-
     def _open_consumer(self, requested: Mapping[TopicPartition, int]) -> None:
         from confluent_kafka import KafkaException
         from confluent_kafka import TopicPartition as KTP
-        error_cb, logger = self._on_kafka_error, kafka_logger()
+        error_cb, logger = self._reports.on_error, kafka_logger()
         conf = dict(self.consumer_conf, error_cb=error_cb, logger=logger)
+        if self.follow:
+            # the brokers' connection state, for "disconnected since" in progress lines
+            conf.setdefault("statistics.interval.ms", STATS_INTERVAL_MS)
+            conf["stats_cb"] = self._reports.on_stats
         try:
             self.consumer = kafka_consumer(conf)
         except KafkaException as e:
@@ -204,7 +208,7 @@ class SinkTaskRunner(TaskRunner):
             if columnar:
                 # columns straight from librdkafka (native_kafka.NativeConsumer)
                 cols = consume(self._wanted(pending, batch), 0.2)
-                if self._kafka_errors:
+                if self._reports.errors:
                     self._check_kafka_errors()
                 if cols.events:
                     self._events(cols.events, pending)
@@ -212,7 +216,7 @@ class SinkTaskRunner(TaskRunner):
                     self._process_columns(cols)
             else:
                 msgs = consume(self._wanted(pending, batch), 0.2)
-                if self._kafka_errors:
+                if self._reports.errors:
                     self._check_kafka_errors()
                 # with the compiled pass, a batch without error events (the usual case) is
                 # read in one go; one with events (end of partition ...) is split first
@@ -358,7 +362,7 @@ class SinkTaskRunner(TaskRunner):
 
     def _check_kafka_errors(self) -> None:
         from confluent_kafka import KafkaError
-        errs, self._kafka_errors = self._kafka_errors, []
+        errs = self._reports.take_errors()
         for err in errs:
             if err.fatal():
                 raise ConnectorsError(f"Kafka client failed: {err.str()} ({err.name()})")

@@ -45,6 +45,9 @@ class TaskMetrics:
     unreachable_reason: str = ""
     #: per partition, the timestamp (ms) of the last record stored (sinks)
     last_timestamp: dict[TopicPartition, int] = field(default_factory=dict)
+    #: when every broker went down (time.time()), while none answers; None while connected
+    #: (a sink task that follows tracks it: SinkTaskRunner, from error_cb and stats_cb)
+    disconnected_since: float | None = None
 
     def note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
@@ -56,6 +59,22 @@ class TaskMetrics:
         notes the brokers unreachable when the error says so."""
         if err.code() in unreachable_codes():
             self.note_unreachable(err.str())
+
+    def brokers_up(self, up: bool, now: float | None = None) -> None:
+        """Record whether any broker answers (the start of an outage is kept, not moved)."""
+        if up:
+            self.disconnected_since = None
+        elif self.disconnected_since is None:
+            self.disconnected_since = time.time() if now is None else now
+
+    def disconnected_text(self, now: float | None = None) -> str | None:
+        """``disconnected since HH:MM:SS (N s)`` (local time) while no broker answers."""
+        since = self.disconnected_since
+        if since is None:
+            return None
+        now = time.time() if now is None else now
+        return (f"disconnected since {time.strftime('%H:%M:%S', time.localtime(since))} "
+                f"({max(0.0, now - since):.0f} s)")
 
     def count_errors(self, errors) -> None:
         """Take the error handler's counts (errors_handling.ErrorHandler)."""
@@ -78,9 +97,12 @@ class TaskMetrics:
     def summary(self) -> str:
         lag = self.lag()
         dt = max((self.finished or time.monotonic()) - self.started, 1e-9)
+        down = self.disconnected_text()
         return (f"{self.name}: {self.records} records ({self.records / dt:,.0f}/s, "
-                f"{self.bytes / dt / 1e6:.1f} MB/s), lag {sum(lag.values())}, errors "
-                f"{self.errors} (skipped {self.skipped}, dead-lettered {self.dead_lettered})")
+                f"{self.bytes / dt / 1e6:.1f} MB/s), "
+                + (f"{down}, lag unknown" if down else f"lag {sum(lag.values())}")
+                + f", errors {self.errors} (skipped {self.skipped}, dead-lettered "
+                f"{self.dead_lettered})")
 
 
 class TaskRunner:

@@ -38,6 +38,7 @@ down in BROKER_NOTES.md next to this file.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
@@ -88,6 +89,19 @@ def kafka_broker_kind() -> str:
 @pytest.fixture(scope="session")
 def kafka_bootstrap(kafka_broker_kind: str) -> Iterator[str]:
     """``bootstrap.servers`` of the session's broker (module docstring)."""
+    broker = _bootstrap(kafka_broker_kind)
+    try:
+        yield next(broker)
+    finally:
+        # Kafka clients still alive in garbage (a failed test's traceback holds its frames, and
+        # with them the fixtures' clients, such as kafka_admin's) go before the broker, or they
+        # log "Connection refused" until the interpreter exits. This collects them now that
+        # kcompact's clients no longer hold their owners from C (kafka_clients.ClientReports).
+        gc.collect()
+        broker.close()  # stops the broker
+
+
+def _bootstrap(kafka_broker_kind: str) -> Iterator[str]:
     if kafka_broker_kind == "external":
         yield os.environ[BOOTSTRAP_ENV].strip()
     elif kafka_broker_kind == "testcontainers":
@@ -106,9 +120,28 @@ def kafka_bootstrap(kafka_broker_kind: str) -> Iterator[str]:
             yield broker.bootstrap_servers
 
 
+class _SessionAdmin:
+    """The session's AdminClient, which the fixture lets go before the broker stops.
+
+    An AdminClient has no close(): it goes with its last reference, and the tests' own
+    references (their arguments) live until the end of the session's teardown, after the broker
+    stopped, so it logged that it lost the broker. The tests hold this proxy instead (every
+    AdminClient method through it); the fixture drops the client itself."""
+
+    def __init__(self, bootstrap: str):
+        self.client: AdminClient | None = AdminClient({"bootstrap.servers": bootstrap})
+
+    def __getattr__(self, name: str):
+        if self.client is None:
+            raise RuntimeError("the session's Kafka admin client is closed (the broker stopped)")
+        return getattr(self.client, name)
+
+
 @pytest.fixture(scope="session")
-def kafka_admin(kafka_bootstrap: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": kafka_bootstrap})
+def kafka_admin(kafka_bootstrap: str) -> Iterator[AdminClient]:
+    admin = _SessionAdmin(kafka_bootstrap)
+    yield admin  # type: ignore[misc] - every AdminClient method, through the proxy
+    admin.client = None  # before kafka_bootstrap stops the broker
 
 
 @dataclass

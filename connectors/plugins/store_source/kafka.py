@@ -111,3 +111,19 @@ def ensure_topic(admin: Any, consumer: Any, topic: str, partitions: int, bootstr
             raise RestoreError(f"topic {topic!r} was created on {bootstrap} but its partitions "
                                f"got no leader within {timeout:.0f} s; check the brokers")
         time.sleep(0.05)
+
+
+def delete_topic(conf: Mapping[str, Any], topic: str, timeout: float) -> str | None:
+    """Delete ``topic`` with a new admin client of ``conf``; None when done, else why not."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+    from ...framework.kafka_clients import kafka_logger
+    try:
+        admin = AdminClient(dict(conf, logger=kafka_logger()))
+        admin.delete_topics([topic], operation_timeout=timeout,
+                            request_timeout=timeout)[topic].result(timeout)
+    except KafkaException as e:
+        return kafka_error_text(e)
+    except Exception as e:  # noqa: BLE001 - a timeout of the future; reported, not raised
+        return f"{type(e).__name__}: {e}"
+    return None

@@ -53,11 +53,13 @@ from typing import Any, Callable, Mapping, TextIO
 import numpy as np
 
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
-from ...framework.kafka_clients import KafkaSettings, kafka_error, kafka_error_text, kafka_logger
+from ...framework.kafka_clients import (ClientReports, KafkaSettings, kafka_error, kafka_error_text,
+                                        kafka_logger)
 from ...framework.native_kafka import NativeProducer, kafka_producer
 from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
-from .kafka import AUTH_CODES, UNSUPPORTED_CODES, ensure_topic, kafka_failure, load_codes
+from .kafka import (AUTH_CODES, UNSUPPORTED_CODES, delete_topic, ensure_topic, kafka_failure,
+                    load_codes)
 from .progress import (PROBE_CONSUMER_CONFIG, PROGRESS_TOPIC, Progress, RestoreJob, StoreProgress,
                        encode_progress, newest, read_kafka_progress)
 from .task import (INCLUDE_TOMBSTONES, TARGET_PARTITIONS, TARGET_TOPIC, StoreSourceTask,
@@ -116,11 +118,16 @@ class RestoreRunner(TaskRunner):
         self.stats = RestoreStats()
         self.task: StoreSourceTask | None = None
         self.producer: Any = None
-        self._error_cb = self._on_error
-        self._delivery_errors: list[str] = []
-        self._kafka_errors: list[Any] = []
+        self._reports = ClientReports(self.metrics)  # the callbacks' state, apart from the runner
+        self._error_cb = self._reports.on_error
+        self._dr_cb = self._reports.on_delivery
         self._in_txn = False
         self._store_progress: StoreProgress | None = None
+        #: the target topic when this run created it, and whether any record may have reached
+        #: it (a committed transaction, or a produce without one): a run that fails before that
+        #: deletes the topic it created, leaving the cluster as it found it
+        self._created_target: str | None = None
+        self._wrote_target = False
 
     def kafka_conf(self) -> dict | None:
         return dict(self.settings.conf)
@@ -136,7 +143,25 @@ class RestoreRunner(TaskRunner):
             self.failure = e
         finally:
             self.metrics.finished = time.monotonic()
-            self._shutdown(self._store_progress)
+            self._shutdown(self._store_progress)  # aborts an open transaction first
+            if self.failure is not None:
+                self._drop_created_target()
+
+    def _drop_created_target(self) -> None:
+        """A failed run deletes the target topic it created when nothing reached it (damage
+        found in the store mid-stream, a refused write...): a rerun creates it again."""
+        topic = self._created_target
+        if topic is None or self._wrote_target:
+            return
+        conf = {k: v for k, v in self.settings.conf.items() if k not in _PRODUCER_ONLY}
+        why = delete_topic(conf, topic, self.timeout)
+        if why is None:
+            self.stats.created_topic = False
+            print(f"restore: deleted topic {topic!r}: this run created it and wrote nothing to "
+                  "it", file=self.log, flush=True)
+        else:
+            self._warn(f"topic {topic!r}, created by this run, is empty and could not be "
+                       f"deleted ({why}); delete it, or let the next restore fill it")
 
     def _shutdown(self, store_progress: StoreProgress | None) -> None:
         if self._in_txn and self.producer is not None:
@@ -176,7 +201,7 @@ class RestoreRunner(TaskRunner):
         conf.update(self.settings.conf)
         self.settings.require(REQUIRED_PRODUCER_CONFIG, "the store source")
         conf["enable.idempotence"] = True
-        conf.update({"delivery.report.only.error": True, "on_delivery": self._on_delivery,
+        conf.update({"delivery.report.only.error": True, "on_delivery": self._dr_cb,
                      "error_cb": self._error_cb, "logger": kafka_logger()})
         return conf
 
@@ -209,33 +234,26 @@ class RestoreRunner(TaskRunner):
             self._warn(f"transactions are not available on {self.bootstrap} "
                        f"({kafka_error_text(e)}): restoring with the idempotent producer, "
                        "at least once per chunk")
-        self._kafka_errors.clear()
+        self._reports.take_errors()
         conf = self._producer_conf()
         conf.pop("transactional.id", None)
         return self._new_producer(conf), False
 
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self._delivery_errors.append(f"{msg.topic()}-{msg.partition()}: {err.str()}")
-
-    def _on_error(self, err: Any) -> None:
-        self._kafka_errors.append(err)
-        self.metrics.note_kafka_error(err)
-
     def _check_errors(self) -> None:
         from confluent_kafka import KafkaException
-        if self._delivery_errors:
-            first = self._delivery_errors[0]
+        delivery_errors = self._reports.delivery_errors
+        if delivery_errors:
+            first = delivery_errors[0]
             hint = ""
             if "too large" in first.lower():
                 hint = "; raise -X message.max.bytes (and the topic's max.message.bytes)"
-            raise RestoreError(f"Kafka rejected {len(self._delivery_errors)} record(s): {first}"
+            raise RestoreError(f"Kafka rejected {len(delivery_errors)} record(s): {first}"
                                f"{hint}; run the same restore again to continue from the last "
                                "recorded progress")
-        fatal = [e for e in self._kafka_errors if e.fatal()]
+        fatal = [e for e in self._reports.errors if e.fatal()]
         if fatal:
             raise kafka_failure("produce", KafkaException(fatal[0]), self.bootstrap)
-        self._kafka_errors.clear()
+        self._reports.take_errors()
 
     # -- the restore ---------------------------------------------------------------------------
 
@@ -282,6 +300,7 @@ class RestoreRunner(TaskRunner):
             have, created = ensure_topic(admin, consumer, target, needed, self.bootstrap,
                                          config={"cleanup.policy": policy},
                                          replication_factor=rf, timeout=self.timeout)
+            self._created_target = target if created else None
             if have < needed and not props.get("repartition"):
                 raise RestoreError(
                     f"target topic {target!r} has {have} partition(s) but store topic {topic!r} "
@@ -376,6 +395,8 @@ class RestoreRunner(TaskRunner):
                 p.begin_transaction()
                 self._in_txn = True
             if chunk is not None and len(chunk):
+                if not txn:
+                    self._wrote_target = True  # what a produce sends may land: it is kept
                 self._produce(chunk)
                 if on_produced is not None:
                     on_produced()
@@ -383,6 +404,8 @@ class RestoreRunner(TaskRunner):
                 self._acked(left)
             p.produce(progress_topic, encode_progress(progress), progress.job.encode(), 0)
             if txn:
+                if chunk is not None and len(chunk):
+                    self._wrote_target = True  # a commit that fails may still have landed
                 p.commit_transaction(ACK_TIMEOUT_S)
                 self._in_txn = False
             else:
@@ -405,7 +428,7 @@ class RestoreRunner(TaskRunner):
     def _produce(self, chunk: Any) -> None:
         """The hot loop. On kcompact's own producer (framework/native_kafka.py) blocks go as
         columns (no Python object per record, headers straight from the store's encoding, the
-        GIL released; a failed delivery reaches ``_on_delivery`` as with produce()). On
+        GIL released; a failed delivery reaches the delivery callback as with produce()). On
         confluent-kafka's (KCOMPACT_KAFKA_IO=confluent), or for a block without columns:
         positional produce() calls (about 1.5x faster than keywords), one block at a time,
         without the partition or headers column when the block has none."""
