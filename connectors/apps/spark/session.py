@@ -5,17 +5,20 @@ no UI unless ``KCOMPACT_SPARK_UI=1``); Python workers run this interpreter; the 
 data source (source.py) is registered; on a master that is not local the package is shipped to
 the executors. In local mode Spark retries a task only when the master says so (``local[N,F]``:
 in local mode ``spark.task.maxFailures`` is ignored), so ``local[N]`` becomes
-``local[N,TASK_MAX_FAILURES]``. ``run_job`` turns a failed job into one line naming the task's
-error (``task_error_line``).
+``local[N,TASK_MAX_FAILURES]``. The JVM's warning about incubator modules, which Spark 4's
+launcher makes it print on every start, is filtered out of its stderr (``JVM_NOISE``).
+``run_job`` turns a failed job into one line naming the task's error (``task_error_line``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import sys
 import tempfile
+import threading
 import zipfile
 
 from .errors import SparkEngineError
@@ -49,6 +52,12 @@ logger.pyrunner.level = off
 """
 #: Attempts per task (local masters get it as local[N,F]; others through spark.task.maxFailures).
 TASK_MAX_FAILURES = 4
+#: Lines the driver's JVM prints on stderr that say nothing to a kcompact user. Spark 4's
+#: launcher puts --add-modules=jdk.incubator.vector on every driver JVM's command line
+#: (spark-launcher's JavaModuleOptions, added by SparkSubmitCommandBuilder whatever the
+#: configuration), and Java warns on every start of a JVM that resolves an incubator module
+#: (jdk.internal.module.ModuleBootstrap), with no option to turn the warning off.
+JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
 
 
 def _debug() -> bool:
@@ -105,6 +114,40 @@ def _code_zip() -> str:
     return path
 
 
+def _relay(src_fd: int, out_fd: int) -> None:
+    """Copy the JVM's stderr to ``out_fd`` line by line, without the lines of JVM_NOISE, until
+    the JVM (and every process that inherited the pipe) is gone."""
+    with os.fdopen(src_fd, "rb") as lines:
+        for line in lines:
+            if line.rstrip(b"\r\n") in JVM_NOISE:
+                continue
+            try:
+                os.write(out_fd, line)
+            except OSError:
+                pass  # our stderr is gone: keep draining, or the JVM would block on a full pipe
+    os.close(out_fd)
+
+
+@contextlib.contextmanager
+def _jvm_stderr_filtered():
+    """While the driver's JVM starts inside this block, its stderr (fd 2, which Spark's
+    spark-submit and the JVM inherit) is a pipe that a thread relays to this process's stderr
+    without JVM_NOISE, for as long as the JVM runs. Nothing is changed in Spark or Java: the
+    JVM only inherits another stderr. A JVM already running keeps its own."""
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    out_fd = os.dup(2)
+    threading.Thread(target=_relay, args=(read_fd, out_fd), name="kcompact-jvm-stderr",
+                     daemon=True).start()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(out_fd, 2)  # ours again; the JVM and its children keep the pipe
+
+
 def spark_session(master: str | None = None, app_name: str = "kcompact"):
     """A SparkSession for kcompact's jobs (created once per process, then reused)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -136,7 +179,8 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
         b = b.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress",
                                                               "127.0.0.1")
     try:
-        spark = b.getOrCreate()
+        with _jvm_stderr_filtered():
+            spark = b.getOrCreate()
     except Exception as e:  # py4j / JVM start failures
         raise SparkEngineError(f"cannot start Spark ({master}): {str(e).splitlines()[0]}") from None
     spark.sparkContext.setLogLevel("WARN")
