@@ -284,11 +284,26 @@ def run_demo_with_store(opts: DemoOptions, workdir: str, store: str, replica: st
 
         t = _step(8, "tearing down (broker, server)")
     _done(t)
+    kc = user_command()
     print(f"\nDemo finished in {time.perf_counter() - started:.0f}s. Stores are in {workdir}:")
-    print(f"  kcompact inspect --store {store} --plot {os.path.join(workdir, 'store.png')}")
-    print(f"  kcompact dump --store {store} --topic {TOPIC} --partition 0 --limit 5")
-    print(f"  kcompact kv get --db {kvdb} {wl.key(1).decode()}")
+    print(f"  {kc} inspect --store {store} --plot {os.path.join(workdir, 'store.png')}")
+    print(f"  {kc} dump --store {store} --topic {TOPIC} --partition 0 --limit 5")
+    print(f"  {kc} kv get --db {kvdb} {wl.key(1).decode()}")
     return 0
+
+
+def user_command() -> str:
+    """How the user who ran the demo types kcompact: ``kcompact`` when the shell finds this
+    installation's script on PATH (an activated virtualenv, a pip install), else the script's
+    path, relative when it is under the current directory (``.venv/bin/kcompact`` after
+    ``make demo``)."""
+    script = os.path.join(os.path.dirname(sys.executable), "kcompact")
+    found = shutil.which("kcompact")
+    if not os.path.exists(script) or (
+            found and os.path.realpath(found) == os.path.realpath(script)):
+        return "kcompact"
+    rel = os.path.relpath(script)
+    return rel if not rel.startswith("..") else script
 
 
 def _run_demo_s3(opts: DemoOptions, workdir: str) -> int:
