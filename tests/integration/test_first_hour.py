@@ -17,11 +17,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from kcompact.connectors.devtools.broker import EmbeddedBroker
 from kcompact.reput import RecordBatch, Store
+
+from test_mirror import topic_exists
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from _stores import flip_byte_in_the_middle  # noqa: E402
 
 KCOMPACT = str(Path(sys.executable).parent / "kcompact")
 TIMEOUT = 180
@@ -92,29 +97,6 @@ def produce(bootstrap: str, topic: str, rows) -> None:
     for part, key, value in rows:
         p.produce(topic, key=key, value=value, partition=part)
     assert p.flush(60) == 0
-
-
-def topic_exists(bootstrap: str, topic: str) -> bool:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})  # never auto-creates
-    try:
-        t = c.list_topics(topic=topic, timeout=10).topics.get(topic)
-        return t is not None and t.error is None
-    finally:
-        c.close()
-
-
-def flip_byte_in_the_middle(url: str, topic: str, partition: int) -> str:
-    """One flipped byte in the middle of the partition's first segment; its path in the store."""
-    pdir = Path(url, "partitions", topic, str(partition))
-    log = sorted(n for n in os.listdir(pdir) if n.endswith(".log"))[0]
-    path = pdir / log
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        b = f.read(1)
-        f.seek(size // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
-    return f"partitions/{topic}/{partition}/{log}"
 
 
 # -- inspect of a replica -------------------------------------------------------------------------

@@ -15,6 +15,9 @@ subprocess, a writer to SIGKILL): local here, SeaweedFS in test_s3_suite.py.
 A hypothesis test (no function-scoped fixtures) parametrizes ``backend`` itself and calls
 ``store_url(backend, directory)`` inside ``backend_env(backend, directory)``.
 
+``flip_byte_in_the_middle(url, topic, partition)`` damages a local store: one flipped byte in the
+middle of a partition's first segment.
+
 Import the fixtures into a test module to use them:
 ``from _stores import backend, store_at  # noqa: F401``.
 """
@@ -97,3 +100,18 @@ def shared_store_at(tmp_path):
     here (a child cannot see the in-memory S3); tests/integration/test_s3_suite.py runs the
     same tests with this fixture yielding SeaweedFS stores."""
     return url_factory("local", tmp_path)
+
+
+def flip_byte_in_the_middle(url: str, topic: str, partition: int) -> str:
+    """One flipped byte in the middle of the partition's first segment of the local store at
+    ``url``; that segment's path in the store."""
+    pdir = os.path.join(url, "partitions", topic, str(partition))
+    log = sorted(n for n in os.listdir(pdir) if n.endswith(".log"))[0]
+    path = os.path.join(pdir, log)
+    middle = os.path.getsize(path) // 2
+    with open(path, "r+b") as f:
+        f.seek(middle)
+        b = f.read(1)
+        f.seek(middle)
+        f.write(bytes([b[0] ^ 0xFF]))
+    return f"partitions/{topic}/{partition}/{log}"

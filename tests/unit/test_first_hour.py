@@ -18,6 +18,9 @@ import pytest
 
 from kcompact.reput import RecordBatch, Store
 
+sys.path.insert(0, os.path.dirname(__file__))
+from _stores import flip_byte_in_the_middle  # noqa: E402
+
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
 TOPIC = "orders"
 
@@ -196,19 +199,6 @@ def test_issue_kv_get_of_an_absent_key_says_so(tmp_path):
 # -- a failed kv build leaves nothing behind ----------------------------------------------------
 
 
-def _flip_middle_of_first_segment(url: str) -> str:
-    pdir = os.path.join(url, "partitions", TOPIC, "0")
-    log = sorted(n for n in os.listdir(pdir) if n.endswith(".log"))[0]
-    path = os.path.join(pdir, log)
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.seek(size // 2)
-        b = f.read(1)
-        f.seek(size // 2)
-        f.write(bytes([b[0] ^ 0xFF]))
-    return f"partitions/{TOPIC}/0/{log}"
-
-
 @pytest.mark.parametrize("existing_dir", [False, True], ids=["new-dir", "empty-dir"])
 def test_issue_a_failed_first_kv_build_leaves_nothing_behind(tmp_path, existing_dir):
     # every record is its key's latest, so the bulk build reads each one
@@ -222,7 +212,7 @@ def test_issue_a_failed_first_kv_build_leaves_nothing_behind(tmp_path, existing_
                                     f"(topics: {TOPIC})")
     assert os.listdir(db) == [] if existing_dir else not db.exists()
 
-    where = _flip_middle_of_first_segment(url)  # damage found in the middle of the bulk build
+    where = flip_byte_in_the_middle(url, TOPIC, 0)  # damage found in the middle of the bulk build
     proc = kcompact("kv", "build", "--store", url, "--topic", TOPIC, "--db", str(db))
     assert proc.returncode == 1
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("kcompact: error:")]
