@@ -416,12 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND", help="one of:")
     kvs.required = True
     s = kvs.add_parser("build", help="build (and follow) a map from a store")
-    _store_flag(s, "the store to build the map from")
-    s.add_argument("--topic", required=True, metavar="TOPIC",
-                   help="the store topic whose latest value per key the map holds")
-    s.add_argument("--db", required=True, metavar="DIR",
-                   help="the map's LevelDB directory: created when missing, brought up to "
-                   "date when it exists")
+    _map_flags(s, "the store to build the map from")
     s.add_argument("--follow", action="store_true",
                    help="keep applying new records (from the store, or from Kafka with "
                    "--bootstrap-servers) until Ctrl-C or SIGTERM")
@@ -432,12 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_kv_build)
     s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
-    _store_flag(s, "the store to build and follow the map from")
-    s.add_argument("--topic", required=True, metavar="TOPIC",
-                   help="the store topic whose latest value per key the map holds")
-    s.add_argument("--db", required=True, metavar="DIR",
-                   help="the map's LevelDB directory: created when missing, brought up to "
-                   "date when it exists")
+    _map_flags(s, "the store to build and follow the map from")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
                    help="where the read API listens (without --token-file: a loopback address "
                    "only)")
@@ -482,6 +472,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _store_flag(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--store", required=True, metavar="URL",
                    help=f"{what}: a directory, or s3://bucket/prefix")
+
+
+def _map_flags(s: argparse.ArgumentParser, store: str) -> None:
+    """--store, --topic and --db of the commands that build a key-value map."""
+    _store_flag(s, store)
+    s.add_argument("--topic", required=True, metavar="TOPIC",
+                   help="the store topic whose latest value per key the map holds")
+    s.add_argument("--db", required=True, metavar="DIR",
+                   help="the map's LevelDB directory: created when missing, brought up to "
+                   "date when it exists")
 
 
 def _bootstrap_flag(s: argparse.ArgumentParser, what: str) -> None:
