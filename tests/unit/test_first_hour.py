@@ -169,6 +169,7 @@ def test_recorded_partitions_must_be_partition_numbers(tmp_path):
     path = os.path.join(url, "store.json")
     doc = json.load(open(path))
     doc["partitions"] = {TOPIC: [0, -1]}
+    doc.pop("crc32c", None)  # as written by a kcompact without the checksum: the field is checked
     with open(path, "w") as f:
         json.dump(doc, f)
     proc = kcompact("inspect", "--store", url)
