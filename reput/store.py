@@ -49,6 +49,7 @@ FORMAT_VERSION = 1
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
+SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
 # (8 MiB measured better than 32 on this VM: store bench with fsync 2.09M vs 1.85-1.89M rec/s,
@@ -223,6 +224,7 @@ class Store:
         self._dispatched = 0
         self._scratch = Scratch()
         self._pacer = SyncPacer()
+        self._sync_pool: Any = None  # flush's fsync threads (_sync_partitions), made when needed
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         #: each flush's fsyncs of the partitions' files (all of them: one observation)
         self.partition_fsync_time = Timing()
@@ -599,8 +601,7 @@ class Store:
             if self.options.fsync != "never":
                 self.commitlog.sync()
                 t0 = self.clock.monotonic()
-                for key in self._writable:
-                    self._partitions[key].sync()
+                self._sync_partitions()
                 self.partition_fsync_time.observe(self.clock.monotonic() - t0)
             if self.remote:
                 # seal: upload each partition's new segments and commit its manifest, before
@@ -609,6 +610,25 @@ class Store:
             if self._dispatched != self.commitlog.read_checkpoint():
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
+
+    def _sync_partitions(self) -> None:
+        """fsync the files of every partition this writer appended to, several partitions at
+        once: concurrent fsyncs share the filesystem's journal commits and the device's cache
+        flushes (measured on this VM: 16 files of 8 MiB, 0.08-0.12 s one after another, 0.06 s
+        with 8 threads). Every sync ends before this returns; the first failure is raised."""
+        pls = [self._partitions[key] for key in self._writable]
+        if len(pls) <= 1:
+            for pl in pls:
+                pl.sync()
+            return
+        if self._sync_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="kcompact-fsync")
+        futures = [self._sync_pool.submit(pl.sync) for pl in pls]
+        for f in futures:
+            f.exception()  # wait for all of them before raising any
+        for f in futures:
+            f.result()
 
     def roll(self, *, only_due: bool = False) -> int:
         """Roll the active segment of every partition this process writes, so that compaction
@@ -656,6 +676,9 @@ class Store:
             if self.commitlog is not None:
                 self.commitlog.close()
                 self.commitlog = None
+            if self._sync_pool is not None:
+                self._sync_pool.shutdown()
+                self._sync_pool = None
 
     # -- whole-store recovery ------------------------------------------------------------
 
