@@ -59,6 +59,12 @@ BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the backg
 ORDER_KERNEL_MAX_PARTITION = 1 << 16
 
 
+def warm_up() -> None:
+    """Load the kernel of Store.append's offset-order check (numba's cache): ~15 ms on its first
+    call in a process, which a writer can pay while it starts instead of in its first append."""
+    K.offset_order(np.zeros(2, np.int32), np.arange(2, dtype=np.int64), 0)
+
+
 class SyncPacer:
     """When a writer under ``fsync=flush`` queues what it appended for writeback
     (sync_file_range) and when it asks for a background fdatasync: ``add(nbytes)`` returns
