@@ -231,6 +231,7 @@ class Store:
         self._scratch = Scratch()
         self._pacer = SyncPacer()
         self._sync_pool: Any = None  # flush's fsync threads (_sync_partitions), made when needed
+        self._sync_pool_pid = -1
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         #: each flush's fsyncs of the partitions' files (all of them: one observation)
         self.partition_fsync_time = Timing()
@@ -627,9 +628,11 @@ class Store:
             for pl in pls:
                 pl.sync()
             return
-        if self._sync_pool is None:
+        if self._sync_pool is None or self._sync_pool_pid != os.getpid():
+            # (a forked child has the pool object but none of its threads: a new pool)
             from concurrent.futures import ThreadPoolExecutor
             self._sync_pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="kcompact-fsync")
+            self._sync_pool_pid = os.getpid()
         futures = [self._sync_pool.submit(pl.sync) for pl in pls]
         for f in futures:
             f.exception()  # wait for all of them before raising any
@@ -683,7 +686,8 @@ class Store:
                 self.commitlog.close()
                 self.commitlog = None
             if self._sync_pool is not None:
-                self._sync_pool.shutdown()
+                if self._sync_pool_pid == os.getpid():
+                    self._sync_pool.shutdown()
                 self._sync_pool = None
 
     # -- whole-store recovery ------------------------------------------------------------

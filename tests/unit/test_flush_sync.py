@@ -5,6 +5,7 @@ returns, and a failed fsync in any partition fails the flush before the reput ch
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 import pytest
@@ -71,3 +72,25 @@ def test_failed_partition_fsync_fails_the_flush_before_the_checkpoint(tmp_path, 
     st.close()  # the retried flush syncs what failed
     with Store.open(str(tmp_path / "s")) as ro:
         assert all(ro.partition("t", p).record_count() == 20 for p in range(4))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_flush_in_a_forked_child_gets_threads_of_its_own(tmp_path):
+    """A child forked after a flush has the parent's pool object without its threads: its own
+    flush must not wait on them forever."""
+    st = Store.open(str(tmp_path / "s"), writer="w", create=True)
+    st.append(RecordBatch.from_records("t", _rows(3, 5)))
+    st.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        code = 1
+        signal.alarm(30)  # a flush waiting on threads that do not exist: killed, the test fails
+        try:
+            st.append(RecordBatch.from_records("t", _rows(3, 5, base=5)))
+            st.flush()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    st.close()
