@@ -496,3 +496,24 @@ def crc32c_update(crc, buf):
     for i in range(buf.shape[0]):
         c = t0[(c ^ np.uint32(buf[i])) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
     return c ^ np.uint32(0xFFFFFFFF)
+
+
+@njit(cache=True, nogil=True)
+def offset_order(partitions, offsets, max_partition):
+    """One pass over a batch: is every partition's offset sequence strictly increasing?
+
+    Partitions must lie in [0, max_partition]. Returns (i, seen): i is the index of the first
+    record whose offset is not above the previous offset of its partition in the batch (-1 when
+    none), and ``seen`` a uint8 array over 0..max_partition marking the partitions present.
+    O(n), without the argsort of a general check (Store._check_order).
+    """
+    last = np.empty(max_partition + 1, dtype=np.int64)
+    seen = np.zeros(max_partition + 1, dtype=np.uint8)
+    for i in range(partitions.shape[0]):
+        p = partitions[i]
+        o = np.int64(offsets[i])
+        if seen[p] and o <= last[p]:
+            return i, seen
+        seen[p] = 1
+        last[p] = o
+    return -1, seen
