@@ -17,7 +17,7 @@ Then, alternating for --rounds rounds:
 
 numba's kernels are loaded once before the first round (a fixed ~1-3 s per process that every
 `kcompact` process pays at start-up, whatever the topic size). Target: mirror throughput
->= 0.8 x raw consume (median of the rounds).
+>= 1.0 x raw consume (median of the rounds; issue 19 raised it from 0.8).
 """
 
 from __future__ import annotations
@@ -41,11 +41,13 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kcompact.connectors.framework.native_kafka import kafka_io, librdkafka_version  # noqa: E402
 from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
-from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
+from kcompact.connectors.plugins.store_sink import warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import SINK_CONSUMER_DEFAULTS  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+
+TARGET = 1.0   # mirror / raw consume (issue 19)
 
 VALUE = 100
 
@@ -137,7 +139,7 @@ def main() -> int:
         prod_s = produce(bootstrap, topic, args.records, args.keys, args.partitions)
         print(f"  produced in {prod_s:.1f} s", file=log, flush=True)
         t = time.perf_counter()
-        _warm_up()
+        warm_up()
         print(f"  numba kernels loaded in {time.perf_counter() - t:.1f} s", file=log, flush=True)
         print(f"  Kafka I/O: {kafka_io()} (KCOMPACT_KAFKA_IO; librdkafka "
               f"{librdkafka_version() or 'of confluent-kafka'})", file=log, flush=True)
@@ -161,7 +163,7 @@ def main() -> int:
             "raw_consume_s": raws, "mirror_s": mirrors,
             "raw_consume_rec_per_s": args.records / raw_s,
             "mirror_rec_per_s": args.records / mir_s,
-            "ratio": raw_s / mir_s, "target_ratio": 0.8,
+            "ratio": raw_s / mir_s, "target_ratio": TARGET,
             "kafka_io": kafka_io(),
         }
         if args.json_out:
@@ -174,8 +176,8 @@ def main() -> int:
                   f"{VALUE} B, {args.partitions} partitions, median of {args.rounds} rounds")
             print(f"  raw consume (discard)  {raw_s:7.2f} s  {doc['raw_consume_rec_per_s']:>12,.0f} rec/s")
             print(f"  mirror (into a store)  {mir_s:7.2f} s  {doc['mirror_rec_per_s']:>12,.0f} rec/s")
-            print(f"  ratio mirror/raw       {doc['ratio']:7.2f}    (target >= 0.80: "
-                  f"{'met' if doc['ratio'] >= 0.8 else 'NOT met'})")
+            print(f"  ratio mirror/raw       {doc['ratio']:7.2f}    (target >= {TARGET:.2f}: "
+                  f"{'met' if doc['ratio'] >= TARGET else 'NOT met'})")
         return 0
     finally:
         if broker is not None:

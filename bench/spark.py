@@ -50,7 +50,7 @@ from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.apps.spark import spark_session  # noqa: E402
 from kcompact.connectors.apps.spark.mirror_job import mirror_with_spark  # noqa: E402
-from kcompact.connectors.plugins.store_sink import _warm_up  # noqa: E402
+from kcompact.connectors.plugins.store_sink import warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 
@@ -84,7 +84,7 @@ def stored(store: str, topic: str) -> int:
 
 
 def _warm_task(_it):
-    from kcompact.connectors.plugins.store_sink import _warm_up as warm
+    from kcompact.connectors.plugins.store_sink import warm_up as warm
     warm()
     yield 1
 
@@ -141,7 +141,7 @@ def main() -> int:
         prod_s = produce(bootstrap, topic, args.records, args.keys, args.partitions)
         print(f"  produced in {prod_s:.1f} s", file=log, flush=True)
         t = time.perf_counter()
-        _warm_up()
+        warm_up()
         print(f"  numba kernels loaded in {time.perf_counter() - t:.1f} s (driver)", file=log,
               flush=True)
 

@@ -242,7 +242,7 @@ class StoreSinkTask(SinkTask):
 _FLUSH = object()  # queued to the appender: flush the store after the batches before it
 
 
-def _warm_up() -> None:
+def warm_up() -> None:
     """Compile (or load from numba's cache) the encode/scan/order-check kernels: about
     3 s on a small VM, spent here while the consumer connects and prefetches, instead of inside
     the first real append."""
@@ -270,7 +270,7 @@ class _Appender:
         self._thread.start()
 
     def _run(self) -> None:
-        _warm_up()
+        warm_up()
         while True:
             batch = self._q.get()
             try:
