@@ -39,6 +39,7 @@ from typing import Any, Callable
 from ..errors import ConnectorsError
 
 from ..extras import require
+from .guard import OrphanGuard
 
 __all__ = ["BrokerError", "BrokerProcess", "EmbeddedBroker", "find_broker_binary", "read_tail",
            "run_foreground"]
@@ -153,6 +154,7 @@ class BrokerProcess:
         self._log_dir_arg = Path(log_dir) if log_dir is not None else None
         self._port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._guard: OrphanGuard | None = None
         self._tmpdir: Path | None = None
         self._log_file = None
         self._finalizer: weakref.finalize | None = None
@@ -273,6 +275,7 @@ class BrokerProcess:
         self._proc = proc
         self._port = port
         self._finalizer = weakref.finalize(self, _kill_group, proc.pid)
+        self._guard = OrphanGuard(proc.pid, grace_s=self._stop_timeout)
         self._wait_ready(proc, port)
 
     def _spawn_error(self, cmd: list[str], exc: OSError) -> ConnectorsError:
@@ -314,6 +317,9 @@ class BrokerProcess:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
         self._proc = None
         self._port = None
 

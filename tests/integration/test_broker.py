@@ -149,6 +149,34 @@ def test_start_and_stop_free_the_port_and_end_the_process():
         broker.bootstrap_servers
 
 
+_HOLDER = r"""
+import time
+from kcompact.connectors.devtools.broker import EmbeddedBroker
+broker = EmbeddedBroker().start()
+print(broker.pid, broker.port, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_owner_leaves_no_broker_behind():
+    """A test session or benchmark killed with SIGKILL runs no finalizer: the orphan guard
+    (connectors/devtools/guard.py) stops the broker it started anyway."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    pid, port = (int(x) for x in holder.stdout.readline().split())
+    try:
+        assert _pid_alive(pid) and _listening(port)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        deadline = time.monotonic() + 60
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(pid), "the broker outlived the process that started it"
+    finally:
+        if _pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def test_stop_is_quick_while_clients_are_connected():
     """Tansu lingers 5 s on SIGTERM while a client is connected; stop() must not."""
     broker = EmbeddedBroker().start()
