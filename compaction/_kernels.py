@@ -29,22 +29,33 @@ def _home(lo, cap):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _probe(table, cap, base, lo, hi):
-    """The offset mapped for digest (lo, hi), or -1."""
+def _find_slot(table, cap, lo, hi):
+    """The slot of digest (lo, hi): the one holding it, else the empty slot where it would go.
+    The one probe loop of insert_entries and _probe, as compaction/_native.c's find_slot. The
+    map keeps max_keys < cap, so an empty slot always ends it (the C twin, which also takes
+    tables from outside, gives up after cap probes; a probe counter here costs ~15 %)."""
     k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
     k1 = np.uint32(hi >> np.uint64(32))
     k2 = np.uint32(lo >> np.uint64(32))
     h = _home(lo, cap)
     while True:
         s = h * 4
-        v = table[s + 3]
-        if v == EMPTY:
-            return np.int64(-1)
+        if table[s + 3] == EMPTY:
+            return h
         if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
-            return base + np.int64(v)
+            return h
         h += 1
         if h == cap:
             h = 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _probe(table, cap, base, lo, hi):
+    """The offset mapped for digest (lo, hi), or -1."""
+    h = _find_slot(table, cap, lo, hi)
+    if table[h * 4 + 3] == EMPTY:
+        return np.int64(-1)
+    return base + np.int64(table[h * 4 + 3])
 
 
 @njit(cache=True, nogil=True)
@@ -61,28 +72,15 @@ def insert_entries(table, cap, max_keys, count, base, offsets, dlo, dhi, flags, 
             return i, count, MAP_FULL
         lo = dlo[i]
         hi = dhi[i]
-        k0 = np.uint32(hi & np.uint64(0xFFFFFFFF))
-        k1 = np.uint32(hi >> np.uint64(32))
-        k2 = np.uint32(lo >> np.uint64(32))
-        h = _home(lo, cap)
-        while True:
-            s = h * 4
-            v = table[s + 3]
-            if v == EMPTY:
-                if count >= max_keys:
-                    return i, count, MAP_FULL
-                table[s] = k0
-                table[s + 1] = k1
-                table[s + 2] = k2
-                table[s + 3] = np.uint32(delta)
-                count += 1
-                break
-            if table[s] == k0 and table[s + 1] == k1 and table[s + 2] == k2:
-                table[s + 3] = np.uint32(delta)  # offsets only grow: the newer one wins
-                break
-            h += 1
-            if h == cap:
-                h = 0
+        s = _find_slot(table, cap, lo, hi) * 4
+        if table[s + 3] == EMPTY:
+            if count >= max_keys:
+                return i, count, MAP_FULL
+            table[s] = np.uint32(hi & np.uint64(0xFFFFFFFF))
+            table[s + 1] = np.uint32(hi >> np.uint64(32))
+            table[s + 2] = np.uint32(lo >> np.uint64(32))
+            count += 1
+        table[s + 3] = np.uint32(delta)  # a key already there: offsets only grow, newer wins
     return stop, count, MAP_OK
 
 

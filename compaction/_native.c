@@ -31,6 +31,26 @@ static inline int64_t home(uint64_t lo, int64_t cap)
     return (int64_t)(((lo & 0xFFFFFFFFull) * (uint64_t)cap) >> 32);
 }
 
+/* The slot of digest (lo, hi): the one holding it, else the empty slot where it would go;
+ * -1 when cap slots were probed without either (a full table, which is not the map's). The
+ * one probe loop of insert_entries and lookup: a slot is 4 words, k0 k1 k2 delta. */
+static inline int64_t find_slot(const uint32_t *table, int64_t cap, uint64_t lo, uint64_t hi)
+{
+    uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
+             k2 = (uint32_t)(lo >> 32);
+    int64_t h = home(lo, cap);
+    for (int64_t probes = 0; probes < cap; probes++) {
+        const uint32_t *s = &table[h * 4];
+        if (s[3] == EMPTY)
+            return h;
+        if (s[0] == k0 && s[1] == k1 && s[2] == k2)
+            return h;
+        if (++h == cap)
+            h = 0;
+    }
+    return -1;
+}
+
 /* insert_entries(table, cap, max_keys, count, base, offsets, dlo, dhi, flags, start, stop)
  *   -> (next index, keys count, status) */
 static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -74,38 +94,26 @@ static PyObject *insert_entries(PyObject *self, PyObject *const *args, Py_ssize_
         }
         int64_t delta = off - base;
         uint64_t lo = ld_u64(&a[2], i), hi = ld_u64(&a[3], i);
-        uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
-                 k2 = (uint32_t)(lo >> 32);
-        int64_t h = home(lo, cap);
-        for (int64_t probes = 0;; probes++) {
-            if (probes == cap) { /* no empty slot: a table that is not the map's */
+        int64_t slot = find_slot(table, cap, lo, hi);
+        if (slot < 0) { /* no empty slot: a table that is not the map's */
+            next = i;
+            status = MAP_FULL;
+            break;
+        }
+        uint32_t *s = &table[slot * 4];
+        if (s[3] == EMPTY) {
+            if (count >= max_keys) {
                 next = i;
                 status = MAP_FULL;
-                goto done;
-            }
-            uint32_t *s = &table[h * 4];
-            if (s[3] == EMPTY) {
-                if (count >= max_keys) {
-                    next = i;
-                    status = MAP_FULL;
-                    goto done;
-                }
-                s[0] = k0;
-                s[1] = k1;
-                s[2] = k2;
-                s[3] = (uint32_t)delta;
-                count++;
                 break;
             }
-            if (s[0] == k0 && s[1] == k1 && s[2] == k2) {
-                s[3] = (uint32_t)delta; /* offsets only grow: the newer one wins */
-                break;
-            }
-            if (++h == cap)
-                h = 0;
+            s[0] = (uint32_t)(hi & 0xFFFFFFFFull);
+            s[1] = (uint32_t)(hi >> 32);
+            s[2] = (uint32_t)(lo >> 32);
+            count++;
         }
+        s[3] = (uint32_t)delta; /* a key already there: offsets only grow, the newer one wins */
     }
-done:
     Py_END_ALLOW_THREADS
     arr_release(a, 5);
     return Py_BuildValue("(LLL)", (long long)next, (long long)count, (long long)status);
@@ -114,19 +122,10 @@ done:
 static inline int64_t lookup(const uint32_t *table, int64_t cap, int64_t base, uint64_t lo,
                              uint64_t hi)
 {
-    uint32_t k0 = (uint32_t)(hi & 0xFFFFFFFFull), k1 = (uint32_t)(hi >> 32),
-             k2 = (uint32_t)(lo >> 32);
-    int64_t h = home(lo, cap);
-    for (int64_t probes = 0; probes < cap; probes++) {
-        const uint32_t *s = &table[h * 4];
-        if (s[3] == EMPTY)
-            return -1;
-        if (s[0] == k0 && s[1] == k1 && s[2] == k2)
-            return base + (int64_t)s[3];
-        if (++h == cap)
-            h = 0;
-    }
-    return -1; /* every slot probed (a table with no empty slot) */
+    int64_t slot = find_slot(table, cap, lo, hi);
+    if (slot < 0 || table[slot * 4 + 3] == EMPTY)
+        return -1;
+    return base + (int64_t)table[slot * 4 + 3];
 }
 
 /* lookup_many(table, cap, base, dlo, dhi, out): out[i] = latest offset of digest i, or -1 */
