@@ -9,7 +9,9 @@ Every key is validated before anything starts: an unknown or invalid one is repo
 file and the key.
 
 Runs until every task has finished (sinks with ``follow=false``) or SIGINT/SIGTERM, which stop
-the tasks after their current batch and flush them (exit 0 after SIGTERM, 130 after SIGINT).
+the tasks after their current batch and flush them (exit 0 after SIGTERM, 130 after SIGINT). A
+followed topic deleted or recreated is stopped alone (framework/sink_runner.py): the run goes on
+with the others and then exits 3 (options.EXIT_TOPICS_STOPPED), unless SIGINT ended it.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ from typing import TextIO
 
 from ..framework.config import load_config_file
 from ..framework.worker import Worker
+from .options import exit_code
 
 
 def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO | None = None,
-                   stop: threading.Event | None = None, metrics: str | None = None
-                   ) -> str | None:
+                   stop: threading.Event | None = None, metrics: str | None = None,
+                   stopped: dict[str, str] | None = None) -> str | None:
     """Run the connectors; returns the name of the signal that stopped them, if any.
-    ``metrics`` (HOST:PORT) overrides the worker file's ``metrics.listen``."""
+    ``metrics`` (HOST:PORT) overrides the worker file's ``metrics.listen``; ``stopped``, when
+    given, receives the topics stopped while the others went on (deleted or recreated) -> why."""
     out = out if out is not None else sys.stderr
     props = load_config_file(worker_file)
     if metrics:
@@ -61,6 +65,8 @@ def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO 
             signal.signal(s, h)
     for r in worker.runners:
         print(f"connect: {r.metrics.summary()}", file=out, flush=True)
+    if stopped is not None:
+        stopped.update(worker.stopped_topics())
     return signal.Signals(received[0]).name if received else None
 
 
@@ -74,6 +80,9 @@ class ConnectOptions:
 
 
 def run_connect(opts: ConnectOptions) -> int:
-    """``kcompact connect standalone``: 130 when stopped by SIGINT, else 0."""
-    stopped_by = run_standalone(opts.worker, list(opts.connectors), metrics=opts.metrics)
-    return 130 if stopped_by == "SIGINT" else 0
+    """``kcompact connect standalone``: 130 when stopped by SIGINT, 3 when topics were stopped
+    (deleted or recreated while followed), else 0."""
+    stopped: dict[str, str] = {}
+    stopped_by = run_standalone(opts.worker, list(opts.connectors), metrics=opts.metrics,
+                                stopped=stopped)
+    return exit_code(stopped_by, stopped)

@@ -9,7 +9,8 @@ The job is the store sink connector (connectors/plugins/store_sink.py). With the
 it mirrors every partition (or ``--partitions``) up to the end offsets seen at start, or keeps
 following with ``--follow`` (with background compaction: ``kcompact.compaction.Scheduler`` on
 the mirror's own store; new partitions and newly matching topics are picked up, configs synced
-again at each metadata refresh). Each partition resumes from the store's own next offset, so killing and
+again at each metadata refresh; a followed topic deleted or recreated is stopped alone, the others
+going on, and the run then exits 3: options.EXIT_TOPICS_STOPPED). Each partition resumes from the store's own next offset, so killing and
 rerunning the command at any moment ends with every record stored exactly once.
 
 ``--engine spark`` (the default without ``--follow``) runs the same store sink in one Spark task
@@ -28,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence, TextIO
 
 from kcompact.reput import StoreLockedError
@@ -38,7 +39,7 @@ from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
 from .config_sync import ConfigFollower
 from .config_sync import sync_configs as sync_configs_of
-from .options import LOCAL_WRITER, MirrorOptions, add_mirror, lag_text, mirror_props
+from .options import LOCAL_WRITER, MirrorOptions, add_mirror, exit_code, lag_text, mirror_props
 
 PROGRESS_INTERVAL = 2.0
 
@@ -49,6 +50,8 @@ class MirrorResult:
     seconds: float
     partitions: int
     stopped_by: str | None  # signal name, or None when the run reached its end
+    #: topics stopped while the others went on (deleted or recreated) -> why
+    stopped_topics: dict[str, str] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -73,6 +76,7 @@ class _Progress:
             lag.update(r.metrics.lag())
         total = sum(lag.values())
         errs = sum(r.metrics.errors for r in worker.runners)
+        stopped = worker.stopped_topics()
         down = [r.metrics for r in worker.runners if r.metrics.disconnected_since is not None]
         if down:  # while no broker answers, the lag is unknown (not 0)
             first = min(down, key=lambda m: m.disconnected_since)
@@ -80,7 +84,23 @@ class _Progress:
         else:
             state = f"lag {total:,}" + (f" [{lag_text(lag)}]" if lag else "")
         print(f"mirror: {n:,} records, {rate:,.0f} rec/s, {state}"
-              + (f", {errs} errors" if errs else ""), file=self.out, flush=True)
+              + (f", {errs} errors" if errs else "") + stopped_text(stopped),
+              file=self.out, flush=True)
+
+
+def stopped_text(stopped: Mapping[str, str]) -> str:
+    """``, 1 topic stopped (orders)`` (progress and final lines), or ``""``."""
+    if not stopped:
+        return ""
+    n = len(stopped)
+    return f", {n} topic{'s' if n > 1 else ''} stopped ({', '.join(sorted(stopped))})"
+
+
+def live_topics(worker: Worker) -> list[str]:
+    """The topics the worker's tasks mirror, less those stopped (whose configs are no longer
+    synced: a recreated topic's are not the stored one's)."""
+    stopped = worker.stopped_topics()
+    return sorted({tp.topic for r in worker.runners for tp in r.assignment} - set(stopped))
 
 
 def _per_topic(worker: Worker) -> dict[str, list[int]]:
@@ -141,9 +161,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
         ticks = [_Progress(out)]
         if follow:
             ticks.append(ConfigFollower(
-                bootstrap, lambda: sorted({tp.topic for r in worker.runners
-                                           for tp in r.assignment}),
-                store, kafka_config, out=out, sync=sync_configs,
+                bootstrap, lambda: live_topics(worker), store, kafka_config, out=out, sync=sync_configs,
                 on_synced=lambda: [s.reload_topic_configs() for s in _task_stores(worker)]))
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
@@ -164,16 +182,18 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
     records = sum(r.metrics.records for r in worker.runners)
     skipped = sum(r.metrics.skipped for r in worker.runners)
     sig = signal.Signals(received[0]).name if received else None
-    res = MirrorResult(records, dt, n_parts, sig)
+    stopped = worker.stopped_topics()
+    res = MirrorResult(records, dt, n_parts, sig, stopped)
     how = f"stopped by {sig}" if sig else "done"
     per = _per_topic(worker)
     if len(per) > 1:
         for t, (n, parts) in sorted(per.items()):
-            print(f"mirror: {t}: {n:,} records ({parts} partitions)", file=out, flush=True)
+            print(f"mirror: {t}: {n:,} records ({parts} partitions)"
+                  + (f", stopped: {stopped[t]}" if t in stopped else ""), file=out, flush=True)
     print(f"mirror: {how}: {records:,} records in {dt:.1f} s ({res.rate:,.0f} rec/s)"
           + (f", {len(per)} topics" if len(per) > 1 else "")
-          + (f", {skipped} skipped" if skipped else "") + f"; store {store} flushed",
-          file=out, flush=True)
+          + (f", {skipped} skipped" if skipped else "") + stopped_text(stopped)
+          + f"; store {store} flushed", file=out, flush=True)
     return res
 
 
@@ -203,7 +223,7 @@ def run_mirror(opts: MirrorOptions) -> int:
                        kafka_config=opts.kafka_config, metrics=opts.metrics,
                        topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                        sync_configs=opts.sync_configs)
-    return 130 if res.stopped_by == "SIGINT" else 0
+    return exit_code(res.stopped_by, res.stopped_topics)
 
 
-__all__ = ["MirrorOptions", "MirrorResult", "mirror_local", "run_mirror"]
+__all__ = ["MirrorOptions", "MirrorResult", "live_topics", "mirror_local", "run_mirror"]

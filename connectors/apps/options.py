@@ -22,6 +22,9 @@ OWN_FLAGS = {"bootstrap.servers": "--bootstrap-servers",
 LOCAL_WRITER = "local"
 #: The mirror's connector (and consumer group) name.
 MIRROR_CONNECTOR = "kcompact-mirror"
+#: The exit code of a mirror (or connect standalone) that ended normally (or by SIGTERM) after
+#: stopping some topics (deleted or recreated while followed) and mirroring the others.
+EXIT_TOPICS_STOPPED = 3
 #: Store sink properties that a flag of ``kcompact mirror`` sets: errors name the flag.
 MIRROR_FLAGS = {"store.partitions": "--partitions", "store.url": "--store"}
 
@@ -94,6 +97,14 @@ def parse_partitions(text: str | None) -> tuple[int, ...] | None:
     if any(p < 0 for p in out):
         raise ConfigError("--partitions: partition numbers are >= 0")
     return tuple(sorted(set(out)))
+
+
+def exit_code(signal_name: str | None, stopped: Mapping[str, str]) -> int:
+    """A following run's exit code: 130 after SIGINT; else EXIT_TOPICS_STOPPED when topics
+    were stopped (``stopped``: topic -> why); else 0."""
+    if signal_name == "SIGINT":
+        return 130
+    return EXIT_TOPICS_STOPPED if stopped else 0
 
 
 def add_mirror(worker: Any, props: Mapping[str, Any]) -> list[Any]:

@@ -10,8 +10,10 @@ ListOffsets, which Tansu gets wrong). While following, every metadata refresh in
 (``topic.metadata.refresh.interval.ms`` when set, else ``PARTITION_CHECK_INTERVAL`` seconds) a
 :class:`~.topic_watch.TopicWatcher` finds the partitions a topic read whole gained and the topics
 that started to match ``topics.regex``: the task ``open()``s them and they are assigned from the
-start offsets it asks for; a followed topic deleted or created again (new topic id) stops the
-task with an error naming it. Every ``offset.flush.interval.ms`` (and at the end) it calls
+start offsets it asks for. A followed topic deleted or created again (new topic id) is stopped
+alone (:meth:`SinkTaskRunner._stop_topics`): one line names it, its partitions are paused and
+``close()``d, none of its records is handed to the task any more, and the other topics go on
+(``TaskMetrics.stopped``; the task ends once it has nothing left to follow). Every ``offset.flush.interval.ms`` (and at the end) it calls
 ``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
 The consumer is kcompact's own (native_kafka.NativeConsumer: batches read as columns, without a
 Message object per record) or confluent-kafka's (KCOMPACT_KAFKA_IO, native_kafka.kafka_io).
@@ -40,7 +42,7 @@ from .kafka_clients import ClientReports, KafkaSettings, kafka_error_text, kafka
 from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
 from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
-from .topic_watch import RESUME_CHECK_S, TopicWatcher
+from .topic_watch import RESUME_CHECK_S, GoneTopic, TopicWatcher
 
 _TS = itemgetter(1)
 #: How often a following task's consumer reports its brokers' state (librdkafka statistics).
@@ -117,9 +119,15 @@ class SinkTaskRunner(TaskRunner):
             self.metrics.finished = time.monotonic()
             self._shutdown(started)
 
+    def _live(self) -> list[TopicPartition]:
+        """The assigned partitions of topics not stopped."""
+        stopped = self.metrics.stopped
+        return [tp for tp in self.assignment if tp.topic not in stopped] if stopped \
+            else self.assignment
+
     def _shutdown(self, started: bool) -> None:
         for step in (lambda: self.errors.flush_dlq(),
-                     lambda: self.task.close(self.assignment) if started else None,
+                     lambda: self.task.close(self._live()) if started else None,
                      lambda: self.task.stop() if started else None,
                      lambda: self.consumer.close() if self.consumer is not None else None,
                      lambda: self.errors.dlq.producer.flush(10) if self.errors.dlq else None,
@@ -205,6 +213,8 @@ class SinkTaskRunner(TaskRunner):
                 break
             if ctx.stop_requested:
                 break
+            if self.metrics.stopped and not self.topic_pattern and not self._live():
+                break  # every topic stopped, and none can start to match
             if columnar:
                 # columns straight from librdkafka (native_kafka.NativeConsumer)
                 cols = consume(self._wanted(pending, batch), 0.2)
@@ -275,9 +285,15 @@ class SinkTaskRunner(TaskRunner):
 
     def _events(self, events: list[Event], pending: set) -> None:
         from confluent_kafka import KafkaError
+        stopped = self.metrics.stopped
         for ev in events:
             code = ev.code
             tp = TopicPartition(ev.topic or "", ev.partition)
+            if tp.topic in stopped:
+                continue
+            if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE,
+                        KafkaError.UNKNOWN_TOPIC_OR_PART) and self._gone([tp.topic]):
+                continue  # deleted or recreated: that topic is stopped, the others go on
             if code == KafkaError._PARTITION_EOF:
                 self._unverified.pop(tp, None)
                 if ev.offset > self.metrics.position.get(tp, -1):
@@ -312,7 +328,7 @@ class SinkTaskRunner(TaskRunner):
         a bounded run when a partition's producer never lets it reach EOF."""
         from confluent_kafka import TopicPartition as KTP
         get = self.consumer.get_watermark_offsets
-        for tp in self.assignment:
+        for tp in self._live():
             try:
                 _, hi = get(KTP(tp.topic, tp.partition), cached=True)
             except Exception:  # noqa: BLE001 - nothing fetched yet
@@ -338,7 +354,8 @@ class SinkTaskRunner(TaskRunner):
         """Assign what the watcher found (topic_watch.py): the task opens the new partitions
         and they start where it asks (the store sink: the partition's first offset)."""
         from confluent_kafka import TopicPartition as KTP
-        new = self.watcher.check(self.consumer)
+        new, gone = self.watcher.check(self.consumer)
+        self._stop_topics(gone)
         if not new:
             return
         ctx = self._ctx
@@ -359,6 +376,35 @@ class SinkTaskRunner(TaskRunner):
             print(f"kcompact: {self.metrics.name}: {what} {topic} "
                   f"[{', '.join(map(str, ps))}]: following from the start",
                   file=sys.stderr, flush=True)
+
+    def _gone(self, topics) -> bool:
+        """True when one of ``topics`` (of an error event) was deleted or recreated: it is
+        then stopped. Only while following with a watcher that knows the topic's id."""
+        if self.watcher is None:
+            return False
+        gone = self.watcher.verify(topics, self.stop_event.is_set)
+        self._stop_topics(gone or [])
+        return bool(gone)
+
+    def _stop_topics(self, gone: list[GoneTopic]) -> None:
+        """Stop mirroring the topics deleted or recreated, the others going on: one line
+        each, their partitions paused (no more fetches) and closed, their lag forgotten;
+        records of theirs still in flight are dropped by :meth:`_deliver`."""
+        from confluent_kafka import TopicPartition as KTP
+        m = self.metrics
+        for g in gone:
+            if g.topic in m.stopped:
+                continue
+            m.stopped[g.topic] = g.reason
+            parts = [tp for tp in self.assignment if tp.topic == g.topic]
+            print(f"kcompact: warning: {m.name}: {g.message()}", file=sys.stderr, flush=True)
+            try:
+                self.consumer.pause([KTP(tp.topic, tp.partition) for tp in parts])
+            except Exception:  # noqa: BLE001 - its records are dropped anyway
+                pass
+            for tp in parts:
+                m.high_watermark.pop(tp, None)
+            self.task.close(parts)
 
     def _check_kafka_errors(self) -> None:
         from confluent_kafka import KafkaError
@@ -435,7 +481,17 @@ class SinkTaskRunner(TaskRunner):
                  packed: tuple | None, packed_headers: tuple | None) -> None:
         n = len(offs)
         if self.watcher is not None:
-            self._verify_resumed(topics, single, n)
+            if not self._verify_resumed(topics, single, n):
+                return  # stopping before the topics' ids could be confirmed: not stored
+            if self.metrics.stopped:
+                kept = self._without_stopped(topics, single, parts, offs, ts, raw_keys,
+                                             raw_values, headers)
+                if kept is None:
+                    return
+                if kept is not False:
+                    topics, parts, offs, ts, raw_keys, raw_values, headers = kept
+                    packed = packed_headers = None
+                    n = len(offs)
         if self._unverified:
             for tp in {TopicPartition(t, int(p)) for t, p in zip(topics, parts)}:
                 self._unverified.pop(tp, None)
@@ -474,7 +530,25 @@ class SinkTaskRunner(TaskRunner):
                 if last_ts >= 0:
                     m.last_timestamp[tp] = last_ts
 
-    def _verify_resumed(self, topics: list, single: bool, n: int) -> None:
+    def _without_stopped(self, topics, single, parts, offs, ts, raw_keys, raw_values, headers):
+        """The batch's columns without the records of stopped topics: False when it has none
+        (kept as it is), None when it has nothing else. Rare (records of a topic fetched before
+        it was stopped), so built record by record."""
+        stopped = self.metrics.stopped
+        if single:
+            return None if topics[0] in stopped else False
+        keep = [i for i, t in enumerate(topics) if t not in stopped]
+        if len(keep) == len(topics):
+            return False
+        if not keep:
+            return None
+
+        def pick(col):
+            return [col[i] for i in keep]
+        return (pick(topics), np.asarray(parts)[keep], np.asarray(offs)[keep],
+                np.asarray(ts)[keep], pick(raw_keys), pick(raw_values), pick(headers))
+
+    def _verify_resumed(self, topics: list, single: bool, n: int) -> bool:
         """While following, a batch is stored only once the ids of its topics are confirmed
         (topic_watch.py: one describe_topics, ~1 ms on a local Kafka), so a topic deleted and
         created again is never mixed into the old one's logs (librdkafka goes on fetching at the
@@ -489,10 +563,14 @@ class SinkTaskRunner(TaskRunner):
         stale = [t for t in names
                  if not (full and bulk.get(t) and now - last.get(t, 0.0) < RESUME_CHECK_S)]
         if stale:
-            self.watcher.verify(stale)
+            gone = self.watcher.verify(stale, self.stop_event.is_set)
+            if gone is None:
+                return False
+            self._stop_topics(gone)
         for t in names:
             last[t] = now
             bulk[t] = full
+        return True
 
     def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
         single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)

@@ -48,6 +48,9 @@ class TaskMetrics:
     #: when every broker went down (time.time()), while none answers; None while connected
     #: (a sink task that follows tracks it: SinkTaskRunner, from error_cb and stats_cb)
     disconnected_since: float | None = None
+    #: topics this (sink) task stopped while the others went on, -> why (``deleted (topic id
+    #: X)``...: framework/topic_watch.py, GoneTopic)
+    stopped: dict[str, str] = field(default_factory=dict)
 
     def note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:
@@ -102,7 +105,13 @@ class TaskMetrics:
                 f"{self.bytes / dt / 1e6:.1f} MB/s), "
                 + (f"{down}, lag unknown" if down else f"lag {sum(lag.values())}")
                 + f", errors {self.errors} (skipped {self.skipped}, dead-lettered "
-                f"{self.dead_lettered})")
+                f"{self.dead_lettered})" + self.stopped_text())
+
+    def stopped_text(self) -> str:
+        """``, stopped: orders (deleted (topic id X))`` when topics were stopped, else ``""``."""
+        if not self.stopped:
+            return ""
+        return ", stopped: " + "; ".join(f"{t} ({why})" for t, why in sorted(self.stopped.items()))
 
 
 class TaskRunner:

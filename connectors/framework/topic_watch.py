@@ -5,8 +5,10 @@
   task opens them, so the store sink starts them at their first offset);
 * a topic that starts to match ``topics.regex`` (framework/topic_sets.py): all its partitions;
 * a followed topic deleted, or deleted and created again (a new topic id, read with
-  describe_topics): :class:`TopicGoneError`, naming the topic, so that the records of a new topic
-  never land after the old one's in the same partition log (its offsets start again at 0).
+  describe_topics): a :class:`GoneTopic`, naming the topic and its old and new ids. The runner
+  stops that topic only (the others go on), so that the records of a new topic never land after
+  the old one's in the same partition log (its offsets start again at 0). The watcher forgets
+  it: a recreated topic that still matches ``topics.regex`` is not picked up again.
   librdkafka itself goes on fetching at the same offset in the new topic without any error or
   log line (measured: Kafka 3.9.1 KRaft, librdkafka 2.16: delete, create and produce took 80 ms),
   so between two checks :meth:`TopicWatcher.verify` confirms the topic ids of each batch before
@@ -20,11 +22,11 @@ is checked by partition counts and presence only.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
 
-from ..errors import ConnectorsError
 from .api import TopicPartition
-from .kafka_clients import admin_settings, kafka_logger
+from .kafka_clients import admin_settings, kafka_error, kafka_logger
 from .topic_sets import match_topics
 
 
@@ -33,8 +35,33 @@ from .topic_sets import match_topics
 RESUME_CHECK_S = 1.0
 
 
-class TopicGoneError(ConnectorsError):
-    """A followed topic was deleted (and maybe created again) under the task."""
+@dataclass(frozen=True)
+class GoneTopic:
+    """A followed topic that was deleted (``new_id`` None) or deleted and created again."""
+
+    topic: str
+    old_id: str | None
+    new_id: str | None
+
+    @property
+    def reason(self) -> str:
+        """``deleted (topic id X)`` or ``deleted and created again (topic id X -> Y)``."""
+        old = self.old_id or "unknown"
+        if self.new_id is None:
+            return f"deleted (topic id {old})"
+        return f"deleted and created again (topic id {old} -> {self.new_id})"
+
+    def message(self) -> str:
+        """The line that says so, and what to do next."""
+        if self.new_id is None:
+            after = ("a topic created again under that name starts its offsets at 0 again: "
+                     "mirror it into a new store")
+        else:
+            after = ("nothing of the new topic was stored (its offsets start again at 0 and "
+                     "would mix with the old topic's): mirror it into a new store")
+        return (f"topic {self.topic} stopped, the other topics go on: it was {self.reason}; "
+                f"its records mirrored so far stay in the store, and {after}. Leave it out of "
+                "this store's next mirror (drop its --topic, or --exclude-regex it)")
 
 
 class TopicWatcher:
@@ -49,55 +76,60 @@ class TopicWatcher:
         self._admin: Any = None
         self._conf = admin_settings(consumer_conf)
 
-    def _topic_ids(self, topics: list[str]) -> dict[str, str]:
-        from confluent_kafka import TopicCollection
+    def _topic_ids(self, topics: list[str]) -> tuple[dict[str, str], set[str]]:
+        """(the ids of ``topics`` the broker described, the topics it said it does not know);
+        a topic in neither was not answered for (a broker away, a timeout)."""
+        from confluent_kafka import KafkaError, TopicCollection
         from confluent_kafka.admin import AdminClient
         if not topics:
-            return {}
+            return {}, set()
         if self._admin is None:
             self._admin = AdminClient(dict(self._conf, logger=kafka_logger()))
-        out = {}
+        out, unknown = {}, set()
         try:
             futures = self._admin.describe_topics(TopicCollection(topics), request_timeout=5)
         except Exception:  # noqa: BLE001 - a broker without describe_topics: no id check
-            return {}
+            return {}, set()
         for topic, fut in futures.items():
             try:
                 tid = fut.result(timeout=10).topic_id
-            except Exception:  # noqa: BLE001 - gone: the metadata check says so
+            except Exception as e:  # noqa: BLE001 - gone, or not answered
+                err = kafka_error(e)
+                if err is not None and err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                      KafkaError.UNKNOWN_TOPIC_ID):
+                    unknown.add(topic)
                 continue
             if tid is not None:
                 out[topic] = str(tid)
-        return out
+        return out, unknown
 
     def start(self) -> None:
         """Record the followed topics' ids (at the task's start)."""
-        self.ids = self._topic_ids(sorted(self.whole))
+        self.ids = self._topic_ids(sorted(self.whole))[0]
 
-    def check(self, consumer: Any) -> list[TopicPartition]:
-        """The partitions to add (new ones of a whole topic, every one of a newly matching
-        topic); raises TopicGoneError for a followed topic deleted or recreated. Returns []
-        when the broker did not answer (checked again next time)."""
+    def forget(self, topic: str) -> None:
+        """Stop watching ``topic`` (it stays known: a regex does not pick it up again)."""
+        self.whole.pop(topic, None)
+        self.ids.pop(topic, None)
+
+    def check(self, consumer: Any) -> tuple[list[TopicPartition], list[GoneTopic]]:
+        """(the partitions to add: new ones of a whole topic, every one of a newly matching
+        topic; the followed topics deleted or recreated, which are forgotten). Nothing when
+        the broker did not answer (checked again next time)."""
         try:
             md = consumer.list_topics(timeout=5).topics
         except Exception:  # noqa: BLE001 - a broker away for a moment: check next time
-            return []
+            return [], []
         present = {t: m for t, m in md.items() if m.error is None}
-        for topic in sorted(self.whole):
-            if topic not in present:
-                raise TopicGoneError(
-                    f"topic {topic} was deleted while {self.connector} followed it; its "
-                    "partitions' records stay in the store. Restart without it, or mirror a "
-                    "topic created again under that name into a new store")
-        ids = self._topic_ids(sorted(self.whole))
+        gone = [GoneTopic(t, self.ids.get(t), None) for t in sorted(self.whole)
+                if t not in present]
+        ids, _ = self._topic_ids(sorted(t for t in self.whole if t in present))
         for topic, tid in ids.items():
             old = self.ids.setdefault(topic, tid)
             if tid != old:
-                raise TopicGoneError(
-                    f"topic {topic} was deleted and created again (topic id {old} -> {tid}) "
-                    f"while {self.connector} followed it; stopped before any record of the "
-                    "new topic was stored (its offsets start again at 0 and would mix with the "
-                    "old topic's): mirror it into a new store")
+                gone.append(GoneTopic(topic, old, tid))
+        for g in gone:
+            self.forget(g.topic)
         new: list[TopicPartition] = []
         for topic, count in sorted(self.whole.items()):
             parts = sorted(present[topic].partitions)
@@ -112,40 +144,43 @@ class TopicWatcher:
                 parts = sorted(present[topic].partitions)
                 self.whole[topic] = len(parts)
                 new += [TopicPartition(topic, p) for p in parts]
-                self.ids.update(self._topic_ids([topic]))
-        return new
+                self.ids.update(self._topic_ids([topic])[0])
+        return new, gone
 
-    def verify(self, topics: Iterable[str]) -> None:
-        """Before records of ``topics`` are stored (sink_runner.py): their topic ids are still
-        the ones recorded, read after the records were fetched, so a topic deleted and created
-        again before that is caught. Raises TopicGoneError; a broker that gave no ids at start
-        is not checked."""
+    def verify(self, topics: Iterable[str], stop: Callable[[], bool] = lambda: False
+               ) -> list[GoneTopic] | None:
+        """Before records of ``topics`` are stored (sink_runner.py): the topics whose ids are
+        no longer the ones recorded (read after the records were fetched, so a topic deleted
+        and created again before that is caught), forgotten. A topic the broker says it does
+        not know is deleted (asked three times, 0.5 s apart, for the id of a new one). While
+        the broker does not answer, asked again each second; None when ``stop()`` turns true
+        first (nothing confirmed: the records must not be stored). A broker that gave no ids
+        at start is not checked."""
         todo = sorted(t for t in set(topics) if t in self.ids)
         if not todo:
-            return
+            return []
         ids: dict[str, str] = {}
-        for _ in range(3):
-            ids = self._topic_ids(todo)
+        unknown_tries = 0
+        while True:
+            got, unknown = self._topic_ids([t for t in todo if t not in ids])
+            ids.update(got)
             if len(ids) == len(todo):
                 break
-            time.sleep(0.5)
-        for topic in todo:
-            tid = ids.get(topic)
-            if tid is None:
-                raise TopicGoneError(
-                    f"topic {topic}: records arrived but describe_topics does not know the "
-                    f"topic (deleted and being created again?) while {self.connector} followed "
-                    "it; stopped before storing them: check the topic, and mirror a topic "
-                    "created again under that name into a new store")
-            if tid != self.ids[topic]:
-                raise TopicGoneError(
-                    f"topic {topic} was deleted and created again (topic id {self.ids[topic]} "
-                    f"-> {tid}) while {self.connector} followed it; stopped before any record "
-                    "of the new topic was stored (its offsets start again at 0 and would mix "
-                    "with the old topic's): mirror it into a new store")
+            if unknown:
+                unknown_tries += 1
+                if unknown_tries >= 3 and len(ids) + len(unknown) == len(todo):
+                    break
+            if stop():
+                return None
+            time.sleep(0.5 if unknown else 1.0)
+        gone = [GoneTopic(t, self.ids[t], ids.get(t)) for t in todo
+                if ids.get(t) != self.ids[t]]
+        for g in gone:
+            self.forget(g.topic)
+        return gone
 
     def close(self) -> None:
         self._admin = None
 
 
-__all__ = ["RESUME_CHECK_S", "TopicGoneError", "TopicWatcher"]
+__all__ = ["RESUME_CHECK_S", "GoneTopic", "TopicWatcher"]

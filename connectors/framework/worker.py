@@ -351,6 +351,14 @@ class Worker:
     def stop(self) -> None:
         self.stop_event.set()
 
+    def stopped_topics(self) -> dict[str, str]:
+        """The topics sink tasks stopped while the others went on (deleted or recreated while
+        followed: sink_runner.py) -> why."""
+        out: dict[str, str] = {}
+        for r in self.runners:
+            out.update(r.metrics.stopped)
+        return out
+
     def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
         """Start every task and wait until all have ended (or one failed: the others are then
         stopped, and the failure is raised as one line naming the task). The garbage collector

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicCollection
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
                                    AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions,
                                    NewTopic, ResourcePatternType, ResourceType)
@@ -299,16 +300,46 @@ def _follow(bootstrap: str, store: str, *args: str, log: Path) -> subprocess.Pop
 
 
 def _stop(proc: subprocess.Popen) -> int:
+    """SIGTERM (flush, exit) when still running; its exit code."""
     if proc.poll() is None:
-        proc.kill()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     return proc.wait(30)
 
 
-def test_following_picks_up_new_topics_and_partitions_then_stops_on_a_deleted_one(
+def _topic_id(admin: AdminClient, topic: str) -> str:
+    return str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+
+
+def _recreate(admin: AdminClient, topic: str) -> None:
+    """Delete ``topic`` and create it again under the same name (a new topic id)."""
+    admin.delete_topics([topic], operation_timeout=30)[topic].result()
+
+    def created() -> bool:
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result()
+            return True
+        except Exception as e:  # noqa: BLE001 - deletion still in progress
+            if "marked for deletion" in str(e) or "TOPIC_ALREADY_EXISTS" in str(e):
+                return False
+            raise
+    wait_until(created, what="the re-creation")
+
+
+def _stopped_lines(err: str, topic: str) -> list[str]:
+    return [ln for ln in err.splitlines()
+            if ln.startswith("kcompact: warning: ") and f"topic {topic} stopped" in ln]
+
+
+def test_following_picks_up_new_topics_and_partitions_and_stops_only_a_deleted_one(
         apache_kafka, kafka_topics, tmp_path):
     bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
     a = kafka_topics.make("a")
     produce(bootstrap, a, 10)
+    a_id = _topic_id(admin, a)
     store, log = str(tmp_path / "s"), tmp_path / "err.log"
     proc = _follow(bootstrap, store, "--topics-regex", f"{kafka_topics.prefix}-.*",
                    "-X", "topic.metadata.refresh.interval.ms=1000", log=log)
@@ -324,50 +355,82 @@ def test_following_picks_up_new_topics_and_partitions_then_stops_on_a_deleted_on
         assert read_store(store, b) == read_topic(bootstrap, b, 3)
         admin.delete_topics([a], operation_timeout=30)[a].result()
         kafka_topics.made.remove(a)
-        proc.wait(90)
+        wait_until(lambda: _stopped_lines(log.read_text(), a), what="the deleted topic's line")
+        # the other topic goes on
+        produce(bootstrap, b, 6, tag=b"after")
+        wait_until(lambda: stored_count(store, b) == 18, what="records after the deletion")
+        assert proc.poll() is None, log.read_text()
     finally:
         rc = _stop(proc)
     err = log.read_text()
-    assert rc == 1, err
+    assert rc == 3, err
     assert f"new topic {b} [0, 1]: following from the start" in err
     assert f"new partitions {b} [2]: following from the start" in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")]
-    assert len(lines) == 1 and f"topic {a}" in lines[0] and "deleted" in lines[0], err
+    assert not [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")], err
+    (line,) = _stopped_lines(err, a)
+    assert f"it was deleted (topic id {a_id})" in line and "the other topics go on" in line
+    assert "mirror it into a new store" in line
+    assert read_store(store, b) == read_topic(bootstrap, b, 3)
     assert stored_count(store, a) == 10  # what was mirrored stays
+    assert f"mirror: {a}: 10 records (1 partitions), stopped: deleted (topic id {a_id})" in err
+    assert f"1 topic stopped ({a}); store {store} flushed" in err
 
 
-def test_a_topic_recreated_under_a_following_mirror_never_mixes_into_its_log(
+def test_a_recreated_topic_stops_alone_and_never_mixes_into_its_log(
         apache_kafka, kafka_topics, tmp_path):
-    """Deleted and created again between two metadata checks: the mirror stops naming the
-    topic (by its new topic id, or by its offsets not being in the new topic), and the store
-    holds the old topic's records only."""
+    """Two followed topics; one is deleted and created again (and written to) between two
+    metadata checks, then every record of the other is produced. The recreated topic stops
+    (its line names the old and new topic ids), the store holds its old records only, and the
+    other's all arrive. A mirror whose every topic stopped ends by itself; both exit 3."""
     bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
-    t = kafka_topics.make("re")
+    t, other = kafka_topics.make("re"), kafka_topics.make("other", 2)
     produce(bootstrap, t, 30)
+    old_id = _topic_id(admin, t)
     store, log = str(tmp_path / "s"), tmp_path / "err.log"
-    proc = _follow(bootstrap, store, "--topic", t,
+    proc = _follow(bootstrap, store, "--topic", t, "--topic", other,
                    "-X", "topic.metadata.refresh.interval.ms=20000", log=log)
     try:
         wait_until(lambda: stored_count(store, t) == 30, what="the first records")
         old = read_store(store, t)
-        admin.delete_topics([t], operation_timeout=30)[t].result()
-
-        def created() -> bool:
-            try:
-                admin.create_topics([NewTopic(t, 1, 1)], operation_timeout=30)[t].result()
-                return True
-            except Exception as e:  # noqa: BLE001 - deletion still in progress
-                if "marked for deletion" in str(e) or "TOPIC_ALREADY_EXISTS" in str(e):
-                    return False
-                raise
-        wait_until(created, what="the re-creation")
+        _recreate(admin, t)
+        new_id = _topic_id(admin, t)
         produce(bootstrap, t, 40, tag=b"new")
-        proc.wait(120)
+        wait_until(lambda: _stopped_lines(log.read_text(), t), 120, "the recreated topic's line")
+        produce(bootstrap, other, 50, tag=b"o")
+        wait_until(lambda: stored_count(store, other) == 50, what="the other topic's records")
+        wait_until(lambda: "1 topic stopped" in log.read_text(), what="a progress line")
+        assert proc.poll() is None, log.read_text()
     finally:
         rc = _stop(proc)
     err = log.read_text()
-    assert rc == 1, err
-    lines = [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")]
-    assert len(lines) == 1 and t in lines[0], err
-    assert any(w in lines[0] for w in ("created again", "recreated", "deleted")), lines[0]
+    assert rc == 3, err
+    assert not [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")], err
+    (line,) = _stopped_lines(err, t)
+    # found by its new id, or by describe_topics not knowing it for a moment (deleted)
+    assert (f"deleted and created again (topic id {old_id} -> {new_id})" in line
+            or f"it was deleted (topic id {old_id})" in line), line
     assert read_store(store, t) == old
+    assert read_store(store, other) == read_topic(bootstrap, other, 2)
+    assert any(ln.startswith("mirror: ") and f"1 topic stopped ({t})" in ln and "rec/s" in ln
+               and "done" not in ln for ln in err.splitlines()), err
+    assert f"mirror: {t}: 30 records (1 partitions), stopped: deleted" in err
+
+    # alone: a mirror whose only topic is recreated under it stops, and so ends, by itself
+    solo = kafka_topics.make("solo")
+    produce(bootstrap, solo, 5)
+    store2, log2 = str(tmp_path / "s2"), tmp_path / "err2.log"
+    proc = _follow(bootstrap, store2, "--topic", solo, "--no-sync-configs",
+                   "-X", "topic.metadata.refresh.interval.ms=1000", log=log2)
+    try:
+        wait_until(lambda: stored_count(store2, solo) == 5, what="the solo topic's records")
+        old = read_store(store2, solo)
+        _recreate(admin, solo)
+        produce(bootstrap, solo, 9, tag=b"new")
+        rc = proc.wait(120)
+    finally:
+        _stop(proc)
+    err = log2.read_text()
+    assert rc == 3, err
+    assert len(_stopped_lines(err, solo)) == 1, err
+    assert f"1 topic stopped ({solo}); store {store2} flushed" in err
+    assert read_store(store2, solo) == old
