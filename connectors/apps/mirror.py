@@ -2,7 +2,7 @@
 
 The topics: ``--topic`` (repeatable) and those ``--topics-regex`` matches whole, internal ones
 and ``--exclude-regex`` matches left out (framework/topic_sets.py). Before any record is copied
-their configs are synced from Kafka into the store (apps/config_sync.py; ``--no-sync-configs``).
+their configs are synced from Kafka into the store (plugins/config_sync.py; ``--no-sync-configs``).
 
 The job is the store sink connector (connectors/plugins/store_sink.py). With the local engine
 (:func:`mirror_local`) an in-process worker runs it with one task and the writer id ``local``:
@@ -37,8 +37,8 @@ from kcompact.reput import StoreLockedError
 from ..errors import ConfigError, ConnectorsError
 from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
-from .config_sync import ConfigFollower
-from .config_sync import sync_configs as sync_configs_of
+from ..plugins.config_sync import ConfigFollower
+from ..plugins.config_sync import sync_configs as sync_configs_of
 from .options import LOCAL_WRITER, MirrorOptions, add_mirror, exit_code, lag_text, mirror_props
 
 PROGRESS_INTERVAL = 2.0

@@ -60,7 +60,7 @@ class MirrorOptions:
     topics: tuple[str, ...] = ()
     topics_regex: str | None = None
     exclude_regex: str | None = None
-    sync_configs: bool = True        # configs follow the source (apps/config_sync.py)
+    sync_configs: bool = True        # configs follow the source (plugins/config_sync.py)
 
     @property
     def named_topics(self) -> tuple[str, ...]:
@@ -136,6 +136,8 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         "store.writer": writer,
         "follow": follow,
         "store.compaction.background": follow,
+        # the mirror syncs the topics' configs itself (--no-sync-configs; apps/mirror.py)
+        "sync.topic.configs.enabled": False,
     }
     if topics_regex:
         props["topics.regex"] = topics_regex

@@ -266,6 +266,12 @@ class Connector(abc.ABC):
 class SinkConnector(Connector):
     """A connector whose tasks read Kafka topics (``topics``) and write somewhere else."""
 
+    #: The consumer settings the worker made for this connector (``bootstrap.servers``, the
+    #: worker's ``consumer.*`` and the connector's ``consumer.override.*``), set before
+    #: ``start``: for a connector that talks to Kafka itself (the store sink reads its topics'
+    #: configs with them).
+    kafka_conf: Mapping[str, Any] | None = None
+
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
         """Which of a topic's partitions this connector reads (default: all of them)."""
         return list(partitions)

@@ -87,7 +87,7 @@ def list_partitions(consumer: Any, topics: list[str], bootstrap: str, timeout: f
     return out
 
 
-#: Settings only a consumer takes, left out of an admin client's (apps/config_sync.py,
+#: Settings only a consumer takes, left out of an admin client's (plugins/config_sync.py,
 #: topic_watch.py): the rest (security, timeouts, client.id...) applies to any client.
 _CONSUMER_ONLY = ("group.", "auto.offset.reset", "isolation.level", "enable.auto",
                   "fetch.", "queued.", "enable.partition.eof", "max.poll", "session.timeout",

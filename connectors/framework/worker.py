@@ -283,6 +283,7 @@ class Worker:
                 by_topic = list_partitions(probe, values["topics"], self.bootstrap, timeout)
             finally:
                 probe.close()
+            connector.kafka_conf = dict(settings.conf)
             connector.start(values)
             self.connectors.append(connector)
             task_props = connector.task_configs(values["tasks.max"])[:values["tasks.max"]]

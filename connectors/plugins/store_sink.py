@@ -42,6 +42,7 @@ from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
 from ..framework.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from ..errors import ConfigError
+from .config_sync import SinkConfigSync
 
 STORE_SINK_CONFIG = (
     ConfigDef()
@@ -66,6 +67,12 @@ STORE_SINK_CONFIG = (
     .define("store.compaction.max.bytes.per.s", Type.LONG, 0, at_least(0), Importance.LOW,
             "I/O budget of background compaction: bytes read plus written per second "
             "(Kafka's log.cleaner.io.max.bytes.per.second); 0 = unlimited.")
+    .define("sync.topic.configs.enabled", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "Read each topic's compaction configs from Kafka (describe_configs) when a task "
+            "opens it and, while following, every consumer topic.metadata.refresh.interval.ms "
+            "(5 min by default), and store them as the topic's synced configs, as kcompact "
+            "mirror does (MirrorMaker 2's name). A broker refusing describe_configs is a "
+            "warning. false: the store's values and kcompact configs overrides only.")
 )
 
 
@@ -105,13 +112,21 @@ class StoreSinkConnector(SinkConnector):
     #: lock) another task's commit log.
     RECOVER_WRITERS = True
 
+    #: the config sync its tasks share (``sync.topic.configs.enabled``), or None
+    config_sync: SinkConfigSync | None = None
+
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
+        self.config_sync = None
         if not props.get("store.url"):
             raise ConfigError("store.url: required by StoreSinkConnector (a directory for the "
                               "store; it is created when missing)", key="store.url")
         self.only = _partition_numbers(props.get("store.partitions") or [])
         _refuse_foreign_directory(props["store.url"])
+        if props.get("sync.topic.configs.enabled", True) and self.kafka_conf:
+            self.config_sync = SinkConfigSync(props["store.url"], self.kafka_conf,
+                                              follow=props.get("follow", True) is not False,
+                                              commitlog_dir=props.get("store.commitlog.dir"))
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
@@ -132,10 +147,18 @@ class StoreSinkConnector(SinkConnector):
         return StoreSinkTask
 
     def task_configs(self, max_tasks: int) -> list[dict[str, Any]]:
+        """One per task: its writer id, and the connector's config sync (an object: the tasks
+        run in this process) when it has one."""
         base = self.props.get("store.writer") or "connect"
-        return [dict(self.props, **{"task.id": i,
-                                    "store.writer": base if i == 0 else f"{base}-{i}"})
+        extra = {"store.config.sync": self.config_sync} if self.config_sync else {}
+        return [dict(self.props, **extra, **{"task.id": i,
+                                             "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
+
+    def stop(self) -> None:
+        if self.config_sync is not None:
+            self.config_sync.stop()
+        super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
         """The partitions of ``topic`` this connector mirrors (``store.partitions``, or all),
@@ -191,6 +214,9 @@ class StoreSinkTask(SinkTask):
 
     def open(self, partitions: Sequence[TopicPartition]) -> None:
         assert self.store is not None
+        sync = self.props.get("store.config.sync")
+        if sync is not None:  # before any record of theirs is fetched
+            sync.opened(self.store, {tp.topic for tp in partitions})
         start = {}
         for tp in partitions:
             # A partition with data resumes exactly after its last record; an empty one starts
@@ -198,6 +224,11 @@ class StoreSinkTask(SinkTask):
             n = self.store.next_offset(tp.topic, tp.partition)
             start[tp] = n if n > 0 else OFFSET_BEGINNING
         self.context.offset(start)
+
+    def close(self, partitions: Sequence[TopicPartition]) -> None:
+        sync = self.props.get("store.config.sync")
+        if sync is not None and partitions:
+            sync.closed(self.store, {tp.topic for tp in partitions})
 
     def put(self, records: SinkRecords) -> None:
         n = len(records)

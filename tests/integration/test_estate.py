@@ -278,6 +278,11 @@ def test_a_broker_refusing_describe_configs_is_a_warning(tmp_path):
         store = str(tmp_path / "s")
         res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", "acl", "--store",
                        store, "--engine", "local")
+        # the store sink under connect standalone says the same
+        other = str(tmp_path / "connect")
+        worker, conn = _connect_files(tmp_path, bootstrap, "name=acl\ntopics=acl\n"
+                                      f"store.url={other}\nfollow=false\n")
+        res2 = kcompact("connect", "standalone", str(worker), str(conn))
     assert res.returncode == 0, res.stderr
     assert "mirror: warning: topic acl: the broker refused describe_configs (Topic " \
         "authorization failed" in res.stderr
@@ -285,6 +290,11 @@ def test_a_broker_refusing_describe_configs_is_a_warning(tmp_path):
         "store's values" in res.stderr
     assert stored_count(store, "acl") == 5
     assert describe(store, "acl")["delete.retention.ms"] == (86400000, "default", None)
+    assert res2.returncode == 0, res2.stderr
+    assert "connect: warning: topic acl: the broker refused describe_configs (Topic " \
+        "authorization failed" in res2.stderr and "grant DescribeConfigs on topic acl" in \
+        res2.stderr
+    assert stored_count(other, "acl") == 5
 
 
 # -- following: new topics, new partitions, deleted and recreated topics (a real Kafka) ----------
@@ -434,3 +444,65 @@ def test_a_recreated_topic_stops_alone_and_never_mixes_into_its_log(
     assert len(_stopped_lines(err, solo)) == 1, err
     assert f"1 topic stopped ({solo}); store {store2} flushed" in err
     assert read_store(store2, solo) == old
+
+
+# -- the store sink under connect standalone syncs configs too (a real Kafka) --------------------
+
+
+def _connect_files(tmp_path: Path, bootstrap: str, conn: str) -> tuple[Path, Path]:
+    worker = tmp_path / "worker.properties"
+    worker.write_text(f"bootstrap.servers={bootstrap}\n")
+    path = tmp_path / f"sink-{uuid.uuid4().hex[:6]}.properties"
+    path.write_text("connector.class=StoreSinkConnector\n" + conn)
+    return worker, path
+
+
+def test_connect_standalone_store_sink_syncs_configs(apache_kafka, kafka_topics, tmp_path):
+    """At start (each topic as a task opens it), and while following at each metadata
+    refresh; sync.topic.configs.enabled=false turns it off."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t = kafka_topics.make("cs", 2, config={"cleanup.policy": "compact",
+                                           "delete.retention.ms": "12345"})
+    produce(bootstrap, t, 10)
+    store = str(tmp_path / "s")
+    worker, conn = _connect_files(tmp_path, bootstrap, f"name=cs\ntopics={t}\nstore.url={store}\n"
+                                  "follow=false\ntasks.max=2\n")
+    res = kcompact("connect", "standalone", str(worker), str(conn))
+    assert res.returncode == 0, res.stderr
+    assert f"connect: {t}: configs synced from Kafka: cleanup.policy=compact, " \
+        "delete.retention.ms=12345" in res.stderr
+    assert res.stderr.count("configs synced from Kafka") == 1, res.stderr  # once for 2 tasks
+    got = describe(store, t)
+    assert got["delete.retention.ms"] == (12345, "synced", None)
+    assert got["cleanup.policy"] == ("compact", "synced", None)
+
+    off = str(tmp_path / "off")
+    worker, conn = _connect_files(tmp_path, bootstrap, f"name=off\ntopics={t}\nstore.url={off}\n"
+                                  "follow=false\nsync.topic.configs.enabled=false\n")
+    res = kcompact("connect", "standalone", str(worker), str(conn))
+    assert res.returncode == 0, res.stderr
+    assert "configs synced" not in res.stderr
+    assert {v[1] for v in describe(off, t).values()} == {"default"}
+
+    # following: a config changed in Kafka reaches the store within a metadata refresh
+    fol, log = str(tmp_path / "fol"), tmp_path / "err.log"
+    worker, conn = _connect_files(
+        tmp_path, bootstrap, f"name=fol\ntopics={t}\nstore.url={fol}\n"
+        "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "connect", "standalone",
+                                 str(worker), str(conn)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=f, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: stored_count(fol, t) == 10, what="the records")
+        assert describe(fol, t)["delete.retention.ms"] == (12345, "synced", None)
+        r = ConfigResource(ConfigResource.Type.TOPIC, t, incremental_configs=[
+            ConfigEntry("delete.retention.ms", "777",
+                        incremental_operation=AlterConfigOpType.SET)])
+        admin.incremental_alter_configs([r])[r].result(timeout=30)
+        wait_until(lambda: describe(fol, t)["delete.retention.ms"] == (777, "synced", None),
+                   what="the changed config")
+    finally:
+        rc = _stop(proc)
+    assert rc == 0, log.read_text()
+    assert "delete.retention.ms=777" in log.read_text()

@@ -1,7 +1,7 @@
 """``kcompact mirror --engine spark``: one Spark task per topic-partition, then compaction.
 
 The driver checks the topics (named, or matched by ``--topics-regex``) and the -X settings,
-creates the store, syncs the topics' configs from Kafka (apps/config_sync.py), dispatches what
+creates the store, syncs the topics' configs from Kafka (plugins/config_sync.py), dispatches what
 dead writers left, and reads each partition's end offset from the consumer side (never ListOffsets
 "latest", which Tansu gets wrong); then one Spark task per topic-partition runs the store sink
 (connectors/plugins/store_sink.py, through the framework's worker, exactly as the local engine
@@ -31,7 +31,7 @@ from ...framework.api import TaskFailedError, TopicPartition
 from ...framework.kafka_clients import kafka_error_text, kafka_logger
 from ...framework.worker import Worker
 from ...plugins.store_sink import StoreSinkConnector
-from ..config_sync import sync_configs as sync_configs_of
+from ...plugins.config_sync import sync_configs as sync_configs_of
 from ..options import MirrorOptions, add_mirror, lag_text, mirror_props
 from .compact_job import compact_partitions_spark, compaction_lines
 from .errors import MirrorTaskError

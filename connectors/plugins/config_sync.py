@@ -18,12 +18,15 @@ The rules (README "Mirror topics" has them as a table):
 
 Done when a mirror starts (both engines, before any record is copied) and, under ``--follow``,
 every ``topic.metadata.refresh.interval.ms`` (librdkafka's, ``-X``; 5 minutes by default).
-store.json is rewritten only when a synced value changed.
+store.json is rewritten only when a synced value changed. The store sink connector run by
+``kcompact connect standalone`` does the same (:class:`SinkConfigSync`, its
+``sync.topic.configs.enabled``): each topic when a task opens it, then every refresh interval.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
@@ -172,12 +175,12 @@ class ConfigFollower:
     def __init__(self, bootstrap: str, topics: Callable[[], Iterable[str]], store_url: str,
                  kafka_config: Mapping[str, str], *, out: TextIO,
                  on_synced: Callable[[], None], sync: bool = True,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, prefix: str = "mirror"):
         self.bootstrap, self.topics, self.store_url = bootstrap, topics, store_url
         self.sync = sync  # False (--no-sync-configs): only local overrides are picked up
         self.kafka_config, self.out, self.on_synced = dict(kafka_config), out, on_synced
         self.interval = refresh_interval_ms(kafka_config) / 1000
-        self.clock = clock
+        self.clock, self.prefix = clock, prefix
         self.last = clock()
 
     def __call__(self, *_: Any) -> None:
@@ -188,13 +191,83 @@ class ConfigFollower:
         try:
             if self.sync:
                 sync_configs(self.bootstrap, list(self.topics()), self.store_url, self.kafka_config,
-                             out=self.out)
+                             out=self.out, prefix=self.prefix)
         except Exception as e:  # noqa: BLE001 - a sync never stops a following mirror
-            print(f"mirror: warning: config sync failed ({e}); trying again in "
+            print(f"{self.prefix}: warning: config sync failed ({e}); trying again in "
                   f"{self.interval:.0f} s", file=self.out, flush=True)
             return
         self.on_synced()
 
 
-__all__ = ["SYNCED_KEYS", "ConfigFollower", "describe_topics",
+class SinkConfigSync:
+    """The store sink connector's config sync (``sync.topic.configs.enabled``, as MirrorMaker 2
+    spells it), for ``kcompact connect standalone``; ``kcompact mirror`` syncs by itself and
+    turns this off. Its tasks call :meth:`opened` from ``open()``, before any record of the
+    partitions is fetched: a topic not synced yet is synced then (at the task's start, and for
+    a topic that starts to match ``topics.regex`` while following). While following, a thread
+    syncs every topic opened again every ``topic.metadata.refresh.interval.ms`` and the tasks'
+    stores re-read store.json (a ``kcompact configs --alter`` reaches them the same way).
+    :meth:`closed` (a topic stopped: deleted or recreated) leaves a topic out."""
+
+    def __init__(self, store_url: str, kafka_conf: Mapping[str, Any], *, follow: bool,
+                 commitlog_dir: str | None = None, out: TextIO | None = None,
+                 prefix: str = "connect"):
+        self.store_url, self.commitlog_dir = store_url, commitlog_dir
+        self.kafka_conf = dict(kafka_conf)
+        self.bootstrap = str(self.kafka_conf.get("bootstrap.servers", ""))
+        self.follow, self.prefix = follow, prefix
+        self.out = out if out is not None else sys.stderr
+        self.topics: set[str] = set()
+        self.stores: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def opened(self, store: Any, topics: Iterable[str]) -> None:
+        """A task (writing ``store``) opened partitions of ``topics``."""
+        with self._lock:
+            if store not in self.stores:
+                self.stores.append(store)
+            new = sorted(set(topics) - self.topics)
+            self.topics.update(new)
+            if new:
+                sync_configs(self.bootstrap, new, self.store_url, self.kafka_conf,
+                             commitlog_dir=self.commitlog_dir, out=self.out, prefix=self.prefix)
+                store.reload_topic_configs()
+            if self.follow and self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="config-sync",
+                                                daemon=True)
+                self._thread.start()
+
+    def closed(self, store: Any, topics: Iterable[str]) -> None:
+        """A task stopped ``topics`` (deleted or recreated): no longer synced."""
+        with self._lock:
+            self.topics.difference_update(topics)
+
+    def _run(self) -> None:
+        def live() -> list[str]:
+            with self._lock:
+                return sorted(self.topics)
+
+        def reload() -> None:
+            with self._lock:
+                stores = list(self.stores)
+            for st in stores:
+                try:
+                    st.reload_topic_configs()
+                except Exception:  # noqa: BLE001 - a closed store: its task ended
+                    pass
+        follower = ConfigFollower(self.bootstrap, live, self.store_url, self.kafka_conf,
+                                  out=self.out, on_synced=reload, prefix=self.prefix)
+        while not self._stop.wait(min(1.0, follower.interval)):
+            follower()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+
+
+__all__ = ["SYNCED_KEYS", "ConfigFollower", "SinkConfigSync", "describe_topics",
            "refresh_interval_ms", "source_configs", "sync_configs"]
