@@ -42,7 +42,7 @@ from .kafka_clients import ClientReports, KafkaSettings, kafka_error_text, kafka
 from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
 from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
-from .topic_watch import RESUME_CHECK_S, GoneTopic, TopicWatcher
+from .topic_watch import RESUME_CHECK_S, GoneTopic, PartitionClaims, TopicWatcher
 
 _TS = itemgetter(1)
 #: How often a following task's consumer reports its brokers' state (librdkafka statistics).
@@ -61,7 +61,9 @@ class SinkTaskRunner(TaskRunner):
                  follow: bool, batch_max: int, flush_interval_ms: int, stop: threading.Event,
                  startup_timeout: float, settings: KafkaSettings,
                  whole_topics: Mapping[str, int] | None = None,
-                 topic_pattern: tuple[str, str] | None = None):
+                 topic_pattern: tuple[str, str] | None = None,
+                 claims: PartitionClaims | None = None,
+                 announced: dict[str, str] | None = None):
         self.connector, self.task_id, self.task, self.props = connector, task_id, task, props
         self.assignment, self.consumer_conf = assignment, consumer_conf
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
@@ -82,6 +84,10 @@ class SinkTaskRunner(TaskRunner):
         self.whole_topics = dict(whole_topics or {})
         #: (topics.regex, topics.exclude.regex) whose new matches this task picks up
         self.topic_pattern = topic_pattern
+        #: who reads the partitions found while following, shared by the connector's tasks
+        self.claims = claims if claims is not None else PartitionClaims(1)
+        #: topic -> the task that said it stopped, shared by the connector's tasks (one line)
+        self.announced = announced if announced is not None else {}
         self.watcher: TopicWatcher | None = None
         self._last_data: dict[str, float] = {}  # topic -> when its last records arrived
         self._bulk: dict[str, bool] = {}         # topic -> its last batch was a full one
@@ -213,8 +219,9 @@ class SinkTaskRunner(TaskRunner):
                 break
             if ctx.stop_requested:
                 break
-            if self.metrics.stopped and not self.topic_pattern and not self._live():
-                break  # every topic stopped, and none can start to match
+            if self.metrics.stopped and not self.topic_pattern and not self._live() and \
+                    not self.watcher.whole:
+                break  # every topic stopped, and no partition nor topic can be added
             if columnar:
                 # columns straight from librdkafka (native_kafka.NativeConsumer)
                 cols = consume(self._wanted(pending, batch), 0.2)
@@ -354,8 +361,10 @@ class SinkTaskRunner(TaskRunner):
         """Assign what the watcher found (topic_watch.py): the task opens the new partitions
         and they start where it asks (the store sink: the partition's first offset)."""
         from confluent_kafka import TopicPartition as KTP
-        new, gone = self.watcher.check(self.consumer)
+        known = set(self.watcher.known)
+        found, gone = self.watcher.check(self.consumer)
         self._stop_topics(gone)
+        new = self.claims.mine(self.task_id, found)
         if not new:
             return
         ctx = self._ctx
@@ -372,7 +381,7 @@ class SinkTaskRunner(TaskRunner):
         for tp in new:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         for topic, ps in sorted(by_topic.items()):
-            what = "new topic" if len(ps) == self.watcher.whole.get(topic) else "new partitions"
+            what = "new partitions" if topic in known else "new topic"
             print(f"kcompact: {self.metrics.name}: {what} {topic} "
                   f"[{', '.join(map(str, ps))}]: following from the start",
                   file=sys.stderr, flush=True)
@@ -397,7 +406,9 @@ class SinkTaskRunner(TaskRunner):
                 continue
             m.stopped[g.topic] = g.reason
             parts = [tp for tp in self.assignment if tp.topic == g.topic]
-            print(f"kcompact: warning: {m.name}: {g.message()}", file=sys.stderr, flush=True)
+            if self.announced.setdefault(g.topic, m.name) == m.name:
+                print(f"kcompact: warning: {m.name}: {g.message()}", file=sys.stderr,
+                      flush=True)
             try:
                 self.consumer.pause([KTP(tp.topic, tp.partition) for tp in parts])
             except Exception:  # noqa: BLE001 - its records are dropped anyway

@@ -14,6 +14,11 @@
   so between two checks :meth:`TopicWatcher.verify` confirms the topic ids of each batch before
   it is stored (sink_runner.py says when it may skip that).
 
+With several tasks (``tasks.max``), every task's watcher watches every topic the connector reads
+whole, and the partitions they find are spread over the tasks round-robin, as Connect's
+rebalance would, by one :class:`PartitionClaims` the connector's tasks share: the first task to
+find a partition gives it an owner, and each task assigns only its own.
+
 Two requests per check: one metadata request for every topic (a consumer's ``list_topics``) and
 one describe_topics of the followed topics (their ids). A broker that cannot answer describe_topics
 is checked by partition counts and presence only.
@@ -21,6 +26,7 @@ is checked by partition counts and presence only.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -62,6 +68,31 @@ class GoneTopic:
         return (f"topic {self.topic} stopped, the other topics go on: it was {self.reason}; "
                 f"its records mirrored so far stay in the store, and {after}. Leave it out of "
                 "this store's next mirror (drop its --topic, or --exclude-regex it)")
+
+
+class PartitionClaims:
+    """Which task of a connector reads each partition found while following, shared by its
+    tasks (threads of one worker): the first task to find a partition gives it to the next task
+    in round-robin order, continuing the order of the assignment at start."""
+
+    def __init__(self, tasks: int, assigned: int = 0):
+        self.tasks = max(1, tasks)
+        self._next = assigned % self.tasks
+        self._owner: dict[TopicPartition, int] = {}
+        self._lock = threading.Lock()
+
+    def mine(self, task: int, found: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Of the partitions ``found`` (in order), those that belong to ``task``."""
+        out = []
+        with self._lock:
+            for tp in found:
+                owner = self._owner.get(tp)
+                if owner is None:
+                    owner = self._owner[tp] = self._next
+                    self._next = (self._next + 1) % self.tasks
+                if owner == task:
+                    out.append(tp)
+        return out
 
 
 class TopicWatcher:

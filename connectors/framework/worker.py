@@ -27,6 +27,7 @@ from .errors_handling import ERRORS_CONFIG, DeadLetterQueue, ErrorHandler
 from .kafka_clients import (SINK_CONSUMER_DEFAULTS, SINK_CONSUMER_REQUIRED, KafkaSettings,
                             kafka_logger, list_partitions, list_topic_names)
 from .sink_runner import SinkTaskRunner
+from .topic_watch import PartitionClaims
 from .source_runner import FileOffsetStore, SourceTaskRunner
 
 WORKER_CONFIG = (
@@ -290,9 +291,11 @@ class Worker:
             tps = [TopicPartition(t, p) for t in values["topics"]
                    for p in connector.select_partitions(t, by_topic[t])]
             n = len(task_props)
-            # topics read whole are watched for new partitions while following
+            # topics read whole are watched for new partitions while following, by every task:
+            # what they find is spread over the tasks by one PartitionClaims
             whole = {t: len(by_topic[t]) for t in values["topics"]
                      if sum(1 for tp in tps if tp.topic == t) == len(by_topic[t])}
+            claims, announced = PartitionClaims(n, len(tps)), {}
             for i, tprops in enumerate(task_props):
                 assignment = tps[i::n]
                 conf = dict(settings.conf, **{"client.id": f"kcompact-{name}-{i}"})
@@ -304,10 +307,10 @@ class Worker:
                     errors=self._errors(name, i, values), follow=values["follow"],
                     batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
                     stop=self.stop_event, startup_timeout=timeout, settings=settings,
-                    whole_topics={t: c for t, c in whole.items()
-                                  if any(tp.topic == t for tp in assignment)},
+                    whole_topics=whole,
                     topic_pattern=(values["topics.regex"], values["topics.exclude.regex"])
-                    if values.get("topics.regex") and i == 0 else None))
+                    if values.get("topics.regex") else None,
+                    claims=claims, announced=announced))
         elif isinstance(connector, SourceConnector):
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "

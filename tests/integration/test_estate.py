@@ -321,7 +321,20 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 def _topic_id(admin: AdminClient, topic: str) -> str:
-    return str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+    """The topic's id (asked again while a topic just created is not known yet)."""
+    got: list[str] = []
+
+    def described() -> bool:
+        try:
+            fut = admin.describe_topics(TopicCollection([topic]))[topic]
+            got.append(str(fut.result(30).topic_id))
+            return True
+        except Exception as e:  # noqa: BLE001 - UNKNOWN_TOPIC_OR_PART for a moment
+            if "UNKNOWN_TOPIC" in str(e):
+                return False
+            raise
+    wait_until(described, what=f"topic {topic}'s id")
+    return got[-1]
 
 
 def _recreate(admin: AdminClient, topic: str) -> None:
@@ -506,3 +519,35 @@ def test_connect_standalone_store_sink_syncs_configs(apache_kafka, kafka_topics,
         rc = _stop(proc)
     assert rc == 0, log.read_text()
     assert "delete.retention.ms=777" in log.read_text()
+
+
+def test_new_matches_are_spread_over_the_tasks(kafka_bootstrap, topics, tmp_path):
+    """connect standalone, tasks.max=2, topics.regex, following: a topic that starts to match
+    has its partitions spread over both tasks round-robin (task 0 read the first topic's only
+    partition at start, so the new topic's partition 0 goes to task 1 and partition 1 to task
+    0), each partition read by one task only."""
+    a = topics.make("a")
+    produce(kafka_bootstrap, a, 5)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    worker, conn = _connect_files(
+        tmp_path, kafka_bootstrap,
+        f"name=spread\ntopics.regex={topics.prefix}-.*\nstore.url={store}\ntasks.max=2\n"
+        "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "connect", "standalone",
+                                 str(worker), str(conn)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=f, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: stored_count(store, a) == 5, what="the first topic")
+        b = topics.make("b", 2)
+        produce(kafka_bootstrap, b, 20)
+        wait_until(lambda: stored_count(store, b) == 20, what="the new topic")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 0, err
+    assert f"kcompact: spread-1: new topic {b} [0]: following from the start" in err
+    assert f"kcompact: spread-0: new topic {b} [1]: following from the start" in err
+    assert read_store(store, b) == read_topic(kafka_bootstrap, b, 2)
+    assert read_store(store, a) == read_topic(kafka_bootstrap, a, 1)
