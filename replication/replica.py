@@ -54,6 +54,7 @@ from kcompact.reput.errors import ReputError, StoreLockedError
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader, RecordColumns
 from kcompact.reput.record import Scratch
+from kcompact.reput.config import TopicConfig
 from kcompact.reput.store import Store, SyncPacer
 
 from .client import Chunk, MasterClient, check_master_url
@@ -172,10 +173,24 @@ class Replicator:
         return doc
 
     def _sync_configs(self, doc: dict) -> None:
+        """The master's topic configs (its effective values, those not at the default) become
+        this store's *synced* configs, from ``master URL`` (``kcompact configs --describe``:
+        "synced from master"), so local overrides set on the replica stay apart, win, and
+        survive. A replica written before kept the master's values as local overrides: on its
+        first sync (no synced layer yet) the overrides equal to the master's are dropped."""
+        default = TopicConfig().to_dict()
+        origin = f"master {self.client.url}"
         for t in doc.get("topics", []):
-            cfg = t.get("config") or {}
-            if self.store.meta.topics.get(t["topic"]) != cfg:
-                self.store.set_topic_config(t["topic"], cfg)
+            topic = t["topic"]
+            cfg = {k: v for k, v in (t.get("config") or {}).items() if default.get(k) != v}
+            layers = self.store.topic_config_layers(topic)
+            if dict(layers.synced) == cfg and layers.synced_from == origin:
+                continue  # unchanged: store.json is not read again
+            if layers.synced_from is None and layers.overrides:
+                copied = [k for k, v in layers.overrides.items() if cfg.get(k, default.get(k)) == v]
+                if copied:
+                    self.store.alter_topic_config(topic, delete=copied)
+            self.store.sync_topic_config(topic, cfg, origin=origin)
 
     @staticmethod
     def _partitions(doc: dict) -> list[tuple[str, int, dict]]:

@@ -22,6 +22,8 @@ from kcompact.reput.topic_configs import OVERRIDE, SYNCED, known_key
 from ..errors import ConfigError, ConnectorsError
 from .output import print_json
 
+#: How a replica's synced_from starts (replication/replica.py: ``master URL``).
+MASTER_ORIGIN = "master "
 _SOURCE_TEXT = {"default": "default", SYNCED: "synced from Kafka", OVERRIDE: "local override"}
 
 
@@ -93,15 +95,20 @@ def describe_doc(store: Store, topic: str) -> dict:
 
 def _print_describe(doc: dict) -> None:
     when = ""
+    origin = doc["synced_from"] or ""
+    # a replica's synced values come from its master (synced_from "master URL")
+    source_text = dict(_SOURCE_TEXT, **({SYNCED: "synced from master"}
+                                        if origin.startswith(MASTER_ORIGIN) else {}))
     if doc["synced_ms"] is not None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(doc["synced_ms"] / 1000))
-        when = f" (synced from Kafka {doc['synced_from'] or ''} {stamp})".replace("  ", " ")
+        src = origin if origin.startswith(MASTER_ORIGIN) else f"Kafka {origin}"
+        when = f" (synced from {src} {stamp})".replace("  ", " ")
     print(f"Configs for topic {doc['topic']} in store {doc['store']}{when}:")
     width = max(len(f"{c['name']}={c['value']}") for c in doc["configs"])
     for c in doc["configs"]:
         kv = f"{c['name']}={c['value']}"
         extra = (f"; synced value {c['synced_value']}" if "synced_value" in c else "")
-        print(f"  {kv.ljust(width)}  {_SOURCE_TEXT[c['source']]}{extra}")
+        print(f"  {kv.ljust(width)}  {source_text[c['source']]}{extra}")
 
 
 def run_configs(opts: ConfigsOptions) -> int:

@@ -278,6 +278,10 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     with Store.open(str(replica)) as st, Store.open(str(master)) as ms:
         assert st.meta.secret != ms.meta.secret  # its own digest secret
         assert st.topic_config(TOPIC) == ms.topic_config(TOPIC)
+        # the master's configs are synced from it, not local overrides of the replica
+        ly = st.topic_config_layers(TOPIC)
+        assert dict(ly.synced) == {"segment.bytes": 16384, "delete.retention.ms": 1000}
+        assert not ly.overrides and ly.synced_from.startswith("master http")
         for p in (0, 1, 2):
             assert not (replica / fn.replicating_dir(TOPIC, p)).exists()
     assert kc("verify", "--store", replica).returncode == 0

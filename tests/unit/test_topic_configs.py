@@ -243,3 +243,52 @@ def test_configs_usage_and_unknown_topic(store_at, capsys):
     capsys.readouterr()
     rc, _, err = _cli(capsys, "configs", "--store", url, "--topic", "t", "--describe")
     assert rc == 1 and "topic 't' is not in store" in err
+
+
+def test_a_replica_keeps_its_masters_configs_as_synced_apart_from_its_overrides(tmp_path,
+                                                                                   capsys):
+    """replication/replica.py ``_sync_configs``: the master's effective values (those not at
+    the default) are the replica's synced configs from ``master URL``; an override set on the
+    replica wins and survives the next sync; a key the master resets leaves the replica too;
+    a replica written before (the master's values kept as local overrides) is mended once."""
+    from types import SimpleNamespace
+
+    from kcompact.replication.replica import Replicator
+
+    url = str(tmp_path / "replica")
+    master = "http://127.0.0.1:8470"
+
+    def doc(**cfg) -> dict:
+        return {"topics": [{"topic": "orders",
+                            "config": TopicConfig().with_overrides(cfg).to_dict()}]}
+
+    with Store.open(url, writer="r", create=True) as st_:
+        replica = SimpleNamespace(client=SimpleNamespace(url=master), store=st_)
+        Replicator._sync_configs(replica, doc(**{"delete.retention.ms": 12345,
+                                              "min.cleanable.dirty.ratio": 0.2}))
+        ly = st_.topic_config_layers("orders")
+        assert dict(ly.synced) == {"delete.retention.ms": 12345, "min.cleanable.dirty.ratio": 0.2}
+        assert dict(ly.overrides) == {} and ly.synced_from == f"master {master}"
+        st_.alter_topic_config("orders", {"delete.retention.ms": 5})
+        Replicator._sync_configs(replica, doc(**{"delete.retention.ms": 999}))
+        ly = st_.topic_config_layers("orders")
+        assert dict(ly.synced) == {"delete.retention.ms": 999}  # the ratio was reset
+        assert dict(ly.overrides) == {"delete.retention.ms": 5}
+        assert st_.topic_config("orders").delete_retention_ms == 5
+    rc, out, err = _cli(capsys, "configs", "--store", url, "--topic", "orders", "--describe")
+    assert rc == 0, err
+    assert f"(synced from master {master} " in out
+    assert "delete.retention.ms=5" in out and "local override; synced value 999" in out
+    assert "min.cleanable.dirty.ratio=0.5" in out
+    assert "synced from Kafka" not in out
+
+    # a replica of an older kcompact: the master's values were copied as local overrides
+    old = str(tmp_path / "old")
+    with Store.open(old, writer="r", create=True) as st_:
+        st_.set_topic_config("orders", {"delete.retention.ms": 12345, "retention.ms": 1000})
+        replica = SimpleNamespace(client=SimpleNamespace(url=master), store=st_)
+        Replicator._sync_configs(replica, doc(**{"delete.retention.ms": 12345}))
+        ly = st_.topic_config_layers("orders")
+        # retention.ms=1000 is not the master's: kept as the override it may be
+        assert dict(ly.synced) == {"delete.retention.ms": 12345}
+        assert dict(ly.overrides) == {"retention.ms": 1000}
