@@ -11,8 +11,8 @@
   it: a recreated topic that still matches ``topics.regex`` is not picked up again.
   librdkafka itself goes on fetching at the same offset in the new topic without any error or
   log line (measured: Kafka 3.9.1 KRaft, librdkafka 2.16: delete, create and produce took 80 ms),
-  so between two checks :meth:`TopicWatcher.verify` confirms the topic ids of each batch before
-  it is stored (sink_runner.py says when it may skip that).
+  so between two checks :meth:`TopicWatcher.verify` confirms the topic ids of every batch
+  before it is stored (sink_runner.py, ``_verify_ids``).
 
 With several tasks (``tasks.max``), every task's watcher watches every topic the connector reads
 whole, and the partitions they find are spread over the tasks round-robin, as Connect's
@@ -34,11 +34,6 @@ from typing import Any, Callable, Iterable, Mapping
 from .api import TopicPartition
 from .kafka_clients import admin_settings, kafka_error, kafka_logger
 from .topic_sets import match_topics
-
-
-#: A full batch that follows a full batch of the same topic within this many seconds is stored
-#: without confirming the topic's id again (sink_runner.py, ``_verify_resumed``).
-RESUME_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -214,4 +209,4 @@ class TopicWatcher:
         self._admin = None
 
 
-__all__ = ["RESUME_CHECK_S", "GoneTopic", "TopicWatcher"]
+__all__ = ["GoneTopic", "PartitionClaims", "TopicWatcher"]

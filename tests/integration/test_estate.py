@@ -300,13 +300,21 @@ def test_a_broker_refusing_describe_configs_is_a_warning(tmp_path):
 # -- following: new topics, new partitions, deleted and recreated topics (a real Kafka) ----------
 
 
-def _follow(bootstrap: str, store: str, *args: str, log: Path) -> subprocess.Popen:
+def _background(*args: str, log: Path) -> subprocess.Popen:
+    """``kcompact ARGS`` running, its stderr into ``log``."""
     with open(log, "w") as f:
-        return subprocess.Popen(
-            [sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers", bootstrap,
-             "--store", store, "--engine", "local", "--follow", *args],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=f,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        return subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=f,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def _follow(bootstrap: str, store: str, *args: str, log: Path) -> subprocess.Popen:
+    return _background("mirror", "--bootstrap-servers", bootstrap, "--store", store, "--engine",
+                       "local", "--follow", *args, log=log)
+
+
+def _connect_follow(worker: Path, conn: Path, log: Path) -> subprocess.Popen:
+    return _background("connect", "standalone", str(worker), str(conn), log=log)
 
 
 def _stop(proc: subprocess.Popen) -> int:
@@ -502,10 +510,7 @@ def test_connect_standalone_store_sink_syncs_configs(apache_kafka, kafka_topics,
     worker, conn = _connect_files(
         tmp_path, bootstrap, f"name=fol\ntopics={t}\nstore.url={fol}\n"
         "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "connect", "standalone",
-                                 str(worker), str(conn)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=f, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = _connect_follow(worker, conn, log)
     try:
         wait_until(lambda: stored_count(fol, t) == 10, what="the records")
         assert describe(fol, t)["delete.retention.ms"] == (12345, "synced", None)
@@ -533,10 +538,7 @@ def test_new_matches_are_spread_over_the_tasks(kafka_bootstrap, topics, tmp_path
         tmp_path, kafka_bootstrap,
         f"name=spread\ntopics.regex={topics.prefix}-.*\nstore.url={store}\ntasks.max=2\n"
         "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
-    with open(log, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "connect", "standalone",
-                                 str(worker), str(conn)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=f, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = _connect_follow(worker, conn, log)
     try:
         wait_until(lambda: stored_count(store, a) == 5, what="the first topic")
         b = topics.make("b", 2)
