@@ -9,9 +9,10 @@ The job is the store sink connector (connectors/plugins/store_sink.py). With the
 it mirrors every partition (or ``--partitions``) up to the end offsets seen at start, or keeps
 following with ``--follow`` (with background compaction: ``kcompact.compaction.Scheduler`` on
 the mirror's own store; new partitions and newly matching topics are picked up, configs synced
-again at each metadata refresh; a followed topic deleted or recreated is stopped alone, the others
-going on, and the run then exits 3: options.EXIT_TOPICS_STOPPED). Each partition resumes from the store's own next offset, so killing and
-rerunning the command at any moment ends with every record stored exactly once.
+again at each metadata refresh; a followed topic deleted or recreated is stopped alone, the
+others going on, and the run then exits 3: options.EXIT_TOPICS_STOPPED). Each partition resumes
+from the store's own next offset, so killing and rerunning the command at any moment ends with
+every record stored exactly once.
 
 ``--engine spark`` (the default without ``--follow``) runs the same store sink in one Spark task
 per topic-partition with writer ``spark-<topic>-<partition>``, then a compaction stage
@@ -161,7 +162,8 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
         ticks = [_Progress(out)]
         if follow:
             ticks.append(ConfigFollower(
-                bootstrap, lambda: live_topics(worker), store, kafka_config, out=out, sync=sync_configs,
+                bootstrap, lambda: live_topics(worker), store, kafka_config, out=out,
+                sync=sync_configs,
                 on_synced=lambda: [s.reload_topic_configs() for s in _task_stores(worker)]))
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()

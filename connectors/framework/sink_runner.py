@@ -13,8 +13,9 @@ that started to match ``topics.regex``: the task ``open()``s them and they are a
 start offsets it asks for. A followed topic deleted or created again (new topic id) is stopped
 alone (:meth:`SinkTaskRunner._stop_topics`): one line names it, its partitions are paused and
 ``close()``d, none of its records is handed to the task any more, and the other topics go on
-(``TaskMetrics.stopped``; the task ends once it has nothing left to follow). Every ``offset.flush.interval.ms`` (and at the end) it calls
-``pre_commit``; offsets it returns are committed to the group (the store sink returns none).
+(``TaskMetrics.stopped``; the task ends once it has nothing left to follow). Every
+``offset.flush.interval.ms`` (and at the end) it calls ``pre_commit``; offsets it returns are
+committed to the group (the store sink returns none).
 The consumer is kcompact's own (native_kafka.NativeConsumer: batches read as columns, without a
 Message object per record) or confluent-kafka's (KCOMPACT_KAFKA_IO, native_kafka.kafka_io).
 """
