@@ -273,8 +273,13 @@ class SinkConnector(Connector):
     kafka_conf: Mapping[str, Any] | None = None
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
-        """Which of a topic's partitions this connector reads (default: all of them)."""
+        """Which of a topic's partitions this connector reads (default: all of them). Called
+        for every topic before :meth:`partitions_selected`: it checks, it creates nothing."""
         return list(partitions)
+
+    def partitions_selected(self, selected: Mapping[str, Sequence[int]]) -> None:
+        """Every topic's selected partitions, once all were selected and before any task
+        starts: where a connector creates what it needs for them (default: nothing)."""
 
 
 class SourceConnector(Connector):

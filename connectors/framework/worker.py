@@ -288,8 +288,10 @@ class Worker:
             connector.start(values)
             self.connectors.append(connector)
             task_props = connector.task_configs(values["tasks.max"])[:values["tasks.max"]]
-            tps = [TopicPartition(t, p) for t in values["topics"]
-                   for p in connector.select_partitions(t, by_topic[t])]
+            # every topic checked before the connector creates anything for any of them
+            selected = {t: connector.select_partitions(t, by_topic[t]) for t in values["topics"]}
+            connector.partitions_selected(selected)
+            tps = [TopicPartition(t, p) for t in values["topics"] for p in selected[t]]
             n = len(task_props)
             # topics read whole are watched for new partitions while following, by every task:
             # what they find is spread over the tasks by one PartitionClaims

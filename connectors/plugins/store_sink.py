@@ -161,26 +161,30 @@ class StoreSinkConnector(SinkConnector):
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
-        """The partitions of ``topic`` this connector mirrors (``store.partitions``, or all),
-        recorded in the store (created here when missing) before any task starts: a partition
-        the mirror knows but has not written yet then reads as empty, not as unknown
-        (Store.record_partitions)."""
-        selected = list(partitions)
-        if self.only:
-            missing = [p for p in self.only if p not in set(partitions)]
-            if missing:
-                raise ConfigError(f"store.partitions: topic {topic!r} has partitions "
-                                  f"0..{max(partitions) if partitions else -1}; it has no "
-                                  f"partition {', '.join(map(str, missing))}",
-                                  key="store.partitions")
-            selected = [p for p in partitions if p in set(self.only)]
+        """The partitions of ``topic`` this connector mirrors (``store.partitions``, or all).
+        Only checks: the store is created by :meth:`partitions_selected`, once every topic's
+        partitions are known to exist, so a partition missing from any topic leaves nothing."""
+        if not self.only:
+            return list(partitions)
+        missing = [p for p in self.only if p not in set(partitions)]
+        if missing:
+            raise ConfigError(f"store.partitions: topic {topic!r} has partitions "
+                              f"0..{max(partitions) if partitions else -1}; it has no "
+                              f"partition {', '.join(map(str, missing))}",
+                              key="store.partitions")
+        return [p for p in partitions if p in set(self.only)]
+
+    def partitions_selected(self, selected: Mapping[str, Sequence[int]]) -> None:
+        """Record every topic's selected partitions in the store (created here when missing)
+        before any task starts: a partition the mirror knows but has not written yet then
+        reads as empty, not as unknown (Store.record_partitions)."""
         store = Store.open(self.props["store.url"], create=True,
                            commitlog_dir=self.props.get("store.commitlog.dir"))
         try:
-            store.record_partitions(topic, selected)
+            for topic, partitions in selected.items():
+                store.record_partitions(topic, list(partitions))
         finally:
             store.close()
-        return selected
 
 
 class StoreSinkTask(SinkTask):

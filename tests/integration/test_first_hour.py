@@ -178,6 +178,19 @@ def test_issue_mirror_with_a_partition_the_topic_lacks_creates_nothing(
     assert not store.exists()
 
 
+def test_issue_mirror_of_several_topics_one_lacking_a_partition_creates_nothing(
+        kafka_bootstrap, make_topic, tmp_path):
+    """Every topic's partitions are checked before the store is created for the first one."""
+    wide, narrow = make_topic(partitions=4), make_topic(partitions=2)
+    store = tmp_path / "store"
+    proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", wide,
+                    "--topic", narrow, "--store", store, "--partitions", "1,3")
+    assert proc.returncode == 1
+    assert error_lines(proc) == [f"kcompact: error: --partitions: topic '{narrow}' has "
+                                 "partitions 0..1; it has no partition 3"]
+    assert not store.exists()
+
+
 def _store_of(tmp_path, topic: str, records: int) -> str:
     """A store holding ``records`` distinct keys of ~200 bytes in partitions 0 and 1."""
     url = str(tmp_path / "store")
