@@ -53,7 +53,10 @@ def _rdkafka_macros() -> list[tuple[str, str | None]]:
         if os.path.exists(os.path.join(d, "librdkafka", "rdkafka.h")):
             return [("KC_HAVE_RDKAFKA_H", None)]
     return []
-_SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h"], "optional": True}
+
+
+_SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h", "reput/_kafka_native.h"],
+           "optional": True}
 
 packages, package_dir = _packages()
 setup(

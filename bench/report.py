@@ -58,6 +58,8 @@ BENCHES = {
     "s3": ("s3.py", [("--records", 1_000_000)]),
     "restore": ("restore.py", [("--keys", 1_000_000)]),
     "kafka_peers": ("kafka_peers.py", [("--records", 1_000_000)]),
+    "storage": ("storage.py", [("--updates", 1_000_000), ("--keys", 100_000),
+                               ("--random-records", 3_000_000)]),
 }
 
 KAFKA_BYTES_PER_KEY = 24 / 0.9      # MD5 (16 B) + offset (8 B) per slot, load factor 0.9
@@ -312,10 +314,26 @@ def _kafka_peers(d: dict) -> list[Headline]:
     ]
 
 
+def _storage(d: dict) -> list[Headline]:
+    """Bytes at rest next to Kafka's own log of the same live records (bench/storage.py)."""
+    out = []
+    for key, label, codec, target in (("json_zstd", "JSON, zstd", "zstd", 2.0),
+                                      ("json_none", "JSON, uncompressed", "uncompressed", 1.25),
+                                      ("random", "random 100 B values", "uncompressed", 1.15)):
+        w = d[key]
+        k, ours = w["kafka"], w["kcompact"][codec]
+        out.append(Headline(f"bytes at rest, {w['live']:,} live records ({label})",
+                            f"{ours['total'] / 1e6:.2f} MB ({ours['per_record']:.1f} B/rec)",
+                            f"Kafka {d['kafka_version']} .log+indexes {k['total'] / 1e6:.2f} MB",
+                            ours["ratio"], "ours / Kafka (bytes)", f"<= {target}",
+                            ours["ratio"] <= target))
+    return out
+
+
 HEADLINES: dict[str, Callable[[Any], list[Headline]]] = {
     "store": _store, "compaction": _compaction, "mirror": _mirror, "spark": _spark,
     "replication": _replication, "kv": _kv, "s3": _s3, "restore": _restore,
-    "kafka_peers": _kafka_peers,
+    "kafka_peers": _kafka_peers, "storage": _storage,
 }
 
 

@@ -56,7 +56,9 @@ from kcompact.reput.errors import StoreLockedError
 from kcompact.reput.locks import FileLock
 from kcompact.reput.partition import PartitionLog, Segment
 from kcompact.reput.reader import IndexCursor, PartitionReader
-from kcompact.reput.rewrite import SegmentWriter
+from kcompact.reput.batch import codec_of
+from kcompact.reput.bcq2 import IndexBuilder
+from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
 from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
@@ -130,10 +132,12 @@ class _SegPlan:
     tdropped: int = 0
     stamped: int = 0
     masks: dict = field(default_factory=dict)  # first entry number of a chunk -> packed keep bits
+    #: store format of the segment: a format-1 segment is rewritten into format 2 when met
+    format: int = 1
 
     @property
     def changed(self) -> bool:
-        return self.dropped > 0 or self.stamped > 0
+        return self.dropped > 0 or self.stamped > 0 or self.format == 1
 
 
 @dataclass
@@ -223,7 +227,7 @@ class Compactor:
                     if force:
                         pl.seal(self.store.writer or "compactor")
                 elif force and pl.segments and pl.segments[-1].log_size > 0:
-                    rolled = pl.roll()
+                    rolled = pl.roll(seal=False)  # this compaction writes it in format 2
                 pl.sync()
             try:
                 if cfg.delete:
@@ -415,14 +419,17 @@ class Compactor:
         # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
-            sp = _SegPlan(seg)
+            sp = _SegPlan(seg, format=pl.seg_format(seg))
+            # format 2: sizes are per batch; a kept record counts the segment's mean stored size
+            per_record = (seg.log_size / max(1, pl.seg_count(seg))) if sp.format == 2 else 0
             for lo, chunk in self._index_chunks(pl, seg):
                 keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s)
                 sp.kept += k
                 sp.dropped += d
                 sp.tdropped += td
                 sp.stamped += st
-                sp.kept_bytes += int(chunk["size"][keep].sum())
+                sp.kept_bytes += (int(chunk["size"][keep].sum()) if sp.format == 1
+                                  else -(-int(k * per_record) // 1) if k else 0)
                 sp.masks[lo] = np.packbits(keep)
             plans.append(sp)
 
@@ -481,11 +488,36 @@ class Compactor:
         if pl.manifest_mode or len(g.members) != 1:
             return False
         sp = g.members[0]
-        return sp.dropped == 0 and sp.kept > 0 and sp.kept_bytes == sp.seg.log_size
+        return sp.format == 2 and sp.dropped == 0 and sp.kept > 0
 
     def _restamp_index(self, pl: PartitionLog, sp: _SegPlan, idx_out: str, recall,
                        res: CompactionResult) -> bool:
-        """Write ``sp``'s .bcq with the planned clean_time stamps, positions unchanged."""
+        """Write ``sp``'s .bcq with the planned clean_time stamps, positions unchanged (a
+        format-2 segment's lean index: its batches as they are)."""
+        if sp.format == 2:
+            idx = pl.index(sp.seg)
+            bpos, bsize, bcount = idx.batches()
+            builder = IndexBuilder()
+            b = 0
+            for lo, chunk in self._index_chunks(pl, sp.seg):
+                _, clean, _ = recall(sp, lo, chunk)
+                ent = chunk.copy()
+                ent["clean_time"] = clean
+                at = 0
+                while at < ent.shape[0]:  # a chunk holds whole batches (bcq-v2.md)
+                    c = int(bcount[b])
+                    builder.add_batch(int(bpos[b]), int(bsize[b]), ent[at:at + c])
+                    at += c
+                    b += 1
+            data = builder.finish(idx.codec)
+            idxf = pl.local_fs.open_append(idx_out)
+            try:
+                idxf.write(data)
+                idxf.sync()
+            finally:
+                idxf.close()
+            res.bytes_written += len(data)
+            return True
         idxf = pl.local_fs.open_append(idx_out)
         try:
             for lo, chunk in self._index_chunks(pl, sp.seg):
@@ -508,21 +540,32 @@ class Compactor:
             return False
         chunk_bytes = self.options.io_chunk_bytes
         reader = PartitionReader(pl)
-        # outputs go to the store itself, or to the local directory on S3
-        out = SegmentWriter(pl.local_fs, log_out, idx_out)
+        cfg = pl.config
+        # outputs go to the store itself, or to the local directory on S3; always format 2
+        self.store.require_format(2)
+        out = SegmentWriter2(pl.local_fs, log_out, idx_out, codec=codec_of(cfg.compression_type),
+                             level=cfg.compression_zstd_level,
+                             batch_bytes=cfg.compression_batch_bytes)
         try:
             for sp in g.members:
+                batches = pl.index(sp.seg).batches() if sp.format == 2 else None
                 with reader.segment(sp.seg, sequential=True, block_bytes=chunk_bytes,
                                     buffer=self._buffer("data", chunk_bytes)) as src:
                     for lo, chunk in self._index_chunks(pl, sp.seg):
                         keep, clean, _ = recall(sp, lo, chunk)
                         if not keep.any():
                             continue
-                        kept = chunk[keep]
-                        kept["clean_time"] = clean[keep]
-                        for block in src.select(kept):
+                        kept_all = chunk.copy()
+                        kept_all["clean_time"] = clean
+                        for kept, whole in _runs(kept_all, keep, batches):
                             read0 = src.bytes_read
-                            wrote = out.append(block)
+                            if whole:  # every record of the batch stays: copied as stored
+                                p, n = int(kept[0]["position"]), int(kept[0]["size"])
+                                wrote = out.append_batch(src.raw(p, n), kept)
+                            else:
+                                wrote = 0
+                                for block in src.select(kept):
+                                    wrote += out.append(block)
                             res.bytes_written += wrote
                             self._throttle(src.bytes_read - read0 + wrote)
                     res.bytes_read += src.bytes_read
@@ -563,6 +606,39 @@ class _Charged:
 
 
 # ---------------------------------------------------------------------------------------------
+
+def _runs(entries: np.ndarray, keep: np.ndarray, batches):
+    """(kept entries, whole) in position order: with ``batches`` (a format-2 segment's batch
+    positions, sizes, counts) each batch whose records all stay is its own run with whole=True
+    (copied byte for byte); the kept records of the others come in runs with whole=False."""
+    if batches is None:
+        yield entries[keep], False
+        return
+    pos = entries["position"].astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
+    ends = np.r_[starts[1:], pos.shape[0]]
+    # a batch is whole when every entry is kept and the chunk holds all of its records
+    bpos, _, bcount = batches
+    k = np.searchsorted(bpos, pos[starts])
+    full = np.add.reduceat(keep.astype(np.int64), starts) == (ends - starts)
+    full &= bcount[np.minimum(k, bcount.shape[0] - 1)] == (ends - starts)
+    run_lo = None
+    for b in range(starts.shape[0]):
+        a, z = int(starts[b]), int(ends[b])
+        if full[b]:
+            if run_lo is not None:
+                sel = entries[run_lo:a][keep[run_lo:a]]
+                if sel.shape[0]:
+                    yield sel, False
+                run_lo = None
+            yield entries[a:z], True
+        elif run_lo is None:
+            run_lo = a
+    if run_lo is not None:
+        sel = entries[run_lo:][keep[run_lo:]]
+        if sel.shape[0]:
+            yield sel, False
+
 
 def _last_offset(pl: PartitionLog, seg: Segment) -> int:
     """A sealed segment's last offset (-1 if empty): its manifest or segment-list entry says

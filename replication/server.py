@@ -308,7 +308,9 @@ class Server:
         try:
             await resp.prepare(request)  # sends the headers at once (StreamResponse)
             try:
-                if loc is not None:
+                if loc is not None and loc.data is not None:  # a format-2 segment's, decoded
+                    await self._send(request, resp, resp.write(memoryview(loc.data)))
+                elif loc is not None:
                     transport = request.transport
                     if transport is None:
                         raise _Gone(resp)

@@ -215,6 +215,22 @@ SCAN_TORN = 1        # the last record runs past `end` (a torn tail, or a record
 SCAN_CORRUPT = 2     # invalid header or CRC mismatch at `stop`
 
 
+@njit(cache=True, nogil=True, inline="always")
+def write_header(out, p, size, attrs, tlen, partition, offset, timestamp, kl, vl, hl):
+    """The 44-byte header of a record at out[p:] (record.md), its CRC left to the caller."""
+    _wr_u32(out, p, size)
+    out[p + 8] = MAGIC
+    out[p + 9] = attrs
+    out[p + 10] = tlen
+    out[p + 11] = 0
+    _wr_u32(out, p + 12, np.uint32(np.int64(partition) & 0xFFFFFFFF))
+    _wr_u64(out, p + 16, np.uint64(offset))
+    _wr_u64(out, p + 24, np.uint64(timestamp))
+    _wr_u32(out, p + 32, kl)
+    _wr_u32(out, p + 36, vl)
+    _wr_u32(out, p + 40, hl)
+
+
 @njit(cache=True, nogil=True)
 def encode_records(out, positions, topic, partitions, offsets, timestamps,
                    kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables):
@@ -229,22 +245,13 @@ def encode_records(out, positions, topic, partitions, offsets, timestamps,
         hs = hoffs[i]
         hl = hoffs[i + 1] - hs
         size = HEADER_SIZE + tlen + kl + vl + hl
-        _wr_u32(out, p, size)
         attrs = 0
         if vnull[i]:
             attrs |= ATTR_NULL_VALUE
         if knull[i]:
             attrs |= ATTR_NULL_KEY
-        out[p + 8] = MAGIC
-        out[p + 9] = attrs
-        out[p + 10] = tlen
-        out[p + 11] = 0
-        _wr_u32(out, p + 12, np.uint32(np.int64(partitions[i]) & 0xFFFFFFFF))
-        _wr_u64(out, p + 16, np.uint64(offsets[i]))
-        _wr_u64(out, p + 24, np.uint64(timestamps[i]))
-        _wr_u32(out, p + 32, kl)
-        _wr_u32(out, p + 36, vl)
-        _wr_u32(out, p + 40, hl)
+        write_header(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
+                     kl, vl, hl)
         q = p + HEADER_SIZE
         _copy(out, q, topic, 0, tlen)
         q += tlen

@@ -541,8 +541,11 @@ static PyObject *crc32c_update(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromUnsignedLong(c ^ 0xFFFFFFFFu);
 }
 
+#include "_kafka_native.h"
+
 static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))crc32c_update, METH_FASTCALL, NULL},
+    KAFKA_METHODS
     {"verify_records", (PyCFunction)(void (*)(void))verify_records, METH_FASTCALL, NULL},
     {"field_spans", (PyCFunction)(void (*)(void))field_spans, METH_FASTCALL, NULL},
     {"gather_ranges", (PyCFunction)(void (*)(void))gather_ranges, METH_FASTCALL, NULL},

@@ -171,6 +171,13 @@ class RecordColumns:
         return RecordColumns(self.topic, self.partition, self._data, self._entries[which],
                              self._rel[which], self.next_offset)
 
+    def head(self, k: int) -> "RecordColumns":
+        """The first ``k`` records; the next read starts after the last of them."""
+        if k >= len(self):
+            return self
+        return RecordColumns(self.topic, self.partition, self._data, self._entries[:k],
+                             self._rel[:k], int(self._entries[k - 1]["offset"]) + 1)
+
     @classmethod
     def concat(cls, blocks: list["RecordColumns"]) -> "RecordColumns":
         """The records of several blocks of one partition, one after the other."""

@@ -44,6 +44,16 @@ def _ratio(name: str, v: Any) -> float:
     return f
 
 
+COMPRESSION_TYPES = ("uncompressed", "gzip", "snappy", "lz4", "zstd", "producer")
+
+
+def _compression(name: str, v: Any) -> str:
+    s = str(v).strip().lower()
+    if s not in COMPRESSION_TYPES:
+        raise ConfigError(f"{name}: expected one of {', '.join(COMPRESSION_TYPES)}, got {v!r}")
+    return s
+
+
 def _policy(name: str, v: Any) -> str:
     parts = sorted(p.strip() for p in str(v).replace(" ", "").split(",") if p.strip())
     if parts not in (["compact"], ["compact", "delete"], ["delete"]):
@@ -82,6 +92,14 @@ TOPIC_KEYS: tuple[_Key, ...] = (
     _Key("retention.ms", "retention_ms", 7 * DAY_MS, _int_at_least(-1),
          "With cleanup.policy=compact,delete: segments whose newest record is older are "
          "deleted; -1 keeps them forever."),
+    _Key("compression.type", "compression_type", "zstd", _compression,
+         "Codec of sealed (format-2) segments' batches: the source topic's when a mirror synced "
+         "one; 'producer' means zstd (docs/formats/segment-v2.md)."),
+    _Key("compression.zstd.level", "compression_zstd_level", 3, _int_at_least(1, 22),
+         "zstd level of sealed segments' batches (KIP-390's name)."),
+    _Key("compression.batch.bytes", "compression_batch_bytes", 1 << 20,
+         _int_at_least(1 << 10, 64 << 20),
+         "Uncompressed bytes of records per stored batch of a sealed segment."),
 )
 _BY_NAME = {k.name: k for k in TOPIC_KEYS}
 
@@ -96,6 +114,9 @@ class TopicConfig:
     segment_bytes: int = 1 << 30
     segment_ms: int = 7 * DAY_MS
     retention_ms: int = 7 * DAY_MS
+    compression_type: str = "zstd"
+    compression_zstd_level: int = 3
+    compression_batch_bytes: int = 1 << 20
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "TopicConfig":
@@ -140,16 +161,22 @@ class WriterOptions:
     """How a commit-log writer appends.
 
     fsync: 'always' (every append), 'flush' (on Store.flush, the default), 'never' (the OS).
+    seal_format: the store format a rolled segment is sealed into at the next flush: 2 (a
+    Kafka log segment, docs/formats/segment-v2.md, the default) or 1 (left as appended: a
+    store a kcompact that knows only format 1 can still read, until a compaction).
     """
 
     commitlog_segment_bytes: int = 1 << 30
     fsync: str = "flush"
     commitlog_retention_ms: int = 3600 * 1000
     verify_crc_on_dispatch: bool = False
+    seal_format: int = 2
 
     def __post_init__(self):
         _int_at_least(1 << 16, 1 << 40)("commitlog.segment.bytes", self.commitlog_segment_bytes)
         _int_at_least(0)("commitlog.retention.ms", self.commitlog_retention_ms)
+        if self.seal_format not in (1, 2):
+            raise ConfigError(f"seal_format: expected 1 or 2, got {self.seal_format!r}")
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
 

@@ -36,6 +36,8 @@ REPUT_CHECKPOINT = "reput.checkpoint"
 COMPACTION_CHECKPOINT = "compaction.checkpoint"
 SEGMENT_LIST = "segments.json"
 COMPACTING_DIR = ".compacting"
+#: S3 stores: a writer's local segments sealed into format 2 just before their upload
+SEALING_DIR = ".sealing"
 REPLICATING_DIR = ".replicating"
 DELETED_DIR = ".deleted"
 LOCK_FILE = "writer.lock"

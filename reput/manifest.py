@@ -67,19 +67,24 @@ class SegmentEntry:
     #: CRC32C of the .bcq object (written since segment lists; None in older manifests): what
     #: compaction checks an index against before it acts on it (reput/reader.py IndexCursor)
     bcq_crc32c: int | None = None
+    #: the segment's store format (docs/formats/segment-v2.md); "format" is written only for 2
+    format: int = 1
 
     @classmethod
     def from_entries(cls, base: int, log: str, bcq: str, log_size: int,
-                     offsets: np.ndarray, bcq_crc32c: int | None = None) -> "SegmentEntry":
-        """The entry of a segment whose .bcq holds records at ``offsets`` (sorted int64)."""
+                     offsets: np.ndarray, bcq_crc32c: int | None = None,
+                     bcq_size: int | None = None, format: int = 1) -> "SegmentEntry":
+        """The entry of a segment whose .bcq holds records at ``offsets`` (sorted int64);
+        ``bcq_size``: the .bcq's bytes when it is not 48 a record (a lean index, bcq-v2.md)."""
         n = int(offsets.shape[0])
         rel = offsets.astype(np.int64) - base
         if n and (int(rel[0]) < 0 or int(rel[-1]) > _MAX_REL):
             raise ReputError(f"segment {log}: offsets {int(offsets[0])}..{int(offsets[-1])} do "
                              f"not fit a 32-bit bitmap relative to base {base}")
         bm = BitMap(rel.astype(np.uint32)) if n else BitMap()
-        return cls(base, log, bcq, int(log_size), n * 48, n,
-                   int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm, bcq_crc32c)
+        return cls(base, log, bcq, int(log_size), n * 48 if bcq_size is None else int(bcq_size),
+                   n, int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm,
+                   bcq_crc32c, format)
 
     def holds(self, offset: int) -> bool:
         rel = offset - self.base
@@ -113,6 +118,8 @@ class SegmentEntry:
              "offsets": base64.b64encode(self.offsets.serialize()).decode()}
         if self.bcq_crc32c is not None:
             d["bcq_crc32c"] = f"{self.bcq_crc32c:08x}"
+        if self.format != 1:
+            d["format"] = self.format
         return d
 
     @classmethod
@@ -139,7 +146,10 @@ class SegmentEntry:
         e = cls(base, names[0], names[1], _int(d, "log_size", 0, MAX_OFFSET),
                 _int(d, "bcq_size", 0, MAX_OFFSET), records,
                 _int(d, "first_offset", -1, MAX_OFFSET), _int(d, "last_offset", -1, MAX_OFFSET),
-                bm, None)
+                bm, None, _int(d, "format", 1, 2**31) if "format" in d else 1)
+        if e.format not in (1, 2):
+            raise ValueError(f"segment {e.log}: format {e.format} is unknown to this kcompact "
+                             "(it reads formats 1 and 2); upgrade kcompact")
         crc = d.get("bcq_crc32c")
         if crc is not None:
             if not isinstance(crc, str) or len(crc) != 8:
@@ -148,7 +158,7 @@ class SegmentEntry:
         if len(bm) != e.records:
             raise ValueError(f"segment {e.log}: bitmap holds {len(bm)} offsets, records says "
                              f"{e.records}")
-        if e.bcq_size != 48 * e.records:
+        if e.format == 1 and e.bcq_size != 48 * e.records:
             raise ValueError(f"segment {e.log}: bcq_size {e.bcq_size} is not 48 x {e.records}")
         want = (base + bm.min(), base + bm.max()) if e.records else (-1, -1)
         if (e.first_offset, e.last_offset) != want:

@@ -26,6 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from . import bcq as B
+from . import bcq2 as B2
 from . import filenames as fn
 from . import manifest as M
 from .backend import AppendFile, Backend
@@ -108,6 +109,10 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         #: append): the roll rules' memory (``_roll_cut``, ``roll_if_due``)
         self._first_ts: tuple[int, int] | None = None
         self._active_since: tuple[int, int] | None = None
+        #: the store's ``require_format`` (set by Store): called before a format-2 segment is
+        #: written; segments rolled by this writer, sealed into format 2 at the next sync
+        self.require_format = None
+        self._to_seal: list[int] = []
         if writable:
             self._writer_lock = FileLock(self.local_fs, f"{self.dir}/{fn.LOCK_FILE}")
             if not self._writer_lock.acquire(blocking=False):
@@ -268,10 +273,43 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
 
     def entries(self, seg: Segment) -> np.ndarray:
         """The valid index entries of a segment (those whose record lies inside its .log)."""
-        n = seg.entry_count
-        if n == 0:
+        if self.seg_format(seg) == 1 and seg.entry_count == 0:
             return np.zeros(0, dtype=B.BCQ_DTYPE)
         return self.index(seg).entries
+
+    def seg_format(self, seg: Segment) -> int:
+        """The segment's store format (1 or 2, docs/formats/segment-v2.md), from the first bytes
+        of its .bcq (a lean index's magic) or its manifest entry; cached until it changes."""
+        if seg.format is None:
+            if seg.entry is not None:  # the manifest says it (no request)
+                seg.format = seg.entry.format
+            elif seg.index_size < 8:
+                seg.format = 1
+            else:
+                try:
+                    head = self.seg_fs(seg).read(self.seg_index_path(seg), 0, 8)
+                except FileNotFoundError:
+                    head = b""
+                seg.format = 2 if B2.is_lean(head) else 1
+        return seg.format
+
+    def describe_segment(self, seg: Segment) -> dict:
+        """A segment as ``inspect`` shows it: base, store format, codec of its batches (format
+        2; "none" for format 1), bytes of its .log and .bcq, records."""
+        fmt = self.seg_format(seg)
+        codec = "none"
+        if fmt == 2:
+            from .batch import CODEC_NAMES
+            codec = CODEC_NAMES.get(self.index(seg).codec, "unknown")
+        return {"base": seg.base, "format": fmt, "codec": codec, "log_bytes": seg.log_size,
+                "index_bytes": seg.index_size, "records": self.seg_count(seg)}
+
+    def seg_count(self, seg: Segment) -> int:
+        """Records of a segment (its manifest or closed segment-list entry's count: no read)."""
+        listed = seg.listed()
+        if listed is not None:
+            return listed[0]
+        return self.index(seg).n
 
     def _index_unindexed_tail(self, seg: Segment, e: np.ndarray) -> np.ndarray:
         """A read-only view indexes, in memory, whole valid records of the .log that its .bcq
@@ -291,8 +329,33 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         extra = B.entries_from_scan(s, 0, len(s), 0).copy()
         return np.concatenate([e, extra]) if e.shape[0] else extra
 
-    def index(self, seg: Segment) -> B.Index:
-        """The segment's valid entries with their search view, cached until the files change."""
+    def index(self, seg: Segment) -> "B.Index | B2.LeanIndex":
+        """The segment's valid entries with their search view, cached until the files change.
+        A format-2 segment's is its lean index (chunks decoded on demand)."""
+        if self.seg_format(seg) == 2:
+            if (seg._index is not None and seg._map_size == seg.index_size
+                    and seg._index_log_size == seg.log_size):
+                return seg._index
+            fs, path = self.seg_fs(seg), self.seg_index_path(seg)
+            if seg.kind == "remote":
+                # an object: read whole, in one request (a compaction stays at <= 4 requests a
+                # segment; a lean index is ~17 bytes a record)
+                whole = fs.read(path)
+                read = lambda start, length: whole[start:start + length]  # noqa: E731
+            else:
+                read = lambda start, length: fs.read(path, start, length)  # noqa: E731
+            idx = B2.LeanIndex(read, path, seg.index_size)
+            if seg.kind == "remote":  # what IndexCursor checks against the manifest entry
+                idx.file_check = (len(whole), crc32c(whole))
+            if idx.log_size != seg.log_size:
+                from .errors import CorruptRecordError
+                raise CorruptRecordError(f"{path}: the lean index describes a .log of "
+                                         f"{idx.log_size} bytes, the .log holds {seg.log_size}",
+                                         path, 0)
+            seg._map_size = seg.index_size
+            seg._index_log_size = seg.log_size
+            seg._index = idx
+            return idx
         n = seg.entry_count
         size = n * B.ENTRY_SIZE
         if seg._index is not None and seg._map_size == size and seg._index_log_size == seg.log_size:
@@ -354,8 +417,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         return n
 
     def record_count(self) -> int:
-        return sum(seg.listed()[0] if seg.listed() is not None else len(self.entries(seg))
-                   for seg in self.segments)
+        return sum(self.seg_count(seg) for seg in self.segments)
 
     def size_bytes(self) -> int:
         return sum(s.log_size for s in self.segments)
@@ -422,7 +484,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             self._write_list(self._listed_open | {base})
         return seg
 
-    def roll(self, base: int | None = None, *, writer: str = "writer") -> bool:
+    def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),
         so that compaction may clean what it holds. Crash-safe: the sealed segment's files are
         fsynced before the new one is created, and the directory after, so a crash leaves
@@ -433,7 +495,9 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         (``unroll`` takes a local roll back while nothing was appended).
 
         Called on append (``segment.bytes``, the time rule: ``_roll_cut``), by ``roll_if_due``,
-        when a batch job ends, and by ``kcompact compact`` on a partition no writer holds."""
+        when a batch job ends, and by ``kcompact compact`` on a partition no writer holds. The
+        rolled segment is re-encoded into format 2 at the next ``sync`` (reput/seal.py;
+        ``seal=False``: not, e.g. when a compaction rewrites it at once)."""
         if self.manifest_mode and base is None:
             if any(s.kind == "file" and s.log_size for s in self.segments):
                 self.seal(writer)
@@ -444,6 +508,9 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             return False
         before = (self.seglist, len(self.segments))
         self._before_roll = None
+        rolled = (self.segments[-1].base if seal and self.writable and not self.manifest_mode
+                  and self.segments and self.segments[-1].log_size > 0
+                  and self.segments[-1].kind == "file" else None)
         if self.segments and self.segments[-1].log_size == 0 and self.segments[-1].kind == "file":
             # an empty active segment is renamed forward rather than left behind: the new
             # files, the list without it, then its files go (empty: nothing is lost between)
@@ -458,6 +525,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         self.sync()
         self._new_segment(base)
         self.local_fs.sync_dir(self.dir)
+        if rolled is not None:  # sealed at the next sync (this one ran before the roll)
+            self._to_seal.append(rolled)
         self._before_roll = before + (self.seglist.version if self.seglist else None,)
         return True
 
@@ -620,6 +689,11 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                 f.close()
         self._dirty_files = active
         self._list_after_sync(closing=False)
+        if self._to_seal:
+            from .seal import seal_segment
+            bases, self._to_seal = self._to_seal, []
+            for base in bases:
+                seal_segment(self, base)
 
     def _sync_and_close_files(self) -> None:
         """fsync what was appended and close every open file (the active segment's too)."""

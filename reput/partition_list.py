@@ -22,6 +22,7 @@ list in its apply step (reput/swap.py).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from . import bcq as B
 from . import filenames as fn
@@ -97,6 +98,7 @@ class ListedPartition:
             if seg is None or seg.meta != m:
                 seg = Segment(m.base, ls, isz)
             seg.log_size, seg.index_size, seg.meta, seg.open_tail = ls, isz, m, m.open
+            seg.format = 1 if m.open else m.format  # (an open segment is appended: format 1)
             segs.append(seg)
         for base in sorted((logs | idxs) - listed.keys()):
             lp, ip = self.log_path(base), self.index_path(base)
@@ -126,6 +128,8 @@ class ListedPartition:
                 continue  # replaced under us by a compaction swap; the next refresh sees it
             isz = (self._size_or_none(self.index_path(base)) or 0) if base in idxs else 0
             seg = old.get(base) or Segment(base, ls, isz)
+            if (seg.log_size, seg.index_size) != (ls, isz):
+                seg.format = None  # sealed into format 2 meanwhile? look again
             seg.log_size, seg.index_size, seg.meta = ls, isz, None
             segs.append(seg)
         for i, seg in enumerate(segs):
@@ -168,7 +172,7 @@ class ListedPartition:
     def _meta_now(self, seg: Segment, nxt: int | None) -> SL.SegmentMeta:
         """A segment's closed entry from what this writer knows of it (its .bcq read once when
         the checksum of what was appended is not known)."""
-        if seg.bcq_crc_size == seg.index_size:
+        if seg.bcq_crc_size == seg.index_size and self.seg_format(seg) == 1:
             e = self.index(seg).entries
             if e.shape[0] != seg.entry_count:
                 raise CorruptRecordError(
@@ -184,8 +188,7 @@ class ListedPartition:
                             seg.base, None)
             seg.bcq_crc, seg.bcq_crc_size = m.bcq_crc32c, m.bcq_size
         end = nxt if nxt is not None else max(m.last_offset + 1, seg.base)
-        m = SL.SegmentMeta(m.base, end, m.records, m.first_offset, m.last_offset, m.log_size,
-                           m.bcq_size, m.bcq_crc32c)
+        m = replace(m, next=end)
         try:
             SL.check_meta(m)
         except ValueError as e:

@@ -86,19 +86,39 @@ class ManifestPartition:
         n = e.shape[0]
         lpath, ipath = self.seg_log_path(seg), self.seg_index_path(seg)
         llocal, ilocal = self.local_fs.local_path(lpath), self.local_fs.local_path(ipath)
+        fmt = self.seg_format(seg)
+        # format 1: the entries as they will be stored; format 2: the lean index's own bytes
+        ibytes = (np.ascontiguousarray(e).view(np.uint8) if fmt == 1
+                  else np.frombuffer(self.local_fs.read(ipath), np.uint8))
+        crc, bcq_size = crc32c(ibytes), (None if fmt == 1 else ibytes.shape[0])
         up = getattr(self.fs, "upload_file", None)
         if up is not None and llocal and ilocal:
             up(f"{self.dir}/{log_name}", llocal)
-            if os.path.getsize(ilocal) != n * B.ENTRY_SIZE:
+            # a lean index (format 2) is checksummed and was just read whole by entries()
+            if fmt == 1 and os.path.getsize(ilocal) != n * B.ENTRY_SIZE:
                 raise CorruptRecordError(f"{ipath}: index size does not match its entries",
                                          ipath, n * B.ENTRY_SIZE)
             up(f"{self.dir}/{bcq_name}", ilocal)
         else:
             self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
-            self.fs.write_atomic(f"{self.dir}/{bcq_name}", e.tobytes())
+            self.fs.write_atomic(f"{self.dir}/{bcq_name}", ibytes.tobytes())
         return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
-                                           e["offset"],
-                                           crc32c(np.ascontiguousarray(e).view(np.uint8)))
+                                           e["offset"], crc, bcq_size, fmt)
+
+    def _encode_for_upload(self, seg: Segment, sealing: str) -> Segment:
+        """The segment to upload for local segment ``seg``: sealed into format 2 first (in
+        ``sealing/`` on the local disk; reput/seal.py) when the store writes format 2, else
+        ``seg`` itself."""
+        if self.require_format is None or self.seg_format(seg) == 2:
+            return seg
+        from .seal import encode_segment
+        self.require_format(2)
+        name = fn.base_name(seg.base)
+        log_out, idx_out = (f"{sealing}/{name}{fn.LOG_SUFFIX}",
+                            f"{sealing}/{name}{fn.INDEX_SUFFIX}")
+        encode_segment(self, seg, self.local_fs, log_out, idx_out)
+        return Segment(seg.base, self.local_fs.size(log_out), self.local_fs.size(idx_out),
+                       kind="staged", log_rel=log_out, bcq_rel=idx_out)
 
     def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
         """After a commit: a local segment file becomes the spooled copy of its object (so it
@@ -127,15 +147,18 @@ class ManifestPartition:
             return False
         self._sync_and_close_files()
         uploads = []
+        sealing = f"{self.dir}/{fn.SEALING_DIR}"
         try:
+            self.local_fs.remove_tree(sealing)
             for seg in local:
                 if seg.log_size == 0:
                     continue
+                up = self._encode_for_upload(seg, sealing)
                 tag = secrets.token_hex(8)
-                ent = self._upload(seg, fn.segment_object(seg.base, tag, fn.LOG_SUFFIX),
+                ent = self._upload(up, fn.segment_object(seg.base, tag, fn.LOG_SUFFIX),
                                    fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX))
-                uploads.append((seg, ent))
-            new_entries = [e for _, e in uploads]
+                uploads.append((seg, ent, up))
+            new_entries = [e for _, e, _ in uploads]
 
             def change(cur: M.Manifest) -> M.Manifest:
                 if new_entries and new_entries[0].first_offset <= cur.last_offset:
@@ -149,18 +172,22 @@ class ManifestPartition:
             new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
                            grace_ms=self.grace_ms, clock_ms=self.clock.ms)
         except BaseException:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self._delete_objects([f"{self.dir}/{n}" for _, e, _ in uploads
+                                  for n in (e.log, e.bcq)])
+            self.local_fs.remove_tree(sealing)
             raise
         if new is not None:
             self.manifest = new
         for seg in local:
-            ent = next((e for s, e in uploads if s is seg), None)
-            if ent is not None:
-                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-            else:
+            hit = next(((e, up) for s, e, up in uploads if s is seg), None)
+            if hit is not None:
+                ent, up = hit
+                self._hand_over(up, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+            if hit is None or up is not seg:
                 self.local_fs.delete(self.seg_log_path(seg))
                 self.local_fs.delete(self.seg_index_path(seg))
             seg.invalidate()
+        self.local_fs.remove_tree(sealing)
         self.segments = [s for s in self.segments if s.kind != "file"]
         self._rebuild()
         return new is not None

@@ -120,6 +120,8 @@ class SegmentRecovery:
                                      "from a replica", path, 0)
 
     def _recover_segment(self, seg: Segment) -> None:
+        if self.seg_format(seg) == 2:
+            return  # written whole when sealed (through a swap), never appended to
         n = seg.entry_count
         if seg.index_size != n * B.ENTRY_SIZE:
             self._truncate(self.seg_index_path(seg), n * B.ENTRY_SIZE)

@@ -76,12 +76,13 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from . import _kernels as K
+from . import batch as KB
 from . import bcq as B
 from .backend import _oserror
 from .errors import CorruptRecordError
 from .jit import native
-from .columns import RecordColumns, Spans
-from .record import HEADER, HEADER_SIZE, Record, field_spans, secret_words
+from .columns import RecordColumns, Spans, stored_records
+from .record import HEADER, HEADER_SIZE, Record, field_spans, gather, secret_words
 from .segment_list import crc32c
 
 #: the smallest record is its header + a 1-byte topic
@@ -152,6 +153,13 @@ def mismatch(data: np.ndarray, start: int, entry, secret: bytes) -> str:
             "follow that one's, as the index says")
 
 
+def _corrupt_v2(path: str, e: CorruptRecordError, prefix, last_good) -> CorruptRecordError:
+    why = str(e).removeprefix(f"{path}: ")
+    return CorruptRecordError(f"{path}: corrupt record batch at byte {e.position} ({why}); run "
+                              "`kcompact verify` and rebuild this partition from a replica",
+                              path, e.position, last_good_offset=last_good, prefix=prefix)
+
+
 def _corrupt(path: str, pos: int, what: str, last_good: int | None,
              prefix=None) -> CorruptRecordError:
     after = (f"; the records up to offset {last_good} were read" if last_good is not None
@@ -183,13 +191,16 @@ class RawRange(NamedTuple):
 
 class Located:
     """A range of one segment's .log to send as it is (``os.sendfile``): ``fd`` is open on the
-    .log the index entries describe (close it after sending)."""
+    .log the index entries describe (close it after sending). A format-2 segment's records are
+    not a range of its file: ``data`` holds them (fd -1), decoded, to be written as they are."""
 
-    __slots__ = ("fd", "start", "nbytes", "count", "next_offset")
+    __slots__ = ("fd", "start", "nbytes", "count", "next_offset", "data")
 
-    def __init__(self, fd: int, start: int, nbytes: int, count: int, next_offset: int):
+    def __init__(self, fd: int, start: int, nbytes: int, count: int, next_offset: int,
+                 data: np.ndarray | None = None):
         self.fd, self.start, self.nbytes = fd, start, nbytes
         self.count, self.next_offset = count, next_offset
+        self.data = data
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -293,6 +304,8 @@ class PartitionReader:
             return RecordColumns.empty(self.pl.topic, self.pl.partition,
                                        max(from_offset, self.pl.next_offset))
         seg, sel, guard, at_start, at_end = plan
+        if self.pl.seg_format(seg) == 2:  # the lean index's batches chain over the whole .log
+            return self._read_v2(seg, sel[guard:], max_bytes)
         sel = sel.copy()
         start = int(sel[0]["position"])
         # the furthest end, not the last entry's: a damaged entry must not shorten the read
@@ -376,6 +389,99 @@ class PartitionReader:
                 "tell what lies between them"), None)
         return size
 
+    # -- format 2: Kafka batches (docs/formats/segment-v2.md) ------------------------------------
+
+    def _batch_span(self, seg, sel: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """(start, end) in the .log of the batches holding ``sel``'s records, and those batches'
+        positions and record counts (from the lean index)."""
+        bpos, bsize, bcount = self.pl.index(seg).batches()
+        want = np.unique(sel["position"].astype(np.int64))
+        k = np.searchsorted(bpos, want)
+        if bool(np.any(k >= bpos.shape[0])) or bool(np.any(bpos[np.minimum(k, bpos.shape[0] - 1)]
+                                                           != want)):
+            path = self.pl.seg_index_path(seg)
+            raise CorruptRecordError(f"{path}: an index entry names no batch of the .log; run "
+                                     "`kcompact verify`", path, int(want[0]) if want.size else 0)
+        return int(want[0]), int(bpos[k[-1]] + bsize[k[-1]]), want, bcount[k]
+
+    def _read_v2(self, seg, sel: np.ndarray, max_bytes: int | None) -> RecordColumns:
+        start, end, _, _ = self._batch_span(seg, sel)
+        data = np.frombuffer(self.pl.read_log(seg, start, end - start), np.uint8)
+        b = self._decoded_v2(seg, data, start, sel, None)
+        if max_bytes is not None and len(b) > 1:
+            # the bound is on the records returned (format 1), not on the batches read
+            ends = np.cumsum(stored_records(b)[2])
+            b = b.head(max(1, int(np.searchsorted(ends, max_bytes, side="right"))))
+        return b
+
+    def _decoded_v2(self, seg, data: np.ndarray, start: int, sel: np.ndarray,
+                    want: "set[int] | None") -> RecordColumns:
+        """The block of ``sel``'s records from the batches in ``data`` (the .log from
+        ``start``; with ``want``, only the batches at those positions are decoded). Each batch
+        is accepted by its CRC-32C, its record count must be the index's and each selected
+        entry's offset must be a record of the batch the entry names."""
+        pl = self.pl
+        path = pl.seg_log_path(seg)
+        try:
+            d = KB.decode_batches(data, start, pl.topic.encode(), pl.partition, path,
+                                  want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]))
+        except CorruptRecordError as e:
+            d = getattr(e, "decoded", None)
+            if d is None or not d.heads:
+                raise _corrupt_v2(path, e, None, None) from None
+            upto = d.heads[-1].position
+            keep = sel[sel["position"] <= upto]
+            try:
+                prefix = self._columns_v2(seg, d, keep, path) if keep.shape[0] else None
+            except CorruptRecordError:
+                prefix = None
+            raise _corrupt_v2(path, e, prefix, int(keep[-1]["offset"]) if prefix else None) \
+                from None
+        return self._columns_v2(seg, d, sel, path)
+
+    def _columns_v2(self, seg, d, sel: np.ndarray, path: str) -> RecordColumns:
+        pl = self.pl
+        bpos, _, bcount = pl.index(seg).batches()
+        heads_pos = np.array([h.position for h in d.heads], np.int64)
+        heads_cnt = np.array([h.count for h in d.heads], np.int64)
+        k = np.searchsorted(bpos, heads_pos)
+        if bool(np.any(bcount[np.minimum(k, bcount.shape[0] - 1)] != heads_cnt)):
+            bad = int(heads_pos[np.flatnonzero(bcount[np.minimum(k, bcount.shape[0] - 1)]
+                                               != heads_cnt)[0]])
+            raise CorruptRecordError(f"{path}: the batch at byte {bad} does not hold the records "
+                                     "its index lists; run `kcompact verify`", path, bad)
+        offs = sel["offset"].astype(np.int64)
+        j = np.searchsorted(d.offsets, offs)
+        jj = np.minimum(j, max(0, d.offsets.shape[0] - 1))
+        ok = (j < d.offsets.shape[0]) & (d.offsets[jj] == offs) if d.offsets.shape[0] else \
+            np.zeros(offs.shape[0], np.bool_)
+        ok &= heads_pos[d.batch_of[jj]] == sel["position"].astype(np.int64) if ok.any() else ok
+        if not bool(ok.all()):
+            first_bad = int(np.flatnonzero(~ok)[0])
+            pos = int(sel[first_bad]["position"])
+            raise CorruptRecordError(
+                f"{path}: the batch at byte {pos} does not hold offset "
+                f"{int(offs[first_bad])} its index lists; run `kcompact verify`", path, pos)
+        ent = sel.copy()
+        ent["size"] = d.sizes[j]
+        rel = d.positions[j]
+        # each record against its entry (timestamp, flags, key digest) by the one check every
+        # format-1 read goes through, run on the decoded records (their CRCs are the decoder's)
+        chk = ent.copy()
+        chk["position"] = rel
+        bad = verify_records(d.data, 0, chk, pl.secret)
+        if bad >= 0:
+            pos = int(sel[bad]["position"])
+            prefix = (RecordColumns(pl.topic, pl.partition, d.data, ent[:bad], rel[:bad],
+                                    int(offs[bad - 1]) + 1) if bad else None)
+            raise CorruptRecordError(
+                f"{path}: corrupt record batch at byte {pos} (its record at offset "
+                f"{int(offs[bad])} does not match its lean index entry: "
+                f"{mismatch(d.data, 0, chk[bad], pl.secret)}); run `kcompact verify` and "
+                "rebuild this partition from a replica", path, pos,
+                last_good_offset=int(offs[bad - 1]) if bad else None, prefix=prefix)
+        return RecordColumns(pl.topic, pl.partition, d.data, ent, rel, int(offs[-1]) + 1)
+
     def _plan(self, from_offset: int, max_records: int | None, max_bytes: int | None):
         """What a read from ``from_offset`` reads: (segment, its entries to read, how many of
         them are guards, whether the first read is the segment's first, whether the last is
@@ -409,10 +515,14 @@ class PartitionReader:
                     ends = e["position"][j:stop].astype(np.int64) + e["size"][j:stop] \
                         - int(e[j]["position"])
                     stop = j + max(1, int(np.searchsorted(ends, max_bytes, side="right")))
-                guard = 1 if whole and j > 0 else 0
+                # a lean index is checked whole (CRCs, batches chained over the whole .log)
+                # and a format-2 read decodes whole batches: no guard record
+                guard = 1 if whole and j > 0 and pl.seg_format(seg) == 1 else 0
                 return (seg, e[j - guard:stop], guard, whole and j == 0,
                         whole and stop == n and not seg.open_tail)
-            if whole:
+            if whole and pl.seg_format(seg) == 2:
+                self._check_stepped_over_v2(seg, idx, from_offset)
+            elif whole:
                 self._check_stepped_over(seg, e, from_offset)
             i += 1
         return None
@@ -434,6 +544,32 @@ class PartitionReader:
         head = np.frombuffer(self.pl.read_log(seg, pos, HEADER_SIZE), np.uint8)
         self._check_guard_at(seg, head, last, None, None if seg.open_tail else seg.log_size)
 
+    def _check_stepped_over_v2(self, seg, idx, from_offset: int) -> None:
+        """``_check_stepped_over`` of a format-2 segment: its last batch's header (read alone;
+        the lean index chains the batches to the end of the .log) is a valid batch header of
+        the size the index says, whose last offset is the index's last, below ``from_offset``."""
+        if idx.n == 0:
+            if seg.log_size:
+                raise _corrupt(self.pl.seg_log_path(seg), 0, "the lean index lists no record of "
+                               f"a .log of {seg.log_size} bytes", None)
+            return
+        bpos, bsize, _ = idx.batches()
+        pos, size = int(bpos[-1]), int(bsize[-1])
+        path = self.pl.seg_log_path(seg)
+        head = np.frombuffer(self.pl.read_log(seg, pos, KB.HEADER_SIZE), np.uint8)
+        try:
+            h = KB.parse_head(np.concatenate([head, np.zeros(max(0, size - head.shape[0]),
+                                                             np.uint8)]),
+                              0, path, pos, check_crc=False)
+        except CorruptRecordError as e:
+            raise _corrupt_v2(path, e, None, None) from None
+        last = int(idx.dir["last_offset"][-1])
+        if h.size != size or pos + size != seg.log_size or h.last_offset != last \
+                or last >= from_offset:
+            raise _corrupt(path, pos, f"the last batch's header (last offset {h.last_offset}, "
+                           f"{h.size} bytes) is not what the lean index lists (offset {last}, "
+                           f"{size} bytes, ending the .log)", None)
+
     def _short_index_read(self, seg, from_offset: int,
                           max_records: int | None) -> np.ndarray | None:
         """Object store: the .bcq entries of a committed segment from the first offset
@@ -444,8 +580,8 @@ class PartitionReader:
         pl = self.pl
         ent = seg.entry
         bs = int(getattr(pl.fs, "block_size", 0) or 0)
-        if ent is None or seg.index_cached or max_records is None or bs <= 0 \
-                or max_records * B.ENTRY_SIZE > bs or ent.bcq_size <= bs:
+        if ent is None or pl.seg_format(seg) == 2 or seg.index_cached or max_records is None \
+                or bs <= 0 or max_records * B.ENTRY_SIZE > bs or ent.bcq_size <= bs:
             return None
         path = pl.seg_index_path(seg)
         if pl.fs.has_local_copy(path):
@@ -504,6 +640,8 @@ class PartitionReader:
         if plan is None:
             return RawRange(None, 0, _EMPTY_ENTRIES, max(from_offset, pl.next_offset))
         seg, sel, guard, at_start, at_end = plan
+        if pl.seg_format(seg) == 2:
+            return self._raw_v2(seg, sel[guard:], max_bytes)
         self._check_guard(seg, sel, guard, at_start)
         sel = sel[guard:]
         start = int(sel[0]["position"])
@@ -530,6 +668,18 @@ class PartitionReader:
         head = np.frombuffer(self.pl.read_log(seg, int(g["position"]), HEADER_SIZE), np.uint8)
         self._check_guard_at(seg, head, g, int(sel[1]["position"]))
 
+    def _raw_v2(self, seg, sel: np.ndarray, max_bytes: int | None) -> RawRange:
+        """A format-2 segment's records as format-1 records, back to back (what a replica
+        appends and what the live digests cover, whatever the master's segment format)."""
+        b = self._read_v2(seg, sel, max_bytes)
+        data, rel, sizes, ent = stored_records(b)
+        buf = gather(data, rel, sizes)
+        ent = ent.copy()
+        pos = np.zeros(sizes.shape[0], np.int64)
+        np.cumsum(sizes[:-1], out=pos[1:])
+        ent["position"] = pos
+        return RawRange(buf, buf.shape[0], ent, b.next_offset)
+
     def locate(self, from_offset: int, max_bytes: int) -> Located | None:
         """Where the records ``read_raw`` would return lie, for a local store: a Located range
         (open fd) or None when no record at or after ``from_offset`` exists. No byte is read but
@@ -543,6 +693,9 @@ class PartitionReader:
         if plan is None:
             return None
         seg, e, guard, at_start, at_end = plan
+        if pl.seg_format(seg) == 2:  # no file range to send: the records, decoded, from memory
+            r = self._raw_v2(seg, e[guard:], max_bytes)
+            return Located(-1, 0, r.nbytes, r.count, r.next_offset, data=r.buf[:r.nbytes])
         first = int(e[guard]["position"])
         nbytes = int(e[-1]["position"]) + int(e[-1]["size"]) - first
         rel = pl.seg_log_path(seg)
@@ -608,6 +761,9 @@ class SegmentRecords:
         n = entries.shape[0]
         if n == 0:
             return
+        if self.reader.pl.seg_format(self.seg) == 2:
+            yield from self._select_v2(entries)
+            return
         pos = entries["position"].astype(np.int64)
         ends = pos + entries["size"]
         i = 0
@@ -616,6 +772,36 @@ class SegmentRecords:
             start, stop = int(pos[i]), int(ends[j - 1])
             data = self._read(start, max(0, stop - start))
             yield self.reader._verified(self.seg, data, start, entries[i:j])
+            i = j
+
+    def raw(self, start: int, length: int) -> np.ndarray:
+        """A format-2 batch's bytes as stored (a compaction copying a batch whose records all
+        stay), its CRC-32C checked; valid until the next read of this selection."""
+        data = self._read(start, length)
+        KB.parse_head(data, 0, self._path, start)
+        if data.shape[0] != length:
+            raise CorruptRecordError(f"{self._path}: batch at byte {start} is cut short",
+                                     self._path, start)
+        return data
+
+    def _select_v2(self, entries: np.ndarray) -> Iterator[RecordColumns]:
+        """Format 2: the batches holding the entries' records, read in spans of at most
+        ``block_bytes`` (or one batch), only those batches decoded."""
+        reader = self.reader
+        bpos, bsize, _ = reader.pl.index(self.seg).batches()
+        _, _, want, _ = reader._batch_span(self.seg, entries)
+        k = np.searchsorted(bpos, want)
+        ends = bpos[k] + bsize[k]
+        epos = entries["position"].astype(np.int64)
+        i, nb = 0, want.shape[0]
+        while i < nb:
+            j = max(i + 1, int(np.searchsorted(ends, want[i] + self.block_bytes, side="right")))
+            start, stop = int(want[i]), int(ends[j - 1])
+            data = self._read(start, stop - start)
+            lo = int(np.searchsorted(epos, start))
+            hi = int(np.searchsorted(epos, stop))
+            yield reader._decoded_v2(self.seg, data, start, entries[lo:hi],
+                                     set(want[i:j].tolist()))
             i = j
 
     def _read(self, start: int, length: int) -> np.ndarray:
@@ -686,6 +872,13 @@ class IndexCursor:
         pl = self.pl
         idx = pl.index(seg)
         n = idx.n
+        if pl.seg_format(seg) == 2:  # the lean index's own chunks, decoded one at a time
+            if start_entry == 0 and not seg.bcq_checked:
+                self._check_lean(seg)
+            for i in range(idx.chunk_of_entry(start_entry) if n else 0, idx.chunk_count):
+                f = idx.chunk_first_entry(i)
+                yield max(f, start_entry), idx.chunk(i)[max(0, start_entry - f):]
+            return
         n_file = min(n, seg.entry_count)
         path = pl.seg_index_path(seg)
         step, buf = self.chunk_entries, self.buf
@@ -718,6 +911,26 @@ class IndexCursor:
             seg.bcq_checked = True
         for lo in range(max(start_entry, n_file), n, step):
             yield lo, idx.entries[lo:min(n, lo + step)]
+
+    def _check_lean(self, seg) -> None:
+        """A lean index against the size and checksum its segment-list or manifest entry
+        gives (its chunks are also checked each by their own CRC as they are decoded)."""
+        expect = seg.expected_bcq()
+        if expect is None:
+            return
+        pl = self.pl
+        path = pl.seg_index_path(seg)
+        got = getattr(pl.index(seg), "file_check", None)  # an object: read whole already
+        if got is None:
+            raw = pl.seg_fs(seg).read(path)
+            got = (len(raw), crc32c(raw))
+        if got != expect:
+            raise CorruptRecordError(
+                f"{path}: the lean index does not match its checksum ({got[0]} bytes, crc32c "
+                f"{got[1]:08x}; its entry says {expect[0]} bytes, {expect[1]:08x}): its entries "
+                "cannot be trusted; run `kcompact verify` and rebuild this partition from a "
+                "replica", path, 0)
+        seg.bcq_checked = True
 
 
 def warm_up() -> None:

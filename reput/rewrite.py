@@ -72,3 +72,119 @@ class SegmentWriter:
             self.log.close()
         finally:
             self.index.close()
+
+
+class SegmentWriter2:
+    """Writes one format-2 segment (docs/formats/segment-v2.md): a .log of Kafka batches and its
+    lean .bcq (bcq-v2.md). ``append`` takes verified blocks (format-1 records in memory, as the
+    partition reader hands them out, with the entries' clean times the caller wants) and encodes
+    them into batches of about ``batch_bytes``; ``append_batch`` copies a stored batch byte for
+    byte (a compaction keeping every record of it). ``sync`` writes the last batch and the index;
+    then ``close``."""
+
+    def __init__(self, fs: Backend, log_path: str, index_path: str, *, codec: int, level: int,
+                 batch_bytes: int):
+        from .bcq2 import IndexBuilder
+        self.fs, self.log_path, self.index_path = fs, log_path, index_path
+        self.codec, self.level, self.batch_bytes = codec, level, max(1, int(batch_bytes))
+        self.log = fs.open_append(log_path)
+        self.builder = IndexBuilder()
+        self.size = 0    # bytes of the .log so far
+        self.count = 0   # records so far
+        self.written_codec = 0  # the codec of the last compressed batch (0: none compressed)
+        self._bufs: list[np.ndarray] = []
+        self._sizes: list[np.ndarray] = []
+        self._entries: list[np.ndarray] = []
+        self._pending = 0
+        self._done = False
+
+    def append(self, block: RecordColumns) -> int:
+        """Queue a block's records (encoded once ``batch_bytes`` of them are queued); returns
+        the format-1 bytes taken."""
+        n = len(block)
+        if n == 0:
+            return 0
+        data, rel, sizes, entries = stored_records(block)
+        self._bufs.append(gather(data, rel, sizes))
+        self._sizes.append(np.ascontiguousarray(sizes, dtype=np.int64))
+        self._entries.append(np.array(entries, copy=True))
+        self._pending += int(sizes.sum())
+        if self._pending >= self.batch_bytes:
+            self._emit(final=False)
+        return int(sizes.sum())
+
+    def append_batch(self, raw: np.ndarray, entries: np.ndarray) -> int:
+        """Copy one stored batch as it is (its index entries given); returns its bytes."""
+        self._emit(final=True)
+        self._check_room(raw.shape[0])
+        self.log.write(raw)
+        self.builder.add_batch(self.size, raw.shape[0], entries)
+        self.size += raw.shape[0]
+        self.count += entries.shape[0]
+        return raw.shape[0]
+
+    def _check_room(self, nbytes: int) -> None:
+        if self.size + nbytes > MAX_SEGMENT_BYTES:
+            raise ReputError(f"{self.log_path}: a segment larger than 4 GiB cannot be indexed "
+                             "(segment.bytes is at most 2 GiB)")
+
+    def _emit(self, final: bool) -> None:
+        """Encode queued records into batches: every full batch, and with ``final`` the rest."""
+        from .batch import encode_batch
+        if not self._bufs:
+            return
+        buf = np.concatenate(self._bufs) if len(self._bufs) > 1 else self._bufs[0]
+        sizes = np.concatenate(self._sizes) if len(self._sizes) > 1 else self._sizes[0]
+        ent = np.concatenate(self._entries) if len(self._entries) > 1 else self._entries[0]
+        pos = np.zeros(sizes.shape[0], np.int64)
+        if sizes.shape[0] > 1:
+            np.cumsum(sizes[:-1], out=pos[1:])
+        ends = pos + sizes
+        offsets = ent["offset"].astype(np.int64)
+        timestamps = ent["timestamp"].astype(np.int64)
+        lo, n = 0, sizes.shape[0]
+        while lo < n:
+            done = int(pos[lo])
+            hi = int(np.searchsorted(ends, done + self.batch_bytes, side="left")) + 1
+            hi = min(n, max(hi, lo + 1))
+            if hi == n and not final and int(ends[-1]) - done < self.batch_bytes:
+                break  # not a full batch yet: wait for more records
+            # a batch's offsets span at most 2^31 - 1 (lastOffsetDelta is an int32)
+            hi = min(hi, int(np.searchsorted(offsets, int(offsets[lo]) + 0x7FFFFFFF,
+                                             side="right")))
+            eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, self.codec, self.level)
+            self._check_room(len(eb.data))
+            self.log.write(eb.data)
+            self.builder.add_batch(self.size, len(eb.data), ent[lo:hi])
+            if eb.codec:
+                self.written_codec = eb.codec
+            self.size += len(eb.data)
+            self.count += hi - lo
+            lo = hi
+        if lo >= n:
+            self._bufs, self._sizes, self._entries, self._pending = [], [], [], 0
+        else:
+            start = int(pos[lo])
+            self._bufs, self._sizes = [buf[start:].copy()], [sizes[lo:].copy()]
+            self._entries = [ent[lo:].copy()]
+            self._pending = int(ends[-1]) - start
+
+    def finish(self) -> None:
+        """Write the last batch and the lean index (once)."""
+        if self._done:
+            return
+        self._emit(final=True)
+        idx = self.fs.open_append(self.index_path)
+        try:
+            idx.write(self.builder.finish(self.written_codec))
+            idx.sync()
+        finally:
+            idx.close()
+        self._done = True
+
+    def sync(self) -> None:
+        self.finish()
+        self.log.sync()
+
+    def close(self) -> None:
+        self.log.close()

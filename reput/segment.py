@@ -52,8 +52,12 @@ class Segment:
 
     #: the .bcq was read whole and matched its checksum (IndexCursor), until it changes
     bcq_checked: bool = False
+    #: store format of this segment (1: records + 48-byte entries; 2: Kafka batches + lean
+    #: index, docs/formats/segment-v2.md), told by its .bcq's first bytes; None: not looked yet
+    format: int | None = None
 
     def invalidate(self) -> None:
+        self.format = None
         self._map = None
         self._index = None
         self._map_size = -1
@@ -84,6 +88,7 @@ class Segment:
 
     @property
     def entry_count(self) -> int:
+        """Entries of a format-1 .bcq (a lean index's count is ``PartitionLog.index(seg).n``)."""
         return self.index_size // B.ENTRY_SIZE
 
     @property

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import bcq as B
+from . import bcq2 as B2
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError
@@ -33,6 +34,8 @@ from .record import HEADER_SIZE
 
 FORMAT_VERSION = 1
 NAME = fn.SEGMENT_LIST
+#: a Kafka record batch's header (docs/formats/segment-v2.md): the least a format-2 .log holds
+KB_HEADER_SIZE = 61
 #: offsets and positions are int64 / u32 on disk (record.md, bcq.md)
 MAX_OFFSET = (1 << 63) - 1
 MAX_SEGMENT_BYTES = (1 << 32) - 1
@@ -65,6 +68,9 @@ class SegmentMeta:
     log_size: int | None = None
     bcq_size: int | None = None
     bcq_crc32c: int | None = None
+    #: the segment's store format (1: records + 48-byte entries; 2: Kafka batches + a lean
+    #: index, docs/formats/segment-v2.md); "format" is written only for 2
+    format: int = 1
 
     @property
     def open(self) -> bool:
@@ -73,10 +79,13 @@ class SegmentMeta:
     def to_dict(self) -> dict:
         if self.open:
             return {"base": self.base, "open": True}
-        return {"base": self.base, "next": self.next, "records": self.records,
-                "first_offset": self.first_offset, "last_offset": self.last_offset,
-                "log_size": self.log_size, "bcq_size": self.bcq_size,
-                "bcq_crc32c": f"{self.bcq_crc32c:08x}"}
+        d = {"base": self.base, "next": self.next, "records": self.records,
+             "first_offset": self.first_offset, "last_offset": self.last_offset,
+             "log_size": self.log_size, "bcq_size": self.bcq_size,
+             "bcq_crc32c": f"{self.bcq_crc32c:08x}"}
+        if self.format != 1:
+            d["format"] = self.format
+        return d
 
 
 @dataclass
@@ -161,7 +170,8 @@ class SegmentList:
                             field_int(d, "first_offset", -1, MAX_OFFSET),
                             field_int(d, "last_offset", -1, MAX_OFFSET),
                             field_int(d, "log_size", 0, MAX_SEGMENT_BYTES),
-                            field_int(d, "bcq_size", 0, MAX_OFFSET), _hex32(d, "bcq_crc32c"))
+                            field_int(d, "bcq_size", 0, MAX_OFFSET), _hex32(d, "bcq_crc32c"),
+                            field_int(d, "format", 1, 2) if "format" in d else 1)
             check_meta(m)
             segs.append(m)
         for a, b in zip(segs, segs[1:]):
@@ -176,13 +186,23 @@ class SegmentList:
 
 
 def check_meta(m: SegmentMeta) -> None:
-    """The bounds one closed segment's fields must satisfy (ValueError naming the first)."""
-    if m.bcq_size != m.records * B.ENTRY_SIZE:
-        raise ValueError(f"segment {m.base}: bcq_size {m.bcq_size} is not {B.ENTRY_SIZE} x "
-                         f"{m.records} records")
-    if m.log_size < m.records * MIN_RECORD:
-        raise ValueError(f"segment {m.base}: log_size {m.log_size} is too small for "
-                         f"{m.records} records")
+    """The bounds one closed segment's fields must satisfy (ValueError naming the first).
+    Format 1: 48 index bytes and at least one record header a record. Format 2 (Kafka batches,
+    a lean index): its records are compressed, so only a lean index's header and directory
+    entry and one batch header per segment holding records are bounds."""
+    if m.format == 1:
+        if m.bcq_size != m.records * B.ENTRY_SIZE:
+            raise ValueError(f"segment {m.base}: bcq_size {m.bcq_size} is not {B.ENTRY_SIZE} x "
+                             f"{m.records} records")
+        if m.log_size < m.records * MIN_RECORD:
+            raise ValueError(f"segment {m.base}: log_size {m.log_size} is too small for "
+                             f"{m.records} records")
+    elif m.records and (m.bcq_size < B2.HEADER_SIZE + B2.DIR_DTYPE.itemsize
+                        or m.log_size < KB_HEADER_SIZE):
+        raise ValueError(f"segment {m.base}: a format-2 segment of {m.records} records with a "
+                         f"{m.log_size}-byte .log and a {m.bcq_size}-byte lean index")
+    elif not m.records and m.bcq_size > B2.HEADER_SIZE:
+        raise ValueError(f"segment {m.base}: empty, but its lean index holds {m.bcq_size} bytes")
     if m.records == 0:
         if (m.first_offset, m.last_offset) != (-1, -1) or m.log_size != 0:
             raise ValueError(f"segment {m.base}: empty, but lists offsets or bytes")
@@ -258,6 +278,8 @@ def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | No
     first and last offsets, sizes, the .bcq's CRC32C. ``nxt`` None: the last offset + 1."""
     log_size = fs.size(log_path)
     bcq_size = fs.size(bcq_path)
+    if bcq_size >= 8 and B2.is_lean(fs.read(bcq_path, 0, 8)):
+        return _describe_lean(fs, bcq_path, base, nxt, log_size, bcq_size)
     if bcq_size % B.ENTRY_SIZE:
         raise CorruptRecordError(f"{bcq_path}: {bcq_size} bytes is not a whole number of "
                                  f"{B.ENTRY_SIZE}-byte entries", bcq_path,
@@ -288,6 +310,24 @@ def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | No
                 done += want
     return SegmentMeta(base, max(last + 1, base) if nxt is None else nxt, n, first, last,
                        log_size, bcq_size, crc)
+
+
+def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_size: int,
+                   bcq_size: int) -> SegmentMeta:
+    """``describe`` of a format-2 segment: its lean index read whole once (header and
+    directory checked; the directory gives the records and the first and last offsets)."""
+    raw = fs.read(bcq_path)
+    if len(raw) != bcq_size:
+        raise CorruptRecordError(f"{bcq_path}: shorter than its size while read", bcq_path,
+                                 len(raw))
+    idx = B2.LeanIndex(lambda start, length: raw[start:start + length], bcq_path, bcq_size)
+    if idx.log_size != log_size:
+        raise CorruptRecordError(f"{bcq_path}: the lean index describes a .log of "
+                                 f"{idx.log_size} bytes, the .log holds {log_size}", bcq_path, 0)
+    first = int(idx.dir["first_offset"][0]) if idx.chunk_count else -1
+    last = int(idx.dir["last_offset"][-1]) if idx.chunk_count else -1
+    return SegmentMeta(base, max(last + 1, base) if nxt is None else nxt, idx.n, first, last,
+                       log_size, bcq_size, crc32c(raw), 2)
 
 
 __all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "canonical", "check_meta",

@@ -44,8 +44,10 @@ from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_t
 from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
 
-FORMAT_VERSION = 1
-#: store.json "features": what this store keeps beyond format 1. "segment-list": every local
+#: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
+#: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written
+FORMAT_VERSION = 2
+#: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
@@ -428,6 +430,19 @@ class Store:
         for (t, _), pl in self._partitions.items():
             pl.config = self.topic_config(t)
 
+    def require_format(self, version: int) -> None:
+        """Raise store.json's format_version to ``version`` before something of that format is
+        written (a kcompact that knows only older formats then refuses the store with one line
+        naming both versions instead of misreading it)."""
+        if self.meta.format_version >= version:
+            return
+        with self.lock:
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            if meta.format_version < version:
+                meta.format_version = version
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self.meta = meta
+
     # -- partitions ----------------------------------------------------------------------
 
     def partition(self, topic: str, partition: int) -> PartitionLog:
@@ -455,6 +470,8 @@ class Store:
                                   local_fs=self.local_fs if self.remote else None,
                                   clock=self.clock, require_list=self.require_list)
                 self._wrote_partitions = True
+                if self.options.seal_format == 2:  # else rolled segments stay format 1
+                    pl.require_format = self.require_format
                 self._partitions[key] = pl
                 self._writable.add(key)
                 if self.remote and self.writer is not None and key not in self._collected:

@@ -16,7 +16,7 @@ rolled back (deleted); with swap.json the apply step is redone (every step is id
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import filenames as fn
 from . import segment_list as SL
@@ -188,8 +188,7 @@ def _update_list(fs: Backend, pdir: str, plan: SwapPlan, metas: list[SL.SegmentM
     for i, m in enumerate(segs):
         if m.base in outs:  # its range: up to the next segment (the last: past its records)
             nxt = segs[i + 1].base if i + 1 < len(segs) else max(m.last_offset + 1, m.base)
-            m = SL.SegmentMeta(m.base, nxt, m.records, m.first_offset, m.last_offset,
-                               m.log_size, m.bcq_size, m.bcq_crc32c)
+            m = replace(m, next=nxt)
         out.append(m)
     nxt_off = max([lst.next_offset] + [m.base if m.open else m.next for m in out])
     new = SL.SegmentList(out, nxt_off, lst.version)

@@ -86,6 +86,13 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
         is_active = seg.open_tail
         log_path, idx_path = pl.seg_log_path(seg), pl.seg_index_path(seg)
         fs = pl.seg_fs(seg)
+        try:
+            fmt = pl.seg_format(seg)
+        except FileNotFoundError:
+            fmt = 1  # reported below
+        if fmt == 2:
+            prev_last = _verify_v2(store, pl, seg, si, prev_last, report)
+            continue
         if seg.index_size % B.ENTRY_SIZE:
             report.problems.append(Problem(idx_path, seg.index_size - seg.index_size % B.ENTRY_SIZE,
                                            "partial index entry at the end of the .bcq"))
@@ -163,6 +170,10 @@ def _check_list_entry(m, raw: np.ndarray, idx: np.ndarray, idx_path: str,
                       report: VerifyReport) -> None:
     """A local segment's segment-list entry (docs/formats/segment-list.md) against its .bcq
     (its size was compared when the partition was opened)."""
+    if m.format != 1:
+        report.problems.append(Problem(idx_path, 0, f"the segment list says format {m.format}, "
+                                       "the .bcq is not a lean index"))
+        return
     if raw.shape[0] == m.bcq_size and crc32c(raw) != m.bcq_crc32c:
         report.problems.append(Problem(idx_path, 0, f"the .bcq does not match its checksum in "
                                        f"the segment list (crc32c {crc32c(raw):08x}, listed "
@@ -172,6 +183,112 @@ def _check_list_entry(m, raw: np.ndarray, idx: np.ndarray, idx_path: str,
             int(idx[0]["offset"]), int(idx[-1]["offset"])) != (m.first_offset, m.last_offset):
         report.problems.append(Problem(idx_path, 0, "the segment list's first/last offsets do "
                                        "not match the .bcq"))
+
+
+_CMP_V2 = ("offset", "timestamp", "digest_lo", "digest_hi", "flags")
+
+
+def _verify_v2(store: Store, pl: PartitionLog, seg, si: int, prev_last: int,
+               report: VerifyReport) -> int:
+    """A format-2 segment (docs/formats/segment-v2.md, bcq-v2.md): the lean index's header,
+    directory and chunk CRCs, every batch's CRC-32C and records, each record against its entry
+    (offset, timestamp, key digest, flags). Returns the last offset seen."""
+    from .batch import decode_batches
+    from .errors import CorruptRecordError
+    log_path, idx_path = pl.seg_log_path(seg), pl.seg_index_path(seg)
+    try:
+        idx = pl.index(seg)
+    except CorruptRecordError as e:
+        report.problems.append(Problem(idx_path, e.position or 0, f"{e} (the lean index is "
+                                       "damaged: rebuild the partition from a replica)"))
+        return prev_last
+    except FileNotFoundError as e:
+        report.problems.append(Problem(e.filename or log_path, 0, "listed by the partition "
+                                       "manifest but missing from the store"))
+        return prev_last
+    if seg.entry is not None:
+        try:
+            size = pl.seg_fs(seg).size(log_path)
+        except FileNotFoundError:
+            report.problems.append(Problem(log_path, 0, "listed by the partition manifest but "
+                                           "missing from the store"))
+            return prev_last
+        if size != seg.entry.log_size:
+            report.problems.append(Problem(log_path, size, f"the .log object holds {size} "
+                                           f"bytes, the manifest says {seg.entry.log_size}"))
+        if idx.n != seg.entry.records:
+            report.problems.append(Problem(idx_path, 0, f"the lean index lists {idx.n} records, "
+                                           f"the manifest says {seg.entry.records}"))
+        elif idx.n and not np.array_equal(idx.entries["offset"], seg.entry.offset_array()):
+            report.problems.append(Problem(idx_path, 0, "the manifest's offset bitmap does not "
+                                           "match the lean index's offsets"))
+    expect = seg.expected_bcq()  # (size, CRC32C) its segment-list or manifest entry gives
+    if expect is not None:
+        try:
+            raw = pl.seg_fs(seg).read(idx_path)
+        except FileNotFoundError:
+            raw = b""
+        if (len(raw), crc32c(raw)) != expect:
+            report.problems.append(Problem(idx_path, 0, f"the lean index does not match its "
+                                           f"checksum ({len(raw)} bytes, crc32c "
+                                           f"{crc32c(raw):08x}; listed {expect[0]} bytes, "
+                                           f"{expect[1]:08x})"))
+    m = seg.meta if seg.meta is not None and not seg.meta.open else None
+    if m is not None:
+        first = int(idx.dir["first_offset"][0]) if idx.chunk_count else -1
+        last = int(idx.dir["last_offset"][-1]) if idx.chunk_count else -1
+        if m.format != 2:
+            report.problems.append(Problem(idx_path, 0, f"the segment list says format "
+                                           f"{m.format}, the .bcq is a lean index (format 2)"))
+        elif idx.n != m.records or (first, last) != (m.first_offset, m.last_offset):
+            report.problems.append(Problem(idx_path, 0, f"the lean index lists {idx.n} records, "
+                                           f"offsets {first}..{last}; the segment list says "
+                                           f"{m.records}, {m.first_offset}..{m.last_offset}"))
+    topic = pl.topic.encode()
+    nxt_base = m.next if m is not None else (
+        pl.segments[si + 1].base if si + 1 < len(pl.segments) else None)
+    for i in range(idx.chunk_count):
+        try:
+            e = idx.chunk(i)
+        except CorruptRecordError as err:
+            report.problems.append(Problem(idx_path, err.position or 0, str(err)))
+            continue
+        start = int(idx.dir["first_position"][i])
+        end = (int(idx.dir["first_position"][i + 1]) if i + 1 < idx.chunk_count
+               else idx.log_size)
+        try:
+            data = np.frombuffer(pl.read_log(seg, start, end - start), np.uint8)
+            d = decode_batches(data, start, topic, pl.partition, log_path)
+        except CorruptRecordError as err:
+            report.problems.append(Problem(log_path, err.position or start,
+                                           f"{err} (rebuild the partition from a replica)"))
+            continue
+        report.records += d.offsets.shape[0]
+        sc = scan(d.data, 0, d.data.shape[0], secret=store.secret, verify_crc=True)
+        exp = B.entries_from_scan(sc, 0, len(sc), 0)
+        if len(sc) != e.shape[0] or sc.status != K.SCAN_OK:
+            report.problems.append(Problem(log_path, start, f"the batches at byte {start} hold "
+                                           f"{len(sc)} records, the lean index lists "
+                                           f"{e.shape[0]}"))
+            continue
+        bad = np.zeros(e.shape[0], dtype=bool)
+        for f in _CMP_V2:
+            bad |= exp[f] != e[f]
+        heads = np.array([h.position for h in d.heads], np.int64)
+        bad |= heads[d.batch_of] != e["position"].astype(np.int64)
+        for j in np.nonzero(bad)[0][:20]:
+            report.problems.append(Problem(idx_path, int(idx.dir["chunk_pos"][i]),
+                                           f"lean index entry {int(idx.chunk_first_entry(i) + j)}"
+                                           f" does not match record {int(d.offsets[j])} of the "
+                                           "batches (rebuild the partition from a replica)"))
+        offs = d.offsets
+        if offs.shape[0] and (offs[0] <= prev_last or offs[0] < seg.base
+                              or (nxt_base is not None and offs[-1] >= nxt_base)):
+            report.problems.append(Problem(log_path, start, "offsets outside the segment's "
+                                           "range or not increasing"))
+        if offs.shape[0]:
+            prev_last = int(offs[-1])
+    return prev_last
 
 
 def _check_manifest_entry(seg, idx: np.ndarray, buf: np.ndarray, log_path: str, idx_path: str,

@@ -40,6 +40,9 @@ def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any
         "partition": partition, "segments": len(pl.segments), "records": records,
         "tombstones": tombstones, "keyless": keyless, "bytes": pl.size_bytes(),
         "first_offset": pl.first_offset, "next_offset": pl.next_offset,
+        "index_bytes": sum(seg.index_size for seg in pl.segments),
+        # each segment's store format and codec (docs/formats/segment-v2.md)
+        "segment_list": [pl.describe_segment(seg) for seg in pl.segments],
     }
     # compaction adds the horizon, the dirty ratio and the last run
     doc.update(partition_status(store, topic, partition))
@@ -166,14 +169,15 @@ def run_inspect(opts: InspectOptions) -> int:
         print_json(doc)
         return 0
     print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
-    hdr = ("TOPIC", "PART", "SEGS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "ACTIVE", "FIRST",
-           "NEXT", "HORIZON", "DIRTY", "DUE", "LAST RUN")
+    hdr = ("TOPIC", "PART", "SEGS", "FORMATS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "INDEX",
+           "ACTIVE", "FIRST", "NEXT", "HORIZON", "DIRTY", "DUE", "LAST RUN")
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
-            rows.append((t["topic"], p["partition"], p["segments"], p["records"], p["tombstones"],
-                         p["keyless"], human_bytes(p["bytes"]),
-                         human_bytes(p.get("active_bytes", 0)), p["first_offset"],
+            rows.append((t["topic"], p["partition"], p["segments"], _formats_text(p),
+                         p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
+                         human_bytes(p["index_bytes"]), human_bytes(p.get("active_bytes", 0)),
+                         p["first_offset"],
                          p["next_offset"], p.get("compaction_horizon", -1),
                          f"{p.get('dirty_ratio', 0.0):.2f}",
                          ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p)))
@@ -184,6 +188,16 @@ def run_inspect(opts: InspectOptions) -> int:
     if not rows:
         print("(no partitions)")
     return 0
+
+
+def _formats_text(p: dict[str, Any]) -> str:
+    """The FORMATS column: how many segments of each store format and codec, e.g.
+    ``v2/zstd:3,v1:1`` (the active segment is always format 1)."""
+    counts: dict[str, int] = {}
+    for s in p["segment_list"]:
+        k = f"v{s['format']}/{s['codec']}" if s["format"] == 2 else f"v{s['format']}"
+        counts[k] = counts.get(k, 0) + 1
+    return ",".join(f"{k}:{n}" for k, n in sorted(counts.items(), reverse=True)) or "-"
 
 
 def _last_run_text(p: dict[str, Any]) -> str:

@@ -38,7 +38,11 @@ from ..framework.kafka_clients import admin_settings, kafka_error, kafka_error_t
 #: The topic configs read from Kafka (Kafka's names, reput/config.py's keys).
 SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
                "max.compaction.lag.ms", "min.cleanable.dirty.ratio", "segment.bytes",
-               "segment.ms", "retention.ms")
+               "segment.ms", "retention.ms",
+               # the codec of sealed segments (store format 2); Kafka's default, producer, is
+               # not synced (the store's default, zstd, applies). compression.zstd.level is
+               # not: Kafka describes it only since 3.8
+               "compression.type")
 #: The largest segment.bytes synced: the store's own default.
 MAX_SYNCED_SEGMENT_BYTES = TopicConfig().segment_bytes
 #: librdkafka's default topic.metadata.refresh.interval.ms.

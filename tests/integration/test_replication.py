@@ -21,6 +21,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -31,10 +32,11 @@ import numpy as np
 import pytest
 
 from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import batch as KB
 from kcompact.reput import filenames as fn
-from kcompact.reput.config import ManualClock
+from kcompact.reput.config import ManualClock, WriterOptions
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.record import Record, RecordBatch, BytesColumn, encode
+from kcompact.reput.record import Record, RecordBatch, BytesColumn
 from kcompact.reput.store import Store
 from kcompact.replication.live import bitmap_array, live_offsets
 
@@ -181,7 +183,8 @@ def build_compacted_master(path: Path) -> tuple[dict[int, list[Record]], dict[in
     model: dict[int, list[Record]] = {0: [], 1: [], 2: []}
     nxt = {0: 0, 1: 500, 2: 7}
     with Store.open(str(path), writer="w", create=True, clock=clock) as st:
-        st.set_topic_config(TOPIC, {"segment.bytes": 16384, "delete.retention.ms": 1000})
+        st.set_topic_config(TOPIC, {"segment.bytes": 16384, "delete.retention.ms": 1000,
+                                    "compression.type": "uncompressed"})
         st.writable_partition(TOPIC, 3)  # an empty partition
         for rnd in range(3):
             recs = []
@@ -298,22 +301,28 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     assert r2.returncode == 0, r2.stderr
     assert_equal_to_model(replica, model, nexts)
 
-    # tamper with one live record of the replica (valid CRC, same size, other value)
+    # tamper with one live record of the replica (valid CRC, same size, other value): in its
+    # batch (the topic is uncompressed, so the value lies as it is), the batch CRC recomputed
     live, _ = live_records(replica, 0)
     victim = next(r for o, r in sorted(live.items()) if r.key and r.value and o > 100)
     with Store.open(str(replica)) as st:
         pl = PartitionLog(st.fs, TOPIC, 0, st.secret)
         seg = pl.segments[pl.segment_for(victim.offset)]
+        assert pl.seg_format(seg) == 2
         e = pl.entries(seg)
-        pos = int(e["position"][np.searchsorted(e["offset"], victim.offset)])
+        bpos = int(e["position"][np.searchsorted(e["offset"], victim.offset)])
+        bsize = int(pl.index(seg).batches()[1][np.searchsorted(pl.index(seg).batches()[0],
+                                                               bpos)])
         path = replica / pl.log_path(seg.base)
-    evil = Record(TOPIC, 0, victim.offset, victim.timestamp, victim.key,
-                  bytes(b ^ 0x20 for b in victim.value), victim.headers)
-    raw = encode([evil])
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        assert len(raw) == len(encode([victim]))
-        f.write(raw)
+    log = bytearray(path.read_bytes())
+    batch = log[bpos:bpos + bsize]
+    at = bytes(batch).index(victim.value, KB.HEADER_SIZE)
+    batch[at:at + len(victim.value)] = bytes(b ^ 0x20 for b in victim.value)
+    struct.pack_into(">I", batch, 17, KB.crc32c(np.frombuffer(bytes(batch), np.uint8),
+                                                KB.CRC_START, len(batch)))
+    log[bpos:bpos + bsize] = batch
+    path.write_bytes(bytes(log))
+    pos = bpos
     assert kc("verify", "--store", replica).returncode == 0  # still a valid store...
     v = kc("verify", "--store", replica, "--against", srv.url, "--token-file", token)
     assert v.returncode == 1, v.stdout  # ...but not the master's data
@@ -332,6 +341,48 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     assert "cannot be read" in v.stdout and "corrupt record" in v.stdout
     assert srv.stop() == 0
     assert "stopped" in srv.text
+
+
+def _formats(store_path: Path, partition: int) -> list[int]:
+    with Store.open(str(store_path)) as st:
+        pl = st.partition(TOPIC, partition)
+        return [pl.seg_format(seg) for seg in pl.segments if seg.log_size]
+
+
+def test_a_format_2_replica_of_a_format_1_master(tmp_path, procs, token):
+    """A master as a kcompact before store format 2 left it (store.json version 1, every
+    segment format 1) serves unchanged; its replica seals what it pulls into format 2 and
+    equals it; the master's files stay format 1."""
+    master, replica = tmp_path / "master", tmp_path / "replica"
+    rng = random.Random(28)
+    recs = [Record(TOPIC, p, o, T0 + o, None if o % 31 == 0 else b"key-%03d" % rng.randrange(200),
+                   None if o % 11 == 0 else b'{"o": %d, "status": "paid"}' % o)
+            for p in (0, 1) for o in range(0, 6000, rng.choice([1, 2]))]
+    with Store.open(str(master), writer="w", create=True,
+                    options=WriterOptions(seal_format=1)) as st:
+        st.set_topic_config(TOPIC, {"segment.bytes": 16384})
+        st.append(RecordBatch.from_records(TOPIC, recs))
+        st.flush()
+    doc = json.loads((master / "store.json").read_text())
+    doc["format_version"] = 1
+    doc["topics"][TOPIC] = {k: v for k, v in doc["topics"][TOPIC].items()
+                            if not k.startswith("compression.")}
+    (master / "store.json").write_text(json.dumps(doc))
+    before = {p.name: p.read_bytes() for p in (master / "partitions").rglob("*") if p.is_file()}
+    assert set(_formats(master, 0)) == {1}
+    srv = procs.serve(master, token)
+    r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", replica)
+    assert r.returncode == 0, r.stderr
+    for p in (0, 1):
+        f = _formats(replica, p)
+        assert f and set(f) == {2}, f  # the replica's rebuild compacted: every segment sealed
+    assert json.loads((replica / "store.json").read_text())["format_version"] == 2
+    v = kc("verify", "--store", replica, "--against", srv.url, "--token-file", token)
+    assert v.returncode == 0 and "EQUAL" in v.stdout, v.stdout + v.stderr
+    assert srv.stop() == 0
+    after = {p.name: p.read_bytes() for p in (master / "partitions").rglob("*") if p.is_file()}
+    assert after == before
+    assert json.loads((master / "store.json").read_text())["format_version"] == 1
 
 
 def _tombstone_clean_times(store_path: Path, partition: int) -> dict[int, int]:
@@ -419,7 +470,8 @@ def test_issue_zero_copy_records_equal_checked_ones_and_a_damaged_master_is_name
         seg = pl.segments[0]
         e = pl.entries(seg)
         mid = e.shape[0] // 2
-        pos = int(e["position"][mid]) + int(e["size"][mid]) - 3
+        assert pl.seg_format(seg) == 2  # a Kafka batch: a byte of its payload (segment-v2.md)
+        pos = int(e["position"][mid]) + 64
         path = master / pl.log_path(seg.base)
     with open(path, "r+b") as f:
         f.seek(pos)

@@ -158,9 +158,9 @@ def test_compaction_on_s3_equals_local(s3_store_url, tmp_path):
     with Store.open(local) as st:
         rl = {r.partition: r.to_dict() for r in compact_store(st, force=True)}
     # segment counts differ by design: on S3 every flush seals a segment, locally they roll
-    # at segment.bytes (and force leaves an empty active segment)
-    same = ("records_kept", "records_dropped", "tombstones_dropped", "cleaned_offset", "rounds",
-            "size_before", "size_after")
+    # at segment.bytes (and force leaves an empty active segment); so do the bytes, since a
+    # sealed segment is compressed in batches (store format 2) and the active one is not
+    same = ("records_kept", "records_dropped", "tombstones_dropped", "cleaned_offset", "rounds")
     assert {p: {k: r[k] for k in same} for p, r in r3.items()} == \
         {p: {k: r[k] for k in same} for p, r in rl.items()}
     assert content(s3) == content(local)

@@ -56,6 +56,11 @@ DOCS = {
                     "restore": {"rec_per_s": 6e5, "peer_rec_per_s": 4e5, "ratio": 1.5},
                     "compaction": {"ours": {"mb_per_s": 400.0}, "kafka": {"mb_per_s": 100.0},
                                    "ratio": 4.0}},
+    "storage": {"kafka_version": "3.9.1", **{
+        w: {"live": 99_997, "kafka": {"total": 2_747_754},
+            "kcompact": {c: {"total": int(2_747_754 * r), "per_record": 27.5 * r, "ratio": r}}}
+        for w, c, r in (("json_zstd", "zstd", 1.6), ("json_none", "uncompressed", 1.3),
+                        ("random", "uncompressed", 1.1))}},
 }
 
 
@@ -103,6 +108,9 @@ def test_headline_table_puts_each_figure_next_to_its_baseline_as_a_ratio():
     assert kmirror[3] == "Kafka's ConsumerPerformance 1.00M rec/s" and kmirror[6] == "**no**"
     assert krestore[4].startswith("1.50 (ours / Java producer") and krestore[6] == "yes"
     assert kcompaction[2] == "400.0 MB/s" and kcompaction[5] == ">= 3" and kcompaction[6] == "yes"
+    (jz, jn, rnd) = rows_of(lines, "storage")
+    assert jz[4].startswith("1.60 (ours / Kafka (bytes))") and jz[5] == "<= 2.0" and jz[6] == "yes"
+    assert jn[6] == "**no**" and rnd[6] == "yes" and "99,997 live records" in jz[1]
     (spark, read) = rows_of(lines, "spark")
     assert spark[4].startswith("1.15 (spark / local") and read[6] == "-"
 

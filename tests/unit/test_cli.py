@@ -19,6 +19,7 @@ from kcompact.reput import segment_list as SL
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import ManualClock
 from kcompact.reput.record import RecordBatch
+from kcompact.reput.config import WriterOptions
 from kcompact.reput.store import Store
 
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
@@ -35,12 +36,14 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if ln]
 
 
-def keyed_store(tmp_path, partitions: int = 1, n: int = 400, keys: int = 50) -> str:
+def keyed_store(tmp_path, partitions: int = 1, n: int = 400, keys: int = 50,
+                seal_format: int = 2) -> str:
     """A closed local store: ``n`` records of ~330 bytes over ``keys`` keys per partition, in
-    16 KiB segments (about 48 records each)."""
+    16 KiB segments (about 48 records each), sealed into ``seal_format``."""
     url = str(tmp_path / "s")
     clock = ManualClock()
-    s = Store.open(url, writer="w", create=True, clock=clock)
+    s = Store.open(url, writer="w", create=True, clock=clock,
+                   options=WriterOptions(seal_format=seal_format))
     s.set_topic_config(TOPIC, {"segment.bytes": SEG})
     for p in range(partitions):
         s.append(RecordBatch.from_records(TOPIC, [
@@ -141,7 +144,7 @@ def _flip(path: str, pos: int) -> None:
 
 
 def test_verify_lists_every_problem_with_file_and_position(tmp_path):
-    url = keyed_store(tmp_path)
+    url = keyed_store(tmp_path, seal_format=1)  # format 1: a record's bytes are where it lies
     s = Store.open(url)
     pl = s.partition(TOPIC, 0)
     sealed = pl.sealed_segments
@@ -183,6 +186,29 @@ def test_verify_lists_every_problem_with_file_and_position(tmp_path):
     assert doc["ok"] is False
     assert [(p["path"], p["position"], p["message"]) for p in doc["problems"]] == want
     assert doc["records"] == 400 - 2  # every record but the two corrupt ones was checked
+
+
+def test_verify_reports_a_damaged_format_2_batch_and_lean_index(tmp_path):
+    url = keyed_store(tmp_path)
+    s = Store.open(url)
+    pl = s.partition(TOPIC, 0)
+    sealed = pl.sealed_segments
+    assert len(sealed) >= 3 and all(pl.seg_format(seg) == 2 for seg in sealed)
+    log_a, idx_b = pl.seg_log_path(sealed[0]), pl.seg_index_path(sealed[1])
+    size_a = sealed[0].log_size
+    s.close()
+    assert kcompact("verify", "--store", url).returncode == 0
+    _flip(os.path.join(url, log_a), size_a - 3)       # inside segment a's last batch
+    _flip(os.path.join(url, idx_b), os.path.getsize(os.path.join(url, idx_b)) - 2)  # a chunk
+    proc = kcompact("verify", "--store", url)
+    assert proc.returncode == 1, proc.stderr
+    out = proc.stdout.splitlines()
+    assert len(out) == 4, out
+    assert out[0].startswith(f"{log_a}: byte ") and "batch CRC mismatch" in out[0]
+    # the segment list's checksum of the whole lean index, then the chunk's own CRC
+    assert out[1].startswith(f"{idx_b}: byte 0: ") and "does not match its checksum" in out[1]
+    assert out[2].startswith(f"{idx_b}: byte ") and "lean index chunk 0" in out[2]
+    assert out[-1].startswith("CORRUPT: 1 partitions,") and out[-1].endswith("3 problems")
 
 
 # -- usage errors --------------------------------------------------------------------------------

@@ -16,9 +16,10 @@ For every outcome:
   record) undoes the roll by writing the segment list back, which puts the same bytes in a
   regular file where a symlink was.
 
-The store: two partitions, records with keys, headers, tombstones and keyless ones in 4 KiB
+The store: two partitions, records with keys, headers, tombstones and keyless ones in 16 KiB
 segments, a compaction of the first part (so the partitions hold gaps, a compaction.checkpoint
-and a rewritten segment list), more records after it. Metadata covered (README "What holds"):
+and a rewritten segment list, and segments of store format 2: Kafka batches and lean indexes),
+more records after it, sealed in store format 1. Metadata covered (README "What holds"):
 store.json and segments.json are checksummed, compaction.checkpoint is validated, the commit
 log's files are the writer's (a closed store's are read by nobody here).
 
@@ -43,7 +44,7 @@ from kcompact.connectors.apps.kv import KVMap
 from kcompact.connectors.cli import main
 from kcompact.reput.config import ManualClock
 from kcompact.reput.record import RecordBatch
-from kcompact.reput.store import Store
+from kcompact.reput.store import Store, WriterOptions
 
 TOPIC = "t"
 EXAMPLES = int(os.environ.get("KCOMPACT_FUZZ_EXAMPLES", "0") or 0)
@@ -82,7 +83,9 @@ def build(url: str) -> list[tuple]:
                 code, _, err = run("compact", "--store", url, "--topic", TOPIC,
                                    "--partition", str(p), "--force")
                 assert code == 0, err
-            s = Store.open(url, writer="w", clock=clock)
+            # the second part stays in store format 1 when sealed (the compaction above wrote
+            # format 2): the store holds both segment formats
+            s = Store.open(url, writer="w", clock=clock, options=WriterOptions(seal_format=1))
     return written
 
 
@@ -125,6 +128,10 @@ def template(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     url = str(root / "store")
     written = build(url)
+    with Store.open(url) as s:  # both segment formats are sealed in each partition
+        for p in range(2):
+            pl = s.partition(TOPIC, p)
+            assert {pl.seg_format(seg) for seg in pl.segments[:-1]} == {1, 2}, p
     code, clean, err = dump_all(url)
     assert code == 0, err
     by_key = {(p, o): (k, v, h, ts) for p, o, ts, k, v, h in written}

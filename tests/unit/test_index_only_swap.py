@@ -1,6 +1,7 @@
 """Index-only outputs (docs/formats/compaction-swap.md): a compaction that drops nothing from a
-segment but stamps its tombstones' first clean_time rewrites that segment's .bcq alone; the
-.log stays the same file. A crash at any rename of that swap reopens to the old or new state."""
+(format-2) segment but stamps its tombstones' first clean_time rewrites that segment's .bcq
+alone; the .log stays the same file. A crash at any rename of that swap reopens to the old or
+new state."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from kcompact.compaction import CompactionOptions, Compactor
+from kcompact.reput import bcq2 as B2
 from kcompact.reput import swap
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import ManualClock
@@ -31,10 +33,13 @@ def _build(d: str) -> list[Record]:
     each: compaction has only clean_time stamps to write."""
     s = Store.open(d, writer="w", create=True, clock=ManualClock(T0))
     s.set_topic_config(TOPIC, {"segment.bytes": 16384})
-    recs = [Record(TOPIC, 0, o, T0, b"k%04d" % o, None if o % 7 == 3 else b"v" * 50, ())
+    rng = np.random.default_rng(7)  # incompressible values: sealed segments stay ~16 KiB,
+    # so no two fit one segment and the compaction has nothing to merge
+    recs = [Record(TOPIC, 0, o, T0, b"k%04d" % o, None if o % 7 == 3 else rng.bytes(50), ())
             for o in range(700)]
     for i in range(0, len(recs), 50):
         s.append(RecordBatch.from_records(TOPIC, recs[i:i + 50]))
+    s.writable_partition(TOPIC, 0).roll()  # every segment sealed into format 2 at the flush
     s.flush()
     s.close()
     return recs
@@ -76,6 +81,10 @@ def test_stamp_only_rewrites_the_index_alone(tmp_path):
     recs = _build(d)
     before = _segments(d)
     assert len(before) >= 3
+    pdir = os.path.join(d, "partitions", TOPIC, "0")
+    for base in before:  # sealed into format 2 when rolled (reput/seal.py)
+        with open(os.path.join(pdir, "%020d.bcq" % base), "rb") as f:
+            assert B2.is_lean(f.read(8))
     _compact(d)
     after = _segments(d)
     assert sorted(after) == sorted(before)

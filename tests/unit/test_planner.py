@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -32,7 +33,9 @@ KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
 
 
 class Writer:
-    """Appends records of ~330 bytes (about 48 per 16 KiB segment) to a partition."""
+    """Appends records of ~330 bytes (about 48 per 16 KiB segment) to a partition. Values are
+    random bytes: sealed segments (store format 2, compressed) keep about their size, so the
+    segment counts and dirty ratios below do not depend on how well values compress."""
 
     def __init__(self, store: Store, clock: ManualClock):
         self.s, self.clock = store, clock
@@ -44,7 +47,8 @@ class Writer:
         for k in keys:
             recs.append((p, off, self.clock.ms() if ts is None else ts,
                          k if k is None else (k if isinstance(k, bytes) else b"k%d" % k),
-                         None if tomb else b"%d:" % off + b"v" * value_len))
+                         None if tomb else b"%d:" % off + random.Random(off).randbytes(
+                             value_len)))
             off += 1
         self.next[p] = off
         self.s.append(RecordBatch.from_records(TOPIC, recs))

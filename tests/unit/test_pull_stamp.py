@@ -1,6 +1,6 @@
 """PartitionLog.append(clean_upto=, clean_time_s=): a replica indexes the tombstones its master
 already compacted as cleaned when it pulls them (bcq.md, clean_time), so its forced compaction
-has nothing to restamp below the master's horizon and rewrites no .bcq there."""
+has nothing to restamp below the master's horizon (it only seals what it pulled into format 2)."""
 
 from __future__ import annotations
 
@@ -45,10 +45,18 @@ def test_forced_compaction_after_a_stamped_pull_rewrites_nothing_that_was_clean(
     # stamped now: well inside delete.retention.ms (24 h), so every tombstone is kept
     pl.append(buf, s, 0, len(s), clean_upto=99, clean_time_s=int(time.time()))
     st.flush()
+    before = np.concatenate([pl.entries(seg) for seg in pl.segments])
     res = Compactor(st, CompactionOptions(offset_map_memory=1 << 16)).compact_partition(
         TOPIC, 0, force=True)
     assert res.skipped is None and res.records_dropped == 0
-    assert res.segments_rewritten == 0 and res.bytes_written == 0
+    # the one rewrite is the active format-1 segment sealed into format 2 (segment-v2.md):
+    # no record dropped, no clean time restamped
+    assert res.segments_rewritten == 1
+    pl = st.partition(TOPIC, 0)
+    after = np.concatenate([pl.entries(seg) for seg in pl.segments])
+    assert all(pl.seg_format(seg) == 2 for seg in pl.segments if seg.log_size)
+    assert after["offset"].tolist() == before["offset"].tolist()
+    assert after["clean_time"].tolist() == before["clean_time"].tolist()
     # without the stamp the same compaction must rewrite the index to stamp the tombstones
     st2 = Store.open("memory://s2", fs=MemoryBackend(), writer="w", create=True)
     s2 = scan(buf, secret=st2.secret)

@@ -331,13 +331,19 @@ def test_issue_failed_writer_open_releases_its_locks(tmp_path):
 # -- (b) a flipped byte in a sealed segment ---------------------------------------------------
 
 
+#: these tests damage format-1 segments (records and 48-byte entries where they lie; a format-1
+#: .bcq is rebuilt from its .log): rolled segments stay format 1. Format 2's checks:
+#: test_segment_v2.py, test_seal.py, test_cli.py's verify of a damaged batch and lean index
+F1 = WriterOptions(seal_format=1)
+
+
 def _sealed_store(root: Path) -> tuple[Path, list[Record]]:
     rng = random.Random(3)
     Store.create(str(root)).close()
     recs = [_gen(rng, 0, 10 + 2 * i, big=True) for i in range(80)]
     recs = [Record(r.topic, r.partition, r.offset, r.timestamp, r.key,
                    r.value if r.value else b"x" * 500, r.headers) for r in recs]
-    with Store.open(str(root), writer="w") as s:
+    with Store.open(str(root), writer="w", options=F1) as s:
         s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
         for i in range(0, 80, 8):
             _append(s, recs[i:i + 8])
@@ -441,7 +447,7 @@ def test_damaged_bcq_of_an_open_segment_is_rebuilt_identical_on_writer_open(tmp_
     rng = random.Random(1)
     orig = tmp_path / "orig"
     Store.create(str(orig)).close()
-    s = Store.open(str(orig), writer="w")
+    s = Store.open(str(orig), writer="w", options=F1)
     s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
     recs = [_gen(rng, 0, i, big=True) for i in range(120)]
     _append(s, recs[:100])
@@ -461,13 +467,13 @@ def test_damaged_bcq_of_an_open_segment_is_rebuilt_identical_on_writer_open(tmp_
             target = sorted((work / _partition_dir(0)).glob("*.bcq"))[k]
             dict(_bcq_damages(target, rng))[name]()
             if k in opened:
-                with Store.open(str(work), writer="w") as s2:
+                with Store.open(str(work), writer="w", options=F1) as s2:
                     assert _contents(s2) == _model(recs), (k, name)
                 assert _segment_files(work) == want, (k, name)
             else:
                 damaged = _files(work, "")
                 with pytest.raises(CorruptRecordError) as ei:
-                    with Store.open(str(work), writer="w") as s2:
+                    with Store.open(str(work), writer="w", options=F1) as s2:
                         _contents(s2)
                 assert target.name in str(ei.value), (k, name)
                 assert _files(work, "") == damaged, (k, name)
@@ -481,7 +487,7 @@ def test_damaged_bcq_of_a_closed_store_is_refused_not_rebuilt(tmp_path):
     root = tmp_path / "s"
     Store.create(str(root)).close()
     recs = [_gen(rng, 0, i, big=True) for i in range(60)]
-    with Store.open(str(root), writer="w") as s:
+    with Store.open(str(root), writer="w", options=F1) as s:
         s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
         _append(s, recs)
     extra = [Record(TOPIC, 0, 60 + i, 1, b"e", b"extra") for i in range(3)]
@@ -494,7 +500,7 @@ def test_damaged_bcq_of_a_closed_store_is_refused_not_rebuilt(tmp_path):
             damaged = _files(work, "")
             for writer in (None, "w"):
                 with pytest.raises(CorruptRecordError) as ei:
-                    with Store.open(str(work), writer=writer) as s:
+                    with Store.open(str(work), writer=writer, options=F1) as s:
                         _contents(s)
                         s.append(RecordBatch.from_records(TOPIC, extra))
                 assert target.name in str(ei.value), (k, name, writer)
@@ -502,7 +508,7 @@ def test_damaged_bcq_of_a_closed_store_is_refused_not_rebuilt(tmp_path):
             with Store.open(str(work)) as s:
                 report = verify_store(s)
             assert not report.ok and any(target.name in p.path for p in report.problems)
-    with Store.open(str(root), writer="w") as s:
+    with Store.open(str(root), writer="w", options=F1) as s:
         assert s.append(RecordBatch.from_records(TOPIC, recs[-5:] + extra)) == 3
         assert _contents(s) == _model(recs + extra)
 

@@ -205,7 +205,7 @@ def finish_and_check(base: S3Base, url: str, cl: str) -> None:
     assert fingerprint(url, cl) == base.final
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])  # 2 partitions x (.log, .bcq)
 def test_crash_mid_upload_leaves_the_old_version(base, n):
     """Outputs partly uploaded, no commit: the manifest (and every reader) is where it was;
     the uploads are orphans that recovery deletes."""

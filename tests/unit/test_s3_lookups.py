@@ -31,6 +31,7 @@ from _fake_s3 import FakeS3  # noqa: E402
 
 from kcompact.compaction import CompactionOptions, compact_store  # noqa: E402
 from kcompact.reput import bcq as B  # noqa: E402
+from kcompact.reput.config import WriterOptions  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 from kcompact.reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
 from kcompact.reput.store import Store  # noqa: E402
@@ -61,12 +62,13 @@ def _rows(offsets, keys=None, vlen=40):
              b"v%d." % int(o) * (vlen // 4)) for o in offsets]
 
 
-def _gapped_store(url: str, fs=None) -> dict[int, list[int]]:
+def _gapped_store(url: str, fs=None, seal_format: int = 2) -> dict[int, list[int]]:
     """Three flushed segments with gaps at their ends: [0..49] base 0, [100..149] base 100,
-    [200..1199] base 200 (1000 records: a .bcq of 48000 bytes, 12 cache blocks). Returns
-    {segment base: offsets}."""
+    [200..1199] base 200 (1000 records: in format 1 a .bcq of 48000 bytes, 12 cache blocks).
+    Returns {segment base: offsets}."""
     segs = {0: list(range(0, 50)), 100: list(range(100, 150)), 200: list(range(200, 1200))}
-    with Store.open(url, fs=fs, writer="w", create=True) as st:
+    with Store.open(url, fs=fs, writer="w", create=True,
+                    options=WriterOptions(seal_format=seal_format)) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": 1 << 20})
         for offs in segs.values():
             if st.fs.appendable and offs[0]:  # a local store rolls; on S3 a flush seals
@@ -139,8 +141,9 @@ def test_read_past_the_end_needs_no_request(make_fs):
 def test_a_short_read_fetches_one_block_of_a_large_bcq(make_fs):
     """Segment 200 has a 48000-byte .bcq (12 blocks of 4 KiB): reading 3 records from the
     middle fetches the block of the .bcq that holds their entries, and the .log block(s)
-    of their bytes; never the whole .bcq."""
-    _gapped_store("s3://bucket/s", make_fs())
+    of their bytes; never the whole .bcq. (A format-1 store: a lean index is read whole, one
+    request, see the next test.)"""
+    _gapped_store("s3://bucket/s", make_fs(), seal_format=1)
     st, pl, fs = _cold(make_fs)
     seg = pl.segments[2]
     assert seg.entry.bcq_size == 1000 * B.ENTRY_SIZE > 10 * BLOCK
@@ -155,6 +158,20 @@ def test_a_short_read_fetches_one_block_of_a_large_bcq(make_fs):
     r = pl.read(205)
     assert len(r) == 995
     assert _requests(fs)["GetObject"] >= 1
+    st.close()
+
+
+def test_a_short_read_of_a_format_2_segment_is_two_requests(make_fs):
+    """A sealed format-2 segment on S3: its lean index whole (one request, its entries
+    compressed) and the .log block of the batch holding the records (a cache block larger
+    than the batch, as the default 4 MiB is larger than a 1 MiB batch)."""
+    _gapped_store("s3://bucket/s", make_fs())
+    st, pl, fs = _cold(make_fs, block=1 << 20)
+    seg = pl.segments[2]
+    assert seg.entry.format == 2 and seg.entry.bcq_size < 1000 * B.ENTRY_SIZE / 2
+    r = pl.read(700, max_records=3)
+    assert [x.offset for x in r.records()] == [700, 701, 702]
+    assert _requests(fs) == {"GetObject": 2}
     st.close()
 
 

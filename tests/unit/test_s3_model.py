@@ -27,6 +27,7 @@ import test_store_model as SM  # noqa: E402
 from _fake_s3 import FakeS3  # noqa: E402
 
 from kcompact.reput import bcq as B  # noqa: E402
+from kcompact.reput import bcq2 as B2  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
 from kcompact.reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
 from kcompact.reput.store import Store  # noqa: E402
@@ -61,9 +62,16 @@ def check_manifests(store: Store, fs) -> None:
             for e in m.segments:
                 pdir = f"partitions/{t}/{p}"
                 assert fs.size(f"{pdir}/{e.log}") == e.log_size
-                idx = np.frombuffer(fs.read(f"{pdir}/{e.bcq}"), np.uint8)
-                assert idx.shape[0] == e.bcq_size == 48 * e.records
-                offs = B.view(idx)["offset"]
+                raw = fs.read(f"{pdir}/{e.bcq}")
+                assert len(raw) == e.bcq_size
+                if B2.is_lean(raw):  # format 2 (bcq-v2.md): checksummed chunks
+                    lean = B2.LeanIndex(lambda s, n: raw[s:s + n], e.bcq, len(raw))
+                    assert lean.n == e.records and lean.log_size == e.log_size
+                    offs = lean.entries["offset"]
+                else:
+                    idx = np.frombuffer(raw, np.uint8)
+                    assert idx.shape[0] == 48 * e.records
+                    offs = B.view(idx)["offset"]
                 assert offs.tolist() == e.offset_array().tolist()
                 if e.records:
                     assert e.first_offset == int(offs[0]) > prev and e.first_offset >= e.base

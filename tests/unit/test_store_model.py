@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from kcompact.reput import bcq as B
+from kcompact.reput import bcq2 as B2
 from kcompact.reput import filenames as fn
 from kcompact.reput.backend import LocalBackend, MemoryBackend
 from kcompact.reput.config import FSYNC_POLICIES, WriterOptions
@@ -271,8 +272,14 @@ def check_segments(fs) -> None:
                            if kind == "log")
             for i, base in enumerate(bases):
                 size = fs.size(f"{d}/{fn.base_name(base)}.log")
-                e = B.view(np.frombuffer(fs.read(f"{d}/{fn.base_name(base)}.bcq"), np.uint8))
-                assert fs.size(f"{d}/{fn.base_name(base)}.bcq") == e.shape[0] * B.ENTRY_SIZE
+                raw = fs.read(f"{d}/{fn.base_name(base)}.bcq")
+                if B2.is_lean(raw):  # sealed into format 2: a lean index (bcq-v2.md)
+                    lean = B2.LeanIndex(lambda a, n: raw[a:a + n], base, len(raw))
+                    assert lean.log_size == size
+                    e = lean.entries
+                else:
+                    e = B.view(np.frombuffer(raw, np.uint8))
+                    assert len(raw) == e.shape[0] * B.ENTRY_SIZE
                 assert size <= SEGMENT_BYTES or e.shape[0] == 1
                 assert int(e["size"].sum()) == size
                 if e.shape[0]:

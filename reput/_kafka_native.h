@@ -1,0 +1,414 @@
+/* Store format 2's record kernels in C (included by reput/_native.c, which provides crc32c, rd32
+ * and rd64): format-1 records <-> Kafka RecordBatch v2 records, docs/formats/segment-v2.md. The
+ * numba kernels of reput/_kafka_kernels.py are the same algorithms (the fallback, and the
+ * reference tests/unit/test_segment_v2.py compares against), so that sealing, compacting and
+ * reading a format-2 store loads no JIT compiler.
+ *
+ * Varints are Kafka's: zigzag, then 7 bits a byte, low group first. Kafka records from a .log
+ * are untrusted: every length is checked against the payload before it is used. Format-1 records
+ * given to the encoder were verified by the partition reader. */
+#ifndef KCOMPACT_KAFKA_NATIVE_H
+#define KCOMPACT_KAFKA_NATIVE_H
+
+#define KDEC_OK 0
+#define KDEC_TRUNCATED 1
+#define KDEC_INVALID 2
+
+static inline void wr32(uint8_t *b, uint32_t x) { memcpy(b, &x, 4); }
+static inline void wr64(uint8_t *b, uint64_t x) { memcpy(b, &x, 8); }
+
+static inline int64_t kvarint_size(int64_t v)
+{
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    int64_t n = 1;
+    while (z >= 0x80) {
+        z >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline int64_t kput_varint(uint8_t *out, int64_t q, int64_t v)
+{
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (z >= 0x80) {
+        out[q++] = (uint8_t)((z & 0x7F) | 0x80);
+        z >>= 7;
+    }
+    out[q++] = (uint8_t)z;
+    return q;
+}
+
+/* the varint at b[*p:end] into *v; 0, or -1 when it runs past end or is longer than 10 bytes */
+static inline int kget_varint(const uint8_t *b, int64_t *p, int64_t end, int64_t *v)
+{
+    uint64_t z = 0;
+    for (int shift = 0;; shift += 7) {
+        if (*p >= end || shift > 63)
+            return -1;
+        uint64_t x = b[(*p)++];
+        z |= (x & 0x7F) << shift;
+        if (x < 0x80)
+            break;
+    }
+    *v = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+    return 0;
+}
+
+/* bytes of the Kafka record body (after its length varint) of the verified format-1 record at p */
+static int64_t kbody_size(const uint8_t *b, int64_t p, int64_t base_off, int64_t base_ts)
+{
+    int64_t tl = b[p + 10], off = (int64_t)rd64(b + p + 16), ts = (int64_t)rd64(b + p + 24);
+    int64_t kl = (int32_t)rd32(b + p + 32), vl = (int32_t)rd32(b + p + 36),
+            hl = (int32_t)rd32(b + p + 40);
+    uint8_t a = b[p + 9];
+    int64_t n = 1 + kvarint_size(ts - base_ts) + kvarint_size(off - base_off);
+    n += (a & REC_NULL_KEY) ? 1 : kvarint_size(kl) + kl;
+    n += (a & REC_NULL_VALUE) ? 1 : kvarint_size(vl) + vl;
+    if (hl == 0)
+        return n + 1;
+    int64_t h = p + REC_HEADER + tl + kl + vl, count = rd32(b + h), q = h + 4;
+    n += kvarint_size(count);
+    for (int64_t i = 0; i < count; i++) {
+        int64_t nl = (int64_t)b[q] | ((int64_t)b[q + 1] << 8);
+        q += 2 + nl;
+        int64_t hv = (int32_t)rd32(b + q);
+        q += 4;
+        n += kvarint_size(nl) + nl;
+        if (hv < 0) {
+            n += 1;
+        } else {
+            n += kvarint_size(hv) + hv;
+            q += hv;
+        }
+    }
+    return n;
+}
+
+static int64_t kencode(const uint8_t *b, const Arr *pos, int64_t lo, int64_t hi, int64_t base_off,
+                       int64_t base_ts, uint8_t *out, int64_t q)
+{
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t p = ld_i64(pos, i);
+        int64_t tl = b[p + 10], off = (int64_t)rd64(b + p + 16), ts = (int64_t)rd64(b + p + 24);
+        int64_t kl = (int32_t)rd32(b + p + 32), vl = (int32_t)rd32(b + p + 36),
+                hl = (int32_t)rd32(b + p + 40);
+        uint8_t a = b[p + 9];
+        int64_t body = kbody_size(b, p, base_off, base_ts);
+        if (out == NULL) {
+            q += kvarint_size(body) + body;
+            continue;
+        }
+        q = kput_varint(out, q, body);
+        out[q++] = 0;
+        q = kput_varint(out, q, ts - base_ts);
+        q = kput_varint(out, q, off - base_off);
+        int64_t s = p + REC_HEADER + tl;
+        if (a & REC_NULL_KEY) {
+            q = kput_varint(out, q, -1);
+        } else {
+            q = kput_varint(out, q, kl);
+            memcpy(out + q, b + s, (size_t)kl);
+            q += kl;
+        }
+        s += kl;
+        if (a & REC_NULL_VALUE) {
+            q = kput_varint(out, q, -1);
+        } else {
+            q = kput_varint(out, q, vl);
+            memcpy(out + q, b + s, (size_t)vl);
+            q += vl;
+        }
+        s += vl;
+        if (hl == 0) {
+            out[q++] = 0;
+            continue;
+        }
+        int64_t count = rd32(b + s);
+        q = kput_varint(out, q, count);
+        s += 4;
+        for (int64_t j = 0; j < count; j++) {
+            int64_t nl = (int64_t)b[s] | ((int64_t)b[s + 1] << 8);
+            s += 2;
+            q = kput_varint(out, q, nl);
+            memcpy(out + q, b + s, (size_t)nl);
+            q += nl;
+            s += nl;
+            int64_t hv = (int32_t)rd32(b + s);
+            s += 4;
+            if (hv < 0) {
+                q = kput_varint(out, q, -1);
+            } else {
+                q = kput_varint(out, q, hv);
+                memcpy(out + q, b + s, (size_t)hv);
+                q += hv;
+                s += hv;
+            }
+        }
+    }
+    return q;
+}
+
+/* v1_to_kafka(buf, positions, lo, hi, base_offset, base_ts, out, q) -> end: records
+ * positions[lo:hi] of buf (verified format-1 records) as Kafka records at out[q:]; with out None,
+ * q + their size */
+static PyObject *v1_to_kafka(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("v1_to_kafka", 8);
+    static const int which[5] = {2, 3, 4, 5, 7};
+    int64_t v[5];
+    if (args_i64(args, which, 5, v) < 0)
+        return NULL;
+    int64_t lo = v[0], hi = v[1], base_off = v[2], base_ts = v[3], q = v[4];
+    Arr a[3] = {{{0}}};
+    int has_out = args[6] != Py_None;
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[1], &a[1], 8, 0, "positions") < 0
+        || (has_out && arr_get(args[6], &a[2], 1, 1, "out") < 0)) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    int bad = a[0].stride != 1 || lo < 0 || hi < lo || hi > a[1].n || q < 0;
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    for (int64_t i = lo; !bad && i < hi; i++) {
+        int64_t p = ld_i64(&a[1], i);
+        bad = p < 0 || p + REC_HEADER > a[0].n || p + (int64_t)rd32(b + p) > a[0].n;
+    }
+    int64_t end = bad ? 0 : kencode(b, &a[1], lo, hi, base_off, base_ts, NULL, q);
+    if (!bad && has_out && (a[2].stride != 1 || end > a[2].n))
+        bad = 1;
+    if (bad) {
+        arr_release(a, 3);
+        PyErr_SetString(PyExc_ValueError, "v1_to_kafka: a record or the output is outside its "
+                                          "array");
+        return NULL;
+    }
+    if (has_out) {
+        Py_BEGIN_ALLOW_THREADS
+        end = kencode(b, &a[1], lo, hi, base_off, base_ts, (uint8_t *)a[2].p, q);
+        Py_END_ALLOW_THREADS
+    }
+    arr_release(a, 3);
+    return PyLong_FromLongLong(end);
+}
+
+typedef struct {
+    int64_t next, tsd, od, ks, kl, vs, vl, hs, hc, hbytes;
+} KRec;
+
+/* parse the Kafka record at b[p:end], bounds-checked (reput/_kafka_kernels.py _walk_record) */
+static int kwalk(const uint8_t *b, int64_t p, int64_t end, KRec *r)
+{
+    int64_t length, q = p;
+    if (kget_varint(b, &q, end, &length) < 0)
+        return KDEC_TRUNCATED;
+    if (length < 1)
+        return KDEC_INVALID;
+    if (length > end - q)
+        return KDEC_TRUNCATED;
+    int64_t rend = q + length;
+    q++; /* attributes */
+    if (kget_varint(b, &q, rend, &r->tsd) < 0 || kget_varint(b, &q, rend, &r->od) < 0 ||
+        r->od < 0 || r->od > 0x7FFFFFFF)
+        return KDEC_INVALID;
+    if (kget_varint(b, &q, rend, &r->kl) < 0 || r->kl < -1 || (r->kl > 0 && r->kl > rend - q))
+        return KDEC_INVALID;
+    r->ks = q;
+    if (r->kl > 0)
+        q += r->kl;
+    if (kget_varint(b, &q, rend, &r->vl) < 0 || r->vl < -1 || (r->vl > 0 && r->vl > rend - q))
+        return KDEC_INVALID;
+    r->vs = q;
+    if (r->vl > 0)
+        q += r->vl;
+    if (kget_varint(b, &q, rend, &r->hc) < 0 || r->hc < 0 || r->hc > length)
+        return KDEC_INVALID;
+    r->hs = q;
+    r->hbytes = r->hc > 0 ? 4 : 0;
+    for (int64_t i = 0; i < r->hc; i++) {
+        int64_t nl, hv;
+        if (kget_varint(b, &q, rend, &nl) < 0 || nl < 0 || nl > 0xFFFF || nl > rend - q)
+            return KDEC_INVALID;
+        q += nl;
+        if (kget_varint(b, &q, rend, &hv) < 0 || hv < -1 || (hv > 0 && hv > rend - q))
+            return KDEC_INVALID;
+        if (hv > 0)
+            q += hv;
+        r->hbytes += 2 + nl + 4 + (hv > 0 ? hv : 0);
+    }
+    if (q != rend)
+        return KDEC_INVALID;
+    r->next = rend;
+    return KDEC_OK;
+}
+
+/* kafka_sizes(buf, start, end, count, tl, sizes, starts, deltas) -> (status, walked, stop) */
+static PyObject *kafka_sizes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_sizes", 8);
+    static const int which[4] = {1, 2, 3, 4};
+    int64_t v[4];
+    if (args_i64(args, which, 4, v) < 0)
+        return NULL;
+    int64_t start = v[0], end = v[1], count = v[2], tl = v[3];
+    Arr a[4] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[5], &a[1], 8, 1, "sizes") < 0 ||
+        arr_get(args[6], &a[2], 8, 1, "starts") < 0 ||
+        arr_get(args[7], &a[3], 8, 1, "deltas") < 0) {
+        arr_release(a, 4);
+        return NULL;
+    }
+    if (a[0].stride != 1 || start < 0 || end < start || end > a[0].n || count < 0 ||
+        a[1].n < count || a[2].n < count || a[3].n < count) {
+        arr_release(a, 4);
+        PyErr_SetString(PyExc_ValueError, "kafka_sizes: start/end/count outside the arrays");
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t p = start, i = 0, status = KDEC_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < count; i++) {
+        KRec r;
+        int st = kwalk(b, p, end, &r);
+        if (st != KDEC_OK) {
+            status = st;
+            break;
+        }
+        int64_t size = REC_HEADER + tl + (r.kl > 0 ? r.kl : 0) + (r.vl > 0 ? r.vl : 0) + r.hbytes;
+        memcpy(a[1].p + i * a[1].stride, &size, 8);
+        memcpy(a[2].p + i * a[2].stride, &p, 8);
+        memcpy(a[3].p + i * a[3].stride, &r.od, 8);
+        p = r.next;
+    }
+    if (status == KDEC_OK && p != end)
+        status = KDEC_INVALID;
+    Py_END_ALLOW_THREADS
+    arr_release(a, 4);
+    return Py_BuildValue("(LLL)", (long long)status, (long long)i, (long long)p);
+}
+
+/* kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, q0, offsets,
+ * timestamps) -> end: the count Kafka records at buf[start:] (walked by kafka_sizes first) as
+ * format-1 records at out[q0:], CRC32C included; offsets[i], timestamps[i] get each record's */
+static PyObject *kafka_to_v1(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_to_v1", 11);
+    static const int which[6] = {1, 2, 3, 4, 6, 8};
+    int64_t v[6];
+    if (args_i64(args, which, 6, v) < 0)
+        return NULL;
+    int64_t start = v[0], count = v[1], base_off = v[2], base_ts = v[3], part = v[4], q = v[5];
+    Arr a[5] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[5], &a[1], 1, 0, "topic") < 0 ||
+        arr_get(args[7], &a[2], 1, 1, "out") < 0 || arr_get(args[9], &a[3], 8, 1, "offsets") < 0 ||
+        arr_get(args[10], &a[4], 8, 1, "timestamps") < 0) {
+        arr_release(a, 5);
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a[0].p, *topic = (const uint8_t *)a[1].p;
+    uint8_t *out = (uint8_t *)a[2].p;
+    int64_t tlen = a[1].n, end = a[0].n, p = start;
+    int bad = a[0].stride != 1 || a[1].stride != 1 || a[2].stride != 1 || start < 0 ||
+              start > end || count < 0 || a[3].n < count || a[4].n < count || q < 0 ||
+              tlen < 1 || tlen > 255;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; !bad && i < count; i++) {
+        KRec r;
+        if (kwalk(b, p, end, &r) != KDEC_OK) {
+            bad = 1;
+            break;
+        }
+        int64_t kl = r.kl > 0 ? r.kl : 0, vl = r.vl > 0 ? r.vl : 0;
+        int64_t size = REC_HEADER + tlen + kl + vl + r.hbytes;
+        if (size > a[2].n - q) {
+            bad = 1;
+            break;
+        }
+        int64_t off = base_off + r.od, ts = base_ts + r.tsd;
+        memcpy(a[3].p + i * a[3].stride, &off, 8);
+        memcpy(a[4].p + i * a[4].stride, &ts, 8);
+        uint8_t *h = out + q;
+        wr32(h, (uint32_t)size);
+        h[8] = REC_MAGIC;
+        h[9] = (uint8_t)((r.vl < 0 ? REC_NULL_VALUE : 0) | (r.kl < 0 ? REC_NULL_KEY : 0));
+        h[10] = (uint8_t)tlen;
+        h[11] = 0;
+        wr32(h + 12, (uint32_t)part);
+        wr64(h + 16, (uint64_t)off);
+        wr64(h + 24, (uint64_t)ts);
+        wr32(h + 32, (uint32_t)kl);
+        wr32(h + 36, (uint32_t)vl);
+        wr32(h + 40, (uint32_t)r.hbytes);
+        int64_t w = q + REC_HEADER;
+        memcpy(out + w, topic, (size_t)tlen);
+        w += tlen;
+        memcpy(out + w, b + r.ks, (size_t)kl);
+        w += kl;
+        memcpy(out + w, b + r.vs, (size_t)vl);
+        w += vl;
+        if (r.hc > 0) {
+            wr32(out + w, (uint32_t)r.hc);
+            w += 4;
+            int64_t s = r.hs;
+            for (int64_t j = 0; j < r.hc; j++) {
+                int64_t nl, hv;
+                kget_varint(b, &s, r.next, &nl);
+                out[w] = (uint8_t)(nl & 0xFF);
+                out[w + 1] = (uint8_t)((nl >> 8) & 0xFF);
+                w += 2;
+                memcpy(out + w, b + s, (size_t)nl);
+                w += nl;
+                s += nl;
+                kget_varint(b, &s, r.next, &hv);
+                wr32(out + w, (uint32_t)hv);
+                w += 4;
+                if (hv > 0) {
+                    memcpy(out + w, b + s, (size_t)hv);
+                    w += hv;
+                    s += hv;
+                }
+            }
+        }
+        wr32(h + 4, crc32c(h + 8, size - 8));
+        q += size;
+        p = r.next;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "kafka_to_v1: a record or the output is outside its "
+                                          "array (walk the batch with kafka_sizes first)");
+        return NULL;
+    }
+    return PyLong_FromLongLong(q);
+}
+
+/* crc32c_range(buf, start, end) -> CRC-32C of buf[start:end] (a batch's, a lean index's) */
+static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("crc32c_range", 3);
+    long long start = PyLong_AsLongLong(args[1]), end = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr a = {{0}};
+    if (arr_get(args[0], &a, 1, 0, "buf") < 0)
+        return NULL;
+    if (a.stride != 1 || start < 0 || end < start || end > a.n) {
+        arr_release(&a, 1);
+        PyErr_SetString(PyExc_ValueError, "crc32c_range: start/end outside the buffer");
+        return NULL;
+    }
+    uint32_t crc;
+    Py_BEGIN_ALLOW_THREADS
+    crc = crc32c((const uint8_t *)a.p + start, end - start);
+    Py_END_ALLOW_THREADS
+    arr_release(&a, 1);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+#define KAFKA_METHODS                                                                          \
+    {"v1_to_kafka", (PyCFunction)(void (*)(void))v1_to_kafka, METH_FASTCALL, NULL},            \
+    {"kafka_sizes", (PyCFunction)(void (*)(void))kafka_sizes, METH_FASTCALL, NULL},            \
+    {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
+    {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
+
+#endif

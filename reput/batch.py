@@ -1,0 +1,334 @@
+"""Store format 2's sealed segment: Kafka RecordBatch v2, compressed with the topic's codec.
+
+Spec: docs/formats/segment-v2.md. ``BatchEncoder`` turns verified format-1 records (what the
+partition reader hands out) into batches; ``decode_batches`` turns a run of batches read from a
+``.log`` back into format-1 records in memory, checking each batch's CRC-32C, so that everything
+above the reader sees one record layout whatever the segment's format. The record loops run in
+reput/_kafka_kernels.py; this module loops over batches only (one compressor call each).
+Compression goes through cramjam (gzip, snappy, lz4, zstd in one wheel).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from . import _kafka_kernels as KK
+from . import _kernels as K
+from .errors import CorruptRecordError, ReputError
+from .jit import native
+
+#: the C kernels (reput/_kafka_native.h, built into reput/_native.c) when built, else numba's
+_N = native()
+
+FORMAT_VERSION = 2
+MAGIC = 2
+#: baseOffset batchLength partitionLeaderEpoch magic crc attributes lastOffsetDelta
+#: baseTimestamp maxTimestamp producerId producerEpoch baseSequence recordCount (big-endian)
+BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = BATCH_HEADER.size   # 61
+LOG_OVERHEAD = 12                 # baseOffset + batchLength: bytes before what batchLength counts
+CRC_START = 21                    # the CRC covers [attributes, end)
+_HEAD12 = struct.Struct(">qi")
+
+CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2, 3, 4
+CODEC_NAMES = {CODEC_NONE: "uncompressed", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy",
+               CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
+CODEC_BY_NAME = {v: k for k, v in CODEC_NAMES.items()}
+ATTR_CODEC_MASK = 0x07
+#: bits kcompact never writes and refuses to read: transactional (4), control (5), delete
+#: horizon (6), and the unused rest
+ATTR_REFUSED = ~0x0F & 0xFFFF
+
+#: snappy-java's stream header (xerial framing, what Kafka writes for snappy)
+XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+XERIAL_BLOCK = 32 * 1024
+
+
+def codec_of(compression_type: str) -> int:
+    """The codec id of a topic's ``compression.type`` (``producer`` names none: zstd)."""
+    if compression_type == "producer":
+        return CODEC_ZSTD
+    try:
+        return CODEC_BY_NAME[compression_type]
+    except KeyError:
+        raise ReputError(f"unknown compression.type {compression_type!r}; use one of "
+                         + ", ".join(sorted(CODEC_BY_NAME))) from None
+
+
+def crc32c(buf: np.ndarray, start: int, end: int) -> int:
+    """CRC-32C (Castagnoli) of buf[start:end]."""
+    if _N is not None:
+        return int(_N.crc32c_range(buf, start, end))
+    return int(K.crc32c(buf, start, end, K.CRC_TABLES))
+
+
+def _to_kafka(buf, pos, lo: int, hi: int, base_off: int, base_ts: int) -> np.ndarray:
+    """Records pos[lo:hi] of ``buf`` (verified format-1 records) as Kafka records."""
+    if _N is not None:
+        out = np.empty(_N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, None, 0), np.uint8)
+        _N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, out, 0)
+        return out
+    sizes = np.empty(1, np.int64)
+    KK.v1_to_kafka_sizes(buf, pos, np.array([lo, hi], np.int64),
+                         np.array([base_off], np.int64), np.array([base_ts], np.int64), sizes)
+    out = np.empty(int(sizes[0]), np.uint8)
+    end = KK.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, out, 0)
+    assert end == out.shape[0]
+    return out
+
+
+def _walk(payload, count: int, tl: int, sizes, starts, deltas):
+    if _N is not None:
+        return _N.kafka_sizes(payload, 0, payload.shape[0], count, tl, sizes, starts, deltas)
+    return KK.kafka_sizes(payload, 0, payload.shape[0], count, tl, sizes, starts, deltas)
+
+
+def _to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q, offsets,
+           timestamps) -> None:
+    if _N is not None:
+        _N.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
+                       offsets, timestamps)
+    else:
+        KK.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
+                       offsets, timestamps, K.CRC_TABLES)
+
+
+# -- codecs, framed as Kafka frames them -------------------------------------------------------
+
+
+def _cramjam():
+    try:
+        import cramjam
+    except ImportError as e:  # a dependency of kcompact: only a broken install lacks it
+        raise ReputError(f"store format 2 needs cramjam: pip install 'cramjam>=2.8' ({e})") \
+            from None
+    return cramjam
+
+
+def compress(codec: int, data, level: int = 3) -> bytes:
+    cj = _cramjam()
+    if codec == CODEC_ZSTD:
+        return bytes(cj.zstd.compress(data, level=level))
+    if codec == CODEC_GZIP:
+        return bytes(cj.gzip.compress(data))
+    if codec == CODEC_LZ4:
+        # Kafka's reader (KafkaLZ4BlockInputStream) takes independent blocks only
+        c = cj.lz4.Compressor(content_checksum=False, block_linked=False)
+        c.compress(data.tobytes() if isinstance(data, np.ndarray) else bytes(data))
+        return bytes(c.finish())
+    if codec == CODEC_SNAPPY:
+        mv = memoryview(data).cast("B")
+        parts = [XERIAL_HEADER]
+        for i in range(0, len(mv), XERIAL_BLOCK):
+            block = bytes(cj.snappy.compress_raw(mv[i:i + XERIAL_BLOCK]))
+            parts.append(struct.pack(">i", len(block)))
+            parts.append(block)
+        return b"".join(parts)
+    raise ReputError(f"codec {codec} cannot compress")
+
+
+def decompress(codec: int, data, where: str, pos: int) -> np.ndarray:
+    """The records of a batch's payload (raises CorruptRecordError when it does not decode)."""
+    cj = _cramjam()
+    try:
+        if codec == CODEC_ZSTD:
+            out = cj.zstd.decompress(data)
+        elif codec == CODEC_GZIP:
+            out = cj.gzip.decompress(data)
+        elif codec == CODEC_LZ4:
+            out = cj.lz4.decompress(data)
+        elif codec == CODEC_SNAPPY:
+            out = _xerial_decompress(cj, bytes(data))
+        else:
+            raise CorruptRecordError(f"{where}: unknown codec {codec} in the batch at byte {pos}",
+                                     where, pos)
+    except CorruptRecordError:
+        raise
+    except Exception as e:  # noqa: BLE001 - each library raises its own
+        raise CorruptRecordError(f"{where}: the batch at byte {pos} does not decompress "
+                                 f"({CODEC_NAMES.get(codec, codec)}: {e})", where, pos) from None
+    return np.frombuffer(bytes(out), np.uint8)
+
+
+def _xerial_decompress(cj, raw: bytes) -> bytes:
+    if not raw.startswith(XERIAL_HEADER[:8]):
+        return bytes(cj.snappy.decompress_raw(raw))  # a plain snappy block (other writers)
+    p, parts = 16, []
+    while p < len(raw):
+        if p + 4 > len(raw):
+            raise ValueError("xerial block length runs past the payload")
+        (n,) = struct.unpack_from(">i", raw, p)
+        p += 4
+        if n < 0 or p + n > len(raw):
+            raise ValueError("xerial block runs past the payload")
+        parts.append(bytes(cj.snappy.decompress_raw(raw[p:p + n])))
+        p += n
+    return b"".join(parts)
+
+
+# -- encoding ----------------------------------------------------------------------------------
+
+
+class EncodedBatch(NamedTuple):
+    data: bytes          # the whole batch, header included
+    count: int
+    codec: int           # what was written (CODEC_NONE when compressing did not pay)
+
+
+def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offsets: np.ndarray,
+                 timestamps: np.ndarray, codec: int, level: int) -> EncodedBatch:
+    """One batch of the verified format-1 records positions[lo:hi] of ``buf`` (their offsets and
+    timestamps given, strictly increasing offsets)."""
+    n = hi - lo
+    if n <= 0:
+        raise ReputError("a batch needs at least one record")
+    base_off = int(offsets[lo])
+    base_ts = int(timestamps[lo])
+    last_delta = int(offsets[hi - 1]) - base_off
+    if last_delta > 0x7FFFFFFF:
+        raise ReputError(f"offsets {base_off}..{int(offsets[hi - 1])} do not fit one batch")
+    payload = _to_kafka(buf, np.ascontiguousarray(positions, dtype=np.int64), lo, hi, base_off,
+                        base_ts)
+    body = payload
+    written = CODEC_NONE
+    if codec != CODEC_NONE:
+        packed = compress(codec, payload, level)
+        if len(packed) < payload.shape[0]:
+            body, written = np.frombuffer(packed, np.uint8), codec
+    max_ts = int(timestamps[lo:hi].max())
+    total = HEADER_SIZE + body.shape[0]
+    out = np.empty(total, np.uint8)
+    BATCH_HEADER.pack_into(out, 0, base_off, total - LOG_OVERHEAD, -1, MAGIC, 0, written,
+                           last_delta, base_ts, max_ts, -1, -1, -1, n)
+    out[HEADER_SIZE:] = body
+    struct.pack_into(">I", out, 17, crc32c(out, CRC_START, total))
+    return EncodedBatch(out.tobytes(), n, written)
+
+
+# -- decoding ----------------------------------------------------------------------------------
+
+
+class BatchHead(NamedTuple):
+    position: int        # in the .log
+    size: int            # LOG_OVERHEAD + batchLength
+    base_offset: int
+    last_offset: int
+    base_ts: int
+    max_ts: int
+    count: int
+    codec: int
+
+
+def batch_size_at(head12: bytes, where: str, pos: int) -> int:
+    """The size of the batch whose first 12 bytes are ``head12``."""
+    if len(head12) < LOG_OVERHEAD:
+        raise CorruptRecordError(f"{where}: batch header cut at byte {pos}", where, pos)
+    _, length = _HEAD12.unpack_from(head12, 0)
+    if length < HEADER_SIZE - LOG_OVERHEAD:
+        raise CorruptRecordError(f"{where}: invalid batch length {length} at byte {pos}",
+                                 where, pos)
+    return LOG_OVERHEAD + length
+
+
+def parse_head(buf: np.ndarray, p: int, where: str, pos: int, *, check_crc: bool = True
+               ) -> BatchHead:
+    """The header of the batch at buf[p:] (the .log's byte ``pos``), its CRC checked."""
+    if buf.shape[0] - p < HEADER_SIZE:
+        raise CorruptRecordError(f"{where}: batch at byte {pos} is cut short", where, pos)
+    (base, length, _epoch, magic, crc, attrs, last_delta, base_ts, max_ts, _pid, _pe, _seq,
+     count) = BATCH_HEADER.unpack_from(buf, p)
+    size = LOG_OVERHEAD + length
+    if (magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or size > buf.shape[0] - p
+            or attrs & ATTR_REFUSED or count < 1 or last_delta < 0 or base < 0):
+        raise CorruptRecordError(f"{where}: invalid batch header at byte {pos}", where, pos)
+    if check_crc and crc32c(buf, p + CRC_START, p + size) != crc:
+        raise CorruptRecordError(f"{where}: batch CRC mismatch at byte {pos}", where, pos)
+    return BatchHead(pos, size, base, base + last_delta, base_ts, max_ts, count,
+                     attrs & ATTR_CODEC_MASK)
+
+
+class Decoded(NamedTuple):
+    """Format-1 records decoded from batches: ``data[positions[i]:+sizes[i]]`` is record i."""
+
+    data: np.ndarray
+    positions: np.ndarray
+    sizes: np.ndarray
+    offsets: np.ndarray
+    timestamps: np.ndarray
+    heads: list            # BatchHead of each batch decoded
+    batch_of: np.ndarray   # int64: the batch number (in ``heads``) of each record
+
+
+def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
+                   *, want: "set[int] | None" = None, lo: int = 0, hi: int = (1 << 63) - 1
+                   ) -> Decoded:
+    """Decode the batches of ``buf`` (the .log from byte ``start_pos``; whole batches back to
+    back) into format-1 records. With ``want`` (batch positions), other batches are skipped
+    unchecked. Every decoded batch is checked whole (CRC-32C, every record walked, offsets
+    against its header), but only its records with offsets in [lo, hi] are converted (a read
+    of one record converts one). Raises CorruptRecordError at the first batch that fails a
+    check, carrying ``decoded``: what the batches before it gave (a Decoded, or None)."""
+    topic_arr = np.frombuffer(topic, np.uint8)
+    tl = topic_arr.shape[0]
+    p, total = 0, buf.shape[0]
+    parts: list = []
+    try:
+        while p < total:
+            pos = start_pos + p
+            if want is not None and pos not in want:
+                p += batch_size_at(bytes(buf[p:p + LOG_OVERHEAD]), where, pos)
+                continue
+            h = parse_head(buf, p, where, pos)
+            body = buf[p + HEADER_SIZE:p + h.size]
+            payload = decompress(h.codec, body, where, pos) if h.codec else body
+            sz = np.empty(h.count, np.int64)
+            starts = np.empty(h.count, np.int64)
+            deltas = np.empty(h.count, np.int64)
+            st, walked, _stop = _walk(payload, h.count, tl, sz, starts, deltas)
+            if st != KK.DEC_OK:
+                raise CorruptRecordError(f"{where}: record {walked} of the batch at byte {pos} "
+                                         "is invalid or cut short", where, pos)
+            if (int(deltas[0]) != 0 or int(deltas[-1]) != h.last_offset - h.base_offset
+                    or (h.count > 1 and bool(np.any(deltas[1:] <= deltas[:-1])))):
+                raise CorruptRecordError(f"{where}: the offsets of the batch at byte {pos} "
+                                         "do not match its header", where, pos)
+            a = int(np.searchsorted(deltas, lo - h.base_offset))
+            z = int(np.searchsorted(deltas, hi - h.base_offset, side="right"))
+            parts.append((h, payload, sz[a:z], int(starts[a]) if a < z else 0, z - a))
+            p += h.size
+    except CorruptRecordError as e:
+        e.decoded = _assemble(parts, topic_arr, partition) if parts else None
+        raise
+    return _assemble(parts, topic_arr, partition)
+
+
+def _assemble(parts, topic_arr, partition) -> Decoded:
+    sizes = (np.concatenate([sz for _, _, sz, _, _ in parts]) if parts
+             else np.zeros(0, np.int64))
+    n = sizes.shape[0]
+    positions = np.zeros(n, np.int64)
+    if n > 1:
+        np.cumsum(sizes[:-1], out=positions[1:])
+    data = np.empty(int(sizes.sum()), np.uint8)
+    offsets = np.empty(n, np.int64)
+    timestamps = np.empty(n, np.int64)
+    batch_of = np.empty(n, np.int64)
+    heads = []
+    i = 0
+    for b, (h, payload, _, start, count) in enumerate(parts):
+        heads.append(h)
+        if count:
+            _to_v1(payload, start, count, h.base_offset, h.base_ts, topic_arr, partition, data,
+                   int(positions[i]), offsets[i:i + count], timestamps[i:i + count])
+        batch_of[i:i + count] = b
+        i += count
+    return Decoded(data, positions, sizes, offsets, timestamps, heads, batch_of)
+
+
+__all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_NAMES", "CODEC_NONE",
+           "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION", "HEADER_SIZE",
+           "LOG_OVERHEAD", "batch_size_at", "codec_of", "compress", "decode_batches",
+           "decompress", "encode_batch", "parse_head"]

@@ -1,0 +1,316 @@
+"""The lean .bcq of a format-2 segment: compressed column chunks of whole batches, a directory.
+
+Spec: docs/formats/bcq-v2.md. ``IndexBuilder`` collects the entries of a segment's batches as
+they are written and ``finish`` returns the file; ``LeanIndex`` reads one: the header and the
+directory once, then a chunk at a time, each decoded into format 1's entry dtype
+(``bcq.BCQ_DTYPE``: ``position`` is the record's batch position, ``size`` the batch's size on
+the batch's first record and 0 on the others) so that every caller of an index reads both formats
+alike. Unlike format 1's index this one is checksummed (header, directory, each chunk).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Callable
+
+import numpy as np
+
+from . import bcq as B
+from .errors import CorruptRecordError
+
+FORMAT_VERSION = 2
+MAGIC = b"KCBQ2\x00\x00\xff"
+#: magic version codec reserved chunk_count records log_size dir_crc header_crc
+HEADER = struct.Struct("<8sHBBIQQII")
+HEADER_SIZE = HEADER.size  # 40
+assert HEADER_SIZE == 40
+DIR_DTYPE = np.dtype([
+    ("first_offset", "<i8"), ("last_offset", "<i8"), ("first_entry", "<u8"),
+    ("chunk_pos", "<u8"), ("first_position", "<u8"), ("chunk_len", "<u4"),
+    ("chunk_crc", "<u4"),
+])
+assert DIR_DTYPE.itemsize == 48
+CHUNK_ENTRIES = 8192
+CHUNK_LEVEL = 3
+_U32 = struct.Struct("<II")
+
+
+def is_lean(head: bytes) -> bool:
+    """Does a .bcq starting with ``head`` (its first 8 bytes or more) hold a lean index?"""
+    return head[:8] == MAGIC
+
+
+def _crc(data) -> int:
+    from .batch import crc32c
+    arr = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+    return crc32c(arr, 0, arr.shape[0]) if arr.shape[0] else 0
+
+
+def _zstd():
+    from .batch import _cramjam
+    return _cramjam().zstd
+
+
+class IndexBuilder:
+    """The entries of a segment, batch by batch (``add_batch``), into a lean index."""
+
+    def __init__(self, chunk_entries: int = CHUNK_ENTRIES):
+        self.chunk_entries = chunk_entries
+        self._chunks: list[bytes] = []
+        self._dir: list[tuple] = []
+        self._pending: list[np.ndarray] = []
+        self._pending_batches: list[tuple[int, int]] = []  # (count, size)
+        self._pending_n = 0
+        self._pending_first_pos = 0
+        self.records = 0
+        self.log_size = 0
+
+    def add_batch(self, position: int, size: int, entries: np.ndarray) -> None:
+        """A batch written at ``position`` (``size`` bytes) holding the records of ``entries``
+        (BCQ_DTYPE: offset, timestamp, digests, flags, clean_time are used)."""
+        if position != self.log_size:
+            raise ValueError("batches must be added back to back")
+        if not self._pending_batches:
+            self._pending_first_pos = position
+        self._pending.append(entries)
+        self._pending_batches.append((entries.shape[0], size))
+        self._pending_n += entries.shape[0]
+        self.log_size = position + size
+        if self._pending_n >= self.chunk_entries:
+            self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        if not self._pending_batches:
+            return
+        e = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
+        n = e.shape[0]
+        counts = np.array([c for c, _ in self._pending_batches], np.uint32)
+        sizes = np.array([s for _, s in self._pending_batches], np.uint32)
+        off = e["offset"].astype(np.int64)
+        od = np.empty(n, np.uint32)
+        od[0] = 0
+        od[1:] = np.diff(off)
+        ts = e["timestamp"].astype(np.int64)
+        td = np.empty(n, np.int64)
+        td[0] = ts[0]
+        td[1:] = np.diff(ts)
+        body = b"".join([_U32.pack(n, counts.shape[0]), counts.tobytes(), sizes.tobytes(),
+                         od.tobytes(), td.tobytes(), e["flags"].astype(np.uint8).tobytes(),
+                         e["clean_time"].astype(np.uint32).tobytes(),
+                         e["digest_lo"].astype(np.uint64).tobytes(),
+                         e["digest_hi"].astype(np.uint64).tobytes()])
+        packed = bytes(_zstd().compress(body, level=CHUNK_LEVEL))
+        self._dir.append((int(off[0]), int(off[-1]), self.records, 0, self._pending_first_pos,
+                          len(packed), _crc(packed)))
+        self._chunks.append(packed)
+        self.records += n
+        self._pending, self._pending_batches, self._pending_n = [], [], 0
+
+    def finish(self, codec: int) -> bytes:
+        """The whole .bcq."""
+        self._close_chunk()
+        d = np.zeros(len(self._dir), DIR_DTYPE)
+        pos = HEADER_SIZE + d.nbytes
+        for i, row in enumerate(self._dir):
+            d[i] = row
+            d[i]["chunk_pos"] = pos
+            pos += row[5]
+        dbytes = d.tobytes()
+        head = HEADER.pack(MAGIC, FORMAT_VERSION, codec, 0, len(self._dir), self.records,
+                           self.log_size, _crc(dbytes), 0)
+        head = head[:36] + struct.pack("<I", _crc(head[:36]))
+        return b"".join([head, dbytes] + self._chunks)
+
+
+class LeanIndex:
+    """A lean .bcq opened for reading (``read(start, length) -> bytes`` reads the file). Quacks
+    like ``bcq.Index``: ``n``, ``lower_bound``, ``entries`` (every entry, decoded on first use);
+    ``chunk(i)`` decodes one chunk, ``chunk_of_entry``/``chunk_of_offset`` find one."""
+
+    format = 2
+
+    def __init__(self, read: Callable[[int, int], bytes], path: str, size: int):
+        self._read, self.path, self.file_size = read, path, size
+        head = read(0, min(size, 1 << 16))
+        if len(head) < HEADER_SIZE or not is_lean(head):
+            raise CorruptRecordError(f"{path}: not a lean index (bad magic or cut short)", path, 0)
+        (_m, version, codec, _r, chunks, records, log_size, dir_crc,
+         head_crc) = HEADER.unpack_from(head, 0)
+        if version != FORMAT_VERSION or _crc(head[:36]) != head_crc:
+            raise CorruptRecordError(f"{path}: lean index header check failed", path, 0)
+        dlen = chunks * DIR_DTYPE.itemsize
+        if HEADER_SIZE + dlen > size:
+            raise CorruptRecordError(f"{path}: lean index directory runs past the file", path,
+                                     HEADER_SIZE)
+        raw = head[HEADER_SIZE:HEADER_SIZE + dlen]
+        if len(raw) < dlen:
+            raw = read(HEADER_SIZE, dlen)
+        if _crc(raw) != dir_crc:
+            raise CorruptRecordError(f"{path}: lean index directory CRC mismatch", path,
+                                     HEADER_SIZE)
+        self.codec, self.n, self.log_size = codec, int(records), int(log_size)
+        self.dir = np.frombuffer(raw, DIR_DTYPE).copy()
+        ends = self.dir["chunk_pos"].astype(np.int64) + self.dir["chunk_len"]
+        if chunks and (int(ends[-1]) != size or int(self.dir["first_entry"][0]) != 0):
+            raise CorruptRecordError(f"{path}: lean index chunks do not fill the file", path,
+                                     HEADER_SIZE)
+        d = self.dir
+        if chunks and (int(d["first_position"][0]) != 0 or bool(np.any(
+                d["first_offset"] > d["last_offset"])) or bool(np.any(
+                d["first_offset"][1:] <= d["last_offset"][:-1])) or bool(np.any(
+                d["first_entry"][1:] <= d["first_entry"][:-1])) or bool(np.any(
+                d["first_position"][1:] <= d["first_position"][:-1])) or int(
+                d["first_entry"][-1]) >= records or int(d["first_position"][-1]) >= log_size):
+            raise CorruptRecordError(f"{path}: lean index directory out of order (chunks must "
+                                     "start at byte 0 of the .log, entry 0, and follow each "
+                                     "other in offsets, entries and positions)", path,
+                                     HEADER_SIZE)
+        #: (bytes, CRC32C) of the whole file when it was read whole (an object), else None
+        self.file_check: tuple[int, int] | None = None
+        self._cache: dict[int, np.ndarray] = {}
+        self._all: np.ndarray | None = None
+        self._batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def chunk_count(self) -> int:
+        return self.dir.shape[0]
+
+    def chunk_first_entry(self, i: int) -> int:
+        return int(self.dir["first_entry"][i])
+
+    def chunk_of_entry(self, j: int) -> int:
+        return max(0, int(np.searchsorted(self.dir["first_entry"], j, side="right")) - 1)
+
+    def chunk(self, i: int) -> np.ndarray:
+        """Entries of chunk ``i`` (BCQ_DTYPE, a fresh array; the last one decoded is cached)."""
+        hit = self._cache.get(i)
+        if hit is not None:
+            return hit
+        d = self.dir[i]
+        pos, length = int(d["chunk_pos"]), int(d["chunk_len"])
+        raw = self._read(pos, length)
+        if len(raw) != length or _crc(raw) != int(d["chunk_crc"]):
+            raise CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} fails "
+                                     "its CRC (or is cut short)", self.path, pos)
+        e = self._decode(i, raw, pos)
+        self._cache = {i: e}
+        return e
+
+    def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, sizes, record counts) of every batch of the .log (int64 each), from the
+        chunks (each decoded once; cached)."""
+        if self._batches is None:
+            pos, size, count = [], [], []
+            for i in range(self.chunk_count):
+                e = self.chunk(i)
+                first = np.flatnonzero(np.r_[True, e["position"][1:] != e["position"][:-1]])
+                pos.append(e["position"][first].astype(np.int64))
+                size.append(e["size"][first].astype(np.int64))
+                count.append(np.diff(np.r_[first, e.shape[0]]).astype(np.int64))
+            empty = np.zeros(0, np.int64)
+            self._batches = (np.concatenate(pos) if pos else empty,
+                             np.concatenate(size) if size else empty,
+                             np.concatenate(count) if count else empty)
+        return self._batches
+
+    def _decode(self, i: int, raw: bytes, pos: int) -> np.ndarray:
+        d = self.dir[i]
+        bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
+                                 "decode", self.path, pos)
+        try:
+            body = np.frombuffer(bytes(_zstd().decompress(raw)), np.uint8)
+        except Exception:  # noqa: BLE001 - the codec's own error
+            raise bad from None
+        if body.shape[0] < 8:
+            raise bad
+        n, b = _U32.unpack_from(body, 0)
+        want = 8 + 8 * b + n * (4 + 8 + 1 + 4 + 8 + 8)
+        nxt = (int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n)
+        if body.shape[0] != want or n == 0 or b == 0 or n != nxt - int(d["first_entry"]):
+            raise bad
+        p = 8
+        counts = body[p:p + 4 * b].view(np.uint32).astype(np.int64)
+        p += 4 * b
+        sizes = body[p:p + 4 * b].view(np.uint32).astype(np.int64)
+        p += 4 * b
+        od = body[p:p + 4 * n].view(np.uint32)
+        p += 4 * n
+        td = body[p:p + 8 * n].view(np.int64)
+        p += 8 * n
+        flags = body[p:p + n]
+        p += n
+        clean = body[p:p + 4 * n].view(np.uint32)
+        p += 4 * n
+        dlo = body[p:p + 8 * n].view(np.uint64)
+        p += 8 * n
+        dhi = body[p:p + 8 * n].view(np.uint64)
+        if int(counts.sum()) != n or int(counts.min()) < 1:
+            raise bad
+        first_pos = int(d["first_position"])
+        nxt_pos = (int(self.dir["first_position"][i + 1]) if i + 1 < self.chunk_count
+                   else self.log_size)
+        if first_pos + int(sizes.sum()) != nxt_pos:
+            raise bad
+        e = np.zeros(n, B.BCQ_DTYPE)
+        off = np.cumsum(od.astype(np.int64)) + int(d["first_offset"])
+        if int(off[-1]) != int(d["last_offset"]) or (n > 1 and int(od[1:].min()) == 0):
+            raise bad
+        e["offset"] = off
+        e["timestamp"] = np.cumsum(td)
+        e["digest_lo"] = dlo
+        e["digest_hi"] = dhi
+        bpos = np.empty(b, np.int64)
+        bpos[0] = first_pos
+        np.cumsum(sizes[:-1], out=bpos[1:])
+        bpos[1:] += first_pos
+        e["position"] = np.repeat(bpos, counts)
+        starts = np.zeros(b, np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        sz = np.zeros(n, np.uint32)
+        sz[starts] = sizes
+        e["size"] = sz
+        e["flags"] = flags
+        e["clean_time"] = clean
+        return e
+
+    @property
+    def entries(self) -> np.ndarray:
+        """Every entry of the segment (decoded once, then cached)."""
+        if self._all is None:
+            parts = [self.chunk(i) for i in range(self.chunk_count)]
+            self._all = (np.concatenate(parts) if parts else np.zeros(0, B.BCQ_DTYPE))
+        return self._all
+
+    @property
+    def words(self) -> np.ndarray:
+        return self.entries.view(np.int64) if self.n else np.zeros(0, np.int64)
+
+    def lower_bound(self, target: int) -> int:
+        """Number of the first entry with offset >= target (n if none)."""
+        if self.n == 0:
+            return 0
+        if self._all is not None:
+            return int(np.searchsorted(self._all["offset"], target))
+        i = int(np.searchsorted(self.dir["last_offset"], target))
+        if i >= self.chunk_count:
+            return self.n
+        e = self.chunk(i)
+        return int(self.dir["first_entry"][i]) + int(np.searchsorted(e["offset"], target))
+
+    def slice(self, j: int, k: int) -> np.ndarray:
+        """Entries j..k-1, decoding only the chunks they lie in."""
+        if self._all is not None:
+            return self._all[j:k]
+        if j >= k:
+            return np.zeros(0, B.BCQ_DTYPE)
+        a, z = self.chunk_of_entry(j), self.chunk_of_entry(k - 1)
+        parts = []
+        for i in range(a, z + 1):
+            e = self.chunk(i)
+            f = int(self.dir["first_entry"][i])
+            parts.append(e[max(0, j - f):k - f])
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+__all__ = ["CHUNK_ENTRIES", "DIR_DTYPE", "FORMAT_VERSION", "HEADER", "IndexBuilder",
+           "LeanIndex", "MAGIC", "is_lean"]

@@ -1,0 +1,161 @@
+"""Sealing a rolled segment into store format 2 (reput/seal.py, docs/formats/segment-v2.md).
+
+A writer's rolled segments become Kafka batches + a lean index at its next flush, through the
+compaction swap: the records read back are the ones appended (offsets, timestamps, keys, values,
+headers, tombstones); store.json goes to format 2 first; a crash at every rename and at every
+write of the seal reopens to the format-1 or the format-2 segment, never a mix, and verify is
+clean; a store opened with ``seal_format=1`` keeps format 1; a compaction holding the partition
+makes the seal step aside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from kcompact.reput import bcq2 as B2
+from kcompact.reput.backend import LocalBackend
+from kcompact.reput.config import WriterOptions
+from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.store import Store
+from kcompact.reput.verify import verify_store
+
+TOPIC = "t"
+
+
+class Crash(Exception):
+    pass
+
+
+def _records(n: int = 900) -> list[Record]:
+    out = []
+    for o in range(n):
+        key = None if o % 41 == 7 else b"k%03d" % (o % 300)
+        value = None if o % 13 == 2 and key is not None else b'{"n": %d, "s": "shipped"}' % o
+        hdr = (("h", b"%d" % o),) if o % 9 == 0 else ()
+        out.append(Record(TOPIC, 0, 2 * o, 1_700_000_000_000 + o, key, value, hdr))
+    return out
+
+
+def _formats(d: str) -> list[int]:
+    pdir = os.path.join(d, "partitions", TOPIC, "0")
+    out = []
+    for name in sorted(os.listdir(pdir)):
+        if name.endswith(".bcq") and os.path.getsize(os.path.join(pdir, name)):
+            with open(os.path.join(pdir, name), "rb") as f:
+                out.append(2 if B2.is_lean(f.read(8)) else 1)
+    return out
+
+
+def _write(d: str, recs, **opts) -> None:
+    s = Store.open(d, writer="w", create=True, options=WriterOptions(**opts))
+    s.set_topic_config(TOPIC, {"segment.bytes": 16384})
+    for i in range(0, len(recs), 100):
+        s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
+    s.flush()
+    s.close()
+
+
+def _read(d: str) -> list[Record]:
+    s = Store.open(d)
+    try:
+        assert verify_store(s).ok
+        return list(s.iter_records(TOPIC, 0))
+    finally:
+        s.close()
+
+
+def test_rolled_segments_are_sealed_into_format_2(tmp_path):
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs)
+    f = _formats(d)
+    assert len(f) >= 4 and f[:-1] == [2] * (len(f) - 1) and f[-1] == 1  # the active stays 1
+    assert _read(d) == recs
+    with open(os.path.join(d, "store.json")) as fh:
+        assert json.load(fh)["format_version"] == 2
+    s = Store.open(d)
+    pl = s.partition(TOPIC, 0)
+    assert pl.read(2 * 451, max_records=1).records().__next__() == recs[451]
+    assert sum(seg.log_size for seg in pl.sealed_segments) < 16384 * (len(f) - 1) / 3
+    s.close()
+
+
+def test_seal_format_1_keeps_format_1(tmp_path):
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs, seal_format=1)
+    assert set(_formats(d)) == {1}
+    assert _read(d) == recs
+
+
+@pytest.mark.parametrize("op", ["rename", "write_atomic", "sync_dir"])
+def test_a_crash_at_every_step_of_the_seal_recovers(tmp_path, op):
+    recs = _records()
+    orig = getattr(LocalBackend, op)
+    seen_v2 = seen_v1 = 0
+    for k in range(1, 200):
+        d, crash_dir = str(tmp_path / f"s{k}"), str(tmp_path / f"crash{k}")
+        calls = {"n": 0, "armed": False}
+
+        def hooked(self, *a, **kw):
+            if calls["armed"]:
+                calls["n"] += 1
+                if calls["n"] == k:
+                    shutil.copytree(d, crash_dir)
+                    raise Crash(k)
+            return orig(self, *a, **kw)
+
+        from kcompact.reput import seal as seal_mod
+        orig_seal = seal_mod.seal_segment
+
+        def armed_seal(pl, base):
+            calls["armed"] = True
+            try:
+                return orig_seal(pl, base)
+            finally:
+                calls["armed"] = False
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(LocalBackend, op, hooked)
+            mp.setattr(seal_mod, "seal_segment", armed_seal)
+            try:
+                _write(d, recs)
+            except Crash:
+                pass
+        if not os.path.isdir(crash_dir):
+            break  # every step was tried
+        # a writer's open finishes or rolls back the swap; readers see every record
+        s = Store.open(crash_dir, writer="w")
+        s.writable_partition(TOPIC, 0)
+        s.close()
+        f = _formats(crash_dir)
+        seen_v2 += f.count(2)
+        seen_v1 += f.count(1)
+        got = _read(crash_dir)
+        assert got == recs[:len(got)] and len(got) >= 100 * (len(got) // 100)
+    assert k > 2 and seen_v1 and seen_v2
+
+
+def test_a_compaction_holding_the_partition_makes_the_seal_step_aside(tmp_path):
+    from kcompact.reput import filenames as fn
+    from kcompact.reput.locks import FileLock
+    from kcompact.reput.seal import seal_segment
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs, seal_format=1)
+    s = Store.open(d, writer="w")
+    pl = s.writable_partition(TOPIC, 0)
+    pl.require_format = s.require_format
+    lock = FileLock(pl.local_fs, f"{pl.dir}/{fn.COMPACTION_LOCK}")
+    assert lock.acquire()
+    try:
+        assert seal_segment(pl, pl.segments[0].base) is False
+    finally:
+        lock.release()
+    assert seal_segment(pl, pl.segments[0].base) is True
+    assert pl.seg_format(pl.segments[0]) == 2
+    s.close()
+    assert _read(d) == recs

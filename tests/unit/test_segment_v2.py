@@ -1,0 +1,285 @@
+"""Store format 2's codec (reput/batch.py, reput/_kafka_kernels.py) and lean index (bcq2.py).
+
+docs/formats/segment-v2.md and bcq-v2.md: the worked examples byte for byte, round trips of
+format-1 records through Kafka batches against a plain-Python reference encoder of Kafka's record
+grammar, every codec, and the checks a damaged batch or index chunk fails.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kcompact.reput import batch as KB
+from kcompact.reput import bcq as B
+from kcompact.reput import bcq2 as B2
+from kcompact.reput import _kernels as K
+from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.record import Record, encode, decode_all, scan
+
+SECRET = bytes(range(16))
+
+
+def _v1(records):
+    raw = np.frombuffer(encode(records), np.uint8)
+    s = scan(raw, secret=SECRET)
+    e = B.entries_from_scan(s, 0, len(s), 0).copy()
+    return raw, e
+
+
+def _encode(records, codec=KB.CODEC_NONE, level=3):
+    raw, e = _v1(records)
+    pos = e["position"].astype(np.int64)
+    return KB.encode_batch(raw, pos, 0, len(records), e["offset"].astype(np.int64),
+                           e["timestamp"].astype(np.int64), codec, level), raw, e
+
+
+# -- a plain-Python reference of Kafka's record grammar ----------------------------------------
+
+
+def _varint(v: int) -> bytes:
+    z = (v << 1) ^ (v >> 63)
+    z &= (1 << 64) - 1
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _ref_records(records, base_off, base_ts) -> bytes:
+    out = bytearray()
+    for r in records:
+        body = bytearray(b"\x00")
+        body += _varint(r.timestamp - base_ts) + _varint(r.offset - base_off)
+        body += _varint(-1) if r.key is None else _varint(len(r.key)) + r.key
+        body += _varint(-1) if r.value is None else _varint(len(r.value)) + r.value
+        body += _varint(len(r.headers))
+        for name, val in r.headers:
+            nb = name.encode()
+            body += _varint(len(nb)) + nb
+            body += _varint(-1) if val is None else _varint(len(val)) + val
+        out += _varint(len(body)) + body
+    return bytes(out)
+
+
+def _ref_batch(records) -> bytes:
+    base_off, base_ts = records[0].offset, records[0].timestamp
+    payload = _ref_records(records, base_off, base_ts)
+    tail = struct.pack(">hiqqqhii", 0, records[-1].offset - base_off, base_ts,
+                       max(r.timestamp for r in records), -1, -1, -1, len(records)) + payload
+    crc = int(K.crc32c(np.frombuffer(tail, np.uint8), 0, len(tail), K.CRC_TABLES))
+    return struct.pack(">qiibI", base_off, len(tail) + 9, -1, 2, crc) + tail
+
+
+# -- the worked examples -------------------------------------------------------------------------
+
+
+WORKED = bytes.fromhex(
+    "000000000000002a" "0000003c" "ffffffff" "02" "6ba48e85" "0000" "00000000"
+    "0000018bcfe56800" "0000018bcfe56800" "ffffffffffffffff" "ffff" "ffffffff" "00000001"
+    "14" "00" "00" "00" "046b31" "047631" "00")
+
+
+def test_worked_example_byte_for_byte():
+    rec = Record("orders", 0, 42, 1700000000000, b"k1", b"v1")
+    eb, _, _ = _encode([rec])
+    assert eb.data == WORKED
+    assert eb.data == _ref_batch([rec])
+    assert len(eb.data) == 72
+
+
+def test_worked_example_of_the_lean_index():
+    rec = Record("orders", 0, 42, 1700000000000, b"k1", b"v1")
+    eb, _, e = _encode([rec])
+    b = B2.IndexBuilder()
+    e = e.copy()
+    e["position"], e["size"] = 0, len(eb.data)
+    b.add_batch(0, len(eb.data), e)
+    raw = b.finish(KB.CODEC_NONE)
+    assert raw[:8] == B2.MAGIC and B2.is_lean(raw)
+    assert int.from_bytes(raw[:8], "little", signed=True) < 0
+    idx = B2.LeanIndex(lambda s, n: raw[s:s + n], "x.bcq", len(raw))
+    assert idx.n == 1 and idx.log_size == 72 and int(idx.dir["chunk_pos"][0]) == 88
+    got = idx.entries[0]
+    assert int(got["offset"]) == 42 and int(got["position"]) == 0 and int(got["size"]) == 72
+    assert int(got["digest_lo"]) == int(e[0]["digest_lo"])
+    body = bytes(__import__("cramjam").zstd.decompress(raw[88:]))
+    assert body[:16] == bytes.fromhex("01000000" "01000000" "01000000" "48000000")
+
+
+# -- round trips ---------------------------------------------------------------------------------
+
+
+_key = st.one_of(st.none(), st.binary(max_size=40))
+_headers = st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=12))),
+                    max_size=3).map(tuple)
+
+
+@st.composite
+def _records(draw):
+    n = draw(st.integers(1, 30))
+    gaps = draw(st.lists(st.integers(1, 1 << 20), min_size=n, max_size=n))
+    off = draw(st.integers(0, 1 << 40))
+    ts0 = draw(st.integers(0, 1 << 42))
+    out = []
+    for i in range(n):
+        off += gaps[i] if i else 0
+        ts = ts0 + draw(st.integers(-10_000, 10_000))
+        out.append(Record("topic-a", 3, off, ts, draw(_key),
+                          draw(st.one_of(st.none(), st.binary(max_size=300))), draw(_headers)))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(_records(), st.sampled_from(sorted(KB.CODEC_NAMES)))
+def test_round_trip_matches_reference_and_format_1(records, codec):
+    eb, raw, e = _encode(records, codec)
+    if eb.codec == KB.CODEC_NONE:
+        assert eb.data == _ref_batch(records)
+    else:  # the same records, compressed: decompress and compare to the reference payload
+        h = KB.parse_head(np.frombuffer(eb.data, np.uint8), 0, "x", 0)
+        payload = KB.decompress(h.codec, np.frombuffer(eb.data, np.uint8)[KB.HEADER_SIZE:], "x", 0)
+        assert payload.tobytes() == _ref_records(records, records[0].offset,
+                                                 records[0].timestamp)
+    d = KB.decode_batches(np.frombuffer(eb.data, np.uint8), 0, b"topic-a", 3, "x")
+    # decoded into format 1 byte for byte: the CRC each record was first written with
+    assert d.data.tobytes() == raw.tobytes()
+    assert d.offsets.tolist() == [r.offset for r in records]
+    assert decode_all(d.data.tobytes()) == records
+
+
+@pytest.mark.parametrize("codec", sorted(KB.CODEC_NAMES))
+def test_every_codec_compresses_and_decodes(codec):
+    recs = [Record("t", 0, i, 1000 + i, b"key-%d" % (i % 7), b'{"status": "shipped"}' * 4)
+            for i in range(500)]
+    eb, raw, _ = _encode(recs, codec)
+    if codec != KB.CODEC_NONE:
+        assert eb.codec == codec and len(eb.data) < raw.shape[0] / 3
+    d = KB.decode_batches(np.frombuffer(eb.data, np.uint8), 0, b"t", 0, "x")
+    assert d.data.tobytes() == raw.tobytes()
+
+
+def test_snappy_uses_xerial_framing():
+    recs = [Record("t", 0, i, 0, b"k", b"x" * 1000) for i in range(100)]
+    eb, _, _ = _encode(recs, KB.CODEC_SNAPPY)
+    assert eb.data[KB.HEADER_SIZE:KB.HEADER_SIZE + 16] == KB.XERIAL_HEADER
+
+
+def test_incompressible_batch_is_stored_uncompressed():
+    rng = np.random.default_rng(1)
+    recs = [Record("t", 0, i, 0, b"k%d" % i, rng.bytes(100)) for i in range(50)]
+    plain, _, _ = _encode(recs, KB.CODEC_NONE)
+    for codec in (KB.CODEC_ZSTD, KB.CODEC_SNAPPY, KB.CODEC_LZ4, KB.CODEC_GZIP):
+        eb, _, _ = _encode(recs, codec)
+        assert len(eb.data) <= len(plain.data)
+        assert eb.codec == codec or eb.data == plain.data
+    one = [Record("t", 0, 0, 0, b"k", rng.bytes(8))]
+    eb, _, _ = _encode(one, KB.CODEC_GZIP)  # gzip's own header makes it larger: stored plain
+    assert eb.codec == KB.CODEC_NONE
+
+
+# -- damage --------------------------------------------------------------------------------------
+
+
+def test_a_flipped_byte_fails_the_batch_crc_and_keeps_earlier_batches():
+    a, _, _ = _encode([Record("t", 0, 1, 5, b"a", b"1")])
+    b, _, _ = _encode([Record("t", 0, 2, 5, b"b", b"2")])
+    buf = bytearray(a.data + b.data)
+    buf[len(a.data) + 64] ^= 0x01
+    with pytest.raises(CorruptRecordError) as ei:
+        KB.decode_batches(np.frombuffer(bytes(buf), np.uint8), 100, b"t", 0, "p.log")
+    assert "CRC" in str(ei.value) and ei.value.position == 100 + len(a.data)
+    assert ei.value.decoded.offsets.tolist() == [1]
+
+
+def test_bad_magic_and_short_batch_are_refused():
+    a, _, _ = _encode([Record("t", 0, 1, 5, b"a", b"1")])
+    bad = bytearray(a.data)
+    bad[16] = 1
+    with pytest.raises(CorruptRecordError, match="invalid batch header"):
+        KB.decode_batches(np.frombuffer(bytes(bad), np.uint8), 0, b"t", 0, "p.log")
+    with pytest.raises(CorruptRecordError, match="cut short|invalid"):
+        KB.decode_batches(np.frombuffer(a.data[:-3], np.uint8), 0, b"t", 0, "p.log")
+
+
+def test_lean_index_chunks_and_lookups():
+    recs = [Record("t", 0, 3 * i, 10 * i, b"k%d" % i, None if i % 11 == 0 else b"v")
+            for i in range(20_000)]
+    raw, e = _v1(recs)
+    b = B2.IndexBuilder(chunk_entries=1000)
+    pos = 0
+    for lo in range(0, len(recs), 333):
+        hi = min(len(recs), lo + 333)
+        b.add_batch(pos, 100 + hi - lo, e[lo:hi])
+        pos += 100 + hi - lo
+    data = b.finish(KB.CODEC_ZSTD)
+    reads = []
+
+    def read(s, n):
+        reads.append((s, n))
+        return data[s:s + n]
+    idx = B2.LeanIndex(read, "x.bcq", len(data))
+    assert idx.n == 20_000 and idx.chunk_count > 10
+    j = idx.lower_bound(3 * 12_345 - 1)
+    assert j == 12_345
+    assert len(reads) == 2  # header + directory, then one chunk
+    allv = idx.entries
+    assert allv["offset"].tolist() == e["offset"].tolist()
+    assert (allv["digest_lo"] == e["digest_lo"]).all() and (allv["flags"] == e["flags"]).all()
+    assert int(allv["size"].astype(np.int64).sum()) == pos
+    assert idx.slice(999, 1002)["offset"].tolist() == [2997, 3000, 3003]
+    # a damaged chunk fails its CRC
+    bad = bytearray(data)
+    bad[int(idx.dir["chunk_pos"][3]) + 5] ^= 0xFF
+    idx2 = B2.LeanIndex(lambda s, n: bytes(bad[s:s + n]), "x.bcq", len(bad))
+    with pytest.raises(CorruptRecordError, match="chunk 3"):
+        idx2.chunk(3)
+
+
+# -- the C kernels (reput/_kafka_native.h) against the numba ones -------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(_records(), st.sampled_from(sorted(KB.CODEC_NAMES)))
+def test_c_and_numba_kernels_agree(records, codec):
+    from kcompact.reput.jit import native
+    if native() is None:
+        pytest.skip("the C module is not built")
+    raw, e = _v1(records)
+    pos = e["position"].astype(np.int64)
+    args = (raw, pos, 0, len(records), records[0].offset, records[0].timestamp)
+    c = KB._to_kafka(*args)
+    saved, KB._N = KB._N, None
+    try:
+        nb = KB._to_kafka(*args)
+        assert c.tobytes() == nb.tobytes()
+        eb = KB.encode_batch(raw, pos, 0, len(records), e["offset"].astype(np.int64),
+                             e["timestamp"].astype(np.int64), codec, 3)
+        d_numba = KB.decode_batches(np.frombuffer(eb.data, np.uint8), 0, b"topic-a", 3, "x")
+    finally:
+        KB._N = saved
+    d_c = KB.decode_batches(np.frombuffer(eb.data, np.uint8), 0, b"topic-a", 3, "x")
+    assert d_c.data.tobytes() == d_numba.data.tobytes() == raw.tobytes()
+    assert d_c.offsets.tolist() == d_numba.offsets.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 40))
+def test_c_kernels_refuse_hostile_payloads_like_numba(payload, count):
+    from kcompact.reput import _kafka_kernels as KK
+    from kcompact.reput.jit import native
+    n = native()
+    if n is None:
+        pytest.skip("the C module is not built")
+    buf = np.frombuffer(payload, np.uint8)
+    out = [np.zeros(count, np.int64) for _ in range(6)]
+    c = n.kafka_sizes(buf, 0, buf.shape[0], count, 5, *out[:3])
+    nb = KK.kafka_sizes(buf, 0, buf.shape[0], count, 5, *out[3:])
+    assert tuple(c) == tuple(nb)
+    if c[0] == KK.DEC_OK:
+        assert [a.tolist() for a in out[:3]] == [a.tolist() for a in out[3:]]
