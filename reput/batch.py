@@ -262,46 +262,81 @@ class Decoded(NamedTuple):
     batch_of: np.ndarray   # int64: the batch number (in ``heads``) of each record
 
 
+class Walked(NamedTuple):
+    """One batch checked whole (CRC-32C, decompressed, every record walked, offsets against its
+    header): its payload and each record's size, start in the payload and offset delta."""
+
+    head: BatchHead
+    payload: np.ndarray
+    sizes: np.ndarray
+    starts: np.ndarray
+    deltas: np.ndarray
+
+
+def walk_batch(buf: np.ndarray, p: int, pos: int, tl: int, where: str) -> Walked:
+    """The batch at buf[p:] (the .log's byte ``pos``), checked whole (``Walked``); raises
+    CorruptRecordError naming what fails."""
+    h = parse_head(buf, p, where, pos)
+    body = buf[p + HEADER_SIZE:p + h.size]
+    payload = decompress(h.codec, body, where, pos) if h.codec else body
+    sz = np.empty(h.count, np.int64)
+    starts = np.empty(h.count, np.int64)
+    deltas = np.empty(h.count, np.int64)
+    st, walked, _stop = _walk(payload, h.count, tl, sz, starts, deltas)
+    if st != KK.DEC_OK:
+        raise CorruptRecordError(f"{where}: record {walked} of the batch at byte {pos} "
+                                 "is invalid or cut short", where, pos)
+    if (int(deltas[0]) != 0 or int(deltas[-1]) != h.last_offset - h.base_offset
+            or (h.count > 1 and bool(np.any(deltas[1:] <= deltas[:-1])))):
+        raise CorruptRecordError(f"{where}: the offsets of the batch at byte {pos} "
+                                 "do not match its header", where, pos)
+    return Walked(h, payload, sz, starts, deltas)
+
+
+def _part(w: Walked, lo: int, hi: int) -> tuple:
+    """What ``_assemble`` converts of a walked batch: its records with offsets in [lo, hi]."""
+    h = w.head
+    a = int(np.searchsorted(w.deltas, lo - h.base_offset))
+    z = int(np.searchsorted(w.deltas, hi - h.base_offset, side="right"))
+    return (h, w.payload, w.sizes[a:z], int(w.starts[a]) if a < z else 0, z - a)
+
+
+def decode_walked(walked: list, topic: bytes, partition: int, *, lo: int = 0,
+                  hi: int = (1 << 63) - 1) -> Decoded:
+    """``decode_batches`` of batches already walked (``walk_batch``: a reader's last batch)."""
+    return _assemble([_part(w, lo, hi) for w in walked], np.frombuffer(topic, np.uint8),
+                     partition)
+
+
 def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
-                   *, want: "set[int] | None" = None, lo: int = 0, hi: int = (1 << 63) - 1
-                   ) -> Decoded:
+                   *, want: "set[int] | None" = None, lo: int = 0, hi: int = (1 << 63) - 1,
+                   keep=None) -> Decoded:
     """Decode the batches of ``buf`` (the .log from byte ``start_pos``; whole batches back to
     back) into format-1 records. With ``want`` (batch positions), other batches are skipped
     unchecked. Every decoded batch is checked whole (CRC-32C, every record walked, offsets
     against its header), but only its records with offsets in [lo, hi] are converted (a read
     of one record converts one). Raises CorruptRecordError at the first batch that fails a
-    check, carrying ``decoded``: what the batches before it gave (a Decoded, or None)."""
+    check, carrying ``decoded``: what the batches before it gave (a Decoded, or None).
+    ``keep(walked)`` is called with the last batch walked (a reader keeps it for the next read)."""
     topic_arr = np.frombuffer(topic, np.uint8)
     tl = topic_arr.shape[0]
     p, total = 0, buf.shape[0]
     parts: list = []
+    w = None
     try:
         while p < total:
             pos = start_pos + p
             if want is not None and pos not in want:
                 p += batch_size_at(bytes(buf[p:p + LOG_OVERHEAD]), where, pos)
                 continue
-            h = parse_head(buf, p, where, pos)
-            body = buf[p + HEADER_SIZE:p + h.size]
-            payload = decompress(h.codec, body, where, pos) if h.codec else body
-            sz = np.empty(h.count, np.int64)
-            starts = np.empty(h.count, np.int64)
-            deltas = np.empty(h.count, np.int64)
-            st, walked, _stop = _walk(payload, h.count, tl, sz, starts, deltas)
-            if st != KK.DEC_OK:
-                raise CorruptRecordError(f"{where}: record {walked} of the batch at byte {pos} "
-                                         "is invalid or cut short", where, pos)
-            if (int(deltas[0]) != 0 or int(deltas[-1]) != h.last_offset - h.base_offset
-                    or (h.count > 1 and bool(np.any(deltas[1:] <= deltas[:-1])))):
-                raise CorruptRecordError(f"{where}: the offsets of the batch at byte {pos} "
-                                         "do not match its header", where, pos)
-            a = int(np.searchsorted(deltas, lo - h.base_offset))
-            z = int(np.searchsorted(deltas, hi - h.base_offset, side="right"))
-            parts.append((h, payload, sz[a:z], int(starts[a]) if a < z else 0, z - a))
-            p += h.size
+            w = walk_batch(buf, p, pos, tl, where)
+            parts.append(_part(w, lo, hi))
+            p += w.head.size
     except CorruptRecordError as e:
         e.decoded = _assemble(parts, topic_arr, partition) if parts else None
         raise
+    if keep is not None and w is not None:
+        keep(w)
     return _assemble(parts, topic_arr, partition)
 
 

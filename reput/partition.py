@@ -733,6 +733,20 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
 
     # -- read: reput/reader.py -------------------------------------------------------------
 
+    #: (segment, (its .log and .bcq sizes, the batch's position), batch.Walked): the format-2
+    #: batch the last read of this partition walked, one at most (reput/reader.py _read_v2)
+    last_batch = None
+
+    def keep_batch(self, seg: Segment, sizes: tuple[int, int], walked) -> None:
+        """Keep ``walked`` (a batch of ``seg`` just checked whole) for the next read. An
+        uncompressed batch's payload is a view of the read's buffer: copied when that buffer
+        is much larger (a multi-batch read), so that one batch is all that is kept."""
+        pay = walked.payload
+        base = pay.base
+        if base is not None and memoryview(base).nbytes > 2 * pay.nbytes + (64 << 10):
+            walked = walked._replace(payload=pay.copy())
+        self.last_batch = (seg, sizes + (walked.head.position,), walked)
+
     def read(self, from_offset: int, max_records: int | None = None,
              max_bytes: int | None = None) -> RecordColumns:
         """Records with offset >= from_offset, from one segment at most (``PartitionReader.read``:

@@ -405,9 +405,22 @@ class PartitionReader:
         return int(want[0]), int(bpos[k[-1]] + bsize[k[-1]]), want, bcount[k]
 
     def _read_v2(self, seg, sel: np.ndarray, max_bytes: int | None) -> RecordColumns:
-        start, end, _, _ = self._batch_span(seg, sel)
-        data = np.frombuffer(self.pl.read_log(seg, start, end - start), np.uint8)
-        b = self._decoded_v2(seg, data, start, sel, None)
+        """A run of a format-2 segment's entries (from ``_plan``) read: the batches holding
+        them, each checked whole. A run inside one batch (a short read) takes
+        ``_one_batch_v2``, which reuses the batch the previous read walked (a sequential
+        reader's next read usually starts in it)."""
+        pl = self.pl
+        p0 = int(sel[0]["position"])
+        b = None
+        if int(sel[-1]["position"]) == p0:
+            bpos, bsize, bcount = pl.index(seg).batches()
+            k = int(np.searchsorted(bpos, p0))
+            if k < bpos.shape[0] and int(bpos[k]) == p0:
+                b = self._one_batch_v2(seg, sel, p0, int(bsize[k]), int(bcount[k]))
+        if b is None:
+            start, end, _, _ = self._batch_span(seg, sel)
+            data = np.frombuffer(pl.read_log(seg, start, end - start), np.uint8)
+            b = self._decoded_v2(seg, data, start, sel, None)
         if max_bytes is not None and len(b) > 1:
             # the bound is on the records returned (format 1), not on the batches read
             ends = np.cumsum(stored_records(b)[2])
@@ -423,8 +436,10 @@ class PartitionReader:
         pl = self.pl
         path = pl.seg_log_path(seg)
         try:
+            key = (seg.log_size, seg.index_size)
             d = KB.decode_batches(data, start, pl.topic.encode(), pl.partition, path,
-                                  want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]))
+                                  want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]),
+                                  keep=lambda w: pl.keep_batch(seg, key, w))
         except CorruptRecordError as e:
             d = getattr(e, "decoded", None)
             if d is None or not d.heads:
@@ -462,25 +477,68 @@ class PartitionReader:
             raise CorruptRecordError(
                 f"{path}: the batch at byte {pos} does not hold offset "
                 f"{int(offs[first_bad])} its index lists; run `kcompact verify`", path, pos)
+        return self._checked_v2(sel, d.data, d.sizes[j], d.positions[j], path)
+
+    def _checked_v2(self, sel: np.ndarray, data: np.ndarray, sizes: np.ndarray,
+                    rel: np.ndarray, path: str) -> RecordColumns:
+        """The block of ``sel``'s records decoded into ``data`` (format-1 records at ``rel``,
+        ``sizes`` bytes), each checked against its entry (offset, timestamp, flags, key digest)
+        by the one check every format-1 read goes through, run on the decoded records (their
+        CRCs are the decoder's)."""
+        pl = self.pl
         ent = sel.copy()
-        ent["size"] = d.sizes[j]
-        rel = d.positions[j]
-        # each record against its entry (timestamp, flags, key digest) by the one check every
-        # format-1 read goes through, run on the decoded records (their CRCs are the decoder's)
+        ent["size"] = sizes
         chk = ent.copy()
         chk["position"] = rel
-        bad = verify_records(d.data, 0, chk, pl.secret)
+        bad = verify_records(data, 0, chk, pl.secret)
         if bad >= 0:
             pos = int(sel[bad]["position"])
-            prefix = (RecordColumns(pl.topic, pl.partition, d.data, ent[:bad], rel[:bad],
-                                    int(offs[bad - 1]) + 1) if bad else None)
+            last_good = int(sel[bad - 1]["offset"]) if bad else None
+            prefix = (RecordColumns(pl.topic, pl.partition, data, ent[:bad], rel[:bad],
+                                    last_good + 1) if bad else None)
             raise CorruptRecordError(
                 f"{path}: corrupt record batch at byte {pos} (its record at offset "
-                f"{int(offs[bad])} does not match its lean index entry: "
-                f"{mismatch(d.data, 0, chk[bad], pl.secret)}); run `kcompact verify` and "
+                f"{int(sel[bad]['offset'])} does not match its lean index entry: "
+                f"{mismatch(data, 0, chk[bad], pl.secret)}); run `kcompact verify` and "
                 "rebuild this partition from a replica", path, pos,
-                last_good_offset=int(offs[bad - 1]) if bad else None, prefix=prefix)
-        return RecordColumns(pl.topic, pl.partition, d.data, ent, rel, int(offs[-1]) + 1)
+                last_good_offset=last_good, prefix=prefix)
+        return RecordColumns(pl.topic, pl.partition, data, ent, rel,
+                             int(sel[-1]["offset"]) + 1)
+
+    def _one_batch_v2(self, seg, sel: np.ndarray, pos: int, size: int,
+                      count: int) -> RecordColumns:
+        """``_read_v2`` of entries that all lie in the one batch at ``pos`` (``size`` bytes,
+        ``count`` records by the lean index; ``sel`` a run of its entries): the batch is read
+        and checked whole (``batch.walk_batch``), unless it is the one the previous read of
+        the partition walked, and only ``sel``'s records are converted and checked."""
+        pl = self.pl
+        path = pl.seg_log_path(seg)
+        last = pl.last_batch
+        if last is not None and last[0] is seg and last[1] == (seg.log_size, seg.index_size,
+                                                               pos):
+            w = last[2]
+        else:
+            data = np.frombuffer(pl.read_log(seg, pos, size), np.uint8)
+            try:
+                w = KB.walk_batch(data, 0, pos, len(pl.topic.encode()), path)
+                if w.head.size != size:
+                    raise CorruptRecordError(f"{path}: the batch at byte {pos} holds "
+                                             f"{w.head.size} bytes, its index lists {size}",
+                                             path, pos)
+            except CorruptRecordError as e:
+                raise _corrupt_v2(path, e, None, None) from None
+            pl.keep_batch(seg, (seg.log_size, seg.index_size), w)
+        if w.head.count != count:
+            raise CorruptRecordError(f"{path}: the batch at byte {pos} does not hold the records "
+                                     "its index lists; run `kcompact verify`", path, pos)
+        d = KB.decode_walked([w], pl.topic.encode(), pl.partition, lo=int(sel[0]["offset"]),
+                             hi=int(sel[-1]["offset"]))
+        if d.offsets.shape[0] != sel.shape[0]:  # (the offsets themselves: _checked_v2)
+            raise CorruptRecordError(
+                f"{path}: the batch at byte {pos} does not hold offsets "
+                f"{int(sel[0]['offset'])}..{int(sel[-1]['offset'])} as its index lists; run "
+                "`kcompact verify`", path, pos)
+        return self._checked_v2(sel, d.data, d.sizes, d.positions, path)
 
     def _plan(self, from_offset: int, max_records: int | None, max_bytes: int | None):
         """What a read from ``from_offset`` reads: (segment, its entries to read, how many of

@@ -159,3 +159,38 @@ def test_a_compaction_holding_the_partition_makes_the_seal_step_aside(tmp_path):
     assert pl.seg_format(pl.segments[0]) == 2
     s.close()
     assert _read(d) == recs
+
+
+def test_one_record_reads_reuse_the_batch_they_walked_and_see_a_swap(tmp_path):
+    """A reader reading one record at a time through a format-2 segment reads and checks each
+    batch once (the partition keeps the last batch it walked), returns exactly the records
+    appended, and after a compaction swap reads the new files, not the kept batch."""
+    from kcompact.compaction import Compactor
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs)
+    s = Store.open(d)
+    pl = s.partition(TOPIC, 0)
+    sealed = [seg for seg in pl.segments if pl.seg_format(seg) == 2]
+    assert sealed
+    reads = []
+    plain = pl.read_log
+    pl.read_log = lambda seg, start, length: reads.append(start) or plain(seg, start, length)
+    for r in recs:
+        b = pl.read(r.offset, max_records=1)
+        assert list(b.records()) == [r]
+    # each batch read once; the active segment's (format 1) records one read each
+    batches = sum(len(pl.index(seg).batches()[0]) for seg in sealed)
+    active = sum(pl.seg_count(seg) for seg in pl.segments if pl.seg_format(seg) == 1)
+    assert len(reads) == batches + active < len(recs)
+    s.close()
+    with Store.open(d, writer="w") as w:
+        Compactor(w).compact_partition(TOPIC, 0, force=True)
+    s2 = Store.open(d)
+    pl2 = s2.partition(TOPIC, 0)
+    got = list(pl2.iter_records())
+    assert got and all(x.offset in {r.offset for r in recs} for x in got)
+    # the old view, refreshed, reads what the new files hold, record by record
+    pl.refresh()
+    assert [next(pl.read(x.offset, max_records=1).records()) for x in got] == got
+    s2.close()
