@@ -18,7 +18,9 @@ Maven when missing; ``-Xmx1g``, SerialGC). Three figures, each a ratio to its pe
   forced compaction of the mirror, and Kafka's cleaner on the topic once the lag is lowered
   to 0. Kafka's throughput is its own: the "N MB of log processed in S seconds" lines that
   the cleaner writes to log-cleaner.log; ours is the store's bytes before compaction over the
-  compaction's time. Target >= 3 x.
+  compaction's time. Target >= 3 x in records per second (issue 28): Kafka's MB/s over its
+  log's bytes a record, against the records our compaction read a second (``ratio``; the MB/s
+  ratio, ``ratio_mb_per_s``, favoured kcompact while its store was larger than Kafka's log).
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ def compaction(store: str) -> dict:
         results = compact_store(st, force=True, options=CompactionOptions())
         secs = time.perf_counter() - t0
     before = sum(r.size_before for r in results)
+    records = sum(r.records_kept + r.records_dropped for r in results)
     return {"mb": before / 1e6, "seconds": secs, "mb_per_s": before / 1e6 / secs,
+            "records": records, "rec_per_s": records / secs,
             "records_kept": sum(r.records_kept for r in results),
             "records_dropped": sum(r.records_dropped for r in results)}
 
@@ -227,14 +231,24 @@ def main(argv=None) -> int:
             got, _ = mirror(bs, "peers-compact", os.path.join(work, "c"))
             assert got == n, (got, n)
             ours = compaction(os.path.join(work, "c"))
+            # Kafka's log bytes a record (before cleaning): its MB/s as records/s, since the
+            # two logs hold the same records in different bytes (a store format 2 segment is
+            # compressed; format 1 was larger than Kafka's)
+            kafka_bytes = sum(f.stat().st_size for p in range(parts)
+                              for f in (broker.data_dir / f"peers-compact-{p}").glob("*.log"))
             theirs = kafka_cleaner(broker, admin, "peers-compact", parts)
+            theirs["log_bytes_per_record"] = kafka_bytes / n
+            theirs["rec_per_s"] = theirs["mb_per_s"] * 1e6 / theirs["log_bytes_per_record"]
             doc["compaction"] = {"ours": ours, "kafka": theirs,
-                                 "ratio": ours["mb_per_s"] / theirs["mb_per_s"]}
+                                 "ratio": ours["rec_per_s"] / theirs["rec_per_s"],
+                                 "ratio_mb_per_s": ours["mb_per_s"] / theirs["mb_per_s"]}
             print(f"compaction: {ours['mb']:.0f} MB in {ours['seconds']:.2f} s = "
                   f"{ours['mb_per_s']:.1f} MB/s; Kafka's cleaner {theirs['mb']:.0f} MB in "
                   f"{theirs['seconds']:.2f} s = {theirs['mb_per_s']:.1f} MB/s (its log; "
                   f"{theirs['time_to_clean_s']:.1f} s from the config change to the last "
-                  f"partition cleaned): {doc['compaction']['ratio']:.2f} x", file=sys.stderr)
+                  f"partition cleaned); in records: {ours['rec_per_s']:,.0f} rec/s against "
+                  f"{theirs['rec_per_s']:,.0f} ({theirs['log_bytes_per_record']:.1f} bytes a "
+                  f"record in Kafka's log): {doc['compaction']['ratio']:.2f} x", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(doc, indent=2)

@@ -308,6 +308,12 @@ def _kafka_peers(d: dict) -> list[Headline]:
                  f"Kafka's ProducerPerformance {_rate(r['peer_rec_per_s'])}", r["ratio"],
                  "ours / Java producer (throughput)", ">= 1.0", r["ratio"] >= 1.0),
         Headline(f"compaction of {d['records']:,} records / {d['keys']:,} keys",
+                 _rate(c["ours"]["rec_per_s"]),
+                 f"Kafka's log cleaner {_rate(c['kafka']['rec_per_s'])} "
+                 f"({c['kafka']['mb_per_s']:.1f} MB/s)", c["ratio"],
+                 "ours / Kafka's cleaner (records/s)", ">= 3", c["ratio"] >= 3)
+        if "rec_per_s" in c["ours"] else  # a run from before records/s was measured
+        Headline(f"compaction of {d['records']:,} records / {d['keys']:,} keys",
                  f"{c['ours']['mb_per_s']:.1f} MB/s",
                  f"Kafka's log cleaner {c['kafka']['mb_per_s']:.1f} MB/s", c["ratio"],
                  "ours / Kafka's cleaner (MB/s)", ">= 3", c["ratio"] >= 3),

@@ -54,7 +54,8 @@ DOCS = {
                     "kafka_version": "3.9.1",
                     "mirror": {"rec_per_s": 5e5, "peer_fetch_rec_per_s": 1e6, "ratio": 0.5},
                     "restore": {"rec_per_s": 6e5, "peer_rec_per_s": 4e5, "ratio": 1.5},
-                    "compaction": {"ours": {"mb_per_s": 400.0}, "kafka": {"mb_per_s": 100.0},
+                    "compaction": {"ours": {"mb_per_s": 200.0, "rec_per_s": 2e6},
+                                   "kafka": {"mb_per_s": 100.0, "rec_per_s": 5e5},
                                    "ratio": 4.0}},
     "storage": {"kafka_version": "3.9.1", **{
         w: {"live": 99_997, "kafka": {"total": 2_747_754},
@@ -107,7 +108,9 @@ def test_headline_table_puts_each_figure_next_to_its_baseline_as_a_ratio():
     (kmirror, krestore, kcompaction) = rows_of(lines, "kafka_peers")
     assert kmirror[3] == "Kafka's ConsumerPerformance 1.00M rec/s" and kmirror[6] == "**no**"
     assert krestore[4].startswith("1.50 (ours / Java producer") and krestore[6] == "yes"
-    assert kcompaction[2] == "400.0 MB/s" and kcompaction[5] == ">= 3" and kcompaction[6] == "yes"
+    assert kcompaction[2] == "2.00M rec/s" and kcompaction[5] == ">= 3" and kcompaction[6] == "yes"
+    assert kcompaction[3] == "Kafka's log cleaner 0.50M rec/s (100.0 MB/s)"
+    assert kcompaction[4].startswith("4.00 (ours / Kafka's cleaner (records/s)")
     (jz, jn, rnd) = rows_of(lines, "storage")
     assert jz[4].startswith("1.60 (ours / Kafka (bytes))") and jz[5] == "<= 2.0" and jz[6] == "yes"
     assert jn[6] == "**no**" and rnd[6] == "yes" and "99,997 live records" in jz[1]
