@@ -289,10 +289,11 @@ class Compactor:
         it). So a run refused for damage leaves every file as it was, whichever round would
         have met it. (On S3 nothing is published before the run's end anyway.)"""
         pl.checkpoint()
+        cursor = self._cursor(pl)
         for seg in pl.segments:
             if seg.expected_bcq() is not None and not seg.bcq_checked:
-                for _ in self._index_chunks(pl, seg):
-                    pass
+                self._throttle(seg.index_size)
+                cursor.check(seg)
 
     def _abandon(self, pl: PartitionLog, rolled: bool) -> None:
         """A local compaction that failed: staged outputs not committed are deleted, and the
@@ -377,10 +378,14 @@ class Compactor:
                    for s in pl.sealed_segments):
             return False  # nothing dirty in the cleanable range
         m = self.offset_map
-        m.clear(first_dirty)
+        sealed = [s for s in pl.sealed_segments if s.base < end]
+        # at most this many keys enter the map this round (its dirty segments' records): the
+        # map clears and probes no more of its table than they need
+        bound = sum(pl.seg_count(s) for si, s in enumerate(sealed)
+                    if (sealed[si + 1].base if si + 1 < len(sealed) else end) > first_dirty)
+        m.clear(first_dirty, bound)
         last_mapped = first_dirty - 1
         full = False
-        sealed = [s for s in pl.sealed_segments if s.base < end]
         for si, seg in enumerate(sealed):
             nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
             if nxt <= first_dirty:

@@ -41,17 +41,40 @@ class OffsetMap:
         if not 0.1 <= max_load <= 0.95:
             raise ValueError("max_load must be in [0.1, 0.95]")
         self.memory_bytes = memory_bytes
+        self.max_load = max_load
         self.capacity = memory_bytes // SLOT_BYTES
         self.max_keys = int(self.capacity * max_load)
-        self._table = np.full(self.capacity * 4, 0xFFFFFFFF, dtype=np.uint32)
+        # the table is reserved whole up front (np.empty: its pages are touched only as far
+        # as rounds use it); slots [0, _clean) are known empty, the rest is filled on demand
+        self._table = np.empty(self.capacity * 4, dtype=np.uint32)
+        self._cap, self._max = self.capacity, self.max_keys  # this round's
+        self._clean = 0
+        self._written = False
         self.base = 0
         self.count = 0
-        self._fresh = True  # every slot empty: clear() has nothing to do
 
-    def clear(self, base: int) -> None:
-        if self.count or not self._fresh:
-            self._table.fill(0xFFFFFFFF)
-        self._fresh = False if self.count else self._fresh
+    def _ready(self) -> None:
+        """Before this round's first probe: its slots [0, _cap) empty."""
+        if self._clean < self._cap:
+            self._table[self._clean * 4:self._cap * 4].fill(0xFFFFFFFF)
+            self._clean = self._cap
+
+    def clear(self, base: int, keys: int | None = None) -> None:
+        """Empty the map for a round whose offsets start at ``base``. ``keys``: at most that
+        many keys will be inserted (the round's entries): the round then probes only the
+        smallest power-of-two prefix of the table that holds them at ``max_load``, and only
+        that prefix is cleared (a small round does not clear a whole budget's table); without
+        it, the whole table. Two keys are confused only if their 96 stored bits and their home
+        slot agree, as before; a round's capacity is never below what its keys need, so a
+        round is never cut short by it."""
+        cap = self.capacity
+        if keys is not None:
+            want = max(16, int(keys / self.max_load) + 2)
+            cap = min(cap, 1 << (want - 1).bit_length())
+        if self._written:  # the last round's slots [0, _cap) hold its keys
+            self._clean = 0
+        self._cap, self._max = cap, int(cap * self.max_load)
+        self._written = False
         self.base = base
         self.count = 0
 
@@ -71,8 +94,10 @@ class OffsetMap:
 
     def insert_entries(self, entries: np.ndarray, start: int = 0) -> tuple[int, bool]:
         """Insert .bcq entries from ``start`` in order; returns (next index, full?)."""
+        self._ready()
+        self._written = True
         nxt, self.count, status = KM.insert_entries_k(
-            self._table, self.capacity, self.max_keys, self.count, self.base,
+            self._table, self._cap, self._max, self.count, self.base,
             entries["offset"], entries["digest_lo"], entries["digest_hi"], entries["flags"],
             start, entries.shape[0])
         return int(nxt), status == MAP_FULL
@@ -88,7 +113,8 @@ class OffsetMap:
     def lookup(self, dlo: np.ndarray, dhi: np.ndarray) -> np.ndarray:
         """The latest offset mapped for each digest (dlo[i], dhi[i]), -1 where none is."""
         out = np.empty(dlo.shape[0], dtype=np.int64)
-        KM.lookup_many_k(self._table, self.capacity, self.base, dlo, dhi, out)
+        self._ready()
+        KM.lookup_many_k(self._table, self._cap, self.base, dlo, dhi, out)
         return out
 
     def latest_of(self, entries: np.ndarray) -> np.ndarray:
@@ -107,7 +133,8 @@ class OffsetMap:
         n = entries.shape[0]
         keep = np.empty(n, np.bool_)
         clean = np.empty(n, np.uint32)
-        counts = KM.decide_k(self._table, self.capacity, self.base, last_mapped, now_s,
+        self._ready()
+        counts = KM.decide_k(self._table, self._cap, self.base, last_mapped, now_s,
                              retention_s, entries["offset"], entries["digest_lo"],
                              entries["digest_hi"], entries["flags"], entries["clean_time"], keep,
                              clean)

@@ -273,3 +273,24 @@ def test_low_32_bits_only_with_the_same_home_slot_are_one_key():
     assert m.insert(10, a) and m.insert(11, b)
     assert m.count == 1
     assert (m.get(a), m.get(b)) == (11, 11)
+
+
+def test_rounds_sized_by_their_keys_leave_nothing_behind():
+    """``clear(base, keys)``: a round probes only the table prefix its keys need; rounds of
+    different sizes one after the other each start empty (nothing of an earlier round is
+    found) and hold exactly their own keys, up to the whole table's ``max_keys``."""
+    rng = np.random.default_rng(5)
+    m = OffsetMap(1 << 16)  # 4096 slots
+    old: list = []
+    for keys in (1000, 10, None, 3, 3000, 50, None):
+        n = 3000 if keys is None else keys
+        rows = [(i, int(rng.integers(0, 1 << 63)) * 2 + 1, int(rng.integers(0, 1 << 63)))
+                for i in range(n)]
+        m.clear(0, keys)
+        if old:
+            assert lookup(m, [(lo, hi) for _, lo, hi in old]) == [None] * len(old)
+        j, full = m.insert_entries(entries(rows))
+        assert (j, full) == (n, False), keys
+        assert lookup(m, [(lo, hi) for _, lo, hi in rows]) == [o for o, _, _ in rows]
+        assert m.utilization == pytest.approx(n / m.max_keys)
+        old = rows
