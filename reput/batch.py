@@ -178,6 +178,24 @@ class EncodedBatch(NamedTuple):
     codec: int           # what was written (CODEC_NONE when compressing did not pay)
 
 
+#: a payload this large is compressed only when a sample of it shrinks (segment-v2.md)
+PROBE_ABOVE = 64 << 10
+PROBE_BYTES = 16 << 10
+PROBE_RATIO = 0.97
+
+
+def _worth_compressing(codec: int, payload: np.ndarray) -> bool:
+    """False for a payload that would not shrink (random or already compressed values): its
+    middle ``PROBE_BYTES`` compressed at zstd's fastest level do not go below ``PROBE_RATIO``.
+    Compressing incompressible bytes costs as much as compressing text and is thrown away."""
+    n = payload.shape[0]
+    if n <= PROBE_ABOVE:
+        return True
+    mid = (n - PROBE_BYTES) // 2
+    sample = payload[mid:mid + PROBE_BYTES]
+    return len(_cramjam().zstd.compress(sample, level=1)) < PROBE_RATIO * PROBE_BYTES
+
+
 def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offsets: np.ndarray,
                  timestamps: np.ndarray, codec: int, level: int) -> EncodedBatch:
     """One batch of the verified format-1 records positions[lo:hi] of ``buf`` (their offsets and
@@ -194,7 +212,7 @@ def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offse
                         base_ts)
     body = payload
     written = CODEC_NONE
-    if codec != CODEC_NONE:
+    if codec != CODEC_NONE and _worth_compressing(codec, payload):
         packed = compress(codec, payload, level)
         if len(packed) < payload.shape[0]:
             body, written = np.frombuffer(packed, np.uint8), codec

@@ -420,7 +420,7 @@ class PartitionReader:
         if b is None:
             start, end, _, _ = self._batch_span(seg, sel)
             data = np.frombuffer(pl.read_log(seg, start, end - start), np.uint8)
-            b = self._decoded_v2(seg, data, start, sel, None)
+            b = self._decoded_v2(seg, data, start, sel, None, keep=True)
         if max_bytes is not None and len(b) > 1:
             # the bound is on the records returned (format 1), not on the batches read
             ends = np.cumsum(stored_records(b)[2])
@@ -428,18 +428,19 @@ class PartitionReader:
         return b
 
     def _decoded_v2(self, seg, data: np.ndarray, start: int, sel: np.ndarray,
-                    want: "set[int] | None") -> RecordColumns:
+                    want: "set[int] | None", *, keep: bool = False) -> RecordColumns:
         """The block of ``sel``'s records from the batches in ``data`` (the .log from
         ``start``; with ``want``, only the batches at those positions are decoded). Each batch
         is accepted by its CRC-32C, its record count must be the index's and each selected
-        entry's offset must be a record of the batch the entry names."""
+        entry's offset must be a record of the batch the entry names. ``keep``: the last batch
+        is kept for the partition's next read (an offset read; a selection reads on)."""
         pl = self.pl
         path = pl.seg_log_path(seg)
         try:
             key = (seg.log_size, seg.index_size)
             d = KB.decode_batches(data, start, pl.topic.encode(), pl.partition, path,
                                   want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]),
-                                  keep=lambda w: pl.keep_batch(seg, key, w))
+                                  keep=(lambda w: pl.keep_batch(seg, key, w)) if keep else None)
         except CorruptRecordError as e:
             d = getattr(e, "decoded", None)
             if d is None or not d.heads:
@@ -969,6 +970,19 @@ class IndexCursor:
             seg.bcq_checked = True
         for lo in range(max(start_entry, n_file), n, step):
             yield lo, idx.entries[lo:min(n, lo + step)]
+
+    def check(self, seg) -> None:
+        """``seg``'s index against the size and checksum its segment-list or manifest entry
+        gives (CorruptRecordError otherwise; nothing when no entry gives one or it was checked
+        since the files last changed): a .bcq read whole in chunks, a lean index by its file's
+        CRC32C alone (its chunks are checked by their own CRCs when decoded)."""
+        if seg.expected_bcq() is None or seg.bcq_checked:
+            return
+        if self.pl.seg_format(seg) == 2:
+            self._check_lean(seg)
+            return
+        for _ in self.chunks(seg):
+            pass
 
     def _check_lean(self, seg) -> None:
         """A lean index against the size and checksum its segment-list or manifest entry
