@@ -365,6 +365,7 @@ def test_a_format_2_replica_of_a_format_1_master(tmp_path, procs, token):
         st.flush()
     doc = json.loads((master / "store.json").read_text())
     doc["format_version"] = 1
+    doc.pop("crc32c")  # (a hand edit: main's kcompact would refuse the checksum it no longer fits)
     doc["topics"][TOPIC] = {k: v for k, v in doc["topics"][TOPIC].items()
                             if not k.startswith("compression.")}
     (master / "store.json").write_text(json.dumps(doc))
