@@ -68,16 +68,31 @@ class IndexBuilder:
     def add_batch(self, position: int, size: int, entries: np.ndarray) -> None:
         """A batch written at ``position`` (``size`` bytes) holding the records of ``entries``
         (BCQ_DTYPE: offset, timestamp, digests, flags, clean_time are used)."""
+        self.add_batches(position, [size], [entries.shape[0]], entries)
+
+    def add_batches(self, position: int, sizes: list[int], counts: list[int],
+                    entries: np.ndarray) -> None:
+        """Batches written back to back from ``position`` (``sizes`` bytes, ``counts``
+        records each) holding the records of ``entries``, in order: ``add_batch`` of each, with
+        the entries taken in slices as large as a chunk allows."""
         if position != self.log_size:
             raise ValueError("batches must be added back to back")
-        if not self._pending_batches:
-            self._pending_first_pos = position
-        self._pending.append(entries)
-        self._pending_batches.append((entries.shape[0], size))
-        self._pending_n += entries.shape[0]
-        self.log_size = position + size
-        if self._pending_n >= self.chunk_entries:
-            self._close_chunk()
+        e0 = k = 0
+        for size, count in zip(sizes, counts):
+            if not self._pending_batches:
+                self._pending_first_pos = self.log_size
+            self._pending_batches.append((count, size))
+            self._pending_n += count
+            self.log_size += size
+            k += count
+            if self._pending_n >= self.chunk_entries:
+                self._pending.append(entries[e0:k])
+                e0 = k
+                self._close_chunk()
+        if k != entries.shape[0]:
+            raise ValueError("the batches' counts are not the entries given")
+        if e0 < k:
+            self._pending.append(entries[e0:k])
 
     def _close_chunk(self) -> None:
         if not self._pending_batches:

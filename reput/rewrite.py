@@ -143,6 +143,8 @@ class SegmentWriter2:
         offsets = ent["offset"].astype(np.int64)
         timestamps = ent["timestamp"].astype(np.int64)
         lo, n = 0, sizes.shape[0]
+        # the batches of this call: written and indexed together after the loop
+        start_size, datas, bsizes, counts = self.size, [], [], []
         while lo < n:
             done = int(pos[lo])
             hi = int(np.searchsorted(ends, done + self.batch_bytes, side="left")) + 1
@@ -154,13 +156,17 @@ class SegmentWriter2:
                                              side="right")))
             eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, self.codec, self.level)
             self._check_room(len(eb.data))
-            self.log.write(eb.data)
-            self.builder.add_batch(self.size, len(eb.data), ent[lo:hi])
+            datas.append(eb.data)
+            bsizes.append(len(eb.data))
+            counts.append(hi - lo)
             if eb.codec:
                 self.written_codec = eb.codec
             self.size += len(eb.data)
             self.count += hi - lo
             lo = hi
+        if datas:
+            self.log.write(b"".join(datas) if len(datas) > 1 else datas[0])
+            self.builder.add_batches(start_size, bsizes, counts, ent[:lo])
         if lo >= n:
             self._bufs, self._sizes, self._entries, self._pending = [], [], [], 0
         else:
