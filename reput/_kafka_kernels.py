@@ -18,7 +18,7 @@ import numpy as np
 from kcompact.reput.jit import njit
 
 from ._kernels import (ATTR_NULL_KEY, ATTR_NULL_VALUE, CRC_TABLES, HEADER_SIZE, _copy, _rd_i32,
-                       _rd_i64, _rd_u32, _wr_u32, crc32c, write_header)
+                       _rd_i64, _rd_u32, _wr_u32, crc32c, write_front)
 
 #: decode statuses (``kafka_to_v1``): every record whole / a length or varint runs past the
 #: payload / a value out of range (negative length other than -1, too many records, ...)
@@ -45,6 +45,26 @@ def _put_varint(out, q, v):
         q += 1
     out[q] = np.uint8(z)
     return q + 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _get_field(buf, q, rend):
+    """(length, start, next position) of a record's key or value at ``q`` (length -1: null);
+    next position -1 when it is invalid or runs past ``rend``."""
+    n, q = _get_varint(buf, q, rend)
+    if q < 0 or n < -1 or (n > 0 and q + n > rend):
+        return np.int64(0), np.int64(0), np.int64(-1)
+    return n, np.int64(q), np.int64(q + (n if n > 0 else 0))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _put_field(out, q, buf, s, length, null):
+    """A key or value as a Kafka record holds it: varint length and bytes, or -1 when null."""
+    if null:
+        return _put_varint(out, q, -1)
+    q = _put_varint(out, q, length)
+    _copy(out, q, buf, s, length)
+    return q + length
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -128,19 +148,9 @@ def v1_to_kafka(buf, positions, lo, hi, base_offset, base_ts, out, q):
         q = _put_varint(out, q, ts - base_ts)
         q = _put_varint(out, q, off - base_offset)
         s = p + HEADER_SIZE + tl
-        if a & ATTR_NULL_KEY:
-            q = _put_varint(out, q, -1)
-        else:
-            q = _put_varint(out, q, kl)
-            _copy(out, q, buf, s, kl)
-            q += kl
+        q = _put_field(out, q, buf, s, kl, a & ATTR_NULL_KEY)
         s += kl
-        if a & ATTR_NULL_VALUE:
-            q = _put_varint(out, q, -1)
-        else:
-            q = _put_varint(out, q, vl)
-            _copy(out, q, buf, s, vl)
-            q += vl
+        q = _put_field(out, q, buf, s, vl, a & ATTR_NULL_VALUE)
         s += vl
         if hl == 0:
             out[q] = 0
@@ -189,18 +199,12 @@ def _walk_record(buf, p, end):
     od, q = _get_varint(buf, q, rend)
     if q < 0 or od < 0 or od > 0x7FFFFFFF:
         return DEC_INVALID, p, z, z, z, z, z, z, z, z, z
-    kl, q = _get_varint(buf, q, rend)
-    if q < 0 or kl < -1 or (kl > 0 and q + kl > rend):
+    kl, ks, q = _get_field(buf, q, rend)
+    if q < 0:
         return DEC_INVALID, p, z, z, z, z, z, z, z, z, z
-    ks = q
-    if kl > 0:
-        q += kl
-    vl, q = _get_varint(buf, q, rend)
-    if q < 0 or vl < -1 or (vl > 0 and q + vl > rend):
+    vl, vs, q = _get_field(buf, q, rend)
+    if q < 0:
         return DEC_INVALID, p, z, z, z, z, z, z, z, z, z
-    vs = q
-    if vl > 0:
-        q += vl
     hc, q = _get_varint(buf, q, rend)
     if q < 0 or hc < 0 or hc > length:
         return DEC_INVALID, p, z, z, z, z, z, z, z, z, z
@@ -266,14 +270,8 @@ def kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, 
             attrs |= ATTR_NULL_VALUE
         if kl < 0:
             attrs |= ATTR_NULL_KEY
-        write_header(out, q, size, attrs, tlen, partition, off, ts, klen, vlen, hb)
-        w = q + HEADER_SIZE
-        _copy(out, w, topic, 0, tlen)
-        w += tlen
-        _copy(out, w, buf, ks, klen)
-        w += klen
-        _copy(out, w, buf, vs, vlen)
-        w += vlen
+        w = write_front(out, q, size, attrs, tlen, partition, off, ts, topic, buf, ks, klen,
+                        buf, vs, vlen, hb)
         if hc > 0:
             _wr_u32(out, w, hc)
             w += 4

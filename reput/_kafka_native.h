@@ -85,6 +85,17 @@ static int64_t kbody_size(const uint8_t *b, int64_t p, int64_t base_off, int64_t
     return n;
 }
 
+/* a key or value as a Kafka record holds it: varint length and bytes, or -1 when null */
+static inline int64_t kput_field(uint8_t *out, int64_t q, const uint8_t *src, int64_t len,
+                                 int null)
+{
+    if (null)
+        return kput_varint(out, q, -1);
+    q = kput_varint(out, q, len);
+    memcpy(out + q, src, (size_t)len);
+    return q + len;
+}
+
 static int64_t kencode(const uint8_t *b, const Arr *pos, int64_t lo, int64_t hi, int64_t base_off,
                        int64_t base_ts, uint8_t *out, int64_t q)
 {
@@ -104,21 +115,9 @@ static int64_t kencode(const uint8_t *b, const Arr *pos, int64_t lo, int64_t hi,
         q = kput_varint(out, q, ts - base_ts);
         q = kput_varint(out, q, off - base_off);
         int64_t s = p + REC_HEADER + tl;
-        if (a & REC_NULL_KEY) {
-            q = kput_varint(out, q, -1);
-        } else {
-            q = kput_varint(out, q, kl);
-            memcpy(out + q, b + s, (size_t)kl);
-            q += kl;
-        }
+        q = kput_field(out, q, b + s, kl, a & REC_NULL_KEY);
         s += kl;
-        if (a & REC_NULL_VALUE) {
-            q = kput_varint(out, q, -1);
-        } else {
-            q = kput_varint(out, q, vl);
-            memcpy(out + q, b + s, (size_t)vl);
-            q += vl;
-        }
+        q = kput_field(out, q, b + s, vl, a & REC_NULL_VALUE);
         s += vl;
         if (hl == 0) {
             out[q++] = 0;

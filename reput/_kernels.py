@@ -231,6 +231,22 @@ def write_header(out, p, size, attrs, tlen, partition, offset, timestamp, kl, vl
     _wr_u32(out, p + 40, hl)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def write_front(out, p, size, attrs, tlen, partition, offset, timestamp, topic, kbuf, ks, kl,
+                vbuf, vs, vl, hl):
+    """A record's header, topic, key and value at out[p:] (record.md); returns where its
+    headers go (they and the CRC are the caller's). Null keys and values have length 0 here
+    (their attribute bit says null)."""
+    write_header(out, p, size, attrs, tlen, partition, offset, timestamp, kl, vl, hl)
+    q = p + HEADER_SIZE
+    _copy(out, q, topic, 0, tlen)
+    q += tlen
+    _copy(out, q, kbuf, ks, kl)
+    q += kl
+    _copy(out, q, vbuf, vs, vl)
+    return q + vl
+
+
 @njit(cache=True, nogil=True)
 def encode_records(out, positions, topic, partitions, offsets, timestamps,
                    kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables):
@@ -250,15 +266,8 @@ def encode_records(out, positions, topic, partitions, offsets, timestamps,
             attrs |= ATTR_NULL_VALUE
         if knull[i]:
             attrs |= ATTR_NULL_KEY
-        write_header(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
-                     kl, vl, hl)
-        q = p + HEADER_SIZE
-        _copy(out, q, topic, 0, tlen)
-        q += tlen
-        _copy(out, q, kbuf, ks, kl)
-        q += kl
-        _copy(out, q, vbuf, vs, vl)
-        q += vl
+        q = write_front(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
+                        topic, kbuf, ks, kl, vbuf, vs, vl, hl)
         _copy(out, q, hbuf, hs, hl)
         _wr_u32(out, p + 4, crc32c(out, p + 8, p + size, tables))
 
