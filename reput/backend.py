@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from .errors import ReputError
+from .errors import CorruptRecordError, ReputError
 from .filenames import COMPACTING_DIR
 
 
@@ -398,6 +398,11 @@ class LocalBackend(Backend):
             return np.memmap(p, dtype=np.uint8, mode="r", shape=(n,))
         except OSError as e:
             raise _oserror(e, "map", path) from e
+        except ValueError:  # numpy: "mmap length is greater than file size"
+            # shorter than its segment was when listed: replaced under a reader (a seal or a
+            # compaction swap; the reader re-lists and retries) or cut short (corruption)
+            raise CorruptRecordError(f"{path}: shorter than the {n} bytes expected (replaced "
+                                     "while read, or cut short)", path, 0) from None
 
     def size(self, path):
         return os.path.getsize(self._p(path))

@@ -20,6 +20,7 @@ from kcompact.reput import bcq2 as B2
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import WriterOptions
 from kcompact.reput.record import Record, RecordBatch
+from kcompact.reput.seal import seal_segment
 from kcompact.reput.store import Store
 from kcompact.reput.verify import verify_store
 
@@ -194,3 +195,25 @@ def test_one_record_reads_reuse_the_batch_they_walked_and_see_a_swap(tmp_path):
     pl.refresh()
     assert [next(pl.read(x.offset, max_records=1).records()) for x in got] == got
     s2.close()
+
+
+def test_a_reader_listing_a_segment_before_its_seal_reads_it_after(tmp_path):
+    """A read-only view that listed a format-1 segment which a writer then seals (its .bcq
+    replaced by a shorter lean index) re-lists and reads the format-2 segment: the same records,
+    no error (the test_kv follower met this as a bare ValueError from mmap)."""
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs, seal_format=1)
+    view = Store.open(d)
+    pl = view.partition(TOPIC, 0)
+    assert set(_formats(d)) == {1}
+    before = [pl.seg_format(seg) for seg in pl.segments]
+    with Store.open(d, writer="w") as w:  # a writer that seals the rolled segments
+        wp = w.partition(TOPIC, 0)
+        wp.require_format = w.require_format
+        for seg in wp.sealed_segments:
+            assert seal_segment(wp, seg.base)
+    assert 2 in _formats(d) and before[0] == 1
+    got = [next(pl.read(r.offset, max_records=1).records()) for r in recs]
+    assert got == recs
+    view.close()
