@@ -283,7 +283,8 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
         assert st.topic_config(TOPIC) == ms.topic_config(TOPIC)
         # the master's configs are synced from it, not local overrides of the replica
         ly = st.topic_config_layers(TOPIC)
-        assert dict(ly.synced) == {"segment.bytes": 16384, "delete.retention.ms": 1000}
+        assert dict(ly.synced) == {"segment.bytes": 16384, "delete.retention.ms": 1000,
+                                   "compression.type": "uncompressed"}
         assert not ly.overrides and ly.synced_from.startswith("master http")
         for p in (0, 1, 2):
             assert not (replica / fn.replicating_dir(TOPIC, p)).exists()
