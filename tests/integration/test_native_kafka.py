@@ -323,7 +323,10 @@ def test_fenced_transactional_producer(kafka_bootstrap, make_topic, kafka_io):
 
 
 _SIGINT_CHILD = textwrap.dedent("""
-    import sys
+    import signal, sys
+    # a parent started in the background by a non-interactive shell hands SIGINT down ignored,
+    # and Python then installs no KeyboardInterrupt handler: Ctrl-C's default, explicitly
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from confluent_kafka import TopicPartition
     from kcompact.connectors.framework.native_kafka import NativeConsumer, kafka_consumer
     c = kafka_consumer({"bootstrap.servers": sys.argv[1], "group.id": "sigint",
