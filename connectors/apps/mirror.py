@@ -119,8 +119,9 @@ def _unsealed_text(worker: Worker) -> str:
     """The final line's note on rolled segments the mirror left in store format 1 (sealed in
     the background, not waited for at the end: reput/seal.py)."""
     n = sum(getattr(r.task, "seals_left", 0) for r in worker.runners)
-    return (f"; {n} rolled segment{'s' if n != 1 else ''} left in store format 1 "
-            "(`kcompact compact` seals them)" if n else "")
+    return (f"; {n} rolled segment{'s' if n != 1 else ''} left in store format 1 (readable; "
+            "the next mirror, or `kcompact compact` once past min.compaction.lag.ms, seals "
+            "them)" if n else "")
 
 
 def _task_stores(worker: Worker) -> list:
