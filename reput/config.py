@@ -155,6 +155,7 @@ class TopicConfig:
 
 
 FSYNC_POLICIES = ("always", "flush", "never")
+SEAL_MODES = ("flush", "background")
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,10 @@ class WriterOptions:
     seal_format: the store format a rolled segment is sealed into at the next flush: 2 (a
     Kafka log segment, docs/formats/segment-v2.md, the default) or 1 (left as appended: a
     store a kcompact that knows only format 1 can still read, until a compaction).
+    seal: where a rolled segment is sealed: 'flush' (inline, by the next flush: the default) or
+    'background' (a thread of the writer, while it appends; the writer's close does not wait
+    for the segments still queued: they stay format 1 until the next writer of the partition,
+    a compaction or ``kcompact compact`` seals them; reput/seal.py).
     """
 
     commitlog_segment_bytes: int = 1 << 30
@@ -172,12 +177,15 @@ class WriterOptions:
     commitlog_retention_ms: int = 3600 * 1000
     verify_crc_on_dispatch: bool = False
     seal_format: int = 2
+    seal: str = "flush"
 
     def __post_init__(self):
         _int_at_least(1 << 16, 1 << 40)("commitlog.segment.bytes", self.commitlog_segment_bytes)
         _int_at_least(0)("commitlog.retention.ms", self.commitlog_retention_ms)
         if self.seal_format not in (1, 2):
             raise ConfigError(f"seal_format: expected 1 or 2, got {self.seal_format!r}")
+        if self.seal not in SEAL_MODES:
+            raise ConfigError(f"seal: expected one of {', '.join(SEAL_MODES)}, got {self.seal!r}")
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
 

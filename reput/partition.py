@@ -113,6 +113,9 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         #: written; segments rolled by this writer, sealed into format 2 at the next sync
         self.require_format = None
         self._to_seal: list[int] = []
+        #: set by a Store whose writer seals in the background (reput/seal.py's Sealer): sync
+        #: hands it each rolled segment (``seal_queue(self, base)``) instead of sealing inline
+        self.seal_queue = None
         if writable:
             self._writer_lock = FileLock(self.local_fs, f"{self.dir}/{fn.LOCK_FILE}")
             if not self._writer_lock.acquire(blocking=False):
@@ -690,8 +693,12 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         self._dirty_files = active
         self._list_after_sync(closing=False)
         if self._to_seal:
-            from .seal import seal_segment
             bases, self._to_seal = self._to_seal, []
+            if self.seal_queue is not None:
+                for base in bases:
+                    self.seal_queue(self, base)
+                return
+            from .seal import seal_segment
             for base in bases:
                 seal_segment(self, base)
 

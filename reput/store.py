@@ -247,6 +247,10 @@ class Store:
         self._pacer = SyncPacer()
         self._sync_pool: Any = None  # flush's fsync threads (_sync_partitions), made when needed
         self._sync_pool_pid = -1
+        #: the writer's seal thread (WriterOptions(seal="background"); reput/seal.py), made when
+        #: a partition is opened for write; ``seals_left``: rolled segments its close left format 1
+        self._sealer: Any = None
+        self.seals_left = 0
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
         #: each flush's fsyncs of the partitions' files (all of them: one observation)
         self.partition_fsync_time = Timing()
@@ -472,6 +476,8 @@ class Store:
                 self._wrote_partitions = True
                 if self.options.seal_format == 2:  # else rolled segments stay format 1
                     pl.require_format = self.require_format
+                    if self.options.seal == "background" and not self.remote:
+                        self._background_seals(pl)
                 self._partitions[key] = pl
                 self._writable.add(key)
                 if self.remote and self.writer is not None and key not in self._collected:
@@ -480,6 +486,23 @@ class Store:
                     self._collected.add(key)
                     pl.collect_garbage()
             return self._partitions[key]
+
+    def drain_seals(self) -> None:
+        """Wait until the writer's seal thread (``WriterOptions(seal="background")``) has sealed
+        every segment rolled before the last flush; raise its first failure."""
+        if self._sealer is not None:
+            self._sealer.drain()
+            self._sealer.check()
+
+    def _background_seals(self, pl: PartitionLog) -> None:
+        """Seal ``pl``'s rolled segments in the writer's seal thread: those it rolls from now
+        on, and (in a format-2 store) those a previous writer left format 1."""
+        from .seal import Sealer
+        if self._sealer is None:
+            self._sealer = Sealer(self.lock)
+        pl.seal_queue = self._sealer.submit
+        if self.meta.format_version >= 2:
+            self._sealer.submit(pl, None)
 
     @property
     def require_list(self) -> bool:
@@ -656,6 +679,8 @@ class Store:
         if self.commitlog is None:
             return
         with self.lock:
+            if self._sealer is not None:
+                self._sealer.check()  # a seal that failed (its segment left format 1)
             if self.options.fsync != "never":
                 self.commitlog.sync()
                 t0 = self.clock.monotonic()
@@ -723,9 +748,15 @@ class Store:
                 f.result()
 
     def close(self) -> None:
+        if self._sealer is not None:
+            # (outside the lock, which the seal under way takes to swap its segment in)
+            self._sealer.close()  # what the flush below hands it is left format 1 too
         with self.lock:
             if self.commitlog is not None:
                 self.flush()
+            if self._sealer is not None:
+                self.seals_left += self._sealer.left
+                self._sealer = None
             for pl in self._partitions.values():
                 pl.close()
             self._partitions.clear()

@@ -115,6 +115,15 @@ def _per_topic(worker: Worker) -> dict[str, list[int]]:
     return out
 
 
+def _unsealed_text(worker: Worker) -> str:
+    """The final line's note on rolled segments the mirror left in store format 1 (sealed in
+    the background, not waited for at the end: reput/seal.py)."""
+    n = sum(getattr(r.task, "seals_left", 0) for r in worker.runners)
+    return (f"; {n} rolled segment{'s' if n != 1 else ''} left in store format 1 (readable; "
+            "the next mirror, or `kcompact compact` once past min.compaction.lag.ms, seals "
+            "them)" if n else "")
+
+
 def _task_stores(worker: Worker) -> list:
     return [r.task.store for r in worker.runners if getattr(r.task, "store", None) is not None]
 
@@ -195,7 +204,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
     print(f"mirror: {how}: {records:,} records in {dt:.1f} s ({res.rate:,.0f} rec/s)"
           + (f", {len(per)} topics" if len(per) > 1 else "")
           + (f", {skipped} skipped" if skipped else "") + stopped_text(stopped)
-          + f"; store {store} flushed", file=out, flush=True)
+          + f"; store {store} flushed" + _unsealed_text(worker), file=out, flush=True)
     return res
 
 

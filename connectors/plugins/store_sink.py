@@ -204,11 +204,15 @@ class StoreSinkTask(SinkTask):
         #: a batch job (``follow`` false: a one-shot mirror, a Spark mirror task) rolls every
         #: active segment it wrote when it stops, so the store at rest is compactable
         self.batch_job = props.get("follow", True) is False
-        options = WriterOptions(fsync=props.get("store.fsync") or "flush")
+        # rolled segments are sealed into store format 2 by a thread of the writer, off the
+        # append path; what is still queued when the task stops stays format 1 (reput/seal.py)
+        options = WriterOptions(fsync=props.get("store.fsync") or "flush", seal="background")
         self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
                                 options=options, commitlog_dir=props.get("store.commitlog.dir"),
                                 clock=self.clock)
         self.appended = 0
+        #: rolled segments the store's close left in format 1 (not sealed yet)
+        self.seals_left = 0
         self.appender = _Appender(self.store)
         self.scheduler = None
         if props.get("store.compaction.background"):
@@ -272,6 +276,7 @@ class StoreSinkTask(SinkTask):
             finally:
                 self.appended = self.appender.appended
                 store.close()  # flushes what was appended
+                self.seals_left = store.seals_left
 
 
 _FLUSH = object()  # queued to the appender: flush the store after the batches before it

@@ -217,3 +217,62 @@ def test_a_reader_listing_a_segment_before_its_seal_reads_it_after(tmp_path):
     got = [next(pl.read(r.offset, max_records=1).records()) for r in recs]
     assert got == recs
     view.close()
+
+
+def _background_writer(d: str, recs, flush_each: bool = False) -> Store:
+    """An open writer with ``seal="background"`` that appended ``recs`` in batches of 100
+    (``flush_each``: each followed by a flush, which hands the segments rolled so far to the
+    seal thread and does not wait for it)."""
+    s = Store.open(d, writer="w", create=True, options=WriterOptions(seal="background"))
+    s.set_topic_config(TOPIC, {"segment.bytes": 16384})
+    for i in range(0, len(recs), 100):
+        s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
+        if flush_each:
+            s.flush()
+    return s
+
+
+def test_a_background_sealer_seals_while_the_writer_appends(tmp_path):
+    d = str(tmp_path / "s")
+    recs = _records()
+    s = _background_writer(d, recs, flush_each=True)
+    s.drain_seals()
+    f = _formats(d)
+    assert len(f) >= 4 and f[:-1] == [2] * (len(f) - 1) and f[-1] == 1
+    assert list(s.iter_records(TOPIC, 0)) == recs
+    s.close()
+    assert s.seals_left == 0
+    assert _read(d) == recs
+
+
+def test_a_closing_background_writer_leaves_its_last_rolls_format_1_for_the_next_writer(
+        tmp_path):
+    d = str(tmp_path / "s")
+    recs = _records()
+    s = _background_writer(d, recs)
+    s.close()  # (a roll hands the segments rolled before it over; the close's flush, the last)
+    assert s.seals_left >= 1
+    f = _formats(d)
+    assert len(f) >= 4 and f[-2:] == [1, 1]  # the last rolled one was not waited for
+    assert _read(d) == recs  # format 1 is a valid store: read and verified
+    with open(os.path.join(d, "store.json")) as fh:
+        assert json.load(fh)["format_version"] == 2  # a format-2 store holds format-1 segments
+    s = Store.open(d, writer="w2", options=WriterOptions(seal="background"))
+    s.writable_partition(TOPIC, 0)  # queues what the previous writer left format 1
+    s.drain_seals()
+    s.close()
+    f = _formats(d)
+    assert f[:-1] == [2] * (len(f) - 1) and f[-1] == 1
+    assert _read(d) == recs
+
+
+def test_a_background_writer_closing_during_its_seals_leaves_each_segment_whole(tmp_path):
+    d = str(tmp_path / "s")
+    recs = _records(3000)
+    s = _background_writer(d, recs)
+    s.flush()
+    s.close()  # while the seal thread works through the queue
+    f = _formats(d)
+    assert len(f) >= 10 and f[-1] == 1
+    assert f.count(1) - 1 == s.seals_left  # each queued segment sealed, or left format 1
+    assert _read(d) == recs
