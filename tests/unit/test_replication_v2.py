@@ -26,6 +26,8 @@ from kcompact.reput.record import Record, RecordBatch
 from kcompact.reput.store import Store
 from kcompact.reput.verify import verify_store
 
+from .test_cli import _flip
+
 TOPIC = "t"
 URL = "http://127.0.0.1:1"
 
@@ -206,14 +208,6 @@ def test_install_shipped_copies_batches_and_reindexes_under_its_own_secret(maste
                     tmp_path / "replica" / fn.partition_dir(TOPIC, 0), dirs_exist_ok=True)
     with Store.open(str(tmp_path / "replica")) as rs:
         assert verify_store(rs).ok
-
-
-def _flip(path: str, pos: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(pos)
-        b = f.read(1)
-        f.seek(pos)
-        f.write(bytes([b[0] ^ 0x44]))
 
 
 @pytest.mark.parametrize("what", ["log", "index"])
