@@ -277,9 +277,11 @@ class Replicator:
         return res
 
     async def _pull(self, topic: str, partition: int, staging: PartitionLog, off: int,
-                    target: int, name: str, horizon: int, res: PartitionResult) -> None:
+                    target: int, name: str, horizon: int = -1,
+                    res: PartitionResult | None = None) -> None:
         """Pull [off, target) into ``staging`` (counted in ``res``): with protocol version 2,
         sealed format-2 segments as stored (``_pull_shipping``), the rest as records."""
+        res = res if res is not None else PartitionResult(staging.topic, staging.partition)
         # the master's tombstones up to its horizon count as cleaned now (the store's clock)
         state = {"since_sync": 0, "horizon": horizon,
                  "clean_time_s": self.store.clock.ms() // 1000,
