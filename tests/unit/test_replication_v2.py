@@ -261,10 +261,16 @@ def test_a_resumed_download_continues_and_a_crash_before_the_roll_is_rolled(mast
         install_shipped(st, staging, incoming, TOPIC, 0, s, -1, 0)
     finally:
         ms.store.close()
-    # as if the process died between the install and the roll past it
     last = staging.segments[-1]
     assert last.log_size == 0
     staging.close()
+    # the pull's log opens again with the shipped segment sealed (no segment list there: the
+    # lean index checks itself, the format-1 index rules do not apply)
+    staging = PartitionLog(st.fs, TOPIC, 0, st.secret, st.topic_config(TOPIC), writable=True,
+                           sub=fn.REPLICATING_DIR, clock=st.clock)
+    assert [staging.seg_format(g) for g in staging.segments] == [2, 1]
+    staging.close()
+    # as if the process died between the install and the roll past it
     rdir = os.path.join(str(tmp_path / "replica"), fn.replicating_dir(TOPIC, 0))
     for suffix in (".log", ".bcq"):
         os.unlink(os.path.join(rdir, fn.base_name(last.base) + suffix))
