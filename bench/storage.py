@@ -129,9 +129,6 @@ def mirror_and_compact(bootstrap: str, topic: str, store: str, config: dict) -> 
     from kcompact.reput import Store
     from kcompact.reput.config import TOPIC_KEYS
     known = {k.name for k in TOPIC_KEYS}  # a kcompact before format 2 has no compression keys
-    # the Kafka topics keep min.compaction.lag.ms at 1 h (Kafka's cleaner leaves the reference
-    # alone) and the mirror syncs it; a local override of 0 lets the forced compaction compact
-    config = {**config, "min.compaction.lag.ms": 0}
     Store.create(store, topics={topic: {k: v for k, v in config.items() if k in known}}).close()
     t0 = time.perf_counter()
     res = mirror_local(bootstrap, topic, store, out=io.StringIO(), handle_signals=False)
