@@ -21,9 +21,13 @@ the same run, three workloads (issue 28's table):
 Both sides are counted the same way: Kafka's partition directory (``.log`` + ``.index`` +
 ``.timeindex``, each index counted up to its last non-zero entry: Kafka preallocates the active
 segment's index files) against kcompact's ``partitions/`` (every ``.log`` and ``.bcq``) plus
-``store.json`` and each partition's ``compaction.checkpoint``. "replica pull" is the bytes of
-the records responses a replica's full pull receives (``PartitionReader.read_raw``, what
-``kcompact serve`` sends: format-1 records whatever the master's segment format).
+``store.json`` and each partition's ``compaction.checkpoint``. "replica pull" is the bytes a
+replica's full pull receives: "v1" the records responses of replication protocol 1
+(``PartitionReader.read_raw``, what ``kcompact serve`` sends a version-1 replica: format-1 records
+whatever the master's segment format), "v2" measured by a real ``kcompact serve`` and
+``kcompact replicate`` on 127.0.0.1 (protocol 2: sealed format-2 segments as stored, .log and
+lean index, the rest as records; the count ``replicate`` prints), of which "as stored" were
+segment files. A kcompact before protocol 2 prints no v2 figure.
 """
 
 from __future__ import annotations
@@ -33,7 +37,10 @@ import io
 import json
 import os
 import random
+import re
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -173,6 +180,39 @@ def store_bytes(store: str) -> dict:
             "replica_pull": pulled, "records": records, "segments": formats}
 
 
+def replica_pull_v2(store: str) -> dict | None:
+    """Bytes a real replica of protocol 2 pulls from ``store`` (``kcompact serve`` and
+    ``kcompact replicate`` subprocesses on 127.0.0.1): {"bytes", "shipped"}; None when this
+    kcompact does not speak protocol 2."""
+    exe = os.path.join(os.path.dirname(sys.executable), "kcompact")
+    work = tempfile.mkdtemp(prefix="kcompact-bench-pull-")
+    token = os.path.join(work, "token")
+    with open(token, "w") as f:
+        f.write(os.urandom(16).hex())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = subprocess.Popen([exe, "serve", "--store", store, "--listen", f"127.0.0.1:{port}",
+                            "--token-file", token], stderr=subprocess.PIPE, text=True)
+    try:
+        for line in srv.stderr:
+            if "serving" in line:
+                break
+        r = subprocess.run([exe, "replicate", "--from", f"http://127.0.0.1:{port}",
+                            "--token-file", token, "--store", os.path.join(work, "replica")],
+                           capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            raise RuntimeError(f"replicate failed: {r.stderr[-2000:]}")
+        m = re.search(r"protocol (\d): ([\d,]+) bytes, ([\d,]+) of them", r.stdout)
+        if m is None or m[1] != "2":
+            return None
+        return {"bytes": int(m[2].replace(",", "")), "shipped": int(m[3].replace(",", ""))}
+    finally:
+        srv.terminate()
+        srv.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def workload(broker, admin, work: str, name: str, records, compression: str,
              kc_configs: dict[str, dict]) -> dict:
     bs = broker.bootstrap_servers
@@ -190,6 +230,7 @@ def workload(broker, admin, work: str, name: str, records, compression: str,
         run = mirror_and_compact(bs, at, store, cfg)
         sb = store_bytes(store)
         assert sb["records"] == len(ref), (sb["records"], len(ref))
+        sb["replica_pull_v2"] = replica_pull_v2(store)
         sb.update(run)
         sb["ratio"] = sb["total"] / kafka["total"]
         sb["per_record"] = sb["total"] / len(ref)
@@ -234,16 +275,18 @@ def main(argv=None) -> int:
         return 0
     print(f"Apache Kafka {doc['kafka_version']}: bytes at rest of the same live records")
     print(f"{'workload':<18} {'side':<22} {'bytes':>12} {'B/record':>9} {'x Kafka':>8} "
-          f"{'log':>11} {'index':>10} {'replica pull':>13}")
+          f"{'log':>11} {'index':>10} {'pull v1':>12} {'pull v2':>12} {'as stored':>12}")
     for w in ("json_zstd", "json_none", "random"):
         d = doc[w]
         k = d["kafka"]
         print(f"{w:<18} {'Kafka':<22} {k['total']:>12,} {k['per_record']:>9.1f} {1:>8.2f} "
-              f"{k['log']:>11,} {k['index']:>10,} {'':>13}")
+              f"{k['log']:>11,} {k['index']:>10,}")
         for label, s in d["kcompact"].items():
+            v2 = s.get("replica_pull_v2")
             print(f"{'':<18} {'kcompact ' + label:<22} {s['total']:>12,} {s['per_record']:>9.1f}"
                   f" {s['ratio']:>8.2f} {s['log']:>11,} {s['index']:>10,} "
-                  f"{s['replica_pull']:>13,}")
+                  f"{s['replica_pull']:>12,} "
+                  + (f"{v2['bytes']:>12,} {v2['shipped']:>12,}" if v2 else f"{'-':>12} {'-':>12}"))
     return 0
 
 

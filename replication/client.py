@@ -31,9 +31,11 @@ import numpy as np
 from pyroaring import BitMap64
 
 from .errors import AuthError, MasterUnavailableError, ProtocolError, ReplicationError
-from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, H_HIGH_WATERMARK,
-                       H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID, H_UPTO,
-                       PROTOCOL_VERSION, DigestFrame, FrameReader, master_error, partition_path)
+from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, CT_SEGMENT_FILE,
+                       H_FILE_SIZE, H_HIGH_WATERMARK, H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL,
+                       H_RECORD_COUNT, H_SEGMENT_ID, H_STORE_ID, H_UPTO, PROTOCOL_VERSIONS,
+                       SEGMENTS_VERSION, DigestFrame, FrameReader, master_error, partition_path,
+                       segment_file_path)
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as _timeout
@@ -42,6 +44,42 @@ else:  # aiohttp depends on async-timeout below 3.11; same API
 
 DEFAULT_RETRY_S = 120.0
 _RETRY_STATUSES = (502, 503, 504)
+_SPOKEN = {str(v) for v in PROTOCOL_VERSIONS}
+
+
+class SegmentChanged(ReplicationError):
+    """409: the segment a version-2 request named was compacted or resealed since it was
+    listed (the replica lists the partition's segments again)."""
+
+
+def versions_line(url: str, theirs: list) -> str:
+    """The one line for a master that speaks no version this kcompact speaks."""
+    named = ", ".join(str(v) for v in theirs) or "none"
+    ours = " and ".join(str(v) for v in PROTOCOL_VERSIONS)
+    return (f"master {url} speaks replication protocol {named}, this kcompact speaks {ours}: "
+            "use the same kcompact version on both sides (upgrade the older one)")
+
+
+def negotiate(doc: dict, url: str, wanted: int | None = None) -> tuple[int, str | None]:
+    """(the protocol version to use with the master whose ``/v1/store`` is ``doc``, a note to
+    print once or None). A master without ``protocols`` predates version 2: version 1, said
+    once. ``wanted`` (KCOMPACT_REPLICATION_PROTOCOL) caps the version (1: records only)."""
+    theirs = doc.get("protocols")
+    if theirs is None:
+        theirs = [doc.get("protocol", 1)]
+    if not isinstance(theirs, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                for v in theirs):
+        raise ProtocolError(f"master {url}: /v1/store's protocols is not a list of versions")
+    common = sorted(set(theirs) & set(PROTOCOL_VERSIONS))
+    if not common:
+        raise ProtocolError(versions_line(url, theirs))
+    best = common[-1] if wanted is None else max(v for v in common if v <= wanted)
+    note = None
+    if best < SEGMENTS_VERSION and (wanted is None or wanted >= SEGMENTS_VERSION):
+        note = (f"master {url} speaks replication protocol {', '.join(map(str, theirs))} only: "
+                "pulling records (version 1), not stored batches; upgrade its kcompact to "
+                "pull less")
+    return best, note
 
 
 def check_master_url(url: str) -> str:
@@ -189,13 +227,13 @@ class MasterClient:
                                "wrong token (403); pass the --token-file the master uses"))
                     if resp.status in _RETRY_STATUSES:
                         raise _Retry(f"HTTP {resp.status}: {await self._message(resp)}")
+                    if resp.status == 409:
+                        raise SegmentChanged(await self._message(resp))
                     if resp.status != 200:
                         raise await self._refusal(resp, path)
                     proto = resp.headers.get(H_PROTOCOL)
-                    if proto != str(PROTOCOL_VERSION):
-                        raise ProtocolError(f"master {self.url} speaks replication protocol "
-                                            f"{proto!r}, this replica {PROTOCOL_VERSION}: use "
-                                            "the same kcompact version on both sides")
+                    if proto not in _SPOKEN:
+                        raise ProtocolError(versions_line(self.url, [proto]))
                     sid = resp.headers.get(H_STORE_ID)
                     if self.store_id is not None and sid != self.store_id:
                         raise ReplicationError(f"master {self.url} now serves another store "
@@ -292,6 +330,41 @@ class MasterClient:
         return await self._request(partition_path(topic, partition, "records"), params, handle,
                                    forever=forever, retry_params={"check": "1"})
 
+    async def segments(self, topic: str, partition: int) -> dict:
+        """Version 2: the partition's segments (``GET .../segments``), shape-checked."""
+        async def handle(resp):
+            try:
+                doc = json.loads(await read_all(resp, self.read_timeout_s))
+            except ValueError:
+                doc = None
+            return check_segments_doc(doc, f"{self.url}{path}")
+        path = partition_path(topic, partition, "segments")
+        return await self._request(path, {}, handle)
+
+    async def segment_file(self, topic: str, partition: int, base: int, file: str, sid: str,
+                           start: int, max_bytes: int) -> bytes | None:
+        """Version 2: bytes [start, start + max_bytes) of a sealed segment's ``file`` (log or
+        index) as the master stores it; None when the segment changed since it was listed
+        (409). Retried as records are (a cut body is asked for again)."""
+        async def handle(resp):
+            if resp.content_type != CT_SEGMENT_FILE:
+                raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
+            size = _int_header(resp, H_FILE_SIZE)
+            if resp.headers.get(H_SEGMENT_ID) != sid:
+                raise ProtocolError(f"{resp.url}: the master sent another segment version")
+            body = await _read_body(resp, self.read_timeout_s)
+            want = max(0, min(max_bytes, size - start))
+            if body.shape[0] != want:
+                raise ProtocolError(f"{resp.url}: {body.shape[0]} bytes of the {file} from byte "
+                                    f"{start}, expected {want}")
+            return body
+        params = {"id": sid, "from": str(start), "max_bytes": str(max_bytes)}
+        try:
+            return await self._request(segment_file_path(topic, partition, base, file), params,
+                                       handle)
+        except SegmentChanged:
+            return None
+
     async def live(self, topic: str, partition: int, upto: int | None) -> tuple[BitMap64, int]:
         async def handle(resp):
             if resp.content_type != CT_BITMAP:
@@ -366,6 +439,28 @@ def check_store_doc(doc, url: str) -> None:
         raise ProtocolError(f"master {url}: /v1/store is not a valid store document")
 
 
+def check_segments_doc(doc, where: str) -> dict:
+    """Refuse a segments listing whose shape is not what protocol 2 sends."""
+    ints = ("base", "format", "records", "first_offset", "last_offset")
+    sealed2 = ("log_size", "index_size")
+
+    def ok() -> bool:
+        if not isinstance(doc, dict) or not isinstance(doc.get("segments"), list) \
+                or not isinstance(doc.get("next_offset"), int):
+            return False
+        for s in doc["segments"]:
+            if not isinstance(s, dict) or not all(isinstance(s.get(k), int) for k in ints):
+                return False
+            if s["format"] == 2 and s.get("sealed") is True and not (
+                    all(isinstance(s.get(k), int) and s[k] >= 0 for k in sealed2)
+                    and isinstance(s.get("id"), str)):
+                return False
+        return True
+    if not ok():
+        raise ProtocolError(f"master {where}: not a valid segments listing")
+    return doc
+
+
 class _Retry(Exception):
     pass
 
@@ -387,4 +482,5 @@ def _reason(e: BaseException) -> str:
     return str(e) or type(e).__name__
 
 
-__all__ = ["Chunk", "MasterClient", "check_master_url"]
+__all__ = ["Chunk", "MasterClient", "SegmentChanged", "check_master_url", "negotiate",
+           "versions_line"]

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from kcompact.reput import bcq2 as B2
 from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
@@ -25,13 +26,15 @@ from kcompact.reput.store import Store, StoreMeta
 from .connections import log
 from .errors import ReplicationError
 from .live import live_offsets
-from .protocol import PROTOCOL_VERSION, ServerLimits
+from .errors import RequestError
+from .protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS, ServerLimits, segment_id
 
 
 class MasterStore:
     """Thread-safe, read-only access to the served store (all blocking calls)."""
 
-    def __init__(self, url: str, limits: ServerLimits):
+    def __init__(self, url: str, limits: ServerLimits, protocols: tuple[int, ...] = PROTOCOL_VERSIONS):
+        self.protocols = tuple(protocols)
         self.store = Store.open(url)
         self.fs = self.store.fs
         self.limits = limits
@@ -158,9 +161,90 @@ class MasterStore:
 
     def store_doc(self) -> dict[str, Any]:
         meta = self.meta()
-        return {"protocol": PROTOCOL_VERSION, "store_id": meta.store_id,
+        return {"protocol": PROTOCOL_VERSION, "protocols": list(self.protocols),
+                "store_id": meta.store_id,
                 "format_version": meta.format_version, "limits": self.limits.to_dict(),
                 "topics": [self.topic_doc(t, meta) for t in self.topics()]}
+
+    # -- version 2: sealed segments as stored ---------------------------------------------------
+
+    def segments(self, topic: str, partition: int) -> dict[str, Any]:
+        """The partition's segments in offset order (``GET .../segments``): base, format,
+        whether sealed, records, first and last offset (-1: none), and for a sealed format-2
+        segment its files' sizes, codec and id (what ``segment_file`` requests name)."""
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            sealed = {id(s) for s in pl.sealed_segments}
+            out = []
+            for seg in pl.segments:
+                out.append(self._describe(pl, seg, id(seg) in sealed))
+            return {"partition": partition, "next_offset": pl.next_offset, "segments": out}
+
+    @staticmethod
+    def _describe(pl: PartitionLog, seg, sealed: bool) -> dict[str, Any]:
+        fmt = pl.seg_format(seg)
+        idx = pl.index(seg)
+        n = int(idx.n)
+        if n == 0:
+            first = last = -1
+        elif fmt == 2:
+            first, last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
+        else:
+            first, last = int(idx.entries[0]["offset"]), int(idx.entries[-1]["offset"])
+        doc = {"base": seg.base, "format": fmt, "sealed": sealed, "records": n,
+               "first_offset": first, "last_offset": last}
+        if fmt == 2 and sealed:
+            from kcompact.reput.batch import CODEC_NAMES
+            head = pl.seg_fs(seg).read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
+            doc.update({"log_size": seg.log_size, "index_size": seg.index_size,
+                        "codec": CODEC_NAMES.get(idx.codec, "unknown"),
+                        "id": segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])})
+        return doc
+
+    def segment_file(self, topic: str, partition: int, base: int, file: str, sid: str,
+                     start: int, max_bytes: int) -> tuple[bytes, int]:
+        """(bytes [start, start + max_bytes) of a sealed format-2 segment's ``file`` (log or
+        index) as stored, the file's size). 404: no such sealed format-2 segment; 409: the
+        segment at ``base`` is no longer the version ``sid`` names (compacted or resealed
+        since it was listed); 416: ``start`` past the end of the file."""
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            seg = next((s for s in pl.sealed_segments if s.base == base), None)
+            if seg is None or pl.seg_format(seg) != 2:
+                raise RequestError(404, f"{topic}-{partition} has no sealed format-2 segment "
+                                        f"at base {base}; list its segments again")
+            fs = pl.seg_fs(seg)
+            try:
+                return self._segment_bytes(pl, seg, fs, topic, partition, base, file, sid,
+                                           start, max_bytes)
+            except FileNotFoundError:  # replaced by a swap since the listing
+                raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
+                                        "its segments again") from None
+
+    @staticmethod
+    def _segment_bytes(pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
+            head = fs.read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
+            if len(head) < B2.HEADER_SIZE or not B2.is_lean(head):
+                raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
+                                        "its segments again")
+            have = segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])
+            if have != sid:
+                raise RequestError(409, f"{topic}-{partition} segment {base} is not version "
+                                        f"{sid} any more (compacted since it was listed); "
+                                        "list its segments again")
+            size = seg.log_size if file == "log" else seg.index_size
+            if start > size:
+                raise RequestError(416, f"from={start} is past the end of the {file} "
+                                        f"({size} bytes)")
+            n = min(max_bytes, size - start)
+            path = pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg)
+            data = fs.read(path, start, n) if n else b""
+            if len(data) != n:  # replaced under us after the check: the client lists again
+                raise RequestError(409, f"{topic}-{partition} segment {base} changed while "
+                                        "it was read; list its segments again")
+            return data, size
 
     def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
         """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives

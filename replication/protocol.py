@@ -1,4 +1,4 @@
-"""The replication wire protocol, version 1: paths, headers, limits, and the binary bodies.
+"""The replication wire protocol, versions 1 and 2: paths, headers, limits, and the binary bodies.
 
 Spec: docs/formats/replication-protocol.md. Everything here is a pure function or a constant, so
 the server (replication/server.py), the replica (replication/replica.py) and the tests share one
@@ -13,6 +13,9 @@ Bodies:
   client chose, and where its key is in the frame's key block. A failure after the status line
   was sent ends the body with an *error frame* instead (``ERROR_MAGIC``, the JSON error document
   of a non-200 answer), which a reader of protocol 1 without it refuses by its magic.
+* ``segments`` (version 2): a JSON list of a partition's segments; a sealed format-2 segment's
+  ``log`` and ``index`` files are then read as stored, by byte range (``segment_id`` names the
+  version of the pair a range must come from).
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ from kcompact.reput.record import (ATTR_NULL_KEY, HEADER_SIZE, SCAN_OK, SCAN_TOR
 
 from .errors import MasterStoreError, ProtocolError, ReplicationError, RequestError
 
+#: the version of the resources every kcompact serves (store, topics, records, live, digests):
+#: the ``Kcompact-Protocol`` header of their responses, which a replica of version 1 requires
 PROTOCOL_VERSION = 1
+#: version 2 adds the segments resources (a sealed format-2 segment's files, as stored)
+SEGMENTS_VERSION = 2
+#: the versions this kcompact speaks (a master advertises its own in ``/v1/store``'s
+#: ``protocols``; a master without that field speaks version 1 only)
+PROTOCOL_VERSIONS = (1, 2)
 API_PREFIX = "/v1"
 
 # response headers
@@ -44,11 +54,17 @@ H_HIGH_WATERMARK = "Kcompact-High-Watermark"  # the partition's next offset when
 H_UPTO = "Kcompact-Upto"                      # live/digests: offsets below this were considered
 H_LIVE_COUNT = "Kcompact-Live-Count"          # live: number of offsets in the bitmap
 H_STORE_ID = "Kcompact-Store-Id"              # every response: the master store's id
-H_PROTOCOL = "Kcompact-Protocol"              # every response: PROTOCOL_VERSION
+H_PROTOCOL = "Kcompact-Protocol"              # every response: its resource's version
+H_SEGMENT_ID = "Kcompact-Segment-Id"          # segment files: the version of the pair sent
+H_FILE_SIZE = "Kcompact-File-Size"            # segment files: bytes of the whole file
 
 CT_RECORDS = "application/vnd.kcompact.records.v1"
 CT_BITMAP = "application/vnd.kcompact.live-bitmap64.v1"
 CT_DIGESTS = "application/vnd.kcompact.digests.v1"
+CT_SEGMENT_FILE = "application/vnd.kcompact.segment-file.v2"
+
+#: the two files of a sealed format-2 segment a replica of version 2 reads
+SEGMENT_FILES = ("log", "index")
 
 OFFSET_MAX = 2**63 - 1
 MIB = 1 << 20
@@ -96,6 +112,23 @@ class ServerLimits:
                    else max_connections,
                    client_timeout_s=d.client_timeout_s if client_timeout_s is None
                    else client_timeout_s)
+
+
+def serve_protocols(env=os.environ) -> tuple[int, ...]:
+    """The versions ``kcompact serve`` offers: ``KCOMPACT_SERVE_PROTOCOLS`` (e.g. ``1``: a
+    master that ships records only, as a kcompact before version 2 did), default all."""
+    raw = env.get("KCOMPACT_SERVE_PROTOCOLS", "")
+    if not raw.strip():
+        return PROTOCOL_VERSIONS
+    try:
+        got = tuple(sorted({int(v) for v in raw.replace(",", " ").split()}))
+    except ValueError:
+        got = ()
+    if PROTOCOL_VERSION not in got or not set(got) <= set(PROTOCOL_VERSIONS):
+        raise ReplicationError(f"KCOMPACT_SERVE_PROTOCOLS={raw!r}: name versions this kcompact "
+                               f"speaks ({', '.join(map(str, PROTOCOL_VERSIONS))}), 1 among "
+                               "them (every replica needs its resources)")
+    return got
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,15 +179,18 @@ def check_token(header: str | None, expected: bytes) -> int:
 
 @dataclass(frozen=True)
 class Route:
-    """A parsed request path. ``kind``: store, topics, topic, partition, records, live, digests."""
+    """A parsed request path. ``kind``: store, topics, topic, partition, records, live, digests,
+    segments (version 2: the list), segment_file (``base``, ``file``: log or index)."""
 
     kind: str
     topic: str | None = None
     partition: int | None = None
+    base: int | None = None
+    file: str | None = None
 
 
 _SEGMENT_RE = re.compile(r"^[A-Za-z0-9._~%-]*$")
-PARTITION_ACTIONS = ("records", "live", "digests")
+PARTITION_ACTIONS = ("records", "live", "digests", "segments")
 
 
 def _decode_segment(raw: str) -> str:
@@ -218,6 +254,15 @@ def parse_path(raw_path: str) -> Route:
         return Route("partition", topic, partition)
     if len(rest) == 5 and rest[4] in PARTITION_ACTIONS:
         return Route(rest[4], topic, partition)
+    if len(rest) == 7 and rest[4] == "segments":
+        btext = rest[5]
+        if not re.fullmatch(r"[0-9]{1,20}", btext) or int(btext) > OFFSET_MAX:
+            raise RequestError(400, f"invalid segment base {btext[:40]!r}: use an offset in "
+                                    f"[0, {OFFSET_MAX}]")
+        if rest[6] not in SEGMENT_FILES:
+            raise RequestError(404, f"unknown path {path[:80]!r}; a segment has "
+                                    + " and ".join(SEGMENT_FILES))
+        return Route("segment_file", topic, partition, int(btext), rest[6])
     raise RequestError(404, f"unknown path {path[:80]!r}; a partition has "
                             + ", ".join(PARTITION_ACTIONS))
 
@@ -226,6 +271,11 @@ def partition_path(topic: str, partition: int, action: str | None = None) -> str
     """The request path for a partition resource (client side)."""
     p = f"{API_PREFIX}/topics/{validate_topic(topic)}/partitions/{int(partition)}"
     return f"{p}/{action}" if action else p
+
+
+def segment_file_path(topic: str, partition: int, base: int, file: str) -> str:
+    """The request path of a sealed segment's file (version 2, client side)."""
+    return f"{partition_path(topic, partition, 'segments')}/{int(base)}/{file}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +287,8 @@ QUERY_PARAMS = {
     "records": ("from", "max_bytes", "wait_ms", "check"),
     "live": ("upto",),
     "digests": ("upto", "salt"),
+    "segments": (),
+    "segment_file": ("id", "from", "max_bytes"),
 }
 
 
@@ -258,6 +310,7 @@ class Query:
     upto: int | None = None
     salt: bytes | None = None
     check: bool = False
+    segment_id: str | None = None
 
 
 def parse_query(kind: str, params: Mapping[str, str], limits: ServerLimits,
@@ -276,7 +329,7 @@ def parse_query(kind: str, params: Mapping[str, str], limits: ServerLimits,
     q: dict = {}
     if "from" in params:
         q["from_offset"] = _int_param("from", params["from"], 0, OFFSET_MAX)
-    if kind == "records":
+    if kind in ("records", "segment_file"):
         mb = params.get("max_bytes")
         if mb is None:
             q["max_bytes"] = limits.default_max_bytes
@@ -300,7 +353,24 @@ def parse_query(kind: str, params: Mapping[str, str], limits: ServerLimits,
             raise RequestError(400, "query parameter salt: 32 hex digits (16 random bytes) are "
                                     "required")
         q["salt"] = bytes.fromhex(salt)
+    if kind == "segment_file":
+        sid = params.get("id")
+        if sid is None or not SEGMENT_ID_RE.fullmatch(sid):
+            raise RequestError(400, "query parameter id: the segment's id from its listing "
+                                    "(`.../segments`) is required")
+        q["segment_id"] = sid
     return Query(**q)
+
+
+#: a segment id: ``<log bytes, hex>-<lean index header CRC, 8 hex digits>``
+SEGMENT_ID_RE = re.compile(r"[0-9a-f]{1,16}-[0-9a-f]{8}")
+
+
+def segment_id(log_size: int, index_header_crc: int) -> str:
+    """The id of one version of a sealed format-2 segment's pair: its .log's size and its lean
+    index's header CRC (which covers the directory's CRC, hence every chunk's), so a segment
+    rewritten by a compaction or a seal under the same base gets another id."""
+    return f"{int(log_size):x}-{int(index_header_crc) & 0xFFFFFFFF:08x}"
 
 
 # ---------------------------------------------------------------------------------------------

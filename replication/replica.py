@@ -57,10 +57,12 @@ from kcompact.reput.record import Scratch
 from kcompact.reput.config import TopicConfig
 from kcompact.reput.store import Store, SyncPacer
 
-from .client import Chunk, MasterClient, check_master_url
+from .client import Chunk, MasterClient, check_master_url, negotiate
 from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
-from .protocol import check_records, read_token_file
+from .protocol import PROTOCOL_VERSIONS, SEGMENTS_VERSION, check_records, read_token_file
+from .shipped import (Incoming, ShippedSegmentError, install_shipped, master_path,
+                      roll_past_shipped)
 
 INSTALL_MARKER = "install.json"
 SOURCE_FILE = "source.json"
@@ -78,6 +80,7 @@ class ReplicaOptions:
     offset_map_memory: int = DEFAULT_MAP_MEMORY
     sync_every_bytes: int = 256 * MIB    # fsync .replicating/ this often during a pull
     max_bytes_per_s: float = 0.0         # pull rate limit over all partitions (0: none)
+    protocol: int | None = None          # highest protocol version to use (None: the best)
 
     def __post_init__(self):
         if not 64 * 1024 <= self.max_bytes <= 1 << 30:
@@ -86,12 +89,16 @@ class ReplicaOptions:
             raise ReplicationError("parallel must be in [1, 64]")
         if self.max_bytes_per_s < 0:
             raise ReplicationError("max_bytes_per_s must be >= 0")
+        if self.protocol is not None and self.protocol not in PROTOCOL_VERSIONS:
+            raise ReplicationError(f"KCOMPACT_REPLICATION_PROTOCOL={self.protocol}: this kcompact "
+                                   f"speaks {' and '.join(map(str, PROTOCOL_VERSIONS))}")
 
     @classmethod
     def from_env(cls, env=os.environ) -> "ReplicaOptions":
         """Options from KCOMPACT_REPLICATION_* variables (the CLI has no flags for them):
         MAX_BYTES (per request), PARALLEL (partitions at once), RATE (bytes/s, 0 = unlimited),
-        RETRY_S (master outage tolerated mid-rebuild, seconds)."""
+        RETRY_S (master outage tolerated mid-rebuild, seconds), PROTOCOL (1: pull records
+        only, as a replica before version 2 did; default: the best the master speaks)."""
         def num(name, cast, default):
             raw = env.get(f"KCOMPACT_REPLICATION_{name}")
             if raw in (None, ""):
@@ -105,7 +112,8 @@ class ReplicaOptions:
         return cls(max_bytes=num("MAX_BYTES", int, d.max_bytes),
                    parallel=num("PARALLEL", int, d.parallel),
                    max_bytes_per_s=num("RATE", float, d.max_bytes_per_s),
-                   retry_s=num("RETRY_S", float, d.retry_s))
+                   retry_s=num("RETRY_S", float, d.retry_s),
+                   protocol=num("PROTOCOL", int, d.protocol))
 
 
 @dataclass
@@ -118,6 +126,8 @@ class PartitionResult:
     master_next_offset: int = 0
     next_offset: int = 0
     merged: bool = False
+    shipped_segments: int = 0     # sealed format-2 segments pulled as stored (version 2)
+    shipped_bytes: int = 0        # their bytes (.log + lean index), part of ``bytes``
     duration_s: float = 0.0
     pull_s: float = 0.0
     install_s: float = 0.0
@@ -149,6 +159,8 @@ class Replicator:
         self.follow_stats: dict[tuple[str, int], list[int]] = {}
         self.scheduler: Scheduler | None = None
         self.last_pull = time.monotonic()  # when a records response last arrived
+        #: the protocol version spoken with the master (connect: the best both speak)
+        self.protocol = 1
 
     async def _run(self, fn_, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
@@ -165,6 +177,9 @@ class Replicator:
         if doc.get("store_id") == self.store.meta.store_id:
             raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
                                "replicate into another directory")
+        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
+        if note:
+            self.progress.note("replicate", note)
         limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
         self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
         await self._run(self._sync_configs, doc)
@@ -237,8 +252,7 @@ class Replicator:
             horizon = int(info.get("compaction_horizon", -1))
             await self._run(self._note_horizon, topic, partition, start, horizon)
             try:
-                res.records, res.bytes = await self._pull(topic, partition, staging, start,
-                                                          target, name, horizon)
+                await self._pull(topic, partition, staging, start, target, name, horizon, res)
             except BaseException:
                 await self._run(staging.close)
                 raise
@@ -254,25 +268,128 @@ class Replicator:
         res.compaction = comp.to_dict()
         res.next_offset = await self._run(self._live_next, topic, partition)
         res.duration_s = time.monotonic() - t0
-        self.progress.finish(name, f"done: {res.records:,} records, {res.bytes / 1e6:,.1f} MB "
-                                   f"in {res.duration_s:.1f}s (pull {res.pull_s:.1f}s, install "
+        shipped = (f" ({res.shipped_segments} segments as stored, "
+                   f"{res.shipped_bytes / 1e6:,.1f} MB)" if res.shipped_segments else "")
+        self.progress.finish(name, f"done: {res.records:,} records, {res.bytes / 1e6:,.1f} MB"
+                                   f"{shipped} in {res.duration_s:.1f}s (pull {res.pull_s:.1f}s, install "
                                    f"{res.install_s:.1f}s, compaction {res.compact_s:.1f}s), "
                                    f"{comp.records_kept:,} records after compaction")
         return res
 
     async def _pull(self, topic: str, partition: int, staging: PartitionLog, off: int,
-                    target: int, name: str, horizon: int = -1) -> tuple[int, int]:
-        """Pull [off, target) into ``staging``: the next chunk is on the wire while the last
-        one is checked and written in the pool. A chunk that fails the checks (nothing of it
-        is written) is asked for again with ``check=1`` and the pull goes on after it."""
-        scratch = Scratch()
-        pending = None  # (future, its from offset, its records, its bytes)
-        records = nbytes = 0
+                    target: int, name: str, horizon: int = -1,
+                    res: PartitionResult | None = None) -> None:
+        """Pull [off, target) into ``staging`` (counted in ``res``): with protocol version 2,
+        sealed format-2 segments as stored (``_pull_shipping``), the rest as records."""
+        res = res if res is not None else PartitionResult(staging.topic, staging.partition)
         # the master's tombstones up to its horizon count as cleaned now (the store's clock)
         state = {"since_sync": 0, "horizon": horizon,
                  "clean_time_s": self.store.clock.ms() // 1000,
-                 "pacer": SyncPacer(writeback_every=0)}
-        args = (staging, topic, partition, scratch, state)
+                 "pacer": SyncPacer(writeback_every=0), "scratch": Scratch()}
+        if self.protocol >= SEGMENTS_VERSION:
+            off = await self._pull_shipping(topic, partition, staging, off, target, name, state,
+                                            res)
+        if off < target:
+            await self._pull_records(topic, partition, staging, off, target, name, state, res)
+        await self._run(staging.sync)
+
+    async def _pull_shipping(self, topic: str, partition: int, staging: PartitionLog, off: int,
+                             target: int, name: str, state: dict, res: PartitionResult) -> int:
+        """Version 2: walk the master's segment listing from ``off``; each sealed format-2
+        segment that holds nothing already pulled is shipped as stored (``_ship``), what lies
+        between as records. A segment compacted on the master meanwhile (409) makes it list
+        again. Returns the offset the pull has reached."""
+        listing, stale = None, False
+        while off < target:
+            if listing is None:
+                listing = (await self.client.segments(topic, partition))["segments"]
+            seg = next((s for s in listing if s["format"] == 2 and s.get("sealed") is True
+                        and s["records"] > 0 and s["first_offset"] >= off
+                        and s["first_offset"] < target and s.get("id")), None)
+            if seg is None:
+                break
+            stop = seg["first_offset"]
+            if any(s["records"] > 0 and s["last_offset"] >= off and s["first_offset"] < stop
+                   for s in listing):
+                reached = await self._pull_records(topic, partition, staging, off, stop, name,
+                                                   state, res)
+                if reached == off:  # the listing is behind the master's segments
+                    if stale:
+                        break  # (the records pull from here on brings whatever is there)
+                    listing, stale = None, True
+                off = reached
+                continue
+            stale = False
+            done = await self._ship(topic, partition, staging, seg, name, state, res)
+            if done is None:
+                listing = None  # compacted or resealed on the master: list again
+            else:
+                off = max(off, done)
+        return off
+
+    async def _ship(self, topic: str, partition: int, staging: PartitionLog, seg: dict,
+                    name: str, state: dict, res: PartitionResult) -> int | None:
+        """Download a sealed format-2 segment's files as stored (resuming a download of the
+        same segment version), check and install it (replication/shipped.py). Returns the
+        offset after it, or None when the master's segment changed (list again). A segment
+        that fails the checks is refused with one line naming the master's file and byte; a
+        resumed download that fails them (a torn partial file) is downloaded again once."""
+        incoming = Incoming(self.fs, topic, partition)
+        base, sid = int(seg["base"]), seg["id"]
+        have = await self._run(incoming.prepare, seg)
+        resumed = any(have.values())
+        if resumed:
+            self.progress.note(name, f"resuming the download of segment {base} at byte "
+                                     f"{have['log']:,} of {seg['log_size']:,}")
+        while True:
+            for file, size in (("index", seg["index_size"]), ("log", seg["log_size"])):
+                pos = have[file]
+                while pos < size:
+                    body = await self.client.segment_file(topic, partition, base, file, sid,
+                                                          pos, self.max_bytes)
+                    if body is None:
+                        await self._run(incoming.drop)
+                        return None
+                    await self._run(incoming.write, base, file, body)
+                    pos += body.shape[0]
+                    res.bytes += body.shape[0]
+                    res.shipped_bytes += body.shape[0]
+                    self.progress.advance(name, seg["first_offset"], body.shape[0])
+                    await self._throttle(body.shape[0])
+            try:
+                n = await self._run(install_shipped, self.store, staging, incoming, topic,
+                                    partition, seg, state["horizon"], state["clean_time_s"])
+            except ShippedSegmentError as e:
+                await self._run(incoming.drop)
+                if resumed:
+                    self.progress.note(name, f"the resumed download of segment {base} fails its "
+                                             f"checks ({e}); downloading it again")
+                    resumed, have = False, {"log": 0, "index": 0}
+                    await self._run(incoming.prepare, seg)
+                    continue
+                listing = (await self.client.segments(topic, partition))["segments"]
+                if not any(s["base"] == base and s.get("id") == sid for s in listing):
+                    return None  # replaced while it was read: not damage
+                raise ProtocolError(
+                    f"master {self.client.url}: {e} in the segment it sent (checked after the "
+                    f"download, as stored); nothing of it was installed. Run `kcompact verify "
+                    f"--store` on the master and rebuild {topic}-{partition} there "
+                    f"({master_path(topic, partition, base, 'log')})") from None
+            res.records += n
+            res.shipped_segments += 1
+            self.progress.advance(name, seg["last_offset"] + 1, 0)
+            return seg["last_offset"] + 1
+
+    async def _pull_records(self, topic: str, partition: int, staging: PartitionLog, off: int,
+                            stop: int, name: str, state: dict, res: PartitionResult) -> int:
+        """Pull records [off, stop) into ``staging``: the next chunk is on the wire while the
+        last one is checked and written in the pool. A chunk that fails the checks (nothing of
+        it is written) is asked for again with ``check=1`` and the pull goes on after it.
+        Returns the offset reached (a chunk may end past ``stop``)."""
+        target = stop
+        pending = None  # (future, its from offset, its records, its bytes)
+        records = nbytes = 0
+        args = (staging, topic, partition, state["scratch"], state)
         try:
             while True:
                 chunk = (await self.client.records(topic, partition, off, self.max_bytes)
@@ -309,8 +426,9 @@ class Replicator:
         finally:
             if pending is not None:
                 await asyncio.wait([pending[0]])
-        await self._run(staging.sync)
-        return records, nbytes
+            res.records += records
+            res.bytes += nbytes
+        return off
 
     async def _throttle(self, nbytes: int) -> None:
         self.last_pull = time.monotonic()
@@ -439,9 +557,11 @@ class Replicator:
 
     def _open_staging(self, topic: str, partition: int) -> PartitionLog:
         try:
-            return PartitionLog(self.fs, topic, partition, self.store.secret,
-                                self.store.topic_config(topic), writable=True,
-                                sub=fn.REPLICATING_DIR, clock=self.store.clock)
+            staging = PartitionLog(self.fs, topic, partition, self.store.secret,
+                                   self.store.topic_config(topic), writable=True,
+                                   sub=fn.REPLICATING_DIR, clock=self.store.clock)
+            roll_past_shipped(staging)
+            return staging
         except StoreLockedError:
             raise ReplicaError(f"another `kcompact replicate` is rebuilding {topic}-{partition} "
                                f"in {self.store.url}") from None
@@ -454,7 +574,7 @@ class Replicator:
         pdir, rdir = live.dir, staging.dir
         sdir = swap.staging_dir(pdir)
         staging.sync()
-        bases = [s.base for s in staging.segments if s.entry_count]
+        bases = [s.base for s in staging.segments if staging.seg_count(s)]
         merge = live.record_count() > 0
         # merged with local records, nothing is known clean; alone, the pulled records are
         # clean up to the horizon _note_horizon kept
@@ -734,9 +854,12 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
             results = work.result()
             dt = time.monotonic() - t0
             total = sum(r.bytes for r in results)
+            shipped = sum(r.shipped_bytes for r in results)
             print(f"replica {store.url} rebuilt from {client.url}: {len(results)} partitions, "
                   f"{sum(r.records for r in results):,} records, {total / 1e6:,.1f} MB pulled "
-                  f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s)", flush=True)
+                  f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s); protocol "
+                  f"{rep.protocol}: {total:,} bytes, {shipped:,} of them "
+                  f"{sum(r.shipped_segments for r in results)} segments as stored", flush=True)
             if opts.follow and not stop.is_set():
                 progress.note("replicate", "following the master (Ctrl-C to stop)")
                 await rep.follow(stop)

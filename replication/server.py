@@ -48,10 +48,12 @@ from .connections import (Connections, Listening, describe, log, parse_listen, p
 from .errors import ReplicationError, RequestError
 from .live import digest_frames
 from .master_store import MasterStore
-from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, END_FRAME, H_HIGH_WATERMARK,
-                       H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL, H_RECORD_COUNT, H_STORE_ID,
-                       H_UPTO, PROTOCOL_VERSION, Route, ServerLimits, check_token, error_doc,
-                       error_frame, parse_path, parse_query, read_token_file)
+from .protocol import (CT_BITMAP, CT_DIGESTS, CT_RECORDS, CT_SEGMENT_FILE, END_FRAME,
+                       H_FILE_SIZE, H_HIGH_WATERMARK, H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL,
+                       H_RECORD_COUNT, H_SEGMENT_ID, H_STORE_ID, H_UPTO, PROTOCOL_VERSION,
+                       PROTOCOL_VERSIONS, SEGMENTS_VERSION, Route, ServerLimits, check_token,
+                       error_doc, error_frame, parse_path, parse_query, read_token_file,
+                       serve_protocols)
 
 
 #: transport write buffer high-water mark for records responses (per connection)
@@ -120,8 +122,8 @@ class Server:
     async def _run(self, fn_: Callable, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn_, *args)
 
-    def _headers(self, extra: dict | None = None) -> dict:
-        h = {H_PROTOCOL: str(PROTOCOL_VERSION), H_STORE_ID: self.master.store_id,
+    def _headers(self, extra: dict | None = None, version: int = PROTOCOL_VERSION) -> dict:
+        h = {H_PROTOCOL: str(version), H_STORE_ID: self.master.store_id,
              "Cache-Control": "no-store"}
         if extra:
             h.update({k: str(v) for k, v in extra.items()})
@@ -227,6 +229,15 @@ class Server:
             return web.json_response(doc, headers=self._headers())
         if route.kind == "records":
             return await self._records(request, route, q)
+        if route.kind in ("segments", "segment_file"):
+            if SEGMENTS_VERSION not in self.master.protocols:
+                raise RequestError(404, f"this master serves replication protocol "
+                                        f"{', '.join(map(str, self.master.protocols))} only: "
+                                        "no segments resources")
+            if route.kind == "segments":
+                doc = await self._run(self.master.segments, route.topic, route.partition)
+                return web.json_response(doc, headers=self._headers(version=SEGMENTS_VERSION))
+            return await self._segment_file(route, q)
         if self._summaries.locked():
             return _error(503, "busy: too many live/digests computations at once; retry",
                           {"Retry-After": "1"})
@@ -337,6 +348,16 @@ class Server:
                 loc.close()
         return resp
 
+    async def _segment_file(self, route: Route, q) -> web.Response:
+        """Version 2: a byte range of a sealed format-2 segment's .log or lean index, as
+        stored (the replica checks every batch's CRC and the index's CRCs)."""
+        data, size = await self._run(self.master.segment_file, route.topic, route.partition,
+                                     route.base, route.file, q.segment_id, q.from_offset,
+                                     q.max_bytes)
+        self._count_sent(route, len(data))
+        return web.Response(body=data, content_type=CT_SEGMENT_FILE, headers=self._headers(
+            {H_SEGMENT_ID: q.segment_id, H_FILE_SIZE: size}, version=SEGMENTS_VERSION))
+
     async def _live(self, route: Route, q) -> web.Response:
         bm, upto, _ = await self._run(self.master.live, route.topic, route.partition, q.upto)
         body = await self._run(bm.serialize)
@@ -386,13 +407,15 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
                      ssl_context: ssl.SSLContext | None = None,
                      limits: ServerLimits = ServerLimits(),
                      ready: Callable[[str], None] | None = None,
-                     stop: asyncio.Event | None = None, ops: Any = None) -> None:
+                     stop: asyncio.Event | None = None, ops: Any = None,
+                     protocols: tuple[int, ...] = PROTOCOL_VERSIONS) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None); ``ops``
-    (replication/ops.py) gets the server's metrics."""
+    (replication/ops.py) gets the server's metrics; ``protocols``: the versions served
+    (``KCOMPACT_SERVE_PROTOCOLS``, default all this kcompact speaks)."""
     parse_listen(listen)
     setup_log()
     try:
-        master = MasterStore(store_url, limits)
+        master = MasterStore(store_url, limits, protocols)
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
     server = Server(master, token, limits, zero_copy=ssl_context is None)
@@ -437,6 +460,7 @@ def serve(opts: ServeOptions) -> int:
     token = read_token_file(opts.token_file)
     ctx = tls_context(opts.tls_cert, opts.tls_key)
     limits = opts.limits()
+    protocols = serve_protocols()
 
     def ready(url: str) -> None:
         print(f"kcompact serve: serving {opts.store} on {url} (Ctrl-C to stop)",
@@ -449,7 +473,7 @@ def serve(opts: ServeOptions) -> int:
         f"kcompact serve: {m}", file=sys.stderr, flush=True)) if ops is not None else None
     try:
         asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, limits=limits,
-                               ready=ready, ops=ops))
+                               ready=ready, ops=ops, protocols=protocols))
     finally:
         if metrics is not None:
             metrics.stop()

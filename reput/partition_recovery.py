@@ -110,8 +110,20 @@ class SegmentRecovery:
     def _check_sealed(self, seg: Segment, next_base: int) -> None:
         """A sealed segment of a store without a list: its index must be whole and in order
         (entries back to back from byte 0 to the end of the .log, offsets increasing inside
-        the segment's range); reading only the index. Raises CorruptRecordError naming it."""
+        the segment's range); reading only the index. Raises CorruptRecordError naming it.
+        A format-2 segment's lean index checks itself when opened (header, directory CRCs,
+        the .log's size): a replica's pull (``.replicating/``) installs shipped ones."""
         path = self.seg_index_path(seg)
+        if self.seg_format(seg) == 2:
+            idx = self.index(seg)  # raises CorruptRecordError naming the .bcq
+            d = idx.dir
+            if idx.n and (int(d["first_offset"][0]) < seg.base
+                          or int(d["last_offset"][-1]) >= next_base):
+                raise CorruptRecordError(f"{path}: offsets outside the segment's range; this "
+                                         "sealed segment is not repaired on open: run `kcompact "
+                                         "verify` and rebuild the partition from a replica",
+                                         path, 0)
+            return
         problem = index_structure_problem(self.entries(seg), seg.base, next_base,
                                           seg.log_size, seg.index_size)
         if problem is not None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -600,6 +601,9 @@ def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
         for replica in (str(tmp_path / "replica"), s3_store_url()):
             p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
             assert p.returncode == 0, p.stderr
+            # the master's sealed format-2 objects travel as stored (replication protocol 2)
+            assert re.search(r"protocol 2: [\d,]+ bytes, [\d,]+ of them [1-9]\d* segments as "
+                             r"stored", p.stdout), p.stdout
             p = run("verify", "--store", replica, "--against", src, "--token-file", str(token))
             assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout + p.stderr
             assert content(replica) == content(master)

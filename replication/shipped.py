@@ -1,0 +1,239 @@
+"""A sealed format-2 segment shipped as stored (replication protocol version 2), on the replica.
+
+Spec: docs/formats/replication-protocol.md, "Version 2: stored batches". The replica downloads
+the master's ``.log`` (Kafka record batches, compressed) and lean index byte for byte into
+``.replicating/.incoming/`` (``Incoming``: resumable, the segment's id in ``segment.json``), then
+``install_shipped`` checks them and puts the segment into the pull's staging partition log
+(``.replicating/``) as a format-2 segment, **without re-encoding a batch**:
+
+* the lean index: its header, directory and chunk CRCs, and that it describes a ``.log`` of the
+  size received (bcq2.LeanIndex);
+* every batch (``decode_batches``): its CRC-32C, every record walked, offsets against its header;
+  and against the master's index: each batch at the position, of the size and with the record
+  count the index lists, each record with the offset, timestamp and tombstone/keyless flags of
+  its entry;
+* the index is then rebuilt with the replica's own key digests (the master's are under the
+  master's secret), tombstones at or below the pull's horizon stamped as the records path
+  stamps them (``PartitionLog.append``'s ``clean_upto``), and the batches copied as they are
+  (``SegmentWriter2.append_batch``).
+
+Nothing of a segment that fails a check is installed. The segment goes in with the compaction
+swap (``.replicating/.compacting/swap.json``, compaction-swap.md), so a crash leaves it either
+installed or not; the staging log then rolls past it, so that records pulled afterwards never
+land in a format-2 segment.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from kcompact.reput import batch as KB
+from kcompact.reput import bcq as B
+from kcompact.reput import bcq2 as B2
+from kcompact.reput import filenames as fn
+from kcompact.reput import swap
+from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.record import SCAN_OK, scan
+from kcompact.reput.rewrite import SegmentWriter2
+
+from .errors import ProtocolError
+
+INCOMING_DIR = ".incoming"
+INCOMING_FILE = "segment.json"
+#: bytes of batches checked and copied at once
+INSTALL_BLOCK = 8 << 20
+#: what a listing names each file of a segment, and the suffix it is kept under
+FILES = {"log": fn.LOG_SUFFIX, "index": fn.INDEX_SUFFIX}
+
+
+class ShippedSegmentError(ProtocolError):
+    """A shipped segment failed a check (nothing of it was installed). ``position``: the byte
+    of the master's file where, when known."""
+
+    def __init__(self, message: str, position: int | None = None):
+        super().__init__(message)
+        self.position = position
+
+
+def master_path(topic: str, partition: int, base: int, file: str) -> str:
+    """The master's file a listing's segment names (for messages)."""
+    return f"{fn.partition_dir(topic, partition)}/{fn.base_name(base)}{FILES[file]}"
+
+
+def stamp_clean(entries: np.ndarray, clean_upto: int, clean_time_s: int) -> None:
+    """Keyed tombstones at or below ``clean_upto`` first cleaned at ``clean_time_s`` (the rule of
+    a records pull, ``PartitionLog.append``'s ``clean_upto``: what the master had compacted)."""
+    if clean_upto < 0 or clean_time_s <= 0 or entries.shape[0] == 0:
+        return
+    stamp = (entries["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
+    stamp &= entries["offset"] <= clean_upto
+    entries["clean_time"][stamp] = np.uint32(clean_time_s)
+
+
+class Incoming:
+    """The download of one segment in ``.replicating/.incoming/`` (local files, ``fs``)."""
+
+    def __init__(self, fs, topic: str, partition: int):
+        self.fs = fs
+        self.dir = f"{fn.replicating_dir(topic, partition)}/{INCOMING_DIR}"
+
+    def path(self, base: int, file: str) -> str:
+        return f"{self.dir}/{fn.base_name(base)}{FILES[file]}"
+
+    def prepare(self, seg: dict) -> dict[str, int]:
+        """Bytes of each file already downloaded for this very segment version (a resumed
+        download); anything else there is dropped first."""
+        have = {"log": 0, "index": 0}
+        try:
+            doc = json.loads(self.fs.read(f"{self.dir}/{INCOMING_FILE}"))
+        except (FileNotFoundError, ValueError):
+            doc = None
+        if isinstance(doc, dict) and doc.get("base") == seg["base"] and doc.get("id") == seg["id"]:
+            for file, size_key in (("log", "log_size"), ("index", "index_size")):
+                try:
+                    have[file] = self.fs.size(self.path(seg["base"], file))
+                except FileNotFoundError:
+                    have[file] = 0
+            if all(have[f] <= seg[k] for f, k in (("log", "log_size"), ("index", "index_size"))):
+                return have
+            have = {"log": 0, "index": 0}
+        self.drop()
+        self.fs.write_atomic(f"{self.dir}/{INCOMING_FILE}",
+                             json.dumps({"base": seg["base"], "id": seg["id"]}).encode())
+        return have
+
+    def write(self, base: int, file: str, data) -> None:
+        f = self.fs.open_append(self.path(base, file))
+        try:
+            f.write(data)
+        finally:
+            f.close()
+
+    def drop(self) -> None:
+        self.fs.remove_tree(self.dir)
+
+
+def _batch_groups(sizes: np.ndarray, limit: int):
+    """(lo, hi) runs of batches of about ``limit`` bytes (at least one batch each)."""
+    lo, n = 0, sizes.shape[0]
+    ends = np.cumsum(sizes)
+    while lo < n:
+        done = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, done + limit, side="right")))
+        yield lo, min(hi, n)
+        lo = min(hi, n)
+
+
+def _check(cond: bool, where: str, why: str, position: int | None = None) -> None:
+    if not cond:
+        at = f" at byte {position}" if position is not None else ""
+        raise ShippedSegmentError(f"{where}: {why}{at}", position)
+
+
+def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str,
+                    partition: int, seg: dict, clean_upto: int, clean_time_s: int) -> int:
+    """Check the downloaded segment ``seg`` (a listing entry) and install it into ``staging``
+    as a format-2 segment (module docstring). Returns its record count. Raises
+    ShippedSegmentError naming the master's file and byte when a check fails."""
+    fs = incoming.fs
+    base = int(seg["base"])
+    mlog, midx = (master_path(topic, partition, base, f) for f in ("log", "index"))
+    log_path = incoming.path(base, "log")
+    raw_idx = fs.read(incoming.path(base, "index"))
+    _check(len(raw_idx) == seg["index_size"], midx, f"{len(raw_idx)} bytes received of "
+           f"{seg['index_size']}")
+    _check(fs.size(log_path) == seg["log_size"], mlog, f"{fs.size(log_path)} bytes received of "
+           f"{seg['log_size']}")
+    try:
+        idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
+        ment = idx.entries
+        bpos, bsize, bcount = idx.batches()
+    except CorruptRecordError as e:
+        raise ShippedSegmentError(str(e), e.position) from None
+    _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
+           f"the lean index describes {idx.n} records in {idx.log_size} bytes, the listing "
+           f"{seg['records']} in {seg['log_size']}")
+    _check(int(ment["offset"][0]) == seg["first_offset"]
+           and int(ment["offset"][-1]) == seg["last_offset"], midx,
+           "the lean index's offsets are not the listing's")
+    first = int(ment["offset"][0])
+    at = max(base, staging.next_offset)
+    _check(at <= first, mlog, f"offset {first} is not past what was pulled before "
+           f"({staging.next_offset})")
+    store.require_format(2)
+    staging.roll(at)
+    sdir = swap.staging_dir(staging.dir)
+    fs.remove_tree(sdir)
+    name = fn.base_name(at)
+    cfg = store.topic_config(topic)
+    out = SegmentWriter2(fs, f"{sdir}/{name}{fn.LOG_SUFFIX}", f"{sdir}/{name}{fn.INDEX_SUFFIX}",
+                         codec=idx.codec, level=cfg.compression_zstd_level,
+                         batch_bytes=cfg.compression_batch_bytes)
+    starts = np.zeros(bcount.shape[0] + 1, np.int64)
+    np.cumsum(bcount, out=starts[1:])
+    tb = topic.encode()
+    try:
+        for lo, hi in _batch_groups(bsize, INSTALL_BLOCK):
+            start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
+            data = np.frombuffer(fs.read(log_path, start, end - start), np.uint8)
+            try:
+                d = KB.decode_batches(data, start, tb, partition, mlog)
+            except CorruptRecordError as e:
+                why = str(e).removeprefix(f"{mlog}: ")
+                raise ShippedSegmentError(f"{mlog}: corrupt record batch at byte {e.position} "
+                                          f"({why})", e.position) from None
+            heads = d.heads
+            _check(len(heads) == hi - lo
+                   and all(h.position == int(bpos[lo + i]) and h.size == int(bsize[lo + i])
+                           and h.count == int(bcount[lo + i]) for i, h in enumerate(heads)),
+                   mlog, "the batches are not the ones the lean index lists", start)
+            m = ment[starts[lo]:starts[hi]]
+            n = m.shape[0]
+            bad = np.flatnonzero((d.offsets != m["offset"]) | (d.timestamps != m["timestamp"]))
+            _check(d.offsets.shape[0] == n and bad.size == 0, mlog,
+                   "a record's offset or timestamp is not its index entry's",
+                   int(m["position"][bad[0]]) if bad.size else start)
+            s = scan(d.data, 0, d.data.shape[0], secret=store.secret, verify_crc=True)
+            _check(s.status == SCAN_OK and len(s) == n, mlog, "a decoded record does not check",
+                   start)
+            e = B.entries_from_scan(s, 0, n, 0).copy()
+            mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
+            bad = np.flatnonzero((e["flags"] & mask) != (m["flags"] & mask))
+            _check(bad.size == 0, mlog, "a record's tombstone/keyless flags are not its index "
+                   "entry's", int(m["position"][bad[0]]) if bad.size else None)
+            stamp_clean(e, clean_upto, clean_time_s)
+            for k in range(lo, hi):
+                p = int(bpos[k]) - start
+                out.append_batch(data[p:p + int(bsize[k])],
+                                 e[starts[k] - starts[lo]:starts[k + 1] - starts[lo]])
+        out.written_codec = idx.codec  # the index names the codec of the batches it describes
+        out.sync()
+    except BaseException:
+        out.close()
+        fs.remove_tree(sdir)
+        raise
+    out.close()
+    fs.sync_dir(sdir)
+    plan = swap.SwapPlan([at], [at], None)
+    swap.commit(fs, staging.dir, plan)  # a crash from here on installs it at the next open
+    swap.apply(fs, staging.dir, plan)
+    staging.reload_after_swap()
+    swap.empty_trash(fs, staging.dir)
+    staging.roll(int(ment["offset"][-1]) + 1)  # later records go to a format-1 segment
+    incoming.drop()
+    return idx.n
+
+
+def roll_past_shipped(staging: PartitionLog) -> None:
+    """After a crash between a shipped segment's install and the roll past it, the staging
+    log's last segment is format 2: roll, so that no record is appended to it."""
+    if staging.segments and staging.segments[-1].log_size \
+            and staging.seg_format(staging.segments[-1]) == 2:
+        staging.roll()
+
+
+__all__ = ["INCOMING_DIR", "Incoming", "ShippedSegmentError", "install_shipped", "master_path",
+           "roll_past_shipped", "stamp_clean"]
