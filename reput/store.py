@@ -112,6 +112,8 @@ class StoreMeta:
     features: list[str] = field(default_factory=list)
     #: each topic's recorded partitions (Store.record_partitions), written only when some are
     recorded_partitions: dict[str, list[int]] = field(default_factory=dict)
+    #: each topic's Kafka topic id when a mirror first copied it (Store.record_topic_id)
+    topic_ids: dict[str, str] = field(default_factory=dict)
 
     def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
         self.layers[topic] = layers
@@ -131,6 +133,8 @@ class StoreMeta:
             body["features"] = sorted(set(self.features))
         if self.recorded_partitions:
             body["partitions"] = self.recorded_partitions
+        if self.topic_ids:
+            body["topic_ids"] = self.topic_ids
         return body
 
     def to_json(self) -> bytes:
@@ -183,10 +187,18 @@ class StoreMeta:
                 meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
             meta.recorded_partitions = {validate_topic(t): _partition_list(ps)
                                         for t, ps in d.get("partitions", {}).items()}
+            meta.topic_ids = {validate_topic(t): _topic_id(i)
+                              for t, i in d.get("topic_ids", {}).items()}
             return meta
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
                                    "from a backup") from None
+
+
+def _topic_id(tid: Any) -> str:
+    if not isinstance(tid, str) or not tid or len(tid) > 64:
+        raise ValueError(f"topic_ids: {tid!r} is not a topic id")
+    return tid
 
 
 def _partition_list(ps: Any) -> list[int]:
@@ -374,6 +386,26 @@ class Store:
                 self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
             self._adopt(meta)
             return list(meta.recorded_partitions.get(topic, []))
+
+    def recorded_topic_id(self, topic: str) -> str | None:
+        """The Kafka topic id ``topic`` had when a mirror first copied it (None: not recorded,
+        a store written before ids were recorded, or a broker that gave none)."""
+        return self.meta.topic_ids.get(topic)
+
+    def record_topic_id(self, topic: str, topic_id: str) -> str:
+        """Record ``topic``'s Kafka topic id in store.json unless one is recorded already;
+        returns the recorded id, which differs from ``topic_id`` when the topic was deleted
+        and created again since (the caller refuses to mix the two: docs/formats/store-json.md).
+        Under store.json.lock, as :meth:`record_partitions`."""
+        tid = _topic_id(topic_id)
+        with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
+            flock.acquire(blocking=True)
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            if validate_topic(topic) not in meta.topic_ids:
+                meta.topic_ids[topic] = tid
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self._adopt(meta)
+            return meta.topic_ids[topic]
 
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""

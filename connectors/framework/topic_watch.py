@@ -36,6 +36,33 @@ from .kafka_clients import admin_settings, kafka_error, kafka_logger
 from .topic_sets import match_topics
 
 
+def describe_topic_ids(admin: Any, topics: list[str]) -> tuple[dict[str, str], set[str]]:
+    """(the ids of ``topics`` the broker described, the topics it said it does not know), by
+    one describe_topics through ``admin`` (a confluent-kafka AdminClient); a topic in neither
+    was not answered for (a broker away, a timeout, a broker without describe_topics)."""
+    from confluent_kafka import KafkaError, TopicCollection
+    out: dict[str, str] = {}
+    unknown: set[str] = set()
+    if not topics:
+        return out, unknown
+    try:
+        futures = admin.describe_topics(TopicCollection(topics), request_timeout=5)
+    except Exception:  # noqa: BLE001 - a broker without describe_topics: no id check
+        return out, unknown
+    for topic, fut in futures.items():
+        try:
+            tid = fut.result(timeout=10).topic_id
+        except Exception as e:  # noqa: BLE001 - gone, or not answered
+            err = kafka_error(e)
+            if err is not None and err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                                  KafkaError.UNKNOWN_TOPIC_ID):
+                unknown.add(topic)
+            continue
+        if tid is not None:
+            out[topic] = str(tid)
+    return out, unknown
+
+
 @dataclass(frozen=True)
 class GoneTopic:
     """A followed topic that was deleted (``new_id`` None) or deleted and created again."""
@@ -103,31 +130,12 @@ class TopicWatcher:
         self._conf = admin_settings(consumer_conf)
 
     def _topic_ids(self, topics: list[str]) -> tuple[dict[str, str], set[str]]:
-        """(the ids of ``topics`` the broker described, the topics it said it does not know);
-        a topic in neither was not answered for (a broker away, a timeout)."""
-        from confluent_kafka import KafkaError, TopicCollection
         from confluent_kafka.admin import AdminClient
         if not topics:
             return {}, set()
         if self._admin is None:
             self._admin = AdminClient(dict(self._conf, logger=kafka_logger()))
-        out, unknown = {}, set()
-        try:
-            futures = self._admin.describe_topics(TopicCollection(topics), request_timeout=5)
-        except Exception:  # noqa: BLE001 - a broker without describe_topics: no id check
-            return {}, set()
-        for topic, fut in futures.items():
-            try:
-                tid = fut.result(timeout=10).topic_id
-            except Exception as e:  # noqa: BLE001 - gone, or not answered
-                err = kafka_error(e)
-                if err is not None and err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                                      KafkaError.UNKNOWN_TOPIC_ID):
-                    unknown.add(topic)
-                continue
-            if tid is not None:
-                out[topic] = str(tid)
-        return out, unknown
+        return describe_topic_ids(self._admin, topics)
 
     def start(self) -> None:
         """Record the followed topics' ids (at the task's start)."""
@@ -209,4 +217,4 @@ class TopicWatcher:
         self._admin = None
 
 
-__all__ = ["GoneTopic", "PartitionClaims", "TopicWatcher"]
+__all__ = ["GoneTopic", "PartitionClaims", "TopicWatcher", "describe_topic_ids"]

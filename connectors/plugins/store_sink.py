@@ -41,7 +41,9 @@ from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
 from ..framework.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
-from ..errors import ConfigError
+from ..errors import ConfigError, ConnectorsError
+from ..framework.kafka_clients import admin_settings, kafka_logger
+from ..framework.topic_watch import describe_topic_ids
 from .config_sync import SinkConfigSync
 
 STORE_SINK_CONFIG = (
@@ -178,13 +180,33 @@ class StoreSinkConnector(SinkConnector):
         """Record every topic's selected partitions in the store (created here when missing)
         before any task starts: a partition the mirror knows but has not written yet then
         reads as empty, not as unknown (Store.record_partitions)."""
+        ids = self._topic_ids(list(selected))
         store = Store.open(self.props["store.url"], create=True,
                            commitlog_dir=self.props.get("store.commitlog.dir"))
         try:
+            for topic, tid in ids.items():  # every topic checked before any is recorded
+                before = store.recorded_topic_id(topic)
+                if before is not None and before != tid:
+                    raise ConnectorsError(
+                        f"topic {topic!r} was deleted and created again since store "
+                        f"{self.props['store.url']} copied it (topic id {before} then, {tid} "
+                        "now): its offsets start again and would mix with the stored ones; "
+                        "mirror it into a new store, or leave it out of this store's mirrors")
             for topic, partitions in selected.items():
                 store.record_partitions(topic, list(partitions))
+                if topic in ids:
+                    store.record_topic_id(topic, ids[topic])
         finally:
             store.close()
+
+    def _topic_ids(self, topics: list[str]) -> dict[str, str]:
+        """The topics' Kafka topic ids (one describe_topics); none from a broker that does not
+        give them (then nothing is recorded or compared)."""
+        if not self.kafka_conf or not topics:
+            return {}
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient(dict(admin_settings(self.kafka_conf), logger=kafka_logger()))
+        return describe_topic_ids(admin, topics)[0]
 
 
 class StoreSinkTask(SinkTask):

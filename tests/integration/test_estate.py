@@ -553,3 +553,37 @@ def test_new_matches_are_spread_over_the_tasks(kafka_bootstrap, topics, tmp_path
     assert f"kcompact: spread-0: new topic {b} [1]: following from the start" in err
     assert read_store(store, b) == read_topic(kafka_bootstrap, b, 2)
     assert read_store(store, a) == read_topic(kafka_bootstrap, a, 1)
+
+
+def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_topics,
+                                                            tmp_path):
+    """The store records each topic's id when a mirror first copies it; a later mirror of a
+    topic deleted and created again (offsets from 0: they would land after the old ones') is
+    one line naming both ids, and the store is left as it was."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    topic, other = kafka_topics.make("orders"), kafka_topics.make("other")
+    store = str(tmp_path / "store")
+    produce(bootstrap, topic, 20, tag=b"old")
+    produce(bootstrap, other, 5)
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", topic, "--topic",
+                   other, "--store", store)
+    assert res.returncode == 0, res.stderr
+    old_id = _topic_id(admin, topic)
+    with Store.open(store) as st:
+        assert st.recorded_topic_id(topic) == old_id
+    before = read_store(store, topic)
+    _recreate(admin, topic)
+    new_id = _topic_id(admin, topic)
+    produce(bootstrap, topic, 40, tag=b"new")  # past the store's offsets: no gap to notice
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", topic, "--topic",
+                   other, "--store", store)
+    assert res.returncode == 1
+    assert error_line(res) == (
+        f"kcompact: error: topic '{topic}' was deleted and created again since store {store} "
+        f"copied it (topic id {old_id} then, {new_id} now): its offsets start again and would "
+        "mix with the stored ones; mirror it into a new store, or leave it out of this store's "
+        "mirrors")
+    assert read_store(store, topic) == before
+    # leaving it out: the other topic goes on
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store)
+    assert res.returncode == 0, res.stderr
