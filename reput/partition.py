@@ -471,8 +471,10 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         seg = self.segments[-1]
         assert seg.kind == "file", "appending to a sealed object"
         if self._log is None:
-            self._log = self.local_fs.open_append(self.seg_log_path(seg))
+            # a new segment's .bcq is created first: a crash between the two leaves an empty
+            # .bcq without its .log (deleted on open), never a .log without its .bcq
             self._idx = self.local_fs.open_append(self.seg_index_path(seg))
+            self._log = self.local_fs.open_append(self.seg_log_path(seg))
             self._dirty_files += [self._log, self._idx]
         return seg, self._log, self._idx
 

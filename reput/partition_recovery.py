@@ -7,7 +7,9 @@ a roll left unlisted, and the segments the segment list names as open (the activ
 rolled since the writer's last fsync) after a crash. Records are appended first to the .log,
 then to the .bcq, so such a segment can hold a .bcq behind its .log (rebuilt from the .log: the
 records there are indexed), entries past the end of the .log (dropped) and a torn .log tail
-(cut: reput re-dispatches it from the commit log, whose checkpoint is behind it).
+(cut: reput re-dispatches it from the commit log, whose checkpoint is behind it). A new
+segment's .bcq is created before its .log; an open segment found without its .bcq (a writer
+from before that order, killed between the two) gets an empty one, then is rebuilt as above.
 
 Everything else is evidence and left as it is: a closed segment (sealed, or the active one of a
 store at rest) whose files disagree with the list, a file the list does not name that holds
@@ -134,6 +136,17 @@ class SegmentRecovery:
     def _recover_segment(self, seg: Segment) -> None:
         if self.seg_format(seg) == 2:
             return  # written whole when sealed (through a swap), never appended to
+        ip = self.seg_index_path(seg)
+        if not self.local_fs.exists(ip):
+            # a writer killed between creating a new segment's .log and its .bcq (or an open
+            # segment's .bcq lost): the index is rebuilt from the .log, starting empty here so
+            # that the segment has its .bcq even when its .log holds no whole record yet
+            f = self.local_fs.open_append(ip)
+            f.sync()
+            f.close()
+            self.local_fs.sync_dir(self.dir)
+            seg.index_size = 0
+            seg.invalidate()
         n = seg.entry_count
         if seg.index_size != n * B.ENTRY_SIZE:
             self._truncate(self.seg_index_path(seg), n * B.ENTRY_SIZE)

@@ -272,12 +272,21 @@ def write(fs: Backend, pdir: str, lst: SegmentList) -> SegmentList:
     return new
 
 
+def _size_of_part(fs: Backend, path: str) -> int:
+    """The size of a segment's .log or .bcq; a missing one is a CorruptRecordError naming it."""
+    try:
+        return fs.size(path)
+    except FileNotFoundError:
+        raise CorruptRecordError(f"{path}: missing (its segment has the other file of the "
+                                 "pair); run `kcompact verify` and rebuild this partition from "
+                                 "a replica", path, 0) from None
+
+
 def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | None,
              chunk_entries: int = 1 << 16) -> SegmentMeta:
     """A closed segment's entry computed from its files (reading its .bcq once): records,
     first and last offsets, sizes, the .bcq's CRC32C. ``nxt`` None: the last offset + 1."""
-    log_size = fs.size(log_path)
-    bcq_size = fs.size(bcq_path)
+    log_size, bcq_size = _size_of_part(fs, log_path), _size_of_part(fs, bcq_path)
     if bcq_size >= 8 and B2.is_lean(fs.read(bcq_path, 0, 8)):
         return _describe_lean(fs, bcq_path, base, nxt, log_size, bcq_size)
     if bcq_size % B.ENTRY_SIZE:

@@ -521,6 +521,135 @@ def _store_json(root: Path) -> bytes:
     return (root / fn.STORE_JSON).read_bytes()
 
 
+class _Killed(BaseException):
+    """Raised by a hooked backend call: the writer dies there (the store copied first)."""
+
+
+def _pairs_whole(root: Path) -> None:
+    """Every segment file of every partition has the other file of its pair."""
+    top = root / fn.PARTITIONS_DIR / TOPIC
+    for pdir in top.iterdir() if top.is_dir() else ():
+        logs = {p.stem for p in pdir.glob("*" + fn.LOG_SUFFIX)}
+        bcqs = {p.stem for p in pdir.glob("*" + fn.INDEX_SUFFIX)}
+        assert logs == bcqs, (pdir.name, sorted(logs ^ bcqs))
+
+
+def test_a_kill_at_every_file_creation_of_a_writer_reopens_every_flushed_record(tmp_path):
+    """The writer killed at each file it creates (its commit log's, each partition's first
+    segment, each roll's new segment): the store as the kill left it opens for write, every
+    partition with a .bcq next to each .log, holding a prefix of what was appended (a record
+    in the commit log is re-dispatched) and at least what was flushed; verify is clean. A writer killed between creating a new segment's
+    .log and its .bcq used to leave a .log without its .bcq, and every later open failed with
+    a bare ENOENT on it (the five-SIGKILL mirror test, KILL_TEST_SEED=171849641)."""
+    rng = random.Random(7)
+    nxt = {0: 0, 1: 0}
+    batches = []
+    for r in range(8):
+        batch = []
+        for p in ([0] if r < 2 else [0, 1]):  # partition 1 starts later, as in a mirror
+            for _ in range(8):
+                batch.append(_gen(rng, p, nxt[p], big=True))
+                nxt[p] += 1
+        batches.append(batch)
+    orig_open = LocalBackend.open_append
+    kills = 0
+    for k in range(1, 1000):
+        root, snap = tmp_path / f"s{k}", tmp_path / f"kill{k}"
+        Store.create(str(root)).close()
+        calls = {"n": 0}
+        flushed: list[Record] = []
+
+        def hooked(self, path, k=k, root=root, snap=snap, calls=calls):
+            calls["n"] += 1
+            if calls["n"] == k:
+                _copy(root, snap)
+                raise _Killed(path)
+            return orig_open(self, path)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(LocalBackend, "open_append", hooked)
+            try:
+                s = Store.open(str(root), writer="w")
+                s.set_topic_config(TOPIC, {"segment.bytes": SEGMENT_BYTES})
+                for i, batch in enumerate(batches):
+                    _append(s, batch)
+                    if i % 3 == 2:
+                        s.flush()
+                        flushed = [r for b in batches[:i + 1] for r in b]
+                s.close()
+            except _Killed:
+                pass
+        if not snap.exists():
+            break  # every creation was tried
+        kills += 1
+        with Store.open(str(snap), writer="w") as s:
+            for p in s.partitions(TOPIC):
+                s.writable_partition(TOPIC, p)
+            got = _contents(s)
+        _pairs_whole(snap)
+        want, least = _model([r for b in batches for r in b]), _model(flushed)
+        for p in (0, 1):
+            have = got.get(p, [])
+            assert have == want.get(p, [])[:len(have)], (k, p)
+            assert len(have) >= len(least.get(p, [])), (k, p)
+        with Store.open(str(snap)) as s:
+            assert verify_store(s).ok, k
+    assert kills >= 6  # both partitions' first segments and the rolls' were among them
+
+
+@pytest.mark.parametrize("listed,tail", [(False, b""), (True, b""), (True, b"torn")],
+                         ids=["first-segment", "rolled-segment", "rolled-segment-torn"])
+def test_an_open_segments_log_without_its_bcq_is_indexed_on_writer_open(tmp_path, listed,
+                                                                        tail):
+    """What a writer killed between creating a new segment's .log and its .bcq left (before
+    the .bcq was created first): a partition's first segment (no segment list yet) or a roll's
+    new segment (listed open), its .log empty (or, listed, a torn record), no .bcq. The open
+    gives it an empty .bcq (a torn record is cut), the partition takes appends, verify is
+    clean."""
+    rng = random.Random(11)
+    root = tmp_path / "s"
+    Store.create(str(root)).close()
+    s = Store.open(str(root), writer="w")
+    recs = [_gen(rng, 0, i, big=True) for i in range(20)]
+    _append(s, recs)
+    s.flush()
+    if listed:
+        assert s.roll() == 1  # partition 0's new active segment, empty, listed open
+        s.flush()
+    snap = _copy(root, tmp_path / "snap")
+    s.close()
+    p = 0 if listed else 1
+    pdir = snap / _partition_dir(p)
+    base = fn.base_name(20 if listed else 0)
+    pdir.mkdir(parents=True, exist_ok=True)
+    (pdir / f"{base}{fn.INDEX_SUFFIX}").unlink(missing_ok=True)
+    if tail:
+        tail = encode([_gen(rng, p, 20 if listed else 0, big=True)])[:-7]
+    (pdir / f"{base}{fn.LOG_SUFFIX}").write_bytes(tail)
+    if listed:
+        assert SL.read(LocalBackend(str(snap)), _partition_dir(0)).by_base()[20].open
+    more = [_gen(rng, p, 20 if listed else 0, big=True)]
+    with Store.open(str(snap), writer="w") as s2:
+        pl = s2.writable_partition(TOPIC, p)
+        assert pl.next_offset == (20 if listed else 0)
+        assert (pdir / f"{base}{fn.INDEX_SUFFIX}").stat().st_size == 0
+        assert (pdir / f"{base}{fn.LOG_SUFFIX}").stat().st_size == 0
+        _append(s2, more)
+        s2.flush()
+    with Store.open(str(snap)) as s3:
+        assert verify_store(s3).ok
+        assert _contents(s3) == _model(recs + more)
+
+
+def test_describing_a_segment_without_its_bcq_names_the_file(tmp_path):
+    """A segment-list entry computed from a pair whose .bcq is missing: a CorruptRecordError
+    naming the file and what to do, not a bare FileNotFoundError."""
+    fs = LocalBackend(str(tmp_path))
+    fs.write_atomic("p/00000000000000000000.log", encode([_gen(random.Random(1), 0, 0)]))
+    with pytest.raises(CorruptRecordError, match=r"00000000000000000000\.bcq: missing.*verify"):
+        SL.describe(fs, "p/00000000000000000000.log", "p/00000000000000000000.bcq", 0, None)
+
+
 def test_truncated_store_json_at_every_byte(tmp_path):
     root = tmp_path / "s"
     raw = _store_json(root)
