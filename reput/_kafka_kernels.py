@@ -23,6 +23,7 @@ from ._kernels import (ATTR_NULL_KEY, ATTR_NULL_VALUE, CRC_TABLES, HEADER_SIZE, 
 #: decode statuses (``kafka_to_v1``): every record whole / a length or varint runs past the
 #: payload / a value out of range (negative length other than -1, too many records, ...)
 DEC_OK, DEC_TRUNCATED, DEC_INVALID = 0, 1, 2
+DEC_ORDER = 3  # kafka_find: offset deltas not 0, then rising
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -247,6 +248,36 @@ def kafka_sizes(buf, start, end, count, tl, sizes, starts, deltas):
 
 
 @njit(cache=True, nogil=True)
+def kafka_find(buf, start, end, count, tl, lo, hi):
+    """``kafka_sizes`` without per-record arrays, also checking that the offset deltas start at 0
+    and rise strictly (else status DEC_ORDER): (status, walked, stop, a, z, start_a, nbytes,
+    last_delta), records a..z-1 being those whose delta lies in [lo, hi] (a = z = -1 when
+    none), start_a where record a starts, nbytes their format-1 size together."""
+    p = start
+    first = -1
+    last = -1
+    start_a = 0
+    nbytes = 0
+    prev = -1
+    for i in range(count):
+        st, nxt, tsd, od, ks, kl, vs, vl, hs, hc, hb = _walk_record(buf, p, end)
+        if st == DEC_OK and (od != 0 if i == 0 else od <= prev):
+            st = DEC_ORDER
+        if st != DEC_OK:
+            return st, i, p, first, (last + 1 if first >= 0 else -1), start_a, nbytes, prev
+        if lo <= od <= hi:
+            if first < 0:
+                first = i
+                start_a = p
+            last = i
+            nbytes += HEADER_SIZE + tl + max(kl, 0) + max(vl, 0) + hb
+        prev = od
+        p = nxt
+    st = DEC_OK if p == end else DEC_INVALID
+    return st, count, p, first, (last + 1 if first >= 0 else -1), start_a, nbytes, prev
+
+
+@njit(cache=True, nogil=True)
 def kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, q0,
                 offsets, timestamps, tables):
     """Write the ``count`` Kafka records at buf[start:] (walked by ``kafka_sizes`` first) as
@@ -297,5 +328,5 @@ def kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, 
     return q
 
 
-__all__ = ["CRC_TABLES", "DEC_INVALID", "DEC_OK", "DEC_TRUNCATED", "kafka_sizes",
-           "kafka_to_v1", "v1_to_kafka", "v1_to_kafka_sizes"]
+__all__ = ["CRC_TABLES", "DEC_INVALID", "DEC_OK", "DEC_ORDER", "DEC_TRUNCATED", "kafka_find",
+           "kafka_sizes", "kafka_to_v1", "v1_to_kafka", "v1_to_kafka_sizes"]

@@ -13,6 +13,7 @@
 #define KDEC_OK 0
 #define KDEC_TRUNCATED 1
 #define KDEC_INVALID 2
+#define KDEC_ORDER 3 /* kafka_find: offset deltas not 0, then rising */
 
 static inline void wr32(uint8_t *b, uint32_t x) { memcpy(b, &x, 4); }
 static inline void wr64(uint8_t *b, uint64_t x) { memcpy(b, &x, 8); }
@@ -285,6 +286,62 @@ static PyObject *kafka_sizes(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(LLL)", (long long)status, (long long)i, (long long)p);
 }
 
+/* kafka_find(buf, start, end, count, tl, lo, hi) -> (status, walked, stop, a, z, start_a, nbytes,
+ * last_delta): walk the count Kafka records of buf[start:end] as kafka_sizes does, also checking
+ * that the offset deltas start at 0 and rise strictly (else status KDEC_ORDER), without writing
+ * per-record arrays; a..z
+ * are the records whose delta lies in [lo, hi] (a = z = -1 when none), start_a where record a
+ * starts, nbytes their format-1 size together (topic name of tl bytes), last_delta the last
+ * record's delta. A one-record read of a batch (reput/batch.py decode_run). */
+static PyObject *kafka_find(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_find", 7);
+    static const int which[6] = {1, 2, 3, 4, 5, 6};
+    int64_t v[6];
+    if (args_i64(args, which, 6, v) < 0)
+        return NULL;
+    int64_t start = v[0], end = v[1], count = v[2], tl = v[3], lo = v[4], hi = v[5];
+    Arr a = {{0}};
+    if (arr_get(args[0], &a, 1, 0, "buf") < 0)
+        return NULL;
+    if (a.stride != 1 || start < 0 || end < start || end > a.n || count < 0) {
+        arr_release(&a, 1);
+        PyErr_SetString(PyExc_ValueError, "kafka_find: start/end/count outside the buffer");
+        return NULL;
+    }
+    const uint8_t *b = (const uint8_t *)a.p;
+    int64_t p = start, i = 0, status = KDEC_OK, first = -1, last = -1, start_a = 0, nbytes = 0;
+    int64_t prev = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i < count; i++) {
+        KRec r;
+        int st = kwalk(b, p, end, &r);
+        if (st == KDEC_OK && (i == 0 ? r.od != 0 : r.od <= prev))
+            st = KDEC_ORDER;
+        if (st != KDEC_OK) {
+            status = st;
+            break;
+        }
+        if (r.od >= lo && r.od <= hi) {
+            if (first < 0) {
+                first = i;
+                start_a = p;
+            }
+            last = i;
+            nbytes += REC_HEADER + tl + (r.kl > 0 ? r.kl : 0) + (r.vl > 0 ? r.vl : 0) + r.hbytes;
+        }
+        prev = r.od;
+        p = r.next;
+    }
+    if (status == KDEC_OK && p != end)
+        status = KDEC_INVALID;
+    Py_END_ALLOW_THREADS
+    arr_release(&a, 1);
+    return Py_BuildValue("(LLLLLLLL)", (long long)status, (long long)i, (long long)p,
+                         (long long)first, (long long)(first < 0 ? -1 : last + 1),
+                         (long long)start_a, (long long)nbytes, (long long)prev);
+}
+
 /* kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, q0, offsets,
  * timestamps) -> end: the count Kafka records at buf[start:] (walked by kafka_sizes first) as
  * format-1 records at out[q0:], CRC32C included; offsets[i], timestamps[i] get each record's */
@@ -407,6 +464,7 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
 #define KAFKA_METHODS                                                                          \
     {"v1_to_kafka", (PyCFunction)(void (*)(void))v1_to_kafka, METH_FASTCALL, NULL},            \
     {"kafka_sizes", (PyCFunction)(void (*)(void))kafka_sizes, METH_FASTCALL, NULL},            \
+    {"kafka_find", (PyCFunction)(void (*)(void))kafka_find, METH_FASTCALL, NULL},              \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
 

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from . import bcq as B
+from .batch import zstd_compress, zstd_decompress
 from .errors import CorruptRecordError
 
 FORMAT_VERSION = 2
@@ -46,9 +47,6 @@ def _crc(data) -> int:
     return crc32c(arr, 0, arr.shape[0]) if arr.shape[0] else 0
 
 
-def _zstd():
-    from .batch import _cramjam
-    return _cramjam().zstd
 
 
 class IndexBuilder:
@@ -114,7 +112,7 @@ class IndexBuilder:
                          e["clean_time"].astype(np.uint32).tobytes(),
                          e["digest_lo"].astype(np.uint64).tobytes(),
                          e["digest_hi"].astype(np.uint64).tobytes()])
-        packed = bytes(_zstd().compress(body, level=CHUNK_LEVEL))
+        packed = zstd_compress(body, CHUNK_LEVEL)
         self._dir.append((int(off[0]), int(off[-1]), self.records, 0, self._pending_first_pos,
                           len(packed), _crc(packed)))
         self._chunks.append(packed)
@@ -185,6 +183,7 @@ class LeanIndex:
         self._cache: dict[int, np.ndarray] = {}
         self._all: np.ndarray | None = None
         self._batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._batch_at: dict[int, tuple[int, int]] | None = None
 
     @property
     def chunk_count(self) -> int:
@@ -228,12 +227,20 @@ class LeanIndex:
                              np.concatenate(count) if count else empty)
         return self._batches
 
+    def batch_at(self, position: int) -> tuple[int, int] | None:
+        """(size, record count) of the batch at byte ``position`` of the .log, None when no batch
+        starts there (a one-record read's lookup: a dict made once from ``batches``)."""
+        if self._batch_at is None:
+            pos, size, count = self.batches()
+            self._batch_at = dict(zip(pos.tolist(), zip(size.tolist(), count.tolist())))
+        return self._batch_at.get(position)
+
     def _decode(self, i: int, raw: bytes, pos: int) -> np.ndarray:
         d = self.dir[i]
         bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
                                  "decode", self.path, pos)
         try:
-            body = np.frombuffer(bytes(_zstd().decompress(raw)), np.uint8)
+            body = np.frombuffer(zstd_decompress(raw), np.uint8)
         except Exception:  # noqa: BLE001 - the codec's own error
             raise bad from None
         if body.shape[0] < 8:

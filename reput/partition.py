@@ -71,6 +71,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             raise ReputError(f"{fs.url}: writing {topic}-{partition} needs a local directory "
                              "for its active segment (the store's commitlog_dir)")
         self.fs, self.topic, self.partition, self.secret = fs, topic, partition, secret
+        self.topic_bytes = topic.encode()
         #: where "file" segments live: the store itself, or the local directory on S3
         self.local_fs: Backend = (local_fs or fs) if self.manifest_mode else fs
         self.config = config
@@ -169,6 +170,17 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def read_log(self, seg: Segment, start: int, length: int) -> bytes:
         """Bytes of a segment's .log (through the block cache for an S3 object)."""
         return self.seg_fs(seg).read(self.seg_log_path(seg), start, length)
+
+    def log_bytes(self, seg: Segment, start: int, length: int) -> np.ndarray:
+        """``read_log`` as a uint8 array; a sealed format-2 segment on local disk is mapped once
+        (its .log never changes: a seal or a compaction replaces it by rename) and sliced."""
+        if seg.kind == "file" and not seg.open_tail and seg.format == 2 and seg.log_size:
+            m = seg._log_map
+            if m is None or m.shape[0] != seg.log_size:
+                m = seg._log_map = self.seg_fs(seg).map(self.seg_log_path(seg),
+                                               seg.log_size).view(np.ndarray)
+            return m[start:start + length]
+        return np.frombuffer(self.read_log(seg, start, length), np.uint8)
 
     def open_log(self, seg: Segment):
         """A sequential stream of a segment's .log (one request on an object store)."""

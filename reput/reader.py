@@ -413,10 +413,9 @@ class PartitionReader:
         p0 = int(sel[0]["position"])
         b = None
         if int(sel[-1]["position"]) == p0:
-            bpos, bsize, bcount = pl.index(seg).batches()
-            k = int(np.searchsorted(bpos, p0))
-            if k < bpos.shape[0] and int(bpos[k]) == p0:
-                b = self._one_batch_v2(seg, sel, p0, int(bsize[k]), int(bcount[k]))
+            at = pl.index(seg).batch_at(p0)
+            if at is not None:
+                b = self._one_batch_v2(seg, sel, p0, at[0], at[1])
         if b is None:
             start, end, _, _ = self._batch_span(seg, sel)
             data = np.frombuffer(pl.read_log(seg, start, end - start), np.uint8)
@@ -438,7 +437,7 @@ class PartitionReader:
         path = pl.seg_log_path(seg)
         try:
             key = (seg.log_size, seg.index_size)
-            d = KB.decode_batches(data, start, pl.topic.encode(), pl.partition, path,
+            d = KB.decode_batches(data, start, pl.topic_bytes, pl.partition, path,
                                   want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]),
                                   keep=(lambda w: pl.keep_batch(seg, key, w)) if keep else None)
         except CorruptRecordError as e:
@@ -489,10 +488,15 @@ class PartitionReader:
         pl = self.pl
         ent = sel.copy()
         ent["size"] = sizes
-        chk = ent.copy()
-        chk["position"] = rel
-        bad = verify_records(data, 0, chk, pl.secret)
+        if ent.shape[0] == 1:  # the record alone: data's byte 0 stands for its entry's position
+            bad = verify_records(data, int(ent["position"][0]), ent, pl.secret)
+        else:
+            chk = ent.copy()
+            chk["position"] = rel
+            bad = verify_records(data, 0, chk, pl.secret)
         if bad >= 0:
+            chk = ent.copy()
+            chk["position"] = rel
             pos = int(sel[bad]["position"])
             last_good = int(sel[bad - 1]["offset"]) if bad else None
             prefix = (RecordColumns(pl.topic, pl.partition, data, ent[:bad], rel[:bad],
@@ -510,30 +514,36 @@ class PartitionReader:
                       count: int) -> RecordColumns:
         """``_read_v2`` of entries that all lie in the one batch at ``pos`` (``size`` bytes,
         ``count`` records by the lean index; ``sel`` a run of its entries): the batch is read
-        and checked whole (``batch.walk_batch``), unless it is the one the previous read of
-        the partition walked, and only ``sel``'s records are converted and checked."""
+        and checked whole (its CRC-32C, then every record walked and its offsets against its
+        header), unless it is the one the previous read of the partition decompressed (then
+        only walked again), and only ``sel``'s records are converted and checked."""
         pl = self.pl
         path = pl.seg_log_path(seg)
         last = pl.last_batch
-        if last is not None and last[0] is seg and last[1] == (seg.log_size, seg.index_size,
-                                                               pos):
-            w = last[2]
-        else:
-            data = np.frombuffer(pl.read_log(seg, pos, size), np.uint8)
-            try:
-                w = KB.walk_batch(data, 0, pos, len(pl.topic.encode()), path)
-                if w.head.size != size:
+        try:
+            if last is not None and last[0] is seg and last[1] == (seg.log_size, seg.index_size,
+                                                                   pos):
+                b = last[2]
+            else:
+                b = KB.open_batch(pl.log_bytes(seg, pos, size), 0, pos, path)
+                if b.head.size != size:
                     raise CorruptRecordError(f"{path}: the batch at byte {pos} holds "
-                                             f"{w.head.size} bytes, its index lists {size}",
+                                             f"{b.head.size} bytes, its index lists {size}",
                                              path, pos)
-            except CorruptRecordError as e:
-                raise _corrupt_v2(path, e, None, None) from None
-            pl.keep_batch(seg, (seg.log_size, seg.index_size), w)
-        if w.head.count != count:
+                pl.keep_batch(seg, (seg.log_size, seg.index_size), b)
+        except CorruptRecordError as e:
+            raise _corrupt_v2(path, e, None, None) from None
+        if b.head.count != count:
             raise CorruptRecordError(f"{path}: the batch at byte {pos} does not hold the records "
                                      "its index lists; run `kcompact verify`", path, pos)
-        d = KB.decode_walked([w], pl.topic.encode(), pl.partition, lo=int(sel[0]["offset"]),
-                             hi=int(sel[-1]["offset"]))
+        try:
+            lo, hi = int(sel[0]["offset"]), int(sel[-1]["offset"])
+            d = KB.decode_run(b, pl.topic_bytes, pl.partition, lo, hi, path)
+            if d is None:  # several records: each one's size and place
+                d = KB.decode_walked([KB.walk_opened(b, len(pl.topic_bytes), path)],
+                                     pl.topic_bytes, pl.partition, lo=lo, hi=hi)
+        except CorruptRecordError as e:
+            raise _corrupt_v2(path, e, None, None) from None
         if d.offsets.shape[0] != sel.shape[0]:  # (the offsets themselves: _checked_v2)
             raise CorruptRecordError(
                 f"{path}: the batch at byte {pos} does not hold offsets "

@@ -25,6 +25,8 @@ class Segment:
     index_size: int
     _map: np.ndarray | None = None
     _map_size: int = -1
+    #: a sealed format-2 .log mapped by PartitionLog.log_bytes
+    _log_map: np.ndarray | None = None
     _index: "B.Index | None" = None
     _index_log_size: int = -1
     #: "file": <base>.log/.bcq in the partition directory (a local store's segment, or a
@@ -59,6 +61,7 @@ class Segment:
     def invalidate(self) -> None:
         self.format = None
         self._map = None
+        self._log_map = None
         self._index = None
         self._map_size = -1
         self.last_appended = None

@@ -175,8 +175,9 @@ def test_one_record_reads_reuse_the_batch_they_walked_and_see_a_swap(tmp_path):
     sealed = [seg for seg in pl.segments if pl.seg_format(seg) == 2]
     assert sealed
     reads = []
-    plain = pl.read_log
+    plain, plain_bytes = pl.read_log, pl.log_bytes  # format 1's reads, format 2's batches
     pl.read_log = lambda seg, start, length: reads.append(start) or plain(seg, start, length)
+    pl.log_bytes = lambda seg, start, n: reads.append(start) or plain_bytes(seg, start, n)
     for r in recs:
         b = pl.read(r.offset, max_records=1)
         assert list(b.records()) == [r]

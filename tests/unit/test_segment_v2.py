@@ -283,3 +283,99 @@ def test_c_kernels_refuse_hostile_payloads_like_numba(payload, count):
     assert tuple(c) == tuple(nb)
     if c[0] == KK.DEC_OK:
         assert [a.tolist() for a in out[:3]] == [a.tolist() for a in out[3:]]
+
+
+# -- a one-record read (batch.decode_run, the kafka_find kernel) --------------------------------
+
+
+@settings(max_examples=120, deadline=None)
+@given(_records(), st.sampled_from(sorted(KB.CODEC_NAMES)), st.data())
+def test_decode_run_gives_what_decode_batches_gives(records, codec, data):
+    """The records of one batch in [lo, hi] by ``decode_run`` (one converted, the batch walked
+    whole) equal ``decode_batches``' of the same range, on the C kernel and on numba's."""
+    eb, raw, e = _encode(records, codec)
+    buf = np.frombuffer(eb.data, np.uint8)
+    lo = data.draw(st.integers(records[0].offset - 2, records[-1].offset + 2))
+    hi = data.draw(st.integers(lo, lo + 3 * (1 << 20)))
+    want = KB.decode_batches(buf, 0, b"topic-a", 3, "x", lo=lo, hi=hi)
+    b = KB.open_batch(buf, 0, 0, "x")
+    got = [KB.decode_run(b, b"topic-a", 3, lo, hi, "x")]
+    saved, KB._N = KB._N, None
+    try:
+        got.append(KB.decode_run(b, b"topic-a", 3, lo, hi, "x"))
+    finally:
+        KB._N = saved
+    for d in got:
+        if want.offsets.shape[0] > 1:
+            assert d is None  # several records: decode_walked's
+            continue
+        assert d.data.tobytes() == want.data.tobytes()
+        assert d.offsets.tolist() == want.offsets.tolist()
+        assert d.timestamps.tolist() == want.timestamps.tolist()
+        assert d.sizes.tolist() == want.sizes.tolist()
+        assert d.positions.tolist() == want.positions.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 40), st.integers(-2, 1 << 20))
+def test_kafka_find_refuses_hostile_payloads_like_numba(payload, count, lo):
+    from kcompact.reput import _kafka_kernels as KK
+    from kcompact.reput.jit import native
+    n = native()
+    if n is None:
+        pytest.skip("the C module is not built")
+    buf = np.frombuffer(payload, np.uint8)
+    c = n.kafka_find(buf, 0, buf.shape[0], count, 5, lo, lo + 10)
+    nb = KK.kafka_find(buf, 0, buf.shape[0], count, 5, lo, lo + 10)
+    assert tuple(c) == tuple(nb)
+    with pytest.raises(ValueError, match="kafka_find"):
+        n.kafka_find(buf, 0, buf.shape[0] + 1, count, 5, lo, lo)
+
+
+def _with_deltas(records, deltas):
+    """An uncompressed batch of ``records`` whose records carry ``deltas`` as offset deltas
+    (the header's last offset delta kept as the records' real one), its CRC made valid."""
+    eb, _, _ = _encode(records)
+    buf = bytearray(eb.data)
+    p = KB.HEADER_SIZE
+    for d in deltas:
+        n, q = 0, p
+        shift = 0
+        while True:  # the record's length varint
+            byte = buf[q]
+            n |= (byte & 0x7F) << shift
+            shift += 7
+            q += 1
+            if byte < 0x80:
+                break
+        body = q
+        q += 1  # attributes
+        while buf[q] >= 0x80:  # timestamp delta
+            q += 1
+        q += 1
+        old = bytearray()
+        while buf[q] >= 0x80:
+            old.append(buf[q])
+            q += 1
+        old.append(buf[q])
+        new = _varint(d)
+        assert len(new) == len(old)
+        buf[q + 1 - len(old):q + 1] = new
+        p = body + ((n >> 1) ^ -(n & 1))
+    struct.pack_into(">I", buf, 17, KB.crc32c(np.frombuffer(bytes(buf), np.uint8), KB.CRC_START,
+                                              len(buf)))
+    return np.frombuffer(bytes(buf), np.uint8)
+
+
+@pytest.mark.parametrize("deltas", [[1, 2, 3], [0, 2, 2], [0, 3, 2]])
+def test_decode_run_refuses_offsets_out_of_order(deltas):
+    """A batch whose CRC holds but whose records' offset deltas do not start at 0 and rise is
+    refused by a one-record read as by a whole walk, whichever record is asked for."""
+    records = [Record("topic-a", 3, 100 + d, 5, b"k%d" % d, b"v", []) for d in (0, 1, 2)]
+    buf = _with_deltas(records, deltas)
+    b = KB.open_batch(buf, 0, 0, "x")
+    with pytest.raises(CorruptRecordError, match="offsets of the batch at byte 0"):
+        KB.walk_batch(buf, 0, 0, 7, "x")
+    for o in (100, 101, 102):
+        with pytest.raises(CorruptRecordError, match="offsets of the batch at byte 0"):
+            KB.decode_run(b, b"topic-a", 3, o, o, "x")
