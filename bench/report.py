@@ -60,6 +60,7 @@ BENCHES = {
     "kafka_peers": ("kafka_peers.py", [("--records", 1_000_000)]),
     "storage": ("storage.py", [("--updates", 1_000_000), ("--keys", 100_000),
                                ("--random-records", 3_000_000)]),
+    "point_read": ("point_read.py", [("--records", 1_000_000), ("--keys", 100_000)]),
 }
 
 KAFKA_BYTES_PER_KEY = 24 / 0.9      # MD5 (16 B) + offset (8 B) per slot, load factor 0.9
@@ -336,10 +337,19 @@ def _storage(d: dict) -> list[Headline]:
     return out
 
 
+def _point_read(d: dict) -> list[Headline]:
+    """A one-record read by offset in store format 2 next to a baseline (bench/point_read.py)."""
+    target = d.get("target_p99_ratio", 1.2)
+    return [Headline(f"one-record read by offset p99, {d['live']:,} live records",
+                     _us(d["p99_us"]), f"{d['baseline']} {_us(d['baseline_p99_us'])}",
+                     d["p99_ratio"], "ours / baseline (p99)", f"<= {target}",
+                     d["p99_ratio"] <= target)]
+
+
 HEADLINES: dict[str, Callable[[Any], list[Headline]]] = {
     "store": _store, "compaction": _compaction, "mirror": _mirror, "spark": _spark,
     "replication": _replication, "kv": _kv, "s3": _s3, "restore": _restore,
-    "kafka_peers": _kafka_peers, "storage": _storage,
+    "kafka_peers": _kafka_peers, "storage": _storage, "point_read": _point_read,
 }
 
 

@@ -62,6 +62,10 @@ DOCS = {
             "kcompact": {c: {"total": int(2_747_754 * r), "per_record": 27.5 * r, "ratio": r}}}
         for w, c, r in (("json_zstd", "zstd", 1.6), ("json_none", "uncompressed", 1.3),
                         ("random", "uncompressed", 1.1))}},
+    "point_read": {"records": 1_000_000, "live": 99_997, "rounds": 3, "batch_bytes": None,
+                   "baseline": "store format 1, this kcompact", "p50_us": 30.0, "p99_us": 60.0,
+                   "baseline_p50_us": 25.0, "baseline_p99_us": 48.0, "p50_ratio": 1.2,
+                   "p99_ratio": 1.25, "target_p99_ratio": 1.2, "met": False},
 }
 
 
@@ -116,6 +120,10 @@ def test_headline_table_puts_each_figure_next_to_its_baseline_as_a_ratio():
     assert jn[6] == "**no**" and rnd[6] == "yes" and "99,997 live records" in jz[1]
     (spark, read) = rows_of(lines, "spark")
     assert spark[4].startswith("1.15 (spark / local") and read[6] == "-"
+    (pr,) = rows_of(lines, "point_read")
+    assert pr[2] == "60.00 us" and pr[3] == "store format 1, this kcompact 48.00 us"
+    assert pr[4].startswith("1.25 (ours / baseline (p99))") and pr[5] == "<= 1.2"
+    assert pr[6] == "**no**"
 
 
 def test_failed_and_malformed_runs_are_named_and_fail_the_report(tmp_path):
