@@ -342,6 +342,56 @@ static PyObject *kafka_find(PyObject *self, PyObject *const *args, Py_ssize_t na
                          (long long)start_a, (long long)nbytes, (long long)prev);
 }
 
+/* write the walked Kafka record r of b (offset off, timestamp ts) as a format-1 record of size
+ * bytes at out (topic name of tlen bytes), CRC32C included */
+static void kput_v1(const uint8_t *b, const KRec *r, int64_t size, int64_t off, int64_t ts,
+                    const uint8_t *topic, int64_t tlen, int64_t part, uint8_t *out)
+{
+    int64_t kl = r->kl > 0 ? r->kl : 0, vl = r->vl > 0 ? r->vl : 0;
+    wr32(out, (uint32_t)size);
+    out[8] = REC_MAGIC;
+    out[9] = (uint8_t)((r->vl < 0 ? REC_NULL_VALUE : 0) | (r->kl < 0 ? REC_NULL_KEY : 0));
+    out[10] = (uint8_t)tlen;
+    out[11] = 0;
+    wr32(out + 12, (uint32_t)part);
+    wr64(out + 16, (uint64_t)off);
+    wr64(out + 24, (uint64_t)ts);
+    wr32(out + 32, (uint32_t)kl);
+    wr32(out + 36, (uint32_t)vl);
+    wr32(out + 40, (uint32_t)r->hbytes);
+    int64_t w = REC_HEADER;
+    memcpy(out + w, topic, (size_t)tlen);
+    w += tlen;
+    memcpy(out + w, b + r->ks, (size_t)kl);
+    w += kl;
+    memcpy(out + w, b + r->vs, (size_t)vl);
+    w += vl;
+    if (r->hc > 0) {
+        wr32(out + w, (uint32_t)r->hc);
+        w += 4;
+        int64_t s = r->hs;
+        for (int64_t j = 0; j < r->hc; j++) {
+            int64_t nl, hv;
+            kget_varint(b, &s, r->next, &nl);
+            out[w] = (uint8_t)(nl & 0xFF);
+            out[w + 1] = (uint8_t)((nl >> 8) & 0xFF);
+            w += 2;
+            memcpy(out + w, b + s, (size_t)nl);
+            w += nl;
+            s += nl;
+            kget_varint(b, &s, r->next, &hv);
+            wr32(out + w, (uint32_t)hv);
+            w += 4;
+            if (hv > 0) {
+                memcpy(out + w, b + s, (size_t)hv);
+                w += hv;
+                s += hv;
+            }
+        }
+    }
+    wr32(out + 4, crc32c(out + 8, size - 8));
+}
+
 /* kafka_to_v1(buf, start, count, base_offset, base_ts, topic, partition, out, q0, offsets,
  * timestamps) -> end: the count Kafka records at buf[start:] (walked by kafka_sizes first) as
  * format-1 records at out[q0:], CRC32C included; offsets[i], timestamps[i] get each record's */
@@ -382,49 +432,7 @@ static PyObject *kafka_to_v1(PyObject *self, PyObject *const *args, Py_ssize_t n
         int64_t off = base_off + r.od, ts = base_ts + r.tsd;
         memcpy(a[3].p + i * a[3].stride, &off, 8);
         memcpy(a[4].p + i * a[4].stride, &ts, 8);
-        uint8_t *h = out + q;
-        wr32(h, (uint32_t)size);
-        h[8] = REC_MAGIC;
-        h[9] = (uint8_t)((r.vl < 0 ? REC_NULL_VALUE : 0) | (r.kl < 0 ? REC_NULL_KEY : 0));
-        h[10] = (uint8_t)tlen;
-        h[11] = 0;
-        wr32(h + 12, (uint32_t)part);
-        wr64(h + 16, (uint64_t)off);
-        wr64(h + 24, (uint64_t)ts);
-        wr32(h + 32, (uint32_t)kl);
-        wr32(h + 36, (uint32_t)vl);
-        wr32(h + 40, (uint32_t)r.hbytes);
-        int64_t w = q + REC_HEADER;
-        memcpy(out + w, topic, (size_t)tlen);
-        w += tlen;
-        memcpy(out + w, b + r.ks, (size_t)kl);
-        w += kl;
-        memcpy(out + w, b + r.vs, (size_t)vl);
-        w += vl;
-        if (r.hc > 0) {
-            wr32(out + w, (uint32_t)r.hc);
-            w += 4;
-            int64_t s = r.hs;
-            for (int64_t j = 0; j < r.hc; j++) {
-                int64_t nl, hv;
-                kget_varint(b, &s, r.next, &nl);
-                out[w] = (uint8_t)(nl & 0xFF);
-                out[w + 1] = (uint8_t)((nl >> 8) & 0xFF);
-                w += 2;
-                memcpy(out + w, b + s, (size_t)nl);
-                w += nl;
-                s += nl;
-                kget_varint(b, &s, r.next, &hv);
-                wr32(out + w, (uint32_t)hv);
-                w += 4;
-                if (hv > 0) {
-                    memcpy(out + w, b + s, (size_t)hv);
-                    w += hv;
-                    s += hv;
-                }
-            }
-        }
-        wr32(h + 4, crc32c(h + 8, size - 8));
+        kput_v1(b, &r, size, off, ts, topic, tlen, part, out + q);
         q += size;
         p = r.next;
     }
@@ -436,6 +444,98 @@ static PyObject *kafka_to_v1(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     return PyLong_FromLongLong(q);
+}
+
+#define KREAD_ABSENT 4   /* kafka_read_one: no record of the batch has the entry's offset */
+#define KREAD_MISMATCH 5 /* kafka_read_one: the record's timestamp, flags or key digest differ */
+
+/* kafka_read_one(payload, count, topic, partition, base_offset, base_ts, entry, k0, k1)
+ * -> (status, last_delta, record): a one-record read of a format-2 batch in one pass. The count
+ * Kafka records of the payload are walked and checked as kafka_find does (status KDEC_* when one
+ * fails, KDEC_ORDER when the offset deltas do not start at 0 and rise), the one whose offset is
+ * the lean index entry's (48 bytes, docs/formats/bcq.md; KREAD_ABSENT when none) is written as a
+ * format-1 record (bytes, CRC32C included) and checked against the entry as
+ * verify_records checks a record: timestamp, flags and key digest (SipHash-2-4-128 under
+ * (k0, k1), 0 when keyless; else KREAD_MISMATCH). record is None unless status is KDEC_OK;
+ * the caller compares last_delta with the batch header's. Any other status: the caller's
+ * general path (reput/batch.py decode_run, reader._checked_v2) names what fails. */
+static PyObject *kafka_read_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_read_one", 9);
+    static const int which[4] = {1, 3, 4, 5};
+    int64_t v[4];
+    if (args_i64(args, which, 4, v) < 0)
+        return NULL;
+    int64_t count = v[0], part = v[1], base_off = v[2], base_ts = v[3];
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[7]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[8]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr a[3] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "payload") < 0 || arr_get(args[2], &a[1], 1, 0, "topic") < 0 ||
+        arr_get(args[6], &a[2], 1, 0, "entry") < 0) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    if (a[0].stride != 1 || a[1].stride != 1 || a[2].stride != 1 || a[2].n != ENTRY_SIZE ||
+        count < 0 || a[1].n < 1 || a[1].n > 255)
+        ARG_ERROR(a, 3, "kafka_read_one: payload, topic (1-255 bytes) and entry (%d bytes) "
+                  "must be contiguous, count >= 0", ENTRY_SIZE);
+    const uint8_t *b = (const uint8_t *)a[0].p, *topic = (const uint8_t *)a[1].p;
+    const uint8_t *e = (const uint8_t *)a[2].p;
+    int64_t end = a[0].n, tlen = a[1].n, p = 0, prev = -1, status = KDEC_OK, size = 0;
+    int64_t target = (int64_t)rd64(e + E_OFFSET) - base_off;
+    KRec hit;
+    int found = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < count; i++) {
+        KRec r;
+        int st = kwalk(b, p, end, &r);
+        if (st == KDEC_OK && (i == 0 ? r.od != 0 : r.od <= prev))
+            st = KDEC_ORDER;
+        if (st != KDEC_OK) {
+            status = st;
+            break;
+        }
+        if (r.od == target) {
+            hit = r;
+            found = 1;
+            size = REC_HEADER + tlen + (r.kl > 0 ? r.kl : 0) + (r.vl > 0 ? r.vl : 0) + r.hbytes;
+        }
+        prev = r.od;
+        p = r.next;
+    }
+    if (status == KDEC_OK && p != end)
+        status = KDEC_INVALID;
+    if (status == KDEC_OK && !found)
+        status = KREAD_ABSENT;
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (status == KDEC_OK) {
+        out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+        if (out == NULL) {
+            arr_release(a, 3);
+            return NULL;
+        }
+        uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+        kput_v1(b, &hit, size, base_off + target, base_ts + hit.tsd, topic, tlen, part, o);
+        uint16_t flags;
+        memcpy(&flags, e + E_FLAGS, 2);
+        uint64_t lo = 0, hi = 0;
+        if (!(o[9] & REC_NULL_KEY))
+            siphash128(k0, k1, o + REC_HEADER + tlen, (int32_t)rd32(o + 32), &lo, &hi);
+        if (rd64(o + 24) != rd64(e + E_TIMESTAMP) || flags != o[9] ||
+            lo != rd64(e + E_DIGEST_LO) || hi != rd64(e + E_DIGEST_HI)) {
+            status = KREAD_MISMATCH;
+            Py_CLEAR(out);
+        }
+    }
+    arr_release(a, 3);
+    if (out == NULL) {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    return Py_BuildValue("(LLN)", (long long)status, (long long)prev, out);
 }
 
 /* crc32c_range(buf, start, end) -> CRC-32C of buf[start:end] (a batch's, a lean index's) */
@@ -465,6 +565,7 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"v1_to_kafka", (PyCFunction)(void (*)(void))v1_to_kafka, METH_FASTCALL, NULL},            \
     {"kafka_sizes", (PyCFunction)(void (*)(void))kafka_sizes, METH_FASTCALL, NULL},            \
     {"kafka_find", (PyCFunction)(void (*)(void))kafka_find, METH_FASTCALL, NULL},              \
+    {"kafka_read_one", (PyCFunction)(void (*)(void))kafka_read_one, METH_FASTCALL, NULL},      \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
 

@@ -96,6 +96,8 @@ _N = native()
 _verify = _N.verify_records if _N is not None else K.verify_records
 
 _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
+_ZERO = np.zeros(1, np.int64)  # where a block's one record starts in its bytes
+_ZERO.flags.writeable = False
 
 
 def verify_records(data: np.ndarray, start: int, entries: np.ndarray, secret: bytes, *,
@@ -536,6 +538,18 @@ class PartitionReader:
         if b.head.count != count:
             raise CorruptRecordError(f"{path}: the batch at byte {pos} does not hold the records "
                                      "its index lists; run `kcompact verify`", path, pos)
+        if sel.shape[0] == 1 and _N is not None:  # one record: walked, converted, checked at once
+            h = b.head
+            k0, k1 = _secret_words(pl.secret)
+            st, last, rec = _N.kafka_read_one(b.payload, h.count, pl.topic_bytes, pl.partition,
+                                              h.base_offset, h.base_ts,
+                                              sel.view(np.uint8).reshape(-1), k0, k1)
+            if st == 0 and last == h.last_offset - h.base_offset:
+                ent = sel.copy()
+                ent["size"] = len(rec)
+                return RecordColumns(pl.topic, pl.partition, np.frombuffer(rec, np.uint8), ent,
+                                     _ZERO, int(ent["offset"][0]) + 1)
+            # whatever failed: the general path below names it
         try:
             lo, hi = int(sel[0]["offset"]), int(sel[-1]["offset"])
             d = KB.decode_run(b, pl.topic_bytes, pl.partition, lo, hi, path)

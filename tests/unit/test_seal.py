@@ -277,3 +277,33 @@ def test_a_background_writer_closing_during_its_seals_leaves_each_segment_whole(
     assert len(f) >= 10 and f[-1] == 1
     assert f.count(1) - 1 == s.seals_left  # each queued segment sealed, or left format 1
     assert _read(d) == recs
+
+
+@pytest.mark.parametrize("field", ["timestamp", "flags", "digest_lo"])
+def test_a_one_record_read_refuses_a_record_its_lean_index_entry_does_not_describe(tmp_path,
+                                                                                     field):
+    """A one-record read of a format-2 segment (the C path that walks, converts and checks in
+    one pass) refuses a record whose lean index entry says another timestamp, flags or key
+    digest, with the general path's line naming the file, the batch's byte and the field; the
+    records around it still read. (A writer's view: a read-only one re-lists the partition and
+    reads the index again from disk before it believes a mismatch, in case a compaction swapped
+    the files under it; the damage here is made in memory.)"""
+    from kcompact.reput.errors import CorruptRecordError
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs)
+    s = Store.open(d, writer="w")
+    pl = s.writable_partition(TOPIC, 0)
+    seg = next(seg for seg in pl.segments if pl.seg_format(seg) == 2)
+    e = pl.index(seg).entries  # decoded once and kept: the read uses these
+    i = e.shape[0] // 2
+    target = int(e[i]["offset"])
+    e[field][i] ^= 1
+    with pytest.raises(CorruptRecordError, match="does not match its lean index entry") as ei:
+        pl.read(target, max_records=1)
+    assert pl.seg_log_path(seg) in str(ei.value) and f"byte {int(e[i]['position'])}" in \
+        str(ei.value)
+    by_offset = {r.offset: r for r in recs}
+    for o in (int(e[i - 1]["offset"]), int(e[i + 1]["offset"])):
+        assert next(pl.read(o, max_records=1).records()) == by_offset[o]
+    s.close()

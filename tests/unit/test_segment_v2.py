@@ -379,3 +379,36 @@ def test_decode_run_refuses_offsets_out_of_order(deltas):
     for o in (100, 101, 102):
         with pytest.raises(CorruptRecordError, match="offsets of the batch at byte 0"):
             KB.decode_run(b, b"topic-a", 3, o, o, "x")
+
+
+@settings(max_examples=120, deadline=None)
+@given(_records(), st.sampled_from(sorted(KB.CODEC_NAMES)), st.data())
+def test_kafka_read_one_gives_the_general_paths_record_or_refuses(records, codec, data):
+    """The C one-record read (reader._one_batch_v2's fast path) gives the bytes the general path
+    (decode_run, then the reader's check against the entry) gives, and refuses an entry whose
+    timestamp, flags or key digest the record does not have, or whose offset is not in the
+    batch: then the general path names what fails."""
+    from kcompact.reput.jit import native
+    from kcompact.reput.reader import _secret_words
+    n = native()
+    if n is None:
+        pytest.skip("the C module is not built")
+    eb, raw, e = _encode(records, codec)
+    b = KB.open_batch(np.frombuffer(eb.data, np.uint8), 0, 0, "x")
+    h = b.head
+    k0, k1 = _secret_words(SECRET)
+    i = data.draw(st.integers(0, len(records) - 1))
+    entry = e[i:i + 1].copy()
+    args = (b.payload, h.count, b"topic-a", 3, h.base_offset, h.base_ts)
+    st_, last, rec = n.kafka_read_one(*args, entry.view(np.uint8).reshape(-1), k0, k1)
+    want = KB.decode_run(b, b"topic-a", 3, records[i].offset, records[i].offset, "x")
+    assert st_ == 0 and last == h.last_offset - h.base_offset
+    assert rec == want.data.tobytes() == raw[int(e[i]["position"]):][:len(rec)].tobytes()
+    field = data.draw(st.sampled_from(["timestamp", "flags", "digest_lo", "digest_hi", "offset"]))
+    bad = entry.copy()
+    bad[field] = bad[field] + (1 if field != "offset" else
+                               (records[-1].offset - records[i].offset + 1))
+    st_, _, rec = n.kafka_read_one(*args, bad.view(np.uint8).reshape(-1), k0, k1)
+    assert rec is None and st_ == (4 if field == "offset" else 5)
+    with pytest.raises(ValueError, match="kafka_read_one"):
+        n.kafka_read_one(*args, bad.view(np.uint8)[:-1], k0, k1)
