@@ -446,6 +446,244 @@ static PyObject *kafka_to_v1(PyObject *self, PyObject *const *args, Py_ssize_t n
     return PyLong_FromLongLong(q);
 }
 
+/* -- many batches at once (reput/batch.py decode_batches): headers, then records ------------ */
+
+static inline uint64_t be64(const uint8_t *b)
+{
+    uint64_t x;
+    memcpy(&x, b, 8);
+    return __builtin_bswap64(x);
+}
+static inline uint32_t be32(const uint8_t *b)
+{
+    uint32_t x;
+    memcpy(&x, b, 4);
+    return __builtin_bswap32(x);
+}
+static inline uint16_t be16(const uint8_t *b) { return (uint16_t)((b[0] << 8) | b[1]); }
+
+#define KB_HEADER 61       /* RecordBatch v2's header: batch.py HEADER_SIZE */
+#define KB_OVERHEAD 12     /* baseOffset + batchLength */
+#define KB_CRC_START 21
+#define KB_ATTR_REFUSED (~0x0F & 0xFFFF)
+#define KHEAD_COLS 8       /* position size base_offset last_offset base_ts max_ts count codec */
+#define KHEAD_MORE 1       /* kafka_heads: the table is full, resume at stop */
+#define KHEAD_INVALID 2    /* kafka_heads: the batch at stop has an invalid header */
+#define KHEAD_CRC 3        /* kafka_heads: the batch at stop fails its CRC-32C */
+
+/* kafka_heads(buf, start, pos0, table) -> (n, status, stop): the batches of buf lying back to
+ * back from buf[start:], each header checked as batch.parse_head checks it (magic 2, lengths,
+ * attributes, count >= 1, offsets) and its CRC-32C, into rows of the int64 table (KHEAD_COLS
+ * columns, batch.BatchHead's fields; position = pos0 + its place in buf). status 0: every batch
+ * up to the end of buf; KHEAD_MORE: the table is full, the next batch at stop; KHEAD_INVALID /
+ * KHEAD_CRC: the batch at stop fails (the caller's general path names it). */
+static PyObject *kafka_heads(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_heads", 4);
+    static const int which[2] = {1, 2};
+    int64_t v[2];
+    if (args_i64(args, which, 2, v) < 0)
+        return NULL;
+    int64_t start = v[0], pos0 = v[1];
+    Arr a[2] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[3], &a[1], 8, 1, "table") < 0) {
+        arr_release(a, 2);
+        return NULL;
+    }
+    if (a[0].stride != 1 || a[1].stride != 8 || start < 0 || start > a[0].n)
+        ARG_ERROR(a, 2, "kafka_heads: buf and table must be contiguous, start inside buf");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t cap = a[1].n / KHEAD_COLS, end = a[0].n, p = start, n = 0;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end) {
+        if (n == cap) {
+            status = KHEAD_MORE;
+            break;
+        }
+        if (end - p < KB_HEADER) {
+            status = KHEAD_INVALID;
+            break;
+        }
+        const uint8_t *h = b + p;
+        int64_t base = (int64_t)be64(h), length = (int32_t)be32(h + 8);
+        int64_t size = KB_OVERHEAD + length;
+        uint16_t attrs = be16(h + 21);
+        int64_t last_delta = (int32_t)be32(h + 23), count = (int32_t)be32(h + 57);
+        if (h[16] != 2 || length < KB_HEADER - KB_OVERHEAD || size > end - p ||
+            (attrs & KB_ATTR_REFUSED) || count < 1 || last_delta < 0 || base < 0) {
+            status = KHEAD_INVALID;
+            break;
+        }
+        if (crc32c(h + KB_CRC_START, size - KB_CRC_START) != be32(h + 17)) {
+            status = KHEAD_CRC;
+            break;
+        }
+        int64_t row[KHEAD_COLS] = {pos0 + p, size, base, base + last_delta, (int64_t)be64(h + 27),
+                                   (int64_t)be64(h + 35), count, attrs & 0x07};
+        memcpy(a[1].p + n * KHEAD_COLS * 8, row, sizeof row);
+        n++;
+        p += size;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 2);
+    return Py_BuildValue("(LiL)", (long long)n, status, (long long)p);
+}
+
+/* kafka_scan_many(pay, starts, heads, tl, lo, hi) -> (status, batch, record, nsel, nbytes): the
+ * records of n batches whose payloads lie back to back in pay (batch i's at
+ * pay[starts[i]:starts[i+1]]; heads: their kafka_heads rows), each batch walked whole and
+ * checked as kafka_find checks one (count records ending at its payload's end, offset deltas 0
+ * then rising, the last one the header's); nsel and nbytes: the records with offsets in
+ * [lo, hi] and their format-1 size (topic name of tl bytes). A failure gives its status
+ * (KDEC_*), batch and record. */
+static PyObject *kafka_scan_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_scan_many", 6);
+    static const int which[3] = {3, 4, 5};
+    int64_t v[3];
+    if (args_i64(args, which, 3, v) < 0)
+        return NULL;
+    int64_t tl = v[0], lo = v[1], hi = v[2];
+    Arr a[3] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
+        arr_get(args[2], &a[2], 8, 0, "heads") < 0) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    int64_t nb = a[1].n - 1;
+    if (a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || nb < 0 ||
+        a[2].n < nb * KHEAD_COLS)
+        ARG_ERROR(a, 3, "kafka_scan_many: contiguous arrays, starts of n + 1 entries, heads of "
+                  "n rows");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t status = KDEC_OK, bad_b = -1, bad_r = -1, nsel = 0, nbytes = 0;
+    for (int64_t i = 0; i <= nb; i++)
+        if (ld_i64(&a[1], i) < 0 || ld_i64(&a[1], i) > a[0].n ||
+            (i > 0 && ld_i64(&a[1], i) < ld_i64(&a[1], i - 1)))
+            ARG_ERROR(a, 3, "kafka_scan_many: starts must rise inside pay");
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < nb && status == KDEC_OK; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
+        int64_t p = ld_i64(&a[1], i), end = ld_i64(&a[1], i + 1), count = h[6], prev = -1;
+        int64_t base = h[2];
+        for (int64_t j = 0; j < count; j++) {
+            KRec r;
+            int s2 = kwalk(b, p, end, &r);
+            if (s2 == KDEC_OK && (j == 0 ? r.od != 0 : r.od <= prev))
+                s2 = KDEC_ORDER;
+            if (s2 != KDEC_OK) {
+                status = s2;
+                bad_b = i;
+                bad_r = j;
+                break;
+            }
+            int64_t off = base + r.od;
+            if (off >= lo && off <= hi) {
+                nsel++;
+                nbytes += REC_HEADER + tl + (r.kl > 0 ? r.kl : 0) + (r.vl > 0 ? r.vl : 0) +
+                          r.hbytes;
+            }
+            prev = r.od;
+            p = r.next;
+        }
+        if (status == KDEC_OK && p != end) {
+            status = KDEC_INVALID;
+            bad_b = i;
+            bad_r = count;
+        } else if (status == KDEC_OK && prev != h[3] - base) {
+            status = KDEC_ORDER;
+            bad_b = i;
+            bad_r = count - 1;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 3);
+    return Py_BuildValue("(LLLLL)", (long long)status, (long long)bad_b, (long long)bad_r,
+                         (long long)nsel, (long long)nbytes);
+}
+
+/* kafka_convert_many(pay, starts, heads, topic, partition, lo, hi, out, offsets, timestamps,
+ * sizes, positions, batch_of) -> count: the records of the batches kafka_scan_many accepted
+ * whose offsets lie in [lo, hi], as format-1 records back to back in out (CRC32C included);
+ * per record its offset, timestamp, size, place in out and batch number. */
+static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_convert_many", 13);
+    static const int which[3] = {4, 5, 6};
+    int64_t v[3];
+    if (args_i64(args, which, 3, v) < 0)
+        return NULL;
+    int64_t part = v[0], lo = v[1], hi = v[2];
+    Arr a[10] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
+        arr_get(args[2], &a[2], 8, 0, "heads") < 0 || arr_get(args[3], &a[3], 1, 0, "topic") < 0 ||
+        arr_get(args[7], &a[4], 1, 1, "out") < 0 || arr_get(args[8], &a[5], 8, 1, "offsets") < 0 ||
+        arr_get(args[9], &a[6], 8, 1, "timestamps") < 0 ||
+        arr_get(args[10], &a[7], 8, 1, "sizes") < 0 ||
+        arr_get(args[11], &a[8], 8, 1, "positions") < 0 ||
+        arr_get(args[12], &a[9], 8, 1, "batch_of") < 0) {
+        arr_release(a, 10);
+        return NULL;
+    }
+    int64_t nb = a[1].n - 1, cap = a[5].n;
+    int bad = a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[3].stride != 1 ||
+              a[4].stride != 1 || nb < 0 || a[2].n < nb * KHEAD_COLS || a[3].n < 1 ||
+              a[3].n > 255 || a[6].n < cap || a[7].n < cap || a[8].n < cap || a[9].n < cap;
+    for (int64_t i = 0; !bad && i <= nb; i++)
+        bad = ld_i64(&a[1], i) < 0 || ld_i64(&a[1], i) > a[0].n ||
+              (i > 0 && ld_i64(&a[1], i) < ld_i64(&a[1], i - 1));
+    if (bad)
+        ARG_ERROR(a, 10, "kafka_convert_many: contiguous arrays, starts rising inside pay, heads "
+                  "of n rows, a topic of 1-255 bytes, outputs as long as offsets");
+    const uint8_t *b = (const uint8_t *)a[0].p, *topic = (const uint8_t *)a[3].p;
+    uint8_t *out = (uint8_t *)a[4].p;
+    int64_t tlen = a[3].n, q = 0, k = 0, outn = a[4].n;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < nb && !bad; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
+        int64_t p = ld_i64(&a[1], i), end = ld_i64(&a[1], i + 1), count = h[6], base = h[2];
+        int64_t bts = h[4];
+        for (int64_t j = 0; j < count; j++) {
+            KRec r;
+            if (kwalk(b, p, end, &r) != KDEC_OK) {
+                bad = 1;
+                break;
+            }
+            int64_t off = base + r.od;
+            if (off >= lo && off <= hi) {
+                int64_t size = REC_HEADER + tlen + (r.kl > 0 ? r.kl : 0) +
+                               (r.vl > 0 ? r.vl : 0) + r.hbytes;
+                if (k >= cap || size > outn - q) {
+                    bad = 1;
+                    break;
+                }
+                int64_t ts = bts + r.tsd;
+                kput_v1(b, &r, size, off, ts, topic, tlen, part, out + q);
+                memcpy(a[5].p + k * a[5].stride, &off, 8);
+                memcpy(a[6].p + k * a[6].stride, &ts, 8);
+                memcpy(a[7].p + k * a[7].stride, &size, 8);
+                memcpy(a[8].p + k * a[8].stride, &q, 8);
+                memcpy(a[9].p + k * a[9].stride, &i, 8);
+                q += size;
+                k++;
+            }
+            p = r.next;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 10);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "kafka_convert_many: a record or the output is outside "
+                                          "its array (scan the batches with kafka_scan_many "
+                                          "first)");
+        return NULL;
+    }
+    return PyLong_FromLongLong(k);
+}
+
 #define KREAD_ABSENT 4   /* kafka_read_one: no record of the batch has the entry's offset */
 #define KREAD_MISMATCH 5 /* kafka_read_one: the record's timestamp, flags or key digest differ */
 
@@ -566,6 +804,10 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"kafka_sizes", (PyCFunction)(void (*)(void))kafka_sizes, METH_FASTCALL, NULL},            \
     {"kafka_find", (PyCFunction)(void (*)(void))kafka_find, METH_FASTCALL, NULL},              \
     {"kafka_read_one", (PyCFunction)(void (*)(void))kafka_read_one, METH_FASTCALL, NULL},      \
+    {"kafka_heads", (PyCFunction)(void (*)(void))kafka_heads, METH_FASTCALL, NULL},            \
+    {"kafka_scan_many", (PyCFunction)(void (*)(void))kafka_scan_many, METH_FASTCALL, NULL},    \
+    {"kafka_convert_many", (PyCFunction)(void (*)(void))kafka_convert_many, METH_FASTCALL,     \
+     NULL},                                                                                    \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
 

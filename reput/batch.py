@@ -323,6 +323,37 @@ def parse_head(buf: np.ndarray, p: int, where: str, pos: int, *, check_crc: bool
                      attrs & ATTR_CODEC_MASK)
 
 
+class Heads:
+    """The batches a ``Decoded`` came from: a sequence of ``BatchHead`` kept as an int64 table
+    (one row a batch, BatchHead's fields in order), with its columns as arrays."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+
+    @classmethod
+    def of(cls, heads: list) -> "Heads":
+        return cls(np.array(heads, np.int64).reshape(-1, len(BatchHead._fields)))
+
+    def __len__(self) -> int:
+        return self.table.shape[0]
+
+    def __getitem__(self, i: int) -> BatchHead:
+        return BatchHead(*self.table[i].tolist())
+
+    def __iter__(self):
+        return (BatchHead(*row) for row in self.table.tolist())
+
+    @property
+    def positions(self) -> np.ndarray:
+        return self.table[:, 0]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.table[:, 6]
+
+
 class Decoded(NamedTuple):
     """Format-1 records decoded from batches: ``data[positions[i]:+sizes[i]]`` is record i."""
 
@@ -331,7 +362,7 @@ class Decoded(NamedTuple):
     sizes: np.ndarray
     offsets: np.ndarray
     timestamps: np.ndarray
-    heads: list            # BatchHead of each batch decoded
+    heads: Heads           # each batch decoded
     batch_of: np.ndarray   # int64: the batch number (in ``heads``) of each record
 
 
@@ -408,11 +439,12 @@ def decode_run(b: Opened, topic: bytes, partition: int, lo: int, hi: int, where:
         return None
     data = np.empty(nbytes, np.uint8)
     if not n:
-        return Decoded(data, _NONE, _NONE, _NONE, _NONE, [h], _NONE)
+        return Decoded(data, _NONE, _NONE, _NONE, _NONE, Heads.of([h]), _NONE)
     ot = np.empty(2, np.int64)  # the record's offset and timestamp
     _to_v1(payload, start, 1, h.base_offset, h.base_ts, np.frombuffer(topic, np.uint8),
            partition, data, 0, ot[:1], ot[1:])
-    return Decoded(data, _ZERO, np.array([nbytes], np.int64), ot[:1], ot[1:], [h], _ZERO)
+    return Decoded(data, _ZERO, np.array([nbytes], np.int64), ot[:1], ot[1:], Heads.of([h]),
+                   _ZERO)
 
 
 _NONE = np.zeros(0, np.int64)
@@ -438,27 +470,43 @@ def decode_walked(walked: list, topic: bytes, partition: int, *, lo: int = 0,
 
 def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
                    *, want: "set[int] | None" = None, lo: int = 0, hi: int = (1 << 63) - 1,
-                   keep=None) -> Decoded:
+                   keep=None, max_bytes: int | None = None, first: Opened | None = None
+                   ) -> Decoded:
     """Decode the batches of ``buf`` (the .log from byte ``start_pos``; whole batches back to
     back) into format-1 records. With ``want`` (batch positions), other batches are skipped
     unchecked. Every decoded batch is checked whole (CRC-32C, every record walked, offsets
     against its header), but only its records with offsets in [lo, hi] are converted (a read
-    of one record converts one). Raises CorruptRecordError at the first batch that fails a
-    check, carrying ``decoded``: what the batches before it gave (a Decoded, or None).
-    ``keep(opened)`` is called with the last batch walked (a reader keeps it for the next read)."""
+    of one record converts one). With ``max_bytes``, no batch is decoded once the records
+    converted reach it (a read by offset bounded in format-1 bytes reads about that much of the
+    .log, compressed: what it would decode past the bound it would throw away). ``first``: the
+    batch at ``start_pos`` already opened (a reader's last batch), not read again. Raises
+    CorruptRecordError at the first batch that fails a check, carrying ``decoded``: what the
+    batches before it gave (a Decoded, or None). ``keep(opened)`` is called with the last batch
+    walked (a reader keeps it for the next read)."""
+    if _N is not None:
+        d = _decode_many(buf, start_pos, topic, partition, where, want, lo, hi, keep, max_bytes,
+                         first)
+        if d is not None:
+            return d
     topic_arr = np.frombuffer(topic, np.uint8)
     tl = topic_arr.shape[0]
     p, total = 0, buf.shape[0]
     parts: list = []
     w = None
+    got = 0
     try:
-        while p < total:
+        while p < total and (max_bytes is None or got < max_bytes):
             pos = start_pos + p
             if want is not None and pos not in want:
                 p += batch_size_at(bytes(buf[p:p + LOG_OVERHEAD]), where, pos)
                 continue
-            w = walk_batch(buf, p, pos, tl, where)
-            parts.append(_part(w, lo, hi))
+            if p == 0 and first is not None and first.head.position == pos:
+                w = walk_opened(first, tl, where)
+            else:
+                w = walk_batch(buf, p, pos, tl, where)
+            part = _part(w, lo, hi)
+            parts.append(part)
+            got += int(part[2].sum())
             p += w.head.size
     except CorruptRecordError as e:
         e.decoded = _assemble(parts, topic_arr, partition) if parts else None
@@ -466,6 +514,81 @@ def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int
     if keep is not None and w is not None:
         keep(Opened(w.head, w.payload))
     return _assemble(parts, topic_arr, partition)
+
+
+#: rows of kafka_heads' table asked for at once (grown while a span holds more batches)
+_HEADS_ROWS = 1024
+
+
+def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
+                 want, lo: int, hi: int, keep, max_bytes: int | None,
+                 first: Opened | None) -> Decoded | None:
+    """``decode_batches`` on the C kernels, a few calls for all the batches of ``buf`` instead
+    of a few each: every header and CRC-32C (kafka_heads), each payload decompressed (one codec
+    call a batch), every record walked and checked (kafka_scan_many), the ones in [lo, hi]
+    converted (kafka_convert_many). None when anything fails a check: the caller's batch-by-batch
+    path then names it (and hands out what precedes it)."""
+    rows = _HEADS_ROWS
+    table = np.empty(rows * 8, np.int64)
+    n, p = 0, 0
+    while True:
+        got, status, p = _N.kafka_heads(buf, p, start_pos, table[n * 8:])
+        n += got
+        if status != 1:  # KHEAD_MORE
+            break
+        rows *= 2
+        table = np.concatenate([table[:n * 8], np.empty((rows - n) * 8, np.int64)])
+    if status != 0 or n == 0:
+        return None
+    heads = table[:n * 8].reshape(n, 8)
+    if want is not None:
+        heads = heads[np.fromiter((int(q) in want for q in heads[:, 0].tolist()), bool, n)]
+    tl = len(topic)
+    pays, lens = [], []
+    budget = None if max_bytes is None else max_bytes
+    est = 0
+    try:
+        for k, (pos, size, _b, _l, _t, _m, count, codec) in enumerate(heads.tolist()):
+            q = pos - start_pos
+            if k == 0 and first is not None and first.head.position == pos:
+                pay = first.payload
+            elif codec:
+                pay = decompress(codec, buf[q + HEADER_SIZE:q + size], where, pos)
+            else:
+                pay = buf[q + HEADER_SIZE:q + size]
+            pays.append(pay)
+            lens.append(pay.shape[0])
+            # no more once the records reach the budget: format-1 bytes are at most the
+            # payload's plus a header and the topic name a record
+            est += pay.shape[0] + count * (44 + tl)
+            if budget is not None and est >= budget:
+                heads = heads[:k + 1]
+                break
+    except CorruptRecordError:
+        return None
+    m = heads.shape[0]
+    if m == 0:  # no batch wanted
+        return _assemble([], np.frombuffer(topic, np.uint8), partition)
+    starts = np.zeros(m + 1, np.int64)
+    np.cumsum(lens, out=starts[1:])
+    pay = np.concatenate(pays) if m > 1 else np.ascontiguousarray(pays[0])
+    flat = np.ascontiguousarray(heads).reshape(-1)
+    st, _b, _r, nsel, nbytes = _N.kafka_scan_many(pay, starts, flat, tl, lo, hi)
+    if st != KK.DEC_OK:
+        return None
+    data = np.empty(nbytes, np.uint8)
+    offsets = np.empty(nsel, np.int64)
+    timestamps = np.empty(nsel, np.int64)
+    sizes = np.empty(nsel, np.int64)
+    positions = np.empty(nsel, np.int64)
+    batch_of = np.empty(nsel, np.int64)
+    _N.kafka_convert_many(pay, starts, flat, topic, partition, lo, hi, data, offsets, timestamps,
+                          sizes, positions, batch_of)
+    if keep is not None:
+        k = m - 1
+        keep(Opened(BatchHead(*heads[k].tolist()), pay[starts[k]:starts[k + 1]]))
+    return Decoded(data, positions, sizes, offsets, timestamps, Heads(np.ascontiguousarray(heads)),
+                   batch_of)
 
 
 def _assemble(parts, topic_arr, partition) -> Decoded:
@@ -488,7 +611,7 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
                    int(positions[i]), offsets[i:i + count], timestamps[i:i + count])
         batch_of[i:i + count] = b
         i += count
-    return Decoded(data, positions, sizes, offsets, timestamps, heads, batch_of)
+    return Decoded(data, positions, sizes, offsets, timestamps, Heads.of(heads), batch_of)
 
 
 __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_NAMES", "CODEC_NONE",

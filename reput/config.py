@@ -97,7 +97,7 @@ TOPIC_KEYS: tuple[_Key, ...] = (
          "one; 'producer' means zstd (docs/formats/segment-v2.md)."),
     _Key("compression.zstd.level", "compression_zstd_level", 3, _int_at_least(1, 22),
          "zstd level of sealed segments' batches (KIP-390's name)."),
-    _Key("compression.batch.bytes", "compression_batch_bytes", 32 << 10,
+    _Key("compression.batch.bytes", "compression_batch_bytes", 8 << 10,
          _int_at_least(1 << 10, 64 << 20),
          "Uncompressed bytes of records per stored batch of a sealed segment (a read of one "
          "record decodes its whole batch; measured, docs/formats/segment-v2.md)."),
@@ -117,7 +117,7 @@ class TopicConfig:
     retention_ms: int = 7 * DAY_MS
     compression_type: str = "zstd"
     compression_zstd_level: int = 3
-    compression_batch_bytes: int = 32 << 10
+    compression_batch_bytes: int = 8 << 10
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "TopicConfig":

@@ -409,8 +409,10 @@ class PartitionReader:
     def _read_v2(self, seg, sel: np.ndarray, max_bytes: int | None) -> RecordColumns:
         """A run of a format-2 segment's entries (from ``_plan``) read: the batches holding
         them, each checked whole. A run inside one batch (a short read) takes
-        ``_one_batch_v2``, which reuses the batch the previous read walked (a sequential
-        reader's next read usually starts in it)."""
+        ``_one_batch_v2``, which reuses the batch the previous read decompressed (a sequential
+        reader's next read usually starts in it). A longer run decodes batches until the
+        records reach ``max_bytes`` (``_plan`` bounds the run by the .log's bytes, which are
+        compressed) and starts with the kept batch when it is the first."""
         pl = self.pl
         p0 = int(sel[0]["position"])
         b = None
@@ -420,8 +422,12 @@ class PartitionReader:
                 b = self._one_batch_v2(seg, sel, p0, at[0], at[1])
         if b is None:
             start, end, _, _ = self._batch_span(seg, sel)
-            data = np.frombuffer(pl.read_log(seg, start, end - start), np.uint8)
-            b = self._decoded_v2(seg, data, start, sel, None, keep=True)
+            data = pl.log_bytes(seg, start, end - start)
+            last = pl.last_batch
+            first = (last[2] if last is not None and last[0] is seg
+                     and last[1] == (seg.log_size, seg.index_size, start) else None)
+            b = self._decoded_v2(seg, data, start, sel, None, keep=True, max_bytes=max_bytes,
+                                 first=first)
         if max_bytes is not None and len(b) > 1:
             # the bound is on the records returned (format 1), not on the batches read
             ends = np.cumsum(stored_records(b)[2])
@@ -429,24 +435,30 @@ class PartitionReader:
         return b
 
     def _decoded_v2(self, seg, data: np.ndarray, start: int, sel: np.ndarray,
-                    want: "set[int] | None", *, keep: bool = False) -> RecordColumns:
+                    want: "set[int] | None", *, keep: bool = False,
+                    max_bytes: int | None = None, first=None) -> RecordColumns:
         """The block of ``sel``'s records from the batches in ``data`` (the .log from
         ``start``; with ``want``, only the batches at those positions are decoded). Each batch
         is accepted by its CRC-32C, its record count must be the index's and each selected
         entry's offset must be a record of the batch the entry names. ``keep``: the last batch
-        is kept for the partition's next read (an offset read; a selection reads on)."""
+        is kept for the partition's next read (an offset read; a selection reads on).
+        ``max_bytes``, ``first``: batch.decode_batches'; the block then holds the entries of
+        the batches decoded."""
         pl = self.pl
         path = pl.seg_log_path(seg)
         try:
             key = (seg.log_size, seg.index_size)
             d = KB.decode_batches(data, start, pl.topic_bytes, pl.partition, path,
                                   want=want, lo=int(sel[0]["offset"]), hi=int(sel[-1]["offset"]),
-                                  keep=(lambda w: pl.keep_batch(seg, key, w)) if keep else None)
+                                  keep=(lambda w: pl.keep_batch(seg, key, w)) if keep else None,
+                                  max_bytes=max_bytes, first=first)
+            if max_bytes is not None and len(d.heads):
+                sel = sel[sel["position"] <= int(d.heads.positions[-1])]
         except CorruptRecordError as e:
             d = getattr(e, "decoded", None)
-            if d is None or not d.heads:
+            if d is None or not len(d.heads):
                 raise _corrupt_v2(path, e, None, None) from None
-            upto = d.heads[-1].position
+            upto = int(d.heads.positions[-1])
             keep = sel[sel["position"] <= upto]
             try:
                 prefix = self._columns_v2(seg, d, keep, path) if keep.shape[0] else None
@@ -459,8 +471,7 @@ class PartitionReader:
     def _columns_v2(self, seg, d, sel: np.ndarray, path: str) -> RecordColumns:
         pl = self.pl
         bpos, _, bcount = pl.index(seg).batches()
-        heads_pos = np.array([h.position for h in d.heads], np.int64)
-        heads_cnt = np.array([h.count for h in d.heads], np.int64)
+        heads_pos, heads_cnt = d.heads.positions, d.heads.counts
         k = np.searchsorted(bpos, heads_pos)
         if bool(np.any(bcount[np.minimum(k, bcount.shape[0] - 1)] != heads_cnt)):
             bad = int(heads_pos[np.flatnonzero(bcount[np.minimum(k, bcount.shape[0] - 1)]

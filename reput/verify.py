@@ -274,7 +274,7 @@ def _verify_v2(store: Store, pl: PartitionLog, seg, si: int, prev_last: int,
         bad = np.zeros(e.shape[0], dtype=bool)
         for f in _CMP_V2:
             bad |= exp[f] != e[f]
-        heads = np.array([h.position for h in d.heads], np.int64)
+        heads = d.heads.positions
         bad |= heads[d.batch_of] != e["position"].astype(np.int64)
         for j in np.nonzero(bad)[0][:20]:
             report.problems.append(Problem(idx_path, int(idx.dir["chunk_pos"][i]),

@@ -412,3 +412,114 @@ def test_kafka_read_one_gives_the_general_paths_record_or_refuses(records, codec
     assert rec is None and st_ == (4 if field == "offset" else 5)
     with pytest.raises(ValueError, match="kafka_read_one"):
         n.kafka_read_one(*args, bad.view(np.uint8)[:-1], k0, k1)
+
+
+# -- many batches at once (batch._decode_many on kafka_heads / scan_many / convert_many) --------
+
+
+def _span(records, codecs):
+    """The batches of ``records`` cut into len(codecs) runs, each encoded with its codec, back to
+    back (a .log span)."""
+    raw, e = _v1(records)
+    pos = e["position"].astype(np.int64)
+    offs, ts = e["offset"].astype(np.int64), e["timestamp"].astype(np.int64)
+    cuts = np.linspace(0, len(records), len(codecs) + 1).astype(int)
+    out = b""
+    for (a, z), c in zip(zip(cuts[:-1], cuts[1:]), codecs):
+        if z > a:
+            out += KB.encode_batch(raw, pos, int(a), int(z), offs, ts, c, 3).data
+    return np.frombuffer(out, np.uint8)
+
+
+@settings(max_examples=120, deadline=None)
+@given(_records(), st.lists(st.sampled_from(sorted(KB.CODEC_NAMES)), min_size=1, max_size=5),
+       st.data())
+def test_many_batches_at_once_decode_as_batch_by_batch(records, codecs, data):
+    """decode_batches' C path (all the span's batches in a few calls) gives what the batch-by-batch
+    path gives, for any [lo, hi], byte budget, start offset and choice of batches."""
+    from kcompact.reput.jit import native
+    if native() is None:
+        pytest.skip("the C module is not built")
+    buf = _span(records, codecs)
+    start = data.draw(st.integers(0, 1 << 30))
+    lo = data.draw(st.integers(records[0].offset - 1, records[-1].offset + 1))
+    hi = data.draw(st.integers(lo, records[-1].offset + 2))
+    budget = data.draw(st.one_of(st.none(), st.integers(1, 20_000)))
+    heads = list(KB.decode_batches(buf, start, b"topic-a", 3, "x").heads)
+    want = data.draw(st.one_of(st.none(), st.sets(st.sampled_from([h.position for h in heads]))))
+    kw = dict(want=want, lo=lo, hi=hi, max_bytes=budget)
+    fast = KB._decode_many(buf, start, b"topic-a", 3, "x", want, lo, hi, None, budget, None)
+    saved = KB._decode_many
+    KB._decode_many = lambda *a: None
+    try:
+        slow = KB.decode_batches(buf, start, b"topic-a", 3, "x", **kw)
+    finally:
+        KB._decode_many = saved
+    if want is not None and not want:
+        assert fast is None or len(fast.heads) == 0
+        return
+    assert fast is not None
+    if budget is not None:  # the C path may stop a batch earlier (it estimates before decoding)
+        n = len(fast.heads)
+        assert 1 <= n <= len(slow.heads)
+        assert fast.heads.table.tolist() == slow.heads.table[:n].tolist()
+        keep = slow.batch_of < n
+        slow = KB.Decoded(*(a[keep] if isinstance(a, np.ndarray) and a.shape == keep.shape
+                            else a for a in slow))
+        slow = slow._replace(data=slow.data[:int(slow.sizes.sum())])
+    else:
+        assert fast.heads.table.tolist() == slow.heads.table.tolist()
+    assert fast.data.tobytes() == slow.data.tobytes()
+    for f in ("positions", "sizes", "offsets", "timestamps", "batch_of"):
+        assert getattr(fast, f).tolist() == getattr(slow, f).tolist(), f
+
+
+def test_many_batches_refuse_what_one_batch_refuses():
+    """A damaged byte anywhere in a span: the C path gives up (None) and decode_batches raises
+    naming the batch, with the batches before it decoded."""
+    from kcompact.reput.jit import native
+    if native() is None:
+        pytest.skip("the C module is not built")
+    records = [Record("topic-a", 3, 10 + 2 * i, 7 + i, b"k%d" % i, b"v" * (i % 50), [])
+               for i in range(200)]
+    buf = _span(records, [KB.CODEC_ZSTD, KB.CODEC_NONE, KB.CODEC_LZ4, KB.CODEC_ZSTD])
+    heads = list(KB.decode_batches(buf, 0, b"topic-a", 3, "x").heads)
+    third = heads[2]
+    # (the base offset and leader epoch lie outside the CRC, as in Kafka: the lean index
+    # catches a changed base offset, tests/unit/test_no_silent_loss.py)
+    for at in (third.position + 18, third.position + 30, third.position + KB.HEADER_SIZE + 3):
+        bad = buf.copy()
+        bad[at] ^= 0x40
+        assert KB._decode_many(bad, 0, b"topic-a", 3, "x", None, 0, 1 << 62, None, None,
+                               None) is None
+        with pytest.raises(CorruptRecordError) as ei:
+            KB.decode_batches(bad, 0, b"topic-a", 3, "x")
+        assert ei.value.position == third.position
+        assert [h.position for h in ei.value.decoded.heads] == [h.position for h in heads[:2]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 4))
+def test_kafka_heads_takes_any_bytes(payload, rows):
+    """kafka_heads on arbitrary bytes: rows only for whole, CRC-valid batches, never past the
+    table, and the same answer as parse_head batch by batch."""
+    from kcompact.reput.jit import native
+    n = native()
+    if n is None:
+        pytest.skip("the C module is not built")
+    buf = np.frombuffer(payload, np.uint8)
+    table = np.full(rows * 8 + 3, -7, np.int64)
+    got, status, stop = n.kafka_heads(buf, 0, 100, table[:rows * 8])
+    assert table[rows * 8:].tolist() == [-7, -7, -7]
+    assert 0 <= got <= rows and 0 <= stop <= len(payload)
+    p = 0
+    for i in range(got):
+        h = KB.parse_head(buf, p, "x", 100 + p)
+        assert table[i * 8:i * 8 + 8].tolist() == list(h)
+        p += h.size
+    assert stop == p
+    if status == 0:
+        assert p == len(payload)
+    elif status in (2, 3):
+        with pytest.raises(CorruptRecordError):
+            KB.parse_head(buf, p, "x", 100 + p)
