@@ -28,11 +28,17 @@ java:
 # librdkafka's header, which kcompact's own Kafka client is compiled against (Debian's
 # librdkafka-dev; the library used at run time is confluent-kafka's, checked to be at least as
 # new: connectors/framework/native_kafka.py). Without it the confluent-kafka path is used.
+# zstd's (libzstd-dev): store format 2's reads decompress a span of batches in one C call
+# (setup.py _zstd); without it, one python-zstandard call a batch.
 rdkafka-h:
 	@test -f /usr/include/librdkafka/rdkafka.h || { \
 	  echo "installing librdkafka's header (librdkafka-dev, for kcompact's Kafka client)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq librdkafka-dev || \
 	  echo "librdkafka-dev not installed: Kafka I/O will use confluent-kafka's clients"; }
+	@test -f /usr/include/zstd.h || { \
+	  echo "installing zstd's header (libzstd-dev, for store format 2's bulk reads)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq libzstd-dev || \
+	  echo "libzstd-dev not installed: format-2 reads decompress batch by batch"; }
 
 maven:
 	@command -v mvn >/dev/null 2>&1 || { \

@@ -15,7 +15,8 @@ columns (connectors/framework/_rdkafka.c; compiled against rdkafka.h when found,
 _rdkafka_macros). All are optional: without a C compiler the install goes on and the numba
 kernels and confluent-kafka's clients are used instead (reput/jit.py,
 connectors/framework/native_kafka.py). They share reput/_arr.h (1-d arrays
-through the buffer protocol).
+through the buffer protocol). kcompact.reput._native links libzstd when its header is found
+(_zstd).
 """
 
 import os
@@ -55,6 +56,19 @@ def _rdkafka_macros() -> list[tuple[str, str | None]]:
     return []
 
 
+def _zstd() -> dict:
+    """KC_HAVE_ZSTD and libzstd when zstd's header is found (KCOMPACT_ZSTD_INCLUDE, else the
+    system's: Debian's libzstd-dev, which `make install` installs): kcompact.reput._native then
+    decompresses a span of store format 2's zstd batches in one call, in threads
+    (reput/_kafka_native.h kafka_unpack_many). Without it, one python-zstandard call a batch."""
+    dirs = [os.environ.get("KCOMPACT_ZSTD_INCLUDE", ""), "/usr/include", "/usr/local/include"]
+    for d in filter(None, dirs):
+        if os.path.exists(os.path.join(d, "zstd.h")):
+            return {"define_macros": [("KC_HAVE_ZSTD", None)], "libraries": ["zstd", "pthread"],
+                    "include_dirs": ["reput", d]}
+    return {}
+
+
 _SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h", "reput/_kafka_native.h"],
            "optional": True}
 
@@ -64,7 +78,7 @@ setup(
     package_dir=package_dir,
     ext_modules=[
         Extension("kcompact.reput._native", ["reput/_native.c"], extra_compile_args=_FLAGS,
-                  **_SHARED),
+                  **{**_SHARED, **_zstd()}),
         Extension("kcompact.compaction._native", ["compaction/_native.c"],
                   extra_compile_args=_FLAGS, **_SHARED),
         Extension("kcompact.connectors.apps.kv._native", ["connectors/apps/kv/_native.c"],

@@ -684,6 +684,183 @@ static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ss
     return PyLong_FromLongLong(k);
 }
 
+/* -- decompressing many batches at once (zstd through libzstd, when built with its header) --- */
+#ifdef KC_HAVE_ZSTD
+#include <pthread.h>
+#include <zstd.h>
+
+#define KUNPACK_UNKNOWN (-1) /* kafka_payload_sizes: a codec or frame this path does not size */
+
+/* kafka_payload_sizes(buf, heads, pos0, sizes) -> how many are known: each batch's payload size
+ * once decompressed (its kafka_heads row; the batch at heads' position - pos0 in buf): an
+ * uncompressed payload's length, a zstd frame's declared content size (one frame filling the
+ * payload), else KUNPACK_UNKNOWN (other codecs, a frame without its size, several frames). */
+static PyObject *kafka_payload_sizes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_payload_sizes", 4);
+    static const int which[1] = {2};
+    int64_t pos0;
+    if (args_i64(args, which, 1, &pos0) < 0)
+        return NULL;
+    Arr a[3] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[1], &a[1], 8, 0, "heads") < 0 ||
+        arr_get(args[3], &a[2], 8, 1, "sizes") < 0) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    int64_t n = a[2].n;
+    if (a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[1].n < n * KHEAD_COLS)
+        ARG_ERROR(a, 3, "kafka_payload_sizes: contiguous arrays, heads of as many rows as sizes");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t known = 0, bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h[KHEAD_COLS], size = KUNPACK_UNKNOWN;
+        memcpy(h, a[1].p + i * KHEAD_COLS * 8, sizeof h);
+        int64_t p = h[0] - pos0 + KB_HEADER, len = h[1] - KB_HEADER;
+        if (p < KB_HEADER || len < 0 || p + len > a[0].n) {
+            bad = 1;
+            break;
+        }
+        if (h[7] == 0) {
+            size = len;
+        } else if (h[7] == 4) {
+            unsigned long long c = ZSTD_getFrameContentSize(b + p, (size_t)len);
+            size_t fl = ZSTD_findFrameCompressedSize(b + p, (size_t)len);
+            if (c != ZSTD_CONTENTSIZE_UNKNOWN && c != ZSTD_CONTENTSIZE_ERROR &&
+                c <= (1ull << 30) && !ZSTD_isError(fl) && (int64_t)fl == len)
+                size = (int64_t)c;
+        }
+        known += size >= 0;
+        memcpy(a[2].p + i * 8, &size, 8);
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 3);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "kafka_payload_sizes: a batch of heads lies outside buf");
+        return NULL;
+    }
+    return PyLong_FromLongLong(known);
+}
+
+typedef struct {
+    const uint8_t *b;
+    const char *heads;
+    const int64_t *starts;
+    uint8_t *out;
+    int64_t pos0, lo, hi, bad;
+} KUnpack;
+
+static void *kunpack_range(void *arg)
+{
+    KUnpack *u = (KUnpack *)arg;
+    ZSTD_DCtx *dctx = NULL;
+    for (int64_t i = u->lo; i < u->hi; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, u->heads + i * KHEAD_COLS * 8, sizeof h);
+        const uint8_t *src = u->b + h[0] - u->pos0 + KB_HEADER;
+        size_t len = (size_t)(h[1] - KB_HEADER), want = (size_t)(u->starts[i + 1] - u->starts[i]);
+        uint8_t *dst = u->out + u->starts[i];
+        if (h[7] == 0) {
+            if (len != want) {
+                u->bad = i;
+                break;
+            }
+            memcpy(dst, src, len);
+            continue;
+        }
+        if (dctx == NULL && (dctx = ZSTD_createDCtx()) == NULL) {
+            u->bad = i;
+            break;
+        }
+        size_t got = ZSTD_decompressDCtx(dctx, dst, want, src, len);
+        if (ZSTD_isError(got) || got != want) {
+            u->bad = i;
+            break;
+        }
+    }
+    if (dctx != NULL)
+        ZSTD_freeDCtx(dctx);
+    return NULL;
+}
+
+/* kafka_unpack_many(buf, heads, pos0, out, starts, first, threads) -> the first batch that fails,
+ * or -1: the payloads of the batches of heads (rows first.. : a caller that has batch 0's
+ * payload already passes first = 1) into out[starts[i]:starts[i+1]], each of exactly the size
+ * kafka_payload_sizes gave (uncompressed ones copied, zstd ones decompressed), in up to
+ * `threads` threads, each with its own decompression context, without the GIL. */
+static PyObject *kafka_unpack_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_unpack_many", 7);
+    static const int which[3] = {2, 5, 6};
+    int64_t v[3];
+    if (args_i64(args, which, 3, v) < 0)
+        return NULL;
+    int64_t pos0 = v[0], first = v[1], threads = v[2];
+    Arr a[4] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[1], &a[1], 8, 0, "heads") < 0 ||
+        arr_get(args[3], &a[2], 1, 1, "out") < 0 || arr_get(args[4], &a[3], 8, 0, "starts") < 0) {
+        arr_release(a, 4);
+        return NULL;
+    }
+    int64_t n = a[3].n - 1;
+    int bad = a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 1 || a[3].stride != 8 ||
+              n < 0 || a[1].n < n * KHEAD_COLS || first < 0 || first > n || threads < 1 ||
+              threads > 64 || ((uintptr_t)a[3].p & 7);
+    const int64_t *st = (const int64_t *)a[3].p;
+    for (int64_t i = 0; !bad && i <= n; i++)
+        bad = st[i] < 0 || st[i] > a[2].n || (i > 0 && st[i] < st[i - 1]);
+    for (int64_t i = 0; !bad && i < n; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, a[1].p + i * KHEAD_COLS * 8, sizeof h);
+        bad = h[0] - pos0 < 0 || h[1] < KB_HEADER || h[0] - pos0 + h[1] > a[0].n ||
+              (h[7] != 0 && h[7] != 4);
+    }
+    if (bad)
+        ARG_ERROR(a, 4, "kafka_unpack_many: contiguous arrays, aligned starts rising inside out, "
+                  "heads of batches inside buf, uncompressed or zstd, 1-64 threads");
+    /* contiguous ranges of about equal output bytes, one a thread */
+    int64_t total = st[n] - st[first], nt = threads;
+    if (nt > n - first)
+        nt = n - first > 0 ? n - first : 1;
+    KUnpack u[64];
+    pthread_t tid[64];
+    int started[64] = {0};
+    int64_t at = first;
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t goal = st[first] + total * (t + 1) / nt, hi = at;
+        while (hi < n && (st[hi] < goal || hi == at))
+            hi++;
+        if (t == nt - 1)
+            hi = n;
+        u[t] = (KUnpack){(const uint8_t *)a[0].p, a[1].p, st, (uint8_t *)a[2].p, pos0, at, hi, -1};
+        at = hi;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t t = 1; t < nt; t++)
+        started[t] = pthread_create(&tid[t], NULL, kunpack_range, &u[t]) == 0;
+    kunpack_range(&u[0]);
+    for (int64_t t = 1; t < nt; t++) {
+        if (started[t])
+            pthread_join(tid[t], NULL);
+        else
+            kunpack_range(&u[t]); /* no thread: this one does its range */
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 4);
+    int64_t fail = -1;
+    for (int64_t t = 0; t < nt && fail < 0; t++)
+        fail = u[t].bad;
+    return PyLong_FromLongLong(fail);
+}
+#define KAFKA_ZSTD_METHODS                                                                     \
+    {"kafka_payload_sizes", (PyCFunction)(void (*)(void))kafka_payload_sizes, METH_FASTCALL,   \
+     NULL},                                                                                    \
+    {"kafka_unpack_many", (PyCFunction)(void (*)(void))kafka_unpack_many, METH_FASTCALL, NULL},
+#else
+#define KAFKA_ZSTD_METHODS
+#endif
+
 #define KREAD_ABSENT 4   /* kafka_read_one: no record of the batch has the entry's offset */
 #define KREAD_MISMATCH 5 /* kafka_read_one: the record's timestamp, flags or key digest differ */
 
@@ -808,6 +985,7 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"kafka_scan_many", (PyCFunction)(void (*)(void))kafka_scan_many, METH_FASTCALL, NULL},    \
     {"kafka_convert_many", (PyCFunction)(void (*)(void))kafka_convert_many, METH_FASTCALL,     \
      NULL},                                                                                    \
+    KAFKA_ZSTD_METHODS                                                                         \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
 

@@ -14,6 +14,7 @@ one batch.
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from typing import NamedTuple
@@ -544,34 +545,38 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
     if want is not None:
         heads = heads[np.fromiter((int(q) in want for q in heads[:, 0].tolist()), bool, n)]
     tl = len(topic)
-    pays, lens = [], []
-    budget = None if max_bytes is None else max_bytes
-    est = 0
-    try:
-        for k, (pos, size, _b, _l, _t, _m, count, codec) in enumerate(heads.tolist()):
-            q = pos - start_pos
-            if k == 0 and first is not None and first.head.position == pos:
-                pay = first.payload
-            elif codec:
-                pay = decompress(codec, buf[q + HEADER_SIZE:q + size], where, pos)
-            else:
-                pay = buf[q + HEADER_SIZE:q + size]
-            pays.append(pay)
-            lens.append(pay.shape[0])
-            # no more once the records reach the budget: format-1 bytes are at most the
-            # payload's plus a header and the topic name a record
-            est += pay.shape[0] + count * (44 + tl)
-            if budget is not None and est >= budget:
-                heads = heads[:k + 1]
-                break
-    except CorruptRecordError:
-        return None
-    m = heads.shape[0]
-    if m == 0:  # no batch wanted
-        return _assemble([], np.frombuffer(topic, np.uint8), partition)
-    starts = np.zeros(m + 1, np.int64)
-    np.cumsum(lens, out=starts[1:])
-    pay = np.concatenate(pays) if m > 1 else np.ascontiguousarray(pays[0])
+    unpacked = _unpack(buf, start_pos, heads, tl, max_bytes, first)
+    if unpacked is not None:
+        heads, pay, starts = unpacked
+        m = heads.shape[0]
+    else:  # a codec or frame the C path does not size: one call a batch
+        pays, lens = [], []
+        est = 0
+        try:
+            for k, (pos, size, _b, _l, _t, _m, count, codec) in enumerate(heads.tolist()):
+                q = pos - start_pos
+                if k == 0 and first is not None and first.head.position == pos:
+                    pay = first.payload
+                elif codec:
+                    pay = decompress(codec, buf[q + HEADER_SIZE:q + size], where, pos)
+                else:
+                    pay = buf[q + HEADER_SIZE:q + size]
+                pays.append(pay)
+                lens.append(pay.shape[0])
+                # no more once the records reach the budget: format-1 bytes are at most the
+                # payload's plus a header and the topic name a record
+                est += pay.shape[0] + count * (44 + tl)
+                if max_bytes is not None and est >= max_bytes:
+                    heads = heads[:k + 1]
+                    break
+        except CorruptRecordError:
+            return None
+        m = heads.shape[0]
+        if m == 0:  # no batch wanted
+            return _assemble([], np.frombuffer(topic, np.uint8), partition)
+        starts = np.zeros(m + 1, np.int64)
+        np.cumsum(lens, out=starts[1:])
+        pay = np.concatenate(pays) if m > 1 else np.ascontiguousarray(pays[0])
     flat = np.ascontiguousarray(heads).reshape(-1)
     st, _b, _r, nsel, nbytes = _N.kafka_scan_many(pay, starts, flat, tl, lo, hi)
     if st != KK.DEC_OK:
@@ -589,6 +594,40 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
         keep(Opened(BatchHead(*heads[k].tolist()), pay[starts[k]:starts[k + 1]]))
     return Decoded(data, positions, sizes, offsets, timestamps, Heads(np.ascontiguousarray(heads)),
                    batch_of)
+
+
+#: a span whose payloads come to less than this is decompressed in one thread
+UNPACK_THREADS_ABOVE = 1 << 20
+
+
+def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
+            max_bytes: int | None, first: Opened | None):
+    """The payloads of ``heads``' batches (kafka_heads rows) back to back, decompressed in one C
+    call (threads for a large span): (the rows kept under ``max_bytes``, payloads, their starts),
+    or None when the C module has no libzstd or a batch is not uncompressed or one zstd frame of
+    declared size."""
+    if not hasattr(_N, "kafka_unpack_many") or heads.shape[0] == 0:
+        return None
+    flat = np.ascontiguousarray(heads).reshape(-1)
+    sizes = np.empty(heads.shape[0], np.int64)
+    if _N.kafka_payload_sizes(buf, flat, start_pos, sizes) != sizes.shape[0]:
+        return None
+    if max_bytes is not None:  # as the loop above: the records' bytes at most this
+        est = np.cumsum(sizes + heads[:, 6] * (44 + tl))
+        m = min(heads.shape[0], int(np.searchsorted(est, max_bytes, side="left")) + 1)
+        heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
+    starts = np.zeros(sizes.shape[0] + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    out = np.empty(int(starts[-1]), np.uint8)
+    skip = 0
+    if first is not None and first.head.position == int(heads[0, 0]) \
+            and first.payload.shape[0] == int(sizes[0]):
+        out[:starts[1]] = first.payload
+        skip = 1
+    threads = 2 if starts[-1] >= UNPACK_THREADS_ABOVE and (os.cpu_count() or 1) > 1 else 1
+    if _N.kafka_unpack_many(buf, flat, start_pos, out, starts, skip, threads) >= 0:
+        return None  # a frame that does not decode: the batch-by-batch path names it
+    return heads, out, starts
 
 
 def _assemble(parts, topic_arr, partition) -> Decoded:

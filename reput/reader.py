@@ -397,7 +397,8 @@ class PartitionReader:
         """(start, end) in the .log of the batches holding ``sel``'s records, and those batches'
         positions and record counts (from the lean index)."""
         bpos, bsize, bcount = self.pl.index(seg).batches()
-        want = np.unique(sel["position"].astype(np.int64))
+        p = sel["position"].astype(np.int64)  # in position order: each batch's first entry
+        want = p[np.r_[True, p[1:] != p[:-1]]] if p.shape[0] else p
         k = np.searchsorted(bpos, want)
         if bool(np.any(k >= bpos.shape[0])) or bool(np.any(bpos[np.minimum(k, bpos.shape[0] - 1)]
                                                            != want)):
@@ -503,10 +504,10 @@ class PartitionReader:
         ent["size"] = sizes
         if ent.shape[0] == 1:  # the record alone: data's byte 0 stands for its entry's position
             bad = verify_records(data, int(ent["position"][0]), ent, pl.secret)
-        else:
-            chk = ent.copy()
-            chk["position"] = rel
-            bad = verify_records(data, 0, chk, pl.secret)
+        else:  # checked at their places in data, then given back their batches' positions
+            ent["position"] = rel
+            bad = verify_records(data, 0, ent, pl.secret)
+            ent["position"] = sel["position"]
         if bad >= 0:
             chk = ent.copy()
             chk["position"] = rel
