@@ -345,13 +345,14 @@ def _topic_id(admin: AdminClient, topic: str) -> str:
     return got[-1]
 
 
-def _recreate(admin: AdminClient, topic: str) -> None:
+def _recreate(admin: AdminClient, topic: str, partitions: int = 1) -> None:
     """Delete ``topic`` and create it again under the same name (a new topic id)."""
     admin.delete_topics([topic], operation_timeout=30)[topic].result()
 
     def created() -> bool:
         try:
-            admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result()
+            admin.create_topics([NewTopic(topic, partitions, 1)],
+                                operation_timeout=30)[topic].result()
             return True
         except Exception as e:  # noqa: BLE001 - deletion still in progress
             if "marked for deletion" in str(e) or "TOPIC_ALREADY_EXISTS" in str(e):
@@ -587,3 +588,40 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
     # leaving it out: the other topic goes on
     res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_topic_followed_with_partitions_stops_alone_when_recreated(
+        apache_kafka, kafka_topics, tmp_path):
+    """--partitions: the topics read in part are watched for deletion and re-creation too, and
+    each batch's topic ids confirmed: the recreated topic stops alone (same line), the store
+    holds its old records only, and the other topic goes on; exit 3."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t, other = kafka_topics.make("part", 2), kafka_topics.make("po", 2)
+    produce(bootstrap, t, 20, partition=0)
+    produce(bootstrap, other, 5, partition=0)
+    old_id = _topic_id(admin, t)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topic", t, "--topic", other, "--partitions", "0",
+                   "-X", "topic.metadata.refresh.interval.ms=20000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, t) == 20, what="the first records")
+        wait_until(lambda: stored_count(store, other) == 5, what="the other topic's records")
+        old = read_store(store, t)
+        _recreate(admin, t, partitions=2)
+        new_id = _topic_id(admin, t)
+        produce(bootstrap, t, 40, partition=0, tag=b"new")
+        wait_until(lambda: _stopped_lines(log.read_text(), t), 120, "the recreated topic's line")
+        produce(bootstrap, other, 7, partition=0, tag=b"o")
+        wait_until(lambda: stored_count(store, other) == 12, what="the other topic goes on")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 3, err
+    assert not [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")], err
+    (line,) = _stopped_lines(err, t)
+    assert "the other topics go on" in line
+    assert (f"deleted and created again (topic id {old_id} -> {new_id})" in line
+            or f"it was deleted (topic id {old_id})" in line), line
+    assert read_store(store, t) == old
+    assert read_store(store, other) == {0: read_topic(bootstrap, other, 2)[0]}
