@@ -406,6 +406,9 @@ def test_following_picks_up_new_topics_and_partitions_and_stops_only_a_deleted_o
     assert stored_count(store, a) == 10  # what was mirrored stays
     assert f"mirror: {a}: 10 records (1 partitions), stopped: deleted (topic id {a_id})" in err
     assert f"1 topic stopped ({a}); store {store} flushed" in err
+    with Store.open(store) as st:  # what was picked up was recorded (before its records)
+        assert st.recorded_topic_id(b) == _topic_id(admin, b)
+        assert st.recorded_partitions(b) == [0, 1, 2]
 
 
 def test_a_recreated_topic_stops_alone_and_never_mixes_into_its_log(
@@ -588,6 +591,50 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
     # leaving it out: the other topic goes on
     res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_topic_picked_up_while_following_is_recorded_and_refused_once_recreated(
+        apache_kafka, kafka_topics, tmp_path):
+    """A topic that starts to match --topics-regex while a mirror follows gets its id and
+    partitions recorded before any of its records is stored, as at start; so once it is deleted
+    and created again (with more records than the store holds: no gap to notice), the next mirror
+    refuses it with one line naming both ids, exit 1, and leaves the store as it was."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    a = kafka_topics.make("a")
+    produce(bootstrap, a, 5)
+    regex = f"{kafka_topics.prefix}-.*"
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topics-regex", regex,
+                   "-X", "topic.metadata.refresh.interval.ms=1000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, a) == 5, what="the first topic")
+        b = kafka_topics.make("b", 2)
+        b_id = _topic_id(admin, b)
+        produce(bootstrap, b, 10, tag=b"old")
+        wait_until(lambda: stored_count(store, b) == 10, what="the new topic")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    assert rc == 0, log.read_text()
+    assert f"new topic {b} [0, 1]: following from the start" in log.read_text()
+    with Store.open(store) as st:
+        assert st.recorded_topic_id(b) == b_id
+        assert st.recorded_partitions(b) == [0, 1]
+    before = read_store(store, b)
+    meta = (Path(store) / "store.json").read_bytes()
+    _recreate(admin, b, partitions=2)
+    new_id = _topic_id(admin, b)
+    produce(bootstrap, b, 40, tag=b"new")  # every partition longer than the stored one
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topics-regex", regex,
+                   "--store", store, "--engine", "local")
+    assert res.returncode == 1, res.stderr
+    assert error_line(res) == (
+        f"kcompact: error: topic '{b}' was deleted and created again since store {store} "
+        f"copied it (topic id {b_id} then, {new_id} now): its offsets start again and would "
+        "mix with the stored ones; mirror it into a new store, or leave it out of this store's "
+        "mirrors")
+    assert read_store(store, b) == before
+    assert (Path(store) / "store.json").read_bytes() == meta
 
 
 def test_a_topic_followed_with_partitions_stops_alone_when_recreated(

@@ -7,10 +7,13 @@ issue 21).
   real one, its watcher the real TopicWatcher with the id lookup (describe_topics) replaced by a
   counter over a dict, so no broker is needed; the end-to-end behaviour is tested on Apache Kafka
   in tests/integration/test_estate.py.
+* The store sink's ``open()`` records the ids and partitions of what it is given (a topic picked
+  up while following), and refuses a topic recorded under another id.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -22,6 +25,8 @@ from kcompact.connectors.framework.errors_handling import ErrorHandler
 from kcompact.connectors.framework.kafka_clients import KafkaSettings
 from kcompact.connectors.framework.sink_runner import SinkTaskRunner
 from kcompact.connectors.framework.topic_watch import TopicWatcher
+from kcompact.connectors.plugins.store_sink import StoreSinkTask
+from kcompact.reput import Store
 
 BATCH = 100
 
@@ -112,3 +117,36 @@ def test_a_batch_of_two_topics_confirms_both_and_keeps_the_other():
     _deliver(r, ["b"] * BATCH, 6 * BATCH)
     assert w.lookups == 7 and task.batches[-1] == ("b", BATCH)
 
+
+def test_store_sink_open_records_ids_and_partitions_and_refuses_another_id(tmp_path):
+    url = str(tmp_path / "store")
+    Store.open(url, create=True).close()
+
+    def task_with(ids: dict[str, str], writer: str) -> tuple[StoreSinkTask, SinkTaskContext]:
+        task, ctx = StoreSinkTask(), SinkTaskContext()
+        task.initialize(ctx)
+        ctx.topic_ids.update(ids)
+        task.start({"store.url": url, "store.writer": writer})
+        return task, ctx
+
+    task, ctx = task_with({"b": "id-1"}, "w1")
+    try:
+        task.open([TopicPartition("b", 0), TopicPartition("b", 1)])  # picked up while following
+        assert ctx.refused == {}
+        assert set(ctx.requested_offsets) == {TopicPartition("b", 0), TopicPartition("b", 1)}
+    finally:
+        task.stop()
+    doc = json.loads((tmp_path / "store" / "store.json").read_text())
+    assert doc["topic_ids"] == {"b": "id-1"}
+    assert doc["partitions"] == {"b": [0, 1]}
+
+    task, ctx = task_with({"b": "id-2", "c": "id-c"}, "w2")
+    try:
+        task.open([TopicPartition("b", 0), TopicPartition("c", 0)])
+        assert ctx.refused == {"b": "id-1"}  # the worker stops b alone
+        assert set(ctx.requested_offsets) == {TopicPartition("c", 0)}
+    finally:
+        task.stop()
+    doc = json.loads((tmp_path / "store" / "store.json").read_text())
+    assert doc["topic_ids"] == {"b": "id-1", "c": "id-c"}
+    assert doc["partitions"] == {"b": [0, 1], "c": [0]}
