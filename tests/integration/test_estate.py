@@ -637,6 +637,36 @@ def test_a_topic_picked_up_while_following_is_recorded_and_refused_once_recreate
     assert (Path(store) / "store.json").read_bytes() == meta
 
 
+def test_a_topic_picked_up_while_following_has_its_configs_synced_first(
+        apache_kafka, kafka_topics, tmp_path):
+    """Without -X topic.metadata.refresh.interval.ms topics are picked up every 5 s while
+    configs are synced again every 5 min (librdkafka's default): a topic picked up is synced
+    when it is picked up, before its records are stored, not at the next refresh."""
+    bootstrap = apache_kafka.bootstrap
+    a = kafka_topics.make("a")
+    produce(bootstrap, a, 3)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topics-regex", f"{kafka_topics.prefix}-.*", log=log)
+    try:
+        wait_until(lambda: stored_count(store, a) == 3, what="the first topic")
+        b = kafka_topics.make("b", config={"delete.retention.ms": "12345"})
+        produce(bootstrap, b, 4)
+        wait_until(lambda: stored_count(store, b) == 4, 60, "the new topic's records")
+        assert describe(store, b)["delete.retention.ms"] == (12345, "synced", None)
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 0, err
+    lines = err.splitlines()
+    (synced,) = [i for i, ln in enumerate(lines)
+                 if ln.startswith(f"mirror: {b}: configs synced from Kafka: ")]
+    assert "delete.retention.ms=12345" in lines[synced]
+    (picked,) = [i for i, ln in enumerate(lines)
+                 if f"new topic {b} [0]: following from the start" in ln]
+    assert synced < picked, err  # synced in open(), before the partition was assigned
+
+
 def test_a_topic_followed_with_partitions_stops_alone_when_recreated(
         apache_kafka, kafka_topics, tmp_path):
     """--partitions: the topics read in part are watched for deletion and re-creation too, and
