@@ -702,3 +702,50 @@ def test_a_topic_followed_with_partitions_stops_alone_when_recreated(
             or f"it was deleted (topic id {old_id})" in line), line
     assert read_store(store, t) == old
     assert read_store(store, other) == {0: read_topic(bootstrap, other, 2)[0]}
+
+
+def test_connect_standalone_stops_a_recreated_topic_alone(apache_kafka, kafka_topics, tmp_path):
+    """The store sink under connect standalone, two followed topics: one deleted and created
+    again is stopped alone (one line naming it and both ids), the other goes on, and the run
+    exits 3 on SIGTERM, as kcompact mirror does; a later run on that store refuses the topic
+    (exit 1, one line naming both ids)."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t, other = kafka_topics.make("cre"), kafka_topics.make("cother")
+    produce(bootstrap, t, 10)
+    produce(bootstrap, other, 5)
+    old_id = _topic_id(admin, t)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    worker, conn = _connect_files(
+        tmp_path, bootstrap, f"name=cre\ntopics={t},{other}\nstore.url={store}\n"
+        "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
+    proc = _connect_follow(worker, conn, log)
+    try:
+        wait_until(lambda: stored_count(store, t) == 10, what="the first records")
+        wait_until(lambda: stored_count(store, other) == 5, what="the other topic's records")
+        old = read_store(store, t)
+        _recreate(admin, t)
+        new_id = _topic_id(admin, t)
+        produce(bootstrap, t, 30, tag=b"new")
+        wait_until(lambda: _stopped_lines(log.read_text(), t), 120, "the recreated topic's line")
+        produce(bootstrap, other, 6, tag=b"o")
+        wait_until(lambda: stored_count(store, other) == 11, what="the other topic goes on")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 3, err
+    (line,) = _stopped_lines(err, t)
+    assert line.startswith(f"kcompact: warning: cre-0: topic {t} stopped, the other topics go "
+                           "on: it was deleted"), line
+    assert old_id in line
+    assert read_store(store, t) == old
+    assert read_store(store, other) == read_topic(bootstrap, other, 1)
+
+    worker, conn = _connect_files(tmp_path, bootstrap,
+                                  f"name=again\ntopics={t},{other}\nstore.url={store}\n"
+                                  "follow=false\n")
+    res = kcompact("connect", "standalone", str(worker), str(conn))
+    assert res.returncode == 1, res.stderr
+    assert f"topic '{t}' was deleted and created again since store {store} copied it (topic " \
+        f"id {old_id} then, {new_id} now)" in error_line(res)
+    assert read_store(store, t) == old
