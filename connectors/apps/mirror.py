@@ -1,8 +1,10 @@
 """``kcompact mirror``: copy Kafka topics into a store, exactly once; the engine is chosen here.
 
 The topics: ``--topic`` (repeatable) and those ``--topics-regex`` matches whole, internal ones
-and ``--exclude-regex`` matches left out (framework/topic_sets.py). Before any record is copied
-their configs are synced from Kafka into the store (plugins/config_sync.py; ``--no-sync-configs``).
+and ``--exclude-regex`` matches left out (framework/topic_sets.py). Before any record of a topic
+is copied its configs are synced from Kafka into the store (plugins/config_sync.py;
+``--no-sync-configs``): by the store sink's task when it opens the topic (at start, and when a
+``--follow`` mirror picks a topic up), then again at each metadata refresh.
 
 The job is the store sink connector (connectors/plugins/store_sink.py). With the local engine
 (:func:`mirror_local`) an in-process worker runs it with one task and the writer id ``local``:
@@ -39,7 +41,6 @@ from ..errors import ConfigError, ConnectorsError
 from ..framework.api import TaskFailedError
 from ..framework.worker import Worker
 from ..plugins.config_sync import ConfigFollower
-from ..plugins.config_sync import sync_configs as sync_configs_of
 from .options import LOCAL_WRITER, MirrorOptions, add_mirror, exit_code, lag_text, mirror_props
 
 PROGRESS_INTERVAL = 2.0
@@ -144,7 +145,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                      "metrics.listen": metrics or ""}, where="mirror", log=out)
     props = mirror_props(topic, store, partitions=partitions, follow=follow,
                          kafka_config=kafka_config, topics_regex=topics_regex,
-                         exclude_regex=exclude_regex)
+                         exclude_regex=exclude_regex, sync_configs=sync_configs)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -159,20 +160,25 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         add_mirror(worker, props)
-        topics = list(worker.connectors[-1].props["topics"])
+        connector = worker.connectors[-1]
+        if getattr(connector, "config_sync", None) is not None:
+            # the tasks sync each topic when they open it, and while following a thread of
+            # the connector syncs again at each metadata refresh; its lines are the mirror's
+            connector.config_sync.prefix = "mirror"
+        topics = list(connector.props["topics"])
         n_parts = sum(len(r.assignment) for r in worker.runners)
         what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
         print(f"mirror: {what} ({n_parts} partitions) from {bootstrap} into {store}"
               + (" (following)" if follow else ""), file=out, flush=True)
         if len(topics) > 1:
             print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
-        if sync_configs:
-            sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
         ticks = [_Progress(out)]
-        if follow:
+        if follow and not sync_configs:
+            # no sync: the tasks' stores still re-read store.json at each metadata refresh,
+            # so a `kcompact configs --alter` reaches the background compaction
             ticks.append(ConfigFollower(
                 bootstrap, lambda: live_topics(worker), store, kafka_config, out=out,
-                sync=sync_configs,
+                sync=False,
                 on_synced=lambda: [s.reload_topic_configs() for s in _task_stores(worker)]))
         if stop is not None:
             threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()

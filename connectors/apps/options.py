@@ -120,10 +120,13 @@ def add_mirror(worker: Any, props: Mapping[str, Any]) -> list[Any]:
 def mirror_props(topic: str | Sequence[str] | None, store: str, *,
                  partitions: tuple[int, ...] | list[int] | None, follow: bool,
                  kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER,
-                 topics_regex: str | None = None, exclude_regex: str | None = None
-                 ) -> dict[str, Any]:
+                 topics_regex: str | None = None, exclude_regex: str | None = None,
+                 sync_configs: bool = False) -> dict[str, Any]:
     """The store sink connector's properties for a mirror of ``topic`` (one name or several)
-    and the topics ``topics_regex`` matches into ``store``."""
+    and the topics ``topics_regex`` matches into ``store``. ``sync_configs``: the connector's
+    tasks sync each topic's configs when they open it (the local engine: at start and for a
+    topic picked up while following) and, while following, at each metadata refresh; the Spark
+    engine syncs in its driver instead (False)."""
     names = named_topics(topic)
     if not names and not topics_regex:
         raise ConfigError("give --topic T (repeatable) or --topics-regex PATTERN")
@@ -136,8 +139,8 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         "store.writer": writer,
         "follow": follow,
         "store.compaction.background": follow,
-        # the mirror syncs the topics' configs itself (--no-sync-configs; apps/mirror.py)
-        "sync.topic.configs.enabled": False,
+        # --no-sync-configs (apps/mirror.py); the Spark engine's driver syncs by itself
+        "sync.topic.configs.enabled": sync_configs,
     }
     if topics_regex:
         props["topics.regex"] = topics_regex

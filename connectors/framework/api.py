@@ -177,12 +177,22 @@ class SinkTaskContext:
     ``offset({tp: n})`` inside ``open()`` makes the worker start that partition at ``n`` (Connect's
     ``SinkTaskContext.offset``); partitions without one start at the group's committed offset, or
     at ``auto.offset.reset`` (earliest) when there is none.
+
+    While following, ``topic_ids`` holds the Kafka topic id (KIP-516) of each topic whose
+    partitions ``open()`` is given, as the worker read it before the call (describe_topics; not
+    for a broker that gives none): a task that keeps ids (the store sink) records or compares
+    them there, and ``refuse_topic`` inside ``open()`` stops a topic that is not the one it has
+    on record, before any of its records is fetched (kcompact's addition to Connect's API).
     """
 
     def __init__(self, assignment: Sequence[TopicPartition] = ()):
         self._assignment = list(assignment)
         self.requested_offsets: dict[TopicPartition, int] = {}
         self.stop_requested = False
+        #: topic -> its Kafka topic id, as the worker read it before open() (while following)
+        self.topic_ids: dict[str, str] = {}
+        #: topic -> the id the task has on record, for the topics it refused in open()
+        self.refused: dict[str, str] = {}
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assignment)
@@ -200,6 +210,12 @@ class SinkTaskContext:
     def request_stop(self) -> None:
         """Ask the worker to stop this task after the current batch (a bounded job is done)."""
         self.stop_requested = True
+
+    def refuse_topic(self, topic: str, recorded_id: str) -> None:
+        """Inside ``open()``: ``topic`` is not the topic the task has on record (``recorded_id``
+        is not ``topic_ids[topic]``: it was deleted and created again). The worker stops it alone
+        (one line naming both ids; none of its partitions is read, the other topics go on)."""
+        self.refused[topic] = recorded_id
 
 
 class SourceTaskContext:

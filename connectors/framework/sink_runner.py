@@ -6,12 +6,13 @@ The task never joins a consumer group: the worker hands it an assignment, and th
 (``context.offset``) - else at the group's committed offset, else the earliest. It runs until
 stopped, or with ``follow=false`` until every partition has reached the end it had when the task
 started (end-of-partition events, and the high watermark of the first fetch response - never
-ListOffsets, which Tansu gets wrong). While following, every metadata refresh interval
-(``topic.metadata.refresh.interval.ms`` when set, else ``PARTITION_CHECK_INTERVAL`` seconds) a
-:class:`~.topic_watch.TopicWatcher` finds the partitions a topic read whole gained and the topics
-that started to match ``topics.regex``: the task ``open()``s them and they are assigned from the
-start offsets it asks for. A followed topic deleted or created again (new topic id) is stopped
-alone (:meth:`SinkTaskRunner._stop_topics`): one line names it, its partitions are paused and
+ListOffsets, which Tansu gets wrong). While following (topic_watch.py, :class:`TopicFollowing`,
+mixed in here), every metadata refresh interval (``topic.metadata.refresh.interval.ms`` when
+set, else ``PARTITION_CHECK_INTERVAL`` seconds) a :class:`~.topic_watch.TopicWatcher` finds the
+partitions a topic read whole gained and the topics that started to match ``topics.regex``: the
+task ``open()``s them (their topic ids in its context first) and they are assigned from the
+start offsets it asks for. A followed topic deleted or created again (new topic id), or one the
+task refuses in ``open()``, is stopped alone: one line names it, its partitions are paused and
 ``close()``d, none of its records is handed to the task any more, and the other topics go on
 (``TaskMetrics.stopped``; the task ends once it has nothing left to follow). Every
 ``offset.flush.interval.ms`` (and at the end) it calls ``pre_commit``; offsets it returns are
@@ -43,7 +44,7 @@ from .kafka_clients import ClientReports, KafkaSettings, kafka_error_text, kafka
 from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
 from .native_kafka import NativeConsumer, kafka_consumer
 from .task_runner import TaskRunner
-from .topic_watch import GoneTopic, PartitionClaims, TopicWatcher
+from .topic_watch import PartitionClaims, TopicFollowing
 
 _TS = itemgetter(1)
 #: How often a following task's consumer reports its brokers' state (librdkafka statistics).
@@ -53,7 +54,7 @@ _NATIVE = extension("kcompact.connectors.framework._rdkafka")
 PARTITION_CHECK_INTERVAL = 5.0
 
 
-class SinkTaskRunner(TaskRunner):
+class SinkTaskRunner(TopicFollowing, TaskRunner):
     """One sink task: its consumer, converters, error handler and loop (a thread)."""
 
     def __init__(self, *, connector: str, task_id: int, task: SinkTask, props: dict[str, Any],
@@ -64,7 +65,8 @@ class SinkTaskRunner(TaskRunner):
                  whole_topics: Mapping[str, int] | None = None,
                  topic_pattern: tuple[str, str] | None = None,
                  claims: PartitionClaims | None = None,
-                 announced: dict[str, str] | None = None):
+                 announced: dict[str, str] | None = None,
+                 topics: Sequence[str] = ()):
         self.connector, self.task_id, self.task, self.props = connector, task_id, task, props
         self.assignment, self.consumer_conf = assignment, consumer_conf
         self.key_conv, self.value_conv, self.errors = key_converter, value_converter, errors
@@ -85,11 +87,13 @@ class SinkTaskRunner(TaskRunner):
         self.whole_topics = dict(whole_topics or {})
         #: (topics.regex, topics.exclude.regex) whose new matches this task picks up
         self.topic_pattern = topic_pattern
+        #: every topic of the connector at start (whatever task reads it): never a new match
+        self.connector_topics = set(topics) | {tp.topic for tp in assignment}
         #: who reads the partitions found while following, shared by the connector's tasks
         self.claims = claims if claims is not None else PartitionClaims(1)
         #: topic -> the task that said it stopped, shared by the connector's tasks (one line)
         self.announced = announced if announced is not None else {}
-        self.watcher: TopicWatcher | None = None
+        self.watcher = None  # a TopicWatcher while following (topic_watch.TopicFollowing)
         self._ctx: SinkTaskContext | None = None
         self._last_partition_check = time.monotonic()
         try:
@@ -107,14 +111,10 @@ class SinkTaskRunner(TaskRunner):
             self.task.initialize(ctx)
             self.task.start(self.props)
             started = True
+            if self.follow:  # the topics' ids, before open() (which may record them)
+                self._start_watch(ctx)
             self.task.open(self.assignment)
-            if self.follow and (self.whole_topics or self.topic_pattern):
-                regex, exclude = self.topic_pattern or (None, None)
-                self.watcher = TopicWatcher(self.consumer_conf, self.whole_topics,
-                                            connector=self.connector, regex=regex,
-                                            exclude=exclude,
-                                            known={tp.topic for tp in self.assignment})
-                self.watcher.start()
+            self._stop_topics(self._refused(ctx))
             self._open_consumer(ctx.requested_offsets)
             self._loop(ctx)
             self._commit()
@@ -170,7 +170,7 @@ class SinkTaskRunner(TaskRunner):
             raise self.settings.explain(e, "Kafka consumer") from None
         self.columnar = isinstance(self.consumer, NativeConsumer)
         parts = []
-        for tp in self.assignment:
+        for tp in self._live():
             off = self._start_offset(tp, requested.get(tp))
             self.metrics.position[tp] = off if off >= 0 else -1
             parts.append(KTP(tp.topic, tp.partition, off))
@@ -212,14 +212,14 @@ class SinkTaskRunner(TaskRunner):
         error_of = Message.error
         last_flush = time.monotonic()
         last_lag = 0.0
-        pending = set() if self.follow else set(self.assignment)
+        pending = set() if self.follow else set(self._live())
         while not self.stop_event.is_set():
             if not self.follow and not pending:
                 break
             if ctx.stop_requested:
                 break
             if self.metrics.stopped and not self.topic_pattern and not self._live() and \
-                    not self.watcher.whole:
+                    (self.watcher is None or not self.watcher.whole):
                 break  # every topic stopped, and no partition nor topic can be added
             if columnar:
                 # columns straight from librdkafka (native_kafka.NativeConsumer)
@@ -356,66 +356,6 @@ class SinkTaskRunner(TaskRunner):
                     f"seems to end at {hi}: was the topic deleted and recreated? Mirror into a "
                     "new store")
 
-    def _watch_topics(self) -> None:
-        """Assign what the watcher found (topic_watch.py): the task opens the new partitions
-        and they start where it asks (the store sink: the partition's first offset)."""
-        from confluent_kafka import TopicPartition as KTP
-        known = set(self.watcher.known)
-        found, gone = self.watcher.check(self.consumer)
-        self._stop_topics(gone)
-        new = self.claims.mine(self.task_id, found)
-        if not new:
-            return
-        ctx = self._ctx
-        ctx.add_assignment(new)
-        self.task.open(new)
-        parts = []
-        for tp in new:
-            off = self._start_offset(tp, ctx.requested_offsets.get(tp))
-            self.metrics.position[tp] = off if off >= 0 else -1
-            parts.append(KTP(tp.topic, tp.partition, off))
-        self.consumer.incremental_assign(parts)
-        self.assignment.extend(new)
-        by_topic: dict[str, list[int]] = {}
-        for tp in new:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        for topic, ps in sorted(by_topic.items()):
-            what = "new partitions" if topic in known else "new topic"
-            print(f"kcompact: {self.metrics.name}: {what} {topic} "
-                  f"[{', '.join(map(str, ps))}]: following from the start",
-                  file=sys.stderr, flush=True)
-
-    def _gone(self, topics) -> bool:
-        """True when one of ``topics`` (of an error event) was deleted or recreated: it is
-        then stopped. Only while following with a watcher that knows the topic's id."""
-        if self.watcher is None:
-            return False
-        gone = self.watcher.verify(topics, self.stop_event.is_set)
-        self._stop_topics(gone or [])
-        return bool(gone)
-
-    def _stop_topics(self, gone: list[GoneTopic]) -> None:
-        """Stop mirroring the topics deleted or recreated, the others going on: one line
-        each, their partitions paused (no more fetches) and closed, their lag forgotten;
-        records of theirs still in flight are dropped by :meth:`_deliver`."""
-        from confluent_kafka import TopicPartition as KTP
-        m = self.metrics
-        for g in gone:
-            if g.topic in m.stopped:
-                continue
-            m.stopped[g.topic] = g.reason
-            parts = [tp for tp in self.assignment if tp.topic == g.topic]
-            if self.announced.setdefault(g.topic, m.name) == m.name:
-                print(f"kcompact: warning: {m.name}: {g.message()}", file=sys.stderr,
-                      flush=True)
-            try:
-                self.consumer.pause([KTP(tp.topic, tp.partition) for tp in parts])
-            except Exception:  # noqa: BLE001 - its records are dropped anyway
-                pass
-            for tp in parts:
-                m.high_watermark.pop(tp, None)
-            self.task.close(parts)
-
     def _check_kafka_errors(self) -> None:
         from confluent_kafka import KafkaError
         errs = self._reports.take_errors()
@@ -539,39 +479,6 @@ class SinkTaskRunner(TaskRunner):
                 m.position[tp] = o + 1
                 if last_ts >= 0:
                     m.last_timestamp[tp] = last_ts
-
-    def _without_stopped(self, topics, single, parts, offs, ts, raw_keys, raw_values, headers):
-        """The batch's columns without the records of stopped topics: False when it has none
-        (kept as it is), None when it has nothing else. Rare (records of a topic fetched before
-        it was stopped), so built record by record."""
-        stopped = self.metrics.stopped
-        if single:
-            return None if topics[0] in stopped else False
-        keep = [i for i, t in enumerate(topics) if t not in stopped]
-        if len(keep) == len(topics):
-            return False
-        if not keep:
-            return None
-
-        def pick(col):
-            return [col[i] for i in keep]
-        return (pick(topics), np.asarray(parts)[keep], np.asarray(offs)[keep],
-                np.asarray(ts)[keep], pick(raw_keys), pick(raw_values), pick(headers))
-
-    def _verify_ids(self, topics: list, single: bool) -> bool:
-        """While following, a batch is stored only once the ids of its topics are confirmed by
-        a describe_topics made after it was fetched (topic_watch.py; ~1 ms on a local Kafka,
-        and no cost measured on a following mirror's catch-up), so a topic deleted and created
-        again is never mixed into the old one's logs (librdkafka goes on fetching at the same
-        offset in the new topic without a word): its records are dropped and it is stopped.
-        Every batch, whatever its size or how soon it follows another: no window. False when
-        the task is stopping before the broker answered (the batch is not stored)."""
-        gone = self.watcher.verify((topics[0],) if single else set(topics),
-                                   self.stop_event.is_set)
-        if gone is None:
-            return False
-        self._stop_topics(gone)
-        return True
 
     def _convert(self, topics, parts, offs, ts, raw_keys, raw_values, headers) -> SinkRecords:
         single = topics[0] == topics[-1] and topics.count(topics[0]) == len(topics)

@@ -294,7 +294,8 @@ class Worker:
             tps = [TopicPartition(t, p) for t in values["topics"] for p in selected[t]]
             n = len(task_props)
             # topics read whole are watched for new partitions while following, by every task:
-            # what they find is spread over the tasks by one PartitionClaims
+            # what they find is spread over the tasks by one PartitionClaims; every topic a
+            # task reads is watched by it for deletion and re-creation (topic_watch.py)
             whole = {t: len(by_topic[t]) for t in values["topics"]
                      if sum(1 for tp in tps if tp.topic == t) == len(by_topic[t])}
             claims, announced = PartitionClaims(n, len(tps)), {}
@@ -312,7 +313,7 @@ class Worker:
                     whole_topics=whole,
                     topic_pattern=(values["topics.regex"], values["topics.exclude.regex"])
                     if values.get("topics.regex") else None,
-                    claims=claims, announced=announced))
+                    claims=claims, announced=announced, topics=values["topics"]))
         elif isinstance(connector, SourceConnector):
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "

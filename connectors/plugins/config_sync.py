@@ -16,11 +16,14 @@ The rules (README "Mirror topics" has them as a table):
   answer it gives one warning naming the permission, and the mirror goes on with the store's
   values; a sync never fails a mirror.
 
-Done when a mirror starts (both engines, before any record is copied) and, under ``--follow``,
-every ``topic.metadata.refresh.interval.ms`` (librdkafka's, ``-X``; 5 minutes by default).
-store.json is rewritten only when a synced value changed. The store sink connector run by
-``kcompact connect standalone`` does the same (:class:`SinkConfigSync`, its
-``sync.topic.configs.enabled``): each topic when a task opens it, then every refresh interval.
+Done before any record of a topic is copied, and under ``--follow`` again every
+``topic.metadata.refresh.interval.ms`` (librdkafka's, ``-X``; 5 minutes by default). The store
+sink does it (:class:`SinkConfigSync`, its ``sync.topic.configs.enabled``) for ``kcompact
+mirror --engine local`` and ``kcompact connect standalone`` alike: each topic when a task opens
+it (at start, and when a following task picks up a topic that starts to match ``topics.regex``,
+which the task checks for every few seconds: it is not left with the store's defaults until the
+next refresh), then every refresh interval. The Spark engine syncs in its driver before its
+tasks start. store.json is rewritten only when a synced value changed.
 """
 
 from __future__ import annotations
@@ -173,8 +176,9 @@ def sync_configs(bootstrap: str, topics: Iterable[str], store_url: str,
 
 
 class ConfigFollower:
-    """Under ``--follow``: the sync again every metadata refresh interval (called from the
-    mirror's tick), then each running task's store re-reads store.json (``on_change``)."""
+    """Under ``--follow``: the sync again every metadata refresh interval (called by
+    :class:`SinkConfigSync`'s thread, or from the mirror's tick with ``sync`` False), then each
+    running task's store re-reads store.json (``on_synced``)."""
 
     def __init__(self, bootstrap: str, topics: Callable[[], Iterable[str]], store_url: str,
                  kafka_config: Mapping[str, str], *, out: TextIO,
@@ -205,10 +209,11 @@ class ConfigFollower:
 
 class SinkConfigSync:
     """The store sink connector's config sync (``sync.topic.configs.enabled``, as MirrorMaker 2
-    spells it), for ``kcompact connect standalone``; ``kcompact mirror`` syncs by itself and
-    turns this off. Its tasks call :meth:`opened` from ``open()``, before any record of the
-    partitions is fetched: a topic not synced yet is synced then (at the task's start, and for
-    a topic that starts to match ``topics.regex`` while following). While following, a thread
+    spells it), for ``kcompact connect standalone`` and ``kcompact mirror --engine local`` (whose
+    lines it prefixes ``mirror:``; ``--no-sync-configs`` turns it off). Its tasks call
+    :meth:`opened` from ``open()``, before any record of the partitions is fetched: a topic not
+    synced yet is synced then (at the task's start, and for a topic that starts to match
+    ``topics.regex`` while following). While following, a thread
     syncs every topic opened again every ``topic.metadata.refresh.interval.ms`` and the tasks'
     stores re-read store.json (a ``kcompact configs --alter`` reaches them the same way).
     :meth:`closed` (a topic stopped: deleted or recreated) leaves a topic out."""

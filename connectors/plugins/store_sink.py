@@ -18,10 +18,18 @@ AvroConverter rejects a malformed payload - to the dead-letter topic under
 
 The consumer reads with ``isolation.level=read_committed`` (records of open transactions are
 held back until they commit) and ``auto.offset.reset=error``: if the store's next offset is no
-longer in the topic (retention deleted records that were never mirrored, or the topic was
-recreated) the task stops and says so instead of silently skipping; set
-``consumer.override.auto.offset.reset=earliest`` (``-X auto.offset.reset=earliest``) to accept
-the gap.
+longer in the topic (retention deleted records that were never mirrored) the task stops and
+says so instead of silently skipping; set ``consumer.override.auto.offset.reset=earliest``
+(``-X auto.offset.reset=earliest``) to accept the gap.
+
+A topic deleted and created again (its offsets start again at 0) is never mixed into the stored
+one's logs. store.json records each topic's Kafka topic id (``topic_ids``) and partitions before
+any record of it is stored: at start (:meth:`StoreSinkConnector.partitions_selected`) and for
+what a following task picks up (:meth:`StoreSinkTask.open`). A later start on a topic recorded
+under another id fails before writing anything (one line naming both ids; ``kcompact mirror``
+exits 1). While following, such a topic is stopped alone and the others go on (the worker
+confirms every batch's topic ids: framework/topic_watch.py), and the run exits 3 when it ends.
+Brokers that give no topic ids keep only the offset checks above.
 """
 
 from __future__ import annotations
@@ -243,10 +251,25 @@ class StoreSinkTask(SinkTask):
                                               props.get("store.compaction.max.bytes.per.s") or 0)
 
     def open(self, partitions: Sequence[TopicPartition]) -> None:
+        """Before any record of ``partitions`` is fetched (at start, and for what a following
+        task picks up: a topic that starts to match ``topics.regex``, partitions added to a
+        topic): each topic's Kafka id (``SinkTaskContext.topic_ids``, while following) is
+        compared with the one the store has on record, and recorded when it has none; a topic
+        recorded under another id is refused (deleted and created again: the worker stops it
+        alone). The others' partitions are recorded (Store.record_partitions), their configs
+        synced (``store.config.sync``), and each starts at the store's next offset."""
         assert self.store is not None
+        refused = self._check_topic_ids({tp.topic for tp in partitions})
+        partitions = [tp for tp in partitions if tp.topic not in refused]
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        for topic, ps in by_topic.items():
+            if not set(ps) <= set(self.store.recorded_partitions(topic)):
+                self.store.record_partitions(topic, ps)  # found while following
         sync = self.props.get("store.config.sync")
-        if sync is not None:  # before any record of theirs is fetched
-            sync.opened(self.store, {tp.topic for tp in partitions})
+        if sync is not None and by_topic:  # before any record of theirs is fetched
+            sync.opened(self.store, set(by_topic))
         start = {}
         for tp in partitions:
             # A partition with data resumes exactly after its last record; an empty one starts
@@ -254,6 +277,21 @@ class StoreSinkTask(SinkTask):
             n = self.store.next_offset(tp.topic, tp.partition)
             start[tp] = n if n > 0 else OFFSET_BEGINNING
         self.context.offset(start)
+
+    def _check_topic_ids(self, topics: set[str]) -> set[str]:
+        """The topics refused (``SinkTaskContext.refuse_topic``): their id in the context is not
+        the one store.json has on record. A topic without a recorded id gets this one."""
+        ids = getattr(self.context, "topic_ids", None) or {}
+        refused = set()
+        for topic in sorted(topics):
+            tid = ids.get(topic)
+            if tid is None or self.store.recorded_topic_id(topic) == tid:
+                continue
+            recorded = self.store.record_topic_id(topic, tid)  # re-read under store.json.lock
+            if recorded != tid:
+                self.context.refuse_topic(topic, recorded)
+                refused.add(topic)
+        return refused
 
     def close(self, partitions: Sequence[TopicPartition]) -> None:
         sync = self.props.get("store.config.sync")

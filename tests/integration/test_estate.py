@@ -345,13 +345,14 @@ def _topic_id(admin: AdminClient, topic: str) -> str:
     return got[-1]
 
 
-def _recreate(admin: AdminClient, topic: str) -> None:
+def _recreate(admin: AdminClient, topic: str, partitions: int = 1) -> None:
     """Delete ``topic`` and create it again under the same name (a new topic id)."""
     admin.delete_topics([topic], operation_timeout=30)[topic].result()
 
     def created() -> bool:
         try:
-            admin.create_topics([NewTopic(topic, 1, 1)], operation_timeout=30)[topic].result()
+            admin.create_topics([NewTopic(topic, partitions, 1)],
+                                operation_timeout=30)[topic].result()
             return True
         except Exception as e:  # noqa: BLE001 - deletion still in progress
             if "marked for deletion" in str(e) or "TOPIC_ALREADY_EXISTS" in str(e):
@@ -405,6 +406,9 @@ def test_following_picks_up_new_topics_and_partitions_and_stops_only_a_deleted_o
     assert stored_count(store, a) == 10  # what was mirrored stays
     assert f"mirror: {a}: 10 records (1 partitions), stopped: deleted (topic id {a_id})" in err
     assert f"1 topic stopped ({a}); store {store} flushed" in err
+    with Store.open(store) as st:  # what was picked up was recorded (before its records)
+        assert st.recorded_topic_id(b) == _topic_id(admin, b)
+        assert st.recorded_partitions(b) == [0, 1, 2]
 
 
 def test_a_recreated_topic_stops_alone_and_never_mixes_into_its_log(
@@ -587,3 +591,161 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
     # leaving it out: the other topic goes on
     res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store)
     assert res.returncode == 0, res.stderr
+
+
+def test_a_topic_picked_up_while_following_is_recorded_and_refused_once_recreated(
+        apache_kafka, kafka_topics, tmp_path):
+    """A topic that starts to match --topics-regex while a mirror follows gets its id and
+    partitions recorded before any of its records is stored, as at start; so once it is deleted
+    and created again (with more records than the store holds: no gap to notice), the next mirror
+    refuses it with one line naming both ids, exit 1, and leaves the store as it was."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    a = kafka_topics.make("a")
+    produce(bootstrap, a, 5)
+    regex = f"{kafka_topics.prefix}-.*"
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topics-regex", regex,
+                   "-X", "topic.metadata.refresh.interval.ms=1000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, a) == 5, what="the first topic")
+        b = kafka_topics.make("b", 2)
+        b_id = _topic_id(admin, b)
+        produce(bootstrap, b, 10, tag=b"old")
+        wait_until(lambda: stored_count(store, b) == 10, what="the new topic")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    assert rc == 0, log.read_text()
+    assert f"new topic {b} [0, 1]: following from the start" in log.read_text()
+    with Store.open(store) as st:
+        assert st.recorded_topic_id(b) == b_id
+        assert st.recorded_partitions(b) == [0, 1]
+    before = read_store(store, b)
+    meta = (Path(store) / "store.json").read_bytes()
+    _recreate(admin, b, partitions=2)
+    new_id = _topic_id(admin, b)
+    produce(bootstrap, b, 40, tag=b"new")  # every partition longer than the stored one
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topics-regex", regex,
+                   "--store", store, "--engine", "local")
+    assert res.returncode == 1, res.stderr
+    assert error_line(res) == (
+        f"kcompact: error: topic '{b}' was deleted and created again since store {store} "
+        f"copied it (topic id {b_id} then, {new_id} now): its offsets start again and would "
+        "mix with the stored ones; mirror it into a new store, or leave it out of this store's "
+        "mirrors")
+    assert read_store(store, b) == before
+    assert (Path(store) / "store.json").read_bytes() == meta
+
+
+def test_a_topic_picked_up_while_following_has_its_configs_synced_first(
+        apache_kafka, kafka_topics, tmp_path):
+    """Without -X topic.metadata.refresh.interval.ms topics are picked up every 5 s while
+    configs are synced again every 5 min (librdkafka's default): a topic picked up is synced
+    when it is picked up, before its records are stored, not at the next refresh."""
+    bootstrap = apache_kafka.bootstrap
+    a = kafka_topics.make("a")
+    produce(bootstrap, a, 3)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topics-regex", f"{kafka_topics.prefix}-.*", log=log)
+    try:
+        wait_until(lambda: stored_count(store, a) == 3, what="the first topic")
+        b = kafka_topics.make("b", config={"delete.retention.ms": "12345"})
+        produce(bootstrap, b, 4)
+        wait_until(lambda: stored_count(store, b) == 4, 60, "the new topic's records")
+        assert describe(store, b)["delete.retention.ms"] == (12345, "synced", None)
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 0, err
+    lines = err.splitlines()
+    (synced,) = [i for i, ln in enumerate(lines)
+                 if ln.startswith(f"mirror: {b}: configs synced from Kafka: ")]
+    assert "delete.retention.ms=12345" in lines[synced]
+    (picked,) = [i for i, ln in enumerate(lines)
+                 if f"new topic {b} [0]: following from the start" in ln]
+    assert synced < picked, err  # synced in open(), before the partition was assigned
+
+
+def test_a_topic_followed_with_partitions_stops_alone_when_recreated(
+        apache_kafka, kafka_topics, tmp_path):
+    """--partitions: the topics read in part are watched for deletion and re-creation too, and
+    each batch's topic ids confirmed: the recreated topic stops alone (same line), the store
+    holds its old records only, and the other topic goes on; exit 3."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t, other = kafka_topics.make("part", 2), kafka_topics.make("po", 2)
+    produce(bootstrap, t, 20, partition=0)
+    produce(bootstrap, other, 5, partition=0)
+    old_id = _topic_id(admin, t)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    proc = _follow(bootstrap, store, "--topic", t, "--topic", other, "--partitions", "0",
+                   "-X", "topic.metadata.refresh.interval.ms=20000", log=log)
+    try:
+        wait_until(lambda: stored_count(store, t) == 20, what="the first records")
+        wait_until(lambda: stored_count(store, other) == 5, what="the other topic's records")
+        old = read_store(store, t)
+        _recreate(admin, t, partitions=2)
+        new_id = _topic_id(admin, t)
+        produce(bootstrap, t, 40, partition=0, tag=b"new")
+        wait_until(lambda: _stopped_lines(log.read_text(), t), 120, "the recreated topic's line")
+        produce(bootstrap, other, 7, partition=0, tag=b"o")
+        wait_until(lambda: stored_count(store, other) == 12, what="the other topic goes on")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 3, err
+    assert not [ln for ln in err.splitlines() if ln.startswith("kcompact: error:")], err
+    (line,) = _stopped_lines(err, t)
+    assert "the other topics go on" in line
+    assert (f"deleted and created again (topic id {old_id} -> {new_id})" in line
+            or f"it was deleted (topic id {old_id})" in line), line
+    assert read_store(store, t) == old
+    assert read_store(store, other) == {0: read_topic(bootstrap, other, 2)[0]}
+
+
+def test_connect_standalone_stops_a_recreated_topic_alone(apache_kafka, kafka_topics, tmp_path):
+    """The store sink under connect standalone, two followed topics: one deleted and created
+    again is stopped alone (one line naming it and both ids), the other goes on, and the run
+    exits 3 on SIGTERM, as kcompact mirror does; a later run on that store refuses the topic
+    (exit 1, one line naming both ids)."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    t, other = kafka_topics.make("cre"), kafka_topics.make("cother")
+    produce(bootstrap, t, 10)
+    produce(bootstrap, other, 5)
+    old_id = _topic_id(admin, t)
+    store, log = str(tmp_path / "s"), tmp_path / "err.log"
+    worker, conn = _connect_files(
+        tmp_path, bootstrap, f"name=cre\ntopics={t},{other}\nstore.url={store}\n"
+        "consumer.override.topic.metadata.refresh.interval.ms=1000\n")
+    proc = _connect_follow(worker, conn, log)
+    try:
+        wait_until(lambda: stored_count(store, t) == 10, what="the first records")
+        wait_until(lambda: stored_count(store, other) == 5, what="the other topic's records")
+        old = read_store(store, t)
+        _recreate(admin, t)
+        new_id = _topic_id(admin, t)
+        produce(bootstrap, t, 30, tag=b"new")
+        wait_until(lambda: _stopped_lines(log.read_text(), t), 120, "the recreated topic's line")
+        produce(bootstrap, other, 6, tag=b"o")
+        wait_until(lambda: stored_count(store, other) == 11, what="the other topic goes on")
+        assert proc.poll() is None, log.read_text()
+    finally:
+        rc = _stop(proc)
+    err = log.read_text()
+    assert rc == 3, err
+    (line,) = _stopped_lines(err, t)
+    assert line.startswith(f"kcompact: warning: cre-0: topic {t} stopped, the other topics go "
+                           "on: it was deleted"), line
+    assert old_id in line
+    assert read_store(store, t) == old
+    assert read_store(store, other) == read_topic(bootstrap, other, 1)
+
+    worker, conn = _connect_files(tmp_path, bootstrap,
+                                  f"name=again\ntopics={t},{other}\nstore.url={store}\n"
+                                  "follow=false\n")
+    res = kcompact("connect", "standalone", str(worker), str(conn))
+    assert res.returncode == 1, res.stderr
+    assert f"topic '{t}' was deleted and created again since store {store} copied it (topic " \
+        f"id {old_id} then, {new_id} now)" in error_line(res)
+    assert read_store(store, t) == old
