@@ -15,7 +15,7 @@ the master's ``.log`` (Kafka record batches, compressed) and lean index byte for
 * the index is then rebuilt with the replica's own key digests (the master's are under the
   master's secret), tombstones at or below the pull's horizon stamped as the records path
   stamps them (``PartitionLog.append``'s ``clean_upto``), and the batches copied as they are
-  (``SegmentWriter2.append_batch``).
+  (``SegmentWriter2.append_batches``, a block of them a write).
 
 Nothing of a segment that fails a check is installed. The segment goes in with the compaction
 swap (``.replicating/.compacting/swap.json``, compaction-swap.md), so a crash leaves it either
@@ -185,10 +185,10 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
                 why = str(e).removeprefix(f"{mlog}: ")
                 raise ShippedSegmentError(f"{mlog}: corrupt record batch at byte {e.position} "
                                           f"({why})", e.position) from None
-            heads = d.heads
-            _check(len(heads) == hi - lo
-                   and all(h.position == int(bpos[lo + i]) and h.size == int(bsize[lo + i])
-                           and h.count == int(bcount[lo + i]) for i, h in enumerate(heads)),
+            t = d.heads.table
+            _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
+                   and bool(np.array_equal(t[:, 1], bsize[lo:hi]))
+                   and bool(np.array_equal(t[:, 6], bcount[lo:hi])),
                    mlog, "the batches are not the ones the lean index lists", start)
             m = ment[starts[lo]:starts[hi]]
             n = m.shape[0]
@@ -205,10 +205,7 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
             _check(bad.size == 0, mlog, "a record's tombstone/keyless flags are not its index "
                    "entry's", int(m["position"][bad[0]]) if bad.size else None)
             stamp_clean(e, clean_upto, clean_time_s)
-            for k in range(lo, hi):
-                p = int(bpos[k]) - start
-                out.append_batch(data[p:p + int(bsize[k])],
-                                 e[starts[k] - starts[lo]:starts[k + 1] - starts[lo]])
+            out.append_batches(data, bsize[lo:hi], bcount[lo:hi], e)
         out.written_codec = idx.codec  # the index names the codec of the batches it describes
         out.sync()
     except BaseException:

@@ -953,6 +953,81 @@ static PyObject *kafka_read_one(PyObject *self, PyObject *const *args, Py_ssize_
     return Py_BuildValue("(LLN)", (long long)status, (long long)prev, out);
 }
 
+/* lean_decode(body, n, first_offset, last_offset, first_position, next_position, out) -> ok:
+ * one decompressed chunk of a lean index (docs/formats/bcq-v2.md: n b batch_count[b]
+ * batch_size[b] offset_delta[n] timestamp_delta[n] flags[n] clean_time[n] digest_lo[n]
+ * digest_hi[n]) into n 48-byte format-1 entries at out (bcq.md; position: the record's batch's,
+ * size: the batch's on its first record, else 0), in one pass. False when the chunk is not what
+ * its directory entry says: n records, whole batches of at least one record filling
+ * [first_position, next_position), offsets rising from first_offset to last_offset
+ * (bcq2.LeanIndex._decode, the numpy twin, checks the same). */
+static PyObject *lean_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("lean_decode", 7);
+    static const int which[5] = {1, 2, 3, 4, 5};
+    int64_t v[5];
+    if (args_i64(args, which, 5, v) < 0)
+        return NULL;
+    int64_t n = v[0], first_off = v[1], last_off = v[2], first_pos = v[3], next_pos = v[4];
+    Arr a[2] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "body") < 0 || arr_get(args[6], &a[1], 1, 1, "out") < 0) {
+        arr_release(a, 2);
+        return NULL;
+    }
+    if (a[0].stride != 1 || a[1].stride != 1 || n < 0 || a[1].n != n * ENTRY_SIZE)
+        ARG_ERROR(a, 2, "lean_decode: contiguous body and out, out of n entries");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    uint8_t *out = (uint8_t *)a[1].p;
+    int64_t len = a[0].n;
+    int ok = len >= 8;
+    int64_t nr = 0, nb = 0;
+    if (ok) {
+        nr = rd32(b);
+        nb = rd32(b + 4);
+        ok = nr == n && n > 0 && nb > 0 && len == 8 + 8 * nb + n * (4 + 8 + 1 + 4 + 8 + 8);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (ok) {
+        const uint8_t *counts = b + 8, *sizes = counts + 4 * nb, *od = sizes + 4 * nb;
+        const uint8_t *td = od + 4 * n, *fl = td + 8 * n, *ct = fl + n, *dlo = ct + 4 * n;
+        const uint8_t *dhi = dlo + 8 * n;
+        int64_t i = 0, pos = first_pos, off = first_off, ts = 0;
+        for (int64_t k = 0; ok && k < nb; k++) {
+            int64_t c = rd32(counts + 4 * k), size = rd32(sizes + 4 * k);
+            if (c < 1 || c > n - i || pos > 0xFFFFFFFFll) {
+                ok = 0;
+                break;
+            }
+            for (int64_t j = 0; j < c; j++, i++) {
+                int64_t d = rd32(od + 4 * i);
+                if (i > 0 && d == 0) {
+                    ok = 0;
+                    break;
+                }
+                off += d;
+                ts += (int64_t)rd64(td + 8 * i);
+                uint8_t *e = out + i * ENTRY_SIZE;
+                uint32_t p32 = (uint32_t)pos, s32 = j == 0 ? (uint32_t)size : 0;
+                uint16_t f16 = fl[i], r16 = 0;
+                wr64(e + E_OFFSET, (uint64_t)off);
+                wr64(e + E_TIMESTAMP, (uint64_t)ts);
+                memcpy(e + E_DIGEST_LO, dlo + 8 * i, 8);
+                memcpy(e + E_DIGEST_HI, dhi + 8 * i, 8);
+                memcpy(e + E_POSITION, &p32, 4);
+                memcpy(e + E_SIZE, &s32, 4);
+                memcpy(e + E_FLAGS, &f16, 2);
+                memcpy(e + E_FLAGS + 2, &r16, 2);
+                memcpy(e + E_FLAGS + 4, ct + 4 * i, 4);
+            }
+            pos += size;
+        }
+        ok = ok && i == n && pos == next_pos && off == last_off;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 2);
+    return PyBool_FromLong(ok);
+}
+
 /* crc32c_range(buf, start, end) -> CRC-32C of buf[start:end] (a batch's, a lean index's) */
 static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -986,6 +1061,7 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"kafka_convert_many", (PyCFunction)(void (*)(void))kafka_convert_many, METH_FASTCALL,     \
      NULL},                                                                                    \
     KAFKA_ZSTD_METHODS                                                                         \
+    {"lean_decode", (PyCFunction)(void (*)(void))lean_decode, METH_FASTCALL, NULL},            \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},
 

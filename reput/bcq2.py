@@ -17,6 +17,10 @@ import numpy as np
 
 from . import bcq as B
 from .batch import zstd_compress, zstd_decompress
+from .jit import native
+
+#: the C kernels (lean_decode) when built, else the numpy decoding below
+_N = native()
 from .errors import CorruptRecordError
 
 FORMAT_VERSION = 2
@@ -57,7 +61,8 @@ class IndexBuilder:
         self._chunks: list[bytes] = []
         self._dir: list[tuple] = []
         self._pending: list[np.ndarray] = []
-        self._pending_batches: list[tuple[int, int]] = []  # (count, size)
+        self._pending_counts: list[np.ndarray] = []  # records of each pending batch
+        self._pending_sizes: list[np.ndarray] = []   # bytes of each pending batch
         self._pending_n = 0
         self._pending_first_pos = 0
         self.records = 0
@@ -68,37 +73,42 @@ class IndexBuilder:
         (BCQ_DTYPE: offset, timestamp, digests, flags, clean_time are used)."""
         self.add_batches(position, [size], [entries.shape[0]], entries)
 
-    def add_batches(self, position: int, sizes: list[int], counts: list[int],
-                    entries: np.ndarray) -> None:
+    def add_batches(self, position: int, sizes, counts, entries: np.ndarray) -> None:
         """Batches written back to back from ``position`` (``sizes`` bytes, ``counts``
         records each) holding the records of ``entries``, in order: ``add_batch`` of each, with
-        the entries taken in slices as large as a chunk allows."""
+        the entries taken in slices as large as a chunk allows (a chunk closes after the batch
+        that brings it to ``chunk_entries`` records)."""
         if position != self.log_size:
             raise ValueError("batches must be added back to back")
-        e0 = k = 0
-        for size, count in zip(sizes, counts):
-            if not self._pending_batches:
-                self._pending_first_pos = self.log_size
-            self._pending_batches.append((count, size))
-            self._pending_n += count
-            self.log_size += size
-            k += count
-            if self._pending_n >= self.chunk_entries:
-                self._pending.append(entries[e0:k])
-                e0 = k
-                self._close_chunk()
-        if k != entries.shape[0]:
+        sizes = np.asarray(sizes, np.int64).reshape(-1)
+        counts = np.asarray(counts, np.int64).reshape(-1)
+        nb = counts.shape[0]
+        ends = np.cumsum(counts)  # records through each batch
+        if sizes.shape[0] != nb or (int(ends[-1]) if nb else 0) != entries.shape[0]:
             raise ValueError("the batches' counts are not the entries given")
-        if e0 < k:
-            self._pending.append(entries[e0:k])
+        i = 0
+        while i < nb:
+            if not self._pending_counts:
+                self._pending_first_pos = self.log_size
+            done = int(ends[i - 1]) if i else 0
+            j = int(np.searchsorted(ends, done + self.chunk_entries - self._pending_n))
+            k = min(j, nb - 1) + 1  # batches i..k-1 go into this chunk
+            self._pending.append(entries[done:int(ends[k - 1])])
+            self._pending_counts.append(counts[i:k])
+            self._pending_sizes.append(sizes[i:k])
+            self._pending_n += int(ends[k - 1]) - done
+            self.log_size += int(sizes[i:k].sum())
+            if self._pending_n >= self.chunk_entries:
+                self._close_chunk()
+            i = k
 
     def _close_chunk(self) -> None:
-        if not self._pending_batches:
+        if not self._pending_counts:
             return
         e = np.concatenate(self._pending) if len(self._pending) > 1 else self._pending[0]
         n = e.shape[0]
-        counts = np.array([c for c, _ in self._pending_batches], np.uint32)
-        sizes = np.array([s for _, s in self._pending_batches], np.uint32)
+        counts = np.concatenate(self._pending_counts).astype(np.uint32)
+        sizes = np.concatenate(self._pending_sizes).astype(np.uint32)
         off = e["offset"].astype(np.int64)
         od = np.empty(n, np.uint32)
         od[0] = 0
@@ -117,7 +127,8 @@ class IndexBuilder:
                           len(packed), _crc(packed)))
         self._chunks.append(packed)
         self.records += n
-        self._pending, self._pending_batches, self._pending_n = [], [], 0
+        self._pending, self._pending_counts, self._pending_sizes = [], [], []
+        self._pending_n = 0
 
     def finish(self, codec: int) -> bytes:
         """The whole .bcq."""
@@ -200,15 +211,19 @@ class LeanIndex:
         hit = self._cache.get(i)
         if hit is not None:
             return hit
+        e = self._load(i)
+        self._cache = {i: e}
+        return e
+
+    def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Chunk ``i`` read, checked against its CRC and decoded (into ``out`` when given)."""
         d = self.dir[i]
         pos, length = int(d["chunk_pos"]), int(d["chunk_len"])
         raw = self._read(pos, length)
         if len(raw) != length or _crc(raw) != int(d["chunk_crc"]):
             raise CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} fails "
                                      "its CRC (or is cut short)", self.path, pos)
-        e = self._decode(i, raw, pos)
-        self._cache = {i: e}
-        return e
+        return self._decode(i, raw, pos, out)
 
     def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions, sizes, record counts) of every batch of the .log (int64 each), from the
@@ -235,7 +250,8 @@ class LeanIndex:
             self._batch_at = dict(zip(pos.tolist(), zip(size.tolist(), count.tolist())))
         return self._batch_at.get(position)
 
-    def _decode(self, i: int, raw: bytes, pos: int) -> np.ndarray:
+    def _decode(self, i: int, raw: bytes, pos: int, out: np.ndarray | None = None
+                ) -> np.ndarray:
         d = self.dir[i]
         bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
                                  "decode", self.path, pos)
@@ -243,6 +259,16 @@ class LeanIndex:
             body = np.frombuffer(zstd_decompress(raw), np.uint8)
         except Exception:  # noqa: BLE001 - the codec's own error
             raise bad from None
+        if _N is not None:  # one pass in C (reput/_kafka_native.h lean_decode), same checks
+            last = i + 1 >= self.chunk_count
+            n = (self.n if last else int(self.dir["first_entry"][i + 1])) - int(d["first_entry"])
+            nxt_pos = self.log_size if last else int(self.dir["first_position"][i + 1])
+            e = np.empty(max(n, 0), B.BCQ_DTYPE) if out is None else out
+            if n <= 0 or e.shape[0] != n or not _N.lean_decode(
+                    body, n, int(d["first_offset"]), int(d["last_offset"]),
+                    int(d["first_position"]), nxt_pos, e.view(np.uint8).reshape(-1)):
+                raise bad
+            return e
         if body.shape[0] < 8:
             raise bad
         n, b = _U32.unpack_from(body, 0)
@@ -293,14 +319,25 @@ class LeanIndex:
         e["size"] = sz
         e["flags"] = flags
         e["clean_time"] = clean
+        if out is not None:
+            out[:] = e
+            return out
         return e
 
     @property
     def entries(self) -> np.ndarray:
         """Every entry of the segment (decoded once, then cached)."""
         if self._all is None:
-            parts = [self.chunk(i) for i in range(self.chunk_count)]
-            self._all = (np.concatenate(parts) if parts else np.zeros(0, B.BCQ_DTYPE))
+            out = np.empty(self.n, B.BCQ_DTYPE)
+            for i in range(self.chunk_count):
+                lo = int(self.dir["first_entry"][i])
+                hi = int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n
+                hit = self._cache.get(i)
+                if hit is not None and hit.shape[0] == hi - lo:
+                    out[lo:hi] = hit
+                else:
+                    self._load(i, out[lo:hi])
+            self._all = out
         return self._all
 
     @property

@@ -79,7 +79,8 @@ class SegmentWriter2:
     lean .bcq (bcq-v2.md). ``append`` takes verified blocks (format-1 records in memory, as the
     partition reader hands them out, with the entries' clean times the caller wants) and encodes
     them into batches of about ``batch_bytes``; ``append_batch`` copies a stored batch byte for
-    byte (a compaction keeping every record of it). ``sync`` writes the last batch and the index;
+    byte (a compaction keeping every record of it), ``append_batches`` a run of them (a shipped
+    segment installed by a replica). ``sync`` writes the last batch and the index;
     then ``close``."""
 
     def __init__(self, fs: Backend, log_path: str, index_path: str, *, codec: int, level: int,
@@ -115,10 +116,16 @@ class SegmentWriter2:
 
     def append_batch(self, raw: np.ndarray, entries: np.ndarray) -> int:
         """Copy one stored batch as it is (its index entries given); returns its bytes."""
+        return self.append_batches(raw, [raw.shape[0]], [entries.shape[0]], entries)
+
+    def append_batches(self, raw: np.ndarray, sizes, counts, entries: np.ndarray) -> int:
+        """Copy stored batches lying back to back in ``raw`` as they are, in one write (their
+        ``sizes`` and record ``counts``, and the index entries of all their records, given);
+        returns their bytes."""
         self._emit(final=True)
         self._check_room(raw.shape[0])
         self.log.write(raw)
-        self.builder.add_batch(self.size, raw.shape[0], entries)
+        self.builder.add_batches(self.size, sizes, counts, entries)
         self.size += raw.shape[0]
         self.count += entries.shape[0]
         return raw.shape[0]
