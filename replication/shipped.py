@@ -36,7 +36,7 @@ from kcompact.reput import filenames as fn
 from kcompact.reput import swap
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.record import SCAN_OK, scan
+from kcompact.reput.record import SCAN_OK, scan, secret_words
 from kcompact.reput.rewrite import SegmentWriter2
 
 from .errors import ProtocolError
@@ -179,27 +179,18 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
         for lo, hi in _batch_groups(bsize, INSTALL_BLOCK):
             start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
             data = np.frombuffer(fs.read(log_path, start, end - start), np.uint8)
-            try:
-                d = KB.decode_batches(data, start, tb, partition, mlog)
-            except CorruptRecordError as e:
-                why = str(e).removeprefix(f"{mlog}: ")
-                raise ShippedSegmentError(f"{mlog}: corrupt record batch at byte {e.position} "
-                                          f"({why})", e.position) from None
-            t = d.heads.table
+            m = ment[starts[lo]:starts[hi]]
+            t, e = _checked_entries(data, start, tb, partition, mlog, store.secret, m)
             _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
                    and bool(np.array_equal(t[:, 1], bsize[lo:hi]))
                    and bool(np.array_equal(t[:, 6], bcount[lo:hi])),
                    mlog, "the batches are not the ones the lean index lists", start)
-            m = ment[starts[lo]:starts[hi]]
             n = m.shape[0]
-            bad = np.flatnonzero((d.offsets != m["offset"]) | (d.timestamps != m["timestamp"]))
-            _check(d.offsets.shape[0] == n and bad.size == 0, mlog,
+            bad = (np.flatnonzero((e["offset"] != m["offset"]) | (e["timestamp"] != m["timestamp"]))
+                   if e.shape[0] == n else np.zeros(1, np.int64))
+            _check(e.shape[0] == n and bad.size == 0, mlog,
                    "a record's offset or timestamp is not its index entry's",
-                   int(m["position"][bad[0]]) if bad.size else start)
-            s = scan(d.data, 0, d.data.shape[0], secret=store.secret, verify_crc=True)
-            _check(s.status == SCAN_OK and len(s) == n, mlog, "a decoded record does not check",
-                   start)
-            e = B.entries_from_scan(s, 0, n, 0).copy()
+                   int(m["position"][bad[0]]) if bad.size and e.shape[0] == n else start)
             mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
             bad = np.flatnonzero((e["flags"] & mask) != (m["flags"] & mask))
             _check(bad.size == 0, mlog, "a record's tombstone/keyless flags are not its index "
@@ -222,6 +213,28 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
     staging.roll(int(ment["offset"][-1]) + 1)  # later records go to a format-1 segment
     incoming.drop()
     return idx.n
+
+
+def _checked_entries(data: np.ndarray, start: int, tb: bytes, partition: int, mlog: str,
+                     secret: bytes, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batches of ``data`` (the shipped .log from byte ``start``) checked whole, and the
+    index entries of their records under the replica's ``secret`` (offsets, timestamps, key
+    digests and flags: what a lean index keeps): (their heads table, entries). In one C pass when built (batch.span_entries), else decoded into
+    records and scanned. Raises ShippedSegmentError naming the master's file and byte."""
+    k0, k1 = secret_words(secret)
+    got = KB.span_entries(data, start, tb, int(k0), int(k1), mlog, B.BCQ_DTYPE)
+    if got is not None:
+        return got[0].table, got[1]
+    try:
+        d = KB.decode_batches(data, start, tb, partition, mlog)
+    except CorruptRecordError as e:
+        why = str(e).removeprefix(f"{mlog}: ")
+        raise ShippedSegmentError(f"{mlog}: corrupt record batch at byte {e.position} "
+                                  f"({why})", e.position) from None
+    n = d.offsets.shape[0]
+    s = scan(d.data, 0, d.data.shape[0], secret=secret, verify_crc=True)
+    _check(s.status == SCAN_OK and len(s) == n, mlog, "a decoded record does not check", start)
+    return d.heads.table, B.entries_from_scan(s, 0, n, 0).copy()
 
 
 def roll_past_shipped(staging: PartitionLog) -> None:

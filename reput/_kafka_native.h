@@ -471,6 +471,17 @@ static inline uint16_t be16(const uint8_t *b) { return (uint16_t)((b[0] << 8) | 
 #define KHEAD_INVALID 2    /* kafka_heads: the batch at stop has an invalid header */
 #define KHEAD_CRC 3        /* kafka_heads: the batch at stop fails its CRC-32C */
 
+/* spans: n (start, end) pairs of int64 with 0 <= start <= end <= len */
+static int kspans_ok(const Arr *spans, int64_t n, int64_t len)
+{
+    for (int64_t i = 0; i < n; i++) {
+        int64_t a = ld_i64(spans, 2 * i), b = ld_i64(spans, 2 * i + 1);
+        if (a < 0 || a > b || b > len)
+            return 0;
+    }
+    return 1;
+}
+
 /* kafka_heads(buf, start, pos0, table) -> (n, status, stop): the batches of buf lying back to
  * back from buf[start:], each header checked as batch.parse_head checks it (magic 2, lengths,
  * attributes, count >= 1, offsets) and its CRC-32C, into rows of the int64 table (KHEAD_COLS
@@ -530,9 +541,10 @@ static PyObject *kafka_heads(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(LiL)", (long long)n, status, (long long)p);
 }
 
-/* kafka_scan_many(pay, starts, heads, tl, lo, hi) -> (status, batch, record, nsel, nbytes): the
- * records of n batches whose payloads lie back to back in pay (batch i's at
- * pay[starts[i]:starts[i+1]]; heads: their kafka_heads rows), each batch walked whole and
+/* kafka_scan_many(pay, spans, heads, tl, lo, hi) -> (status, batch, record, nsel, nbytes): the
+ * records of n batches whose payloads lie in pay (batch i's at pay[spans[2i]:spans[2i+1]], all
+ * decompressed back to back, or the batches themselves when none is compressed; heads: their
+ * kafka_heads rows), each batch walked whole and
  * checked as kafka_find checks one (count records ending at its payload's end, offset deltas 0
  * then rising, the last one the header's); nsel and nbytes: the records with offsets in
  * [lo, hi] and their format-1 size (topic name of tl bytes). A failure gives its status
@@ -546,27 +558,24 @@ static PyObject *kafka_scan_many(PyObject *self, PyObject *const *args, Py_ssize
         return NULL;
     int64_t tl = v[0], lo = v[1], hi = v[2];
     Arr a[3] = {{{0}}};
-    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
+    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "spans") < 0 ||
         arr_get(args[2], &a[2], 8, 0, "heads") < 0) {
         arr_release(a, 3);
         return NULL;
     }
-    int64_t nb = a[1].n - 1;
-    if (a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || nb < 0 ||
-        a[2].n < nb * KHEAD_COLS)
-        ARG_ERROR(a, 3, "kafka_scan_many: contiguous arrays, starts of n + 1 entries, heads of "
-                  "n rows");
+    int64_t nb = a[1].n / 2;
+    if (a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[1].n % 2 ||
+        a[2].n < nb * KHEAD_COLS || !kspans_ok(&a[1], nb, a[0].n))
+        ARG_ERROR(a, 3, "kafka_scan_many: contiguous arrays, spans of n (start, end) pairs "
+                  "inside pay, heads of n rows");
     const uint8_t *b = (const uint8_t *)a[0].p;
     int64_t status = KDEC_OK, bad_b = -1, bad_r = -1, nsel = 0, nbytes = 0;
-    for (int64_t i = 0; i <= nb; i++)
-        if (ld_i64(&a[1], i) < 0 || ld_i64(&a[1], i) > a[0].n ||
-            (i > 0 && ld_i64(&a[1], i) < ld_i64(&a[1], i - 1)))
-            ARG_ERROR(a, 3, "kafka_scan_many: starts must rise inside pay");
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < nb && status == KDEC_OK; i++) {
         int64_t h[KHEAD_COLS];
         memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
-        int64_t p = ld_i64(&a[1], i), end = ld_i64(&a[1], i + 1), count = h[6], prev = -1;
+        int64_t p = ld_i64(&a[1], 2 * i), end = ld_i64(&a[1], 2 * i + 1), count = h[6];
+        int64_t prev = -1;
         int64_t base = h[2];
         for (int64_t j = 0; j < count; j++) {
             KRec r;
@@ -604,7 +613,7 @@ static PyObject *kafka_scan_many(PyObject *self, PyObject *const *args, Py_ssize
                          (long long)nsel, (long long)nbytes);
 }
 
-/* kafka_convert_many(pay, starts, heads, topic, partition, lo, hi, out, offsets, timestamps,
+/* kafka_convert_many(pay, spans, heads, topic, partition, lo, hi, out, offsets, timestamps,
  * sizes, positions, batch_of) -> count: the records of the batches kafka_scan_many accepted
  * whose offsets lie in [lo, hi], as format-1 records back to back in out (CRC32C included);
  * per record its offset, timestamp, size, place in out and batch number. */
@@ -617,7 +626,7 @@ static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ss
         return NULL;
     int64_t part = v[0], lo = v[1], hi = v[2];
     Arr a[10] = {{{0}}};
-    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "starts") < 0 ||
+    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "spans") < 0 ||
         arr_get(args[2], &a[2], 8, 0, "heads") < 0 || arr_get(args[3], &a[3], 1, 0, "topic") < 0 ||
         arr_get(args[7], &a[4], 1, 1, "out") < 0 || arr_get(args[8], &a[5], 8, 1, "offsets") < 0 ||
         arr_get(args[9], &a[6], 8, 1, "timestamps") < 0 ||
@@ -627,16 +636,15 @@ static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ss
         arr_release(a, 10);
         return NULL;
     }
-    int64_t nb = a[1].n - 1, cap = a[5].n;
+    int64_t nb = a[1].n / 2, cap = a[5].n;
     int bad = a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[3].stride != 1 ||
-              a[4].stride != 1 || nb < 0 || a[2].n < nb * KHEAD_COLS || a[3].n < 1 ||
-              a[3].n > 255 || a[6].n < cap || a[7].n < cap || a[8].n < cap || a[9].n < cap;
-    for (int64_t i = 0; !bad && i <= nb; i++)
-        bad = ld_i64(&a[1], i) < 0 || ld_i64(&a[1], i) > a[0].n ||
-              (i > 0 && ld_i64(&a[1], i) < ld_i64(&a[1], i - 1));
+              a[4].stride != 1 || a[1].n % 2 || a[2].n < nb * KHEAD_COLS || a[3].n < 1 ||
+              a[3].n > 255 || a[6].n < cap || a[7].n < cap || a[8].n < cap || a[9].n < cap ||
+              !kspans_ok(&a[1], nb, a[0].n);
     if (bad)
-        ARG_ERROR(a, 10, "kafka_convert_many: contiguous arrays, starts rising inside pay, heads "
-                  "of n rows, a topic of 1-255 bytes, outputs as long as offsets");
+        ARG_ERROR(a, 10, "kafka_convert_many: contiguous arrays, spans of n (start, end) pairs "
+                  "inside pay, heads of n rows, a topic of 1-255 bytes, outputs as long as "
+                  "offsets");
     const uint8_t *b = (const uint8_t *)a[0].p, *topic = (const uint8_t *)a[3].p;
     uint8_t *out = (uint8_t *)a[4].p;
     int64_t tlen = a[3].n, q = 0, k = 0, outn = a[4].n;
@@ -644,7 +652,8 @@ static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ss
     for (int64_t i = 0; i < nb && !bad; i++) {
         int64_t h[KHEAD_COLS];
         memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
-        int64_t p = ld_i64(&a[1], i), end = ld_i64(&a[1], i + 1), count = h[6], base = h[2];
+        int64_t p = ld_i64(&a[1], 2 * i), end = ld_i64(&a[1], 2 * i + 1), count = h[6];
+        int64_t base = h[2];
         int64_t bts = h[4];
         for (int64_t j = 0; j < count; j++) {
             KRec r;
@@ -677,6 +686,77 @@ static PyObject *kafka_convert_many(PyObject *self, PyObject *const *args, Py_ss
     arr_release(a, 10);
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "kafka_convert_many: a record or the output is outside "
+                                          "its array (scan the batches with kafka_scan_many "
+                                          "first)");
+        return NULL;
+    }
+    return PyLong_FromLongLong(k);
+}
+
+/* kafka_entries_many(pay, spans, heads, k0, k1, out) -> count: the lean-index entries (48 bytes
+ * each, bcq.md) of every record of the batches kafka_scan_many accepted, straight from their
+ * Kafka records: offset, timestamp, key digest (SipHash-2-4-128 under (k0, k1); 0 when the key is
+ * null), flags (tombstone: null value, keyless: null key), the batch's position and, on its first
+ * record, its size (heads' columns 0 and 1), clean time 0. What a replica indexes a shipped
+ * segment with, under its own secret, without writing a record (replication/shipped.py). */
+static PyObject *kafka_entries_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_entries_many", 6);
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[3]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Arr a[4] = {{{0}}};
+    if (arr_get(args[0], &a[0], 1, 0, "pay") < 0 || arr_get(args[1], &a[1], 8, 0, "spans") < 0 ||
+        arr_get(args[2], &a[2], 8, 0, "heads") < 0 || arr_get(args[5], &a[3], 1, 1, "out") < 0) {
+        arr_release(a, 4);
+        return NULL;
+    }
+    int64_t nb = a[1].n / 2, cap = a[3].n / ENTRY_SIZE;
+    int bad = a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[3].stride != 1 ||
+              a[1].n % 2 || a[2].n < nb * KHEAD_COLS || a[3].n % ENTRY_SIZE ||
+              !kspans_ok(&a[1], nb, a[0].n);
+    if (bad)
+        ARG_ERROR(a, 4, "kafka_entries_many: contiguous arrays, spans of n (start, end) pairs "
+                  "inside pay, heads of n rows, out of whole %d-byte entries", ENTRY_SIZE);
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    uint8_t *out = (uint8_t *)a[3].p;
+    int64_t k = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < nb && !bad; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
+        int64_t p = ld_i64(&a[1], 2 * i), end = ld_i64(&a[1], 2 * i + 1);
+        for (int64_t j = 0; j < h[6]; j++) {
+            KRec r;
+            if (k >= cap || kwalk(b, p, end, &r) != KDEC_OK) {
+                bad = 1;
+                break;
+            }
+            uint8_t *e = out + k * ENTRY_SIZE;
+            uint64_t lo = 0, hi = 0;
+            if (r.kl >= 0)
+                siphash128(k0, k1, b + r.ks, r.kl, &lo, &hi);
+            uint32_t p32 = (uint32_t)h[0], s32 = j == 0 ? (uint32_t)h[1] : 0, c32 = 0;
+            uint16_t f16 = (uint16_t)((r.vl < 0 ? REC_NULL_VALUE : 0) |
+                                      (r.kl < 0 ? REC_NULL_KEY : 0)), r16 = 0;
+            wr64(e + E_OFFSET, (uint64_t)(h[2] + r.od));
+            wr64(e + E_TIMESTAMP, (uint64_t)(h[4] + r.tsd));
+            wr64(e + E_DIGEST_LO, lo);
+            wr64(e + E_DIGEST_HI, hi);
+            memcpy(e + E_POSITION, &p32, 4);
+            memcpy(e + E_SIZE, &s32, 4);
+            memcpy(e + E_FLAGS, &f16, 2);
+            memcpy(e + E_FLAGS + 2, &r16, 2);
+            memcpy(e + E_FLAGS + 4, &c32, 4);
+            k++;
+            p = r.next;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 4);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "kafka_entries_many: a record or the output is outside "
                                           "its array (scan the batches with kafka_scan_many "
                                           "first)");
         return NULL;
@@ -1059,6 +1139,8 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"kafka_heads", (PyCFunction)(void (*)(void))kafka_heads, METH_FASTCALL, NULL},            \
     {"kafka_scan_many", (PyCFunction)(void (*)(void))kafka_scan_many, METH_FASTCALL, NULL},    \
     {"kafka_convert_many", (PyCFunction)(void (*)(void))kafka_convert_many, METH_FASTCALL,     \
+     NULL},                                                                                    \
+    {"kafka_entries_many", (PyCFunction)(void (*)(void))kafka_entries_many, METH_FASTCALL,     \
      NULL},                                                                                    \
     KAFKA_ZSTD_METHODS                                                                         \
     {"lean_decode", (PyCFunction)(void (*)(void))lean_decode, METH_FASTCALL, NULL},            \

@@ -541,12 +541,68 @@ static PyObject *crc32c_update(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromUnsignedLong(c ^ 0xFFFFFFFFu);
 }
 
+/* offset_order(partitions, offsets, max_partition, seen) -> i: one pass over a batch (int32
+ * partitions in [0, max_partition], int64 offsets): the first record whose offset is not above
+ * the previous one of its partition (-1 when none); seen (uint8, max_partition + 1) marks the
+ * partitions present. Store._check_order; the numba twin is reput/_kernels.py's. */
+static PyObject *offset_order(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("offset_order", 4);
+    static const int ints[] = {2};
+    int64_t maxp;
+    if (args_i64(args, ints, 1, &maxp) < 0)
+        return NULL;
+    Arr a[3] = {{{0}}};
+    if (arr_get(args[0], &a[0], 4, 0, "partitions") < 0 ||
+        arr_get(args[1], &a[1], 8, 0, "offsets") < 0 || arr_get(args[3], &a[2], 1, 1, "seen") < 0) {
+        arr_release(a, 3);
+        return NULL;
+    }
+    if (maxp < 0 || maxp > (1 << 24) || a[1].n < a[0].n || a[2].n < maxp + 1 || a[2].stride != 1)
+        ARG_ERROR(a, 3, "offset_order: max_partition in [0, 2^24], offsets as long as "
+                  "partitions, seen of max_partition + 1 contiguous bytes");
+    int64_t *last = (int64_t *)PyMem_Malloc((size_t)(maxp + 1) * sizeof(int64_t));
+    if (last == NULL) {
+        arr_release(a, 3);
+        return PyErr_NoMemory();
+    }
+    uint8_t *seen = (uint8_t *)a[2].p;
+    int64_t bad = -1, n = a[0].n, range_bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(seen, 0, (size_t)(maxp + 1));
+    for (int64_t i = 0; i < n; i++) {
+        int32_t p;
+        int64_t o;
+        memcpy(&p, a[0].p + i * a[0].stride, 4);
+        memcpy(&o, a[1].p + i * a[1].stride, 8);
+        if (p < 0 || p > maxp) {
+            range_bad = 1;
+            break;
+        }
+        if (seen[p] && o <= last[p]) {
+            bad = i;
+            break;
+        }
+        seen[p] = 1;
+        last[p] = o;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_Free(last);
+    arr_release(a, 3);
+    if (range_bad) {
+        PyErr_SetString(PyExc_ValueError, "offset_order: a partition outside [0, max_partition]");
+        return NULL;
+    }
+    return PyLong_FromLongLong(bad);
+}
+
 #include "_kafka_native.h"
 
 static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)(void (*)(void))crc32c_update, METH_FASTCALL, NULL},
     KAFKA_METHODS
     {"verify_records", (PyCFunction)(void (*)(void))verify_records, METH_FASTCALL, NULL},
+    {"offset_order", (PyCFunction)(void (*)(void))offset_order, METH_FASTCALL, NULL},
     {"field_spans", (PyCFunction)(void (*)(void))field_spans, METH_FASTCALL, NULL},
     {"gather_ranges", (PyCFunction)(void (*)(void))gather_ranges, METH_FASTCALL, NULL},
     {"lower_bound_strided", (PyCFunction)(void (*)(void))lower_bound_strided, METH_FASTCALL,

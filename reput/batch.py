@@ -521,14 +521,13 @@ def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int
 _HEADS_ROWS = 1024
 
 
-def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
-                 want, lo: int, hi: int, keep, max_bytes: int | None,
-                 first: Opened | None) -> Decoded | None:
-    """``decode_batches`` on the C kernels, a few calls for all the batches of ``buf`` instead
-    of a few each: every header and CRC-32C (kafka_heads), each payload decompressed (one codec
-    call a batch), every record walked and checked (kafka_scan_many), the ones in [lo, hi]
-    converted (kafka_convert_many). None when anything fails a check: the caller's batch-by-batch
-    path then names it (and hands out what precedes it)."""
+def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_bytes,
+               first: Opened | None):
+    """The batches of ``buf`` (the .log from byte ``start_pos``) opened on the C kernels: every
+    header and CRC-32C (kafka_heads), the wanted ones' payloads decompressed back to back (one C
+    call, else one codec call a batch; in place when none is compressed), no more than
+    ``max_bytes`` of records' worth: (heads table, the buffer they lie in, their (start, end)
+    pairs flat), or None when a batch fails (the batch-by-batch path names it)."""
     rows = _HEADS_ROWS
     table = np.empty(rows * 8, np.int64)
     n, p = 0, 0
@@ -544,41 +543,69 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
     heads = table[:n * 8].reshape(n, 8)
     if want is not None:
         heads = heads[np.fromiter((int(q) in want for q in heads[:, 0].tolist()), bool, n)]
-    tl = len(topic)
+    if heads.shape[0] and not heads[:, 7].any():  # nothing compressed: the payloads in place
+        if max_bytes is not None:
+            est = np.cumsum(heads[:, 1] - HEADER_SIZE + heads[:, 6] * (44 + tl))
+            heads = heads[:int(np.searchsorted(est, max_bytes, side="left")) + 1]
+        spans = np.empty((heads.shape[0], 2), np.int64)
+        spans[:, 0] = heads[:, 0] - start_pos + HEADER_SIZE
+        spans[:, 1] = heads[:, 0] - start_pos + heads[:, 1]
+        return heads, buf, spans.reshape(-1)
     unpacked = _unpack(buf, start_pos, heads, tl, max_bytes, first)
     if unpacked is not None:
-        heads, pay, starts = unpacked
-        m = heads.shape[0]
-    else:  # a codec or frame the C path does not size: one call a batch
-        pays, lens = [], []
-        est = 0
-        try:
-            for k, (pos, size, _b, _l, _t, _m, count, codec) in enumerate(heads.tolist()):
-                q = pos - start_pos
-                if k == 0 and first is not None and first.head.position == pos:
-                    pay = first.payload
-                elif codec:
-                    pay = decompress(codec, buf[q + HEADER_SIZE:q + size], where, pos)
-                else:
-                    pay = buf[q + HEADER_SIZE:q + size]
-                pays.append(pay)
-                lens.append(pay.shape[0])
-                # no more once the records reach the budget: format-1 bytes are at most the
-                # payload's plus a header and the topic name a record
-                est += pay.shape[0] + count * (44 + tl)
-                if max_bytes is not None and est >= max_bytes:
-                    heads = heads[:k + 1]
-                    break
-        except CorruptRecordError:
-            return None
-        m = heads.shape[0]
-        if m == 0:  # no batch wanted
-            return _assemble([], np.frombuffer(topic, np.uint8), partition)
-        starts = np.zeros(m + 1, np.int64)
-        np.cumsum(lens, out=starts[1:])
-        pay = np.concatenate(pays) if m > 1 else np.ascontiguousarray(pays[0])
+        return unpacked
+    pays, lens = [], []  # a codec or frame the C path does not size: one call a batch
+    est = 0
+    try:
+        for k, (pos, size, _b, _l, _t, _m, count, codec) in enumerate(heads.tolist()):
+            q = pos - start_pos
+            if k == 0 and first is not None and first.head.position == pos:
+                pay = first.payload
+            elif codec:
+                pay = decompress(codec, buf[q + HEADER_SIZE:q + size], where, pos)
+            else:
+                pay = buf[q + HEADER_SIZE:q + size]
+            pays.append(pay)
+            lens.append(pay.shape[0])
+            # no more once the records reach the budget: format-1 bytes are at most the
+            # payload's plus a header and the topic name a record
+            est += pay.shape[0] + count * (44 + tl)
+            if max_bytes is not None and est >= max_bytes:
+                heads = heads[:k + 1]
+                break
+    except CorruptRecordError:
+        return None
+    m = heads.shape[0]
+    pay = (np.concatenate(pays) if m > 1 else np.ascontiguousarray(pays[0]) if m
+           else np.zeros(0, np.uint8))
+    return heads, pay, _spans(np.asarray(lens, np.int64))
+
+
+def _spans(sizes: np.ndarray) -> np.ndarray:
+    """(start, end) pairs, flat, of payloads of ``sizes`` bytes back to back."""
+    out = np.empty((sizes.shape[0], 2), np.int64)
+    np.cumsum(sizes, out=out[:, 1])
+    out[:, 0] = out[:, 1] - sizes
+    return out.reshape(-1)
+
+
+def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, where: str,
+                 want, lo: int, hi: int, keep, max_bytes: int | None,
+                 first: Opened | None) -> Decoded | None:
+    """``decode_batches`` on the C kernels, a few calls for all the batches of ``buf`` instead
+    of a few each (``_open_span``), then every record walked and checked (kafka_scan_many) and
+    the ones in [lo, hi] converted (kafka_convert_many). None when anything fails a check: the
+    caller's batch-by-batch path then names it (and hands out what precedes it)."""
+    tl = len(topic)
+    span = _open_span(buf, start_pos, tl, where, want, max_bytes, first)
+    if span is None:
+        return None
+    heads, pay, spans = span
+    m = heads.shape[0]
+    if m == 0:  # no batch wanted
+        return _assemble([], np.frombuffer(topic, np.uint8), partition)
     flat = np.ascontiguousarray(heads).reshape(-1)
-    st, _b, _r, nsel, nbytes = _N.kafka_scan_many(pay, starts, flat, tl, lo, hi)
+    st, _b, _r, nsel, nbytes = _N.kafka_scan_many(pay, spans, flat, tl, lo, hi)
     if st != KK.DEC_OK:
         return None
     data = np.empty(nbytes, np.uint8)
@@ -587,13 +614,35 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
     sizes = np.empty(nsel, np.int64)
     positions = np.empty(nsel, np.int64)
     batch_of = np.empty(nsel, np.int64)
-    _N.kafka_convert_many(pay, starts, flat, topic, partition, lo, hi, data, offsets, timestamps,
+    _N.kafka_convert_many(pay, spans, flat, topic, partition, lo, hi, data, offsets, timestamps,
                           sizes, positions, batch_of)
-    if keep is not None:
+    if keep is not None:  # (a copy: pay may be a reused buffer or the whole span read)
         k = m - 1
-        keep(Opened(BatchHead(*heads[k].tolist()), pay[starts[k]:starts[k + 1]]))
+        keep(Opened(BatchHead(*heads[k].tolist()), pay[spans[2 * k]:spans[2 * k + 1]].copy()))
     return Decoded(data, positions, sizes, offsets, timestamps, Heads(np.ascontiguousarray(heads)),
                    batch_of)
+
+
+def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int, where: str,
+                 entry_dtype: np.dtype) -> "tuple[Heads, np.ndarray] | None":
+    """The batches of ``buf`` (the .log from ``start_pos``) checked as ``decode_batches`` checks
+    them, and the index entries (``entry_dtype``: bcq.BCQ_DTYPE) of all their records with key
+    digests under (k0, k1), straight from the Kafka records (kafka_entries_many): what a replica
+    indexes a shipped segment with. None without the C kernels or when a batch fails a check
+    (``decode_batches`` names it)."""
+    if _N is None:
+        return None
+    span = _open_span(buf, start_pos, len(topic), where, None, None, None)
+    if span is None or span[0].shape[0] == 0:
+        return None
+    heads, pay, spans = span
+    flat = np.ascontiguousarray(heads).reshape(-1)
+    st, _b, _r, n, _nbytes = _N.kafka_scan_many(pay, spans, flat, len(topic), 0, (1 << 63) - 1)
+    if st != KK.DEC_OK:
+        return None
+    e = np.empty(n, entry_dtype)
+    _N.kafka_entries_many(pay, spans, flat, k0, k1, e.view(np.uint8).reshape(-1))
+    return Heads(np.ascontiguousarray(heads)), e
 
 
 #: a span whose payloads come to less than this is decompressed in one thread
@@ -603,7 +652,7 @@ UNPACK_THREADS_ABOVE = 1 << 20
 def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
             max_bytes: int | None, first: Opened | None):
     """The payloads of ``heads``' batches (kafka_heads rows) back to back, decompressed in one C
-    call (threads for a large span): (the rows kept under ``max_bytes``, payloads, their starts),
+    call (threads for a large span): (the rows kept under ``max_bytes``, payloads, their spans),
     or None when the C module has no libzstd or a batch is not uncompressed or one zstd frame of
     declared size."""
     if not hasattr(_N, "kafka_unpack_many") or heads.shape[0] == 0:
@@ -618,7 +667,7 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
         heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
     starts = np.zeros(sizes.shape[0] + 1, np.int64)
     np.cumsum(sizes, out=starts[1:])
-    out = np.empty(int(starts[-1]), np.uint8)
+    out = _scratch(int(starts[-1]))
     skip = 0
     if first is not None and first.head.position == int(heads[0, 0]) \
             and first.payload.shape[0] == int(sizes[0]):
@@ -627,7 +676,22 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
     threads = 2 if starts[-1] >= UNPACK_THREADS_ABOVE and (os.cpu_count() or 1) > 1 else 1
     if _N.kafka_unpack_many(buf, flat, start_pos, out, starts, skip, threads) >= 0:
         return None  # a frame that does not decode: the batch-by-batch path names it
-    return heads, out, starts
+    return heads, out, _spans(sizes)
+
+
+def _scratch(n: int) -> np.ndarray:
+    """``n`` bytes of this thread's buffer for decompressed payloads, reused from one span to
+    the next (a fresh one costs a page fault every 4 KiB); valid until the thread's next span."""
+    if n > SCRATCH_KEPT:  # not kept: a thread holds no more than this between reads
+        return np.empty(n, np.uint8)
+    buf = getattr(_tls, "scratch", None)
+    if buf is None or buf.shape[0] < n:
+        buf = _tls.scratch = np.empty(max(n, 1 << 20), np.uint8)
+    return buf[:n]
+
+
+#: the largest decompression buffer a thread keeps for its next span
+SCRATCH_KEPT = 16 << 20
 
 
 def _assemble(parts, topic_arr, partition) -> Decoded:
@@ -656,5 +720,5 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
 __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_NAMES", "CODEC_NONE",
            "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION", "HEADER_SIZE",
            "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress", "decode_batches",
-           "decode_run", "decompress", "encode_batch", "open_batch", "parse_head", "walk_opened",
-           "zstd_compress", "zstd_decompress"]
+           "decode_run", "decompress", "encode_batch", "open_batch", "parse_head", "span_entries",
+           "walk_opened", "zstd_compress", "zstd_decompress"]

@@ -36,6 +36,7 @@ from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
+from .jit import native
 from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
@@ -43,6 +44,9 @@ from .timing import Timing
 from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
 from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
+
+#: the C kernels (offset_order) when built, else numba's
+_N = native()
 
 #: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
 #: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written
@@ -61,10 +65,20 @@ BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the backg
 ORDER_KERNEL_MAX_PARTITION = 1 << 16
 
 
+def _offset_order(partitions: np.ndarray, offsets: np.ndarray, max_partition: int):
+    """(i, seen) of K.offset_order: in C when built (no JIT compiler loaded: a process that
+    appends, a replica's pull, needs numba for nothing else), else numba's."""
+    if _N is None:
+        return K.offset_order(partitions, offsets, max_partition)
+    seen = np.empty(max_partition + 1, np.uint8)
+    return _N.offset_order(partitions, offsets, max_partition, seen), seen
+
+
 def warm_up() -> None:
-    """Load the kernel of Store.append's offset-order check (numba's cache): ~15 ms on its first
-    call in a process, which a writer can pay while it starts instead of in its first append."""
-    K.offset_order(np.zeros(2, np.int32), np.arange(2, dtype=np.int64), 0)
+    """Load the kernel of Store.append's offset-order check (numba's cache when the C module is
+    not built: ~15 ms on its first call in a process, which a writer can pay while it starts
+    instead of in its first append)."""
+    _offset_order(np.zeros(2, np.int32), np.arange(2, dtype=np.int64), 0)
 
 
 class SyncPacer:
@@ -592,14 +606,14 @@ class Store:
     def _check_order(self, batch: RecordBatch) -> list[int]:
         """Offsets must strictly increase within each partition of ``batch`` (else
         OffsetOrderError). Returns the batch's partition numbers, ascending. One compiled pass
-        (K.offset_order, without the GIL) when the partition numbers are in
+        (offset_order, without the GIL) when the partition numbers are in
         [0, ORDER_KERNEL_MAX_PARTITION], as Kafka's always are; else an argsort."""
         parts, offs = batch.partitions, batch.offsets
         if len(batch) == 0:
             return []
         lo, hi = int(parts.min()), int(parts.max())
         if lo >= 0 and hi <= ORDER_KERNEL_MAX_PARTITION:
-            i, seen = K.offset_order(parts, offs, hi)
+            i, seen = _offset_order(parts, offs, hi)
             if i >= 0:
                 p = parts[i]
                 prev = int(offs[:i][parts[:i] == p][-1])

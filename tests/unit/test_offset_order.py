@@ -75,3 +75,22 @@ def test_refused_batch_writes_nothing(store):
         store.append(_batch([3, 1, 3, 1], [0, 5, 1, 5]))
     assert store.commitlog.end == before
     assert store.append(_batch([3, 1, 3, 1], [0, 5, 1, 6])) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 12)), max_size=40))
+def test_c_offset_order_agrees_with_numba(rows):
+    """The C kernel (the path a store takes when built) against numba's twin."""
+    from kcompact.reput import _kernels as K
+    if S._N is None:
+        pytest.skip("the C module is not built")
+    parts = np.array([p for p, _ in rows], np.int32)
+    offs = np.array([o for _, o in rows], np.int64)
+    seen = np.full(6, 9, np.uint8)
+    i = S._N.offset_order(parts, offs, 5, seen)
+    j, seen_nb = K.offset_order(parts, offs, 5)
+    assert i == j
+    if i < 0:
+        assert seen.tolist() == seen_nb.tolist()
+    with pytest.raises(ValueError, match="offset_order"):
+        S._N.offset_order(np.array([7], np.int32), np.array([1], np.int64), 5, seen)
