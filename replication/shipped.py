@@ -14,8 +14,8 @@ the master's ``.log`` (Kafka record batches, compressed) and lean index byte for
   its entry;
 * the index is then rebuilt with the replica's own key digests (the master's are under the
   master's secret), tombstones at or below the pull's horizon stamped as the records path
-  stamps them (``PartitionLog.append``'s ``clean_upto``), and the batches copied as they are
-  (``SegmentWriter2.append_batches``, a block of them a write).
+  stamps them (``PartitionLog.append``'s ``clean_upto``); the ``.log`` is then moved into place
+  as downloaded (every batch of it checked: the batches as stored, not a byte re-written).
 
 Nothing of a segment that fails a check is installed. The segment goes in with the compaction
 swap (``.replicating/.compacting/swap.json``, compaction-swap.md), so a crash leaves it either
@@ -37,7 +37,6 @@ from kcompact.reput import swap
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.record import SCAN_OK, scan, secret_words
-from kcompact.reput.rewrite import SegmentWriter2
 
 from .errors import ProtocolError
 
@@ -168,17 +167,15 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
     sdir = swap.staging_dir(staging.dir)
     fs.remove_tree(sdir)
     name = fn.base_name(at)
-    cfg = store.topic_config(topic)
-    out = SegmentWriter2(fs, f"{sdir}/{name}{fn.LOG_SUFFIX}", f"{sdir}/{name}{fn.INDEX_SUFFIX}",
-                         codec=idx.codec, level=cfg.compression_zstd_level,
-                         batch_bytes=cfg.compression_batch_bytes)
+    builder = B2.IndexBuilder()
     starts = np.zeros(bcount.shape[0] + 1, np.int64)
     np.cumsum(bcount, out=starts[1:])
     tb = topic.encode()
+    whole = fs.map(log_path, seg["log_size"])
     try:
         for lo, hi in _batch_groups(bsize, INSTALL_BLOCK):
             start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
-            data = np.frombuffer(fs.read(log_path, start, end - start), np.uint8)
+            data = whole[start:end]
             m = ment[starts[lo]:starts[hi]]
             t, e = _checked_entries(data, start, tb, partition, mlog, store.secret, m)
             _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
@@ -196,14 +193,25 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
             _check(bad.size == 0, mlog, "a record's tombstone/keyless flags are not its index "
                    "entry's", int(m["position"][bad[0]]) if bad.size else None)
             stamp_clean(e, clean_upto, clean_time_s)
-            out.append_batches(data, bsize[lo:hi], bcount[lo:hi], e)
-        out.written_codec = idx.codec  # the index names the codec of the batches it describes
-        out.sync()
+            builder.add_batches(start, bsize[lo:hi], bcount[lo:hi], e)
+        del whole, data
+        # the .log goes in as downloaded (every batch checked above); the index is this one
+        out = fs.open_append(f"{sdir}/{name}{fn.INDEX_SUFFIX}")
+        try:
+            out.write(builder.finish(idx.codec))  # (the codec of the batches it describes)
+            out.sync()
+        finally:
+            out.close()
+        staged_log = f"{sdir}/{name}{fn.LOG_SUFFIX}"
+        fs.rename(log_path, staged_log)  # (a crash from here: the download restarts)
+        out = fs.open_append(staged_log)
+        try:
+            out.sync()
+        finally:
+            out.close()
     except BaseException:
-        out.close()
         fs.remove_tree(sdir)
         raise
-    out.close()
     fs.sync_dir(sdir)
     plan = swap.SwapPlan([at], [at], None)
     swap.commit(fs, staging.dir, plan)  # a crash from here on installs it at the next open
