@@ -38,6 +38,7 @@ import plyvel
 from kcompact.reput import ReputError, Store
 from kcompact.reput.gcmode import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.read_ahead import ReadAhead
 from kcompact.reput.reader import IndexCursor
 
 from ...plugins.leveldb_sink import KVError, LevelDBSink, open_db
@@ -320,26 +321,31 @@ class MapBuilder(KafkaCatchUp):
                 w = offs[np.searchsorted(parts, p, "left"):np.searchsorted(parts, p, "right")]
                 if w.shape[0] == 0:
                     continue
-                reader = store.reader(self.topic, p)
                 i = 0
-                while i < w.shape[0]:
-                    if stop.is_set():
-                        break
-                    r = reader.read(int(w[i]), max_bytes=READ_BYTES)
-                    if len(r) == 0:
-                        missing += w.shape[0] - i
-                        break
-                    eo = r.offsets
-                    j = int(np.searchsorted(w, eo[-1], "right"))
-                    sel = w[i:j]
-                    idx = np.minimum(np.searchsorted(eo, sel), eo.shape[0] - 1)
-                    present = eo[idx] == sel
-                    missing += int(sel.shape[0] - np.count_nonzero(present))
-                    if present.any():
-                        run.add(r.take(idx[present]))
-                    if run.nbytes >= self.memory:
-                        flush_run()
-                    i = j
+                # the next block is read while this one is gathered (and a run sorted and
+                # written): the first winner after a block is known once the block is read
+                with ReadAhead(store.reader(self.topic, p)) as ahead:
+                    ahead.prefetch(int(w[0]), max_bytes=READ_BYTES)
+                    while i < w.shape[0]:
+                        if stop.is_set():
+                            break
+                        r = ahead.take()
+                        if len(r) == 0:
+                            missing += w.shape[0] - i
+                            break
+                        eo = r.offsets
+                        j = int(np.searchsorted(w, eo[-1], "right"))
+                        if j < w.shape[0]:
+                            ahead.prefetch(int(w[j]), max_bytes=READ_BYTES)
+                        sel = w[i:j]
+                        idx = np.minimum(np.searchsorted(eo, sel), eo.shape[0] - 1)
+                        present = eo[idx] == sel
+                        missing += int(sel.shape[0] - np.count_nonzero(present))
+                        if present.any():
+                            run.add(r.take(idx[present]))
+                        if run.nbytes >= self.memory:
+                            flush_run()
+                        i = j
                 if stop.is_set():
                     break
             if not stop.is_set():
