@@ -564,9 +564,13 @@ class Compactor:
                         kept_all["clean_time"] = clean
                         for kept, whole in _runs(kept_all, keep, batches):
                             read0 = src.bytes_read
-                            if whole:  # every record of the batch stays: copied as stored
-                                p, n = int(kept[0]["position"]), int(kept[0]["size"])
-                                wrote = out.append_batch(src.raw(p, n), kept)
+                            if whole:  # every record of these batches stays: as stored
+                                first = np.flatnonzero(kept["size"])  # each batch's first entry
+                                sizes = kept["size"][first].astype(np.int64)
+                                counts = np.diff(np.r_[first, kept.shape[0]])
+                                p = int(kept[0]["position"])
+                                wrote = out.append_batches(src.raw(p, int(sizes.sum()), sizes),
+                                                           sizes, counts, kept)
                             else:
                                 wrote = 0
                                 for block in src.select(kept):
@@ -614,8 +618,9 @@ class _Charged:
 
 def _runs(entries: np.ndarray, keep: np.ndarray, batches):
     """(kept entries, whole) in position order: with ``batches`` (a format-2 segment's batch
-    positions, sizes, counts) each batch whose records all stay is its own run with whole=True
-    (copied byte for byte); the kept records of the others come in runs with whole=False."""
+    positions, sizes, counts) consecutive batches whose records all stay make a run with
+    whole=True (copied byte for byte); the kept records of the others come in runs with
+    whole=False."""
     if batches is None:
         yield entries[keep], False
         return
@@ -627,22 +632,16 @@ def _runs(entries: np.ndarray, keep: np.ndarray, batches):
     k = np.searchsorted(bpos, pos[starts])
     full = np.add.reduceat(keep.astype(np.int64), starts) == (ends - starts)
     full &= bcount[np.minimum(k, bcount.shape[0] - 1)] == (ends - starts)
-    run_lo = None
-    for b in range(starts.shape[0]):
-        a, z = int(starts[b]), int(ends[b])
+    # runs of batches alike (all whole, or not): a boundary where ``full`` changes
+    edges = np.flatnonzero(np.r_[True, full[1:] != full[:-1]]).tolist() + [starts.shape[0]]
+    for b, c in zip(edges[:-1], edges[1:]):
+        a, z = int(starts[b]), int(ends[c - 1])
         if full[b]:
-            if run_lo is not None:
-                sel = entries[run_lo:a][keep[run_lo:a]]
-                if sel.shape[0]:
-                    yield sel, False
-                run_lo = None
-            yield entries[a:z], True
-        elif run_lo is None:
-            run_lo = a
-    if run_lo is not None:
-        sel = entries[run_lo:][keep[run_lo:]]
-        if sel.shape[0]:
-            yield sel, False
+            yield entries[a:z], True  # consecutive whole batches: copied in one piece
+        else:
+            sel = entries[a:z][keep[a:z]]
+            if sel.shape[0]:
+                yield sel, False
 
 
 def _last_offset(pl: PartitionLog, seg: Segment) -> int:

@@ -869,14 +869,22 @@ class SegmentRecords:
             yield self.reader._verified(self.seg, data, start, entries[i:j])
             i = j
 
-    def raw(self, start: int, length: int) -> np.ndarray:
-        """A format-2 batch's bytes as stored (a compaction copying a batch whose records all
-        stay), its CRC-32C checked; valid until the next read of this selection."""
+    def raw(self, start: int, length: int, sizes: np.ndarray | None = None) -> np.ndarray:
+        """Format-2 batches' bytes as stored (a compaction copying batches whose records all
+        stay): ``length`` bytes from ``start``, one batch, or batches of ``sizes`` bytes back to
+        back; each header and CRC-32C checked; valid until the next read of this selection."""
         data = self._read(start, length)
-        KB.parse_head(data, 0, self._path, start)
         if data.shape[0] != length:
             raise CorruptRecordError(f"{self._path}: batch at byte {start} is cut short",
                                      self._path, start)
+        p = 0
+        for size in ([length] if sizes is None else sizes.tolist()):
+            h = KB.parse_head(data, p, self._path, start + p)
+            if h.size != size:
+                raise CorruptRecordError(f"{self._path}: the batch at byte {start + p} holds "
+                                         f"{h.size} bytes, its index lists {size}", self._path,
+                                         start + p)
+            p += size
         return data
 
     def _select_v2(self, entries: np.ndarray) -> Iterator[RecordColumns]:
