@@ -10,7 +10,8 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id 
 
 .PHONY: demo test install java rdkafka-h maven prometheus kafka-jars bench clean
 
-$(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_arr.h \
+$(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
+                   reput/_arr.h \
                    compaction/_native.c \
                    connectors/framework/_rdkafka.c connectors/apps/kv/_native.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -69,7 +69,8 @@ def _zstd() -> dict:
     return {}
 
 
-_SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h", "reput/_kafka_native.h"],
+_SHARED = {"include_dirs": ["reput"], "depends": ["reput/_arr.h", "reput/_kafka_native.h",
+                                                  "reput/_kafka_span.h"],
            "optional": True}
 
 packages, package_dir = _packages()

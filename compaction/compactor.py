@@ -38,6 +38,10 @@ the end ``PartitionLog.commit_staged`` uploads each output once and commits one 
 (the commit point; replaced objects are deleted after the grace period). So a compaction issues
 a few requests per segment and per partition, whatever the record count. ``force`` seals the
 writer's local segments (when this process writes the partition) instead of rolling.
+
+(About 700 lines on purpose: a round's passes share its state, the map, the plan and the budget,
+and the order of their checks and swaps is the crash-safety argument; split, it would be read
+across files.)
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@
  * Arrays come in through the buffer protocol as 1-d views, possibly strided (fields of a .bcq
  * structured array: a stride of 48 bytes). Loads go through memcpy, so unaligned views are fine.
  * Every function releases the GIL while it loops, as the numba kernels do (nogil=True).
+ * (About 680 lines: the record, index and write-order kernels share the CRC and SipHash
+ * primitives here; store format 2's are in _kafka_native.h and _kafka_span.h.)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -5,11 +5,7 @@ partition reader hands out) into batches; ``decode_batches`` turns a run of batc
 ``.log`` back into format-1 records in memory, checking each batch's CRC-32C, so that everything
 above the reader sees one record layout whatever the segment's format. The record loops run in
 reput/_kafka_kernels.py; this module loops over batches only (one compressor call each).
-Compression goes through cramjam (gzip, snappy, lz4) and, for zstd (the default codec, and the
-lean index's), python-zstandard with one compression and one decompression context per thread,
-reused: a context's creation costs as much as decompressing 8 KiB of it (cramjam makes one per
-call: a 32 KiB batch decompressed in ~24 us against ~15 us), and a one-record read decompresses
-one batch.
+The codecs, as Kafka frames them, are reput/codecs.py's.
 """
 
 from __future__ import annotations
@@ -23,11 +19,15 @@ import numpy as np
 
 from . import _kafka_kernels as KK
 from . import _kernels as K
+from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE,  # noqa: F401
+                     CODEC_SNAPPY, CODEC_ZSTD, codec_of, compress, decompress, zstd_compress,
+                     zstd_decompress)
 from .errors import CorruptRecordError, ReputError
 from .jit import native
 
 #: the C kernels (reput/_kafka_native.h, built into reput/_native.c) when built, else numba's
 _N = native()
+_tls = threading.local()  # a thread's decompression buffer (_scratch)
 
 FORMAT_VERSION = 2
 MAGIC = 2
@@ -39,29 +39,10 @@ LOG_OVERHEAD = 12                 # baseOffset + batchLength: bytes before what 
 CRC_START = 21                    # the CRC covers [attributes, end)
 _HEAD12 = struct.Struct(">qi")
 
-CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD = 0, 1, 2, 3, 4
-CODEC_NAMES = {CODEC_NONE: "uncompressed", CODEC_GZIP: "gzip", CODEC_SNAPPY: "snappy",
-               CODEC_LZ4: "lz4", CODEC_ZSTD: "zstd"}
-CODEC_BY_NAME = {v: k for k, v in CODEC_NAMES.items()}
 ATTR_CODEC_MASK = 0x07
 #: bits kcompact never writes and refuses to read: transactional (4), control (5), delete
 #: horizon (6), and the unused rest
 ATTR_REFUSED = ~0x0F & 0xFFFF
-
-#: snappy-java's stream header (xerial framing, what Kafka writes for snappy)
-XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
-XERIAL_BLOCK = 32 * 1024
-
-
-def codec_of(compression_type: str) -> int:
-    """The codec id of a topic's ``compression.type`` (``producer`` names none: zstd)."""
-    if compression_type == "producer":
-        return CODEC_ZSTD
-    try:
-        return CODEC_BY_NAME[compression_type]
-    except KeyError:
-        raise ReputError(f"unknown compression.type {compression_type!r}; use one of "
-                         + ", ".join(sorted(CODEC_BY_NAME))) from None
 
 
 def crc32c(buf: np.ndarray, start: int, end: int) -> int:
@@ -100,129 +81,6 @@ def _to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q, o
     else:
         KK.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
                        offsets, timestamps, K.CRC_TABLES)
-
-
-# -- codecs, framed as Kafka frames them -------------------------------------------------------
-
-
-def _cramjam():
-    try:
-        import cramjam
-    except ImportError as e:  # a dependency of kcompact: only a broken install lacks it
-        raise ReputError(f"store format 2 needs cramjam: pip install 'cramjam>=2.8' ({e})") \
-            from None
-    return cramjam
-
-
-def _zstandard():
-    try:
-        import zstandard
-    except ImportError as e:  # a dependency of kcompact: only a broken install lacks it
-        raise ReputError("store format 2 needs zstandard: pip install 'zstandard>=0.22' "
-                         f"({e})") from None
-    return zstandard
-
-
-_tls = threading.local()
-#: a zstd frame's declared content size above this is refused before anything is allocated (a
-#: batch holds compression.batch.bytes, or one record larger than that; the CRC was checked)
-ZSTD_MAX_CONTENT = 1 << 30
-
-
-def zstd_compress(data, level: int) -> bytes:
-    """zstd frame of ``data`` (content size in the frame header), through this thread's context
-    for ``level``."""
-    ctxs = getattr(_tls, "zc", None)
-    if ctxs is None:
-        ctxs = _tls.zc = {}
-    c = ctxs.get(level)
-    if c is None:
-        c = ctxs[level] = _zstandard().ZstdCompressor(level=level)
-    return c.compress(data)
-
-
-def zstd_decompress(data) -> bytes:
-    """The content of the zstd frames in ``data``, through this thread's decompression context.
-    Raises ValueError (or zstandard's ZstdError) when they do not decode whole."""
-    d = getattr(_tls, "zd", None)
-    if d is None:
-        d = _tls.zd = _zstandard().ZstdDecompressor()
-    size = _zstandard().frame_content_size(data)
-    if size > ZSTD_MAX_CONTENT:
-        raise ValueError(f"the frame declares {size} bytes of content")
-    if size >= 0:  # what kcompact writes: one frame, its size declared
-        return d.decompress(data)
-    # a streaming writer's frames (size not declared), one after the other
-    parts, rest = [], data
-    while True:
-        o = d.decompressobj()
-        parts.append(o.decompress(rest))
-        if not o.eof:
-            raise ValueError("the frame is cut short")
-        rest = o.unused_data
-        if not rest:
-            return b"".join(parts)
-
-
-def compress(codec: int, data, level: int = 3) -> bytes:
-    cj = _cramjam()
-    if codec == CODEC_ZSTD:
-        return zstd_compress(data, level)
-    if codec == CODEC_GZIP:
-        return bytes(cj.gzip.compress(data))
-    if codec == CODEC_LZ4:
-        # Kafka's reader (KafkaLZ4BlockInputStream) takes independent blocks only
-        c = cj.lz4.Compressor(content_checksum=False, block_linked=False)
-        c.compress(data.tobytes() if isinstance(data, np.ndarray) else bytes(data))
-        return bytes(c.finish())
-    if codec == CODEC_SNAPPY:
-        mv = memoryview(data).cast("B")
-        parts = [XERIAL_HEADER]
-        for i in range(0, len(mv), XERIAL_BLOCK):
-            block = bytes(cj.snappy.compress_raw(mv[i:i + XERIAL_BLOCK]))
-            parts.append(struct.pack(">i", len(block)))
-            parts.append(block)
-        return b"".join(parts)
-    raise ReputError(f"codec {codec} cannot compress")
-
-
-def decompress(codec: int, data, where: str, pos: int) -> np.ndarray:
-    """The records of a batch's payload (raises CorruptRecordError when it does not decode)."""
-    cj = _cramjam()
-    try:
-        if codec == CODEC_ZSTD:
-            out = zstd_decompress(data)
-        elif codec == CODEC_GZIP:
-            out = cj.gzip.decompress(data)
-        elif codec == CODEC_LZ4:
-            out = cj.lz4.decompress(data)
-        elif codec == CODEC_SNAPPY:
-            out = _xerial_decompress(cj, bytes(data))
-        else:
-            raise CorruptRecordError(f"{where}: unknown codec {codec} in the batch at byte {pos}",
-                                     where, pos)
-    except CorruptRecordError:
-        raise
-    except Exception as e:  # noqa: BLE001 - each library raises its own
-        raise CorruptRecordError(f"{where}: the batch at byte {pos} does not decompress "
-                                 f"({CODEC_NAMES.get(codec, codec)}: {e})", where, pos) from None
-    return np.frombuffer(bytes(out), np.uint8)
-
-
-def _xerial_decompress(cj, raw: bytes) -> bytes:
-    if not raw.startswith(XERIAL_HEADER[:8]):
-        return bytes(cj.snappy.decompress_raw(raw))  # a plain snappy block (other writers)
-    p, parts = 16, []
-    while p < len(raw):
-        if p + 4 > len(raw):
-            raise ValueError("xerial block length runs past the payload")
-        (n,) = struct.unpack_from(">i", raw, p)
-        p += 4
-        if n < 0 or p + n > len(raw):
-            raise ValueError("xerial block runs past the payload")
-        parts.append(bytes(cj.snappy.decompress_raw(raw[p:p + n])))
-        p += n
-    return b"".join(parts)
 
 
 # -- encoding ----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from . import bcq as B
-from .batch import zstd_compress, zstd_decompress
+from .codecs import zstd_compress, zstd_decompress
 from .jit import native
 
 #: the C kernels (lean_decode) when built, else the numpy decoding below

@@ -16,6 +16,9 @@ The class is split along those seams: this file is the catalog of segments, the 
 the writer. The writer rolls its active segment at ``segment.bytes`` and by the time rules
 (``roll``). The injected clock (``clock``, the store's) is the "now" of every decision about
 what is kept.
+
+(About 780 lines after that split: the catalog, the index cache and the writer's roll and append
+share the segment list's invariants, kept in one place.)
 """
 
 from __future__ import annotations

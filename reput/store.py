@@ -15,6 +15,10 @@ active segments live in a local directory (``commitlog_dir``, default
 ``~/.cache/kcompact/<store id>/``), and ``flush()`` also seals them: each partition appended
 since the last flush uploads its segments and commits a manifest version, before the reput
 checkpoint moves. Other processes see a writer's records once they are flushed.
+
+(Over 600 lines on purpose: the write path's ordering, append, dispatch, flush's fsyncs, seal and
+close under one lock, is the durability argument and reads as one; store.json's layers, the
+readers and the partition catalog are in modules of their own.)
 """
 
 from __future__ import annotations

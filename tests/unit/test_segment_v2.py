@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from kcompact.reput import batch as KB
 from kcompact.reput import bcq as B
 from kcompact.reput import bcq2 as B2
+from kcompact.reput import codecs
 from kcompact.reput import _kernels as K
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.record import Record, encode, decode_all, scan
@@ -167,7 +168,7 @@ def test_every_codec_compresses_and_decodes(codec):
 def test_snappy_uses_xerial_framing():
     recs = [Record("t", 0, i, 0, b"k", b"x" * 1000) for i in range(100)]
     eb, _, _ = _encode(recs, KB.CODEC_SNAPPY)
-    assert eb.data[KB.HEADER_SIZE:KB.HEADER_SIZE + 16] == KB.XERIAL_HEADER
+    assert eb.data[KB.HEADER_SIZE:KB.HEADER_SIZE + 16] == codecs.XERIAL_HEADER
 
 
 def test_incompressible_batch_is_stored_uncompressed():
@@ -550,11 +551,11 @@ def test_lean_chunks_decode_alike_in_c_and_numpy(batches, per, data):
     idx = B2.LeanIndex(lambda s, n: raw_index[s:s + n], "x.bcq", len(raw_index))
     d = idx.dir[0]
     chunk = raw_index[int(d["chunk_pos"]):int(d["chunk_pos"]) + int(d["chunk_len"])]
-    body = bytearray(KB.zstd_decompress(chunk))
+    body = bytearray(codecs.zstd_decompress(chunk))
     if data.draw(st.booleans()):
         at = data.draw(st.integers(0, len(body) - 1))
         body[at] ^= data.draw(st.integers(1, 255))
-    mutated = KB.zstd_compress(bytes(body), 3)
+    mutated = codecs.zstd_compress(bytes(body), 3)
     results = []
     for n in (B2._N, None):
         saved, B2._N = B2._N, n
@@ -565,7 +566,7 @@ def test_lean_chunks_decode_alike_in_c_and_numpy(batches, per, data):
         finally:
             B2._N = saved
     assert results[0] == results[1]
-    if bytes(body) == KB.zstd_decompress(chunk):  # the record fields as given, batch positions
+    if bytes(body) == codecs.zstd_decompress(chunk):  # the record fields as given, batch positions
         got = np.array(results[0], B.BCQ_DTYPE)
         for f in ("offset", "timestamp", "digest_lo", "digest_hi", "flags", "clean_time"):
             assert got[f].tolist() == e[f].tolist(), f
