@@ -289,10 +289,10 @@ static PyObject *kafka_sizes(PyObject *self, PyObject *const *args, Py_ssize_t n
 /* kafka_find(buf, start, end, count, tl, lo, hi) -> (status, walked, stop, a, z, start_a, nbytes,
  * last_delta): walk the count Kafka records of buf[start:end] as kafka_sizes does, also checking
  * that the offset deltas start at 0 and rise strictly (else status KDEC_ORDER), without writing
- * per-record arrays; a..z
- * are the records whose delta lies in [lo, hi] (a = z = -1 when none), start_a where record a
- * starts, nbytes their format-1 size together (topic name of tl bytes), last_delta the last
- * record's delta. A one-record read of a batch (reput/batch.py decode_run). */
+ * per-record arrays; a..z are the records whose delta lies in [lo, hi] (a = z = -1 when none),
+ * start_a where record a starts, nbytes their format-1 size together (topic name of tl bytes),
+ * last_delta the last record's delta. A one-record read of a batch (reput/batch.py decode_run,
+ * the path without kafka_read_one). */
 static PyObject *kafka_find(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("kafka_find", 7);
