@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _kafka_kernels as KK
 from . import _kernels as K
+from . import parallel
 from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE,  # noqa: F401
                      CODEC_SNAPPY, CODEC_ZSTD, codec_of, compress, decompress, zstd_compress,
                      zstd_decompress)
@@ -463,17 +464,39 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
     if m == 0:  # no batch wanted
         return _assemble([], np.frombuffer(topic, np.uint8), partition)
     flat = np.ascontiguousarray(heads).reshape(-1)
-    st, _b, _r, nsel, nbytes = _N.kafka_scan_many(pay, spans, flat, tl, lo, hi)
-    if st != KK.DEC_OK:
+    # a large span in two halves at once (reput/parallel.py): batches [0, k) and [k, m)
+    lens = spans[1::2] - spans[0::2]
+    total = int(lens.sum())
+    k = m
+    if m > 1 and parallel.worth_splitting(total):
+        k = min(m - 1, int(np.searchsorted(np.cumsum(lens), total // 2)) + 1)
+    parts = [(0, k)] + ([(k, m)] if k < m else [])
+
+    def scan(a, z):
+        return _N.kafka_scan_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], tl, lo, hi)
+    found = (list(parallel.both(lambda: scan(*parts[0]), lambda: scan(*parts[1])))
+             if len(parts) == 2 else [scan(0, m)])
+    if any(f[0] != KK.DEC_OK for f in found):
         return None
-    data = np.empty(nbytes, np.uint8)
+    nsel = sum(f[3] for f in found)
+    data = np.empty(sum(f[4] for f in found), np.uint8)
     offsets = np.empty(nsel, np.int64)
     timestamps = np.empty(nsel, np.int64)
     sizes = np.empty(nsel, np.int64)
     positions = np.empty(nsel, np.int64)
     batch_of = np.empty(nsel, np.int64)
-    _N.kafka_convert_many(pay, spans, flat, topic, partition, lo, hi, data, offsets, timestamps,
-                          sizes, positions, batch_of)
+    r0, b0 = found[0][3], found[0][4]  # the first half's records and bytes
+
+    def convert(a, z, r, n, q):  # batches [a, z): n records from record r, byte q of data
+        return _N.kafka_convert_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], topic, partition,
+                                     lo, hi, data[q:], offsets[r:r + n], timestamps[r:r + n],
+                                     sizes[r:r + n], positions[r:r + n], batch_of[r:r + n])
+    if len(parts) == 2:
+        parallel.both(lambda: convert(0, k, 0, r0, 0), lambda: convert(k, m, r0, nsel - r0, b0))
+        positions[r0:] += b0  # (each half counts from its own start)
+        batch_of[r0:] += k
+    else:
+        convert(0, m, 0, nsel, 0)
     if keep is not None:  # (a copy: pay may be a reused buffer or the whole span read)
         k = m - 1
         keep(Opened(BatchHead(*heads[k].tolist()), pay[spans[2 * k]:spans[2 * k + 1]].copy()))

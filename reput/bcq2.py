@@ -227,19 +227,13 @@ class LeanIndex:
 
     def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions, sizes, record counts) of every batch of the .log (int64 each), from the
-        chunks (each decoded once; cached)."""
+        entries (decoded once; cached)."""
         if self._batches is None:
-            pos, size, count = [], [], []
-            for i in range(self.chunk_count):
-                e = self.chunk(i)
-                first = np.flatnonzero(np.r_[True, e["position"][1:] != e["position"][:-1]])
-                pos.append(e["position"][first].astype(np.int64))
-                size.append(e["size"][first].astype(np.int64))
-                count.append(np.diff(np.r_[first, e.shape[0]]).astype(np.int64))
-            empty = np.zeros(0, np.int64)
-            self._batches = (np.concatenate(pos) if pos else empty,
-                             np.concatenate(size) if size else empty,
-                             np.concatenate(count) if count else empty)
+            e = self.entries
+            p = e["position"].astype(np.int64)
+            first = np.flatnonzero(np.r_[True, p[1:] != p[:-1]]) if p.shape[0] else p
+            self._batches = (p[first], e["size"][first].astype(np.int64),
+                             np.diff(np.r_[first, p.shape[0]]).astype(np.int64))
         return self._batches
 
     def batch_at(self, position: int) -> tuple[int, int] | None:

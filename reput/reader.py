@@ -78,6 +78,7 @@ import numpy as np
 from . import _kernels as K
 from . import batch as KB
 from . import bcq as B
+from . import parallel
 from .backend import _oserror
 from .errors import CorruptRecordError
 from .jit import native
@@ -506,7 +507,14 @@ class PartitionReader:
             bad = verify_records(data, int(ent["position"][0]), ent, pl.secret)
         else:  # checked at their places in data, then given back their batches' positions
             ent["position"] = rel
-            bad = verify_records(data, 0, ent, pl.secret)
+            n = ent.shape[0]
+            if parallel.worth_splitting(data.shape[0]):  # in two halves at once
+                h = n // 2
+                a, b = parallel.both(lambda: verify_records(data, 0, ent[:h], pl.secret),
+                                     lambda: verify_records(data, 0, ent[h:], pl.secret))
+                bad = a if a >= 0 else (h + b if b >= 0 else -1)
+            else:
+                bad = verify_records(data, 0, ent, pl.secret)
             ent["position"] = sel["position"]
         if bad >= 0:
             chk = ent.copy()
