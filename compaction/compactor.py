@@ -363,7 +363,7 @@ class Compactor:
         cleaned, _ = pl.checkpoint()
         if cleaned < 0:
             return
-        self.offset_map.clear(cleaned + 1)
+        self.offset_map.clear(cleaned + 1, keys=0)  # (no key: the table's smallest prefix)
         self._rewrite(pl, cfg, cleaned, res)
 
     # -- one round ----------------------------------------------------------------------------
