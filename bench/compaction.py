@@ -150,8 +150,9 @@ def main(argv=None) -> int:
         child("baseline")  # compile/cache kernels in a first process
         base = child("baseline")
         # warm the page cache the same way for both: read the partition once
-        subprocess.run(["cat", *[os.path.join(pdir, f) for f in os.listdir(pdir)]],
-                       stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(["cat", *[os.path.join(pdir, f) for f in os.listdir(pdir)
+                                 if os.path.isfile(os.path.join(pdir, f))]],
+                       stdout=subprocess.DEVNULL, check=True)  # (not the seal's .deleted/)
         drop_caches_if_root()
         t = time.perf_counter()
         subprocess.run(["cp", "-r", pdir, os.path.join(work, "copy")], check=True)
