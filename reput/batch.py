@@ -465,11 +465,7 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
         return _assemble([], np.frombuffer(topic, np.uint8), partition)
     flat = np.ascontiguousarray(heads).reshape(-1)
     # a large span in two halves at once (reput/parallel.py): batches [0, k) and [k, m)
-    lens = spans[1::2] - spans[0::2]
-    total = int(lens.sum())
-    k = m
-    if m > 1 and parallel.worth_splitting(total):
-        k = min(m - 1, int(np.searchsorted(np.cumsum(lens), total // 2)) + 1)
+    k = _halfway(spans, m)
     parts = [(0, k)] + ([(k, m)] if k < m else [])
 
     def scan(a, z):
@@ -504,6 +500,16 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
                    batch_of)
 
 
+def _halfway(spans: np.ndarray, m: int) -> int:
+    """Where a span of ``m`` batches (their payloads' (start, end) pairs) splits in two halves
+    of about equal payload bytes, or ``m`` when it is not worth splitting."""
+    lens = spans[1::2] - spans[0::2]
+    total = int(lens.sum())
+    if m < 2 or not parallel.worth_splitting(total):
+        return m
+    return min(m - 1, int(np.searchsorted(np.cumsum(lens), total // 2)) + 1)
+
+
 def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int, where: str,
                  entry_dtype: np.dtype) -> "tuple[Heads, np.ndarray] | None":
     """The batches of ``buf`` (the .log from ``start_pos``) checked as ``decode_batches`` checks
@@ -518,11 +524,24 @@ def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int
         return None
     heads, pay, spans = span
     flat = np.ascontiguousarray(heads).reshape(-1)
-    st, _b, _r, n, _nbytes = _N.kafka_scan_many(pay, spans, flat, len(topic), 0, (1 << 63) - 1)
-    if st != KK.DEC_OK:
+    m = heads.shape[0]
+    k = _halfway(spans, m)
+
+    def entries(a, z, out):  # batches [a, z): their records checked, then their entries
+        st = _N.kafka_scan_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], len(topic), 0,
+                                (1 << 63) - 1)[0]
+        if st == KK.DEC_OK:
+            _N.kafka_entries_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], k0, k1,
+                                  out.view(np.uint8).reshape(-1))
+        return st
+    e = np.empty(int(heads[:, 6].sum()), entry_dtype)  # (a batch's count: checked by the scan)
+    r = int(heads[:k, 6].sum())
+    if k < m:
+        sts = parallel.both(lambda: entries(0, k, e[:r]), lambda: entries(k, m, e[r:]))
+    else:
+        sts = (entries(0, m, e),)
+    if any(st != KK.DEC_OK for st in sts):
         return None
-    e = np.empty(n, entry_dtype)
-    _N.kafka_entries_many(pay, spans, flat, k0, k1, e.view(np.uint8).reshape(-1))
     return Heads(np.ascontiguousarray(heads)), e
 
 

@@ -572,3 +572,29 @@ def test_lean_chunks_decode_alike_in_c_and_numpy(batches, per, data):
             assert got[f].tolist() == e[f].tolist(), f
         assert got["position"].tolist() == [sum(70 + j for j in range(k // per))
                                             for k in range(len(recs))]
+
+
+@pytest.mark.parametrize("n, value", [(300, 40), (12_000, 120)])  # one thread; two halves
+def test_span_entries_are_the_records_scanned(n, value):
+    """span_entries (a replica's index of a shipped span, straight from the Kafka records) gives
+    the offsets, timestamps, flags and key digests a scan of the decoded records gives, on a
+    span small enough for one thread and one large enough to be split in two."""
+    from kcompact.reput.jit import native
+    from kcompact.reput.reader import _secret_words
+    if native() is None:
+        pytest.skip("the C module is not built")
+    rng = np.random.default_rng(3)
+    records = [Record("topic-a", 3, 7 + 2 * i, 100 + i, None if i % 17 == 5 else b"k%d" % i,
+                      None if i % 11 == 2 else rng.bytes(value), ()) for i in range(n)]
+    buf = _span(records, [KB.CODEC_ZSTD, KB.CODEC_NONE] * 8)
+    k0, k1 = _secret_words(SECRET)
+    heads, e = KB.span_entries(buf, 0, b"topic-a", k0, k1, "x", B.BCQ_DTYPE)
+    d = KB.decode_batches(buf, 0, b"topic-a", 3, "x")
+    s = scan(d.data, 0, d.data.shape[0], secret=SECRET, verify_crc=True)
+    want = B.entries_from_scan(s, 0, len(s), 0)
+    assert heads.table.tolist() == d.heads.table.tolist()
+    for f in ("offset", "timestamp", "digest_lo", "digest_hi", "flags"):
+        assert e[f].tolist() == want[f].tolist(), f
+    bad = buf.copy()
+    bad[heads[len(heads) - 1].position + KB.HEADER_SIZE + 2] ^= 0x10  # the last batch
+    assert KB.span_entries(bad, 0, b"topic-a", k0, k1, "x", B.BCQ_DTYPE) is None
