@@ -524,24 +524,11 @@ def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int
         return None
     heads, pay, spans = span
     flat = np.ascontiguousarray(heads).reshape(-1)
-    m = heads.shape[0]
-    k = _halfway(spans, m)
-
-    def entries(a, z, out):  # batches [a, z): their records checked, then their entries
-        st = _N.kafka_scan_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], len(topic), 0,
-                                (1 << 63) - 1)[0]
-        if st == KK.DEC_OK:
-            _N.kafka_entries_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], k0, k1,
-                                  out.view(np.uint8).reshape(-1))
-        return st
-    e = np.empty(int(heads[:, 6].sum()), entry_dtype)  # (a batch's count: checked by the scan)
-    r = int(heads[:k, 6].sum())
-    if k < m:
-        sts = parallel.both(lambda: entries(0, k, e[:r]), lambda: entries(k, m, e[r:]))
-    else:
-        sts = (entries(0, m, e),)
-    if any(st != KK.DEC_OK for st in sts):
+    st, _b, _r, n, _nbytes = _N.kafka_scan_many(pay, spans, flat, len(topic), 0, (1 << 63) - 1)
+    if st != KK.DEC_OK:
         return None
+    e = np.empty(n, entry_dtype)
+    _N.kafka_entries_many(pay, spans, flat, k0, k1, e.view(np.uint8).reshape(-1))
     return Heads(np.ascontiguousarray(heads)), e
 
 

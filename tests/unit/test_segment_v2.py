@@ -574,11 +574,10 @@ def test_lean_chunks_decode_alike_in_c_and_numpy(batches, per, data):
                                             for k in range(len(recs))]
 
 
-@pytest.mark.parametrize("n, value", [(300, 40), (12_000, 120)])  # one thread; two halves
+@pytest.mark.parametrize("n, value", [(300, 40), (12_000, 120)])  # compressed; mostly stored
 def test_span_entries_are_the_records_scanned(n, value):
     """span_entries (a replica's index of a shipped span, straight from the Kafka records) gives
-    the offsets, timestamps, flags and key digests a scan of the decoded records gives, on a
-    span small enough for one thread and one large enough to be split in two."""
+    the offsets, timestamps, flags and key digests a scan of the decoded records gives."""
     from kcompact.reput.jit import native
     from kcompact.reput.reader import _secret_words
     if native() is None:
