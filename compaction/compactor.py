@@ -564,9 +564,7 @@ class Compactor:
                         keep, clean, _ = recall(sp, lo, chunk)
                         if not keep.any():
                             continue
-                        kept_all = chunk.copy()
-                        kept_all["clean_time"] = clean
-                        for kept, whole in _runs(kept_all, keep, batches):
+                        for kept, whole in _runs(chunk, keep, clean, batches):
                             read0 = src.bytes_read
                             if whole:  # every record of these batches stays: as stored
                                 first = np.flatnonzero(kept["size"])  # each batch's first entry
@@ -620,13 +618,24 @@ class _Charged:
 
 # ---------------------------------------------------------------------------------------------
 
-def _runs(entries: np.ndarray, keep: np.ndarray, batches):
-    """(kept entries, whole) in position order: with ``batches`` (a format-2 segment's batch
-    positions, sizes, counts) consecutive batches whose records all stay make a run with
-    whole=True (copied byte for byte); the kept records of the others come in runs with
-    whole=False."""
+def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
+    """(kept entries, whole) in position order, each a copy of ``entries``' kept ones with
+    their new ``clean`` times: with ``batches`` (a format-2 segment's batch positions, sizes,
+    counts) consecutive batches whose records all stay make a run with whole=True (copied byte
+    for byte); the kept records of the others come in runs with whole=False. (Only kept entries
+    are copied: most of a dirty chunk is dropped.)"""
+
+    def kept(a: int, z: int, every: bool = False) -> np.ndarray:
+        if every:
+            sel = entries[a:z].copy()
+            sel["clean_time"] = clean[a:z]
+        else:
+            m = keep[a:z]
+            sel = entries[a:z][m]
+            sel["clean_time"] = clean[a:z][m]
+        return sel
     if batches is None:
-        yield entries[keep], False
+        yield kept(0, entries.shape[0]), False
         return
     pos = entries["position"].astype(np.int64)
     starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
@@ -641,9 +650,9 @@ def _runs(entries: np.ndarray, keep: np.ndarray, batches):
     for b, c in zip(edges[:-1], edges[1:]):
         a, z = int(starts[b]), int(ends[c - 1])
         if full[b]:
-            yield entries[a:z], True  # consecutive whole batches: copied in one piece
+            yield kept(a, z, every=True), True  # consecutive whole batches: in one piece
         else:
-            sel = entries[a:z][keep[a:z]]
+            sel = kept(a, z)
             if sel.shape[0]:
                 yield sel, False
 

@@ -99,22 +99,35 @@ PROBE_BYTES = 16 << 10
 PROBE_RATIO = 0.97
 
 
-def _worth_compressing(codec: int, payload: np.ndarray) -> bool:
+#: after a batch that did not compress, a small payload is probed with this many bytes
+PROBE_SMALL_BYTES = 1 << 10
+
+
+def _worth_compressing(codec: int, payload: np.ndarray, probe_small: bool = False) -> bool:
     """False for a payload that would not shrink (random or already compressed values): its
     middle ``PROBE_BYTES`` compressed at zstd's fastest level do not go below ``PROBE_RATIO``.
-    Compressing incompressible bytes costs as much as compressing text and is thrown away."""
+    Compressing incompressible bytes costs as much as compressing text and is thrown away. A
+    payload of at most ``PROBE_ABOVE`` bytes is compressed without a probe, unless
+    ``probe_small`` (the writer's previous batch did not compress): then its middle
+    ``PROBE_SMALL_BYTES`` are the probe."""
     n = payload.shape[0]
     if n <= PROBE_ABOVE:
-        return True
-    mid = (n - PROBE_BYTES) // 2
-    sample = payload[mid:mid + PROBE_BYTES]
-    return len(zstd_compress(sample, 1)) < PROBE_RATIO * PROBE_BYTES
+        if not probe_small or n < 2 * PROBE_SMALL_BYTES:
+            return True
+        probe = PROBE_SMALL_BYTES
+    else:
+        probe = PROBE_BYTES
+    mid = (n - probe) // 2
+    sample = payload[mid:mid + probe]
+    return len(zstd_compress(sample, 1)) < PROBE_RATIO * probe
 
 
 def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offsets: np.ndarray,
-                 timestamps: np.ndarray, codec: int, level: int) -> EncodedBatch:
+                 timestamps: np.ndarray, codec: int, level: int,
+                 probe_small: bool = False) -> EncodedBatch:
     """One batch of the verified format-1 records positions[lo:hi] of ``buf`` (their offsets and
-    timestamps given, strictly increasing offsets)."""
+    timestamps given, strictly increasing offsets). ``probe_small``: the writer's previous
+    batch did not compress, so a small payload is probed first (``_worth_compressing``)."""
     n = hi - lo
     if n <= 0:
         raise ReputError("a batch needs at least one record")
@@ -127,9 +140,11 @@ def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offse
                         base_ts)
     body = payload
     written = CODEC_NONE
-    if codec != CODEC_NONE and _worth_compressing(codec, payload):
+    if codec != CODEC_NONE and _worth_compressing(codec, payload, probe_small):
         packed = compress(codec, payload, level)
-        if len(packed) < payload.shape[0]:
+        # kept compressed when it saves at least 3 %: a batch that hardly shrinks costs every
+        # reader a decompression for nothing
+        if len(packed) < PROBE_RATIO * payload.shape[0]:
             body, written = np.frombuffer(packed, np.uint8), codec
     max_ts = int(timestamps[lo:hi].max())
     total = HEADER_SIZE + body.shape[0]

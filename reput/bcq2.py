@@ -226,14 +226,25 @@ class LeanIndex:
         return self._decode(i, raw, pos, out)
 
     def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(positions, sizes, record counts) of every batch of the .log (int64 each), from the
-        entries (decoded once; cached)."""
+        """(positions, sizes, record counts) of every batch of the .log (int64 each): from the
+        entries when they are decoded already, else chunk by chunk (memory bounded by a chunk:
+        a compaction's pass over a large segment does not hold all its entries); cached."""
         if self._batches is None:
-            e = self.entries
-            p = e["position"].astype(np.int64)
-            first = np.flatnonzero(np.r_[True, p[1:] != p[:-1]]) if p.shape[0] else p
-            self._batches = (p[first], e["size"][first].astype(np.int64),
-                             np.diff(np.r_[first, p.shape[0]]).astype(np.int64))
+            if self._all is not None:
+                parts = [self._all]
+            else:
+                parts = (self.chunk(i) for i in range(self.chunk_count))
+            pos, size, count = [], [], []
+            for e in parts:
+                p = e["position"].astype(np.int64)
+                first = np.flatnonzero(np.r_[True, p[1:] != p[:-1]]) if p.shape[0] else p
+                pos.append(p[first])
+                size.append(e["size"][first].astype(np.int64))
+                count.append(np.diff(np.r_[first, p.shape[0]]).astype(np.int64))
+            empty = np.zeros(0, np.int64)
+            self._batches = (np.concatenate(pos) if pos else empty,
+                             np.concatenate(size) if size else empty,
+                             np.concatenate(count) if count else empty)
         return self._batches
 
     def batch_at(self, position: int) -> tuple[int, int] | None:

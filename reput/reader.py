@@ -1045,9 +1045,16 @@ class IndexCursor:
         pl = self.pl
         path = pl.seg_index_path(seg)
         got = getattr(pl.index(seg), "file_check", None)  # an object: read whole already
-        if got is None:
-            raw = pl.seg_fs(seg).read(path)
-            got = (len(raw), crc32c(raw))
+        if got is None:  # streamed, a block at a time (a large segment's index is 100s of MB)
+            n, crc = 0, 0
+            with pl.seg_fs(seg).open_read(path) as f:
+                while True:
+                    block = f.read(DEFAULT_BLOCK_BYTES)
+                    if not block:
+                        break
+                    n += len(block)
+                    crc = crc32c(block, crc)
+            got = (n, crc)
         if got != expect:
             raise CorruptRecordError(
                 f"{path}: the lean index does not match its checksum ({got[0]} bytes, crc32c "

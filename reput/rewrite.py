@@ -98,6 +98,8 @@ class SegmentWriter2:
         self._entries: list[np.ndarray] = []
         self._pending = 0
         self._done = False
+        #: the last batch encoded did not compress: probe the next one first
+        self._stored_plain = False
 
     def append(self, block: RecordColumns) -> int:
         """Queue a block's records (encoded once ``batch_bytes`` of them are queued); returns
@@ -137,7 +139,7 @@ class SegmentWriter2:
 
     def _emit(self, final: bool) -> None:
         """Encode queued records into batches: every full batch, and with ``final`` the rest."""
-        from .batch import encode_batch
+        from .batch import CODEC_NONE, encode_batch
         if not self._bufs:
             return
         buf = np.concatenate(self._bufs) if len(self._bufs) > 1 else self._bufs[0]
@@ -161,7 +163,9 @@ class SegmentWriter2:
             # a batch's offsets span at most 2^31 - 1 (lastOffsetDelta is an int32)
             hi = min(hi, int(np.searchsorted(offsets, int(offsets[lo]) + 0x7FFFFFFF,
                                              side="right")))
-            eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, self.codec, self.level)
+            eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, self.codec, self.level,
+                              probe_small=self._stored_plain)
+            self._stored_plain = eb.codec == CODEC_NONE and self.codec != CODEC_NONE
             self._check_room(len(eb.data))
             datas.append(eb.data)
             bsizes.append(len(eb.data))
