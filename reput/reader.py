@@ -1049,7 +1049,10 @@ class IndexCursor:
             n, crc = 0, 0
             with pl.seg_fs(seg).open_read(path) as f:
                 while True:
-                    block = f.read(DEFAULT_BLOCK_BYTES)
+                    try:
+                        block = f.read(DEFAULT_BLOCK_BYTES)
+                    except OSError as e:  # a stream's reads raise raw OSError: say which file
+                        raise _oserror(e, "read", path) from e
                     if not block:
                         break
                     n += len(block)
