@@ -241,6 +241,17 @@ static int kwalk(const uint8_t *b, int64_t p, int64_t end, KRec *r)
     return KDEC_OK;
 }
 
+/* record i of a batch walked in order: kwalk, then its offset delta must be 0 for the first
+ * record and above the previous record's (prev) after it, else KDEC_ORDER */
+static inline int kwalk_ordered(const uint8_t *b, int64_t p, int64_t end, int64_t i, int64_t prev,
+                                KRec *r)
+{
+    int st = kwalk(b, p, end, r);
+    if (st == KDEC_OK && (i == 0 ? r->od != 0 : r->od <= prev))
+        st = KDEC_ORDER;
+    return st;
+}
+
 /* kafka_sizes(buf, start, end, count, tl, sizes, starts, deltas) -> (status, walked, stop) */
 static PyObject *kafka_sizes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -315,9 +326,7 @@ static PyObject *kafka_find(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_BEGIN_ALLOW_THREADS
     for (; i < count; i++) {
         KRec r;
-        int st = kwalk(b, p, end, &r);
-        if (st == KDEC_OK && (i == 0 ? r.od != 0 : r.od <= prev))
-            st = KDEC_ORDER;
+        int st = kwalk_ordered(b, p, end, i, prev, &r);
         if (st != KDEC_OK) {
             status = st;
             break;
@@ -490,9 +499,7 @@ static PyObject *kafka_read_one(PyObject *self, PyObject *const *args, Py_ssize_
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < count; i++) {
         KRec r;
-        int st = kwalk(b, p, end, &r);
-        if (st == KDEC_OK && (i == 0 ? r.od != 0 : r.od <= prev))
-            st = KDEC_ORDER;
+        int st = kwalk_ordered(b, p, end, i, prev, &r);
         if (st != KDEC_OK) {
             status = st;
             break;

@@ -44,6 +44,23 @@ static int kspans_ok(const Arr *spans, int64_t n, int64_t len)
     return 1;
 }
 
+/* one 48-byte .bcq entry (bcq.md: offset, timestamp, key digest, position, size, flags,
+ * reserved 0, clean time), as a lean index has it in memory */
+static inline void kput_entry(uint8_t *e, int64_t off, int64_t ts, uint64_t dlo, uint64_t dhi,
+                              uint32_t pos, uint32_t size, uint16_t flags, uint32_t clean)
+{
+    uint16_t reserved = 0;
+    wr64(e + E_OFFSET, (uint64_t)off);
+    wr64(e + E_TIMESTAMP, (uint64_t)ts);
+    wr64(e + E_DIGEST_LO, dlo);
+    wr64(e + E_DIGEST_HI, dhi);
+    memcpy(e + E_POSITION, &pos, 4);
+    memcpy(e + E_SIZE, &size, 4);
+    memcpy(e + E_FLAGS, &flags, 2);
+    memcpy(e + E_FLAGS + 2, &reserved, 2);
+    memcpy(e + E_FLAGS + 4, &clean, 4);
+}
+
 /* kafka_heads(buf, start, pos0, table) -> (n, status, stop): the batches of buf lying back to
  * back from buf[start:], each header checked as batch.parse_head checks it (magic 2, lengths,
  * attributes, count >= 1, offsets) and its CRC-32C, into rows of the int64 table (KHEAD_COLS
@@ -141,9 +158,7 @@ static PyObject *kafka_scan_many(PyObject *self, PyObject *const *args, Py_ssize
         int64_t base = h[2];
         for (int64_t j = 0; j < count; j++) {
             KRec r;
-            int s2 = kwalk(b, p, end, &r);
-            if (s2 == KDEC_OK && (j == 0 ? r.od != 0 : r.od <= prev))
-                s2 = KDEC_ORDER;
+            int s2 = kwalk_ordered(b, p, end, j, prev, &r);
             if (s2 != KDEC_OK) {
                 status = s2;
                 bad_b = i;
@@ -295,22 +310,13 @@ static PyObject *kafka_entries_many(PyObject *self, PyObject *const *args, Py_ss
                 bad = 1;
                 break;
             }
-            uint8_t *e = out + k * ENTRY_SIZE;
             uint64_t lo = 0, hi = 0;
             if (r.kl >= 0)
                 siphash128(k0, k1, b + r.ks, r.kl, &lo, &hi);
-            uint32_t p32 = (uint32_t)h[0], s32 = j == 0 ? (uint32_t)h[1] : 0, c32 = 0;
-            uint16_t f16 = (uint16_t)((r.vl < 0 ? REC_NULL_VALUE : 0) |
-                                      (r.kl < 0 ? REC_NULL_KEY : 0)), r16 = 0;
-            wr64(e + E_OFFSET, (uint64_t)(h[2] + r.od));
-            wr64(e + E_TIMESTAMP, (uint64_t)(h[4] + r.tsd));
-            wr64(e + E_DIGEST_LO, lo);
-            wr64(e + E_DIGEST_HI, hi);
-            memcpy(e + E_POSITION, &p32, 4);
-            memcpy(e + E_SIZE, &s32, 4);
-            memcpy(e + E_FLAGS, &f16, 2);
-            memcpy(e + E_FLAGS + 2, &r16, 2);
-            memcpy(e + E_FLAGS + 4, &c32, 4);
+            kput_entry(out + k * ENTRY_SIZE, h[2] + r.od, h[4] + r.tsd, lo, hi, (uint32_t)h[0],
+                       j == 0 ? (uint32_t)h[1] : 0,
+                       (uint16_t)((r.vl < 0 ? REC_NULL_VALUE : 0) | (r.kl < 0 ? REC_NULL_KEY : 0)),
+                       0);
             k++;
             p = r.next;
         }
@@ -556,18 +562,8 @@ static PyObject *lean_decode(PyObject *self, PyObject *const *args, Py_ssize_t n
                 }
                 off += d;
                 ts += (int64_t)rd64(td + 8 * i);
-                uint8_t *e = out + i * ENTRY_SIZE;
-                uint32_t p32 = (uint32_t)pos, s32 = j == 0 ? (uint32_t)size : 0;
-                uint16_t f16 = fl[i], r16 = 0;
-                wr64(e + E_OFFSET, (uint64_t)off);
-                wr64(e + E_TIMESTAMP, (uint64_t)ts);
-                memcpy(e + E_DIGEST_LO, dlo + 8 * i, 8);
-                memcpy(e + E_DIGEST_HI, dhi + 8 * i, 8);
-                memcpy(e + E_POSITION, &p32, 4);
-                memcpy(e + E_SIZE, &s32, 4);
-                memcpy(e + E_FLAGS, &f16, 2);
-                memcpy(e + E_FLAGS + 2, &r16, 2);
-                memcpy(e + E_FLAGS + 4, ct + 4 * i, 4);
+                kput_entry(out + i * ENTRY_SIZE, off, ts, rd64(dlo + 8 * i), rd64(dhi + 8 * i),
+                           (uint32_t)pos, j == 0 ? (uint32_t)size : 0, fl[i], rd32(ct + 4 * i));
             }
             pos += size;
         }
