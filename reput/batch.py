@@ -20,9 +20,9 @@ import numpy as np
 from . import _kafka_kernels as KK
 from . import _kernels as K
 from . import parallel
-from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE,  # noqa: F401
+from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE,
                      CODEC_SNAPPY, CODEC_ZSTD, codec_of, compress, decompress, zstd_compress,
-                     zstd_decompress)
+                     zstd_decompress)  # (the codec names re-exported: __all__)
 from .errors import CorruptRecordError, ReputError
 from .jit import native
 
@@ -619,8 +619,8 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
     return Decoded(data, positions, sizes, offsets, timestamps, Heads.of(heads), batch_of)
 
 
-__all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_NAMES", "CODEC_NONE",
-           "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION", "HEADER_SIZE",
-           "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress", "decode_batches",
-           "decode_run", "decompress", "encode_batch", "open_batch", "parse_head", "span_entries",
-           "walk_opened", "zstd_compress", "zstd_decompress"]
+__all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ4", "CODEC_NAMES",
+           "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
+           "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
+           "decode_batches", "decode_run", "decompress", "encode_batch", "open_batch", "parse_head",
+           "span_entries", "walk_opened", "zstd_compress", "zstd_decompress"]
