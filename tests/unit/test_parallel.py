@@ -14,10 +14,18 @@ from kcompact.reput import parallel
 
 
 def test_both_runs_the_second_half_in_the_helper():
-    who = {}
-    a, b = parallel.both(lambda: who.setdefault("a", threading.get_ident()) and 1,
-                         lambda: who.setdefault("b", threading.get_ident()) and 2)
-    assert (a, b) == (1, 2)
+    who, started = {}, threading.Event()
+
+    def first():  # waits for the helper to take the second half (else the caller runs it)
+        who["a"] = threading.get_ident()
+        assert started.wait(10)
+        return 1
+
+    def second():
+        who["b"] = threading.get_ident()
+        started.set()
+        return 2
+    assert parallel.both(first, second) == (1, 2)
     assert who["a"] == threading.get_ident()
     assert who["b"] != who["a"]
 
