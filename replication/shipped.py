@@ -177,7 +177,7 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
             start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
             data = whole[start:end]
             m = ment[starts[lo]:starts[hi]]
-            t, e = _checked_entries(data, start, tb, partition, mlog, store.secret, m)
+            t, e = _checked_entries(data, start, tb, partition, mlog, store.secret)
             _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
                    and bool(np.array_equal(t[:, 1], bsize[lo:hi]))
                    and bool(np.array_equal(t[:, 6], bcount[lo:hi])),
@@ -224,11 +224,12 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
 
 
 def _checked_entries(data: np.ndarray, start: int, tb: bytes, partition: int, mlog: str,
-                     secret: bytes, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     secret: bytes) -> tuple[np.ndarray, np.ndarray]:
     """The batches of ``data`` (the shipped .log from byte ``start``) checked whole, and the
     index entries of their records under the replica's ``secret`` (offsets, timestamps, key
-    digests and flags: what a lean index keeps): (their heads table, entries). In one C pass when built (batch.span_entries), else decoded into
-    records and scanned. Raises ShippedSegmentError naming the master's file and byte."""
+    digests and flags: what a lean index keeps): (their heads table, entries). In one C pass
+    when built (batch.span_entries), else decoded into records and scanned. Raises
+    ShippedSegmentError naming the master's file and byte."""
     k0, k1 = secret_words(secret)
     got = KB.span_entries(data, start, tb, int(k0), int(k1), mlog, B.BCQ_DTYPE)
     if got is not None:

@@ -481,7 +481,8 @@ static PyObject *kafka_read_one(PyObject *self, PyObject *const *args, Py_ssize_
     if (PyErr_Occurred())
         return NULL;
     Arr a[3] = {{{0}}};
-    if (arr_get(args[0], &a[0], 1, 0, "payload") < 0 || arr_get(args[2], &a[1], 1, 0, "topic") < 0 ||
+    if (arr_get(args[0], &a[0], 1, 0, "payload") < 0 ||
+        arr_get(args[2], &a[1], 1, 0, "topic") < 0 ||
         arr_get(args[6], &a[2], 1, 0, "entry") < 0) {
         arr_release(a, 3);
         return NULL;

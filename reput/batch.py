@@ -10,7 +10,6 @@ The codecs, as Kafka frames them, are reput/codecs.py's.
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 from typing import NamedTuple
@@ -25,6 +24,7 @@ from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NO
                      zstd_decompress)  # (the codec names re-exported: __all__)
 from .errors import CorruptRecordError, ReputError
 from .jit import native
+from .record import HEADER_SIZE as V1_HEADER_SIZE
 
 #: the C kernels (reput/_kafka_native.h, built into reput/_native.c) when built, else numba's
 _N = native()
@@ -418,9 +418,7 @@ def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_b
     if want is not None:
         heads = heads[np.fromiter((int(q) in want for q in heads[:, 0].tolist()), bool, n)]
     if heads.shape[0] and not heads[:, 7].any():  # nothing compressed: the payloads in place
-        if max_bytes is not None:
-            est = np.cumsum(heads[:, 1] - HEADER_SIZE + heads[:, 6] * (44 + tl))
-            heads = heads[:int(np.searchsorted(est, max_bytes, side="left")) + 1]
+        heads = heads[:_within(heads, heads[:, 1] - HEADER_SIZE, tl, max_bytes)]
         spans = np.empty((heads.shape[0], 2), np.int64)
         spans[:, 0] = heads[:, 0] - start_pos + HEADER_SIZE
         spans[:, 1] = heads[:, 0] - start_pos + heads[:, 1]
@@ -441,9 +439,8 @@ def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_b
                 pay = buf[q + HEADER_SIZE:q + size]
             pays.append(pay)
             lens.append(pay.shape[0])
-            # no more once the records reach the budget: format-1 bytes are at most the
-            # payload's plus a header and the topic name a record
-            est += pay.shape[0] + count * (44 + tl)
+            # no more once the records reach the budget (as _within)
+            est += pay.shape[0] + count * (V1_HEADER_SIZE + tl)
             if max_bytes is not None and est >= max_bytes:
                 heads = heads[:k + 1]
                 break
@@ -508,11 +505,10 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
         batch_of[r0:] += k
     else:
         convert(0, m, 0, nsel, 0)
+    hd = Heads(np.ascontiguousarray(heads))
     if keep is not None:  # (a copy: pay may be a reused buffer or the whole span read)
-        k = m - 1
-        keep(Opened(BatchHead(*heads[k].tolist()), pay[spans[2 * k]:spans[2 * k + 1]].copy()))
-    return Decoded(data, positions, sizes, offsets, timestamps, Heads(np.ascontiguousarray(heads)),
-                   batch_of)
+        keep(Opened(hd[m - 1], pay[spans[2 * m - 2]:spans[2 * m - 1]].copy()))
+    return Decoded(data, positions, sizes, offsets, timestamps, hd, batch_of)
 
 
 def _halfway(spans: np.ndarray, m: int) -> int:
@@ -547,8 +543,15 @@ def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int
     return Heads(np.ascontiguousarray(heads)), e
 
 
-#: a span whose payloads come to less than this is decompressed in one thread
-UNPACK_THREADS_ABOVE = 1 << 20
+def _within(heads: np.ndarray, sizes: np.ndarray, tl: int, max_bytes: int | None) -> int:
+    """How many of ``heads``' batches (their payloads ``sizes`` bytes) a read bounded to
+    ``max_bytes`` of records decodes: up to the one that brings them to it. A format-1 record
+    is at most its Kafka record plus a header and the topic name (``tl`` bytes)."""
+    m = heads.shape[0]
+    if max_bytes is None or m == 0:
+        return m
+    est = np.cumsum(sizes + heads[:, 6] * (V1_HEADER_SIZE + tl))
+    return min(m, int(np.searchsorted(est, max_bytes, side="left")) + 1)
 
 
 def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
@@ -563,10 +566,8 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
     sizes = np.empty(heads.shape[0], np.int64)
     if _N.kafka_payload_sizes(buf, flat, start_pos, sizes) != sizes.shape[0]:
         return None
-    if max_bytes is not None:  # as the loop above: the records' bytes at most this
-        est = np.cumsum(sizes + heads[:, 6] * (44 + tl))
-        m = min(heads.shape[0], int(np.searchsorted(est, max_bytes, side="left")) + 1)
-        heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
+    m = _within(heads, sizes, tl, max_bytes)
+    heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
     starts = np.zeros(sizes.shape[0] + 1, np.int64)
     np.cumsum(sizes, out=starts[1:])
     out = _scratch(int(starts[-1]))
@@ -575,7 +576,7 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
             and first.payload.shape[0] == int(sizes[0]):
         out[:starts[1]] = first.payload
         skip = 1
-    threads = 2 if starts[-1] >= UNPACK_THREADS_ABOVE and (os.cpu_count() or 1) > 1 else 1
+    threads = 2 if parallel.worth_splitting(int(starts[-1])) else 1
     if _N.kafka_unpack_many(buf, flat, start_pos, out, starts, skip, threads) >= 0:
         return None  # a frame that does not decode: the batch-by-batch path names it
     return heads, out, _spans(sizes)

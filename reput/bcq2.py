@@ -17,11 +17,11 @@ import numpy as np
 
 from . import bcq as B
 from .codecs import zstd_compress, zstd_decompress
+from .errors import CorruptRecordError
 from .jit import native
 
 #: the C kernels (lean_decode) when built, else the numpy decoding below
 _N = native()
-from .errors import CorruptRecordError
 
 FORMAT_VERSION = 2
 MAGIC = b"KCBQ2\x00\x00\xff"
@@ -49,8 +49,6 @@ def _crc(data) -> int:
     from .batch import crc32c
     arr = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
     return crc32c(arr, 0, arr.shape[0]) if arr.shape[0] else 0
-
-
 
 
 class IndexBuilder:

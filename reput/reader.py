@@ -561,10 +561,10 @@ class PartitionReader:
         if sel.shape[0] == 1 and _N is not None:  # one record: walked, converted, checked at once
             h = b.head
             k0, k1 = _secret_words(pl.secret)
-            st, last, rec = _N.kafka_read_one(b.payload, h.count, pl.topic_bytes, pl.partition,
-                                              h.base_offset, h.base_ts,
-                                              sel.view(np.uint8).reshape(-1), k0, k1)
-            if st == 0 and last == h.last_offset - h.base_offset:
+            st, last_delta, rec = _N.kafka_read_one(b.payload, h.count, pl.topic_bytes,
+                                                    pl.partition, h.base_offset, h.base_ts,
+                                                    sel.view(np.uint8).reshape(-1), k0, k1)
+            if st == 0 and last_delta == h.last_offset - h.base_offset:
                 ent = sel.copy()
                 ent["size"] = len(rec)
                 return RecordColumns(pl.topic, pl.partition, np.frombuffer(rec, np.uint8), ent,

@@ -78,10 +78,9 @@ class SegmentWriter2:
     """Writes one format-2 segment (docs/formats/segment-v2.md): a .log of Kafka batches and its
     lean .bcq (bcq-v2.md). ``append`` takes verified blocks (format-1 records in memory, as the
     partition reader hands them out, with the entries' clean times the caller wants) and encodes
-    them into batches of about ``batch_bytes``; ``append_batch`` copies a stored batch byte for
-    byte (a compaction keeping every record of it), ``append_batches`` a run of them (a shipped
-    segment installed by a replica). ``sync`` writes the last batch and the index;
-    then ``close``."""
+    them into batches of about ``batch_bytes``; ``append_batches`` copies stored batches byte for
+    byte (a compaction keeping every record of a run of them). ``sync`` writes the last batch
+    and the index; then ``close``."""
 
     def __init__(self, fs: Backend, log_path: str, index_path: str, *, codec: int, level: int,
                  batch_bytes: int):
@@ -115,10 +114,6 @@ class SegmentWriter2:
         if self._pending >= self.batch_bytes:
             self._emit(final=False)
         return int(sizes.sum())
-
-    def append_batch(self, raw: np.ndarray, entries: np.ndarray) -> int:
-        """Copy one stored batch as it is (its index entries given); returns its bytes."""
-        return self.append_batches(raw, [raw.shape[0]], [entries.shape[0]], entries)
 
     def append_batches(self, raw: np.ndarray, sizes, counts, entries: np.ndarray) -> int:
         """Copy stored batches lying back to back in ``raw`` as they are, in one write (their
