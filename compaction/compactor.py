@@ -506,7 +506,7 @@ class Compactor:
         if sp.format == 2:
             idx = pl.index(sp.seg)
             bpos, bsize, bcount = idx.batches()
-            builder = IndexBuilder()
+            builder = IndexBuilder(spill_dir=pl.local_fs.local_path(swap.staging_dir(pl.dir)))
             b = 0
             for lo, chunk in self._index_chunks(pl, sp.seg):
                 _, clean, _ = recall(sp, lo, chunk)
@@ -518,14 +518,12 @@ class Compactor:
                     builder.add_batch(int(bpos[b]), int(bsize[b]), ent[at:at + c])
                     at += c
                     b += 1
-            data = builder.finish(idx.codec)
             idxf = pl.local_fs.open_append(idx_out)
             try:
-                idxf.write(data)
+                res.bytes_written += builder.write_to(idxf, idx.codec)
                 idxf.sync()
             finally:
                 idxf.close()
-            res.bytes_written += len(data)
             return True
         idxf = pl.local_fs.open_append(idx_out)
         try:
@@ -638,15 +636,15 @@ def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
         yield kept(0, entries.shape[0]), False
         return
     pos = entries["position"].astype(np.int64)
-    starts = np.flatnonzero(np.r_[True, pos[1:] != pos[:-1]])
-    ends = np.r_[starts[1:], pos.shape[0]]
+    starts = _changes(pos)
+    ends = np.append(starts[1:], pos.shape[0])
     # a batch is whole when every entry is kept and the chunk holds all of its records
     bpos, _, bcount = batches
     k = np.searchsorted(bpos, pos[starts])
     full = np.add.reduceat(keep.astype(np.int64), starts) == (ends - starts)
     full &= bcount[np.minimum(k, bcount.shape[0] - 1)] == (ends - starts)
     # runs of batches alike (all whole, or not): a boundary where ``full`` changes
-    edges = np.flatnonzero(np.r_[True, full[1:] != full[:-1]]).tolist() + [starts.shape[0]]
+    edges = _changes(full).tolist() + [starts.shape[0]]
     for b, c in zip(edges[:-1], edges[1:]):
         a, z = int(starts[b]), int(ends[c - 1])
         if full[b]:
@@ -655,6 +653,14 @@ def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
             sel = kept(a, z)
             if sel.shape[0]:
                 yield sel, False
+
+
+def _changes(a: np.ndarray) -> np.ndarray:
+    """Where each run of equal values of ``a`` starts (0 first; none when ``a`` is empty)."""
+    edge = np.empty(a.shape[0], np.bool_)
+    edge[:1] = True
+    np.not_equal(a[1:], a[:-1], out=edge[1:])
+    return np.flatnonzero(edge)
 
 
 def _last_offset(pl: PartitionLog, seg: Segment) -> int:

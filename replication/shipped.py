@@ -167,7 +167,7 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
     sdir = swap.staging_dir(staging.dir)
     fs.remove_tree(sdir)
     name = fn.base_name(at)
-    builder = B2.IndexBuilder()
+    builder = B2.IndexBuilder(spill_dir=fs.local_path(sdir))
     starts = np.zeros(bcount.shape[0] + 1, np.int64)
     np.cumsum(bcount, out=starts[1:])
     tb = topic.encode()
@@ -198,7 +198,7 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
         # the .log goes in as downloaded (every batch checked above); the index is this one
         out = fs.open_append(f"{sdir}/{name}{fn.INDEX_SUFFIX}")
         try:
-            out.write(builder.finish(idx.codec))  # (the codec of the batches it describes)
+            builder.write_to(out, idx.codec)  # (the codec of the batches it describes)
             out.sync()
         finally:
             out.close()

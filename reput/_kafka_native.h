@@ -583,6 +583,10 @@ static PyObject *crc32c_range(PyObject *self, PyObject *const *args, Py_ssize_t 
     {"kafka_entries_many", (PyCFunction)(void (*)(void))kafka_entries_many, METH_FASTCALL,     \
      NULL},                                                                                    \
     KAFKA_ZSTD_METHODS                                                                         \
+    {"kafka_encode_plain", (PyCFunction)(void (*)(void))kafka_encode_plain, METH_FASTCALL,     \
+     NULL},                                                                                    \
+    {"kafka_fields_many", (PyCFunction)(void (*)(void))kafka_fields_many, METH_FASTCALL,       \
+     NULL},                                                                                    \
     {"lean_decode", (PyCFunction)(void (*)(void))lean_decode, METH_FASTCALL, NULL},            \
     {"kafka_to_v1", (PyCFunction)(void (*)(void))kafka_to_v1, METH_FASTCALL, NULL},            \
     {"crc32c_range", (PyCFunction)(void (*)(void))crc32c_range, METH_FASTCALL, NULL},

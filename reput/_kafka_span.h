@@ -332,6 +332,89 @@ static PyObject *kafka_entries_many(PyObject *self, PyObject *const *args, Py_ss
     return PyLong_FromLongLong(k);
 }
 
+/* kafka_fields_many(pay, spans, heads, entries, k0, k1, kstart, klen, vstart, vlen) -> the first
+ * entry that fails, or -1: each of the n index entries (48 bytes each, bcq.md, offsets rising)
+ * must be a record of the batches kafka_scan_many accepted, in the batch at the entry's position,
+ * with the entry's offset, timestamp, flags (tombstone: null value, keyless: null key) and key
+ * digest (SipHash-2-4-128 under (k0, k1); 0 when the key is null): the check a format-1 record
+ * gets against its entry, on the Kafka record. Its key and value are given where they lie in pay
+ * (length -1: null), no record written: what a reader of keys and values needs (the KV map's
+ * build, reput/reader.py read_fields). */
+static PyObject *kafka_fields_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_fields_many", 10);
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[4]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    static const int arg_of[8] = {0, 1, 2, 3, 6, 7, 8, 9};
+    static const int size_of[8] = {1, 8, 8, 1, 8, 8, 8, 8};
+    static const char *names[8] = {"pay", "spans", "heads", "entries", "kstart", "klen",
+                                   "vstart", "vlen"};
+    Arr a[8];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 8; i++)
+        if (arr_get(args[arg_of[i]], &a[i], size_of[i], i >= 4, names[i]) < 0) {
+            arr_release(a, 8);
+            return NULL;
+        }
+    int64_t nb = a[1].n / 2, n = a[3].n / ENTRY_SIZE;
+    int bad = a[0].stride != 1 || a[1].stride != 8 || a[2].stride != 8 || a[3].stride != 1 ||
+              a[1].n % 2 || a[2].n < nb * KHEAD_COLS || a[3].n % ENTRY_SIZE || a[4].n < n ||
+              a[5].n < n || a[6].n < n || a[7].n < n || !kspans_ok(&a[1], nb, a[0].n);
+    if (bad)
+        ARG_ERROR(a, 8, "kafka_fields_many: contiguous arrays, spans of n (start, end) pairs "
+                  "inside pay, heads of n rows, whole %d-byte entries, outputs as long as the "
+                  "entries", ENTRY_SIZE);
+    const uint8_t *b = (const uint8_t *)a[0].p, *e = (const uint8_t *)a[3].p;
+    int64_t c = 0, failed = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < nb && c < n && failed < 0; i++) {
+        int64_t h[KHEAD_COLS];
+        memcpy(h, a[2].p + i * KHEAD_COLS * 8, sizeof h);
+        int64_t p = ld_i64(&a[1], 2 * i), end = ld_i64(&a[1], 2 * i + 1);
+        for (int64_t j = 0; j < h[6] && c < n; j++) {
+            KRec r;
+            if (kwalk(b, p, end, &r) != KDEC_OK) {
+                failed = c;
+                break;
+            }
+            p = r.next;
+            const uint8_t *ec = e + c * ENTRY_SIZE;
+            int64_t off = h[2] + r.od, want = (int64_t)rd64(ec + E_OFFSET);
+            if (want < off) { /* an entry no record of these batches has */
+                failed = c;
+                break;
+            }
+            if (want > off)
+                continue; /* a record not asked for */
+            uint16_t flags;
+            memcpy(&flags, ec + E_FLAGS, 2);
+            uint64_t dlo = 0, dhi = 0;
+            if (r.kl >= 0)
+                siphash128(k0, k1, b + r.ks, r.kl, &dlo, &dhi);
+            if ((int64_t)rd32(ec + E_POSITION) != h[0] ||
+                (int64_t)rd64(ec + E_TIMESTAMP) != h[4] + r.tsd ||
+                flags != ((r.vl < 0 ? REC_NULL_VALUE : 0) | (r.kl < 0 ? REC_NULL_KEY : 0)) ||
+                dlo != rd64(ec + E_DIGEST_LO) || dhi != rd64(ec + E_DIGEST_HI)) {
+                failed = c;
+                break;
+            }
+            int64_t kl = r.kl < 0 ? -1 : r.kl, vl = r.vl < 0 ? -1 : r.vl;
+            memcpy(a[4].p + c * a[4].stride, &r.ks, 8);
+            memcpy(a[5].p + c * a[5].stride, &kl, 8);
+            memcpy(a[6].p + c * a[6].stride, &r.vs, 8);
+            memcpy(a[7].p + c * a[7].stride, &vl, 8);
+            c++;
+        }
+    }
+    if (failed < 0 && c < n)
+        failed = c; /* entries past the last record */
+    Py_END_ALLOW_THREADS
+    arr_release(a, 8);
+    return PyLong_FromLongLong(failed);
+}
+
 /* -- decompressing many batches at once (zstd through libzstd, when built with its header) --- */
 #ifdef KC_HAVE_ZSTD
 #include <pthread.h>
@@ -508,6 +591,116 @@ static PyObject *kafka_unpack_many(PyObject *self, PyObject *const *args, Py_ssi
 #else
 #define KAFKA_ZSTD_METHODS
 #endif
+
+/* -- many uncompressed batches encoded at once (reput/rewrite.py SegmentWriter2) ------------- */
+
+static inline void wbe64(uint8_t *b, uint64_t x) { x = __builtin_bswap64(x); memcpy(b, &x, 8); }
+static inline void wbe32(uint8_t *b, uint32_t x) { x = __builtin_bswap32(x); memcpy(b, &x, 4); }
+static inline void wbe16(uint8_t *b, uint16_t x) { b[0] = (uint8_t)(x >> 8); b[1] = (uint8_t)x; }
+
+/* first i in [lo, n) with a[i] >= x (ascending a), else n; with right, a[i] > x */
+static inline int64_t kbound(const Arr *a, int64_t lo, int64_t n, int64_t x, int right)
+{
+    int64_t hi = n;
+    while (lo < hi) {
+        int64_t m = lo + (hi - lo) / 2;
+        int64_t v = ld_i64(a, m);
+        if (right ? v <= x : v < x)
+            lo = m + 1;
+        else
+            hi = m;
+    }
+    return lo;
+}
+
+/* kafka_encode_plain(buf, positions, ends, offsets, timestamps, lo, n, batch_bytes,
+ * max_batches, final, out, bounds) -> (batches, next, bytes): the verified format-1 records
+ * positions[lo:n] of buf (ending at ends[]: ascending, as offsets) as uncompressed RecordBatch v2
+ * batches back to back in out, cut as reput/rewrite.py SegmentWriter2._emit cuts them (a batch
+ * takes records until they hold batch_bytes of format-1 bytes, and spans at most 2^31 - 1
+ * offsets; without final, the last batch is written only when full). At most max_batches; it
+ * stops early, at a batch boundary, when out has no room for the next batch. bounds gets each
+ * batch's (end record, bytes); next is the first record not encoded. */
+static PyObject *kafka_encode_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("kafka_encode_plain", 12);
+    static const int which[5] = {5, 6, 7, 8, 9};
+    int64_t v[5];
+    if (args_i64(args, which, 5, v) < 0)
+        return NULL;
+    int64_t lo = v[0], n = v[1], batch_bytes = v[2], max_batches = v[3], final = v[4];
+    static const int arg_of[7] = {0, 1, 2, 3, 4, 10, 11};
+    static const int size_of[7] = {1, 8, 8, 8, 8, 1, 8};
+    static const char *names[7] = {"buf", "positions", "ends", "offsets", "timestamps", "out",
+                                   "bounds"};
+    Arr a[7];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 7; i++)
+        if (arr_get(args[arg_of[i]], &a[i], size_of[i], i >= 5, names[i]) < 0) {
+            arr_release(a, 7);
+            return NULL;
+        }
+    int bad = a[0].stride != 1 || a[5].stride != 1 || lo < 0 || n < lo || batch_bytes < 1 ||
+              max_batches < 0 || n > a[1].n || n > a[2].n || n > a[3].n || n > a[4].n;
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    for (int64_t i = lo; !bad && i < n; i++) {
+        int64_t p = ld_i64(&a[1], i);
+        bad = p < 0 || p > a[0].n || check_header(b, p, a[0].n) <= 0;
+    }
+    if (bad)
+        ARG_ERROR(a, 7, "kafka_encode_plain: a record, a record range or an output is outside its "
+                  "array");
+    uint8_t *out = (uint8_t *)a[5].p;
+    int64_t cap = a[5].n, q = 0, k = 0, maxk = a[6].n / 2;
+    if (max_batches < maxk)
+        maxk = max_batches;
+    Py_BEGIN_ALLOW_THREADS
+    while (lo < n && k < maxk) {
+        int64_t done = ld_i64(&a[1], lo);
+        int64_t hi = kbound(&a[2], lo, n, done + batch_bytes, 0) + 1;
+        if (hi > n)
+            hi = n;
+        if (hi == n && !final && ld_i64(&a[2], n - 1) - done < batch_bytes)
+            break; /* not a full batch yet */
+        int64_t base_off = ld_i64(&a[3], lo), base_ts = ld_i64(&a[4], lo);
+        int64_t lim = kbound(&a[3], lo, n, base_off + 0x7FFFFFFF, 1);
+        if (hi > lim)
+            hi = lim;
+        int64_t total = KB_HEADER + kencode(b, &a[1], lo, hi, base_off, base_ts, NULL, 0);
+        if (total > cap - q)
+            break; /* no room: the caller comes back with more */
+        int64_t max_ts = base_ts;
+        for (int64_t i = lo + 1; i < hi; i++) {
+            int64_t t = ld_i64(&a[4], i);
+            if (t > max_ts)
+                max_ts = t;
+        }
+        uint8_t *h = out + q;
+        wbe64(h, (uint64_t)base_off);
+        wbe32(h + 8, (uint32_t)(total - KB_OVERHEAD));
+        wbe32(h + 12, 0xFFFFFFFFu);               /* partitionLeaderEpoch -1 */
+        h[16] = 2;                                /* magic */
+        wbe16(h + 21, 0);                         /* attributes: no codec */
+        wbe32(h + 23, (uint32_t)(ld_i64(&a[3], hi - 1) - base_off));
+        wbe64(h + 27, (uint64_t)base_ts);
+        wbe64(h + 35, (uint64_t)max_ts);
+        wbe64(h + 43, 0xFFFFFFFFFFFFFFFFull);     /* producerId -1 */
+        wbe16(h + 51, 0xFFFF);                    /* producerEpoch -1 */
+        wbe32(h + 53, 0xFFFFFFFFu);               /* baseSequence -1 */
+        wbe32(h + 57, (uint32_t)(hi - lo));
+        kencode(b, &a[1], lo, hi, base_off, base_ts, h, KB_HEADER);
+        wbe32(h + 17, crc32c(h + KB_CRC_START, total - KB_CRC_START));
+        int64_t bk[2] = {hi, total};
+        memcpy(a[6].p + (2 * k) * a[6].stride, &bk[0], 8);
+        memcpy(a[6].p + (2 * k + 1) * a[6].stride, &bk[1], 8);
+        q += total;
+        k++;
+        lo = hi;
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 7);
+    return Py_BuildValue("(LLL)", (long long)k, (long long)lo, (long long)q);
+}
 
 /* lean_decode(body, n, first_offset, last_offset, first_position, next_position, out) -> ok:
  * one decompressed chunk of a lean index (docs/formats/bcq-v2.md: n b batch_count[b]

@@ -457,13 +457,14 @@ def verify_records(buf, base, entries, k0, k1, mode):
     verify_records: ``entries`` the bytes of n 48-byte .bcq entries; header valid, CRC32C, and
     the entry's size, offset, timestamp, flags and key digest; mode 1 (contiguous): the records
     lie back to back from buf[0] to its end in increasing offset order, else ``n``; mode 2: as
-    1 with the first record a guard, only its header checked). The caller checks the
-    arguments."""
+    1 with the first record a guard, only its header checked; mode 3: as 0 without the CRC, for
+    records store format 2's decoder has just written). The caller checks the arguments."""
     blen = buf.shape[0]
     expect = np.int64(0)
     n = entries.shape[0] // 48
-    contiguous = mode >= 1
+    contiguous = mode == 1 or mode == 2
     guard = mode == 2
+    check_crc = mode != 3
     u0 = np.uint64(k0)  # (a Python int comes in as int64: XOR with uint64 would make a float)
     u1 = np.uint64(k1)
     prev_off = np.int64(0)
@@ -489,7 +490,7 @@ def verify_records(buf, base, entries, k0, k1, mode):
         flags = np.uint32(entries[q + 40]) | (np.uint32(entries[q + 41]) << np.uint32(8))
         if flags != np.uint32(buf[p + 9]):
             return i
-        if crc32c(buf, p + 8, p + size, CRC_TABLES) != _rd_u32(buf, p + 4):
+        if check_crc and crc32c(buf, p + 8, p + size, CRC_TABLES) != _rd_u32(buf, p + 4):
             return i
         lo = np.uint64(0)
         hi = np.uint64(0)

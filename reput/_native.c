@@ -338,7 +338,10 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
  * mode 2 (contiguous, with a guard): as 1, but the first record is the one before those handed
  * out (reput/reader.py): only its header is checked (the entry's size and offset, a valid
  * header), not its CRC or digest, so that damage inside it does not fail reads after it. The
- * reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
+ * mode 3 (decoded): as 0, without the CRC: the records were just written by store format 2's
+ * decoder, which computed their CRCs from the bytes it wrote (the batch they came from was
+ * accepted by its CRC-32C); checking them again would check the decoder, not the data.
+ * The reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
 #define E_OFFSET 0
 #define E_TIMESTAMP 8
 #define E_DIGEST_LO 16
@@ -362,11 +365,11 @@ static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_
     long mode = PyLong_AsLong(args[5]);
     if (mode == -1 && PyErr_Occurred())
         return NULL;
-    if (mode < 0 || mode > 2) {
-        PyErr_Format(PyExc_ValueError, "verify_records: mode %ld is not 0, 1 or 2", mode);
+    if (mode < 0 || mode > 3) {
+        PyErr_Format(PyExc_ValueError, "verify_records: mode %ld is not 0, 1, 2 or 3", mode);
         return NULL;
     }
-    int contiguous = mode >= 1, guard = mode == 2;
+    int contiguous = mode == 1 || mode == 2, guard = mode == 2, crc = mode != 3;
     Arr a[2] = {{{0}}};
     if (arr_get(args[0], &a[0], 1, 0, "buf") < 0 || arr_get(args[2], &a[1], 1, 0, "entries") < 0) {
         arr_release(a, 2);
@@ -405,7 +408,7 @@ static PyObject *verify_records(PyObject *self, PyObject *const *args, Py_ssize_
         uint16_t flags;
         memcpy(&flags, e + E_FLAGS, 2);
         if (rd64(h + 16) != rd64(e + E_OFFSET) || rd64(h + 24) != rd64(e + E_TIMESTAMP) ||
-            flags != h[9] || crc32c(h + 8, size - 8) != rd32(h + 4)) {
+            flags != h[9] || (crc && crc32c(h + 8, size - 8) != rd32(h + 4))) {
             bad = i;
             break;
         }

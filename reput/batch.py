@@ -156,6 +156,61 @@ def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offse
     return EncodedBatch(out.tobytes(), n, written)
 
 
+
+def cut_batch(pos: np.ndarray, ends: np.ndarray, offsets: np.ndarray, lo: int, n: int,
+              batch_bytes: int, final: bool) -> int:
+    """Where the batch of records ``lo..`` ends (exclusive), as SegmentWriter2 cuts them: once
+    its format-1 records (``pos``/``ends``, ascending) hold ``batch_bytes``, and at most
+    2^31 - 1 offsets after its first (lastOffsetDelta is an int32); ``lo`` when the records
+    left do not fill a batch and this is not the ``final`` one."""
+    done = int(pos[lo])
+    hi = min(n, int(np.searchsorted(ends[:n], done + batch_bytes, side="left")) + 1)
+    if hi == n and not final and int(ends[n - 1]) - done < batch_bytes:
+        return lo
+    return min(hi, int(np.searchsorted(offsets[:n], int(offsets[lo]) + 0x7FFFFFFF,
+                                       side="right")))
+
+
+def encode_plain(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, offsets: np.ndarray,
+                 timestamps: np.ndarray, lo: int, n: int, batch_bytes: int, max_batches: int,
+                 final: bool) -> "tuple[np.ndarray, list[int], list[int], int]":
+    """Up to ``max_batches`` uncompressed batches of the records ``lo..n`` (cut by
+    ``cut_batch``), back to back: (their bytes, each one's size, each one's record count, the
+    first record left). One C call for all of them (kafka_encode_plain), else ``encode_batch``
+    a batch."""
+    sizes: list[int] = []
+    counts: list[int] = []
+    if _N is not None and hasattr(_N, "kafka_encode_plain"):
+        left = int(ends[n - 1] - pos[lo]) if n > lo else 0
+        cap = left + HEADER_SIZE * (left // batch_bytes + 2) + 4096
+        while True:
+            bounds = np.empty(2 * max(1, min(max_batches, n - lo, left // batch_bytes + 2)),
+                              np.int64)
+            out = np.empty(cap, np.uint8)
+            k, nxt, used = _N.kafka_encode_plain(buf, pos, ends, offsets, timestamps, lo, n,
+                                                 batch_bytes, max_batches, int(final), out,
+                                                 bounds)
+            if k or cut_batch(pos, ends, offsets, lo, n, batch_bytes, final) == lo \
+                    or max_batches == 0 or lo >= n:
+                break
+            cap *= 2  # (records whose many headers grow as Kafka records: rare)
+        ends_k = bounds[0:2 * k:2].tolist()
+        sizes = bounds[1:2 * k:2].tolist()
+        counts = [e - s for s, e in zip([lo] + ends_k, ends_k)]
+        return out[:used], sizes, counts, int(nxt)
+    parts = []
+    while lo < n and len(sizes) < max_batches:
+        hi = cut_batch(pos, ends, offsets, lo, n, batch_bytes, final)
+        if hi == lo:
+            break
+        eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, CODEC_NONE, 0)
+        parts.append(eb.data)
+        sizes.append(len(eb.data))
+        counts.append(hi - lo)
+        lo = hi
+    return np.frombuffer(b"".join(parts), np.uint8), sizes, counts, lo
+
+
 # -- decoding ----------------------------------------------------------------------------------
 
 
@@ -396,12 +451,14 @@ _HEADS_ROWS = 1024
 
 
 def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_bytes,
-               first: Opened | None):
+               first: Opened | None, fresh: bool = False):
     """The batches of ``buf`` (the .log from byte ``start_pos``) opened on the C kernels: every
     header and CRC-32C (kafka_heads), the wanted ones' payloads decompressed back to back (one C
     call, else one codec call a batch; in place when none is compressed), no more than
     ``max_bytes`` of records' worth: (heads table, the buffer they lie in, their (start, end)
-    pairs flat), or None when a batch fails (the batch-by-batch path names it)."""
+    pairs flat), or None when a batch fails (the batch-by-batch path names it). ``fresh``: the
+    payloads are decompressed into a buffer of their own (handed out with the records), not the
+    thread's reused one."""
     rows = _HEADS_ROWS
     table = np.empty(rows * 8, np.int64)
     n, p = 0, 0
@@ -423,7 +480,7 @@ def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_b
         spans[:, 0] = heads[:, 0] - start_pos + HEADER_SIZE
         spans[:, 1] = heads[:, 0] - start_pos + heads[:, 1]
         return heads, buf, spans.reshape(-1)
-    unpacked = _unpack(buf, start_pos, heads, tl, max_bytes, first)
+    unpacked = _unpack(buf, start_pos, heads, tl, max_bytes, first, fresh)
     if unpacked is not None:
         return unpacked
     pays, lens = [], []  # a codec or frame the C path does not size: one call a batch
@@ -543,6 +600,63 @@ def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int
     return Heads(np.ascontiguousarray(heads)), e
 
 
+class SpanFields(NamedTuple):
+    """Keys and values of a span's records straight from their Kafka records (``span_fields``):
+    where they lie in ``pay`` (length -1: null). ``count``: the entries given that lie in the
+    batches decoded; ``picked``: those handed out (all, or the wanted ones), their numbers."""
+    pay: np.ndarray
+    count: int
+    picked: np.ndarray
+    kstart: np.ndarray
+    klen: np.ndarray
+    vstart: np.ndarray
+    vlen: np.ndarray
+
+
+def span_fields(buf: np.ndarray, start_pos: int, tl: int, entries: np.ndarray, k0: int, k1: int,
+                max_bytes: int | None, want: np.ndarray | None = None) -> SpanFields | None:
+    """The keys and values of ``entries``' records (index entries, offsets rising, of the
+    batches of ``buf``: the .log from ``start_pos``), the batches checked as ``decode_batches``
+    checks them and each record against its entry (kafka_fields_many), no format-1 record
+    written; with ``max_bytes``, only the batches a read bounded so decodes, and the entries of
+    those; with ``want`` (offsets, rising), only the records at those offsets are checked
+    against their entries and handed out (every batch is still checked whole). None without the
+    C kernels or when anything fails a check (``decode_batches`` and the reader's check name
+    it)."""
+    if _N is None or not hasattr(_N, "kafka_fields_many") or entries.shape[0] == 0:
+        return None
+    span = _open_span(buf, start_pos, tl, "", None, max_bytes, None, fresh=True)
+    if span is None or span[0].shape[0] == 0:
+        return None
+    heads, pay, spans = span
+    flat = np.ascontiguousarray(heads).reshape(-1)
+    st, _b, _r, _n, _nbytes = _N.kafka_scan_many(pay, spans, flat, tl, 0, (1 << 63) - 1)
+    if st != KK.DEC_OK:
+        return None
+    n = int(np.searchsorted(entries["position"].astype(np.int64), int(heads[-1, 0]),
+                            side="right"))
+    picked = None  # all n
+    if want is not None:
+        offs = entries["offset"][:n].astype(np.int64)
+        # the wanted offsets in this span's range: every one of its records (a compacted
+        # partition's winners), or a few
+        win = want[np.searchsorted(want, offs[0]):np.searchsorted(want, offs[-1], "right")]
+        if not (win.shape[0] == n and bool(np.array_equal(win, offs))):
+            at = np.minimum(np.searchsorted(win, offs), max(0, win.shape[0] - 1))
+            picked = np.flatnonzero(win[at] == offs) if win.shape[0] else np.zeros(0, np.int64)
+    if picked is None:
+        picked = np.arange(n)
+        e = np.ascontiguousarray(entries[:n])
+    else:
+        e = np.ascontiguousarray(entries[picked])
+    m = e.shape[0]
+    ks, kl, vs, vl = (np.empty(m, np.int64) for _ in range(4))
+    if _N.kafka_fields_many(pay, spans, flat, e.view(np.uint8).reshape(-1), k0, k1,
+                            ks, kl, vs, vl) >= 0:
+        return None
+    return SpanFields(pay, n, picked, ks, kl, vs, vl)
+
+
 def _within(heads: np.ndarray, sizes: np.ndarray, tl: int, max_bytes: int | None) -> int:
     """How many of ``heads``' batches (their payloads ``sizes`` bytes) a read bounded to
     ``max_bytes`` of records decodes: up to the one that brings them to it. A format-1 record
@@ -555,7 +669,7 @@ def _within(heads: np.ndarray, sizes: np.ndarray, tl: int, max_bytes: int | None
 
 
 def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
-            max_bytes: int | None, first: Opened | None):
+            max_bytes: int | None, first: Opened | None, fresh: bool = False):
     """The payloads of ``heads``' batches (kafka_heads rows) back to back, decompressed in one C
     call (threads for a large span): (the rows kept under ``max_bytes``, payloads, their spans),
     or None when the C module has no libzstd or a batch is not uncompressed or one zstd frame of
@@ -570,7 +684,7 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
     heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
     starts = np.zeros(sizes.shape[0] + 1, np.int64)
     np.cumsum(sizes, out=starts[1:])
-    out = _scratch(int(starts[-1]))
+    out = np.empty(int(starts[-1]), np.uint8) if fresh else _scratch(int(starts[-1]))
     skip = 0
     if first is not None and first.head.position == int(heads[0, 0]) \
             and first.payload.shape[0] == int(sizes[0]):
@@ -623,5 +737,6 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
 __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ4", "CODEC_NAMES",
            "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
            "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
-           "decode_batches", "decode_run", "decompress", "encode_batch", "open_batch", "parse_head",
-           "span_entries", "walk_opened", "zstd_compress", "zstd_decompress"]
+           "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress", "encode_batch",
+           "encode_plain", "open_batch", "parse_head", "span_entries", "span_fields", "walk_opened",
+           "zstd_compress", "zstd_decompress"]

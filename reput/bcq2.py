@@ -10,7 +10,11 @@ alike. Unlike format 1's index this one is checksummed (header, directory, each 
 
 from __future__ import annotations
 
+import io
+import os
 import struct
+import tempfile
+import threading
 from typing import Callable
 
 import numpy as np
@@ -51,12 +55,22 @@ def _crc(data) -> int:
     return crc32c(arr, 0, arr.shape[0]) if arr.shape[0] else 0
 
 
-class IndexBuilder:
-    """The entries of a segment, batch by batch (``add_batch``), into a lean index."""
+#: compressed chunks a builder holds in memory before it moves them to its spill file
+SPILL_ABOVE = 4 << 20
 
-    def __init__(self, chunk_entries: int = CHUNK_ENTRIES):
+
+class IndexBuilder:
+    """The entries of a segment, batch by batch (``add_batch``), into a lean index
+    (``write_to`` a file, or ``finish`` for the bytes). Memory stays bounded whatever the
+    segment: closed chunks over ``SPILL_ABOVE`` bytes go to an unnamed temporary file (in
+    ``spill_dir``, else the system's temporary directory) until the index is written."""
+
+    def __init__(self, chunk_entries: int = CHUNK_ENTRIES, spill_dir: str | None = None):
         self.chunk_entries = chunk_entries
+        self.spill_dir = spill_dir
         self._chunks: list[bytes] = []
+        self._held = 0   # bytes of _chunks
+        self._spill = None
         self._dir: list[tuple] = []
         self._pending: list[np.ndarray] = []
         self._pending_counts: list[np.ndarray] = []  # records of each pending batch
@@ -124,12 +138,21 @@ class IndexBuilder:
         self._dir.append((int(off[0]), int(off[-1]), self.records, 0, self._pending_first_pos,
                           len(packed), _crc(packed)))
         self._chunks.append(packed)
+        self._held += len(packed)
+        if self._held > SPILL_ABOVE:
+            if self._spill is None:
+                where = self.spill_dir if self.spill_dir and os.path.isdir(self.spill_dir) \
+                    else None
+                self._spill = tempfile.TemporaryFile(prefix="kcompact-bcq-", dir=where)
+            self._spill.write(b"".join(self._chunks))
+            self._chunks, self._held = [], 0
         self.records += n
         self._pending, self._pending_counts, self._pending_sizes = [], [], []
         self._pending_n = 0
 
-    def finish(self, codec: int) -> bytes:
-        """The whole .bcq."""
+    def write_to(self, out, codec: int) -> int:
+        """Write the whole .bcq with ``out.write`` (``codec``: the codec its segment's batches
+        are written with); returns its bytes."""
         self._close_chunk()
         d = np.zeros(len(self._dir), DIR_DTYPE)
         pos = HEADER_SIZE + d.nbytes
@@ -141,7 +164,23 @@ class IndexBuilder:
         head = HEADER.pack(MAGIC, FORMAT_VERSION, codec, 0, len(self._dir), self.records,
                            self.log_size, _crc(dbytes), 0)
         head = head[:36] + struct.pack("<I", _crc(head[:36]))
-        return b"".join([head, dbytes] + self._chunks)
+        out.write(head + dbytes)
+        if self._spill is not None:  # the chunks spilled first, then the ones held
+            self._spill.seek(0)
+            while piece := self._spill.read(1 << 20):
+                out.write(piece)
+            self._spill.close()
+            self._spill = None
+        for c in self._chunks:
+            out.write(c)
+        self._chunks, self._held = [], 0
+        return pos
+
+    def finish(self, codec: int) -> bytes:
+        """The whole .bcq, as bytes."""
+        buf = io.BytesIO()
+        self.write_to(buf, codec)
+        return buf.getvalue()
 
 
 class LeanIndex:
@@ -192,6 +231,8 @@ class LeanIndex:
         self._cache: dict[int, np.ndarray] = {}
         self._all: np.ndarray | None = None
         self._batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # batches' so far
+        self._rows_lock = threading.Lock()
         self._batch_at: dict[int, tuple[int, int]] | None = None
 
     @property
@@ -205,13 +246,32 @@ class LeanIndex:
         return max(0, int(np.searchsorted(self.dir["first_entry"], j, side="right")) - 1)
 
     def chunk(self, i: int) -> np.ndarray:
-        """Entries of chunk ``i`` (BCQ_DTYPE, a fresh array; the last one decoded is cached)."""
+        """Entries of chunk ``i`` (BCQ_DTYPE, a fresh array; the last one decoded is cached).
+        Chunks decoded in order from the first also collect ``batches``' table on the way (a
+        compaction's first pass over the index leaves it ready for the second)."""
         hit = self._cache.get(i)
         if hit is not None:
             return hit
         e = self._load(i)
         self._cache = {i: e}
+        if self._batches is None:
+            with self._rows_lock:
+                if self._batches is None and i == len(self._rows):
+                    self._add_rows(e)
         return e
+
+    def _add_rows(self, e: np.ndarray) -> None:
+        """Add the batches of the next chunk's entries ``e`` to the table ``batches`` builds
+        (chunks hold whole batches); the table is made once every chunk is in."""
+        p = e["position"].astype(np.int64)
+        first = np.flatnonzero(np.diff(p, prepend=-1)) if p.shape[0] else p
+        self._rows.append((p[first], e["size"][first].astype(np.int64),
+                           np.diff(first, append=p.shape[0]).astype(np.int64)))
+        if len(self._rows) == self.chunk_count:
+            empty = np.zeros(0, np.int64)
+            self._batches = tuple(np.concatenate(c) if c else empty  # type: ignore[assignment]
+                                  for c in zip(*self._rows)) if self._rows else (empty,) * 3
+            self._rows = []
 
     def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` read, checked against its CRC and decoded (into ``out`` when given)."""
@@ -225,24 +285,24 @@ class LeanIndex:
 
     def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions, sizes, record counts) of every batch of the .log (int64 each): from the
-        entries when they are decoded already, else chunk by chunk (memory bounded by a chunk:
-        a compaction's pass over a large segment does not hold all its entries); cached."""
-        if self._batches is None:
-            if self._all is not None:
-                parts = [self._all]
-            else:
-                parts = (self.chunk(i) for i in range(self.chunk_count))
-            pos, size, count = [], [], []
-            for e in parts:
-                p = e["position"].astype(np.int64)
-                first = np.flatnonzero(np.r_[True, p[1:] != p[:-1]]) if p.shape[0] else p
-                pos.append(p[first])
-                size.append(e["size"][first].astype(np.int64))
-                count.append(np.diff(np.r_[first, p.shape[0]]).astype(np.int64))
-            empty = np.zeros(0, np.int64)
-            self._batches = (np.concatenate(pos) if pos else empty,
-                             np.concatenate(size) if size else empty,
-                             np.concatenate(count) if count else empty)
+        entries when they are decoded already, else chunk by chunk from the first not yet
+        collected (memory bounded by a chunk: a compaction's pass over a large segment does not
+        hold all its entries); cached."""
+        if self._batches is not None:
+            return self._batches
+        with self._rows_lock:
+            if self._batches is not None:
+                return self._batches
+            if self.chunk_count == 0:
+                self._batches = (np.zeros(0, np.int64),) * 3  # type: ignore[assignment]
+            elif self._all is not None:
+                self._rows = []
+                bounds = np.searchsorted(self._all["position"].astype(np.int64),
+                                         self.dir["first_position"].astype(np.int64))
+                for a, z in zip(bounds.tolist(), bounds[1:].tolist() + [self._all.shape[0]]):
+                    self._add_rows(self._all[a:z])
+            while self._batches is None:
+                self._add_rows(self._load(len(self._rows)))
         return self._batches
 
     def batch_at(self, position: int) -> tuple[int, int] | None:

@@ -199,3 +199,40 @@ def stored_records(block: RecordColumns) -> tuple[np.ndarray, np.ndarray, np.nda
     storage layer's own writers, which copy records byte for byte (``SegmentWriter``,
     ``PartitionLog.append_block``)."""
     return (block._data, block._rel, block._entries["size"].astype(np.int64), block._entries)
+
+
+class KeyValues:
+    """The keys and values of a block of records where they lie (no copy), with their offsets:
+    what ``PartitionReader.read_fields`` hands a reader that needs nothing else (the KV map's
+    build). Every record was checked as ``RecordColumns``' are. ``next_offset``: where the next
+    read starts."""
+
+    __slots__ = ("offsets", "keys", "values", "next_offset")
+
+    def __init__(self, offsets: np.ndarray, keys: Spans, values: Spans, next_offset: int):
+        self.offsets, self.keys, self.values = offsets, keys, values
+        self.next_offset = next_offset
+
+    @classmethod
+    def of(cls, block: RecordColumns) -> "KeyValues":
+        return cls(block.offsets, block.key_spans(), block.value_spans(), block.next_offset)
+
+    def __len__(self) -> int:
+        return self.offsets.shape[0]
+
+    def __repr__(self) -> str:
+        return f"KeyValues({len(self)} records, next {self.next_offset})"
+
+    def key_spans(self) -> Spans:
+        return self.keys
+
+    def value_spans(self) -> Spans:
+        return self.values
+
+    def take(self, which) -> "KeyValues":
+        """The records at ``which`` (a boolean mask or indices), in that order."""
+        k, v = self.keys, self.values
+        return KeyValues(self.offsets[which],
+                         Spans(k.buf, k.starts[which], k.lengths[which], k.null[which]),
+                         Spans(v.buf, v.starts[which], v.lengths[which], v.null[which]),
+                         self.next_offset)

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .columns import RecordColumns
+from .columns import KeyValues, RecordColumns
 from .reader import PartitionReader
 
 
 class ReadAhead:
-    """``with ReadAhead(reader) as ra: ra.prefetch(o, max_bytes=N); block = ra.take()``."""
+    """``with ReadAhead(reader) as ra: ra.prefetch(o, max_bytes=N); block = ra.take()``;
+    ``fields=True``: blocks of keys and values only (``reader.read_fields``)."""
 
-    def __init__(self, reader: PartitionReader):
+    def __init__(self, reader: PartitionReader, *, fields: bool = False):
         self.reader = reader
+        #: read keys and values only (``reader.read_fields``), else whole records
+        self.fields = fields
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcompact-read-ahead")
         self._next: Future | None = None
 
@@ -33,13 +36,21 @@ class ReadAhead:
         self.close()
 
     def prefetch(self, from_offset: int, max_records: int | None = None,
-                 max_bytes: int | None = None) -> None:
-        """Start ``reader.read(from_offset, max_records, max_bytes)`` (one at a time)."""
+                 max_bytes: int | None = None, want=None) -> None:
+        """Start ``reader.read(from_offset, max_records, max_bytes)`` (one at a time); with
+        ``fields``, ``reader.read_fields(from_offset, max_bytes, want)``."""
         if self._next is not None:
             raise RuntimeError("a read is already in flight: take() it first")
-        self._next = self._pool.submit(self.reader.read, from_offset, max_records, max_bytes)
+        if self.fields:
+            if max_records is not None:
+                raise ValueError("a read of keys and values is bounded in bytes only")
+            self._next = self._pool.submit(self.reader.read_fields, from_offset, max_bytes,
+                                           want)
+        else:
+            self._next = self._pool.submit(self.reader.read, from_offset, max_records,
+                                           max_bytes)
 
-    def take(self) -> RecordColumns:
+    def take(self) -> "RecordColumns | KeyValues":
         """The block the last ``prefetch`` asked for (its error, if it failed)."""
         if self._next is None:
             raise RuntimeError("nothing prefetched")

@@ -82,7 +82,7 @@ from . import parallel
 from .backend import _oserror
 from .errors import CorruptRecordError
 from .jit import native
-from .columns import RecordColumns, Spans, stored_records
+from .columns import KeyValues, RecordColumns, Spans, stored_records
 from .record import HEADER, HEADER_SIZE, Record, field_spans, gather, secret_words
 from .segment_list import crc32c
 
@@ -102,20 +102,23 @@ _ZERO.flags.writeable = False
 
 
 def verify_records(data: np.ndarray, start: int, entries: np.ndarray, secret: bytes, *,
-                   contiguous: bool = False, guard: bool = False) -> int:
+                   contiguous: bool = False, guard: bool = False, decoded: bool = False) -> int:
     """The one check of records against their index entries: the number of the first entry
     whose record fails (see module docstring), ``len(entries)`` when only the contiguity of a
     range fails after the last one, -1 when all pass. ``data`` holds the .log bytes from file
     position ``start``; ``secret`` is the store's digest secret. ``contiguous``: back to back
     from ``data[0]`` to its end, offsets increasing; ``guard`` (contiguous only): the first
-    entry is the guard, only its header checked."""
+    entry is the guard, only its header checked. ``decoded`` (a selection only): the records
+    were just written by store format 2's decoder, which computed their CRCs (the batch's
+    CRC-32C accepted the bytes they came from): everything but the CRC is checked."""
     if entries.shape[0] == 0:
         return 0 if contiguous and data.shape[0] else -1
     if not 0 <= start <= 0xFFFFFFFF:  # a .log position is 32 bits (bcq.md)
         return 0
     k0, k1 = _secret_words(secret)
     raw = np.ascontiguousarray(entries).view(np.uint8).reshape(-1)
-    return int(_verify(data, int(start), raw, k0, k1, 2 if guard else int(bool(contiguous))))
+    mode = 2 if guard else 1 if contiguous else 3 if decoded else 0
+    return int(_verify(data, int(start), raw, k0, k1, mode))
 
 
 @functools.lru_cache(maxsize=64)
@@ -272,6 +275,40 @@ class PartitionReader:
             return RecordColumns.empty(pl.topic, pl.partition, from_offset)
         from_offset = max(0, min(int(from_offset), (1 << 63) - 1))
         return self._retrying(self._read_once, from_offset, max_records, max_bytes)
+
+    def read_fields(self, from_offset: int, max_bytes: int | None = None,
+                    want: np.ndarray | None = None) -> KeyValues:
+        """``read``'s records as their keys and values only (with offsets), for a reader that
+        needs nothing else (the KV map's build). From a format-2 segment they are taken where
+        they lie in the decompressed batches, each batch and each record checked as ``read``
+        checks them (batch CRC-32C and walk; offset, timestamp, flags and key digest against
+        the entry), without writing format-1 records; anything that fails goes through
+        ``read``, which names it. ``max_bytes`` bounds the batches decoded (about that many
+        bytes of records). ``want`` (offsets, rising): only those records are handed out (and
+        checked against their entries; every batch is still checked whole), ``next_offset``
+        still the read's; a format-1 segment's block gives them all."""
+        from_offset = max(0, min(int(from_offset), (1 << 63) - 1))
+        if want is not None:
+            want = np.asarray(want, np.int64)
+        return self._retrying(self._fields_once, from_offset, max_bytes, want)
+
+    def _fields_once(self, from_offset: int, max_bytes: int | None,
+                     want: np.ndarray | None) -> KeyValues:
+        pl = self.pl
+        plan = self._plan(from_offset, None, max_bytes)
+        if plan is not None and pl.seg_format(plan[0]) == 2 and _N is not None:
+            seg, sel = plan[0], plan[1][plan[2]:]
+            start, end, _, _ = self._batch_span(seg, sel)
+            k0, k1 = _secret_words(pl.secret)
+            got = KB.span_fields(pl.log_bytes(seg, start, end - start), start,
+                                 len(pl.topic_bytes), sel, k0, k1, max_bytes, want)
+            if got is not None:
+                n = got.count
+                return KeyValues(sel["offset"][got.picked].astype(np.int64),
+                                 Spans(got.pay, got.kstart, got.klen, got.klen < 0),
+                                 Spans(got.pay, got.vstart, got.vlen, got.vlen < 0),
+                                 int(sel[n - 1]["offset"]) + 1)
+        return KeyValues.of(self._read_once(from_offset, None, max_bytes))
 
     def blocks(self, from_offset: int = 0, *, max_bytes: int | None = DEFAULT_BLOCK_BYTES,
                limit: int | None = None) -> Iterator[RecordColumns]:
@@ -498,23 +535,25 @@ class PartitionReader:
                     rel: np.ndarray, path: str) -> RecordColumns:
         """The block of ``sel``'s records decoded into ``data`` (format-1 records at ``rel``,
         ``sizes`` bytes), each checked against its entry (offset, timestamp, flags, key digest)
-        by the one check every format-1 read goes through, run on the decoded records (their
-        CRCs are the decoder's)."""
+        by the one check every format-1 read goes through, run on the decoded records without
+        their CRCs (the decoder computed them from the bytes it wrote; the batch's CRC-32C
+        accepted the bytes they came from)."""
         pl = self.pl
         ent = sel.copy()
         ent["size"] = sizes
         if ent.shape[0] == 1:  # the record alone: data's byte 0 stands for its entry's position
-            bad = verify_records(data, int(ent["position"][0]), ent, pl.secret)
+            bad = verify_records(data, int(ent["position"][0]), ent, pl.secret, decoded=True)
         else:  # checked at their places in data, then given back their batches' positions
             ent["position"] = rel
             n = ent.shape[0]
             if parallel.worth_splitting(data.shape[0]):  # in two halves at once
                 h = n // 2
-                a, b = parallel.both(lambda: verify_records(data, 0, ent[:h], pl.secret),
-                                     lambda: verify_records(data, 0, ent[h:], pl.secret))
+                a, b = parallel.both(
+                    lambda: verify_records(data, 0, ent[:h], pl.secret, decoded=True),
+                    lambda: verify_records(data, 0, ent[h:], pl.secret, decoded=True))
                 bad = a if a >= 0 else (h + b if b >= 0 else -1)
             else:
-                bad = verify_records(data, 0, ent, pl.secret)
+                bad = verify_records(data, 0, ent, pl.secret, decoded=True)
             ent["position"] = sel["position"]
         if bad >= 0:
             chk = ent.copy()

@@ -12,6 +12,8 @@ or on an object store ``PartitionLog.commit_staged``.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .backend import Backend
@@ -21,6 +23,10 @@ from .record import gather
 
 #: a .bcq position is 32 bits (docs/formats/bcq.md)
 MAX_SEGMENT_BYTES = 0xFFFFFFFF
+
+#: the most batches stored uncompressed without a try after batches that did not compress
+#: (docs/formats/segment-v2.md: 1, 3, 7 ... after 1, 2, 3 ... such batches in a row)
+PLAIN_RUN_MAX = 63
 
 
 class SegmentWriter:
@@ -88,7 +94,8 @@ class SegmentWriter2:
         self.fs, self.log_path, self.index_path = fs, log_path, index_path
         self.codec, self.level, self.batch_bytes = codec, level, max(1, int(batch_bytes))
         self.log = fs.open_append(log_path)
-        self.builder = IndexBuilder()
+        local = fs.local_path(index_path)
+        self.builder = IndexBuilder(spill_dir=os.path.dirname(local) if local else None)
         self.size = 0    # bytes of the .log so far
         self.count = 0   # records so far
         self.written_codec = 0  # the codec of the last compressed batch (0: none compressed)
@@ -97,8 +104,10 @@ class SegmentWriter2:
         self._entries: list[np.ndarray] = []
         self._pending = 0
         self._done = False
-        #: the last batch encoded did not compress: probe the next one first
-        self._stored_plain = False
+        #: batches tried in a row that did not compress (the next one tried is probed first)
+        self._tried_plain = 0
+        #: batches still to store uncompressed without trying (after ``_tried_plain`` ones)
+        self._plain_left = 0
 
     def append(self, block: RecordColumns) -> int:
         """Queue a block's records (encoded once ``batch_bytes`` of them are queued); returns
@@ -133,8 +142,10 @@ class SegmentWriter2:
                              "(segment.bytes is at most 2 GiB)")
 
     def _emit(self, final: bool) -> None:
-        """Encode queued records into batches: every full batch, and with ``final`` the rest."""
-        from .batch import CODEC_NONE, encode_batch
+        """Encode queued records into batches: every full batch, and with ``final`` the rest.
+        Runs of batches stored uncompressed (the topic's codec is none, or the last batches
+        tried did not compress: ``_tried_plain``) are encoded in one call (batch.encode_plain)."""
+        from .batch import CODEC_NONE, cut_batch, encode_batch, encode_plain
         if not self._bufs:
             return
         buf = np.concatenate(self._bufs) if len(self._bufs) > 1 else self._bufs[0]
@@ -150,23 +161,39 @@ class SegmentWriter2:
         # the batches of this call: written and indexed together after the loop
         start_size, datas, bsizes, counts = self.size, [], [], []
         while lo < n:
-            done = int(pos[lo])
-            hi = int(np.searchsorted(ends, done + self.batch_bytes, side="left")) + 1
-            hi = min(n, max(hi, lo + 1))
-            if hi == n and not final and int(ends[-1]) - done < self.batch_bytes:
+            if self.codec == CODEC_NONE or self._plain_left > 0:
+                most = n if self.codec == CODEC_NONE else self._plain_left
+                data, bs, cs, hi = encode_plain(buf, pos, ends, offsets, timestamps, lo, n,
+                                                self.batch_bytes, most, final)
+                if not cs:
+                    break  # not a full batch yet: wait for more records
+                self._check_room(data.shape[0])
+                datas.append(data)
+                bsizes += bs
+                counts += cs
+                if self.codec != CODEC_NONE:
+                    self._plain_left -= len(cs)
+                self.size += data.shape[0]
+                self.count += hi - lo
+                lo = hi
+                continue
+            hi = cut_batch(pos, ends, offsets, lo, n, self.batch_bytes, final)
+            if hi == lo:
                 break  # not a full batch yet: wait for more records
-            # a batch's offsets span at most 2^31 - 1 (lastOffsetDelta is an int32)
-            hi = min(hi, int(np.searchsorted(offsets, int(offsets[lo]) + 0x7FFFFFFF,
-                                             side="right")))
             eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, self.codec, self.level,
-                              probe_small=self._stored_plain)
-            self._stored_plain = eb.codec == CODEC_NONE and self.codec != CODEC_NONE
+                              probe_small=self._tried_plain > 0)
+            if eb.codec == CODEC_NONE:
+                # incompressible records (random or already compressed values): the next
+                # 1, 3, 7 ... up to PLAIN_RUN_MAX batches are stored plain without a try
+                self._tried_plain += 1
+                self._plain_left = min((1 << min(self._tried_plain, 16)) - 1, PLAIN_RUN_MAX)
+            else:
+                self._tried_plain = 0
+                self.written_codec = eb.codec
             self._check_room(len(eb.data))
             datas.append(eb.data)
             bsizes.append(len(eb.data))
             counts.append(hi - lo)
-            if eb.codec:
-                self.written_codec = eb.codec
             self.size += len(eb.data)
             self.count += hi - lo
             lo = hi
@@ -188,7 +215,7 @@ class SegmentWriter2:
         self._emit(final=True)
         idx = self.fs.open_append(self.index_path)
         try:
-            idx.write(self.builder.finish(self.written_codec))
+            self.builder.write_to(idx, self.written_codec)
             idx.sync()
         finally:
             idx.close()

@@ -232,6 +232,35 @@ def test_large_build_several_runs_and_batches(tmp_path, store_at):
         assert list(m.keys()) == sorted(model(recs))
 
 
+def test_winners_compacted_away_during_the_build_are_caught_up(tmp_path, monkeypatch):
+    """The winners are picked from the index; before their records are read, newer records of
+    their keys are appended and a compaction drops them: the bulk build counts them missing and
+    the catch-up from the store applies the newer ones (the map is the model of everything)."""
+    store = tmp_path / "store"
+    recs = gen_records(6000, partitions=2, keys=400, value_size=60)
+    write_store(store, recs)
+    more = gen_records(3000, partitions=2, keys=400, seed=9, start=next_offsets(store),
+                       value_size=60)
+    real = MapBuilder._winners
+
+    def winners_then_compaction(self, st, ends):
+        got = real(self, st, ends)
+        with Store.open(str(store), writer="w2") as w:
+            append(w, more)
+            w.flush()
+            c = Compactor(w)
+            for p in w.partitions(TOPIC):
+                c.compact_partition(TOPIC, p, force=True)
+        return got
+    monkeypatch.setattr(MapBuilder, "_winners", winners_then_compaction)
+    from kcompact.connectors.apps.kv import build as kv_build
+    monkeypatch.setattr(kv_build, "READ_BYTES", 1024)  # small reads: some find no winner left
+    notes = []
+    build_map(tmp_path / "db", str(store), TOPIC, progress=notes.append)
+    assert any("compacted away meanwhile" in n for n in notes)
+    check_map(tmp_path / "db", model(recs + more))
+
+
 def test_cross_partition_key_is_resolved_by_timestamp_then_partition(tmp_path, store_at):
     recs = [(0, 0, 100, b"a", b"p0-old-ts"), (1, 0, 50, b"a", b"p1"),
             (0, 1, 10, b"a", b"p0-latest"),        # latest of p0 despite its older timestamp

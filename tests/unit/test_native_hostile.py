@@ -59,7 +59,16 @@ CASES = {
     "verify_records strided buf": lambda: RN.verify_records(u8(128)[::2], 0, _entries(0, 50),
                                                             0, 0, False),
     "verify_records unknown mode": lambda: RN.verify_records(u8(64), 0, _entries(0, 50), 0, 0,
-                                                             3),
+                                                             4),
+    "kafka_encode_plain range past the positions": lambda: RN.kafka_encode_plain(
+        u8(64), i64(2), i64(2), i64(2), i64(2), 0, 3, 100, 10, 1, u8(256), i64(8)),
+    "kafka_encode_plain record past buf": lambda: RN.kafka_encode_plain(
+        u8(64), np.array([60], np.int64), i64(1), i64(1), i64(1), 0, 1, 100, 10, 1, u8(256),
+        i64(8)),
+    "kafka_encode_plain strided out": lambda: RN.kafka_encode_plain(
+        u8(64), i64(1), i64(1), i64(1), i64(1), 0, 1, 100, 10, 1, u8(512)[::2], i64(8)),
+    "kafka_encode_plain batch_bytes 0": lambda: RN.kafka_encode_plain(
+        u8(64), i64(1), i64(1), i64(1), i64(1), 0, 1, 0, 10, 1, u8(256), i64(8)),
     "field_spans outputs short": lambda: RN.field_spans(u8(64), i64(4), *[i64(1)] * 6, u8(1)),
     "gather_ranges range past src": lambda: RN.gather_ranges(u8(8), np.array([4], np.int64),
                                                              np.array([BIG], np.int64), u8(8)),

@@ -323,21 +323,26 @@ class MapBuilder(KafkaCatchUp):
                     continue
                 i = 0
                 # the next block is read while this one is gathered (and a run sorted and
-                # written): the first winner after a block is known once the block is read
-                with ReadAhead(store.reader(self.topic, p)) as ahead:
-                    ahead.prefetch(int(w[0]), max_bytes=READ_BYTES)
+                # written): the first winner after a block is known once the block is read;
+                # keys and values only, of the winners only (reader.read_fields)
+                with ReadAhead(store.reader(self.topic, p), fields=True) as ahead:
+                    ahead.prefetch(int(w[0]), max_bytes=READ_BYTES, want=w)
                     while i < w.shape[0]:
                         if stop.is_set():
                             break
                         r = ahead.take()
-                        if len(r) == 0:
+                        if len(r) == 0 and r.next_offset <= int(w[i]):  # nothing more
                             missing += w.shape[0] - i
                             break
-                        eo = r.offsets
-                        j = int(np.searchsorted(w, eo[-1], "right"))
+                        j = int(np.searchsorted(w, r.next_offset - 1, "right"))
                         if j < w.shape[0]:
-                            ahead.prefetch(int(w[j]), max_bytes=READ_BYTES)
+                            ahead.prefetch(int(w[j]), max_bytes=READ_BYTES, want=w[j:])
                         sel = w[i:j]
+                        eo = r.offsets
+                        if eo.shape[0] == 0:  # the winners of this range were compacted away
+                            missing += sel.shape[0]
+                            i = j
+                            continue
                         idx = np.minimum(np.searchsorted(eo, sel), eo.shape[0] - 1)
                         present = eo[idx] == sel
                         missing += int(sel.shape[0] - np.count_nonzero(present))
