@@ -56,7 +56,7 @@ def _crc(data) -> int:
 
 
 #: compressed chunks a builder holds in memory before it moves them to its spill file
-SPILL_ABOVE = 4 << 20
+SPILL_ABOVE = 1 << 20
 
 
 class IndexBuilder:
@@ -144,7 +144,8 @@ class IndexBuilder:
                 where = self.spill_dir if self.spill_dir and os.path.isdir(self.spill_dir) \
                     else None
                 self._spill = tempfile.TemporaryFile(prefix="kcompact-bcq-", dir=where)
-            self._spill.write(b"".join(self._chunks))
+            for c in self._chunks:
+                self._spill.write(c)
             self._chunks, self._held = [], 0
         self.records += n
         self._pending, self._pending_counts, self._pending_sizes = [], [], []

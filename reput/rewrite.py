@@ -24,6 +24,10 @@ from .record import gather
 #: a .bcq position is 32 bits (docs/formats/bcq.md)
 MAX_SEGMENT_BYTES = 0xFFFFFFFF
 
+#: format-1 bytes of a block taken into the queue at a time (a compaction's blocks are a few MiB;
+#: encoding them a slice at a time keeps the copies that encoding makes that small)
+APPEND_SLICE_BYTES = 1 << 20
+
 #: the most batches stored uncompressed without a try after batches that did not compress
 #: (docs/formats/segment-v2.md: 1, 3, 7 ... after 1, 2, 3 ... such batches in a row)
 PLAIN_RUN_MAX = 63
@@ -116,13 +120,21 @@ class SegmentWriter2:
         if n == 0:
             return 0
         data, rel, sizes, entries = stored_records(block)
-        self._bufs.append(gather(data, rel, sizes))
-        self._sizes.append(np.ascontiguousarray(sizes, dtype=np.int64))
-        self._entries.append(np.array(entries, copy=True))
-        self._pending += int(sizes.sum())
-        if self._pending >= self.batch_bytes:
-            self._emit(final=False)
-        return int(sizes.sum())
+        sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        ends = np.cumsum(sizes)
+        step = max(self.batch_bytes, APPEND_SLICE_BYTES)
+        i = 0
+        while i < n:  # a slice at a time: what is encoded at once stays small
+            done = int(ends[i - 1]) if i else 0
+            j = max(i + 1, min(n, int(np.searchsorted(ends, done + step, side="right"))))
+            self._bufs.append(gather(data, rel[i:j], sizes[i:j]))
+            self._sizes.append(sizes[i:j])
+            self._entries.append(np.array(entries[i:j], copy=True))
+            self._pending += int(ends[j - 1]) - done
+            if self._pending >= self.batch_bytes:
+                self._emit(final=False)
+            i = j
+        return int(ends[-1])
 
     def append_batches(self, raw: np.ndarray, sizes, counts, entries: np.ndarray) -> int:
         """Copy stored batches lying back to back in ``raw`` as they are, in one write (their

@@ -119,6 +119,7 @@ def test_encode_plain_stops_at_a_batch_boundary_when_out_is_full():
 
 
 def _written(tmp_path, blocks, codec=KB.CODEC_ZSTD, batch_bytes=2000):
+    os.makedirs(tmp_path, exist_ok=True)
     fs = LocalBackend(str(tmp_path))
     w = SegmentWriter2(fs, "s.log", "s.bcq", codec=codec, level=3, batch_bytes=batch_bytes)
     for b in blocks:
@@ -263,3 +264,17 @@ def test_index_builder_spills_its_chunks_and_writes_the_same_index(tmp_path, mon
     assert os.listdir(tmp_path) == ["x.bcq"]  # the spill file had no name
     idx = B2.LeanIndex(lambda s, k: whole[s:s + k], "x.bcq", len(whole))
     assert idx.entries["offset"].tolist() == e["offset"].tolist()
+
+
+def test_a_block_larger_than_a_slice_is_written_whole_and_in_order(tmp_path):
+    from kcompact.reput.rewrite import APPEND_SLICE_BYTES
+    rng = np.random.default_rng(7)
+    recs = [Record("t", 0, 3 * i, i, b"k%d" % i, rng.bytes(int(rng.integers(0, 400))))
+            for i in range(12_000)]
+    block = _columns(recs)
+    assert block.nbytes > 2 * APPEND_SLICE_BYTES
+    for codec in (KB.CODEC_NONE, KB.CODEC_ZSTD):
+        data, heads = _written(tmp_path / str(codec), [block], codec=codec, batch_bytes=8192)
+        d = KB.decode_batches(data, 0, b"t", 0, "x")
+        assert d.data.tobytes() == _v1(recs)[0].tobytes()
+        assert sum(h.count for h in heads) == len(recs)
