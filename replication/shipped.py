@@ -148,17 +148,17 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
            f"{seg['log_size']}")
     try:
         idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
-        ment = idx.entries
+        # the master's entries are compared a block at a time (idx.slice decodes the chunks
+        # of one): decoded whole they were 48 bytes a record of fresh memory
         bpos, bsize, bcount = idx.batches()
     except CorruptRecordError as e:
         raise ShippedSegmentError(str(e), e.position) from None
     _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
            f"the lean index describes {idx.n} records in {idx.log_size} bytes, the listing "
            f"{seg['records']} in {seg['log_size']}")
-    _check(int(ment["offset"][0]) == seg["first_offset"]
-           and int(ment["offset"][-1]) == seg["last_offset"], midx,
+    first, last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
+    _check(first == seg["first_offset"] and last == seg["last_offset"], midx,
            "the lean index's offsets are not the listing's")
-    first = int(ment["offset"][0])
     at = max(base, staging.next_offset)
     _check(at <= first, mlog, f"offset {first} is not past what was pulled before "
            f"({staging.next_offset})")
@@ -176,7 +176,10 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
         for lo, hi in _batch_groups(bsize, INSTALL_BLOCK):
             start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
             data = whole[start:end]
-            m = ment[starts[lo]:starts[hi]]
+            try:
+                m = idx.slice(int(starts[lo]), int(starts[hi]))
+            except CorruptRecordError as e:
+                raise ShippedSegmentError(str(e), e.position) from None
             t, e = _checked_entries(data, start, tb, partition, mlog, store.secret)
             _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
                    and bool(np.array_equal(t[:, 1], bsize[lo:hi]))
@@ -218,7 +221,7 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
     swap.apply(fs, staging.dir, plan)
     staging.reload_after_swap()
     swap.empty_trash(fs, staging.dir)
-    staging.roll(int(ment["offset"][-1]) + 1)  # later records go to a format-1 segment
+    staging.roll(last + 1)  # later records go to a format-1 segment
     incoming.drop()
     return idx.n
 
