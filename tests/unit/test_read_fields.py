@@ -35,16 +35,21 @@ def _records(n: int = 1500) -> list[Record]:
     return out
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("fields") / "s")
-    recs = _records()
+def _write(d: str, recs) -> None:
+    """Small segments (sealed into format 2 as they roll) of small batches."""
     s = Store.open(d, writer="w", create=True, options=WriterOptions(fsync="never"))
     s.set_topic_config(TOPIC, {"segment.bytes": 16384, "compression.batch.bytes": 2048})
     for i in range(0, len(recs), 100):
         s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
     s.flush()
     s.close()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("fields") / "s")
+    recs = _records()
+    _write(d, recs)
     s = Store.open(d)
     pl = s.partition(TOPIC, 0)
     formats = [pl.seg_format(seg) for seg in pl.segments]
@@ -124,13 +129,7 @@ def test_an_entry_its_record_does_not_match_is_refused(store):
 
 def test_a_damaged_batch_is_named_as_read_names_it(tmp_path):
     d = str(tmp_path / "s")
-    recs = _records(800)
-    s = Store.open(d, writer="w", create=True, options=WriterOptions(fsync="never"))
-    s.set_topic_config(TOPIC, {"segment.bytes": 16384, "compression.batch.bytes": 2048})
-    for i in range(0, len(recs), 100):
-        s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
-    s.flush()
-    s.close()
+    _write(d, _records(800))
     pdir = os.path.join(d, "partitions", TOPIC, "0")
     first = sorted(p for p in os.listdir(pdir) if p.endswith(".log"))[0]
     with open(os.path.join(pdir, first), "r+b") as f:
