@@ -1,5 +1,6 @@
 """Two halves of one large read at once: the caller's thread takes the first, a helper thread the
-second.
+second (``both``); or the next of a sequence of decodes made while the caller works on this one
+(``ahead``).
 
 The storage layer's C kernels release the GIL, so a large span of store format 2 (its records
 walked, converted and checked against their index entries) goes twice as fast on a machine with
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 A = TypeVar("A")
 B = TypeVar("B")
@@ -31,6 +32,15 @@ def _mark() -> None:
     _helper_ident = threading.get_ident()
 
 
+def _helper() -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcompact-half",
+                                       initializer=_mark)
+        return _pool
+
+
 def worth_splitting(nbytes: int) -> bool:
     """Whether a span of ``nbytes`` is split: large enough, and more than one core."""
     return nbytes >= SPLIT_ABOVE and (os.cpu_count() or 1) > 1
@@ -40,15 +50,9 @@ def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     """(first(), second()), the second in the helper thread while the caller runs the first (or
     in the caller, when the helper has not started it by then); an exception of either is
     raised, the first's when both fail."""
-    global _pool
     if threading.get_ident() == _helper_ident:
         return first(), second()
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kcompact-half",
-                                       initializer=_mark)
-        pool = _pool
-    fut = pool.submit(second)
+    fut = _helper().submit(second)
     try:
         a = first()
     except BaseException:
@@ -62,4 +66,39 @@ def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     return a, (second() if fut.cancel() else fut.result())
 
 
-__all__ = ["SPLIT_ABOVE", "both", "worth_splitting"]
+_END = object()
+
+
+def ahead(fn: Callable[[A], B], items: Iterable[A]) -> Iterator[tuple[A, B]]:
+    """``(item, fn(item))`` for each of ``items`` in order, ``fn`` of the next item computed in
+    the helper thread while the caller works on this one (a lean index's next chunk decoded
+    while the caller consumes this one). In the caller alone on one core or from the helper
+    itself. An exception of ``fn`` is raised where its item would have been yielded; a caller
+    that stops early leaves nothing running."""
+    it = iter(items)
+    if threading.get_ident() == _helper_ident or (os.cpu_count() or 1) < 2:
+        for x in it:
+            yield x, fn(x)
+        return
+    x = next(it, _END)
+    if x is _END:
+        return
+    fut = _helper().submit(fn, x)
+    try:
+        while True:
+            y = next(it, _END)
+            cur = fut.result()
+            fut = None if y is _END else _helper().submit(fn, y)
+            yield x, cur
+            if y is _END:
+                return
+            x = y
+    finally:
+        if fut is not None and not fut.cancel():
+            try:  # started: let it end before the caller's objects go
+                fut.result()
+            except BaseException:  # noqa: BLE001 - nobody asked for this one's result
+                pass
+
+
+__all__ = ["SPLIT_ABOVE", "ahead", "both", "worth_splitting"]

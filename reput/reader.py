@@ -1025,9 +1025,11 @@ class IndexCursor:
         if pl.seg_format(seg) == 2:  # the lean index's own chunks, decoded one at a time
             if start_entry == 0 and not seg.bcq_checked:
                 self._check_lean(seg)
-            for i in range(idx.chunk_of_entry(start_entry) if n else 0, idx.chunk_count):
+            # the next chunk decoded in the helper thread while the caller works on this one
+            for i, e in parallel.ahead(idx.chunk, range(idx.chunk_of_entry(start_entry)
+                                                        if n else 0, idx.chunk_count)):
                 f = idx.chunk_first_entry(i)
-                yield max(f, start_entry), idx.chunk(i)[max(0, start_entry - f):]
+                yield max(f, start_entry), e[max(0, start_entry - f):]
             return
         n_file = min(n, seg.entry_count)
         path = pl.seg_index_path(seg)

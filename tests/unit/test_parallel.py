@@ -61,3 +61,47 @@ def test_a_call_from_the_helper_and_a_busy_helper_do_not_deadlock():
 def test_worth_splitting():
     assert not parallel.worth_splitting(parallel.SPLIT_ABOVE - 1)
     assert parallel.worth_splitting(parallel.SPLIT_ABOVE) == ((os.cpu_count() or 1) > 1)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: ahead runs in the caller")
+def test_ahead_gives_every_item_in_order_the_next_made_in_the_helper():
+    caller = threading.get_ident()
+    made_by = {}
+
+    def fn(x):
+        made_by[x] = threading.get_ident()
+        return x * x
+    assert list(parallel.ahead(fn, range(6))) == [(x, x * x) for x in range(6)]
+    assert set(made_by) == set(range(6)) and caller not in made_by.values()
+    assert list(parallel.ahead(fn, [])) == []
+    # from the helper itself: in order, in the helper (no wait on itself)
+    got = parallel.both(lambda: None, lambda: list(parallel.ahead(fn, range(3))))[1]
+    assert got == [(0, 0), (1, 1), (2, 4)]
+
+
+def test_ahead_raises_where_the_item_would_come_and_stops_cleanly():
+    running = threading.Event()
+    release = threading.Event()
+    done = []
+
+    def fn(x):
+        if x == 2:
+            raise ValueError("item 2")
+        if x == 5:
+            running.set()
+            release.wait(10)
+            done.append(x)
+        return x
+    got = []
+    with pytest.raises(ValueError, match="item 2"):
+        for x, y in parallel.ahead(fn, range(4)):
+            got.append(y)
+    assert got == [0, 1]
+    # a caller that stops while the next item is being made: that one ends before ahead returns
+    gen = parallel.ahead(fn, [4, 5, 6])
+    assert next(gen) == (4, 4)
+    if (os.cpu_count() or 1) > 1:
+        assert running.wait(10)
+        threading.Timer(0.2, release.set).start()
+        gen.close()
+        assert done == [5]
