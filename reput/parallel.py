@@ -6,7 +6,7 @@ The storage layer's C kernels release the GIL, so a large span of store format 2
 walked, converted and checked against their index entries) goes twice as fast on a machine with
 a core to spare when split in two (reput/batch.py, reput/reader.py). One helper thread serves
 the process, made on first use; a call from the helper itself runs both halves in turn, so
-nothing waits on itself.
+nothing waits on itself; a forked child makes its own.
 """
 
 from __future__ import annotations
@@ -30,6 +30,16 @@ _helper_ident: int | None = None
 def _mark() -> None:
     global _helper_ident
     _helper_ident = threading.get_ident()
+
+
+def _forget_helper() -> None:
+    """In a forked child: the parent's helper thread is not there (a pool that thinks it has one
+    would take work nobody runs); the child makes its own on first use."""
+    global _pool, _helper_ident, _lock
+    _pool, _helper_ident, _lock = None, None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helper)
 
 
 def _helper() -> ThreadPoolExecutor:

@@ -105,3 +105,19 @@ def test_ahead_raises_where_the_item_would_come_and_stops_cleanly():
         threading.Timer(0.2, release.set).start()
         gen.close()
         assert done == [5]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_makes_its_own_helper():
+    """The helper thread does not survive a fork: a child whose pool still counted it would
+    wait forever on work nobody runs (a fork server's compaction child did)."""
+    parallel.both(lambda: 1, lambda: 2)  # the helper exists in this process
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        import signal
+        signal.alarm(20)  # a hang ends the child with SIGALRM
+        ok = list(parallel.ahead(lambda x: x + 1, range(5))) == [(x, x + 1) for x in range(5)]
+        ok = ok and parallel.both(lambda: 1, lambda: 2) == (1, 2)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
