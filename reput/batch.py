@@ -156,7 +156,6 @@ def encode_batch(buf: np.ndarray, positions: np.ndarray, lo: int, hi: int, offse
     return EncodedBatch(out.tobytes(), n, written)
 
 
-
 def cut_batch(pos: np.ndarray, ends: np.ndarray, offsets: np.ndarray, lo: int, n: int,
               batch_bytes: int, final: bool) -> int:
     """Where the batch of records ``lo..`` ends (exclusive), as SegmentWriter2 cuts them: once

@@ -261,17 +261,21 @@ class LeanIndex:
                     self._add_rows(e)
         return e
 
+    @staticmethod
+    def _batch_rows(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(positions, sizes, record counts) of the whole batches whose entries are ``e``."""
+        p = e["position"].astype(np.int64)
+        first = np.flatnonzero(np.diff(p, prepend=-1)) if p.shape[0] else p
+        return (p[first], e["size"][first].astype(np.int64),
+                np.diff(first, append=p.shape[0]).astype(np.int64))
+
     def _add_rows(self, e: np.ndarray) -> None:
         """Add the batches of the next chunk's entries ``e`` to the table ``batches`` builds
         (chunks hold whole batches); the table is made once every chunk is in."""
-        p = e["position"].astype(np.int64)
-        first = np.flatnonzero(np.diff(p, prepend=-1)) if p.shape[0] else p
-        self._rows.append((p[first], e["size"][first].astype(np.int64),
-                           np.diff(first, append=p.shape[0]).astype(np.int64)))
+        self._rows.append(self._batch_rows(e))
         if len(self._rows) == self.chunk_count:
-            empty = np.zeros(0, np.int64)
-            self._batches = tuple(np.concatenate(c) if c else empty  # type: ignore[assignment]
-                                  for c in zip(*self._rows)) if self._rows else (empty,) * 3
+            self._batches = tuple(np.concatenate(c)  # type: ignore[assignment]
+                                  for c in zip(*self._rows))
             self._rows = []
 
     def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -297,11 +301,8 @@ class LeanIndex:
             if self.chunk_count == 0:
                 self._batches = (np.zeros(0, np.int64),) * 3  # type: ignore[assignment]
             elif self._all is not None:
+                self._batches = self._batch_rows(self._all)
                 self._rows = []
-                bounds = np.searchsorted(self._all["position"].astype(np.int64),
-                                         self.dir["first_position"].astype(np.int64))
-                for a, z in zip(bounds.tolist(), bounds[1:].tolist() + [self._all.shape[0]]):
-                    self._add_rows(self._all[a:z])
             while self._batches is None:
                 self._add_rows(self._load(len(self._rows)))
         return self._batches
@@ -432,6 +433,30 @@ class LeanIndex:
             e = self.chunk(i)
             f = int(self.dir["first_entry"][i])
             parts.append(e[max(0, j - f):k - f])
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def slice_within(self, j: int, k: int, max_bytes: int | None) -> np.ndarray:
+        """``slice(j, k)``, or with ``max_bytes`` only the entries of the batches that start
+        less than ``max_bytes`` past the first one's (at least one batch), decoding chunk by
+        chunk only as far as they reach (a read by offset bounded in bytes: the decode that
+        follows bounds the batches by the bytes of their records, at least their bytes here)."""
+        if max_bytes is None:
+            return self.slice(j, k)
+        parts, at, limit = [], j, None
+        c = self.chunk_of_entry(j)
+        while at < k:
+            f = self.chunk_first_entry(c)
+            e = self.chunk(c)[at - f:k - f]
+            pos = e["position"].astype(np.int64)
+            if limit is None:
+                limit = int(pos[0]) + max(1, int(max_bytes))
+            m = int(np.searchsorted(pos, limit))
+            parts.append(e[:m])
+            at += m
+            c += 1
+            if m < e.shape[0] or c >= self.chunk_count \
+                    or int(self.dir["first_position"][c]) >= limit:
+                break
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 

@@ -256,31 +256,6 @@ def _head_matches(fd: int, pos: int, size: int, offset: int) -> bool:
             and int.from_bytes(head[16:24], "little") == offset)
 
 
-def _lean_run(idx, j: int, stop: int, max_bytes: int | None) -> np.ndarray:
-    """Entries ``j..stop-1`` of a lean index, or with ``max_bytes`` only those of the batches
-    that start less than ``max_bytes`` past the first one's (at least one batch): decoded
-    chunk by chunk, never the whole index (a lean index is checked whole by its CRCs and a
-    format-2 read decodes whole batches: no guard record). The decode that follows bounds the
-    batches by the bytes of their records, which are at least their bytes in the .log."""
-    if max_bytes is None:
-        return idx.slice(j, stop)
-    parts, at, limit = [], j, None
-    c = idx.chunk_of_entry(j)
-    while at < stop:
-        f = idx.chunk_first_entry(c)
-        e = idx.chunk(c)[at - f:stop - f]
-        pos = e["position"].astype(np.int64)
-        if limit is None:
-            limit = int(pos[0]) + max(1, int(max_bytes))
-        k = int(np.searchsorted(pos, limit))
-        parts.append(e[:k])
-        at += k
-        c += 1
-        if k < e.shape[0] or c >= idx.chunk_count or int(idx.dir["first_position"][c]) >= limit:
-            break
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
-
-
 class PartitionReader:
     """Reads one partition (a ``PartitionLog``); see the module docstring."""
 
@@ -665,13 +640,14 @@ class PartitionReader:
             if part is not None:  # the manifest's bitmap placed it: no guard needed
                 e, j, whole = part, 0, False
             elif pl.seg_format(seg) == 2:  # the lean index's chunks from the read's first
+                # (a lean index is checked whole by its CRCs and a format-2 read decodes whole
+                # batches: no guard record)
                 idx = pl.index(seg)
                 n = idx.n
-                j = 0 if n and from_offset <= int(idx.dir["first_offset"][0]) else \
-                    int(idx.lower_bound(from_offset))
+                j = int(idx.lower_bound(from_offset))
                 if j < n:
-                    e = _lean_run(idx, j, n if max_records is None else min(n, j + max_records),
-                                  max_bytes)
+                    e = idx.slice_within(j, n if max_records is None else min(n, j + max_records),
+                                         max_bytes)
                     stop = j + e.shape[0]
                     return seg, e, 0, j == 0, stop == n and not seg.open_tail
                 self._check_stepped_over_v2(seg, idx, from_offset)
