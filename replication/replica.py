@@ -61,7 +61,7 @@ from .client import Chunk, MasterClient, check_master_url, negotiate
 from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
 from .protocol import PROTOCOL_VERSIONS, SEGMENTS_VERSION, check_records, read_token_file
-from .shipped import (Incoming, ShippedSegmentError, install_shipped, master_path,
+from .shipped import (Incoming, ShippedInstall, ShippedSegmentError, master_path,
                       roll_past_shipped)
 
 INSTALL_MARKER = "install.json"
@@ -342,23 +342,9 @@ class Replicator:
             self.progress.note(name, f"resuming the download of segment {base} at byte "
                                      f"{have['log']:,} of {seg['log_size']:,}")
         while True:
-            for file, size in (("index", seg["index_size"]), ("log", seg["log_size"])):
-                pos = have[file]
-                while pos < size:
-                    body = await self.client.segment_file(topic, partition, base, file, sid,
-                                                          pos, self.max_bytes)
-                    if body is None:
-                        await self._run(incoming.drop)
-                        return None
-                    await self._run(incoming.write, base, file, body)
-                    pos += body.shape[0]
-                    res.bytes += body.shape[0]
-                    res.shipped_bytes += body.shape[0]
-                    self.progress.advance(name, seg["first_offset"], body.shape[0])
-                    await self._throttle(body.shape[0])
             try:
-                n = await self._run(install_shipped, self.store, staging, incoming, topic,
-                                    partition, seg, state["horizon"], state["clean_time_s"])
+                n = await self._ship_once(topic, partition, staging, seg, incoming, have, name,
+                                          state, res)
             except ShippedSegmentError as e:
                 await self._run(incoming.drop)
                 if resumed:
@@ -371,14 +357,57 @@ class Replicator:
                 if not any(s["base"] == base and s.get("id") == sid for s in listing):
                     return None  # replaced while it was read: not damage
                 raise ProtocolError(
-                    f"master {self.client.url}: {e} in the segment it sent (checked after the "
-                    f"download, as stored); nothing of it was installed. Run `kcompact verify "
+                    f"master {self.client.url}: {e} in the segment it sent (checked as "
+                    f"downloaded, as stored); nothing of it was installed. Run `kcompact verify "
                     f"--store` on the master and rebuild {topic}-{partition} there "
                     f"({master_path(topic, partition, base, 'log')})") from None
+            if n is None:
+                await self._run(incoming.drop)
+                return None
             res.records += n
             res.shipped_segments += 1
             self.progress.advance(name, seg["last_offset"] + 1, 0)
             return seg["last_offset"] + 1
+
+    async def _ship_once(self, topic: str, partition: int, staging: PartitionLog, seg: dict,
+                         incoming: Incoming, have: dict, name: str, state: dict,
+                         res: PartitionResult) -> int | None:
+        """One try of ``_ship``: the index downloaded, then the ``.log``, each block of it
+        checked in the pool while the next is on the wire (ShippedInstall.feed), then the
+        install. Returns the records installed, or None when the master's segment changed."""
+        base, sid = int(seg["base"]), seg["id"]
+        inst, pending = None, None
+        try:
+            for file, size in (("index", seg["index_size"]), ("log", seg["log_size"])):
+                pos = have[file]
+                if file == "log":
+                    inst = await self._run(ShippedInstall, self.store, staging, incoming, topic,
+                                           partition, seg, state["horizon"],
+                                           state["clean_time_s"])
+                    if inst.ready(pos):  # a resumed download: what is there already
+                        pending = asyncio.ensure_future(self._run(inst.feed, pos))
+                while pos < size:
+                    body = await self.client.segment_file(topic, partition, base, file, sid,
+                                                          pos, self.max_bytes)
+                    if body is None:
+                        return None
+                    await self._run(incoming.write, base, file, body)
+                    pos += body.shape[0]
+                    res.bytes += body.shape[0]
+                    res.shipped_bytes += body.shape[0]
+                    self.progress.advance(name, seg["first_offset"], body.shape[0])
+                    if inst is not None and inst.ready(pos):
+                        if pending is not None:
+                            await pending  # (one block checked at a time, in order)
+                        pending = asyncio.ensure_future(self._run(inst.feed, pos))
+                    await self._throttle(body.shape[0])
+            if pending is not None:
+                p, pending = pending, None
+                await p
+            return await self._run(inst.finish)
+        finally:
+            if pending is not None:
+                await asyncio.gather(pending, return_exceptions=True)
 
     async def _pull_records(self, topic: str, partition: int, staging: PartitionLog, off: int,
                             stop: int, name: str, state: dict, res: PartitionResult) -> int:

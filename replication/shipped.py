@@ -2,9 +2,11 @@
 
 Spec: docs/formats/replication-protocol.md, "Version 2: stored batches". The replica downloads
 the master's ``.log`` (Kafka record batches, compressed) and lean index byte for byte into
-``.replicating/.incoming/`` (``Incoming``: resumable, the segment's id in ``segment.json``), then
-``install_shipped`` checks them and puts the segment into the pull's staging partition log
-(``.replicating/``) as a format-2 segment, **without re-encoding a batch**:
+``.replicating/.incoming/`` (``Incoming``: resumable, the segment's id in ``segment.json``), the
+index first; ``ShippedInstall`` then checks the ``.log`` a block at a time as it arrives (the
+next block is on the wire meanwhile) and, once it is whole, puts the segment into the pull's
+staging partition log (``.replicating/``) as a format-2 segment, **without re-encoding a
+batch**:
 
 * the lean index: its header, directory and chunk CRCs, and that it describes a ``.log`` of the
   size received (bcq2.LeanIndex);
@@ -132,98 +134,139 @@ def _check(cond: bool, where: str, why: str, position: int | None = None) -> Non
         raise ShippedSegmentError(f"{where}: {why}{at}", position)
 
 
-def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str,
-                    partition: int, seg: dict, clean_upto: int, clean_time_s: int) -> int:
-    """Check the downloaded segment ``seg`` (a listing entry) and install it into ``staging``
-    as a format-2 segment (module docstring). Returns its record count. Raises
+class ShippedInstall:
+    """One downloaded segment checked as its ``.log`` arrives and then installed (module
+    docstring). Made once its lean index is downloaded whole (the index's own checks, and its
+    agreement with the listing ``seg``, are done here); ``feed(have)`` checks the batches that
+    lie whole in the first ``have`` bytes of the ``.log`` and indexes them, so a pull checks one
+    block while the next is on the wire; ``finish()`` checks the rest and installs the segment.
+    Nothing is written outside ``incoming`` before ``finish``. Every step raises
     ShippedSegmentError naming the master's file and byte when a check fails."""
-    fs = incoming.fs
-    base = int(seg["base"])
-    mlog, midx = (master_path(topic, partition, base, f) for f in ("log", "index"))
-    log_path = incoming.path(base, "log")
-    raw_idx = fs.read(incoming.path(base, "index"))
-    _check(len(raw_idx) == seg["index_size"], midx, f"{len(raw_idx)} bytes received of "
-           f"{seg['index_size']}")
-    _check(fs.size(log_path) == seg["log_size"], mlog, f"{fs.size(log_path)} bytes received of "
-           f"{seg['log_size']}")
-    try:
-        idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
-        # the master's entries are compared a block at a time (idx.slice decodes the chunks
-        # of one): decoded whole they were 48 bytes a record of fresh memory
-        bpos, bsize, bcount = idx.batches()
-    except CorruptRecordError as e:
-        raise ShippedSegmentError(str(e), e.position) from None
-    _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
-           f"the lean index describes {idx.n} records in {idx.log_size} bytes, the listing "
-           f"{seg['records']} in {seg['log_size']}")
-    first, last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
-    _check(first == seg["first_offset"] and last == seg["last_offset"], midx,
-           "the lean index's offsets are not the listing's")
-    at = max(base, staging.next_offset)
-    _check(at <= first, mlog, f"offset {first} is not past what was pulled before "
-           f"({staging.next_offset})")
-    store.require_format(2)
-    staging.roll(at)
-    sdir = swap.staging_dir(staging.dir)
-    fs.remove_tree(sdir)
-    name = fn.base_name(at)
-    builder = B2.IndexBuilder(spill_dir=fs.local_path(sdir))
-    starts = np.zeros(bcount.shape[0] + 1, np.int64)
-    np.cumsum(bcount, out=starts[1:])
-    tb = topic.encode()
-    whole = fs.map(log_path, seg["log_size"])
-    try:
-        for lo, hi in _batch_groups(bsize, INSTALL_BLOCK):
-            start, end = int(bpos[lo]), int(bpos[hi - 1] + bsize[hi - 1])
-            data = whole[start:end]
+
+    def __init__(self, store, staging: PartitionLog, incoming: Incoming, topic: str,
+                 partition: int, seg: dict, clean_upto: int, clean_time_s: int):
+        fs = incoming.fs
+        self.store, self.staging, self.incoming, self.seg = store, staging, incoming, seg
+        self.topic, self.partition = topic, partition
+        self.clean_upto, self.clean_time_s = clean_upto, clean_time_s
+        self.base = base = int(seg["base"])
+        self.mlog, midx = (master_path(topic, partition, base, f) for f in ("log", "index"))
+        self.log_path = incoming.path(base, "log")
+        raw_idx = fs.read(incoming.path(base, "index"))
+        _check(len(raw_idx) == seg["index_size"], midx, f"{len(raw_idx)} bytes received of "
+               f"{seg['index_size']}")
+        try:
+            idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
+            # the master's entries are compared a block at a time (idx.slice decodes the chunks
+            # of one): decoded whole they were 48 bytes a record of fresh memory
+            self.bpos, self.bsize, self.bcount = idx.batches()
+        except CorruptRecordError as e:
+            raise ShippedSegmentError(str(e), e.position) from None
+        _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
+               f"the lean index describes {idx.n} records in {idx.log_size} bytes, the listing "
+               f"{seg['records']} in {seg['log_size']}")
+        first, self.last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
+        _check(first == seg["first_offset"] and self.last == seg["last_offset"], midx,
+               "the lean index's offsets are not the listing's")
+        self.at = max(base, staging.next_offset)
+        _check(self.at <= first, self.mlog, f"offset {first} is not past what was pulled "
+               f"before ({staging.next_offset})")
+        self.idx = idx
+        self.builder = B2.IndexBuilder(spill_dir=fs.local_path(incoming.dir))
+        self.starts = np.zeros(self.bcount.shape[0] + 1, np.int64)
+        np.cumsum(self.bcount, out=self.starts[1:])
+        self.groups = list(_batch_groups(self.bsize, INSTALL_BLOCK))
+        self.ends = [int(self.bpos[hi - 1] + self.bsize[hi - 1]) for _, hi in self.groups]
+        self.done = 0  # groups checked and indexed
+
+    def ready(self, have: int) -> bool:
+        """Does the first ``have`` bytes of the ``.log`` hold a block not yet checked?"""
+        return self.done < len(self.groups) and self.ends[self.done] <= have
+
+    def feed(self, have: int) -> None:
+        """Check and index the blocks that lie whole in the first ``have`` bytes received."""
+        if not self.ready(have):
+            return
+        whole = self.incoming.fs.map(self.log_path, have)
+        tb = self.topic.encode()
+        mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
+        while self.ready(have):
+            lo, hi = self.groups[self.done]
+            start, end = int(self.bpos[lo]), self.ends[self.done]
             try:
-                m = idx.slice(int(starts[lo]), int(starts[hi]))
+                m = self.idx.slice(int(self.starts[lo]), int(self.starts[hi]))
             except CorruptRecordError as e:
                 raise ShippedSegmentError(str(e), e.position) from None
-            t, e = _checked_entries(data, start, tb, partition, mlog, store.secret)
-            _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], bpos[lo:hi]))
-                   and bool(np.array_equal(t[:, 1], bsize[lo:hi]))
-                   and bool(np.array_equal(t[:, 6], bcount[lo:hi])),
-                   mlog, "the batches are not the ones the lean index lists", start)
+            t, e = _checked_entries(whole[start:end], start, tb, self.partition, self.mlog,
+                                    self.store.secret)
+            _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], self.bpos[lo:hi]))
+                   and bool(np.array_equal(t[:, 1], self.bsize[lo:hi]))
+                   and bool(np.array_equal(t[:, 6], self.bcount[lo:hi])),
+                   self.mlog, "the batches are not the ones the lean index lists", start)
             n = m.shape[0]
             bad = (np.flatnonzero((e["offset"] != m["offset"]) | (e["timestamp"] != m["timestamp"]))
                    if e.shape[0] == n else np.zeros(1, np.int64))
-            _check(e.shape[0] == n and bad.size == 0, mlog,
+            _check(e.shape[0] == n and bad.size == 0, self.mlog,
                    "a record's offset or timestamp is not its index entry's",
                    int(m["position"][bad[0]]) if bad.size and e.shape[0] == n else start)
-            mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
             bad = np.flatnonzero((e["flags"] & mask) != (m["flags"] & mask))
-            _check(bad.size == 0, mlog, "a record's tombstone/keyless flags are not its index "
-                   "entry's", int(m["position"][bad[0]]) if bad.size else None)
-            stamp_clean(e, clean_upto, clean_time_s)
-            builder.add_batches(start, bsize[lo:hi], bcount[lo:hi], e)
-        del whole, data
-        # the .log goes in as downloaded (every batch checked above); the index is this one
-        out = fs.open_append(f"{sdir}/{name}{fn.INDEX_SUFFIX}")
-        try:
-            builder.write_to(out, idx.codec)  # (the codec of the batches it describes)
-            out.sync()
-        finally:
-            out.close()
-        staged_log = f"{sdir}/{name}{fn.LOG_SUFFIX}"
-        fs.rename(log_path, staged_log)  # (a crash from here: the download restarts)
-        out = fs.open_append(staged_log)
-        try:
-            out.sync()
-        finally:
-            out.close()
-    except BaseException:
+            _check(bad.size == 0, self.mlog, "a record's tombstone/keyless flags are not its "
+                   "index entry's", int(m["position"][bad[0]]) if bad.size else None)
+            stamp_clean(e, self.clean_upto, self.clean_time_s)
+            self.builder.add_batches(start, self.bsize[lo:hi], self.bcount[lo:hi], e)
+            self.done += 1
+
+    def finish(self) -> int:
+        """Check what is left, then install the segment into the staging log (the .log as
+        downloaded, the index rebuilt under this store's secret) with the compaction swap, and
+        roll the staging log past it. Returns its record count."""
+        fs, staging, seg = self.incoming.fs, self.staging, self.seg
+        size = fs.size(self.log_path)
+        _check(size == seg["log_size"], self.mlog, f"{size} bytes received of "
+               f"{seg['log_size']}")
+        self.feed(size)
+        self.store.require_format(2)
+        staging.roll(self.at)
+        sdir = swap.staging_dir(staging.dir)
         fs.remove_tree(sdir)
-        raise
-    fs.sync_dir(sdir)
-    plan = swap.SwapPlan([at], [at], None)
-    swap.commit(fs, staging.dir, plan)  # a crash from here on installs it at the next open
-    swap.apply(fs, staging.dir, plan)
-    staging.reload_after_swap()
-    swap.empty_trash(fs, staging.dir)
-    staging.roll(last + 1)  # later records go to a format-1 segment
-    incoming.drop()
-    return idx.n
+        name = fn.base_name(self.at)
+        try:
+            # the .log goes in as downloaded (every batch checked by feed); the index is this one
+            out = fs.open_append(f"{sdir}/{name}{fn.INDEX_SUFFIX}")
+            try:
+                self.builder.write_to(out, self.idx.codec)  # (the codec of its batches)
+                out.sync()
+            finally:
+                out.close()
+            staged_log = f"{sdir}/{name}{fn.LOG_SUFFIX}"
+            fs.rename(self.log_path, staged_log)  # (a crash from here: the download restarts)
+            out = fs.open_append(staged_log)
+            try:
+                out.sync()
+            finally:
+                out.close()
+        except BaseException:
+            fs.remove_tree(sdir)
+            raise
+        fs.sync_dir(sdir)
+        plan = swap.SwapPlan([self.at], [self.at], None)
+        swap.commit(fs, staging.dir, plan)  # a crash from here on installs it at the next open
+        swap.apply(fs, staging.dir, plan)
+        staging.reload_after_swap()
+        swap.empty_trash(fs, staging.dir)
+        staging.roll(self.last + 1)  # later records go to a format-1 segment
+        self.incoming.drop()
+        return self.idx.n
+
+
+def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str,
+                    partition: int, seg: dict, clean_upto: int, clean_time_s: int) -> int:
+    """Check the downloaded segment ``seg`` (a listing entry, its files downloaded whole) and
+    install it into ``staging`` as a format-2 segment (ShippedInstall at once). Returns its
+    record count. Raises ShippedSegmentError naming the master's file and byte when a check
+    fails."""
+    return ShippedInstall(store, staging, incoming, topic, partition, seg, clean_upto,
+                          clean_time_s).finish()
 
 
 def _checked_entries(data: np.ndarray, start: int, tb: bytes, partition: int, mlog: str,
@@ -257,5 +300,5 @@ def roll_past_shipped(staging: PartitionLog) -> None:
         staging.roll()
 
 
-__all__ = ["INCOMING_DIR", "Incoming", "ShippedSegmentError", "install_shipped", "master_path",
-           "roll_past_shipped", "stamp_clean"]
+__all__ = ["INCOMING_DIR", "Incoming", "ShippedInstall", "ShippedSegmentError", "install_shipped",
+           "master_path", "roll_past_shipped", "stamp_clean"]

@@ -18,8 +18,9 @@ from kcompact.replication.errors import ProtocolError, ReplicationError, Request
 from kcompact.replication.master_store import MasterStore
 from kcompact.replication.protocol import (ServerLimits, parse_path, parse_query,
                                            segment_file_path, serve_protocols)
-from kcompact.replication.shipped import (Incoming, ShippedSegmentError, install_shipped,
-                                          roll_past_shipped)
+from kcompact.replication import shipped
+from kcompact.replication.shipped import (Incoming, ShippedInstall, ShippedSegmentError,
+                                          install_shipped, roll_past_shipped)
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.record import Record, RecordBatch
@@ -238,6 +239,93 @@ def test_a_damaged_segment_is_refused_and_nothing_installed(master, tmp_path, wh
         assert [n for n in after if n.endswith(".log") and os.path.getsize(
             os.path.join(str(tmp_path / "replica"), staging.dir, n))] == []
         assert ".compacting" not in after and set(before) <= set(after)
+    finally:
+        staging.close()
+        st.close()
+        ms.store.close()
+
+
+def _download_log_to(ms: MasterStore, incoming: Incoming, seg: dict, upto: int,
+                     chunk: int = 5000) -> None:
+    """The index whole, the .log up to byte ``upto`` (a download under way)."""
+    path = incoming.fs.local_path(incoming.path(seg["base"], "log"))
+    have = incoming.prepare(seg)
+    for file, size in (("index", seg["index_size"]), ("log", upto)):
+        pos = os.path.getsize(path) if file == "log" and os.path.exists(path) else have[file]
+        while pos < size:
+            data, _ = ms.segment_file(TOPIC, 0, seg["base"], file, seg["id"], pos,
+                                      min(chunk, size - pos))
+            incoming.write(seg["base"], file, data)
+            pos += len(data)
+
+
+def test_a_segment_checked_a_block_at_a_time_as_it_arrives_installs_the_same(
+        master, tmp_path, monkeypatch):
+    doc, ms = _listing(master)
+    s = max((s for s in doc["segments"] if s["format"] == 2 and s["sealed"]),
+            key=lambda s: s["log_size"])
+    whole = {}
+    for mode in ("at once", "as it arrives"):
+        st, staging = _replica(tmp_path / mode)
+        try:
+            incoming = Incoming(staging.fs, TOPIC, 0)
+            if mode == "at once":
+                _download(ms, incoming, s)
+                install_shipped(st, staging, incoming, TOPIC, 0, s, -1, 0)
+            else:
+                monkeypatch.setattr(shipped, "INSTALL_BLOCK", 2048)  # several blocks
+                _download_log_to(ms, incoming, s, 0)
+                inst = ShippedInstall(st, staging, incoming, TOPIC, 0, s, -1, 0)
+                assert len(inst.groups) > 3 and not inst.ready(0)
+                fed = []
+                for upto in range(0, s["log_size"] + 1, 1500):
+                    _download_log_to(ms, incoming, s, upto)
+                    if inst.ready(upto):
+                        inst.feed(upto)
+                        fed.append(inst.done)
+                    assert inst.done < len(inst.groups) or upto >= inst.ends[-1]
+                assert len(fed) > 2 and fed == sorted(fed)  # blocks checked before the end
+                assert staging.record_count() == 0  # nothing installed before finish
+                _download_log_to(ms, incoming, s, s["log_size"])
+                inst.finish()
+            mine = [g for g in staging.segments if g.base == s["base"]][0]
+            root = tmp_path / mode / "replica"
+            whole[mode] = [open(root / staging.log_path(mine.base), "rb").read(),
+                           staging.entries(mine)]
+        finally:
+            staging.close()
+            st.close()
+    ms.store.close()
+    a, b = whole["at once"], whole["as it arrives"]
+    assert a[0] == b[0]
+    for col in ("offset", "timestamp", "flags", "position", "size", "clean_time"):
+        assert np.array_equal(a[1][col], b[1][col]), col
+
+
+def test_a_damaged_batch_is_found_while_the_rest_is_still_on_the_wire(master, tmp_path,
+                                                                       monkeypatch):
+    doc, ms = _listing(master)
+    s = max((s for s in doc["segments"] if s["format"] == 2 and s["sealed"]),
+            key=lambda s: s["log_size"])
+    st, staging = _replica(tmp_path)
+    monkeypatch.setattr(shipped, "INSTALL_BLOCK", 2048)
+    try:
+        incoming = Incoming(staging.fs, TOPIC, 0)
+        _download_log_to(ms, incoming, s, 0)
+        inst = ShippedInstall(st, staging, incoming, TOPIC, 0, s, -1, 0)
+        k = len(inst.groups) // 2
+        lo, _ = inst.groups[k]
+        bad = int(inst.bpos[lo])  # the first batch of a block in the middle
+        upto = inst.ends[k]
+        _download_log_to(ms, incoming, s, upto)
+        _flip(str(tmp_path / "replica" / incoming.path(s["base"], "log")), bad + 70)
+        with pytest.raises(ShippedSegmentError) as e:
+            inst.feed(upto)
+        assert f"corrupt record batch at byte {bad}" in str(e.value)
+        assert e.value.position == bad and upto < s["log_size"]
+        assert inst.done == k  # the blocks before it were checked
+        assert staging.record_count() == 0
+        assert not (tmp_path / "replica" / staging.dir / ".compacting").exists()
     finally:
         staging.close()
         st.close()
