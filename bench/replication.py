@@ -15,6 +15,11 @@ replica pulls. Then, in the same run:
    (interpreter start included) and as the rebuild the command reports;
 3. ``kcompact verify --against`` must then exit 0.
 
+With ``--link MB/s``, the rebuild is run once more over an emulated link of that rate (the
+replica paces its pull: KCOMPACT_REPLICATION_RATE), next to the time that link takes to carry
+the master's bytes at rest (what a copy over it would cost at best): on anything slower than
+loopback the bytes moved, not the CPU, set the rebuild's time.
+
 Target: rebuild time <= 2 x copy time. Prints the ratios and MB/s. The rebuild is durable
 (it fsyncs what it writes before saying "rebuilt"), `cp -r` is not: on a disk slower than the
 page cache the durable copy (`cp -r` + `sync`) is the like-for-like baseline, and both ratios are
@@ -109,7 +114,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(size: int, partitions: int, tombstones: float, workdir: str) -> dict:
+def run(size: int, partitions: int, tombstones: float, workdir: str,
+        link_mb_s: float = 0.0) -> dict:
     master = os.path.join(workdir, "master")
     info = build_master(master, size, partitions, tombstones)
     data = dir_bytes(master)
@@ -146,6 +152,15 @@ def run(size: int, partitions: int, tombstones: float, workdir: str) -> dict:
         rebuild_s = float(m.group(1)) if m else rebuild_cmd
         vt, v = timed([KCOMPACT, "verify", "--store", replica, "--against", url,
                        "--token-file", token])
+        link = {}
+        if link_mb_s:
+            shutil.rmtree(replica)
+            env = dict(os.environ, KCOMPACT_REPLICATION_RATE=str(int(link_mb_s * 1e6)))
+            cmd, lr = timed([KCOMPACT, "replicate", "--from", url, "--token-file", token,
+                             "--store", replica], env=env)
+            m = re.search(r"in ([0-9.]+)s", lr.stdout)
+            link = {"link_mb_s": link_mb_s, "link_rebuild_s": float(m.group(1)) if m else cmd,
+                    "link_copy_s": data / (link_mb_s * 1e6)}
     finally:
         srv.terminate()
         srv.wait(30)
@@ -158,7 +173,7 @@ def run(size: int, partitions: int, tombstones: float, workdir: str) -> dict:
             "ratio_rebuild_vs_cp_sync": rebuild_s / cp_sync,
             "cp_mb_s": data / copy_s / 1e6, "rebuild_mb_s": data / rebuild_s / 1e6,
             "verify_equal": "EQUAL" in v.stdout,
-            "replicate_stderr": r.stderr.strip().splitlines()}
+            "replicate_stderr": r.stderr.strip().splitlines(), **link}
 
 
 def main(argv=None) -> int:
@@ -166,6 +181,8 @@ def main(argv=None) -> int:
     ap.add_argument("--size", type=_size, default=1 << 30, help="master data size (e.g. 64MiB)")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--tombstones", type=float, default=0.01)
+    ap.add_argument("--link", type=float, default=0.0, metavar="MB/s",
+                    help="also rebuild over an emulated link of this rate (MB/s)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--json-out", metavar="FILE", default=None,
@@ -174,7 +191,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-repl-", dir=a.workdir)
     try:
-        res = run(a.size, a.partitions, a.tombstones, workdir)
+        res = run(a.size, a.partitions, a.tombstones, workdir, a.link)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if a.json_out:
@@ -195,6 +212,10 @@ def main(argv=None) -> int:
           f"   command / (cp + sync) = {res['ratio_command_vs_cp_sync']:.2f}")
     print(f"  verify --against      {res['verify_s']:7.2f} s  "
           f"({'EQUAL' if res['verify_equal'] else 'DIFFERENT'})")
+    if a.link:
+        print(f"  over a {a.link:,.0f} MB/s link: replicate (rebuild) {res['link_rebuild_s']:7.2f} s"
+              f"   the master's bytes at that rate {res['link_copy_s']:7.2f} s"
+              f"   rebuild / bytes = {res['link_rebuild_s'] / res['link_copy_s']:.2f}")
     if a.verbose:
         for line in res["replicate_stderr"]:
             print(f"    {line}")

@@ -261,6 +261,32 @@ def test_winners_compacted_away_during_the_build_are_caught_up(tmp_path, monkeyp
     check_map(tmp_path / "db", model(recs + more))
 
 
+def test_the_winners_table_is_sized_for_a_format_2_partitions_records(tmp_path, monkeypatch):
+    """A compacted (format-2) partition's records, not its lean index's bytes / 48, size the
+    winners table: it is never grown (rehashed) while the index is read."""
+    store = tmp_path / "store"
+    recs = gen_records(6000, partitions=1, keys=3000, value_size=60)
+    write_store(store, recs)
+    with Store.open(str(store), writer="c") as w:
+        Compactor(w).compact_partition(TOPIC, 0, force=True)
+        pl = w.partition(TOPIC, 0)
+        assert any(pl.seg_format(s) == 2 for s in pl.segments)
+        assert sum(s.entry_count for s in pl.segments) < pl.record_count()
+    from kcompact.connectors.apps.kv import kernels as KK
+    grown = []
+    real = KK.DigestTable.reserve
+
+    def reserve(self, more):
+        before = self.capacity
+        real(self, more)
+        if self.capacity != before:
+            grown.append((before, self.capacity))
+    monkeypatch.setattr(KK.DigestTable, "reserve", reserve)
+    build_map(tmp_path / "db", str(store), TOPIC)
+    assert grown == []
+    check_map(tmp_path / "db", model(recs))
+
+
 def test_cross_partition_key_is_resolved_by_timestamp_then_partition(tmp_path, store_at):
     recs = [(0, 0, 100, b"a", b"p0-old-ts"), (1, 0, 50, b"a", b"p1"),
             (0, 1, 10, b"a", b"p0-latest"),        # latest of p0 despite its older timestamp

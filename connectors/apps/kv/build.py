@@ -246,7 +246,7 @@ class MapBuilder(KafkaCatchUp):
 
     def _partition_table(self, store: Store, p: int, end: int):
         pl = store.partition(self.topic, p)
-        entries = sum(seg.entry_count for seg in pl.segments)
+        entries = pl.record_count()  # (a lean index's size is not 48 bytes an entry)
         # sized for every entry up to 4M (no rehash); a longer history grows it as keys come
         t = KK.DigestTable(int(min(entries, 4 << 20) / KK.MAX_LOAD) + 16)
         covered = keyless = 0
