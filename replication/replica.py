@@ -341,6 +341,16 @@ class Replicator:
         if resumed:
             self.progress.note(name, f"resuming the download of segment {base} at byte "
                                      f"{have['log']:,} of {seg['log_size']:,}")
+        try:
+            return await self._ship_loop(topic, partition, staging, seg, incoming, have,
+                                         resumed, name, state, res)
+        finally:
+            incoming.close()  # (a download cut short stays, to be resumed)
+
+    async def _ship_loop(self, topic: str, partition: int, staging: PartitionLog, seg: dict,
+                         incoming: Incoming, have: dict, resumed: bool, name: str, state: dict,
+                         res: PartitionResult) -> int | None:
+        base, sid = int(seg["base"]), seg["id"]
         while True:
             try:
                 n = await self._ship_once(topic, partition, staging, seg, incoming, have, name,

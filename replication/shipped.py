@@ -28,6 +28,7 @@ land in a format-2 segment.
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 
@@ -80,6 +81,8 @@ class Incoming:
     def __init__(self, fs, topic: str, partition: int):
         self.fs = fs
         self.dir = f"{fn.replicating_dir(topic, partition)}/{INCOMING_DIR}"
+        self._files: dict = {}  # path -> its append file, open while the download goes on
+        self._lock = threading.Lock()  # (a close waits for a write under way in the pool)
 
     def path(self, base: int, file: str) -> str:
         return f"{self.dir}/{fn.base_name(base)}{FILES[file]}"
@@ -107,13 +110,25 @@ class Incoming:
         return have
 
     def write(self, base: int, file: str, data) -> None:
-        f = self.fs.open_append(self.path(base, file))
-        try:
+        """Append ``data`` to the download of ``file``, and queue it for writeback to the
+        device without waiting (the install's fsync then finds little left to write)."""
+        path = self.path(base, file)
+        with self._lock:
+            f = self._files.get(path)
+            if f is None:
+                f = self._files[path] = self.fs.open_append(path)
             f.write(data)
-        finally:
-            f.close()
+            f.start_writeback()
+
+    def close(self) -> None:
+        """Close the files being downloaded (what was written stays)."""
+        with self._lock:
+            files, self._files = list(self._files.values()), {}
+            for f in files:
+                f.close()
 
     def drop(self) -> None:
+        self.close()
         self.fs.remove_tree(self.dir)
 
 
@@ -157,9 +172,6 @@ class ShippedInstall:
                f"{seg['index_size']}")
         try:
             idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
-            # the master's entries are compared a block at a time (idx.slice decodes the chunks
-            # of one): decoded whole they were 48 bytes a record of fresh memory
-            self.bpos, self.bsize, self.bcount = idx.batches()
         except CorruptRecordError as e:
             raise ShippedSegmentError(str(e), e.position) from None
         _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
@@ -173,10 +185,14 @@ class ShippedInstall:
                f"before ({staging.next_offset})")
         self.idx = idx
         self.builder = B2.IndexBuilder(spill_dir=fs.local_path(incoming.dir))
-        self.starts = np.zeros(self.bcount.shape[0] + 1, np.int64)
-        np.cumsum(self.bcount, out=self.starts[1:])
-        self.groups = list(_batch_groups(self.bsize, INSTALL_BLOCK))
-        self.ends = [int(self.bpos[hi - 1] + self.bsize[hi - 1]) for _, hi in self.groups]
+        # blocks of whole chunks (a chunk holds whole batches, and says where they start in
+        # the .log): each chunk of the master's index is decoded once, when its block is
+        # checked (decoded whole it was 48 bytes a record of fresh memory)
+        starts = idx.dir["first_position"].astype(np.int64)
+        ends = np.append(starts[1:], np.int64(idx.log_size))
+        self.groups = list(_batch_groups(ends - starts, INSTALL_BLOCK))
+        self.group_starts = [int(starts[lo]) for lo, _ in self.groups]
+        self.ends = [int(ends[hi - 1]) for _, hi in self.groups]
         self.done = 0  # groups checked and indexed
 
     def ready(self, have: int) -> bool:
@@ -188,33 +204,45 @@ class ShippedInstall:
         if not self.ready(have):
             return
         whole = self.incoming.fs.map(self.log_path, have)
-        tb = self.topic.encode()
-        mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
         while self.ready(have):
             lo, hi = self.groups[self.done]
-            start, end = int(self.bpos[lo]), self.ends[self.done]
             try:
-                m = self.idx.slice(int(self.starts[lo]), int(self.starts[hi]))
+                parts = [self.idx.chunk(i, collect=False) for i in range(lo, hi)]
             except CorruptRecordError as e:
                 raise ShippedSegmentError(str(e), e.position) from None
-            t, e = _checked_entries(whole[start:end], start, tb, self.partition, self.mlog,
-                                    self.store.secret)
-            _check(t.shape[0] == hi - lo and bool(np.array_equal(t[:, 0], self.bpos[lo:hi]))
-                   and bool(np.array_equal(t[:, 1], self.bsize[lo:hi]))
-                   and bool(np.array_equal(t[:, 6], self.bcount[lo:hi])),
-                   self.mlog, "the batches are not the ones the lean index lists", start)
-            n = m.shape[0]
-            bad = (np.flatnonzero((e["offset"] != m["offset"]) | (e["timestamp"] != m["timestamp"]))
-                   if e.shape[0] == n else np.zeros(1, np.int64))
-            _check(e.shape[0] == n and bad.size == 0, self.mlog,
-                   "a record's offset or timestamp is not its index entry's",
-                   int(m["position"][bad[0]]) if bad.size and e.shape[0] == n else start)
-            bad = np.flatnonzero((e["flags"] & mask) != (m["flags"] & mask))
-            _check(bad.size == 0, self.mlog, "a record's tombstone/keyless flags are not its "
-                   "index entry's", int(m["position"][bad[0]]) if bad.size else None)
-            stamp_clean(e, self.clean_upto, self.clean_time_s)
-            self.builder.add_batches(start, self.bsize[lo:hi], self.bcount[lo:hi], e)
+            m = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            bpos, bsize, bcount = B2.LeanIndex.batch_rows(m)
+            first = np.zeros(bcount.shape[0] + 1, np.int64)  # each batch's first entry in m
+            np.cumsum(bcount, out=first[1:])
+            # (a chunk of large records is checked a bounded block of its batches at a time)
+            for blo, bhi in _batch_groups(bsize, INSTALL_BLOCK):
+                self._check_block(whole, bpos[blo:bhi], bsize[blo:bhi], bcount[blo:bhi],
+                                  m[first[blo]:first[bhi]])
             self.done += 1
+
+    def _check_block(self, whole: np.ndarray, bpos: np.ndarray, bsize: np.ndarray,
+                     bcount: np.ndarray, m: np.ndarray) -> None:
+        """Check the batches at ``bpos`` (whole in ``whole``, the .log received) against their
+        master's index entries ``m``, and index them under this store's secret."""
+        start, end = int(bpos[0]), int(bpos[-1] + bsize[-1])
+        t, e = _checked_entries(whole[start:end], start, self.topic.encode(), self.partition,
+                                self.mlog, self.store.secret)
+        _check(t.shape[0] == bpos.shape[0] and bool(np.array_equal(t[:, 0], bpos))
+               and bool(np.array_equal(t[:, 1], bsize))
+               and bool(np.array_equal(t[:, 6], bcount)),
+               self.mlog, "the batches are not the ones the lean index lists", start)
+        n = m.shape[0]
+        bad = (np.flatnonzero((e["offset"] != m["offset"]) | (e["timestamp"] != m["timestamp"]))
+               if e.shape[0] == n else np.zeros(1, np.int64))
+        _check(e.shape[0] == n and bad.size == 0, self.mlog,
+               "a record's offset or timestamp is not its index entry's",
+               int(m["position"][bad[0]]) if bad.size and e.shape[0] == n else start)
+        mask = B.FLAG_TOMBSTONE | B.FLAG_KEYLESS
+        bad = np.flatnonzero((e["flags"] & mask) != (m["flags"] & mask))
+        _check(bad.size == 0, self.mlog, "a record's tombstone/keyless flags are not its "
+               "index entry's", int(m["position"][bad[0]]) if bad.size else None)
+        stamp_clean(e, self.clean_upto, self.clean_time_s)
+        self.builder.add_batches(start, bsize, bcount, e)
 
     def finish(self) -> int:
         """Check what is left, then install the segment into the staging log (the .log as
@@ -224,6 +252,7 @@ class ShippedInstall:
         size = fs.size(self.log_path)
         _check(size == seg["log_size"], self.mlog, f"{size} bytes received of "
                f"{seg['log_size']}")
+        self.incoming.close()
         self.feed(size)
         self.store.require_format(2)
         staging.roll(self.at)

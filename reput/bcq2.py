@@ -65,8 +65,8 @@ class IndexBuilder:
     segment: closed chunks over ``SPILL_ABOVE`` bytes go to an unnamed temporary file (in
     ``spill_dir``, else the system's temporary directory) until the index is written."""
 
-    def __init__(self, chunk_entries: int = CHUNK_ENTRIES, spill_dir: str | None = None):
-        self.chunk_entries = chunk_entries
+    def __init__(self, chunk_entries: int | None = None, spill_dir: str | None = None):
+        self.chunk_entries = CHUNK_ENTRIES if chunk_entries is None else chunk_entries
         self.spill_dir = spill_dir
         self._chunks: list[bytes] = []
         self._held = 0   # bytes of _chunks
@@ -246,23 +246,24 @@ class LeanIndex:
     def chunk_of_entry(self, j: int) -> int:
         return max(0, int(np.searchsorted(self.dir["first_entry"], j, side="right")) - 1)
 
-    def chunk(self, i: int) -> np.ndarray:
+    def chunk(self, i: int, collect: bool = True) -> np.ndarray:
         """Entries of chunk ``i`` (BCQ_DTYPE, a fresh array; the last one decoded is cached).
         Chunks decoded in order from the first also collect ``batches``' table on the way (a
-        compaction's first pass over the index leaves it ready for the second)."""
+        compaction's first pass over the index leaves it ready for the second), unless
+        ``collect`` is false (a caller that takes each chunk's batches itself)."""
         hit = self._cache.get(i)
         if hit is not None:
             return hit
         e = self._load(i)
         self._cache = {i: e}
-        if self._batches is None:
+        if collect and self._batches is None:
             with self._rows_lock:
                 if self._batches is None and i == len(self._rows):
                     self._add_rows(e)
         return e
 
     @staticmethod
-    def _batch_rows(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def batch_rows(e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(positions, sizes, record counts) of the whole batches whose entries are ``e``."""
         p = e["position"].astype(np.int64)
         first = np.flatnonzero(np.diff(p, prepend=-1)) if p.shape[0] else p
@@ -272,7 +273,7 @@ class LeanIndex:
     def _add_rows(self, e: np.ndarray) -> None:
         """Add the batches of the next chunk's entries ``e`` to the table ``batches`` builds
         (chunks hold whole batches); the table is made once every chunk is in."""
-        self._rows.append(self._batch_rows(e))
+        self._rows.append(self.batch_rows(e))
         if len(self._rows) == self.chunk_count:
             self._batches = tuple(np.concatenate(c)  # type: ignore[assignment]
                                   for c in zip(*self._rows))
@@ -301,7 +302,7 @@ class LeanIndex:
             if self.chunk_count == 0:
                 self._batches = (np.zeros(0, np.int64),) * 3  # type: ignore[assignment]
             elif self._all is not None:
-                self._batches = self._batch_rows(self._all)
+                self._batches = self.batch_rows(self._all)
                 self._rows = []
             while self._batches is None:
                 self._add_rows(self._load(len(self._rows)))

@@ -245,6 +245,20 @@ def test_a_damaged_segment_is_refused_and_nothing_installed(master, tmp_path, wh
         ms.store.close()
 
 
+@pytest.fixture
+def master_chunked(tmp_path, monkeypatch):
+    """``master``, its lean indexes in chunks of 64 entries (several a segment)."""
+    from kcompact.reput import bcq2
+    monkeypatch.setattr(bcq2, "CHUNK_ENTRIES", 64)
+    path = str(tmp_path / "master")
+    with Store.open(path, writer="w", create=True) as st:
+        st.set_topic_config(TOPIC, {"segment.bytes": 65536, "compression.batch.bytes": 8192})
+        st.append(RecordBatch.from_records(TOPIC, _records(5000)))
+        st.flush()
+    monkeypatch.undo()
+    return path
+
+
 def _download_log_to(ms: MasterStore, incoming: Incoming, seg: dict, upto: int,
                      chunk: int = 5000) -> None:
     """The index whole, the .log up to byte ``upto`` (a download under way)."""
@@ -260,8 +274,8 @@ def _download_log_to(ms: MasterStore, incoming: Incoming, seg: dict, upto: int,
 
 
 def test_a_segment_checked_a_block_at_a_time_as_it_arrives_installs_the_same(
-        master, tmp_path, monkeypatch):
-    doc, ms = _listing(master)
+        master_chunked, tmp_path, monkeypatch):
+    doc, ms = _listing(master_chunked)
     s = max((s for s in doc["segments"] if s["format"] == 2 and s["sealed"]),
             key=lambda s: s["log_size"])
     whole = {}
@@ -302,9 +316,9 @@ def test_a_segment_checked_a_block_at_a_time_as_it_arrives_installs_the_same(
         assert np.array_equal(a[1][col], b[1][col]), col
 
 
-def test_a_damaged_batch_is_found_while_the_rest_is_still_on_the_wire(master, tmp_path,
+def test_a_damaged_batch_is_found_while_the_rest_is_still_on_the_wire(master_chunked, tmp_path,
                                                                        monkeypatch):
-    doc, ms = _listing(master)
+    doc, ms = _listing(master_chunked)
     s = max((s for s in doc["segments"] if s["format"] == 2 and s["sealed"]),
             key=lambda s: s["log_size"])
     st, staging = _replica(tmp_path)
@@ -314,8 +328,7 @@ def test_a_damaged_batch_is_found_while_the_rest_is_still_on_the_wire(master, tm
         _download_log_to(ms, incoming, s, 0)
         inst = ShippedInstall(st, staging, incoming, TOPIC, 0, s, -1, 0)
         k = len(inst.groups) // 2
-        lo, _ = inst.groups[k]
-        bad = int(inst.bpos[lo])  # the first batch of a block in the middle
+        bad = inst.group_starts[k]  # the first batch of a block in the middle
         upto = inst.ends[k]
         _download_log_to(ms, incoming, s, upto)
         _flip(str(tmp_path / "replica" / incoming.path(s["base"], "log")), bad + 70)
