@@ -10,11 +10,14 @@ alike. Unlike format 1's index this one is checksummed (header, directory, each 
 
 from __future__ import annotations
 
+import bisect
 import io
+import itertools
 import os
 import struct
 import tempfile
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
@@ -184,6 +187,53 @@ class IndexBuilder:
         return buf.getvalue()
 
 
+#: bytes of decoded chunks kept for lookups by offset, over every lean index of the process,
+#: the least recently used dropped first (bcq-v2.md, "Lookups"): a one-record read decodes no
+#: chunk when the chunk holding its offset was looked up lately (a chunk of 8,192 entries
+#: decodes to 384 KiB)
+LOOKUP_CACHE_BYTES = 32 << 20
+
+
+class _LookupCache:
+    """Arrays of decoded chunks by (index, chunk number), least recently used dropped past
+    ``budget`` bytes. Shared by the threads of a process (a lock)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._chunks: OrderedDict[tuple[int, int], tuple[int, tuple[np.ndarray, ...]]] = \
+            OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> tuple[np.ndarray, ...] | None:
+        with self._lock:
+            hit = self._chunks.get(key)
+            if hit is None:
+                return None
+            self._chunks.move_to_end(key)
+            return hit[1]
+
+    def put(self, key: tuple[int, int], arrays: tuple[np.ndarray, ...]) -> None:
+        size = sum(a.nbytes for a in arrays)
+        with self._lock:
+            if key in self._chunks or size > self.budget:
+                return
+            self._chunks[key] = (size, arrays)
+            self._bytes += size
+            while self._bytes > self.budget:
+                _, (old, _) = self._chunks.popitem(last=False)
+                self._bytes -= old
+
+    def clear(self) -> None:
+        with self._lock:
+            self._chunks.clear()
+            self._bytes = 0
+
+
+_LOOKUPS = _LookupCache(LOOKUP_CACHE_BYTES)
+_INDEX_IDS = itertools.count()
+
+
 class LeanIndex:
     """A lean .bcq opened for reading (``read(start, length) -> bytes`` reads the file). Quacks
     like ``bcq.Index``: ``n``, ``lower_bound``, ``entries`` (every entry, decoded on first use);
@@ -230,6 +280,8 @@ class LeanIndex:
         #: (bytes, CRC32C) of the whole file when it was read whole (an object), else None
         self.file_check: tuple[int, int] | None = None
         self._cache: dict[int, np.ndarray] = {}
+        self._id = next(_INDEX_IDS)  # (its chunks' key in the lookup cache)
+        self._lists: tuple[list[int], list[int]] | None = None
         self._all: np.ndarray | None = None
         self._batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # batches' so far
@@ -240,11 +292,18 @@ class LeanIndex:
     def chunk_count(self) -> int:
         return self.dir.shape[0]
 
+    def _dir_lists(self) -> tuple[list[int], list[int]]:
+        """The directory's first entries and last offsets as lists (a lookup bisects them:
+        a fraction of numpy's call on a small array)."""
+        if self._lists is None:
+            self._lists = (self.dir["first_entry"].tolist(), self.dir["last_offset"].tolist())
+        return self._lists
+
     def chunk_first_entry(self, i: int) -> int:
-        return int(self.dir["first_entry"][i])
+        return self._dir_lists()[0][i]
 
     def chunk_of_entry(self, j: int) -> int:
-        return max(0, int(np.searchsorted(self.dir["first_entry"], j, side="right")) - 1)
+        return max(0, bisect.bisect_right(self._dir_lists()[0], j) - 1)
 
     def chunk(self, i: int, collect: bool = True) -> np.ndarray:
         """Entries of chunk ``i`` (BCQ_DTYPE, a fresh array; the last one decoded is cached).
@@ -410,17 +469,34 @@ class LeanIndex:
     def words(self) -> np.ndarray:
         return self.entries.view(np.int64) if self.n else np.zeros(0, np.int64)
 
+    def _looked_up(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``i`` for a lookup by offset or entry (``lower_bound``, ``slice``), with its
+        offsets (contiguous, for a search): from the process's cache of recently looked-up
+        chunks (LOOKUP_CACHE_BYTES), else decoded and kept there. Not for passes over every
+        chunk (``chunk``), which would only evict."""
+        key = (self._id, i)
+        hit = _LOOKUPS.get(key)
+        if hit is None:
+            e = self.chunk(i)
+            e.flags.writeable = False  # shared from now on: a caller copies what it changes
+            offs = np.ascontiguousarray(e["offset"])
+            offs.flags.writeable = False
+            hit = (e, offs)
+            _LOOKUPS.put(key, hit)
+        return hit
+
     def lower_bound(self, target: int) -> int:
         """Number of the first entry with offset >= target (n if none)."""
         if self.n == 0:
             return 0
         if self._all is not None:
             return int(np.searchsorted(self._all["offset"], target))
-        i = int(np.searchsorted(self.dir["last_offset"], target))
-        if i >= self.chunk_count:
+        firsts, lasts = self._dir_lists()
+        i = bisect.bisect_left(lasts, target)
+        if i >= len(lasts):
             return self.n
-        e = self.chunk(i)
-        return int(self.dir["first_entry"][i]) + int(np.searchsorted(e["offset"], target))
+        _, offs = self._looked_up(i)
+        return firsts[i] + int(offs.searchsorted(target))
 
     def slice(self, j: int, k: int) -> np.ndarray:
         """Entries j..k-1, decoding only the chunks they lie in."""
@@ -431,8 +507,8 @@ class LeanIndex:
         a, z = self.chunk_of_entry(j), self.chunk_of_entry(k - 1)
         parts = []
         for i in range(a, z + 1):
-            e = self.chunk(i)
-            f = int(self.dir["first_entry"][i])
+            e = self._looked_up(i)[0]
+            f = self.chunk_first_entry(i)
             parts.append(e[max(0, j - f):k - f])
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
@@ -447,7 +523,7 @@ class LeanIndex:
         c = self.chunk_of_entry(j)
         while at < k:
             f = self.chunk_first_entry(c)
-            e = self.chunk(c)[at - f:k - f]
+            e = self._looked_up(c)[0][at - f:k - f]
             pos = e["position"].astype(np.int64)
             if limit is None:
                 limit = int(pos[0]) + max(1, int(max_bytes))

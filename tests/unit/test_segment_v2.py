@@ -242,6 +242,74 @@ def test_lean_index_chunks_and_lookups():
         idx2.chunk(3)
 
 
+def _lean(n: int = 20_000, chunk_entries: int = 1000):
+    """A lean index of n records (offsets 3i, batches of 333), its bytes and reads counted."""
+    recs = [Record("t", 0, 3 * i, 10 * i, b"k%d" % i, None if i % 11 == 0 else b"v")
+            for i in range(n)]
+    _, e = _v1(recs)
+    b = B2.IndexBuilder(chunk_entries=chunk_entries)
+    pos = 0
+    for lo in range(0, n, 333):
+        hi = min(n, lo + 333)
+        b.add_batch(pos, 100 + hi - lo, e[lo:hi])
+        pos += 100 + hi - lo
+    data = b.finish(KB.CODEC_ZSTD)
+    reads = []
+
+    def read(s, k):
+        reads.append((s, k))
+        return data[s:s + k]
+    return B2.LeanIndex(read, "x.bcq", len(data)), e, reads
+
+
+def test_lookups_decode_a_chunk_once_while_it_is_in_the_lookup_cache(monkeypatch):
+    monkeypatch.setattr(B2, "_LOOKUPS", B2._LookupCache(64 << 20))
+    idx, e, reads = _lean()
+    first = len(reads)
+    # random reads by offset go back and forth between chunks 12 and 3
+    a, z = (idx.dir[c][["first_offset", "last_offset"]].tolist() for c in (12, 3))
+    for target in (a[0] + 5, z[0] + 1, a[1], z[1] - 2, a[0], z[0]):
+        j = idx.lower_bound(target)
+        assert j == int(np.searchsorted(e["offset"], target))
+        assert idx.slice(j, j + 1)["offset"].tolist() == [int(e["offset"][j])]
+    assert len(reads) == first + 2  # each chunk read and decoded once
+    j = idx.chunk_first_entry(12) + 3
+    got = idx.slice_within(j, j + 300, 200)
+    assert got["offset"].tolist() == e["offset"][j:j + got.shape[0]].tolist()
+    assert len(reads) == first + 2
+    with pytest.raises(ValueError):  # shared: read-only
+        got["clean_time"][0] = 1
+    # another index object (the segment opened again) has chunks of its own
+    idx2, _, reads2 = _lean()
+    idx2.lower_bound(3 * 12_345)
+    assert len(reads2) == first + 1  # its header and directory, and its own chunk 12
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 3 * 6_000), min_size=1, max_size=60), st.integers(1, 6))
+def test_lookups_under_a_small_cache_agree_with_a_search_of_every_entry(targets, chunks):
+    """The lookup cache holds a few chunks (least recently used dropped): every lookup still
+    gives what a search of every entry gives, and the cache never holds more than its budget."""
+    per = 500
+    one = per * B.BCQ_DTYPE.itemsize + per * 8  # a chunk's entries and offsets
+    cache = B2._LookupCache(chunks * one)
+    real = B2._LOOKUPS
+    B2._LOOKUPS = cache
+    try:
+        idx, e, _ = _lean(6_000, per)
+        offs = e["offset"].astype(np.int64)
+        for t in targets:
+            j = idx.lower_bound(t)
+            assert j == int(np.searchsorted(offs, t))
+            if j < idx.n:
+                k = min(idx.n, j + 700)  # across a chunk boundary at times
+                assert idx.slice(j, k)["offset"].tolist() == offs[j:k].tolist()
+            assert cache._bytes <= cache.budget
+            assert len(cache._chunks) <= chunks
+    finally:
+        B2._LOOKUPS = real
+
+
 # -- the C kernels (reput/_kafka_native.h) against the numba ones -------------------------------
 
 
