@@ -229,9 +229,17 @@ class _LookupCache:
             self._chunks.clear()
             self._bytes = 0
 
+    def forget(self) -> None:
+        """In a forked child: a new lock (another thread of the parent may have held this one
+        when it forked) and nothing kept."""
+        self._lock = threading.Lock()
+        self._chunks = OrderedDict()
+        self._bytes = 0
+
 
 _LOOKUPS = _LookupCache(LOOKUP_CACHE_BYTES)
 _INDEX_IDS = itertools.count()
+os.register_at_fork(after_in_child=lambda: _LOOKUPS.forget())
 
 
 class LeanIndex:

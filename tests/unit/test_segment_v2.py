@@ -310,6 +310,37 @@ def test_lookups_under_a_small_cache_agree_with_a_search_of_every_entry(targets,
         B2._LOOKUPS = real
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
+def test_a_child_forked_while_the_lookup_cache_is_locked_looks_up():
+    """Another thread holds the lookup cache's lock when the process forks: the child gets a
+    lock of its own (and an empty cache), not one nobody will release."""
+    import os
+    import signal
+    import threading
+    idx, e, _ = _lean(3_000)
+    idx.lower_bound(3 * 10)
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with B2._LOOKUPS._lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            signal.alarm(20)  # a hang ends the child with SIGALRM
+            ok = idx.lower_bound(3 * 2_500) == 2_500 and len(B2._LOOKUPS._chunks) == 1
+            os._exit(0 if ok else 1)
+    finally:
+        release.set()
+        t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
 # -- the C kernels (reput/_kafka_native.h) against the numba ones -------------------------------
 
 
