@@ -396,6 +396,8 @@ class LocalBackend(Backend):
             return np.zeros(0, dtype=np.uint8)
         try:
             return np.memmap(p, dtype=np.uint8, mode="r", shape=(n,))
+        except FileNotFoundError:
+            raise  # (as every read here: removed under a reader, which re-lists and retries)
         except OSError as e:
             raise _oserror(e, "map", path) from e
         except ValueError:  # numpy: "mmap length is greater than file size"

@@ -220,6 +220,46 @@ def test_a_reader_listing_a_segment_before_its_seal_reads_it_after(tmp_path):
     view.close()
 
 
+def test_a_reader_whose_listed_segments_a_compaction_removed_reads_the_new_ones(tmp_path):
+    """A read-only view lists format-1 segments whose files it has not opened yet; a compaction
+    replaces them (their .log/.bcq removed). Its next read re-lists and reads the compacted
+    segments instead of failing on the missing file (test_kv's store follower met this as
+    "cannot map ...bcq: No such file or directory")."""
+    from kcompact.compaction import Compactor
+    d = str(tmp_path / "s")
+    recs = _records()
+    _write(d, recs, seal_format=1)
+    view = Store.open(d)
+    listed = [seg.base for seg in view.partition(TOPIC, 0).segments]
+    real_map, swapped = LocalBackend.map, []
+
+    def map_after_a_compaction(fs, path, size=None):
+        # the compaction swaps the segments between the view's listing and its first map
+        if path.endswith(".bcq") and not swapped:
+            swapped.append(path)
+            with Store.open(d, writer="w") as w:
+                Compactor(w).compact_partition(TOPIC, 0, force=True)
+        return real_map(fs, path, size)
+    LocalBackend.map = map_after_a_compaction
+    try:
+        got, off = [], listed[1]  # from the view's second segment: merged away below
+        while True:
+            b = view.reader(TOPIC, 0).read(off, max_records=50)
+            if len(b) == 0:
+                break
+            got += list(b.records())
+            off = b.next_offset
+    finally:
+        LocalBackend.map = real_map
+    pdir = os.path.join(d, "partitions", TOPIC, "0")
+    assert swapped and not os.path.exists(os.path.join(d, swapped[0]))  # mapped after removal
+    assert any(not os.path.exists(os.path.join(pdir, f"{b:020d}.bcq")) for b in listed)
+    with Store.open(d) as fresh:
+        want = [r for r in fresh.partition(TOPIC, 0).iter_records() if r.offset >= listed[1]]
+    assert got == want and got
+    view.close()
+
+
 def _background_writer(d: str, recs, flush_each: bool = False) -> Store:
     """An open writer with ``seal="background"`` that appended ``recs`` in batches of 100
     (``flush_each``: each followed by a flush, which hands the segments rolled so far to the
