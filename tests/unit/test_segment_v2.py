@@ -208,23 +208,29 @@ def test_bad_magic_and_short_batch_are_refused():
         KB.decode_batches(np.frombuffer(a.data[:-3], np.uint8), 0, b"t", 0, "p.log")
 
 
-def test_lean_index_chunks_and_lookups():
+def _lean(n: int = 20_000, chunk_entries: int = 1000):
+    """A lean index of n records (offsets 3i, batches of 333): (index, entries, the reads it
+    made, its bytes, the .log's size)."""
     recs = [Record("t", 0, 3 * i, 10 * i, b"k%d" % i, None if i % 11 == 0 else b"v")
-            for i in range(20_000)]
-    raw, e = _v1(recs)
-    b = B2.IndexBuilder(chunk_entries=1000)
+            for i in range(n)]
+    _, e = _v1(recs)
+    b = B2.IndexBuilder(chunk_entries=chunk_entries)
     pos = 0
-    for lo in range(0, len(recs), 333):
-        hi = min(len(recs), lo + 333)
+    for lo in range(0, n, 333):
+        hi = min(n, lo + 333)
         b.add_batch(pos, 100 + hi - lo, e[lo:hi])
         pos += 100 + hi - lo
     data = b.finish(KB.CODEC_ZSTD)
     reads = []
 
-    def read(s, n):
-        reads.append((s, n))
-        return data[s:s + n]
-    idx = B2.LeanIndex(read, "x.bcq", len(data))
+    def read(s, k):
+        reads.append((s, k))
+        return data[s:s + k]
+    return B2.LeanIndex(read, "x.bcq", len(data)), e, reads, data, pos
+
+
+def test_lean_index_chunks_and_lookups():
+    idx, e, reads, data, pos = _lean()
     assert idx.n == 20_000 and idx.chunk_count > 10
     j = idx.lower_bound(3 * 12_345 - 1)
     assert j == 12_345
@@ -242,29 +248,9 @@ def test_lean_index_chunks_and_lookups():
         idx2.chunk(3)
 
 
-def _lean(n: int = 20_000, chunk_entries: int = 1000):
-    """A lean index of n records (offsets 3i, batches of 333), its bytes and reads counted."""
-    recs = [Record("t", 0, 3 * i, 10 * i, b"k%d" % i, None if i % 11 == 0 else b"v")
-            for i in range(n)]
-    _, e = _v1(recs)
-    b = B2.IndexBuilder(chunk_entries=chunk_entries)
-    pos = 0
-    for lo in range(0, n, 333):
-        hi = min(n, lo + 333)
-        b.add_batch(pos, 100 + hi - lo, e[lo:hi])
-        pos += 100 + hi - lo
-    data = b.finish(KB.CODEC_ZSTD)
-    reads = []
-
-    def read(s, k):
-        reads.append((s, k))
-        return data[s:s + k]
-    return B2.LeanIndex(read, "x.bcq", len(data)), e, reads
-
-
 def test_lookups_decode_a_chunk_once_while_it_is_in_the_lookup_cache(monkeypatch):
     monkeypatch.setattr(B2, "_LOOKUPS", B2._LookupCache(64 << 20))
-    idx, e, reads = _lean()
+    idx, e, reads, _, _ = _lean()
     first = len(reads)
     # random reads by offset go back and forth between chunks 12 and 3
     a, z = (idx.dir[c][["first_offset", "last_offset"]].tolist() for c in (12, 3))
@@ -280,7 +266,7 @@ def test_lookups_decode_a_chunk_once_while_it_is_in_the_lookup_cache(monkeypatch
     with pytest.raises(ValueError):  # shared: read-only
         got["clean_time"][0] = 1
     # another index object (the segment opened again) has chunks of its own
-    idx2, _, reads2 = _lean()
+    idx2, _, reads2, _, _ = _lean()
     idx2.lower_bound(3 * 12_345)
     assert len(reads2) == first + 1  # its header and directory, and its own chunk 12
 
@@ -296,7 +282,7 @@ def test_lookups_under_a_small_cache_agree_with_a_search_of_every_entry(targets,
     real = B2._LOOKUPS
     B2._LOOKUPS = cache
     try:
-        idx, e, _ = _lean(6_000, per)
+        idx, e, _, _, _ = _lean(6_000, per)
         offs = e["offset"].astype(np.int64)
         for t in targets:
             j = idx.lower_bound(t)
@@ -317,7 +303,7 @@ def test_a_child_forked_while_the_lookup_cache_is_locked_looks_up():
     import os
     import signal
     import threading
-    idx, e, _ = _lean(3_000)
+    idx, e, _, _, _ = _lean(3_000)
     idx.lower_bound(3 * 10)
     held, release = threading.Event(), threading.Event()
 
