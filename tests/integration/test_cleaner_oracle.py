@@ -169,7 +169,11 @@ def test_kcompact_agrees_with_kafkas_cleaner(started_kafka, tmp_path_factory, re
     kafka_offsets = {r[0] for r in kafka_rows}
     assert {r[0] for r in ours} <= kafka_offsets
     # and what Kafka kept in the cleaned section is what kcompact kept there, or older
-    # versions of keys written again in the active segment (Kafka maps the dirty section only)
+    # versions of keys written again in the active segment (Kafka maps the dirty section only),
+    # or, with a retention of 0, tombstones Kafka's first pass keeps and kcompact drops (above:
+    # whether its cleaner made the second pass that drops them is a matter of timing; CI met a
+    # run where it had not)
     extra = {r[0] for r in kafka_rows if r[0] < end} - {r[0] for r in ours}
     later = {k for o, _t, k, _v in produced if o >= end}
-    assert all(r[2] in later for r in kafka_rows if r[0] in extra)
+    assert all(r[2] in later or (retention_ms == 0 and r[3] is None)
+               for r in kafka_rows if r[0] in extra)
