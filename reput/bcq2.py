@@ -224,11 +224,6 @@ class _LookupCache:
                 _, (old, _) = self._chunks.popitem(last=False)
                 self._bytes -= old
 
-    def clear(self) -> None:
-        with self._lock:
-            self._chunks.clear()
-            self._bytes = 0
-
     def forget(self) -> None:
         """In a forked child: a new lock (another thread of the parent may have held this one
         when it forked) and nothing kept."""
