@@ -449,15 +449,9 @@ def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int
 _HEADS_ROWS = 1024
 
 
-def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_bytes,
-               first: Opened | None, fresh: bool = False):
-    """The batches of ``buf`` (the .log from byte ``start_pos``) opened on the C kernels: every
-    header and CRC-32C (kafka_heads), the wanted ones' payloads decompressed back to back (one C
-    call, else one codec call a batch; in place when none is compressed), no more than
-    ``max_bytes`` of records' worth: (heads table, the buffer they lie in, their (start, end)
-    pairs flat), or None when a batch fails (the batch-by-batch path names it). ``fresh``: the
-    payloads are decompressed into a buffer of their own (handed out with the records), not the
-    thread's reused one."""
+def _span_heads(buf: np.ndarray, start_pos: int) -> np.ndarray | None:
+    """The heads (kafka_heads rows) of the batches lying back to back in ``buf`` (the .log from
+    byte ``start_pos``), each header and CRC-32C checked; None when one fails or there is none."""
     rows = _HEADS_ROWS
     table = np.empty(rows * 8, np.int64)
     n, p = 0, 0
@@ -470,7 +464,38 @@ def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_b
         table = np.concatenate([table[:n * 8], np.empty((rows - n) * 8, np.int64)])
     if status != 0 or n == 0:
         return None
-    heads = table[:n * 8].reshape(n, 8)
+    return table[:n * 8].reshape(n, 8)
+
+
+def _payload_sizes(buf: np.ndarray, start_pos: int, heads: np.ndarray) -> np.ndarray | None:
+    """Each of ``heads``' batches' payload size once decompressed, from their headers and zstd
+    frame headers alone; None when one is not known so (another codec: no C path)."""
+    if not heads[:, 7].any():
+        return heads[:, 1] - HEADER_SIZE
+    if not hasattr(_N, "kafka_payload_sizes"):
+        return None
+    sizes = np.empty(heads.shape[0], np.int64)
+    flat = np.ascontiguousarray(heads).reshape(-1)
+    if _N.kafka_payload_sizes(buf, flat, start_pos, sizes) != sizes.shape[0]:
+        return None
+    return sizes
+
+
+def _open_span(buf: np.ndarray, start_pos: int, tl: int, where: str, want, max_bytes,
+               first: Opened | None, fresh: bool = False, heads: np.ndarray | None = None):
+    """The batches of ``buf`` (the .log from byte ``start_pos``) opened on the C kernels: every
+    header and CRC-32C (kafka_heads), the wanted ones' payloads decompressed back to back (one C
+    call, else one codec call a batch; in place when none is compressed), no more than
+    ``max_bytes`` of records' worth: (heads table, the buffer they lie in, their (start, end)
+    pairs flat), or None when a batch fails (the batch-by-batch path names it). ``fresh``: the
+    payloads are decompressed into a buffer of their own (handed out with the records), not the
+    thread's reused one. ``heads``: the span's heads (``_span_heads``), when the caller has
+    them."""
+    if heads is None:
+        heads = _span_heads(buf, start_pos)
+        if heads is None:
+            return None
+    n = heads.shape[0]
     if want is not None:
         heads = heads[np.fromiter((int(q) in want for q in heads[:, 0].tolist()), bool, n)]
     if heads.shape[0] and not heads[:, 7].any():  # nothing compressed: the payloads in place
@@ -619,12 +644,40 @@ def span_fields(buf: np.ndarray, start_pos: int, tl: int, entries: np.ndarray, k
     checks them and each record against its entry (kafka_fields_many), no format-1 record
     written; with ``max_bytes``, only the batches a read bounded so decodes, and the entries of
     those; with ``want`` (offsets, rising), only the records at those offsets are checked
-    against their entries and handed out (every batch is still checked whole). None without the
-    C kernels or when anything fails a check (``decode_batches`` and the reader's check name
+    against their entries and handed out, and only the batches that hold one are decompressed
+    and walked (the span read is the same: every batch's header and CRC-32C is checked, as a
+    record read by offset is verified by its batch's, segment-v2.md). None without the C
+    kernels or when anything fails a check (``decode_batches`` and the reader's check name
     it)."""
     if _N is None or not hasattr(_N, "kafka_fields_many") or entries.shape[0] == 0:
         return None
-    span = _open_span(buf, start_pos, tl, "", None, max_bytes, None, fresh=True)
+    heads = _span_heads(buf, start_pos)
+    if heads is None:
+        return None
+    positions = entries["position"].astype(np.int64)
+    last = None  # the last batch the read covers, when only some of them are decoded
+    hit = None  # which entries are wanted (None: all)
+    if want is not None:
+        offs = entries["offset"].astype(np.int64)
+        # the wanted offsets in this span's range: every one of its records (a compacted
+        # partition's winners), or a few
+        win = want[np.searchsorted(want, offs[0]):np.searchsorted(want, offs[-1], "right")]
+        if not (win.shape[0] == offs.shape[0] and bool(np.array_equal(win, offs))):
+            at = np.minimum(np.searchsorted(win, offs), max(0, win.shape[0] - 1))
+            hit = (win[at] == offs) if win.shape[0] else np.zeros(offs.shape[0], bool)
+        # only the batches holding a wanted record are decompressed: an uncompacted history's
+        # early batches mostly hold none, and decompressing them was most of a KV build's read
+        sizes = None if hit is None else _payload_sizes(buf, start_pos, heads)
+        if sizes is not None:
+            heads = heads[:_within(heads, sizes, tl, max_bytes)]  # what the read covers
+            last, max_bytes = int(heads[-1, 0]), None
+            heads = heads[np.isin(heads[:, 0], np.unique(positions[hit]), assume_unique=True)]
+            if heads.shape[0] == 0:  # none of the read's batches holds a wanted record
+                none = np.zeros(0, np.int64)
+                return SpanFields(np.zeros(0, np.uint8),
+                                  int(np.searchsorted(positions, last, side="right")),
+                                  none, none, none, none, none)
+    span = _open_span(buf, start_pos, tl, "", None, max_bytes, None, fresh=True, heads=heads)
     if span is None or span[0].shape[0] == 0:
         return None
     heads, pay, spans = span
@@ -632,17 +685,9 @@ def span_fields(buf: np.ndarray, start_pos: int, tl: int, entries: np.ndarray, k
     st, _b, _r, _n, _nbytes = _N.kafka_scan_many(pay, spans, flat, tl, 0, (1 << 63) - 1)
     if st != KK.DEC_OK:
         return None
-    n = int(np.searchsorted(entries["position"].astype(np.int64), int(heads[-1, 0]),
+    n = int(np.searchsorted(positions, int(heads[-1, 0]) if last is None else last,
                             side="right"))
-    picked = None  # all n
-    if want is not None:
-        offs = entries["offset"][:n].astype(np.int64)
-        # the wanted offsets in this span's range: every one of its records (a compacted
-        # partition's winners), or a few
-        win = want[np.searchsorted(want, offs[0]):np.searchsorted(want, offs[-1], "right")]
-        if not (win.shape[0] == n and bool(np.array_equal(win, offs))):
-            at = np.minimum(np.searchsorted(win, offs), max(0, win.shape[0] - 1))
-            picked = np.flatnonzero(win[at] == offs) if win.shape[0] else np.zeros(0, np.int64)
+    picked = None if hit is None else np.flatnonzero(hit[:n])  # (None: all n)
     if picked is None:
         picked = np.arange(n)
         e = np.ascontiguousarray(entries[:n])

@@ -517,27 +517,35 @@ class LeanIndex:
 
     def slice_within(self, j: int, k: int, max_bytes: int | None) -> np.ndarray:
         """``slice(j, k)``, or with ``max_bytes`` only the entries of the batches that start
-        less than ``max_bytes`` past the first one's (at least one batch), decoding chunk by
-        chunk only as far as they reach (a read by offset bounded in bytes: the decode that
-        follows bounds the batches by the bytes of their records, at least their bytes here)."""
+        less than ``max_bytes`` past the first one's (at least one batch), decoding only the
+        chunks they reach (a read by offset bounded in bytes: the decode that follows bounds
+        the batches by the bytes of their records, at least their bytes here). The chunks the
+        directory places wholly inside are decoded straight into the result; the first and the
+        last, where the next read starts, through the lookup cache."""
         if max_bytes is None:
             return self.slice(j, k)
-        parts, at, limit = [], j, None
+        if j >= k:
+            return np.zeros(0, B.BCQ_DTYPE)
         c = self.chunk_of_entry(j)
-        while at < k:
-            f = self.chunk_first_entry(c)
-            e = self._looked_up(c)[0][at - f:k - f]
-            pos = e["position"].astype(np.int64)
-            if limit is None:
-                limit = int(pos[0]) + max(1, int(max_bytes))
-            m = int(np.searchsorted(pos, limit))
-            parts.append(e[:m])
-            at += m
-            c += 1
-            if m < e.shape[0] or c >= self.chunk_count \
-                    or int(self.dir["first_position"][c]) >= limit:
-                break
-        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+        f = self.chunk_first_entry(c)
+        head = self._looked_up(c)[0]
+        limit = int(head["position"][j - f]) + max(1, int(max_bytes))
+        # the last chunk holding a batch that starts before the limit
+        z = max(c, int(np.searchsorted(self.dir["first_position"], limit, side="left")) - 1)
+        firsts = self._dir_lists()[0]
+        z = min(z, self.chunk_of_entry(k - 1))
+        if z == c:
+            e = head[j - f:k - f]
+            return e[:int(np.searchsorted(e["position"].astype(np.int64), limit))]
+        fz = firsts[z]
+        tail = self._looked_up(z)[0][:max(0, k - fz)]
+        hi = fz + int(np.searchsorted(tail["position"].astype(np.int64), limit))
+        out = np.empty(hi - j, B.BCQ_DTYPE)
+        out[:firsts[c + 1] - j] = head[j - f:]
+        for i in range(c + 1, z):
+            self._load(i, out[firsts[i] - j:firsts[i + 1] - j])
+        out[fz - j:] = tail[:hi - fz]
+        return out
 
 
 __all__ = ["CHUNK_ENTRIES", "DIR_DTYPE", "FORMAT_VERSION", "HEADER", "IndexBuilder",

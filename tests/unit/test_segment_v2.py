@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from kcompact.reput import batch as KB
 from kcompact.reput import bcq as B
@@ -294,6 +294,30 @@ def test_lookups_under_a_small_cache_agree_with_a_search_of_every_entry(targets,
             assert len(cache._chunks) <= chunks
     finally:
         B2._LOOKUPS = real
+
+
+_SLICED: list = []  # (the index's bytes, its entries), made once
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 5_999), st.integers(1, 7_000), st.integers(1, 40_000))
+@example(0, 7_000, 433)  # (batches of 433 bytes: bounds that fall on a batch's start)
+@example(400, 7_000, 5 * 433)
+def test_slice_within_gives_the_entries_of_the_batches_that_start_within_the_bound(j, length,
+                                                                                   max_bytes):
+    """Whichever chunks a bounded slice spans (the first and last through the lookup cache, the
+    ones between decoded into the result), it is what a filter of every entry gives."""
+    if not _SLICED:
+        _SLICED.append(_lean(6_000, 500)[3])
+        _SLICED.append(_lean(6_000, 500)[0].entries)  # decoded whole by another index object
+    data, ref = _SLICED
+    idx = B2.LeanIndex(lambda s, n: data[s:s + n], "x.bcq", len(data))
+    k = min(idx.n, j + length)
+    got = idx.slice_within(j, k, max_bytes)
+    pos = ref["position"].astype(np.int64)
+    want = ref[j:k][pos[j:k] < pos[j] + max_bytes]
+    assert got.tobytes() == want.tobytes()
+    assert idx.slice_within(j, k, None).tobytes() == ref[j:k].tobytes()
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork on this platform")
