@@ -284,7 +284,7 @@ class LeanIndex:
         self.file_check: tuple[int, int] | None = None
         self._cache: dict[int, np.ndarray] = {}
         self._id = next(_INDEX_IDS)  # (its chunks' key in the lookup cache)
-        self._lists: tuple[list[int], list[int]] | None = None
+        self._lists: tuple[list[int], list[int], list[int]] | None = None
         self._all: np.ndarray | None = None
         self._batches: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # batches' so far
@@ -295,11 +295,12 @@ class LeanIndex:
     def chunk_count(self) -> int:
         return self.dir.shape[0]
 
-    def _dir_lists(self) -> tuple[list[int], list[int]]:
-        """The directory's first entries and last offsets as lists (a lookup bisects them:
-        a fraction of numpy's call on a small array)."""
+    def _dir_lists(self) -> tuple[list[int], list[int], list[int]]:
+        """The directory's first entries, last offsets and first positions as lists (a lookup
+        bisects them: a fraction of numpy's call on a small array)."""
         if self._lists is None:
-            self._lists = (self.dir["first_entry"].tolist(), self.dir["last_offset"].tolist())
+            self._lists = (self.dir["first_entry"].tolist(), self.dir["last_offset"].tolist(),
+                           self.dir["first_position"].tolist())
         return self._lists
 
     def chunk_first_entry(self, i: int) -> int:
@@ -494,7 +495,7 @@ class LeanIndex:
             return 0
         if self._all is not None:
             return int(np.searchsorted(self._all["offset"], target))
-        firsts, lasts = self._dir_lists()
+        firsts, lasts, _ = self._dir_lists()
         i = bisect.bisect_left(lasts, target)
         if i >= len(lasts):
             return self.n
@@ -530,10 +531,9 @@ class LeanIndex:
         f = self.chunk_first_entry(c)
         head = self._looked_up(c)[0]
         limit = int(head["position"][j - f]) + max(1, int(max_bytes))
+        firsts, _, fpos = self._dir_lists()
         # the last chunk holding a batch that starts before the limit
-        z = max(c, int(np.searchsorted(self.dir["first_position"], limit, side="left")) - 1)
-        firsts = self._dir_lists()[0]
-        z = min(z, self.chunk_of_entry(k - 1))
+        z = min(max(c, bisect.bisect_left(fpos, limit) - 1), self.chunk_of_entry(k - 1))
         if z == c:
             e = head[j - f:k - f]
             return e[:int(np.searchsorted(e["position"].astype(np.int64), limit))]
