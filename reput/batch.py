@@ -720,12 +720,12 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
     declared size."""
     if not hasattr(_N, "kafka_unpack_many") or heads.shape[0] == 0:
         return None
-    flat = np.ascontiguousarray(heads).reshape(-1)
-    sizes = np.empty(heads.shape[0], np.int64)
-    if _N.kafka_payload_sizes(buf, flat, start_pos, sizes) != sizes.shape[0]:
+    sizes = _payload_sizes(buf, start_pos, heads)
+    if sizes is None:
         return None
     m = _within(heads, sizes, tl, max_bytes)
-    heads, sizes, flat = heads[:m], sizes[:m], flat[:m * 8]
+    heads, sizes = heads[:m], sizes[:m]
+    flat = np.ascontiguousarray(heads).reshape(-1)
     starts = np.zeros(sizes.shape[0] + 1, np.int64)
     np.cumsum(sizes, out=starts[1:])
     out = np.empty(int(starts[-1]), np.uint8) if fresh else _scratch(int(starts[-1]))

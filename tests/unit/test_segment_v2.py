@@ -7,6 +7,7 @@ grammar, every codec, and the checks a damaged batch or index chunk fails.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import numpy as np
@@ -296,7 +297,11 @@ def test_lookups_under_a_small_cache_agree_with_a_search_of_every_entry(targets,
         B2._LOOKUPS = real
 
 
-_SLICED: list = []  # (the index's bytes, its entries), made once
+@functools.lru_cache(maxsize=1)
+def _sliced() -> tuple[bytes, np.ndarray]:
+    """A lean index's bytes, and its entries decoded whole by another index object (made once
+    for the examples of the slice test)."""
+    return _lean(6_000, 500)[3], _lean(6_000, 500)[0].entries
 
 
 @settings(max_examples=60, deadline=None)
@@ -307,10 +312,7 @@ def test_slice_within_gives_the_entries_of_the_batches_that_start_within_the_bou
                                                                                    max_bytes):
     """Whichever chunks a bounded slice spans (the first and last through the lookup cache, the
     ones between decoded into the result), it is what a filter of every entry gives."""
-    if not _SLICED:
-        _SLICED.append(_lean(6_000, 500)[3])
-        _SLICED.append(_lean(6_000, 500)[0].entries)  # decoded whole by another index object
-    data, ref = _SLICED
+    data, ref = _sliced()
     idx = B2.LeanIndex(lambda s, n: data[s:s + n], "x.bcq", len(data))
     k = min(idx.n, j + length)
     got = idx.slice_within(j, k, max_bytes)
