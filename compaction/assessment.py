@@ -66,8 +66,13 @@ class Assessment:
 def expired_tombstones(e: np.ndarray, now_s: int, retention_s: int) -> int:
     """How many of the entries ``e`` are keyed tombstones cleaned once (``clean_time`` set)
     whose ``delete.retention.ms`` (``retention_s``, rounded up) has run out at ``now_s``."""
-    tomb = (e["flags"] & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
-    ct = e["clean_time"][tomb]
+    return expired_in(e["flags"], e["clean_time"], now_s, retention_s)
+
+
+def expired_in(flags: np.ndarray, clean_time: np.ndarray, now_s: int, retention_s: int) -> int:
+    """``expired_tombstones`` on the two columns it reads (IndexCursor.tombstone_columns)."""
+    tomb = (flags & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
+    ct = clean_time[tomb]
     ct = ct[ct != 0]
     return int(np.count_nonzero(now_s - ct.astype(np.int64) > retention_s)) if ct.size else 0
 

@@ -65,7 +65,7 @@ from kcompact.reput.bcq2 import IndexBuilder
 from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
-from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
+from .assessment import assess_partition, cleanable_end, expired_in, retention_s
 from .errors import CompactionError
 from .offset_map import OffsetMap
 from .throttle import IOBudget
@@ -347,8 +347,13 @@ class Compactor:
         """Does a cleaned tombstone's delete.retention.ms run out (index only; the planner's
         "tombstones expired" trigger, assessment.py)?"""
         now_s, ret_s = self.clock.ms() // 1000, retention_s(cfg)
-        return any(expired_tombstones(e, now_s, ret_s)
-                   for seg in pl.sealed_segments for _, e in self._index_chunks(pl, seg))
+        cursor = self._cursor(pl)
+        for seg in pl.sealed_segments:
+            for flags, clean in cursor.tombstone_columns(seg):
+                self._throttle(flags.nbytes + clean.nbytes)
+                if expired_in(flags, clean, now_s, ret_s):
+                    return True
+        return False
 
     @staticmethod
     def _mergeable(pl: PartitionLog, cfg: TopicConfig) -> bool:

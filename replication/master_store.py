@@ -20,7 +20,7 @@ from kcompact.reput import bcq2 as B2
 from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.reader import BufferPool, PartitionReader
+from kcompact.reput.reader import BufferPool, Located, PartitionReader
 from kcompact.reput.store import Store, StoreMeta
 
 from .connections import log
@@ -203,11 +203,14 @@ class MasterStore:
         return doc
 
     def segment_file(self, topic: str, partition: int, base: int, file: str, sid: str,
-                     start: int, max_bytes: int) -> tuple[bytes, int]:
+                     start: int, max_bytes: int, zero_copy: bool = False
+                     ) -> tuple[bytes | Located, int]:
         """(bytes [start, start + max_bytes) of a sealed format-2 segment's ``file`` (log or
         index) as stored, the file's size). 404: no such sealed format-2 segment; 409: the
         segment at ``base`` is no longer the version ``sid`` names (compacted or resealed
-        since it was listed); 416: ``start`` past the end of the file."""
+        since it was listed); 416: ``start`` past the end of the file. With ``zero_copy`` (a
+        local store), the range is a Located (an fd open on the file, to send with sendfile
+        and close), not bytes read."""
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
@@ -217,34 +220,64 @@ class MasterStore:
                                         f"at base {base}; list its segments again")
             fs = pl.seg_fs(seg)
             try:
+                if zero_copy:
+                    return self._segment_range(pl, seg, fs, topic, partition, base, file, sid,
+                                               start, max_bytes)
                 return self._segment_bytes(pl, seg, fs, topic, partition, base, file, sid,
                                            start, max_bytes)
             except FileNotFoundError:  # replaced by a swap since the listing
                 raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
                                         "its segments again") from None
 
-    @staticmethod
-    def _segment_bytes(pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
-            head = fs.read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
-            if len(head) < B2.HEADER_SIZE or not B2.is_lean(head):
-                raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
-                                        "its segments again")
-            have = segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])
-            if have != sid:
-                raise RequestError(409, f"{topic}-{partition} segment {base} is not version "
-                                        f"{sid} any more (compacted since it was listed); "
-                                        "list its segments again")
-            size = seg.log_size if file == "log" else seg.index_size
-            if start > size:
-                raise RequestError(416, f"from={start} is past the end of the {file} "
-                                        f"({size} bytes)")
-            n = min(max_bytes, size - start)
-            path = pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg)
-            data = fs.read(path, start, n) if n else b""
-            if len(data) != n:  # replaced under us after the check: the client lists again
+    @classmethod
+    def _segment_range(cls, pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
+        """``_segment_bytes``'s checks, the range left in the file: an fd opened before the
+        version check pins the file (a swap renames, never rewrites), and must still be the
+        file at its path after it, of the listed size."""
+        path = fs.local_path(pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size, n = cls._segment_checks(pl, seg, fs, topic, partition, base, file, sid, start,
+                                          max_bytes)
+            st = os.fstat(fd)
+            if st.st_size != size or os.stat(path).st_ino != st.st_ino:
                 raise RequestError(409, f"{topic}-{partition} segment {base} changed while "
                                         "it was read; list its segments again")
-            return data, size
+        except BaseException:
+            os.close(fd)
+            raise
+        return Located(fd, start, n, 0, 0), size
+
+    @classmethod
+    def _segment_bytes(cls, pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
+        size, n = cls._segment_checks(pl, seg, fs, topic, partition, base, file, sid, start,
+                                      max_bytes)
+        path = pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg)
+        data = fs.read(path, start, n) if n else b""
+        if len(data) != n:  # replaced under us after the check: the client lists again
+            raise RequestError(409, f"{topic}-{partition} segment {base} changed while "
+                                    "it was read; list its segments again")
+        return data, size
+
+    @staticmethod
+    def _segment_checks(pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
+        """(the file's size, bytes to send from ``start``) once the segment is the version
+        ``sid`` names and ``start`` lies in the file."""
+        head = fs.read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
+        if len(head) < B2.HEADER_SIZE or not B2.is_lean(head):
+            raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
+                                    "its segments again")
+        have = segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])
+        if have != sid:
+            raise RequestError(409, f"{topic}-{partition} segment {base} is not version "
+                                    f"{sid} any more (compacted since it was listed); "
+                                    "list its segments again")
+        size = seg.log_size if file == "log" else seg.index_size
+        if start > size:
+            raise RequestError(416, f"from={start} is past the end of the {file} "
+                                    f"({size} bytes)")
+        n = min(max_bytes, size - start)
+        return size, n
 
     def read(self, topic: str, partition: int, from_offset: int, max_bytes: int):
         """(buffer or None, nbytes, record count, next offset, high watermark); the caller gives

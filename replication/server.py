@@ -40,7 +40,7 @@ from typing import Any, Callable
 from aiohttp import web
 
 from kcompact.reput.errors import CorruptRecordError, ReputError
-from kcompact.reput.reader import warm_up
+from kcompact.reput.reader import Located, warm_up
 from kcompact.reput import filenames as fn
 
 from .connections import (Connections, Listening, describe, log, parse_listen, peer,
@@ -237,7 +237,7 @@ class Server:
             if route.kind == "segments":
                 doc = await self._run(self.master.segments, route.topic, route.partition)
                 return web.json_response(doc, headers=self._headers(version=SEGMENTS_VERSION))
-            return await self._segment_file(route, q)
+            return await self._segment_file(request, route, q)
         if self._summaries.locked():
             return _error(503, "busy: too many live/digests computations at once; retry",
                           {"Retry-After": "1"})
@@ -322,22 +322,7 @@ class Server:
                 if loc is not None and loc.data is not None:  # a format-2 segment's, decoded
                     await self._send(request, resp, resp.write(memoryview(loc.data)))
                 elif loc is not None:
-                    transport = request.transport
-                    if transport is None:
-                        raise _Gone(resp)
-                    loop = asyncio.get_running_loop()
-                    with os.fdopen(os.dup(loc.fd), "rb", buffering=0) as f:
-                        pos, end = loc.start, loc.start + loc.nbytes
-                        while pos < end:
-                            n = min(SEND_SLICE, end - pos)
-                            sent = await self._send(request, resp, loop.sendfile(
-                                transport, f, pos, n, fallback=True))
-                            if sent != n:  # the .log ended early: cut under us
-                                where = fn.partition_dir(route.topic, route.partition)
-                                raise CorruptRecordError(
-                                    f"{where}: a .log ended at byte {pos + sent} of a range "
-                                    "its index lists; run `kcompact verify`")
-                            pos += n
+                    await self._sendfile(request, resp, loc, route, "a range its index lists")
                 await self._send(request, resp, resp.write_eof())
             except _Gone:
                 raise
@@ -348,15 +333,55 @@ class Server:
                 loc.close()
         return resp
 
-    async def _segment_file(self, route: Route, q) -> web.Response:
+    async def _sendfile(self, request: web.Request, resp: web.StreamResponse, loc,
+                        route: Route, what: str) -> None:
+        """Send ``loc``'s range of its file with sendfile, a slice at a time (SEND_SLICE)."""
+        transport = request.transport
+        if transport is None:
+            raise _Gone(resp)
+        loop = asyncio.get_running_loop()
+        with os.fdopen(os.dup(loc.fd), "rb", buffering=0) as f:
+            pos, end = loc.start, loc.start + loc.nbytes
+            while pos < end:
+                n = min(SEND_SLICE, end - pos)
+                sent = await self._send(request, resp, loop.sendfile(
+                    transport, f, pos, n, fallback=True))
+                if sent != n:  # the file ended early: cut under us
+                    where = fn.partition_dir(route.topic, route.partition)
+                    raise CorruptRecordError(
+                        f"{where}: a file ended at byte {pos + sent} of {what}; run "
+                        "`kcompact verify`")
+                pos += n
+
+    async def _segment_file(self, request: web.Request, route: Route, q
+                            ) -> web.StreamResponse:
         """Version 2: a byte range of a sealed format-2 segment's .log or lean index, as
-        stored (the replica checks every batch's CRC and the index's CRCs)."""
-        data, size = await self._run(self.master.segment_file, route.topic, route.partition,
-                                     route.base, route.file, q.segment_id, q.from_offset,
-                                     q.max_bytes)
-        self._count_sent(route, len(data))
-        return web.Response(body=data, content_type=CT_SEGMENT_FILE, headers=self._headers(
-            {H_SEGMENT_ID: q.segment_id, H_FILE_SIZE: size}, version=SEGMENTS_VERSION))
+        stored (the replica checks every batch's CRC and the index's CRCs); from a local
+        store with sendfile, as records are."""
+        got, size = await self._run(self.master.segment_file, route.topic, route.partition,
+                                    route.base, route.file, q.segment_id, q.from_offset,
+                                    q.max_bytes, self.zero_copy)
+        headers = self._headers({H_SEGMENT_ID: q.segment_id, H_FILE_SIZE: size},
+                                version=SEGMENTS_VERSION)
+        if not isinstance(got, Located):
+            self._count_sent(route, len(got))
+            return web.Response(body=got, content_type=CT_SEGMENT_FILE, headers=headers)
+        try:
+            self._count_sent(route, got.nbytes)
+            headers["Content-Length"] = str(got.nbytes)
+            resp = web.StreamResponse(status=200, headers=headers)
+            resp.content_type = CT_SEGMENT_FILE
+            await resp.prepare(request)
+            try:
+                await self._sendfile(request, resp, got, route, "a segment's listed size")
+                await self._send(request, resp, resp.write_eof())
+            except _Gone:
+                raise
+            except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
+                raise self._cut(request, resp, e) from None
+        finally:
+            got.close()
+        return resp
 
     async def _live(self, route: Route, q) -> web.Response:
         bm, upto, _ = await self._run(self.master.live, route.topic, route.partition, q.upto)

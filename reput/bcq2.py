@@ -45,6 +45,8 @@ assert DIR_DTYPE.itemsize == 48
 CHUNK_ENTRIES = 8192
 CHUNK_LEVEL = 3
 _U32 = struct.Struct("<II")
+#: bytes of a chunk's columns a record: offset_delta timestamp_delta flags clean_time digest
+_ENTRY_BYTES = 4 + 8 + 1 + 4 + 8 + 8
 
 
 def is_lean(head: bytes) -> bool:
@@ -342,6 +344,33 @@ class LeanIndex:
                                   for c in zip(*self._rows))
             self._rows = []
 
+    def tombstone_columns(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(flags, clean_time) of chunk ``i``'s records, read, checked against its CRC and
+        decompressed but not decoded into entries: what a look for tombstones due for purging
+        needs (the columns lie whole in the chunk, so the offsets, positions and digests are not
+        rebuilt). The chunk's size and counts are checked as a decode checks them."""
+        d = self.dir[i]
+        pos, length = int(d["chunk_pos"]), int(d["chunk_len"])
+        raw = self._read(pos, length)
+        if len(raw) != length or _crc(raw) != int(d["chunk_crc"]):
+            raise CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} fails "
+                                     "its CRC (or is cut short)", self.path, pos)
+        bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
+                                 "decode", self.path, pos)
+        try:
+            body = np.frombuffer(zstd_decompress(raw), np.uint8)
+        except Exception:  # noqa: BLE001 - the codec's own error
+            raise bad from None
+        if body.shape[0] < 8:
+            raise bad
+        n, b = _U32.unpack_from(body, 0)
+        nxt = int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n
+        if n == 0 or b == 0 or n != nxt - int(d["first_entry"]) \
+                or body.shape[0] != 8 + 8 * b + n * _ENTRY_BYTES:
+            raise bad
+        p = 8 + 8 * b + 12 * n  # past batch_count, batch_size, offset and timestamp deltas
+        return body[p:p + n], body[p + n:p + 5 * n].view(np.uint32)
+
     def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` read, checked against its CRC and decoded (into ``out`` when given)."""
         d = self.dir[i]
@@ -401,7 +430,7 @@ class LeanIndex:
         if body.shape[0] < 8:
             raise bad
         n, b = _U32.unpack_from(body, 0)
-        want = 8 + 8 * b + n * (4 + 8 + 1 + 4 + 8 + 8)
+        want = 8 + 8 * b + n * _ENTRY_BYTES
         nxt = (int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n)
         if body.shape[0] != want or n == 0 or b == 0 or n != nxt - int(d["first_entry"]):
             raise bad

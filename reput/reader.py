@@ -1074,6 +1074,23 @@ class IndexCursor:
         for lo in range(max(start_entry, n_file), n, step):
             yield lo, idx.entries[lo:min(n, lo + step)]
 
+    def tombstone_columns(self, seg) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(flags, clean_time) of every entry of ``seg``, a chunk at a time: what a look for
+        tombstones due for purging reads. A lean index's chunks are decompressed but not decoded
+        into entries (LeanIndex.tombstone_columns); checked as ``chunks`` checks a pass from
+        entry 0."""
+        pl = self.pl
+        if pl.seg_format(seg) != 2:
+            for _, e in self.chunks(seg):
+                yield e["flags"], e["clean_time"]
+            return
+        idx = pl.index(seg)
+        if not seg.bcq_checked:
+            self._check_lean(seg)
+        for _, cols in parallel.ahead(idx.tombstone_columns,
+                                      range(idx.chunk_count if idx.n else 0)):
+            yield cols
+
     def check(self, seg) -> None:
         """``seg``'s index against the size and checksum its segment-list or manifest entry
         gives (CorruptRecordError otherwise; nothing when no entry gives one or it was checked

@@ -133,7 +133,19 @@ def _download(ms: MasterStore, incoming: Incoming, seg: dict, chunk: int = 5000)
             pos += len(data)
 
 
-def test_listing_and_ranges(master):
+def _range(ms: MasterStore, *args, zero_copy: bool) -> tuple[bytes, int]:
+    """``segment_file``'s bytes, read from the fd it hands out for sendfile with zero_copy."""
+    got, size = ms.segment_file(TOPIC, 0, *args, zero_copy=zero_copy)
+    if not zero_copy:
+        return got, size
+    try:
+        return os.pread(got.fd, got.nbytes, got.start), size
+    finally:
+        got.close()
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_listing_and_ranges(master, zero_copy):
     doc, ms = _listing(master)
     try:
         segs = doc["segments"]
@@ -144,17 +156,47 @@ def test_listing_and_ranges(master):
         s = sealed[0]
         pl = ms.store.partition(TOPIC, 0)
         log = open(os.path.join(master, pl.log_path(s["base"])), "rb").read()
-        data, size = ms.segment_file(TOPIC, 0, s["base"], "log", s["id"], 100, 1000)
+        data, size = _range(ms, s["base"], "log", s["id"], 100, 1000, zero_copy=zero_copy)
         assert size == len(log) == s["log_size"] and data == log[100:1100]
-        data, _ = ms.segment_file(TOPIC, 0, s["base"], "log", s["id"], size - 10, 1000)
+        data, _ = _range(ms, s["base"], "log", s["id"], size - 10, 1000, zero_copy=zero_copy)
         assert data == log[-10:]
+        idx = open(os.path.join(master, pl.log_path(s["base"])[:-4] + ".bcq"), "rb").read()
+        data, isize = _range(ms, s["base"], "index", s["id"], 0, 1 << 20, zero_copy=zero_copy)
+        assert isize == len(idx) == s["index_size"] and data == idx
         for args, status in (((s["base"], "log", "0-00000000", 0, 10), 409),
                              ((s["base"] + 1, "log", s["id"], 0, 10), 404),
                              ((segs[-1]["base"], "log", s["id"], 0, 10), 404),
                              ((s["base"], "log", s["id"], size + 1, 10), 416)):
             with pytest.raises(RequestError) as e:
-                ms.segment_file(TOPIC, 0, *args)
+                ms.segment_file(TOPIC, 0, *args, zero_copy=zero_copy)
             assert e.value.status == status, args
+    finally:
+        ms.store.close()
+
+
+def test_a_file_replaced_while_its_range_is_checked_is_not_handed_out(master, monkeypatch):
+    """The fd for sendfile is opened before the version check: a swap that renames another
+    file over the path meanwhile is a 409 (list again), never the other file's bytes."""
+    doc, ms = _listing(master)
+    try:
+        s = next(x for x in doc["segments"] if x["format"] == 2 and x["sealed"])
+        path = os.path.join(master, ms.store.partition(TOPIC, 0).log_path(s["base"]))
+        checks = MasterStore._segment_checks
+
+        def swapped(*args):
+            with open(path + ".new", "wb") as f:
+                f.write(open(path, "rb").read())  # same bytes and size: only the file differs
+            os.rename(path + ".new", path)
+            return checks(*args)
+        monkeypatch.setattr(MasterStore, "_segment_checks", staticmethod(swapped))
+        before = len(os.listdir(f"/proc/{os.getpid()}/fd"))
+        with pytest.raises(RequestError) as e:
+            ms.segment_file(TOPIC, 0, s["base"], "log", s["id"], 0, 100, zero_copy=True)
+        assert e.value.status == 409 and "changed while it was read" in str(e.value)
+        assert len(os.listdir(f"/proc/{os.getpid()}/fd")) == before  # its fd closed
+        monkeypatch.setattr(MasterStore, "_segment_checks", staticmethod(checks))
+        data, _ = _range(ms, s["base"], "log", s["id"], 0, 100, zero_copy=True)
+        assert data == open(path, "rb").read(100)
     finally:
         ms.store.close()
 

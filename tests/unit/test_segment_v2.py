@@ -249,6 +249,32 @@ def test_lean_index_chunks_and_lookups():
         idx2.chunk(3)
 
 
+def test_tombstone_columns_are_the_decoded_chunks_flags_and_clean_times():
+    recs = [Record("t", 0, 2 * i, 10 * i, None if i % 17 == 5 else b"k%d" % i,
+                   None if i % 7 == 0 else b"v") for i in range(5_000)]
+    _, e = _v1(recs)
+    tomb = (e["flags"] & B.FLAG_TOMBSTONE) != 0
+    e["clean_time"][tomb] = 1_700_000_000 + np.flatnonzero(tomb) % 5  # cleaned at varied times
+    b = B2.IndexBuilder(chunk_entries=700)
+    for lo in range(0, 5_000, 250):
+        b.add_batch(lo * 10, 2_500, e[lo:lo + 250])
+    data = b.finish(KB.CODEC_ZSTD)
+    idx = B2.LeanIndex(lambda a, n: data[a:a + n], "x.bcq", len(data))
+    assert idx.chunk_count > 3
+    for i in range(idx.chunk_count):
+        flags, clean = idx.tombstone_columns(i)
+        full = idx.chunk(i)
+        assert flags.tolist() == full["flags"].tolist()
+        assert clean.tolist() == full["clean_time"].tolist()
+    assert int(np.count_nonzero(np.concatenate(
+        [idx.tombstone_columns(i)[1] for i in range(idx.chunk_count)]))) == int(tomb.sum())
+    bad = bytearray(data)
+    bad[int(idx.dir["chunk_pos"][2]) + 7] ^= 0x10
+    idx2 = B2.LeanIndex(lambda a, n: bytes(bad[a:a + n]), "x.bcq", len(bad))
+    with pytest.raises(CorruptRecordError, match="chunk 2"):
+        idx2.tombstone_columns(2)
+
+
 def test_lookups_decode_a_chunk_once_while_it_is_in_the_lookup_cache(monkeypatch):
     monkeypatch.setattr(B2, "_LOOKUPS", B2._LookupCache(64 << 20))
     idx, e, reads, _, _ = _lean()
