@@ -275,3 +275,17 @@ def test_java_problem_follows_spark_launcher_rules(tmp_path, monkeypatch):
     assert java_problem().startswith("Java 17 is not installed")
     monkeypatch.setenv("PATH", str(home / "bin"))
     assert java_problem() is None
+
+
+@pytest.mark.parametrize("given, expect", [(None, "1"), ("3", "3")])
+def test_the_command_line_keeps_openblas_to_one_thread_unless_told(given, expect):
+    """numpy's OpenBLAS threads spin a tenth of a second of CPU each at import; the command line
+    (which never calls BLAS) starts one, and a user's OPENBLAS_NUM_THREADS is left alone."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    code = ("import sys; assert 'numpy' not in sys.modules; import kcompact.connectors.cli, os, "
+            "numpy; print(os.environ['OPENBLAS_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == expect
