@@ -1,6 +1,7 @@
 """Benchmark: rebuild of a replica over loopback, next to `cp -r` of the master store directory.
 
     python bench/replication.py [--size 1GiB] [--partitions 4] [--tombstones 0.01] [--json]
+                                [--baseline-python PY [--rounds 3]]
 
 A compacted master of about ``--size`` bytes of records (16-byte keys, 100-byte values, a share
 of tombstones, several partitions) is built with ``RecordBatch.from_columns`` and force-compacted
@@ -20,6 +21,11 @@ replica paces its pull: KCOMPACT_REPLICATION_RATE), next to the time that link t
 the master's bytes at rest (what a copy over it would cost at best): on anything slower than
 loopback the bytes moved, not the CPU, set the rebuild's time.
 
+With ``--baseline-python PY`` (the interpreter of another kcompact installation, e.g. a checkout
+from before store format 2) the whole measurement is run ``--rounds`` times by each installation
+in turn, each building its own master, and the medians of the rebuild and of the command are
+printed with the ratio ours / baseline (issue 28's target: within 10 %).
+
 Target: rebuild time <= 2 x copy time. Prints the ratios and MB/s. The rebuild is durable
 (it fsyncs what it writes before saying "rebuilt"), `cp -r` is not: on a disk slower than the
 page cache the durable copy (`cp -r` + `sync`) is the like-for-like baseline, and both ratios are
@@ -29,12 +35,14 @@ printed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
 import secrets
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +51,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+if importlib.util.find_spec("kcompact") is None:  # (run by another installation: its own)
+    sys.path.insert(0, ROOT)
 
 from kcompact.compaction import CompactionOptions, Compactor  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
@@ -59,6 +68,19 @@ def _size(text: str) -> int:
     t = text.strip().lower().replace("ib", "").replace("b", "")
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(t[-1:], 1)
     return int(float(t[:-1] if t[-1:] in "kmg" else t) * mult)
+
+
+def _reported(out: str, fallback: float) -> float:
+    """The rebuild time the command reports: "X MB pulled in T.Ts (R MB/s)" gives it to a
+    tenth of a second, X / R to a fraction of a percent (R is whole MB/s); else ``fallback``."""
+    m = re.search(r"([0-9,.]+) MB pulled in ([0-9.]+)s \(([0-9,]+) MB/s\)", out)
+    if m:
+        mb, secs, rate = (float(g.replace(",", "")) for g in m.groups())
+        if rate > 0 and abs(mb / rate - secs) <= 0.051 + secs * 0.01:
+            return mb / rate
+        return secs
+    m = re.search(r"in ([0-9.]+)s", out)
+    return float(m.group(1)) if m else fallback
 
 
 def build_master(path: str, size: int, partitions: int, tombstones: float) -> dict:
@@ -148,8 +170,7 @@ def run(size: int, partitions: int, tombstones: float, workdir: str,
         replica = os.path.join(workdir, "replica")
         rebuild_cmd, r = timed([KCOMPACT, "replicate", "--from", url, "--token-file", token,
                                 "--store", replica])
-        m = re.search(r"in ([0-9.]+)s", r.stdout)
-        rebuild_s = float(m.group(1)) if m else rebuild_cmd
+        rebuild_s = _reported(r.stdout, rebuild_cmd)
         vt, v = timed([KCOMPACT, "verify", "--store", replica, "--against", url,
                        "--token-file", token])
         link = {}
@@ -158,8 +179,7 @@ def run(size: int, partitions: int, tombstones: float, workdir: str,
             env = dict(os.environ, KCOMPACT_REPLICATION_RATE=str(int(link_mb_s * 1e6)))
             cmd, lr = timed([KCOMPACT, "replicate", "--from", url, "--token-file", token,
                              "--store", replica], env=env)
-            m = re.search(r"in ([0-9.]+)s", lr.stdout)
-            link = {"link_mb_s": link_mb_s, "link_rebuild_s": float(m.group(1)) if m else cmd,
+            link = {"link_mb_s": link_mb_s, "link_rebuild_s": _reported(lr.stdout, cmd),
                     "link_copy_s": data / (link_mb_s * 1e6)}
     finally:
         srv.terminate()
@@ -176,6 +196,39 @@ def run(size: int, partitions: int, tombstones: float, workdir: str,
             "replicate_stderr": r.stderr.strip().splitlines(), **link}
 
 
+def _side(python: str, a) -> dict:
+    """One measurement by the installation of ``python`` (this file run as a worker)."""
+    cmd = [python, os.path.abspath(__file__), "--size", str(a.size), "--partitions",
+           str(a.partitions), "--tombstones", str(a.tombstones), "--json"]
+    if a.workdir:
+        cmd += ["--workdir", a.workdir]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out[out.index("{"):])
+
+
+def _against(a) -> int:
+    ours, base = [], []
+    for _ in range(a.rounds):
+        ours.append(_side(sys.executable, a))
+        base.append(_side(a.baseline_python, a))
+    doc = {"rounds": a.rounds, "baseline": a.baseline_python}
+    for key in ("rebuild_s", "rebuild_command_s"):
+        o, b = [r[key] for r in ours], [r[key] for r in base]
+        doc[key] = {"ours": o, "baseline": b, "ratios": [x / y for x, y in zip(o, b)],
+                    "median_ratio": statistics.median(o) / statistics.median(b)}
+    if a.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"replica rebuild, {a.rounds} rounds each in turn; baseline: {a.baseline_python}")
+    for key, name in (("rebuild_s", "rebuild"), ("rebuild_command_s", "command")):
+        d = doc[key]
+        print(f"  {name:8s} ours {' / '.join(f'{x:.2f}' for x in d['ours'])} s   baseline "
+              f"{' / '.join(f'{x:.2f}' for x in d['baseline'])} s   ratios "
+              f"{', '.join(f'{x:.2f}' for x in d['ratios'])}   median ratio "
+              f"{d['median_ratio']:.2f} (target <= 1.10)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=_size, default=1 << 30, help="master data size (e.g. 64MiB)")
@@ -188,7 +241,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", metavar="FILE", default=None,
                     help="also write the --json document to FILE (the printed output is unchanged)")
     ap.add_argument("-v", "--verbose", action="store_true", help="show replicate's progress")
+    ap.add_argument("--baseline-python", default=None, metavar="PY",
+                    help="measure this installation's interpreter in turn, as the baseline")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds each with --baseline-python")
     a = ap.parse_args(argv)
+    if a.baseline_python:
+        return _against(a)
     workdir = tempfile.mkdtemp(prefix="kcompact-bench-repl-", dir=a.workdir)
     try:
         res = run(a.size, a.partitions, a.tombstones, workdir, a.link)

@@ -37,6 +37,7 @@ follow) whose crash-resume rules are written against each other (what ``.replica
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -146,7 +147,7 @@ class Replicator:
         self.progress = progress or Progress(enabled=False)
         # .replicating/ and .compacting/ staging: the store's directory, or on S3 the local one
         self.fs = getattr(store, "local_fs", store.fs)
-        self.pool = ThreadPoolExecutor(max_workers=2 * options.parallel + 2,
+        self.pool = ThreadPoolExecutor(max_workers=3 * options.parallel + 2,
                                        thread_name_prefix="kcompact-replica")
         self.max_bytes = options.max_bytes
         self.results: list[PartitionResult] = []
@@ -214,11 +215,14 @@ class Replicator:
 
     async def rebuild(self) -> list[PartitionResult]:
         doc = self.master_doc or await self.connect()
-        sem = asyncio.Semaphore(self.options.parallel)
+        # ``parallel`` partitions pull at once, and as many install and compact at once: the
+        # next partition's pull starts as soon as one's pull ends, not once its compaction ends
+        # (a wave of pulls no longer waits for the tail of the one before)
+        gates = (asyncio.Semaphore(self.options.parallel),
+                 asyncio.Semaphore(self.options.parallel))
 
         async def one(t, p, info):
-            async with sem:
-                return await self.rebuild_partition(t, p, info)
+            return await self.rebuild_partition(t, p, info, gates)
 
         tasks = [asyncio.ensure_future(one(t, p, info)) for t, p, info in self._partitions(doc)]
         if not tasks:
@@ -237,34 +241,43 @@ class Replicator:
 
     # -- one partition -------------------------------------------------------------------------
 
-    async def rebuild_partition(self, topic: str, partition: int, info: dict) -> PartitionResult:
+    async def rebuild_partition(self, topic: str, partition: int, info: dict,
+                                gates: tuple | None = None) -> PartitionResult:
+        """Pull, install and force-compact one partition. ``gates``: (pulls, installs), the
+        semaphores that bound how many partitions do each at once (rebuild)."""
+        pulls, installs = gates or (contextlib.nullcontext(), contextlib.nullcontext())
         name = f"{topic}-{partition}"
-        t0 = time.monotonic()
-        target = int(info["next_offset"])
-        res = PartitionResult(topic, partition, master_next_offset=target)
-        state, staging = await self._run(self._prepare, topic, partition)
-        if state == "pull":
-            start = staging.next_offset if staging.record_count() else 0
-            res.resumed_from = start
-            first = int(info.get("first_offset", 0))
-            self.progress.start(name, min(first, target), target, start)
-            # what the master already compacted: its tombstones count as cleaned from now
-            horizon = int(info.get("compaction_horizon", -1))
-            await self._run(self._note_horizon, topic, partition, start, horizon)
-            try:
-                await self._pull(topic, partition, staging, start, target, name, horizon, res)
-            except BaseException:
-                await self._run(staging.close)
-                raise
-            t1 = time.monotonic()
-            res.pull_s = t1 - t0
-            res.merged = await self._run(self._install, topic, partition, staging)
-            res.install_s = time.monotonic() - t1
-        else:
-            self.progress.note(name, "pull already installed; finishing")
-        t2 = time.monotonic()
-        comp = await self._run(self._finish, topic, partition, target)
-        res.compact_s = time.monotonic() - t2
+        async with pulls:
+            t0 = time.monotonic()
+            target = int(info["next_offset"])
+            res = PartitionResult(topic, partition, master_next_offset=target)
+            state, staging = await self._run(self._prepare, topic, partition)
+            if state == "pull":
+                start = staging.next_offset if staging.record_count() else 0
+                res.resumed_from = start
+                first = int(info.get("first_offset", 0))
+                self.progress.start(name, min(first, target), target, start)
+                # what the master already compacted: its tombstones count as cleaned from now
+                horizon = int(info.get("compaction_horizon", -1))
+                await self._run(self._note_horizon, topic, partition, start, horizon)
+                try:
+                    await self._pull(topic, partition, staging, start, target, name, horizon,
+                                     res)
+                except BaseException:
+                    await self._run(staging.close)
+                    raise
+                t1 = time.monotonic()
+                res.pull_s = t1 - t0
+        async with installs:
+            if state == "pull":
+                t1 = time.monotonic()
+                res.merged = await self._run(self._install, topic, partition, staging)
+                res.install_s = time.monotonic() - t1
+            else:
+                self.progress.note(name, "pull already installed; finishing")
+            t2 = time.monotonic()
+            comp = await self._run(self._finish, topic, partition, target)
+            res.compact_s = time.monotonic() - t2
         res.compaction = comp.to_dict()
         res.next_offset = await self._run(self._live_next, topic, partition)
         res.duration_s = time.monotonic() - t0
