@@ -153,14 +153,18 @@ async def read_all(resp: aiohttp.ClientResponse, idle_s: float) -> bytes:
     return b"".join(parts)
 
 
-async def _read_body(resp: aiohttp.ClientResponse, idle_s: float):
+async def _read_body(resp: aiohttp.ClientResponse, idle_s: float,
+                     into: np.ndarray | None = None):
     """The body as a uint8 array filled chunk by chunk as it arrives (one copy; ``read()``
-    keeps every chunk and joins them, a second copy of a response of up to 64 MiB). A body that
-    ends before its Content-Length raises ClientPayloadError (retried by ``_request``)."""
+    keeps every chunk and joins them, a second copy of a response of up to 64 MiB): in the
+    front of ``into`` when it is large enough (a caller's reused buffer: fresh memory costs a
+    page fault every 4 KiB), else a new array. A body that ends before its Content-Length
+    raises ClientPayloadError (retried by ``_request``)."""
     length = resp.content_length
     if length is None:
         return np.frombuffer(await read_all(resp, idle_s), np.uint8)
-    out = np.empty(length, np.uint8)
+    out = (into[:length] if into is not None and into.shape[0] >= length
+           else np.empty(length, np.uint8))
     pos = 0
 
     def sink(chunk: bytes) -> None:
@@ -342,17 +346,19 @@ class MasterClient:
         return await self._request(path, {}, handle)
 
     async def segment_file(self, topic: str, partition: int, base: int, file: str, sid: str,
-                           start: int, max_bytes: int) -> bytes | None:
+                           start: int, max_bytes: int, into: np.ndarray | None = None
+                           ) -> np.ndarray | None:
         """Version 2: bytes [start, start + max_bytes) of a sealed segment's ``file`` (log or
-        index) as the master stores it; None when the segment changed since it was listed
-        (409). Retried as records are (a cut body is asked for again)."""
+        index) as the master stores it (in the front of ``into`` when it is large enough: valid
+        until the caller's next request into it); None when the segment changed since it was
+        listed (409). Retried as records are (a cut body is asked for again)."""
         async def handle(resp):
             if resp.content_type != CT_SEGMENT_FILE:
                 raise ProtocolError(f"{resp.url}: content type {resp.content_type!r}")
             size = _int_header(resp, H_FILE_SIZE)
             if resp.headers.get(H_SEGMENT_ID) != sid:
                 raise ProtocolError(f"{resp.url}: the master sent another segment version")
-            body = await _read_body(resp, self.read_timeout_s)
+            body = await _read_body(resp, self.read_timeout_s, into)
             want = max(0, min(max_bytes, size - start))
             if body.shape[0] != want:
                 raise ProtocolError(f"{resp.url}: {body.shape[0]} bytes of the {file} from byte "

@@ -167,11 +167,12 @@ class ShippedInstall:
         self.base = base = int(seg["base"])
         self.mlog, midx = (master_path(topic, partition, base, f) for f in ("log", "index"))
         self.log_path = incoming.path(base, "log")
-        raw_idx = fs.read(incoming.path(base, "index"))
+        # mapped, not read: the index is read a chunk at a time as its blocks are checked
+        raw_idx = fs.map(incoming.path(base, "index"))
         _check(len(raw_idx) == seg["index_size"], midx, f"{len(raw_idx)} bytes received of "
                f"{seg['index_size']}")
         try:
-            idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n], midx, len(raw_idx))
+            idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n].tobytes(), midx, len(raw_idx))
         except CorruptRecordError as e:
             raise ShippedSegmentError(str(e), e.position) from None
         _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
