@@ -316,22 +316,29 @@ class Server:
             H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
             "Content-Length": nbytes}))
         resp.content_type = CT_RECORDS
+        async def body():
+            if loc is not None and loc.data is not None:  # a format-2 segment's, decoded
+                await self._send(request, resp, resp.write(memoryview(loc.data)))
+            elif loc is not None:
+                await self._sendfile(request, resp, loc, route, "a range its index lists")
         try:
-            await resp.prepare(request)  # sends the headers at once (StreamResponse)
-            try:
-                if loc is not None and loc.data is not None:  # a format-2 segment's, decoded
-                    await self._send(request, resp, resp.write(memoryview(loc.data)))
-                elif loc is not None:
-                    await self._sendfile(request, resp, loc, route, "a range its index lists")
-                await self._send(request, resp, resp.write_eof())
-            except _Gone:
-                raise
-            except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
-                raise self._cut(request, resp, e) from None
+            await self._respond(request, resp, body)
         finally:
             if loc is not None:
                 loc.close()
         return resp
+
+    async def _respond(self, request: web.Request, resp: web.StreamResponse, body) -> None:
+        """Send ``resp``'s headers at once (StreamResponse), then ``await body()``, then its end;
+        a failure after the status line cuts the connection (``_cut``)."""
+        await resp.prepare(request)
+        try:
+            await body()
+            await self._send(request, resp, resp.write_eof())
+        except _Gone:
+            raise
+        except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
+            raise self._cut(request, resp, e) from None
 
     async def _sendfile(self, request: web.Request, resp: web.StreamResponse, loc,
                         route: Route, what: str) -> None:
@@ -371,14 +378,8 @@ class Server:
             headers["Content-Length"] = str(got.nbytes)
             resp = web.StreamResponse(status=200, headers=headers)
             resp.content_type = CT_SEGMENT_FILE
-            await resp.prepare(request)
-            try:
-                await self._sendfile(request, resp, got, route, "a segment's listed size")
-                await self._send(request, resp, resp.write_eof())
-            except _Gone:
-                raise
-            except Exception as e:  # noqa: BLE001 - after the status line: cut, logged
-                raise self._cut(request, resp, e) from None
+            await self._respond(request, resp, lambda: self._sendfile(
+                request, resp, got, route, "a segment's listed size"))
         finally:
             got.close()
         return resp

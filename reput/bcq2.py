@@ -349,36 +349,42 @@ class LeanIndex:
         decompressed but not decoded into entries: what a look for tombstones due for purging
         needs (the columns lie whole in the chunk, so the offsets, positions and digests are not
         rebuilt). The chunk's size and counts are checked as a decode checks them."""
-        d = self.dir[i]
-        pos, length = int(d["chunk_pos"]), int(d["chunk_len"])
-        raw = self._read(pos, length)
-        if len(raw) != length or _crc(raw) != int(d["chunk_crc"]):
-            raise CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} fails "
-                                     "its CRC (or is cut short)", self.path, pos)
-        bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
-                                 "decode", self.path, pos)
-        try:
-            body = np.frombuffer(zstd_decompress(raw), np.uint8)
-        except Exception:  # noqa: BLE001 - the codec's own error
-            raise bad from None
+        raw, pos = self._raw(i)
+        body = self._body(i, raw, pos)
         if body.shape[0] < 8:
-            raise bad
+            raise self._bad(i, pos)
         n, b = _U32.unpack_from(body, 0)
         nxt = int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n
-        if n == 0 or b == 0 or n != nxt - int(d["first_entry"]) \
+        if n == 0 or b == 0 or n != nxt - int(self.dir["first_entry"][i]) \
                 or body.shape[0] != 8 + 8 * b + n * _ENTRY_BYTES:
-            raise bad
+            raise self._bad(i, pos)
         p = 8 + 8 * b + 12 * n  # past batch_count, batch_size, offset and timestamp deltas
         return body[p:p + n], body[p + n:p + 5 * n].view(np.uint32)
 
-    def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Chunk ``i`` read, checked against its CRC and decoded (into ``out`` when given)."""
+    def _raw(self, i: int) -> tuple[bytes, int]:
+        """Chunk ``i`` as stored, checked against its CRC, and its byte position."""
         d = self.dir[i]
         pos, length = int(d["chunk_pos"]), int(d["chunk_len"])
         raw = self._read(pos, length)
         if len(raw) != length or _crc(raw) != int(d["chunk_crc"]):
             raise CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} fails "
                                      "its CRC (or is cut short)", self.path, pos)
+        return raw, pos
+
+    def _bad(self, i: int, pos: int) -> CorruptRecordError:
+        return CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
+                                  "decode", self.path, pos)
+
+    def _body(self, i: int, raw: bytes, pos: int) -> np.ndarray:
+        """Chunk ``i``'s columns, decompressed."""
+        try:
+            return np.frombuffer(zstd_decompress(raw), np.uint8)
+        except Exception:  # noqa: BLE001 - the codec's own error
+            raise self._bad(i, pos) from None
+
+    def _load(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Chunk ``i`` read, checked against its CRC and decoded (into ``out`` when given)."""
+        raw, pos = self._raw(i)
         return self._decode(i, raw, pos, out)
 
     def batches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -411,12 +417,8 @@ class LeanIndex:
     def _decode(self, i: int, raw: bytes, pos: int, out: np.ndarray | None = None
                 ) -> np.ndarray:
         d = self.dir[i]
-        bad = CorruptRecordError(f"{self.path}: lean index chunk {i} at byte {pos} does not "
-                                 "decode", self.path, pos)
-        try:
-            body = np.frombuffer(zstd_decompress(raw), np.uint8)
-        except Exception:  # noqa: BLE001 - the codec's own error
-            raise bad from None
+        bad = self._bad(i, pos)
+        body = self._body(i, raw, pos)
         if _N is not None:  # one pass in C (reput/_kafka_native.h lean_decode), same checks
             last = i + 1 >= self.chunk_count
             n = (self.n if last else int(self.dir["first_entry"][i + 1])) - int(d["first_entry"])
