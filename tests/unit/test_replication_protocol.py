@@ -592,3 +592,55 @@ def test_store_doc_shape_is_checked():
                 {"store_id": "x", "topics": [{"topic": "a", "partitions": [{"partition": 0}]}]}):
         with pytest.raises(ProtocolError):
             check_store_doc(bad, "u")
+
+
+def test_a_rebuild_starts_the_next_pull_while_a_partition_compacts(tmp_path):
+    """--parallel bounds pulls and installs+compactions separately: with one of each, partition
+    1's pull starts while partition 0 still compacts (its compaction here waits for that pull
+    to start: one semaphore over the whole partition would never let it, and time out)."""
+    import asyncio
+    import threading
+    import types
+
+    from kcompact.replication.replica import ReplicaOptions, Replicator
+    replica = Store.open(str(tmp_path / "r"), create=True)
+    rep = Replicator(_FakeClient("x"), replica, ReplicaOptions(parallel=1))
+    events, lock = [], threading.Lock()
+    pulling = {p: threading.Event() for p in range(3)}
+
+    def note(what, p):
+        with lock:
+            events.append((what, p))
+
+    def prepare(topic, p):
+        note("pull", p)
+        pulling[p].set()
+        return "pull", types.SimpleNamespace(next_offset=0, record_count=lambda: 0)
+
+    async def pull(topic, p, *args):
+        note("pulled", p)
+
+    def finish(topic, p, target):
+        if p + 1 in pulling:
+            assert pulling[p + 1].wait(10), f"partition {p + 1}'s pull waited for {p}'s end"
+        note("compacted", p)
+        return types.SimpleNamespace(to_dict=dict, records_kept=0)
+
+    rep._prepare, rep._pull, rep._finish = prepare, pull, finish
+    rep._note_horizon = lambda *a: None
+    rep._install = lambda *a: False
+    rep._live_next = lambda *a: 0
+    rep.master_doc = {"topics": [{"topic": TOPIC, "partitions": [
+        {"partition": p, "first_offset": 0, "next_offset": 0} for p in range(3)]}]}
+    try:
+        results = asyncio.run(rep.rebuild())
+    finally:
+        rep.close()
+        replica.close()
+    assert [r.partition for r in results] == [0, 1, 2]
+    # one pull at a time, in order; each partition compacted after the next one's pull began
+    pulls = [p for what, p in events if what == "pull"]
+    assert pulls == [0, 1, 2]
+    for p in (0, 1):
+        assert events.index(("pull", p + 1)) < events.index(("compacted", p))
+        assert events.index(("pulled", p)) < events.index(("pull", p + 1))
