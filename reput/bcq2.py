@@ -351,15 +351,25 @@ class LeanIndex:
         rebuilt). The chunk's size and counts are checked as a decode checks them."""
         raw, pos = self._raw(i)
         body = self._body(i, raw, pos)
+        n, b = self._layout(i, body, pos)
+        p = 8 + 8 * b + 12 * n  # past batch_count, batch_size, offset and timestamp deltas
+        return body[p:p + n], body[p + n:p + 5 * n].view(np.uint32)
+
+    def _records_in(self, i: int) -> int:
+        """Entries of chunk ``i``, as the directory gives them."""
+        nxt = int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n
+        return nxt - int(self.dir["first_entry"][i])
+
+    def _layout(self, i: int, body: np.ndarray, pos: int) -> tuple[int, int]:
+        """(records, batches) of chunk ``i``'s decompressed ``body``: as many records as the
+        directory gives, at least one batch, and exactly the bytes their columns take."""
         if body.shape[0] < 8:
             raise self._bad(i, pos)
         n, b = _U32.unpack_from(body, 0)
-        nxt = int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n
-        if n == 0 or b == 0 or n != nxt - int(self.dir["first_entry"][i]) \
+        if n == 0 or b == 0 or n != self._records_in(i) \
                 or body.shape[0] != 8 + 8 * b + n * _ENTRY_BYTES:
             raise self._bad(i, pos)
-        p = 8 + 8 * b + 12 * n  # past batch_count, batch_size, offset and timestamp deltas
-        return body[p:p + n], body[p + n:p + 5 * n].view(np.uint32)
+        return n, b
 
     def _raw(self, i: int) -> tuple[bytes, int]:
         """Chunk ``i`` as stored, checked against its CRC, and its byte position."""
@@ -421,7 +431,7 @@ class LeanIndex:
         body = self._body(i, raw, pos)
         if _N is not None:  # one pass in C (reput/_kafka_native.h lean_decode), same checks
             last = i + 1 >= self.chunk_count
-            n = (self.n if last else int(self.dir["first_entry"][i + 1])) - int(d["first_entry"])
+            n = self._records_in(i)
             nxt_pos = self.log_size if last else int(self.dir["first_position"][i + 1])
             e = np.empty(max(n, 0), B.BCQ_DTYPE) if out is None else out
             if n <= 0 or e.shape[0] != n or not _N.lean_decode(
@@ -429,13 +439,7 @@ class LeanIndex:
                     int(d["first_position"]), nxt_pos, e.view(np.uint8).reshape(-1)):
                 raise bad
             return e
-        if body.shape[0] < 8:
-            raise bad
-        n, b = _U32.unpack_from(body, 0)
-        want = 8 + 8 * b + n * _ENTRY_BYTES
-        nxt = (int(self.dir["first_entry"][i + 1]) if i + 1 < self.chunk_count else self.n)
-        if body.shape[0] != want or n == 0 or b == 0 or n != nxt - int(d["first_entry"]):
-            raise bad
+        n, b = self._layout(i, body, pos)
         p = 8
         counts = body[p:p + 4 * b].view(np.uint32).astype(np.int64)
         p += 4 * b
