@@ -84,7 +84,7 @@ from .errors import CorruptRecordError
 from .jit import native
 from .columns import KeyValues, RecordColumns, Spans, stored_records
 from .record import HEADER, HEADER_SIZE, Record, field_spans, gather, secret_words
-from .segment_list import crc32c
+from .segment_list import crc32c, stream_crc32c
 
 #: the smallest record is its header + a 1-byte topic
 MIN_RECORD = HEADER_SIZE + 1
@@ -1114,18 +1114,11 @@ class IndexCursor:
         path = pl.seg_index_path(seg)
         got = getattr(pl.index(seg), "file_check", None)  # an object: read whole already
         if got is None:  # streamed, a block at a time (a large segment's index is 100s of MB)
-            n, crc = 0, 0
             with pl.seg_fs(seg).open_read(path) as f:
-                while True:
-                    try:
-                        block = f.read(DEFAULT_BLOCK_BYTES)
-                    except OSError as e:  # a stream's reads raise raw OSError: say which file
-                        raise _oserror(e, "read", path) from e
-                    if not block:
-                        break
-                    n += len(block)
-                    crc = crc32c(block, crc)
-            got = (n, crc)
+                try:
+                    got = stream_crc32c(f, expect[0], DEFAULT_BLOCK_BYTES)
+                except OSError as e:  # a stream's reads raise raw OSError: say which file
+                    raise _oserror(e, "read", path) from e
         if got != expect:
             raise CorruptRecordError(
                 f"{path}: the lean index does not match its checksum ({got[0]} bytes, crc32c "

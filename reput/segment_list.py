@@ -55,6 +55,21 @@ def crc32c(data, crc: int = 0) -> int:
     return int(K.crc32c_update(np.uint32(crc), buf))
 
 
+def stream_crc32c(f, size_hint: int, block: int = 1 << 20) -> tuple[int, int]:
+    """(bytes, CRC32C) of what is left to read in the stream ``f`` (``readinto``), read
+    through one reused buffer of up to ``block`` bytes (``size_hint``: the size expected, to
+    size it): a large index read whole costs a fresh allocation, a page fault every 4 KiB. A
+    stream's read errors surface as OSError."""
+    n, crc = 0, 0
+    buf = memoryview(bytearray(max(1, min(block, size_hint))))
+    while True:
+        k = f.readinto(buf)
+        if not k:
+            return n, crc
+        crc = crc32c(buf[:k], crc)
+        n += k
+
+
 @dataclass(frozen=True)
 class SegmentMeta:
     """One segment as the list describes it. An open segment (the active one while a writer
@@ -329,15 +344,8 @@ def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_s
     a fresh allocation, a page fault every 4 KiB, each time a swap described it)."""
     idx = B2.LeanIndex(lambda start, length: fs.read(bcq_path, start, length), bcq_path,
                        bcq_size)
-    crc, done = 0, 0
     with fs.open_read(bcq_path) as f:
-        buf = memoryview(bytearray(min(bcq_size, 1 << 20)))
-        while done < bcq_size:
-            k = f.readinto(buf[:min(len(buf), bcq_size - done)])
-            if not k:
-                break
-            crc = crc32c(buf[:k], crc)
-            done += k
+        done, crc = stream_crc32c(f, bcq_size)
     if done != bcq_size:
         raise CorruptRecordError(f"{bcq_path}: shorter than its size while read", bcq_path,
                                  done)
@@ -351,4 +359,4 @@ def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_s
 
 
 __all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "canonical", "check_meta",
-           "crc32c", "describe", "field_int", "path", "read", "write"]
+           "crc32c", "describe", "field_int", "path", "read", "stream_crc32c", "write"]
