@@ -25,7 +25,7 @@ from .config import ConfigDef, Importance, Type, at_least, between, load_class, 
 from .converters import Converter, make_converter
 from .errors_handling import ERRORS_CONFIG, DeadLetterQueue, ErrorHandler
 from .kafka_clients import (SINK_CONSUMER_DEFAULTS, SINK_CONSUMER_REQUIRED, KafkaSettings,
-                            kafka_logger, list_partitions, list_topic_names)
+                            kafka_logger, list_partitions, list_topic_names, short_lived)
 from .sink_runner import SinkTaskRunner
 from .topic_watch import PartitionClaims
 from .source_runner import FileOffsetStore, SourceTaskRunner
@@ -276,7 +276,7 @@ class Worker:
             settings.require(SINK_CONSUMER_REQUIRED, "the worker (it assigns partitions itself)")
             settings.require(getattr(task_cls, "REQUIRED_CONSUMER_CONFIG", {}), cls.__name__)
             try:
-                probe = Consumer(dict(settings.conf, logger=kafka_logger()))
+                probe = Consumer(short_lived(dict(settings.conf, logger=kafka_logger())))
             except KafkaException as e:
                 raise settings.explain(e, "Kafka consumer") from None
             try:

@@ -36,7 +36,8 @@ from typing import Any, Callable, Iterable, Mapping, TextIO
 from kcompact.reput import ConfigError as ReputConfigError
 from kcompact.reput import Store, TopicConfig
 
-from ..framework.kafka_clients import admin_settings, kafka_error, kafka_error_text, kafka_logger
+from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_text, kafka_logger,
+                                        short_lived)
 
 #: The topic configs read from Kafka (Kafka's names, reput/config.py's keys).
 SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
@@ -105,8 +106,8 @@ def describe_topics(bootstrap: str, topics: Iterable[str], kafka_config: Mapping
     if not topics:
         return {}
     try:
-        admin = AdminClient(dict(admin_settings(kafka_config, bootstrap),
-                                 logger=kafka_logger()))
+        admin = AdminClient(short_lived(dict(admin_settings(kafka_config, bootstrap),
+                                             logger=kafka_logger())))
     except KafkaException as e:
         warn(f"cannot read the topics' configs ({kafka_error_text(e)}); the store's values "
              "apply")

@@ -50,7 +50,7 @@ from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
 from ..framework.config import ConfigDef, Importance, Type, at_least, non_empty, one_of
 from ..errors import ConfigError, ConnectorsError
-from ..framework.kafka_clients import admin_settings, kafka_logger
+from ..framework.kafka_clients import admin_settings, kafka_logger, short_lived
 from ..framework.topic_watch import describe_topic_ids
 from .config_sync import SinkConfigSync
 
@@ -213,7 +213,8 @@ class StoreSinkConnector(SinkConnector):
         if not self.kafka_conf or not topics:
             return {}
         from confluent_kafka.admin import AdminClient
-        admin = AdminClient(dict(admin_settings(self.kafka_conf), logger=kafka_logger()))
+        admin = AdminClient(short_lived(dict(admin_settings(self.kafka_conf),
+                                             logger=kafka_logger())))
         return describe_topic_ids(admin, topics)[0]
 
 

@@ -22,7 +22,7 @@ from kcompact.connectors.framework.errors_handling import (ERRORS_CONFIG, H_EXC_
                                                            SKIPPED, DeadLetterQueue, ErrorContext,
                                                            ErrorHandler, Stage)
 from kcompact.connectors.apps.options import mirror_props, parse_partitions
-from kcompact.connectors.framework.kafka_clients import KafkaSettings
+from kcompact.connectors.framework.kafka_clients import KafkaSettings, short_lived
 from kcompact.connectors.framework.worker import (CONNECTOR_CONFIG, WORKER_CONFIG, Worker,
                                                   connector_class, validate_connector)
 
@@ -285,6 +285,16 @@ def test_kafka_settings_reject_overrides_the_task_needs():
     s.update({"enable.auto.commit": "FALSE"}, lambda k: k)
     s.require({"enable.auto.commit": "false"}, "w")  # same value, other spelling: fine
     assert s.conf["enable.auto.commit"] == "false"
+
+
+def test_short_lived_clients_reconnect_sooner_unless_the_user_says():
+    # a probe or an admin client makes a request or two: librdkafka's 100 ms reconnect backoff
+    # made one fresh client in three wait 50 ms for its first metadata (kafka_clients.py)
+    conf = {"bootstrap.servers": "b:9092", "security.protocol": "SSL"}
+    assert short_lived(conf) == dict(conf, **{"reconnect.backoff.ms": 10})
+    assert conf == {"bootstrap.servers": "b:9092", "security.protocol": "SSL"}  # not changed
+    mine = dict(conf, **{"reconnect.backoff.ms": 250})
+    assert short_lived(mine)["reconnect.backoff.ms"] == 250
 
 
 def test_mirror_arguments():
