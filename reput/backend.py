@@ -53,22 +53,68 @@ class AppendFile(ABC):
         that ``sync`` to report. Optional (no-op here)."""
 
 
-def _sync_file_range():
-    """libc's sync_file_range (Linux), or None."""
+def _libc_call(name: str, *argtypes):
+    """libc's function ``name`` (Linux: sync_file_range, fallocate), or None."""
     try:
         import ctypes
         import ctypes.util
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        f = libc.sync_file_range
+        f = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    f.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    f.argtypes = list(argtypes)
     f.restype = ctypes.c_int
     return f
 
 
+def _sync_file_range():
+    import ctypes
+    return _libc_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                      ctypes.c_uint)
+
+
+def _fallocate():
+    import ctypes
+    return _libc_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+
+
 _SYNC_FILE_RANGE = _sync_file_range()
 _SYNC_FILE_RANGE_WRITE = 2
+_FALLOCATE = _fallocate()
+_FALLOC_FL_KEEP_SIZE = 1
+#: How far ahead of its end a local append file reserves disk blocks (fallocate KEEP_SIZE): as
+#: much as it already holds, at most this. The file's size is unchanged (readers see only what
+#: was written), and each write lands on blocks already allocated instead of going through the
+#: file system's per-page delayed allocation. Measured on ext4 (4 KiB blocks), 720 MB appended in
+#: 1 MiB writes to 9 files: 0.12 -> 0.07 s of kernel CPU on the writing thread (0.18 -> 0.13 s
+#: machine-wide, writeback included). Given back (ftruncate to the size) when the file is
+#: closed or truncated.
+PREALLOCATE_BYTES = 16 << 20
+#: What the open append files of a process may hold reserved at once: past it, files append
+#: without reserving (a store with thousands of partitions never holds more than this).
+PREALLOCATE_BUDGET = 512 << 20
+
+
+class _Reservations:
+    """The bytes the open append files of this process hold reserved past their ends (counted
+    at each reservation's full length until the file reserves again, closes or truncates)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def swap(self, give: int, want: int) -> int:
+        """Give back ``give`` bytes, then take ``want`` if the budget has them: what was
+        taken (``want`` or 0)."""
+        with self._lock:
+            self.held -= give
+            got = want if self.held + want <= self.budget else 0
+            self.held += got
+            return got
+
+
+RESERVATIONS = _Reservations(PREALLOCATE_BUDGET)
 
 
 class _BackgroundSync:
@@ -270,6 +316,10 @@ class _LocalAppendFile(AppendFile):
         except OSError as e:
             raise _oserror(e, "open for append", display) from e
         self.size = os.fstat(self._fd).st_size
+        #: disk blocks are reserved up to here (PREALLOCATE_BYTES); -1: the file system
+        #: refused a reservation (none is asked for again)
+        self._reserved = self.size if _FALLOCATE is not None else -1
+        self._held = 0  # this file's share of RESERVATIONS
         self._wb_pos = 0  # start_writeback has queued the bytes before this position
         #: the size at this descriptor's last fsync; -1: not synced since opened, truncated or
         #: a failed write (sync() then fsyncs whatever the size)
@@ -278,6 +328,8 @@ class _LocalAppendFile(AppendFile):
     def write(self, data) -> None:
         mv = memoryview(data).cast("B")
         n = len(mv)
+        if self.size + n > self._reserved >= 0:
+            self._reserve(self.size + n)
         done = 0
         try:
             while done < n:
@@ -289,8 +341,47 @@ class _LocalAppendFile(AppendFile):
                 os.ftruncate(self._fd, self.size)
             except OSError:
                 pass
+            self._give_back()  # the truncate freed them
             raise _oserror(e, "write", self._display) from e
         self.size += n
+
+    def _reserve(self, end: int) -> None:
+        """Reserve the blocks from the end of the file to ``end`` and as much again as the
+        file holds (PREALLOCATE_BYTES at most), within the process's budget. A file system
+        that cannot (no fallocate, no space: the write then says so itself) is not asked
+        again."""
+        length = end - self.size + min(PREALLOCATE_BYTES, end)
+        got = RESERVATIONS.swap(self._held, length)
+        self._held = got
+        if not got:
+            return  # over the budget: this write goes without
+        if _FALLOCATE(self._fd, _FALLOC_FL_KEEP_SIZE, self.size, got) == 0:
+            self._reserved = self.size + got
+        else:
+            self._give_back()
+            self._reserved = -1
+
+    def _give_back(self) -> None:
+        """After a truncate (which frees the blocks past the new end): nothing is reserved."""
+        RESERVATIONS.swap(self._held, 0)
+        self._held = 0
+        if self._reserved >= 0:
+            self._reserved = self.size
+
+    def _release(self) -> None:
+        """Give back the blocks reserved past the end: ftruncate to the size frees them, the
+        size unchanged, and the modification time is put back (it stays the last write's: the
+        commit log's retention counts a segment's age from it). Only when the file's size is
+        the size this descriptor wrote: nothing is ever cut."""
+        if self._reserved > self.size:
+            try:
+                st = os.fstat(self._fd)
+                if st.st_size == self.size:
+                    os.ftruncate(self._fd, self.size)
+                    os.utime(self._fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except OSError:
+                pass  # the reservation stays: space, not data
+        self._give_back()
 
     def sync(self) -> None:
         # Nothing written or truncated through this descriptor since its last fsync succeeded:
@@ -306,8 +397,9 @@ class _LocalAppendFile(AppendFile):
 
     def truncate(self, size: int) -> None:
         self._synced = -1
-        os.ftruncate(self._fd, size)
+        os.ftruncate(self._fd, size)  # frees the reserved blocks too
         self.size = size
+        self._give_back()
 
     def start_writeback(self) -> None:
         # SYNC_FILE_RANGE_WRITE on the bytes appended since the last call: queue them for
@@ -328,6 +420,7 @@ class _LocalAppendFile(AppendFile):
 
     def close(self) -> None:
         if self._fd >= 0:
+            self._release()
             os.close(self._fd)
             self._fd = -1
 
