@@ -103,6 +103,13 @@ class _Reservations:
         self.budget = budget
         self.held = 0
         self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            # a forked child gets a new lock (another thread of the parent may have held this
+            # one), and keeps the count: the files it inherited give back what they hold
+            os.register_at_fork(after_in_child=self._new_lock)
+
+    def _new_lock(self) -> None:
+        self._lock = threading.Lock()
 
     def swap(self, give: int, want: int) -> int:
         """Give back ``give`` bytes, then take ``want`` if the budget has them: what was

@@ -49,6 +49,7 @@ def short_lived(conf: Mapping[str, Any]) -> dict[str, Any]:
     under the settings given (a value the user set wins)."""
     return dict(SHORT_LIVED_CLIENT_DEFAULTS, **conf)
 
+
 def kafka_logger() -> logging.Logger:
     """librdkafka's log, silent unless KCOMPACT_DEBUG is set (its lines are multi-line noise
     for a CLI; errors reach us through error_cb and are reported as one line)."""
