@@ -63,14 +63,11 @@ class Assessment:
         return self.dirty_bytes / total if total else 0.0
 
 
-def expired_tombstones(e: np.ndarray, now_s: int, retention_s: int) -> int:
-    """How many of the entries ``e`` are keyed tombstones cleaned once (``clean_time`` set)
-    whose ``delete.retention.ms`` (``retention_s``, rounded up) has run out at ``now_s``."""
-    return expired_in(e["flags"], e["clean_time"], now_s, retention_s)
-
-
-def expired_in(flags: np.ndarray, clean_time: np.ndarray, now_s: int, retention_s: int) -> int:
-    """``expired_tombstones`` on the two columns it reads (IndexCursor.tombstone_columns)."""
+def expired_tombstones(flags: np.ndarray, clean_time: np.ndarray, now_s: int,
+                       retention_s: int) -> int:
+    """How many of the entries whose ``flags`` and ``clean_time`` columns are given (index
+    entries, or IndexCursor.tombstone_columns) are keyed tombstones cleaned once (``clean_time``
+    set) whose ``delete.retention.ms`` (``retention_s``, rounded up) has run out at ``now_s``."""
     tomb = (flags & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
     ct = clean_time[tomb]
     ct = ct[ct != 0]
@@ -128,7 +125,8 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
                 t = int(e["timestamp"][i:].min())
                 a.oldest_dirty_ms = t if a.oldest_dirty_ms is None else min(a.oldest_dirty_ms, t)
             if cfg.compact and i:
-                a.tombstones_expired += expired_tombstones(e[:i], now_s, ret_s)
+                a.tombstones_expired += expired_tombstones(e["flags"][:i], e["clean_time"][:i],
+                                                           now_s, ret_s)
         if young:
             a.uncleanable_bytes += seg_dirty
         else:

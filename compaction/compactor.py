@@ -65,7 +65,7 @@ from kcompact.reput.bcq2 import IndexBuilder
 from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
-from .assessment import assess_partition, cleanable_end, expired_in, retention_s
+from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
 from .errors import CompactionError
 from .offset_map import OffsetMap
 from .throttle import IOBudget
@@ -351,7 +351,7 @@ class Compactor:
         for seg in pl.sealed_segments:
             for flags, clean in cursor.tombstone_columns(seg):
                 self._throttle(flags.nbytes + clean.nbytes)
-                if expired_in(flags, clean, now_s, ret_s):
+                if expired_tombstones(flags, clean, now_s, ret_s):
                     return True
         return False
 
