@@ -316,6 +316,7 @@ class Server:
             H_NEXT_OFFSET: nxt, H_RECORD_COUNT: count, H_HIGH_WATERMARK: hwm,
             "Content-Length": nbytes}))
         resp.content_type = CT_RECORDS
+
         async def body():
             if loc is not None and loc.data is not None:  # a format-2 segment's, decoded
                 await self._send(request, resp, resp.write(memoryview(loc.data)))
