@@ -273,6 +273,54 @@ def encode_records(out, positions, topic, partitions, offsets, timestamps,
 
 
 @njit(cache=True, nogil=True)
+def encode_scan_records(out, positions, topic, partitions, offsets, timestamps,
+                        kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables,
+                        k0, k1, attrs_out, digest_lo, digest_hi, crcs):
+    """encode_records, which also fills the columns fill_records would read back from what it
+    wrote (attributes, key digests, CRCs): the writer dispatches a batch it has just encoded
+    without parsing it again."""
+    tlen = topic.shape[0]
+    for i in range(positions.shape[0]):
+        p = positions[i]
+        ks = koffs[i]
+        kl = koffs[i + 1] - ks
+        vs = voffs[i]
+        vl = voffs[i + 1] - vs
+        hs = hoffs[i]
+        hl = hoffs[i + 1] - hs
+        size = HEADER_SIZE + tlen + kl + vl + hl
+        attrs = 0
+        if vnull[i]:
+            attrs |= ATTR_NULL_VALUE
+        if knull[i]:
+            attrs |= ATTR_NULL_KEY
+        q = write_front(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
+                        topic, kbuf, ks, kl, vbuf, vs, vl, hl)
+        _copy(out, q, hbuf, hs, hl)
+        crc = crc32c(out, p + 8, p + size, tables)
+        _wr_u32(out, p + 4, crc)
+        attrs_out[i] = attrs
+        crcs[i] = crc
+        if knull[i]:
+            digest_lo[i] = 0
+            digest_hi[i] = 0
+        else:
+            lo, hi = siphash128(k0, k1, kbuf, ks, kl)
+            digest_lo[i] = lo
+            digest_hi[i] = hi
+
+
+@njit(cache=True, nogil=True)
+def topic_fnv(topic):
+    """FNV-1a 64 of a topic name's bytes (fill_records' topic_hash)."""
+    h = np.uint64(0xCBF29CE484222325)
+    for j in range(topic.shape[0]):
+        h ^= np.uint64(topic[j])
+        h *= np.uint64(0x100000001B3)
+    return h
+
+
+@njit(cache=True, nogil=True)
 def _check_header(buf, p, end):
     """Return the record size at p if its header is self-consistent, 0 if torn, -1 if invalid."""
     if end - p < HEADER_SIZE:

@@ -247,14 +247,9 @@ class RecordBatch:
                          decode_headers(hb) if hb else ())
 
 
-def encode_batch(batch: RecordBatch, scratch: "Scratch | None" = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Encode a batch; returns (bytes as uint8 array, int64 start position of each record).
-
-    With ``scratch`` the output lives in a reused buffer (valid until its next use): fresh
-    memory costs a page fault per 4 KiB on first touch, which would dominate the encode.
-    """
-    sizes = batch.encoded_sizes()
+def _layout(batch: RecordBatch, scratch: "Scratch | None"):
+    """(sizes, positions, output buffer, topic bytes) of a batch about to be encoded."""
+    sizes = np.asarray(batch.encoded_sizes(), dtype=np.int64)
     if sizes.size and sizes.max() > MAX_RECORD_SIZE:
         raise ReputError(f"a record is larger than the {MAX_RECORD_SIZE}-byte maximum")
     positions = np.zeros(sizes.shape[0], dtype=np.int64)
@@ -262,12 +257,55 @@ def encode_batch(batch: RecordBatch, scratch: "Scratch | None" = None
         np.cumsum(sizes[:-1], out=positions[1:])
     total = int(sizes.sum())
     out = scratch.get("encode", total, np.uint8) if scratch else np.empty(total, dtype=np.uint8)
-    topic = np.frombuffer(batch.topic.encode(), dtype=np.uint8)
+    return sizes, positions, out, np.frombuffer(batch.topic.encode(), dtype=np.uint8)
+
+
+def encode_batch(batch: RecordBatch, scratch: "Scratch | None" = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Encode a batch; returns (bytes as uint8 array, int64 start position of each record).
+
+    With ``scratch`` the output lives in a reused buffer (valid until its next use): fresh
+    memory costs a page fault per 4 KiB on first touch, which would dominate the encode.
+    """
+    _, positions, out, topic = _layout(batch, scratch)
     K.encode_records(out, positions, topic, batch.partitions, batch.offsets, batch.timestamps,
                      batch.keys.buf, batch.keys.offs, batch.keys.null,
                      batch.values.buf, batch.values.offs, batch.values.null,
                      batch.headers.buf, batch.headers.offs, K.CRC_TABLES)
     return out, positions
+
+
+def encode_scanned(batch: RecordBatch, *, secret: bytes, scratch: "Scratch | None" = None
+                   ) -> tuple[np.ndarray, "Scan"]:
+    """``encode_batch``, and the ``Scan`` that ``scan(out, secret=secret, verify_crc=False)``
+    would read back from its bytes, filled in the same pass (sizes, CRCs and key digests are
+    known while each record is written): the writer's dispatch of a batch it has just encoded
+    (Store.append) parses nothing again."""
+    sizes, positions, out, topic = _layout(batch, scratch)
+    n = sizes.shape[0]
+    new = scratch.get if scratch is not None else (lambda _name, m, dt: np.empty(m, dt))
+    s = Scan()
+    s.positions, s.sizes = positions, sizes
+    s.partitions = new("partitions", n, np.int32)
+    s.partitions[:] = batch.partitions
+    s.offsets = new("offsets", n, np.int64)
+    s.offsets[:] = batch.offsets
+    s.timestamps = new("timestamps", n, np.int64)
+    s.timestamps[:] = batch.timestamps
+    s.attrs = new("attrs", n, np.uint8)
+    s.topic_hash = new("topic_hash", n, np.uint64)
+    s.topic_hash[:] = K.topic_fnv(topic)
+    s.digest_lo = new("digest_lo", n, np.uint64)
+    s.digest_hi = new("digest_hi", n, np.uint64)
+    s.crcs = new("crcs", n, np.uint32)
+    k0, k1 = secret_words(secret)
+    K.encode_scan_records(out, positions, topic, s.partitions, s.offsets, s.timestamps,
+                          batch.keys.buf, batch.keys.offs, batch.keys.null,
+                          batch.values.buf, batch.values.offs, batch.values.null,
+                          batch.headers.buf, batch.headers.offs, K.CRC_TABLES,
+                          k0, k1, s.attrs, s.digest_lo, s.digest_hi, s.crcs)
+    s.stop, s.status = int(out.shape[0]), K.SCAN_OK
+    return out, s
 
 
 def encode(records: Iterable[Record]) -> bytes:

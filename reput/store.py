@@ -45,7 +45,7 @@ from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
-from .record import Record, RecordBatch, Scratch, encode_batch, scan, validate_topic
+from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, validate_topic
 from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
 
@@ -647,12 +647,15 @@ class Store:
             # a partition held by another writer fails the append with nothing written
             for p in partitions:
                 self.writable_partition(batch.topic, p)
-            buf, positions = encode_batch(batch, self._scratch)
-            start, end = self.commitlog.append(buf, positions)
+            buf, s = encode_scanned(batch, secret=self.secret, scratch=self._scratch)
+            start, end = self.commitlog.append(buf, s.positions)
             self.stats["appended"] += len(batch)
             if start == self._dispatched:
-                # The bytes just written are in memory: dispatch them without reading back.
-                n = self._dispatch_view(buf, 0, buf.shape[0], verify_crc=False, where="batch")
+                # The bytes just written are in memory, and so is their scan (one topic, the
+                # batch's): dispatch them without reading or parsing them again.
+                p = s.partitions
+                runs = np.flatnonzero(p[1:] != p[:-1]) + 1
+                n = self._dispatch_runs(buf, s, [0, *runs.tolist(), len(s)], batch.topic)
                 self._dispatched = end
                 self.stats["dispatched"] += n
             else:
@@ -691,18 +694,26 @@ class Store:
             raise CorruptRecordError(
                 f"{where}: {'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
                 f"{s.stop} during reput", where, s.stop)
+        if not len(s):
+            return 0
+        return self._dispatch_runs(
+            view, s, K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions).tolist())
+
+    def _dispatch_runs(self, view: np.ndarray, s: Scan, runs: list[int],
+                       topic: str | None = None) -> int:
+        """Append each run s[runs[r]:runs[r + 1]] of records of one topic-partition to its
+        partition; ``topic`` when every run is of that topic, else each run's is read from its
+        first record."""
         total = 0
-        if len(s):
-            runs = K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions)
-            for r in range(runs.shape[0] - 1):
-                a, b = int(runs[r]), int(runs[r + 1])
+        for a, b in zip(runs, runs[1:]):
+            t = topic
+            if t is None:
                 p = int(s.positions[a])
                 tl = int(view[p + 10])
-                topic = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
-                pl = self.writable_partition(topic, int(s.partitions[a]))
-                n = pl.append(view, s, a, b)
-                total += n
-                self.stats["skipped"] += (b - a) - n
+                t = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
+            n = self.writable_partition(t, int(s.partitions[a])).append(view, s, a, b)
+            total += n
+            self.stats["skipped"] += (b - a) - n
         return total
 
     def _maybe_start_writeback(self, nbytes: int) -> None:

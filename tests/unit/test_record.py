@@ -23,7 +23,8 @@ from kcompact.reput import bcq as B
 from kcompact.reput.errors import CorruptRecordError, InvalidTopicError, ReputError
 from kcompact.reput.record import (ATTR_NULL_KEY, ATTR_NULL_VALUE, HEADER, HEADER_SIZE, MAX_RECORD_SIZE,
                           Record, RecordBatch, BytesColumn, decode_all, decode_headers, decode_one,
-                          encode, encode_batch, encode_headers, key_digest, scan, validate_topic)
+                          Scratch, encode, encode_batch, encode_headers, encode_scanned, key_digest, scan,
+                          validate_topic)
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -170,6 +171,28 @@ def test_batch_round_trip(topic, rows):
     assert [decode_one(buf, int(p)) for p in positions] == want
     assert encode(want) == buf.tobytes()  # one record at a time gives the same bytes
 
+
+
+@SETTINGS
+@given(topics, st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**40),
+                                  st.integers(-(2**63), 2**63 - 1), maybe_bytes, maybe_bytes,
+                                  header_lists), max_size=12), st.binary(min_size=16, max_size=16))
+def test_encode_scanned_is_encode_then_scan(topic, rows, secret):
+    """The writer's one-pass encode (Store.append) gives the bytes encode_batch writes and the
+    columns scan reads back from them, every one of them."""
+    batch = RecordBatch.from_records(topic, rows)
+    want_buf, want_pos = encode_batch(batch)
+    want = scan(want_buf, secret=secret, verify_crc=True)
+    assert want.status == K.SCAN_OK
+    buf, got = encode_scanned(batch, secret=secret, scratch=Scratch())
+    assert buf.tobytes() == want_buf.tobytes()
+    assert (got.status, got.stop, len(got)) == (want.status, want.stop, len(want))
+    for col in ("positions", "sizes", "partitions", "offsets", "timestamps", "attrs",
+                "topic_hash", "digest_lo", "digest_hi", "crcs"):
+        g, w = getattr(got, col), getattr(want, col)
+        assert g.dtype == w.dtype, col
+        assert g.tolist() == w.tolist(), col
+    assert got.positions.tolist() == want_pos.tolist()
 
 def test_null_and_empty_are_different():
     recs = [Record("t", 0, 0, 1, None, b"v"),       # keyless
