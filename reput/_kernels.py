@@ -247,29 +247,39 @@ def write_front(out, p, size, attrs, tlen, partition, offset, timestamp, topic, 
     return q + vl
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _encode_one(out, p, i, topic, partitions, offsets, timestamps, kbuf, koffs, knull, vbuf,
+                voffs, vnull, hbuf, hoffs, tables):
+    """Record i of the columns at out[p:] (its size precomputed by the caller); returns its
+    attributes byte and CRC."""
+    tlen = topic.shape[0]
+    ks = koffs[i]
+    kl = koffs[i + 1] - ks
+    vs = voffs[i]
+    vl = voffs[i + 1] - vs
+    hs = hoffs[i]
+    hl = hoffs[i + 1] - hs
+    size = HEADER_SIZE + tlen + kl + vl + hl
+    attrs = 0
+    if vnull[i]:
+        attrs |= ATTR_NULL_VALUE
+    if knull[i]:
+        attrs |= ATTR_NULL_KEY
+    q = write_front(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
+                    topic, kbuf, ks, kl, vbuf, vs, vl, hl)
+    _copy(out, q, hbuf, hs, hl)
+    crc = crc32c(out, p + 8, p + size, tables)
+    _wr_u32(out, p + 4, crc)
+    return attrs, crc
+
+
 @njit(cache=True, nogil=True)
 def encode_records(out, positions, topic, partitions, offsets, timestamps,
                    kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables):
     """Write records i = 0..n-1 at out[positions[i]:] (sizes precomputed by the caller)."""
-    tlen = topic.shape[0]
     for i in range(positions.shape[0]):
-        p = positions[i]
-        ks = koffs[i]
-        kl = koffs[i + 1] - ks
-        vs = voffs[i]
-        vl = voffs[i + 1] - vs
-        hs = hoffs[i]
-        hl = hoffs[i + 1] - hs
-        size = HEADER_SIZE + tlen + kl + vl + hl
-        attrs = 0
-        if vnull[i]:
-            attrs |= ATTR_NULL_VALUE
-        if knull[i]:
-            attrs |= ATTR_NULL_KEY
-        q = write_front(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
-                        topic, kbuf, ks, kl, vbuf, vs, vl, hl)
-        _copy(out, q, hbuf, hs, hl)
-        _wr_u32(out, p + 4, crc32c(out, p + 8, p + size, tables))
+        _encode_one(out, positions[i], i, topic, partitions, offsets, timestamps, kbuf, koffs,
+                    knull, vbuf, voffs, vnull, hbuf, hoffs, tables)
 
 
 @njit(cache=True, nogil=True)
@@ -279,33 +289,17 @@ def encode_scan_records(out, positions, topic, partitions, offsets, timestamps,
     """encode_records, which also fills the columns fill_records would read back from what it
     wrote (attributes, key digests, CRCs): the writer dispatches a batch it has just encoded
     without parsing it again."""
-    tlen = topic.shape[0]
     for i in range(positions.shape[0]):
-        p = positions[i]
-        ks = koffs[i]
-        kl = koffs[i + 1] - ks
-        vs = voffs[i]
-        vl = voffs[i + 1] - vs
-        hs = hoffs[i]
-        hl = hoffs[i + 1] - hs
-        size = HEADER_SIZE + tlen + kl + vl + hl
-        attrs = 0
-        if vnull[i]:
-            attrs |= ATTR_NULL_VALUE
-        if knull[i]:
-            attrs |= ATTR_NULL_KEY
-        q = write_front(out, p, size, attrs, tlen, partitions[i], offsets[i], timestamps[i],
-                        topic, kbuf, ks, kl, vbuf, vs, vl, hl)
-        _copy(out, q, hbuf, hs, hl)
-        crc = crc32c(out, p + 8, p + size, tables)
-        _wr_u32(out, p + 4, crc)
+        attrs, crc = _encode_one(out, positions[i], i, topic, partitions, offsets, timestamps,
+                                 kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables)
         attrs_out[i] = attrs
         crcs[i] = crc
         if knull[i]:
             digest_lo[i] = 0
             digest_hi[i] = 0
         else:
-            lo, hi = siphash128(k0, k1, kbuf, ks, kl)
+            ks = koffs[i]
+            lo, hi = siphash128(k0, k1, kbuf, ks, koffs[i + 1] - ks)
             digest_lo[i] = lo
             digest_hi[i] = hi
 
