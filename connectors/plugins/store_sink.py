@@ -346,12 +346,12 @@ _FLUSH = object()  # queued to the appender: flush the store after the batches b
 def warm_up() -> None:
     """Compile (or load from numba's cache) the encode/scan/order-check kernels: about
     3 s on a small VM, spent here while the consumer connects and prefetches, instead of inside
-    the first real append."""
-    from kcompact.reput.record import encode_batch, scan
+    the first real append (Store.append's encode_scanned; scan re-dispatches after a crash)."""
+    from kcompact.reput.record import encode_scanned, scan
     from kcompact.reput.store import warm_up as warm_up_append
     for headers in (None, [("h", b"")]):
         recs = SinkRecords(["warm-up"], [0], [0], [0], [b"k"], [b"v"], [headers])
-        buf, _ = encode_batch(_batch("warm-up", recs, None))
+        buf, _ = encode_scanned(_batch("warm-up", recs, None), secret=bytes(16))
         scan(buf)
     warm_up_append()
 
