@@ -53,34 +53,32 @@ class AppendFile(ABC):
         that ``sync`` to report. Optional (no-op here)."""
 
 
-def _libc_call(name: str, *argtypes):
-    """libc's function ``name`` (Linux: sync_file_range, fallocate), or None."""
-    try:
-        import ctypes
-        import ctypes.util
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        f = getattr(libc, name)
-    except (OSError, AttributeError):
+def _libc_call(libc, name: str, *argtypes):
+    """libc's function ``name`` (Linux: sync_file_range, fallocate) taking ``argtypes``
+    (ctypes type names) and returning an int, or None."""
+    import ctypes
+    f = getattr(libc, name, None)
+    if f is None:
         return None
-    f.argtypes = list(argtypes)
+    f.argtypes = [getattr(ctypes, t) for t in argtypes]
     f.restype = ctypes.c_int
     return f
 
 
-def _sync_file_range():
-    import ctypes
-    return _libc_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                      ctypes.c_uint)
+def _libc():
+    """The C library (looked up once: find_library runs ldconfig), or None."""
+    try:
+        import ctypes
+        import ctypes.util
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
 
 
-def _fallocate():
-    import ctypes
-    return _libc_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-
-
-_SYNC_FILE_RANGE = _sync_file_range()
+_LIBC = _libc()
+_SYNC_FILE_RANGE = _libc_call(_LIBC, "sync_file_range", "c_int", "c_int64", "c_int64", "c_uint")
 _SYNC_FILE_RANGE_WRITE = 2
-_FALLOCATE = _fallocate()
+_FALLOCATE = _libc_call(_LIBC, "fallocate", "c_int", "c_int", "c_int64", "c_int64")
 _FALLOC_FL_KEEP_SIZE = 1
 #: How far ahead of its end a local append file reserves disk blocks (fallocate KEEP_SIZE): as
 #: much as it already holds, at most this. The file's size is unchanged (readers see only what
