@@ -304,7 +304,7 @@ def encode_scan_records(out, positions, topic, partitions, offsets, timestamps,
             digest_hi[i] = hi
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def topic_fnv(topic):
     """FNV-1a 64 of a topic name's bytes (fill_records' topic_hash)."""
     h = np.uint64(0xCBF29CE484222325)
@@ -376,12 +376,8 @@ def fill_records(buf, start, n, k0, k1, positions, sizes, partitions, offsets, t
         offsets[i] = _rd_i64(buf, p + 16)
         timestamps[i] = _rd_i64(buf, p + 24)
         kl = np.int64(_rd_i32(buf, p + 32))
-        # FNV-1a 64 of the topic name, to group records by partition without decoding names.
-        h = np.uint64(0xCBF29CE484222325)
-        for j in range(tl):
-            h ^= np.uint64(buf[p + HEADER_SIZE + j])
-            h *= np.uint64(0x100000001B3)
-        topic_hash[i] = h
+        # to group records by partition without decoding names
+        topic_hash[i] = topic_fnv(buf[p + HEADER_SIZE:p + HEADER_SIZE + tl])
         if a & ATTR_NULL_KEY:
             digest_lo[i] = 0
             digest_hi[i] = 0
