@@ -3,27 +3,24 @@
 Spec: docs/formats/manifest.md. A partition's truth is its highest manifest version
 ``partitions/<t>/<p>/manifest/<20-digit N>.json``; version N+1 is created with a conditional put
 (``Backend.create_exclusive``), so of two concurrent committers exactly one wins and the other
-re-reads and rebases (``commit``). Each segment entry carries a pyroaring ``BitMap`` (portable
-serialization, base64) of its offsets relative to the segment's base, so a reader answers "which
-offsets exist" and "which segment holds offset o" without downloading a segment. A version is
-never rewritten; old ones are deleted by ``collect_garbage`` (the newest ``KEEP_VERSIONS`` stay).
+re-reads and rebases (``commit``). Each segment entry (a ``SegmentDesc``, reput/segment_desc.py)
+carries a pyroaring ``BitMap`` (portable serialization, base64) of its offsets relative to the
+segment's base, so a reader answers "which offsets exist" and "which segment holds offset o"
+without downloading a segment. A version is never rewritten; old ones are deleted by ``collect_garbage`` (the newest ``KEEP_VERSIONS`` stay).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-import numpy as np
-from pyroaring import BitMap
-
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, ReputError
-from .segment_list import field_int as _int
+from .segment_desc import MAX_OFFSET, SegmentDesc, object_name
+from .segment_desc import field_int as _int
 
 FORMAT_VERSION = 1
 KEEP_VERSIONS = 3
@@ -34,139 +31,11 @@ KEEP_VERSIONS = 3
 #: few KB still in flight is never that slow; object ages assume clocks within it, as the
 #: garbage collector's grace period does) and takes its number.
 ABORTED_VERSION_AGE_MS = 10_000
-_MAX_REL = (1 << 32) - 1  # a 32-bit roaring bitmap holds offsets base .. base + 2^32 - 1
-MAX_OFFSET = (1 << 63) - 1  # offsets are int64 (record.md)
-
-
-def _object_name(name, suffix: str) -> bool:
-    """A segment object's name as a manifest may hold it: a plain file name in the partition
-    (no path: a damaged manifest must not name an object elsewhere) ending in .log or .bcq."""
-    return (isinstance(name, str) and name.endswith("." + suffix) and len(name) > 4
-            and "/" not in name and "\\" not in name and name not in (".", "..")
-            and not name.startswith("."))
 
 
 class ManifestConflictError(ReputError):
     """Another process changed the partition in a way this commit cannot be rebased onto (two
     writers of one partition, or a compaction whose inputs were replaced meanwhile)."""
-
-
-@dataclass
-class SegmentEntry:
-    """One sealed segment as a manifest lists it."""
-
-    base: int
-    log: str            # object names, relative to the partition's prefix
-    bcq: str
-    log_size: int
-    bcq_size: int
-    records: int
-    first_offset: int   # -1 when the segment is empty
-    last_offset: int
-    offsets: BitMap = field(default_factory=BitMap)  # offset - base of every record
-    #: CRC32C of the .bcq object (written since segment lists; None in older manifests): what
-    #: compaction checks an index against before it acts on it (reput/reader.py IndexCursor)
-    bcq_crc32c: int | None = None
-    #: the segment's store format (docs/formats/segment-v2.md); "format" is written only for 2
-    format: int = 1
-
-    @classmethod
-    def from_entries(cls, base: int, log: str, bcq: str, log_size: int,
-                     offsets: np.ndarray, bcq_crc32c: int | None = None,
-                     bcq_size: int | None = None, format: int = 1) -> "SegmentEntry":
-        """The entry of a segment whose .bcq holds records at ``offsets`` (sorted int64);
-        ``bcq_size``: the .bcq's bytes when it is not 48 a record (a lean index, bcq-v2.md)."""
-        n = int(offsets.shape[0])
-        rel = offsets.astype(np.int64) - base
-        if n and (int(rel[0]) < 0 or int(rel[-1]) > _MAX_REL):
-            raise ReputError(f"segment {log}: offsets {int(offsets[0])}..{int(offsets[-1])} do "
-                             f"not fit a 32-bit bitmap relative to base {base}")
-        bm = BitMap(rel.astype(np.uint32)) if n else BitMap()
-        return cls(base, log, bcq, int(log_size), n * 48 if bcq_size is None else int(bcq_size),
-                   n, int(offsets[0]) if n else -1, int(offsets[-1]) if n else -1, bm,
-                   bcq_crc32c, format)
-
-    def holds(self, offset: int) -> bool:
-        rel = offset - self.base
-        return 0 <= rel <= _MAX_REL and rel in self.offsets
-
-    def rank_below(self, offset: int) -> int:
-        """How many of this segment's records have an offset < ``offset`` (= the index of the
-        first entry >= offset in its .bcq)."""
-        rel = offset - self.base
-        if rel <= 0:
-            return 0
-        if rel > _MAX_REL:
-            return self.records
-        return int(self.offsets.rank(rel - 1))
-
-    def offset_at_or_after(self, offset: int) -> int | None:
-        """The first offset >= ``offset`` this segment holds (None: none)."""
-        if not self.records or offset > self.last_offset:
-            return None
-        if offset <= self.first_offset:
-            return self.first_offset
-        return self.base + int(self.offsets.next_set_bit(offset - self.base))
-
-    def offset_array(self) -> np.ndarray:
-        return np.asarray(self.offsets.to_array(), dtype=np.int64) + self.base
-
-    def to_dict(self) -> dict:
-        d = {"base": self.base, "log": self.log, "bcq": self.bcq,
-             "log_size": self.log_size, "bcq_size": self.bcq_size, "records": self.records,
-             "first_offset": self.first_offset, "last_offset": self.last_offset,
-             "offsets": base64.b64encode(self.offsets.serialize()).decode()}
-        if self.bcq_crc32c is not None:
-            d["bcq_crc32c"] = f"{self.bcq_crc32c:08x}"
-        if self.format != 1:
-            d["format"] = self.format
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SegmentEntry":
-        """Parse and validate one entry (ValueError naming what is wrong): object names of
-        this base, sizes and offsets in range, the bitmap consistent with the counts."""
-        if not isinstance(d, dict):
-            raise ValueError("a segment entry is not an object")
-        base = _int(d, "base", 0, MAX_OFFSET)
-        names = []
-        for key in ("log", "bcq"):
-            name = d[key]
-            if not _object_name(name, key):
-                raise ValueError(f"segment {base}: {key} {name!r} is not a segment object name")
-            names.append(name)
-        raw = d["offsets"]
-        if not isinstance(raw, str) or not raw:
-            raise ValueError(f"segment {names[0]}: offsets is not a base64 bitmap")
-        try:
-            bm = BitMap.deserialize(base64.b64decode(raw, validate=True))
-        except (ValueError, IndexError, MemoryError, OverflowError):
-            raise ValueError(f"segment {names[0]}: offsets is not a valid bitmap") from None
-        records = _int(d, "records", 0, _MAX_REL + 1)
-        e = cls(base, names[0], names[1], _int(d, "log_size", 0, MAX_OFFSET),
-                _int(d, "bcq_size", 0, MAX_OFFSET), records,
-                _int(d, "first_offset", -1, MAX_OFFSET), _int(d, "last_offset", -1, MAX_OFFSET),
-                bm, None, _int(d, "format", 1, 2**31) if "format" in d else 1)
-        if e.format not in (1, 2):
-            raise ValueError(f"segment {e.log}: format {e.format} is unknown to this kcompact "
-                             "(it reads formats 1 and 2); upgrade kcompact")
-        crc = d.get("bcq_crc32c")
-        if crc is not None:
-            if not isinstance(crc, str) or len(crc) != 8:
-                raise ValueError(f"segment {e.log}: bcq_crc32c is not 8 hex digits")
-            e.bcq_crc32c = int(crc, 16)
-        if len(bm) != e.records:
-            raise ValueError(f"segment {e.log}: bitmap holds {len(bm)} offsets, records says "
-                             f"{e.records}")
-        if e.format == 1 and e.bcq_size != 48 * e.records:
-            raise ValueError(f"segment {e.log}: bcq_size {e.bcq_size} is not 48 x {e.records}")
-        want = (base + bm.min(), base + bm.max()) if e.records else (-1, -1)
-        if (e.first_offset, e.last_offset) != want:
-            raise ValueError(f"segment {e.log}: first/last offsets {e.first_offset}.."
-                             f"{e.last_offset} are not its bitmap's {want[0]}..{want[1]}")
-        if e.last_offset > MAX_OFFSET:
-            raise ValueError(f"segment {e.log}: offsets beyond 2^63")
-        return e
 
 
 @dataclass
@@ -179,7 +48,7 @@ class Manifest:
     cleaned_offset: int = -1
     next_offset: int = 0
     last_run: dict | None = None
-    segments: list[SegmentEntry] = field(default_factory=list)
+    segments: list[SegmentDesc] = field(default_factory=list)
     #: segments replaced by this or an earlier version, kept until ``since_ms`` + grace so
     #: that readers holding an older version can finish: [{"log", "bcq", "since_ms"}]
     retired: list[dict] = field(default_factory=list)
@@ -199,7 +68,7 @@ class Manifest:
             "created_ms": self.created_ms, "writer": self.writer,
             "cleaned_offset": self.cleaned_offset, "next_offset": self.next_offset,
             "last_run": self.last_run,
-            "segments": [s.to_dict() for s in self.segments],
+            "segments": [s.to_manifest_dict() for s in self.segments],
             "retired": self.retired,
         }, separators=(",", ":")).encode() + b"\n"
 
@@ -217,7 +86,7 @@ class Manifest:
                                  f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
             if not isinstance(d["segments"], list):
                 raise ValueError("segments is not a list")
-            segs = sorted((SegmentEntry.from_dict(s) for s in d["segments"]),
+            segs = sorted((SegmentDesc.from_manifest_dict(s) for s in d["segments"]),
                           key=lambda s: s.base)
             for a, b in zip(segs, segs[1:]):
                 if b.base <= a.base or (a.records and a.last_offset >= b.base):
@@ -230,7 +99,7 @@ class Manifest:
                 raise ValueError("retired is not a list of objects")
             for r in retired:
                 for key in ("log", "bcq"):
-                    if r.get(key) is not None and not _object_name(r[key], key):
+                    if r.get(key) is not None and not object_name(r[key], key):
                         raise ValueError(f"retired {key} {r[key]!r} is not a segment object")
             writer = d.get("writer", "")
             m = cls(_int(d, "version", 1, MAX_OFFSET),

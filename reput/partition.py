@@ -43,6 +43,7 @@ from .columns import RecordColumns, stored_records
 from .reader import PartitionReader
 from .record import Record, Scan, scan
 from .segment import Segment
+from .segment_desc import SegmentDesc
 from .segment_list import crc32c
 from .swap import recover_swap
 
@@ -102,7 +103,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         self._before_roll = None
         self.manifest: M.Manifest | None = None
         self._staged: list[Segment] = []
-        self._replaced: dict[str, M.SegmentEntry] = {}
+        self._replaced: dict[str, SegmentDesc] = {}
         self._pending_cleaned: int | None = None
         self._pending_run: dict | None = None
         self._pending = False
@@ -299,8 +300,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         """The segment's store format (1 or 2, docs/formats/segment-v2.md), from the first bytes
         of its .bcq (a lean index's magic) or its manifest entry; cached until it changes."""
         if seg.format is None:
-            if seg.entry is not None:  # the manifest says it (no request)
-                seg.format = seg.entry.format
+            if seg.desc is not None and not seg.desc.open:  # its catalog says it (no request)
+                seg.format = seg.desc.format
             elif seg.index_size < 8:
                 seg.format = 1
             else:
@@ -448,8 +449,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         bases = [s.base for s in self.segments]
         i = max(0, bisect.bisect_right(bases, offset) - 1)
         if self.manifest_mode:
-            while i < len(self.segments) and self.segments[i].entry is not None \
-                    and self.segments[i].entry.offset_at_or_after(offset) is None:
+            while i < len(self.segments) and self.segments[i].bitmap_desc is not None \
+                    and self.segments[i].bitmap_desc.offset_at_or_after(offset) is None:
                 i += 1
         return i
 
@@ -460,8 +461,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         if i < 0:
             return False
         seg = self.segments[i]
-        if seg.entry is not None:
-            return seg.entry.holds(offset)
+        if seg.bitmap_desc is not None:
+            return seg.bitmap_desc.holds(offset)
         idx = self.index(seg)
         j = int(idx.lower_bound(offset))
         return j < idx.n and int(idx.entries[j]["offset"]) == offset
@@ -470,8 +471,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         """The first offset >= ``offset`` the partition holds (None: none), where a read from
         ``offset`` starts; from the manifest bitmaps on an object store (no request)."""
         for seg in self.segments[self.segment_for(offset):]:
-            if seg.entry is not None:
-                nxt = seg.entry.offset_at_or_after(offset)
+            if seg.bitmap_desc is not None:
+                nxt = seg.bitmap_desc.offset_at_or_after(offset)
                 if nxt is not None:
                     return nxt
                 continue

@@ -29,6 +29,7 @@ from . import filenames as fn
 from . import segment_list as SL
 from .errors import CorruptRecordError
 from .segment import Segment
+from .segment_desc import SegmentDesc
 
 #: attempts of a read-only view when the files disagree with the list (20-80 ms apart)
 LOAD_ATTEMPTS = 4
@@ -95,9 +96,9 @@ class ListedPartition:
                     self._problem(ip, min(isz, m.bcq_size), f"holds {isz} bytes, the segment "
                                   f"list says {m.bcq_size} ({m.records} entries)")
             seg = old.get(m.base)
-            if seg is None or seg.meta != m:
+            if seg is None or seg.desc != m:
                 seg = Segment(m.base, ls, isz)
-            seg.log_size, seg.index_size, seg.meta, seg.open_tail = ls, isz, m, m.open
+            seg.log_size, seg.index_size, seg.desc, seg.open_tail = ls, isz, m, m.open
             seg.format = 1 if m.open else m.format  # (an open segment is appended: format 1)
             segs.append(seg)
         for base in sorted((logs | idxs) - listed.keys()):
@@ -130,7 +131,7 @@ class ListedPartition:
             seg = old.get(base) or Segment(base, ls, isz)
             if (seg.log_size, seg.index_size) != (ls, isz):
                 seg.format = None  # sealed into format 2 meanwhile? look again
-            seg.log_size, seg.index_size, seg.meta = ls, isz, None
+            seg.log_size, seg.index_size, seg.desc = ls, isz, None
             segs.append(seg)
         for i, seg in enumerate(segs):
             seg.open_tail = i == len(segs) - 1  # the active segment
@@ -159,17 +160,17 @@ class ListedPartition:
         for i, seg in enumerate(self.segments):
             nxt = self.segments[i + 1].base if i + 1 < len(self.segments) else None
             if seg.base in open_bases:
-                metas.append(SL.SegmentMeta(seg.base))
-            elif seg.meta is not None and not seg.meta.open and seg.meta.log_size == \
-                    seg.log_size and seg.meta.bcq_size == seg.index_size and \
-                    (nxt is None or seg.meta.next <= nxt):
-                metas.append(seg.meta)
+                metas.append(SegmentDesc(seg.base))
+            elif seg.desc is not None and not seg.desc.open and seg.desc.log_size == \
+                    seg.log_size and seg.desc.bcq_size == seg.index_size and \
+                    (nxt is None or seg.desc.next <= nxt):
+                metas.append(seg.desc)
             else:
                 metas.append(self._meta_now(seg, nxt))
         prev = self.seglist.version if self.seglist is not None else 0
         return SL.SegmentList(metas, self.next_offset, prev)
 
-    def _meta_now(self, seg: Segment, nxt: int | None) -> SL.SegmentMeta:
+    def _meta_now(self, seg: Segment, nxt: int | None) -> SegmentDesc:
         """A segment's closed entry from what this writer knows of it (its .bcq read once when
         the checksum of what was appended is not known)."""
         if seg.bcq_crc_size == seg.index_size and self.seg_format(seg) == 1:
@@ -181,7 +182,7 @@ class ListedPartition:
                     e.shape[0] * B.ENTRY_SIZE)
             first = int(e[0]["offset"]) if e.shape[0] else -1
             last = int(e[-1]["offset"]) if e.shape[0] else -1
-            m = SL.SegmentMeta(seg.base, 0, e.shape[0], first, last, seg.log_size,
+            m = SegmentDesc(seg.base, 0, e.shape[0], first, last, seg.log_size,
                                seg.index_size, seg.bcq_crc)
         else:
             m = SL.describe(self.local_fs, self.seg_log_path(seg), self.seg_index_path(seg),
@@ -190,7 +191,7 @@ class ListedPartition:
         end = nxt if nxt is not None else max(m.last_offset + 1, seg.base)
         m = replace(m, next=end)
         try:
-            SL.check_meta(m)
+            m.check_listed()
         except ValueError as e:
             raise CorruptRecordError(f"{self.seg_index_path(seg)}: {e}",
                                      self.seg_index_path(seg), 0) from None
@@ -206,8 +207,8 @@ class ListedPartition:
         self.seglist = lst
         metas = lst.by_base()
         for seg in self.segments:
-            seg.meta = metas.get(seg.base)
-            seg.open_tail = seg.meta is not None and seg.meta.open
+            seg.desc = metas.get(seg.base)
+            seg.open_tail = seg.desc is not None and seg.desc.open
         self._listed_open = {m.base for m in lst.segments if m.open}
 
     def _list_before_append(self) -> None:

@@ -31,6 +31,7 @@ from .segment_list import crc32c
 from .errors import CorruptRecordError, ReputError
 from .locks import FileLock
 from .segment import Segment
+from .segment_desc import SegmentDesc
 
 
 class ManifestPartition:
@@ -51,7 +52,7 @@ class ManifestPartition:
             if rel in self._replaced:
                 continue
             seg = old.get(rel) or Segment(e.base, e.log_size, e.bcq_size, kind="remote",
-                                          log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}", entry=e)
+                                          log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}", desc=e)
             remote.append(seg)
         if self.writable and not self._local_listed:
             local = self._list_local()
@@ -80,7 +81,7 @@ class ManifestPartition:
         """Recompute ``segments`` from the manifest held in memory (no request)."""
         self._load_manifest(self.manifest, reread=False)
 
-    def _upload(self, seg: Segment, log_name: str, bcq_name: str) -> "M.SegmentEntry":
+    def _upload(self, seg: Segment, log_name: str, bcq_name: str) -> SegmentDesc:
         """Upload a local segment's .log and .bcq as immutable objects (one PUT each)."""
         e = self.entries(seg)
         n = e.shape[0]
@@ -102,7 +103,7 @@ class ManifestPartition:
         else:
             self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
             self.fs.write_atomic(f"{self.dir}/{bcq_name}", ibytes.tobytes())
-        return M.SegmentEntry.from_entries(seg.base, log_name, bcq_name, seg.log_size,
+        return SegmentDesc.from_entries(seg.base, log_name, bcq_name, seg.log_size,
                                            e["offset"], crc, bcq_size, fmt)
 
     def _encode_for_upload(self, seg: Segment, sealing: str) -> Segment:
@@ -230,7 +231,7 @@ class ManifestPartition:
             if seg is None:
                 raise ReputError(f"{self.dir}: no sealed segment at base {b} to replace")
             if seg.kind == "remote":
-                self._replaced[seg.log_rel] = seg.entry
+                self._replaced[seg.log_rel] = seg.desc
             else:
                 self._staged.remove(seg)
                 self.local_fs.delete(self.seg_log_path(seg))

@@ -75,7 +75,7 @@ class SegmentRecovery:
             self.fs.delete(self.log_path(base))
             self.fs.delete(self.index_path(base))
         self.strays = []
-        opened = [seg for seg in self.segments if seg.meta is None or seg.meta.open]
+        opened = [seg for seg in self.segments if seg.desc is None or seg.desc.open]
         for seg in opened:  # a writer crashed while they were open
             self._recover_segment(seg)
         if opened:
@@ -104,9 +104,9 @@ class SegmentRecovery:
             self._seed_active_crc()
 
     def _seed_active_crc(self) -> None:
-        if self.segments and self.segments[-1].meta is not None \
-                and not self.segments[-1].meta.open:
-            seg, m = self.segments[-1], self.segments[-1].meta
+        if self.segments and self.segments[-1].desc is not None \
+                and not self.segments[-1].desc.open:
+            seg, m = self.segments[-1], self.segments[-1].desc
             seg.bcq_crc, seg.bcq_crc_size = m.bcq_crc32c, m.bcq_size
 
     def _check_sealed(self, seg: Segment, next_base: int) -> None:

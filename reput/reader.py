@@ -632,8 +632,8 @@ class PartitionReader:
         i = pl.segment_for(from_offset)
         while i < len(pl.segments):
             seg = pl.segments[i]
-            if seg.entry is not None and (seg.entry.records == 0
-                                          or seg.entry.last_offset < from_offset):
+            ent = seg.bitmap_desc
+            if ent is not None and (ent.records == 0 or ent.last_offset < from_offset):
                 i += 1  # the manifest says it holds nothing at or after from_offset
                 continue
             part = self._short_index_read(seg, from_offset, max_records)
@@ -730,7 +730,7 @@ class PartitionReader:
         whole .bcq is the better read: it is local already, no larger than a block, or the
         read wants more entries than a block holds."""
         pl = self.pl
-        ent = seg.entry
+        ent = seg.bitmap_desc
         bs = int(getattr(pl.fs, "block_size", 0) or 0)
         if ent is None or pl.seg_format(seg) == 2 or seg.index_cached or max_records is None \
                 or bs <= 0 or max_records * B.ENTRY_SIZE > bs or ent.bcq_size <= bs:

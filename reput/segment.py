@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import bcq as B
-from . import manifest as M
-from . import segment_list as SL
+from .segment_desc import SegmentDesc
 
 
 @dataclass(eq=False)
@@ -35,14 +34,14 @@ class Segment:
     kind: str = "file"
     log_rel: str | None = None   # store-relative paths, for "remote" and "staged"
     bcq_rel: str | None = None
-    entry: "M.SegmentEntry | None" = None  # the manifest's entry ("remote")
+    #: what its catalog lists: its entry in the manifest ("remote") or in the local segment
+    #: list (docs/formats/segment-list.md); None without one
+    desc: "SegmentDesc | None" = None
     #: the offset of the last record this process appended to this segment, valid while
     #: index_size == _appended_index_size (a writer's cache: no re-mapping of the growing .bcq
     #: to find its last offset before each append)
     last_appended: int | None = None
     _appended_index_size: int = -1
-    #: its entry in the local segment list (docs/formats/segment-list.md), None without one
-    meta: "SL.SegmentMeta | None" = None
     #: a segment whose files may still grow or hold a crash's torn tail: the active segment of
     #: a writer (listed open), a writer's local segments on an object store. Every other one is
     #: exact: its .bcq lists every record of its .log, the last ending where the .log ends.
@@ -70,24 +69,19 @@ class Segment:
     def listed(self) -> tuple[int, int, int] | None:
         """(records, first offset, last offset) as its manifest or closed segment-list entry
         says, without reading the .bcq; None when nothing says (an open segment)."""
-        if self.entry is not None:
-            e = self.entry
-            return e.records, e.first_offset, e.last_offset
-        m = self.meta
-        if m is not None and not m.open:
-            return m.records, m.first_offset, m.last_offset
-        return None
+        return self.desc.listed() if self.desc is not None else None
 
     def expected_bcq(self) -> tuple[int, int] | None:
         """(size, CRC32C) this segment's .bcq must have (its segment-list entry, or its
         manifest entry when that lists one); None when nothing says."""
-        m = self.meta
-        if m is not None and not m.open:
-            return m.bcq_size, m.bcq_crc32c
-        e = self.entry
-        if e is not None and getattr(e, "bcq_crc32c", None) is not None:
-            return e.bcq_size, e.bcq_crc32c
-        return None
+        return self.desc.expected_bcq() if self.desc is not None else None
+
+    @property
+    def bitmap_desc(self) -> "SegmentDesc | None":
+        """Its manifest entry, whose offset bitmap answers offset questions without a request;
+        None for any other segment."""
+        d = self.desc
+        return d if d is not None and d.has_bitmap else None
 
     @property
     def entry_count(self) -> int:

@@ -30,17 +30,10 @@ from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError
 from .jit import native
-from .record import HEADER_SIZE
+from .segment_desc import MAX_OFFSET, SegmentDesc, field_int
 
 FORMAT_VERSION = 1
 NAME = fn.SEGMENT_LIST
-#: a Kafka record batch's header (docs/formats/segment-v2.md): the least a format-2 .log holds
-KB_HEADER_SIZE = 61
-#: offsets and positions are int64 / u32 on disk (record.md, bcq.md)
-MAX_OFFSET = (1 << 63) - 1
-MAX_SEGMENT_BYTES = (1 << 32) - 1
-#: the smallest record: its header and a 1-byte topic
-MIN_RECORD = HEADER_SIZE + 1
 
 _N = native()
 
@@ -70,50 +63,17 @@ def stream_crc32c(f, size_hint: int, block: int = 1 << 20) -> tuple[int, int]:
         n += k
 
 
-@dataclass(frozen=True)
-class SegmentMeta:
-    """One segment as the list describes it. An open segment (the active one while a writer
-    appends) has only its base; every other field is None."""
-
-    base: int
-    next: int | None = None           # end of its offset range (exclusive)
-    records: int | None = None
-    first_offset: int | None = None   # -1 when empty
-    last_offset: int | None = None
-    log_size: int | None = None
-    bcq_size: int | None = None
-    bcq_crc32c: int | None = None
-    #: the segment's store format (1: records + 48-byte entries; 2: Kafka batches + a lean
-    #: index, docs/formats/segment-v2.md); "format" is written only for 2
-    format: int = 1
-
-    @property
-    def open(self) -> bool:
-        return self.log_size is None
-
-    def to_dict(self) -> dict:
-        if self.open:
-            return {"base": self.base, "open": True}
-        d = {"base": self.base, "next": self.next, "records": self.records,
-             "first_offset": self.first_offset, "last_offset": self.last_offset,
-             "log_size": self.log_size, "bcq_size": self.bcq_size,
-             "bcq_crc32c": f"{self.bcq_crc32c:08x}"}
-        if self.format != 1:
-            d["format"] = self.format
-        return d
-
-
 @dataclass
 class SegmentList:
     """The list (docs/formats/segment-list.md): ``segments`` sorted by base, the last one the
     active segment; ``version`` counts the writes; ``next_offset`` is the partition's log end
     offset when it was written."""
 
-    segments: list[SegmentMeta] = field(default_factory=list)
+    segments: list[SegmentDesc] = field(default_factory=list)
     next_offset: int = 0
     version: int = 0
 
-    def by_base(self) -> dict[int, SegmentMeta]:
+    def by_base(self) -> dict[int, SegmentDesc]:
         return {s.base: s for s in self.segments}
 
     @property
@@ -124,7 +84,7 @@ class SegmentList:
     def body(self) -> dict:
         return {"format_version": FORMAT_VERSION, "version": self.version,
                 "next_offset": self.next_offset,
-                "segments": [s.to_dict() for s in self.segments]}
+                "segments": [s.to_list_dict() for s in self.segments]}
 
     def to_json(self) -> bytes:
         body = self.body()
@@ -169,26 +129,14 @@ class SegmentList:
         raw = doc["segments"]
         if not isinstance(raw, list):
             raise ValueError("segments is not a list")
-        segs: list[SegmentMeta] = []
+        segs: list[SegmentDesc] = []
         for i, d in enumerate(raw):
             if not isinstance(d, dict):
                 raise ValueError(f"segment {i} is not an object")
-            base = field_int(d, "base", 0, MAX_OFFSET)
-            if d.get("open") is True:
-                segs.append(SegmentMeta(base))
-                continue
-            if segs and segs[-1].open:
-                raise ValueError(f"segment {base} is closed after an open one (only the last "
-                                 "segments may be open)")
-            m = SegmentMeta(base, field_int(d, "next", 0, MAX_OFFSET),
-                            field_int(d, "records", 0, MAX_SEGMENT_BYTES // MIN_RECORD),
-                            field_int(d, "first_offset", -1, MAX_OFFSET),
-                            field_int(d, "last_offset", -1, MAX_OFFSET),
-                            field_int(d, "log_size", 0, MAX_SEGMENT_BYTES),
-                            field_int(d, "bcq_size", 0, MAX_OFFSET), _hex32(d, "bcq_crc32c"),
-                            field_int(d, "format", 1, 2) if "format" in d else 1)
-            check_meta(m)
-            segs.append(m)
+            if d.get("open") is not True and segs and segs[-1].open:
+                raise ValueError(f"segment {field_int(d, 'base', 0, MAX_OFFSET)} is closed "
+                                 "after an open one (only the last segments may be open)")
+            segs.append(SegmentDesc.from_list_dict(d))
         for a, b in zip(segs, segs[1:]):
             if b.base <= a.base:
                 raise ValueError(f"segment {b.base} is not after segment {a.base}")
@@ -200,60 +148,10 @@ class SegmentList:
         return cls(segs, nxt, version)
 
 
-def check_meta(m: SegmentMeta) -> None:
-    """The bounds one closed segment's fields must satisfy (ValueError naming the first).
-    Format 1: 48 index bytes and at least one record header a record. Format 2 (Kafka batches,
-    a lean index): its records are compressed, so only a lean index's header and directory
-    entry and one batch header per segment holding records are bounds."""
-    if m.format == 1:
-        if m.bcq_size != m.records * B.ENTRY_SIZE:
-            raise ValueError(f"segment {m.base}: bcq_size {m.bcq_size} is not {B.ENTRY_SIZE} x "
-                             f"{m.records} records")
-        if m.log_size < m.records * MIN_RECORD:
-            raise ValueError(f"segment {m.base}: log_size {m.log_size} is too small for "
-                             f"{m.records} records")
-    elif m.records and (m.bcq_size < B2.HEADER_SIZE + B2.DIR_DTYPE.itemsize
-                        or m.log_size < KB_HEADER_SIZE):
-        raise ValueError(f"segment {m.base}: a format-2 segment of {m.records} records with a "
-                         f"{m.log_size}-byte .log and a {m.bcq_size}-byte lean index")
-    elif not m.records and m.bcq_size > B2.HEADER_SIZE:
-        raise ValueError(f"segment {m.base}: empty, but its lean index holds {m.bcq_size} bytes")
-    if m.records == 0:
-        if (m.first_offset, m.last_offset) != (-1, -1) or m.log_size != 0:
-            raise ValueError(f"segment {m.base}: empty, but lists offsets or bytes")
-        if m.next < m.base:
-            raise ValueError(f"segment {m.base}: its range ends at {m.next}, before its base")
-        return
-    if not m.base <= m.first_offset <= m.last_offset < m.next:
-        raise ValueError(f"segment {m.base}: offsets {m.first_offset}..{m.last_offset} are not "
-                         f"inside its range [{m.base}, {m.next})")
-    if m.last_offset - m.first_offset < m.records - 1:
-        raise ValueError(f"segment {m.base}: {m.records} records do not fit offsets "
-                         f"{m.first_offset}..{m.last_offset}")
-
-
 def canonical(body: dict) -> bytes:
     """The bytes a JSON metadata file's ``crc32c`` covers: its other fields, sorted keys, no
     spaces (segments.json, store.json, compaction.checkpoint)."""
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def field_int(d: dict, key: str, lo: int, hi: int) -> int:
-    """``d[key]``, an integer (never a boolean) in [lo, hi]; ValueError naming it otherwise
-    (the bounds check of every JSON metadata file: segment lists, manifests)."""
-    v = d[key]
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise ValueError(f"{key} is not an integer")
-    if not lo <= v <= hi:
-        raise ValueError(f"{key} {v} is outside [{lo}, {hi}]")
-    return v
-
-
-def _hex32(d: dict, key: str) -> int:
-    v = d[key]
-    if not isinstance(v, str) or len(v) != 8:
-        raise ValueError(f"{key} is not 8 hex digits")
-    return int(v, 16)
 
 
 def _bad(where: str, what: str) -> CorruptRecordError:
@@ -298,7 +196,7 @@ def _size_of_part(fs: Backend, path: str) -> int:
 
 
 def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | None,
-             chunk_entries: int = 1 << 16) -> SegmentMeta:
+             chunk_entries: int = 1 << 16) -> SegmentDesc:
     """A closed segment's entry computed from its files (reading its .bcq once): records,
     first and last offsets, sizes, the .bcq's CRC32C. ``nxt`` None: the last offset + 1."""
     log_size, bcq_size = _size_of_part(fs, log_path), _size_of_part(fs, bcq_path)
@@ -332,12 +230,12 @@ def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | No
                         first = int(e[0]["offset"])
                     last = int(e[-1]["offset"])
                 done += want
-    return SegmentMeta(base, max(last + 1, base) if nxt is None else nxt, n, first, last,
+    return SegmentDesc(base, max(last + 1, base) if nxt is None else nxt, n, first, last,
                        log_size, bcq_size, crc)
 
 
 def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_size: int,
-                   bcq_size: int) -> SegmentMeta:
+                   bcq_size: int) -> SegmentDesc:
     """``describe`` of a format-2 segment: its lean index's header and directory read and
     checked (the directory gives the records and the first and last offsets), and the whole
     file streamed once through a reused buffer for its CRC32C (read whole, a large index cost
@@ -354,9 +252,9 @@ def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_s
                                  f"{idx.log_size} bytes, the .log holds {log_size}", bcq_path, 0)
     first = int(idx.dir["first_offset"][0]) if idx.chunk_count else -1
     last = int(idx.dir["last_offset"][-1]) if idx.chunk_count else -1
-    return SegmentMeta(base, max(last + 1, base) if nxt is None else nxt, idx.n, first, last,
+    return SegmentDesc(base, max(last + 1, base) if nxt is None else nxt, idx.n, first, last,
                        log_size, bcq_size, crc, 2)
 
 
-__all__ = ["FORMAT_VERSION", "SegmentList", "SegmentMeta", "canonical", "check_meta",
-           "crc32c", "describe", "field_int", "path", "read", "stream_crc32c", "write"]
+__all__ = ["FORMAT_VERSION", "SegmentList", "canonical", "crc32c", "describe", "path", "read",
+           "stream_crc32c", "write"]

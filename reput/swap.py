@@ -22,6 +22,7 @@ from . import filenames as fn
 from . import segment_list as SL
 from .backend import Backend
 from .errors import CorruptRecordError
+from .segment_desc import SegmentDesc
 
 #: 2 adds "segments", the outputs' segment-list entries; a version 1 plan (written before
 #: segment lists) is still applied, its entries computed from the files
@@ -38,14 +39,14 @@ class SwapPlan:
     last_run: dict | None = None
     #: the outputs' segment-list entries (their ``next`` is set when applied); None: computed
     #: from the staged files at the commit
-    segments: list[SL.SegmentMeta] | None = None
+    segments: list[SegmentDesc] | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"version": SWAP_VERSION, "inputs": self.inputs, "outputs": self.outputs,
                            "cleaned_offset": self.cleaned_offset,
                            "last_run": self.last_run,
                            "segments": None if self.segments is None else
-                           [m.to_dict() for m in self.segments]}).encode()
+                           [m.to_list_dict() for m in self.segments]}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "SwapPlan":
@@ -106,7 +107,7 @@ def _output_paths(fs: Backend, pdir: str, base: int) -> tuple[str, str]:
     return out[0], out[1]
 
 
-def _describe_output(fs: Backend, pdir: str, base: int) -> SL.SegmentMeta:
+def _describe_output(fs: Backend, pdir: str, base: int) -> SegmentDesc:
     lp, ip = _output_paths(fs, pdir, base)
     return SL.describe(fs, lp, ip, base, None)
 
@@ -166,7 +167,7 @@ def apply(fs: Backend, pdir: str, plan: SwapPlan) -> None:
     fs.sync_dir(pdir)
 
 
-def _update_list(fs: Backend, pdir: str, plan: SwapPlan, metas: list[SL.SegmentMeta]) -> None:
+def _update_list(fs: Backend, pdir: str, plan: SwapPlan, metas: list[SegmentDesc]) -> None:
     """The segment list without the inputs and with the outputs (each output's range ends at
     the next segment's base). A partition without a list (a new one, or a store from before
     lists) gets one listing every segment now in place."""

@@ -105,10 +105,10 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                                            "manifest but missing from the store"))
             continue
         idx = B.view(raw)
-        if seg.entry is not None:
+        if seg.bitmap_desc is not None:
             _check_manifest_entry(seg, idx, buf, log_path, idx_path, report)
-        if seg.meta is not None and not seg.meta.open:
-            _check_list_entry(seg.meta, raw, idx, idx_path, report)
+        elif seg.desc is not None and not seg.desc.open:
+            _check_list_entry(seg.desc, raw, idx, idx_path, report)
         pos = 0
         i = 0  # next index entry expected
         log_size = min(seg.log_size, int(buf.shape[0]))
@@ -136,7 +136,7 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
                 if offs[0] <= prev_last or np.any(np.diff(offs) <= 0):
                     report.problems.append(Problem(log_path, int(s.positions[0]),
                                                    "offsets do not strictly increase"))
-                end = seg.meta.next if seg.meta is not None and not seg.meta.open else (
+                end = seg.desc.next if seg.desc is not None and seg.desc.next is not None else (
                     pl.segments[si + 1].base if si + 1 < len(pl.segments) else None)
                 if offs[0] < seg.base or (not is_active and end is not None
                                           and offs[-1] >= end):
@@ -206,20 +206,21 @@ def _verify_v2(store: Store, pl: PartitionLog, seg, si: int, prev_last: int,
         report.problems.append(Problem(e.filename or log_path, 0, "listed by the partition "
                                        "manifest but missing from the store"))
         return prev_last
-    if seg.entry is not None:
+    ent = seg.bitmap_desc
+    if ent is not None:
         try:
             size = pl.seg_fs(seg).size(log_path)
         except FileNotFoundError:
             report.problems.append(Problem(log_path, 0, "listed by the partition manifest but "
                                            "missing from the store"))
             return prev_last
-        if size != seg.entry.log_size:
+        if size != ent.log_size:
             report.problems.append(Problem(log_path, size, f"the .log object holds {size} "
-                                           f"bytes, the manifest says {seg.entry.log_size}"))
-        if idx.n != seg.entry.records:
+                                           f"bytes, the manifest says {ent.log_size}"))
+        if idx.n != ent.records:
             report.problems.append(Problem(idx_path, 0, f"the lean index lists {idx.n} records, "
-                                           f"the manifest says {seg.entry.records}"))
-        elif idx.n and not np.array_equal(idx.entries["offset"], seg.entry.offset_array()):
+                                           f"the manifest says {ent.records}"))
+        elif idx.n and not np.array_equal(idx.entries["offset"], ent.offset_array()):
             report.problems.append(Problem(idx_path, 0, "the manifest's offset bitmap does not "
                                            "match the lean index's offsets"))
     expect = seg.expected_bcq()  # (size, CRC32C) its segment-list or manifest entry gives
@@ -233,7 +234,7 @@ def _verify_v2(store: Store, pl: PartitionLog, seg, si: int, prev_last: int,
                                            f"checksum ({len(raw)} bytes, crc32c "
                                            f"{crc32c(raw):08x}; listed {expect[0]} bytes, "
                                            f"{expect[1]:08x})"))
-    m = seg.meta if seg.meta is not None and not seg.meta.open else None
+    m = seg.desc if seg.desc is not None and seg.desc.next is not None else None
     if m is not None:
         first = int(idx.dir["first_offset"][0]) if idx.chunk_count else -1
         last = int(idx.dir["last_offset"][-1]) if idx.chunk_count else -1
@@ -294,7 +295,7 @@ def _verify_v2(store: Store, pl: PartitionLog, seg, si: int, prev_last: int,
 def _check_manifest_entry(seg, idx: np.ndarray, buf: np.ndarray, log_path: str, idx_path: str,
                           report: VerifyReport) -> None:
     """An S3 segment's manifest entry (docs/formats/manifest.md) against its objects."""
-    e = seg.entry
+    e = seg.bitmap_desc
     if buf.shape[0] != e.log_size:
         report.problems.append(Problem(log_path, int(buf.shape[0]), f"the .log object holds "
                                        f"{buf.shape[0]} bytes, the manifest says {e.log_size}"))

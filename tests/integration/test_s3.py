@@ -40,6 +40,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from kcompact.compaction import CompactionOptions, compact_store
 from kcompact.reput import manifest as M
+from kcompact.reput.segment_desc import SegmentDesc
 from kcompact.reput.record import Record, RecordBatch
 from kcompact.reput.s3 import S3Backend
 from kcompact.reput.store import Store
@@ -295,9 +296,9 @@ def test_two_committers_race_for_one_version(s3_store_url):
     url = s3_store_url()
     pdir = "partitions/t/0"
     fs = S3Backend.from_url(url)
-    e = lambda b: M.SegmentEntry.from_entries(b, f"{b:020d}-{b:016x}.log",  # noqa: E731
-                                              f"{b:020d}-{b:016x}.bcq", 1,
-                                              np.array([b], np.int64))
+    e = lambda b: SegmentDesc.from_entries(b, f"{b:020d}-{b:016x}.log",  # noqa: E731
+                                           f"{b:020d}-{b:016x}.bcq", 1,
+                                           np.array([b], np.int64))
     v1 = M.commit(fs, pdir, None, lambda cur: M.Manifest(segments=[e(0)], next_offset=1),
                   writer="x", grace_ms=0)
     barrier = threading.Barrier(2)

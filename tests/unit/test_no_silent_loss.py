@@ -22,6 +22,7 @@ import pytest
 from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
 from kcompact.reput import manifest as M
+from kcompact.reput.segment_desc import SegmentDesc
 from kcompact.reput import segment_list as SL
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.errors import CorruptRecordError, StoreFormatError
@@ -167,7 +168,7 @@ def test_issue27_active_segment_torn_tail_is_still_repaired(tmp_path):
     lst = SL.read(fs, fn.partition_dir(TOPIC, 0))
     last = lst.segments[-1]
     SL.write(fs, fn.partition_dir(TOPIC, 0), replace(lst, segments=lst.segments[:-1]
-                                                     + [SL.SegmentMeta(last.base)]))
+                                                     + [SegmentDesc(last.base)]))
     active = os.path.join(fn.partition_dir(TOPIC, 0), fn.base_name(last.base) + ".log")
     with open(os.path.join(url, active), "ab") as f:
         f.write(b"\x00torn")
@@ -202,12 +203,12 @@ def test_issue27_store_json_checksum(tmp_path):
 
 
 def _manifest(**over) -> bytes:
-    e = M.SegmentEntry.from_entries(100, fn.segment_object(100, "0123456789abcdef", ".log"),
-                                    fn.segment_object(100, "0123456789abcdef", ".bcq"), 500,
-                                    __import__("numpy").array([100, 101, 105], "int64"))
+    e = SegmentDesc.from_entries(100, fn.segment_object(100, "0123456789abcdef", ".log"),
+                                 fn.segment_object(100, "0123456789abcdef", ".bcq"), 500,
+                                 __import__("numpy").array([100, 101, 105], "int64"))
     d = {"format_version": 1, "version": 3, "created_ms": 1, "writer": "w",
          "cleaned_offset": -1, "next_offset": 106, "last_run": None,
-         "segments": [e.to_dict()], "retired": []}
+         "segments": [e.to_manifest_dict()], "retired": []}
     for k, v in over.items():
         if k.startswith("seg_"):
             d["segments"][0][k[4:]] = v

@@ -26,6 +26,7 @@ from _fake_s3 import FakeS3  # noqa: E402
 from kcompact.compaction import CompactionOptions, Compactor, compact_store  # noqa: E402
 from kcompact.reput import filenames as fn  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput.segment_desc import SegmentDesc  # noqa: E402
 from kcompact.reput.backend import BackendError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 from kcompact.reput.s3 import (BlockCache, S3AccessError, S3Backend, S3BucketNotFoundError,  # noqa: E402
@@ -246,7 +247,7 @@ def test_url_options():
 
 def test_manifest_round_trip_and_bitmap_lookups():
     offs = np.array([100, 101, 105, 4000, 70000], np.int64)
-    e = M.SegmentEntry.from_entries(100, "a.log", "a.bcq", 1234, offs)
+    e = SegmentDesc.from_entries(100, "a.log", "a.bcq", 1234, offs)
     m = M.Manifest(version=3, created_ms=1, writer="w", cleaned_offset=50, next_offset=70001,
                    segments=[e], retired=[{"log": "x.log", "bcq": "x.bcq", "since_ms": 5}])
     back = M.Manifest.from_json(m.to_json(), "here")
@@ -266,8 +267,8 @@ def test_two_committers_race_for_one_version(make_fs):
     fails (412), it re-reads version 2 and rebases its change on top as version 3."""
     fs = make_fs()
     pdir = "partitions/t/0"
-    seg = lambda b: M.SegmentEntry.from_entries(b, f"{b}.log", f"{b}.bcq", 10,  # noqa: E731
-                                                np.array([b], np.int64))
+    seg = lambda b: SegmentDesc.from_entries(b, f"{b}.log", f"{b}.bcq", 10,  # noqa: E731
+                                             np.array([b], np.int64))
     v1 = M.commit(fs, pdir, None, lambda cur: M.Manifest(segments=[seg(0)], next_offset=1),
                   writer="a", grace_ms=0)
     assert v1.version == 1
@@ -300,8 +301,8 @@ def test_concurrent_committers_threads(make_fs):
     base = M.read_latest(fs, pdir)
 
     def one(i):
-        e = M.SegmentEntry.from_entries(i * 10, f"{i}.log", f"{i}.bcq", 1,
-                                        np.array([i * 10], np.int64))
+        e = SegmentDesc.from_entries(i * 10, f"{i}.log", f"{i}.bcq", 1,
+                                     np.array([i * 10], np.int64))
         M.commit(fs, pdir, base, lambda cur: M.Manifest(segments=cur.segments + [e]),
                  writer=str(i), grace_ms=0)
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
