@@ -29,7 +29,6 @@ from typing import Iterator
 import numpy as np
 
 from . import bcq as B
-from . import bcq2 as B2
 from . import filenames as fn
 from . import manifest as M
 from .backend import AppendFile, Backend
@@ -42,8 +41,9 @@ from .partition_recovery import SegmentRecovery
 from .columns import RecordColumns, stored_records
 from .reader import PartitionReader
 from .record import Record, Scan, scan
-from .segment import Segment
+from .segment import PartitionContext, Segment, open_segment
 from .segment_desc import SegmentDesc
+from .segment_v1 import RecordSegment
 from .segment_list import crc32c
 from .swap import recover_swap
 
@@ -76,6 +76,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                              "for its active segment (the store's commitlog_dir)")
         self.fs, self.topic, self.partition, self.secret = fs, topic, partition, secret
         self.topic_bytes = topic.encode()
+        #: what its segments share (reput/segment.py)
+        self.ctx = PartitionContext(topic, partition, secret, writable)
         #: where "file" segments live: the store itself, or the local directory on S3
         self.local_fs: Backend = (local_fs or fs) if self.manifest_mode else fs
         self.config = config
@@ -151,44 +153,41 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def log_path(self, base: int) -> str:
         """The .log of the segment based at ``base`` (a manifest's object name on S3)."""
         seg = self._find(base) if self.manifest_mode else None
-        if seg is not None and seg.log_rel:
-            return seg.log_rel
+        if seg is not None and seg.kind != "file":
+            return seg.log_path
         return f"{self.dir}/{fn.base_name(base)}{fn.LOG_SUFFIX}"
 
     def index_path(self, base: int) -> str:
         seg = self._find(base) if self.manifest_mode else None
-        if seg is not None and seg.bcq_rel:
-            return seg.bcq_rel
+        if seg is not None and seg.kind != "file":
+            return seg.bcq_path
         return f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}"
 
+    def _segment(self, base: int, log_size: int, index_size: int, *, kind: str = "file",
+                 log_rel: str | None = None, bcq_rel: str | None = None,
+                 desc: SegmentDesc | None = None, open_tail: bool = False,
+                 reuse: Segment | None = None) -> Segment:
+        """A listed segment as an object of its kind (``segment.open_segment``): "file" in this
+        partition's directory (on ``local_fs``), "remote" an object of the store's, "staged" a
+        local file at ``log_rel``/``bcq_rel``."""
+        name = fn.base_name(base)
+        return open_segment(self.ctx, base, log_size, index_size,
+                            fs=self.fs if kind == "remote" else self.local_fs,
+                            log_path=log_rel or f"{self.dir}/{name}{fn.LOG_SUFFIX}",
+                            bcq_path=bcq_rel or f"{self.dir}/{name}{fn.INDEX_SUFFIX}",
+                            kind=kind, desc=desc, open_tail=open_tail, reuse=reuse)
+
+    # a segment's own files, for callers that hold the partition (the segment knows them)
+
     def seg_log_path(self, seg: Segment) -> str:
-        return seg.log_rel or f"{self.dir}/{fn.base_name(seg.base)}{fn.LOG_SUFFIX}"
+        return seg.log_path
 
     def seg_index_path(self, seg: Segment) -> str:
-        return seg.bcq_rel or f"{self.dir}/{fn.base_name(seg.base)}{fn.INDEX_SUFFIX}"
+        return seg.bcq_path
 
     def seg_fs(self, seg: Segment) -> Backend:
         """The backend holding a segment's files: the store's, or the local directory's."""
-        return self.fs if seg.kind == "remote" else self.local_fs
-
-    def read_log(self, seg: Segment, start: int, length: int) -> bytes:
-        """Bytes of a segment's .log (through the block cache for an S3 object)."""
-        return self.seg_fs(seg).read(self.seg_log_path(seg), start, length)
-
-    def log_bytes(self, seg: Segment, start: int, length: int) -> np.ndarray:
-        """``read_log`` as a uint8 array; a sealed format-2 segment on local disk is mapped once
-        (its .log never changes: a seal or a compaction replaces it by rename) and sliced."""
-        if seg.kind == "file" and not seg.open_tail and seg.format == 2 and seg.log_size:
-            m = seg._log_map
-            if m is None or m.shape[0] != seg.log_size:
-                m = seg._log_map = self.seg_fs(seg).map(self.seg_log_path(seg),
-                                               seg.log_size).view(np.ndarray)
-            return m[start:start + length]
-        return np.frombuffer(self.read_log(seg, start, length), np.uint8)
-
-    def open_log(self, seg: Segment):
-        """A sequential stream of a segment's .log (one request on an object store)."""
-        return self.seg_fs(seg).open_read(self.seg_log_path(seg))
+        return seg.fs
 
     @property
     def grace_ms(self) -> int:
@@ -292,111 +291,23 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
 
     def entries(self, seg: Segment) -> np.ndarray:
         """The valid index entries of a segment (those whose record lies inside its .log)."""
-        if self.seg_format(seg) == 1 and seg.entry_count == 0:
-            return np.zeros(0, dtype=B.BCQ_DTYPE)
-        return self.index(seg).entries
+        return seg.entries()
 
     def seg_format(self, seg: Segment) -> int:
-        """The segment's store format (1 or 2, docs/formats/segment-v2.md), from the first bytes
-        of its .bcq (a lean index's magic) or its manifest entry; cached until it changes."""
-        if seg.format is None:
-            if seg.desc is not None and not seg.desc.open:  # its catalog says it (no request)
-                seg.format = seg.desc.format
-            elif seg.index_size < 8:
-                seg.format = 1
-            else:
-                try:
-                    head = self.seg_fs(seg).read(self.seg_index_path(seg), 0, 8)
-                except FileNotFoundError:
-                    head = b""
-                seg.format = 2 if B2.is_lean(head) else 1
         return seg.format
 
     def describe_segment(self, seg: Segment) -> dict:
-        """A segment as ``inspect`` shows it: base, store format, codec of its batches (format
-        2; "none" for format 1), bytes of its .log and .bcq, records."""
-        fmt = self.seg_format(seg)
-        codec = "none"
-        if fmt == 2:
-            from .batch import CODEC_NAMES
-            codec = CODEC_NAMES.get(self.index(seg).codec, "unknown")
-        return {"base": seg.base, "format": fmt, "codec": codec, "log_bytes": seg.log_size,
-                "index_bytes": seg.index_size, "records": self.seg_count(seg)}
+        """A segment as ``inspect`` shows it (``Segment.describe``)."""
+        return seg.describe()
 
     def seg_count(self, seg: Segment) -> int:
         """Records of a segment (its manifest or closed segment-list entry's count: no read)."""
-        listed = seg.listed()
-        if listed is not None:
-            return listed[0]
-        return self.index(seg).n
+        return seg.count()
 
-    def _index_unindexed_tail(self, seg: Segment, e: np.ndarray) -> np.ndarray:
-        """A read-only view indexes, in memory, whole valid records of the .log that its .bcq
-        does not list yet: a live writer's append in progress, or a .bcq behind its .log after
-        a crash that no writer has repaired. The files are left alone (only a writer repairs)."""
-        indexed_end = int(e[-1]["position"]) + int(e[-1]["size"]) if e.shape[0] else 0
-        if seg.log_size <= indexed_end:
-            return e
-        try:
-            buf = self.local_fs.map(self.seg_log_path(seg), seg.log_size)
-        except FileNotFoundError:
-            return e
-        s = scan(buf, indexed_end, seg.log_size, secret=self.secret, verify_crc=True)
-        last = int(e[-1]["offset"]) if e.shape[0] else -1
-        if len(s) == 0 or int(s.offsets[0]) <= last:
-            return e
-        extra = B.entries_from_scan(s, 0, len(s), 0).copy()
-        return np.concatenate([e, extra]) if e.shape[0] else extra
-
-    def index(self, seg: Segment) -> "B.Index | B2.LeanIndex":
-        """The segment's valid entries with their search view, cached until the files change.
-        A format-2 segment's is its lean index (chunks decoded on demand)."""
-        if self.seg_format(seg) == 2:
-            if (seg._index is not None and seg._map_size == seg.index_size
-                    and seg._index_log_size == seg.log_size):
-                return seg._index
-            fs, path = self.seg_fs(seg), self.seg_index_path(seg)
-            if seg.kind == "remote":
-                # an object: read whole, in one request (a compaction stays at <= 4 requests a
-                # segment; a lean index is ~17 bytes a record)
-                whole = fs.read(path)
-                read = lambda start, length: whole[start:start + length]  # noqa: E731
-            else:
-                read = lambda start, length: fs.read(path, start, length)  # noqa: E731
-            idx = B2.LeanIndex(read, path, seg.index_size)
-            if seg.kind == "remote":  # what IndexCursor checks against the manifest entry
-                idx.file_check = (len(whole), crc32c(whole))
-            if idx.log_size != seg.log_size:
-                from .errors import CorruptRecordError
-                raise CorruptRecordError(f"{path}: the lean index describes a .log of "
-                                         f"{idx.log_size} bytes, the .log holds {seg.log_size}",
-                                         path, 0)
-            seg._map_size = seg.index_size
-            seg._index_log_size = seg.log_size
-            seg._index = idx
-            return idx
-        n = seg.entry_count
-        size = n * B.ENTRY_SIZE
-        if seg._index is not None and seg._map_size == size and seg._index_log_size == seg.log_size:
-            return seg._index
-        if n == 0:
-            e = np.zeros(0, dtype=B.BCQ_DTYPE)
-        else:
-            if seg._map is None or seg._map_size != size:
-                seg._map = self.seg_fs(seg).map(self.seg_index_path(seg), size)
-            e = B.view(seg._map)
-            last = e[-1]
-            if seg.open_tail and int(last["position"]) + int(last["size"]) > seg.log_size:
-                # a writer's append in progress (its .bcq read after its .log was sized); in
-                # an exact segment such entries stay, and the reader's check refuses them
-                ends = e["position"].astype(np.int64) + e["size"]
-                e = e[: int(np.searchsorted(ends, seg.log_size, side="right"))]
-        if not self.writable and seg.kind == "file" and seg.open_tail:
-            e = self._index_unindexed_tail(seg, e)
-        seg._map_size = size
-        seg._index_log_size = seg.log_size
-        seg._index = B.Index(e)
-        return seg._index
+    def index(self, seg: Segment):
+        """The segment's valid entries with their search view, cached until the files change
+        (``Segment.index``)."""
+        return seg.index()
 
     @property
     def first_offset(self) -> int:
@@ -486,6 +397,9 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def _active_files(self) -> tuple[Segment, AppendFile, AppendFile]:
         seg = self.segments[-1]
         assert seg.kind == "file", "appending to a sealed object"
+        if not seg.appendable:
+            raise ReputError(f"{seg.log_path}: a sealed {type(seg).__name__} is never appended "
+                             "to; roll the partition first")
         if self._log is None:
             # a new segment's .bcq is created first: a crash between the two leaves an empty
             # .bcq without its .log (deleted on open), never a .log without its .bcq
@@ -498,7 +412,11 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         """Start an empty active segment at ``base``: its files, then (a local store) the list
         naming it, open."""
         self._close_files()
-        seg = Segment(base, 0, 0, open_tail=True, bcq_crc=0, bcq_crc_size=0)
+        name = fn.base_name(base)
+        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs,
+                            log_path=f"{self.dir}/{name}{fn.LOG_SUFFIX}",
+                            bcq_path=f"{self.dir}/{name}{fn.INDEX_SUFFIX}", open_tail=True)
+        seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
         self._active_files()
         if self.keeps_list:
@@ -637,7 +555,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         """
         assert self.writable
         tail = self.segments[-1] if self.segments else None
-        if (tail is not None and tail.kind == "file" and tail.last_appended is not None
+        if (tail is not None and tail.kind == "file" and tail.appendable
+                and tail.last_appended is not None
                 and tail._appended_index_size == tail.index_size):
             last = tail.last_appended
         else:
@@ -757,20 +676,6 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         return self.append(buf, s, 0, len(s))
 
     # -- read: reput/reader.py -------------------------------------------------------------
-
-    #: (segment, (its .log and .bcq sizes, the batch's position), batch.Walked): the format-2
-    #: batch the last read of this partition walked, one at most (reput/reader.py _read_v2)
-    last_batch = None
-
-    def keep_batch(self, seg: Segment, sizes: tuple[int, int], walked) -> None:
-        """Keep ``walked`` (a batch of ``seg`` just checked whole) for the next read. An
-        uncompressed batch's payload is a view of the read's buffer: copied when that buffer
-        is much larger (a multi-batch read), so that one batch is all that is kept."""
-        pay = walked.payload
-        base = pay.base
-        if base is not None and memoryview(base).nbytes > 2 * pay.nbytes + (64 << 10):
-            walked = walked._replace(payload=pay.copy())
-        self.last_batch = (seg, sizes + (walked.head.position,), walked)
 
     def read(self, from_offset: int, max_records: int | None = None,
              max_bytes: int | None = None) -> RecordColumns:

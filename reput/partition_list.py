@@ -22,10 +22,7 @@ list in its apply step (reput/swap.py).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
-from . import bcq as B
-from . import filenames as fn
 from . import segment_list as SL
 from .errors import CorruptRecordError
 from .segment import Segment
@@ -96,11 +93,8 @@ class ListedPartition:
                     self._problem(ip, min(isz, m.bcq_size), f"holds {isz} bytes, the segment "
                                   f"list says {m.bcq_size} ({m.records} entries)")
             seg = old.get(m.base)
-            if seg is None or seg.desc != m:
-                seg = Segment(m.base, ls, isz)
-            seg.log_size, seg.index_size, seg.desc, seg.open_tail = ls, isz, m, m.open
-            seg.format = 1 if m.open else m.format  # (an open segment is appended: format 1)
-            segs.append(seg)
+            segs.append(self._segment(m.base, ls, isz, desc=m, open_tail=m.open,
+                                      reuse=seg if seg is not None and seg.desc == m else None))
         for base in sorted((logs | idxs) - listed.keys()):
             lp, ip = self.log_path(base), self.index_path(base)
             sizes = [s for s in (self._size_or_none(lp), self._size_or_none(ip)) if s]
@@ -128,11 +122,8 @@ class ListedPartition:
             if ls is None:
                 continue  # replaced under us by a compaction swap; the next refresh sees it
             isz = (self._size_or_none(self.index_path(base)) or 0) if base in idxs else 0
-            seg = old.get(base) or Segment(base, ls, isz)
-            if (seg.log_size, seg.index_size) != (ls, isz):
-                seg.format = None  # sealed into format 2 meanwhile? look again
-            seg.log_size, seg.index_size, seg.desc = ls, isz, None
-            segs.append(seg)
+            # (sealed into format 2 meanwhile? the dispatch looks again when its sizes moved)
+            segs.append(self._segment(base, ls, isz, reuse=old.get(base)))
         for i, seg in enumerate(segs):
             seg.open_tail = i == len(segs) - 1  # the active segment
         self.segments = segs
@@ -173,29 +164,7 @@ class ListedPartition:
     def _meta_now(self, seg: Segment, nxt: int | None) -> SegmentDesc:
         """A segment's closed entry from what this writer knows of it (its .bcq read once when
         the checksum of what was appended is not known)."""
-        if seg.bcq_crc_size == seg.index_size and self.seg_format(seg) == 1:
-            e = self.index(seg).entries
-            if e.shape[0] != seg.entry_count:
-                raise CorruptRecordError(
-                    f"{self.seg_index_path(seg)}: entries point past the end of the .log; "
-                    "the segment cannot be sealed", self.seg_index_path(seg),
-                    e.shape[0] * B.ENTRY_SIZE)
-            first = int(e[0]["offset"]) if e.shape[0] else -1
-            last = int(e[-1]["offset"]) if e.shape[0] else -1
-            m = SegmentDesc(seg.base, 0, e.shape[0], first, last, seg.log_size,
-                               seg.index_size, seg.bcq_crc)
-        else:
-            m = SL.describe(self.local_fs, self.seg_log_path(seg), self.seg_index_path(seg),
-                            seg.base, None)
-            seg.bcq_crc, seg.bcq_crc_size = m.bcq_crc32c, m.bcq_size
-        end = nxt if nxt is not None else max(m.last_offset + 1, seg.base)
-        m = replace(m, next=end)
-        try:
-            m.check_listed()
-        except ValueError as e:
-            raise CorruptRecordError(f"{self.seg_index_path(seg)}: {e}",
-                                     self.seg_index_path(seg), 0) from None
-        return m
+        return seg.current_desc(nxt)
 
     def _write_list(self, open_bases: set[int]) -> None:
         """Write the list as the segments are now (``_list_now``) and take it as the

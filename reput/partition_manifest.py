@@ -22,9 +22,6 @@ import secrets
 import time
 from dataclasses import replace
 
-import numpy as np
-
-from . import bcq as B
 from . import filenames as fn
 from . import manifest as M
 from .segment_list import crc32c
@@ -45,14 +42,15 @@ class ManifestPartition:
         if reread:
             self.manifest = M.read_latest(self.fs, self.dir, known)
             self._manifest_read_at = time.monotonic()
-        old = {s.log_rel: s for s in self.segments if s.kind == "remote"}
+        old = {s.log_path: s for s in self.segments if s.kind == "remote"}
         remote = []
         for e in (self.manifest.segments if self.manifest else []):
             rel = f"{self.dir}/{e.log}"
             if rel in self._replaced:
                 continue
-            seg = old.get(rel) or Segment(e.base, e.log_size, e.bcq_size, kind="remote",
-                                          log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}", desc=e)
+            seg = old.get(rel) or self._segment(e.base, e.log_size, e.bcq_size, kind="remote",
+                                                log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}",
+                                                desc=e)
             remote.append(seg)
         if self.writable and not self._local_listed:
             local = self._list_local()
@@ -67,7 +65,7 @@ class ManifestPartition:
         for base in sorted(logs):
             d = f"{self.dir}/{fn.base_name(base)}"
             isz = self.local_fs.size(d + fn.INDEX_SUFFIX) if base in idxs else 0
-            segs.append(Segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
+            segs.append(self._segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
         self._orphan_indexes = sorted(idxs - logs)
         return segs
 
@@ -83,34 +81,29 @@ class ManifestPartition:
 
     def _upload(self, seg: Segment, log_name: str, bcq_name: str) -> SegmentDesc:
         """Upload a local segment's .log and .bcq as immutable objects (one PUT each)."""
-        e = self.entries(seg)
-        n = e.shape[0]
-        lpath, ipath = self.seg_log_path(seg), self.seg_index_path(seg)
+        e = seg.entries()
+        lpath, ipath = seg.log_path, seg.bcq_path
         llocal, ilocal = self.local_fs.local_path(lpath), self.local_fs.local_path(ipath)
-        fmt = self.seg_format(seg)
-        # format 1: the entries as they will be stored; format 2: the lean index's own bytes
-        ibytes = (np.ascontiguousarray(e).view(np.uint8) if fmt == 1
-                  else np.frombuffer(self.local_fs.read(ipath), np.uint8))
-        crc, bcq_size = crc32c(ibytes), (None if fmt == 1 else ibytes.shape[0])
+        ibytes = seg.index_bytes()  # the .bcq as it is stored (a format-1 one's valid entries)
+        crc = crc32c(ibytes)
         up = getattr(self.fs, "upload_file", None)
         if up is not None and llocal and ilocal:
             up(f"{self.dir}/{log_name}", llocal)
-            # a lean index (format 2) is checksummed and was just read whole by entries()
-            if fmt == 1 and os.path.getsize(ilocal) != n * B.ENTRY_SIZE:
+            if os.path.getsize(ilocal) != ibytes.shape[0]:
                 raise CorruptRecordError(f"{ipath}: index size does not match its entries",
-                                         ipath, n * B.ENTRY_SIZE)
+                                         ipath, ibytes.shape[0])
             up(f"{self.dir}/{bcq_name}", ilocal)
         else:
             self.fs.write_atomic(f"{self.dir}/{log_name}", self.local_fs.read(lpath))
             self.fs.write_atomic(f"{self.dir}/{bcq_name}", ibytes.tobytes())
         return SegmentDesc.from_entries(seg.base, log_name, bcq_name, seg.log_size,
-                                           e["offset"], crc, bcq_size, fmt)
+                                        e["offset"], crc, ibytes.shape[0], seg.format)
 
     def _encode_for_upload(self, seg: Segment, sealing: str) -> Segment:
         """The segment to upload for local segment ``seg``: sealed into format 2 first (in
         ``sealing/`` on the local disk; reput/seal.py) when the store writes format 2, else
         ``seg`` itself."""
-        if self.require_format is None or self.seg_format(seg) == 2:
+        if self.require_format is None or not seg.sealable:
             return seg
         from .seal import encode_segment
         self.require_format(2)
@@ -118,8 +111,8 @@ class ManifestPartition:
         log_out, idx_out = (f"{sealing}/{name}{fn.LOG_SUFFIX}",
                             f"{sealing}/{name}{fn.INDEX_SUFFIX}")
         encode_segment(self, seg, self.local_fs, log_out, idx_out)
-        return Segment(seg.base, self.local_fs.size(log_out), self.local_fs.size(idx_out),
-                       kind="staged", log_rel=log_out, bcq_rel=idx_out)
+        return self._segment(seg.base, self.local_fs.size(log_out), self.local_fs.size(idx_out),
+                             kind="staged", log_rel=log_out, bcq_rel=idx_out)
 
     def _hand_over(self, seg: Segment, log_obj: str, bcq_obj: str) -> None:
         """After a commit: a local segment file becomes the spooled copy of its object (so it
@@ -231,15 +224,16 @@ class ManifestPartition:
             if seg is None:
                 raise ReputError(f"{self.dir}: no sealed segment at base {b} to replace")
             if seg.kind == "remote":
-                self._replaced[seg.log_rel] = seg.desc
+                self._replaced[seg.log_path] = seg.desc
             else:
                 self._staged.remove(seg)
                 self.local_fs.delete(self.seg_log_path(seg))
                 self.local_fs.delete(self.seg_index_path(seg))
             seg.invalidate()
         for base, lrel, irel in outputs:
-            self._staged.append(Segment(base, self.local_fs.size(lrel), self.local_fs.size(irel),
-                                        kind="staged", log_rel=lrel, bcq_rel=irel))
+            self._staged.append(self._segment(base, self.local_fs.size(lrel),
+                                              self.local_fs.size(irel), kind="staged",
+                                              log_rel=lrel, bcq_rel=irel))
         if cleaned_offset is not None:
             self._pending_cleaned = cleaned_offset
         if last_run is not None:
@@ -264,8 +258,8 @@ class ManifestPartition:
         uploads = []
         try:
             for seg in self._staged:
-                lname = seg.log_rel.rsplit("/", 1)[1]
-                iname = seg.bcq_rel.rsplit("/", 1)[1]
+                lname = seg.log_path.rsplit("/", 1)[1]
+                iname = seg.bcq_path.rsplit("/", 1)[1]
                 if fn.parse_segment_object(lname) is None:  # staged under a plain name
                     tag = secrets.token_hex(8)
                     lname = fn.segment_object(seg.base, tag, fn.LOG_SUFFIX)
@@ -370,8 +364,8 @@ class ManifestPartition:
             if seg.kind != "file":
                 keep.append(seg)
                 continue
-            self._recover_segment(seg)
-            e = self.entries(seg)
+            self._repair(seg)
+            e = seg.entries()
             if (e.shape[0] and int(e[-1]["offset"]) <= committed) or \
                     (not e.shape[0] and seg.base <= committed):
                 lfs.delete(self.seg_log_path(seg))     # committed before the crash

@@ -55,7 +55,7 @@ def encode_segment(pl, seg, fs, log_out: str, idx_out: str) -> None:
 def _sealable(pl, base: int):
     seg = next((s for s in pl.segments if s.base == base), None)
     if (seg is None or seg is pl.segments[-1] or seg.kind != "file" or seg.log_size == 0
-            or pl.require_format is None or pl.seg_format(seg) == 2):
+            or pl.require_format is None or not seg.sealable):
         return None  # (no store to raise to format 2: a scratch partition stays format 1)
     return seg
 

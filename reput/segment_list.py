@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import bcq as B
-from . import bcq2 as B2
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError
@@ -185,76 +183,5 @@ def write(fs: Backend, pdir: str, lst: SegmentList) -> SegmentList:
     return new
 
 
-def _size_of_part(fs: Backend, path: str) -> int:
-    """The size of a segment's .log or .bcq; a missing one is a CorruptRecordError naming it."""
-    try:
-        return fs.size(path)
-    except FileNotFoundError:
-        raise CorruptRecordError(f"{path}: missing (its segment has the other file of the "
-                                 "pair); run `kcompact verify` and rebuild this partition from "
-                                 "a replica", path, 0) from None
-
-
-def describe(fs: Backend, log_path: str, bcq_path: str, base: int, nxt: int | None,
-             chunk_entries: int = 1 << 16) -> SegmentDesc:
-    """A closed segment's entry computed from its files (reading its .bcq once): records,
-    first and last offsets, sizes, the .bcq's CRC32C. ``nxt`` None: the last offset + 1."""
-    log_size, bcq_size = _size_of_part(fs, log_path), _size_of_part(fs, bcq_path)
-    if bcq_size >= 8 and B2.is_lean(fs.read(bcq_path, 0, 8)):
-        return _describe_lean(fs, bcq_path, base, nxt, log_size, bcq_size)
-    if bcq_size % B.ENTRY_SIZE:
-        raise CorruptRecordError(f"{bcq_path}: {bcq_size} bytes is not a whole number of "
-                                 f"{B.ENTRY_SIZE}-byte entries", bcq_path,
-                                 bcq_size - bcq_size % B.ENTRY_SIZE)
-    crc, n, first, last = 0, bcq_size // B.ENTRY_SIZE, -1, -1
-    if bcq_size:
-        with fs.open_read(bcq_path) as f:
-            buf = np.empty(chunk_entries * B.ENTRY_SIZE, np.uint8)
-            done = 0
-            while done < bcq_size:
-                want = min(buf.shape[0], bcq_size - done)
-                mv = memoryview(buf)[:want]
-                got = 0
-                while got < want:
-                    k = f.readinto(mv[got:])
-                    if not k:
-                        break
-                    got += k
-                if got != want:
-                    raise CorruptRecordError(f"{bcq_path}: shorter than its size while read",
-                                             bcq_path, done + got)
-                crc = crc32c(buf[:want], crc)
-                e = buf[:want - want % B.ENTRY_SIZE].view(B.BCQ_DTYPE)
-                if e.shape[0]:
-                    if first < 0 and done == 0:
-                        first = int(e[0]["offset"])
-                    last = int(e[-1]["offset"])
-                done += want
-    return SegmentDesc(base, max(last + 1, base) if nxt is None else nxt, n, first, last,
-                       log_size, bcq_size, crc)
-
-
-def _describe_lean(fs: Backend, bcq_path: str, base: int, nxt: int | None, log_size: int,
-                   bcq_size: int) -> SegmentDesc:
-    """``describe`` of a format-2 segment: its lean index's header and directory read and
-    checked (the directory gives the records and the first and last offsets), and the whole
-    file streamed once through a reused buffer for its CRC32C (read whole, a large index cost
-    a fresh allocation, a page fault every 4 KiB, each time a swap described it)."""
-    idx = B2.LeanIndex(lambda start, length: fs.read(bcq_path, start, length), bcq_path,
-                       bcq_size)
-    with fs.open_read(bcq_path) as f:
-        done, crc = stream_crc32c(f, bcq_size)
-    if done != bcq_size:
-        raise CorruptRecordError(f"{bcq_path}: shorter than its size while read", bcq_path,
-                                 done)
-    if idx.log_size != log_size:
-        raise CorruptRecordError(f"{bcq_path}: the lean index describes a .log of "
-                                 f"{idx.log_size} bytes, the .log holds {log_size}", bcq_path, 0)
-    first = int(idx.dir["first_offset"][0]) if idx.chunk_count else -1
-    last = int(idx.dir["last_offset"][-1]) if idx.chunk_count else -1
-    return SegmentDesc(base, max(last + 1, base) if nxt is None else nxt, idx.n, first, last,
-                       log_size, bcq_size, crc, 2)
-
-
-__all__ = ["FORMAT_VERSION", "SegmentList", "canonical", "crc32c", "describe", "path", "read",
+__all__ = ["FORMAT_VERSION", "SegmentList", "canonical", "crc32c", "path", "read",
            "stream_crc32c", "write"]

@@ -22,6 +22,7 @@ from . import filenames as fn
 from . import segment_list as SL
 from .backend import Backend
 from .errors import CorruptRecordError
+from .segment import describe_files
 from .segment_desc import SegmentDesc
 
 #: 2 adds "segments", the outputs' segment-list entries; a version 1 plan (written before
@@ -109,7 +110,7 @@ def _output_paths(fs: Backend, pdir: str, base: int) -> tuple[str, str]:
 
 def _describe_output(fs: Backend, pdir: str, base: int) -> SegmentDesc:
     lp, ip = _output_paths(fs, pdir, base)
-    return SL.describe(fs, lp, ip, base, None)
+    return describe_files(fs, lp, ip, base, None)
 
 
 def trash_dir(pdir: str) -> str:
@@ -178,8 +179,9 @@ def _update_list(fs: Backend, pdir: str, plan: SwapPlan, metas: list[SegmentDesc
         for name in sorted(fs.listdir(pdir)):
             parsed = fn.parse_base(name)
             if parsed and parsed[1] == "log" and parsed[0] not in outs:
-                listed.append(SL.describe(fs, f"{pdir}/{name}", f"{pdir}/{fn.base_name(parsed[0])}"
-                                          f"{fn.INDEX_SUFFIX}", parsed[0], None))
+                listed.append(describe_files(fs, f"{pdir}/{name}",
+                                             f"{pdir}/{fn.base_name(parsed[0])}"
+                                             f"{fn.INDEX_SUFFIX}", parsed[0], None))
         lst = SL.SegmentList(listed, 0, 0)
     gone = set(plan.inputs) | {m.base for m in metas}
     segs = sorted([m for m in lst.segments if m.base not in gone] + list(metas),

@@ -68,7 +68,7 @@ def test_dump_log_segments_reads_a_sealed_segment(tmp_path, codec):
     with Store.open(url) as s:
         pl = s.partition(TOPIC, 0)
         sealed = [seg for seg in pl.segments if seg.log_size]
-        assert len(sealed) == 1 and pl.seg_format(sealed[0]) == 2
+        assert len(sealed) == 1 and sealed[0].format == 2
         kept = list(pl.iter_records())
         log = Path(url) / pl.seg_log_path(sealed[0])
     assert 600 < len(kept) < len(recs)

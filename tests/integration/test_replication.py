@@ -309,7 +309,7 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
     with Store.open(str(replica)) as st:
         pl = PartitionLog(st.fs, TOPIC, 0, st.secret)
         seg = pl.segments[pl.segment_for(victim.offset)]
-        assert pl.seg_format(seg) == 2
+        assert seg.format == 2
         e = pl.entries(seg)
         bpos = int(e["position"][np.searchsorted(e["offset"], victim.offset)])
         bsize = int(pl.index(seg).batches()[1][np.searchsorted(pl.index(seg).batches()[0],
@@ -347,7 +347,7 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
 def _formats(store_path: Path, partition: int) -> list[int]:
     with Store.open(str(store_path)) as st:
         pl = st.partition(TOPIC, partition)
-        return [pl.seg_format(seg) for seg in pl.segments if seg.log_size]
+        return [seg.format for seg in pl.segments if seg.log_size]
 
 
 def test_a_format_2_replica_of_a_format_1_master(tmp_path, procs, token):
@@ -472,7 +472,7 @@ def test_issue_zero_copy_records_equal_checked_ones_and_a_damaged_master_is_name
         seg = pl.segments[0]
         e = pl.entries(seg)
         mid = e.shape[0] // 2
-        assert pl.seg_format(seg) == 2  # a Kafka batch: a byte of its payload (segment-v2.md)
+        assert seg.format == 2  # a Kafka batch: a byte of its payload (segment-v2.md)
         pos = int(e["position"][mid]) + 64
         path = master / pl.log_path(seg.base)
     with open(path, "r+b") as f:

@@ -64,7 +64,7 @@ def at_rest(store: Path) -> int:
 def formats(store: Path, partition: int) -> list[int]:
     with Store.open(str(store)) as st:
         pl = st.partition(TOPIC, partition)
-        return [pl.seg_format(s) for s in pl.segments if s.log_size]
+        return [s.format for s in pl.segments if s.log_size]
 
 
 def pulled(out: str) -> tuple[int, int, int, int]:
@@ -131,7 +131,7 @@ def _damage_a_batch(master: Path, partition: int) -> tuple[str, int]:
     with Store.open(str(master)) as st:
         pl = st.partition(TOPIC, partition)
         seg = pl.segments[0]
-        assert pl.seg_format(seg) == 2
+        assert seg.format == 2
         bpos, bsize, _ = pl.index(seg).batches()
         assert bpos.shape[0] >= 2
         pos = int(bpos[1])

@@ -193,7 +193,7 @@ def test_verify_reports_a_damaged_format_2_batch_and_lean_index(tmp_path):
     s = Store.open(url)
     pl = s.partition(TOPIC, 0)
     sealed = pl.sealed_segments
-    assert len(sealed) >= 3 and all(pl.seg_format(seg) == 2 for seg in sealed)
+    assert len(sealed) >= 3 and all(seg.format == 2 for seg in sealed)
     log_a, idx_b = pl.seg_log_path(sealed[0]), pl.seg_index_path(sealed[1])
     size_a = sealed[0].log_size
     s.close()

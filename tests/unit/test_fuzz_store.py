@@ -131,7 +131,7 @@ def template(tmp_path_factory):
     with Store.open(url) as s:  # both segment formats are sealed in each partition
         for p in range(2):
             pl = s.partition(TOPIC, p)
-            assert {pl.seg_format(seg) for seg in pl.segments[:-1]} == {1, 2}, p
+            assert {seg.format for seg in pl.segments[:-1]} == {1, 2}, p
     code, clean, err = dump_all(url)
     assert code == 0, err
     by_key = {(p, o): (k, v, h, ts) for p, o, ts, k, v, h in written}

@@ -270,7 +270,7 @@ def test_the_winners_table_is_sized_for_a_format_2_partitions_records(tmp_path, 
     with Store.open(str(store), writer="c") as w:
         Compactor(w).compact_partition(TOPIC, 0, force=True)
         pl = w.partition(TOPIC, 0)
-        assert any(pl.seg_format(s) == 2 for s in pl.segments)
+        assert any(s.format == 2 for s in pl.segments)
         assert sum(s.entry_count for s in pl.segments) < pl.record_count()
     from kcompact.connectors.apps.kv import kernels as KK
     grown = []

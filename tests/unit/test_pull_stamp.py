@@ -54,7 +54,7 @@ def test_forced_compaction_after_a_stamped_pull_rewrites_nothing_that_was_clean(
     assert res.segments_rewritten == 1
     pl = st.partition(TOPIC, 0)
     after = np.concatenate([pl.entries(seg) for seg in pl.segments])
-    assert all(pl.seg_format(seg) == 2 for seg in pl.segments if seg.log_size)
+    assert all(seg.format == 2 for seg in pl.segments if seg.log_size)
     assert after["offset"].tolist() == before["offset"].tolist()
     assert after["clean_time"].tolist() == before["clean_time"].tolist()
     # without the stamp the same compaction must rewrite the index to stamp the tombstones

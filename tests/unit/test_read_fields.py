@@ -52,7 +52,7 @@ def store(tmp_path_factory):
     _write(d, recs)
     s = Store.open(d)
     pl = s.partition(TOPIC, 0)
-    formats = [pl.seg_format(seg) for seg in pl.segments]
+    formats = [seg.format for seg in pl.segments]
     assert formats.count(2) >= 3 and formats[-1] == 1  # sealed segments, then the active one
     yield s, recs
     s.close()
@@ -106,12 +106,12 @@ def test_read_fields_to_the_end_and_through_read_ahead(store):
 def test_an_entry_its_record_does_not_match_is_refused(store):
     s, _ = store
     pl = s.partition(TOPIC, 0)
-    seg = next(g for g in pl.segments if pl.seg_format(g) == 2)
+    seg = next(g for g in pl.segments if g.format == 2)
     idx = pl.index(seg)
     e = idx.entries.copy()
     bpos, bsize, _ = idx.batches()
     end = int(bpos[-1] + bsize[-1])
-    data = pl.log_bytes(seg, 0, end)
+    data = seg.log_bytes(0, end)
     k0, k1 = _secret_words(pl.secret)
     tl = len(pl.topic_bytes)
     ok = KB.span_fields(data, 0, tl, e, k0, k1, None)
@@ -167,7 +167,7 @@ def test_read_fields_of_wanted_offsets_gives_those_records(store, start, max_byt
     offs, keys, values = _fields(full)
     got = list(zip(*_fields(kv)))
     pl = s.partition(TOPIC, 0)
-    if len(full) and pl.seg_format(pl.segments[pl.segment_for(offs[0])]) == 1:
+    if len(full) and pl.segments[pl.segment_for(offs[0])].format == 1:
         assert got == list(zip(offs, keys, values))  # a format-1 block gives them all
     else:
         assert got == [t for t in zip(offs, keys, values) if t[0] in set(want.tolist())]

@@ -31,6 +31,7 @@ from kcompact.reput.config import WriterOptions
 from kcompact.reput.errors import (CorruptRecordError, StoreFormatError, StoreLockedError,
                           StoreNotFoundError)
 from kcompact.reput.record import Record, RecordBatch, encode, scan
+from kcompact.reput.segment import describe_files
 from kcompact.reput.store import Store
 from kcompact.reput.verify import verify_store
 
@@ -647,7 +648,7 @@ def test_describing_a_segment_without_its_bcq_names_the_file(tmp_path):
     fs = LocalBackend(str(tmp_path))
     fs.write_atomic("p/00000000000000000000.log", encode([_gen(random.Random(1), 0, 0)]))
     with pytest.raises(CorruptRecordError, match=r"00000000000000000000\.bcq: missing.*verify"):
-        SL.describe(fs, "p/00000000000000000000.log", "p/00000000000000000000.bcq", 0, None)
+        describe_files(fs, "p/00000000000000000000.log", "p/00000000000000000000.bcq", 0, None)
 
 
 def test_truncated_store_json_at_every_byte(tmp_path):

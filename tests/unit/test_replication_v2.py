@@ -224,7 +224,7 @@ def test_install_shipped_copies_batches_and_reindexes_under_its_own_secret(maste
         staging.sync()
         for s in sealed:
             mine = [g for g in staging.segments if g.base == s["base"]][0]
-            assert staging.seg_format(mine) == 2
+            assert mine.format == 2
             a = open(os.path.join(master, mpl.log_path(s["base"])), "rb").read()
             b = open(os.path.join(str(tmp_path / "replica"), staging.log_path(s["base"])),
                      "rb").read()
@@ -236,7 +236,7 @@ def test_install_shipped_copies_batches_and_reindexes_under_its_own_secret(maste
             keyed = (ours["flags"] & 2) == 0
             assert not np.array_equal(ours["digest_lo"][keyed], theirs["digest_lo"][keyed])
         # the records read back are the master's, and later records go to a format-1 segment
-        assert staging.seg_format(staging.segments[-1]) == 1
+        assert staging.segments[-1].format == 1
         got = [(r.offset, r.key, r.value, r.headers) for r in staging.iter_records()]
         want = [(r.offset, r.key, r.value, r.headers)
                 for r in mpl.iter_records() if r.offset <= sealed[-1]["last_offset"]]
@@ -411,7 +411,7 @@ def test_a_resumed_download_continues_and_a_crash_before_the_roll_is_rolled(mast
     # lean index checks itself, the format-1 index rules do not apply)
     staging = PartitionLog(st.fs, TOPIC, 0, st.secret, st.topic_config(TOPIC), writable=True,
                            sub=fn.REPLICATING_DIR, clock=st.clock)
-    assert [staging.seg_format(g) for g in staging.segments] == [2, 1]
+    assert [g.format for g in staging.segments] == [2, 1]
     staging.close()
     # as if the process died between the install and the roll past it
     rdir = os.path.join(str(tmp_path / "replica"), fn.replicating_dir(TOPIC, 0))
@@ -420,7 +420,7 @@ def test_a_resumed_download_continues_and_a_crash_before_the_roll_is_rolled(mast
     staging = PartitionLog(st.fs, TOPIC, 0, st.secret, st.topic_config(TOPIC), writable=True,
                            sub=fn.REPLICATING_DIR, clock=st.clock)
     try:
-        assert staging.seg_format(staging.segments[-1]) == 2
+        assert staging.segments[-1].format == 2
         roll_past_shipped(staging)
         assert staging.segments[-1].log_size == 0
         assert staging.segments[-1].base == s["last_offset"] + 1

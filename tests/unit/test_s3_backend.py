@@ -508,7 +508,7 @@ def test_grace_period_keeps_replaced_objects(make_fs, fake):
     fs = make_fs(grace_ms=3_600_000)
     ro = Store.open("s3://bucket/g", fs=fs)
     old = ro.partition("t", 0)
-    old_names = [s.log_rel for s in old.segments]
+    old_names = [s.log_path for s in old.segments]
     n_before = len(list(old.iter_records()))
     compact_store(Store.open("s3://bucket/g", fs=make_fs(grace_ms=3_600_000)), force=True)
     # a reader still holding the old manifest reads the replaced objects
@@ -534,15 +534,15 @@ def test_verify_names_a_corrupt_object_and_a_manifest_mismatch(make_fs, fake):
     fs = make_fs()
     pl = Store.open("s3://bucket/v", fs=fs).partition("t", 0)
     seg = pl.segments[0]
-    key = f"{fs.prefix}/{seg.log_rel}"
+    key = f"{fs.prefix}/{seg.log_path}"
     data, mtime = fake.objects["bucket"][key]
     bad = bytearray(data)
     bad[100] ^= 0xFF
     fake.objects["bucket"][key] = (bytes(bad), mtime)
     rep = verify_store(Store.open("s3://bucket/v", fs=make_fs()))
-    assert not rep.ok and any(p.path == seg.log_rel for p in rep.problems)
+    assert not rep.ok and any(p.path == seg.log_path for p in rep.problems)
     from kcompact.reput.errors import CorruptRecordError
-    with pytest.raises(CorruptRecordError, match=seg.log_rel):
+    with pytest.raises(CorruptRecordError, match=seg.log_path):
         list(Store.open("s3://bucket/v", fs=make_fs()).iter_records("t", 0))
     # an object shorter than the manifest says
     fake.objects["bucket"][key] = (data[:-10], mtime)

@@ -146,7 +146,7 @@ def test_a_short_read_fetches_one_block_of_a_large_bcq(make_fs):
     _gapped_store("s3://bucket/s", make_fs(), seal_format=1)
     st, pl, fs = _cold(make_fs)
     seg = pl.segments[2]
-    assert seg.entry.bcq_size == 1000 * B.ENTRY_SIZE > 10 * BLOCK
+    assert seg.desc.bcq_size == 1000 * B.ENTRY_SIZE > 10 * BLOCK
     r = pl.read(700, max_records=3)
     assert r.offsets.tolist() == [700, 701, 702]
     assert [x.offset for x in r.records()] == [700, 701, 702]
@@ -168,7 +168,7 @@ def test_a_short_read_of_a_format_2_segment_is_two_requests(make_fs):
     _gapped_store("s3://bucket/s", make_fs())
     st, pl, fs = _cold(make_fs, block=1 << 20)
     seg = pl.segments[2]
-    assert seg.entry.format == 2 and seg.entry.bcq_size < 1000 * B.ENTRY_SIZE / 2
+    assert seg.desc.format == 2 and seg.desc.bcq_size < 1000 * B.ENTRY_SIZE / 2
     r = pl.read(700, max_records=3)
     assert [x.offset for x in r.records()] == [700, 701, 702]
     assert _requests(fs) == {"GetObject": 2}

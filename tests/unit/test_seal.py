@@ -157,7 +157,7 @@ def test_a_compaction_holding_the_partition_makes_the_seal_step_aside(tmp_path):
     finally:
         lock.release()
     assert seal_segment(pl, pl.segments[0].base) is True
-    assert pl.seg_format(pl.segments[0]) == 2
+    assert pl.segments[0].format == 2
     s.close()
     assert _read(d) == recs
 
@@ -172,18 +172,21 @@ def test_one_record_reads_reuse_the_batch_they_walked_and_see_a_swap(tmp_path):
     _write(d, recs)
     s = Store.open(d)
     pl = s.partition(TOPIC, 0)
-    sealed = [seg for seg in pl.segments if pl.seg_format(seg) == 2]
+    sealed = [seg for seg in pl.segments if seg.format == 2]
     assert sealed
     reads = []
-    plain, plain_bytes = pl.read_log, pl.log_bytes  # format 1's reads, format 2's batches
-    pl.read_log = lambda seg, start, length: reads.append(start) or plain(seg, start, length)
-    pl.log_bytes = lambda seg, start, n: reads.append(start) or plain_bytes(seg, start, n)
+    for seg in pl.segments:  # each segment's reads of its .log, counted
+        plain, plain_bytes = seg.read_log, seg.log_bytes
+        seg.read_log = (lambda plain: lambda start, length: reads.append(start)
+                        or plain(start, length))(plain)
+        seg.log_bytes = (lambda plain: lambda start, n: reads.append(start)
+                         or plain(start, n))(plain_bytes)
     for r in recs:
         b = pl.read(r.offset, max_records=1)
         assert list(b.records()) == [r]
     # each batch read once; the active segment's (format 1) records one read each
     batches = sum(len(pl.index(seg).batches()[0]) for seg in sealed)
-    active = sum(pl.seg_count(seg) for seg in pl.segments if pl.seg_format(seg) == 1)
+    active = sum(pl.seg_count(seg) for seg in pl.segments if seg.format == 1)
     assert len(reads) == batches + active < len(recs)
     s.close()
     with Store.open(d, writer="w") as w:
@@ -208,7 +211,7 @@ def test_a_reader_listing_a_segment_before_its_seal_reads_it_after(tmp_path):
     view = Store.open(d)
     pl = view.partition(TOPIC, 0)
     assert set(_formats(d)) == {1}
-    before = [pl.seg_format(seg) for seg in pl.segments]
+    before = [seg.format for seg in pl.segments]
     with Store.open(d, writer="w") as w:  # a writer that seals the rolled segments
         wp = w.partition(TOPIC, 0)
         wp.require_format = w.require_format
@@ -334,7 +337,7 @@ def test_a_one_record_read_refuses_a_record_its_lean_index_entry_does_not_descri
     _write(d, recs)
     s = Store.open(d, writer="w")
     pl = s.writable_partition(TOPIC, 0)
-    seg = next(seg for seg in pl.segments if pl.seg_format(seg) == 2)
+    seg = next(seg for seg in pl.segments if seg.format == 2)
     e = pl.index(seg).entries  # decoded once and kept: the read uses these
     i = e.shape[0] // 2
     target = int(e[i]["offset"])
