@@ -166,7 +166,10 @@ def store_bytes(store: str) -> dict:
                 pl = st.partition(t, p)
                 for seg in pl.segments:
                     if seg.log_size:
-                        k = f"v{pl.seg_format(seg) if hasattr(pl, 'seg_format') else 1}"
+                        # (a build before segment types asked the partition)
+                        fmt = (pl.seg_format(seg) if hasattr(pl, "seg_format")
+                               else getattr(seg, "format", 1))
+                        k = f"v{fmt}"
                         formats[k] = formats.get(k, 0) + 1
                 reader, off = PartitionReader(pl), 0
                 while True:

@@ -61,7 +61,6 @@ from kcompact.reput.locks import FileLock
 from kcompact.reput.partition import PartitionLog, Segment
 from kcompact.reput.reader import IndexCursor, PartitionReader
 from kcompact.reput.batch import codec_of
-from kcompact.reput.bcq2 import IndexBuilder
 from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
@@ -136,12 +135,11 @@ class _SegPlan:
     tdropped: int = 0
     stamped: int = 0
     masks: dict = field(default_factory=dict)  # first entry number of a chunk -> packed keep bits
-    #: store format of the segment: a format-1 segment is rewritten into format 2 when met
-    format: int = 1
 
     @property
     def changed(self) -> bool:
-        return self.dropped > 0 or self.stamped > 0 or self.format == 1
+        # (a format-1 segment is rewritten into format 2 when met: Segment.needs_rewrite)
+        return self.dropped > 0 or self.stamped > 0 or self.seg.needs_rewrite
 
 
 @dataclass
@@ -433,17 +431,14 @@ class Compactor:
         # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
-            sp = _SegPlan(seg, format=pl.seg_format(seg))
-            # format 2: sizes are per batch; a kept record counts the segment's mean stored size
-            per_record = (seg.log_size / max(1, pl.seg_count(seg))) if sp.format == 2 else 0
+            sp = _SegPlan(seg)
             for lo, chunk in self._index_chunks(pl, seg):
                 keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s)
                 sp.kept += k
                 sp.dropped += d
                 sp.tdropped += td
                 sp.stamped += st
-                sp.kept_bytes += (int(chunk["size"][keep].sum()) if sp.format == 1
-                                  else -(-int(k * per_record) // 1) if k else 0)
+                sp.kept_bytes += seg.kept_bytes(chunk, keep, k)
                 sp.masks[lo] = np.packbits(keep)
             plans.append(sp)
 
@@ -502,45 +497,20 @@ class Compactor:
         if pl.manifest_mode or len(g.members) != 1:
             return False
         sp = g.members[0]
-        return sp.format == 2 and sp.dropped == 0 and sp.kept > 0
+        return sp.seg.restamps_in_place and sp.dropped == 0 and sp.kept > 0
 
     def _restamp_index(self, pl: PartitionLog, sp: _SegPlan, idx_out: str, recall,
                        res: CompactionResult) -> bool:
-        """Write ``sp``'s .bcq with the planned clean_time stamps, positions unchanged (a
-        format-2 segment's lean index: its batches as they are)."""
-        if sp.format == 2:
-            idx = pl.index(sp.seg)
-            bpos, bsize, bcount = idx.batches()
-            builder = IndexBuilder(spill_dir=pl.local_fs.local_path(swap.staging_dir(pl.dir)))
-            b = 0
+        """Write ``sp``'s index with the planned clean_time stamps, its records where they are
+        (``Segment.write_index``: a format-2 segment's lean index of its batches as they are)."""
+        def stamped():
             for lo, chunk in self._index_chunks(pl, sp.seg):
                 _, clean, _ = recall(sp, lo, chunk)
                 ent = chunk.copy()
                 ent["clean_time"] = clean
-                at = 0
-                while at < ent.shape[0]:  # a chunk holds whole batches (bcq-v2.md)
-                    c = int(bcount[b])
-                    builder.add_batch(int(bpos[b]), int(bsize[b]), ent[at:at + c])
-                    at += c
-                    b += 1
-            idxf = pl.local_fs.open_append(idx_out)
-            try:
-                res.bytes_written += builder.write_to(idxf, idx.codec)
-                idxf.sync()
-            finally:
-                idxf.close()
-            return True
-        idxf = pl.local_fs.open_append(idx_out)
-        try:
-            for lo, chunk in self._index_chunks(pl, sp.seg):
-                _, clean, _ = recall(sp, lo, chunk)
-                ent = chunk.copy()
-                ent["clean_time"] = clean
-                idxf.write(ent.view(np.uint8))
-                res.bytes_written += ent.nbytes
-            idxf.sync()
-        finally:
-            idxf.close()
+                yield ent
+        res.bytes_written += sp.seg.write_index(
+            stamped(), pl.local_fs, idx_out, pl.local_fs.local_path(swap.staging_dir(pl.dir)))
         return True
 
     def _copy_group(self, pl: PartitionLog, g: _Group, log_out: str, idx_out: str, recall,
@@ -560,7 +530,7 @@ class Compactor:
                              batch_bytes=cfg.compression_batch_bytes)
         try:
             for sp in g.members:
-                batches = pl.index(sp.seg).batches() if sp.format == 2 else None
+                batches = sp.seg.batches()  # (None: records stored one by one)
                 with reader.segment(sp.seg, sequential=True, block_bytes=chunk_bytes,
                                     buffer=self._buffer("data", chunk_bytes)) as src:
                     for lo, chunk in self._index_chunks(pl, sp.seg):

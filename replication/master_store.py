@@ -16,7 +16,6 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from kcompact.reput import bcq2 as B2
 from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
@@ -183,23 +182,14 @@ class MasterStore:
 
     @staticmethod
     def _describe(pl: PartitionLog, seg, sealed: bool) -> dict[str, Any]:
-        fmt = pl.seg_format(seg)
-        idx = pl.index(seg)
-        n = int(idx.n)
-        if n == 0:
-            first = last = -1
-        elif fmt == 2:
-            first, last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
-        else:
-            first, last = int(idx.entries[0]["offset"]), int(idx.entries[-1]["offset"])
-        doc = {"base": seg.base, "format": fmt, "sealed": sealed, "records": n,
+        n = int(seg.index().n)
+        first, last = seg.first_last()
+        doc = {"base": seg.base, "format": seg.format, "sealed": sealed, "records": n,
                "first_offset": first, "last_offset": last}
-        if fmt == 2 and sealed:
-            from kcompact.reput.batch import CODEC_NAMES
-            head = pl.seg_fs(seg).read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
+        version = seg.stored_version() if sealed and seg.ships_as_stored else None
+        if version is not None:
             doc.update({"log_size": seg.log_size, "index_size": seg.index_size,
-                        "codec": CODEC_NAMES.get(idx.codec, "unknown"),
-                        "id": segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])})
+                        "codec": seg.codec_name(), "id": segment_id(*version)})
         return doc
 
     def segment_file(self, topic: str, partition: int, base: int, file: str, sid: str,
@@ -215,10 +205,10 @@ class MasterStore:
         with lock:
             pl.refresh()
             seg = next((s for s in pl.sealed_segments if s.base == base), None)
-            if seg is None or pl.seg_format(seg) != 2:
+            if seg is None or not seg.ships_as_stored:
                 raise RequestError(404, f"{topic}-{partition} has no sealed format-2 segment "
                                         f"at base {base}; list its segments again")
-            fs = pl.seg_fs(seg)
+            fs = seg.fs
             try:
                 if zero_copy:
                     return self._segment_range(pl, seg, fs, topic, partition, base, file, sid,
@@ -234,7 +224,7 @@ class MasterStore:
         """``_segment_bytes``'s checks, the range left in the file: an fd opened before the
         version check pins the file (a swap renames, never rewrites), and must still be the
         file at its path after it, of the listed size."""
-        path = fs.local_path(pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg))
+        path = fs.local_path(seg.log_path if file == "log" else seg.bcq_path)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             size, n = cls._segment_checks(pl, seg, fs, topic, partition, base, file, sid, start,
@@ -252,7 +242,7 @@ class MasterStore:
     def _segment_bytes(cls, pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
         size, n = cls._segment_checks(pl, seg, fs, topic, partition, base, file, sid, start,
                                       max_bytes)
-        path = pl.seg_log_path(seg) if file == "log" else pl.seg_index_path(seg)
+        path = seg.log_path if file == "log" else seg.bcq_path
         data = fs.read(path, start, n) if n else b""
         if len(data) != n:  # replaced under us after the check: the client lists again
             raise RequestError(409, f"{topic}-{partition} segment {base} changed while "
@@ -263,11 +253,11 @@ class MasterStore:
     def _segment_checks(pl, seg, fs, topic, partition, base, file, sid, start, max_bytes):
         """(the file's size, bytes to send from ``start``) once the segment is the version
         ``sid`` names and ``start`` lies in the file."""
-        head = fs.read(pl.seg_index_path(seg), 0, B2.HEADER_SIZE)
-        if len(head) < B2.HEADER_SIZE or not B2.is_lean(head):
+        version = seg.stored_version()
+        if version is None:
             raise RequestError(409, f"{topic}-{partition} segment {base} changed; list "
                                     "its segments again")
-        have = segment_id(seg.log_size, B2.HEADER.unpack_from(head, 0)[-1])
+        have = segment_id(*version)
         if have != sid:
             raise RequestError(409, f"{topic}-{partition} segment {base} is not version "
                                     f"{sid} any more (compacted since it was listed); "

@@ -9,8 +9,9 @@ staging partition log (``.replicating/``) as a format-2 segment, **without re-en
 batch**:
 
 * the lean index: its header, directory and chunk CRCs, and that it describes a ``.log`` of the
-  size received (bcq2.LeanIndex);
-* every batch (``decode_batches``): its CRC-32C, every record walked, offsets against its header;
+  size received (``IncomingSegment``);
+* every batch (``IncomingSegment.check``, reput/segment_v2.py: the format-2 segment's own
+  checks): its CRC-32C, every record walked, offsets against its header;
   and against the master's index: each batch at the position, of the size and with the record
   count the index lists, each record with the offset, timestamp and tombstone/keyless flags of
   its entry;
@@ -32,14 +33,12 @@ import threading
 
 import numpy as np
 
-from kcompact.reput import batch as KB
 from kcompact.reput import bcq as B
-from kcompact.reput import bcq2 as B2
 from kcompact.reput import filenames as fn
 from kcompact.reput import swap
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.partition import PartitionLog
-from kcompact.reput.record import SCAN_OK, scan, secret_words
+from kcompact.reput.segment_v2 import IncomingSegment
 
 from .errors import ProtocolError
 
@@ -172,25 +171,23 @@ class ShippedInstall:
         _check(len(raw_idx) == seg["index_size"], midx, f"{len(raw_idx)} bytes received of "
                f"{seg['index_size']}")
         try:
-            idx = B2.LeanIndex(lambda a, n: raw_idx[a:a + n].tobytes(), midx, len(raw_idx))
+            idx = IncomingSegment(raw_idx, midx, fs.local_path(incoming.dir))
         except CorruptRecordError as e:
             raise ShippedSegmentError(str(e), e.position) from None
         _check(idx.log_size == seg["log_size"] and idx.n == seg["records"] and idx.n > 0, midx,
                f"the lean index describes {idx.n} records in {idx.log_size} bytes, the listing "
                f"{seg['records']} in {seg['log_size']}")
-        first, self.last = int(idx.dir["first_offset"][0]), int(idx.dir["last_offset"][-1])
+        first, self.last = idx.first, idx.last
         _check(first == seg["first_offset"] and self.last == seg["last_offset"], midx,
                "the lean index's offsets are not the listing's")
         self.at = max(base, staging.next_offset)
         _check(self.at <= first, self.mlog, f"offset {first} is not past what was pulled "
                f"before ({staging.next_offset})")
         self.idx = idx
-        self.builder = B2.IndexBuilder(spill_dir=fs.local_path(incoming.dir))
         # blocks of whole chunks (a chunk holds whole batches, and says where they start in
         # the .log): each chunk of the master's index is decoded once, when its block is
         # checked (decoded whole it was 48 bytes a record of fresh memory)
-        starts = idx.dir["first_position"].astype(np.int64)
-        ends = np.append(starts[1:], np.int64(idx.log_size))
+        starts, ends = idx.chunk_starts, idx.chunk_ends
         self.groups = list(_batch_groups(ends - starts, INSTALL_BLOCK))
         self.group_starts = [int(starts[lo]) for lo, _ in self.groups]
         self.ends = [int(ends[hi - 1]) for _, hi in self.groups]
@@ -208,11 +205,9 @@ class ShippedInstall:
         while self.ready(have):
             lo, hi = self.groups[self.done]
             try:
-                parts = [self.idx.chunk(i, collect=False) for i in range(lo, hi)]
+                m, bpos, bsize, bcount = self.idx.chunk_batches(lo, hi)
             except CorruptRecordError as e:
                 raise ShippedSegmentError(str(e), e.position) from None
-            m = np.concatenate(parts) if len(parts) > 1 else parts[0]
-            bpos, bsize, bcount = B2.LeanIndex.batch_rows(m)
             first = np.zeros(bcount.shape[0] + 1, np.int64)  # each batch's first entry in m
             np.cumsum(bcount, out=first[1:])
             # (a chunk of large records is checked a bounded block of its batches at a time)
@@ -226,8 +221,11 @@ class ShippedInstall:
         """Check the batches at ``bpos`` (whole in ``whole``, the .log received) against their
         master's index entries ``m``, and index them under this store's secret."""
         start, end = int(bpos[0]), int(bpos[-1] + bsize[-1])
-        t, e = _checked_entries(whole[start:end], start, self.topic.encode(), self.partition,
-                                self.mlog, self.store.secret)
+        try:
+            t, e = IncomingSegment.check(whole[start:end], start, self.topic.encode(),
+                                         self.partition, self.mlog, self.store.secret)
+        except CorruptRecordError as err:
+            raise ShippedSegmentError(str(err), err.position) from None
         _check(t.shape[0] == bpos.shape[0] and bool(np.array_equal(t[:, 0], bpos))
                and bool(np.array_equal(t[:, 1], bsize))
                and bool(np.array_equal(t[:, 6], bcount)),
@@ -243,7 +241,7 @@ class ShippedInstall:
         _check(bad.size == 0, self.mlog, "a record's tombstone/keyless flags are not its "
                "index entry's", int(m["position"][bad[0]]) if bad.size else None)
         stamp_clean(e, self.clean_upto, self.clean_time_s)
-        self.builder.add_batches(start, bsize, bcount, e)
+        self.idx.add_batches(start, bsize, bcount, e)
 
     def finish(self) -> int:
         """Check what is left, then install the segment into the staging log (the .log as
@@ -264,7 +262,7 @@ class ShippedInstall:
             # the .log goes in as downloaded (every batch checked by feed); the index is this one
             out = fs.open_append(f"{sdir}/{name}{fn.INDEX_SUFFIX}")
             try:
-                self.builder.write_to(out, self.idx.codec)  # (the codec of its batches)
+                self.idx.write_index(out)  # (the codec of its batches)
                 out.sync()
             finally:
                 out.close()
@@ -299,34 +297,11 @@ def install_shipped(store, staging: PartitionLog, incoming: Incoming, topic: str
                           clean_time_s).finish()
 
 
-def _checked_entries(data: np.ndarray, start: int, tb: bytes, partition: int, mlog: str,
-                     secret: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """The batches of ``data`` (the shipped .log from byte ``start``) checked whole, and the
-    index entries of their records under the replica's ``secret`` (offsets, timestamps, key
-    digests and flags: what a lean index keeps): (their heads table, entries). In one C pass
-    when built (batch.span_entries), else decoded into records and scanned. Raises
-    ShippedSegmentError naming the master's file and byte."""
-    k0, k1 = secret_words(secret)
-    got = KB.span_entries(data, start, tb, int(k0), int(k1), mlog, B.BCQ_DTYPE)
-    if got is not None:
-        return got[0].table, got[1]
-    try:
-        d = KB.decode_batches(data, start, tb, partition, mlog)
-    except CorruptRecordError as e:
-        why = str(e).removeprefix(f"{mlog}: ")
-        raise ShippedSegmentError(f"{mlog}: corrupt record batch at byte {e.position} "
-                                  f"({why})", e.position) from None
-    n = d.offsets.shape[0]
-    s = scan(d.data, 0, d.data.shape[0], secret=secret, verify_crc=True)
-    _check(s.status == SCAN_OK and len(s) == n, mlog, "a decoded record does not check", start)
-    return d.heads.table, B.entries_from_scan(s, 0, n, 0).copy()
-
-
 def roll_past_shipped(staging: PartitionLog) -> None:
     """After a crash between a shipped segment's install and the roll past it, the staging
     log's last segment is format 2: roll, so that no record is appended to it."""
     if staging.segments and staging.segments[-1].log_size \
-            and staging.seg_format(staging.segments[-1]) == 2:
+            and not staging.segments[-1].appendable:
         staging.roll()
 
 

@@ -293,9 +293,6 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         """The valid index entries of a segment (those whose record lies inside its .log)."""
         return seg.entries()
 
-    def seg_format(self, seg: Segment) -> int:
-        return seg.format
-
     def describe_segment(self, seg: Segment) -> dict:
         """A segment as ``inspect`` shows it (``Segment.describe``)."""
         return seg.describe()
