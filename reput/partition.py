@@ -1,24 +1,25 @@
-"""A topic-partition's compaction log: .log data segments, each with its .bcq index.
+"""A topic-partition's compaction log: its segments, their catalog, and its one writer.
 
-Spec: docs/formats/bcq.md (index) and docs/formats/record.md (data). Segments are named by the
-20-digit base offset (the first offset the segment may hold); each holds the offsets from its
-base up to the next segment's base. Records are appended byte for byte as reput found them in
-the commit log: first the .log bytes, then the .bcq entries, so an entry never points past its
-data. Opening for write recovers (reput/partition_recovery.py). Every read goes through the
-partition reader (reput/reader.py), which checks each record against its index entry and its
-CRC and never serves a record that fails.
+Spec: docs/formats/bcq.md (index) and docs/formats/record.md (data); a sealed segment may be a
+Kafka log segment (docs/formats/segment-v2.md). Segments are named by the 20-digit base offset
+(the first offset the segment may hold); each holds the offsets from its base up to the next
+segment's base. Records are appended byte for byte as reput found them in the commit log:
+first the .log bytes, then the .bcq entries, so an entry never points past its data. Every read
+goes through the partition reader (reput/reader.py) and the segments themselves
+(reput/segment.py), which check each record and never serve one that fails.
 
-A local partition keeps a segment list (docs/formats/segment-list.md: which segments it holds,
-their sizes and .bcq checksums), which readers check the files against:
-reput/partition_list.py. On an object store (S3, ``fs.appendable`` false) the segments are the
-partition manifest's (docs/formats/manifest.md), never a listing: reput/partition_manifest.py.
-The class is split along those seams: this file is the catalog of segments, the index access and
-the writer. The writer rolls its active segment at ``segment.bytes`` and by the time rules
-(``roll``). The injected clock (``clock``, the store's) is the "now" of every decision about
-what is kept.
+A ``PartitionLog`` HOLDS (Kafka's ``LocalLog`` / ``LogSegments`` / ``LogLoader``):
 
-(About 780 lines after that split: the catalog, the index cache and the writer's roll and append
-share the segment list's invariants, kept in one place.)
+* a **catalog** (reput/catalog.py): a local store's directory and segment list
+  (``LocalCatalog``, reput/partition_list.py) or an object store's partition manifest
+  (``ManifestCatalog``, reput/partition_manifest.py), picked here once by whether the store's
+  files can be appended to; it lists the segments, each an object of its kind;
+* a **recovery step** (``Recovery``, reput/partition_recovery.py), run when a writer opens;
+* the **writer** (this file): the active segment's open files, ``append``, ``roll`` (at
+  ``segment.bytes`` and by the time rules), ``sync``, ``close``. The injected clock
+  (``clock``, the store's) is the "now" of every decision about what is kept.
+
+(Over 600 lines: the writer's roll, append and sync keep the catalog's invariants in one place.)
 """
 
 from __future__ import annotations
@@ -30,27 +31,25 @@ import numpy as np
 
 from . import bcq as B
 from . import filenames as fn
-from . import manifest as M
 from .backend import AppendFile, Backend
+from .catalog import SegmentCatalog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig
 from .errors import ReputError
 from .locks import FileLock
-from .partition_list import ListedPartition
-from .partition_manifest import ManifestPartition
-from .partition_recovery import SegmentRecovery
+from .partition_list import LocalCatalog
+from .partition_manifest import ManifestCatalog
+from .partition_recovery import Recovery
 from .columns import RecordColumns, stored_records
 from .reader import PartitionReader
 from .record import Record, Scan, scan
-from .segment import PartitionContext, Segment, open_segment
-from .segment_desc import SegmentDesc
+from .segment import PartitionContext, Segment
 from .segment_v1 import RecordSegment
 from .segment_list import crc32c
-from .swap import recover_swap
 
 __all__ = ["PartitionLog", "Segment"]
 
 
-class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
+class PartitionLog:
     """One partition of a store, read-only or as its (one) writer; see the module docstring.
 
     ``require_list``: the store keeps a segment list per partition (store.json says so), so a
@@ -69,48 +68,34 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                 raise ReputError(f"{fs.url}: {sub}/ of {topic}-{partition} needs a local "
                                  "directory on an object store (pass local_fs)")
             fs = local_fs
-        #: segments come from the partition manifest (an object store), not a listing
-        self.manifest_mode = not fs.appendable
-        if self.manifest_mode and writable and local_fs is None:
+        if not fs.appendable and writable and local_fs is None:
             raise ReputError(f"{fs.url}: writing {topic}-{partition} needs a local directory "
                              "for its active segment (the store's commitlog_dir)")
         self.fs, self.topic, self.partition, self.secret = fs, topic, partition, secret
         self.topic_bytes = topic.encode()
         #: what its segments share (reput/segment.py)
         self.ctx = PartitionContext(topic, partition, secret, writable)
-        #: where "file" segments live: the store itself, or the local directory on S3
-        self.local_fs: Backend = (local_fs or fs) if self.manifest_mode else fs
         self.config = config
         self.clock = clock
         self.sub = sub
         self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")
         self.writable = writable
-        #: a local store's partition keeps segments.json (scratch partitions do not)
-        self.keeps_list = not self.manifest_mode and sub is None
-        self.require_list = require_list
-        self.strict = strict
-        self.seglist = None          # the segment list as last read or written
-        self.problems: list = []     # where the files disagree with it (partition_list.py)
-        self.strays: list[int] = []  # bases of empty segment files it does not name
-        self._listed_open: set[int] = set()
-        self.segments: list[Segment] = []
+        #: which segments it holds: its segment list, or (files that cannot be appended to:
+        #: an object store) its manifest, with a writer's active segments in ``local_fs``
+        self.catalog: SegmentCatalog = (
+            LocalCatalog(fs, self.dir, self.ctx, writable=writable, keeps_list=sub is None,
+                         require_list=require_list, strict=strict) if fs.appendable else
+            ManifestCatalog(fs, local_fs or fs, self.dir, self.ctx, writable=writable,
+                            clock=clock))
+        #: where "file" segments live: the store itself, or the local directory on S3
+        self.local_fs: Backend = self.catalog.local_fs
+        #: the writer's open-time repair (and what it repaired)
+        self.recovery = Recovery()
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
         self._dirty_files: list[AppendFile] = []
-        self.recovered_entries = 0
-        self.truncated_bytes = 0
         self._entry_scratch = np.empty(0, np.uint8)
-        self.swap_recovered = False
-        self._orphan_indexes: list[int] = []
         self._before_roll = None
-        self.manifest: M.Manifest | None = None
-        self._staged: list[Segment] = []
-        self._replaced: dict[str, SegmentDesc] = {}
-        self._pending_cleaned: int | None = None
-        self._pending_run: dict | None = None
-        self._pending = False
-        self._local_listed = False
-        self._manifest_read_at = 0.0
         self._writer_lock: FileLock | None = None
         #: (active segment base, first record timestamp) and (base, writer clock at its first
         #: append): the roll rules' memory (``_roll_cut``, ``roll_if_due``)
@@ -131,51 +116,74 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                 raise StoreLockedError(f"{self.dir} is being written by another process; one "
                                        "writer per partition at a time")
         try:
-            if not writable and not self.manifest_mode:
-                self._finish_committed_swap()
-            self._load()
             if writable:
-                self.recover()
+                self.catalog.load()
+                self.recovery.run(self.catalog)
+            else:
+                self.catalog.refresh()
         except BaseException:
             if self._writer_lock is not None:
                 self._writer_lock.release()
                 self._writer_lock = None
             raise
 
-    # -- paths ---------------------------------------------------------------------------
+    # -- what its catalog and recovery step say -------------------------------------------------
 
-    def _find(self, base: int) -> Segment | None:
-        for seg in reversed(self.segments):
-            if seg.base == base:
-                return seg
-        return None
+    @property
+    def segments(self) -> list[Segment]:
+        return self.catalog.segments
+
+    @segments.setter
+    def segments(self, segs: list[Segment]) -> None:
+        self.catalog.segments = segs
+
+    @property
+    def manifest_mode(self) -> bool:
+        """Its segments are an object store's, listed by a manifest (a caller that publishes
+        differently there: the compactor)."""
+        return self.catalog.remote
+
+    @property
+    def manifest(self):
+        """The partition manifest as last read (an object store's; None otherwise)."""
+        return self.catalog.manifest
+
+    @property
+    def seglist(self):
+        """The segment list as last read or written (a local store's; None otherwise)."""
+        return self.catalog.seglist
+
+    @property
+    def problems(self) -> list:
+        """Where the files disagree with the segment list (``strict=False``)."""
+        return self.catalog.problems
+
+    @property
+    def strays(self) -> list[int]:
+        return self.catalog.strays
+
+    @property
+    def keeps_list(self) -> bool:
+        return self.catalog.keeps_list
+
+    @property
+    def recovered_entries(self) -> int:
+        return self.recovery.recovered_entries
+
+    @property
+    def truncated_bytes(self) -> int:
+        return self.recovery.truncated_bytes
+
+    @property
+    def swap_recovered(self) -> bool:
+        return self.recovery.swap_recovered
 
     def log_path(self, base: int) -> str:
         """The .log of the segment based at ``base`` (a manifest's object name on S3)."""
-        seg = self._find(base) if self.manifest_mode else None
-        if seg is not None and seg.kind != "file":
-            return seg.log_path
-        return f"{self.dir}/{fn.base_name(base)}{fn.LOG_SUFFIX}"
+        return self.catalog.log_path(base)
 
     def index_path(self, base: int) -> str:
-        seg = self._find(base) if self.manifest_mode else None
-        if seg is not None and seg.kind != "file":
-            return seg.bcq_path
-        return f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}"
-
-    def _segment(self, base: int, log_size: int, index_size: int, *, kind: str = "file",
-                 log_rel: str | None = None, bcq_rel: str | None = None,
-                 desc: SegmentDesc | None = None, open_tail: bool = False,
-                 reuse: Segment | None = None) -> Segment:
-        """A listed segment as an object of its kind (``segment.open_segment``): "file" in this
-        partition's directory (on ``local_fs``), "remote" an object of the store's, "staged" a
-        local file at ``log_rel``/``bcq_rel``."""
-        name = fn.base_name(base)
-        return open_segment(self.ctx, base, log_size, index_size,
-                            fs=self.fs if kind == "remote" else self.local_fs,
-                            log_path=log_rel or f"{self.dir}/{name}{fn.LOG_SUFFIX}",
-                            bcq_path=bcq_rel or f"{self.dir}/{name}{fn.INDEX_SUFFIX}",
-                            kind=kind, desc=desc, open_tail=open_tail, reuse=reuse)
+        return self.catalog.index_path(base)
 
     # a segment's own files, for callers that hold the partition (the segment knows them)
 
@@ -193,85 +201,29 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def grace_ms(self) -> int:
         return int(getattr(self.fs, "grace_ms", 0))
 
-    # -- load / refresh ------------------------------------------------------------------
-
-    def _load(self) -> None:
-        if self.manifest_mode:
-            self._load_manifest(self.manifest)
-            return
-        self._load_local()
-        if self.seglist is not None:
-            self._listed_open = {m.base for m in self.seglist.segments if m.open}
-
-    def _listed_bases(self, fs: Backend) -> tuple[set[int], set[int]]:
-        """(bases of the .log files, bases of the .bcq files) in this partition's directory."""
-        logs, idxs = set(), set()
-        for name in fs.listdir(self.dir):
-            parsed = fn.parse_base(name)
-            if parsed:
-                (logs if parsed[1] == "log" else idxs).add(parsed[0])
-        return logs, idxs
-
     def checkpoint(self) -> tuple[int, dict | None]:
         """(cleaned_offset, last_run): the compaction horizon (-1: never compacted)."""
-        if not self.manifest_mode:
-            from .swap import read_checkpoint
-            return read_checkpoint(self.fs, self.dir)
-        m = self.manifest
-        cleaned = self._pending_cleaned if self._pending_cleaned is not None else (
-            m.cleaned_offset if m else -1)
-        return cleaned, self._pending_run or (m.last_run if m else None)
+        return self.catalog.checkpoint()
 
     @property
     def sealed_segments(self) -> list[Segment]:
         """Segments that compaction may rewrite: all but the active one on a local store; on
         S3 the committed (and staged) ones, never a writer's local segments."""
-        if not self.manifest_mode:
-            return self.segments[:-1]
-        return [s for s in self.segments if s.kind != "file"]
+        return self.catalog.sealed_segments
 
     @property
     def active_base(self) -> int:
         """First offset that is not in a sealed segment (where the active segment starts)."""
-        if not self.manifest_mode:
-            return self.segments[-1].base if self.segments else 0
-        local = [s for s in self.segments if s.kind == "file"]
-        return local[0].base if local else self.next_offset
+        return self.catalog.active_base
 
     @property
     def active_bytes(self) -> int:
-        if not self.manifest_mode:
-            return self.segments[-1].log_size if self.segments else 0
-        return sum(s.log_size for s in self.segments if s.kind == "file")
+        return self.catalog.active_bytes
 
     def refresh(self) -> None:
         """Pick up what other processes appended or compacted since this object looked."""
         if not self.writable:
-            self._finish_committed_swap()
-            self._load()
-
-    def _finish_committed_swap(self) -> None:
-        """A compaction that died after its commit point leaves swap.json behind; until someone
-        applies it the .log/.bcq pairs may not match. Any reader may finish it (the apply is
-        idempotent and never touches the active segment) unless a live compactor holds the
-        lock, in which case it is applying right now and the read retry covers it."""
-        from .swap import PLAN_NAME, staging_dir
-        if not self.fs.exists(f"{staging_dir(self.dir)}/{PLAN_NAME}"):
-            return
-        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
-        if lock.acquire(blocking=False):
-            try:
-                # ... and no live writer, which rewrites the segment list as it appends
-                writer = FileLock(self.fs, f"{self.dir}/{fn.LOCK_FILE}")
-                if writer.acquire(blocking=False):
-                    try:
-                        recover_swap(self.fs, self.dir)
-                    finally:
-                        writer.release()
-                for seg in self.segments:
-                    seg.invalidate()
-            finally:
-                lock.release()
+            self.catalog.refresh()
 
     def reload_after_swap(self) -> None:
         """Re-list segments after a compaction swap, keeping the active segment's open files."""
@@ -280,12 +232,55 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             if seg is not active:
                 seg.invalidate()
         keep_log, keep_idx = self._log, self._idx
-        self._load()
+        self.catalog.load()
         if active is not None and (not self.segments or self.segments[-1].base != active.base):
             # the active segment was replaced (a forced compaction of an idle partition)
             self._close_files()
             keep_log = keep_idx = None
         self._log, self._idx = keep_log, keep_idx
+
+    # -- an object store's publishing (ManifestCatalog; the compactor, a replica's install) -----
+
+    def reload_manifest(self, max_age_s: float = 0.0) -> None:
+        """Pick up manifest versions committed by other processes (one listing request),
+        unless the manifest was read less than ``max_age_s`` ago (an object store)."""
+        self.catalog.reload(max_age_s)
+
+    def seal(self, writer: str = "writer") -> bool:
+        """S3: upload the writer's local segments and commit them (``ManifestCatalog.seal``);
+        whether a manifest version was committed (a local store: nothing to publish)."""
+        return self.catalog.seal(self, writer) if self.writable else False
+
+    def collect_garbage(self) -> list[str]:
+        """S3: delete replaced segments, orphans and old manifest versions past the grace
+        period. Returns the deleted paths."""
+        return self.catalog.collect_garbage()
+
+    @property
+    def has_staged(self) -> bool:
+        return self.catalog.has_staged
+
+    @property
+    def staging_dir(self) -> str:
+        return self.catalog.staging_dir
+
+    def staging_paths(self, base: int) -> tuple[str, str]:
+        return self.catalog.staging_paths(base)
+
+    def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
+                   cleaned_offset: int | None, last_run: dict | None = None) -> None:
+        self.catalog.stage_swap(inputs, outputs, cleaned_offset, last_run)
+
+    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
+        return self.catalog.commit_staged(writer, last_run)
+
+    def abort_staged(self) -> None:
+        self.catalog.abort_staged()
+
+    def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
+                         writer: str = "replica", cleaned_offset: int = -1) -> bool:
+        return self.catalog.install_segments(self, local_dir, bases, last_run, writer,
+                                             cleaned_offset)
 
     # -- index access --------------------------------------------------------------------
 
@@ -308,59 +303,28 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
 
     @property
     def first_offset(self) -> int:
-        for seg in self.segments:
-            listed = seg.listed()  # a manifest or segment-list entry answers without the .bcq
-            if listed is not None:
-                if listed[0]:
-                    return listed[1]
-                continue
-            e = self.entries(seg)
-            if e.shape[0]:
-                return int(e[0]["offset"])
-        return self.next_offset
+        return self.catalog.first_offset
 
     @property
     def last_offset(self) -> int:
         """Offset of the last indexed record, -1 when there is none."""
-        for seg in reversed(self.segments):
-            listed = seg.listed()
-            if listed is not None:
-                if listed[0]:
-                    return listed[2]
-                continue
-            e = self.entries(seg)
-            if e.shape[0]:
-                return int(e[-1]["offset"])
-        return -1
+        return self.catalog.last_offset
 
     @property
     def next_offset(self) -> int:
-        base = self.segments[-1].base if self.segments else 0
-        n = max(self.last_offset + 1, base)
-        if self.manifest is not None:
-            n = max(n, self.manifest.next_offset)  # survives a compaction that empties the tail
-        if self.seglist is not None:  # (and a damaged .bcq cannot move it back)
-            n = max(n, self.seglist.next_offset)
-        return n
+        """The log end offset (a catalog's own record of it survives a compaction that empties
+        the tail, and a damaged .bcq cannot move it back)."""
+        return self.catalog.next_offset
 
     def record_count(self) -> int:
-        return sum(self.seg_count(seg) for seg in self.segments)
+        return sum(seg.count() for seg in self.segments)
 
     def size_bytes(self) -> int:
         return sum(s.log_size for s in self.segments)
 
     def segment_for(self, offset: int) -> int:
-        """Index of the segment whose range holds ``offset`` (0 if before the first). On an
-        object store, committed segments whose manifest entry says they hold no offset
-        >= ``offset`` (a target in a gap at the end of a segment) are stepped over, so a read
-        from there fetches no index it does not need (len(segments): none holds one)."""
-        bases = [s.base for s in self.segments]
-        i = max(0, bisect.bisect_right(bases, offset) - 1)
-        if self.manifest_mode:
-            while i < len(self.segments) and self.segments[i].bitmap_desc is not None \
-                    and self.segments[i].bitmap_desc.offset_at_or_after(offset) is None:
-                i += 1
-        return i
+        """Index of the segment whose range holds ``offset`` (``SegmentCatalog.segment_for``)."""
+        return self.catalog.segment_for(offset)
 
     def holds(self, offset: int) -> bool:
         """Whether the partition holds a record at ``offset``; a committed segment on an
@@ -371,7 +335,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         seg = self.segments[i]
         if seg.bitmap_desc is not None:
             return seg.bitmap_desc.holds(offset)
-        idx = self.index(seg)
+        idx = seg.index()
         j = int(idx.lower_bound(offset))
         return j < idx.n and int(idx.entries[j]["offset"]) == offset
 
@@ -384,11 +348,12 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                 if nxt is not None:
                     return nxt
                 continue
-            idx = self.index(seg)
+            idx = seg.index()
             j = int(idx.lower_bound(offset))
             if j < idx.n:
                 return int(idx.entries[j]["offset"])
         return None
+
     # -- append (writer) -----------------------------------------------------------------
 
     def _active_files(self) -> tuple[Segment, AppendFile, AppendFile]:
@@ -416,8 +381,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
         self._active_files()
-        if self.keeps_list:
-            self._write_list(self._listed_open | {base})
+        self.catalog.segment_opened(base)
         return seg
 
     def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
@@ -434,17 +398,16 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         when a batch job ends, and by ``kcompact compact`` on a partition no writer holds. The
         rolled segment is re-encoded into format 2 at the next ``sync`` (reput/seal.py;
         ``seal=False``: not, e.g. when a compaction rewrites it at once)."""
-        if self.manifest_mode and base is None:
-            if any(s.kind == "file" and s.log_size for s in self.segments):
-                self.seal(writer)
-                return True
-            return False
+        if base is None:
+            sealed = self.catalog.roll_by_sealing(self, writer)
+            if sealed is not None:
+                return sealed
         base = self.next_offset if base is None else base
         if self.segments and self.segments[-1].base == base:
             return False
-        before = (self.seglist, len(self.segments))
+        before = (self.catalog.list_state(), len(self.segments))
         self._before_roll = None
-        rolled = (self.segments[-1].base if seal and self.writable and not self.manifest_mode
+        rolled = (self.segments[-1].base if seal and self.writable and self.catalog.seals_rolled
                   and self.segments and self.segments[-1].log_size > 0
                   and self.segments[-1].kind == "file" else None)
         if self.segments and self.segments[-1].log_size == 0 and self.segments[-1].kind == "file":
@@ -452,7 +415,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             # files, the list without it, then its files go (empty: nothing is lost between)
             self._close_files()
             old = self.segments.pop()
-            self._listed_open.discard(old.base)
+            self.catalog.segment_dropped(old.base)
             self._new_segment(base)  # (nothing to take back to)
             self.local_fs.delete(self.seg_log_path(old))
             self.local_fs.delete(self.seg_index_path(old))
@@ -473,7 +436,8 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         running writer calls while its topic is idle (Kafka rolls only on the next append).
         Not on an object store, where every flush seals. Returns whether it rolled."""
         seg = self.segments[-1] if self.segments else None
-        if (not self.writable or self.manifest_mode or seg is None or seg.kind != "file"
+        if (not self.writable or not self.catalog.rolls_by_time or seg is None
+                or seg.kind != "file"
                 or seg.log_size == 0):
             return False
         now = self.clock.ms() if now_ms is None else now_ms
@@ -528,11 +492,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
         self._log = self._idx = None
         self._dirty_files = []
         seg = self.segments.pop()
-        if self.keeps_list and lst is not None:
-            self._restore_list(lst)
-        elif self.keeps_list:
-            self.fs.delete(f"{self.dir}/{fn.SEGMENT_LIST}")
-            self.seglist, self._listed_open = None, set()
+        self.catalog.restore_list_state(lst)
         self.local_fs.delete(self.seg_log_path(seg))
         self.local_fs.delete(self.seg_index_path(seg))
         return True
@@ -568,7 +528,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
                 # (on S3, after a seal, the next record starts a new local segment)
                 self._new_segment(int(s.offsets[lo]))
             self._before_roll = None
-            self._list_before_append()
+            self.catalog.before_append()
             seg, logf, idxf = self._active_files()
             start_byte = int(s.positions[lo])
             ends = s.positions[lo:hi] + s.sizes[lo:hi] - start_byte
@@ -625,7 +585,7 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             if f not in active:
                 f.close()
         self._dirty_files = active
-        self._list_after_sync(closing=False)
+        self.catalog.after_sync(closing=False)
         if self._to_seal:
             bases, self._to_seal = self._to_seal, []
             if self.seal_queue is not None:
@@ -648,11 +608,11 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
     def close(self, seal: bool = True) -> None:
         """Release the partition. An S3 writer first seals what it appended (``seal=False``:
         leave it in the local directory, for the next open to upload)."""
-        if seal and self.manifest_mode and self.writable and self._writer_lock is not None:
-            self.seal()
+        if seal and self.writable and self._writer_lock is not None:
+            self.seal()  # (an object store's writer publishes what it appended)
         self._sync_and_close_files()
         if self._writer_lock is not None:
-            self._list_after_sync(closing=True)
+            self.catalog.after_sync(closing=True)
         for seg in self.segments:
             seg.invalidate()
         if self._writer_lock is not None:

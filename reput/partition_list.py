@@ -1,10 +1,10 @@
-"""A local partition's segments against its segment list (docs/formats/segment-list.md).
+"""A local partition's catalog: its directory and its segment list (docs/formats/segment-list.md).
 
-``ListedPartition`` is the part of ``PartitionLog`` (reput/partition.py) that keeps and checks
-``segments.json`` on a local store: how the segments are loaded from the files and the list,
-what disagrees between the two, and when the writer rewrites the list (a mixin: it uses the
-log's attributes). Scratch partitions (a replica's ``.replicating/``, a merge's
-``.compacting/``) and object stores (whose list is the manifest) keep none.
+``LocalCatalog`` is the ``SegmentCatalog`` (reput/catalog.py) of a partition on a local store:
+how the segments are loaded from the files and ``segments.json``, what disagrees between the
+two, and when the writer rewrites the list. Scratch partitions (a replica's ``.replicating/``,
+a merge's ``.compacting/``) keep no list; an object store's catalog is its manifest
+(reput/partition_manifest.py).
 
 Loading: every listed segment must have its .log and .bcq, each of the listed size unless the
 segment is listed open (a writer is appending to it); files the list does not name are allowed
@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import time
 
+from . import filenames as fn
 from . import segment_list as SL
+from .backend import Backend
+from .catalog import SegmentCatalog
 from .errors import CorruptRecordError
-from .segment import Segment
+from .locks import FileLock
+from .segment import PartitionContext, Segment
 from .segment_desc import SegmentDesc
+from .swap import PLAN_NAME, read_checkpoint, recover_swap, staging_dir
 
 #: attempts of a read-only view when the files disagree with the list (20-80 ms apart)
 LOAD_ATTEMPTS = 4
@@ -36,10 +41,77 @@ class Disagreement(CorruptRecordError):
     """A partition's files disagree with its segment list (``path`` names the file)."""
 
 
-class ListedPartition:
-    """Segment-list mode of ``PartitionLog`` (see the module docstring)."""
+class LocalCatalog(SegmentCatalog):
+    """A local partition's segments and segment list (see the module docstring).
+
+    ``keeps_list``: the partition keeps segments.json (a store's, not a scratch one's);
+    ``require_list``: the store keeps one per partition (store.json says so), so a partition
+    with segments and no list is refused rather than read as an old store's; ``strict=False``
+    (``kcompact verify``): a read-only view that disagrees with its list, or whose list is
+    damaged, still opens; ``problems`` says what is wrong."""
+
+    def __init__(self, fs: Backend, pdir: str, ctx: PartitionContext, *, writable: bool,
+                 keeps_list: bool, require_list: bool = False, strict: bool = True):
+        super().__init__(fs, fs, pdir, ctx, writable=writable)
+        self.keeps_list, self.require_list, self.strict = keeps_list, require_list, strict
+        #: bases of the segments the list names open (a writer appends to them)
+        self.listed_open: set[int] = set()
 
     # -- loading -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self._load_local()
+        if self.seglist is not None:
+            self.listed_open = {m.base for m in self.seglist.segments if m.open}
+
+    def refresh(self) -> None:
+        if not self.writable:
+            self.finish_committed_swap()
+        self.load()
+
+    def finish_committed_swap(self) -> None:
+        """A compaction that died after its commit point leaves swap.json behind; until someone
+        applies it the .log/.bcq pairs may not match. Any reader may finish it (the apply is
+        idempotent and never touches the active segment) unless a live compactor holds the
+        lock, in which case it is applying right now and the read retry covers it."""
+        if not self.fs.exists(f"{staging_dir(self.dir)}/{PLAN_NAME}"):
+            return
+        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                # ... and no live writer, which rewrites the segment list as it appends
+                writer = FileLock(self.fs, f"{self.dir}/{fn.LOCK_FILE}")
+                if writer.acquire(blocking=False):
+                    try:
+                        recover_swap(self.fs, self.dir)
+                    finally:
+                        writer.release()
+                for seg in self.segments:
+                    seg.invalidate()
+            finally:
+                lock.release()
+
+    def checkpoint(self) -> tuple[int, dict | None]:
+        return read_checkpoint(self.fs, self.dir)
+
+    @property
+    def sealed_segments(self) -> list[Segment]:
+        """All but the active one."""
+        return self.segments[:-1]
+
+    @property
+    def active_base(self) -> int:
+        return self.segments[-1].base if self.segments else 0
+
+    @property
+    def active_bytes(self) -> int:
+        return self.segments[-1].log_size if self.segments else 0
+
+    def next_offset_floor(self) -> int:
+        return self.seglist.next_offset if self.seglist is not None else 0
+
+    def recover(self, recovery) -> None:
+        recovery.local(self)
 
     def _load_local(self) -> None:
         """Segments from the directory (and the list, when the partition keeps one); a
@@ -54,9 +126,9 @@ class ListedPartition:
         raise self.problems[0]
 
     def _scan_local(self) -> None:
-        logs, idxs = self._listed_bases(self.fs)
-        self.problems: list[Disagreement] = []
-        self.strays: list[int] = []
+        logs, idxs = self._file_bases(self.fs)
+        self.problems = []
+        self.strays = []
         try:
             lst = SL.read(self.fs, self.dir) if self.keeps_list else None
         except CorruptRecordError as e:
@@ -104,7 +176,7 @@ class ListedPartition:
             else:
                 self.strays.append(base)  # empty: a roll or its crash; holds nothing
         self.segments = segs
-        self._orphan_indexes = []
+        self.orphan_indexes = []
 
     def _scan_unlisted(self, logs: set[int], idxs: set[int], old: dict[int, Segment]) -> None:
         """No list: a scratch partition, a store written before lists existed, or a
@@ -127,7 +199,7 @@ class ListedPartition:
         for i, seg in enumerate(segs):
             seg.open_tail = i == len(segs) - 1  # the active segment
         self.segments = segs
-        self._orphan_indexes = sorted(idxs - logs)
+        self.orphan_indexes = sorted(idxs - logs)
 
     def _size_or_none(self, path: str) -> int | None:
         try:
@@ -146,7 +218,9 @@ class ListedPartition:
 
     def _list_now(self, open_bases: set[int]) -> SL.SegmentList:
         """The list as the segments are now: those in ``open_bases`` listed open (they must
-        be the last ones), every other one with its sizes and checksum."""
+        be the last ones), every other one with its sizes and checksum (a segment's entry
+        computed from what its writer knows of it, its .bcq read once when the checksum of
+        what was appended is not known: ``Segment.current_desc``)."""
         metas = []
         for i, seg in enumerate(self.segments):
             nxt = self.segments[i + 1].base if i + 1 < len(self.segments) else None
@@ -157,16 +231,11 @@ class ListedPartition:
                     (nxt is None or seg.desc.next <= nxt):
                 metas.append(seg.desc)
             else:
-                metas.append(self._meta_now(seg, nxt))
+                metas.append(seg.current_desc(nxt))
         prev = self.seglist.version if self.seglist is not None else 0
         return SL.SegmentList(metas, self.next_offset, prev)
 
-    def _meta_now(self, seg: Segment, nxt: int | None) -> SegmentDesc:
-        """A segment's closed entry from what this writer knows of it (its .bcq read once when
-        the checksum of what was appended is not known)."""
-        return seg.current_desc(nxt)
-
-    def _write_list(self, open_bases: set[int]) -> None:
+    def write_list(self, open_bases: set[int]) -> None:
         """Write the list as the segments are now (``_list_now``) and take it as the
         segments' entries."""
         lst = SL.write(self.fs, self.dir, self._list_now(open_bases))
@@ -178,32 +247,51 @@ class ListedPartition:
         for seg in self.segments:
             seg.desc = metas.get(seg.base)
             seg.open_tail = seg.desc is not None and seg.desc.open
-        self._listed_open = {m.base for m in lst.segments if m.open}
+        self.listed_open = {m.base for m in lst.segments if m.open}
 
-    def _list_before_append(self) -> None:
+    def segment_opened(self, base: int) -> None:
+        """The list names the new segment, open, once its files exist."""
+        if self.keeps_list:
+            self.write_list(self.listed_open | {base})
+
+    def segment_dropped(self, base: int) -> None:
+        """An empty active segment a roll renamed forward is no longer listed open."""
+        self.listed_open.discard(base)
+
+    def before_append(self) -> None:
         """Before a writer's append changes the active segment: list it open (once)."""
         if not self.keeps_list or not self.segments:
             return
         base = self.segments[-1].base
-        if base in self._listed_open:
+        if base in self.listed_open:
             return
-        self._write_list(self._listed_open | {base})
+        self.write_list(self.listed_open | {base})
 
-    def _list_after_sync(self, *, closing: bool) -> None:
+    def after_sync(self, *, closing: bool) -> None:
         """After an fsync of what was appended: list the sizes of the segments appended to
         (all of them when ``closing``, else every one but the active segment)."""
-        if not self.keeps_list or not self.writable or not self._listed_open:
+        if not self.keeps_list or not self.writable or not self.listed_open:
             return
         keep = set()
         if not closing and self.segments:
-            keep = self._listed_open & {self.segments[-1].base}
-        if keep != self._listed_open:
-            self._write_list(keep)
+            keep = self.listed_open & {self.segments[-1].base}
+        if keep != self.listed_open:
+            self.write_list(keep)
 
-    def _restore_list(self, lst: SL.SegmentList) -> None:
-        """Put back a list written before (same bytes, same version): undoing a roll."""
+    def list_state(self):
+        return self.seglist
+
+    def restore_list_state(self, lst: "SL.SegmentList | None") -> None:
+        """Put back a list written before (same bytes, same version), or no list: undoing a
+        roll."""
+        if not self.keeps_list:
+            return
+        if lst is None:
+            self.fs.delete(SL.path(self.dir))
+            self.seglist, self.listed_open = None, set()
+            return
         self.fs.write_atomic(SL.path(self.dir), lst.to_json())
         self._take_list(lst)
 
 
-__all__ = ["Disagreement", "LOAD_ATTEMPTS", "ListedPartition"]
+__all__ = ["Disagreement", "LOAD_ATTEMPTS", "LocalCatalog"]

@@ -11,8 +11,9 @@ Replaced objects retire with the injected clock's "now" of the commit (``clock``
 and are deleted by ``collect_garbage`` once the grace period has passed on that clock and,
 for the object's own age, on the object store's (``Backend.clock_ms``: LastModified is its).
 
-``ManifestPartition`` is the part of ``PartitionLog`` (reput/partition.py) that only an object
-store uses; the class is split along that seam so that each file reads on its own.
+``ManifestCatalog`` is the ``SegmentCatalog`` (reput/catalog.py) of such a partition; the
+writer's steps that publish (``seal``, ``install_segments``) take the writing ``PartitionLog``,
+whose open files they close first and whose topic config the upload follows.
 """
 
 from __future__ import annotations
@@ -24,15 +25,85 @@ from dataclasses import replace
 
 from . import filenames as fn
 from . import manifest as M
-from .segment_list import crc32c
+from .backend import Backend
+from .catalog import SegmentCatalog
+from .config import Clock
 from .errors import CorruptRecordError, ReputError
-from .locks import FileLock
-from .segment import Segment
+from .segment import PartitionContext, Segment
 from .segment_desc import SegmentDesc
+from .segment_list import crc32c
 
 
-class ManifestPartition:
-    """Object-store mode of ``PartitionLog`` (a mixin: it uses the log's attributes)."""
+class ManifestCatalog(SegmentCatalog):
+    """A partition's segments on an object store (see the module docstring)."""
+
+    remote = True
+    seals_rolled = False  # a writer's segments are encoded into format 2 as they are uploaded
+    rolls_by_time = False  # every flush seals
+
+    def __init__(self, fs: Backend, local_fs: Backend, pdir: str, ctx: PartitionContext, *,
+                 writable: bool, clock: Clock):
+        super().__init__(fs, local_fs, pdir, ctx, writable=writable)
+        self.clock = clock
+        self.manifest: M.Manifest | None = None
+        self._staged: list[Segment] = []
+        self._replaced: dict[str, SegmentDesc] = {}
+        self._pending_cleaned: int | None = None
+        self._pending_run: dict | None = None
+        self._pending = False
+        self._local_listed = False
+        self._manifest_read_at = 0.0
+
+    @property
+    def grace_ms(self) -> int:
+        return int(getattr(self.fs, "grace_ms", 0))
+
+    def load(self) -> None:
+        self._load_manifest(self.manifest)
+
+    def log_path(self, base: int) -> str:
+        """A committed or staged segment's object (or local file), else the local layout's."""
+        seg = self.find(base)
+        return seg.log_path if seg is not None and seg.kind != "file" else \
+            super().log_path(base)
+
+    def index_path(self, base: int) -> str:
+        seg = self.find(base)
+        return seg.bcq_path if seg is not None and seg.kind != "file" else \
+            super().index_path(base)
+
+    def checkpoint(self) -> tuple[int, dict | None]:
+        m = self.manifest
+        cleaned = self._pending_cleaned if self._pending_cleaned is not None else (
+            m.cleaned_offset if m else -1)
+        return cleaned, self._pending_run or (m.last_run if m else None)
+
+    @property
+    def sealed_segments(self) -> list[Segment]:
+        """The committed (and staged) ones, never a writer's local segments."""
+        return [s for s in self.segments if s.kind != "file"]
+
+    @property
+    def active_base(self) -> int:
+        local = [s for s in self.segments if s.kind == "file"]
+        return local[0].base if local else self.next_offset
+
+    @property
+    def active_bytes(self) -> int:
+        return sum(s.log_size for s in self.segments if s.kind == "file")
+
+    def next_offset_floor(self) -> int:
+        return self.manifest.next_offset if self.manifest is not None else 0
+
+    def recover(self, recovery) -> None:
+        recovery.writer_local_segments(self)
+
+    def roll_by_sealing(self, part, writer: str) -> bool | None:
+        """A writer's local segments are sealed (uploaded and committed) instead."""
+        if any(s.kind == "file" and s.log_size for s in self.segments):
+            self.seal(part, writer)
+            return True
+        return False
 
 
     def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True) -> None:
@@ -60,19 +131,19 @@ class ManifestPartition:
         self.segments = sorted(remote + self._staged, key=lambda s: s.base) + local
 
     def _list_local(self) -> list[Segment]:
-        logs, idxs = self._listed_bases(self.local_fs)
+        logs, idxs = self._file_bases(self.local_fs)
         segs = []
         for base in sorted(logs):
             d = f"{self.dir}/{fn.base_name(base)}"
             isz = self.local_fs.size(d + fn.INDEX_SUFFIX) if base in idxs else 0
             segs.append(self._segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
-        self._orphan_indexes = sorted(idxs - logs)
+        self.orphan_indexes = sorted(idxs - logs)
         return segs
 
-    def reload_manifest(self, max_age_s: float = 0.0) -> None:
+    def reload(self, max_age_s: float = 0.0) -> None:
         """Pick up manifest versions committed by other processes (one listing request),
         unless the manifest was read less than ``max_age_s`` ago."""
-        if self.manifest_mode and time.monotonic() - self._manifest_read_at >= max_age_s:
+        if time.monotonic() - self._manifest_read_at >= max_age_s:
             self._load_manifest(self.manifest)  # objects are immutable: cached indexes stay
 
     def _rebuild(self) -> None:
@@ -99,18 +170,18 @@ class ManifestPartition:
         return SegmentDesc.from_entries(seg.base, log_name, bcq_name, seg.log_size,
                                         e["offset"], crc, ibytes.shape[0], seg.format)
 
-    def _encode_for_upload(self, seg: Segment, sealing: str) -> Segment:
+    def _encode_for_upload(self, part, seg: Segment, sealing: str) -> Segment:
         """The segment to upload for local segment ``seg``: sealed into format 2 first (in
         ``sealing/`` on the local disk; reput/seal.py) when the store writes format 2, else
         ``seg`` itself."""
-        if self.require_format is None or not seg.sealable:
+        if part.require_format is None or not seg.sealable:
             return seg
         from .seal import encode_segment
-        self.require_format(2)
+        part.require_format(2)
         name = fn.base_name(seg.base)
         log_out, idx_out = (f"{sealing}/{name}{fn.LOG_SUFFIX}",
                             f"{sealing}/{name}{fn.INDEX_SUFFIX}")
-        encode_segment(self, seg, self.local_fs, log_out, idx_out)
+        encode_segment(seg, part.config, self.local_fs, log_out, idx_out)
         return self._segment(seg.base, self.local_fs.size(log_out), self.local_fs.size(idx_out),
                              kind="staged", log_rel=log_out, bcq_rel=idx_out)
 
@@ -118,28 +189,28 @@ class ManifestPartition:
         """After a commit: a local segment file becomes the spooled copy of its object (so it
         is read back without a request), or is deleted."""
         seed = getattr(self.fs, "seed", None)
-        for rel, obj in ((self.seg_log_path(seg), log_obj), (self.seg_index_path(seg), bcq_obj)):
+        for rel, obj in ((seg.log_path, log_obj), (seg.bcq_path, bcq_obj)):
             lp = self.local_fs.local_path(rel)
             if seed is not None and lp and os.path.exists(lp):
                 seed(obj, lp)
             else:
                 self.local_fs.delete(rel)
 
-    def seal(self, writer: str = "writer") -> bool:
-        """S3: upload every local segment holding records and commit a manifest version that
+    def seal(self, part, writer: str = "writer") -> bool:
+        """Upload every local segment holding records and commit a manifest version that
         appends them (conditional create; on a lost race re-read and rebase, which fails only
         if another writer wrote offsets past ours). Returns whether a version was committed.
         The local files are dropped only after the commit, so a crash before it leaves
         orphans (deleted later by ``collect_garbage``) and local files that the next open
-        uploads again."""
-        if not self.manifest_mode or not self.writable:
+        uploads again. ``part``: the writing partition (its open files are closed first)."""
+        if not self.writable:
             return False
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
         have = self.manifest.next_offset if self.manifest else 0
         if not any(s.log_size for s in local) and nxt <= have:
             return False
-        self._sync_and_close_files()
+        part._sync_and_close_files()
         uploads = []
         sealing = f"{self.dir}/{fn.SEALING_DIR}"
         try:
@@ -147,7 +218,7 @@ class ManifestPartition:
             for seg in local:
                 if seg.log_size == 0:
                     continue
-                up = self._encode_for_upload(seg, sealing)
+                up = self._encode_for_upload(part, seg, sealing)
                 tag = secrets.token_hex(8)
                 ent = self._upload(up, fn.segment_object(seg.base, tag, fn.LOG_SUFFIX),
                                    fn.segment_object(seg.base, tag, fn.INDEX_SUFFIX))
@@ -178,8 +249,8 @@ class ManifestPartition:
                 ent, up = hit
                 self._hand_over(up, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
             if hit is None or up is not seg:
-                self.local_fs.delete(self.seg_log_path(seg))
-                self.local_fs.delete(self.seg_index_path(seg))
+                self.local_fs.delete(seg.log_path)
+                self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
         self.local_fs.remove_tree(sealing)
         self.segments = [s for s in self.segments if s.kind != "file"]
@@ -227,8 +298,8 @@ class ManifestPartition:
                 self._replaced[seg.log_path] = seg.desc
             else:
                 self._staged.remove(seg)
-                self.local_fs.delete(self.seg_log_path(seg))
-                self.local_fs.delete(self.seg_index_path(seg))
+                self.local_fs.delete(seg.log_path)
+                self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
         for base, lrel, irel in outputs:
             self._staged.append(self._segment(base, self.local_fs.size(lrel),
@@ -302,14 +373,14 @@ class ManifestPartition:
         self.local_fs.remove_tree(self.staging_dir)
         return True
 
-    def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
+    def install_segments(self, part, local_dir: str, bases: list[int], last_run: dict | None,
                          writer: str = "replica", cleaned_offset: int = -1) -> bool:
         """S3: replace every segment of the partition with the local segments
         ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
         horizon set to ``cleaned_offset`` (a replica's install: -1, or the horizon its pulled
         records are clean up to). The writer's own local segments are sealed first, so they
         are among the replaced ones."""
-        self.seal(writer)
+        self.seal(part, writer)
         self.stage_swap([s.base for s in self.sealed_segments],
                         [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
                           f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
@@ -333,49 +404,11 @@ class ManifestPartition:
         self._load_manifest(self.manifest)
 
     def collect_garbage(self) -> list[str]:
-        """S3: delete replaced segments, orphans and old manifest versions past the grace
-        period (reput/manifest.py ``collect_garbage``). Returns the deleted paths."""
-        if not self.manifest_mode:
-            return []
+        """Delete replaced segments, orphans and old manifest versions past the grace period
+        (reput/manifest.py ``collect_garbage``). Returns the deleted paths."""
         return M.collect_garbage(self.fs, self.dir, grace_ms=self.grace_ms,
                                  now_ms=self.clock.ms(), known=self.manifest,
                                  objects_now_ms=self.fs.clock_ms())
 
-    def _recover_local(self) -> None:
-        """S3 writer: the local segments are recovered as on a local store; those a crash left
-        behind after their manifest commit (all their offsets already listed) are dropped, and
-        a dead compaction's local staging is removed."""
-        lfs = self.local_fs
-        lock = FileLock(lfs, f"{self.dir}/{fn.COMPACTION_LOCK}")
-        if lock.acquire(blocking=False):
-            try:
-                lfs.remove_tree(self.staging_dir)
-            finally:
-                lock.release()
-        for base in self._orphan_indexes:
-            lfs.delete(f"{self.dir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
-        self._orphan_indexes = []
-        for name in lfs.listdir(self.dir):
-            if name.endswith(fn.TMP_SUFFIX):
-                lfs.delete(f"{self.dir}/{name}")
-        committed = self.manifest.last_offset if self.manifest else -1
-        keep = []
-        for seg in self.segments:
-            if seg.kind != "file":
-                keep.append(seg)
-                continue
-            self._repair(seg)
-            e = seg.entries()
-            if (e.shape[0] and int(e[-1]["offset"]) <= committed) or \
-                    (not e.shape[0] and seg.base <= committed):
-                lfs.delete(self.seg_log_path(seg))     # committed before the crash
-                lfs.delete(self.seg_index_path(seg))
-                seg.invalidate()
-                continue
-            if e.shape[0] and int(e[0]["offset"]) <= committed:
-                raise M.ManifestConflictError(
-                    f"{self.fs.url}/{self.dir}: local segment {fn.base_name(seg.base)} "
-                    f"(offsets {int(e[0]['offset'])}..{int(e[-1]['offset'])}) overlaps what the "
-                    f"manifest lists (up to {committed}): another writer wrote this partition")
-            keep.append(seg)
-        self.segments = keep
+
+__all__ = ["ManifestCatalog"]

@@ -19,94 +19,155 @@ sealed segments checked for a whole, ordered index first; the last one repaired 
 segment). A read-only view never repairs: it indexes an open segment's unindexed tail in memory
 (``PartitionLog.index``).
 
-``SegmentRecovery`` is that part of ``PartitionLog`` (reput/partition.py); the object-store
-variant, which also drops local segments already committed, is
-``ManifestPartition._recover_local``.
+``Recovery`` is the loader/recovery step a writable ``PartitionLog`` (reput/partition.py) holds:
+its catalog (reput/catalog.py) says which segments are there and calls back the procedure for
+its kind (``local``: a local store's partition; ``writer_local_segments``: a writer's local
+segments on an object store, which also drops those already committed); each segment repairs
+itself (``Segment.recover_tail``, ``check_sealed``: reput/segment_v1.py, segment_v2.py), and the
+step counts what was repaired.
 """
 
 from __future__ import annotations
 
 from . import filenames as fn
+from . import manifest as M
 from .errors import CorruptRecordError
 from .locks import FileLock
 from .segment import Segment
 from .swap import empty_trash, recover_swap
 
 
-class SegmentRecovery:
-    """Writer-side repair of ``PartitionLog`` (a mixin: it uses the log's attributes)."""
+class Recovery:
+    """A writer's open-time repair (see the module docstring), and what it did."""
 
+    def __init__(self):
+        self.recovered_entries = 0   # index entries rebuilt from .log tails
+        self.truncated_bytes = 0     # torn .log tails cut
+        self.swap_recovered = False  # an interrupted compaction swap was finished
 
-    def recover(self) -> None:
-        """Finish or roll back an interrupted compaction swap, then repair what a crashed
-        writer left (see module docstring). Writer-only. A swap that a live compactor
-        (another process holding the partition's compaction lock) is running is left alone."""
-        if self.manifest_mode:
-            self._recover_local()
-            return
-        lock = FileLock(self.fs, f"{self.dir}/{fn.COMPACTION_LOCK}")
-        if lock.acquire(blocking=False):
-            try:
-                if recover_swap(self.fs, self.dir):
-                    self.swap_recovered = True
-                    for seg in self.segments:
-                        seg.invalidate()
-                    self._load()
-                empty_trash(self.fs, self.dir)
-            finally:
-                lock.release()
-        for name in self.fs.listdir(self.dir):
-            if name.endswith(fn.TMP_SUFFIX):
-                self.fs.delete(f"{self.dir}/{name}")
-        if self.problems:
-            raise self.problems[0]
-        if self.seglist is not None:
-            self._recover_listed()
-        else:
-            self._recover_unlisted()
+    def run(self, catalog) -> None:
+        """Repair ``catalog``'s partition (its kind's procedure, below)."""
+        catalog.recover(self)
 
-    def _recover_listed(self) -> None:
-        """Files agree with the list: drop empty unlisted files, repair open segments."""
-        for base in self.strays:
-            self.fs.delete(self.log_path(base))
-            self.fs.delete(self.index_path(base))
-        self.strays = []
-        opened = [seg for seg in self.segments if seg.desc is None or seg.desc.open]
-        for seg in opened:  # a writer crashed while they were open
-            self._repair(seg)
-        if opened:
-            self._write_list(set())
-        self._seed_active_crc()
-
-    def _recover_unlisted(self) -> None:
-        """No list (a scratch partition, or a store from before lists): the sealed segments
-        must be whole; the last one is repaired as the active segment; a local store's
-        partition then gets its list."""
-        for base in self._orphan_indexes:
-            path = self.index_path(base)
-            if self.fs.size(path):
-                raise CorruptRecordError(
-                    f"{path}: a .bcq without its .log (the segment's records are missing); run "
-                    "`kcompact verify` and rebuild this partition from a replica", path, 0)
-            self.fs.delete(path)
-        self._orphan_indexes = []
-        for i, seg in enumerate(self.segments):
-            if i < len(self.segments) - 1:
-                seg.check_sealed(self.segments[i + 1].base)
-            else:
-                self._repair(seg)
-        if self.keeps_list and self.segments:
-            self._write_list(set())
-            self._seed_active_crc()
-
-    def _seed_active_crc(self) -> None:
-        if self.segments and self.segments[-1].appendable and \
-                self.segments[-1].desc is not None and not self.segments[-1].desc.open:
-            seg, m = self.segments[-1], self.segments[-1].desc
-            seg.bcq_crc, seg.bcq_crc_size = m.bcq_crc32c, m.bcq_size
-
-    def _repair(self, seg: Segment) -> None:
+    def repair(self, seg: Segment) -> None:
         """What a crashed writer left in ``seg`` (``Segment.recover_tail``), counted."""
         recovered, truncated = seg.recover_tail()
         self.recovered_entries += recovered
         self.truncated_bytes += truncated
+
+    # -- a local store's partition (reput/partition_list.py) -------------------------------------
+
+    def local(self, cat) -> None:
+        """Finish or roll back an interrupted compaction swap, then repair what a crashed
+        writer left (see module docstring). A swap that a live compactor (another process
+        holding the partition's compaction lock) is running is left alone."""
+        fs, pdir = cat.fs, cat.dir
+        lock = FileLock(fs, f"{pdir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                if recover_swap(fs, pdir):
+                    self.swap_recovered = True
+                    for seg in cat.segments:
+                        seg.invalidate()
+                    cat.load()
+                empty_trash(fs, pdir)
+            finally:
+                lock.release()
+        _remove_temp_files(fs, pdir)
+        if cat.problems:
+            raise cat.problems[0]
+        if cat.seglist is not None:
+            self._listed(cat)
+        else:
+            self._unlisted(cat)
+
+    def _listed(self, cat) -> None:
+        """Files agree with the list: drop empty unlisted files, repair open segments."""
+        for base in cat.strays:
+            cat.fs.delete(cat.log_path(base))
+            cat.fs.delete(cat.index_path(base))
+        cat.strays = []
+        opened = [seg for seg in cat.segments if seg.desc is None or seg.desc.open]
+        for seg in opened:  # a writer crashed while they were open
+            self.repair(seg)
+        if opened:
+            cat.write_list(set())
+        _seed_active_crc(cat)
+
+    def _unlisted(self, cat) -> None:
+        """No list (a scratch partition, or a store from before lists): the sealed segments
+        must be whole; the last one is repaired as the active segment; a local store's
+        partition then gets its list."""
+        for base in cat.orphan_indexes:
+            path = cat.index_path(base)
+            if cat.fs.size(path):
+                raise CorruptRecordError(
+                    f"{path}: a .bcq without its .log (the segment's records are missing); run "
+                    "`kcompact verify` and rebuild this partition from a replica", path, 0)
+            cat.fs.delete(path)
+        cat.orphan_indexes = []
+        segs = cat.segments
+        for i, seg in enumerate(segs):
+            if i < len(segs) - 1:
+                seg.check_sealed(segs[i + 1].base)
+            else:
+                self.repair(seg)
+        if cat.keeps_list and segs:
+            cat.write_list(set())
+            _seed_active_crc(cat)
+
+    # -- a writer's local segments on an object store (reput/partition_manifest.py) ---------------
+
+    def writer_local_segments(self, cat) -> None:
+        """The local segments are recovered as on a local store; those a crash left behind
+        after their manifest commit (all their offsets already listed) are dropped, and a dead
+        compaction's local staging is removed."""
+        lfs, pdir = cat.local_fs, cat.dir
+        lock = FileLock(lfs, f"{pdir}/{fn.COMPACTION_LOCK}")
+        if lock.acquire(blocking=False):
+            try:
+                lfs.remove_tree(cat.staging_dir)
+            finally:
+                lock.release()
+        for base in cat.orphan_indexes:
+            lfs.delete(f"{pdir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
+        cat.orphan_indexes = []
+        _remove_temp_files(lfs, pdir)
+        committed = cat.manifest.last_offset if cat.manifest else -1
+        keep = []
+        for seg in cat.segments:
+            if seg.kind != "file":
+                keep.append(seg)
+                continue
+            self.repair(seg)
+            e = seg.entries()
+            if (e.shape[0] and int(e[-1]["offset"]) <= committed) or \
+                    (not e.shape[0] and seg.base <= committed):
+                lfs.delete(seg.log_path)     # committed before the crash
+                lfs.delete(seg.bcq_path)
+                seg.invalidate()
+                continue
+            if e.shape[0] and int(e[0]["offset"]) <= committed:
+                raise M.ManifestConflictError(
+                    f"{cat.fs.url}/{pdir}: local segment {fn.base_name(seg.base)} "
+                    f"(offsets {int(e[0]['offset'])}..{int(e[-1]['offset'])}) overlaps what the "
+                    f"manifest lists (up to {committed}): another writer wrote this partition")
+            keep.append(seg)
+        cat.segments = keep
+
+
+def _remove_temp_files(fs, pdir: str) -> None:
+    for name in fs.listdir(pdir):
+        if name.endswith(fn.TMP_SUFFIX):
+            fs.delete(f"{pdir}/{name}")
+
+
+def _seed_active_crc(cat) -> None:
+    """The active segment's .bcq checksum as its list entry gives it (what its writer extends
+    as it appends)."""
+    seg = cat.segments[-1] if cat.segments else None
+    if seg is not None and seg.appendable and seg.desc is not None and not seg.desc.open:
+        seg.bcq_crc, seg.bcq_crc_size = seg.desc.bcq_crc32c, seg.desc.bcq_size
+
+
+__all__ = ["Recovery"]

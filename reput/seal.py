@@ -28,23 +28,21 @@ from . import filenames as fn
 from . import swap
 from .batch import codec_of
 from .locks import FileLock
-from .reader import IndexCursor, PartitionReader
 from .rewrite import SegmentWriter2
 
 #: bytes read at once from the format-1 segment being sealed
 SEAL_READ_BYTES = 8 << 20
 
 
-def encode_segment(pl, seg, fs, log_out: str, idx_out: str) -> None:
-    """Write format-1 segment ``seg`` of ``pl`` as a format-2 pair ``log_out``/``idx_out`` on
-    ``fs`` (fsynced), every record read through the partition reader (its CRC checked)."""
-    cfg = pl.config
+def encode_segment(seg, cfg, fs, log_out: str, idx_out: str) -> None:
+    """Write format-1 segment ``seg`` as a format-2 pair ``log_out``/``idx_out`` on ``fs``
+    (fsynced) with its topic's codec (``cfg``: its TopicConfig), every record read through the
+    segment's selection (its CRC checked)."""
     out = SegmentWriter2(fs, log_out, idx_out, codec=codec_of(cfg.compression_type),
                          level=cfg.compression_zstd_level, batch_bytes=cfg.compression_batch_bytes)
     try:
-        reader = PartitionReader(pl)
-        with reader.segment(seg, sequential=True, block_bytes=SEAL_READ_BYTES) as src:
-            for _, chunk in IndexCursor(pl).chunks(seg):
+        with seg.selection(sequential=True, block_bytes=SEAL_READ_BYTES) as src:
+            for _, chunk in seg.index_chunks():
                 for block in src.select(chunk):
                     out.append(block)
         out.sync()
@@ -89,7 +87,7 @@ def seal_segment(pl, base: int, store_lock=None) -> bool:
         sdir = swap.staging_dir(pl.dir)
         fs.remove_tree(sdir)
         name = fn.base_name(base)
-        encode_segment(pl, seg, fs, f"{sdir}/{name}{fn.LOG_SUFFIX}",
+        encode_segment(seg, pl.config, fs, f"{sdir}/{name}{fn.LOG_SUFFIX}",
                        f"{sdir}/{name}{fn.INDEX_SUFFIX}")
         fs.sync_dir(sdir)
         plan = swap.SwapPlan([base], [base], None)

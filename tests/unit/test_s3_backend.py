@@ -367,9 +367,9 @@ def test_writer_killed_between_upload_and_commit_leaves_only_orphans(make_fs, fa
 
     def die(*a, **k):
         raise Killed()
-    from kcompact.reput import partition as P
+    from kcompact.reput.partition_manifest import ManifestCatalog
     monkeypatch.setattr(M, "commit", die)  # dies after the uploads, before the commit ...
-    monkeypatch.setattr(P.PartitionLog, "_delete_objects", lambda *a: None)  # ... and cleanup
+    monkeypatch.setattr(ManifestCatalog, "_delete_objects", lambda *a: None)  # ... and cleanup
     with pytest.raises(Killed):
         st.flush()
     monkeypatch.undo()
@@ -401,8 +401,8 @@ def test_killed_after_commit_before_local_cleanup(make_fs, monkeypatch):
     fs = make_fs()
     st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True)
     st.append(RecordBatch.from_records("t", _rows(60)))
-    from kcompact.reput import partition as P
-    monkeypatch.setattr(P.PartitionLog, "_hand_over", lambda *a: (_ for _ in ()).throw(
+    from kcompact.reput.partition_manifest import ManifestCatalog
+    monkeypatch.setattr(ManifestCatalog, "_hand_over", lambda *a: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         st.flush()
