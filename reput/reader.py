@@ -67,10 +67,10 @@ import numpy as np
 from . import bcq as B
 from .columns import KeyValues, RecordColumns, Spans
 from .errors import CorruptRecordError
-from .record import Record, encode, field_spans
+from .record import Record
 from .segment import (DEFAULT_BLOCK_BYTES, KafkaBatches, Located, RawRange, ReadPlan,
                       Selection, TimestampOffset, read_fully)
-from .segment_v1 import MIN_RECORD, _secret_words, mismatch, verify_records  # noqa: F401
+from .segment_v1 import warm_up  # noqa: F401 (the kernels a read runs)
 
 #: attempts of a read-only view's offset read across a compaction swap
 SWAP_ATTEMPTS = 4
@@ -353,16 +353,6 @@ class IndexCursor:
         seg.check_index(self.buf)
 
 
-def warm_up() -> None:
-    """Load the kernels a read runs (numba's cache, when the C module was not built)."""
-    raw = np.frombuffer(encode([Record("t", 0, 5, 0, b"k", b"v")]), np.uint8)
-    e = np.zeros(1, dtype=B.BCQ_DTYPE)
-    e["offset"], e["size"] = 5, raw.shape[0]
-    verify_records(raw, 0, e, bytes(16), contiguous=True)
-    field_spans(raw, np.zeros(1, np.int64))
-
-
 __all__ = ["BufferPool", "DEFAULT_BLOCK_BYTES", "IndexCursor", "KafkaBatches", "Located",
            "PartitionReader", "RawRange", "RecordColumns", "SegmentRecords", "Spans",
-           "TimestampOffset", "max_timestamp", "offset_for_timestamp", "read_fully",
-           "verify_records", "warm_up"]
+           "TimestampOffset", "max_timestamp", "offset_for_timestamp", "read_fully", "warm_up"]

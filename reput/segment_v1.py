@@ -42,7 +42,7 @@ from .backend import Backend, _oserror
 from .columns import RecordColumns, stored_records
 from .errors import CorruptRecordError
 from .jit import native
-from .record import HEADER, HEADER_SIZE, scan, secret_words
+from .record import HEADER, HEADER_SIZE, Record, encode, field_spans, scan, secret_words
 from .segment import (CHUNK_ENTRIES, DEFAULT_BLOCK_BYTES, KafkaBatches, Located, RawRange,
                       ReadPlan, Segment, Selection, corrupt, describe_files, read_fully)
 from .segment_desc import SegmentDesc
@@ -786,5 +786,14 @@ def index_structure_problem(e: np.ndarray, base: int, next_base: int | None, log
     return None
 
 
+def warm_up() -> None:
+    """Load the kernels a read runs (numba's cache, when the C module was not built)."""
+    raw = np.frombuffer(encode([Record("t", 0, 5, 0, b"k", b"v")]), np.uint8)
+    e = np.zeros(1, dtype=B.BCQ_DTYPE)
+    e["offset"], e["size"] = 5, raw.shape[0]
+    verify_records(raw, 0, e, bytes(16), contiguous=True)
+    field_spans(raw, np.zeros(1, np.int64))
+
+
 __all__ = ["MIN_RECORD", "RecordSegment", "RecordSelection", "index_structure_problem",
-           "mismatch", "verify_records"]
+           "mismatch", "verify_records", "warm_up"]

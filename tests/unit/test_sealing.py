@@ -75,3 +75,119 @@ def test_the_check_sees_private_imports(tmp_path, source, owner, private):
     f = tmp_path / "m.py"
     f.write_text(source + "\n")
     assert bool(_private_imports(owner, str(f))) == private
+
+
+# ---------------------------------------------------------------------------------------------
+# nothing outside the segment implementations parses a segment's bytes (issue 39)
+
+#: what reads a segment's bytes: the Kafka batch decoders, the lean index reader, the record
+#: check and scans, and the C kernels behind them (reached as ``_N.x`` or ``K.x``)
+SEGMENT_PARSERS = frozenset({
+    "parse_head", "open_batch", "walk_batch", "walk_opened", "decode_run", "decode_walked",
+    "decode_batches", "span_entries", "span_fields", "batch_size_at",  # reput/batch.py
+    "LeanIndex",                                                       # reput/bcq2.py
+    "verify_records", "mismatch", "scan", "field_spans",               # format 1's records
+    "kafka_read_one", "lean_decode", "kafka_scan_many", "kafka_fields_many",
+    "kafka_entries_many", "count_records", "scan_records",            # their C/numba kernels
+})
+#: the modules that may: the segment implementations (reput/segment.py's interface, one class
+#: per kind) and the codecs that define the parsers
+SEGMENT_IMPLEMENTATIONS = frozenset({
+    "reput/segment_v1.py", "reput/segment_v2.py",
+    "reput/batch.py", "reput/bcq2.py", "reput/record.py", "reput/_kernels.py",
+    "reput/_kafka_kernels.py", "reput/jit.py",
+})
+#: records that are not a segment's, parsed by the format-1 record codec (name: why)
+NOT_A_SEGMENT = {
+    "reput/commitlog.py": ({"scan", "count_records"}, "the commit log's records"),
+    "reput/store.py": ({"scan"}, "the commit log's records, dispatched by reput"),
+    "reput/verify.py": ({"count_records"}, "the commit log's records"),
+    "reput/columns.py": ({"field_spans"}, "a block's records in memory, already checked"),
+    "reput/__init__.py": ({"scan"}, "the record codec's public API, re-exported"),
+    "reput/partition.py": ({"scan"}, "records handed to the writer (append_block)"),
+    "replication/protocol.py": ({"scan", "field_spans"}, "records on the wire"),
+    "connectors/plugins/store_sink.py": ({"scan"}, "a batch the sink just encoded"),
+}
+
+
+def _module_of(rel: str) -> list[str]:
+    """The package path (``kcompact.reput``...) of the module at ``rel``."""
+    parts = rel[:-3].split("/")
+    return ["kcompact"] + parts[:-1] if parts[0] != "kcompact" else parts[:-1]
+
+
+def _segment_parsing(rel: str, path: str) -> list[tuple[int, str, str]]:
+    """(line, parser, what) of each use of a segment parser: imported by name from a kcompact.reput
+    module, taken as an attribute of an alias of one (``KB.decode_batches``) or of a native
+    kernel module (``_N = native()``), or any import of reput._kafka_kernels."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    pkg = _module_of(rel)
+    aliases: set[str] = set()
+    found = []
+
+    def absolute(node: ast.ImportFrom) -> list[str]:
+        base = pkg[:len(pkg) - node.level + 1] if node.level else []
+        return base + (node.module.split(".") if node.module else [])
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = absolute(node)
+            if mod[:2] != ["kcompact", "reput"]:
+                continue
+            for a in node.names:
+                full = mod + [a.name]
+                if "_kafka_kernels" in full:
+                    found.append((node.lineno, "_kafka_kernels", f"imports {'.'.join(full)}"))
+                elif len(mod) == 2 or a.name.startswith("_"):  # a module: its alias
+                    aliases.add(a.asname or a.name)
+                elif a.name in SEGMENT_PARSERS:
+                    found.append((node.lineno, a.name, f"imports {a.name} from "
+                                  f"{'.'.join(mod)}"))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("kcompact.reput"):
+                    if "_kafka_kernels" in a.name:
+                        found.append((node.lineno, "_kafka_kernels", f"imports {a.name}"))
+                    aliases.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and getattr(node.value.func, "id", None) == "native":
+            aliases.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in SEGMENT_PARSERS:
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in aliases:
+                found.append((node.lineno, node.attr, f"uses {ast.unparse(node)}"))
+    return found
+
+
+def test_nothing_outside_the_segment_implementations_parses_a_segments_bytes():
+    """Issue 39: a kind of segment is a type (reput/segment.py); only its implementation reads
+    its bytes (docs/architecture.md, "The segment interface"), so a new kind is one new class."""
+    bad = []
+    for _owner, rel, path in _python_files():
+        if rel in SEGMENT_IMPLEMENTATIONS:
+            continue
+        allowed = NOT_A_SEGMENT.get(rel, (set(), ""))[0]
+        for line, name, what in _segment_parsing(rel, path):
+            if name not in allowed:
+                bad.append(f"{rel}:{line}: {what}")
+    assert not bad, "segment bytes parsed outside reput/segment_v*.py:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source,rel,parses", [
+    ("from kcompact.reput.batch import decode_batches", "replication/x.py", True),
+    ("from kcompact.reput import batch as KB\nKB.span_fields(1)", "compaction/x.py", True),
+    ("from . import bcq2 as B2\nB2.LeanIndex(1, 2, 3)", "reput/x.py", True),
+    ("from .jit import native\n_N = native()\n_N.kafka_read_one(1)", "reput/x.py", True),
+    ("from kcompact.reput import _kafka_kernels", "connectors/x.py", True),
+    ("from .reader import PartitionReader\nPartitionReader(1).read(0)", "reput/x.py", False),
+    ("from kcompact.reput.batch import encode_batch", "replication/x.py", False),
+    ("from kcompact.reput import bcq2 as B2\nB2.IndexBuilder()", "replication/x.py", False),
+])
+def test_the_check_sees_segment_parsing(tmp_path, source, rel, parses):
+    """The check itself: each form of a parser's use is flagged, encoders and readers not."""
+    f = tmp_path / "m.py"
+    f.write_text(source + "\n")
+    assert bool(_segment_parsing(rel, str(f))) == parses

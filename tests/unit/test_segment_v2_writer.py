@@ -2,7 +2,7 @@
 (batch.encode_plain, reput/_kafka_span.h kafka_encode_plain) byte for byte as one batch at a
 time; the writer's backoff after batches that do not compress (rewrite.SegmentWriter2); the lean
 index's batch table collected while its chunks are read in order (bcq2.LeanIndex.batches); the
-decoded-records check without the CRC (reader.verify_records(decoded=True))."""
+decoded-records check without the CRC (segment_v1.verify_records(decoded=True))."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kcompact.reput import _kernels as K
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.columns import RecordColumns
 from kcompact.reput.jit import native
-from kcompact.reput.reader import verify_records
+from kcompact.reput.segment_v1 import verify_records
 from kcompact.reput.record import Record, encode, scan
 from kcompact.reput.rewrite import PLAIN_RUN_MAX, SegmentWriter2
 
@@ -231,7 +231,7 @@ def test_decoded_check_skips_only_the_crc(kernels):
     buf[int(e["position"][4]) + 4] ^= 0xFF  # record 4's stored CRC
     call = (_N.verify_records if kernels == "c" else K.verify_records)
     ent = np.ascontiguousarray(e).view(np.uint8).reshape(-1)
-    from kcompact.reput.reader import _secret_words
+    from kcompact.reput.segment_v1 import _secret_words
     k0, k1 = _secret_words(SECRET)
     assert call(buf, 0, ent, k0, k1, 0) == 4   # the ordinary check fails it
     assert call(buf, 0, ent, k0, k1, 3) == -1  # the decoded one does not read the CRC
