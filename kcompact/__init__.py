@@ -1,8 +1,9 @@
 """kcompact: a compacted copy of Kafka topics in RocketMQ-style storage.
 
-One import name for the four layers, each a folder at the top of the repository (ARCHITECTURE.md):
-``kcompact.reput`` (storage), ``kcompact.compaction``, ``kcompact.replication`` and
-``kcompact.connectors`` (Connect-style framework, connectors, applications and the CLI).
+One import name for the four layers, each a folder at the top of the repository
+(docs/architecture.md): ``kcompact.reput`` (storage), ``kcompact.compaction``,
+``kcompact.replication`` and ``kcompact.connectors`` (Connect-style framework, connectors,
+applications and the CLI).
 Dependencies point one way: connectors -> replication -> compaction -> reput.
 
 The names below are the facade for README's Python examples; they load on first use, so

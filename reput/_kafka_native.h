@@ -467,7 +467,7 @@ static PyObject *kafka_to_v1(PyObject *self, PyObject *const *args, Py_ssize_t n
  * verify_records checks a record: timestamp, flags and key digest (SipHash-2-4-128 under
  * (k0, k1), 0 when keyless; else KREAD_MISMATCH). record is None unless status is KDEC_OK;
  * the caller compares last_delta with the batch header's. Any other status: the caller's
- * general path (reput/batch.py decode_run, reader._checked_v2) names what fails. */
+ * general path (reput/batch.py decode_run, segment_v2.KafkaSegment._checked) names what fails. */
 static PyObject *kafka_read_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("kafka_read_one", 9);

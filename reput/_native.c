@@ -341,7 +341,7 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
  * mode 3 (decoded): as 0, without the CRC: the records were just written by store format 2's
  * decoder, which computed their CRCs from the bytes it wrote (the batch they came from was
  * accepted by its CRC-32C); checking them again would check the decoder, not the data.
- * The reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
+ * The reader's one check (segment_v1.verify_records); the numba twin is reput/_kernels.py's. */
 #define E_OFFSET 0
 #define E_TIMESTAMP 8
 #define E_DIGEST_LO 16

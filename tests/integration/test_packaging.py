@@ -1,5 +1,5 @@
-"""The distribution installs one top-level import name, ``kcompact`` (ARCHITECTURE.md): the wheel
-that ``pip install .`` builds holds ``kcompact/...`` and its metadata, nothing else, and the C
+"""The distribution installs one top-level import name, ``kcompact`` (docs/architecture.md): the
+wheel that ``pip install .`` builds holds ``kcompact/...`` and its metadata, nothing else, and the C
 extensions land inside it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The storage layer is sealed: nothing outside reput/ imports a private name of reput, and
-nothing outside compaction/ a private name of compaction (issue 18; ARCHITECTURE.md: "nothing
+nothing outside compaction/ a private name of compaction (issue 18; docs/architecture.md: "nothing
 imports a `_private` name of another package").
 
 Imports are read with ``ast`` from every Python file of the installed layers, the facade and

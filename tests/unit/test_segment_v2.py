@@ -522,7 +522,7 @@ def test_decode_run_refuses_offsets_out_of_order(deltas):
 @settings(max_examples=120, deadline=None)
 @given(_records(), st.sampled_from(sorted(KB.CODEC_NAMES)), st.data())
 def test_kafka_read_one_gives_the_general_paths_record_or_refuses(records, codec, data):
-    """The C one-record read (reader._one_batch_v2's fast path) gives the bytes the general path
+    """The C one-record read (segment_v2.KafkaSegment._one_batch's fast path) gives the bytes the general path
     (decode_run, then the reader's check against the entry) gives, and refuses an entry whose
     timestamp, flags or key digest the record does not have, or whose offset is not in the
     batch: then the general path names what fails."""
