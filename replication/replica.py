@@ -98,11 +98,11 @@ class ReplicaOptions:
     def from_env(cls, env=None) -> "ReplicaOptions":
         """Options from the KCOMPACT_REPLICATION_* variables (the CLI has no flags for them;
         reput/env.py says what each does)."""
-        def num(name):
-            return value(f"KCOMPACT_REPLICATION_{name}", env)
-        return cls(max_bytes=num("MAX_BYTES"), parallel=num("PARALLEL"),
-                   max_bytes_per_s=num("RATE"), retry_s=num("RETRY_S"),
-                   protocol=num("PROTOCOL"))
+        return cls(max_bytes=value("KCOMPACT_REPLICATION_MAX_BYTES", env),
+                   parallel=value("KCOMPACT_REPLICATION_PARALLEL", env),
+                   max_bytes_per_s=value("KCOMPACT_REPLICATION_RATE", env),
+                   retry_s=value("KCOMPACT_REPLICATION_RETRY_S", env),
+                   protocol=value("KCOMPACT_REPLICATION_PROTOCOL", env))
 
 
 @dataclass
