@@ -146,8 +146,8 @@ class Endpoint:
             self.closed["client_gone"] = self.closed.get("client_gone", 0) + 1
             writer.close()
         except asyncio.CancelledError:
-            writer.close()
-            raise
+            writer.close()  # shutting down (not re-raised: asyncio's stream callback would
+            # log the cancelled task as an error)
         except Exception as e:  # noqa: BLE001 - one connection's failure is logged, not fatal
             self.log.error("closed the connection of %s after an internal error: %s: %s",
                            conn.peer, type(e).__name__, " ".join(str(e).split())[:300])
