@@ -22,6 +22,20 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 NO_OFFSET = -1
 
 
+def topic_uuid(tid: str | None) -> uuid.UUID:
+    """A recorded topic id (Kafka's text form: 16 bytes in URL-safe base64 without padding, or
+    a hex UUID) as a UUID; the zero UUID when unknown or unreadable (Kafka's "no id")."""
+    import base64
+    if not tid:
+        return uuid.UUID(int=0)
+    try:
+        if len(tid) == 22:
+            return uuid.UUID(bytes=base64.urlsafe_b64decode(tid + "=="))
+        return uuid.UUID(tid)
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
 class Handlers:
     """``endpoint``: the running endpoint (its store view, coordinator, advertised address and
     thread pool runner)."""
@@ -86,7 +100,7 @@ class Handlers:
                     continue
                 tid = view.topic_id(name)
                 out.append({"error_code": NONE, "name": name, "is_internal": False,
-                            "topic_id": uuid.UUID(tid) if tid else uuid.UUID(int=0),
+                            "topic_id": topic_uuid(tid),
                             "partitions": [{"error_code": NONE, "partition_index": p,
                                             "leader_id": NODE_ID, "leader_epoch": -1,
                                             "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
