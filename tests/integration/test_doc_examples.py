@@ -45,7 +45,7 @@ BIN = Path(sys.executable).parent
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 SKIP = re.compile(r"^_Not run by the example tests: (.+)_$")
 #: The ports the examples name; each page gets free ones in their place.
-PORTS = (9092, 9093, 8470, 8471, 8472, 9470, 9471)
+PORTS = (9092, 9093, 9094, 8470, 8471, 8472, 9470, 9471)
 PAGE_TIMEOUT = 1500
 #: Topics the pages assume (Getting started creates ``orders`` the same way): name ->
 #: (partitions, records as (key, value)).
@@ -220,7 +220,8 @@ if server:
         if args[0] == "broker":
             ready = "listening on" in open(log_path).read()
         else:
-            ready = all(answers(hp) for hp in flag("--listen") + flag("--metrics"))
+            ready = all(answers(hp) for hp in
+                        flag("--listen") + flag("--kafka-listen") + flag("--metrics"))
         if ready:
             print(f"[doc examples: kcompact {{args[0]}} running in the background, log {{log_path}}]")
             sys.exit(0)
@@ -292,7 +293,7 @@ def script(page: Page, places: Places) -> str:
         code = substitute(b.code, places)
         out.append(f"echo '>>> {page.name}:{b.line}' >&2")
         if b.lang == "python":
-            out.append(f"{sys.executable} - <<'KCOMPACT_DOC_EXAMPLE'\n{code}KCOMPACT_DOC_EXAMPLE")
+            out.append(f"{sys.executable} - <<'KC_DOC_PYTHON_EOF'\n{code}KC_DOC_PYTHON_EOF")
         else:
             out.append(background_kcompact(code))
     return "\n".join(out) + "\n"
@@ -357,7 +358,7 @@ def test_substitute_maps_every_placeholder(tmp_path):
                      "kcompact mirror --bootstrap-servers localhost:9092 --store s3://data/kc\n"
                      "export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...\n"
                      "echo 1700000009092 http://127.0.0.1:8333\nmake demo\n", places)
-    assert f"--store {tmp_path}/data/store --listen 127.0.0.1:40002" in out
+    assert f"--store {tmp_path}/data/store --listen 127.0.0.1:40003" in out
     assert f"--token-file {tmp_path}/etc/kcompact/token" in out
     assert "localhost:40000 --store s3://b/x/data/kc" in out
     assert "AWS_ACCESS_KEY_ID=k AWS_SECRET_ACCESS_KEY=s" in out
