@@ -3,8 +3,8 @@
 Thread-safe and blocking (the endpoint calls it from its thread pool). The store is opened
 read-only next to whatever writes it (a ``mirror --follow``, a compactor); each call re-lists
 the partition (a segment list or manifest read, cheap) before it reads. Data comes only from
-``PartitionReader.kafka_batches`` and the timestamp lookups (reput/kafka_batches.py): nothing here
-parses a segment. Internal topics (``__kcompact-*``) are not served, nor topics or partitions a
+``PartitionReader.kafka_batches`` and the timestamp lookups (reput/reader.py, each segment's
+kind answering: reput/segment_v1.py, segment_v2.py): nothing here parses a segment. Internal topics (``__kcompact-*``) are not served, nor topics or partitions a
 symlink takes outside a local store (``MasterStore.outside``, as ``kcompact serve``).
 
 A partition's bounds, as Kafka names them:
@@ -27,7 +27,7 @@ import struct
 import threading
 from typing import NamedTuple
 
-from kcompact.reput.kafka_batches import max_timestamp, offset_for_timestamp
+from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
 
