@@ -24,7 +24,6 @@ import struct
 import sys
 import tempfile
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
