@@ -23,20 +23,10 @@ from typing import Any, Callable
 # variable is read when numpy loads, below).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kcompact.reput import ReputError  # noqa: E402
+from kcompact.errors import KcompactError  # noqa: E402
 from kcompact.reput.gcmode import bulk_gc  # noqa: E402
 
-from .errors import ConnectorsError  # noqa: E402
-
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can act on (each package's root, and OSError): printed as one line, exit 1.
-    Imported only once an error needs classifying: importing replication costs ~0.5 s."""
-    from kcompact.compaction import CompactionError
-    from kcompact.replication import ReplicationError
-    return (ReputError, CompactionError, ReplicationError, ConnectorsError, OSError)
 
 
 def _kafka_config(items: list[str]) -> dict[str, str]:
@@ -525,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except _user_errors() as e:
+    except (KcompactError, OSError) as e:  # one a user can act on: one line, exit 1
         if debug:
             traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

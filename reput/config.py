@@ -11,11 +11,7 @@ import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable
 
-from .errors import ReputError
-
-
-class ConfigError(ReputError, ValueError):
-    """A configuration key is unknown or its value is out of range: the message names the key."""
+from kcompact.errors import ConfigError  # the one configuration error (kcompact/errors.py)
 
 
 DAY_MS = 24 * 3600 * 1000
