@@ -215,13 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command and flag, each with its help text: what it is, its default and its unit,
     as Kafka's own tools say it (a test runs every ``--help`` and checks that none is missing).
     """
-    from kcompact import __version__
-
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage. "
         "`kcompact COMMAND --help` lists a command's flags."))
-    p.add_argument("--version", action="version", version=f"kcompact {__version__}",
-                   help="print kcompact's version and exit")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print kcompact's version and its native paths (Kafka I/O, zstd), and exit")
     _log_format_flag(p, "text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
@@ -463,6 +461,19 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
+
+
+class _Version(argparse.Action):
+    """``--version``: kcompact's version, then the Kafka I/O path and the zstd path in use (the
+    C client and the vendored decoder, or what runs instead and why), one line each. Worked out
+    only when asked: loading librdkafka is not free."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from kcompact import __version__
+        from kcompact.reput.codecs import zstd_path
+        from .framework.native_kafka import describe
+        print(f"kcompact {__version__}\nkafka io: {describe()}\nzstd: {zstd_path()}")
+        parser.exit()
 
 
 def _store_flag(s: argparse.ArgumentParser, what: str) -> None:

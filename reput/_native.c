@@ -626,5 +626,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     crc_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* the zstd decoder compiled in (third_party/zstd): `kcompact --version` names it */
+    if (m != NULL && PyModule_AddStringConstant(m, "ZSTD_VERSION", ZSTD_versionString()) < 0)
+        Py_CLEAR(m);
+    return m;
 }

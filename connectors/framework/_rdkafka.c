@@ -10,10 +10,9 @@
  * confluent-kafka's wheel ships, through importlib.metadata; or KCOMPACT_LIBRDKAFKA; or the
  * system's), resolves each function used here by name with its type taken from rdkafka.h
  * (__typeof__: the header is compiled against, the library is not linked), and refuses a library
- * older than the header (rd_kafka_version() < RD_KAFKA_VERSION). The header is the system's
- * (Debian's librdkafka-dev, /usr/include/librdkafka/rdkafka.h; setup.py looks for it): without
- * it the module is built without Client and load(), and native_kafka.py takes the
- * confluent-kafka path.
+ * older than the header (rd_kafka_version() < RD_KAFKA_VERSION). The header is librdkafka
+ * 2.6.0's, vendored in third_party/librdkafka (the librdkafka of the oldest confluent-kafka that
+ * pyproject.toml allows; third_party/README.md), so the module builds wherever a C compiler is.
  *
  * Callbacks: librdkafka calls error_cb, log_cb, stats_cb and dr_msg_cb from inside its calls
  * (consume, poll, flush, commit...) or, for the log, from its own threads. None of them touches
@@ -48,9 +47,8 @@
 
 #include "_arr.h" /* reput/_arr.h: 1-d arrays through the buffer protocol */
 
-#ifdef KC_HAVE_RDKAFKA_H
 #include <pthread.h>
-#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka.h> /* third_party/librdkafka: 2.6.0's, vendored (setup.py) */
 
 /* -- Buffer: malloc'd bytes exported through the buffer protocol (np.frombuffer) ------------ */
 
@@ -1474,7 +1472,6 @@ static PyTypeObject ClientType = {
     .tp_doc = "Client(kind, conf, logs, stats): an rd_kafka_t of kcompact's own (see the top of "
               "connectors/framework/_rdkafka.c); native_kafka.py wraps it.",
 };
-#endif /* KC_HAVE_RDKAFKA_H */
 /* -- unpack(buf, starts, nulls) -> list of bytes | None (a packed column, for sinks that want
  *    objects) --------------------------------------------------------------------------------- */
 
@@ -1736,9 +1733,7 @@ fail:
 
 
 static PyMethodDef methods[] = {
-#ifdef KC_HAVE_RDKAFKA_H
     {"load", (PyCFunction)load, METH_O, NULL},
-#endif
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, NULL},
     {"message_columns", (PyCFunction)(void (*)(void))message_columns, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
@@ -1759,22 +1754,14 @@ PyMODINIT_FUNC PyInit__rdkafka(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-#ifdef KC_HAVE_RDKAFKA_H
     if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&ClientType) < 0 ||
         (KafkaIOError = PyErr_NewException("kcompact.connectors.framework._rdkafka.KafkaIOError",
                                            NULL, NULL)) == NULL ||
         PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0 ||
         PyModule_AddObjectRef(m, "KafkaIOError", KafkaIOError) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0 ||
-        PyModule_AddIntConstant(m, "NATIVE", 1) < 0) {
+        PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-#else
-    if (PyModule_AddIntConstant(m, "NATIVE", 0) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-#endif
     return m;
 }

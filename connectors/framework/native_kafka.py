@@ -14,8 +14,9 @@ The mirror's and the sink tasks' consumer, the KV follower's consumer and restor
 * ``confluent``: confluent-kafka's ``Consumer`` / ``Producer``, read with ``consume()`` and
   ``Message`` objects, written with one ``produce()`` per record. Slower, same results.
 
-``KCOMPACT_KAFKA_IO=native|confluent`` chooses; unset, ``native`` is used when the extension was
-built with rdkafka.h and the library loads, else ``confluent``. ``native`` asked for but not
+``KCOMPACT_KAFKA_IO=native|confluent`` chooses; unset, ``native`` is used when librdkafka loads
+(the extension is always built, against the rdkafka.h vendored in third_party/), else
+``confluent``. ``native`` asked for but not
 available is an error naming why.
 
 The library (:func:`library_path`): ``KCOMPACT_LIBRDKAFKA`` when set; else the librdkafka that
@@ -84,10 +85,6 @@ def _native_module() -> Any:
         except ImportError as e:
             _why_not = f"the C extension is not built ({e})"
             return None
-        if not getattr(_rdkafka, "NATIVE", 0):
-            _why_not = ("the C extension was built without librdkafka's header (install "
-                        "librdkafka-dev, or set KCOMPACT_RDKAFKA_INCLUDE, and reinstall)")
-            return None
         path = library_path()
         if path is None:
             _why_not = (f"no librdkafka found (confluent-kafka's wheel has none; set {LIB_ENV})")
@@ -115,6 +112,21 @@ def kafka_io() -> str:
                               f"{_why_not}; unset it to use confluent-kafka's clients")
         return "confluent"
     return "native"
+
+
+def describe() -> str:
+    """The data path's Kafka clients in one line, for ``kcompact --version``."""
+    if kafka_io() == "confluent":
+        why = "set by " + IO_ENV if os.environ.get(IO_ENV, "").strip() else _why_not
+        return f"confluent-kafka's clients ({why})"
+    path = library_path() or ""
+    where = (f"{LIB_ENV}={path}" if os.environ.get(LIB_ENV) else
+             f"via confluent-kafka {metadata.version('confluent-kafka')}"
+             if "confluent_kafka.libs" in path else path)
+    from . import _rdkafka
+    h = _rdkafka.HEADER_VERSION
+    return (f"native (librdkafka {librdkafka_version()} {where}; built against rdkafka.h "
+            f"{h >> 24 & 0xff}.{h >> 16 & 0xff}.{h >> 8 & 0xff})")
 
 
 def librdkafka_version() -> str | None:

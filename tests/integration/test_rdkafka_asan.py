@@ -145,7 +145,7 @@ def test_client_is_clean_under_address_sanitizer(kafka_bootstrap, tmp_path, requ
     so = tmp_path / ("_rdkafka" + sysconfig.get_config_var("EXT_SUFFIX"))
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-g", "-fsanitize=address",
                     "-fno-omit-frame-pointer", "-std=c11", "-D_GNU_SOURCE",
-                    "-DKC_HAVE_RDKAFKA_H", f"-I{ROOT / 'reput'}",
+                    f"-I{ROOT / 'reput'}", f"-I{ROOT / 'third_party' / 'librdkafka' / 'include'}",
                     f"-I{sysconfig.get_paths()['include']}",
                     str(ROOT / "connectors" / "framework" / "_rdkafka.c"), "-ldl", "-lpthread",
                     "-o", str(so)], check=True)
