@@ -2,9 +2,10 @@
  * kwalk and record writer kput_v1 they use, and by way of it by reput/_native.c, which provides
  * crc32c, siphash128 and the .bcq entry layout): the batches of a span read at once
  * (reput/batch.py decode_batches, span_entries: headers and CRC-32Cs, payloads decompressed
- * through the zstd decoder vendored in third_party/zstd, records walked, converted or indexed) and a lean index
- * chunk decoded (reput/bcq2.py). Each one's Python caller keeps a batch-by-batch or numpy path
- * that names any failure these report, and that runs when the module is not built. */
+ * through the zstd decoder vendored in third_party/zstd, records walked, converted or
+ * indexed) and a lean index
+ * chunk decoded (reput/bcq2.py). Each one's Python caller keeps a batch-by-batch path that
+ * names any failure these report. */
 #ifndef KCOMPACT_KAFKA_SPAN_H
 #define KCOMPACT_KAFKA_SPAN_H
 

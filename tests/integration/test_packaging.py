@@ -63,7 +63,7 @@ def built(tmp_path_factory):
     _run([str(venv / "bin" / "python"), "-c", "import sys; from setuptools import build_meta;"
           " print(build_meta.build_sdist(sys.argv[1]))", str(sdist_dir)], cwd=src, timeout=600)
     (sdist,) = sdist_dir.iterdir()
-    wheel_cmd = pip + ["wheel", "--no-deps", "-w", str(out), str(sdist)]
+    wheel_cmd = pip + ["wheel", "--no-deps", "--no-cache-dir", "-w", str(out), str(sdist)]
     why = _can_hide_headers()
     if why:
         _run(wheel_cmd, timeout=1200)
@@ -125,6 +125,7 @@ def test_the_native_paths_need_no_dev_headers(built):
             "assert _native.kafka_unpack_many(buf, heads, 0, out, starts, 0, 1) == -1\n"
             "assert out.tobytes() == data\n"
             "print(_native.__file__, _rdkafka.__file__)\n")
+    p = _run([str(venv / "bin" / "python"), "-c", code], cwd=venv)
     native_so, rdkafka_so = p.stdout.split()[:2]
     assert native_so.startswith(str(venv)) and rdkafka_so.startswith(str(venv)), p.stdout
     ldd = _run(["ldd", native_so]).stdout
