@@ -75,7 +75,6 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from . import _kernels as K
 from . import batch as KB
 from . import bcq as B
 from . import parallel
