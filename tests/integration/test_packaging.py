@@ -147,3 +147,20 @@ def test_facade_names_resolve():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split(" ", 1)[0] == "[]", p.stdout
+
+
+def test_a_failed_native_build_stops_the_install_with_what_to_install(tmp_path):
+    """No C compiler (CC names none): pip fails, and its output says which extension and what
+    to install; never an install that quietly lacks the kernels (issue 39)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.so", "*.egg-info", "__pycache__", "demo-work",
+        ".hypothesis", "tests", "bench", "docs"))
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w",
+                        str(tmp_path / "dist"), str(src)], capture_output=True, text=True,
+                       timeout=900, env=dict(_ENV, CC=str(tmp_path / "no-such-cc")))
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    assert "kcompact: building the C extension kcompact." in out, out[-3000:]
+    assert "needs a C compiler and Python's headers" in out and "apt-get install gcc" in out
+    assert not list(tmp_path.glob("dist/*.whl"))
