@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kcompact.errors import KcompactError
+from kcompact.errors import ConfigError, KcompactError  # noqa: F401  (ConfigError: kcompact's one)
 
 
 class ReputError(KcompactError):

@@ -4,7 +4,7 @@ The product's kernels are C (each layer's ``_native`` extension, always built: s
 runs only the few kernels that have no C twin (reput/_kernels.py: the writer's encode, the key
 digest, topic runs, .bcq entries of a scan; the store source's murmur2 partitioner) and, in the
 tests, the numba twins of the C kernels that the tests compare them with (issue 39: one kernel
-per job; the ``KCOMPACT_KERNELS`` switch that ran everything on numba is gone).
+per job; the switch that ran everything on numba is gone).
 
 Importing numba loads LLVM (``libllvmlite.so``): about 120 MiB of resident pages and 0.4 s
 before any kernel runs. Most kcompact processes need kernels soon anyway, but some need few or

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from kcompact.reput import env as _env
+
 from ..errors import ConfigError
 from .kafka_columns import Batch, Event
 
@@ -55,7 +57,7 @@ _warned = False
 
 def library_path() -> str | None:
     """The librdkafka to load (see the module docstring for the order), or None."""
-    env = os.environ.get(LIB_ENV)
+    env = _env.value(LIB_ENV)
     if env:
         return env
     try:
