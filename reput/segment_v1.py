@@ -52,7 +52,7 @@ from .segment_list import crc32c
 MIN_RECORD = HEADER_SIZE + 1
 
 _N = native()
-_verify = _N.verify_records if _N is not None else K.verify_records
+_verify = _N.verify_records
 
 _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
 _EMPTY_ENTRIES.flags.writeable = False
