@@ -5,9 +5,9 @@ is the ``Segment`` (reput/segment.py) of this kind: the active segment a writer 
 a rolled one not sealed yet, and every segment of a store written before format 2. Its index
 is mapped (a sorted array of fixed-size entries viewed without parsing); its records are read
 by range and each is checked by ``verify_records``, the one check every record handed out
-passes (C in reput/_native.c, numba in reput/_kernels.py): at the position its entry names
-there is a record with a valid header and a CRC32C that matches, whose size, offset,
-timestamp, attributes and key digest (under the store's secret) are the entry's.
+passes (C in reput/_native.c; its numba reference is tests/unit/_oracle_kernels.py): at the
+position its entry names there is a record with a valid header and a CRC32C that matches,
+whose size, offset, timestamp, attributes and key digest (under the store's secret) are the entry's.
 
 An offset read also checks that the index search could not have stepped over a record: the
 record before the first one handed out (the "guard") is read and checked too, and must end
@@ -52,7 +52,7 @@ from .segment_list import crc32c
 MIN_RECORD = HEADER_SIZE + 1
 
 _N = native()
-_verify = _N.verify_records if _N is not None else K.verify_records
+_verify = _N.verify_records
 
 _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
 _EMPTY_ENTRIES.flags.writeable = False

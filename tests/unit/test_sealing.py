@@ -95,7 +95,7 @@ SEGMENT_PARSERS = frozenset({
 SEGMENT_IMPLEMENTATIONS = frozenset({
     "reput/segment_v1.py", "reput/segment_v2.py",
     "reput/batch.py", "reput/bcq2.py", "reput/record.py", "reput/_kernels.py",
-    "reput/_kafka_kernels.py", "reput/jit.py",
+    "reput/jit.py",
 })
 #: records that are not a segment's, parsed by the format-1 record codec (name: why)
 NOT_A_SEGMENT = {

@@ -4,8 +4,8 @@ both kinds of segment agreeing on the same records.
 * ``PartitionReader.kafka_batches`` (what the Kafka endpoint serves) on random partitions (gaps,
   tombstones, keyless records, headers, empty and large values; small segments, sealed ones in
   format 2 and the active one in format 1; local and the in-memory S3; sometimes
-  force-compacted), decoded by an independent RecordBatch v2 reader written here from Kafka's
-  spec (google-crc32c for the CRC, zstandard for the codec): whole batches, each CRC-valid; the
+  force-compacted), decoded by the independent RecordBatch v2 reader written from Kafka's spec
+  (tests/unit/_kafka_wire.py: google-crc32c for the CRC, zstandard for the codec): whole batches, each CRC-valid; the
   first the one holding the offset asked for or the next one; the first whole even past
   ``max_bytes``, later ones within it; ``next_offset`` the last batch's last offset + 1; read on
   from anywhere, exactly the model's records. A sealed segment's batches are its stored bytes.
@@ -18,9 +18,7 @@ both kinds of segment agreeing on the same records.
 from __future__ import annotations
 
 import bisect
-import gzip
 import os
-import struct
 import sys
 import tempfile
 
@@ -37,75 +35,27 @@ from kcompact.reput.verify import verify_store
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _stores import BACKENDS, backend_env, store_url  # noqa: E402
+from _kafka_wire import decode_batches  # noqa: E402
 from test_reader_model import TOPIC, _build, _record  # noqa: E402
 
-google_crc32c = pytest.importorskip("google_crc32c", reason="the independent reader's CRC-32C")
-zstandard = pytest.importorskip("zstandard", reason="the independent reader's zstd")
+pytest.importorskip("google_crc32c", reason="the independent reader's CRC-32C")
+pytest.importorskip("zstandard", reason="the independent reader's zstd")
 
 
 # -- an independent RecordBatch v2 reader (Kafka's spec, KIP-98) --------------------------------
 
-_HEAD = struct.Struct(">qiibIhiqqqhii")  # 61 bytes
-
-
-def _varint(buf: bytes, p: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        b = buf[p]
-        p += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (result >> 1) ^ -(result & 1), p
-        shift += 7
-
-
-def _bytes(buf: bytes, p: int) -> tuple[bytes | None, int]:
-    n, p = _varint(buf, p)
-    if n < 0:
-        return None, p
-    return bytes(buf[p:p + n]), p + n
-
-
 def decode_kafka(raw: bytes) -> list[dict]:
-    """Whole batches of ``raw``: each as a dict (base, last, size, records: (offset, timestamp,
-    key, value, headers)); AssertionError on anything that is not a whole, valid batch."""
-    out, p = [], 0
-    while p < len(raw):
-        assert len(raw) - p >= 61, "a cut batch header"
-        (base, length, _epoch, magic, crc, attrs, last_delta, base_ts, max_ts, _pid, _pe, _seq,
-         count) = _HEAD.unpack_from(raw, p)
-        size = 12 + length
-        assert magic == 2 and p + size <= len(raw), "not a whole RecordBatch v2"
-        assert google_crc32c.value(raw[p + 21:p + size]) == crc, "batch CRC-32C"
-        body = raw[p + 61:p + size]
-        codec = attrs & 7
-        if codec == 4:
-            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
-        elif codec == 1:
-            body = gzip.decompress(body)
-        else:
-            assert codec == 0, f"codec {codec} not read here"
-        recs, q = [], 0
-        for _ in range(count):
-            n, q = _varint(body, q)
-            end = q + n
-            q += 1  # attributes
-            ts_delta, q = _varint(body, q)
-            off_delta, q = _varint(body, q)
-            key, q = _bytes(body, q)
-            value, q = _bytes(body, q)
-            nh, q = _varint(body, q)
-            headers = []
-            for _ in range(nh):
-                hk, q = _bytes(body, q)
-                hv, q = _bytes(body, q)
-                headers.append((hk.decode(), hv))
-            assert q == end, "a record's length"
-            recs.append((base + off_delta, base_ts + ts_delta, key, value, tuple(headers)))
-        assert q == len(body), "bytes after the batch's records"
-        assert recs[-1][0] == base + last_delta and max(r[1] for r in recs) == max_ts
-        out.append({"base": base, "last": base + last_delta, "size": size, "records": recs})
-        p += size
+    """Whole batches of ``raw`` (the shared independent reader, tests/unit/_kafka_wire.py): each
+    as a dict (base, last, size, records: (offset, timestamp, key, value, headers));
+    AssertionError on anything that is not a run of whole, valid batches."""
+    out = []
+    for b in decode_batches(raw):
+        recs = [tuple(r) for r in b.records]
+        assert recs and recs[-1][0] == b.last_offset, "the batch's lastOffsetDelta"
+        assert max(r[1] for r in recs) == b.max_timestamp, "the batch's maxTimestamp"
+        out.append({"base": b.base_offset, "last": b.last_offset, "size": b.size,
+                    "records": recs})
+    assert sum(b["size"] for b in out) == len(raw), "a cut or invalid batch"
     return out
 
 
