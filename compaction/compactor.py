@@ -112,6 +112,8 @@ class CompactionResult:
     skipped: str | None = None
     size_before: int = 0
     size_after: int = 0
+    #: set when the partition was skipped as damaged (compaction/damage.py: Damage.to_dict)
+    damaged: dict | None = None
 
     @property
     def recopy_percent(self) -> float:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
-from kcompact.compaction import DEFAULT_MAP_MEMORY, plan
+from kcompact.compaction import DEFAULT_MAP_MEMORY, REPAIR_HINT, plan
 from kcompact.reput import ReputError, Store, StoreLockedError
 
 from ...errors import ConnectorsError
@@ -391,8 +391,12 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         # 2. compaction: one task per partition the planner picks
         if compact:
             selected = set(tps)
-            cands = [(c.topic, c.partition) for t in topics for c in plan(st, topic=t)
+            damaged: list = []  # skipped, said, the others compacted (compaction/damage.py)
+            cands = [(c.topic, c.partition) for t in topics
+                     for c in plan(st, topic=t, damaged=damaged)
                      if TopicPartition(c.topic, c.partition) in selected]
+            for d in damaged:
+                print(f"compact: {d.line()}; {REPAIR_HINT}", file=out, flush=True)
             if cands:
                 print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
                 result.compaction = compact_partitions_spark(

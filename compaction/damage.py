@@ -1,0 +1,95 @@
+"""Damage stays in its partition: the partitions compaction finds damaged (Kafka's
+*uncleanable* partitions).
+
+Kafka's log cleaner marks a partition it cannot clean uncleanable, goes on with the others and
+exposes the count (``uncleanable-partitions-count``). kcompact does the same: when compacting a
+partition (or assessing it for the planner) raises ``CorruptRecordError``, the partition is
+skipped with one line naming the file, the byte and the reason (``Damage.line``), every other
+partition is compacted, and the damage is remembered here (``Uncleanable``): `kcompact compact`
+exits 1 at the end, the background ``Scheduler`` keeps the list for the metric
+``kcompact_uncleanable_partitions`` (replication/ops.py) and says each damage once. A partition
+that compacts again (after `kcompact repair`) leaves the list.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+from kcompact.reput.errors import CorruptRecordError
+
+#: what a damage line tells the operator to do (docs/operations-damage.md)
+REPAIR_HINT = ("repair it with `kcompact repair --store URL --from MASTER_URL --token-file F` "
+               "or `kcompact repair --store URL --salvage` (docs/operations-damage.md)")
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Where a partition is damaged: the file, the byte and the reason of the first problem
+    met (``kcompact verify`` lists them all)."""
+
+    topic: str
+    partition: int
+    path: str | None
+    position: int | None
+    reason: str
+
+    @classmethod
+    def of(cls, topic: str, partition: int, err: CorruptRecordError) -> "Damage":
+        return cls(topic, partition, err.path, err.position, str(err).strip().splitlines()[0]
+                   if str(err).strip() else type(err).__name__)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    def where(self) -> str:
+        """``path: byte N: reason`` (the reason alone when it already names the file)."""
+        if self.path and not self.reason.startswith(self.path):
+            pos = f"byte {self.position}: " if self.position is not None else ""
+            return f"{self.path}: {pos}{self.reason}"
+        return self.reason
+
+    def line(self) -> str:
+        """The one line that says the partition was skipped, and why."""
+        return f"{self.name}: damaged, not compacted: {self.where()}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def unique(damages: list[Damage]) -> list[Damage]:
+    """One damage per partition (the first met), in the order met."""
+    out: dict[tuple[str, int], Damage] = {}
+    for d in damages:
+        out.setdefault((d.topic, d.partition), d)
+    return list(out.values())
+
+
+class Uncleanable:
+    """The partitions found damaged, as of the last look at each (thread-safe: a metrics
+    scrape reads it while the scheduler's thread writes it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._damaged: dict[tuple[str, int], Damage] = {}
+
+    def mark(self, damage: Damage) -> bool:
+        """Remember ``damage``; True when it is news (a new partition, or other damage)."""
+        key = (damage.topic, damage.partition)
+        with self._lock:
+            news = self._damaged.get(key) != damage
+            self._damaged[key] = damage
+            return news
+
+    def clear(self, topic: str, partition: int) -> None:
+        with self._lock:
+            self._damaged.pop((topic, partition), None)
+
+    def snapshot(self) -> dict[tuple[str, int], Damage]:
+        with self._lock:
+            return dict(self._damaged)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._damaged)
