@@ -58,7 +58,7 @@ from kcompact.reput.record import Scratch
 from kcompact.reput.config import TopicConfig
 from kcompact.reput.store import Store, SyncPacer
 
-from .client import Chunk, MasterClient, check_master_url, negotiate
+from .client import Chunk, MasterClient, check_master_url, negotiate, unavailable_partitions
 from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
 from .protocol import PROTOCOL_VERSIONS, SEGMENTS_VERSION, check_records, read_token_file
@@ -917,6 +917,18 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
                   f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s); protocol "
                   f"{rep.protocol}: {total:,} bytes, {shipped:,} of them "
                   f"{sum(r.shipped_segments for r in results)} segments as stored", flush=True)
+            missing = unavailable_partitions(first)
+            if missing:
+                # a partition the master holds but does not serve is never a silent omission
+                t, p, why = missing[0]
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                msg = (f"master {client.url} holds {t}-{p}{more} but does not serve it: {why}; "
+                       f"the other {len(results)} partitions were replicated; fix it on the "
+                       "master (`kcompact verify`, `kcompact repair`) and run `kcompact "
+                       "replicate` again")
+                if not opts.follow:
+                    raise ReplicaError(msg)
+                progress.note("replicate", f"warning: {msg}")
             if opts.follow and not stop.is_set():
                 progress.note("replicate", "following the master (Ctrl-C to stop)")
                 await rep.follow(stop)
