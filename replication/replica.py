@@ -179,15 +179,38 @@ class Replicator:
         if doc.get("store_id") == self.store.meta.store_id:
             raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
                                "replicate into another directory")
-        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
-        if note:
-            self.progress.note("replicate", note)
-        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
-        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.use_document(doc, "replicate")
         await self._run(self._sync_configs, doc)
-        self.master_doc = doc
         await self._warm
         return doc
+
+    def use_document(self, doc: dict, name: str) -> None:
+        """Speak with the master whose ``/v1/store`` is ``doc``: the best protocol both speak
+        and its request size limit (``name``: whose note a version 1 master gets)."""
+        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
+        if note:
+            self.progress.note(name, note)
+        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
+        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.master_doc = doc
+
+    async def pull_into(self, staging: PartitionLog, topic: str, partition: int,
+                        info: dict) -> PartitionResult:
+        """Pull the master's ``topic``-``partition`` (``info``: its entry of ``/v1/store``)
+        from offset 0 to its next offset into ``staging``, an empty writable log whose files
+        are on ``self.fs`` (version 2: sealed segments as stored): what `kcompact repair
+        --from` rebuilds a damaged partition from. Keyed tombstones up to the master's horizon
+        are stamped as cleaned now, as a rebuild's are."""
+        target = int(info["next_offset"])
+        res = PartitionResult(topic, partition, master_next_offset=target)
+        name = f"{topic}-{partition}"
+        t0 = time.monotonic()
+        self.progress.start(name, min(int(info.get("first_offset", 0)), target), target, 0)
+        await self._pull(topic, partition, staging, 0, target, name,
+                         int(info.get("compaction_horizon", -1)), res)
+        res.pull_s = res.duration_s = time.monotonic() - t0
+        res.next_offset = staging.next_offset
+        return res
 
     def _sync_configs(self, doc: dict) -> None:
         """The master's topic configs (its effective values, those not at the default) become
