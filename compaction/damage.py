@@ -17,6 +17,8 @@ import threading
 from dataclasses import asdict, dataclass
 
 from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.reader import IndexCursor
+from kcompact.reput.store import Store
 
 #: what a damage line tells the operator to do (docs/operations-damage.md)
 REPAIR_HINT = ("repair it with `kcompact repair --store URL --from MASTER_URL --token-file F` "
@@ -93,3 +95,32 @@ class Uncleanable:
     def __len__(self) -> int:
         with self._lock:
             return len(self._damaged)
+
+
+def find_damage(store: Store, topic: str, partition: int) -> Damage | None:
+    """The partition's damage that shows without reading its records: its files against its
+    segment list (or manifest), every index against its listed checksum, its compaction
+    checkpoint (what compaction checks before it writes). None when none shows."""
+    try:
+        pl = store.partition(topic, partition)
+        pl.checkpoint()
+        cursor = IndexCursor(pl)
+        for seg in pl.segments:
+            cursor.check(seg)
+        return None
+    except CorruptRecordError as e:
+        store.release_partition(topic, partition)
+        return Damage.of(topic, partition, e)
+
+
+def refusal(store: Store, topic: str, what: str) -> str | None:
+    """The one line with which ``what`` (``kv build``, ``restore``) refuses ``topic`` when a
+    partition of it is damaged (``find_damage``), before it writes anything: it could not be
+    complete. None when every partition looks whole (damage found later, reading a record,
+    still stops it with the file and byte)."""
+    for p in store.partitions(topic):
+        d = find_damage(store, topic, p)
+        if d is not None:
+            return (f"{what} refuses topic {topic!r}: partition {d.name} is damaged "
+                    f"({d.where()}), so the result could not be complete; {REPAIR_HINT}")
+    return None
