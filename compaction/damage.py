@@ -20,6 +20,8 @@ from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.reader import IndexCursor
 from kcompact.reput.store import Store
 
+from .errors import CompactionError
+
 #: what a damage line tells the operator to do (docs/operations-damage.md)
 REPAIR_HINT = ("repair it with `kcompact repair --store URL --from MASTER_URL --token-file F` "
                "or `kcompact repair --store URL --salvage` (docs/operations-damage.md)")
@@ -58,6 +60,20 @@ class Damage:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def damage_in(topic: str, partition: int, err: BaseException) -> Damage | None:
+    """``err`` as the partition's damage, or None when it is not damage: a record or index
+    that fails its checks (CorruptRecordError), or a segment file its list or manifest names
+    that is gone (a compaction's read of it failed with FileNotFoundError)."""
+    if isinstance(err, CorruptRecordError):
+        return Damage.of(topic, partition, err)
+    cause = err.__cause__ if isinstance(err, CompactionError) else None
+    if isinstance(cause, FileNotFoundError) or isinstance(err, FileNotFoundError):
+        gone = cause if cause is not None else err
+        return Damage(topic, partition, gone.filename, 0,
+                      f"{gone.filename}: listed by the partition but missing from the store")
+    return None
 
 
 def unique(damages: list[Damage]) -> list[Damage]:

@@ -33,7 +33,8 @@ from kcompact.reput.store import Store
 from .assessment import (SMALL_SEGMENTS, Assessment,  # noqa: F401  (SMALL_SEGMENTS: API)
                          assess_partition)
 from .compactor import CompactionOptions, CompactionResult, Compactor
-from .damage import REPAIR_HINT, Damage, Uncleanable, unique
+from .damage import REPAIR_HINT, Damage, Uncleanable, damage_in, unique
+from .errors import CompactionError
 from .throttle import CompactionStopped, IOBudget  # noqa: F401  (re-exported)
 
 
@@ -157,8 +158,11 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
             progress(f"compacting {c.topic}-{c.partition} ({why})")
         try:
             r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
-        except CorruptRecordError as e:
-            skip(Damage.of(c.topic, c.partition, e))
+        except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+            d = damage_in(c.topic, c.partition, e)
+            if d is None:
+                raise
+            skip(d)
             continue
         if store.writer is None:
             store.release_partition(c.topic, c.partition)
@@ -239,8 +243,11 @@ class Scheduler:
             try:
                 r = compactor.compact_partition(c.topic, c.partition,
                                                 reason=", ".join(c.reasons) or c.reason)
-            except CorruptRecordError as e:
-                self._damaged(Damage.of(c.topic, c.partition, e))
+            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                d = damage_in(c.topic, c.partition, e)
+                if d is None:
+                    raise
+                self._damaged(d)
                 if self.store.writer is None:
                     self.store.release_partition(c.topic, c.partition)
                 continue

@@ -31,10 +31,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from kcompact.reput import filenames as fn
+from kcompact.reput.backend import LocalBackend
+from kcompact.reput.config import SYSTEM_CLOCK
 from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput.quarantine import RepairError, RepairRun
 from kcompact.reput.salvage import Salvaged, salvage_partition
-from kcompact.reput.store import Store
+from kcompact.reput.salvage_store import (commitlogs_damaged, rebuild_store_json,
+                                          salvage_commitlogs)
+from kcompact.reput.store import Store, backend_for, default_commitlog_dir
 from kcompact.reput.verify import VerifyReport, verify_partition, verify_store
 
 from .client import MasterClient, check_master_url, unavailable_partitions
@@ -192,7 +196,7 @@ def _count_from(got: Salvaged, target: int, log) -> int:
 
 
 async def _repair_from(store: Store, opts: RepairOptions, targets, token: bytes, say,
-                       progress: Progress) -> tuple[list[dict], RepairRun | None]:
+                       progress: Progress, run_of) -> list[dict]:
     async with MasterClient(opts.from_url, token, retry_s=60.0) as client:
         doc = await client.store_doc()
         if doc.get("store_id") == store.meta.store_id:
@@ -209,10 +213,8 @@ async def _repair_from(store: Store, opts: RepairOptions, targets, token: bytes,
                                        "another source, or --salvage)")
         rep = Replicator(client, store, ReplicaOptions.from_env(), progress)
         rep.use_document(doc, "repair")
-        run = RepairRun(store.fs, store.local_fs, store.clock,
-                        report={"store": store.url, "store_id": store.meta.store_id,
-                                "mode": "from", "source": client.url,
-                                "source_store_id": client.store_id})
+        run = run_of()
+        run.report.update(source=client.url, source_store_id=client.store_id)
         rep.fs = run.stage_fs  # the pulls land in the run's staging
         entries = []
         try:
@@ -220,23 +222,60 @@ async def _repair_from(store: Store, opts: RepairOptions, targets, token: bytes,
                 run.hold(t, p)
                 entries.append(await _from_one(store, run, rep, t, p, served[(t, p)], say))
         finally:
-            run.close()
             rep.close()
-        return entries, run
+        return entries
 
 
-def _repair_salvage(store: Store, targets, say) -> tuple[list[dict], RepairRun]:
-    run = RepairRun(store.fs, store.local_fs, store.clock,
-                    report={"store": store.url, "store_id": store.meta.store_id,
-                            "mode": "salvage", "source": None})
+def _repair_salvage(store: Store, targets, say, run_of) -> list[dict]:
+    run = run_of()
     entries = []
-    try:
-        for t, p in targets:
-            run.hold(t, p)
-            entries.append(_salvage_one(store, run, t, p, say))
-    finally:
-        run.close()
-    return entries, run
+    for t, p in targets:
+        run.hold(t, p)
+        entries.append(_salvage_one(store, run, t, p, say))
+    return entries
+
+
+class _Runs:
+    """The run of this repair, made when something is to be repaired (so a store with nothing
+    to repair gets no quarantine directory)."""
+
+    def __init__(self, fs, local_fs, clock, mode: str):
+        self.fs, self.local_fs, self.clock, self.mode = fs, local_fs, clock, mode
+        self.run: RepairRun | None = None
+
+    def __call__(self) -> RepairRun:
+        if self.run is None:
+            self.run = RepairRun(self.fs, self.local_fs, self.clock,
+                                 report={"store": self.fs.url, "mode": self.mode,
+                                         "source": None})
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.close()
+
+
+def _open_or_rebuild(opts: RepairOptions, runs_of, say) -> tuple[Store, dict | None]:
+    """The store opened; a store.json that does not read rebuilt first (reput/salvage_store.py),
+    the damaged one kept in quarantine. Returns (store, what was done to store.json)."""
+    fs = backend_for(opts.store)
+    got = rebuild_store_json(fs, SYSTEM_CLOCK.ms())
+    if got is None:
+        return Store.open(opts.store, fs=fs), None
+    meta, notes = got
+    local_fs = fs if fs.appendable else LocalBackend(default_commitlog_dir(meta.store_id))
+    runs = runs_of(fs, local_fs)
+    run = runs()
+    had = fs.exists(fn.STORE_JSON)
+    where = run.keep_copy(fs, fn.STORE_JSON) if had else None
+    fs.write_atomic(fn.STORE_JSON, meta.to_json())
+    entry = {"file": fn.STORE_JSON, "quarantine": where, "notes": notes,
+             "store_id": meta.store_id}
+    run.report["store_json"] = entry
+    run.write_report()
+    for n in notes:
+        say(f"store.json: {n}")
+    return Store.open(opts.store, fs=fs), entry
 
 
 def repair(opts: RepairOptions) -> int:
@@ -255,43 +294,75 @@ def repair(opts: RepairOptions) -> int:
                                    "with)")
         token = read_token_file(opts.token_file)
     progress = Progress()
+    mode = "from" if opts.from_url else "salvage"
 
     def say(text: str) -> None:
         progress.note("repair", text)
 
     t0 = time.monotonic()
-    store = Store.open(opts.store)
+    holder: list[_Runs] = []
+
+    def runs_of(fs, local_fs) -> _Runs:
+        if not holder:
+            holder.append(_Runs(fs, local_fs, SYSTEM_CLOCK, mode))
+        return holder[0]
+
+    store = None
+    entries: list[dict] = []
+    commitlog: list[dict] = []
     try:
+        store, store_json = _open_or_rebuild(opts, runs_of, say)
+        runs = runs_of(store.fs, store.local_fs)
+        runs.clock = store.clock
+        if commitlogs_damaged(store.commitlog_fs):
+            run = runs()
+            commitlog = salvage_commitlogs(store.commitlog_fs, run.set_aside, run.keep_copy)
+            run.report["commitlog"] = commitlog
+            run.write_report()
+            for c in commitlog:
+                say(f"{c['file']}: {c['what']}")
         targets = _targets(store, opts, say)
-        if not targets:
-            doc = {"store": store.url, "repaired": [], "quarantine": None}
-            if opts.json:
-                json.dump(doc, sys.stdout, indent=2)
-                sys.stdout.write("\n")
+        if targets:
+            say(f"repairing {len(targets)} partitions: "
+                + ", ".join(f"{t}-{p}" for t, p in targets[:10])
+                + (" ..." if len(targets) > 10 else ""))
+            if opts.from_url:
+                entries = asyncio.run(_repair_from(store, opts, targets, token, say, progress,
+                                                   runs))
             else:
-                print(f"nothing to repair: verify finds no damaged partition in {store.url}")
-            return 0
-        say(f"repairing {len(targets)} partitions: "
-            + ", ".join(f"{t}-{p}" for t, p in targets[:10])
-            + (" ..." if len(targets) > 10 else ""))
-        if opts.from_url:
-            entries, run = asyncio.run(_repair_from(store, opts, targets, token, say,
-                                                    progress))
-        else:
-            entries, run = _repair_salvage(store, targets, say)
+                entries = _repair_salvage(store, targets, say, runs)
+        run = runs.run
+        if run is not None:
+            run.report["store_id"] = store.meta.store_id
+            run.write_report()
     except (CorruptRecordError, ReputError) as e:
         if isinstance(e, RepairError):
             raise
         raise RepairError(f"repair stopped: {e}") from None
     finally:
-        store.close()
-        progress.close()
-    qdir = f"quarantine/{run.run}"
+        try:
+            if holder:
+                holder[0].close()
+        finally:
+            if store is not None:
+                store.close()
+            progress.close()
+    run = holder[0].run if holder else None
+    qdir = f"{fn.QUARANTINE_DIR}/{run.run}" if run is not None else None
+    doc = {"store": opts.store, "mode": mode, "repaired": entries, "store_json": store_json,
+           "commitlog": commitlog, "quarantine": qdir,
+           "report": f"{qdir}/report.json" if qdir else None}
     if opts.json:
-        json.dump({"store": opts.store, "repaired": entries, "quarantine": qdir,
-                   "report": f"{qdir}/report.json"}, sys.stdout, indent=2)
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if run is None:
+        print(f"nothing to repair: verify finds no damage in {opts.store}")
+        return 0
+    if store_json is not None:
+        print(f"store.json: rebuilt; " + "; ".join(store_json["notes"]))
+    for c in commitlog:
+        print(f"{c['file']}: {c['what']}")
     for e in entries:
         lost = e.get("lost") or []
         what = (f"{e['records_from_source']:,} records from {e['source']}, "

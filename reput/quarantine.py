@@ -202,6 +202,33 @@ class RepairRun:
             raise
         self.stage_fs.remove_tree(pdir)
 
+    # -- files that are not a partition's (store.json, commit logs) ----------------------------
+
+    def keep_copy(self, fs: Backend, path: str) -> str:
+        """Copy ``path`` (on ``fs``: the store, or its local directory for commit logs) to
+        ``quarantine/<run>/<path>`` there, before it is rewritten; returns the copy's path."""
+        dst = f"{quarantine_dir(self.run)}/{path}"
+        src_os, dst_os = fs.local_path(path), fs.local_path(dst)
+        if src_os is not None and dst_os is not None:
+            import shutil
+            os.makedirs(os.path.dirname(dst_os), exist_ok=True)
+            shutil.copyfile(src_os, dst_os)
+            fs.sync_dir(os.path.dirname(dst))
+        else:
+            fs.write_atomic(dst, fs.read(path))
+        return dst
+
+    def set_aside(self, fs: Backend, path: str) -> str:
+        """Move ``path`` on ``fs`` to ``quarantine/<run>/<path>`` there; returns where."""
+        dst = f"{quarantine_dir(self.run)}/{path}"
+        if fs.local_path(path) is not None:
+            fs.rename(path, dst)
+            fs.sync_dir(os.path.dirname(path))
+        else:
+            fs.write_atomic(dst, fs.read(path))
+            fs.delete(path)
+        return dst
+
     # -- the report ----------------------------------------------------------------------------
 
     def write_report(self) -> None:

@@ -106,6 +106,8 @@ class Salvaged:
     files: list[tuple[Backend, str]] = field(default_factory=list)
     #: the compaction horizon the damaged partition had (-1: unknown or never)
     old_horizon: int = -1
+    #: (path, reason) when what followed the records kept is unknown (a lost manifest version)
+    unknown_tail: tuple[str, str] | None = None
 
     def to_dict(self) -> dict:
         return {"topic": self.topic, "partition": self.partition, "kept": self.kept,
@@ -135,6 +137,9 @@ class _Source:
     listed_bcq: tuple[int, int] | None = None   # (size, crc32c) the list gives its .bcq
     exact: np.ndarray | None = None      # the offsets it holds, when known exactly
     open: bool = False                   # a writer's active segment (a torn tail is normal)
+    #: an object no manifest version that reads lists, past the newest one's end: records
+    #: it holds that verify are kept (a newest version lost), nothing of it counts as lost
+    orphan: bool = False
 
 
 def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, sink: Sink, *,
@@ -159,6 +164,8 @@ def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, si
         if nxt_base is not None:
             src.end = nxt_base if src.end is None else min(src.end, nxt_base)
         _salvage_segment(src, topic, partition, secret, sink, out)
+    if out.unknown_tail is not None:
+        out.losses.append(Loss(out.last_kept + 1, None, None, *out.unknown_tail))
     out.losses = _merged(out.losses)
     out.next_offset = max(next_offset, out.last_kept + 1)
     if any(x.last is None or x.last > out.last_kept for x in out.losses):
@@ -234,16 +241,41 @@ def _manifest_sources(fs: Backend, pdir: str, out: Salvaged) -> tuple[list[_Sour
                           exact=e.offset_array())
             out.files += [(fs, src.log), (fs, src.bcq)]
             sources.append(src)
+        sources += _orphans(fs, pdir, m, out)
         if damaged_above:
-            # a newer version could not be read: what it added past this one is unknown
-            out.losses.append(Loss(m.next_offset, None, None, fn.manifest_dir(pdir),
-                                   "a newer manifest version is damaged; what it listed past "
-                                   "this version is unknown"))
+            # a newer version could not be read: what it listed past the records kept (this
+            # version's, and those of its segment objects found) is unknown
+            out.unknown_tail = (fn.manifest_dir(pdir), "a newer manifest version is damaged; "
+                                "what it listed past the records kept is unknown")
         return sources, m.next_offset
     if damaged_above:
         out.losses.append(Loss(0, None, None, fn.manifest_dir(pdir),
                                "no manifest version of the partition reads"))
     return [], 0
+
+
+def _orphans(fs: Backend, pdir: str, m: "M.Manifest", out: Salvaged) -> list[_Source]:
+    """Segment objects of the partition that ``m`` does not list, based at or past its next
+    offset: what a newer version listed when that version is lost (deleted, or damaged), or an
+    upload whose commit never came. Their records that verify are past everything listed."""
+    lister = getattr(fs, "list_objects", None)
+    if lister is None:
+        return []
+    listed = m.names() | {n for r in m.retired for n in (r.get("log"), r.get("bcq")) if n}
+    found: dict[tuple[int, str], dict[str, str]] = {}
+    for name, _size, _mtime in lister(pdir):
+        parsed = fn.parse_segment_object(name) if "/" not in name else None
+        if parsed and name not in listed and parsed[0] >= m.next_offset:
+            found.setdefault(parsed[:2], {})[parsed[2]] = name
+    srcs = []
+    for (base, _tag), files in sorted(found.items()):
+        if "log" in files:
+            src = _Source(base, fs, f"{pdir}/{files['log']}",
+                          f"{pdir}/{files.get('bcq', files['log'][:-4] + fn.INDEX_SUFFIX)}",
+                          open=True, orphan=True)
+            out.files += [(fs, src.log)] + ([(fs, src.bcq)] if "bcq" in files else [])
+            srcs.append(src)
+    return srcs
 
 
 # -- one segment ---------------------------------------------------------------------------------
@@ -495,6 +527,8 @@ def _batch_after(buf: np.ndarray, start: int, end: int, r: _Reader, hints: np.nd
 
 def _account(src: _Source, r: _Reader, out: Salvaged) -> None:
     """The segment's losses: exact when its offsets are known, else the damage regions."""
+    if src.orphan:
+        return  # (not the partition's as its manifest says: nothing of it is lost)
     kept = np.concatenate(r.kept) if r.kept else np.zeros(0, np.int64)
     if src.exact is not None:
         lost_mask = ~np.isin(src.exact, kept)

@@ -12,15 +12,19 @@ from .session import run_job, spark_active, spark_session
 
 def _compact_task(store_url: str, map_memory: int, force: bool):
     def run(candidates):
-        from kcompact.compaction import CompactionOptions, Compactor, Damage, damaged_result
+        from kcompact.compaction import (CompactionError, CompactionOptions, Compactor,
+                                         damage_in, damaged_result)
         from kcompact.reput import CorruptRecordError, Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
         for topic, partition in candidates:
             try:
                 r = c.compact_partition(topic, partition, force=force)
-            except CorruptRecordError as e:  # damage stays in its partition (damage.py)
-                r = damaged_result(Damage.of(topic, partition, e))
+            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                d = damage_in(topic, partition, e)  # damage stays in its partition
+                if d is None:
+                    raise
+                r = damaged_result(d)
             st.release_partition(topic, partition)
             yield r.to_dict()
         st.close()
