@@ -344,3 +344,246 @@ def test_issue44_campaign_s3(tmp_path, kind, mutation, seed):
         if doc["quarantine"]:
             prefix = url.split("/", 3)[3]
             assert any(k.startswith(f"{prefix}/{doc['quarantine']}/") for k in objs)
+
+
+# -- a repair killed: the old partition or the repaired one, never a mix ---------------------------
+
+KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
+
+
+def _big_store(url: str, n: int = 60_000) -> None:
+    """Two partitions of ``n`` records (~250 bytes) in 1 MiB format-1 segments."""
+    clock = ManualClock()
+    with Store.open(url, writer="w", create=True, clock=clock,
+                    options=WriterOptions(seal_format=1)) as s:
+        s.set_topic_config(TOPIC, {"segment.bytes": 1 << 20})
+        for a in range(0, n, 10_000):
+            s.append(RecordBatch.from_records(TOPIC, [
+                (p, i, 1000 + i, b"k%d" % (i % 5000), b"%d-" % i + b"x" * 230)
+                for p in range(2) for i in range(a, min(n, a + 10_000))]))
+        s.flush()
+
+
+def _flip_in_partition(url: str, p: int, seg: int, at: int) -> None:
+    d = os.path.join(url, fn.partition_dir(TOPIC, p))
+    logs = sorted(x for x in os.listdir(d) if x.endswith(".log"))
+    with open(os.path.join(d, logs[seg]), "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+def _state(url: str) -> tuple[dict, dict]:
+    return partition_files(url, 0), partition_files(url, 1)
+
+
+def test_issue44_sigkill_during_repair_leaves_the_old_or_the_repaired_partition(tmp_path):
+    base = str(tmp_path / "base")
+    _big_store(base, n=40_000)
+    _flip_in_partition(base, 0, 3, 5000)
+    old0, old1 = partition_files(base, 0), partition_files(base, 1)
+    # the reference: the repaired partition an uninterrupted run leaves
+    ref = str(tmp_path / "ref")
+    shutil.copytree(base, ref)
+    t0 = time.monotonic()
+    proc = subprocess.run([KCOMPACT, "repair", "--store", ref, "--salvage"],
+                          capture_output=True, text=True, timeout=300)
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr
+    assert len(records(ref, 0)) == 40_000 - 1  # one format-1 record lost to the flipped byte
+    new0 = _logs(ref)  # (the same records in the same segments: the same bytes)
+    outcomes = {"old": 0, "repaired": 0}
+    for k in range(8):
+        url = str(tmp_path / f"k{k}")
+        shutil.copytree(base, url)
+        p = subprocess.Popen([KCOMPACT, "repair", "--store", url, "--salvage"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(took * (0.4 + 0.6 * k / 7))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        with Store.open(url):  # an open finishes a committed swap, drops an uncommitted one
+            pass
+        assert not os.path.exists(os.path.join(url, fn.REPAIR_DIR))
+        assert partition_files(url, 1) == old1  # (the damage is not in it: never touched)
+        if partition_files(url, 0) == old0:
+            outcomes["old"] += 1
+            assert run("verify", "--store", url)[0] == 1
+        else:
+            outcomes["repaired"] += 1
+            assert run("verify", "--store", url)[0] == 0
+            assert _logs(url) == new0
+            qd = os.path.join(url, fn.QUARANTINE_DIR)
+            (run_dir,) = os.listdir(qd)
+            assert partition_files(os.path.join(qd, run_dir), 0) == old0  # the evidence
+        # and a repair run again ends repaired
+        code, _, err = run("repair", "--store", url, "--salvage")
+        assert code == 0, err
+        assert _logs(url) == new0 and run("verify", "--store", url)[0] == 0
+    assert outcomes["old"] and outcomes["repaired"], outcomes
+
+
+def _logs(url: str) -> dict[str, bytes]:
+    return {k: v for k, v in partition_files(url, 0).items() if k.endswith(".log")}
+
+
+@pytest.mark.parametrize("crash_at", ["staged", "committed", "exchanged", "moved_aside"])
+def test_issue44_every_crash_state_of_the_swap_recovers_on_open(tmp_path, crash_at):
+    """The on-disk states a kill leaves around the commit point (reput/quarantine.py), made
+    here step by step: an open completes a committed swap and drops an uncommitted one."""
+    from kcompact.reput import quarantine as Q
+    url = str(tmp_path / "s")
+    _big_store(url, n=3000)
+    _flip_in_partition(url, 0, 0, 300)
+    old0 = partition_files(url, 0)
+    st = Store.open(url)
+    run_ = Q.RepairRun(st.fs, st.local_fs, st.clock, report={"mode": "salvage"})
+    staged = run_.stage(TOPIC, 0, st.secret, st.topic_config(TOPIC))
+    from kcompact.reput.salvage import salvage_partition
+    got = salvage_partition(st.fs, TOPIC, 0, st.secret,
+                            lambda buf, s: staged.log.append(buf, s, 0, len(s)))
+    staged.log.sync()
+    staged.log.close(seal=False)
+    pdir = fn.partition_dir(TOPIC, 0)
+    entry = {"topic": TOPIC, "partition": 0,
+             "quarantine": f"{Q.quarantine_dir(run_.run)}/{pdir}"}
+    if crash_at != "staged":
+        Q._commit_local(st.fs, run_.stage_fs, run_.run, TOPIC, 0, entry)
+        staged_dir = Q._staged_dir(run_.run, TOPIC, 0)
+        if crash_at == "exchanged":
+            assert Q._exchange(st.fs, pdir, staged_dir)
+        elif crash_at == "moved_aside":  # (the two-rename path: the old one aside first)
+            st.fs.rename(pdir, entry["quarantine"])
+    run_._lock.release()  # the run dies here (its lock goes with the process)
+    st.close()
+    with Store.open(url):
+        pass
+    assert not os.path.exists(os.path.join(url, fn.REPAIR_DIR))
+    if crash_at == "staged":
+        assert partition_files(url, 0) == old0
+    else:
+        assert run("verify", "--store", url)[0] == 0
+        assert len(records(url, 0)) == got.kept
+        assert partition_files(os.path.join(url, entry["quarantine"]).rsplit(
+            "/partitions/", 1)[0], 0) == old0
+
+
+# -- regressions: what the issue measured ---------------------------------------------------------
+
+
+def _three_partitions(tmp_path) -> str:
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_cli import keyed_store
+    return keyed_store(tmp_path, partitions=3)
+
+
+def _truncate_a_sealed_log(url: str, p: int) -> str:
+    d = os.path.join(url, fn.partition_dir(TOPIC, p))
+    name = sorted(x for x in os.listdir(d) if x.endswith(".log"))[-2]
+    with open(os.path.join(d, name), "r+b") as f:
+        f.truncate(os.path.getsize(os.path.join(d, name)) - 100)
+    return name
+
+
+def test_issue44_one_damaged_partition_does_not_stop_the_others(tmp_path):
+    url = _three_partitions(tmp_path)
+    name = _truncate_a_sealed_log(url, 0)
+    code, out, err = run("compact", "--store", url, "--force")
+    lines = err.strip().splitlines()
+    assert code == 1 and lines[-1].startswith("kcompact: error: t-0 is damaged"), err
+    assert name in lines[-1] and "kcompact repair" in lines[-1]
+    assert [ln for ln in lines if ln.startswith("kcompact: error: ")] == lines[-1:]
+    skip = next(ln for ln in lines if ln.startswith("t-0: damaged, not compacted: "))
+    assert name in skip and "byte" in skip
+    # every line is one thing: the damage line and the next partition's progress apart
+    assert lines[lines.index(skip) + 1] == "compacting t-1 (forced)", lines
+    assert "t-1 (forced): 1 rounds" in out and "t-2 (forced): 1 rounds" in out
+    with Store.open(url) as st:  # the others compacted: their checkpoints moved
+        assert st.partition(TOPIC, 1).checkpoint()[0] >= 0
+        assert st.partition(TOPIC, 2).checkpoint()[0] >= 0
+
+
+def test_issue44_inspect_shows_every_partition_and_marks_the_damaged(tmp_path):
+    url = _three_partitions(tmp_path)
+    name = _truncate_a_sealed_log(url, 0)
+    code, out, err = run("inspect", "--store", url)
+    assert code == 1 and name in err.strip().splitlines()[-1]
+    rows = out.splitlines()[2:]
+    assert rows[0].split()[:2] == ["t", "0"] and rows[0].endswith("DAMAGED (below)")
+    assert [r.split()[:3] for r in rows[1:3]] == [["t", "1", "9"], ["t", "2", "9"]]
+    assert rows[3].startswith("t-0: DAMAGED: ") and name in rows[3]
+    code, out, err = run("inspect", "--store", url, "--json")
+    assert code == 1
+    parts = {p["partition"]: p for p in json.loads(out)["topics"][0]["partitions"]}
+    assert parts[0]["damaged"]["path"].endswith(name)
+    assert parts[0]["damaged"]["position"] is not None and parts[0]["damaged"]["reason"]
+    assert parts[1]["damaged"] is None and parts[1]["records"] == 400
+
+
+def test_issue44_the_scheduler_skips_a_damaged_partition_and_counts_it(tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kcompact.compaction import Scheduler
+    from kcompact.replication.ops import Ops, compaction_metrics
+    url = _three_partitions(tmp_path)
+    name = _truncate_a_sealed_log(url, 0)
+    with Store.open(url) as st:
+        sched = Scheduler(st)
+        ops = Ops("test")
+        ops.add(lambda: compaction_metrics(sched))
+        res = sched.run_once()
+        assert sorted(r.partition for r in res) == [1, 2] and not sched.errors
+        sched.run_once()  # said once, not at every run
+        err = capsys.readouterr().err
+        assert err.count("t-0: damaged, not compacted") == 1 and name in err
+        fams = {f.name: f for f in text_string_to_metric_families(ops.exposition().decode())}
+        assert fams["kcompact_uncleanable_partitions"].samples[0].value == 1
+        (s,) = fams["kcompact_uncleanable_partition"].samples
+        assert s.labels["partition"] == "0" and s.labels["file"].endswith(name)
+    code, _, err = run("repair", "--store", url, "--salvage")
+    assert code == 0, err
+    with Store.open(url) as st:
+        sched2 = Scheduler(st)
+        sched2.uncleanable = sched.uncleanable  # (the same process, after the repair)
+        sched2.run_once()
+        assert len(sched2.uncleanable) == 0
+
+
+def test_issue44_kv_build_and_restore_refuse_a_topic_with_a_damaged_partition(tmp_path):
+    url = _three_partitions(tmp_path)
+    name = _truncate_a_sealed_log(url, 2)
+    db = str(tmp_path / "db")
+    code, _, err = run("kv", "build", "--store", url, "--topic", TOPIC, "--db", db)
+    (line,) = err.strip().splitlines()
+    assert code == 1 and line.startswith("kcompact: error: kv build refuses topic 't'")
+    assert "t-2" in line and name in line and not os.path.exists(db)
+    # before a producer is made: the broker named is never contacted
+    code, _, err = run("restore", "--store", url, "--topic", TOPIC, "--bootstrap-servers",
+                       "127.0.0.1:1", "--to-topic", "t2")
+    (line,) = err.strip().splitlines()
+    assert code == 1 and line.startswith("kcompact: error: restore refuses topic 't'"), line
+    assert "t-2" in line and name in line
+
+
+def test_issue44_repair_usage_and_nothing_to_repair(tmp_path):
+    url = _three_partitions(tmp_path)
+    with pytest.raises(SystemExit) as ei:
+        with contextlib.redirect_stderr(io.StringIO()):
+            main(["repair", "--store", url])
+    assert ei.value.code == 2
+    with pytest.raises(SystemExit):
+        with contextlib.redirect_stderr(io.StringIO()):
+            main(["repair", "--store", url, "--salvage", "--partition", "1"])
+    code, out, _ = run("repair", "--store", url, "--salvage")
+    assert code == 0 and out.startswith("nothing to repair")
+    assert not os.path.exists(os.path.join(url, fn.QUARANTINE_DIR))
+    # a partition named is repaired whether or not it is damaged: nothing is lost
+    before = records(url, 1)
+    code, out, err = run("repair", "--store", url, "--salvage", "--topic", TOPIC,
+                         "--partition", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [e["partition"] for e in doc["repaired"]] == [1] and not doc["repaired"][0]["lost"]
+    assert records(url, 1) == before
+    report = json.loads(open(os.path.join(url, doc["report"])).read())
+    assert report["partitions"][0]["partition"] == 1 and report["mode"] == "salvage"
