@@ -18,7 +18,7 @@ The CLI runs in this process (``kcompact.connectors.cli.main``): no server, no s
 the SIGKILL test's own. A default run takes one seed of each (kind, mutation) on a local store
 and a representative half on the in-memory S3; ``-m slow`` runs three seeds of everything on both.
 ``repair --from`` (against a real `kcompact serve`) and SeaweedFS: tests/integration/
-test_issue44_repair.py.
+test_issue44_repair_e2e.py.
 """
 
 from __future__ import annotations
