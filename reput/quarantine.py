@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import bcq as B
+from . import bcq2 as B2
 from . import filenames as fn
 from . import manifest as M
 from .backend import Backend, LocalBackend
@@ -174,7 +175,12 @@ class RepairRun:
                 name = fn.base_name(base)
                 lrel, irel = f"{pdir}/{name}{fn.LOG_SUFFIX}", f"{pdir}/{name}{fn.INDEX_SUFFIX}"
                 raw = np.frombuffer(self.stage_fs.read(irel), np.uint8)
-                e = B.view(raw)
+                lean = B2.is_lean(raw[:8].tobytes())
+                if lean:  # a segment shipped as stored (repair --from, protocol 2)
+                    e = B2.LeanIndex(lambda a, n: raw[a:a + n].tobytes(), irel,
+                                     raw.shape[0]).entries
+                else:
+                    e = B.view(raw)
                 if not e.shape[0]:
                     continue
                 tag = secrets.token_hex(8)
@@ -187,9 +193,9 @@ class RepairRun:
                     else:
                         self.fs.write_atomic(f"{pdir}/{obj}", self.stage_fs.read(rel))
                     uploaded.append(f"{pdir}/{obj}")
-                segs.append(M.SegmentEntry.from_entries(base, lname, iname,
-                                                        self.stage_fs.size(lrel), e["offset"],
-                                                        crc32c(raw), None, 1))
+                segs.append(M.SegmentEntry.from_entries(
+                    base, lname, iname, self.stage_fs.size(lrel), e["offset"], crc32c(raw),
+                    raw.shape[0] if lean else None, 2 if lean else 1))
             _commit_manifest(self.fs, pdir, segs, next_offset, cleaned_offset,
                              {"repaired": self.run, "mode": self.report.get("mode")},
                              self.clock.ms())

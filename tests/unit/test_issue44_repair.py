@@ -161,8 +161,8 @@ def mutate_local(url: str, kind: str, mutation: str, seed: int) -> int | None:
 
 def s3_objects(fake, url: str) -> dict[str, list[tuple[str, int | None]]]:
     """kind -> [(bucket key, partition)] for an S3 store in the in-memory fake."""
-    prefix = url.split("/", 3)[3]
-    objs = fake.objects["bucket"]
+    bucket, prefix = url.split("/", 3)[2:]
+    objs = fake.objects[bucket]
     out: dict[str, list] = {k: [] for k in S3_KINDS}
     out["store.json"].append((f"{prefix}/{fn.STORE_JSON}", None))
     for p in range(2):
