@@ -708,6 +708,9 @@ class PartitionReader:
         bpos, bsize, _ = idx.batches()
         pos, size = int(bpos[-1]), int(bsize[-1])
         path = self.pl.seg_log_path(seg)
+        if pos + size != seg.log_size:  # (before anything is allocated for the claimed size)
+            raise _corrupt(path, pos, f"the lean index's last batch ({size} bytes at {pos}) "
+                           f"does not end the .log ({seg.log_size} bytes)", None)
         head = np.frombuffer(self.pl.read_log(seg, pos, KB.HEADER_SIZE), np.uint8)
         try:
             h = KB.parse_head(np.concatenate([head, np.zeros(max(0, size - head.shape[0]),
