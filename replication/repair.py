@@ -247,7 +247,8 @@ class _Runs:
         if self.run is None:
             self.run = RepairRun(self.fs, self.local_fs, self.clock,
                                  report={"store": self.fs.url, "mode": self.mode,
-                                         "source": None})
+                                         "source": None, "store_json": None,
+                                         "commitlog": []})
         return self.run
 
     def close(self) -> None:
