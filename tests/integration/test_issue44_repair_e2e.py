@@ -250,3 +250,50 @@ def test_issue44_sigkill_during_a_repair_on_seaweedfs(s3_store_url, tmp_path):
         r = kc("repair", "--store", url, "--salvage")
         assert r.returncode == 0, r.stderr
         assert kc("verify", "--store", url).returncode == 0
+
+
+# -- a mirror keeps mirroring the other partitions ------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_issue44_a_mirror_goes_on_with_the_partitions_that_are_not_damaged(
+        kafka_bootstrap, make_topic, tmp_path, engine):
+    """A store whose partition 1 is damaged (a sealed .log cut short): `mirror` copies the
+    other partitions, names partition 1 in one warning and in its final error (exit 1), and
+    fetched nothing of it; after `repair --salvage`, the next mirror completes it."""
+    from test_mirror import kcompact, produce
+
+    topic = make_topic(partitions=3)
+    produce(kafka_bootstrap, topic, [(i % 3, b"k%d" % (i % 40), b"v%d" % i * 20, None,
+                                      1_700_000_000_000 + i) for i in range(1500)])
+    store = tmp_path / "store"
+    with Store.open(str(store), create=True) as st:  # (a local override: several segments)
+        st.set_topic_config(topic, {"segment.bytes": 16384})
+    r = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store",
+                 str(store))
+    assert r.returncode == 0, r.stderr
+    produce(kafka_bootstrap, topic, [(i % 3, b"k%d" % (i % 40), b"w%d" % i * 20, None,
+                                      1_700_000_100_000 + i) for i in range(1500)])
+    # partition 1's first .log cut short: the partition no longer opens for write
+    d = store / "partitions" / topic / "1"
+    log = sorted(p for p in d.iterdir() if p.suffix == ".log")[0]
+    os.truncate(log, log.stat().st_size - 10)
+    with Store.open(str(store)) as st:
+        before = {p: st.partition(topic, p).next_offset for p in (0, 2)}
+    r = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store",
+                 str(store), "--engine", engine, timeout=300)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    warn = [ln for ln in lines if f"{topic}-1 is not mirrored" in ln]
+    assert len(warn) == 1 and log.name in warn[0], r.stderr
+    assert lines[-1].startswith(f"kcompact: error: {topic}-1 was not mirrored"), lines[-1]
+    with Store.open(str(store)) as st:
+        for p in (0, 2):  # the others got the new records
+            assert st.partition(topic, p).next_offset == before[p] + 500
+    assert kcompact("repair", "--store", str(store), "--salvage").returncode == 0
+    r = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store",
+                 str(store))
+    assert r.returncode == 0, r.stderr
+    with Store.open(str(store)) as st:
+        assert st.partition(topic, 1).next_offset == 1000
+    assert kcompact("verify", "--store", str(store)).returncode == 0
