@@ -1,14 +1,16 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus, run unit +
-#             integration tests
+#             missing (Maven, for the real-broker tier) and Debian's prometheus, build the user
+#             guide (make docs), run unit + integration tests (the guide's examples included)
+# make docs : build the user guide (docs/, mkdocs.yml) into site/; a broken link or a page
+#             outside the nav fails it
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test install java rdkafka-h maven prometheus kafka-jars bench clean
+.PHONY: demo test docs install java maven prometheus kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -18,28 +20,13 @@ $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: setuptools' note on editable installs ("folders ... with the same name as
 	@# your package may take precedence") is about a stray kcompact/ folder; ours is the package's own.
-	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[dev,plots,test]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[dev,plots,test,docs]'
 	@touch $@
 
 java:
 	@command -v java >/dev/null 2>&1 || { \
 	  echo "installing Java 17 (needed by Spark)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless; }
-
-# librdkafka's header, which kcompact's own Kafka client is compiled against (Debian's
-# librdkafka-dev; the library used at run time is confluent-kafka's, checked to be at least as
-# new: connectors/framework/native_kafka.py). Without it the confluent-kafka path is used.
-# zstd's (libzstd-dev): store format 2's reads decompress a span of batches in one C call
-# (setup.py _zstd); without it, one python-zstandard call a batch.
-rdkafka-h:
-	@test -f /usr/include/librdkafka/rdkafka.h || { \
-	  echo "installing librdkafka's header (librdkafka-dev, for kcompact's Kafka client)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq librdkafka-dev || \
-	  echo "librdkafka-dev not installed: Kafka I/O will use confluent-kafka's clients"; }
-	@test -f /usr/include/zstd.h || { \
-	  echo "installing zstd's header (libzstd-dev, for store format 2's bulk reads)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq libzstd-dev || \
-	  echo "libzstd-dev not installed: format-2 reads decompress batch by batch"; }
 
 maven:
 	@command -v mvn >/dev/null 2>&1 || { \
@@ -53,7 +40,7 @@ prometheus:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
 
-install: java rdkafka-h $(BIN)/.installed
+install: java $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
 # $KCOMPACT_CACHE_DIR (~/.cache/kcompact); a no-op once fetched
@@ -63,7 +50,11 @@ kafka-jars: install maven
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
-test: install kafka-jars prometheus
+# NO_MKDOCS_2_WARNING: Material's banner about its successor (not a problem of this guide)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: install kafka-jars prometheus docs
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
@@ -73,4 +64,4 @@ bench: install
 	$(BIN)/python bench/report.py --scale $(BENCH_SCALE) --out bench/out
 
 clean:
-	rm -rf $(VENV) demo-work .pytest_cache
+	rm -rf $(VENV) demo-work .pytest_cache site

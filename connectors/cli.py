@@ -23,25 +23,19 @@ from typing import Any, Callable
 # variable is read when numpy loads, below).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kcompact.reput import ReputError  # noqa: E402
+from kcompact.errors import KcompactError  # noqa: E402
 from kcompact.reput.gcmode import bulk_gc  # noqa: E402
-
-from .errors import ConnectorsError  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can act on (each package's root, and OSError): printed as one line, exit 1.
-    Imported only once an error needs classifying: importing replication costs ~0.5 s."""
-    from kcompact.compaction import CompactionError
-    from kcompact.replication import ReplicationError
-    return (ReputError, CompactionError, ReplicationError, ConnectorsError, OSError)
-
-
 def _kafka_config(items: list[str]) -> dict[str, str]:
+    return _kafka_config_flag(items, "-X")
+
+
+def _kafka_config_flag(items: list[str], flag: str) -> dict[str, str]:
     from .framework.config import parse_kv_pairs
-    return parse_kv_pairs(items, flag="-X")
+    return parse_kv_pairs(items, flag=flag)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,8 +50,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_broker(a: argparse.Namespace) -> int:
     from .devtools.broker import run_foreground
     if a.engine == "kafka":
-        from .devtools.apache_kafka import ApacheKafkaBroker
-        return run_foreground(a.port, factory=ApacheKafkaBroker)
+        from functools import partial
+
+        from .devtools.apache_kafka import ApacheKafkaBroker, broker_overrides
+        overrides = broker_overrides(_kafka_config_flag(a.override, "--override"))
+        return run_foreground(a.port, factory=partial(ApacheKafkaBroker,
+                                                      broker_config=overrides))
     return run_foreground(a.port)
 
 
@@ -109,11 +107,21 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from kcompact.replication import ServeOptions, serve
-    return serve(ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
-                              tls_cert=a.tls_cert, tls_key=a.tls_key,
-                              max_connections=a.max_connections,
-                              client_timeout_s=a.client_timeout, metrics=a.metrics))
+    from kcompact.replication import ServeOptions
+    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, ServeAllOptions,
+                                                     serve_all)
+    http = None
+    if a.listen:
+        http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                            tls_cert=a.tls_cert, tls_key=a.tls_key,
+                            max_connections=a.max_connections,
+                            client_timeout_s=a.client_timeout, metrics=a.metrics)
+    kafka = None
+    if a.kafka_listen:
+        kafka = KafkaEndpointOptions(listen=a.kafka_listen, token_file=a.kafka_token_file,
+                                     tls_cert=a.tls_cert, tls_key=a.tls_key,
+                                     allow_unauthenticated=a.allow_unauthenticated)
+    return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
@@ -211,6 +219,30 @@ def _repair_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     return check
 
 
+def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`serve`: --listen with --token-file, --kafka-listen, or both (exit 2 otherwise)."""
+    def check(args) -> None:
+        if not args.listen and not args.kafka_listen:
+            parser.error("give --listen HOST:PORT --token-file F (replication over HTTP), "
+                         "--kafka-listen HOST:PORT (Kafka clients), or both")
+        if args.listen and not args.token_file:
+            parser.error("--listen needs --token-file F (the file holding the bearer token "
+                         "replicas must send)")
+        if args.token_file and not args.listen:
+            parser.error("--token-file applies to --listen only (the Kafka listener's is "
+                         "--kafka-token-file)")
+        for flag in ("kafka_token_file", "allow_unauthenticated"):
+            if getattr(args, flag) and not args.kafka_listen:
+                parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
+        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
+            from kcompact.replication.connections import is_loopback
+            host = args.kafka_listen.rpartition(":")[0].strip("[]")
+            if host and not is_loopback(host):
+                parser.error(f"--kafka-listen {args.kafka_listen} is not a loopback address: "
+                             "add --kafka-token-file F (SASL/PLAIN) or --allow-unauthenticated")
+    return check
+
+
 def _metrics_flag(s: argparse.ArgumentParser) -> None:
     """The flags of a long-running command (README, "Operating kcompact")."""
     s.add_argument("--metrics", default=None, metavar="HOST:PORT",
@@ -222,6 +254,15 @@ def _metrics_flag(s: argparse.ArgumentParser) -> None:
 def _log_format_flag(s: argparse.ArgumentParser, default: Any) -> None:
     s.add_argument("--log-format", choices=("text", "json"), default=default,
                    help="stderr lines as text (default) or one JSON object per line")
+
+
+def _broker_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`broker`: --override configures the real Kafka only."""
+    def check(args) -> None:
+        if args.override and args.engine != "kafka":
+            parser.error("--override applies to --engine kafka (Kafka's server configs); the "
+                         "embedded Tansu broker takes none")
+    return check
 
 
 def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
@@ -248,13 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command and flag, each with its help text: what it is, its default and its unit,
     as Kafka's own tools say it (a test runs every ``--help`` and checks that none is missing).
     """
-    from kcompact import __version__
-
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage. "
         "`kcompact COMMAND --help` lists a command's flags."))
-    p.add_argument("--version", action="version", version=f"kcompact {__version__}",
-                   help="print kcompact's version and exit")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print kcompact's version and its native paths (Kafka I/O, zstd), and exit")
     _log_format_flag(p, "text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
@@ -276,7 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None, metavar="PORT",
                    help="port to listen on, on 127.0.0.1 (default: a free port); the broker "
                    "prints 'kcompact broker listening on 127.0.0.1:PORT' once it is ready")
-    s.set_defaults(func=cmd_broker)
+    s.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="--engine kafka: a Kafka server config, as kafka-server-start.sh's "
+                   "--override, e.g. message.max.bytes=4194304 (repeatable; the listeners, "
+                   "node and data directory are the launcher's)")
+    s.set_defaults(func=cmd_broker, check_usage=_broker_usage(s))
 
     s = sub.add_parser("mirror", help="mirror Kafka topics into a store")
     _bootstrap_flag(s, "the Kafka cluster to read from")
@@ -387,15 +430,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--against: the file holding the master's bearer token")
     s.set_defaults(func=cmd_verify, check_usage=_verify_usage(s))
 
-    s = sub.add_parser("serve", help="serve a store to replicas over HTTP")
+    s = sub.add_parser("serve", help="serve a store to replicas over HTTP and/or to Kafka "
+                       "clients as a read-only Kafka broker")
     _store_flag(s, "the store to serve (read-only: mirrors and compaction keep running)")
-    s.add_argument("--listen", required=True, metavar="HOST:PORT",
-                   help="address to listen on, e.g. 0.0.0.0:8470")
-    s.add_argument("--token-file", required=True, metavar="FILE",
-                   help="file holding the bearer token replicas must send (e.g. made with "
-                   "`openssl rand -hex 32`)")
+    s.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="HTTP replication: address to listen on, e.g. 0.0.0.0:8470 (needs "
+                   "--token-file)")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="with --listen: file holding the bearer token replicas must send "
+                   "(e.g. made with `openssl rand -hex 32`)")
+    s.add_argument("--kafka-listen", default=None, metavar="HOST:PORT",
+                   help="serve the store to Kafka clients (a read-only broker) on this "
+                   "address, e.g. 127.0.0.1:9092 (port 0 picks a free one)")
+    s.add_argument("--kafka-token-file", default=None, metavar="FILE",
+                   help="require SASL/PLAIN on --kafka-listen: any user name, this file's "
+                   "token as the password")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="let --kafka-listen bind a non-loopback address without "
+                   "--kafka-token-file")
     s.add_argument("--tls-cert", default=None, metavar="PEM",
-                   help="serve HTTPS with this certificate (with --tls-key; default: HTTP)")
+                   help="serve TLS with this certificate on --listen (HTTPS) and "
+                   "--kafka-listen (with --tls-key; default: plain)")
     s.add_argument("--tls-key", default=None, metavar="PEM",
                    help="the private key of --tls-cert")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
@@ -404,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client has to send a whole request, or to take any byte of "
                         "its response, before it is disconnected (default 30)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL",
@@ -519,6 +574,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Version(argparse.Action):
+    """``--version``: kcompact's version, then the Kafka I/O path and the zstd path in use (the
+    C client and the vendored decoder, or what runs instead and why), one line each. Worked out
+    only when asked: loading librdkafka is not free."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from kcompact import __version__
+        from kcompact.reput.codecs import zstd_path
+        from .framework.native_kafka import describe
+        print(f"kcompact {__version__}\nkafka io: {describe()}\nzstd: {zstd_path()}")
+        parser.exit()
+
+
 def _store_flag(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--store", required=True, metavar="URL",
                    help=f"{what}: a directory, or s3://bucket/prefix")
@@ -555,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     check_usage = getattr(args, "check_usage", None)
     if check_usage is not None:
         check_usage(args)  # exits 2 with argparse's usage message
-    debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+    from kcompact.reput.env import debug as env_debug
+    debug = env_debug()
     if getattr(args, "log_format", "text") == "json":
         from .apps.output import JsonLines
         name = " ".join(x for x in (args.command, getattr(args, "kv_command", None),
@@ -569,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except _user_errors() as e:
+    except (KcompactError, OSError) as e:  # one a user can act on: one line, exit 1
         if debug:
             traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

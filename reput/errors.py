@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from kcompact.errors import ConfigError, KcompactError  # noqa: F401  (ConfigError: kcompact's one)
 
-class ReputError(Exception):
+
+class ReputError(KcompactError):
     """Root of every error raised by the store."""
 
 

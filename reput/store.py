@@ -34,13 +34,14 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _kernels as K
+from . import env as _env
 from . import filenames as fn
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
-from .jit import native
+from . import _native as _N
 from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
@@ -49,8 +50,6 @@ from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, va
 from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
 
-#: the C kernels (offset_order) when built, else numba's
-_N = native()
 
 #: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
 #: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written
@@ -70,10 +69,7 @@ ORDER_KERNEL_MAX_PARTITION = 1 << 16
 
 
 def _offset_order(partitions: np.ndarray, offsets: np.ndarray, max_partition: int):
-    """(i, seen) of K.offset_order: in C when built (no JIT compiler loaded: a process that
-    appends, a replica's pull, needs numba for nothing else), else numba's."""
-    if _N is None:
-        return K.offset_order(partitions, offsets, max_partition)
+    """(i, seen) of the C offset_order (reput/_native.c)."""
     seen = np.empty(max_partition + 1, np.uint8)
     return _N.offset_order(partitions, offsets, max_partition, seen), seen
 
@@ -230,10 +226,7 @@ def default_commitlog_dir(store_id: str) -> str:
     """Where a writer keeps its commit log (and active segments) for a store that is not a
     local directory: ``$KCOMPACT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kcompact`` or
     ``~/.cache/kcompact``, then ``/<store id>``."""
-    root = os.environ.get("KCOMPACT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "kcompact")
-    return os.path.join(root, store_id)
+    return os.path.join(_env.cache_dir(), store_id)
 
 
 def backend_for(url: str) -> Backend:
