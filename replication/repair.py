@@ -164,7 +164,7 @@ async def _from_one(store: Store, run: RepairRun, rep: Replicator, topic: str,
         staged.log.close(seal=False)
         raise
     run.stage_fs.remove_tree(f"{fn.replicating_dir(topic, partition)}")
-    newer = 0 if got.last_kept < target else _count_from(got, target, staged.log)
+    newer = 0 if got.last_kept < target else _count_from(target, staged.log)
     entry = _entry(topic, partition, "from", got)
     entry.update(source=rep.client.url, source_store_id=rep.client.store_id,
                  records_from_source=res.records, source_next_offset=target,
@@ -186,7 +186,7 @@ async def _from_one(store: Store, run: RepairRun, rep: Replicator, topic: str,
     return entry
 
 
-def _count_from(got: Salvaged, target: int, log) -> int:
+def _count_from(target: int, log) -> int:
     """Records of the repaired log at or past ``target`` (the local ones kept)."""
     n = 0
     for seg in log.segments:

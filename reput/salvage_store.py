@@ -28,11 +28,11 @@ import uuid
 from typing import Callable
 
 from . import _kernels as K
+from . import _native as _N
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, StoreFormatError
 from .store import FEATURE_SEGMENT_LIST, StoreMeta
-from .topic_configs import TopicConfigLayers
 
 _ID = re.compile(rb'"store_id"\s*:\s*"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-'
                  rb'[0-9a-f]{12})"')
@@ -98,11 +98,10 @@ def _from_fields(raw: bytes) -> StoreMeta | None:
         return None
 
 
-def damaged_commitlogs(fs: Backend) -> list[tuple[str, int, int, int, str]]:
-    """(writer, segment base, its size, byte where its damage starts, what) of each damaged
-    commit-log segment (a torn tail of a writer's last segment is not damage: the writer cuts
-    it on open), as ``kcompact verify`` finds them."""
-    out = []
+def commitlog_segments(fs: Backend):
+    """Every commit-log segment of ``fs``: (writer, base, size, byte where its damage starts
+    or None, what), as ``kcompact verify`` checks them (a torn tail of a writer's last segment
+    is not damage: the writer cuts it on open)."""
     for writer in fs.listdir(fn.COMMITLOG_DIR):
         try:
             fn.validate_writer(writer)
@@ -112,18 +111,24 @@ def damaged_commitlogs(fs: Backend) -> list[tuple[str, int, int, int, str]]:
                                                           fs.listdir(fn.writer_dir(writer))))
                        if kind == "log")
         for k, base in enumerate(bases):
-            path = fn.commitlog_segment(writer, base)
-            size = fs.size(path)
-            if size == 0:
-                continue
-            buf = fs.map(path, size)
-            _, stop, status = K.count_records(buf, 0, size, True, K.CRC_TABLES)
-            del buf
+            size = fs.size(fn.commitlog_segment(writer, base))
+            stop, status = 0, K.SCAN_OK
+            if size:
+                buf = fs.map(fn.commitlog_segment(writer, base), size)
+                _, stop, status = _N.count_records(buf, 0, size, True)
+                del buf
             if status == K.SCAN_OK or (status == K.SCAN_TORN and k == len(bases) - 1):
-                continue
-            out.append((writer, base, size, int(stop), "corrupt record"
-                        if status == K.SCAN_CORRUPT else "torn record"))
-    return out
+                yield writer, base, size, None, None
+            else:
+                yield writer, base, size, int(stop), ("corrupt record"
+                                                      if status == K.SCAN_CORRUPT
+                                                      else "torn record")
+
+
+def damaged_commitlogs(fs: Backend) -> list[tuple[str, int, int, int, str]]:
+    """(writer, segment base, its size, byte where its damage starts, what) of each damaged
+    commit-log segment (``commitlog_segments``)."""
+    return [c for c in commitlog_segments(fs) if c[3] is not None]
 
 
 def commitlogs_damaged(fs: Backend) -> bool:
@@ -197,5 +202,5 @@ def salvage_commitlogs(fs: Backend, set_aside: Callable[[Backend, str], str],
     return out
 
 
-__all__ = ["commitlogs_damaged", "damaged_commitlogs", "looks_like_store", "rebuild_store_json", "reput_checkpoint",
+__all__ = ["commitlog_segments", "commitlogs_damaged", "damaged_commitlogs", "looks_like_store", "rebuild_store_json", "reput_checkpoint",
            "salvage_commitlogs"]

@@ -63,30 +63,11 @@ def run(*argv: str) -> tuple[int, str, str]:
 
 
 def build(url: str) -> None:
-    """Two partitions: keys, headers, tombstones and keyless records in 16 KiB segments; the
-    first part compacted (store format 2: Kafka batches, lean indexes; a checkpoint), more
-    records after it sealed in store format 1, and an active segment."""
-    clock = ManualClock()
-    s = Store.open(url, writer="w", create=True, clock=clock)
-    s.set_topic_config(TOPIC, {"segment.bytes": 16384})
-    for phase in range(2):
-        rows = []
-        for p in range(2):
-            for i in range(150):
-                k = i % 23
-                key = None if i % 31 == 7 else b"key-%d" % k
-                value = None if (key is not None and i % 17 == 3) else b"v%d-%d" % (phase, i) * 30
-                hdrs = [("h", b"%d" % i)] if i % 5 == 0 else []
-                rows.append((p, phase * 150 + i, clock.ms() + i, key, value, hdrs))
-        s.append(RecordBatch.from_records(TOPIC, rows))
-        s.flush()
-        s.close()
-        if phase == 0:
-            for p in range(2):
-                code, _, err = run("compact", "--store", url, "--topic", TOPIC, "--partition",
-                                   str(p), "--force")
-                assert code == 0, err
-            s = Store.open(url, writer="w", clock=clock, options=WriterOptions(seal_format=1))
+    """test_fuzz_store's store: two partitions, keys, headers, tombstones and keyless records
+    in 16 KiB segments; the first part compacted (store format 2: Kafka batches, lean indexes;
+    a checkpoint), more records after it sealed in store format 1, and an active segment."""
+    from test_fuzz_store import build as fuzz_build
+    fuzz_build(url)
 
 
 def records(url: str, p: int) -> dict[int, dict]:
