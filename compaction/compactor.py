@@ -56,7 +56,7 @@ from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
 from kcompact.reput import swap
 from kcompact.reput.config import SYSTEM_CLOCK, Clock, TopicConfig
-from kcompact.reput.errors import StoreLockedError
+from kcompact.reput.errors import CorruptRecordError, StoreLockedError
 from kcompact.reput.locks import FileLock
 from kcompact.reput.partition import PartitionLog, Segment
 from kcompact.reput.reader import IndexCursor, PartitionReader
@@ -111,6 +111,8 @@ class CompactionResult:
     skipped: str | None = None
     size_before: int = 0
     size_after: int = 0
+    #: set when the partition was skipped as damaged (compaction/damage.py: Damage.to_dict)
+    damaged: dict | None = None
 
     @property
     def recopy_percent(self) -> float:
@@ -245,7 +247,12 @@ class Compactor:
                 # S3: an input was replaced by another compactor and deleted after the grace
                 # period while this one still read it; nothing of this run is published
                 with self.store.lock:
-                    pl.abort_staged()
+                    pl.abort_staged()  # (the latest manifest read again)
+                    if any(e.filename in (s.log_path, s.bcq_path) for s in pl.segments):
+                        # still listed: not a race but a missing object (issue 44)
+                        raise CorruptRecordError(f"{e.filename}: listed by the partition "
+                                                 "manifest but missing from the store",
+                                                 e.filename, 0) from None
                 res.skipped = (f"its input segments were replaced and deleted meanwhile "
                                f"({e.filename}); nothing was changed")
                 res.duration_s = time.perf_counter() - t0

@@ -130,6 +130,13 @@ def cmd_replicate(a: argparse.Namespace) -> int:
                                       store=a.store, follow=a.follow, metrics=a.metrics))
 
 
+def cmd_repair(a: argparse.Namespace) -> int:
+    from kcompact.replication.repair import RepairOptions, repair
+    return repair(RepairOptions(store=a.store, from_url=a.from_url, token_file=a.token_file,
+                                topic=a.topic, partition=a.partition, salvage=a.salvage,
+                                json=a.json))
+
+
 def cmd_restore(a: argparse.Namespace) -> int:
     from .apps.restore import RestoreOptions, run_restore
     return run_restore(RestoreOptions(
@@ -193,6 +200,22 @@ def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
                          "bearer token)")
         if args.token_file and not args.against:
             parser.error("--token-file applies to --against only")
+    return check
+
+
+def _repair_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`repair`: --from (with --token-file) or --salvage, one of the two."""
+    def check(args) -> None:
+        if bool(args.from_url) == bool(args.salvage):
+            parser.error("give --from URL --token-file F (a serving master or replica) or "
+                         "--salvage (keep what verifies), one of the two")
+        if args.from_url and not args.token_file:
+            parser.error("--from needs --token-file F (the file holding the source's bearer "
+                         "token)")
+        if args.token_file and not args.from_url:
+            parser.error("--token-file applies to --from only")
+        if args.partition is not None and args.topic is None:
+            parser.error("--partition needs --topic")
     return check
 
 
@@ -449,6 +472,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the rebuild, keep pulling new records until Ctrl-C or SIGTERM")
     _metrics_flag(s)
     s.set_defaults(func=cmd_replicate)
+
+    s = sub.add_parser("repair", help="repair the damaged partitions `verify` finds (from a "
+                       "replica, or by keeping what verifies); docs/operations-damage.md")
+    _store_flag(s, "the store to repair (its damaged files are moved to quarantine/<time>/, "
+                "never deleted)")
+    s.add_argument("--from", dest="from_url", default=None, metavar="URL",
+                   help="pull each damaged partition again from this serving master or replica "
+                   "(`kcompact serve`), http(s)://HOST:PORT (needs --token-file); local records "
+                   "newer than the source's are kept")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="--from: the file holding the source's bearer token")
+    s.add_argument("--salvage", action="store_true",
+                   help="no replica: keep every record that verifies, drop the damaged ones, "
+                   "rebuild the indexes and print what was lost as offset ranges")
+    s.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="only this topic (default: every topic)")
+    s.add_argument("--partition", type=int, default=None, metavar="P",
+                   help="repair this partition (with --topic), damaged or not (default: the "
+                   "partitions `verify` finds damaged)")
+    _json_flag(s, "print what was repaired and lost as one JSON document on stdout")
+    s.set_defaults(func=cmd_repair, check_usage=_repair_usage(s))
 
     s = sub.add_parser("restore", help="re-publish a store's topic into Kafka")
     _store_flag(s, "the store to read")

@@ -58,7 +58,7 @@ from kcompact.reput.record import Scratch
 from kcompact.reput.config import TopicConfig
 from kcompact.reput.store import Store, SyncPacer
 
-from .client import Chunk, MasterClient, check_master_url, negotiate
+from .client import Chunk, MasterClient, check_master_url, negotiate, unavailable_partitions
 from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
 from .protocol import PROTOCOL_VERSIONS, SEGMENTS_VERSION, check_records, read_token_file
@@ -167,15 +167,38 @@ class Replicator:
         if doc.get("store_id") == self.store.meta.store_id:
             raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
                                "replicate into another directory")
-        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
-        if note:
-            self.progress.note("replicate", note)
-        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
-        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.use_document(doc, "replicate")
         await self._run(self._sync_configs, doc)
-        self.master_doc = doc
         await self._warm
         return doc
+
+    def use_document(self, doc: dict, name: str) -> None:
+        """Speak with the master whose ``/v1/store`` is ``doc``: the best protocol both speak
+        and its request size limit (``name``: whose note a version 1 master gets)."""
+        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
+        if note:
+            self.progress.note(name, note)
+        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
+        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.master_doc = doc
+
+    async def pull_into(self, staging: PartitionLog, topic: str, partition: int,
+                        info: dict) -> PartitionResult:
+        """Pull the master's ``topic``-``partition`` (``info``: its entry of ``/v1/store``)
+        from offset 0 to its next offset into ``staging``, an empty writable log whose files
+        are on ``self.fs`` (version 2: sealed segments as stored): what `kcompact repair
+        --from` rebuilds a damaged partition from. Keyed tombstones up to the master's horizon
+        are stamped as cleaned now, as a rebuild's are."""
+        target = int(info["next_offset"])
+        res = PartitionResult(topic, partition, master_next_offset=target)
+        name = f"{topic}-{partition}"
+        t0 = time.monotonic()
+        self.progress.start(name, min(int(info.get("first_offset", 0)), target), target, 0)
+        await self._pull(topic, partition, staging, 0, target, name,
+                         int(info.get("compaction_horizon", -1)), res)
+        res.pull_s = res.duration_s = time.monotonic() - t0
+        res.next_offset = staging.next_offset
+        return res
 
     def _sync_configs(self, doc: dict) -> None:
         """The master's topic configs (its effective values, those not at the default) become
@@ -905,6 +928,18 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
                   f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s); protocol "
                   f"{rep.protocol}: {total:,} bytes, {shipped:,} of them "
                   f"{sum(r.shipped_segments for r in results)} segments as stored", flush=True)
+            missing = unavailable_partitions(first)
+            if missing:
+                # a partition the master holds but does not serve is never a silent omission
+                t, p, why = missing[0]
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                msg = (f"master {client.url} holds {t}-{p}{more} but does not serve it: {why}; "
+                       f"the other {len(results)} partitions were replicated; fix it on the "
+                       "master (`kcompact verify`, `kcompact repair`) and run `kcompact "
+                       "replicate` again")
+                if not opts.follow:
+                    raise ReplicaError(msg)
+                progress.note("replicate", f"warning: {msg}")
             if opts.follow and not stop.is_set():
                 progress.note("replicate", "following the master (Ctrl-C to stop)")
                 await rep.follow(stop)

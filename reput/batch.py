@@ -35,6 +35,9 @@ BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = BATCH_HEADER.size   # 61
 LOG_OVERHEAD = 12                 # baseOffset + batchLength: bytes before what batchLength counts
 CRC_START = 21                    # the CRC covers [attributes, end)
+#: the smallest Kafka record: length, attributes, timestamp delta, offset delta, key length,
+#: value length and header count, one byte each (a count is bounded by the bytes before use)
+MIN_KAFKA_RECORD = 7
 _HEAD12 = struct.Struct(">qi")
 #: the C kernels' decode statuses (reput/_kafka_native.h): every record whole / a length or
 #: varint runs past the payload / a value out of range; kafka_find: offset deltas not rising
@@ -301,6 +304,9 @@ def walk_opened(b: Opened, tl: int, where: str) -> Walked:
     """``walk_batch`` of a batch already opened."""
     h, payload = b
     pos = h.position
+    if h.count > payload.shape[0] // MIN_KAFKA_RECORD:  # (before allocating for the claim)
+        raise CorruptRecordError(f"{where}: the batch at byte {pos} claims {h.count} records "
+                                 f"in {payload.shape[0]} bytes", where, pos)
     sz = np.empty(h.count, np.int64)
     starts = np.empty(h.count, np.int64)
     deltas = np.empty(h.count, np.int64)

@@ -339,6 +339,9 @@ class Store:
                 raise
             raise StoreFormatError(f"{fs.url}/store.json is a directory") from None
         meta = StoreMeta.from_json(raw, fs.url)
+        if fs.appendable and fs.local_path("") is not None and fs.isdir(fn.REPAIR_DIR):
+            from .quarantine import finish_repairs
+            finish_repairs(fs)  # a `kcompact repair` killed after its commit point
         if commitlog_dir is None and not fs.appendable:
             commitlog_dir = default_commitlog_dir(meta.store_id)
         clfs = LocalBackend(commitlog_dir) if commitlog_dir else None

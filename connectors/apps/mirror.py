@@ -211,6 +211,14 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
           + (f", {len(per)} topics" if len(per) > 1 else "")
           + (f", {skipped} skipped" if skipped else "") + stopped_text(stopped)
           + f"; store {store} flushed" + _unsealed_text(worker), file=out, flush=True)
+    refused = worker.refused_partitions()
+    if refused:  # the others were mirrored; the run is not complete (issue 44)
+        (tp, why), more = sorted(refused.items(), key=lambda kv: (kv[0].topic,
+                                                                   kv[0].partition))[0], \
+            len(refused) - 1
+        raise ConnectorsError(f"{tp.topic}-{tp.partition}"
+                              + (f" (and {more} more partitions)" if more else "")
+                              + f" was not mirrored: {why}")
     return res
 
 

@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TextIO
 
+from kcompact.compaction import refusal
+from kcompact.reput import ReputError, Store
+
+from ..errors import ConnectorsError
 from ..framework.worker import Worker
 from ..plugins.store_source import RestoreRunner
 from ..plugins.store_source.runner import RestoreStats
@@ -104,14 +108,30 @@ class RestoreResult:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
+def _refuse_damaged(store_url: str, topic: str) -> None:
+    try:
+        st = Store.open(store_url)
+    except ReputError:
+        return  # (the connector says what is wrong with the store, as before)
+    try:
+        why = refusal(st, topic, "restore") if topic in st.topics() else None
+    finally:
+        st.close()
+    if why is not None:
+        raise ConnectorsError(why)
+
+
 def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str = "latest",
             repartition: bool = False, from_scratch: bool = False,
             exactly_once: str = "requested", kafka_config: Mapping[str, str] | None = None,
             chunk_records: int | None = None, out: TextIO | None = None,
             handle_signals: bool = True, stop: threading.Event | None = None,
             startup_timeout_ms: int = 10_000) -> RestoreResult:
-    """Run a restore in this process; returns when done or stopped, raises on failure."""
+    """Run a restore in this process; returns when done or stopped, raises on failure. A topic
+    with a damaged partition is refused before anything is produced (it could not be
+    complete): compaction/damage.py ``refusal``."""
     out = out if out is not None else sys.stderr
+    _refuse_damaged(store, topic)
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
                      "startup.timeout.ms": startup_timeout_ms}, where="restore", log=out)
     props = connector_props(store, topic, to_topic, mode=mode, repartition=repartition,

@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kcompact.reput import Store, StoreNotFoundError, WriterOptions
+from kcompact.reput import CorruptRecordError, Store, StoreNotFoundError, WriterOptions
 from kcompact.reput.config import FSYNC_POLICIES, SYSTEM_CLOCK, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
@@ -274,11 +274,28 @@ class StoreSinkTask(SinkTask):
             sync.opened(self.store, set(by_topic))
         start = {}
         for tp in partitions:
+            why = self._damage(tp)
+            if why is not None:  # not mirrored (nothing of it fetched), the others are
+                self.context.refuse_partition(tp, why)
+                continue
             # A partition with data resumes exactly after its last record; an empty one starts
             # at the topic's first offset (which may be > 0 after retention).
             n = self.store.next_offset(tp.topic, tp.partition)
             start[tp] = n if n > 0 else OFFSET_BEGINNING
         self.context.offset(start)
+
+    def _damage(self, tp: TopicPartition) -> str | None:
+        """Why the store cannot take records of ``tp`` (its partition is damaged: it does not
+        open for write), or None. Issue 44: damage stays in its partition."""
+        if tp.partition not in self.store.partitions(tp.topic):
+            return None
+        try:
+            self.store.writable_partition(tp.topic, tp.partition)
+            return None
+        except CorruptRecordError as e:
+            self.store.release_partition(tp.topic, tp.partition)
+            return (f"the store's partition is damaged ({str(e).splitlines()[0]}); repair it "
+                    "(`kcompact repair`, docs/operations-damage.md), then mirror again")
 
     def _check_topic_ids(self, topics: set[str]) -> set[str]:
         """The topics refused (``SinkTaskContext.refuse_topic``): their id in the context is not

@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import plyvel
 
+from kcompact.compaction import refusal
 from kcompact.reput import ReputError, Store
 from kcompact.reput.gcmode import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
@@ -115,6 +116,10 @@ class MapBuilder(KafkaCatchUp):
         try:
             if topic_missing and new_db:  # before the map is created: nothing left behind
                 raise self._topic_missing(store)
+            if not topic_missing:  # a damaged partition: refused before anything is written
+                why = refusal(store, self.topic, "kv build")
+                if why is not None:
+                    raise KVError(why)
             db = open_db(self.db_dir, create=True) if own_db else self._db
             sink = LevelDBSink(db, self.db_dir)
             # an existing map says first which source it holds (another store or topic)

@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
-from kcompact.compaction import DEFAULT_MAP_MEMORY, plan
-from kcompact.reput import ReputError, Store, StoreLockedError
+from kcompact.compaction import DEFAULT_MAP_MEMORY, REPAIR_HINT, plan
+from kcompact.reput import CorruptRecordError, ReputError, Store, StoreLockedError
 
 from ...errors import ConnectorsError
 from ...framework.api import TaskFailedError, TopicPartition
@@ -310,9 +310,20 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     st = Store.open(store)
     todo = []
     stored = {t: set(st.partitions(t)) for t in topics}
+    refused: dict = {}  # damaged partitions: not mirrored, the others are (issue 44)
     for tp in tps:
         lo, end, exact = ends[tp]
-        nxt = st.next_offset(tp.topic, tp.partition) if tp.partition in stored[tp.topic] else 0
+        try:
+            nxt = (st.next_offset(tp.topic, tp.partition) if tp.partition in stored[tp.topic]
+                   else 0)
+        except CorruptRecordError as e:
+            st.release_partition(tp.topic, tp.partition)
+            refused[tp] = (f"the store's partition is damaged ({str(e).splitlines()[0]}); "
+                           "repair it (`kcompact repair`, docs/operations-damage.md), then "
+                           "mirror again")
+            print(f"kcompact: warning: mirror: {tp.topic}-{tp.partition} is not mirrored: "
+                  f"{refused[tp]}; the other partitions are", file=sys.stderr, flush=True)
+            continue
         if exact and nxt > end:
             st.close()
             raise ConnectorsError(
@@ -391,8 +402,12 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         # 2. compaction: one task per partition the planner picks
         if compact:
             selected = set(tps)
-            cands = [(c.topic, c.partition) for t in topics for c in plan(st, topic=t)
+            damaged: list = []  # skipped, said, the others compacted (compaction/damage.py)
+            cands = [(c.topic, c.partition) for t in topics
+                     for c in plan(st, topic=t, damaged=damaged)
                      if TopicPartition(c.topic, c.partition) in selected]
+            for d in damaged:
+                print(f"compact: {d.line()}; {REPAIR_HINT}", file=out, flush=True)
             if cands:
                 print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
                 result.compaction = compact_partitions_spark(
@@ -404,6 +419,10 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         if ours and spark is not None:
             spark.stop()
     result.seconds = time.monotonic() - t_all
+    if refused:
+        tp, why = sorted(refused.items(), key=lambda kv: (kv[0].topic, kv[0].partition))[0]
+        more = f" (and {len(refused) - 1} more partitions)" if len(refused) > 1 else ""
+        raise ConnectorsError(f"{tp.topic}-{tp.partition}{more} was not mirrored: {why}")
     return result
 
 
