@@ -13,8 +13,9 @@ are its stored bytes (docs/formats/segment-v2.md): memoryview slices of the mapp
 local store, bytes from an object store; each batch's header and CRC-32C is checked before it is
 handed out (once per batch of an immutable segment, remembered). A format-1 segment's records
 (the active segment, an old store's) go out as one uncompressed batch encoded on the fly from
-verified records (reput/batch.py ``encode_batch``). A compaction swap under a read is retried as
-every offset read is (``PartitionReader``).
+verified records (reput/batch.py ``encode_batch``). ``zstd`` says whether any batch handed out
+is zstd-compressed, so that the endpoint need not look inside them. A compaction swap under a
+read is retried as every offset read is (``PartitionReader``).
 
 Timestamps (ListOffsets): ``offset_for_timestamp`` is the first record whose timestamp is at or
 after T (Kafka's ``fetchOffsetByTimestamp``), ``max_timestamp`` the first record holding the
@@ -23,6 +24,7 @@ partition's largest timestamp (Kafka 3.9's MAX_TIMESTAMP); both read the index o
 
 from __future__ import annotations
 
+import struct
 import threading
 import weakref
 from typing import NamedTuple
@@ -37,11 +39,13 @@ from .errors import CorruptRecordError
 class KafkaBatches(NamedTuple):
     """``parts``: buffer objects holding whole RecordBatch v2 batches back to back (``nbytes``
     in all); ``next_offset``: the last batch's baseOffset + lastOffsetDelta + 1, or the offset
-    asked for when nothing is at or after it."""
+    asked for when nothing is at or after it; ``zstd``: whether any of the batches is
+    compressed with zstd (which Kafka serves only to a Fetch v10+, KIP-110)."""
 
     parts: list
     nbytes: int
     next_offset: int
+    zstd: bool = False
 
 
 class TimestampOffset(NamedTuple):
@@ -49,18 +53,18 @@ class TimestampOffset(NamedTuple):
     timestamp: int
 
 
-#: batch positions of immutable sealed segments whose header and CRC were checked, per segment
-#: object (a swap or a re-seal makes a new Segment) and its file sizes
+#: {batch position: its codec} of immutable sealed segments whose batches' header and CRC
+#: were checked, per segment object (a swap or a re-seal makes a new Segment) and file sizes
 _checked: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _checked_lock = threading.Lock()
 
 
-def _checked_set(seg) -> set:
+def _checked_codecs(seg) -> dict:
     key = (seg.log_size, seg.index_size)
     with _checked_lock:
         got = _checked.get(seg)
         if got is None or got[0] != key:
-            got = (key, set())
+            got = (key, {})
             _checked[seg] = got
         return got[1]
 
@@ -110,14 +114,15 @@ def _stored(pl, seg, from_offset: int, max_bytes: int) -> KafkaBatches | None:
         path = pl.seg_log_path(seg)
         raise CorruptRecordError(f"{path}: the .log ends inside the batches its index lists "
                                  f"(byte {pos0 + data.shape[0]})", path, pos0 + data.shape[0])
-    done = _checked_set(seg) if not seg.open_tail else set()
+    done = _checked_codecs(seg) if not seg.open_tail else {}
     path = pl.seg_log_path(seg)
-    p, last = 0, -1
+    p, last, zstd = 0, -1, False
     parts = []
     for b in range(k, k + m):
         size = int(bsize[b])
         where = pos0 + p
-        if where in done:
+        codec = done.get(where)
+        if codec is not None:
             base, delta = KB._HEAD12.unpack_from(data, p)[0], _last_delta(data, p)
             last = base + delta
         else:
@@ -125,14 +130,15 @@ def _stored(pl, seg, from_offset: int, max_bytes: int) -> KafkaBatches | None:
             if h.size != size:
                 raise CorruptRecordError(f"{path}: the batch at byte {where} holds {h.size} "
                                          f"bytes, its index lists {size}", path, where)
-            last = h.last_offset
-            done.add(where)
+            last, codec = h.last_offset, h.codec
+            done[where] = codec
+        zstd |= codec == KB.CODEC_ZSTD
         p += size
     if last < from_offset:
         raise CorruptRecordError(f"{path}: the batch at byte {pos0} ends at offset {last}, "
                                  f"below {from_offset} its index places in it", path, pos0)
     parts.append(memoryview(data) if isinstance(data, np.ndarray) else data)
-    return KafkaBatches(parts, total, last + 1)
+    return KafkaBatches(parts, total, last + 1, zstd)
 
 
 def _last_delta(data: np.ndarray, p: int) -> int:
@@ -157,6 +163,21 @@ def _encoded(reader, seg, from_offset: int, max_bytes: int) -> KafkaBatches | No
         total += len(eb.data)
         lo = hi
     return KafkaBatches(parts, total, int(offs[-1]) + 1)
+
+
+def empty_batch(base: int, last: int) -> bytes:
+    """A RecordBatch v2 holding no record that spans offsets base..last (0 <= last - base <=
+    2^31 - 1): a consumer steps over it to ``last + 1``. Kafka's cleaner writes such batches
+    (every record of a batch removed, its producer state kept); the endpoint bridges a gap
+    after a partition's last record with one (docs/formats/kafka-endpoint-fetch.md)."""
+    if not 0 <= last - base <= 0x7FFFFFFF:
+        raise ValueError(f"an empty batch spans at most 2^31 offsets, not {base}..{last}")
+    out = np.zeros(KB.HEADER_SIZE, np.uint8)
+    KB.BATCH_HEADER.pack_into(out, 0, base, KB.HEADER_SIZE - KB.LOG_OVERHEAD, -1, KB.MAGIC, 0,
+                              0, last - base, -1, -1, -1, -1, -1, 0)
+    crc = KB.crc32c(out, KB.CRC_START, KB.HEADER_SIZE)
+    struct.pack_into(">I", out, 17, crc)
+    return out.tobytes()
 
 
 def offset_for_timestamp(reader, timestamp: int) -> TimestampOffset | None:
@@ -193,5 +214,5 @@ def max_timestamp(reader) -> TimestampOffset | None:
     return best
 
 
-__all__ = ["KafkaBatches", "TimestampOffset", "kafka_batches", "max_timestamp",
+__all__ = ["KafkaBatches", "TimestampOffset", "empty_batch", "kafka_batches", "max_timestamp",
            "offset_for_timestamp"]

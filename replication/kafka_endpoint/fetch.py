@@ -37,7 +37,6 @@ MAX_WAIT_S = 30.0
 
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PART_V4 = struct.Struct(">ihqq")      # partition error hwm lso
-_CODEC_ZSTD = 4
 
 
 def _uvarint(n: int) -> bytes:
@@ -58,18 +57,6 @@ class PartitionResult:
 
 
 _NO_BOUNDS = Bounds(-1, -1)
-
-
-def _has_zstd(parts: list) -> bool:
-    """Does any batch of ``parts`` (whole batches back to back) use zstd (attributes & 7)?"""
-    for buf in parts:
-        mv = memoryview(buf).cast("B")
-        p = 0
-        while p + 23 <= len(mv):
-            if mv[p + 22] & 7 == _CODEC_ZSTD:
-                return True
-            p += 12 + _I32.unpack_from(mv, p + 8)[0]
-    return False
 
 
 def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
@@ -98,7 +85,7 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
             got = view.fetch(name, pi, offset, limit)
             if got.nbytes and not first and got.nbytes > budget:
                 got = got._replace(parts=[], nbytes=0)  # only the first batch may overflow
-            if got.nbytes and version < 10 and _has_zstd(got.parts):
+            if got.nbytes and version < 10 and got.zstd:
                 results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, got.bounds))
                 continue
             results.append(PartitionResult(pi, NONE, got.bounds, got.parts, got.nbytes))
