@@ -113,9 +113,10 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
 
 
 async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
-                       req: Any, stopping: Callable[[], bool]) -> list:
+                       req: Any, stopping: Callable[[], bool],
+                       count_errors: Callable[[list], None] | None = None) -> list:
     """The response buffers of a Fetch request (``run(fn, *args)`` runs blocking work in the
-    endpoint's thread pool)."""
+    endpoint's thread pool; ``count_errors`` is handed the partitions' error codes)."""
     topics = list(req.topics or ())
     if not topics:
         return encode_fetch(version, correlation_id, [])
@@ -128,6 +129,8 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
         await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         if await run(grew, view, topics, seen):
             seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    if count_errors is not None:
+        count_errors([r.error for _, results in seen for r in results])
     return encode_fetch(version, correlation_id, seen)
 
 

@@ -1,7 +1,8 @@
 """The answers to every API the endpoint serves but Fetch (fetch.py) and the SASL exchange
 (server.py): ApiVersions, Metadata, ListOffsets, Produce (refused), FindCoordinator and the
-group APIs (groups.py). Each returns the response frame; docs/kafka-endpoint.md says what each
-answers.
+group APIs (groups.py). Each builds its response's fields as plain values; ``answer`` counts
+the error codes they carry (the endpoint's errors metric) and encodes the frame.
+docs/kafka-endpoint.md says what each answers.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from .wire import (API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT, JOIN_GROUP, LEAVE_GROUP,
-                   LIST_OFFSETS, METADATA, NONE, OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION,
-                   PRODUCE, SYNC_GROUP, UNKNOWN_TOPIC_OR_PARTITION, Request, api_keys, respond)
+from .wire import (API_NAMES, API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT,
+                   INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
+                   OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION, PRODUCE, SYNC_GROUP,
+                   UNKNOWN_TOPIC_OR_PARTITION, Request, api_keys, respond)
 
 NODE_ID = 0
 READ_ONLY = ("this Kafka endpoint serves a kcompact store read-only: produce to the source "
@@ -47,11 +49,20 @@ class Handlers:
         k = req.api_key
         if k == FETCH:
             from .fetch import handle_fetch
-            return await handle_fetch(self.ep.view, self.ep.run, req.version, req.correlation_id,
-                                      req.body, self.ep.stopping)
+            return await handle_fetch(
+                self.ep.view, self.ep.run, req.version, req.correlation_id, req.body,
+                self.ep.stopping, lambda codes: self.ep.count_errors(API_NAMES[FETCH], codes))
+        values = await self._values(req)
+        if values is None:
+            return None
+        self.ep.count_errors(API_NAMES[k], _error_codes(values))
+        return respond(k, req.version, req.correlation_id, throttle_time=0, **values)
+
+    async def _values(self, req: Request) -> dict | None:
+        """The response's fields as plain values (wire.build's), or None: nothing to answer."""
+        k = req.api_key
         if k == API_VERSIONS:
-            return respond(API_VERSIONS, req.version, req.correlation_id, error_code=NONE,
-                           api_keys=api_keys(), throttle_time=0)
+            return {"error_code": NONE, "api_keys": api_keys()}
         if k == METADATA:
             return await self.metadata(req)
         if k == LIST_OFFSETS:
@@ -60,32 +71,25 @@ class Handlers:
             return self.produce(req)
         if k == FIND_COORDINATOR:
             host, port = self.ep.advertised
-            return respond(FIND_COORDINATOR, req.version, req.correlation_id, error_code=NONE,
-                           error_message=None, node_id=NODE_ID, host=host, port=port,
-                           throttle_time=0)
+            return {"error_code": NONE, "error_message": None, "node_id": NODE_ID,
+                    "host": host, "port": port}
         co = self.ep.coordinator
         if k == JOIN_GROUP:
-            got = await co.join(req.version, req.body, req.client_id or "")
-            return respond(JOIN_GROUP, req.version, req.correlation_id, throttle_time=0, **got)
+            return await co.join(req.version, req.body, req.client_id or "")
         if k == SYNC_GROUP:
             got = await co.sync(req.body)
-            return respond(SYNC_GROUP, req.version, req.correlation_id, throttle_time=0,
-                           error_code=got["error_code"], assignment=got["assignment"])
+            return {"error_code": got["error_code"], "assignment": got["assignment"]}
         if k == HEARTBEAT:
-            return respond(HEARTBEAT, req.version, req.correlation_id, throttle_time=0,
-                           error_code=co.heartbeat(req.body))
+            return {"error_code": co.heartbeat(req.body)}
         if k == LEAVE_GROUP:
-            return respond(LEAVE_GROUP, req.version, req.correlation_id, throttle_time=0,
-                           error_code=co.leave(req.body))
+            return {"error_code": co.leave(req.body)}
         if k == OFFSET_COMMIT:
-            return respond(OFFSET_COMMIT, req.version, req.correlation_id, throttle_time=0,
-                           topics=await co.commit(req.body))
+            return {"topics": await co.commit(req.body)}
         if k == OFFSET_FETCH:
-            return respond(OFFSET_FETCH, req.version, req.correlation_id, throttle_time=0,
-                           error_code=NONE, topics=co.fetch_offsets(req.body))
+            return {"error_code": NONE, "topics": co.fetch_offsets(req.body)}
         raise AssertionError(f"API key {k} is listed as served but has no handler")
 
-    async def metadata(self, req: Request) -> bytes:
+    async def metadata(self, req: Request) -> dict:
         view = self.ep.view
         names = None if req.body.topics is None else [t.name for t in req.body.topics]
 
@@ -108,12 +112,11 @@ class Handlers:
             return out
 
         host, port = self.ep.advertised
-        return respond(METADATA, req.version, req.correlation_id, throttle_time=0,
-                       brokers=[{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
-                       cluster_id=self.ep.cluster_id, controller_id=NODE_ID,
-                       topics=await self.ep.run(topics))
+        return {"brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+                "cluster_id": self.ep.cluster_id, "controller_id": NODE_ID,
+                "topics": await self.ep.run(topics)}
 
-    async def list_offsets(self, req: Request) -> bytes:
+    async def list_offsets(self, req: Request) -> dict:
         view = self.ep.view
 
         def answer() -> list[dict]:
@@ -142,23 +145,35 @@ class Handlers:
                             if hit is not None:
                                 row["offset"], row["timestamp"] = hit
                         else:  # another negative timestamp (e.g. KIP-1005's -4, -5)
-                            row["error_code"] = 42  # INVALID_REQUEST
+                            row["error_code"] = INVALID_REQUEST
                     parts.append(row)
                 out.append({"name": t.name, "partitions": parts})
             return out
 
-        return respond(LIST_OFFSETS, req.version, req.correlation_id, throttle_time=0,
-                       topics=await self.ep.run(answer))
+        return {"topics": await self.ep.run(answer)}
 
-    def produce(self, req: Request) -> bytes | None:
+    def produce(self, req: Request) -> dict | None:
         """Every partition refused with POLICY_VIOLATION and a message saying why; nothing is
         written. A produce with acks=0 expects no answer: None (the connection is closed, as
         Kafka closes it when such a produce fails)."""
         self.ep.count_refused_produce()
         if int(req.body.acks) == 0:
             return None
-        return respond(PRODUCE, req.version, req.correlation_id, throttle_time=0, responses=[
+        return {"responses": [
             {"name": t.name, "partition_responses": [
                 {"index": p.index, "error_code": POLICY_VIOLATION, "base_offset": -1,
                  "log_start_offset": -1, "record_errors": [], "error_message": READ_ONLY}
-                for p in t.partition_data]} for t in req.body.topic_data])
+                for p in t.partition_data]} for t in req.body.topic_data]}
+
+
+def _error_codes(values):
+    """Every ``error_code`` in a response's plain values (nested dicts and lists)."""
+    if isinstance(values, dict):
+        for k, v in values.items():
+            if k == "error_code":
+                yield int(v)
+            elif isinstance(v, (dict, list, tuple)):
+                yield from _error_codes(v)
+    elif isinstance(values, (list, tuple)):
+        for v in values:
+            yield from _error_codes(v)

@@ -35,8 +35,8 @@ from .fetch import encode_fetch  # noqa: F401 - (re-exported for tests)
 from .handlers import Handlers
 from .wire import (API_NAMES, API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE,
                    SASL_AUTHENTICATION_FAILED, SERVED, ILLEGAL_SASL_STATE, NONE,
-                   UNSUPPORTED_SASL_MECHANISM, WireError, api_versions_fallback, decode_request,
-                   peek_header, respond)
+                   UNSUPPORTED_SASL_MECHANISM, UNSUPPORTED_VERSION, WireError,
+                   api_versions_fallback, decode_request, error_name, peek_header, respond)
 
 MIN_FRAME = 8  # api key, version, correlation id, client id length
 
@@ -76,7 +76,9 @@ class Endpoint:
         self.accepted = 0
         self.requests: dict[str, int] = {}
         self.bytes_out = 0
-        self.errors: dict[int, int] = {}
+        #: (API name, error name) -> how many times answered (per partition in Fetch,
+        #: ListOffsets, OffsetCommit, Produce; per topic in Metadata; else per response)
+        self.errors: dict[tuple[str, str], int] = {}
         self.closed: dict[str, int] = {}
         self.refused_produces = 0
         self._stopping = False
@@ -209,7 +211,8 @@ class Endpoint:
         self.requests[name] = self.requests.get(name, 0) + 1
         if key == API_VERSIONS and not SERVED[API_VERSIONS][0] <= version <= \
                 SERVED[API_VERSIONS][1]:
-            return self._sent([api_versions_fallback(corr)], 35)
+            self.count_errors(name, [UNSUPPORTED_VERSION])
+            return self._sent([api_versions_fallback(corr)])
         if not conn.authenticated and key not in (API_VERSIONS, SASL_HANDSHAKE,
                                                   SASL_AUTHENTICATE):
             self._close(writer, conn, "unauthenticated",
@@ -222,12 +225,12 @@ class Endpoint:
             self._close(writer, conn, "unsupported", str(e))
             return None
         if key == SASL_HANDSHAKE:
-            return self._sent([self._handshake(req, conn)], None)
+            return self._sent([self._handshake(req, conn)])
         if key == SASL_AUTHENTICATE:
             data, ok = self._authenticate(req, conn)
             if not ok:
                 writer.write(data)
-                self._count_error(SASL_AUTHENTICATION_FAILED)
+                self.count_errors(name, [SASL_AUTHENTICATION_FAILED])
                 self.bytes_out += len(data)
                 try:
                     await asyncio.wait_for(writer.drain(), 1.0)
@@ -236,22 +239,24 @@ class Endpoint:
                 self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed "
                             "(wrong token)")
                 return None
-            return self._sent([data], None)
+            return self._sent([data])
         out = await self.handlers.answer(req)
         if out is None:
             self._close(writer, conn, "produce_acks0", "a produce with acks=0 (nothing can be "
                         "answered, and this endpoint is read-only)")
             return None
-        return self._sent(out if isinstance(out, list) else [out], None)
+        return self._sent(out if isinstance(out, list) else [out])
 
-    def _sent(self, bufs: list, error: int | None) -> list:
+    def _sent(self, bufs: list) -> list:
         self.bytes_out += sum(memoryview(b).nbytes for b in bufs)
-        if error is not None:
-            self._count_error(error)
         return bufs
 
-    def _count_error(self, code: int) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
+    def count_errors(self, api: str, codes) -> None:
+        """Count the error codes (0 = none, not counted) an answer of ``api`` carries."""
+        for code in codes:
+            if code:
+                key = (api, error_name(code))
+                self.errors[key] = self.errors.get(key, 0) + 1
 
     # -- SASL/PLAIN ----------------------------------------------------------------------------
 
@@ -259,6 +264,7 @@ class Endpoint:
         mech = req.body.mechanism
         ok = self.token is not None and mech == "PLAIN"
         conn.mechanism_ok = ok
+        self.count_errors(API_NAMES[SASL_HANDSHAKE], [NONE if ok else UNSUPPORTED_SASL_MECHANISM])
         return respond(SASL_HANDSHAKE, req.version, req.correlation_id,
                        error_code=NONE if ok else UNSUPPORTED_SASL_MECHANISM,
                        mechanisms=["PLAIN"] if self.token is not None else [])
@@ -298,9 +304,11 @@ class Endpoint:
         a = counter("kafka_connections_accepted", "Kafka client connections accepted.")
         a.add_metric([], self.accepted)
         yield a
-        e = counter("kafka_error_responses", "Kafka error codes answered, by code.", ["code"])
-        for code, n in sorted(self.errors.items()):
-            e.add_metric([str(code)], n)
+        e = counter("kafka_error_responses", "Kafka error codes answered, by API and error "
+                    "(Kafka's names; each partition's in Fetch, ListOffsets, OffsetCommit and "
+                    "Produce answers, each topic's in Metadata).", ["api", "error"])
+        for (api, error), n in sorted(self.errors.items()):
+            e.add_metric([api, error], n)
         yield e
         d = counter("kafka_connections_closed", "Kafka connections closed by the endpoint or "
                     "the client, by reason.", ["reason"])

@@ -233,6 +233,14 @@ def _zero(ktype: str | None, is_tuple: bool):
     return 0
 
 
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``OFFSET_OUT_OF_RANGE``), or ``CODE_<n>``."""
+    try:
+        return ErrorCode(int(code)).name.upper()
+    except ValueError:
+        return f"CODE_{int(code)}"
+
+
 def ms(v: Any) -> int:
     """A kio duration field (timedelta) in milliseconds."""
     if isinstance(v, datetime.timedelta):
