@@ -432,7 +432,24 @@ class PartitionLog(ManifestPartition, ListedPartition, SegmentRecovery):
             n = max(n, self.manifest.next_offset)  # survives a compaction that empties the tail
         if self.seglist is not None:  # (and a damaged .bcq cannot move it back)
             n = max(n, self.seglist.next_offset)
-        return n
+        return max(n, self._next_floor)
+
+    #: where the source goes on past the last record (``advance_next_offset``); 0: nowhere
+    _next_floor = 0
+
+    def advance_next_offset(self, offset: int) -> bool:
+        """Writer: the source partition goes on at ``offset``, past the last record stored here
+        (transaction markers, aborted records that a read_committed consumer stepped over).
+        Make it the partition's next offset, so that readers' end offsets and a resuming
+        writer's start are the source's. Call it once every record below ``offset`` is durable
+        (``Store.flush`` does): a local store lists it at once (segment list), an object store
+        commits it with the next seal (manifest). Returns whether it moved."""
+        if offset <= self.next_offset:
+            return False
+        self._next_floor = offset
+        if self.keeps_list and self.writable:
+            self._write_list(self._listed_open)
+        return True
 
     def record_count(self) -> int:
         return sum(self.seg_count(seg) for seg in self.segments)
