@@ -13,7 +13,8 @@ from typing import Any
 from .wire import (API_NAMES, API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT,
                    INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
                    OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION, PRODUCE, SYNC_GROUP,
-                   UNKNOWN_TOPIC_OR_PARTITION, Request, api_keys, respond)
+                   TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, Request,
+                   api_keys, respond)
 
 NODE_ID = 0
 READ_ONLY = ("this Kafka endpoint serves a kcompact store read-only: produce to the source "
@@ -22,6 +23,8 @@ READ_ONLY = ("this Kafka endpoint serves a kcompact store read-only: produce to 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 #: offset and timestamp Kafka answers when no record is at or after a timestamp
 NO_OFFSET = -1
+#: FindCoordinator's key types
+GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
 def topic_uuid(tid: str | None) -> uuid.UUID:
@@ -45,34 +48,34 @@ class Handlers:
     def __init__(self, endpoint: Any):
         self.ep = endpoint
 
-    async def answer(self, req: Request) -> bytes | list:
+    async def answer(self, req: Request, conn: Any = None) -> bytes | list | None:
+        """The response frame (buffers for Fetch); None: nothing can be answered (a produce
+        with acks=0). ``conn``: the server's Connection (the address it reached)."""
         k = req.api_key
         if k == FETCH:
             from .fetch import handle_fetch
             return await handle_fetch(
                 self.ep.view, self.ep.run, req.version, req.correlation_id, req.body,
                 self.ep.stopping, lambda codes: self.ep.count_errors(API_NAMES[FETCH], codes))
-        values = await self._values(req)
+        values = await self._values(req, conn)
         if values is None:
             return None
         self.ep.count_errors(API_NAMES[k], _error_codes(values))
         return respond(k, req.version, req.correlation_id, throttle_time=0, **values)
 
-    async def _values(self, req: Request) -> dict | None:
+    async def _values(self, req: Request, conn: Any) -> dict | None:
         """The response's fields as plain values (wire.build's), or None: nothing to answer."""
         k = req.api_key
         if k == API_VERSIONS:
             return {"error_code": NONE, "api_keys": api_keys()}
         if k == METADATA:
-            return await self.metadata(req)
+            return await self.metadata(req, conn)
         if k == LIST_OFFSETS:
             return await self.list_offsets(req)
         if k == PRODUCE:
             return self.produce(req)
         if k == FIND_COORDINATOR:
-            host, port = self.ep.advertised
-            return {"error_code": NONE, "error_message": None, "node_id": NODE_ID,
-                    "host": host, "port": port}
+            return self.find_coordinator(req, conn)
         co = self.ep.coordinator
         if k == JOIN_GROUP:
             return await co.join(req.version, req.body, req.client_id or "")
@@ -89,7 +92,24 @@ class Handlers:
             return {"error_code": NONE, "topics": co.fetch_offsets(req.body)}
         raise AssertionError(f"API key {k} is listed as served but has no handler")
 
-    async def metadata(self, req: Request) -> dict:
+    def find_coordinator(self, req: Request, conn: Any) -> dict:
+        """Node 0 coordinates every group. A transaction coordinator (key type 1) is refused:
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED, non-retriable, with the read-only message (a
+        transactional producer then fails at once rather than retrying); any other key type:
+        INVALID_REQUEST, as Kafka answers an unknown one."""
+        key_type = int(getattr(req.body, "key_type", GROUP_KEY))
+        if key_type != GROUP_KEY:
+            code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED if key_type == TRANSACTION_KEY \
+                else INVALID_REQUEST
+            why = READ_ONLY if key_type == TRANSACTION_KEY else \
+                f"unknown coordinator key type {key_type} (0: group, 1: transaction)"
+            return {"error_code": code, "error_message": why, "node_id": -1, "host": "",
+                    "port": -1}
+        host, port = self.ep.advertised_for(conn)
+        return {"error_code": NONE, "error_message": None, "node_id": NODE_ID, "host": host,
+                "port": port}
+
+    async def metadata(self, req: Request, conn: Any = None) -> dict:
         view = self.ep.view
         names = None if req.body.topics is None else [t.name for t in req.body.topics]
 
@@ -111,7 +131,7 @@ class Handlers:
                                             "offline_replicas": []} for p in parts]})
             return out
 
-        host, port = self.ep.advertised
+        host, port = self.ep.advertised_for(conn)
         return {"brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
                 "cluster_id": self.ep.cluster_id, "controller_id": NODE_ID,
                 "topics": await self.ep.run(topics)}

@@ -49,8 +49,12 @@ from test_reader_model import TOPIC, _build, _record  # noqa: E402
 class Served:
     """The endpoint over ``url`` in a thread of this process."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, **endpoint):
+        """``endpoint``: Endpoint's keyword arguments (token, limits, ssl_context, log)."""
         self.url = url
+        self.kwargs = {"token": None, "limits": Limits(),
+                       "log": logging.getLogger("test-endpoint"), **endpoint}
+        self.host = self.kwargs.pop("host", "127.0.0.1")
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._main, daemon=True)
@@ -66,11 +70,10 @@ class Served:
     async def _start(self) -> None:
         self.view = StoreView(self.url)
         offsets = GroupOffsets(self.url, self.view.store.meta.store_id)
-        log = logging.getLogger("test-endpoint")
+        log = self.kwargs["log"]
         self.ep = Endpoint(self.view, lambda ep: Coordinator(offsets, ep.run, log,
-                                                              self.view.has),
-                           token=None, limits=Limits(), log=log)
-        _, self.port = await self.ep.start("127.0.0.1", 0)
+                                                              self.view.has), **self.kwargs)
+        _, self.port = await self.ep.start(self.host, 0)
 
     def close(self) -> None:
         fut = asyncio.run_coroutine_threadsafe(self.ep.close(), self.loop)
@@ -87,12 +90,12 @@ class Client:
         self.s = socket.create_connection(("127.0.0.1", port), timeout=20)
         self.corr = 0
 
-    def call(self, key: int, version: int, **body) -> bytes:
-        cls = _request_schema(key, version)
+    def call(self, api_key: int, version: int, /, **body) -> bytes:
+        cls = _request_schema(api_key, version)
         out = io.BytesIO()
         self.corr += 1
         hdr = cls.__header_schema__
-        entity_writer(hdr)(out, build(hdr, request_api_key=key, request_api_version=version,
+        entity_writer(hdr)(out, build(hdr, request_api_key=api_key, request_api_version=version,
                                       correlation_id=self.corr, client_id="model"))
         entity_writer(cls)(out, build(cls, **body))
         raw = out.getvalue()
