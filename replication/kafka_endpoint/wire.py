@@ -177,6 +177,8 @@ def _plan(cls) -> tuple:
     out = []
     for f in fields(cls):
         t = hints[f.name]
+        if type(None) in typing.get_args(t):  # nullable: Optional[X] / X | None
+            t = next(a for a in typing.get_args(t) if a is not type(None))
         nested = next((a for a in typing.get_args(t) if is_dataclass(a)), None)
         if nested is None and is_dataclass(t):
             nested = t
