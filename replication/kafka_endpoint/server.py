@@ -54,6 +54,28 @@ class Limits:
     request_timeout_s: float = 30.0
     max_connections: int = 1024
 
+    @classmethod
+    def given(cls, max_connections: int | None = None, request_timeout_s: float | None = None,
+              idle_timeout_s: float | None = None) -> "Limits":
+        """The defaults with ``kcompact serve``'s --max-connections, --client-timeout and
+        --kafka-idle-timeout (None: the default); a ReplicationError for a value out of range."""
+        from ..errors import ReplicationError
+        d = cls()
+        out = cls(max_connections=d.max_connections if max_connections is None
+                  else max_connections,
+                  request_timeout_s=d.request_timeout_s if request_timeout_s is None
+                  else request_timeout_s,
+                  idle_timeout_s=d.idle_timeout_s if idle_timeout_s is None else idle_timeout_s)
+        if not 1 <= out.max_connections <= 65536:
+            raise ReplicationError(f"--max-connections {out.max_connections}: use 1 to 65536")
+        if not 0.1 <= out.request_timeout_s <= 3600:
+            raise ReplicationError(f"--client-timeout {out.request_timeout_s:g}: use 0.1 to "
+                                   "3600 seconds")
+        if not 0.1 <= out.idle_timeout_s <= 86400:
+            raise ReplicationError(f"--kafka-idle-timeout {out.idle_timeout_s:g}: use 0.1 to "
+                                   "86400 seconds")
+        return out
+
 
 class Connection:
     """One client connection: ``peer`` (for log lines), ``local`` (the address it reached,
