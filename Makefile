@@ -1,14 +1,14 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus, run unit +
-#             integration tests
+#             missing (Maven, for the real-broker tier) and Debian's prometheus and kcat, run
+#             unit + integration tests
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test install java rdkafka-h maven prometheus kafka-jars bench clean
+.PHONY: demo test install java rdkafka-h maven prometheus kcat kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -53,6 +53,13 @@ prometheus:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
 
+# Debian's kcat: tests/integration/test_kafka_endpoint_clients.py reads the Kafka endpoint with it
+kcat:
+	@command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || { \
+	  echo "installing kcat (a test reads the Kafka endpoint with it)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    kcat || echo "kcat could not be installed: that test will skip"; }
+
 install: java rdkafka-h $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
@@ -63,7 +70,7 @@ kafka-jars: install maven
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
-test: install kafka-jars prometheus
+test: install kafka-jars prometheus kcat
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
