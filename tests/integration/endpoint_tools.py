@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -127,3 +128,16 @@ def restore(bs: str, topic: str, partition: int, work: Path) -> str:
                         str(partition)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.startswith("RESTORED"), (r.stdout, r.stderr[-2000:])
     return r.stdout.split()
+
+
+@contextmanager
+def serving(kafka, topic: str, url: str, work: Path):
+    """The endpoint over ``url`` while the block runs (a module fixture's yield): (kafka
+    bootstrap, topic, store url, Endpoint, work dir); then it stops and ``topic`` is deleted from
+    ``kafka`` (the ``apache_kafka`` fixture's broker)."""
+    ep = Endpoint(url, log=work / "endpoint.log").start()
+    try:
+        yield kafka.bootstrap, topic, url, ep, work
+    finally:
+        ep.stop()
+        kafka.admin.delete_topics([topic], operation_timeout=30)

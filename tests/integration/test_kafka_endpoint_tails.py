@@ -31,7 +31,7 @@ from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.reput import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import Endpoint, java, read_all, restore  # noqa: E402
+from endpoint_tools import java, read_all, restore, serving  # noqa: E402
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -99,12 +99,8 @@ def tails(apache_kafka, tmp_path_factory):
     work = tmp_path_factory.mktemp("tails")
     url = str(work / "store")
     assert _mirror(apache_kafka.bootstrap, topic, url) == 2 * 12 + 3
-    ep = Endpoint(url, log=work / "endpoint.log").start()
-    try:
-        yield apache_kafka.bootstrap, topic, url, ep, work
-    finally:
-        ep.stop()
-        apache_kafka.admin.delete_topics([topic], operation_timeout=30)
+    with serving(apache_kafka, topic, url, work) as it:
+        yield it
 
 
 def test_end_offsets_are_kafkas_past_the_markers(tails):
