@@ -31,6 +31,7 @@ import ctypes.util
 import logging
 import os
 import sys
+import threading
 import uuid
 from importlib import metadata
 from typing import Any, NamedTuple, Sequence
@@ -53,6 +54,7 @@ _UNSUPPORTED_KEYS = ("throttle_cb", "oauth_cb", "on_commit", "dr_cb", "dr_msg_cb
 _loaded: Any = None   # the extension once librdkafka is loaded; False when it cannot be
 _why_not = ""         # why not, for the error and `kcompact --version`
 _warned = False
+_load_lock = threading.Lock()
 
 
 def library_path() -> str | None:
@@ -73,7 +75,13 @@ def library_path() -> str | None:
 
 
 def _native_module() -> Any:
-    """The extension with librdkafka loaded, or None (the reason in _why_not)."""
+    """The extension with librdkafka loaded, or None (the reason in _why_not). Thread-safe: the
+    tasks of one worker open their clients at once, and a task must not see the load half done."""
+    with _load_lock:
+        return _load_native()
+
+
+def _load_native() -> Any:
     global _loaded, _why_not
     if _loaded is None:
         _loaded = False

@@ -22,7 +22,7 @@ from kcompact.connectors.framework.api import SourceConnector, SourceRecord, Sou
 from kcompact.connectors.framework import sink_runner
 from kcompact.connectors.framework.converters import AvroConverter
 from kcompact.connectors.framework.native_kafka import NativeConsumer
-from kcompact.connectors.errors import ConnectorsError
+from kcompact.errors import ConfigError
 from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store, verify_store
@@ -182,7 +182,7 @@ def test_partitions_subset(kafka_bootstrap, make_topic, tmp_path):
     store = str(tmp_path / "s")
     assert _mirror(kafka_bootstrap, topic, store, partitions=[1, 3]).records == 40
     assert sorted(read_store(store, topic)) == [1, 3]
-    with pytest.raises(ConnectorsError, match="has no partition 7"):
+    with pytest.raises(ConfigError, match="--partitions: .*has no partition 7"):
         _mirror(kafka_bootstrap, topic, store, partitions=[7])
 
 

@@ -161,6 +161,28 @@ def test_no_librdkafka_is_one_error_naming_why(monkeypatch):
     assert native_kafka.describe() == "UNAVAILABLE: no librdkafka found"
 
 
+def test_clients_opened_at_once_all_load_the_library(monkeypatch):
+    """The tasks of one worker open their clients at once (connect standalone, tasks.max=2): a
+    thread must never see the library's load half done (it once read 'cannot run: ' with no
+    reason while another thread was loading)."""
+    import threading
+    monkeypatch.setattr(native_kafka, "_loaded", None)
+    monkeypatch.setattr(native_kafka, "_why_not", "")
+    start, got = threading.Barrier(8), []
+
+    def load() -> None:
+        start.wait()
+        got.append(native_kafka._native_module())
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and got[0] is not None and all(m is got[0] for m in got), \
+        native_kafka._why_not
+
+
 class Boom(Exception):
     pass
 
