@@ -1,8 +1,9 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus, build the user
-#             guide (make docs), run unit + integration tests (the guide's examples included)
+#             missing (Maven, for the real-broker tier) and Debian's prometheus and kcat,
+#             build the user guide (make docs), run unit + integration tests (the guide's
+#             examples included)
 # make docs : build the user guide (docs/, mkdocs.yml) into site/; a broken link or a page
 #             outside the nav fails it
 PYTHON ?= python3
@@ -10,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test docs install java maven prometheus kafka-jars bench clean
+.PHONY: demo test docs install java maven prometheus kcat kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -40,6 +41,13 @@ prometheus:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
 
+# Debian's kcat: tests/integration/test_kafka_endpoint.py reads the Kafka endpoint with it
+kcat:
+	@command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || { \
+	  echo "installing kcat (a test reads the Kafka endpoint with it)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    kcat || echo "kcat could not be installed: that test will skip"; }
+
 install: java $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
@@ -54,7 +62,7 @@ demo: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: install kafka-jars prometheus docs
+test: install kafka-jars prometheus kcat docs
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into

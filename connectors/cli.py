@@ -108,8 +108,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from kcompact.replication import ServeOptions
-    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, ServeAllOptions,
-                                                     serve_all)
+    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, Limits,
+                                                     ServeAllOptions, serve_all)
     http = None
     if a.listen:
         http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
@@ -120,7 +120,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.kafka_listen:
         kafka = KafkaEndpointOptions(listen=a.kafka_listen, token_file=a.kafka_token_file,
                                      tls_cert=a.tls_cert, tls_key=a.tls_key,
-                                     allow_unauthenticated=a.allow_unauthenticated)
+                                     allow_unauthenticated=a.allow_unauthenticated,
+                                     limits=Limits.given(a.max_connections, a.client_timeout,
+                                                         a.kafka_idle_timeout))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
@@ -231,7 +233,7 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if args.token_file and not args.listen:
             parser.error("--token-file applies to --listen only (the Kafka listener's is "
                          "--kafka-token-file)")
-        for flag in ("kafka_token_file", "allow_unauthenticated"):
+        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
@@ -454,10 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", default=None, metavar="PEM",
                    help="the private key of --tls-cert")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
-                   help="client connections open at once; more are answered 503 (default 256)")
+                   help="client connections open at once, per listener; more are answered 503 "
+                   "(--listen) or closed (--kafka-listen) (default 256 and 1024)")
     s.add_argument("--client-timeout", type=float, default=None, metavar="S",
                    help="seconds a client has to send a whole request, or to take any byte of "
                         "its response, before it is disconnected (default 30)")
+    s.add_argument("--kafka-idle-timeout", type=float, default=None, metavar="S",
+                   help="close a Kafka client connection idle between requests for this long "
+                   "(Kafka's connections.max.idle.ms; default 600)")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 

@@ -76,15 +76,15 @@ class KafkaSegment(Segment):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self._log_map: np.ndarray | None = None
-        #: positions of batches whose header and CRC-32C ``kafka_batches`` checked
-        self._kafka_checked: set[int] = set()
+        #: {position: codec} of batches whose header and CRC-32C ``kafka_batches`` checked
+        self._kafka_checked: dict[int, int] = {}
         self._checked_lock = threading.Lock()
 
     def invalidate(self) -> None:
         super().invalidate()
         self._log_map = None
         with self._checked_lock:
-            self._kafka_checked = set()
+            self._kafka_checked = {}
 
     @property
     def _mapped(self) -> bool:
@@ -548,10 +548,11 @@ class KafkaSegment(Segment):
                                      f"(byte {pos0 + data.shape[0]})", path,
                                      pos0 + data.shape[0])
         done = self._kafka_checked
-        p, last = 0, -1
+        p, last, zstd = 0, -1, False
         for b in range(k, k + m):
             size, where = int(bsize[b]), pos0 + p
-            if where in done:  # baseOffset + lastOffsetDelta (segment-v2.md)
+            codec = done.get(where)
+            if codec is not None:  # baseOffset + lastOffsetDelta (segment-v2.md)
                 last = _BASE.unpack_from(data, p)[0] + _DELTA.unpack_from(data, p + 23)[0]
             else:
                 h = KB.parse_head(data, p, path, where)
@@ -559,14 +560,15 @@ class KafkaSegment(Segment):
                     raise CorruptRecordError(f"{path}: the batch at byte {where} holds "
                                              f"{h.size} bytes, its index lists {size}", path,
                                              where)
-                last = h.last_offset
+                last, codec = h.last_offset, h.codec
                 with self._checked_lock:
-                    done.add(where)
+                    done[where] = codec
+            zstd |= codec == KB.CODEC_ZSTD
             p += size
         if last < from_offset:
             raise CorruptRecordError(f"{path}: the batch at byte {pos0} ends at offset {last}, "
                                      f"below {from_offset} its index places in it", path, pos0)
-        return KafkaBatches([part], total, last + 1)
+        return KafkaBatches([part], total, last + 1, zstd)
 
     # -- compaction, recovery ---------------------------------------------------------------
 

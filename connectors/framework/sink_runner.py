@@ -499,7 +499,11 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
     def _commit(self) -> None:
         from confluent_kafka import TopicPartition as KTP
         self.errors.flush_dlq()
-        positions = {tp: off for tp, off in self.metrics.position.items() if off >= 0}
+        # the consumer's positions (past transaction markers after the last record: the
+        # end-of-partition offset), of the topics not stopped (a recreated one's are not its)
+        stopped = self.metrics.stopped
+        positions = {tp: off for tp, off in self.metrics.position.items()
+                     if off >= 0 and tp.topic not in stopped}
         offsets = self.task.pre_commit(positions)
         if offsets:
             self.consumer.commit(offsets=[KTP(tp.topic, tp.partition, off)

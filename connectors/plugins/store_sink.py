@@ -338,7 +338,14 @@ class StoreSinkTask(SinkTask):
         # Nothing is committed to the group, so the task thread need not wait for the fsync:
         # the appender thread flushes after the batches queued before this point, while the
         # task goes on consuming. stop() waits for everything.
+        # ``offsets`` are the consumer's positions: past transaction markers and aborted
+        # records after a partition's last record (its end-of-partition offset). The flush
+        # makes them the partitions' next offsets (Store.advance_next_offset), once the
+        # records before them are durable: the store's end offsets are then the source's,
+        # and a restart resumes there.
         if self.store is not None:
+            if offsets:
+                self.appender.submit(_Positions(offsets))
             self.appender.submit(_FLUSH)
         return {}  # the store is the source of truth for positions: no group commits
 
@@ -359,6 +366,11 @@ class StoreSinkTask(SinkTask):
 
 
 _FLUSH = object()  # queued to the appender: flush the store after the batches before it
+
+
+class _Positions(dict):
+    """Queued to the appender: the consumer's positions ({TopicPartition: offset}) after the
+    batches before it (Store.advance_next_offset each)."""
 
 
 def warm_up() -> None:
@@ -398,6 +410,9 @@ class _Appender:
                 if self.error is None:
                     if batch is _FLUSH:
                         self.store.flush()
+                    elif isinstance(batch, _Positions):
+                        for tp, offset in batch.items():
+                            self.store.advance_next_offset(tp.topic, tp.partition, offset)
                     else:
                         self.appended += self.store.append(batch)
             except BaseException as e:  # noqa: BLE001 - handed to the task thread
