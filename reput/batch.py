@@ -765,6 +765,7 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
 __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ4", "CODEC_NAMES",
            "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
            "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
-           "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress", "empty_batch", "encode_batch",
+           "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress",
+           "empty_batch", "encode_batch",
            "encode_plain", "open_batch", "parse_head", "span_entries", "span_fields", "walk_opened",
            "zstd_compress", "zstd_decompress"]
