@@ -216,3 +216,32 @@ def tombstone_winners(pl: PartitionLog, as_of_ms: int, from_offset: int = 0
         if t.shape[0]:
             out[seg.base] = t
     return out
+
+
+def iter_as_of(store, topic: str, partition: int, as_of_ms: int, *, from_offset: int = 0,
+               limit: int | None = None, attempts: int = 4):
+    """The records of the state as of ``as_of_ms`` (``as_of_selection``), decoded, in offset
+    order, from ``from_offset`` on, at most ``limit``. A compaction that swaps segments under
+    the read is retried from the next offset (the selection decided again)."""
+    from kcompact.reput.errors import CorruptRecordError
+    from kcompact.reput.reader import PartitionReader
+    done, nxt, tries = 0, from_offset, 0
+    while True:
+        pl = store.partition(topic, partition)
+        try:
+            for seg, sel in as_of_selection(pl, as_of_ms, from_offset=nxt):
+                entries = pl.index(seg).entries[sel]
+                with PartitionReader(pl).segment(seg) as src:
+                    for block in src.select(entries):
+                        for r in block.records():
+                            if limit is not None and done >= limit:
+                                return
+                            yield r
+                            done += 1
+                            nxt = r.offset + 1
+            return
+        except (CorruptRecordError, FileNotFoundError):
+            tries += 1
+            if tries >= attempts:
+                raise
+            store.release_partition(topic, partition)

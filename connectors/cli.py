@@ -96,7 +96,8 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 def cmd_dump(a: argparse.Namespace) -> int:
     from .apps.inspect import DumpOptions, run_dump
     return run_dump(DumpOptions(store=a.store, topic=a.topic, partition=a.partition,
-                                from_offset=a.from_offset, limit=a.limit, json=a.json))
+                                from_offset=a.from_offset, limit=a.limit, json=a.json,
+                                as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
@@ -136,7 +137,8 @@ def cmd_kv_build(a: argparse.Namespace) -> int:
     return kv_build(KVBuildOptions(store=a.store, topic=a.topic, db=a.db, follow=a.follow,
                                    bootstrap_servers=a.bootstrap_servers,
                                    kafka_config=parse_settings(a.kafka_config, "-X"),
-                                   metrics=a.metrics))
+                                   metrics=a.metrics, as_of_ms=a.as_of,
+                                   allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_serve(a: argparse.Namespace) -> int:
@@ -352,7 +354,10 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(s, "one JSON object per record (topic, partition, offset, timestamp, key, value, "
                "headers), values uncut; without it a line per record, values cut at 60 "
                "characters")
-    s.set_defaults(func=cmd_dump)
+    _as_of_flags(s, "print the partition's state at TIME instead of its records: per key its "
+                 "latest record with a timestamp at or before TIME (none when that is a "
+                 "tombstone), and keyless records up to TIME")
+    s.set_defaults(func=cmd_dump, check_usage=_as_of_usage(s))
 
     s = sub.add_parser("verify", help="check every record and index entry (exit 1 on problems)")
     _store_flag(s, "the store to check (nothing is changed)")
@@ -430,8 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the store, catch up (and with --follow, follow) from this Kafka "
                    "cluster (default: the store only)")
     _kafka_settings_flag(s, "consumer", "for --bootstrap-servers")
+    _as_of_flags(s, "build the map of the topic's state at TIME (per key its latest record "
+                 "with a timestamp at or before TIME; a new map, never followed)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_kv_build)
+    s.set_defaults(func=cmd_kv_build, check_usage=_as_of_usage(s, _kv_as_of_usage(s)))
     s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
     _map_flags(s, "the store to build and follow the map from")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
@@ -473,6 +480,45 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
+
+
+def parse_time(text: str) -> int:
+    """--as-of TIME: ISO 8601 or epoch milliseconds -> epoch milliseconds (usage error else)."""
+    from kcompact.compaction.history import parse_time as parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _as_of_flags(s: argparse.ArgumentParser, what: str) -> None:
+    """--as-of TIME and --allow-inexact (docs/groups-and-as-of.md)."""
+    s.add_argument("--as-of", type=parse_time, default=None, metavar="TIME",
+                   help=f"{what}. TIME: ISO 8601 (2026-11-28T14:29:00Z; local time without an "
+                   "offset, as Kafka's tools) or epoch milliseconds. Refused (exit 1, naming the "
+                   "earliest exact time) when compaction already cleaned history past TIME")
+    s.add_argument("--allow-inexact", action="store_true",
+                   help="with --as-of: answer from what the store still holds even when "
+                   "compaction already cleaned history past TIME")
+
+
+def _as_of_usage(parser: argparse.ArgumentParser,
+                 more: Callable[[Any], None] | None = None) -> Callable[[Any], None]:
+    """--allow-inexact goes with --as-of."""
+    def check(args) -> None:
+        if args.allow_inexact and args.as_of is None:
+            parser.error("--allow-inexact goes with --as-of TIME")
+        if more is not None:
+            more(args)
+    return check
+
+
+def _kv_as_of_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.as_of is not None and (args.follow or args.bootstrap_servers):
+            parser.error("--as-of builds a past state from the store: not with --follow or "
+                         "--bootstrap-servers")
+    return check
 
 
 def _store_flag(s: argparse.ArgumentParser, what: str) -> None:
