@@ -110,11 +110,21 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from kcompact.replication import ServeOptions, serve
-    return serve(ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
-                              tls_cert=a.tls_cert, tls_key=a.tls_key,
-                              max_connections=a.max_connections,
-                              client_timeout_s=a.client_timeout, metrics=a.metrics))
+    from kcompact.replication import ServeOptions
+    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, ServeAllOptions,
+                                                     serve_all)
+    http = None
+    if a.listen:
+        http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                            tls_cert=a.tls_cert, tls_key=a.tls_key,
+                            max_connections=a.max_connections,
+                            client_timeout_s=a.client_timeout, metrics=a.metrics)
+    kafka = None
+    if a.kafka_listen:
+        kafka = KafkaEndpointOptions(listen=a.kafka_listen, token_file=a.kafka_token_file,
+                                     tls_cert=a.tls_cert, tls_key=a.tls_key,
+                                     allow_unauthenticated=a.allow_unauthenticated)
+    return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
@@ -187,6 +197,30 @@ def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
                          "bearer token)")
         if args.token_file and not args.against:
             parser.error("--token-file applies to --against only")
+    return check
+
+
+def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`serve`: --listen with --token-file, --kafka-listen, or both (exit 2 otherwise)."""
+    def check(args) -> None:
+        if not args.listen and not args.kafka_listen:
+            parser.error("give --listen HOST:PORT --token-file F (replication over HTTP), "
+                         "--kafka-listen HOST:PORT (Kafka clients), or both")
+        if args.listen and not args.token_file:
+            parser.error("--listen needs --token-file F (the file holding the bearer token "
+                         "replicas must send)")
+        if args.token_file and not args.listen:
+            parser.error("--token-file applies to --listen only (the Kafka listener's is "
+                         "--kafka-token-file)")
+        for flag in ("kafka_token_file", "allow_unauthenticated"):
+            if getattr(args, flag) and not args.kafka_listen:
+                parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
+        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
+            from kcompact.replication.connections import is_loopback
+            host = args.kafka_listen.rpartition(":")[0].strip("[]")
+            if host and not is_loopback(host):
+                parser.error(f"--kafka-listen {args.kafka_listen} is not a loopback address: "
+                             "add --kafka-token-file F (SASL/PLAIN) or --allow-unauthenticated")
     return check
 
 
@@ -369,15 +403,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--against: the file holding the master's bearer token")
     s.set_defaults(func=cmd_verify, check_usage=_verify_usage(s))
 
-    s = sub.add_parser("serve", help="serve a store to replicas over HTTP")
+    s = sub.add_parser("serve", help="serve a store to replicas over HTTP and/or to Kafka "
+                       "clients as a read-only Kafka broker")
     _store_flag(s, "the store to serve (read-only: mirrors and compaction keep running)")
-    s.add_argument("--listen", required=True, metavar="HOST:PORT",
-                   help="address to listen on, e.g. 0.0.0.0:8470")
-    s.add_argument("--token-file", required=True, metavar="FILE",
-                   help="file holding the bearer token replicas must send (e.g. made with "
-                   "`openssl rand -hex 32`)")
+    s.add_argument("--listen", default=None, metavar="HOST:PORT",
+                   help="HTTP replication: address to listen on, e.g. 0.0.0.0:8470 (needs "
+                   "--token-file)")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="with --listen: file holding the bearer token replicas must send "
+                   "(e.g. made with `openssl rand -hex 32`)")
+    s.add_argument("--kafka-listen", default=None, metavar="HOST:PORT",
+                   help="serve the store to Kafka clients (a read-only broker) on this "
+                   "address, e.g. 127.0.0.1:9092 (port 0 picks a free one)")
+    s.add_argument("--kafka-token-file", default=None, metavar="FILE",
+                   help="require SASL/PLAIN on --kafka-listen: any user name, this file's "
+                   "token as the password")
+    s.add_argument("--allow-unauthenticated", action="store_true",
+                   help="let --kafka-listen bind a non-loopback address without "
+                   "--kafka-token-file")
     s.add_argument("--tls-cert", default=None, metavar="PEM",
-                   help="serve HTTPS with this certificate (with --tls-key; default: HTTP)")
+                   help="serve TLS with this certificate on --listen (HTTPS) and "
+                   "--kafka-listen (with --tls-key; default: plain)")
     s.add_argument("--tls-key", default=None, metavar="PEM",
                    help="the private key of --tls-cert")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
@@ -386,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client has to send a whole request, or to take any byte of "
                         "its response, before it is disconnected (default 30)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL",

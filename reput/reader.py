@@ -769,6 +769,14 @@ class PartitionReader:
                 pl.refresh()
         raise AssertionError("unreachable")
 
+    # -- Kafka batches (the Kafka endpoint) -----------------------------------------------------
+
+    def kafka_batches(self, from_offset: int, max_bytes: int):
+        """Whole RecordBatch v2 batches from the one holding ``from_offset`` (or the next one),
+        within ``max_bytes`` but the first whole: a ``KafkaBatches`` (reput/kafka_batches.py)."""
+        from .kafka_batches import kafka_batches
+        return kafka_batches(self, from_offset, max_bytes)
+
     # -- a selection ---------------------------------------------------------------------------
 
     def segment(self, seg, *, sequential: bool = False, block_bytes: int = DEFAULT_BLOCK_BYTES,

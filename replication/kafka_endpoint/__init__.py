@@ -1,0 +1,16 @@
+"""A read-only Kafka endpoint over a store (``kcompact serve --kafka-listen HOST:PORT``).
+
+Any Kafka client (librdkafka and confluent-kafka, the Java client and its tools, Kafka Streams,
+franz-go, kcat) reads a store as if it were a one-broker cluster: every topic of the store with
+its partitions, records served as the store's own RecordBatch v2 bytes, consumer groups with a
+coordinator whose committed offsets are kept in the store, produce refused. User guide:
+docs/kafka-endpoint.md; modules: wire.py (what is served, kio glue), store_view.py (the store),
+fetch.py (Fetch, written by hand), handlers.py (the other APIs), groups.py (the coordinator),
+server.py (connections, limits, SASL, TLS, metrics), command.py (``serve``).
+"""
+
+from .command import KafkaEndpointOptions, ServeAllOptions, run_kafka_endpoint, serve_all
+from .server import Limits
+
+__all__ = ["KafkaEndpointOptions", "Limits", "ServeAllOptions", "run_kafka_endpoint",
+           "serve_all"]

@@ -1,0 +1,153 @@
+"""``kcompact serve``: the Kafka endpoint (``--kafka-listen``), the HTTP replication server
+(``--listen``), or both in one process and one event loop, with one ``--metrics``.
+
+Prints ``kafka endpoint listening on HOST:PORT`` (the port bound when 0 is given) on stdout
+once the Kafka listener accepts connections. Without a Kafka token the listener binds a
+loopback address only, unless ``--allow-unauthenticated``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+
+from ..connections import is_loopback, parse_listen, serve_until, setup_log
+from ..errors import ReplicationError
+from ..group_offsets import GroupOffsets
+from ..protocol import read_token_file
+from .groups import Coordinator
+from .server import Endpoint, Limits
+from .store_view import StoreView
+
+
+@dataclass(frozen=True)
+class KafkaEndpointOptions:
+    """The Kafka listener's options."""
+
+    listen: str                         # HOST:PORT
+    token_file: str | None = None       # SASL/PLAIN: the token is the password
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    allow_unauthenticated: bool = False
+    limits: Limits = Limits()
+
+    def check(self) -> tuple[str, int]:
+        """(host, port); a ReplicationError saying what to do when the options do not fit."""
+        host, port = parse_listen(self.listen, "--kafka-listen")
+        if self.token_file is None and not self.allow_unauthenticated and not is_loopback(host):
+            raise ReplicationError(
+                f"--kafka-listen {self.listen}: a non-loopback address needs "
+                "--kafka-token-file F (SASL/PLAIN with that token) or --allow-unauthenticated")
+        return host, port
+
+
+@dataclass(frozen=True)
+class ServeAllOptions:
+    """``kcompact serve``'s options: ``kafka`` and/or ``http`` (replication.ServeOptions)."""
+
+    store: str
+    kafka: KafkaEndpointOptions | None = None
+    http: object | None = None          # replication.server.ServeOptions
+    metrics: str | None = None
+
+
+async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
+                             stop: asyncio.Event | None = None, ops=None,
+                             ready=None) -> None:
+    """Serve the Kafka endpoint until ``stop`` is set (SIGINT/SIGTERM when None)."""
+    from ..server import tls_context
+    host, port = opts.check()
+    token = read_token_file(opts.token_file) if opts.token_file else None
+    ctx = tls_context(opts.tls_cert, opts.tls_key)
+    log = setup_log("serve")
+    loop = asyncio.get_running_loop()
+    try:
+        view = await loop.run_in_executor(None, StoreView, store_url)
+    except ReplicationError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a store that cannot be opened, one line
+        from kcompact.reput import ReputError
+        if isinstance(e, (ReputError, OSError)):
+            raise ReplicationError(f"cannot serve {store_url}: {e}") from None
+        raise
+    offsets = GroupOffsets(store_url, view.store.meta.store_id)
+    try:
+        n = await loop.run_in_executor(None, offsets.load)
+        if n:
+            log.info("read %d group offset records from the store", n)
+
+        def coordinator(ep: Endpoint) -> Coordinator:
+            return Coordinator(offsets, ep.run, log, view.has)
+
+        ep = Endpoint(view, coordinator, token=token, limits=opts.limits, log=log,
+                      ssl_context=ctx)
+        if ops is not None:
+            ops.add(ep.collect)
+        try:
+            try:
+                bound_host, bound = await ep.start(host, port)
+            except OSError as e:
+                raise ReplicationError(f"cannot listen on --kafka-listen {opts.listen}: "
+                                       f"{e.strerror or e}") from None
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            print(f"kafka endpoint listening on {shown}:{bound}", flush=True)
+            if ready is not None:
+                ready(bound_host, bound)
+            await serve_until(stop, lambda ev: ev.wait())
+        finally:
+            await ep.close()
+    finally:
+        offsets.close()
+        view.close()
+
+
+def serve_all(opts: ServeAllOptions) -> int:
+    """Run what ``opts`` asks for in one event loop until SIGINT/SIGTERM."""
+    from ..ops import Ops, check_listen, start_ops
+    from ..server import run_server, tls_context
+    check_listen(opts.metrics)
+    if opts.kafka is not None:
+        opts.kafka.check()
+    http = opts.http
+    if http is not None:
+        from ..protocol import serve_protocols
+        token = read_token_file(http.token_file)
+        http_ctx = tls_context(http.tls_cert, http.tls_key)
+    ops = Ops("serve") if opts.metrics else None
+    metrics = start_ops(ops, opts.metrics, lambda m: print(
+        f"kcompact serve: {m}", file=sys.stderr, flush=True)) if ops is not None else None
+
+    async def main() -> None:
+        async def both(ev: asyncio.Event) -> None:
+            tasks = []
+            if http is not None:
+                def ready(url: str) -> None:
+                    print(f"kcompact serve: serving {opts.store} on {url} (Ctrl-C to stop)",
+                          file=sys.stderr, flush=True)
+                tasks.append(asyncio.ensure_future(run_server(
+                    opts.store, http.listen, token, ssl_context=http_ctx, limits=http.limits(),
+                    ready=ready, stop=ev, ops=ops, protocols=serve_protocols())))
+            if opts.kafka is not None:
+                tasks.append(asyncio.ensure_future(run_kafka_endpoint(
+                    opts.store, opts.kafka, stop=ev, ops=ops)))
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                for t in done:
+                    if t.exception() is not None:
+                        ev.set()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        raise t.exception()
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+        await serve_until(None, both)
+
+    try:
+        asyncio.run(main())
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    print("kcompact serve: stopped", file=sys.stderr, flush=True)
+    return 0

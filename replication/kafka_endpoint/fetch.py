@@ -1,0 +1,186 @@
+"""Fetch (API key 1, versions 4-12): the records of a read, and the response written by hand.
+
+The response is laid out field by field (Kafka's FetchResponse.json, versions 4-12; v12 is the
+first flexible one: compact lengths and empty tagged-field sections), so that the record section
+of each partition is the stored batch bytes themselves, handed to the transport as the buffers
+``StoreView.fetch`` returned (memoryviews of a mapped segment on a local store): no copy and no
+re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
+
+* the batch holding the fetch offset or, in a gap, the next one; the first batch of the response
+  whole even past the limits (KIP-74), later ones only while within the partition's and the
+  response's ``max_bytes``; a gap after the last batch is bridged by an empty batch;
+* an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
+  a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
+* LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
+  SessionId 0 (no fetch sessions: clients send full fetches);
+* zstd batches to a Fetch below v10: UNSUPPORTED_COMPRESSION_TYPE, as Kafka (KIP-110);
+* fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
+  partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
+* a fetch naming no topic (the Java consumer's on close) gets an empty answer at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import time
+from typing import Any, Callable
+
+from .store_view import Bounds, StoreView
+from .wire import (NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
+                   UNSUPPORTED_COMPRESSION_TYPE, ms)
+
+#: how often a waiting fetch looks at its partitions again
+POLL_S = 0.1
+#: the longest wait a fetch may ask for (Kafka clients ask for 500 ms by default)
+MAX_WAIT_S = 30.0
+
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+_PART_V4 = struct.Struct(">ihqq")      # partition error hwm lso
+_CODEC_ZSTD = 4
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class PartitionResult:
+    __slots__ = ("partition", "error", "bounds", "parts", "nbytes")
+
+    def __init__(self, partition: int, error: int, bounds: Bounds, parts=(), nbytes: int = 0):
+        self.partition, self.error, self.bounds = partition, error, bounds
+        self.parts, self.nbytes = list(parts), nbytes
+
+
+_NO_BOUNDS = Bounds(-1, -1)
+
+
+def _has_zstd(parts: list) -> bool:
+    """Does any batch of ``parts`` (whole batches back to back) use zstd (attributes & 7)?"""
+    for buf in parts:
+        mv = memoryview(buf).cast("B")
+        p = 0
+        while p + 23 <= len(mv):
+            if mv[p + 22] & 7 == _CODEC_ZSTD:
+                return True
+            p += 12 + _I32.unpack_from(mv, p + 8)[0]
+    return False
+
+
+def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
+                    ) -> tuple[list, int]:
+    """One pass over the request's partitions (blocking): [(topic, [PartitionResult])], bytes."""
+    out, budget, first = [], max(0, max_bytes), True
+    total = 0
+    for t in topics:
+        name = t.topic
+        known = set(view.partitions(name))
+        results = []
+        for p in t.partitions:
+            pi = int(p.partition)
+            if pi not in known:
+                results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
+                continue
+            offset = int(p.fetch_offset)
+            b = view.bounds(name, pi)
+            if offset < b.log_start or offset > b.high_watermark:
+                results.append(PartitionResult(pi, OFFSET_OUT_OF_RANGE, b))
+                continue
+            limit = min(max(0, int(p.partition_max_bytes)), budget)
+            if offset == b.high_watermark or (limit <= 0 and not first):
+                results.append(PartitionResult(pi, NONE, b))
+                continue
+            got = view.fetch(name, pi, offset, limit)
+            if got.nbytes and not first and got.nbytes > budget:
+                got = got._replace(parts=[], nbytes=0)  # only the first batch may overflow
+            if got.nbytes and version < 10 and _has_zstd(got.parts):
+                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, got.bounds))
+                continue
+            results.append(PartitionResult(pi, NONE, got.bounds, got.parts, got.nbytes))
+            if got.nbytes:
+                first = False
+                budget = max(0, budget - got.nbytes)
+                total += got.nbytes
+        out.append((name, results))
+    return out, total
+
+
+def grew(view: StoreView, topics: list, seen: list) -> bool:
+    """Whether any partition of the request has records past where it was fetched (blocking)."""
+    for (name, results), t in zip(seen, topics):
+        for r, p in zip(results, t.partitions):
+            if r.error != NONE:
+                continue
+            try:
+                b = view.bounds(name, r.partition)
+            except Exception:  # noqa: BLE001 - the next read reports it
+                return True
+            if b.high_watermark > int(p.fetch_offset) or b != r.bounds:
+                return True
+    return False
+
+
+async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
+                       req: Any, stopping: Callable[[], bool]) -> list:
+    """The response buffers of a Fetch request (``run(fn, *args)`` runs blocking work in the
+    endpoint's thread pool)."""
+    topics = list(req.topics or ())
+    if not topics:
+        return encode_fetch(version, correlation_id, [])
+    max_bytes = int(getattr(req, "max_bytes", 0x7FFFFFFF))
+    wait_s = min(MAX_WAIT_S, max(0, ms(req.max_wait)) / 1000.0)
+    min_bytes = max(0, int(req.min_bytes))
+    deadline = time.monotonic() + wait_s
+    seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
+        await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        if await run(grew, view, topics, seen):
+            seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    return encode_fetch(version, correlation_id, seen)
+
+
+def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
+    """The response frame as a list of buffers (size prefix first)."""
+    flexible = version >= 12
+    head = bytearray()
+    if flexible:
+        head += _I32.pack(correlation_id) + b"\0"   # response header v1: empty tagged fields
+    else:
+        head += _I32.pack(correlation_id)
+    head += _I32.pack(0)                            # throttle_time_ms
+    if version >= 7:
+        head += _I16.pack(NONE) + _I32.pack(0)      # error_code, session_id
+    head += _uvarint(len(topics) + 1) if flexible else _I32.pack(len(topics))
+    out: list = [None, head]
+    cur = head
+    for name, results in topics:
+        nb = name.encode()
+        cur += (_uvarint(len(nb) + 1) if flexible else _I16.pack(len(nb))) + nb
+        cur += _uvarint(len(results) + 1) if flexible else _I32.pack(len(results))
+        for r in results:
+            hwm = r.bounds.high_watermark
+            cur += _PART_V4.pack(r.partition, r.error, hwm, hwm)
+            if version >= 5:
+                cur += _I64.pack(r.bounds.log_start)
+            cur += b"\x01" if flexible else _I32.pack(0)  # aborted_transactions: empty
+            if version >= 11:
+                cur += _I32.pack(-1)                      # preferred_read_replica
+            cur += _uvarint(r.nbytes + 1) if flexible else _I32.pack(r.nbytes)
+            if r.nbytes:
+                out.extend(r.parts)
+                cur = bytearray()
+                out.append(cur)
+            if flexible:
+                cur += b"\0"                              # partition's tagged fields
+        if flexible:
+            cur += b"\0"                                  # topic's tagged fields
+    if flexible:
+        cur += b"\0"                                      # response's tagged fields
+    size = sum(memoryview(b).nbytes for b in out[1:])
+    out[0] = _I32.pack(size)
+    return [b for b in out if len(b)]

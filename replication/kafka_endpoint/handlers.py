@@ -1,0 +1,164 @@
+"""The answers to every API the endpoint serves but Fetch (fetch.py) and the SASL exchange
+(server.py): ApiVersions, Metadata, ListOffsets, Produce (refused), FindCoordinator and the
+group APIs (groups.py). Each returns the response frame; docs/kafka-endpoint.md says what each
+answers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from .wire import (API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT, JOIN_GROUP, LEAVE_GROUP,
+                   LIST_OFFSETS, METADATA, NONE, OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION,
+                   PRODUCE, SYNC_GROUP, UNKNOWN_TOPIC_OR_PARTITION, Request, api_keys, respond)
+
+NODE_ID = 0
+READ_ONLY = ("this Kafka endpoint serves a kcompact store read-only: produce to the source "
+             "cluster, which the store mirrors")
+#: ListOffsets' special timestamps
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+#: offset and timestamp Kafka answers when no record is at or after a timestamp
+NO_OFFSET = -1
+
+
+def topic_uuid(tid: str | None) -> uuid.UUID:
+    """A recorded topic id (Kafka's text form: 16 bytes in URL-safe base64 without padding, or
+    a hex UUID) as a UUID; the zero UUID when unknown or unreadable (Kafka's "no id")."""
+    import base64
+    if not tid:
+        return uuid.UUID(int=0)
+    try:
+        if len(tid) == 22:
+            return uuid.UUID(bytes=base64.urlsafe_b64decode(tid + "=="))
+        return uuid.UUID(tid)
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+class Handlers:
+    """``endpoint``: the running endpoint (its store view, coordinator, advertised address and
+    thread pool runner)."""
+
+    def __init__(self, endpoint: Any):
+        self.ep = endpoint
+
+    async def answer(self, req: Request) -> bytes | list:
+        k = req.api_key
+        if k == FETCH:
+            from .fetch import handle_fetch
+            return await handle_fetch(self.ep.view, self.ep.run, req.version, req.correlation_id,
+                                      req.body, self.ep.stopping)
+        if k == API_VERSIONS:
+            return respond(API_VERSIONS, req.version, req.correlation_id, error_code=NONE,
+                           api_keys=api_keys(), throttle_time=0)
+        if k == METADATA:
+            return await self.metadata(req)
+        if k == LIST_OFFSETS:
+            return await self.list_offsets(req)
+        if k == PRODUCE:
+            return self.produce(req)
+        if k == FIND_COORDINATOR:
+            host, port = self.ep.advertised
+            return respond(FIND_COORDINATOR, req.version, req.correlation_id, error_code=NONE,
+                           error_message=None, node_id=NODE_ID, host=host, port=port,
+                           throttle_time=0)
+        co = self.ep.coordinator
+        if k == JOIN_GROUP:
+            got = await co.join(req.version, req.body, req.client_id or "")
+            return respond(JOIN_GROUP, req.version, req.correlation_id, throttle_time=0, **got)
+        if k == SYNC_GROUP:
+            got = await co.sync(req.body)
+            return respond(SYNC_GROUP, req.version, req.correlation_id, throttle_time=0,
+                           error_code=got["error_code"], assignment=got["assignment"])
+        if k == HEARTBEAT:
+            return respond(HEARTBEAT, req.version, req.correlation_id, throttle_time=0,
+                           error_code=co.heartbeat(req.body))
+        if k == LEAVE_GROUP:
+            return respond(LEAVE_GROUP, req.version, req.correlation_id, throttle_time=0,
+                           error_code=co.leave(req.body))
+        if k == OFFSET_COMMIT:
+            return respond(OFFSET_COMMIT, req.version, req.correlation_id, throttle_time=0,
+                           topics=await co.commit(req.body))
+        if k == OFFSET_FETCH:
+            return respond(OFFSET_FETCH, req.version, req.correlation_id, throttle_time=0,
+                           error_code=NONE, topics=co.fetch_offsets(req.body))
+        raise AssertionError(f"API key {k} is listed as served but has no handler")
+
+    async def metadata(self, req: Request) -> bytes:
+        view = self.ep.view
+        names = None if req.body.topics is None else [t.name for t in req.body.topics]
+
+        def topics() -> list[dict]:
+            have = view.topics()
+            out = []
+            for name in (have if names is None else names):
+                parts = view.partitions(name) if name in have else []
+                if not parts:
+                    out.append({"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name,
+                                "topic_id": uuid.UUID(int=0), "partitions": []})
+                    continue
+                tid = view.topic_id(name)
+                out.append({"error_code": NONE, "name": name, "is_internal": False,
+                            "topic_id": topic_uuid(tid),
+                            "partitions": [{"error_code": NONE, "partition_index": p,
+                                            "leader_id": NODE_ID, "leader_epoch": -1,
+                                            "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+                                            "offline_replicas": []} for p in parts]})
+            return out
+
+        host, port = self.ep.advertised
+        return respond(METADATA, req.version, req.correlation_id, throttle_time=0,
+                       brokers=[{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+                       cluster_id=self.ep.cluster_id, controller_id=NODE_ID,
+                       topics=await self.ep.run(topics))
+
+    async def list_offsets(self, req: Request) -> bytes:
+        view = self.ep.view
+
+        def answer() -> list[dict]:
+            out = []
+            for t in req.body.topics:
+                have = set(view.partitions(t.name))
+                parts = []
+                for p in t.partitions:
+                    pi, ts = int(p.partition_index), int(p.timestamp)
+                    row = {"partition_index": pi, "error_code": NONE, "timestamp": -1,
+                           "offset": NO_OFFSET, "leader_epoch": -1}
+                    if pi not in have:
+                        row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    else:
+                        b = view.bounds(t.name, pi)
+                        if ts == LATEST:
+                            row["offset"] = b.high_watermark
+                        elif ts == EARLIEST:
+                            row["offset"] = b.log_start
+                        elif ts == MAX_TIMESTAMP:
+                            hit = view.max_timestamp(t.name, pi)
+                            if hit is not None:
+                                row["offset"], row["timestamp"] = hit
+                        elif ts >= 0:
+                            hit = view.offset_for_timestamp(t.name, pi, ts)
+                            if hit is not None:
+                                row["offset"], row["timestamp"] = hit
+                        else:  # another negative timestamp (e.g. KIP-1005's -4, -5)
+                            row["error_code"] = 42  # INVALID_REQUEST
+                    parts.append(row)
+                out.append({"name": t.name, "partitions": parts})
+            return out
+
+        return respond(LIST_OFFSETS, req.version, req.correlation_id, throttle_time=0,
+                       topics=await self.ep.run(answer))
+
+    def produce(self, req: Request) -> bytes | None:
+        """Every partition refused with POLICY_VIOLATION and a message saying why; nothing is
+        written. A produce with acks=0 expects no answer: None (the connection is closed, as
+        Kafka closes it when such a produce fails)."""
+        self.ep.count_refused_produce()
+        if int(req.body.acks) == 0:
+            return None
+        return respond(PRODUCE, req.version, req.correlation_id, throttle_time=0, responses=[
+            {"name": t.name, "partition_responses": [
+                {"index": p.index, "error_code": POLICY_VIOLATION, "base_offset": -1,
+                 "log_start_offset": -1, "record_errors": [], "error_message": READ_ONLY}
+                for p in t.partition_data]} for t in req.body.topic_data])

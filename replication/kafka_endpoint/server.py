@@ -1,0 +1,313 @@
+"""The Kafka endpoint's listener: connections, framing, limits, SASL/PLAIN, TLS, metrics.
+
+An asyncio server. Each connection reads one size-prefixed request at a time and answers it
+before reading the next (Kafka processes a connection's requests in order too), so responses
+never interleave. Against bad clients, everyone else keeps being served:
+
+* a size prefix below the smallest header or above ``max_request_bytes`` (100 MiB, Kafka's
+  socket.request.max.bytes), an API or version not served (but ApiVersions, answered
+  UNSUPPORTED_VERSION with a v0 body), a request kio cannot parse: the connection is closed
+  with one log line saying why (Kafka closes such connections too);
+* a connection silent for ``idle_timeout_s`` between requests (Kafka's connections.max.idle.ms,
+  10 min), or that takes longer than ``request_timeout_s`` to send a request it started, or to
+  take its response, is closed; more than ``max_connections`` open: closed at once (one line per
+  10 s);
+* with a token (``--kafka-token-file``) a client must authenticate with SASL/PLAIN (any user
+  name, the token as the password, compared in constant time) before any request but
+  ApiVersions and SaslHandshake; a failed authentication is answered, logged and closed.
+
+Metrics (``collect``, on ``--metrics``): requests by API, response bytes, connections open and
+accepted, errors answered by code, connections closed by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import ssl
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .fetch import encode_fetch  # noqa: F401 - (re-exported for tests)
+from .handlers import Handlers
+from .wire import (API_NAMES, API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE,
+                   SASL_AUTHENTICATION_FAILED, SERVED, ILLEGAL_SASL_STATE, NONE,
+                   UNSUPPORTED_SASL_MECHANISM, WireError, api_versions_fallback, decode_request,
+                   peek_header, respond)
+
+MIN_FRAME = 8  # api key, version, correlation id, client id length
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_request_bytes: int = 100 << 20
+    idle_timeout_s: float = 600.0
+    request_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+
+class Connection:
+    __slots__ = ("peer", "authenticated", "mechanism_ok", "requests")
+
+    def __init__(self, peer: str, authenticated: bool):
+        self.peer, self.authenticated = peer, authenticated
+        self.mechanism_ok = False
+        self.requests = 0
+
+
+class Endpoint:
+    """The running endpoint: ``view`` (StoreView), ``coordinator``, ``advertised`` (host,
+    port), ``run`` (blocking work in the thread pool). ``serve(listen)`` opens the socket."""
+
+    def __init__(self, view, coordinator_factory: Callable[["Endpoint"], Any], *,
+                 token: bytes | None, limits: Limits, log: logging.Logger,
+                 ssl_context: ssl.SSLContext | None = None, workers: int = 8):
+        self.view, self.token, self.limits, self.log = view, token, limits, log
+        self.ssl_context = ssl_context
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-kafka")
+        self.coordinator = coordinator_factory(self)
+        self.handlers = Handlers(self)
+        self.advertised = ("127.0.0.1", 0)
+        self.cluster_id = f"kcompact-{view.store.meta.store_id}"
+        self.open: dict[asyncio.StreamWriter, Connection] = {}
+        self.accepted = 0
+        self.requests: dict[str, int] = {}
+        self.bytes_out = 0
+        self.errors: dict[int, int] = {}
+        self.closed: dict[str, int] = {}
+        self.refused_produces = 0
+        self._stopping = False
+        self._server: asyncio.AbstractServer | None = None
+        self._too_many_logged = -1e9
+
+    # -- the pool, for blocking work -----------------------------------------------------------
+
+    async def run(self, fn: Callable, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def count_refused_produce(self) -> None:
+        self.refused_produces += 1
+
+    # -- listening -----------------------------------------------------------------------------
+
+    async def start(self, host: str, port: int) -> tuple[str, int]:
+        self._server = await asyncio.start_server(
+            self._connection, host, port, ssl=self.ssl_context, backlog=128,
+            ssl_handshake_timeout=self.limits.request_timeout_s if self.ssl_context else None,
+            limit=1 << 16)
+        bound = self._server.sockets[0].getsockname()[1]
+        self.advertised = ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host, bound)
+        self.coordinator.start()
+        return host, bound
+
+    async def close(self) -> None:
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        for w in list(self.open):
+            w.close()
+        await self.coordinator.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- one connection ------------------------------------------------------------------------
+
+    def _close(self, writer: asyncio.StreamWriter, conn: Connection, reason: str,
+               why: str | None) -> None:
+        self.closed[reason] = self.closed.get(reason, 0) + 1
+        if why:
+            self.log.warning("closed the connection of %s: %s", conn.peer, why)
+        writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        addr = writer.get_extra_info("peername")
+        peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        conn = Connection(peer, authenticated=self.token is None)
+        self.accepted += 1
+        if len(self.open) >= self.limits.max_connections:
+            now = time.monotonic()
+            if now - self._too_many_logged >= 10:
+                self._too_many_logged = now
+                self.log.warning("refused the connection of %s: %d connections are open, the "
+                                 "most this endpoint serves", peer, len(self.open))
+            self.closed["too_many"] = self.closed.get("too_many", 0) + 1
+            writer.close()
+            return
+        self.open[writer] = conn
+        try:
+            await self._serve(reader, writer, conn)
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
+            self.closed["client_gone"] = self.closed.get("client_gone", 0) + 1
+            writer.close()
+        except asyncio.CancelledError:
+            writer.close()  # shutting down (not re-raised: asyncio's stream callback would
+            # log the cancelled task as an error)
+        except Exception as e:  # noqa: BLE001 - one connection's failure is logged, not fatal
+            self.log.error("closed the connection of %s after an internal error: %s: %s",
+                           conn.peer, type(e).__name__, " ".join(str(e).split())[:300])
+            self.closed["internal_error"] = self.closed.get("internal_error", 0) + 1
+            writer.close()
+        finally:
+            self.open.pop(writer, None)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     conn: Connection) -> None:
+        lim = self.limits
+        while not self._stopping:
+            try:
+                head = await asyncio.wait_for(reader.readexactly(4), lim.idle_timeout_s)
+            except asyncio.TimeoutError:
+                self._close(writer, conn, "idle", None if conn.requests else
+                            f"no request within {lim.idle_timeout_s:g}s of connecting")
+                return
+            except asyncio.IncompleteReadError as e:
+                if e.partial:
+                    self._close(writer, conn, "malformed", "the connection ended inside a "
+                                "request's size prefix")
+                else:
+                    self.closed["client_gone"] = self.closed.get("client_gone", 0) + 1
+                    writer.close()
+                return
+            size = int.from_bytes(head, "big", signed=True)
+            if size < MIN_FRAME or size > lim.max_request_bytes:
+                self._close(writer, conn, "malformed", (
+                    f"a request size of {size} bytes (at most {lim.max_request_bytes} are "
+                    "accepted; is this a Kafka client? TLS spoken to a plain listener, or "
+                    "the reverse, looks like this)"))
+                return
+            try:
+                frame = await asyncio.wait_for(reader.readexactly(size), lim.request_timeout_s)
+            except asyncio.TimeoutError:
+                self._close(writer, conn, "slow", f"it did not send its {size}-byte request "
+                            f"within {lim.request_timeout_s:g}s")
+                return
+            conn.requests += 1
+            out = await self._answer(frame, conn, writer)
+            if out is None:
+                return
+            for b in out:
+                writer.write(b)
+            try:
+                await asyncio.wait_for(writer.drain(), lim.request_timeout_s)
+            except asyncio.TimeoutError:
+                self._close(writer, conn, "slow", "it took no byte of its response for "
+                            f"{lim.request_timeout_s:g}s")
+                writer.transport.abort()
+                return
+
+    async def _answer(self, frame: bytes, conn: Connection,
+                      writer: asyncio.StreamWriter) -> list | None:
+        """The response buffers, or None after closing the connection."""
+        key, version, corr = peek_header(frame)
+        name = API_NAMES.get(key, f"key {key}")
+        self.requests[name] = self.requests.get(name, 0) + 1
+        if key == API_VERSIONS and not SERVED[API_VERSIONS][0] <= version <= \
+                SERVED[API_VERSIONS][1]:
+            return self._sent([api_versions_fallback(corr)], 35)
+        if not conn.authenticated and key not in (API_VERSIONS, SASL_HANDSHAKE,
+                                                  SASL_AUTHENTICATE):
+            self._close(writer, conn, "unauthenticated",
+                        f"{name} request before SASL authentication (this endpoint requires "
+                        "SASL/PLAIN with its token as the password)")
+            return None
+        try:
+            req = decode_request(frame)
+        except WireError as e:
+            self._close(writer, conn, "unsupported", str(e))
+            return None
+        if key == SASL_HANDSHAKE:
+            return self._sent([self._handshake(req, conn)], None)
+        if key == SASL_AUTHENTICATE:
+            data, ok = self._authenticate(req, conn)
+            if not ok:
+                writer.write(data)
+                self._count_error(SASL_AUTHENTICATION_FAILED)
+                self.bytes_out += len(data)
+                try:
+                    await asyncio.wait_for(writer.drain(), 1.0)
+                except (asyncio.TimeoutError, ConnectionError):
+                    pass
+                self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed "
+                            "(wrong token)")
+                return None
+            return self._sent([data], None)
+        out = await self.handlers.answer(req)
+        if out is None:
+            self._close(writer, conn, "produce_acks0", "a produce with acks=0 (nothing can be "
+                        "answered, and this endpoint is read-only)")
+            return None
+        return self._sent(out if isinstance(out, list) else [out], None)
+
+    def _sent(self, bufs: list, error: int | None) -> list:
+        self.bytes_out += sum(memoryview(b).nbytes for b in bufs)
+        if error is not None:
+            self._count_error(error)
+        return bufs
+
+    def _count_error(self, code: int) -> None:
+        self.errors[code] = self.errors.get(code, 0) + 1
+
+    # -- SASL/PLAIN ----------------------------------------------------------------------------
+
+    def _handshake(self, req, conn: Connection) -> bytes:
+        mech = req.body.mechanism
+        ok = self.token is not None and mech == "PLAIN"
+        conn.mechanism_ok = ok
+        return respond(SASL_HANDSHAKE, req.version, req.correlation_id,
+                       error_code=NONE if ok else UNSUPPORTED_SASL_MECHANISM,
+                       mechanisms=["PLAIN"] if self.token is not None else [])
+
+    def _authenticate(self, req, conn: Connection) -> tuple[bytes, bool]:
+        if not conn.mechanism_ok:
+            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
+                           error_code=ILLEGAL_SASL_STATE, auth_bytes=b"",
+                           error_message="SaslAuthenticate before a SaslHandshake for PLAIN"
+                           ), False
+        parts = bytes(req.body.auth_bytes).split(b"\0")
+        password = parts[2] if len(parts) == 3 else b""
+        ok = len(parts) == 3 and hmac.compare_digest(password, self.token or b"\0")
+        if ok:
+            conn.authenticated = True
+            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id, error_code=NONE,
+                           error_message=None, auth_bytes=b""), True
+        return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
+                       error_code=SASL_AUTHENTICATION_FAILED, auth_bytes=b"",
+                       error_message="Authentication failed: invalid username or password"
+                       ), False
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def collect(self):
+        from ..ops import counter, gauge
+        r = counter("kafka_requests", "Kafka requests received, by API.", ["api"])
+        for name, n in sorted(self.requests.items()):
+            r.add_metric([name], n)
+        yield r
+        b = counter("kafka_response_bytes", "Bytes of Kafka responses sent (records included).")
+        b.add_metric([], self.bytes_out)
+        yield b
+        c = gauge("kafka_connections", "Kafka client connections open.")
+        c.add_metric([], len(self.open))
+        yield c
+        a = counter("kafka_connections_accepted", "Kafka client connections accepted.")
+        a.add_metric([], self.accepted)
+        yield a
+        e = counter("kafka_error_responses", "Kafka error codes answered, by code.", ["code"])
+        for code, n in sorted(self.errors.items()):
+            e.add_metric([str(code)], n)
+        yield e
+        d = counter("kafka_connections_closed", "Kafka connections closed by the endpoint or "
+                    "the client, by reason.", ["reason"])
+        for why, n in sorted(self.closed.items()):
+            d.add_metric([why], n)
+        yield d
+        p = counter("kafka_produce_refused", "Produce requests refused (the endpoint is "
+                    "read-only).")
+        p.add_metric([], self.refused_produces)
+        yield p

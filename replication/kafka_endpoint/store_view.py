@@ -1,0 +1,160 @@
+"""The store as the Kafka endpoint sees it: topics, partition bounds, batches, timestamps.
+
+Thread-safe and blocking (the endpoint calls it from its thread pool). The store is opened
+read-only next to whatever writes it (a ``mirror --follow``, a compactor); each call re-lists
+the partition (a segment list or manifest read, cheap) before it reads. Data comes only from
+``PartitionReader.kafka_batches`` and the timestamp lookups (reput/kafka_batches.py): nothing here
+parses a segment. Internal topics (``__kcompact-*``) are not served, nor topics or partitions a
+symlink takes outside a local store (``MasterStore.outside``, as ``kcompact serve``).
+
+A partition's bounds, as Kafka names them:
+
+* **log start offset**: the first offset its first segment covers (its base). Like Kafka's log
+  start, it does not move when compaction removes the first records (retention that deletes a
+  segment moves it);
+* **high watermark** = last stable offset: ``next_offset``, which a compaction that empties the
+  tail does not move back. The store holds committed records only (the mirror reads
+  read_committed; markers are gaps), so nothing is ever open or aborted.
+
+A gap after the last stored batch (a compacted tail, a trailing transaction marker) would leave a
+consumer short of the high watermark for ever (it fetches the same offset again and again);
+``fetch`` bridges it with an empty batch (docs/formats/kafka-endpoint-fetch.md).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import NamedTuple
+
+from kcompact.reput.kafka_batches import max_timestamp, offset_for_timestamp
+from kcompact.reput.partition import PartitionLog
+from kcompact.reput.reader import PartitionReader
+
+from ..master_store import MasterStore
+from ..protocol import ServerLimits
+
+INTERNAL_PREFIX = "__kcompact-"
+
+# RecordBatch v2 header (docs/formats/segment-v2.md): the bridging batch's
+_BATCH = struct.Struct(">qiibIhiqqqhii")
+_CRC_START = 21
+#: a batch's lastOffsetDelta is an int32: a longer gap is bridged in steps
+MAX_DELTA = 0x7FFFFFFF
+
+
+def empty_batch(base: int, last: int) -> bytes:
+    """A RecordBatch v2 with no record spanning offsets base..last (last - base <= 2^31 - 1):
+    what a consumer steps over to ``last + 1`` (Kafka writes such batches when its cleaner
+    removes every record of a batch that must keep its producer state)."""
+    import google_crc32c
+    raw = bytearray(_BATCH.size)
+    _BATCH.pack_into(raw, 0, base, _BATCH.size - 12, -1, 2, 0, 0, last - base, -1, -1, -1, -1,
+                     -1, 0)
+    struct.pack_into(">I", raw, 17, google_crc32c.value(bytes(raw[_CRC_START:])))
+    return bytes(raw)
+
+
+class Bounds(NamedTuple):
+    log_start: int
+    high_watermark: int
+
+
+class Fetched(NamedTuple):
+    """What a fetch of one partition returns: ``parts`` (buffers, whole batches), ``nbytes``,
+    and the bounds it read under."""
+
+    parts: list
+    nbytes: int
+    bounds: Bounds
+
+
+class StoreView:
+    """Read-only, thread-safe access for the endpoint (module docstring)."""
+
+    def __init__(self, url: str):
+        self.master = MasterStore(url, ServerLimits())
+        self.store = self.master.store
+        self._lock = threading.Lock()
+        self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
+
+    def close(self) -> None:
+        self.store.close()
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    # -- topics --------------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        return [t for t in self.master.topics() if not t.startswith(INTERNAL_PREFIX)]
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partitions: those holding data and those a mirror recorded (empty)."""
+        if topic.startswith(INTERNAL_PREFIX):
+            return []
+        have = set(self.master.partitions(topic)) | set(self.store.recorded_partitions(topic))
+        return sorted(p for p in have if self.master.outside(topic, p) is None)
+
+    def topic_id(self, topic: str) -> str | None:
+        return self.store.recorded_topic_id(topic)
+
+    def has(self, topic: str, partition: int) -> bool:
+        return partition in self.partitions(topic)
+
+    # -- partitions ----------------------------------------------------------------------------
+
+    def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
+        with self._lock:
+            got = self._parts.get((topic, partition))
+            if got is None:
+                pl = PartitionLog(self.store.fs, topic, partition, self.store.secret,
+                                  self.store.topic_config(topic))
+                got = self._parts[(topic, partition)] = (threading.Lock(), pl)
+            return got
+
+    @staticmethod
+    def _bounds(pl: PartitionLog) -> Bounds:
+        hwm = pl.next_offset
+        start = pl.segments[0].base if pl.segments else hwm
+        return Bounds(min(start, hwm), hwm)
+
+    def bounds(self, topic: str, partition: int) -> Bounds:
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            return self._bounds(pl)
+
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
+        """Whole batches from ``offset`` within ``max_bytes`` (the first whole past it), or the
+        empty batch bridging a gap up to the high watermark; nothing at the high watermark.
+        The caller checked ``offset`` against the bounds (``bounds``) and passes them again
+        here as they were read (a partition that moved meanwhile is read as it is now)."""
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            b = self._bounds(pl)
+            if offset >= b.high_watermark or offset < b.log_start:
+                return Fetched([], 0, b)
+            kb = PartitionReader(pl).kafka_batches(offset, max_bytes)
+            if kb.nbytes:
+                return Fetched(kb.parts, kb.nbytes, b)
+            last = min(b.high_watermark - 1, offset + MAX_DELTA)
+            raw = empty_batch(offset, last)
+            return Fetched([raw], len(raw), b)
+
+    def offset_for_timestamp(self, topic: str, partition: int, ts: int
+                             ) -> tuple[int, int] | None:
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            hit = offset_for_timestamp(PartitionReader(pl), ts)
+            return None if hit is None else (hit.offset, hit.timestamp)
+
+    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
+        lock, pl = self._part(topic, partition)
+        with lock:
+            pl.refresh()
+            hit = max_timestamp(PartitionReader(pl))
+            return None if hit is None else (hit.offset, hit.timestamp)

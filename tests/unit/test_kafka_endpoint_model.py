@@ -1,0 +1,292 @@
+"""The Kafka endpoint's Fetch and ListOffsets against a model of what Kafka would answer (issue 40).
+
+Random stores (offsets with gaps, tombstones, keyless records, headers, sometimes force-compacted
+so that the tail may be gone) are served by the endpoint in this process (its asyncio server on
+127.0.0.1 in a thread; no server process), and a minimal protocol client written here from the
+Kafka protocol spec (kio only encodes its requests) fetches from random offsets with random byte
+limits, at random versions 4-12. The model, from the partition reader's records: the first
+batch holds the first record at or after the offset (or, past the last record and below the high
+watermark, an empty batch spans to it); records decode to the model's; the response's bytes stay
+within the limits unless a single batch; out of [log start, high watermark]: OFFSET_OUT_OF_RANGE;
+an unknown partition: UNKNOWN_TOPIC_OR_PARTITION; ListOffsets earliest/latest are the bounds.
+A consumer fetching on from each answer's next offset reads exactly the model's records and
+stops at the high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import io
+import logging
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.serial import entity_writer
+
+from kcompact.reput import Store
+from kcompact.reput.reader import PartitionReader
+from kcompact.replication.group_offsets import GroupOffsets
+from kcompact.replication.kafka_endpoint.groups import Coordinator
+from kcompact.replication.kafka_endpoint.server import Endpoint, Limits
+from kcompact.replication.kafka_endpoint.store_view import StoreView
+from kcompact.replication.kafka_endpoint.wire import build, _request_schema
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _kafka_wire import decode_batches  # noqa: E402
+from test_reader_model import TOPIC, _build, _record  # noqa: E402
+
+
+class Served:
+    """The endpoint over ``url`` in a thread of this process."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._main, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(30)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.view = StoreView(self.url)
+        offsets = GroupOffsets(self.url, self.view.store.meta.store_id)
+        log = logging.getLogger("test-endpoint")
+        self.ep = Endpoint(self.view, lambda ep: Coordinator(offsets, ep.run, log,
+                                                              self.view.has),
+                           token=None, limits=Limits(), log=log)
+        _, self.port = await self.ep.start("127.0.0.1", 0)
+
+    def close(self) -> None:
+        fut = asyncio.run_coroutine_threadsafe(self.ep.close(), self.loop)
+        fut.result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.view.close()
+
+
+class Client:
+    """A minimal Kafka client: kio encodes the request, the response is read by hand."""
+
+    def __init__(self, port: int):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.corr = 0
+
+    def call(self, key: int, version: int, **body) -> bytes:
+        cls = _request_schema(key, version)
+        out = io.BytesIO()
+        self.corr += 1
+        hdr = cls.__header_schema__
+        entity_writer(hdr)(out, build(hdr, request_api_key=key, request_api_version=version,
+                                      correlation_id=self.corr, client_id="model"))
+        entity_writer(cls)(out, build(cls, **body))
+        raw = out.getvalue()
+        self.s.sendall(struct.pack(">i", len(raw)) + raw)
+        size = struct.unpack(">i", self._read(4))[0]
+        resp = self._read(size)
+        assert struct.unpack_from(">i", resp, 0)[0] == self.corr
+        return resp
+
+    def _read(self, n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.s.recv(n - len(buf))
+            assert chunk, "the endpoint closed the connection"
+            buf += chunk
+        return buf
+
+    def fetch(self, version: int, offset: int, max_bytes: int, partition: int = 0):
+        """(error, high watermark, log start, records bytes) of one partition."""
+        r = self.call(1, version, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=max_bytes,
+                      isolation_level=1, session_id=0, session_epoch=-1, topics=[{
+                          "topic": TOPIC, "partitions": [{
+                              "partition": partition, "fetch_offset": offset,
+                              "partition_max_bytes": max_bytes, "log_start_offset": -1,
+                              "current_leader_epoch": -1, "last_fetched_epoch": -1}]}],
+                      forgotten_topics_data=[], rack_id="")
+        flex = version >= 12
+        p = 4 + (1 if flex else 0) + 4 + (6 if version >= 7 else 0)
+
+        def count():
+            nonlocal p
+            if flex:
+                n, p = _uvarint(r, p)
+                return n - 1
+            n = struct.unpack_from(">i", r, p)[0]
+            p += 4
+            return n
+
+        assert count() == 1
+        if flex:
+            n, p = _uvarint(r, p)
+            name = r[p:p + n - 1]
+            p += n - 1
+        else:
+            n = struct.unpack_from(">h", r, p)[0]
+            name = r[p + 2:p + 2 + n]
+            p += 2 + n
+        assert name.decode() == TOPIC
+        assert count() == 1
+        part, err, hwm, lso = struct.unpack_from(">ihqq", r, p)
+        p += 22
+        assert part == partition and lso == hwm
+        start = -1
+        if version >= 5:
+            start = struct.unpack_from(">q", r, p)[0]
+            p += 8
+        assert count() == 0  # aborted transactions: empty
+        if version >= 11:
+            assert struct.unpack_from(">i", r, p)[0] == -1
+            p += 4
+        n = count()
+        assert n >= 0  # never null
+        return err, hwm, start, r[p:p + n]
+
+    def list_offsets(self, ts: int, partition: int = 0) -> tuple[int, int]:
+        r = self.call(2, 1, replica_id=-1, topics=[{"name": TOPIC, "partitions": [
+            {"partition_index": partition, "timestamp": ts}]}])
+        # v1: corr, [topic: name, [partition error timestamp offset]]
+        p = 4 + 4
+        n = struct.unpack_from(">h", r, p)[0]
+        p += 2 + n + 4
+        _part, err, _ts, off = struct.unpack_from(">ihqq", r, p)
+        return err, off
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def _uvarint(b: bytes, p: int) -> tuple[int, int]:
+    shift = n = 0
+    while True:
+        c = b[p]
+        p += 1
+        n |= (c & 0x7F) << shift
+        if not c & 0x80:
+            return n, p
+        shift += 7
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(rows=st.lists(_record, max_size=120), compact=st.booleans(), data=st.data())
+def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, data):
+    with tempfile.TemporaryDirectory() as root:
+        st_, _ = _build("local", root, rows, compact)
+        st_.record_partitions(TOPIC, [0])
+        st_.close()
+        ro = Store.open(st_.url)
+        pl = ro.partition(TOPIC, 0)
+        model = {r.offset: r for r in PartitionReader(pl).records(0)}
+        hwm = pl.next_offset
+        start = pl.segments[0].base if pl.segments else hwm
+        ro.close()
+        offs = sorted(model)
+        srv = Served(st_.url)
+        c = Client(srv.port)
+        try:
+            assert c.list_offsets(-1) == (0, hwm)
+            assert c.list_offsets(-2) == (0, start)
+            assert c.fetch(12, 0, 100, partition=7)[0] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+            for _ in range(6):
+                version = data.draw(st.integers(4, 12))
+                frm = data.draw(st.one_of(st.integers(-2, hwm + 3),
+                                          st.sampled_from(offs or [0])))
+                max_bytes = data.draw(st.integers(0, 9000))
+                err, got_hwm, got_start, raw = c.fetch(version, frm, max_bytes)
+                assert got_hwm == hwm and (version < 5 or got_start == start)
+                if frm < start or frm > hwm:
+                    assert err == 1 and raw == b""  # OFFSET_OUT_OF_RANGE
+                    continue
+                if err == 76:  # UNSUPPORTED_COMPRESSION_TYPE: zstd to a Fetch < v10 (KIP-110)
+                    assert version < 10
+                    again = decode_batches(c.fetch(12, frm, max_bytes)[3])
+                    assert any(b.attributes & 7 == 4 for b in again)
+                    continue
+                assert err == 0
+                batches = decode_batches(raw)
+                assert sum(b.size for b in batches) == len(raw)
+                rest = offs[bisect.bisect_left(offs, frm):]
+                if frm == hwm:
+                    assert raw == b""
+                elif not rest:  # a trailing gap: one empty batch up to the high watermark
+                    assert len(batches) == 1 and batches[0].records == []
+                    assert (batches[0].base_offset, batches[0].last_offset) == (frm, hwm - 1)
+                else:
+                    assert batches[0].base_offset <= rest[0] <= batches[0].last_offset
+                    assert len(batches) == 1 or len(raw) <= max_bytes
+                    for b in batches:
+                        for r in b.records:
+                            m = model[r.offset]
+                            assert (r.timestamp, r.key, r.value, r.headers) == (
+                                m.timestamp, m.key, m.value, tuple(m.headers))
+            # a consumer reading on from the log start stops at the high watermark with
+            # exactly the model's records
+            at, seen = start, []
+            for _ in range(4 * len(offs) + 5):
+                if at >= hwm:
+                    break
+                err, _, _, raw = c.fetch(12, at, data.draw(st.integers(1, 5000)))
+                assert err == 0
+                batches = decode_batches(raw)
+                assert batches
+                seen += [r.offset for b in batches for r in b.records if r.offset >= at]
+                at = batches[-1].last_offset + 1
+            assert at == hwm and seen == offs
+        finally:
+            c.close()
+            srv.close()
+
+
+def test_an_empty_fetch_and_an_old_api_versions_are_answered(tmp_path):
+    st_, _ = _build("local", str(tmp_path), [(1, b"k", b"v", [])], False)
+    st_.close()
+    srv = Served(st_.url)
+    c = Client(srv.port)
+    try:
+        r = c.call(1, 12, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=1000,
+                   isolation_level=0, session_id=0, session_epoch=-1, topics=[],
+                   forgotten_topics_data=[], rack_id="")
+        assert r[5:15] == b"\0\0\0\0\0\0\0\0\0\0" and r[15] == 1  # no error, no topic
+        raw = struct.pack(">hhih", 18, 9, 77, -1)
+        c.s.sendall(struct.pack(">i", len(raw)) + raw)
+        size = struct.unpack(">i", c._read(4))[0]
+        body = c._read(size)
+        assert struct.unpack_from(">ih", body, 0) == (77, 35)  # UNSUPPORTED_VERSION, v0 body
+        n = struct.unpack_from(">i", body, 6)[0]
+        keys = {struct.unpack_from(">hhh", body, 10 + 6 * i) for i in range(n)}
+        assert (1, 4, 12) in keys and (0, 3, 9) in keys and (18, 0, 3) in keys
+    finally:
+        c.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_produce_is_refused_with_a_reason(tmp_path, version):
+    st_, _ = _build("local", str(tmp_path), [(1, b"k", b"v", [])], False)
+    st_.close()
+    srv = Served(st_.url)
+    c = Client(srv.port)
+    try:
+        r = c.call(0, version, transactional_id=None, acks=-1, timeout=1000, topic_data=[
+            {"name": TOPIC, "partition_data": [{"index": 0, "records": b""}]}])
+        assert struct.pack(">h", 44) in r  # POLICY_VIOLATION
+        assert (b"read-only" in r) == (version >= 8)  # the message field is v8+
+    finally:
+        c.close()
+        srv.close()
+    with Store.open(st_.url) as ro:
+        assert ro.partition(TOPIC, 0).next_offset == 2
