@@ -139,7 +139,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         store=a.store, topic=a.topic, bootstrap_servers=a.bootstrap_servers,
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
-        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config)))
+        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -466,8 +467,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
                    default="requested", help="transactions: when the broker has them "
                    "(default), always, or never (idempotent producer)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="once the restore is done, commit on --to-topic the kept positions "
+                   "(`kcompact groups`) of the consumer groups whose whole id this matches, "
+                   "translated exactly: a source offset O becomes the target offset of the "
+                   "first restored record at or after O (groups with active members are "
+                   "skipped; not with --repartition)")
+    _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
+                 "timestamp at or before TIME; with --groups, their positions as kept then)")
     _kafka_settings_flag(s, "producer")
-    s.set_defaults(func=cmd_restore)
+    s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
     kv = sub.add_parser("kv", help="the local key-value map (LevelDB)")
     kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND", help="one of:")
@@ -556,6 +565,14 @@ def _as_of_usage(parser: argparse.ArgumentParser,
             parser.error("--allow-inexact goes with --as-of TIME")
         if more is not None:
             more(args)
+    return check
+
+
+def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.groups and args.repartition:
+            parser.error("--groups cannot go with --repartition: records change partitions, so "
+                         "a group's position in a source partition has no place in the target")
     return check
 
 
