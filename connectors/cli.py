@@ -70,7 +70,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         engine=a.engine, spark_master=a.spark_master, follow=a.follow,
         compact=not a.no_compact, partitions=parse_partitions(a.partitions),
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
-        metrics=a.metrics))
+        metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
+        exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -91,6 +92,11 @@ def cmd_compact(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .apps.inspect import InspectOptions, run_inspect
     return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
+
+
+def cmd_groups(a: argparse.Namespace) -> int:
+    from .apps.groups import GroupsOptions, run_groups
+    return run_groups(GroupsOptions(store=a.store, group=a.group, json=a.json))
 
 
 def cmd_dump(a: argparse.Namespace) -> int:
@@ -245,6 +251,17 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
             parser.error("give --topic T (repeatable) or --topics-regex RE")
         if args.exclude_regex and not args.topics_regex:
             parser.error("--exclude-regex applies to the topics --topics-regex matches")
+        ms = args.sync_group_offsets_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        if args.no_groups and (args.groups or args.exclude_groups):
+            parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
+        import re
+        for flag, rx in (("--groups", args.groups), ("--exclude-groups", args.exclude_groups)):
+            try:
+                re.compile(rx or "")
+            except re.error as e:
+                parser.error(f"{flag} {rx!r} is not a regular expression ({e})")
     return check
 
 
@@ -304,6 +321,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-sync-configs", action="store_true",
                    help="do not read the topics' configs from Kafka (describe_configs) into the "
                    "store; by default they follow the source at each start (and refresh)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="keep the committed offsets of the consumer groups whose whole id this "
+                   "matches (default: every group that committed on a mirrored topic), captured "
+                   "at start, every 60 s while following and at the end")
+    s.add_argument("--exclude-groups", default=None, metavar="RE",
+                   help="leave out the groups whose whole id this matches")
+    s.add_argument("--no-groups", action="store_true",
+                   help="do not keep the source's consumer-group offsets")
+    s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
+                   "sync.group.offsets.interval.ms; default 60000, at least 1000)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -375,6 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a chart of live, dirty and reclaimed bytes per partition to "
                    "this PNG (needs kcompact[plots])")
     s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("groups", help="the consumer-group positions a store keeps, with their "
+                       "lag against the store's end")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--group", default=None, metavar="RE",
+                   help="only the groups whose whole id this regular expression matches "
+                   "(default: every group)")
+    _json_flag(s, "print {\"groups\": [{\"group\", \"partitions\": [{\"topic\", "
+               "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
+               "as one JSON document")
+    s.set_defaults(func=cmd_groups)
 
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
