@@ -88,7 +88,8 @@ def commit_positions(conf: Mapping[str, Any], target: str, offsets: Mapping[tupl
                   "again)", file=log, flush=True)
             skipped.append(g)
             continue
-        tps = [KTP(target, p, o, metadata=metadata.get((g, p)) or None) for p, o in parts]
+        tps = [KTP(target, p, o, metadata=metadata[(g, p)]) if metadata.get((g, p))
+               else KTP(target, p, o) for p, o in parts]
         try:
             fut = admin.alter_consumer_group_offsets(
                 [ConsumerGroupTopicPartitions(g, tps)], request_timeout=timeout)[g]

@@ -1,0 +1,303 @@
+"""Consumer groups resume where they were (issue 42), on a real Apache Kafka 3.9.1.
+
+* Groups committed on the source mid-partition, at the end, and on an offset that compaction
+  then removes (plus a group not named, and one with an active member on the target) are kept
+  by ``kcompact mirror``, shown by ``kcompact groups``; after ``kcompact compact`` a
+  ``kcompact restore --groups`` into another topic commits each named group's position so that a
+  member subscribing on the target receives exactly the restored records at or after its source
+  position (the model: the store's records, latest per key, in offset order); the group not
+  named is not written; the group with an active member is skipped with one line.
+* A restore SIGKILLed part-way and run again commits positions at which each group receives
+  exactly its records (no duplicate on Kafka: transactions), and a further rerun commits the
+  same offsets again. The kept positions there are written through the capture writer, as a
+  mirror writes them (docs/formats/group-offsets.md).
+* ``--as-of``: positions as kept at or before TIME.
+* ``--groups`` with ``--repartition`` is refused with one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer
+from confluent_kafka import TopicPartition as TP
+
+from kcompact.reput import Store
+from kcompact.reput.record import RecordBatch
+from kcompact.replication.group_capture import CaptureWriter
+from topics import read_topic  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SLOW = ("-X", "batch.num.messages=5", "-X", "linger.ms=0", "-X", "max.in.flight=1")
+
+
+def kcompact(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kcompact", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def commit_on(admin, group: str, topic: str, offsets: dict[int, int]) -> None:
+    tps = [TP(topic, p, o) for p, o in offsets.items()]
+    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, tps)],
+                                       request_timeout=15)[group].result(30)
+
+
+def committed_on(admin, group: str, topic: str, partitions: int) -> dict[int, int]:
+    req = ConsumerGroupTopicPartitions(group, [TP(topic, p) for p in range(partitions)])
+    res = admin.list_consumer_group_offsets([req], request_timeout=15)[group].result(30)
+    return {tp.partition: tp.offset for tp in res.topic_partitions if tp.offset >= 0}
+
+
+def consume_as(bootstrap: str, group: str, topic: str, partitions: int
+               ) -> dict[int, list[tuple]]:
+    """What a member of ``group`` subscribing to ``topic`` receives from the group's committed
+    positions to the end: partition -> [(key, value)] (nothing committed back)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "auto.offset.reset": "latest", "isolation.level": "read_committed",
+                  "session.timeout.ms": 6000})
+    out: dict[int, list[tuple]] = {p: [] for p in range(partitions)}
+    eof: set[int] = set()
+    c.subscribe([topic])
+    deadline = time.monotonic() + 90
+    try:
+        while len(eof) < partitions:
+            assert time.monotonic() < deadline, f"{group} did not reach the end of {topic}"
+            for m in c.consume(1000, 0.5):
+                if m.error() is not None:
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        eof.add(m.partition())
+                    continue
+                out[m.partition()].append((m.key(), m.value()))
+    finally:
+        c.close()
+    return out
+
+
+def latest_model(url: str, topic: str) -> dict[int, list[tuple]]:
+    """The records a restore of ``topic`` into an existing topic produces, from the store's
+    records alone: per partition the last record of each key (a tombstone too), keyless ones
+    left out, in offset order: [(offset, key, value)]."""
+    out = {}
+    with Store.open(url) as st:
+        for p in st.partitions(topic):
+            last = {}
+            for r in st.iter_records(topic, p):
+                if r.key is not None:
+                    last[r.key] = (r.offset, r.key, r.value)
+            out[p] = sorted(last.values())
+    return out
+
+
+def tail(model: list[tuple], position: int) -> list[tuple]:
+    return [(k, v) for o, k, v in model if o >= position]
+
+
+class ActiveMember:
+    """A member of ``group`` subscribed to ``topic`` on the target, polling in a thread."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str):
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                           "enable.auto.commit": False, "auto.offset.reset": "latest",
+                           "session.timeout.ms": 6000})
+        self.c.subscribe([topic])
+        self.stop = threading.Event()
+        self.assigned = threading.Event()
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.c.poll(0.2)
+            if self.c.assignment():
+                self.assigned.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.t.join(10)
+        self.c.close()
+
+
+def test_groups_resume_exactly_on_the_restored_topic(apache_kafka, make_topic, tmp_path):
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    src = make_topic(2)
+    rng = random.Random(42)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+    sent: dict[int, list[tuple]] = {0: [], 1: []}
+    for i in range(400):
+        part = i % 2
+        key = b"k%d" % rng.randrange(25)
+        value = None if rng.random() < 0.1 else b"v%d" % i
+        p.produce(src, value, key, part)
+        sent[part].append((len(sent[part]), key, value))
+    assert p.flush(30) == 0
+    # a position whose record a later record of its key replaces (compaction removes it)
+    removed = next(o for o, k, _ in sent[0] if any(k2 == k for o2, k2, _ in sent[0] if o2 > o)
+                   and o > 20)
+    groups = {"g-mid": {0: 77, 1: 120}, "g-end": {0: 200, 1: 200},
+              "g-removed": {0: removed, 1: 3}, "other": {0: 10, 1: 10}, "g-active": {0: 50}}
+    for g, offs in groups.items():
+        commit_on(admin, g, src, offs)
+
+    url = str(tmp_path / "store")
+    m = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", src, "--store", url,
+                 "--engine", "local")
+    assert m.returncode == 0, m.stderr
+    assert "group offsets captured 2 times" in m.stderr, m.stderr
+
+    shown = kcompact("groups", "--store", url, "--json")
+    assert shown.returncode == 0, shown.stderr
+    doc = json.loads(shown.stdout)
+    kept = {g["group"]: {r["partition"]: r["offset"] for r in g["partitions"]}
+            for g in doc["groups"]}
+    assert kept == groups
+    lag = {(g["group"], r["partition"]): r["lag"] for g in doc["groups"]
+           for r in g["partitions"]}
+    assert lag[("g-mid", 0)] == 200 - 77 and lag[("g-end", 1)] == 0
+    text = kcompact("groups", "--store", url, "--group", "g-m.*")
+    assert text.returncode == 0 and "g-mid" in text.stdout and "g-end" not in text.stdout
+
+    c = kcompact("compact", "--store", url, "--force")
+    assert c.returncode == 0, c.stderr
+    with Store.open(url) as st:
+        assert removed not in {r.offset for r in st.iter_records(src, 0)}
+
+    target = make_topic(2)
+    member = ActiveMember(bootstrap, "g-active", target)
+    try:
+        assert member.assigned.wait(30), "the active member never joined"
+        r = kcompact("restore", "--store", url, "--topic", src, "--bootstrap-servers",
+                     bootstrap, "--to-topic", target, "--groups", "g-.*",
+                     "--exactly-once", "required")
+    finally:
+        member.close()
+    assert r.returncode == 0, r.stderr
+    assert "group 'g-active' has 1 active member(s)" in r.stderr, r.stderr
+    model = latest_model(url, src)
+    got = read_topic(bootstrap, target, 2, offsets=False)
+    assert {q: [(k, v) for _, k, v, _ in rows] for q, rows in got.items()} == \
+        {q: [(k, v) for _, k, v in rows] for q, rows in model.items()}
+    for g in ("g-mid", "g-end", "g-removed"):
+        received = consume_as(bootstrap, g, target, 2)
+        for q in (0, 1):
+            assert received[q] == tail(model[q], groups[g][q]), (g, q)
+    assert committed_on(admin, "other", target, 2) == {}
+    assert committed_on(admin, "g-active", target, 2) == {}
+
+
+def _store_with_groups(url: str, parts: int, n: int) -> dict[str, dict[int, int]]:
+    """A store of ``n`` records per partition (keys overwritten, gaps), and kept positions
+    written as a mirror writes them."""
+    rng = random.Random(7)
+    with Store.open(url, writer="w", create=True) as st:
+        for q in range(parts):
+            rows, off = [], 0
+            for i in range(n):
+                off += rng.choice((1, 1, 1, 3))
+                rows.append((q, off, 1_700_000_000_000 + off,
+                             b"q%d-k%d" % (q, rng.randrange(n)), b"v%d" % off))
+            st.append(RecordBatch.from_records("orders", rows))
+    groups = {f"g{i}": {q: rng.randrange(0, int(n * 1.6)) for q in range(parts)}
+              for i in range(5)}
+    w = CaptureWriter(url, "test-capture")
+    try:
+        w.capture([(g, "orders", q, o, "") for g, offs in groups.items()
+                   for q, o in offs.items()])
+    finally:
+        w.close()
+    return groups
+
+
+def test_sigkilled_restore_rerun_commits_the_same_positions(apache_kafka, make_topic,
+                                                            tmp_path):
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    url = str(tmp_path / "store")
+    groups = _store_with_groups(url, 3, 20_000)
+    target = f"it-groups-kill-{uuid.uuid4().hex[:8]}"
+    args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers", bootstrap,
+            "--to-topic", target, "--chunk-records", "3000", "--groups", "g.*",
+            "--exactly-once", "required", *SLOW)
+    try:
+        kills = 0
+        for delay in (2.0, 3.5):
+            p = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                kills += 1
+            p.wait(60)
+        assert kills >= 1
+        final = kcompact(*args, timeout=600)
+        assert final.returncode == 0, final.stderr
+        assert "continued from recorded progress" in final.stderr
+        first = {g: committed_on(admin, g, target, 3) for g in groups}
+        model = latest_model(url, "orders")
+        for g, offs in groups.items():
+            received = consume_as(bootstrap, g, target, 3)
+            for q, o in offs.items():
+                assert received[q] == tail(model[q], o), (g, q, o)
+        again = kcompact(*args, timeout=300)
+        assert again.returncode == 0, again.stderr
+        assert {g: committed_on(admin, g, target, 3) for g in groups} == first
+    finally:
+        admin.delete_topics([target], operation_timeout=10)
+
+
+def test_groups_as_of_a_time(apache_kafka, tmp_path):
+    """Positions as kept at or before TIME: two captures, a restore as of a time between."""
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    url = str(tmp_path / "store")
+    with Store.open(url, writer="w", create=True) as st:
+        st.append(RecordBatch.from_records("orders", [
+            (0, o, 1_000_000 + o, b"k%d" % o, b"v%d" % o) for o in range(50)]))
+    w = CaptureWriter(url, "test-capture")
+    try:
+        w.capture([("g", "orders", 0, 10, "")], now_ms=2_000_000)
+        w.capture([("g", "orders", 0, 30, "")], now_ms=3_000_000)
+    finally:
+        w.close()
+    targets = []
+    try:
+        for when, want in (("2500000", 10), ("3000000", 30)):
+            target = f"it-groups-asof-{uuid.uuid4().hex[:8]}"
+            targets.append(target)
+            r = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+                         bootstrap, "--to-topic", target, "--groups", "g", "--as-of", when)
+            assert r.returncode == 0, r.stderr
+            # every record has a timestamp before both times: offsets 0..49 land at 0..49
+            assert committed_on(admin, "g", target, 1) == {0: want}
+        # a rerun of a job with another time is refused
+        r = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+                     bootstrap, "--to-topic", targets[0], "--groups", "g", "--as-of", "2600000")
+        assert r.returncode == 1 and "was restored with the state as of" in r.stderr, r.stderr
+        # before any capture: nothing kept then, nothing committed
+        target = f"it-groups-asof-{uuid.uuid4().hex[:8]}"
+        targets.append(target)
+        r = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+                     bootstrap, "--to-topic", target, "--groups", "g", "--as-of",
+                     "1970-01-01T00:25:00Z")  # 1 500 000
+        assert r.returncode == 0, r.stderr
+        assert "no kept group position of store topic 'orders' matches" in r.stderr
+        assert committed_on(admin, "g", target, 1) == {}
+    finally:
+        admin.delete_topics(targets, operation_timeout=10)
+
+
+def test_groups_with_repartition_are_refused(tmp_path):
+    r = kcompact("restore", "--store", str(tmp_path), "--topic", "t", "--bootstrap-servers",
+                 "127.0.0.1:1", "--to-topic", "t2", "--groups", "g.*", "--repartition")
+    assert r.returncode == 2
+    assert "--groups cannot go with --repartition: records change partitions" in r.stderr
