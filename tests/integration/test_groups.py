@@ -11,7 +11,8 @@
   exactly its records (no duplicate on Kafka: transactions), and a further rerun commits the
   same offsets again. The kept positions there are written through the capture writer, as a
   mirror writes them (docs/formats/group-offsets.md).
-* ``--as-of``: positions as kept at or before TIME.
+* ``--as-of``: positions as kept at or before TIME; the restored state as of TIME against a
+  dict model on random workloads (hypothesis), and a TIME compaction cleaned past refused.
 * ``--groups`` with ``--repartition`` is refused with one line.
 """
 
@@ -29,6 +30,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer
 from confluent_kafka import TopicPartition as TP
 
@@ -301,3 +304,136 @@ def test_groups_with_repartition_are_refused(tmp_path):
                  "127.0.0.1:1", "--to-topic", "t2", "--groups", "g.*", "--repartition")
     assert r.returncode == 2
     assert "--groups cannot go with --repartition: records change partitions" in r.stderr
+
+
+def _as_of_store(url: str, seed: int) -> tuple[dict[int, list], int]:
+    """Two partitions of keyed and keyless records, tombstones, timestamps out of order, the
+    first half compacted (a tiny map): (records per partition, the history horizon)."""
+    from kcompact.compaction import CompactionOptions, Compactor
+    from kcompact.compaction import history as H
+    from kcompact.reput.config import ManualClock
+    from kcompact.reput.record import Record
+    rng = random.Random(seed)
+    clock = ManualClock(1_700_000_000_000)
+    recs: dict[int, list] = {0: [], 1: []}
+    with Store.open(url, writer="w", create=True, clock=clock) as st:
+        st.set_topic_config("orders", {"segment.bytes": 16384, "delete.retention.ms": 0})
+        for half in range(2):
+            batch = []
+            for _ in range(150):
+                q = rng.randrange(2)
+                off = len(recs[q]) * 2
+                key = None if rng.random() < 0.1 else b"q%d-k%d" % (q, rng.randrange(20))
+                value = None if rng.random() < 0.2 else b"v%d" % off
+                r = Record("orders", q, off, clock.ms() + rng.randint(-2000, 2000), key, value,
+                           ())
+                batch.append(r)
+                recs[q].append(r)
+            st.append(RecordBatch.from_records("orders", batch))
+            st.flush()
+            clock.advance(10_000)
+            if half == 0:
+                for q in (0, 1):
+                    Compactor(st, CompactionOptions(offset_map_memory=4096, max_load=0.1),
+                              clock).compact_partition("orders", q, force=True)
+        horizon = H.exactness([st.partition("orders", q) for q in (0, 1)], 0).earliest_ms
+    return recs, horizon
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31))
+def test_restore_as_of_matches_the_model(kafka_bootstrap, kafka_admin, tmp_path_factory, seed):
+    """restore --as-of into a new topic: per partition each key's latest record at or before
+    TIME (none when a tombstone; keyless left out, as a restore of the latest state), in
+    offset order; a TIME before the history horizon is refused (exit 1, naming it)."""
+    url = str(tmp_path_factory.mktemp("asof") / "store")
+    recs, horizon = _as_of_store(url, seed)
+    stamps = sorted({r.timestamp for rs in recs.values() for r in rs if r.timestamp >= horizon})
+    rng = random.Random(seed)
+    t = rng.choice(stamps)
+    target = f"it-groups-restore-asof-{uuid.uuid4().hex[:8]}"
+    try:
+        r = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+                     kafka_bootstrap, "--to-topic", target, "--as-of", str(t))
+        assert r.returncode == 0, r.stderr
+        got = read_topic(kafka_bootstrap, target, 2, offsets=False)
+        for q in (0, 1):
+            last = {}
+            for x in recs[q]:
+                if x.timestamp <= t and x.key is not None:
+                    last[x.key] = x
+            want = [(x.timestamp, x.key, x.value) for x in sorted(last.values(),
+                                                                   key=lambda x: x.offset)
+                    if x.value is not None]
+            assert [(ts, k, v) for ts, k, v, _ in got[q]] == want, q
+        early = f"it-groups-restore-asof-{uuid.uuid4().hex[:8]}"
+        r = kcompact("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
+                     kafka_bootstrap, "--to-topic", early, "--as-of", str(horizon - 1))
+        assert r.returncode == 1 and "earliest time answered exactly" in r.stderr, r.stderr
+        assert early not in kafka_admin.list_topics(timeout=10).topics  # nothing created
+    finally:
+        kafka_admin.delete_topics([target], operation_timeout=10)
+
+
+def test_source_without_the_group_apis_is_one_warning(tmp_path):
+    """kcompact's own Kafka endpoint as the source: it serves no ListGroups, so the mirror says
+    so in one line and copies the records."""
+    from test_kafka_endpoint import Endpoint
+    src = str(tmp_path / "src")
+    with Store.open(src, writer="w", create=True) as st:
+        st.append(RecordBatch.from_records("orders", [
+            (0, o, 1_700_000_000_000 + o, b"k%d" % o, b"v") for o in range(20)]))
+    ep = Endpoint(src, log=tmp_path / "endpoint.log").start()
+    try:
+        dst = str(tmp_path / "dst")
+        r = kcompact("mirror", "--bootstrap-servers", ep.bootstrap, "--topic", "orders",
+                     "--store", dst, "--engine", "local")
+    finally:
+        ep.stop()
+    assert r.returncode == 0, r.stderr
+    warnings = [ln for ln in r.stderr.splitlines() if "consumer group" in ln]
+    assert len(warnings) == 1 and warnings[0].startswith("mirror: warning: "), r.stderr
+    assert "mirroring without group offsets" in warnings[0]
+    with Store.open(dst) as st:
+        assert len(list(st.iter_records("orders", 0))) == 20
+    g = kcompact("groups", "--store", dst)
+    assert g.returncode == 0 and "no consumer group positions kept" in g.stdout
+
+
+def test_following_mirror_captures_every_interval(apache_kafka, make_topic, tmp_path):
+    bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
+    src = make_topic(1)
+    p = Producer({"bootstrap.servers": bootstrap})
+    for i in range(30):
+        p.produce(src, b"v%d" % i, b"k%d" % i)
+    assert p.flush(30) == 0
+    commit_on(admin, "follower", src, {0: 5})
+    commit_on(admin, "left-out", src, {0: 6})
+    url = str(tmp_path / "store")
+    proc = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers",
+                             bootstrap, "--topic", src, "--store", url, "--follow",
+                             "--exclude-groups", "left-.*",
+                             "--sync-group-offsets-interval-ms", "1000"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+    def kept() -> dict:
+        r = kcompact("groups", "--store", url, "--json")
+        if r.returncode != 0:
+            return {}
+        return {g["group"]: g["partitions"][0]["offset"] for g in json.loads(r.stdout)["groups"]}
+    try:
+        deadline = time.monotonic() + 60
+        while kept().get("follower") != 5:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.5)
+        commit_on(admin, "follower", src, {0: 25})
+        while kept().get("follower") != 25:  # the next capture, a second later
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.5)
+        assert "left-out" not in kept()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
