@@ -27,7 +27,8 @@ from kcompact.compaction import history
 from kcompact.reput import Store, StoreLockedError
 from kcompact.reput.record import RecordBatch
 
-from .group_offsets import TOPIC, GroupOffset, GroupOffsetsError, decode, encode_key, encode_value
+from .group_offsets import (TOPIC, GroupOffset, GroupOffsetsError, decode, encode_key,
+                            encode_value, hold_partition)
 
 SOURCE = "source"
 #: how long a capture waits for another process appending to the topic (a Kafka endpoint)
@@ -150,17 +151,8 @@ class CaptureWriter:
         return len(new)
 
     def _partition(self, st: Store):
-        deadline = time.monotonic() + self.lock_wait_s
-        while True:
-            try:
-                return st.writable_partition(TOPIC, 0)
-            except StoreLockedError:
-                if time.monotonic() > deadline:
-                    raise GroupOffsetsError(
-                        f"{self.url}: {TOPIC}-0 stayed locked by another process for "
-                        f"{self.lock_wait_s:.0f} s; the captured group offsets were not "
-                        "kept (the next capture tries again)") from None
-                time.sleep(0.02)
+        return hold_partition(st, self.url, self.lock_wait_s, "the captured group offsets were "
+                              "not kept (the next capture tries again)")
 
     def close(self) -> None:
         if self._store is not None:
