@@ -120,6 +120,9 @@ def restore_groups(plan: GroupPlan, raw_maps: Mapping[bytes, bytes | None], prog
     """The end of a finished restore with ``--groups``: ``plan``'s positions translated through
     the job's offset map records (``raw_maps``: key -> value, the current run's from
     ``progress.run_seq``) and committed. Returns (committed, skipped) group ids."""
+    if not progress.mapped:
+        raise RestoreError(f"{progress.job} produced records without an offset map: restore "
+                           "with --from-scratch --groups to translate group positions")
     if not plan.positions:
         print(f"restore: no kept group position of store topic {progress.store_topic!r} "
               f"matches --groups {regex!r} (see `kcompact groups`)", file=log, flush=True)

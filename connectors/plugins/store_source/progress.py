@@ -81,20 +81,23 @@ class Progress:
     run_seq: int = 0
     #: the time of a restore of the state as of a time (None: the latest state)
     as_of_ms: int | None = None
+    #: every chunk of this run so far has its offset map records (translation.py)
+    mapped: bool = False
 
     @classmethod
     def start(cls, job: RestoreJob, mode: str, seq: int = 0,
               as_of_ms: int | None = None) -> "Progress":
         return cls(job.key, job.store_id, job.store_topic, job.cluster_id, job.target_topic,
-                   mode, seq, {}, run_seq=seq, as_of_ms=as_of_ms)
+                   mode, seq, {}, run_seq=seq, as_of_ms=as_of_ms, mapped=True)
 
     def advance(self, positions: Mapping[int, int], produced: int, done: bool,
-                transactional: bool) -> "Progress":
+                transactional: bool, mapped: bool = True) -> "Progress":
+        """The next record; ``mapped``: this chunk's offset map records were written."""
         return Progress(self.job, self.store_id, self.store_topic, self.cluster_id,
                         self.target_topic, self.mode, self.seq + 1,
                         {int(p): int(o) for p, o in positions.items()}, self.produced + produced,
                         done, transactional, int(time.time() * 1000), PROGRESS_FORMAT_VERSION,
-                        self.run_seq, self.as_of_ms)
+                        self.run_seq, self.as_of_ms, self.mapped and mapped)
 
 
 def encode_progress(p: Progress) -> bytes:
@@ -126,7 +129,8 @@ def decode_progress(raw: bytes | None, *, where: str) -> Progress:
                      int(d["seq"]), positions, int(d.get("produced", 0)),
                      bool(d.get("done", False)), bool(d.get("transactional", False)),
                      int(d.get("updated_ms", 0)), version, int(d.get("run_seq", 0)),
-                     None if d.get("as_of_ms") is None else int(d["as_of_ms"]))
+                     None if d.get("as_of_ms") is None else int(d["as_of_ms"]),
+                     bool(d.get("mapped", False)))
         if p.mode not in ("latest", "all") or p.seq < 0 or not 0 <= p.run_seq <= p.seq:
             raise ValueError(f"mode {p.mode!r}, seq {p.seq}")
         return p

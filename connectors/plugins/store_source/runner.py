@@ -126,7 +126,11 @@ class RestoreRunner(TaskRunner):
         self._error_cb = self._reports.on_error
         #: deliveries counted per partition (offset map records, translation.py) unless the
         #: records are repartitioned: kcompact's producer counts in C, confluent-kafka's here
-        self._map = not bool(self.props.get("repartition"))
+        # (on confluent-kafka's producer a Python callback per record doubles the restore's
+        # time, so there only a restore with --groups keeps the map)
+        from ...framework.native_kafka import kafka_io
+        self._map = not bool(self.props.get("repartition")) and (
+            kafka_io() == "native" or bool(self.props.get("groups")))
         self._acks = AckRanges(self._reports)
         self._dr_cb = self._acks.on_delivery if self._map else self._reports.on_delivery
         self._interleaved: set[int] = set()
@@ -377,6 +381,11 @@ class RestoreRunner(TaskRunner):
                     f"the state as of {format_time(last.as_of_ms)}"
                 raise RestoreError(f"{job.key} was restored with {was}; rerun with the same "
                                    "--as-of, or with --from-scratch to start over")
+            if self._group_plan is not None and not last.mapped:
+                raise RestoreError(
+                    f"{job.key} produced records without an offset map (by a kcompact before "
+                    "it, or on confluent-kafka's producer without --groups), so group "
+                    "positions cannot be translated: restore with --from-scratch --groups")
             progress = last
             self.stats.resumed = bool(last.positions)
             self.stats.previously_produced = last.produced
@@ -407,7 +416,8 @@ class RestoreRunner(TaskRunner):
                 chunk = reader.get()
                 if chunk is None:
                     break
-                progress = progress.advance(chunk.positions, len(chunk), chunk.done, txn)
+                progress = progress.advance(chunk.positions, len(chunk), chunk.done, txn,
+                                            mapped=self._map or len(chunk) == 0)
                 maps = self._send(chunk, progress, txn, progress_topic,
                                   on_produced=None if chunk.done else reader.prepare)
                 writer.submit(progress, maps)
