@@ -1,14 +1,16 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus, run unit +
-#             integration tests
+#             missing (Maven, for the real-broker tier) and Debian's prometheus, build the user
+#             guide (make docs), run unit + integration tests (the guide's examples included)
+# make docs : build the user guide (docs/, mkdocs.yml) into site/; a broken link or a page
+#             outside the nav fails it
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test install java rdkafka-h maven prometheus kafka-jars bench clean
+.PHONY: demo test docs install java rdkafka-h maven prometheus kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -18,7 +20,7 @@ $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# PYTHONWARNINGS: setuptools' note on editable installs ("folders ... with the same name as
 	@# your package may take precedence") is about a stray kcompact/ folder; ours is the package's own.
-	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[dev,plots,test]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install -q -e '.[dev,plots,test,docs]'
 	@touch $@
 
 java:
@@ -63,7 +65,11 @@ kafka-jars: install maven
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
-test: install kafka-jars prometheus
+# NO_MKDOCS_2_WARNING: Material's banner about its successor (not a problem of this guide)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: install kafka-jars prometheus docs
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
@@ -73,4 +79,4 @@ bench: install
 	$(BIN)/python bench/report.py --scale $(BENCH_SCALE) --out bench/out
 
 clean:
-	rm -rf $(VENV) demo-work .pytest_cache
+	rm -rf $(VENV) demo-work .pytest_cache site

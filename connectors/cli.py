@@ -40,8 +40,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def _kafka_config(items: list[str]) -> dict[str, str]:
+    return _kafka_config_flag(items, "-X")
+
+
+def _kafka_config_flag(items: list[str], flag: str) -> dict[str, str]:
     from .framework.config import parse_kv_pairs
-    return parse_kv_pairs(items, flag="-X")
+    return parse_kv_pairs(items, flag=flag)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,8 +60,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 def cmd_broker(a: argparse.Namespace) -> int:
     from .devtools.broker import run_foreground
     if a.engine == "kafka":
-        from .devtools.apache_kafka import ApacheKafkaBroker
-        return run_foreground(a.port, factory=ApacheKafkaBroker)
+        from functools import partial
+
+        from .devtools.apache_kafka import ApacheKafkaBroker, broker_overrides
+        overrides = broker_overrides(_kafka_config_flag(a.override, "--override"))
+        return run_foreground(a.port, factory=partial(ApacheKafkaBroker,
+                                                      broker_config=overrides))
     return run_foreground(a.port)
 
 
@@ -244,6 +252,15 @@ def _log_format_flag(s: argparse.ArgumentParser, default: Any) -> None:
                    help="stderr lines as text (default) or one JSON object per line")
 
 
+def _broker_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`broker`: --override configures the real Kafka only."""
+    def check(args) -> None:
+        if args.override and args.engine != "kafka":
+            parser.error("--override applies to --engine kafka (Kafka's server configs); the "
+                         "embedded Tansu broker takes none")
+    return check
+
+
 def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     """`mirror`: some topic to mirror; --exclude-regex narrows --topics-regex."""
     def check(args) -> None:
@@ -307,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=None, metavar="PORT",
                    help="port to listen on, on 127.0.0.1 (default: a free port); the broker "
                    "prints 'kcompact broker listening on 127.0.0.1:PORT' once it is ready")
-    s.set_defaults(func=cmd_broker)
+    s.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="--engine kafka: a Kafka server config, as kafka-server-start.sh's "
+                   "--override, e.g. message.max.bytes=4194304 (repeatable; the listeners, "
+                   "node and data directory are the launcher's)")
+    s.set_defaults(func=cmd_broker, check_usage=_broker_usage(s))
 
     s = sub.add_parser("mirror", help="mirror Kafka topics into a store")
     _bootstrap_flag(s, "the Kafka cluster to read from")
@@ -659,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     check_usage = getattr(args, "check_usage", None)
     if check_usage is not None:
         check_usage(args)  # exits 2 with argparse's usage message
-    debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+    from kcompact.reput.env import debug as env_debug
+    debug = env_debug()
     if getattr(args, "log_format", "text") == "json":
         from .apps.output import JsonLines
         name = " ".join(x for x in (args.command, getattr(args, "kv_command", None),

@@ -30,6 +30,8 @@ import aiohttp
 import numpy as np
 from pyroaring import BitMap64
 
+from kcompact.reput.env import ENV
+
 from .errors import AuthError, MasterUnavailableError, ProtocolError, ReplicationError
 from .protocol import (API_PREFIX, CT_BITMAP, CT_DIGESTS, CT_RECORDS, CT_SEGMENT_FILE,
                        H_FILE_SIZE, H_HIGH_WATERMARK, H_LIVE_COUNT, H_NEXT_OFFSET, H_PROTOCOL,
@@ -42,7 +44,7 @@ if sys.version_info >= (3, 11):
 else:  # aiohttp depends on async-timeout below 3.11; same API
     from async_timeout import timeout as _timeout
 
-DEFAULT_RETRY_S = 120.0
+DEFAULT_RETRY_S = ENV["KCOMPACT_REPLICATION_RETRY_S"].default
 _RETRY_STATUSES = (502, 503, 504)
 _SPOKEN = {str(v) for v in PROTOCOL_VERSIONS}
 

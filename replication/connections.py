@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import ssl
 import sys
 import time
 from typing import Awaitable, Callable
 
 from aiohttp import web
+
+from kcompact.reput.env import debug
 
 from .errors import ReplicationError
 from .protocol import H_PROTOCOL, PROTOCOL_VERSION, ServerLimits, error_doc
@@ -47,7 +48,7 @@ class OneLine(logging.Formatter):
         if exc is not None:
             msg = f"{msg}: {describe(exc)}"
         line = self.prefix + " ".join(msg.split())
-        if exc is not None and os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
+        if exc is not None and debug():
             line += "\n" + self.formatException(record.exc_info)
         return line
 

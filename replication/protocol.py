@@ -31,6 +31,7 @@ from urllib.parse import unquote
 
 import numpy as np
 
+from kcompact.reput.env import value as env_value
 from kcompact.reput.errors import InvalidTopicError
 from kcompact.reput.record import (ATTR_NULL_KEY, HEADER_SIZE, SCAN_OK, SCAN_TORN, Scratch,
                                    field_spans, gather, hash_ranges, scan, validate_topic)
@@ -114,10 +115,10 @@ class ServerLimits:
                    else client_timeout_s)
 
 
-def serve_protocols(env=os.environ) -> tuple[int, ...]:
+def serve_protocols(env: Mapping[str, str] | None = None) -> tuple[int, ...]:
     """The versions ``kcompact serve`` offers: ``KCOMPACT_SERVE_PROTOCOLS`` (e.g. ``1``: a
     master that ships records only, as a kcompact before version 2 did), default all."""
-    raw = env.get("KCOMPACT_SERVE_PROTOCOLS", "")
+    raw = env_value("KCOMPACT_SERVE_PROTOCOLS", env)
     if not raw.strip():
         return PROTOCOL_VERSIONS
     try:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +50,7 @@ from kcompact.compaction import CompactionOptions, Compactor, Scheduler
 from kcompact.compaction import history
 from kcompact.compaction.compactor import DEFAULT_MAP_MEMORY
 from kcompact.reput import filenames as fn
+from kcompact.reput.env import ENV, value
 from kcompact.reput import swap
 from kcompact.reput.errors import ReputError, StoreLockedError
 from kcompact.reput.partition import PartitionLog
@@ -73,15 +73,15 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class ReplicaOptions:
-    max_bytes: int = 8 * MIB             # per records request (capped by the master's limit)
-    parallel: int = 2                    # partitions rebuilt at once
+    max_bytes: int = ENV["KCOMPACT_REPLICATION_MAX_BYTES"].default  # per records request
+    parallel: int = ENV["KCOMPACT_REPLICATION_PARALLEL"].default    # partitions rebuilt at once
     retry_s: float | None = None         # master outage tolerated mid-rebuild (None: env/120 s)
     follow_wait_ms: int = 1000           # long-poll of a follow request
     follow_refresh_s: float = 10.0       # how often follow looks for new partitions
     compaction_interval_s: float = 30.0  # background compaction while following
     offset_map_memory: int = DEFAULT_MAP_MEMORY
     sync_every_bytes: int = 256 * MIB    # fsync .replicating/ this often during a pull
-    max_bytes_per_s: float = 0.0         # pull rate limit over all partitions (0: none)
+    max_bytes_per_s: float = ENV["KCOMPACT_REPLICATION_RATE"].default  # pull rate, 0: no limit
     protocol: int | None = None          # highest protocol version to use (None: the best)
 
     def __post_init__(self):
@@ -96,26 +96,14 @@ class ReplicaOptions:
                                    f"speaks {' and '.join(map(str, PROTOCOL_VERSIONS))}")
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "ReplicaOptions":
-        """Options from KCOMPACT_REPLICATION_* variables (the CLI has no flags for them):
-        MAX_BYTES (per request), PARALLEL (partitions at once), RATE (bytes/s, 0 = unlimited),
-        RETRY_S (master outage tolerated mid-rebuild, seconds), PROTOCOL (1: pull records
-        only, as a replica before version 2 did; default: the best the master speaks)."""
-        def num(name, cast, default):
-            raw = env.get(f"KCOMPACT_REPLICATION_{name}")
-            if raw in (None, ""):
-                return default
-            try:
-                return cast(raw)
-            except ValueError:
-                raise ReplicationError(f"KCOMPACT_REPLICATION_{name}={raw!r} is not a "
-                                       "number") from None
-        d = cls()
-        return cls(max_bytes=num("MAX_BYTES", int, d.max_bytes),
-                   parallel=num("PARALLEL", int, d.parallel),
-                   max_bytes_per_s=num("RATE", float, d.max_bytes_per_s),
-                   retry_s=num("RETRY_S", float, d.retry_s),
-                   protocol=num("PROTOCOL", int, d.protocol))
+    def from_env(cls, env=None) -> "ReplicaOptions":
+        """Options from the KCOMPACT_REPLICATION_* variables (the CLI has no flags for them;
+        reput/env.py says what each does)."""
+        return cls(max_bytes=value("KCOMPACT_REPLICATION_MAX_BYTES", env),
+                   parallel=value("KCOMPACT_REPLICATION_PARALLEL", env),
+                   max_bytes_per_s=value("KCOMPACT_REPLICATION_RATE", env),
+                   retry_s=value("KCOMPACT_REPLICATION_RETRY_S", env),
+                   protocol=value("KCOMPACT_REPLICATION_PROTOCOL", env))
 
 
 @dataclass

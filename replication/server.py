@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from kcompact.reput.env import debug as env_debug
 from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput.reader import Located, warm_up
 from kcompact.reput import filenames as fn
@@ -175,7 +176,7 @@ class Server:
     @staticmethod
     def _log_failure(request: web.Request, doc: dict, e: Exception, what: str = "500") -> None:
         # the message has the error; an unexpected one's traceback only with KCOMPACT_DEBUG
-        debug = os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+        debug = env_debug()
         log.error("%s to %s for %s: %s", what, peer(request.transport), request.path_qs[:200],
                   doc["error"], exc_info=e if debug and not isinstance(e, ReputError) else None)
 

@@ -1,57 +1,26 @@
 """Typed, validated configuration: topic configs (Kafka's names) and store/writer options.
 
-Each topic config key has a name, a default, a doc string and a validator, as in Kafka's
-LogConfig/CleanerConfig; unknown keys are rejected naming the key. Values arrive as strings
-(properties files, CLI) or native types (store.json) and are normalised here.
+:data:`TOPIC_CONFIG` is the table of topic configs, Kafka's LogConfig in kcompact's one shape
+(reput/configdef.py): each key written once with its type, default, validator and doc. The
+:class:`TopicConfig` dataclass takes its defaults from it, store.json's values are parsed by it,
+and the user guide's reference page is generated from it. Unknown keys are rejected naming the
+key. Values arrive as strings (properties files, CLI) or native types (store.json) and are
+normalised here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
-from .errors import ReputError
-
-
-class ConfigError(ReputError, ValueError):
-    """A configuration key is unknown or its value is out of range: the message names the key."""
-
+from .configdef import ConfigDef, Importance, Type, at_least, between, one_of
+from .errors import ConfigError
 
 DAY_MS = 24 * 3600 * 1000
 LONG_MAX = 2**63 - 1
 
-
-def _int_at_least(lo: int, hi: int = LONG_MAX):
-    def check(name: str, v: Any) -> int:
-        try:
-            iv = int(v)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{name}: expected an integer in [{lo}, {hi}], got {v!r}") from None
-        if iv < lo or iv > hi:
-            raise ConfigError(f"{name}: {iv} is out of range [{lo}, {hi}]")
-        return iv
-    return check
-
-
-def _ratio(name: str, v: Any) -> float:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: expected a number between 0 and 1, got {v!r}") from None
-    if not 0.0 <= f <= 1.0:
-        raise ConfigError(f"{name}: {f} is out of range [0, 1]")
-    return f
-
-
 COMPRESSION_TYPES = ("uncompressed", "gzip", "snappy", "lz4", "zstd", "producer")
-
-
-def _compression(name: str, v: Any) -> str:
-    s = str(v).strip().lower()
-    if s not in COMPRESSION_TYPES:
-        raise ConfigError(f"{name}: expected one of {', '.join(COMPRESSION_TYPES)}, got {v!r}")
-    return s
 
 
 def _policy(name: str, v: Any) -> str:
@@ -61,63 +30,79 @@ def _policy(name: str, v: Any) -> str:
     return ",".join(parts)
 
 
-@dataclass(frozen=True)
-class _Key:
-    name: str
-    attr: str
-    default: Any
-    check: Callable[[str, Any], Any]
-    doc: str
+_policy.__doc__ = "[compact, delete, compact,delete]"
 
-
-TOPIC_KEYS: tuple[_Key, ...] = (
-    _Key("cleanup.policy", "cleanup_policy", "compact", _policy,
-         "'compact' keeps the latest record per key; 'compact,delete' also drops segments "
-         "older than retention.ms."),
-    _Key("delete.retention.ms", "delete_retention_ms", DAY_MS, _int_at_least(0),
-         "How long a tombstone is kept after the compaction that first cleaned it."),
-    _Key("min.compaction.lag.ms", "min_compaction_lag_ms", 0, _int_at_least(0),
-         "Records younger than this are never compacted."),
-    _Key("max.compaction.lag.ms", "max_compaction_lag_ms", LONG_MAX, _int_at_least(1),
-         "A partition whose oldest dirty record is older than this is compacted whatever its "
-         "dirty ratio."),
-    _Key("min.cleanable.dirty.ratio", "min_cleanable_dirty_ratio", 0.5, _ratio,
-         "Compact a partition when dirty bytes / total bytes reaches this."),
-    _Key("segment.bytes", "segment_bytes", 1 << 30, _int_at_least(1 << 14, (1 << 31) - 1),
-         "Maximum size of a compaction-log segment before it is sealed and a new one starts."),
-    _Key("segment.ms", "segment_ms", 7 * DAY_MS, _int_at_least(1),
-         "The active segment is rolled when a record arrives this long (by its timestamp) "
-         "after the segment's first record; with cleanup.policy=compact the roll time is "
-         "min(segment.ms, max.compaction.lag.ms) (Kafka's KIP-354)."),
-    _Key("retention.ms", "retention_ms", 7 * DAY_MS, _int_at_least(-1),
-         "With cleanup.policy=compact,delete: segments whose newest record is older are "
-         "deleted; -1 keeps them forever."),
-    _Key("compression.type", "compression_type", "zstd", _compression,
-         "Codec of sealed (format-2) segments' batches: the source topic's when a mirror synced "
-         "one; 'producer' means zstd (docs/formats/segment-v2.md)."),
-    _Key("compression.zstd.level", "compression_zstd_level", 3, _int_at_least(1, 22),
-         "zstd level of sealed segments' batches (KIP-390's name)."),
-    _Key("compression.batch.bytes", "compression_batch_bytes", 8 << 10,
-         _int_at_least(1 << 10, 64 << 20),
-         "Uncompressed bytes of records per stored batch of a sealed segment (a read of one "
-         "record decodes its whole batch; measured, docs/formats/segment-v2.md)."),
+#: Topic configs (Kafka's names), the store's defaults, ranges and meaning.
+TOPIC_CONFIG = (
+    ConfigDef()
+    .define("cleanup.policy", Type.STRING, "compact", _policy, Importance.HIGH,
+            "'compact' keeps the latest record per key; 'compact,delete' also drops segments "
+            "older than retention.ms; 'delete' only drops them. (Kafka's default is 'delete'; "
+            "a store's is 'compact'.)")
+    .define("delete.retention.ms", Type.LONG, DAY_MS, at_least(0), Importance.MEDIUM,
+            "How long a tombstone is kept after the compaction that first cleaned it, in ms.")
+    .define("min.compaction.lag.ms", Type.LONG, 0, at_least(0), Importance.MEDIUM,
+            "Records younger than this (ms, by their timestamp) are never compacted.")
+    .define("max.compaction.lag.ms", Type.LONG, LONG_MAX, at_least(1), Importance.MEDIUM,
+            "A partition whose oldest dirty record is older than this (ms) is compacted "
+            "whatever its dirty ratio.")
+    .define("min.cleanable.dirty.ratio", Type.DOUBLE, 0.5, between(0, 1), Importance.MEDIUM,
+            "Compact a partition when dirty bytes / (clean + dirty bytes) reaches this.")
+    .define("segment.bytes", Type.INT, 1 << 30, between(1 << 14, (1 << 31) - 1),
+            Importance.MEDIUM,
+            "Maximum size of a compaction-log segment before it is sealed and a new one starts "
+            "(a segment is the unit of a compaction rewrite and of an S3 upload).")
+    .define("segment.ms", Type.LONG, 7 * DAY_MS, at_least(1), Importance.MEDIUM,
+            "The active segment is rolled when a record arrives this long (ms, by its "
+            "timestamp) after the segment's first record; with cleanup.policy=compact the roll "
+            "time is min(segment.ms, max.compaction.lag.ms) (Kafka's KIP-354).")
+    .define("retention.ms", Type.LONG, 7 * DAY_MS, at_least(-1), Importance.MEDIUM,
+            "With cleanup.policy=compact,delete: segments whose newest record is older (ms) are "
+            "deleted; -1 keeps them forever.")
+    .define("compression.type", Type.STRING, "zstd", one_of(*COMPRESSION_TYPES),
+            Importance.MEDIUM,
+            "Codec of sealed (format-2) segments' batches: the source topic's when a mirror "
+            "synced one; 'producer' means zstd (docs/formats/segment-v2.md).")
+    .define("compression.zstd.level", Type.INT, 3, between(1, 22), Importance.LOW,
+            "zstd level of sealed segments' batches (KIP-390's name).")
+    .define("compression.batch.bytes", Type.INT, 8 << 10, between(1 << 10, 64 << 20),
+            Importance.LOW,
+            "Uncompressed bytes of records per stored batch of a sealed segment (a read of one "
+            "record decodes its whole batch; docs/formats/segment-v2.md says how 8 KiB was "
+            "chosen).")
 )
-_BY_NAME = {k.name: k for k in TOPIC_KEYS}
+#: The keys of :data:`TOPIC_CONFIG`, in order.
+TOPIC_KEYS = tuple(TOPIC_CONFIG)
+
+
+def _default(name: str) -> Any:
+    return TOPIC_CONFIG[name].default
+
+
+def topic_key(name: str):
+    """The key's definition, or a ConfigError naming the known keys."""
+    if name not in TOPIC_CONFIG:
+        raise ConfigError(f"unknown topic config {name!r}; known keys: "
+                          + ", ".join(sorted(TOPIC_CONFIG.names())))
+    return TOPIC_CONFIG[name]
 
 
 @dataclass(frozen=True)
 class TopicConfig:
-    cleanup_policy: str = "compact"
-    delete_retention_ms: int = DAY_MS
-    min_compaction_lag_ms: int = 0
-    max_compaction_lag_ms: int = LONG_MAX
-    min_cleanable_dirty_ratio: float = 0.5
-    segment_bytes: int = 1 << 30
-    segment_ms: int = 7 * DAY_MS
-    retention_ms: int = 7 * DAY_MS
-    compression_type: str = "zstd"
-    compression_zstd_level: int = 3
-    compression_batch_bytes: int = 8 << 10
+    """A topic's effective configs; one field per :data:`TOPIC_CONFIG` key (its name with
+    ``_`` for ``.``), whose default is the table's."""
+
+    cleanup_policy: str = _default("cleanup.policy")
+    delete_retention_ms: int = _default("delete.retention.ms")
+    min_compaction_lag_ms: int = _default("min.compaction.lag.ms")
+    max_compaction_lag_ms: int = _default("max.compaction.lag.ms")
+    min_cleanable_dirty_ratio: float = _default("min.cleanable.dirty.ratio")
+    segment_bytes: int = _default("segment.bytes")
+    segment_ms: int = _default("segment.ms")
+    retention_ms: int = _default("retention.ms")
+    compression_type: str = _default("compression.type")
+    compression_zstd_level: int = _default("compression.zstd.level")
+    compression_batch_bytes: int = _default("compression.batch.bytes")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> "TopicConfig":
@@ -126,11 +111,8 @@ class TopicConfig:
     def with_overrides(self, d: dict[str, Any]) -> "TopicConfig":
         changes = {}
         for name, value in d.items():
-            key = _BY_NAME.get(name)
-            if key is None:
-                raise ConfigError(f"unknown topic config {name!r}; known keys: "
-                                  + ", ".join(sorted(_BY_NAME)))
-            changes[key.attr] = key.check(name, value)
+            key = topic_key(name)
+            changes[key.attr] = key.parse(value)
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,6 +134,23 @@ class TopicConfig:
         if self.compact:
             return min(self.segment_ms, self.max_compaction_lag_ms)
         return self.segment_ms
+
+
+# one field per key, in the table's order: a key added to one and not the other fails at import
+assert [f.name for f in fields(TopicConfig)] == [k.attr for k in TOPIC_KEYS], \
+    "TopicConfig's fields and TOPIC_CONFIG's keys differ"
+
+
+def _int_at_least(lo: int, hi: int = LONG_MAX):
+    def check(name: str, v: Any) -> int:
+        try:
+            iv = int(v)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer in [{lo}, {hi}], got {v!r}") from None
+        if iv < lo or iv > hi:
+            raise ConfigError(f"{name}: {iv} is out of range [{lo}, {hi}]")
+        return iv
+    return check
 
 
 FSYNC_POLICIES = ("always", "flush", "never")

@@ -7,6 +7,10 @@ class ReputError(Exception):
     """Root of every error raised by the store."""
 
 
+class ConfigError(ReputError, ValueError):
+    """A configuration key is unknown or its value is out of range: the message names the key."""
+
+
 class InvalidTopicError(ReputError, ValueError):
     """A topic name Kafka would reject: use 1-249 characters of a-zA-Z0-9._- ."""
 

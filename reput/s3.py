@@ -37,11 +37,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
+from . import env as _env
 from . import filenames as fn
 from .backend import AppendFile, Backend, BackendError
 from .s3_cache import BlockCache, RequestStats, Spool, shared_cache, shared_spool
 
-DEFAULT_GRACE_MS = 10 * 60 * 1000
+DEFAULT_GRACE_MS = _env.ENV["KCOMPACT_S3_GRACE_MS"].default
 MAX_PUT_BYTES = 5 << 30          # S3's single-PUT limit; a segment is < 4 GiB (bcq positions)
 CONNECT_TIMEOUT_S = 3
 READ_TIMEOUT_S = 60
@@ -192,8 +193,7 @@ class S3Backend(Backend):
         self.region, self.profile = region, profile
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         if grace_ms is None:
-            raw = os.environ.get("KCOMPACT_S3_GRACE_MS", "").strip()
-            grace_ms = int(raw) if raw.isdigit() else DEFAULT_GRACE_MS
+            grace_ms = _env.value("KCOMPACT_S3_GRACE_MS")
         #: how long replaced and orphaned objects are kept (docs/formats/manifest.md, Garbage)
         self.grace_ms = int(grace_ms)
         self._client = client

@@ -23,11 +23,11 @@ from collections import Counter, OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
-from .backend import BackendError
+from . import env as _env
 
 BLOCK_SIZE = 4 << 20
-DEFAULT_CACHE_MB = 256
-DEFAULT_SPOOL_MB = 4096
+DEFAULT_CACHE_MB = _env.ENV["KCOMPACT_S3_CACHE_MB"].default
+DEFAULT_SPOOL_MB = _env.ENV["KCOMPACT_S3_SPOOL_MB"].default
 
 # ---------------------------------------------------------------------------------------------
 # request counting
@@ -281,19 +281,6 @@ class Spool:
         return path, size
 
 
-def _env_mb(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise BackendError(f"{name}={raw!r} is not a whole number of MiB") from None
-    if v < 0:
-        raise BackendError(f"{name} must be >= 0")
-    return v
-
-
 _shared_lock = threading.Lock()
 _shared: dict[str, object] = {}
 
@@ -303,7 +290,7 @@ def shared_cache() -> BlockCache:
     with _shared_lock:
         c = _shared.get("cache")
         if c is None:
-            mb = _env_mb("KCOMPACT_S3_CACHE_MB", DEFAULT_CACHE_MB)
+            mb = _env.value("KCOMPACT_S3_CACHE_MB")
             c = _shared["cache"] = BlockCache(mb << 20)
         return c  # type: ignore[return-value]
 
@@ -313,5 +300,5 @@ def shared_spool() -> Spool:
     with _shared_lock:
         s = _shared.get("spool")
         if s is None:
-            s = _shared["spool"] = Spool(_env_mb("KCOMPACT_S3_SPOOL_MB", DEFAULT_SPOOL_MB) << 20)
+            s = _shared["spool"] = Spool(_env.value("KCOMPACT_S3_SPOOL_MB") << 20)
         return s  # type: ignore[return-value]

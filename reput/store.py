@@ -34,6 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _kernels as K
+from . import env as _env
 from . import filenames as fn
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
@@ -230,10 +231,7 @@ def default_commitlog_dir(store_id: str) -> str:
     """Where a writer keeps its commit log (and active segments) for a store that is not a
     local directory: ``$KCOMPACT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kcompact`` or
     ``~/.cache/kcompact``, then ``/<store id>``."""
-    root = os.environ.get("KCOMPACT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "kcompact")
-    return os.path.join(root, store_id)
+    return os.path.join(_env.cache_dir(), store_id)
 
 
 def backend_for(url: str) -> Backend:

@@ -15,24 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from .config import TOPIC_KEYS, ConfigError, TopicConfig
+from .config import TOPIC_CONFIG, TOPIC_KEYS, ConfigError, TopicConfig
+from .config import topic_key as known_key
 
 DEFAULT, SYNCED, OVERRIDE = "default", "synced", "override"
-_BY_NAME = {k.name: k for k in TOPIC_KEYS}
-
-
-def known_key(name: str) -> Any:
-    """The key's definition (reput/config.py), or a ConfigError naming the known keys."""
-    key = _BY_NAME.get(name)
-    if key is None:
-        raise ConfigError(f"unknown topic config {name!r}; known keys: "
-                          + ", ".join(sorted(_BY_NAME)))
-    return key
 
 
 def validated(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` checked and normalised key by key (ints, floats, the policy's spelling)."""
-    return {name: known_key(name).check(name, v) for name, v in values.items()}
+    return {name: known_key(name).parse(v) for name, v in values.items()}
 
 
 @dataclass(frozen=True)
@@ -88,7 +79,7 @@ class TopicConfigLayers:
         the Python API): the keys whose value differs from the default are local overrides;
         the effective config is unchanged either way."""
         values = validated(cfg or {})
-        return cls(overrides={k: v for k, v in values.items() if v != _BY_NAME[k].default})
+        return cls(overrides={k: v for k, v in values.items() if v != TOPIC_CONFIG[k].default})
 
     # -- precedence ------------------------------------------------------------------------
 

@@ -45,15 +45,17 @@ import uuid
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from kcompact.reput import env as _env
+
 from .broker import HOST, BrokerProcess, _free_port, read_tail
 from ..errors import ConnectorsError
 
-__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "ApacheKafkaError", "cache_dir", "fetch",
-           "find_java", "kafka_version", "tool_command"]
+__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "ApacheKafkaError", "broker_overrides",
+           "cache_dir", "fetch", "find_java", "kafka_version", "tool_command"]
 
-#: The Apache Kafka release fetched, tested and benchmarked against.
-KAFKA_VERSION = "3.9.1"
 VERSION_ENV = "KCOMPACT_KAFKA_VERSION"
+#: The Apache Kafka release fetched, tested and benchmarked against (the variable's default).
+KAFKA_VERSION = _env.ENV[VERSION_ENV].default
 CACHE_ENV = "KCOMPACT_CACHE_DIR"
 #: The artifacts resolved (with their runtime dependencies): the broker, the perf-test tools,
 #: and an slf4j binding for the logging library of the release: reload4j for Kafka 3.x, the
@@ -202,12 +204,33 @@ class ApacheKafkaError(ConnectorsError):
     what to do (install java or mvn, free the port, read the broker's last log line)."""
 
 
+#: server.properties keys the launcher sets itself: a single node on 127.0.0.1 with its data in
+#: a temporary directory (``--override`` of one of them is refused: the broker would not be the
+#: one the launcher waits for, or would leave data behind).
+LAUNCHER_KEYS = ("process.roles", "node.id", "controller.quorum.voters", "listeners",
+                 "advertised.listeners", "controller.listener.names",
+                 "listener.security.protocol.map", "inter.broker.listener.name", "log.dirs",
+                 "log.dir")
+
+
+def broker_overrides(overrides: Mapping[str, str]) -> dict[str, str]:
+    """``kcompact broker --engine kafka --override KEY=VALUE``: Kafka server configs over
+    :data:`BROKER_DEFAULTS`, as ``kafka-server-start.sh --override`` (Kafka checks the values
+    at start: a bad one stops it with its own message); a key the launcher owns is refused."""
+    for key in overrides:
+        if key in LAUNCHER_KEYS:
+            raise ApacheKafkaError(
+                f"--override {key}: set by kcompact broker itself (a single node on "
+                f"127.0.0.1 with temporary data); use --port for the client port")
+    return dict(overrides)
+
+
 # -- where things are ---------------------------------------------------------------------------
 
 
 def kafka_version() -> str:
     """``$KCOMPACT_KAFKA_VERSION`` or :data:`KAFKA_VERSION`."""
-    version = os.environ.get(VERSION_ENV, "").strip() or KAFKA_VERSION
+    version = _env.value(VERSION_ENV)
     if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(-[A-Za-z0-9.]+)?", version) or \
             int(version.split(".")[0]) < 3:
         raise ApacheKafkaError(f"{VERSION_ENV}={version!r} is not a Kafka release number "
@@ -217,8 +240,8 @@ def kafka_version() -> str:
 
 
 def cache_dir() -> Path:
-    """``$KCOMPACT_CACHE_DIR`` or ``~/.cache/kcompact``."""
-    return Path(os.environ.get(CACHE_ENV, "").strip() or Path.home() / ".cache" / "kcompact")
+    """``$KCOMPACT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kcompact``, else ``~/.cache/kcompact``."""
+    return Path(_env.cache_dir())
 
 
 def _version_dir(version: str, cache: Path | None) -> Path:

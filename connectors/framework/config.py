@@ -1,281 +1,42 @@
-"""Connect-style configuration: typed key definitions, validation that names the bad key, and
-the two file formats connectors are configured with (Java ``.properties`` and JSON).
+"""Connect-style configuration: the key tables of the worker, connectors, converters and plugins,
+and the two file formats connectors are configured with (Java ``.properties`` and JSON).
 
-A :class:`ConfigDef` is Kafka's ``ConfigDef``: each key has a name, a :class:`Type`, a default
-(or none: the key is then required), an importance, a doc string and a validator. ``parse``
-turns raw properties (strings from a file, or native values from JSON) into typed values and
-rejects, naming the key:
+The tables are kcompact's one declarative shape (reput/configdef.py, Kafka's ``ConfigDef``):
+each key has a name, a :class:`Type`, a default (or none: the key is then required), an
+importance, a doc string and a validator. The :class:`ConfigDef` here raises this package's
+:class:`~kcompact.connectors.errors.ConfigError`; ``parse`` rejects, naming the key:
 
 * a key no definition knows (listing the known ones, with a "did you mean" when one is close),
   unless it starts with a declared pass-through prefix (``consumer.``, ``producer.``,
   ``value.converter.`` ...): those belong to another component, which validates them itself;
 * a missing required key, a value of the wrong type, a value its validator refuses.
+
+The reference page of every property is generated from these tables
+(connectors/devtools/reference.py).
 """
 
 from __future__ import annotations
 
-import difflib
-import enum
 import json
 import os
 import re
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable
+
+from kcompact.reput import configdef as _def
+from kcompact.reput.configdef import (NO_DEFAULT, ConfigKey, Importance, Type, Validator,
+                                      at_least, between, non_empty, one_of)
 
 from ..errors import ConfigError
 
-__all__ = ["ConfigDef", "ConfigKey", "Importance", "NO_DEFAULT", "Type", "at_least", "between",
-           "one_of", "non_empty", "load_class", "load_config_file", "parse_properties",
-           "parse_kv_pairs"]
+__all__ = ["ConfigDef", "ConfigKey", "Importance", "NO_DEFAULT", "Type", "Validator",
+           "at_least", "between", "one_of", "non_empty", "load_class", "load_config_file",
+           "parse_properties", "parse_kv_pairs"]
 
 
-class Type(str, enum.Enum):
-    BOOLEAN = "boolean"
-    INT = "int"
-    LONG = "long"
-    DOUBLE = "double"
-    STRING = "string"
-    LIST = "list"
-    CLASS = "class"
-    PASSWORD = "password"
+class ConfigDef(_def.ConfigDef):
+    """reput's ConfigDef, raising the connectors' ConfigError."""
 
-
-class Importance(str, enum.Enum):
-    HIGH = "high"
-    MEDIUM = "medium"
-    LOW = "low"
-
-
-class _NoDefault:
-    def __repr__(self) -> str:
-        return "NO_DEFAULT"
-
-
-#: Marks a required key.
-NO_DEFAULT: Any = _NoDefault()
-
-Validator = Callable[[str, Any], None]
-
-_INT_RANGE = {Type.INT: (-(2**31), 2**31 - 1), Type.LONG: (-(2**63), 2**63 - 1)}
-
-
-# ---------------------------------------------------------------------------------------------
-# validators (Kafka's ConfigDef.Range / ValidString / NonEmptyString)
-
-
-def at_least(lo: float) -> Validator:
-    def check(name: str, v: Any) -> None:
-        if v is not None and v < lo:
-            raise ConfigError(f"{name}: {v} is out of range: must be at least {lo}")
-    check.__doc__ = f"[{lo},...]"
-    return check
-
-
-def between(lo: float, hi: float) -> Validator:
-    def check(name: str, v: Any) -> None:
-        if v is not None and not lo <= v <= hi:
-            raise ConfigError(f"{name}: {v} is out of range [{lo}, {hi}]")
-    check.__doc__ = f"[{lo},...,{hi}]"
-    return check
-
-
-def one_of(*choices: str, case_sensitive: bool = False) -> Validator:
-    allowed = set(choices) if case_sensitive else {c.lower() for c in choices}
-
-    def check(name: str, v: Any) -> None:
-        if v is None:
-            return
-        if (v if case_sensitive else str(v).lower()) not in allowed:
-            raise ConfigError(f"{name}: expected one of {', '.join(choices)}; got {v!r}")
-    check.__doc__ = "[" + ", ".join(choices) + "]"
-    return check
-
-
-def non_empty(name: str, v: Any) -> None:
-    if v is None or (isinstance(v, (str, list)) and len(v) == 0):
-        raise ConfigError(f"{name}: must not be empty")
-
-
-non_empty.__doc__ = "non-empty"
-
-
-# ---------------------------------------------------------------------------------------------
-# keys and definitions
-
-
-@dataclass(frozen=True)
-class ConfigKey:
-    name: str
-    type: Type
-    default: Any = NO_DEFAULT
-    importance: Importance = Importance.MEDIUM
-    doc: str = ""
-    validator: Validator | None = None
-
-    @property
-    def required(self) -> bool:
-        return self.default is NO_DEFAULT
-
-    def parse(self, raw: Any) -> Any:
-        """Raw value (string or native) -> typed value, validated. Raises ConfigError."""
-        value = _parse_type(self.name, self.type, raw)
-        if self.validator is not None:
-            self.validator(self.name, value)
-        return value
-
-    def default_text(self) -> str:
-        if self.required:
-            return "(required)"
-        d = self.default
-        if d is None:
-            return "null"
-        if isinstance(d, bool):
-            return str(d).lower()
-        if isinstance(d, list):
-            return ",".join(map(str, d)) or '""'
-        return str(d) if str(d) != "" else '""'
-
-
-def _parse_type(name: str, type_: Type, raw: Any) -> Any:
-    if raw is None:
-        return None
-    if type_ is Type.BOOLEAN:
-        if isinstance(raw, bool):
-            return raw
-        s = str(raw).strip().lower()
-        if s in ("true", "false"):
-            return s == "true"
-        raise ConfigError(f"{name}: expected true or false; got {raw!r}")
-    if type_ in (Type.INT, Type.LONG):
-        if isinstance(raw, bool):
-            raise ConfigError(f"{name}: expected an integer; got {raw!r}")
-        try:
-            v = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except ValueError:
-            raise ConfigError(f"{name}: expected an integer; got {raw!r}") from None
-        lo, hi = _INT_RANGE[type_]
-        if not lo <= v <= hi:
-            raise ConfigError(f"{name}: {v} does not fit a {type_.value}")
-        return v
-    if type_ is Type.DOUBLE:
-        try:
-            return float(str(raw).strip()) if not isinstance(raw, (int, float)) else float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}: expected a number; got {raw!r}") from None
-    if type_ is Type.LIST:
-        if isinstance(raw, (list, tuple)):
-            items = [str(x).strip() for x in raw]
-        else:
-            items = [x.strip() for x in str(raw).split(",")]
-        return [x for x in items if x]
-    # STRING, CLASS, PASSWORD
-    if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
-        raise ConfigError(f"{name}: expected a string; got {raw!r}")
-    return str(raw).strip()
-
-
-class ConfigDef:
-    """An ordered set of key definitions plus the prefixes passed through unvalidated."""
-
-    def __init__(self, keys: Iterable[ConfigKey] = (), passthrough: Iterable[str] = ()):
-        self._keys: dict[str, ConfigKey] = {}
-        for k in keys:
-            self._add(k)
-        self.passthrough: tuple[str, ...] = tuple(passthrough)
-
-    def _add(self, key: ConfigKey) -> None:
-        if key.name in self._keys:
-            raise ValueError(f"config key {key.name!r} is defined twice")
-        if not key.required and key.default is not None:
-            key.parse(key.default)  # a default must pass its own validator
-        self._keys[key.name] = key
-
-    def define(self, name: str, type: Type, default: Any = NO_DEFAULT, validator:
-               Validator | None = None, importance: Importance = Importance.MEDIUM,
-               doc: str = "") -> "ConfigDef":
-        self._add(ConfigKey(name, type, default, importance, doc, validator))
-        return self
-
-    def with_passthrough(self, *prefixes: str) -> "ConfigDef":
-        self.passthrough = self.passthrough + tuple(prefixes)
-        return self
-
-    def merge(self, other: "ConfigDef") -> "ConfigDef":
-        """A new definition with both key sets (a name defined in both is an error)."""
-        out = ConfigDef(self._keys.values(), self.passthrough)
-        for k in other._keys.values():
-            out._add(k)
-        out.passthrough = out.passthrough + tuple(p for p in other.passthrough
-                                                  if p not in out.passthrough)
-        return out
-
-    def keys(self) -> list[ConfigKey]:
-        return list(self._keys.values())
-
-    def names(self) -> list[str]:
-        return list(self._keys)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._keys
-
-    def __getitem__(self, name: str) -> ConfigKey:
-        return self._keys[name]
-
-    def is_passthrough(self, name: str) -> bool:
-        return any(name.startswith(p) for p in self.passthrough)
-
-    def parse(self, props: Mapping[str, Any], *, where: str = "", ignore: Iterable[str] = ()
-              ) -> dict[str, Any]:
-        """Typed values for every defined key (defaults filled in) plus the pass-through keys
-        as given. ``where`` prefixes error messages (e.g. the file name); keys in ``ignore`` are
-        accepted and dropped (they belong to the caller)."""
-        pre = f"{where}: " if where else ""
-        ignored = set(ignore)
-        out: dict[str, Any] = {}
-        for name, raw in props.items():
-            if name in ignored:
-                continue
-            key = self._keys.get(name)
-            if key is not None:
-                try:
-                    out[name] = key.parse(raw)
-                except ConfigError as e:
-                    raise ConfigError(f"{pre}{e}") from None
-            elif self.is_passthrough(name):
-                out[name] = raw
-            else:
-                raise ConfigError(pre + self.unknown_key_message(name))
-        for key in self._keys.values():
-            if key.name not in out:
-                if key.required:
-                    raise ConfigError(f"{pre}missing required property {key.name!r}: {key.doc}")
-                out[key.name] = key.default
-        return out
-
-    def unknown_key_message(self, name: str) -> str:
-        known = sorted(self._keys)
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        prefixes = ""
-        if self.passthrough:
-            prefixes = " (and keys starting with " + ", ".join(
-                f"'{p}'" for p in self.passthrough) + ")"
-        return f"unknown property {name!r}{hint} Known properties: {', '.join(known)}{prefixes}"
-
-    @staticmethod
-    def with_prefix(props: Mapping[str, Any], prefix: str) -> dict[str, Any]:
-        """The keys starting with ``prefix``, with the prefix removed."""
-        return {k[len(prefix):]: v for k, v in props.items() if k.startswith(prefix)}
-
-    def markdown_table(self) -> str:
-        """A reference table (name, type, default, valid values, importance, doc)."""
-        rows = ["| key | type | default | valid values | importance | description |",
-                "|---|---|---|---|---|---|"]
-        for k in self._keys.values():
-            valid = (k.validator.__doc__ or "") if k.validator else ""
-            rows.append(f"| `{k.name}` | {k.type.value} | `{k.default_text()}` | {valid} | "
-                        f"{k.importance.value} | {k.doc} |")
-        return "\n".join(rows)
+    error = ConfigError
 
 
 # ---------------------------------------------------------------------------------------------

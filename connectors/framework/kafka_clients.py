@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Any, Callable, Mapping
+
+from kcompact.reput.env import debug
 
 from ..errors import ConfigError, ConnectorsError
 
@@ -56,7 +57,7 @@ def kafka_logger() -> logging.Logger:
     log = logging.getLogger("kcompact.librdkafka")
     if not log.handlers:
         log.propagate = False
-        if os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0"):
+        if debug():
             h = logging.StreamHandler(sys.stderr)
             h.setFormatter(logging.Formatter("librdkafka: %(message)s"))
             log.addHandler(h)

@@ -41,6 +41,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from kcompact.reput import env as _env
+
 from ..errors import ConfigError
 from .kafka_columns import Batch, Event
 
@@ -59,7 +61,7 @@ _why_not = ""         # why not, for an explicit KCOMPACT_KAFKA_IO=native
 
 def library_path() -> str | None:
     """The librdkafka to load (see the module docstring for the order), or None."""
-    env = os.environ.get(LIB_ENV)
+    env = _env.value(LIB_ENV)
     if env:
         return env
     try:

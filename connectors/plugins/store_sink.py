@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kcompact.reput import Store, StoreNotFoundError, WriterOptions
-from kcompact.reput.config import SYSTEM_CLOCK, Clock
+from kcompact.reput.config import FSYNC_POLICIES, SYSTEM_CLOCK, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
@@ -65,7 +65,7 @@ STORE_SINK_CONFIG = (
             "writer id at a time.")
     .define("store.partitions", Type.LIST, [], None, Importance.MEDIUM,
             "Only these partition numbers of each topic (comma-separated; empty = all).")
-    .define("store.fsync", Type.STRING, "flush", one_of("always", "flush", "never"),
+    .define("store.fsync", Type.STRING, WriterOptions.fsync, one_of(*FSYNC_POLICIES),
             Importance.LOW, "When the commit log is fsynced: on every batch, on every flush "
             "(offset.flush.interval.ms), or never (the OS decides).")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
@@ -277,7 +277,8 @@ class StoreSinkTask(SinkTask):
         self.batch_job = props.get("follow", True) is False
         # rolled segments are sealed into store format 2 by a thread of the writer, off the
         # append path; what is still queued when the task stops stays format 1 (reput/seal.py)
-        options = WriterOptions(fsync=props.get("store.fsync") or "flush", seal="background")
+        options = WriterOptions(fsync=props.get("store.fsync") or WriterOptions.fsync,
+                                seal="background")
         self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
                                 options=options, commitlog_dir=props.get("store.commitlog.dir"),
                                 clock=self.clock)

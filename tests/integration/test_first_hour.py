@@ -6,6 +6,8 @@ installed ``kcompact`` command as a user does; every server is started and stopp
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import socket
@@ -289,3 +291,57 @@ def test_issue_no_kafka_client_outlives_the_session_broker():
     after = proc.stdout.splitlines()[summary + 1:]
     assert not [ln for ln in after if "Connection refused" in ln], proc.stdout
     assert "rdkafka#" not in proc.stdout, proc.stdout
+
+
+# -- a newcomer's 2 MB record on the real Kafka (issue 41) -----------------------------------------
+
+
+TWO_MB = 2 << 20
+
+
+def _produce_big(bootstrap: str, topic: str, value: bytes) -> str | None:
+    """Produce one record of ``value``; None when Kafka took it, else the delivery error."""
+    errors: list[str] = []
+    p = Producer({"bootstrap.servers": bootstrap, "message.max.bytes": 4 << 20,
+                  "compression.type": "none"})
+    p.produce(topic, key=b"big", value=value,
+              on_delivery=lambda err, msg: errors.append(str(err)) if err else None)
+    assert p.flush(60) == 0
+    return errors[0] if errors else None
+
+
+def test_issue_broker_override_takes_a_two_megabyte_record(apache_kafka, tmp_path, running):
+    """Kafka's default message.max.bytes (~1 MiB) refuses a 2 MB record; `kcompact broker
+    --engine kafka --override message.max.bytes=4194304` (kafka-server-start.sh's flag) raises
+    it, and the record is produced, mirrored and dumped whole."""
+    if apache_kafka.process is None:
+        pytest.skip("needs a real Apache Kafka this session starts (its launcher's jars)")
+    value = os.urandom(TWO_MB)
+    topic = f"big-{uuid.uuid4().hex[:8]}"
+    admin = apache_kafka.admin
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    refused = _produce_big(apache_kafka.bootstrap, topic, value)
+    assert refused is not None and "MSG_SIZE_TOO_LARGE" in refused, refused
+
+    port = free_port()
+    broker = running("broker", "--engine", "kafka", "--port", port,
+                     "--override", "message.max.bytes=4194304")
+    deadline = time.monotonic() + LIVENESS_S
+    while not any("listening on" in ln for ln in broker.out):
+        assert broker.p.poll() is None, "".join(broker.err)
+        assert time.monotonic() < deadline, "".join(broker.err)
+        time.sleep(0.1)
+    bootstrap = f"127.0.0.1:{port}"
+    big_admin = AdminClient({"bootstrap.servers": bootstrap})
+    big_admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    assert _produce_big(bootstrap, topic, value) is None
+    store = tmp_path / "store"
+    mirror = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", topic,
+                      "--store", store, "--engine", "local")
+    assert mirror.returncode == 0, mirror.stderr
+    dump = kcompact("dump", "--store", store, "--topic", topic, "--partition", 0, "--json")
+    assert dump.returncode == 0, dump.stderr
+    (row,) = [json.loads(ln) for ln in dump.stdout.splitlines()]
+    assert base64.b64decode(row["value_b64"]) == value
+    del big_admin
+    assert broker.stop(signal.SIGTERM) == 0

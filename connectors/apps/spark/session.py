@@ -21,6 +21,8 @@ import tempfile
 import threading
 import zipfile
 
+from kcompact.reput import env
+
 from .errors import SparkEngineError
 from .source import register_data_source
 
@@ -61,7 +63,7 @@ JVM_NOISE = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
 
 
 def _debug() -> bool:
-    return os.environ.get("KCOMPACT_DEBUG") not in (None, "", "0")
+    return env.debug()
 
 
 def _log4j_file() -> str:
@@ -166,7 +168,7 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
     log4j = _log4j_file()
-    ui = os.environ.get("KCOMPACT_SPARK_UI") == "1"
+    ui = env.flag("KCOMPACT_SPARK_UI")
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.ui.enabled", "true" if ui else "false")
          .config("spark.ui.showConsoleProgress", "false")

@@ -1,0 +1,144 @@
+"""Every ``KCOMPACT_*`` environment variable, declared once (reput/configdef.py's shape).
+
+Three tables: :data:`ENV`, the variables a running kcompact reads (each read through
+:func:`value`, :func:`flag` or :func:`cache_dir` by the module that needs it); :data:`BUILD_ENV`,
+read by ``setup.py`` when the C extensions are compiled; :data:`DEV_ENV`, read by the tests and
+benchmarks. The user guide's reference page is generated from them, and a unit test
+(tests/unit/test_docs_reference.py) fails when a ``KCOMPACT_*`` name appears in the code but in
+no table, or in a table but nowhere in the code.
+
+A variable that is unset or blank has its default; a value that does not parse is a ConfigError
+naming the variable (``KCOMPACT_S3_CACHE_MB='lots': expected an integer``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from .configdef import ConfigDef, Importance, Type, at_least, between, one_of
+from .errors import ConfigError
+
+__all__ = ["BUILD_ENV", "DEV_ENV", "ENV", "cache_dir", "debug", "flag", "value"]
+
+MIB = 1 << 20
+
+
+def _mib(name: str, v: Any) -> None:
+    if v is not None and v < 0:
+        raise ConfigError(f"{name}: {v} is out of range: a number of MiB, at least 0")
+
+
+_mib.__doc__ = "[0,...] MiB"
+
+#: What a running kcompact reads.
+ENV = (
+    ConfigDef()
+    .define("KCOMPACT_DEBUG", Type.STRING, "", None, Importance.MEDIUM,
+            "Set (to anything but 0) to print the traceback of an error, librdkafka's log and, "
+            "for a failed Spark task, its Python traceback and Spark's task logs.")
+    .define("KCOMPACT_CACHE_DIR", Type.STRING, None, None, Importance.MEDIUM,
+            "Local directory for what a store on S3 keeps locally (a writer's commit log and "
+            "active segments, under <store id>/) and for Apache Kafka's jars (kafka-<version>/)."
+            " Default: $XDG_CACHE_HOME/kcompact, else ~/.cache/kcompact.")
+    .define("KCOMPACT_S3_CACHE_MB", Type.INT, 256, _mib, Importance.LOW,
+            "Process-wide LRU cache of S3 data blocks (4 MiB each), in MiB.")
+    .define("KCOMPACT_S3_SPOOL_MB", Type.INT, 4096, _mib, Importance.LOW,
+            "Process-wide local spool of .bcq indexes fetched whole from S3, in MiB of disk.")
+    .define("KCOMPACT_S3_GRACE_MS", Type.LONG, 10 * 60 * 1000, at_least(0), Importance.LOW,
+            "How long replaced and orphaned S3 objects are kept so that readers holding an older "
+            "manifest finish (ms); a store URL's ?grace_ms= wins.")
+    .define("KCOMPACT_REPLICATION_MAX_BYTES", Type.INT, 8 * MIB,
+            between(64 << 10, 1 << 30), Importance.LOW,
+            "kcompact replicate: bytes asked for per request (capped by the master's 64 MiB "
+            "limit). Lower it on a link slower than about 2 Mbit/s.")
+    .define("KCOMPACT_REPLICATION_PARALLEL", Type.INT, 2, between(1, 64), Importance.LOW,
+            "kcompact replicate: partitions pulled at once (as many may be installing and "
+            "compacting meanwhile).")
+    .define("KCOMPACT_REPLICATION_RATE", Type.DOUBLE, 0.0, at_least(0), Importance.LOW,
+            "kcompact replicate: pull rate limit over all partitions, bytes/s; 0 = unlimited.")
+    .define("KCOMPACT_REPLICATION_RETRY_S", Type.DOUBLE, 120.0, at_least(0), Importance.LOW,
+            "kcompact replicate: how long a master outage is waited for mid-rebuild, seconds "
+            "(forever with --follow).")
+    .define("KCOMPACT_REPLICATION_PROTOCOL", Type.INT, None, between(1, 2), Importance.LOW,
+            "kcompact replicate: the highest replication protocol to use (1: records only, as "
+            "a replica before protocol 2); default: the best the master speaks.")
+    .define("KCOMPACT_SERVE_PROTOCOLS", Type.STRING, "", None, Importance.LOW,
+            "kcompact serve: the replication protocol versions offered, e.g. '1' (records "
+            "only, as a master before protocol 2); default: every version this kcompact "
+            "speaks.")
+    .define("KCOMPACT_SPARK_UI", Type.STRING, "", None, Importance.LOW,
+            "1: start Spark's web UI (off by default).")
+    .define("KCOMPACT_KAFKA_VERSION", Type.STRING, "3.9.1", None, Importance.LOW,
+            "kcompact broker --engine kafka: the Apache Kafka release to fetch and run (3.x or "
+            "4.x); the default is the release kcompact is tested and benchmarked against.")
+    .define("KCOMPACT_LIBRDKAFKA", Type.STRING, None, None, Importance.LOW,
+            "Path of the librdkafka shared library kcompact's own Kafka client loads; default: "
+            "the one confluent-kafka's wheel ships, else the system's.")
+    .define("KCOMPACT_KAFKA_IO", Type.STRING, None, one_of("native", "confluent"),
+            Importance.LOW,
+            "The data path's Kafka clients: native (kcompact's own librdkafka client, the "
+            "default when it is available) or confluent (confluent-kafka's).")
+    .define("KCOMPACT_KERNELS", Type.STRING, "", None, Importance.LOW,
+            "numba: run every kernel on its numba implementation instead of the compiled C "
+            "one (the tests compare the two).")
+)
+
+#: Read by setup.py when the C extensions are compiled (``pip install``, ``make install``).
+BUILD_ENV = (
+    ConfigDef()
+    .define("KCOMPACT_RDKAFKA_INCLUDE", Type.STRING, None, None, Importance.LOW,
+            "A folder holding librdkafka/rdkafka.h, if not in the system's include path "
+            "(Debian: librdkafka-dev). Without the header the confluent-kafka clients are used.")
+    .define("KCOMPACT_ZSTD_INCLUDE", Type.STRING, None, None, Importance.LOW,
+            "A folder holding zstd.h, if not in the system's include path (Debian: "
+            "libzstd-dev). Without it format-2 reads decompress batch by batch.")
+)
+
+#: Read by the tests (tests/README.md) and the benchmarks (bench/README.md).
+DEV_ENV = (
+    ConfigDef()
+    .define("KCOMPACT_TEST_BROKER", Type.STRING, None, one_of("tansu", "testcontainers"),
+            Importance.LOW,
+            "The integration tests' broker: tansu or testcontainers; default: "
+            "KAFKA_BOOTSTRAP_SERVERS, else testcontainers' Kafka when Docker answers, else Tansu.")
+    .define("KCOMPACT_TEST_KAFKA_IMAGE", Type.STRING, "confluentinc/cp-kafka:7.6.0", None,
+            Importance.LOW, "The Docker image of testcontainers' Kafka.")
+    .define("KCOMPACT_FUZZ_EXAMPLES", Type.INT, None, at_least(1), Importance.LOW,
+            "tests/unit/test_fuzz_store.py: hypothesis examples per test, for a longer run.")
+    .define("KCOMPACT_CRASH_SEED", Type.INT, 20240601, None, Importance.LOW,
+            "tests/unit/test_compaction_crash.py: the seed of its random kill points.")
+    .define("KCOMPACT_BENCH_KAFKA_LOGS", Type.STRING, None, None, Importance.LOW,
+            "bench/kafka_peers.py: keep the Apache Kafka broker's logs in this directory.")
+)
+
+
+def value(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The variable's typed value (its default when unset or blank); a value that does not
+    parse, or that its validator refuses, is a ConfigError naming the variable."""
+    key = ENV[name]
+    raw = (os.environ if env is None else env).get(name, "")
+    if raw is None or not str(raw).strip():
+        return key.default
+    try:
+        return key.parse(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{name}={raw!r}: {str(e).removeprefix(name + ': ')}") from None
+
+
+def flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """A switch: set to anything but ``0`` (``KCOMPACT_DEBUG=1``)."""
+    return str(value(name, env)).strip() not in ("", "0")
+
+
+def debug() -> bool:
+    """``KCOMPACT_DEBUG`` is set: tracebacks and librdkafka's log."""
+    return flag("KCOMPACT_DEBUG")
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> str:
+    """``$KCOMPACT_CACHE_DIR``, else ``$XDG_CACHE_HOME/kcompact``, else ``~/.cache/kcompact``."""
+    env = os.environ if env is None else env
+    return value("KCOMPACT_CACHE_DIR", env) or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "kcompact")
