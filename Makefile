@@ -10,7 +10,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test docs install java rdkafka-h maven prometheus kafka-jars bench clean
+.PHONY: demo test docs install java maven prometheus kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -28,21 +28,6 @@ java:
 	  echo "installing Java 17 (needed by Spark)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless; }
 
-# librdkafka's header, which kcompact's own Kafka client is compiled against (Debian's
-# librdkafka-dev; the library used at run time is confluent-kafka's, checked to be at least as
-# new: connectors/framework/native_kafka.py). Without it the confluent-kafka path is used.
-# zstd's (libzstd-dev): store format 2's reads decompress a span of batches in one C call
-# (setup.py _zstd); without it, one python-zstandard call a batch.
-rdkafka-h:
-	@test -f /usr/include/librdkafka/rdkafka.h || { \
-	  echo "installing librdkafka's header (librdkafka-dev, for kcompact's Kafka client)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq librdkafka-dev || \
-	  echo "librdkafka-dev not installed: Kafka I/O will use confluent-kafka's clients"; }
-	@test -f /usr/include/zstd.h || { \
-	  echo "installing zstd's header (libzstd-dev, for store format 2's bulk reads)"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq libzstd-dev || \
-	  echo "libzstd-dev not installed: format-2 reads decompress batch by batch"; }
-
 maven:
 	@command -v mvn >/dev/null 2>&1 || { \
 	  echo "installing Maven (fetches Apache Kafka's jars for the real-broker tests)"; \
@@ -55,7 +40,7 @@ prometheus:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
 
-install: java rdkafka-h $(BIN)/.installed
+install: java $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
 # $KCOMPACT_CACHE_DIR (~/.cache/kcompact); a no-op once fetched

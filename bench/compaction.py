@@ -8,10 +8,10 @@ to `cp -r` of the same partition directory in the same run (the cost of reading 
 bytes once). Targets: compaction time <= 1.5 x copy time; peak RSS <= map budget + 100 MiB.
 The RSS of a process that only imports kcompact is printed too.
 
-The compaction runs on the C kernels (reput/_native.c: the process loads no JIT compiler); the
-same compaction with ``KCOMPACT_KERNELS=numba`` (numba and LLVM loaded, ~120 MiB more resident)
-runs on a copy of the partition in the same run, for comparison. Each child first compacts a
-tiny prebuilt store, so that loading kernels is not timed.
+The compaction runs on the C kernels (compaction/_native.c, reput/_native.c: the process loads
+no JIT compiler; their numba twins, which a second run used for comparison, are the tests'
+reference since issue 39). Each child first compacts a tiny prebuilt store, so that loading
+kernels is not timed.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ d["elapsed_s"] = elapsed
 d["unlink_s"] = unlink_s
 d["jit_load_s"] = jit_s
 d["maxrss_kib"] = hwm_kib()
-from kcompact.reput import jit as _jit
 d["numba_loaded"] = "numba" in sys.modules
-d["kernels"] = "numba" if _jit.native() is None else "C"
+d["kernels"] = "C"
 print(json.dumps(d))
 """
 
@@ -106,11 +105,8 @@ def build_store(path: str, n: int, keys: int, seed: int = 3) -> int:
                for dp, _, fs in os.walk(os.path.join(path, "partitions")) for f in fs)
 
 
-def child(mode: str, *args: str, kernels: str | None = None) -> dict:
+def child(mode: str, *args: str) -> dict:
     env = dict(os.environ)
-    env.pop("KCOMPACT_KERNELS", None)
-    if kernels:
-        env["KCOMPACT_KERNELS"] = kernels
     out = subprocess.run([sys.executable, "-c", _CHILD.format(root=ROOT, topic=TOPIC), mode,
                           *args], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -131,7 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", metavar="FILE", default=None,
                     help="also write the --json document to FILE (the printed output is unchanged)")
     ap.add_argument("--no-numba-run", action="store_true",
-                    help="skip the comparison run on the numba kernels")
+                    help="accepted for old command lines: there is no numba run any more")
     a = ap.parse_args(argv)
     from kcompact.connectors.cli import parse_size as _size
     map_bytes = _size(a.map_memory)
@@ -144,9 +140,6 @@ def main(argv=None) -> int:
         warm = os.path.join(work, "warm")
         build_store(warm, 1000, 100)
         pdir = os.path.join(store, "partitions", TOPIC, "0")
-        if not a.no_numba_run:  # a second copy for the numba run (compaction rewrites it)
-            subprocess.run(["cp", "-a", store, os.path.join(work, "store-numba")], check=True)
-            subprocess.run(["cp", "-a", warm, os.path.join(work, "warm-numba")], check=True)
         child("baseline")  # compile/cache kernels in a first process
         base = child("baseline")
         # warm the page cache the same way for both: read the partition once
@@ -164,11 +157,6 @@ def main(argv=None) -> int:
         r = child("compact", store, str(map_bytes), warm)
         os.sync()
         compact_s = time.perf_counter() - t
-        rn = None
-        if not a.no_numba_run:
-            drop_caches_if_root()
-            rn = child("compact", os.path.join(work, "store-numba"), str(map_bytes),
-                       os.path.join(work, "warm-numba"), kernels="numba")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res = {"records": a.records, "keys": a.keys, "partition_bytes": size, "build_s": build_s,
@@ -182,12 +170,6 @@ def main(argv=None) -> int:
            "dropped": r["records_dropped"], "map_keys": r["map_keys_max"],
            "bytes_per_key": r["map_bytes_per_key"], "kernels": r["kernels"],
            "numba_loaded": r["numba_loaded"]}
-    if rn is not None:
-        res["numba_kernels"] = {"compact_s": rn["elapsed_s"], "ratio_vs_copy": rn["elapsed_s"] / copy_s,
-                                "peak_rss_mib": rn["maxrss_kib"] / 1024,
-                                "kernel_load_s": rn["jit_load_s"],
-                                "same_result": (rn["records_kept"], rn["records_dropped"]) ==
-                                               (r["records_kept"], r["records_dropped"])}
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump(res, f, indent=2)
@@ -210,12 +192,6 @@ def main(argv=None) -> int:
           f"{res['peak_rss_mib'] - res['map_mib']:.0f} MiB   (target <= map + 100 MiB; a process "
           f"that only imports kcompact: {res['baseline_rss_mib']:.0f} MiB; {r['kernels']} "
           f"kernels, numba {'loaded' if r['numba_loaded'] else 'not loaded'})")
-    if rn is not None:
-        nk = res["numba_kernels"]
-        print(f"  same compaction on the numba kernels: {nk['compact_s']:.2f} s "
-              f"(compaction/copy = {nk['ratio_vs_copy']:.2f}), peak RSS "
-              f"{nk['peak_rss_mib']:.0f} MiB, kernels loaded in {nk['kernel_load_s']:.2f} s; "
-              f"same records kept/dropped: {nk['same_result']}")
     return 0
 
 

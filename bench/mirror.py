@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from kcompact.connectors.framework.native_kafka import kafka_io, librdkafka_version  # noqa: E402
+from kcompact.connectors.framework.native_kafka import describe  # noqa: E402
 from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.apps.mirror import mirror_local  # noqa: E402
 from kcompact.connectors.plugins.store_sink import warm_up  # noqa: E402
@@ -141,8 +141,7 @@ def main() -> int:
         t = time.perf_counter()
         warm_up()
         print(f"  numba kernels loaded in {time.perf_counter() - t:.1f} s", file=log, flush=True)
-        print(f"  Kafka I/O: {kafka_io()} (KCOMPACT_KAFKA_IO; librdkafka "
-              f"{librdkafka_version() or 'of confluent-kafka'})", file=log, flush=True)
+        print(f"  Kafka I/O: {describe()}", file=log, flush=True)
         raws, mirrors = [], []
         for r in range(args.rounds):
             with bulk_gc():  # the mirror's own GC settings: only the work differs
@@ -164,7 +163,7 @@ def main() -> int:
             "raw_consume_rec_per_s": args.records / raw_s,
             "mirror_rec_per_s": args.records / mir_s,
             "ratio": raw_s / mir_s, "target_ratio": TARGET,
-            "kafka_io": kafka_io(),
+            "kafka_io": describe(),
         }
         if args.json_out:
             with open(args.json_out, "w") as f:

@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from kcompact.connectors.framework.native_kafka import kafka_io, librdkafka_version  # noqa: E402
+from kcompact.connectors.framework.native_kafka import describe  # noqa: E402
 from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.plugins.store_source import DEFAULT_PRODUCER_CONFIG  # noqa: E402
 from kcompact.connectors.apps.restore import restore  # noqa: E402
@@ -165,8 +165,7 @@ def main() -> int:
                 handle_signals=False, repartition=False)
         print(f"  warm-up restore (numba kernels loaded) in {time.perf_counter() - t:.1f} s",
               file=log, flush=True)
-        print(f"  Kafka I/O: {kafka_io()} (KCOMPACT_KAFKA_IO; librdkafka "
-              f"{librdkafka_version() or 'of confluent-kafka'})", file=log, flush=True)
+        print(f"  Kafka I/O: {describe()}", file=log, flush=True)
         sides = ("raw", "restore", "restore-idempotent")
         wall: dict[str, list[float]] = {k: [] for k in sides}
         cpu: dict[str, list[float]] = {k: [] for k in sides}
@@ -216,7 +215,7 @@ def main() -> int:
             "ratio_of_medians_idempotent": med["raw"] / med["restore-idempotent"],
             "cpu_ratio_of_medians": cmed["raw"] / cmed["restore"],
             "target": 0.8,
-            "kafka_io": kafka_io(),
+            "kafka_io": describe(),
         }
         if args.json_out:  # bench/report.py: the figures as JSON, the text as printed
             with open(args.json_out, "w") as f:

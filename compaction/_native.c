@@ -1,6 +1,6 @@
 /* compaction._native: the offset map's and the cleaner's kernels in C (compaction/offset_map.py,
- * compaction/kernels.py hold the same algorithms in numba, the fallback when this module is not
- * built and the reference tests/unit/test_native_kernels.py compares against), so that
+ * tests/unit/_oracle_compaction_kernels.py holds the same algorithms in numba, the reference
+ * tests/unit/test_native_kernels.py compares against), so that
  * `kcompact compact` runs without loading numba's LLVM (~120 MiB resident; reput/jit.py).
  *
  * The offset map (compaction/offset_map.py): an open-addressing table of 16-byte slots in one

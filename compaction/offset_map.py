@@ -18,15 +18,20 @@ most 2^32 - 2 offsets; ``insert`` reports "full" past that, as it does when the 
 Kafka's ``OffsetMap``: a small interface its callers call and never probe. The compactor and the
 live-set pass ask it through ``insert_entries``, ``lookup``/``latest_of`` and ``decide`` (the
 cleaner's keep/drop decision in one compiled pass); the table is this class's alone. Its kernels
-are compaction/_native.c (C) and compaction/_kernels.py (numba).
+are compaction/_native.c's (C; their numba twins are the tests' reference,
+tests/unit/_oracle_compaction_kernels.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels as KM
-from ._kernels import MAP_FULL, MAX_DELTA  # noqa: F401  (MAX_DELTA: the largest offset delta)
+from . import _native as KM
+
+#: the largest offset delta a slot holds (offset - base), and insert_entries' "map full" status
+#: (compaction/_native.c)
+MAX_DELTA = 0xFFFFFFFE
+MAP_FULL = 1
 
 SLOT_BYTES = 16
 DEFAULT_MAX_LOAD = 0.9
@@ -96,7 +101,7 @@ class OffsetMap:
         """Insert .bcq entries from ``start`` in order; returns (next index, full?)."""
         self._ready()
         self._written = True
-        nxt, self.count, status = KM.insert_entries_k(
+        nxt, self.count, status = KM.insert_entries(
             self._table, self._cap, self._max, self.count, self.base,
             entries["offset"], entries["digest_lo"], entries["digest_hi"], entries["flags"],
             start, entries.shape[0])
@@ -114,7 +119,7 @@ class OffsetMap:
         """The latest offset mapped for each digest (dlo[i], dhi[i]), -1 where none is."""
         out = np.empty(dlo.shape[0], dtype=np.int64)
         self._ready()
-        KM.lookup_many_k(self._table, self._cap, self.base, dlo, dhi, out)
+        KM.lookup_many(self._table, self._cap, self.base, dlo, dhi, out)
         return out
 
     def latest_of(self, entries: np.ndarray) -> np.ndarray:
@@ -134,7 +139,7 @@ class OffsetMap:
         keep = np.empty(n, np.bool_)
         clean = np.empty(n, np.uint32)
         self._ready()
-        counts = KM.decide_k(self._table, self._cap, self.base, last_mapped, now_s,
+        counts = KM.decide(self._table, self._cap, self.base, last_mapped, now_s,
                              retention_s, entries["offset"], entries["digest_lo"],
                              entries["digest_hi"], entries["flags"], entries["clean_time"], keep,
                              clean)

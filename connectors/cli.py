@@ -23,20 +23,10 @@ from typing import Any, Callable
 # variable is read when numpy loads, below).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from kcompact.reput import ReputError  # noqa: E402
+from kcompact.errors import KcompactError  # noqa: E402
 from kcompact.reput.gcmode import bulk_gc  # noqa: E402
 
-from .errors import ConnectorsError  # noqa: E402
-
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can act on (each package's root, and OSError): printed as one line, exit 1.
-    Imported only once an error needs classifying: importing replication costs ~0.5 s."""
-    from kcompact.compaction import CompactionError
-    from kcompact.replication import ReplicationError
-    return (ReputError, CompactionError, ReplicationError, ConnectorsError, OSError)
 
 
 def _kafka_config(items: list[str]) -> dict[str, str]:
@@ -296,13 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command and flag, each with its help text: what it is, its default and its unit,
     as Kafka's own tools say it (a test runs every ``--help`` and checks that none is missing).
     """
-    from kcompact import __version__
-
     p = argparse.ArgumentParser(prog="kcompact", description=(
         "Keep a compacted copy of Kafka topics in RocketMQ-style storage. "
         "`kcompact COMMAND --help` lists a command's flags."))
-    p.add_argument("--version", action="version", version=f"kcompact {__version__}",
-                   help="print kcompact's version and exit")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print kcompact's version and its native paths (Kafka I/O, zstd), and exit")
     _log_format_flag(p, "text")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", help="one of:")
     sub.required = True
@@ -644,6 +632,19 @@ def _kv_as_of_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     return check
 
 
+class _Version(argparse.Action):
+    """``--version``: kcompact's version, then the Kafka I/O path and the zstd path in use (the
+    C client and the vendored decoder, or what runs instead and why), one line each. Worked out
+    only when asked: loading librdkafka is not free."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from kcompact import __version__
+        from kcompact.reput.codecs import zstd_path
+        from .framework.native_kafka import describe
+        print(f"kcompact {__version__}\nkafka io: {describe()}\nzstd: {zstd_path()}")
+        parser.exit()
+
+
 def _store_flag(s: argparse.ArgumentParser, what: str) -> None:
     s.add_argument("--store", required=True, metavar="URL",
                    help=f"{what}: a directory, or s3://bucket/prefix")
@@ -695,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
-    except _user_errors() as e:
+    except (KcompactError, OSError) as e:  # one a user can act on: one line, exit 1
         if debug:
             traceback.print_exc()
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

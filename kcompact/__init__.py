@@ -24,6 +24,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 #: public name -> the module that defines it
 _FACADE = {
+    "KcompactError": "kcompact.errors",
+    "ConfigError": "kcompact.errors",
     "Store": "kcompact.reput",
     "Record": "kcompact.reput",
     "RecordBatch": "kcompact.reput",

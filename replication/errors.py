@@ -6,8 +6,10 @@ and what to do next; the CLI prints it as ``kcompact: error: <message>`` and exi
 
 from __future__ import annotations
 
+from kcompact.errors import KcompactError
 
-class ReplicationError(Exception):
+
+class ReplicationError(KcompactError):
     """Root of every error raised by `kcompact serve`, `replicate` and `verify --against`."""
 
 

@@ -1,8 +1,8 @@
 /* Store format 2's record kernels in C (included by reput/_native.c, which provides crc32c, rd32
  * and rd64): format-1 records <-> Kafka RecordBatch v2 records, docs/formats/segment-v2.md. The
- * numba kernels of reput/_kafka_kernels.py are the same algorithms (the fallback, and the
- * reference tests/unit/test_segment_v2.py compares against), so that sealing, compacting and
- * reading a format-2 store loads no JIT compiler.
+ * numba kernels of tests/unit/_oracle_kafka_kernels.py are the same algorithms (the reference
+ * tests/unit/test_segment_v2.py compares against), so that sealing, compacting and reading a
+ * format-2 store loads no JIT compiler.
  *
  * Varints are Kafka's: zigzag, then 7 bits a byte, low group first. Kafka records from a .log
  * are untrusted: every length is checked against the payload before it is used. Format-1 records
@@ -195,7 +195,8 @@ typedef struct {
     int64_t next, tsd, od, ks, kl, vs, vl, hs, hc, hbytes;
 } KRec;
 
-/* parse the Kafka record at b[p:end], bounds-checked (reput/_kafka_kernels.py _walk_record) */
+/* parse the Kafka record at b[p:end], bounds-checked (its numba twin: _walk_record in
+ * tests/unit/_oracle_kafka_kernels.py) */
 static int kwalk(const uint8_t *b, int64_t p, int64_t end, KRec *r)
 {
     int64_t length, q = p;

@@ -2,9 +2,10 @@
  * kwalk and record writer kput_v1 they use, and by way of it by reput/_native.c, which provides
  * crc32c, siphash128 and the .bcq entry layout): the batches of a span read at once
  * (reput/batch.py decode_batches, span_entries: headers and CRC-32Cs, payloads decompressed
- * through libzstd when built with it, records walked, converted or indexed) and a lean index
- * chunk decoded (reput/bcq2.py). Each one's Python caller keeps a batch-by-batch or numpy path
- * that names any failure these report, and that runs when the module is not built. */
+ * through the zstd decoder vendored in third_party/zstd, records walked, converted or
+ * indexed) and a lean index
+ * chunk decoded (reput/bcq2.py). Each one's Python caller keeps a batch-by-batch path that
+ * names any failure these report. */
 #ifndef KCOMPACT_KAFKA_SPAN_H
 #define KCOMPACT_KAFKA_SPAN_H
 
@@ -415,8 +416,7 @@ static PyObject *kafka_fields_many(PyObject *self, PyObject *const *args, Py_ssi
     return PyLong_FromLongLong(failed);
 }
 
-/* -- decompressing many batches at once (zstd through libzstd, when built with its header) --- */
-#ifdef KC_HAVE_ZSTD
+/* -- decompressing many batches at once (zstd: the decoder vendored in third_party/zstd) ----- */
 #include <pthread.h>
 #include <zstd.h>
 
@@ -588,9 +588,6 @@ static PyObject *kafka_unpack_many(PyObject *self, PyObject *const *args, Py_ssi
     {"kafka_payload_sizes", (PyCFunction)(void (*)(void))kafka_payload_sizes, METH_FASTCALL,   \
      NULL},                                                                                    \
     {"kafka_unpack_many", (PyCFunction)(void (*)(void))kafka_unpack_many, METH_FASTCALL, NULL},
-#else
-#define KAFKA_ZSTD_METHODS
-#endif
 
 /* -- many uncompressed batches encoded at once (reput/rewrite.py SegmentWriter2) ------------- */
 

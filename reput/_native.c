@@ -1,8 +1,7 @@
 /* kcompact.reput._native: the record and index kernels in C, so that reading a store (scanning
  * records, their CRC32C and SipHash key digests, checking them against the .bcq, the index
- * search) needs no JIT compiler. The numba kernels of reput/_kernels.py are the same algorithms:
- * the fallback when this module is not built and the reference tests/unit/test_native_kernels.py
- * compares against. Loading numba means loading LLVM (~120 MiB resident); see reput/jit.py.
+ * search) needs no JIT compiler. The numba kernels of tests/unit/_oracle_kernels.py are the same
+ * algorithms: the reference tests/unit/test_native_kernels.py compares against. Loading numba means loading LLVM (~120 MiB resident); see reput/jit.py.
  *
  * The other layers' kernels live with their data: compaction/_native.c (the offset map, the
  * cleaner's decision), connectors/apps/kv/_native.c (the KV map's bulk build),
@@ -341,7 +340,7 @@ static PyObject *fill_records(PyObject *self, PyObject *const *args, Py_ssize_t 
  * mode 3 (decoded): as 0, without the CRC: the records were just written by store format 2's
  * decoder, which computed their CRCs from the bytes it wrote (the batch they came from was
  * accepted by its CRC-32C); checking them again would check the decoder, not the data.
- * The reader's one check (reader.verify_records); the numba twin is reput/_kernels.py's. */
+ * The reader's one check (reader.verify_records); the numba twin is tests/unit/_oracle_kernels.py's. */
 #define E_OFFSET 0
 #define E_TIMESTAMP 8
 #define E_DIGEST_LO 16
@@ -549,7 +548,7 @@ static PyObject *crc32c_update(PyObject *self, PyObject *const *args, Py_ssize_t
 /* offset_order(partitions, offsets, max_partition, seen) -> i: one pass over a batch (int32
  * partitions in [0, max_partition], int64 offsets): the first record whose offset is not above
  * the previous one of its partition (-1 when none); seen (uint8, max_partition + 1) marks the
- * partitions present. Store._check_order; the numba twin is reput/_kernels.py's. */
+ * partitions present. Store._check_order; the numba twin is tests/unit/_oracle_kernels.py's. */
 static PyObject *offset_order(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     CHECK_NARGS("offset_order", 4);
@@ -626,5 +625,9 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void)
 {
     crc_init();
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* the zstd decoder compiled in (third_party/zstd): `kcompact --version` names it */
+    if (m != NULL && PyModule_AddStringConstant(m, "ZSTD_VERSION", ZSTD_versionString()) < 0)
+        Py_CLEAR(m);
+    return m;
 }

@@ -4,7 +4,8 @@ Spec: docs/formats/segment-v2.md. ``BatchEncoder`` turns verified format-1 recor
 partition reader hands out) into batches; ``decode_batches`` turns a run of batches read from a
 ``.log`` back into format-1 records in memory, checking each batch's CRC-32C, so that everything
 above the reader sees one record layout whatever the segment's format. The record loops run in
-reput/_kafka_kernels.py; this module loops over batches only (one compressor call each).
+C (reput/_kafka_native.h and _kafka_span.h, built into kcompact.reput._native); this module
+loops over batches only (one compressor call each).
 The codecs, as Kafka frames them, are reput/codecs.py's.
 """
 
@@ -16,18 +17,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import _kafka_kernels as KK
-from . import _kernels as K
+from . import _native as _N
 from . import parallel
 from .codecs import (CODEC_BY_NAME, CODEC_GZIP, CODEC_LZ4, CODEC_NAMES, CODEC_NONE,
                      CODEC_SNAPPY, CODEC_ZSTD, codec_of, compress, decompress, zstd_compress,
                      zstd_decompress)  # (the codec names re-exported: __all__)
 from .errors import CorruptRecordError, ReputError
-from .jit import native
 from .record import HEADER_SIZE as V1_HEADER_SIZE
 
-#: the C kernels (reput/_kafka_native.h, built into reput/_native.c) when built, else numba's
-_N = native()
 _tls = threading.local()  # a thread's decompression buffer (_scratch)
 
 FORMAT_VERSION = 2
@@ -39,6 +36,9 @@ HEADER_SIZE = BATCH_HEADER.size   # 61
 LOG_OVERHEAD = 12                 # baseOffset + batchLength: bytes before what batchLength counts
 CRC_START = 21                    # the CRC covers [attributes, end)
 _HEAD12 = struct.Struct(">qi")
+#: the C kernels' decode statuses (reput/_kafka_native.h): every record whole / a length or
+#: varint runs past the payload / a value out of range; kafka_find: offset deltas not rising
+DEC_OK, DEC_TRUNCATED, DEC_INVALID, DEC_ORDER = 0, 1, 2, 3
 
 ATTR_CODEC_MASK = 0x07
 #: bits kcompact never writes and refuses to read: transactional (4), control (5), delete
@@ -48,40 +48,24 @@ ATTR_REFUSED = ~0x0F & 0xFFFF
 
 def crc32c(buf: np.ndarray, start: int, end: int) -> int:
     """CRC-32C (Castagnoli) of buf[start:end]."""
-    if _N is not None:
-        return int(_N.crc32c_range(buf, start, end))
-    return int(K.crc32c(buf, start, end, K.CRC_TABLES))
+    return int(_N.crc32c_range(buf, start, end))
 
 
 def _to_kafka(buf, pos, lo: int, hi: int, base_off: int, base_ts: int) -> np.ndarray:
     """Records pos[lo:hi] of ``buf`` (verified format-1 records) as Kafka records."""
-    if _N is not None:
-        out = np.empty(_N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, None, 0), np.uint8)
-        _N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, out, 0)
-        return out
-    sizes = np.empty(1, np.int64)
-    KK.v1_to_kafka_sizes(buf, pos, np.array([lo, hi], np.int64),
-                         np.array([base_off], np.int64), np.array([base_ts], np.int64), sizes)
-    out = np.empty(int(sizes[0]), np.uint8)
-    end = KK.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, out, 0)
-    assert end == out.shape[0]
+    out = np.empty(_N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, None, 0), np.uint8)
+    _N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, out, 0)
     return out
 
 
 def _walk(payload, count: int, tl: int, sizes, starts, deltas):
-    if _N is not None:
-        return _N.kafka_sizes(payload, 0, payload.shape[0], count, tl, sizes, starts, deltas)
-    return KK.kafka_sizes(payload, 0, payload.shape[0], count, tl, sizes, starts, deltas)
+    return _N.kafka_sizes(payload, 0, payload.shape[0], count, tl, sizes, starts, deltas)
 
 
 def _to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q, offsets,
            timestamps) -> None:
-    if _N is not None:
-        _N.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
-                       offsets, timestamps)
-    else:
-        KK.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
-                       offsets, timestamps, K.CRC_TABLES)
+    _N.kafka_to_v1(payload, start, count, base_off, base_ts, topic, partition, out, q,
+                   offsets, timestamps)
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -175,39 +159,24 @@ def encode_plain(buf: np.ndarray, pos: np.ndarray, ends: np.ndarray, offsets: np
                  final: bool) -> "tuple[np.ndarray, list[int], list[int], int]":
     """Up to ``max_batches`` uncompressed batches of the records ``lo..n`` (cut by
     ``cut_batch``), back to back: (their bytes, each one's size, each one's record count, the
-    first record left). One C call for all of them (kafka_encode_plain), else ``encode_batch``
-    a batch."""
-    sizes: list[int] = []
-    counts: list[int] = []
-    if _N is not None and hasattr(_N, "kafka_encode_plain"):
-        left = int(ends[n - 1] - pos[lo]) if n > lo else 0
-        cap = left + HEADER_SIZE * (left // batch_bytes + 2) + 4096
-        while True:
-            bounds = np.empty(2 * max(1, min(max_batches, n - lo, left // batch_bytes + 2)),
-                              np.int64)
-            out = np.empty(cap, np.uint8)
-            k, nxt, used = _N.kafka_encode_plain(buf, pos, ends, offsets, timestamps, lo, n,
-                                                 batch_bytes, max_batches, int(final), out,
-                                                 bounds)
-            if k or cut_batch(pos, ends, offsets, lo, n, batch_bytes, final) == lo \
-                    or max_batches == 0 or lo >= n:
-                break
-            cap *= 2  # (records whose many headers grow as Kafka records: rare)
-        ends_k = bounds[0:2 * k:2].tolist()
-        sizes = bounds[1:2 * k:2].tolist()
-        counts = [e - s for s, e in zip([lo] + ends_k, ends_k)]
-        return out[:used], sizes, counts, int(nxt)
-    parts = []
-    while lo < n and len(sizes) < max_batches:
-        hi = cut_batch(pos, ends, offsets, lo, n, batch_bytes, final)
-        if hi == lo:
+    first record left). One C call for all of them (kafka_encode_plain)."""
+    left = int(ends[n - 1] - pos[lo]) if n > lo else 0
+    cap = left + HEADER_SIZE * (left // batch_bytes + 2) + 4096
+    while True:
+        bounds = np.empty(2 * max(1, min(max_batches, n - lo, left // batch_bytes + 2)),
+                          np.int64)
+        out = np.empty(cap, np.uint8)
+        k, nxt, used = _N.kafka_encode_plain(buf, pos, ends, offsets, timestamps, lo, n,
+                                             batch_bytes, max_batches, int(final), out,
+                                             bounds)
+        if k or cut_batch(pos, ends, offsets, lo, n, batch_bytes, final) == lo \
+                or max_batches == 0 or lo >= n:
             break
-        eb = encode_batch(buf, pos, lo, hi, offsets, timestamps, CODEC_NONE, 0)
-        parts.append(eb.data)
-        sizes.append(len(eb.data))
-        counts.append(hi - lo)
-        lo = hi
-    return np.frombuffer(b"".join(parts), np.uint8), sizes, counts, lo
+        cap *= 2  # (records whose many headers grow as Kafka records: rare)
+    ends_k = bounds[0:2 * k:2].tolist()
+    sizes = bounds[1:2 * k:2].tolist()
+    counts = [e - s for s, e in zip([lo] + ends_k, ends_k)]
+    return out[:used], sizes, counts, int(nxt)
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -336,7 +305,7 @@ def walk_opened(b: Opened, tl: int, where: str) -> Walked:
     starts = np.empty(h.count, np.int64)
     deltas = np.empty(h.count, np.int64)
     st, walked, _stop = _walk(payload, h.count, tl, sz, starts, deltas)
-    if st != KK.DEC_OK:
+    if st != DEC_OK:
         raise CorruptRecordError(f"{where}: record {walked} of the batch at byte {pos} "
                                  "is invalid or cut short", where, pos)
     if (int(deltas[0]) != 0 or int(deltas[-1]) != h.last_offset - h.base_offset
@@ -356,11 +325,11 @@ def decode_run(b: Opened, topic: bytes, partition: int, lo: int, hi: int, where:
     tl = len(topic)
     args = (payload, 0, payload.shape[0], h.count, tl, lo - h.base_offset, hi - h.base_offset)
     st, walked, _stop, a, z, start, nbytes, last = (
-        _N.kafka_find(*args) if _N is not None else KK.kafka_find(*args))
-    if st != KK.DEC_OK and st != KK.DEC_ORDER:
+        _N.kafka_find(*args))
+    if st != DEC_OK and st != DEC_ORDER:
         raise CorruptRecordError(f"{where}: record {walked} of the batch at byte {h.position} "
                                  "is invalid or cut short", where, h.position)
-    if st == KK.DEC_ORDER or last != h.last_offset - h.base_offset:
+    if st == DEC_ORDER or last != h.last_offset - h.base_offset:
         raise CorruptRecordError(f"{where}: the offsets of the batch at byte {h.position} "
                                  "do not match its header", where, h.position)
     n = z - a if a >= 0 else 0
@@ -412,11 +381,10 @@ def decode_batches(buf: np.ndarray, start_pos: int, topic: bytes, partition: int
     CorruptRecordError at the first batch that fails a check, carrying ``decoded``: what the
     batches before it gave (a Decoded, or None). ``keep(opened)`` is called with the last batch
     walked (a reader keeps it for the next read)."""
-    if _N is not None:
-        d = _decode_many(buf, start_pos, topic, partition, where, want, lo, hi, keep, max_bytes,
-                         first)
-        if d is not None:
-            return d
+    d = _decode_many(buf, start_pos, topic, partition, where, want, lo, hi, keep, max_bytes,
+                     first)
+    if d is not None:
+        return d
     topic_arr = np.frombuffer(topic, np.uint8)
     tl = topic_arr.shape[0]
     p, total = 0, buf.shape[0]
@@ -472,8 +440,6 @@ def _payload_sizes(buf: np.ndarray, start_pos: int, heads: np.ndarray) -> np.nda
     frame headers alone; None when one is not known so (another codec: no C path)."""
     if not heads[:, 7].any():
         return heads[:, 1] - HEADER_SIZE
-    if not hasattr(_N, "kafka_payload_sizes"):
-        return None
     sizes = np.empty(heads.shape[0], np.int64)
     flat = np.ascontiguousarray(heads).reshape(-1)
     if _N.kafka_payload_sizes(buf, flat, start_pos, sizes) != sizes.shape[0]:
@@ -565,7 +531,7 @@ def _decode_many(buf: np.ndarray, start_pos: int, topic: bytes, partition: int, 
         return _N.kafka_scan_many(pay, spans[2 * a:2 * z], flat[8 * a:8 * z], tl, lo, hi)
     found = (list(parallel.both(lambda: scan(*parts[0]), lambda: scan(*parts[1])))
              if len(parts) == 2 else [scan(0, m)])
-    if any(f[0] != KK.DEC_OK for f in found):
+    if any(f[0] != DEC_OK for f in found):
         return None
     nsel = sum(f[3] for f in found)
     data = np.empty(sum(f[4] for f in found), np.uint8)
@@ -607,17 +573,15 @@ def span_entries(buf: np.ndarray, start_pos: int, topic: bytes, k0: int, k1: int
     """The batches of ``buf`` (the .log from ``start_pos``) checked as ``decode_batches`` checks
     them, and the index entries (``entry_dtype``: bcq.BCQ_DTYPE) of all their records with key
     digests under (k0, k1), straight from the Kafka records (kafka_entries_many): what a replica
-    indexes a shipped segment with. None without the C kernels or when a batch fails a check
-    (``decode_batches`` names it)."""
-    if _N is None:
-        return None
+    indexes a shipped segment with. None when a batch fails a check (``decode_batches`` names
+    it)."""
     span = _open_span(buf, start_pos, len(topic), where, None, None, None)
     if span is None or span[0].shape[0] == 0:
         return None
     heads, pay, spans = span
     flat = np.ascontiguousarray(heads).reshape(-1)
     st, _b, _r, n, _nbytes = _N.kafka_scan_many(pay, spans, flat, len(topic), 0, (1 << 63) - 1)
-    if st != KK.DEC_OK:
+    if st != DEC_OK:
         return None
     e = np.empty(n, entry_dtype)
     _N.kafka_entries_many(pay, spans, flat, k0, k1, e.view(np.uint8).reshape(-1))
@@ -649,7 +613,7 @@ def span_fields(buf: np.ndarray, start_pos: int, tl: int, entries: np.ndarray, k
     record read by offset is verified by its batch's, segment-v2.md). None without the C
     kernels or when anything fails a check (``decode_batches`` and the reader's check name
     it)."""
-    if _N is None or not hasattr(_N, "kafka_fields_many") or entries.shape[0] == 0:
+    if entries.shape[0] == 0:
         return None
     heads = _span_heads(buf, start_pos)
     if heads is None:
@@ -683,7 +647,7 @@ def span_fields(buf: np.ndarray, start_pos: int, tl: int, entries: np.ndarray, k
     heads, pay, spans = span
     flat = np.ascontiguousarray(heads).reshape(-1)
     st, _b, _r, _n, _nbytes = _N.kafka_scan_many(pay, spans, flat, tl, 0, (1 << 63) - 1)
-    if st != KK.DEC_OK:
+    if st != DEC_OK:
         return None
     n = int(np.searchsorted(positions, int(heads[-1, 0]) if last is None else last,
                             side="right"))
@@ -718,7 +682,7 @@ def _unpack(buf: np.ndarray, start_pos: int, heads: np.ndarray, tl: int,
     call (threads for a large span): (the rows kept under ``max_bytes``, payloads, their spans),
     or None when the C module has no libzstd or a batch is not uncompressed or one zstd frame of
     declared size."""
-    if not hasattr(_N, "kafka_unpack_many") or heads.shape[0] == 0:
+    if heads.shape[0] == 0:
         return None
     sizes = _payload_sizes(buf, start_pos, heads)
     if sizes is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels as K
-from .jit import native
+from . import _native as _N
 from .record import Scan
 
 FORMAT_VERSION = 1
@@ -60,9 +60,7 @@ class Index:
         return _lower_bound(self.words, _WORDS, self.n, target)
 
 
-_N = native()
-# the C search when built (reput/_native.c), else the numba kernel
-_lower_bound = _N.lower_bound_strided if _N is not None else K.lower_bound_strided
+_lower_bound = _N.lower_bound_strided  # reput/_native.c
 
 
 def lower_bound(entries: "np.ndarray | Index", target: int) -> int:

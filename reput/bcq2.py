@@ -25,10 +25,7 @@ import numpy as np
 from . import bcq as B
 from .codecs import zstd_compress, zstd_decompress
 from .errors import CorruptRecordError
-from .jit import native
-
-#: the C kernels (lean_decode) when built, else the numpy decoding below
-_N = native()
+from . import _native as _N
 
 FORMAT_VERSION = 2
 MAGIC = b"KCBQ2\x00\x00\xff"
@@ -429,63 +426,15 @@ class LeanIndex:
         d = self.dir[i]
         bad = self._bad(i, pos)
         body = self._body(i, raw, pos)
-        if _N is not None:  # one pass in C (reput/_kafka_native.h lean_decode), same checks
-            last = i + 1 >= self.chunk_count
-            n = self._records_in(i)
-            nxt_pos = self.log_size if last else int(self.dir["first_position"][i + 1])
-            e = np.empty(max(n, 0), B.BCQ_DTYPE) if out is None else out
-            if n <= 0 or e.shape[0] != n or not _N.lean_decode(
-                    body, n, int(d["first_offset"]), int(d["last_offset"]),
-                    int(d["first_position"]), nxt_pos, e.view(np.uint8).reshape(-1)):
-                raise bad
-            return e
-        n, b = self._layout(i, body, pos)
-        p = 8
-        counts = body[p:p + 4 * b].view(np.uint32).astype(np.int64)
-        p += 4 * b
-        sizes = body[p:p + 4 * b].view(np.uint32).astype(np.int64)
-        p += 4 * b
-        od = body[p:p + 4 * n].view(np.uint32)
-        p += 4 * n
-        td = body[p:p + 8 * n].view(np.int64)
-        p += 8 * n
-        flags = body[p:p + n]
-        p += n
-        clean = body[p:p + 4 * n].view(np.uint32)
-        p += 4 * n
-        dlo = body[p:p + 8 * n].view(np.uint64)
-        p += 8 * n
-        dhi = body[p:p + 8 * n].view(np.uint64)
-        if int(counts.sum()) != n or int(counts.min()) < 1:
+        # one pass in C (reput/_kafka_native.h lean_decode)
+        last = i + 1 >= self.chunk_count
+        n = self._records_in(i)
+        nxt_pos = self.log_size if last else int(self.dir["first_position"][i + 1])
+        e = np.empty(max(n, 0), B.BCQ_DTYPE) if out is None else out
+        if n <= 0 or e.shape[0] != n or not _N.lean_decode(
+                body, n, int(d["first_offset"]), int(d["last_offset"]),
+                int(d["first_position"]), nxt_pos, e.view(np.uint8).reshape(-1)):
             raise bad
-        first_pos = int(d["first_position"])
-        nxt_pos = (int(self.dir["first_position"][i + 1]) if i + 1 < self.chunk_count
-                   else self.log_size)
-        if first_pos + int(sizes.sum()) != nxt_pos:
-            raise bad
-        e = np.zeros(n, B.BCQ_DTYPE)
-        off = np.cumsum(od.astype(np.int64)) + int(d["first_offset"])
-        if int(off[-1]) != int(d["last_offset"]) or (n > 1 and int(od[1:].min()) == 0):
-            raise bad
-        e["offset"] = off
-        e["timestamp"] = np.cumsum(td)
-        e["digest_lo"] = dlo
-        e["digest_hi"] = dhi
-        bpos = np.empty(b, np.int64)
-        bpos[0] = first_pos
-        np.cumsum(sizes[:-1], out=bpos[1:])
-        bpos[1:] += first_pos
-        e["position"] = np.repeat(bpos, counts)
-        starts = np.zeros(b, np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
-        sz = np.zeros(n, np.uint32)
-        sz[starts] = sizes
-        e["size"] = sz
-        e["flags"] = flags
-        e["clean_time"] = clean
-        if out is not None:
-            out[:] = e
-            return out
         return e
 
     @property

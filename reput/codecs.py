@@ -6,8 +6,8 @@ codec, and the lean index's) through python-zstandard with one compression and o
 decompression context per thread, reused: a context's creation costs as much as decompressing
 8 KiB of it (cramjam makes one per call: a 32 KiB batch decompressed in ~24 us against ~15 us),
 and a one-record read decompresses one batch. reput/batch.py encodes and decodes batches with
-these; reput/_kafka_native.h decompresses a span of zstd batches through libzstd when built
-with it.
+these; reput/_kafka_span.h decompresses a span of zstd batches in one call, through the zstd
+decoder compiled into kcompact.reput._native (third_party/zstd): :func:`zstd_path` names it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ CODEC_BY_NAME = {v: k for k, v in CODEC_NAMES.items()}
 #: snappy-java's stream header (xerial framing, what Kafka writes for snappy)
 XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
 XERIAL_BLOCK = 32 * 1024
+
+
+def zstd_path() -> str:
+    """How a span of zstd batches is read, for ``kcompact --version``: in one call on the zstd
+    decoder compiled into kcompact.reput._native (its version); a single batch goes through
+    python-zstandard."""
+    from . import _native
+    return f"bulk (vendored {_native.ZSTD_VERSION}, compiled into kcompact.reput._native)"
 
 
 def codec_of(compression_type: str) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .configdef import ConfigDef, Importance, Type, at_least, between, one_of
-from .errors import ConfigError
+from .errors import ConfigError  # kcompact's one configuration error (kcompact/errors.py)
 
 DAY_MS = 24 * 3600 * 1000
 LONG_MAX = 2**63 - 1

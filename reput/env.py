@@ -75,25 +75,15 @@ ENV = (
     .define("KCOMPACT_LIBRDKAFKA", Type.STRING, None, None, Importance.LOW,
             "Path of the librdkafka shared library kcompact's own Kafka client loads; default: "
             "the one confluent-kafka's wheel ships, else the system's.")
-    .define("KCOMPACT_KAFKA_IO", Type.STRING, None, one_of("native", "confluent"),
-            Importance.LOW,
-            "The data path's Kafka clients: native (kcompact's own librdkafka client, the "
-            "default when it is available) or confluent (confluent-kafka's).")
-    .define("KCOMPACT_KERNELS", Type.STRING, "", None, Importance.LOW,
-            "numba: run every kernel on its numba implementation instead of the compiled C "
-            "one (the tests compare the two).")
+    .define("KCOMPACT_KAFKA_IO", Type.STRING, None, None, Importance.LOW,
+            "Gone (issue 39): it chose confluent-kafka's clients for the data path instead of "
+            "kcompact's own; setting it now only prints a warning. `kcompact --version` names "
+            "the Kafka client in use.")
 )
 
-#: Read by setup.py when the C extensions are compiled (``pip install``, ``make install``).
-BUILD_ENV = (
-    ConfigDef()
-    .define("KCOMPACT_RDKAFKA_INCLUDE", Type.STRING, None, None, Importance.LOW,
-            "A folder holding librdkafka/rdkafka.h, if not in the system's include path "
-            "(Debian: librdkafka-dev). Without the header the confluent-kafka clients are used.")
-    .define("KCOMPACT_ZSTD_INCLUDE", Type.STRING, None, None, Importance.LOW,
-            "A folder holding zstd.h, if not in the system's include path (Debian: "
-            "libzstd-dev). Without it format-2 reads decompress batch by batch.")
-)
+#: Read by setup.py when the C extensions are compiled: nothing since issue 39 (librdkafka's
+#: header and zstd's decoder are vendored in third_party/; the table stays for the reference page).
+BUILD_ENV = ConfigDef()
 
 #: Read by the tests (tests/README.md) and the benchmarks (bench/README.md).
 DEV_ENV = (

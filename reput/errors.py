@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+from kcompact.errors import ConfigError, KcompactError  # noqa: F401  (ConfigError: kcompact's one)
 
-class ReputError(Exception):
+
+class ReputError(KcompactError):
     """Root of every error raised by the store."""
-
-
-class ConfigError(ReputError, ValueError):
-    """A configuration key is unknown or its value is out of range: the message names the key."""
 
 
 class InvalidTopicError(ReputError, ValueError):

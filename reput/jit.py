@@ -1,8 +1,10 @@
-"""Compiled kernels, loaded when first needed: ``njit`` and ``intrinsic`` as numba's, but lazy.
+"""numba kernels, loaded when first needed: ``njit`` and ``intrinsic`` as numba's, but lazy.
 
-Public: every layer declares its numba kernels with these decorators and finds its C extension
-with ``extension()`` (reput's record kernels, compaction's offset-map kernels, the KV map's and
-the Kafka column pass's), so one switch (``KCOMPACT_KERNELS``) and one lazy load serve them all.
+The product's kernels are C (each layer's ``_native`` extension, always built: setup.py); numba
+runs only the few kernels that have no C twin (reput/_kernels.py: the writer's encode, the key
+digest, topic runs, .bcq entries of a scan; the store source's murmur2 partitioner) and, in the
+tests, the numba twins of the C kernels that the tests compare them with (issue 39: one kernel
+per job; the switch that ran everything on numba is gone).
 
 Importing numba loads LLVM (``libllvmlite.so``): about 120 MiB of resident pages and 0.4 s
 before any kernel runs. Most kcompact processes need kernels soon anyway, but some need few or
@@ -17,16 +19,11 @@ dispatchers. After that a placeholder only forwards to its dispatcher.
 
 ``loaded()`` tells whether numba has been loaded in this process (tests use it).
 
-``extension("kcompact.<layer>._native")`` is a layer's C module (built at install from its
-``_native.c``, setup.py) or None when it was not built; ``native()`` is reput's own (the record and
-index kernels). ``KCOMPACT_KERNELS=numba`` makes every one None, so that everything runs on the
-numba kernels (tests compare the two).
+``native()`` is kcompact.reput._native.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 import sys
 import threading
 from typing import Any, Callable
@@ -128,20 +125,11 @@ def load() -> None:
         _loaded = True
 
 
-def extension(module: str):
-    """The C extension module ``module`` (e.g. ``"kcompact.compaction._native"``), or None when
-    it was not built or ``KCOMPACT_KERNELS=numba`` asks for the numba kernels."""
-    if os.environ.get("KCOMPACT_KERNELS", "").lower() == "numba":
-        return None
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 def native():
-    """kcompact.reput._native (records and the index search), or None (see ``extension``)."""
-    return extension("kcompact.reput._native")
+    """kcompact.reput._native: the record, index and format-2 kernels in C (always built:
+    setup.py). Kept for the modules that ask for it by this name."""
+    from . import _native
+    return _native
 
 
 def loaded() -> bool:
@@ -149,4 +137,4 @@ def loaded() -> bool:
     return _loaded
 
 
-__all__ = ["extension", "intrinsic", "load", "loaded", "native", "njit"]
+__all__ = ["intrinsic", "load", "loaded", "native", "njit"]

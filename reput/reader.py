@@ -75,7 +75,6 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from . import _kernels as K
 from . import batch as KB
 from . import bcq as B
 from . import parallel
@@ -94,7 +93,7 @@ DEFAULT_BLOCK_BYTES = 4 << 20
 SWAP_ATTEMPTS = 4
 
 _N = native()
-_verify = _N.verify_records if _N is not None else K.verify_records
+_verify = _N.verify_records
 
 _EMPTY_ENTRIES = np.zeros(0, dtype=B.BCQ_DTYPE)
 _ZERO = np.zeros(1, np.int64)  # where a block's one record starts in its bytes

@@ -19,7 +19,7 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from . import _kernels as K
-from .jit import native
+from . import _native as _N
 from .errors import CorruptRecordError, InvalidTopicError, ReputError
 
 FORMAT_VERSION = K.MAGIC
@@ -351,11 +351,8 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
     # the kernels do no bounds checks of their own: never let them past the array
     end = buf.shape[0] if end is None else max(0, min(int(end), buf.shape[0]))
     start = max(0, min(int(start), end))
-    c = native()
-    if c is not None:  # the C kernels (reput/_native.c): no numba needed to read a store
-        n, stop, status = c.count_records(buf, start, end, verify_crc)
-    else:
-        n, stop, status = K.count_records(buf, start, end, verify_crc, K.CRC_TABLES)
+    # the C kernels (reput/_native.c): no numba needed to read a store
+    n, stop, status = _N.count_records(buf, start, end, verify_crc)
     s = Scan()
     new = scratch.get if scratch is not None else (lambda _name, m, dt: np.empty(m, dt))
     s.positions = new("positions", n, np.int64)
@@ -369,7 +366,7 @@ def scan(buf: np.ndarray, start: int = 0, end: int | None = None, *, secret: byt
     s.digest_hi = new("digest_hi", n, np.uint64)
     s.crcs = new("crcs", n, np.uint32)
     k0, k1 = secret_words(secret)
-    (c.fill_records if c is not None else K.fill_records)(
+    _N.fill_records(
         buf, start, n, k0, k1, s.positions, s.sizes, s.partitions, s.offsets, s.timestamps,
         s.attrs, s.topic_hash, s.digest_lo, s.digest_hi, s.crcs)
     s.stop, s.status = int(stop), int(status)
@@ -395,11 +392,7 @@ def field_spans(buf: np.ndarray, positions: np.ndarray) -> FieldSpans:
     n = positions.shape[0]
     out = FieldSpans(*(np.empty(n, np.int64) for _ in range(6)), np.empty(n, np.uint8))
     pos = np.ascontiguousarray(positions, dtype=np.int64)
-    c = native()
-    if c is not None:
-        c.field_spans(buf, pos, *out)
-    else:
-        K.field_spans(buf, pos, *out)
+    _N.field_spans(buf, pos, *out)
     return out
 
 
@@ -411,8 +404,7 @@ def gather(src: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     total = int(lengths.sum())
     out = np.empty(total, np.uint8) if out is None else out[:total]
-    c = native()
-    (c.gather_ranges if c is not None else K.gather_ranges)(src, starts, lengths, out)
+    _N.gather_ranges(src, starts, lengths, out)
     return out
 
 
@@ -457,7 +449,7 @@ def decode_one(buf, pos: int = 0, *, verify_crc: bool = True, where: str = "buff
         raise CorruptRecordError(f"{where}: invalid record header at byte {pos}")
     if verify_crc:
         arr = np.frombuffer(mv, dtype=np.uint8)
-        if int(K.crc32c(arr, pos + 8, pos + size, K.CRC_TABLES)) != crc:
+        if int(_N.crc32c_range(arr, pos + 8, pos + size)) != crc:
             raise CorruptRecordError(f"{where}: CRC mismatch in record at byte {pos}")
     p = pos + HEADER_SIZE
     topic = bytes(mv[p:p + tl]).decode("utf-8", errors="replace")

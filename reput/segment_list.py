@@ -47,12 +47,7 @@ _N = native()
 
 def crc32c(data, crc: int = 0) -> int:
     """CRC32C of ``data`` (bytes or a contiguous array) continuing from ``crc``."""
-    if _N is not None:
-        return _N.crc32c(data, crc)
-    from . import _kernels as K
-    buf = np.frombuffer(memoryview(data).cast("B"), np.uint8) if not isinstance(
-        data, np.ndarray) else np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    return int(K.crc32c_update(np.uint32(crc), buf))
+    return _N.crc32c(data, crc)
 
 
 def stream_crc32c(f, size_hint: int, block: int = 1 << 20) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
-from .jit import native
+from . import _native as _N
 from .locks import FileLock
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
@@ -50,8 +50,6 @@ from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, va
 from .segment_list import canonical, crc32c
 from .topic_configs import TopicConfigLayers
 
-#: the C kernels (offset_order) when built, else numba's
-_N = native()
 
 #: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
 #: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written
@@ -71,10 +69,7 @@ ORDER_KERNEL_MAX_PARTITION = 1 << 16
 
 
 def _offset_order(partitions: np.ndarray, offsets: np.ndarray, max_partition: int):
-    """(i, seen) of K.offset_order: in C when built (no JIT compiler loaded: a process that
-    appends, a replica's pull, needs numba for nothing else), else numba's."""
-    if _N is None:
-        return K.offset_order(partitions, offsets, max_partition)
+    """(i, seen) of the C offset_order (reput/_native.c)."""
     seen = np.empty(max_partition + 1, np.uint8)
     return _N.offset_order(partitions, offsets, max_partition, seen), seen
 

@@ -179,14 +179,15 @@ def topic_configs_page() -> str:
 
 
 def env_page() -> str:
-    from kcompact.reput.env import BUILD_ENV, DEV_ENV, ENV
+    from kcompact.reput.env import DEV_ENV, ENV
     out = [_GENERATED, "# Environment variables\n",
            "Every `KCOMPACT_*` variable, generated from the tables of `kcompact.reput.env`. "
            "Unset or blank means the default; a value that does not parse stops the command "
            "with one line naming the variable.\n",
            "\n## Read by kcompact\n", _env_table(ENV),
-           "\n## Read when kcompact is built\n\n`pip install` and `make install` compile the C "
-           "extensions; `setup.py` reads these.\n", _env_table(BUILD_ENV),
+           "\n## Read when kcompact is built\n\nNothing: `pip install` and `make install` compile "
+           "the C extensions from what the sdist holds (librdkafka's header and zstd's decoder "
+           "are vendored in `third_party/`).\n",
            "\n## Read by the tests and benchmarks\n", _env_table(DEV_ENV)]
     return "\n".join(out)
 

@@ -3,17 +3,16 @@
  *
  * Client(kind, conf, logs, stats) creates an rd_kafka_t with rd_kafka_conf_set (librdkafka
  * validates every key; its error text names the key) and rd_kafka_new. Nothing here reads or
- * writes a struct of confluent-kafka: confluent-kafka stays for admin, metadata, the Schema
- * Registry and as the fallback data path (connectors/framework/native_kafka.py chooses).
+ * writes a struct of confluent-kafka: confluent-kafka stays for admin, metadata and the Schema
+ * Registry; this is the data path's one client (connectors/framework/native_kafka.py).
  *
  * The library: load(path) dlopens the librdkafka that native_kafka.py found (the one
  * confluent-kafka's wheel ships, through importlib.metadata; or KCOMPACT_LIBRDKAFKA; or the
  * system's), resolves each function used here by name with its type taken from rdkafka.h
  * (__typeof__: the header is compiled against, the library is not linked), and refuses a library
- * older than the header (rd_kafka_version() < RD_KAFKA_VERSION). The header is the system's
- * (Debian's librdkafka-dev, /usr/include/librdkafka/rdkafka.h; setup.py looks for it): without
- * it the module is built without Client and load(), and native_kafka.py takes the
- * confluent-kafka path.
+ * older than the header (rd_kafka_version() < RD_KAFKA_VERSION). The header is librdkafka
+ * 2.6.0's, vendored in third_party/librdkafka (the librdkafka of the oldest confluent-kafka that
+ * pyproject.toml allows; third_party/README.md), so the module builds wherever a C compiler is.
  *
  * Callbacks: librdkafka calls error_cb, log_cb, stats_cb and dr_msg_cb from inside its calls
  * (consume, poll, flush, commit...) or, for the log, from its own threads. None of them touches
@@ -36,8 +35,7 @@
  * for the whole block; a full queue is served with rd_kafka_poll and the record retried.
  *
  * One file: one extension module; the client, the column passes and the header-section walker
- * share the librdkafka declarations. Without rdkafka.h only unpack() and message_columns() (the
- * confluent-kafka path's pass over Message objects, through their public methods) are built.
+ * share the librdkafka declarations.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,9 +46,8 @@
 
 #include "_arr.h" /* reput/_arr.h: 1-d arrays through the buffer protocol */
 
-#ifdef KC_HAVE_RDKAFKA_H
 #include <pthread.h>
-#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka.h> /* third_party/librdkafka: 2.6.0's, vendored (setup.py) */
 
 /* -- Buffer: malloc'd bytes exported through the buffer protocol (np.frombuffer) ------------ */
 
@@ -1587,7 +1584,6 @@ static PyTypeObject ClientType = {
     .tp_doc = "Client(kind, conf, logs, stats): an rd_kafka_t of kcompact's own (see the top of "
               "connectors/framework/_rdkafka.c); native_kafka.py wraps it.",
 };
-#endif /* KC_HAVE_RDKAFKA_H */
 /* -- unpack(buf, starts, nulls) -> list of bytes | None (a packed column, for sinks that want
  *    objects) --------------------------------------------------------------------------------- */
 
@@ -1643,217 +1639,9 @@ done:
     return out;
 }
 
-/* -- message_columns: a batch of Message objects into columns ----------------------------- */
-
-/* message_columns(msgs, partitions, offsets, timestamps) ->
- *     (keys, values, headers, key_buf, key_offs, key_null, val_buf, val_offs, val_null),
- *     or None when a message of the list is an error event (nothing is filled then)
- *
- * One pass over a list of confluent_kafka Message objects (no errors among them), through their
- * public methods: partition(), offset() and timestamp()[1] into the int32/int64/int64 arrays
- * given; key() and value() into lists (bytes or None) and packed as well (bytearray of the
- * bytes back to back, bytearray of n+1 int64 start offsets, bytearray of n null flags: a
- * column the store can encode without touching the objects again); headers() into a list, or
- * None when no message has headers. What connectors/worker.py and store_sink.py did with six
- * map() passes, np.fromiter and b"".join: about 0.6 us a message in Python. The consumer path's
- * Message objects (a batch read with confluent-kafka's consume(): the fallback path; the
- * native client's consume needs no objects). Only the Message's public methods are used. */
-/* The Message methods are C functions without arguments (METH_NOARGS): for the type seen last,
- * their function pointers are looked up once and called directly, instead of an attribute
- * lookup and a vectorcall per call. Any other type goes through the generic call. */
-enum { M_PARTITION, M_OFFSET, M_TIMESTAMP, M_KEY, M_VALUE, M_HEADERS, M_ERROR, M_N };
-static const char *const m_name_text[M_N] = {"partition", "offset", "timestamp", "key", "value",
-                                             "headers", "error"};
-static PyObject *m_names[M_N]; /* interned at module init */
-static PyTypeObject *m_type = NULL;
-static PyCFunction m_fn[M_N];
-
-static void resolve(PyTypeObject *tp)
-{
-    PyCFunction fn[M_N];
-    for (int i = 0; i < M_N; i++) {
-        PyObject *d = PyObject_GetAttr((PyObject *)tp, m_names[i]);
-        if (d == NULL) {
-            PyErr_Clear();
-            return;
-        }
-        int ok = Py_IS_TYPE(d, &PyMethodDescr_Type) &&
-                 (((PyMethodDescrObject *)d)->d_method->ml_flags & METH_NOARGS);
-        fn[i] = ok ? ((PyMethodDescrObject *)d)->d_method->ml_meth : NULL;
-        Py_DECREF(d);
-        if (!ok)
-            return;
-    }
-    memcpy(m_fn, fn, sizeof fn);
-    m_type = tp;
-}
-
-static inline PyObject *call_m(PyObject *obj, int which)
-{
-    if (Py_TYPE(obj) == m_type)
-        return m_fn[which](obj, NULL);
-    PyObject *args[1] = {obj};
-    return PyObject_VectorcallMethod(m_names[which], args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                     NULL);
-}
-
-/* obj.which() as an integer; for timestamp(), the second item of its (type, ms) pair */
-static int int_of(PyObject *obj, int which, long long *out)
-{
-    PyObject *o = call_m(obj, which);
-    if (o == NULL)
-        return -1;
-    PyObject *x = o;
-    if (which == M_TIMESTAMP) {
-        if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 2) {
-            Py_DECREF(o);
-            PyErr_SetString(PyExc_TypeError, "message_columns: timestamp() is not a pair");
-            return -1;
-        }
-        x = PyTuple_GET_ITEM(o, 1);
-    }
-    *out = PyLong_AsLongLong(x);
-    Py_DECREF(o);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-/* obj.which(), a new reference to bytes or None */
-static PyObject *bytes_of(PyObject *obj, int which)
-{
-    PyObject *o = call_m(obj, which);
-    if (o != NULL && o != Py_None && !PyBytes_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "message_columns: %s() is not bytes or None",
-                     m_name_text[which]);
-        Py_DECREF(o);
-        return NULL;
-    }
-    return o;
-}
-
-static int pack_column(PyObject *list, Py_ssize_t n, PyObject **buf, PyObject **offs, PyObject **nulls)
-{
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *o = PyList_GET_ITEM(list, i);
-        if (o != Py_None)
-            total += PyBytes_GET_SIZE(o);
-    }
-    *buf = PyByteArray_FromStringAndSize(NULL, total);
-    *offs = PyByteArray_FromStringAndSize(NULL, (n + 1) * 8);
-    *nulls = PyByteArray_FromStringAndSize(NULL, n);
-    if (*buf == NULL || *offs == NULL || *nulls == NULL)
-        return -1;
-    char *b = PyByteArray_AS_STRING(*buf), *nl = PyByteArray_AS_STRING(*nulls);
-    char *of = PyByteArray_AS_STRING(*offs);
-    int64_t at = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *o = PyList_GET_ITEM(list, i);
-        memcpy(of + i * 8, &at, 8);
-        if (o == Py_None) {
-            nl[i] = 1;
-        } else {
-            Py_ssize_t len = PyBytes_GET_SIZE(o);
-            memcpy(b + at, PyBytes_AS_STRING(o), (size_t)len);
-            at += len;
-            nl[i] = 0;
-        }
-    }
-    memcpy(of + n * 8, &at, 8);
-    return 0;
-}
-
-static inline void put_numbers(Arr *a, Py_ssize_t i, long long p, long long off, long long ts)
-{
-    int32_t p32 = (int32_t)p;
-    int64_t off64 = off, ts64 = ts;
-    memcpy(a[0].p + i * a[0].stride, &p32, 4);
-    memcpy(a[1].p + i * a[1].stride, &off64, 8);
-    memcpy(a[2].p + i * a[2].stride, &ts64, 8);
-}
-
-static PyObject *message_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)self;
-    CHECK_NARGS("message_columns", 4);
-    PyObject *msgs = args[0];
-    if (!PyList_Check(msgs)) {
-        PyErr_SetString(PyExc_TypeError, "message_columns: a list of Message objects is required");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(msgs);
-    if (n > 0 && Py_TYPE(PyList_GET_ITEM(msgs, 0)) != m_type)
-        resolve(Py_TYPE(PyList_GET_ITEM(msgs, 0)));
-    /* an error event among them (end of partition ...): None, the caller takes its event path */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *e = call_m(PyList_GET_ITEM(msgs, i), M_ERROR);
-        if (e == NULL)
-            return NULL;
-        Py_DECREF(e);
-        if (e != Py_None)
-            Py_RETURN_NONE;
-    }
-    Arr a[3] = {0};
-    if (arr_get(args[1], &a[0], 4, 1, "partitions") < 0 || arr_get(args[2], &a[1], 8, 1, "offsets") < 0 ||
-        arr_get(args[3], &a[2], 8, 1, "timestamps") < 0) {
-        arr_release(a, 3);
-        return NULL;
-    }
-    if (a[0].n < n || a[1].n < n || a[2].n < n) {
-        arr_release(a, 3);
-        PyErr_SetString(PyExc_ValueError, "message_columns: output arrays shorter than msgs");
-        return NULL;
-    }
-    PyObject *keys = PyList_New(n), *values = PyList_New(n), *headers = PyList_New(n);
-    PyObject *kb = NULL, *ko = NULL, *kn = NULL, *vb = NULL, *vo = NULL, *vn = NULL;
-    PyObject *result = NULL;
-    int any_headers = 0;
-    if (keys == NULL || values == NULL || headers == NULL)
-        goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i), *o;
-        long long p, off, ts;
-        if (int_of(m, M_PARTITION, &p) < 0 || int_of(m, M_OFFSET, &off) < 0 ||
-            int_of(m, M_TIMESTAMP, &ts) < 0)
-            goto fail;
-        put_numbers(a, i, p, off, ts);
-        if ((o = bytes_of(m, M_KEY)) == NULL)
-            goto fail;
-        PyList_SET_ITEM(keys, i, o);
-        if ((o = bytes_of(m, M_VALUE)) == NULL)
-            goto fail;
-        PyList_SET_ITEM(values, i, o);
-        if ((o = call_m(m, M_HEADERS)) == NULL)
-            goto fail;
-        any_headers |= (o != Py_None);
-        PyList_SET_ITEM(headers, i, o);
-    }
-    if (pack_column(keys, n, &kb, &ko, &kn) < 0 || pack_column(values, n, &vb, &vo, &vn) < 0)
-        goto fail;
-    result = Py_BuildValue("(NNOOOOOOO)", keys, values, any_headers ? headers : Py_None,
-                           kb, ko, kn, vb, vo, vn);
-    keys = values = NULL; /* references handed to the tuple ("N") */
-fail:
-    arr_release(a, 3);
-    /* PyList_New's slots are NULL until set: Py_XDECREF of a partly filled list is safe */
-    Py_XDECREF(keys);
-    Py_XDECREF(values);
-    Py_XDECREF(headers);
-    Py_XDECREF(kb);
-    Py_XDECREF(ko);
-    Py_XDECREF(kn);
-    Py_XDECREF(vb);
-    Py_XDECREF(vo);
-    Py_XDECREF(vn);
-    return result;
-}
-
-
 static PyMethodDef methods[] = {
-#ifdef KC_HAVE_RDKAFKA_H
     {"load", (PyCFunction)load, METH_O, NULL},
-#endif
     {"unpack", (PyCFunction)(void (*)(void))unpack, METH_FASTCALL, NULL},
-    {"message_columns", (PyCFunction)(void (*)(void))message_columns, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1866,28 +1654,17 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__rdkafka(void)
 {
-    for (int i = 0; i < M_N; i++)
-        if ((m_names[i] = PyUnicode_InternFromString(m_name_text[i])) == NULL)
-            return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-#ifdef KC_HAVE_RDKAFKA_H
     if (PyType_Ready(&BufferType) < 0 || PyType_Ready(&ClientType) < 0 ||
         (KafkaIOError = PyErr_NewException("kcompact.connectors.framework._rdkafka.KafkaIOError",
                                            NULL, NULL)) == NULL ||
         PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0 ||
         PyModule_AddObjectRef(m, "KafkaIOError", KafkaIOError) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0 ||
-        PyModule_AddIntConstant(m, "NATIVE", 1) < 0) {
+        PyModule_AddIntConstant(m, "HEADER_VERSION", RD_KAFKA_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-#else
-    if (PyModule_AddIntConstant(m, "NATIVE", 0) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-#endif
     return m;
 }

@@ -15,10 +15,7 @@ import numpy as np
 
 from kcompact.reput.record import decode_headers
 
-try:  # a Batch exists only where the extension is built
-    from . import _rdkafka as _NATIVE
-except ImportError:  # pragma: no cover - without a C compiler
-    _NATIVE = None
+from . import _rdkafka as _NATIVE
 
 
 class Event(NamedTuple):

@@ -1,29 +1,24 @@
-"""The data path's Kafka clients: kcompact's own (librdkafka's public API, _rdkafka.c) or
-confluent-kafka's.
+"""The data path's Kafka clients: kcompact's own, on librdkafka's public API (_rdkafka.c).
 
 The mirror's and the sink tasks' consumer, the KV follower's consumer and restore's producer
-(transactions included) are made by :func:`kafka_consumer` / :func:`kafka_producer`. Which kind:
-
-* ``native`` (the default when available): :class:`NativeConsumer` / :class:`NativeProducer`, an
-  rd_kafka_t that kcompact creates itself through rdkafka.h (``_rdkafka.Client``). Batches are
-  consumed into columns with the GIL released (:meth:`NativeConsumer.consume_columns`) and
-  columns are produced without a Python object per record (:meth:`NativeProducer.
-  produce_columns`). Their other methods are the confluent-kafka ones the callers use (same
-  names, arguments, return values and exceptions: ``KafkaException`` carrying a ``KafkaError``),
-  so the callers do not care which kind they hold.
-* ``confluent``: confluent-kafka's ``Consumer`` / ``Producer``, read with ``consume()`` and
-  ``Message`` objects, written with one ``produce()`` per record. Slower, same results.
-
-``KCOMPACT_KAFKA_IO=native|confluent`` chooses; unset, ``native`` is used when the extension was
-built with rdkafka.h and the library loads, else ``confluent``. ``native`` asked for but not
-available is an error naming why.
+(transactions included) are made by :func:`kafka_consumer` / :func:`kafka_producer`:
+:class:`NativeConsumer` / :class:`NativeProducer`, an rd_kafka_t that kcompact creates itself
+through rdkafka.h (``_rdkafka.Client``). Batches are consumed into columns with the GIL released
+(:meth:`NativeConsumer.consume_columns`) and columns are produced without a Python object per
+record (:meth:`NativeProducer.produce_columns`). Their other methods are the confluent-kafka ones
+the callers use (same names, arguments, return values and exceptions: ``KafkaException`` carrying
+a ``KafkaError``). This is the one data path: confluent-kafka's ``Consumer.consume`` and
+per-record ``Producer.produce`` were a second one until issue 39 (``KCOMPACT_KAFKA_IO`` chose;
+setting it now only prints a warning that it is gone). confluent-kafka stays for what it does
+best: admin, metadata, the Schema Registry, the progress topic and the dead-letter producer.
 
 The library (:func:`library_path`): ``KCOMPACT_LIBRDKAFKA`` when set; else the librdkafka that
 confluent-kafka's wheel ships (``confluent_kafka.libs/librdkafka*.so*``, found through
 ``importlib.metadata``: the one confluent-kafka itself runs on); else the system's
 (``ctypes.util.find_library("rdkafka")``). It must be at least as new as the rdkafka.h the
-extension was compiled with (checked at load with ``rd_kafka_version()``). confluent-kafka stays
-for admin, metadata, the Schema Registry and the dead-letter producer.
+extension was compiled with (librdkafka 2.6.0's, vendored in third_party/: checked at load with
+``rd_kafka_version()``). When none loads, making a client raises a ConfigError naming why, and
+``kcompact --version`` says so (:func:`describe`).
 
 Callbacks (``error_cb``, ``logger``, ``stats_cb``, ``on_delivery`` in the configuration, as for
 confluent-kafka) run on the calling thread after the call that served their events; one that
@@ -35,6 +30,8 @@ from __future__ import annotations
 import ctypes.util
 import logging
 import os
+import sys
+import threading
 import uuid
 from importlib import metadata
 from typing import Any, NamedTuple, Sequence
@@ -46,17 +43,18 @@ from kcompact.reput import env as _env
 from ..errors import ConfigError
 from .kafka_columns import Batch, Event
 
-#: The environment variable that chooses the data path's Kafka clients.
+#: The environment variable that chose between two data paths until issue 39 (now a warning).
 IO_ENV = "KCOMPACT_KAFKA_IO"
 #: The environment variable naming a librdkafka shared library to load instead.
 LIB_ENV = "KCOMPACT_LIBRDKAFKA"
-IO_KINDS = ("native", "confluent")
 #: Configuration keys that hold Python callables (handled here, never given to librdkafka).
 _CALLBACK_KEYS = ("error_cb", "logger", "stats_cb", "on_delivery")
 _UNSUPPORTED_KEYS = ("throttle_cb", "oauth_cb", "on_commit", "dr_cb", "dr_msg_cb")
 
 _loaded: Any = None   # the extension once librdkafka is loaded; False when it cannot be
-_why_not = ""         # why not, for an explicit KCOMPACT_KAFKA_IO=native
+_why_not = ""         # why not, for the error and `kcompact --version`
+_warned = False
+_load_lock = threading.Lock()
 
 
 def library_path() -> str | None:
@@ -77,7 +75,13 @@ def library_path() -> str | None:
 
 
 def _native_module() -> Any:
-    """The extension with librdkafka loaded, or None (the reason in _why_not)."""
+    """The extension with librdkafka loaded, or None (the reason in _why_not). Thread-safe: the
+    tasks of one worker open their clients at once, and a task must not see the load half done."""
+    with _load_lock:
+        return _load_native()
+
+
+def _load_native() -> Any:
     global _loaded, _why_not
     if _loaded is None:
         _loaded = False
@@ -86,13 +90,11 @@ def _native_module() -> Any:
         except ImportError as e:
             _why_not = f"the C extension is not built ({e})"
             return None
-        if not getattr(_rdkafka, "NATIVE", 0):
-            _why_not = ("the C extension was built without librdkafka's header (install "
-                        "librdkafka-dev, or set KCOMPACT_RDKAFKA_INCLUDE, and reinstall)")
-            return None
         path = library_path()
         if path is None:
-            _why_not = (f"no librdkafka found (confluent-kafka's wheel has none; set {LIB_ENV})")
+            _why_not = ("no librdkafka found (confluent-kafka's wheel has none: install "
+                        f"confluent-kafka from its wheel, or set {LIB_ENV} to a librdkafka "
+                        "2.6.0 or newer)")
             return None
         try:
             _rdkafka.load(path)
@@ -103,20 +105,29 @@ def _native_module() -> Any:
     return _loaded or None
 
 
-def kafka_io() -> str:
-    """``native`` or ``confluent``: the data path's clients (``KCOMPACT_KAFKA_IO``, else native
-    when available)."""
-    want = os.environ.get(IO_ENV, "").strip().lower()
-    if want and want not in IO_KINDS:
-        raise ConfigError(f"{IO_ENV}={os.environ[IO_ENV]!r}: use native or confluent")
-    if want == "confluent":
-        return "confluent"
+def _warn_if_io_env() -> None:
+    """One line, once a process, for a user who still sets KCOMPACT_KAFKA_IO."""
+    global _warned
+    if not _warned and os.environ.get(IO_ENV, "").strip():
+        _warned = True
+        print(f"kcompact: warning: {IO_ENV} is gone and ignored: the data path always runs on "
+              "kcompact's own Kafka client (see `kcompact --version`); unset it",
+              file=sys.stderr, flush=True)
+
+
+def describe() -> str:
+    """The data path's Kafka client in one line, for ``kcompact --version``."""
+    _warn_if_io_env()
     if _native_module() is None:
-        if want == "native":
-            raise ConfigError(f"{IO_ENV}=native, but kcompact's Kafka client is not available: "
-                              f"{_why_not}; unset it to use confluent-kafka's clients")
-        return "confluent"
-    return "native"
+        return f"UNAVAILABLE: {_why_not}"
+    path = library_path() or ""
+    where = (f"{LIB_ENV}={path}" if os.environ.get(LIB_ENV) else
+             f"via confluent-kafka {metadata.version('confluent-kafka')}"
+             if "confluent_kafka.libs" in path else path)
+    from . import _rdkafka
+    h = _rdkafka.HEADER_VERSION
+    return (f"native (librdkafka {librdkafka_version()} {where}; built against rdkafka.h "
+            f"{h >> 24 & 0xff}.{h >> 16 & 0xff}.{h >> 8 & 0xff})")
 
 
 def librdkafka_version() -> str | None:
@@ -125,21 +136,15 @@ def librdkafka_version() -> str | None:
     return None if mod is None else mod.load(library_path() or "")
 
 
-def kafka_consumer(conf: dict[str, Any]) -> Any:
-    """A consumer for the data path: :class:`NativeConsumer` or confluent-kafka's Consumer
-    (:func:`kafka_io`). Raises KafkaException for a setting librdkafka refuses."""
-    if kafka_io() == "native":
-        return NativeConsumer(conf)
-    from confluent_kafka import Consumer
-    return Consumer(conf)
+def kafka_consumer(conf: dict[str, Any]) -> "NativeConsumer":
+    """The data path's consumer. Raises KafkaException for a setting librdkafka refuses,
+    ConfigError when no librdkafka loads."""
+    return NativeConsumer(conf)
 
 
-def kafka_producer(conf: dict[str, Any]) -> Any:
-    """A producer for the data path: :class:`NativeProducer` or confluent-kafka's Producer."""
-    if kafka_io() == "native":
-        return NativeProducer(conf)
-    from confluent_kafka import Producer
-    return Producer(conf)
+def kafka_producer(conf: dict[str, Any]) -> "NativeProducer":
+    """The data path's producer (restore's)."""
+    return NativeProducer(conf)
 
 
 def _text(v: Any) -> str:
@@ -210,15 +215,16 @@ class NativeClient:
 
     def __init__(self, conf: dict[str, Any]):
         from confluent_kafka import KafkaError, KafkaException
+        _warn_if_io_env()
         mod = _native_module()
         if mod is None:
-            raise ConfigError(f"kcompact's Kafka client is not available: {_why_not}")
+            raise ConfigError(f"kcompact's Kafka client cannot run: {_why_not}")
         conf = dict(conf)
         for k in _UNSUPPORTED_KEYS:
             if k in conf:
                 raise KafkaException(KafkaError(
                     KafkaError._INVALID_ARG, f'"{k}" is not supported by kcompact\'s Kafka '
-                    f"client; set {IO_ENV}=confluent to use confluent-kafka's"))
+                    "client"))
         self._error_cb = conf.pop("error_cb", None)
         self._logger = conf.pop("logger", None)
         self._stats_cb = conf.pop("stats_cb", None)

@@ -17,8 +17,8 @@ task refuses in ``open()``, is stopped alone: one line names it, its partitions 
 (``TaskMetrics.stopped``; the task ends once it has nothing left to follow). Every
 ``offset.flush.interval.ms`` (and at the end) it calls ``pre_commit``; offsets it returns are
 committed to the group (the store sink returns none).
-The consumer is kcompact's own (native_kafka.NativeConsumer: batches read as columns, without a
-Message object per record) or confluent-kafka's (KCOMPACT_KAFKA_IO, native_kafka.kafka_io).
+The consumer is kcompact's own (native_kafka.NativeConsumer): batches read as columns, without a
+Python object per record.
 """
 
 from __future__ import annotations
@@ -27,12 +27,9 @@ import sys
 import threading
 import time
 from collections import Counter
-from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-
-from kcompact.reput.jit import extension
 
 from ..errors import ConnectorsError
 from .api import OFFSET_BEGINNING as OFFSET_BEGINNING_REQUEST
@@ -42,14 +39,12 @@ from .converters import Converter
 from .errors_handling import SKIPPED, ErrorContext, ErrorHandler, Stage, class_name
 from .kafka_clients import ClientReports, KafkaSettings, kafka_error_text, kafka_logger
 from .kafka_columns import Batch, Event, PackedBytes, PackedHeaders, last_records, next_offsets
-from .native_kafka import NativeConsumer, kafka_consumer
+from .native_kafka import kafka_consumer
 from .task_runner import TaskRunner
 from .topic_watch import PartitionClaims, TopicFollowing
 
-_TS = itemgetter(1)
 #: How often a following task's consumer reports its brokers' state (librdkafka statistics).
 STATS_INTERVAL_MS = 2000
-_NATIVE = extension("kcompact.connectors.framework._rdkafka")
 #: Seconds between checks, while following, that no followed topic gained partitions.
 PARTITION_CHECK_INTERVAL = 5.0
 
@@ -74,8 +69,6 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         self.stop_event, self.startup_timeout, self.settings = stop, startup_timeout, settings
         super().__init__(f"{connector}-{task_id}")
         self.consumer: Any = None
-        #: the consumer reads batches as columns (NativeConsumer.consume_columns)
-        self.columnar = False
         self._end_at_start: dict[TopicPartition, int] = {}
         self._unverified: dict[TopicPartition, tuple[float, int, int]] = {}
         self._last_warning = 0.0
@@ -168,7 +161,6 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
             self.consumer = kafka_consumer(conf)
         except KafkaException as e:
             raise self.settings.explain(e, "Kafka consumer") from None
-        self.columnar = isinstance(self.consumer, NativeConsumer)
         parts = []
         for tp in self._live():
             off = self._start_offset(tp, requested.get(tp))
@@ -206,10 +198,8 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         # get_watermark_offsets() from one thread while another is inside consume() deadlocks
         # (measured), and a separate fetch thread gained nothing measurable under the GIL.
         # The store sink overlaps its writes with consume() in a thread of its own instead.
-        from confluent_kafka import Message
-        columnar, batch = self.columnar, self.batch_max
-        consume = self.consumer.consume_columns if columnar else self.consumer.consume
-        error_of = Message.error
+        batch = self.batch_max
+        consume = self.consumer.consume_columns
         last_flush = time.monotonic()
         last_lag = 0.0
         pending = set() if self.follow else set(self._live())
@@ -221,27 +211,14 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
             if self.metrics.stopped and not self.topic_pattern and not self._live() and \
                     (self.watcher is None or not self.watcher.whole):
                 break  # every topic stopped, and no partition nor topic can be added
-            if columnar:
-                # columns straight from librdkafka (native_kafka.NativeConsumer)
-                cols = consume(self._wanted(pending, batch), 0.2)
-                if self._reports.errors:
-                    self._check_kafka_errors()
-                if cols.events:
-                    self._events(cols.events, pending)
-                if len(cols):
-                    self._process_columns(cols)
-            else:
-                msgs = consume(self._wanted(pending, batch), 0.2)
-                if self._reports.errors:
-                    self._check_kafka_errors()
-                # with the compiled pass, a batch without error events (the usual case) is
-                # read in one go; one with events (end of partition ...) is split first
-                if msgs and (_NATIVE is None or not self._process(msgs)):
-                    errs = list(map(error_of, msgs))
-                    if any(errs):
-                        msgs = self._message_events(msgs, errs, pending)
-                    if msgs:
-                        self._process(msgs)
+            # columns straight from librdkafka (native_kafka.NativeConsumer)
+            cols = consume(self._wanted(pending, batch), 0.2)
+            if self._reports.errors:
+                self._check_kafka_errors()
+            if cols.events:
+                self._events(cols.events, pending)
+            if len(cols):
+                self._process_columns(cols)
             now = time.monotonic()
             if self._unverified:
                 self._verify_starts(now)
@@ -276,18 +253,6 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
             if left >= batch:
                 return batch
         return left if left > 0 else batch
-
-    def _message_events(self, msgs: list, errs: list, pending: set) -> list:
-        """Handle the error messages among ``msgs`` (consume()'s path); the others, in order."""
-        good, events = [], []
-        for m, e in zip(msgs, errs):
-            if e is None:
-                good.append(m)
-            else:
-                events.append(Event(m.topic(), m.partition(), m.offset(), e.code(), e.str(),
-                                    e.fatal()))
-        self._events(events, pending)
-        return good
 
     def _events(self, events: list[Event], pending: set) -> None:
         from confluent_kafka import KafkaError
@@ -371,40 +336,6 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         if now - self._last_warning >= 10:
             self._last_warning = now
             print(f"kcompact: warning: {self.metrics.name}: {msg}", file=sys.stderr, flush=True)
-
-    def _process(self, msgs: list) -> bool:
-        """Hand a batch to the task; False (nothing done) when the compiled pass finds an error
-        event among the messages: the caller splits them out first."""
-        from confluent_kafka import Message
-        n = len(msgs)
-        packed = None
-        if _NATIVE is not None:
-            # one compiled pass: numeric columns, key/value/header lists, packed key/value
-            # columns for a columnar sink (_rdkafka.c, message_columns)
-            parts, offs, ts = np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64)
-            cols = _NATIVE.message_columns(msgs, parts, offs, ts)
-            if cols is None:
-                return False
-            (raw_keys, raw_values, headers, *packed) = cols
-            if headers is None:
-                headers = [None] * n
-        else:
-            # One pass per column, straight into numpy where the column is numeric.
-            parts = np.fromiter(map(Message.partition, msgs), np.int32, n)
-            offs = np.fromiter(map(Message.offset, msgs), np.int64, n)
-            ts = np.fromiter(map(_TS, map(Message.timestamp, msgs)), np.int64, n)
-            raw_keys = list(map(Message.key, msgs))
-            raw_values = list(map(Message.value, msgs))
-            headers = list(map(Message.headers, msgs))
-        topics_assigned = {tp.topic for tp in self.assignment}
-        single = len(topics_assigned) == 1
-        if single:
-            topics = [next(iter(topics_assigned))] * n
-        else:
-            topics = list(map(Message.topic, msgs))
-        self._deliver(topics, single, parts, offs, ts, raw_keys, raw_values, headers,
-                      tuple(packed) if packed else None, None)
-        return True
 
     def _process_columns(self, cols: Batch) -> None:
         """Hand a batch read as columns (NativeConsumer.consume_columns) to the task."""

@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from kcompact.reput import ConfigError as ReputConfigError
+from kcompact.errors import ConfigError
 from kcompact.reput import Store, TopicConfig
 
 from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_text, kafka_logger,
@@ -89,7 +89,7 @@ def source_configs(entries: Mapping[str, Any]
                 pass
         try:
             TopicConfig().with_overrides({key: value})
-        except ReputConfigError as err:
+        except ConfigError as err:
             notes.append(("warning", f"{err}; not synced, the store's value applies"))
             continue
         out[key] = value

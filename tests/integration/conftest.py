@@ -26,11 +26,6 @@ replaces it) and on the real Kafka (``kafka``): the tests of Kafka semantics (tr
 read_committed mirror, restore exactly-once, kv follow, the store sink) take it;
 ``make_topic`` then creates topics on the broker of the run.
 
-**Both Kafka I/O paths.** ``kafka_io`` runs a test on kcompact's own librdkafka client
-(``native``) and on confluent-kafka's clients (``confluent``), through ``KCOMPACT_KAFKA_IO``
-(connectors/framework/native_kafka.py); the ``native`` run skips, with the reason, only when the
-extension was built without librdkafka's header or no librdkafka loads.
-
 Every test under tests/integration/ is marked ``integration``, so ``pytest -m "not integration"``
 runs without starting any process. What the embedded broker does and does not support is written
 down in BROKER_NOTES.md next to this file.
@@ -276,16 +271,6 @@ def schema_registry() -> Iterator[object]:
         yield sr
     finally:
         sr.stop()
-
-
-@pytest.fixture(params=["native", "confluent"])
-def kafka_io(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The data path's Kafka clients for this run (KCOMPACT_KAFKA_IO): native or confluent."""
-    from kcompact.connectors.framework import native_kafka
-    if request.param == "native" and native_kafka._native_module() is None:
-        pytest.skip(f"kcompact's Kafka client is not available: {native_kafka._why_not}")
-    monkeypatch.setenv(native_kafka.IO_ENV, request.param)
-    return request.param
 
 
 @pytest.fixture

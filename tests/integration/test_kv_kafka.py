@@ -82,9 +82,8 @@ def wait_until(cond, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def test_build_from_store_then_catch_up_from_kafka(any_broker, make_topic, tmp_path, kafka_io):
-    """The Kafka part read on both Kafka I/O paths (kcompact's own consumer as columns, and
-    confluent-kafka's with Message objects: KCOMPACT_KAFKA_IO); on the session broker and a
+def test_build_from_store_then_catch_up_from_kafka(any_broker, make_topic, tmp_path):
+    """The Kafka part read as columns by kcompact's own consumer; on the session broker and a
     real Kafka."""
     kafka_bootstrap = any_broker.bootstrap
     topic = make_topic(partitions=3)

@@ -22,7 +22,7 @@ from kcompact.connectors.framework.api import SourceConnector, SourceRecord, Sou
 from kcompact.connectors.framework import sink_runner
 from kcompact.connectors.framework.converters import AvroConverter
 from kcompact.connectors.framework.native_kafka import NativeConsumer
-from kcompact.connectors.errors import ConnectorsError
+from kcompact.errors import ConfigError
 from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.connectors.framework.worker import Worker
 from kcompact.reput import Store, verify_store
@@ -102,11 +102,9 @@ def _mirror(bootstrap, topic, store, **kw):
 # -- exactness -----------------------------------------------------------------------------------
 
 
-def test_mirror_is_exact_offset_for_offset(any_broker, make_topic, tmp_path, monkeypatch,
-                                           kafka_io):
-    """Both Kafka I/O paths: kcompact's own consumer reading columns (native) and
-    confluent-kafka's Consumer with Message objects (KCOMPACT_KAFKA_IO=confluent); on the
-    session broker and on a real Apache Kafka."""
+def test_mirror_is_exact_offset_for_offset(any_broker, make_topic, tmp_path, monkeypatch):
+    """kcompact's own consumer reading columns; on the session broker and on a real Apache
+    Kafka."""
     kafka_bootstrap = any_broker.bootstrap
     consumers = []
     make = sink_runner.kafka_consumer
@@ -118,7 +116,7 @@ def test_mirror_is_exact_offset_for_offset(any_broker, make_topic, tmp_path, mon
     store = tmp_path / "store"  # does not exist yet: the mirror creates it
     res = _mirror(kafka_bootstrap, topic, store)
     assert len(consumers) == 1
-    assert isinstance(consumers[0], NativeConsumer) == (kafka_io == "native")
+    assert isinstance(consumers[0], NativeConsumer)
     assert res.records == 600 and res.partitions == 3 and res.stopped_by is None
     in_topic = read_topic(kafka_bootstrap, topic, 3)
     assert in_topic == expected(recs, 3)  # the broker kept what we produced
@@ -184,7 +182,7 @@ def test_partitions_subset(kafka_bootstrap, make_topic, tmp_path):
     store = str(tmp_path / "s")
     assert _mirror(kafka_bootstrap, topic, store, partitions=[1, 3]).records == 40
     assert sorted(read_store(store, topic)) == [1, 3]
-    with pytest.raises(ConnectorsError, match="has no partition 7"):
+    with pytest.raises(ConfigError, match="--partitions: .*has no partition 7"):
         _mirror(kafka_bootstrap, topic, store, partitions=[7])
 
 

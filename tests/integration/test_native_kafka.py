@@ -1,9 +1,11 @@
 """kcompact's own Kafka client (connectors/framework/native_kafka.py on _rdkafka.c, librdkafka's
-public API) against a real broker: consumed columns equal confluent-kafka's Message objects, and
-each failure gives the same outcome on both Kafka I/O paths (``kafka_io``: native and confluent):
-a setting librdkafka refuses, a callback that raises, a broker that goes away mid-batch, a failed
-delivery (with and without a transaction), a fenced transactional producer, Ctrl-C during a
-blocking consume."""
+public API), the data path's one client, against a real broker: consumed columns equal
+confluent-kafka's Message objects (the reference), metadata and watermarks equal
+confluent-kafka's, and each failure has the outcome confluent-kafka's clients gave: a setting
+librdkafka refuses, a callback that raises, a broker that goes away mid-batch, a failed delivery
+(with and without a transaction), a fenced transactional producer, Ctrl-C during a blocking
+consume. ``KCOMPACT_KAFKA_IO`` (the switch to confluent-kafka's clients until issue 39) only
+warns that it is gone."""
 
 from __future__ import annotations
 
@@ -27,10 +29,6 @@ from kcompact.connectors.framework.native_kafka import (NativeConsumer, NativePr
                                                         kafka_consumer, kafka_producer)
 from test_mirror import TS0, produce, varied_records
 from topics import packed_columns, read_topic
-
-needs_native = pytest.mark.skipif(native_kafka._native_module() is None,
-                                  reason="kcompact's Kafka client is not available")
-
 
 def _consumer_conf(bootstrap: str, error_cb=None, **extra) -> dict:
     conf = {"bootstrap.servers": bootstrap, "group.id": f"nk-{uuid.uuid4().hex[:6]}",
@@ -73,7 +71,6 @@ def _read_all(c, ends: int) -> tuple[list, list]:
     return rows, eofs
 
 
-@needs_native
 def test_columns_equal_message_objects(kafka_bootstrap, make_topic):
     """Two topics x 3 partitions, null/empty/binary keys and values, repeated and null headers,
     explicit timestamps: the same rows, in the same per-partition order, and the same
@@ -104,7 +101,6 @@ def test_columns_equal_message_objects(kafka_bootstrap, make_topic):
     assert errors == []
 
 
-@needs_native
 def test_metadata_and_watermarks_as_confluent_kafka(kafka_bootstrap, make_topic):
     topic = make_topic(partitions=3)
     produce(kafka_bootstrap, topic, varied_records(3, 90, seed=3))
@@ -130,7 +126,7 @@ def test_metadata_and_watermarks_as_confluent_kafka(kafka_bootstrap, make_topic)
         native.consume_columns(10, 0.01)
 
 
-def test_unknown_setting_names_the_key(kafka_bootstrap, kafka_io):
+def test_unknown_setting_names_the_key(kafka_bootstrap):
     settings = KafkaSettings({"bootstrap.servers": kafka_bootstrap})
     settings.update({"no.such.setting": "1"}, lambda k: f"-X {k}")
     with pytest.raises(KafkaException) as e:
@@ -142,28 +138,58 @@ def test_unknown_setting_names_the_key(kafka_bootstrap, kafka_io):
         kafka_producer({"bootstrap.servers": kafka_bootstrap, "batch.size": "big"})
 
 
-def test_io_choice_when_native_is_unavailable(monkeypatch):
-    monkeypatch.setenv(native_kafka.IO_ENV, "fast")
-    with pytest.raises(ConfigError, match="KCOMPACT_KAFKA_IO='fast': use native or confluent"):
-        native_kafka.kafka_io()
-    monkeypatch.setenv(native_kafka.IO_ENV, "native")
+def test_the_io_switch_is_gone_and_says_so(kafka_bootstrap, monkeypatch, capsys):
+    """KCOMPACT_KAFKA_IO=confluent (the second data path until issue 39): one warning line, and
+    the client is kcompact's own all the same."""
+    monkeypatch.setenv(native_kafka.IO_ENV, "confluent")
+    monkeypatch.setattr(native_kafka, "_warned", False)
+    c = kafka_consumer(_consumer_conf(kafka_bootstrap))
+    p = kafka_producer(_producer_conf(kafka_bootstrap))
+    c.close()
+    assert isinstance(c, NativeConsumer) and isinstance(p, NativeProducer)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["kcompact: warning: KCOMPACT_KAFKA_IO is gone and ignored: the data path "
+                   "always runs on kcompact's own Kafka client (see `kcompact --version`); "
+                   "unset it"], err
+
+
+def test_no_librdkafka_is_one_error_naming_why(monkeypatch):
     monkeypatch.setattr(native_kafka, "_loaded", False)
     monkeypatch.setattr(native_kafka, "_why_not", "no librdkafka found")
-    with pytest.raises(ConfigError, match="not available: no librdkafka found"):
-        native_kafka.kafka_io()
-    monkeypatch.delenv(native_kafka.IO_ENV)
-    assert native_kafka.kafka_io() == "confluent"  # unasked: the confluent-kafka path
-    from confluent_kafka import Producer
-    assert isinstance(native_kafka.kafka_producer({}), Producer)
+    with pytest.raises(ConfigError, match="Kafka client cannot run: no librdkafka found"):
+        kafka_consumer({})
+    assert native_kafka.describe() == "UNAVAILABLE: no librdkafka found"
+
+
+def test_clients_opened_at_once_all_load_the_library(monkeypatch):
+    """The tasks of one worker open their clients at once (connect standalone, tasks.max=2): a
+    thread must never see the library's load half done (it once read 'cannot run: ' with no
+    reason while another thread was loading)."""
+    import threading
+    monkeypatch.setattr(native_kafka, "_loaded", None)
+    monkeypatch.setattr(native_kafka, "_why_not", "")
+    start, got = threading.Barrier(8), []
+
+    def load() -> None:
+        start.wait()
+        got.append(native_kafka._native_module())
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and got[0] is not None and all(m is got[0] for m in got), \
+        native_kafka._why_not
 
 
 class Boom(Exception):
     pass
 
 
-def test_callback_that_raises_comes_out_of_consume(closed_port, kafka_io):
+def test_callback_that_raises_comes_out_of_consume(closed_port):
     """error_cb is called on the consuming thread; what it raises comes out of consume (the
-    batch in hand is dropped), on both paths; a callback that does not raise sees the
+    batch in hand is dropped),; a callback that does not raise sees the
     connection errors."""
     seen: list = []
     c = kafka_consumer(_consumer_conf(f"127.0.0.1:{closed_port}", seen.append))
@@ -190,9 +216,9 @@ def test_callback_that_raises_comes_out_of_consume(closed_port, kafka_io):
         c.close()
 
 
-def test_broker_going_away_mid_batch(kafka_io, tmp_path):
+def test_broker_going_away_mid_batch(tmp_path):
     """A broker of its own, stopped while the consumer is between batches: no exception from
-    consume, only empty batches, and error_cb is told the brokers are down, on both paths."""
+    consume, only empty batches, and error_cb is told the brokers are down,."""
     errors: list = []
     with EmbeddedBroker() as broker:
         bootstrap = broker.bootstrap_servers
@@ -233,18 +259,13 @@ def _producer_conf(bootstrap: str, **extra) -> dict:
 
 
 def _send(p, topic: str, partition: int, keys: list, values: list, parts=None) -> None:
-    """The records on either path: columns on kcompact's producer, produce() on
-    confluent-kafka's."""
+    """The records, as columns."""
     ts = np.array([TS0 + i for i in range(len(keys))], np.int64)
-    if isinstance(p, NativeProducer):
-        p.produce_columns(topic, partition, None if parts is None else np.array(parts, np.int32),
-                          packed_columns(keys), packed_columns(values), ts)
-        return
-    for i, (k, v) in enumerate(zip(keys, values)):
-        p.produce(topic, v, k, partition if parts is None else parts[i], None, None, int(ts[i]))
+    p.produce_columns(topic, partition, None if parts is None else np.array(parts, np.int32),
+                      packed_columns(keys), packed_columns(values), ts)
 
 
-def test_failed_delivery_fails_the_commit(kafka_bootstrap, make_topic, kafka_io):
+def test_failed_delivery_fails_the_commit(kafka_bootstrap, make_topic):
     """Delivered records read back as sent (null and empty keys and values, timestamps, a
     partition per record); a record that fails delivery fails the transaction's commit."""
     p = kafka_producer(_producer_conf(kafka_bootstrap,
@@ -265,9 +286,9 @@ def test_failed_delivery_fails_the_commit(kafka_bootstrap, make_topic, kafka_io)
     p.abort_transaction(30)
 
 
-def test_failed_delivery_reaches_on_delivery(kafka_bootstrap, make_topic, kafka_io):
+def test_failed_delivery_reaches_on_delivery(kafka_bootstrap, make_topic):
     """Without a transaction, each failed record reaches the configuration's on_delivery with
-    its error, topic and partition, on both paths (delivery.report.only.error, as restore)."""
+    its error, topic and partition, (delivery.report.only.error, as restore)."""
     reports: list = []
 
     def on_delivery(err, msg):
@@ -287,7 +308,6 @@ def test_failed_delivery_reaches_on_delivery(kafka_bootstrap, make_topic, kafka_
         [b"k%d" % i for i in range(500)]
 
 
-@needs_native
 def test_malformed_header_section_is_refused_before_any_record(kafka_bootstrap, make_topic):
     p = NativeProducer(_producer_conf(kafka_bootstrap))
     topic = make_topic(partitions=1)
@@ -300,9 +320,9 @@ def test_malformed_header_section_is_refused_before_any_record(kafka_bootstrap, 
         p.produce(topic, b"v", b"k", 0, None, print)
 
 
-def test_fenced_transactional_producer(kafka_bootstrap, make_topic, kafka_io):
+def test_fenced_transactional_producer(kafka_bootstrap, make_topic):
     """A second producer with the same transactional id fences the first: the first's next
-    transaction fails with a fatal fencing error, on both paths."""
+    transaction fails with a fatal fencing error,."""
     tid = f"nk-fence-{uuid.uuid4().hex[:8]}"
     topic = make_topic(partitions=1)
     first = kafka_producer(_producer_conf(kafka_bootstrap, **{"transactional.id": tid}))
@@ -328,11 +348,11 @@ _SIGINT_CHILD = textwrap.dedent("""
     # and Python then installs no KeyboardInterrupt handler: Ctrl-C's default, explicitly
     signal.signal(signal.SIGINT, signal.default_int_handler)
     from confluent_kafka import TopicPartition
-    from kcompact.connectors.framework.native_kafka import NativeConsumer, kafka_consumer
+    from kcompact.connectors.framework.native_kafka import kafka_consumer
     c = kafka_consumer({"bootstrap.servers": sys.argv[1], "group.id": "sigint",
                         "enable.partition.eof": False})
     c.assign([TopicPartition(sys.argv[2], 0, 0)])
-    consume = c.consume_columns if isinstance(c, NativeConsumer) else c.consume
+    consume = c.consume_columns
     print("consuming", flush=True)
     try:
         for _ in range(3):
@@ -344,9 +364,9 @@ _SIGINT_CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigint_during_a_blocking_consume(kafka_bootstrap, make_topic, kafka_io):
+def test_sigint_during_a_blocking_consume(kafka_bootstrap, make_topic):
     """Ctrl-C while consume waits (60 s, an empty partition) raises KeyboardInterrupt out of
-    it on both paths (a process of its own: the signal goes to it alone)."""
+    it (a process of its own: the signal goes to it alone)."""
     topic = make_topic(partitions=1)
     child = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD, kafka_bootstrap, topic],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

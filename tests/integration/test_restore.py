@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from kcompact.connectors.framework.native_kafka import kafka_io as io_kind
 from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.framework.native_kafka import NativeProducer
 from kcompact.connectors.plugins.store_source import PROGRESS_TOPIC, default_partition
@@ -168,11 +167,9 @@ def sent_by_columns(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("headers", [True, False], ids=["headers", "no-headers"])
-def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent_by_columns,
-                                  kafka_io):
-    """With headers (repeated names, null values, non-ASCII names) and without; on both Kafka
-    I/O paths (whole blocks as columns on kcompact's own producer either way, one produce() per
-    record on confluent-kafka's); on the session broker and on a real Apache Kafka."""
+def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent_by_columns):
+    """With headers (repeated names, null values, non-ASCII names) and without, whole blocks as
+    columns on kcompact's own producer; on the session broker and on a real Apache Kafka."""
     kafka_bootstrap, on_tansu = any_broker.bootstrap, not any_broker.real_kafka
     url = str(tmp_path / "store")
     build_store(url, 3, 800, headers=headers)
@@ -183,10 +180,7 @@ def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent
     assert res.stats.created_topic and partition_count(kafka_bootstrap, target) == 3
     if on_tansu:
         assert res.stats.transactional
-    if kafka_io == "native":  # headers included, from the store's encoding
-        assert sum(sent_by_columns) == res.records
-    else:
-        assert not sent_by_columns
+    assert sum(sent_by_columns) == res.records  # headers included, from the store's encoding
     got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
     # the progress is in the store's internal topic, written through its normal append path
@@ -215,14 +209,13 @@ def test_mode_all_is_every_stored_record(kafka_bootstrap, new_topic, tmp_path):
 
 
 def test_idempotent_producer_without_transactions(kafka_bootstrap, new_topic, tmp_path,
-                                                  sent_by_columns, kafka_io):
+                                                  sent_by_columns):
     url = str(tmp_path / "store")
     build_store(url, 2, 300, seed=3, headers=False)
     target = new_topic()
     res = _restore(kafka_bootstrap, url, target, exactly_once="disabled", chunk_records=100)
     assert not res.stats.transactional
-    if kafka_io == "native":
-        assert sum(sent_by_columns) == res.records
+    assert sum(sent_by_columns) == res.records
     want = {p: latest(rows) for p, rows in store_records(url).items()}
     assert read_back(kafka_bootstrap, target, 2) == {p: as_topic(r) for p, r in want.items()}
 
@@ -325,13 +318,12 @@ def test_repartition_without_headers_through_columns(kafka_bootstrap, make_topic
                   key=lambda r: (r[0], r[1] or b"", r[2] or b""))
     assert sorted((r for rows in got.values() for r in rows),
                   key=lambda r: (r[0], r[1] or b"", r[2] or b"")) == want
-    if res.stats.transactional and io_kind() == "native":
+    if res.stats.transactional:
         assert sum(sent_by_columns) == res.records
 
 
 def test_record_larger_than_the_producer_limit(kafka_bootstrap, new_topic, tmp_path):
-    """A record librdkafka refuses (message.max.bytes) stops the restore with the reason, on
-    either produce path, and the progress does not move past it."""
+    """A record librdkafka refuses (message.max.bytes) stops the restore with the reason, and the progress does not move past it."""
     url = str(tmp_path / "store")
     with Store.open(url, writer="w", create=True) as st:
         st.append(RecordBatch.from_records("orders", [

@@ -17,9 +17,9 @@ from kcompact.reput.config import TOPIC_CONFIG, TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("reput", "compaction", "replication", "connectors", "kcompact")
-#: Read directly by the modules another branch removes them from this round (reput/jit.py,
-#: connectors/framework/native_kafka.py); declared in ENV all the same.
-READ_OUTSIDE_ENV = {"KCOMPACT_KERNELS", "KCOMPACT_KAFKA_IO"}
+#: Read directly by connectors/framework/native_kafka.py only to warn that it is gone (issue 39);
+#: declared in ENV all the same.
+READ_OUTSIDE_ENV = {"KCOMPACT_KAFKA_IO"}
 NAME = re.compile(r"KCOMPACT_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_*{])")  # not KCOMPACT_X_* or an f-string
 
 

@@ -99,7 +99,12 @@ def test_issue_every_option_of_every_command_has_help_text():
 def test_issue_version():
     proc = kcompact("--version")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == f"kcompact {version('kcompact')}\n"
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"kcompact {version('kcompact')}"
+    # the native paths in use (issue 39): kcompact's own Kafka client and the vendored decoder
+    assert lines[1].startswith("kafka io: native (librdkafka "), lines
+    assert lines[2].startswith("zstd: bulk (vendored 1.5."), lines
+    assert len(lines) == 3
 
 
 # -- text dump: null is not "null", and a cut says so -------------------------------------------

@@ -6,11 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kcompact.connectors.framework.kafka_columns import _NATIVE, PackedBytes, PackedHeaders
+from kcompact.connectors.framework.kafka_columns import PackedBytes, PackedHeaders
 from kcompact.reput.record import encode_headers
-
-pytestmark = pytest.mark.skipif(_NATIVE is None,
-                                reason="kcompact.connectors.framework._rdkafka is not built")
 
 
 def _pack(items):

@@ -18,12 +18,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.compaction import _kernels as CK
 from kcompact.compaction import _native as CN
 from kcompact.compaction import offset_map as M
-from kcompact.reput import _kernels as K
 from kcompact.reput import _native
 from kcompact.reput.bcq import BCQ_DTYPE
+
+import _oracle_compaction_kernels as CK  # noqa: E402  (the numba twins: tests/unit/)
+import _oracle_kernels as K  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -347,7 +348,7 @@ def test_record_scan_bad_arguments():
 def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
     """upsert_latest (two partitions), merge and rehash (growth): the same table rows."""
     from kcompact.connectors.apps.kv import _native as KN
-    from kcompact.connectors.apps.kv import kernels as KK
+    import _oracle_kv_kernels as KK
     e0 = _entries(seed, n, keys, keyless, tombs)
     e1 = _entries(seed + 1, n // 2, keys, keyless, tombs)
     e1["timestamp"] = np.random.default_rng(seed).integers(0, 50, e1.shape[0])
@@ -390,7 +391,7 @@ def test_kv_digest_table_matches_numba(seed, n, keys, keyless, tombs, end_frac):
 def test_kv_gather_and_sort_rows_match_numba(seed, n, prefix, pos, first):
     """The map's gather (keys from where the reader says they lie) and sort rows."""
     from kcompact.connectors.apps.kv import _native as KN
-    from kcompact.connectors.apps.kv import kernels as KK
+    import _oracle_kv_kernels as KK
     from kcompact.reput.record import field_spans, scan
     buf = _record_buffer(seed, n)
     sp = field_spans(buf, scan(buf).positions.astype(np.int64))

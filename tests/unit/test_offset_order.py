@@ -1,6 +1,6 @@
 """Store.append's offset-order check (reput/store.py ``_check_order``): offsets must strictly
 increase within each partition of a batch. Partition numbers in [0, ORDER_KERNEL_MAX_PARTITION]
-take one compiled pass (reput/_kernels.py ``offset_order``), larger ones an argsort; both
+take one compiled pass (reput/_native.c ``offset_order``), larger ones an argsort; both
 refuse the same batches with the same message, return the batch's partitions, and leave the
 commit log untouched when they refuse."""
 
@@ -81,7 +81,7 @@ def test_refused_batch_writes_nothing(store):
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 12)), max_size=40))
 def test_c_offset_order_agrees_with_numba(rows):
     """The C kernel (the path a store takes when built) against numba's twin."""
-    from kcompact.reput import _kernels as K
+    import _oracle_kernels as K
     if S._N is None:
         pytest.skip("the C module is not built")
     parts = np.array([p for p, _ in rows], np.int32)

@@ -1,7 +1,6 @@
 /* The key-value map's bulk-build kernels in C (kcompact.connectors.apps.kv._native), next to the
- * map they build: the numba twins in kernels.py are the same algorithms, the fallback when this
- * module is not built and the reference tests/unit/test_native_kernels.py compares against, so
- * that `kv build` runs without loading numba's LLVM (reput/jit.py).
+ * map they build: the numba twins in tests/unit/_oracle_kv_kernels.py are the same algorithms,
+ * the reference tests/unit/test_native_kernels.py compares against, so that `kv build` runs without loading numba's LLVM (reput/jit.py).
  *
  * A DigestTable row is five 64-bit words: digest lo, digest hi, offset, timestamp, meta (used bit,
  * flags, partition); the table's capacity is a power of two, linear probing. The records' keys

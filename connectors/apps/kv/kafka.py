@@ -13,7 +13,7 @@ from typing import Any
 
 from ...framework.kafka_clients import kafka_logger
 from ...framework.kafka_columns import PackedBytes, next_offsets
-from ...framework.native_kafka import NativeConsumer, kafka_consumer
+from ...framework.native_kafka import kafka_consumer
 from ...plugins.leveldb_sink import KVError, LevelDBSink
 
 
@@ -55,8 +55,6 @@ class KafkaCatchUp:
             consumer = kafka_consumer(conf)
         except KafkaException as e:
             raise KVError(f"invalid Kafka consumer settings: {e}") from None
-        # batches as columns, without Message objects, on kcompact's own consumer
-        columnar = isinstance(consumer, NativeConsumer)
         try:
             try:
                 md = consumer.list_topics(self.topic, timeout=15)
@@ -76,10 +74,7 @@ class KafkaCatchUp:
             at_end: set[int] = set()
             idle_since = time.monotonic()
             while not stop.is_set():
-                if columnar:
-                    keys, values, nxt = self._columns(consumer, at_end)
-                else:
-                    keys, values, nxt = self._messages(consumer, at_end)
+                keys, values, nxt = self._columns(consumer, at_end)
                 if keys:
                     sink.apply(keys, values, nxt)
                     self.report["applied_records"] += len(keys)
@@ -112,29 +107,9 @@ class KafkaCatchUp:
                              "map and build it again)"
                              if code == KafkaError._AUTO_OFFSET_RESET else ""))
 
-    def _messages(self, consumer: Any, at_end: set) -> tuple[list, list, dict]:
-        """One consume(): keys, values and next offsets per partition; ends seen into at_end."""
-        from confluent_kafka import KafkaError
-        keys: list = []
-        values: list = []
-        nxt: dict[int, int] = {}
-        for m in consumer.consume(num_messages=self.follow_batch_records, timeout=0.2):
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    at_end.add(m.partition())
-                else:
-                    self._kafka_error(err.code(), err.str(), err.fatal(), err.retriable())
-                continue
-            p = m.partition()
-            at_end.discard(p)
-            keys.append(m.key())
-            values.append(m.value())
-            nxt[p] = m.offset() + 1
-        return keys, values, nxt
-
     def _columns(self, consumer: Any, at_end: set) -> tuple[list, list, dict]:
-        """The same from a batch of columns (NativeConsumer.consume_columns). Its
+        """One batch of columns (NativeConsumer.consume_columns): keys, values and next
+        offsets per partition; ends seen into at_end. Its
         end-of-partition events come apart from the records, so a partition is at its end when
         its event's offset is past every record of it in the batch (a record after the event
         means the partition grew again)."""

@@ -55,7 +55,7 @@ import numpy as np
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
 from ...framework.kafka_clients import (ClientReports, KafkaSettings, kafka_error, kafka_error_text,
                                         kafka_logger)
-from ...framework.native_kafka import NativeProducer, kafka_producer
+from ...framework.native_kafka import kafka_producer
 from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
 from .kafka import (AUTH_CODES, UNSUPPORTED_CODES, delete_topic, ensure_topic, kafka_failure,
@@ -511,18 +511,16 @@ class RestoreRunner(TaskRunner):
                                "progress")
 
     def _produce(self, chunk: Any) -> None:
-        """The hot loop. On kcompact's own producer (framework/native_kafka.py) blocks go as
+        """The hot loop, on kcompact's own producer (framework/native_kafka.py): blocks go as
         columns (no Python object per record, headers straight from the store's encoding, the
-        GIL released; a failed delivery reaches the delivery callback as with produce()). On
-        confluent-kafka's (KCOMPACT_KAFKA_IO=confluent), or for a block without columns:
-        positional produce() calls (about 1.5x faster than keywords), one block at a time,
+        GIL released; a failed delivery reaches the delivery callback as with produce()). A
+        block without columns (materialized): positional produce() calls, one block at a time,
         without the partition or headers column when the block has none."""
         p = self.producer
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
-        columnar = isinstance(p, NativeProducer)
         for b in chunk.blocks:
-            cols = b.ranges() if columnar else None
+            cols = b.ranges()
             if cols is not None:
                 parts = (None if b.partitions is None
                          else np.asarray(b.partitions, np.int32))

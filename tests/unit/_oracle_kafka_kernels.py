@@ -1,4 +1,6 @@
-"""Kernels of store format 2 (numba, nopython): format-1 records <-> Kafka RecordBatch v2 records.
+"""The numba twins of store format 2's C kernels (reput/_kafka_native.h): format-1 records <->
+Kafka RecordBatch v2 records. The reference the tests compare the C ones with (moved here from
+reput/_kafka_kernels.py when the C kernels became the product's only ones, issue 39).
 
 Spec: docs/formats/segment-v2.md (Kafka's record grammar) and docs/formats/record.md (format 1).
 A sealed segment is encoded from format-1 records (what reput appended, CRC-checked by the
@@ -17,7 +19,7 @@ import numpy as np
 
 from kcompact.reput.jit import njit
 
-from ._kernels import (ATTR_NULL_KEY, ATTR_NULL_VALUE, CRC_TABLES, HEADER_SIZE, _copy, _rd_i32,
+from kcompact.reput._kernels import (ATTR_NULL_KEY, ATTR_NULL_VALUE, CRC_TABLES, HEADER_SIZE, _copy, _rd_i32,
                        _rd_i64, _rd_u32, _wr_u32, crc32c, write_front)
 
 #: decode statuses (``kafka_to_v1``): every record whole / a length or varint runs past the

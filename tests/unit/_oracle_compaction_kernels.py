@@ -1,7 +1,8 @@
-"""The offset map's and the cleaner's kernels: C (compaction/_native.c) when it was built, else
-these numba twins (the same algorithms; tests/unit/test_native_kernels.py compares the two).
+"""The numba twins of the offset map's and the cleaner's C kernels (compaction/_native.c): the
+same algorithms, the reference tests/unit/test_native_kernels.py compares the C ones with (moved
+here from compaction/_kernels.py when the C kernels became the product's only ones, issue 39).
 
-Only ``offset_map.OffsetMap`` calls them: the compactor asks the map (``insert_entries``,
+In the product only ``offset_map.OffsetMap`` calls the C ones: the compactor asks the map (``insert_entries``,
 ``lookup``, ``decide``) and never reads its table. The table layout is in offset_map.py's
 docstring. ``prefetch`` hides the cache miss of a probe into a table much larger than the
 caches: the home slot of the entry ``PREFETCH_AHEAD`` ahead is requested while this one probes.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from kcompact.reput.intrinsics import prefetch
-from kcompact.reput.jit import extension, njit
+from kcompact.reput.jit import njit
 
 EMPTY = np.uint32(0xFFFFFFFF)
 MAX_DELTA = 0xFFFFFFFE
@@ -129,10 +130,3 @@ def decide(table, cap, base, last_mapped, now_s, retention_s, offsets, dlo, dhi,
         else:
             dropped += 1
     return kept, dropped, tdropped, stamped
-
-
-_C = extension("kcompact.compaction._native")
-# the C kernels when built (a compaction then loads no JIT compiler), else the numba ones above
-insert_entries_k = _C.insert_entries if _C is not None else insert_entries
-lookup_many_k = _C.lookup_many if _C is not None else lookup_many
-decide_k = _C.decide if _C is not None else decide
