@@ -159,7 +159,7 @@ def machine(lag: int) -> type:
     return type(f"AsOfMachine_{lag}", (AsOfMachine,), {"lag": lag})
 
 
-SETTINGS = settings(max_examples=15, stateful_step_count=30, deadline=None,
+SETTINGS = settings(max_examples=10, stateful_step_count=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 
