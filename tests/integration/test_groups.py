@@ -176,6 +176,9 @@ def test_groups_resume_exactly_on_the_restored_topic(apache_kafka, make_topic, t
     assert c.returncode == 0, c.stderr
     with Store.open(url) as st:
         assert removed not in {r.offset for r in st.iter_records(src, 0)}
+    # the Kafka endpoint serves the captured positions as they were on the source (OffsetFetch)
+    assert served_positions(url, src, ("g-mid", "g-removed"), tmp_path) == \
+        {g: groups[g] for g in ("g-mid", "g-removed")}
 
     target = make_topic(2)
     member = ActiveMember(bootstrap, "g-active", target)
@@ -198,6 +201,37 @@ def test_groups_resume_exactly_on_the_restored_topic(apache_kafka, make_topic, t
             assert received[q] == tail(model[q], groups[g][q]), (g, q)
     assert committed_on(admin, "other", target, 2) == {}
     assert committed_on(admin, "g-active", target, 2) == {}
+
+
+def served_positions(url: str, topic: str, names, work: Path) -> dict[str, dict[int, int]]:
+    """Each group's committed offsets on ``topic`` as ``kcompact serve --kafka-listen`` over the
+    store answers a consumer's OffsetFetch."""
+    with open(work / "serve.log", "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kcompact", "serve", "--store", url,
+                                 "--kafka-listen", "127.0.0.1:0"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=err)
+    try:
+        line = proc.stdout.readline().decode()
+        assert line.startswith("kafka endpoint listening on 127.0.0.1:"), \
+            (line, (work / "serve.log").read_text())
+        out = {}
+        for g in names:
+            c = Consumer({"bootstrap.servers": line.rsplit(" ", 1)[1].strip(), "group.id": g,
+                          "enable.auto.commit": False})
+            try:
+                out[g] = {tp.partition: tp.offset
+                          for tp in c.committed([TP(topic, 0), TP(topic, 1)], timeout=30)
+                          if tp.offset >= 0}
+            finally:
+                c.close()
+        return out
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _store_with_groups(url: str, parts: int, n: int) -> dict[str, dict[int, int]]:
