@@ -125,12 +125,9 @@ class RestoreRunner(TaskRunner):
         self._reports = ClientReports(self.metrics)  # the callbacks' state, apart from the runner
         self._error_cb = self._reports.on_error
         #: deliveries counted per partition (offset map records, translation.py) unless the
-        #: records are repartitioned: kcompact's producer counts in C, confluent-kafka's here
-        # (on confluent-kafka's producer a Python callback per record doubles the restore's
-        # time, so there only a restore with --groups keeps the map)
-        from ...framework.native_kafka import kafka_io
-        self._map = not bool(self.props.get("repartition")) and (
-            kafka_io() == "native" or bool(self.props.get("groups")))
+        #: records are repartitioned (kcompact's producer, the only one since arch-build,
+        #: counts acks in C)
+        self._map = not bool(self.props.get("repartition"))
         self._acks = AckRanges(self._reports)
         self._dr_cb = self._acks.on_delivery if self._map else self._reports.on_delivery
         self._interleaved: set[int] = set()
