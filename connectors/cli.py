@@ -68,7 +68,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         engine=a.engine, spark_master=a.spark_master, follow=a.follow,
         compact=not a.no_compact, partitions=parse_partitions(a.partitions),
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
-        metrics=a.metrics))
+        metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
+        exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -91,10 +92,16 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
 
 
+def cmd_groups(a: argparse.Namespace) -> int:
+    from .apps.groups import GroupsOptions, run_groups
+    return run_groups(GroupsOptions(store=a.store, group=a.group, json=a.json))
+
+
 def cmd_dump(a: argparse.Namespace) -> int:
     from .apps.inspect import DumpOptions, run_dump
     return run_dump(DumpOptions(store=a.store, topic=a.topic, partition=a.partition,
-                                from_offset=a.from_offset, limit=a.limit, json=a.json))
+                                from_offset=a.from_offset, limit=a.limit, json=a.json,
+                                as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
@@ -145,7 +152,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         store=a.store, topic=a.topic, bootstrap_servers=a.bootstrap_servers,
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
-        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config)))
+        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -153,7 +161,8 @@ def cmd_kv_build(a: argparse.Namespace) -> int:
     return kv_build(KVBuildOptions(store=a.store, topic=a.topic, db=a.db, follow=a.follow,
                                    bootstrap_servers=a.bootstrap_servers,
                                    kafka_config=parse_settings(a.kafka_config, "-X"),
-                                   metrics=a.metrics))
+                                   metrics=a.metrics, as_of_ms=a.as_of,
+                                   allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_serve(a: argparse.Namespace) -> int:
@@ -274,6 +283,17 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
             parser.error("give --topic T (repeatable) or --topics-regex RE")
         if args.exclude_regex and not args.topics_regex:
             parser.error("--exclude-regex applies to the topics --topics-regex matches")
+        ms = args.sync_group_offsets_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        if args.no_groups and (args.groups or args.exclude_groups):
+            parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
+        import re
+        for flag, rx in (("--groups", args.groups), ("--exclude-groups", args.exclude_groups)):
+            try:
+                re.compile(rx or "")
+            except re.error as e:
+                parser.error(f"{flag} {rx!r} is not a regular expression ({e})")
     return check
 
 
@@ -335,6 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-sync-configs", action="store_true",
                    help="do not read the topics' configs from Kafka (describe_configs) into the "
                    "store; by default they follow the source at each start (and refresh)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="keep the committed offsets of the consumer groups whose whole id this "
+                   "matches (default: every group that committed on a mirrored topic), captured "
+                   "at start, every 60 s while following and at the end")
+    s.add_argument("--exclude-groups", default=None, metavar="RE",
+                   help="leave out the groups whose whole id this matches")
+    s.add_argument("--no-groups", action="store_true",
+                   help="do not keep the source's consumer-group offsets")
+    s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
+                   "sync.group.offsets.interval.ms; default 60000, at least 1000)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -407,6 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "this PNG (needs kcompact[plots])")
     s.set_defaults(func=cmd_inspect)
 
+    s = sub.add_parser("groups", help="the consumer-group positions a store keeps, with their "
+                       "lag against the store's end")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--group", default=None, metavar="RE",
+                   help="only the groups whose whole id this regular expression matches "
+                   "(default: every group)")
+    _json_flag(s, "print {\"groups\": [{\"group\", \"partitions\": [{\"topic\", "
+               "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
+               "as one JSON document")
+    s.set_defaults(func=cmd_groups)
+
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
     s.add_argument("--topic", required=True, metavar="TOPIC", help="the topic to print")
@@ -420,7 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(s, "one JSON object per record (topic, partition, offset, timestamp, key, value, "
                "headers), values uncut; without it a line per record, values cut at 60 "
                "characters")
-    s.set_defaults(func=cmd_dump)
+    _as_of_flags(s, "print the partition's state at TIME instead of its records: per key its "
+                 "latest record with a timestamp at or before TIME (none when that is a "
+                 "tombstone), and keyless records up to TIME")
+    s.set_defaults(func=cmd_dump, check_usage=_as_of_usage(s))
 
     s = sub.add_parser("verify", help="check every record and index entry (exit 1 on problems)")
     _store_flag(s, "the store to check (nothing is changed)")
@@ -520,8 +565,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
                    default="requested", help="transactions: when the broker has them "
                    "(default), always, or never (idempotent producer)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="once the restore is done, commit on --to-topic the kept positions "
+                   "(`kcompact groups`) of the consumer groups whose whole id this matches, "
+                   "translated exactly: a source offset O becomes the target offset of the "
+                   "first restored record at or after O (groups with active members are "
+                   "skipped; not with --repartition)")
+    _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
+                 "timestamp at or before TIME; with --groups, their positions as kept then)")
     _kafka_settings_flag(s, "producer")
-    s.set_defaults(func=cmd_restore)
+    s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
     kv = sub.add_parser("kv", help="the local key-value map (LevelDB)")
     kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND", help="one of:")
@@ -535,8 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the store, catch up (and with --follow, follow) from this Kafka "
                    "cluster (default: the store only)")
     _kafka_settings_flag(s, "consumer", "for --bootstrap-servers")
+    _as_of_flags(s, "build the map of the topic's state at TIME (per key its latest record "
+                 "with a timestamp at or before TIME; a new map, never followed)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_kv_build)
+    s.set_defaults(func=cmd_kv_build, check_usage=_as_of_usage(s, _kv_as_of_usage(s)))
     s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
     _map_flags(s, "the store to build and follow the map from")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
@@ -578,6 +633,53 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
+
+
+def parse_time(text: str) -> int:
+    """--as-of TIME: ISO 8601 or epoch milliseconds -> epoch milliseconds (usage error else)."""
+    from kcompact.compaction.history import parse_time as parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _as_of_flags(s: argparse.ArgumentParser, what: str) -> None:
+    """--as-of TIME and --allow-inexact (docs/groups-and-as-of.md)."""
+    s.add_argument("--as-of", type=parse_time, default=None, metavar="TIME",
+                   help=f"{what}. TIME: ISO 8601 (2026-11-28T14:29:00Z; local time without an "
+                   "offset, as Kafka's tools) or epoch milliseconds. Refused (exit 1, naming the "
+                   "earliest exact time) when compaction already cleaned history past TIME")
+    s.add_argument("--allow-inexact", action="store_true",
+                   help="with --as-of: answer from what the store still holds even when "
+                   "compaction already cleaned history past TIME")
+
+
+def _as_of_usage(parser: argparse.ArgumentParser,
+                 more: Callable[[Any], None] | None = None) -> Callable[[Any], None]:
+    """--allow-inexact goes with --as-of."""
+    def check(args) -> None:
+        if args.allow_inexact and args.as_of is None:
+            parser.error("--allow-inexact goes with --as-of TIME")
+        if more is not None:
+            more(args)
+    return check
+
+
+def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.groups and args.repartition:
+            parser.error("--groups cannot go with --repartition: records change partitions, so "
+                         "a group's position in a source partition has no place in the target")
+    return check
+
+
+def _kv_as_of_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.as_of is not None and (args.follow or args.bootstrap_servers):
+            parser.error("--as-of builds a past state from the store: not with --follow or "
+                         "--bootstrap-servers")
+    return check
 
 
 class _Version(argparse.Action):

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from kcompact.compaction.history import horizon_of
 from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
@@ -148,9 +149,11 @@ class MasterStore:
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
-            cleaned, _ = swap.read_checkpoint(self.fs, pl.dir)
+            cleaned, last_run = swap.read_checkpoint(self.fs, pl.dir)
             return {"partition": partition, "first_offset": pl.first_offset,
                     "next_offset": pl.next_offset, "compaction_horizon": cleaned,
+                    # history compaction cleaned (--as-of): a replica keeps it with the records
+                    "cleaned_timestamp": horizon_of(cleaned, last_run),
                     "segments": len(pl.segments), "bytes": pl.size_bytes()}
 
     def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kcompact.compaction import CompactionOptions, Compactor, Scheduler
+from kcompact.compaction import history
 from kcompact.compaction.compactor import DEFAULT_MAP_MEMORY
 from kcompact.reput import filenames as fn
 from kcompact.reput.env import ENV, value
@@ -271,7 +272,10 @@ class Replicator:
                 self.progress.start(name, min(first, target), target, start)
                 # what the master already compacted: its tombstones count as cleaned from now
                 horizon = int(info.get("compaction_horizon", -1))
-                await self._run(self._note_horizon, topic, partition, start, horizon)
+                # the history the master's compaction cleaned (None: it does not say)
+                cleaned_ts = info.get(history.HISTORY_KEY)
+                await self._run(self._note_horizon, topic, partition, start, horizon,
+                                cleaned_ts if isinstance(cleaned_ts, int) else None)
                 try:
                     await self._pull(topic, partition, staging, start, target, name, horizon,
                                      res)
@@ -604,18 +608,33 @@ class Replicator:
             return {}
         return doc if isinstance(doc, dict) else {}
 
-    def _note_horizon(self, topic: str, partition: int, start: int, horizon: int) -> None:
+    def _note_horizon(self, topic: str, partition: int, start: int, horizon: int,
+                      cleaned_ts: int | None = None) -> None:
         """Keep in ``source.json`` the compaction horizon the pulled records are clean up to:
         the master's at the start of a fresh pull, and never more than the master's at the start
         of any resumed one (records pulled before the master compacted further are only clean up
         to its horizon then). The install makes it the partition's horizon, so the force
-        compaction maps only what the master had not compacted."""
+        compaction maps only what the master had not compacted. Also the master's history
+        horizon (compaction/history.py): the pulled records lack what its compaction cleaned,
+        so the replica answers --as-of exactly no earlier than the master (the highest of the
+        masters' horizons over resumed pulls; unknown when one did not say)."""
         doc = self._source(topic, partition)  # _prepare has just written or checked it
         clean = horizon if start == 0 else min(int(doc.get("horizon", -1)), horizon)
-        if doc.get("horizon") != clean:
+        key = history.HISTORY_KEY
+        hist = cleaned_ts if start == 0 else history.combine(doc.get(key), cleaned_ts)
+        if doc.get("horizon") != clean or key not in doc or doc[key] != hist:
             doc["horizon"] = clean
+            doc[key] = hist
             self.fs.write_atomic(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}",
                                  json.dumps(doc).encode())
+
+    def _installed_run(self, topic: str, partition: int, live: PartitionLog) -> dict:
+        """The checkpoint's ``last_run`` of an install: the master, and the history horizon of
+        the result: the master's combined with what the local partition had cleaned before
+        (unknown when source.json has none: a pull begun by an older kcompact)."""
+        pulled = self._source(topic, partition).get(history.HISTORY_KEY)
+        return {"replicated_from": self.client.store_id,
+                history.HISTORY_KEY: history.combine(pulled, history.partition_horizon(live))}
 
     def _pulled_horizon(self, topic: str, partition: int) -> int:
         try:
@@ -667,13 +686,13 @@ class Replicator:
         if getattr(live, "manifest_mode", False):
             # S3: the staged segments replace every live one in one manifest commit
             with self.store.lock:
-                live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id},
+                live.install_segments(sdir, outputs, self._installed_run(topic, partition, live),
                                       cleaned_offset=horizon)
                 self.store.release_partition(topic, partition)
             fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
             return merge
         plan = swap.SwapPlan([s.base for s in live.segments], outputs, horizon,
-                             {"replicated_from": self.client.store_id})
+                             self._installed_run(topic, partition, live))
         swap.commit(fs, pdir, plan)
         with self.store.lock:
             swap.apply(fs, pdir, plan)

@@ -163,6 +163,8 @@ class DumpOptions:
     from_offset: int = 0
     limit: int | None = None
     json: bool = False
+    as_of_ms: int | None = None     # --as-of: the partition's state at that time
+    allow_inexact: bool = False
 
 
 @dataclass(frozen=True)
@@ -318,8 +320,30 @@ def run_dump(opts: DumpOptions) -> int:
                               f"partitions of {opts.topic!r}: "
                               f"{', '.join(map(str, known)) or '(none)'}")
     out = sys.stdout
+    if opts.as_of_ms is not None:
+        return _dump_as_of(store, opts)
     for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
         out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    return 0
+
+
+def _dump_as_of(store: Store, opts: DumpOptions) -> int:
+    """``dump --as-of``: the partition's state at that time (compaction/history.py), checked
+    exact before (and again after: a compaction meanwhile) unless ``--allow-inexact``."""
+    from kcompact.compaction import history
+    what = f"{opts.topic}-{opts.partition}"
+    if opts.partition not in store.partitions(opts.topic):
+        return 0  # recorded, nothing written yet: the state is empty at any time
+    check = lambda: history.check_exact(  # noqa: E731
+        [store.partition(opts.topic, opts.partition)], opts.as_of_ms, what,
+        allow_inexact=opts.allow_inexact)
+    check()
+    out = sys.stdout
+    for r in history.iter_as_of(store, opts.topic, opts.partition, opts.as_of_ms,
+                                from_offset=opts.from_offset, limit=opts.limit):
+        out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    store.release_partition(opts.topic, opts.partition)
+    check()
     return 0
 
 

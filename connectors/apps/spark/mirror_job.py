@@ -280,7 +280,9 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                       batch_max: int | None = None, out: TextIO | None = None,
                       progress_interval: float = PROGRESS_INTERVAL,
                       topics_regex: str | None = None, exclude_regex: str | None = None,
-                      sync_configs: bool = True) -> SparkMirrorResult:
+                      sync_configs: bool = True, sync_groups: bool = True,
+                      groups: str | None = None, exclude_groups: str | None = None
+                      ) -> SparkMirrorResult:
     """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
     ``store`` with one Spark task per topic-partition, then compact the partitions the
     planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
@@ -292,7 +294,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     # through the same worker code as the local engine (nothing is run: its task never starts)
     props = mirror_props(topic, store, partitions=partitions, follow=False,
                          kafka_config=kafka_config, writer="spark-driver",
-                         topics_regex=topics_regex, exclude_regex=exclude_regex)
+                         topics_regex=topics_regex, exclude_regex=exclude_regex,
+                         sync_groups=False)
     probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                    where="mirror", log=out)
     runner = add_mirror(probe, props)[0]
@@ -304,6 +307,13 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
     if sync_configs:
         sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
+    group_sync = None
+    if sync_groups:  # the source's group offsets, now and after the job (plugins/group_sync.py)
+        from ...plugins.group_sync import SinkGroupSync
+        group_sync = SinkGroupSync(store, runner.consumer_conf, writer="spark-driver-groups",
+                                   follow=False, groups=groups, exclude=exclude_groups,
+                                   out=out, prefix="mirror")
+        group_sync.opened(topics)
     tps = list(runner.assignment)
     timeout = probe.config["startup.timeout.ms"] / 1000
     ends = partition_ends(runner.consumer_conf, tps, timeout)
@@ -399,6 +409,9 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                   + (f", {again:,} records read again were already stored" if again else "")
                   + f"; store {store} flushed", file=out, flush=True)
 
+        if group_sync is not None:
+            group_sync.stop()  # the last capture: the mirror's end
+            group_sync = None
         # 2. compaction: one task per partition the planner picks
         if compact:
             selected = set(tps)
@@ -415,6 +428,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                 for line in compaction_lines(result.compaction):
                     print(f"compact: {line}", file=out, flush=True)
     finally:
+        if group_sync is not None:
+            group_sync.writer.close()
         st.close()
         if ours and spark is not None:
             spark.stop()
@@ -440,7 +455,8 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
                           master=opts.spark_master, partitions=opts.partitions,
                           kafka_config=opts.kafka_config, compact=opts.compact,
                           topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
-                          sync_configs=opts.sync_configs)
+                          sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
+                          groups=opts.groups, exclude_groups=opts.exclude_groups)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
