@@ -55,7 +55,7 @@ import numpy as np
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
 from ...framework.kafka_clients import (ClientReports, KafkaSettings, kafka_error, kafka_error_text,
                                         kafka_logger)
-from ...framework.native_kafka import kafka_producer
+from ...framework.native_kafka import NativeProducer, kafka_producer
 from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
 from .kafka import (AUTH_CODES, UNSUPPORTED_CODES, delete_topic, ensure_topic, kafka_failure,
