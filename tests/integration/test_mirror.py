@@ -214,7 +214,8 @@ def test_cli_mirror_spark_default_falls_back_to_local(kafka_bootstrap, make_topi
                     "installation or unset it); running with --engine local"], proc.stderr
     assert "mirror: done: 100 records" in proc.stderr
     assert read_store(str(store), topic) == read_topic(kafka_bootstrap, topic, 2)
-    assert os.listdir(store / "commitlog") == ["local"]  # the local engine's writer, no Spark's
+    # the local engine's writer and its group-offset capture's (issue 42), no Spark's
+    assert sorted(os.listdir(store / "commitlog")) == ["local", "local-groups"]
 
     store2 = tmp_path / "s2"
     proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
@@ -553,7 +554,8 @@ def test_standalone_json_config_and_string_converter(kafka_bootstrap, make_topic
     assert sum(map(len, stored.values())) == 19
     assert b"\xff\xfe" not in {r[3] for rs in stored.values() for r in rs}
     # two tasks, two writers
-    assert sorted(os.listdir(tmp_path / "s" / "commitlog")) == ["connect", "connect-1"]
+    assert sorted(os.listdir(tmp_path / "s" / "commitlog")) == ["connect", "connect-1",
+                                                                 "connect-groups"]
 
 
 # -- a source connector through the worker ---------------------------------------------------------
