@@ -123,16 +123,16 @@ def _cases(every: int):
     return [c for i, c in enumerate(cases) if i % every == 0]
 
 
-# The default run (CI's time budget) takes every 8th case of the campaign here and two on
-# SeaweedFS; the unit tier runs the whole campaign against the same code on local and in-memory
+# The default run (CI's time budget) takes every 16th case of the campaign here, two on
+# SeaweedFS and two kills of a repair there; the unit tier runs the whole campaign against the same code on local and in-memory
 # S3 stores. KCOMPACT_FULL_CAMPAIGN=1 runs every case end to end as well (about 20 minutes).
 FULL = os.environ.get("KCOMPACT_FULL_CAMPAIGN") == "1"
 
 
 @pytest.mark.parametrize("kind,mutation", [
-    *_cases(8),
+    *_cases(16),
     *[pytest.param(k, m, marks=pytest.mark.slow) for k, m in _cases(1)
-      if FULL and (k, m) not in _cases(8)]])
+      if FULL and (k, m) not in _cases(16)]])
 def test_issue44_repair_from_a_served_replica(source, tmp_path, kind, mutation):
     master, replica, src_url, tok = source
     store0 = {p: dump(master, p) for p in range(2)}
@@ -241,7 +241,7 @@ def test_issue44_sigkill_during_a_repair_on_seaweedfs(s3_store_url, tmp_path):
     it was (verify lists the same problems) or repaired (verify passes); a repair run again
     then ends repaired."""
     kcompact = str(Path(sys.executable).parent / "kcompact")
-    for k in range(5):
+    for k in range(5 if FULL else 2):
         url = s3_store_url()
         U.build(url)
         _s3_mutate(s3_store_url, url, "log1", "flip", 0)
