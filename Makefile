@@ -62,8 +62,20 @@ demo: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# The unit tier (CPU-bound, in-memory S3) runs beside the integration tier (mostly waiting on
+# brokers, JVMs and servers): on 2 cores the whole run takes about the integration tier's time,
+# not the sum. Its output follows the integration tier's; either failing (or running no test:
+# pytest's exit 5) fails `make test`.
 test: install kafka-jars prometheus kcat docs
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	@rm -f .unit-tests.log
+	@$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
+	  echo "tests/unit: running beside tests/integration (its output below when both are done)"; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/integration; integration=$$?; \
+	  wait $$unit; unit_rc=$$?; \
+	  echo "==================== tests/unit (exit $$unit_rc) ===================="; \
+	  cat .unit-tests.log; \
+	  echo "tests/integration exit $$integration, tests/unit exit $$unit_rc"; \
+	  [ $$integration -eq 0 ] && [ $$unit_rc -eq 0 ]
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
 #              bench/out/REPORT.md with its plots; the full-size report is --scale 1 --out bench
@@ -72,4 +84,4 @@ bench: install
 	$(BIN)/python bench/report.py --scale $(BENCH_SCALE) --out bench/out
 
 clean:
-	rm -rf $(VENV) demo-work .pytest_cache site
+	rm -rf $(VENV) demo-work .pytest_cache site .unit-tests.log
