@@ -110,7 +110,8 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
     writer = spark_writer_id(topic, partition)
     _wait_for_writer(job.store, writer, job.lock_wait_s)
     props = mirror_props(topic, job.store, partitions=[partition], follow=False,
-                         kafka_config=dict(job.kafka_config), writer=writer)
+                         kafka_config=dict(job.kafka_config), writer=writer,
+                         sync_groups=False)  # (the driver captures the group offsets)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
         props["batch.max.records"] = job.batch_max
