@@ -141,6 +141,11 @@ class SegmentCatalog:
     #: transaction markers, aborted records); 0: nowhere. Recorded by the next list or manifest.
     source_next = 0
 
+    def advance_source_next(self, offset: int) -> None:
+        """The source goes on at ``offset`` (``PartitionLog.advance_next_offset``): an object
+        store's next manifest records it; a local list records it at once (LocalCatalog)."""
+        self.source_next = offset
+
     def segment_for(self, offset: int) -> int:
         """Index of the segment whose range holds ``offset`` (0 if before the first). Segments
         whose manifest bitmap says they hold no offset >= ``offset`` (a target in a gap at the

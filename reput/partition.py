@@ -325,10 +325,7 @@ class PartitionLog:
         commits it with the next seal (manifest). Returns whether it moved."""
         if offset <= self.next_offset:
             return False
-        cat = self.catalog
-        cat.source_next = offset
-        if getattr(cat, "keeps_list", False) and cat.writable:
-            cat.write_list(cat.listed_open)
+        self.catalog.advance_source_next(offset)
         return True
 
     def record_count(self) -> int:
