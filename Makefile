@@ -1,8 +1,9 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus, build the user
-#             guide (make docs), run unit + integration tests (the guide's examples included)
+#             missing (Maven, for the real-broker tier) and Debian's prometheus and kcat,
+#             build the user guide (make docs), run unit + integration tests (the guide's
+#             examples included)
 # make docs : build the user guide (docs/, mkdocs.yml) into site/; a broken link or a page
 #             outside the nav fails it
 PYTHON ?= python3
@@ -10,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test docs install java maven prometheus kafka-jars bench clean
+.PHONY: demo test docs install java maven prometheus kcat kafka-jars bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -40,6 +41,13 @@ prometheus:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
 	    prometheus || echo "Prometheus could not be installed: that test will skip"; }
 
+# Debian's kcat: tests/integration/test_kafka_endpoint.py reads the Kafka endpoint with it
+kcat:
+	@command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || { \
+	  echo "installing kcat (a test reads the Kafka endpoint with it)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    kcat || echo "kcat could not be installed: that test will skip"; }
+
 install: java $(BIN)/.installed
 
 # Apache Kafka's jars (KCOMPACT_KAFKA_VERSION, default the pinned 3.9.1) into
@@ -54,8 +62,20 @@ demo: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-test: install kafka-jars prometheus docs
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+# The unit tier (CPU-bound, in-memory S3) runs beside the integration tier (mostly waiting on
+# brokers, JVMs and servers): on 2 cores the whole run takes about the integration tier's time,
+# not the sum. Its output follows the integration tier's; either failing (or running no test:
+# pytest's exit 5) fails `make test`.
+test: install kafka-jars prometheus kcat docs
+	@rm -f .unit-tests.log
+	@$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
+	  echo "tests/unit: running beside tests/integration (its output below when both are done)"; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/integration; integration=$$?; \
+	  wait $$unit; unit_rc=$$?; \
+	  echo "==================== tests/unit (exit $$unit_rc) ===================="; \
+	  cat .unit-tests.log; \
+	  echo "tests/integration exit $$integration, tests/unit exit $$unit_rc"; \
+	  [ $$integration -eq 0 ] && [ $$unit_rc -eq 0 ]
 
 # make bench : every benchmark at BENCH_SCALE of the issues' sizes (bench/report.py) into
 #              bench/out/REPORT.md with its plots; the full-size report is --scale 1 --out bench
@@ -64,4 +84,4 @@ bench: install
 	$(BIN)/python bench/report.py --scale $(BENCH_SCALE) --out bench/out
 
 clean:
-	rm -rf $(VENV) demo-work .pytest_cache site
+	rm -rf $(VENV) demo-work .pytest_cache site .unit-tests.log

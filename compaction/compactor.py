@@ -56,7 +56,7 @@ from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
 from kcompact.reput import swap
 from kcompact.reput.config import SYSTEM_CLOCK, Clock, TopicConfig
-from kcompact.reput.errors import StoreLockedError
+from kcompact.reput.errors import CorruptRecordError, StoreLockedError
 from kcompact.reput.locks import FileLock
 from kcompact.reput.partition import PartitionLog, Segment
 from kcompact.reput.reader import IndexCursor, PartitionReader
@@ -66,6 +66,7 @@ from kcompact.reput.store import Store
 
 from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
 from .errors import CompactionError
+from . import history
 from .offset_map import OffsetMap
 from .throttle import IOBudget
 
@@ -111,6 +112,8 @@ class CompactionResult:
     skipped: str | None = None
     size_before: int = 0
     size_after: int = 0
+    #: set when the partition was skipped as damaged (compaction/damage.py: Damage.to_dict)
+    damaged: dict | None = None
 
     @property
     def recopy_percent(self) -> float:
@@ -245,7 +248,12 @@ class Compactor:
                 # S3: an input was replaced by another compactor and deleted after the grace
                 # period while this one still read it; nothing of this run is published
                 with self.store.lock:
-                    pl.abort_staged()
+                    pl.abort_staged()  # (the latest manifest read again)
+                    if any(e.filename in (s.log_path, s.bcq_path) for s in pl.segments):
+                        # still listed: not a race but a missing object (issue 44)
+                        raise CorruptRecordError(f"{e.filename}: listed by the partition "
+                                                 "manifest but missing from the store",
+                                                 e.filename, 0) from None
                 res.skipped = (f"its input segments were replaced and deleted meanwhile "
                                f"({e.filename}); nothing was changed")
                 res.duration_s = time.perf_counter() - t0
@@ -270,6 +278,8 @@ class Compactor:
                 run = res.to_dict()
                 run["reclaimed_bytes_total"] = ((prev or {}).get("reclaimed_bytes_total", 0)
                                                 + max(0, res.size_before - res.size_after))
+                # the history horizon as the rounds left it (history.py)
+                run[history.HISTORY_KEY] = history.partition_horizon(pl)
             if pl.manifest_mode:
                 self._commit_remote(pl, run, res, records_before)
             else:
@@ -378,7 +388,7 @@ class Compactor:
     def _round(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> bool:
         if not pl.sealed_segments:
             return False
-        cleaned, _ = pl.checkpoint()
+        cleaned, prev_run = pl.checkpoint()
         first_dirty = cleaned + 1
         end = self._cleanable_end(pl, cfg)
         if not any(s.base < end and _last_offset(pl, s) >= first_dirty
@@ -392,6 +402,7 @@ class Compactor:
                     if (sealed[si + 1].base if si + 1 < len(sealed) else end) > first_dirty)
         m.clear(first_dirty, bound)
         last_mapped = first_dirty - 1
+        mapped_ts = history.NOTHING_CLEANED  # the highest timestamp mapped (the horizon's)
         full = False
         for si, seg in enumerate(sealed):
             nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
@@ -408,6 +419,7 @@ class Compactor:
                 j, full = m.insert_entries(chunk)
                 if j > 0:
                     last_mapped = int(chunk["offset"][j - 1])
+                    mapped_ts = max(mapped_ts, history.mapped_max_timestamp(chunk[:j]))
                 if full:
                     break
             if full:
@@ -417,12 +429,14 @@ class Compactor:
         res.map_keys_max = max(res.map_keys_max, m.count)
         res.map_utilization_max = max(res.map_utilization_max, m.utilization)
         res.map_bytes_per_key = m.bytes_per_key
-        self._rewrite(pl, cfg, last_mapped, res)
+        # the horizon moves with the checkpoint, in the same swap plan (compaction-swap.md)
+        horizon = history.combine(history.horizon_of(cleaned, prev_run), mapped_ts)
+        self._rewrite(pl, cfg, last_mapped, res, history.with_horizon(prev_run, horizon))
         res.rounds += 1
         return True
 
     def _rewrite(self, pl: PartitionLog, cfg: TopicConfig, last_mapped: int,
-                 res: CompactionResult) -> None:
+                 res: CompactionResult, last_run: dict | None = None) -> None:
         m = self.offset_map
         now_s = self.clock.ms() // 1000
         retention_s = -(-cfg.delete_retention_ms // 1000)
@@ -486,7 +500,7 @@ class Compactor:
         for sp in plans:
             res.records_read += sp.kept + sp.dropped
             res.tombstones_dropped += sp.tdropped
-        self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped), staged)
+        self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped, last_run), staged)
 
     @staticmethod
     def _index_only(pl: PartitionLog, g: _Group) -> bool:
@@ -676,9 +690,11 @@ def partition_status(store: Store, topic: str, partition: int) -> dict:
     ``min.compaction.lag.ms``); the active segment's bytes (``active_bytes``) and the sealed
     bytes still too young to clean (``uncleanable_bytes``) are counted apart."""
     pl = store.partition(topic, partition)
-    _, last_run = pl.checkpoint()
+    cleaned, last_run = pl.checkpoint()
     a = assess_partition(pl, store.topic_config(topic), store.clock.ms())
     return {"compaction_horizon": a.horizon,
+            # --as-of is exact from this record timestamp on (-1: any; None: unknown)
+            "cleaned_timestamp": history.horizon_of(cleaned, last_run),
             "clean_bytes": a.clean_bytes,
             "dirty_bytes": a.dirty_bytes,
             "uncleanable_bytes": a.uncleanable_bytes,

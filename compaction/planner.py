@@ -27,12 +27,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kcompact.reput.config import SYSTEM_CLOCK, Clock
-from kcompact.reput.errors import StoreLockedError
+from kcompact.reput.errors import CorruptRecordError, StoreLockedError
 from kcompact.reput.store import Store
 
 from .assessment import (SMALL_SEGMENTS, Assessment,  # noqa: F401  (SMALL_SEGMENTS: API)
                          assess_partition)
 from .compactor import CompactionOptions, CompactionResult, Compactor
+from .damage import REPAIR_HINT, Damage, Uncleanable, damage_in, unique
+from .errors import CompactionError
 from .throttle import CompactionStopped, IOBudget  # noqa: F401  (re-exported)
 
 
@@ -69,15 +71,23 @@ def _selected(store: Store, topic: str | None, partition: int | None):
 
 def plan(store: Store, *, topic: str | None = None, partition: int | None = None,
          force: bool = False, clock: Clock = SYSTEM_CLOCK,
-         seen: dict[tuple[str, int], Assessment] | None = None) -> list[Candidate]:
+         seen: dict[tuple[str, int], Assessment] | None = None,
+         damaged: list[Damage] | None = None) -> list[Candidate]:
     """The partitions due for compaction, filthiest first; ``seen`` (not with ``force``):
-    where to keep every partition's assessment."""
+    where to keep every partition's assessment. ``damaged``: where to put the partitions whose
+    assessment met damage (they are left out); without it, the damage is raised."""
     out = []
     for t, p in _selected(store, topic, partition):
         if force:
             out.append(Candidate(t, p, "forced", 0.0, ["forced"]))
             continue
-        c = assess(store, t, p, clock, seen)
+        try:
+            c = assess(store, t, p, clock, seen)
+        except CorruptRecordError as e:
+            if damaged is None:
+                raise
+            damaged.append(Damage.of(t, p, e))
+            continue
         if c is not None:
             out.append(c)
     out.sort(key=lambda c: -c.dirty_ratio)
@@ -110,22 +120,50 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
                   budget: IOBudget | None = None) -> list[CompactionResult]:
     """Roll the active segments no writer holds (a store that is not a writer) or those due
     (a writer's own store), plan, then compact each chosen partition once (`kcompact
-    compact`). ``budget``: the I/O budget (default: ``options.throttle_bytes_per_s``)."""
+    compact`). ``budget``: the I/O budget (default: ``options.throttle_bytes_per_s``).
+
+    A partition found damaged (compaction/damage.py) is skipped: its result has ``damaged``
+    set (and ``skipped``), ``progress`` gets its one line, and every other partition is
+    compacted."""
     clock = clock or store.clock
+    results: list[CompactionResult] = []
+    damaged: list[Damage] = []
+
+    def skip(d: Damage) -> None:
+        if progress:
+            progress(d.line())
+        if store.writer is None:
+            store.release_partition(d.topic, d.partition)
+        results.append(damaged_result(d))
+
     if not force:
         if store.writer is None:
             for t, p in _selected(store, topic, partition):
-                if roll_unheld(store, t, p) and progress:
-                    progress(f"rolled the active segment of {t}-{p} (no writer holds it)")
+                try:
+                    if roll_unheld(store, t, p) and progress:
+                        progress(f"rolled the active segment of {t}-{p} (no writer holds it)")
+                except CorruptRecordError as e:
+                    damaged.append(Damage.of(t, p, e))
         else:
             store.roll(only_due=True)
     compactor = Compactor(store, options, clock, budget)
-    results = []
-    for c in plan(store, topic=topic, partition=partition, force=force, clock=clock):
+    found = {(d.topic, d.partition) for d in damaged}
+    cands = [c for c in plan(store, topic=topic, partition=partition, force=force, clock=clock,
+                             damaged=damaged) if (c.topic, c.partition) not in found]
+    for d in unique(damaged):
+        skip(d)
+    for c in cands:
         why = ", ".join(c.reasons) or c.reason
         if progress:
             progress(f"compacting {c.topic}-{c.partition} ({why})")
-        r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
+        try:
+            r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
+        except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+            d = damage_in(c.topic, c.partition, e)
+            if d is None:
+                raise
+            skip(d)
+            continue
         if store.writer is None:
             store.release_partition(c.topic, c.partition)
         results.append(r)
@@ -133,6 +171,12 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
         for t, p in _selected(store, topic, partition):
             store.release_partition(t, p)  # the partitions rolled above
     return results
+
+
+def damaged_result(d: Damage) -> CompactionResult:
+    """The result of a partition skipped as damaged."""
+    return CompactionResult(d.topic, d.partition, skipped=f"damaged: {d.where()}",
+                            damaged=d.to_dict())
 
 
 class Scheduler:
@@ -145,7 +189,9 @@ class Scheduler:
     the pause between runs, abandons the partition being compacted (uncommitted, so nothing
     changes) and joins the thread. ``monotonic``/``wait`` are the budget's (injected in tests);
     by default it waits on the stop request itself. A failed run is reported on stderr and in
-    ``errors``, and the next run is tried (the process keeps going)."""
+    ``errors``, and the next run is tried (the process keeps going). A damaged partition is
+    not a failed run: it is skipped, said once on stderr and kept in ``uncleanable`` until it
+    compacts again (compaction/damage.py)."""
 
     def __init__(self, store: Store, options: CompactionOptions = CompactionOptions(),
                  interval_s: float = 30.0, clock: Clock | None = None, *,
@@ -161,13 +207,18 @@ class Scheduler:
         #: again after compacting it): what a metrics scrape reads, so it takes no lock of
         #: the writer's and reads no index while the writer appends
         self.assessments: dict[tuple[str, int], Assessment] = {}
+        #: the partitions found damaged (Kafka's uncleanable partitions): skipped, the others
+        #: compacted; the metric kcompact_uncleanable_partitions counts them
+        self.uncleanable = Uncleanable()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.budget = IOBudget(options.throttle_bytes_per_s, monotonic=monotonic,
                                wait=wait if wait is not None else self._stop.wait)
 
     def run_once(self) -> list[CompactionResult]:
-        """Plan, then compact each chosen partition, until done or stopped."""
+        """Plan, then compact each chosen partition, until done or stopped. A partition found
+        damaged is skipped and kept in ``uncleanable`` (compaction/damage.py); its line is
+        printed once, not at every run."""
         res = []
         # a compactor per run, as `kcompact compact` does: its offset map is not kept
         # allocated in the long-running process between runs
@@ -176,8 +227,14 @@ class Scheduler:
         # min(segment.ms, max.compaction.lag.ms)): only sealed segments are cleanable
         self.store.roll(only_due=True)
         seen: dict[tuple[str, int], Assessment] = {}
-        planned = plan(self.store, clock=self.clock, seen=seen)
+        damaged: list[Damage] = []
+        planned = plan(self.store, clock=self.clock, seen=seen, damaged=damaged)
         self.assessments = seen
+        for key in self.uncleanable.snapshot():
+            if key in seen:  # assessed without damage this time (repaired meanwhile)
+                self.uncleanable.clear(*key)
+        for d in damaged:
+            self._damaged(d)
         for c in planned:
             if self._stop.is_set():
                 break
@@ -186,8 +243,17 @@ class Scheduler:
             try:
                 r = compactor.compact_partition(c.topic, c.partition,
                                                 reason=", ".join(c.reasons) or c.reason)
+            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                d = damage_in(c.topic, c.partition, e)
+                if d is None:
+                    raise
+                self._damaged(d)
+                if self.store.writer is None:
+                    self.store.release_partition(c.topic, c.partition)
+                continue
             finally:
                 self.busy = None
+            self.uncleanable.clear(c.topic, c.partition)
             assess(self.store, c.topic, c.partition, self.clock, seen)
             if self.store.writer is None:
                 self.store.release_partition(c.topic, c.partition)
@@ -195,6 +261,11 @@ class Scheduler:
             self.results.append(r)
         self.runs += 1
         return res
+
+    def _damaged(self, d: Damage) -> None:
+        if self.uncleanable.mark(d):
+            print(f"kcompact: {d.line()}; the other partitions are compacted; {REPAIR_HINT}",
+                  file=sys.stderr, flush=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -68,7 +68,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         engine=a.engine, spark_master=a.spark_master, follow=a.follow,
         compact=not a.no_compact, partitions=parse_partitions(a.partitions),
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
-        metrics=a.metrics))
+        metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
+        exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -91,10 +92,16 @@ def cmd_inspect(a: argparse.Namespace) -> int:
     return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
 
 
+def cmd_groups(a: argparse.Namespace) -> int:
+    from .apps.groups import GroupsOptions, run_groups
+    return run_groups(GroupsOptions(store=a.store, group=a.group, json=a.json))
+
+
 def cmd_dump(a: argparse.Namespace) -> int:
     from .apps.inspect import DumpOptions, run_dump
     return run_dump(DumpOptions(store=a.store, topic=a.topic, partition=a.partition,
-                                from_offset=a.from_offset, limit=a.limit, json=a.json))
+                                from_offset=a.from_offset, limit=a.limit, json=a.json,
+                                as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
@@ -108,8 +115,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from kcompact.replication import ServeOptions
-    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, ServeAllOptions,
-                                                     serve_all)
+    from kcompact.replication.kafka_endpoint import (KafkaEndpointOptions, Limits,
+                                                     ServeAllOptions, serve_all)
     http = None
     if a.listen:
         http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
@@ -120,7 +127,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if a.kafka_listen:
         kafka = KafkaEndpointOptions(listen=a.kafka_listen, token_file=a.kafka_token_file,
                                      tls_cert=a.tls_cert, tls_key=a.tls_key,
-                                     allow_unauthenticated=a.allow_unauthenticated)
+                                     allow_unauthenticated=a.allow_unauthenticated,
+                                     limits=Limits.given(a.max_connections, a.client_timeout,
+                                                         a.kafka_idle_timeout))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
@@ -130,13 +139,21 @@ def cmd_replicate(a: argparse.Namespace) -> int:
                                       store=a.store, follow=a.follow, metrics=a.metrics))
 
 
+def cmd_repair(a: argparse.Namespace) -> int:
+    from kcompact.replication.repair import RepairOptions, repair
+    return repair(RepairOptions(store=a.store, from_url=a.from_url, token_file=a.token_file,
+                                topic=a.topic, partition=a.partition, salvage=a.salvage,
+                                json=a.json))
+
+
 def cmd_restore(a: argparse.Namespace) -> int:
     from .apps.restore import RestoreOptions, run_restore
     return run_restore(RestoreOptions(
         store=a.store, topic=a.topic, bootstrap_servers=a.bootstrap_servers,
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
-        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config)))
+        exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -144,7 +161,8 @@ def cmd_kv_build(a: argparse.Namespace) -> int:
     return kv_build(KVBuildOptions(store=a.store, topic=a.topic, db=a.db, follow=a.follow,
                                    bootstrap_servers=a.bootstrap_servers,
                                    kafka_config=parse_settings(a.kafka_config, "-X"),
-                                   metrics=a.metrics))
+                                   metrics=a.metrics, as_of_ms=a.as_of,
+                                   allow_inexact=a.allow_inexact))
 
 
 def cmd_kv_serve(a: argparse.Namespace) -> int:
@@ -196,6 +214,22 @@ def _verify_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     return check
 
 
+def _repair_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    """`repair`: --from (with --token-file) or --salvage, one of the two."""
+    def check(args) -> None:
+        if bool(args.from_url) == bool(args.salvage):
+            parser.error("give --from URL --token-file F (a serving master or replica) or "
+                         "--salvage (keep what verifies), one of the two")
+        if args.from_url and not args.token_file:
+            parser.error("--from needs --token-file F (the file holding the source's bearer "
+                         "token)")
+        if args.token_file and not args.from_url:
+            parser.error("--token-file applies to --from only")
+        if args.partition is not None and args.topic is None:
+            parser.error("--partition needs --topic")
+    return check
+
+
 def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     """`serve`: --listen with --token-file, --kafka-listen, or both (exit 2 otherwise)."""
     def check(args) -> None:
@@ -208,7 +242,7 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if args.token_file and not args.listen:
             parser.error("--token-file applies to --listen only (the Kafka listener's is "
                          "--kafka-token-file)")
-        for flag in ("kafka_token_file", "allow_unauthenticated"):
+        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
@@ -249,6 +283,17 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
             parser.error("give --topic T (repeatable) or --topics-regex RE")
         if args.exclude_regex and not args.topics_regex:
             parser.error("--exclude-regex applies to the topics --topics-regex matches")
+        ms = args.sync_group_offsets_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        if args.no_groups and (args.groups or args.exclude_groups):
+            parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
+        import re
+        for flag, rx in (("--groups", args.groups), ("--exclude-groups", args.exclude_groups)):
+            try:
+                re.compile(rx or "")
+            except re.error as e:
+                parser.error(f"{flag} {rx!r} is not a regular expression ({e})")
     return check
 
 
@@ -310,6 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-sync-configs", action="store_true",
                    help="do not read the topics' configs from Kafka (describe_configs) into the "
                    "store; by default they follow the source at each start (and refresh)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="keep the committed offsets of the consumer groups whose whole id this "
+                   "matches (default: every group that committed on a mirrored topic), captured "
+                   "at start, every 60 s while following and at the end")
+    s.add_argument("--exclude-groups", default=None, metavar="RE",
+                   help="leave out the groups whose whole id this matches")
+    s.add_argument("--no-groups", action="store_true",
+                   help="do not keep the source's consumer-group offsets")
+    s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
+                   "sync.group.offsets.interval.ms; default 60000, at least 1000)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -382,6 +438,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "this PNG (needs kcompact[plots])")
     s.set_defaults(func=cmd_inspect)
 
+    s = sub.add_parser("groups", help="the consumer-group positions a store keeps, with their "
+                       "lag against the store's end")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--group", default=None, metavar="RE",
+                   help="only the groups whose whole id this regular expression matches "
+                   "(default: every group)")
+    _json_flag(s, "print {\"groups\": [{\"group\", \"partitions\": [{\"topic\", "
+               "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
+               "as one JSON document")
+    s.set_defaults(func=cmd_groups)
+
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
     s.add_argument("--topic", required=True, metavar="TOPIC", help="the topic to print")
@@ -395,7 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     _json_flag(s, "one JSON object per record (topic, partition, offset, timestamp, key, value, "
                "headers), values uncut; without it a line per record, values cut at 60 "
                "characters")
-    s.set_defaults(func=cmd_dump)
+    _as_of_flags(s, "print the partition's state at TIME instead of its records: per key its "
+                 "latest record with a timestamp at or before TIME (none when that is a "
+                 "tombstone), and keyless records up to TIME")
+    s.set_defaults(func=cmd_dump, check_usage=_as_of_usage(s))
 
     s = sub.add_parser("verify", help="check every record and index entry (exit 1 on problems)")
     _store_flag(s, "the store to check (nothing is changed)")
@@ -431,10 +501,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", default=None, metavar="PEM",
                    help="the private key of --tls-cert")
     s.add_argument("--max-connections", type=int, default=None, metavar="N",
-                   help="client connections open at once; more are answered 503 (default 256)")
+                   help="client connections open at once, per listener; more are answered 503 "
+                   "(--listen) or closed (--kafka-listen) (default 256 and 1024)")
     s.add_argument("--client-timeout", type=float, default=None, metavar="S",
                    help="seconds a client has to send a whole request, or to take any byte of "
                         "its response, before it is disconnected (default 30)")
+    s.add_argument("--kafka-idle-timeout", type=float, default=None, metavar="S",
+                   help="close a Kafka client connection idle between requests for this long "
+                   "(Kafka's connections.max.idle.ms; default 600)")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 
@@ -449,6 +523,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the rebuild, keep pulling new records until Ctrl-C or SIGTERM")
     _metrics_flag(s)
     s.set_defaults(func=cmd_replicate)
+
+    s = sub.add_parser("repair", help="repair the damaged partitions `verify` finds (from a "
+                       "replica, or by keeping what verifies); docs/operations-damage.md")
+    _store_flag(s, "the store to repair (its damaged files are moved to quarantine/<time>/, "
+                "never deleted)")
+    s.add_argument("--from", dest="from_url", default=None, metavar="URL",
+                   help="pull each damaged partition again from this serving master or replica "
+                   "(`kcompact serve`), http(s)://HOST:PORT (needs --token-file); local records "
+                   "newer than the source's are kept")
+    s.add_argument("--token-file", default=None, metavar="FILE",
+                   help="--from: the file holding the source's bearer token")
+    s.add_argument("--salvage", action="store_true",
+                   help="no replica: keep every record that verifies, drop the damaged ones, "
+                   "rebuild the indexes and print what was lost as offset ranges")
+    s.add_argument("--topic", default=None, metavar="TOPIC",
+                   help="only this topic (default: every topic)")
+    s.add_argument("--partition", type=int, default=None, metavar="P",
+                   help="repair this partition (with --topic), damaged or not (default: the "
+                   "partitions `verify` finds damaged)")
+    _json_flag(s, "print what was repaired and lost as one JSON document on stdout")
+    s.set_defaults(func=cmd_repair, check_usage=_repair_usage(s))
 
     s = sub.add_parser("restore", help="re-publish a store's topic into Kafka")
     _store_flag(s, "the store to read")
@@ -470,8 +565,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exactly-once", choices=("requested", "required", "disabled"),
                    default="requested", help="transactions: when the broker has them "
                    "(default), always, or never (idempotent producer)")
+    s.add_argument("--groups", default=None, metavar="RE",
+                   help="once the restore is done, commit on --to-topic the kept positions "
+                   "(`kcompact groups`) of the consumer groups whose whole id this matches, "
+                   "translated exactly: a source offset O becomes the target offset of the "
+                   "first restored record at or after O (groups with active members are "
+                   "skipped; not with --repartition)")
+    _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
+                 "timestamp at or before TIME; with --groups, their positions as kept then)")
     _kafka_settings_flag(s, "producer")
-    s.set_defaults(func=cmd_restore)
+    s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
     kv = sub.add_parser("kv", help="the local key-value map (LevelDB)")
     kvs = kv.add_subparsers(dest="kv_command", metavar="COMMAND", help="one of:")
@@ -485,8 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the store, catch up (and with --follow, follow) from this Kafka "
                    "cluster (default: the store only)")
     _kafka_settings_flag(s, "consumer", "for --bootstrap-servers")
+    _as_of_flags(s, "build the map of the topic's state at TIME (per key its latest record "
+                 "with a timestamp at or before TIME; a new map, never followed)")
     _metrics_flag(s)
-    s.set_defaults(func=cmd_kv_build)
+    s.set_defaults(func=cmd_kv_build, check_usage=_as_of_usage(s, _kv_as_of_usage(s)))
     s = kvs.add_parser("serve", help="follow a map and answer reads over HTTP")
     _map_flags(s, "the store to build and follow the map from")
     s.add_argument("--listen", required=True, metavar="HOST:PORT",
@@ -528,6 +633,53 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p
+
+
+def parse_time(text: str) -> int:
+    """--as-of TIME: ISO 8601 or epoch milliseconds -> epoch milliseconds (usage error else)."""
+    from kcompact.compaction.history import parse_time as parse
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _as_of_flags(s: argparse.ArgumentParser, what: str) -> None:
+    """--as-of TIME and --allow-inexact (docs/groups-and-as-of.md)."""
+    s.add_argument("--as-of", type=parse_time, default=None, metavar="TIME",
+                   help=f"{what}. TIME: ISO 8601 (2026-11-28T14:29:00Z; local time without an "
+                   "offset, as Kafka's tools) or epoch milliseconds. Refused (exit 1, naming the "
+                   "earliest exact time) when compaction already cleaned history past TIME")
+    s.add_argument("--allow-inexact", action="store_true",
+                   help="with --as-of: answer from what the store still holds even when "
+                   "compaction already cleaned history past TIME")
+
+
+def _as_of_usage(parser: argparse.ArgumentParser,
+                 more: Callable[[Any], None] | None = None) -> Callable[[Any], None]:
+    """--allow-inexact goes with --as-of."""
+    def check(args) -> None:
+        if args.allow_inexact and args.as_of is None:
+            parser.error("--allow-inexact goes with --as-of TIME")
+        if more is not None:
+            more(args)
+    return check
+
+
+def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.groups and args.repartition:
+            parser.error("--groups cannot go with --repartition: records change partitions, so "
+                         "a group's position in a source partition has no place in the target")
+    return check
+
+
+def _kv_as_of_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
+    def check(args) -> None:
+        if args.as_of is not None and (args.follow or args.bootstrap_servers):
+            parser.error("--as-of builds a past state from the store: not with --follow or "
+                         "--bootstrap-servers")
+    return check
 
 
 class _Version(argparse.Action):

@@ -420,6 +420,13 @@ class MasterClient:
                                          f"{topic}-{partition} digests: {_reason(e)}") from None
 
 
+def unavailable_partitions(doc: dict) -> list[tuple[str, int, str]]:
+    """(topic, partition, reason) of each partition a store document lists as held by the
+    master but not served (``unavailable``: replication-protocol.md)."""
+    return [(t["topic"], int(u["partition"]), u["reason"]) for t in doc.get("topics", [])
+            for u in t.get("unavailable", [])]
+
+
 def check_store_doc(doc, url: str) -> None:
     """Refuse a store document whose shape is not what protocol 1 sends (names, ints >= 0)."""
     from kcompact.reput.record import validate_topic
@@ -437,6 +444,10 @@ def check_store_doc(doc, url: str) -> None:
                 if not isinstance(p, dict) or not all(
                         isinstance(p.get(k), int) and p[k] >= 0
                         for k in ("partition", "first_offset", "next_offset")):
+                    return False
+            for u in t.get("unavailable", []):  # (absent before issue 44)
+                if not isinstance(u, dict) or not isinstance(u.get("partition"), int) \
+                        or u["partition"] < 0 or not isinstance(u.get("reason"), str):
                     return False
         return True
     try:

@@ -166,19 +166,25 @@ class GroupOffsets:
         return self._writer
 
     def _partition(self, st: Store):
-        deadline = time.monotonic() + self.lock_wait_s
-        while True:
-            try:
-                return st.writable_partition(TOPIC, 0)
-            except StoreLockedError:
-                if time.monotonic() > deadline:
-                    raise GroupOffsetsError(
-                        f"{self.url}: {TOPIC}-0 stayed locked by another process for "
-                        f"{self.lock_wait_s:.0f} s; the commit was not kept") from None
-                time.sleep(0.02)
+        return hold_partition(st, self.url, self.lock_wait_s, "the commit was not kept")
 
     def close(self) -> None:
         with self._write_lock:
             if self._writer is not None:
                 w, self._writer = self._writer, None
                 w.close()
+
+
+def hold_partition(st: Store, url: str, wait_s: float, lost: str):
+    """The topic's partition 0 of ``st`` for writing, waiting up to ``wait_s`` for another
+    process appending to it (the endpoint, a capturing mirror); GroupOffsetsError saying what
+    was ``lost`` otherwise."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return st.writable_partition(TOPIC, 0)
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                raise GroupOffsetsError(f"{url}: {TOPIC}-0 stayed locked by another process "
+                                        f"for {wait_s:.0f} s; {lost}") from None
+            time.sleep(0.02)

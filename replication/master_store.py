@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from kcompact.compaction.history import horizon_of
 from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
@@ -148,15 +149,35 @@ class MasterStore:
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()
-            cleaned, _ = swap.read_checkpoint(self.fs, pl.dir)
+            cleaned, last_run = swap.read_checkpoint(self.fs, pl.dir)
             return {"partition": partition, "first_offset": pl.first_offset,
                     "next_offset": pl.next_offset, "compaction_horizon": cleaned,
+                    # history compaction cleaned (--as-of): a replica keeps it with the records
+                    "cleaned_timestamp": horizon_of(cleaned, last_run),
                     "segments": len(pl.segments), "bytes": pl.size_bytes()}
 
     def topic_doc(self, topic: str, meta: StoreMeta) -> dict[str, Any]:
+        """The topic's entry of ``/v1/store``: ``partitions``, those served, and
+        ``unavailable``, those the store holds but does not serve (a path outside the store,
+        or damage that keeps the partition from opening), each with its reason, so that a
+        replica names them instead of going without them (issue 44)."""
         from kcompact.reput.config import TopicConfig
+        from kcompact.reput.errors import CorruptRecordError
+        served, unavailable = [], []
+        for p in self.store.partitions(topic):
+            if self.outside(topic, p) is not None:
+                unavailable.append({"partition": p, "reason": "not served: a path of it "
+                                    "resolves outside the store (a symlink?); the master's log "
+                                    "names it"})
+                continue
+            try:
+                served.append(self.partition_info(topic, p))
+            except CorruptRecordError as e:
+                with self._lock:
+                    self._parts.pop((topic, p), None)
+                unavailable.append({"partition": p, "reason": f"damaged on the master: {e}"})
         return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
-                "partitions": [self.partition_info(topic, p) for p in self.partitions(topic)]}
+                "partitions": served, "unavailable": unavailable}
 
     def store_doc(self) -> dict[str, Any]:
         meta = self.meta()

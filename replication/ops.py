@@ -264,7 +264,8 @@ def check_listen(listen: str | None) -> None:
 def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
     """The metric families of a background compaction ``Scheduler`` (kcompact.compaction):
     runs, partitions compacted, bytes read and written, records dropped, the offset map's
-    utilisation, failures; and each partition's dirty ratio and clean/dirty bytes as of the
+    utilisation, failures, the partitions found damaged (``kcompact_uncleanable_partitions``:
+    skipped, the others compacted); and each partition's dirty ratio and clean/dirty bytes as of the
     scheduler's last assessment (``Scheduler.assessments``, made on its own thread: a scrape
     takes none of the writer's locks)."""
     runs = counter("compaction_runs", "Planner runs of the background compaction.")
@@ -309,6 +310,17 @@ def compaction_metrics(scheduler: Any) -> Iterable[Metric]:
         clean.add_metric(lv, a.clean_bytes)
         dirty.add_metric(lv, a.dirty_bytes)
     yield from (ratio, clean, dirty)
+    damaged = scheduler.uncleanable.snapshot()
+    unc = gauge("uncleanable_partitions", "Partitions the background compaction found damaged "
+                "and skips, the others being compacted (Kafka's uncleanable-partitions-count); "
+                "alert on > 0 and run `kcompact repair` (docs/operations-damage.md).")
+    unc.add_metric([], len(damaged))
+    yield unc
+    each = gauge("uncleanable_partition", "1 for each partition found damaged, with the file "
+                 "of the first problem met.", lab + ["file"])
+    for (t, p), d in sorted(damaged.items()):
+        each.add_metric([t, str(p), d.path or ""], 1)
+    yield each
 
 
 def store_metrics(stores: Iterable[Any]) -> Iterable[Metric]:

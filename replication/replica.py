@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kcompact.compaction import CompactionOptions, Compactor, Scheduler
+from kcompact.compaction import history
 from kcompact.compaction.compactor import DEFAULT_MAP_MEMORY
 from kcompact.reput import filenames as fn
 from kcompact.reput.env import ENV, value
@@ -58,7 +59,7 @@ from kcompact.reput.record import Scratch
 from kcompact.reput.config import TopicConfig
 from kcompact.reput.store import Store, SyncPacer
 
-from .client import Chunk, MasterClient, check_master_url, negotiate
+from .client import Chunk, MasterClient, check_master_url, negotiate, unavailable_partitions
 from .errors import ProtocolError, ReplicaError, ReplicationError
 from .progress import Progress
 from .protocol import PROTOCOL_VERSIONS, SEGMENTS_VERSION, check_records, read_token_file
@@ -167,15 +168,38 @@ class Replicator:
         if doc.get("store_id") == self.store.meta.store_id:
             raise ReplicaError(f"{self.store.url} is the master's own store (same store id); "
                                "replicate into another directory")
-        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
-        if note:
-            self.progress.note("replicate", note)
-        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
-        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.use_document(doc, "replicate")
         await self._run(self._sync_configs, doc)
-        self.master_doc = doc
         await self._warm
         return doc
+
+    def use_document(self, doc: dict, name: str) -> None:
+        """Speak with the master whose ``/v1/store`` is ``doc``: the best protocol both speak
+        and its request size limit (``name``: whose note a version 1 master gets)."""
+        self.protocol, note = negotiate(doc, self.client.url, self.options.protocol)
+        if note:
+            self.progress.note(name, note)
+        limit = int(doc.get("limits", {}).get("max_bytes", self.max_bytes))
+        self.max_bytes = max(64 * 1024, min(self.max_bytes, limit))
+        self.master_doc = doc
+
+    async def pull_into(self, staging: PartitionLog, topic: str, partition: int,
+                        info: dict) -> PartitionResult:
+        """Pull the master's ``topic``-``partition`` (``info``: its entry of ``/v1/store``)
+        from offset 0 to its next offset into ``staging``, an empty writable log whose files
+        are on ``self.fs`` (version 2: sealed segments as stored): what `kcompact repair
+        --from` rebuilds a damaged partition from. Keyed tombstones up to the master's horizon
+        are stamped as cleaned now, as a rebuild's are."""
+        target = int(info["next_offset"])
+        res = PartitionResult(topic, partition, master_next_offset=target)
+        name = f"{topic}-{partition}"
+        t0 = time.monotonic()
+        self.progress.start(name, min(int(info.get("first_offset", 0)), target), target, 0)
+        await self._pull(topic, partition, staging, 0, target, name,
+                         int(info.get("compaction_horizon", -1)), res)
+        res.pull_s = res.duration_s = time.monotonic() - t0
+        res.next_offset = staging.next_offset
+        return res
 
     def _sync_configs(self, doc: dict) -> None:
         """The master's topic configs (its effective values, those not at the default) become
@@ -248,7 +272,10 @@ class Replicator:
                 self.progress.start(name, min(first, target), target, start)
                 # what the master already compacted: its tombstones count as cleaned from now
                 horizon = int(info.get("compaction_horizon", -1))
-                await self._run(self._note_horizon, topic, partition, start, horizon)
+                # the history the master's compaction cleaned (None: it does not say)
+                cleaned_ts = info.get(history.HISTORY_KEY)
+                await self._run(self._note_horizon, topic, partition, start, horizon,
+                                cleaned_ts if isinstance(cleaned_ts, int) else None)
                 try:
                     await self._pull(topic, partition, staging, start, target, name, horizon,
                                      res)
@@ -581,18 +608,33 @@ class Replicator:
             return {}
         return doc if isinstance(doc, dict) else {}
 
-    def _note_horizon(self, topic: str, partition: int, start: int, horizon: int) -> None:
+    def _note_horizon(self, topic: str, partition: int, start: int, horizon: int,
+                      cleaned_ts: int | None = None) -> None:
         """Keep in ``source.json`` the compaction horizon the pulled records are clean up to:
         the master's at the start of a fresh pull, and never more than the master's at the start
         of any resumed one (records pulled before the master compacted further are only clean up
         to its horizon then). The install makes it the partition's horizon, so the force
-        compaction maps only what the master had not compacted."""
+        compaction maps only what the master had not compacted. Also the master's history
+        horizon (compaction/history.py): the pulled records lack what its compaction cleaned,
+        so the replica answers --as-of exactly no earlier than the master (the highest of the
+        masters' horizons over resumed pulls; unknown when one did not say)."""
         doc = self._source(topic, partition)  # _prepare has just written or checked it
         clean = horizon if start == 0 else min(int(doc.get("horizon", -1)), horizon)
-        if doc.get("horizon") != clean:
+        key = history.HISTORY_KEY
+        hist = cleaned_ts if start == 0 else history.combine(doc.get(key), cleaned_ts)
+        if doc.get("horizon") != clean or key not in doc or doc[key] != hist:
             doc["horizon"] = clean
+            doc[key] = hist
             self.fs.write_atomic(f"{fn.replicating_dir(topic, partition)}/{SOURCE_FILE}",
                                  json.dumps(doc).encode())
+
+    def _installed_run(self, topic: str, partition: int, live: PartitionLog) -> dict:
+        """The checkpoint's ``last_run`` of an install: the master, and the history horizon of
+        the result: the master's combined with what the local partition had cleaned before
+        (unknown when source.json has none: a pull begun by an older kcompact)."""
+        pulled = self._source(topic, partition).get(history.HISTORY_KEY)
+        return {"replicated_from": self.client.store_id,
+                history.HISTORY_KEY: history.combine(pulled, history.partition_horizon(live))}
 
     def _pulled_horizon(self, topic: str, partition: int) -> int:
         try:
@@ -644,13 +686,13 @@ class Replicator:
         if getattr(live, "manifest_mode", False):
             # S3: the staged segments replace every live one in one manifest commit
             with self.store.lock:
-                live.install_segments(sdir, outputs, {"replicated_from": self.client.store_id},
+                live.install_segments(sdir, outputs, self._installed_run(topic, partition, live),
                                       cleaned_offset=horizon)
                 self.store.release_partition(topic, partition)
             fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
             return merge
         plan = swap.SwapPlan([s.base for s in live.segments], outputs, horizon,
-                             {"replicated_from": self.client.store_id})
+                             self._installed_run(topic, partition, live))
         swap.commit(fs, pdir, plan)
         with self.store.lock:
             swap.apply(fs, pdir, plan)
@@ -905,6 +947,18 @@ async def _replicate(opts: ReplicateOptions, token: bytes, options: ReplicaOptio
                   f"in {dt:.1f}s ({total / 1e6 / max(dt, 1e-9):,.0f} MB/s); protocol "
                   f"{rep.protocol}: {total:,} bytes, {shipped:,} of them "
                   f"{sum(r.shipped_segments for r in results)} segments as stored", flush=True)
+            missing = unavailable_partitions(first)
+            if missing:
+                # a partition the master holds but does not serve is never a silent omission
+                t, p, why = missing[0]
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                msg = (f"master {client.url} holds {t}-{p}{more} but does not serve it: {why}; "
+                       f"the other {len(results)} partitions were replicated; fix it on the "
+                       "master (`kcompact verify`, `kcompact repair`) and run `kcompact "
+                       "replicate` again")
+                if not opts.follow:
+                    raise ReplicaError(msg)
+                progress.note("replicate", f"warning: {msg}")
             if opts.follow and not stop.is_set():
                 progress.note("replicate", "following the master (Ctrl-C to stop)")
                 await rep.follow(stop)

@@ -17,7 +17,9 @@ offset is behind ``upto``, a live offset on one side only or a record whose dige
 difference; each is printed with topic, partition, counts and the first few offsets and keys.
 A side that cannot read its store for a partition (the replica's damage, or the master's: its 500
 or the error frame ending its digests body, MasterStoreError) makes that partition a difference,
-named with the file and byte, and the comparison goes on with the next partition.
+named with the file and byte, and the comparison goes on with the next partition. The master's
+whole partition list is compared: one it holds but does not serve (its store document's
+``unavailable``: a symlink out of the store, damage) is a difference naming it.
 Exit 1 when any difference is found, 0 when every partition is equal.
 
 Against a master that keeps writing and compacting, the comparison is of the state below
@@ -40,7 +42,7 @@ from kcompact.reput.errors import ReputError
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.store import Store
 
-from .client import MasterClient, check_master_url
+from .client import MasterClient, check_master_url, unavailable_partitions
 from .errors import MasterStoreError, ReplicationError
 from .live import bitmap_array, digest_frames, live_offsets
 from .protocol import DigestFrame, FrameReader, new_salt, read_token_file
@@ -289,9 +291,15 @@ async def compare_stores(store: Store, master_url: str, token: bytes) -> Against
             master = {(t["topic"], int(p["partition"])): p
                       for t in doc["topics"] for p in t["partitions"]}
             local = {(t, p) for t in store.topics() for p in store.partitions(t)}
-            for key in sorted(set(master) | local):
+            # partitions the master holds but does not serve: a difference, never skipped
+            unserved = {(t, p): why for t, p, why in unavailable_partitions(doc)}
+            for key in sorted(set(master) | local | set(unserved)):
                 t, p = key
-                if key not in local:
+                if key in unserved:
+                    d = PartitionDiff(t, p)
+                    d.problems.append(f"the master holds it but does not serve it: "
+                                      f"{unserved[key]}")
+                elif key not in local:
                     d = PartitionDiff(t, p, master_next=int(master[key]["next_offset"]))
                     d.problems.append("missing on the replica")
                 elif key not in master:

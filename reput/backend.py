@@ -660,11 +660,14 @@ class MemoryBackend(Backend):
 
     def isdir(self, path):
         pre = path.rstrip("/") + "/"
-        return any(k.startswith(pre) for k in self.files)
+        return any(k.startswith(pre) for k in list(self.files))  # (a snapshot: see listdir)
 
     def listdir(self, path):
         pre = path.rstrip("/") + "/" if path else ""
-        return sorted({k[len(pre):].split("/", 1)[0] for k in self.files if k.startswith(pre)})
+        # list(): a snapshot taken at once (one C call under the GIL); iterating the dict itself
+        # fails when another thread's write adds a file meanwhile (a parallel flush's seals)
+        return sorted({k[len(pre):].split("/", 1)[0] for k in list(self.files)
+                       if k.startswith(pre)})
 
     def write_atomic(self, path, data):
         self.files[path] = bytearray(data)
@@ -693,6 +696,6 @@ class MemoryBackend(Backend):
 
     def remove_tree(self, path):
         pre = path.rstrip("/") + "/"
-        for k in [k for k in self.files if k.startswith(pre)]:
+        for k in [k for k in list(self.files) if k.startswith(pre)]:
             del self.files[k]
             self.mtimes.pop(k, None)

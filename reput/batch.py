@@ -35,6 +35,9 @@ BATCH_HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = BATCH_HEADER.size   # 61
 LOG_OVERHEAD = 12                 # baseOffset + batchLength: bytes before what batchLength counts
 CRC_START = 21                    # the CRC covers [attributes, end)
+#: the smallest Kafka record: length, attributes, timestamp delta, offset delta, key length,
+#: value length and header count, one byte each (a count is bounded by the bytes before use)
+MIN_KAFKA_RECORD = 7
 _HEAD12 = struct.Struct(">qi")
 #: the C kernels' decode statuses (reput/_kafka_native.h): every record whole / a length or
 #: varint runs past the payload / a value out of range; kafka_find: offset deltas not rising
@@ -50,6 +53,20 @@ def crc32c(buf: np.ndarray, start: int, end: int) -> int:
     """CRC-32C (Castagnoli) of buf[start:end]."""
     return int(_N.crc32c_range(buf, start, end))
 
+
+
+def empty_batch(base: int, last: int) -> bytes:
+    """A RecordBatch v2 holding no record that spans offsets base..last (0 <= last - base <=
+    2^31 - 1): a consumer steps over it to ``last + 1``. Kafka's cleaner writes such batches
+    (every record of a batch removed, its producer state kept); the endpoint bridges a gap
+    after a partition's last record with one (docs/formats/kafka-endpoint-fetch.md)."""
+    if not 0 <= last - base <= 0x7FFFFFFF:
+        raise ValueError(f"an empty batch spans at most 2^31 offsets, not {base}..{last}")
+    out = np.zeros(HEADER_SIZE, np.uint8)
+    BATCH_HEADER.pack_into(out, 0, base, HEADER_SIZE - LOG_OVERHEAD, -1, MAGIC, 0, 0,
+                           last - base, -1, -1, -1, -1, -1, 0)
+    struct.pack_into(">I", out, 17, crc32c(out, CRC_START, HEADER_SIZE))
+    return out.tobytes()
 
 def _to_kafka(buf, pos, lo: int, hi: int, base_off: int, base_ts: int) -> np.ndarray:
     """Records pos[lo:hi] of ``buf`` (verified format-1 records) as Kafka records."""
@@ -301,6 +318,9 @@ def walk_opened(b: Opened, tl: int, where: str) -> Walked:
     """``walk_batch`` of a batch already opened."""
     h, payload = b
     pos = h.position
+    if h.count > payload.shape[0] // MIN_KAFKA_RECORD:  # (before allocating for the claim)
+        raise CorruptRecordError(f"{where}: the batch at byte {pos} claims {h.count} records "
+                                 f"in {payload.shape[0]} bytes", where, pos)
     sz = np.empty(h.count, np.int64)
     starts = np.empty(h.count, np.int64)
     deltas = np.empty(h.count, np.int64)
@@ -745,6 +765,7 @@ def _assemble(parts, topic_arr, partition) -> Decoded:
 __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ4", "CODEC_NAMES",
            "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
            "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
-           "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress", "encode_batch",
+           "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress",
+           "empty_batch", "encode_batch",
            "encode_plain", "open_batch", "parse_head", "span_entries", "span_fields", "walk_opened",
            "zstd_compress", "zstd_decompress"]

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from . import bcq as B
-from .codecs import zstd_compress, zstd_decompress
+from .codecs import ZSTD_MAX_CONTENT, zstd_compress, zstd_decompress
 from .errors import CorruptRecordError
 from . import _native as _N
 
@@ -44,6 +44,13 @@ CHUNK_LEVEL = 3
 _U32 = struct.Struct("<II")
 #: bytes of a chunk's columns a record: offset_delta timestamp_delta flags clean_time digest
 _ENTRY_BYTES = 4 + 8 + 1 + 4 + 8 + 8
+#: the most records a chunk can hold: its columns decompress to at most ZSTD_MAX_CONTENT bytes
+#: (8 + 8 * batches + 33 * records, one batch at least); a header or directory claiming more is
+#: refused before anything is allocated for them (issue 44)
+MAX_CHUNK_RECORDS = (ZSTD_MAX_CONTENT - 16) // _ENTRY_BYTES
+#: a whole-index decode of more entries than this first checks each chunk's claim against its
+#: zstd frame's declared size (bytes read, not allocated)
+CHECK_CLAIMS_ABOVE = 1 << 20
 
 
 def is_lean(head: bytes) -> bool:
@@ -262,6 +269,9 @@ class LeanIndex:
         if _crc(raw) != dir_crc:
             raise CorruptRecordError(f"{path}: lean index directory CRC mismatch", path,
                                      HEADER_SIZE)
+        if records > chunks * MAX_CHUNK_RECORDS or (records == 0) != (chunks == 0):
+            raise CorruptRecordError(f"{path}: lean index header claims {records} records in "
+                                     f"{chunks} chunks", path, 0)
         self.codec, self.n, self.log_size = codec, int(records), int(log_size)
         self.dir = np.frombuffer(raw, DIR_DTYPE).copy()
         ends = self.dir["chunk_pos"].astype(np.int64) + self.dir["chunk_len"]
@@ -430,8 +440,10 @@ class LeanIndex:
         last = i + 1 >= self.chunk_count
         n = self._records_in(i)
         nxt_pos = self.log_size if last else int(self.dir["first_position"][i + 1])
-        e = np.empty(max(n, 0), B.BCQ_DTYPE) if out is None else out
-        if n <= 0 or e.shape[0] != n or not _N.lean_decode(
+        if n <= 0 or not 16 + _ENTRY_BYTES * n <= body.shape[0] <= 8 + (8 + _ENTRY_BYTES) * n:
+            raise bad  # (the body's size first: a count is never trusted before it)
+        e = np.empty(n, B.BCQ_DTYPE) if out is None else out
+        if e.shape[0] != n or not _N.lean_decode(
                 body, n, int(d["first_offset"]), int(d["last_offset"]),
                 int(d["first_position"]), nxt_pos, e.view(np.uint8).reshape(-1)):
             raise bad
@@ -441,6 +453,8 @@ class LeanIndex:
     def entries(self) -> np.ndarray:
         """Every entry of the segment (decoded once, then cached)."""
         if self._all is None:
+            if self.n > CHECK_CLAIMS_ABOVE:
+                self._check_claims()
             out = np.empty(self.n, B.BCQ_DTYPE)
             for i in range(self.chunk_count):
                 lo = int(self.dir["first_entry"][i])
@@ -452,6 +466,22 @@ class LeanIndex:
                     self._load(i, out[lo:hi])
             self._all = out
         return self._all
+
+    def _check_claims(self) -> None:
+        """Each chunk's record count (the directory's) against what its zstd frame declares it
+        decompresses to (8 + 8 * batches + 33 * records bytes, batches <= records): a claim no
+        chunk can hold is refused before the entries are allocated."""
+        from .codecs import _zstandard
+        for i in range(self.chunk_count):
+            raw, pos = self._raw(i)
+            n = self._records_in(i)
+            try:
+                size = _zstandard().frame_content_size(raw)
+            except Exception:  # noqa: BLE001 - the codec's own error
+                raise self._bad(i, pos) from None
+            if n <= 0 or (size >= 0 and not 16 + _ENTRY_BYTES * n <= size
+                          <= 8 + (8 + _ENTRY_BYTES) * n):
+                raise self._bad(i, pos)
 
     @property
     def words(self) -> np.ndarray:

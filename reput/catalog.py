@@ -135,7 +135,16 @@ class SegmentCatalog:
     @property
     def next_offset(self) -> int:
         base = self.segments[-1].base if self.segments else 0
-        return max(self.last_offset + 1, base, self.next_offset_floor())
+        return max(self.last_offset + 1, base, self.next_offset_floor(), self.source_next)
+
+    #: where the source goes on past the last record (``PartitionLog.advance_next_offset``:
+    #: transaction markers, aborted records); 0: nowhere. Recorded by the next list or manifest.
+    source_next = 0
+
+    def advance_source_next(self, offset: int) -> None:
+        """The source goes on at ``offset`` (``PartitionLog.advance_next_offset``): an object
+        store's next manifest records it; a local list records it at once (LocalCatalog)."""
+        self.source_next = offset
 
     def segment_for(self, offset: int) -> int:
         """Index of the segment whose range holds ``offset`` (0 if before the first). Segments

@@ -98,6 +98,9 @@ DEV_ENV = (
             "tests/unit/test_fuzz_store.py: hypothesis examples per test, for a longer run.")
     .define("KCOMPACT_CRASH_SEED", Type.INT, 20240601, None, Importance.LOW,
             "tests/unit/test_compaction_crash.py: the seed of its random kill points.")
+    .define("KCOMPACT_FULL_CAMPAIGN", Type.STRING, None, one_of("1"), Importance.LOW,
+            "tests/integration/test_issue44_repair_e2e.py: 1 runs every case of the damage "
+            "campaign end to end (about 20 minutes) instead of a sample.")
     .define("KCOMPACT_BENCH_KAFKA_LOGS", Type.STRING, None, None, Importance.LOW,
             "bench/kafka_peers.py: keep the Apache Kafka broker's logs in this directory.")
 )

@@ -9,6 +9,8 @@ Layout (docs/formats/README.md):
     partitions/<topic>/<partition>/segments.json   (the segment list)
     partitions/<topic>/<partition>/compaction.checkpoint
     partitions/<topic>/<partition>/.compacting/   .replicating/
+    quarantine/<run>/report.json, quarantine/<run>/partitions/...   (kcompact repair)
+    .repair/<run>/                                 (a repair's staging)
 
 Offsets and positions are zero-padded to 20 digits so that `ls` sorts the files numerically.
 Paths are '/'-separated and relative to the store root; backends map them to files or keys.
@@ -44,6 +46,10 @@ LOCK_FILE = "writer.lock"
 COMPACTION_LOCK = "compaction.lock"
 TMP_SUFFIX = ".tmp"
 MANIFEST_DIR = "manifest"
+#: `kcompact repair` (docs/formats/quarantine.md): the damaged files it replaced, as evidence,
+#: and where it builds a repaired partition before the swap
+QUARANTINE_DIR = "quarantine"
+REPAIR_DIR = ".repair"
 MANIFEST_SUFFIX = ".json"
 
 _BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")

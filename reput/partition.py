@@ -316,6 +316,18 @@ class PartitionLog:
         the tail, and a damaged .bcq cannot move it back)."""
         return self.catalog.next_offset
 
+    def advance_next_offset(self, offset: int) -> bool:
+        """Writer: the source partition goes on at ``offset``, past the last record stored here
+        (transaction markers, aborted records that a read_committed consumer stepped over).
+        Make it the partition's next offset, so that readers' end offsets and a resuming
+        writer's start are the source's. Call it once every record below ``offset`` is durable
+        (``Store.flush`` does): a local store lists it at once (segment list), an object store
+        commits it with the next seal (manifest). Returns whether it moved."""
+        if offset <= self.next_offset:
+            return False
+        self.catalog.advance_source_next(offset)
+        return True
+
     def record_count(self) -> int:
         return sum(seg.count() for seg in self.segments)
 

@@ -254,6 +254,11 @@ class LocalCatalog(SegmentCatalog):
         if self.keeps_list:
             self.write_list(self.listed_open | {base})
 
+    def advance_source_next(self, offset: int) -> None:
+        super().advance_source_next(offset)
+        if self.keeps_list and self.writable:
+            self.write_list(self.listed_open)
+
     def segment_dropped(self, base: int) -> None:
         """An empty active segment a roll renamed forward is no longer listed open."""
         self.listed_open.discard(base)

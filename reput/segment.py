@@ -127,11 +127,14 @@ class KafkaBatches(NamedTuple):
     """Whole Kafka RecordBatch v2 batches (``PartitionReader.kafka_batches``): ``parts``,
     buffer objects holding them back to back (memoryview slices of a mapped sealed .log on a
     local store, bytes otherwise), ``nbytes`` in all; ``next_offset``: the last batch's
-    baseOffset + lastOffsetDelta + 1, or the offset asked for when nothing is at or after it."""
+    baseOffset + lastOffsetDelta + 1, or the offset asked for when nothing is at or after it;
+    ``zstd``: whether any of the batches is compressed with zstd (which Kafka serves only to a
+    Fetch v10+, KIP-110), so that the endpoint need not look inside them."""
 
     parts: list
     nbytes: int
     next_offset: int
+    zstd: bool = False
 
 
 class TimestampOffset(NamedTuple):

@@ -275,6 +275,9 @@ class Store:
         self._sealer: Any = None
         self.seals_left = 0
         self.stats = {"appended": 0, "dispatched": 0, "skipped": 0}
+        #: (topic, partition) -> where the source goes on past the last record appended
+        #: (``advance_next_offset``), made the partitions' next offsets by the next flush
+        self._advances: dict[tuple[str, int], int] = {}
         #: each flush's fsyncs of the partitions' files (all of them: one observation)
         self.partition_fsync_time = Timing()
         if writer is not None:
@@ -339,6 +342,9 @@ class Store:
                 raise
             raise StoreFormatError(f"{fs.url}/store.json is a directory") from None
         meta = StoreMeta.from_json(raw, fs.url)
+        if fs.appendable and fs.local_path("") is not None and fs.isdir(fn.REPAIR_DIR):
+            from .quarantine import finish_repairs
+            finish_repairs(fs)  # a `kcompact repair` killed after its commit point
         if commitlog_dir is None and not fs.appendable:
             commitlog_dir = default_commitlog_dir(meta.store_id)
         clfs = LocalBackend(commitlog_dir) if commitlog_dir else None
@@ -582,6 +588,19 @@ class Store:
     def next_offset(self, topic: str, partition: int) -> int:
         return self.partition(topic, partition).next_offset
 
+    def advance_next_offset(self, topic: str, partition: int, offset: int) -> None:
+        """Writer: the source partition goes on at ``offset`` (a consumer's position after
+        transaction markers or aborted records that follow the last record appended). The next
+        ``flush``, once the records appended before this call are durable, makes it the
+        partition's next offset (``PartitionLog.advance_next_offset``): the store's end offset
+        is then the source's, and a mirror resumes there. Never moves a next offset back."""
+        if self.commitlog is None:
+            raise ReputError("this store was opened read-only; open it with a writer id to append")
+        with self.lock:
+            key = (topic, int(partition))
+            if offset > self._advances.get(key, -1):
+                self._advances[key] = int(offset)
+
     def first_offset(self, topic: str, partition: int) -> int:
         return self.partition(topic, partition).first_offset
 
@@ -740,6 +759,9 @@ class Store:
                 t0 = self.clock.monotonic()
                 self._sync_partitions()
                 self.partition_fsync_time.observe(self.clock.monotonic() - t0)
+            advances, self._advances = self._advances, {}
+            for (topic, partition), offset in sorted(advances.items()):
+                self.writable_partition(topic, partition).advance_next_offset(offset)
             if self.remote:
                 # seal: upload each partition's new segments and commit its manifest, before
                 # the checkpoint says those records need no re-dispatch

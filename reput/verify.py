@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import _kernels as K
-from . import _native as _N
 from . import filenames as fn
 from . import swap
 from .errors import CorruptRecordError, ReputError
@@ -88,29 +86,13 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
 
 
 def verify_commitlogs(store: Store, report: VerifyReport) -> None:
-    fs = store.commitlog_fs
-    for writer in fs.listdir(fn.COMMITLOG_DIR):
-        try:
-            fn.validate_writer(writer)
-        except Exception:
-            continue
-        bases = sorted(b for b, kind in filter(None, map(fn.parse_base,
-                                                          fs.listdir(fn.writer_dir(writer))))
-                       if kind == "log")
-        for k, base in enumerate(bases):
-            path = fn.commitlog_segment(writer, base)
-            size = fs.size(path)
-            report.commitlog_segments += 1
-            if size == 0:
-                continue
-            buf = fs.map(path, size)
-            _, stop, status = _N.count_records(buf, 0, size, True)
-            if status == K.SCAN_OK:
-                continue
-            if status == K.SCAN_TORN and k == len(bases) - 1:
-                continue  # a torn tail in the active segment: the writer truncates it on open
-            report.problems.append(Problem(path, int(stop), "corrupt record in the commit log"
-                                           if status == K.SCAN_CORRUPT else "torn record"))
+    from .salvage_store import commitlog_segments
+    for writer, base, _size, stop, what in commitlog_segments(store.commitlog_fs):
+        report.commitlog_segments += 1
+        if stop is not None:
+            report.problems.append(Problem(fn.commitlog_segment(writer, base), stop,
+                                           "corrupt record in the commit log"
+                                           if what == "corrupt record" else "torn record"))
 
 
 def verify_store(store: Store, topic: str | None = None) -> VerifyReport:

@@ -9,6 +9,10 @@ compacts them here, within ``--max-bytes-per-sec`` (Kafka's
 ``log.cleaner.io.max.bytes.per.second``), ``--engine spark`` in one Spark task per partition
 (apps/spark/compact_job.py). An explicit engine is never swapped for another: when Spark cannot
 run, the command says why before anything is opened.
+
+A partition found damaged is skipped with one line on stderr naming its file, byte and reason
+(compaction/damage.py), every other partition is compacted, and the command then exits 1 with
+one error line naming the damage and `kcompact repair` (docs/operations-damage.md).
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from kcompact.compaction import (DEFAULT_MAP_MEMORY, CompactionOptions, compact_store, plan,
-                                 roll_unheld)
+from kcompact.compaction import (DEFAULT_MAP_MEMORY, REPAIR_HINT, CompactionOptions, Damage,
+                                 compact_store, damaged_result, plan, roll_unheld, unique)
+from kcompact.reput import CorruptRecordError
 from kcompact.reput import Store
 
 from ..errors import ConnectorsError
@@ -70,10 +75,13 @@ def run_compact(opts: CompactOptions) -> int:
     store.close()
     if opts.json:
         print_json({"store": opts.store, "partitions": [r.to_dict() for r in results]})
-        return 0
+        return _exit_for([r.to_dict() for r in results])
     if not results:
         print(NOTHING_TO_COMPACT)
     for r in results:
+        if r.damaged:
+            print(f"{r.topic}-{r.partition}: skipped: damaged (see stderr)")
+            continue
         if r.skipped:
             print(f"{r.topic}-{r.partition}: skipped: {r.skipped}")
             continue
@@ -84,7 +92,21 @@ def run_compact(opts: CompactOptions) -> int:
               f"(recopy {r.recopy_percent:.0f}%), segments {r.segments_before} -> "
               f"{r.segments_after}, map {r.map_utilization_max:.0%} full at "
               f"{r.map_bytes_per_key:.1f} B/key, {r.duration_s:.2f}s")
-    return 0
+    return _exit_for([r.to_dict() for r in results])
+
+
+def _exit_for(results: list[dict]) -> int:
+    """0, or the one error line (exit 1) when a partition was skipped as damaged: it names the
+    first one's file, byte and reason, how many others were damaged and compacted, and the
+    command that repairs it (the partitions' own lines came before, on stderr)."""
+    bad = [r for r in results if r.get("damaged")]
+    if not bad:
+        return 0
+    d = Damage(**bad[0]["damaged"])
+    more = f" (and {len(bad) - 1} more damaged partitions)" if len(bad) > 1 else ""
+    done = len(results) - len(bad)
+    raise ConnectorsError(f"{d.name} is damaged and was not compacted{more}: {d.where()}; "
+                          f"{done} other partitions were processed; {REPAIR_HINT}")
 
 
 def _compact_spark(opts: CompactOptions) -> int:
@@ -98,21 +120,32 @@ def _compact_spark(opts: CompactOptions) -> int:
         raise ConnectorsError("--max-bytes-per-sec applies to --engine local (a Spark task "
                               "per partition has no shared budget)")
     store = _open(opts)
+    damaged: list[Damage] = []
     if not opts.force:
         for t in ([opts.topic] if opts.topic else store.topics()):
             for p in store.partitions(t):
                 if opts.partition is None or p == opts.partition:
-                    roll_unheld(store, t, p)
+                    try:
+                        roll_unheld(store, t, p)
+                    except CorruptRecordError as e:
+                        damaged.append(Damage.of(t, p, e))
+    found = {(d.topic, d.partition) for d in damaged}
     cands = [(c.topic, c.partition) for c in plan(store, topic=opts.topic,
-                                                   partition=opts.partition, force=opts.force)]
+                                                   partition=opts.partition, force=opts.force,
+                                                   damaged=damaged)
+             if (c.topic, c.partition) not in found]
     store.close()
-    results = compact_with_spark(opts.store, cands, master=opts.spark_master,
-                                 map_memory=opts.offset_map_memory, force=opts.force)
+    results = [damaged_result(d).to_dict() for d in unique(damaged)]
+    results += compact_with_spark(opts.store, cands, master=opts.spark_master,
+                                  map_memory=opts.offset_map_memory, force=opts.force)
+    for r in results:
+        if r.get("damaged"):
+            print(Damage(**r["damaged"]).line(), file=sys.stderr, flush=True)
     if opts.json:
         print_json({"store": opts.store, "engine": "spark", "partitions": results})
-        return 0
+        return _exit_for(results)
     if not results:
         print(NOTHING_TO_COMPACT)
     for line in compaction_lines(results):
         print(line)
-    return 0
+    return _exit_for(results)

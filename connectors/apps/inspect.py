@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from kcompact.compaction import partition_status
-from kcompact.reput import FLAG_KEYLESS, FLAG_TOMBSTONE, Store, verify_store
+from kcompact.compaction import REPAIR_HINT, Damage, partition_status
+from kcompact.reput import (FLAG_KEYLESS, FLAG_TOMBSTONE, CorruptRecordError, Store,
+                            verify_store)
 from kcompact.reput import filenames as fn
 from kcompact.reput.record import Record
 
@@ -27,6 +28,16 @@ from .output import human_bytes, print_json, text_or_b64
 
 
 def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
+    """The partition's row of `inspect`; a damaged partition's says only where (``damaged``:
+    file, byte, reason; compaction/damage.py), the others have ``"damaged": null``."""
+    try:
+        return _partition_summary(store, topic, partition)
+    except CorruptRecordError as e:
+        store.release_partition(topic, partition)
+        return {"partition": partition, "damaged": Damage.of(topic, partition, e).to_dict()}
+
+
+def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
     pl = store.partition(topic, partition)
     records = tombstones = keyless = 0
     for seg in pl.segments:
@@ -43,6 +54,7 @@ def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any
         "index_bytes": sum(seg.index_size for seg in pl.segments),
         # each segment's store format and codec (docs/formats/segment-v2.md)
         "segment_list": [pl.describe_segment(seg) for seg in pl.segments],
+        "damaged": None,
     }
     # compaction adds the horizon, the dirty ratio and the last run
     doc.update(partition_status(store, topic, partition))
@@ -100,6 +112,8 @@ def plot_store(doc: dict[str, Any], path: str) -> None:
     labels, clean, dirty, reclaimed = [], [], [], []
     for t in doc["topics"]:
         for p in t["partitions"]:
+            if p.get("damaged"):
+                continue  # (listed below the table of `inspect`)
             labels.append(f"{t['topic']}-{p['partition']}")
             d = (p.get("dirty_bytes", 0) + p.get("uncleanable_bytes", 0)
                  + p.get("active_bytes", 0))
@@ -149,6 +163,8 @@ class DumpOptions:
     from_offset: int = 0
     limit: int | None = None
     json: bool = False
+    as_of_ms: int | None = None     # --as-of: the partition's state at that time
+    allow_inexact: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,20 +176,28 @@ class VerifyOptions:
 
 
 def run_inspect(opts: InspectOptions) -> int:
+    """Every partition, a damaged one marked with its reason; exit 1 (after the whole table or
+    document) when any is damaged."""
     store = Store.open(opts.store)
     doc = store_summary(store, opts.topic)
+    damaged = [Damage(**p["damaged"]) for t in doc["topics"] for p in t["partitions"]
+               if p.get("damaged")]
     if opts.plot:
         plot_store(doc, opts.plot)
         print(f"wrote {opts.plot}", file=sys.stderr)
     if opts.json:
         print_json(doc)
-        return 0
+        return _damage_exit(damaged)
     print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
     hdr = ("TOPIC", "PART", "SEGS", "FORMATS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "INDEX",
            "ACTIVE", "FIRST", "NEXT", "HORIZON", "DIRTY", "DUE", "LAST RUN")
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
+            if p.get("damaged"):
+                # the reason goes below the table, where a long line does not widen it
+                rows.append((t["topic"], p["partition"], *(["?"] * 13), "DAMAGED (below)"))
+                continue
             rows.append((t["topic"], p["partition"], p["segments"], _formats_text(p),
                          p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
                          human_bytes(p["index_bytes"]), human_bytes(p.get("active_bytes", 0)),
@@ -187,7 +211,17 @@ def run_inspect(opts: InspectOptions) -> int:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
     if not rows:
         print("(no partitions)")
-    return 0
+    for d in damaged:
+        print(f"{d.name}: DAMAGED: {d.where()}")
+    return _damage_exit(damaged)
+
+
+def _damage_exit(damaged: list[Damage]) -> int:
+    if not damaged:
+        return 0
+    more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+    raise ConnectorsError(f"{damaged[0].name} is damaged{more}: {damaged[0].where()}; "
+                          f"{REPAIR_HINT}")
 
 
 def _formats_text(p: dict[str, Any]) -> str:
@@ -286,8 +320,30 @@ def run_dump(opts: DumpOptions) -> int:
                               f"partitions of {opts.topic!r}: "
                               f"{', '.join(map(str, known)) or '(none)'}")
     out = sys.stdout
+    if opts.as_of_ms is not None:
+        return _dump_as_of(store, opts)
     for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
         out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    return 0
+
+
+def _dump_as_of(store: Store, opts: DumpOptions) -> int:
+    """``dump --as-of``: the partition's state at that time (compaction/history.py), checked
+    exact before (and again after: a compaction meanwhile) unless ``--allow-inexact``."""
+    from kcompact.compaction import history
+    what = f"{opts.topic}-{opts.partition}"
+    if opts.partition not in store.partitions(opts.topic):
+        return 0  # recorded, nothing written yet: the state is empty at any time
+    check = lambda: history.check_exact(  # noqa: E731
+        [store.partition(opts.topic, opts.partition)], opts.as_of_ms, what,
+        allow_inexact=opts.allow_inexact)
+    check()
+    out = sys.stdout
+    for r in history.iter_as_of(store, opts.topic, opts.partition, opts.as_of_ms,
+                                from_offset=opts.from_offset, limit=opts.limit):
+        out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    store.release_partition(opts.topic, opts.partition)
+    check()
     return 0
 
 

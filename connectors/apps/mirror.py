@@ -135,7 +135,9 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                  out: TextIO | None = None, handle_signals: bool = True,
                  stop: threading.Event | None = None, metrics: str | None = None,
                  topics_regex: str | None = None, exclude_regex: str | None = None,
-                 sync_configs: bool = True) -> MirrorResult:
+                 sync_configs: bool = True, sync_groups: bool = True,
+                 groups: str | None = None, exclude_groups: str | None = None,
+                 groups_interval_ms: int | None = None) -> MirrorResult:
     """Run the mirror of ``topic`` (one name or several) and the topics ``topics_regex``
     matches in this process; returns when done, stopped, or raises on failure.
     ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
@@ -145,7 +147,9 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                      "metrics.listen": metrics or ""}, where="mirror", log=out)
     props = mirror_props(topic, store, partitions=partitions, follow=follow,
                          kafka_config=kafka_config, topics_regex=topics_regex,
-                         exclude_regex=exclude_regex, sync_configs=sync_configs)
+                         exclude_regex=exclude_regex, sync_configs=sync_configs,
+                         sync_groups=sync_groups, groups=groups, exclude_groups=exclude_groups,
+                         groups_interval_ms=groups_interval_ms)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -165,6 +169,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
             # the tasks sync each topic when they open it, and while following a thread of
             # the connector syncs again at each metadata refresh; its lines are the mirror's
             connector.config_sync.prefix = "mirror"
+        group_sync = getattr(connector, "group_sync", None)
         topics = list(connector.props["topics"])
         n_parts = sum(len(r.assignment) for r in worker.runners)
         what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
@@ -207,10 +212,22 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
         for t, (n, parts) in sorted(per.items()):
             print(f"mirror: {t}: {n:,} records ({parts} partitions)"
                   + (f", stopped: {stopped[t]}" if t in stopped else ""), file=out, flush=True)
+    kept = ""
+    if group_sync is not None and group_sync.captures:
+        kept = (f", group offsets captured {group_sync.captures} time"
+                f"{'s' if group_sync.captures > 1 else ''} ({group_sync.kept:,} positions kept)")
     print(f"mirror: {how}: {records:,} records in {dt:.1f} s ({res.rate:,.0f} rec/s)"
-          + (f", {len(per)} topics" if len(per) > 1 else "")
+          + kept + (f", {len(per)} topics" if len(per) > 1 else "")
           + (f", {skipped} skipped" if skipped else "") + stopped_text(stopped)
           + f"; store {store} flushed" + _unsealed_text(worker), file=out, flush=True)
+    refused = worker.refused_partitions()
+    if refused:  # the others were mirrored; the run is not complete (issue 44)
+        (tp, why), more = sorted(refused.items(), key=lambda kv: (kv[0].topic,
+                                                                   kv[0].partition))[0], \
+            len(refused) - 1
+        raise ConnectorsError(f"{tp.topic}-{tp.partition}"
+                              + (f" (and {more} more partitions)" if more else "")
+                              + f" was not mirrored: {why}")
     return res
 
 
@@ -239,7 +256,9 @@ def run_mirror(opts: MirrorOptions) -> int:
                        partitions=opts.partitions, follow=opts.follow,
                        kafka_config=opts.kafka_config, metrics=opts.metrics,
                        topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
-                       sync_configs=opts.sync_configs)
+                       sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
+                       groups=opts.groups, exclude_groups=opts.exclude_groups,
+                       groups_interval_ms=opts.groups_interval_ms)
     return exit_code(res.stopped_by, res.stopped_topics)
 
 

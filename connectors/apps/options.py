@@ -61,6 +61,11 @@ class MirrorOptions:
     topics_regex: str | None = None
     exclude_regex: str | None = None
     sync_configs: bool = True        # configs follow the source (plugins/config_sync.py)
+    #: the source's consumer-group offsets kept in the store (plugins/group_sync.py)
+    sync_groups: bool = True         # --no-groups: False
+    groups: str | None = None        # --groups RE (default every group)
+    exclude_groups: str | None = None  # --exclude-groups RE
+    groups_interval_ms: int | None = None  # --sync-group-offsets-interval-ms (--follow)
 
     @property
     def named_topics(self) -> tuple[str, ...]:
@@ -121,7 +126,9 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
                  partitions: tuple[int, ...] | list[int] | None, follow: bool,
                  kafka_config: Mapping[str, str], writer: str = LOCAL_WRITER,
                  topics_regex: str | None = None, exclude_regex: str | None = None,
-                 sync_configs: bool = False) -> dict[str, Any]:
+                 sync_configs: bool = False, sync_groups: bool = True,
+                 groups: str | None = None, exclude_groups: str | None = None,
+                 groups_interval_ms: int | None = None) -> dict[str, Any]:
     """The store sink connector's properties for a mirror of ``topic`` (one name or several)
     and the topics ``topics_regex`` matches into ``store``. ``sync_configs``: the connector's
     tasks sync each topic's configs when they open it (the local engine: at start and for a
@@ -141,7 +148,15 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         "store.compaction.background": follow,
         # --no-sync-configs (apps/mirror.py); the Spark engine's driver syncs by itself
         "sync.topic.configs.enabled": sync_configs,
+        # --no-groups; the Spark engine's driver captures by itself
+        "sync.group.offsets.enabled": sync_groups,
     }
+    if groups:
+        props["groups"] = groups
+    if exclude_groups:
+        props["groups.exclude"] = exclude_groups
+    if groups_interval_ms:
+        props["sync.group.offsets.interval.ms"] = groups_interval_ms
     if topics_regex:
         props["topics.regex"] = topics_regex
     if exclude_regex:

@@ -15,6 +15,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TextIO
 
+from kcompact.compaction import refusal
+from kcompact.reput import ReputError, Store
+
+from ..errors import ConnectorsError
 from ..framework.worker import Worker
 from ..plugins.store_source import RestoreRunner
 from ..plugins.store_source.runner import RestoreStats
@@ -32,7 +36,8 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
                     repartition: bool = False, from_scratch: bool = False,
                     exactly_once: str = "requested",
                     kafka_config: Mapping[str, str] | None = None,
-                    chunk_records: int | None = None) -> dict[str, Any]:
+                    chunk_records: int | None = None, groups: str | None = None,
+                    as_of_ms: int | None = None, allow_inexact: bool = False) -> dict[str, Any]:
     props: dict[str, Any] = {
         "name": CONNECTOR_NAME,
         "connector.class": "StoreSourceConnector",
@@ -47,6 +52,11 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
     }
     if chunk_records:
         props["restore.chunk.records"] = chunk_records
+    if groups:
+        props["groups"] = groups
+    if as_of_ms is not None:
+        props["as.of.ms"] = as_of_ms
+        props["as.of.allow.inexact"] = allow_inexact
     props.update(kafka_overrides(kafka_config or {}, "producer.override."))
     return props
 
@@ -104,19 +114,37 @@ class RestoreResult:
         return self.records / self.seconds if self.seconds > 0 else 0.0
 
 
+def _refuse_damaged(store_url: str, topic: str) -> None:
+    try:
+        st = Store.open(store_url)
+    except ReputError:
+        return  # (the connector says what is wrong with the store, as before)
+    try:
+        why = refusal(st, topic, "restore") if topic in st.topics() else None
+    finally:
+        st.close()
+    if why is not None:
+        raise ConnectorsError(why)
+
+
 def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str = "latest",
             repartition: bool = False, from_scratch: bool = False,
             exactly_once: str = "requested", kafka_config: Mapping[str, str] | None = None,
             chunk_records: int | None = None, out: TextIO | None = None,
             handle_signals: bool = True, stop: threading.Event | None = None,
-            startup_timeout_ms: int = 10_000) -> RestoreResult:
-    """Run a restore in this process; returns when done or stopped, raises on failure."""
+            startup_timeout_ms: int = 10_000, groups: str | None = None,
+            as_of_ms: int | None = None, allow_inexact: bool = False) -> RestoreResult:
+    """Run a restore in this process; returns when done or stopped, raises on failure. A topic
+    with a damaged partition is refused before anything is produced (it could not be
+    complete): compaction/damage.py ``refusal``."""
     out = out if out is not None else sys.stderr
+    _refuse_damaged(store, topic)
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
                      "startup.timeout.ms": startup_timeout_ms}, where="restore", log=out)
     props = connector_props(store, topic, to_topic, mode=mode, repartition=repartition,
                             from_scratch=from_scratch, exactly_once=exactly_once,
-                            kafka_config=kafka_config, chunk_records=chunk_records)
+                            kafka_config=kafka_config, chunk_records=chunk_records,
+                            groups=groups, as_of_ms=as_of_ms, allow_inexact=allow_inexact)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -173,6 +201,9 @@ class RestoreOptions:
     chunk_records: int | None = None
     exactly_once: str = "requested"      # "requested", "required" or "disabled"
     kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X producer settings
+    groups: str | None = None            # --groups RE: commit their translated positions
+    as_of_ms: int | None = None          # --as-of: the state at that time
+    allow_inexact: bool = False
 
 
 def run_restore(opts: RestoreOptions) -> int:
@@ -180,7 +211,8 @@ def run_restore(opts: RestoreOptions) -> int:
     res = restore(opts.bootstrap_servers, opts.store, opts.topic, opts.to_topic,
                   mode=opts.mode, repartition=opts.repartition, from_scratch=opts.from_scratch,
                   exactly_once=opts.exactly_once, chunk_records=opts.chunk_records,
-                  kafka_config=opts.kafka_config)
+                  kafka_config=opts.kafka_config, groups=opts.groups, as_of_ms=opts.as_of_ms,
+                  allow_inexact=opts.allow_inexact)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

@@ -204,6 +204,19 @@ typedef struct ev {
 /* log lines kept between two drains; more are counted and reported as dropped */
 #define MAX_LOGS 10000
 
+/* acknowledged deliveries of one topic (track_acks): per partition the lowest and highest
+ * offset and the count since the last acks() */
+typedef struct {
+    int64_t lo, hi, n;
+} ack_range;
+
+typedef struct ack_topic {
+    struct ack_topic *next;
+    char *name;
+    int32_t cap; /* partitions [0, cap) have a slot */
+    ack_range *parts;
+} ack_topic;
+
 typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;      /* NULL once closed */
@@ -215,6 +228,8 @@ typedef struct {
     int pending;         /* events in the list; read without the mutex as a hint */
     int nlogs, dropped_logs;
     int busy;            /* calls of this client running without the GIL */
+    int track;           /* track_acks(): count acknowledged deliveries (under mu) */
+    ack_topic *acks;
 } Client;
 
 static char *dup_s(const char *s)
@@ -288,12 +303,53 @@ static int on_stats(rd_kafka_t *rk, char *json, size_t len, void *opaque)
     return 0; /* librdkafka frees json */
 }
 
-/* a failed delivery (successes are not reported to Python: the callers count acks by flush) */
+/* an acknowledged delivery, counted when tracking (caller holds mu) */
+static void ack(Client *c, const char *topic, int32_t partition, int64_t offset)
+{
+    ack_topic *t = c->acks;
+    while (t != NULL && strcmp(t->name, topic) != 0)
+        t = t->next;
+    if (t == NULL) {
+        if ((t = calloc(1, sizeof *t)) == NULL || (t->name = dup_s(topic)) == NULL) {
+            free(t);
+            return;
+        }
+        t->next = c->acks;
+        c->acks = t;
+    }
+    if (partition < 0)
+        return;
+    if (partition >= t->cap) {
+        int32_t cap = partition + 1 > 2 * t->cap ? partition + 1 : 2 * t->cap;
+        ack_range *p = realloc(t->parts, (size_t)cap * sizeof *p);
+        if (p == NULL)
+            return;
+        for (int32_t i = t->cap; i < cap; i++)
+            p[i].lo = INT64_MAX, p[i].hi = -1, p[i].n = 0;
+        t->parts = p, t->cap = cap;
+    }
+    ack_range *r = &t->parts[partition];
+    if (offset < r->lo)
+        r->lo = offset;
+    if (offset > r->hi)
+        r->hi = offset;
+    r->n++;
+}
+
+/* a failed delivery; a successful one only counts toward acks() while tracking (the callers
+ * count acks by flush) */
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
     (void)rk;
-    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+    if (m->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        Client *c = opaque;
+        if (!__atomic_load_n(&c->track, __ATOMIC_RELAXED) || m->rkt == NULL)
+            return;
+        pthread_mutex_lock(&c->mu);
+        ack(c, rdk.topic_name(m->rkt), m->partition, m->offset);
+        pthread_mutex_unlock(&c->mu);
         return;
+    }
     /* not rd_kafka_message_errstr: for a produced message its payload is the record's value,
      * not an error text (AddressSanitizer found the strlen past it) */
     const char *why = rdk.err2str(m->err);
@@ -415,11 +471,23 @@ static void client_shut(Client *c)
     Py_END_ALLOW_THREADS
 }
 
+static void free_acks(ack_topic *t)
+{
+    while (t != NULL) {
+        ack_topic *next = t->next;
+        free(t->name);
+        free(t->parts);
+        free(t);
+        t = next;
+    }
+}
+
 static void client_dealloc(PyObject *self)
 {
     Client *c = (Client *)self;
     client_shut(c);
     free_events(c->head);
+    free_acks(c->acks);
     pthread_mutex_destroy(&c->mu);
     Py_TYPE(self)->tp_free(self);
 }
@@ -681,6 +749,49 @@ static PyObject *client_flush(PyObject *self, PyObject *arg)
     n = rdk.outq_len(c->rk);
     BUSY_END(c)
     return PyLong_FromLong(n);
+}
+
+/* track_acks(on): count acknowledged deliveries per partition from now on (a producer whose
+ * delivery.report.only.error is false: librdkafka then reports successes too) */
+static PyObject *client_track_acks(PyObject *self, PyObject *on)
+{
+    Client *c = (Client *)self;
+    int v = PyObject_IsTrue(on);
+    if (v < 0)
+        return NULL;
+    __atomic_store_n(&c->track, v, __ATOMIC_RELAXED);
+    Py_RETURN_NONE;
+}
+
+/* acks() -> [(topic, partition, lowest offset, highest offset, count)] of the deliveries
+ * acknowledged since the last call (call it after flush(): every report is then served) */
+static PyObject *client_acks(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Client *c = (Client *)self;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    pthread_mutex_lock(&c->mu);
+    for (ack_topic *t = c->acks; t != NULL; t = t->next) {
+        for (int32_t p = 0; p < t->cap; p++) {
+            ack_range *r = &t->parts[p];
+            if (r->n == 0)
+                continue;
+            PyObject *item = Py_BuildValue("(siLLL)", t->name, (int)p, (long long)r->lo,
+                                           (long long)r->hi, (long long)r->n);
+            r->lo = INT64_MAX, r->hi = -1, r->n = 0;
+            if (item == NULL || PyList_Append(out, item) < 0) {
+                Py_XDECREF(item);
+                pthread_mutex_unlock(&c->mu);
+                Py_DECREF(out);
+                return NULL;
+            }
+            Py_DECREF(item);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return out;
 }
 
 static PyObject *client_outq_len(PyObject *self, PyObject *unused)
@@ -1454,6 +1565,8 @@ static PyMethodDef client_methods[] = {
     {"poll", client_poll, METH_O, NULL},
     {"flush", client_flush, METH_O, NULL},
     {"outq_len", client_outq_len, METH_NOARGS, NULL},
+    {"track_acks", client_track_acks, METH_O, NULL},
+    {"acks", client_acks, METH_NOARGS, NULL},
     {"init_transactions", client_init_txn, METH_O, NULL},
     {"begin_transaction", client_begin_txn, METH_NOARGS, NULL},
     {"commit_transaction", client_commit_txn, METH_O, NULL},

@@ -193,6 +193,8 @@ class SinkTaskContext:
         self.topic_ids: dict[str, str] = {}
         #: topic -> the id the task has on record, for the topics it refused in open()
         self.refused: dict[str, str] = {}
+        #: partition -> why, for the partitions the task refused in open() (damaged)
+        self.refused_partitions: dict[TopicPartition, str] = {}
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assignment)
@@ -216,6 +218,13 @@ class SinkTaskContext:
         is not ``topic_ids[topic]``: it was deleted and created again). The worker stops it alone
         (one line naming both ids; none of its partitions is read, the other topics go on)."""
         self.refused[topic] = recorded_id
+
+    def refuse_partition(self, tp: TopicPartition, why: str) -> None:
+        """Inside ``open()``: the task cannot take records of ``tp`` (the store sink: its
+        partition is damaged). The worker leaves it unassigned (none of its records is fetched,
+        so none is skipped), says so in one line and goes on with the others; the app names it
+        at the end (kcompact's addition to Connect's API)."""
+        self.refused_partitions[tp] = why
 
 
 class SourceTaskContext:

@@ -384,6 +384,17 @@ class NativeProducer(NativeClient):
     def __len__(self) -> int:
         return self._h.outq_len()
 
+    def track_deliveries(self) -> None:
+        """Count acknowledged deliveries per partition from now on (``delivered()``); the
+        producer must have been made with ``delivery.report.only.error=false``. Counted in C:
+        no Python call per record."""
+        self._h.track_acks(True)
+
+    def delivered(self) -> dict[tuple[str, int], tuple[int, int, int]]:
+        """(topic, partition) -> (lowest offset, highest offset, count) of the deliveries
+        acknowledged since the last call (call it after ``flush()``)."""
+        return {(t, p): (lo, hi, n) for t, p, lo, hi, n in self._h.acks()}
+
     def init_transactions(self, timeout: float = -1) -> None:
         self._call(self._h.init_transactions, _ms(timeout))
 

@@ -108,6 +108,7 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
                 self._start_watch(ctx)
             self.task.open(self.assignment)
             self._stop_topics(self._refused(ctx))
+            self._drop_refused(ctx)
             self._open_consumer(ctx.requested_offsets)
             self._loop(ctx)
             self._commit()
@@ -116,6 +117,20 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         finally:
             self.metrics.finished = time.monotonic()
             self._shutdown(started)
+
+    def _drop_refused(self, ctx: SinkTaskContext) -> list[TopicPartition]:
+        """Leave the partitions the task refused in open() unassigned: one line each; the
+        others go on. Returns them."""
+        refused, ctx.refused_partitions = ctx.refused_partitions, {}
+        if not refused:
+            return []
+        for tp, why in sorted(refused.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
+            self.metrics.refused[tp] = why
+            print(f"kcompact: warning: {self.metrics.name}: {tp.topic}-{tp.partition} is not "
+                  f"mirrored: {why}; the other partitions are", file=sys.stderr, flush=True)
+        self.assignment[:] = [tp for tp in self.assignment if tp not in refused]
+        self.task.close(list(refused))
+        return list(refused)
 
     def _live(self) -> list[TopicPartition]:
         """The assigned partitions of topics not stopped."""
@@ -484,7 +499,11 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
     def _commit(self) -> None:
         from confluent_kafka import TopicPartition as KTP
         self.errors.flush_dlq()
-        positions = {tp: off for tp, off in self.metrics.position.items() if off >= 0}
+        # the consumer's positions (past transaction markers after the last record: the
+        # end-of-partition offset), of the topics not stopped (a recreated one's are not its)
+        stopped = self.metrics.stopped
+        positions = {tp: off for tp, off in self.metrics.position.items()
+                     if off >= 0 and tp.topic not in stopped}
         offsets = self.task.pre_commit(positions)
         if offsets:
             self.consumer.commit(offsets=[KTP(tp.topic, tp.partition, off)

@@ -51,6 +51,8 @@ class TaskMetrics:
     #: topics this (sink) task stopped while the others went on, -> why (``deleted (topic id
     #: X)``...: framework/topic_watch.py, GoneTopic)
     stopped: dict[str, str] = field(default_factory=dict)
+    #: partitions the task refused (damaged in the store): never assigned -> why
+    refused: dict = field(default_factory=dict)
 
     def note_unreachable(self, reason: str) -> None:
         if self.unreachable_since is None:

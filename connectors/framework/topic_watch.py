@@ -290,6 +290,8 @@ class TopicFollowing:
         ids = self.watcher.ids
         ctx.topic_ids.update({tp.topic: ids[tp.topic] for tp in new if tp.topic in ids})
         self.task.open(new)
+        dropped = self._drop_refused(ctx)
+        new = [tp for tp in new if tp not in dropped]
         refused = self._refused(ctx)
         if refused:
             self._stop_topics(refused)  # of these topics, the partitions assigned before

@@ -366,6 +366,13 @@ class Worker:
             out.update(r.metrics.stopped)
         return out
 
+    def refused_partitions(self) -> dict:
+        """The partitions sink tasks refused (damaged in the store: sink_runner.py) -> why."""
+        out: dict = {}
+        for r in self.runners:
+            out.update(getattr(r.metrics, "refused", {}))
+        return out
+
     def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
         """Start every task and wait until all have ended (or one failed: the others are then
         stopped, and the failure is raised as one line naming the task). The garbage collector

@@ -207,17 +207,21 @@ class LevelDBSink:
     # -- source ----------------------------------------------------------------------------
 
     def bind(self, topic: str, *, store_id: str | None = None,
-             cluster_id: str | None = None) -> None:
+             cluster_id: str | None = None, as_of_ms: int | None = None) -> None:
         """Record (or check) where the map's records come from. Refuses another topic, store
-        or Kafka cluster than the one the map already holds records of."""
-        src = self.check_source(topic, store_id=store_id, cluster_id=cluster_id)
+        or Kafka cluster than the one the map already holds records of, and any other state
+        than the map's: a map of the state as of a time (``as_of_ms``) is never followed, and
+        a followed map never becomes one."""
+        src = self.check_source(topic, store_id=store_id, cluster_id=cluster_id,
+                                as_of_ms=as_of_ms)
         if src != self.source:
             self._guard(self.db.put, K_SOURCE, json.dumps(src, sort_keys=True).encode(),
                         sync=True)
             self.source = src
 
     def check_source(self, topic: str, *, store_id: str | None = None,
-                     cluster_id: str | None = None) -> dict[str, Any]:
+                     cluster_id: str | None = None,
+                     as_of_ms: int | None = None) -> dict[str, Any]:
         """Raise KVSourceMismatchError if the map holds records of another source; return the
         source record that binding to this one would write. A map that holds nothing yet (no
         offsets, no unfinished build) takes any source."""
@@ -225,9 +229,20 @@ class LevelDBSink:
         fresh = {"format_version": FORMAT_VERSION, "topic": topic, "store_id": None,
                  "kafka_cluster_id": None, "created_ms": int(time.time() * 1000)}
         src = dict(self.source or fresh)
-        if empty and src.get("topic") != topic:
+        if as_of_ms is not None:
+            fresh["as_of_ms"] = int(as_of_ms)
+        if empty and (src.get("topic") != topic or src.get("as_of_ms") != as_of_ms):
             src = fresh
         clash = None
+        if src.get("as_of_ms") != as_of_ms and not empty:
+            from kcompact.compaction.history import format_time
+            have = src.get("as_of_ms")
+            raise KVSourceMismatchError(
+                f"{self.path} holds " + (
+                    f"topic {src.get('topic')!r} as of {format_time(have)}: a map of a past "
+                    "state is not followed or caught up" if have is not None else
+                    f"the followed map of topic {src.get('topic')!r}, not a state as of a time")
+                + "; build it in another (empty) --db directory")
         if src.get("topic") != topic:
             clash = f"topic {topic!r}"
         elif store_id and src.get("store_id") not in (None, store_id):
@@ -296,11 +311,13 @@ class LevelDBSink:
 
     # -- bulk build ------------------------------------------------------------------------
 
-    def begin_build(self, ends: Mapping[int, int]) -> None:
-        """Start a bulk build into an empty map: its end offsets are written first, so that an
-        interrupted build resumes with the same ones."""
-        state = {"ends": {str(p): int(e) for p, e in sorted(ends.items())},
-                 "started_ms": int(time.time() * 1000)}
+    def begin_build(self, ends: Mapping[int, int], as_of_ms: int | None = None) -> None:
+        """Start a bulk build into an empty map: its end offsets (and the time of a state as of
+        a time) are written first, so that an interrupted build resumes with the same ones."""
+        state: dict[str, Any] = {"ends": {str(p): int(e) for p, e in sorted(ends.items())},
+                                 "started_ms": int(time.time() * 1000)}
+        if as_of_ms is not None:
+            state["as_of_ms"] = int(as_of_ms)
         self._guard(self.db.put, K_BUILD, json.dumps(state).encode(), sync=True)
         self.build_state = state
         # flush the metadata written so far into a table of its own: in the first data table it

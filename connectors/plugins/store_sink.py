@@ -43,7 +43,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from kcompact.reput import Store, StoreNotFoundError, WriterOptions
+from kcompact.reput import CorruptRecordError, Store, StoreNotFoundError, WriterOptions
 from kcompact.reput.config import FSYNC_POLICIES, SYSTEM_CLOCK, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
@@ -53,6 +53,7 @@ from ..errors import ConfigError, ConnectorsError
 from ..framework.kafka_clients import admin_settings, kafka_logger, short_lived
 from ..framework.topic_watch import describe_topic_ids
 from .config_sync import SinkConfigSync
+from .group_sync import DEFAULT_INTERVAL_MS, SinkGroupSync
 
 STORE_SINK_CONFIG = (
     ConfigDef()
@@ -83,6 +84,19 @@ STORE_SINK_CONFIG = (
             "(5 min by default), and store them as the topic's synced configs, as kcompact "
             "mirror does (MirrorMaker 2's name). A broker refusing describe_configs is a "
             "warning. false: the store's values and kcompact configs overrides only.")
+    .define("sync.group.offsets.enabled", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "Keep the committed offsets of the source's consumer groups on the mirrored topics "
+            "in the store (Admin API: list groups, then their offsets): when the tasks open "
+            "their topics, every sync.group.offsets.interval.ms while following, and at the "
+            "end (MirrorMaker 2's name; `kcompact groups`, `kcompact restore --groups`). A "
+            "source refusing the group APIs is one warning.")
+    .define("sync.group.offsets.interval.ms", Type.LONG, DEFAULT_INTERVAL_MS, at_least(1000),
+            Importance.LOW, "How often a following mirror captures the groups' offsets.")
+    .define("groups", Type.STRING, ".*", None, Importance.MEDIUM,
+            "The consumer groups whose offsets are kept: a regular expression matched against "
+            "the whole group id (default every group that committed on a mirrored topic).")
+    .define("groups.exclude", Type.STRING, None, None, Importance.LOW,
+            "Groups left out: a regular expression matched against the whole group id.")
 )
 
 
@@ -124,6 +138,8 @@ class StoreSinkConnector(SinkConnector):
 
     #: the config sync its tasks share (``sync.topic.configs.enabled``), or None
     config_sync: SinkConfigSync | None = None
+    #: the capture of the source's group offsets (``sync.group.offsets.enabled``), or None
+    group_sync: SinkGroupSync | None = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -137,6 +153,24 @@ class StoreSinkConnector(SinkConnector):
             self.config_sync = SinkConfigSync(props["store.url"], self.kafka_conf,
                                               follow=props.get("follow", True) is not False,
                                               commitlog_dir=props.get("store.commitlog.dir"))
+        self.group_sync = None
+        if props.get("sync.group.offsets.enabled", True) and self.kafka_conf:
+            import re
+            for key in ("groups", "groups.exclude"):
+                try:
+                    re.compile(props.get(key) or "")
+                except re.error as e:
+                    raise ConfigError(f"{key}: {props[key]!r} is not a regular expression "
+                                      f"({e})", key=key) from None
+            base = props.get("store.writer") or "connect"
+            self.group_sync = SinkGroupSync(
+                props["store.url"], self.kafka_conf, writer=f"{base}-groups",
+                follow=props.get("follow", True) is not False,
+                interval_ms=int(props.get("sync.group.offsets.interval.ms")
+                                or DEFAULT_INTERVAL_MS),
+                groups=props.get("groups"), exclude=props.get("groups.exclude"),
+                commitlog_dir=props.get("store.commitlog.dir"),
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
@@ -160,7 +194,10 @@ class StoreSinkConnector(SinkConnector):
         """One per task: its writer id, and the connector's config sync (an object: the tasks
         run in this process) when it has one."""
         base = self.props.get("store.writer") or "connect"
-        extra = {"store.config.sync": self.config_sync} if self.config_sync else {}
+        extra: dict[str, Any] = {"store.config.sync": self.config_sync} \
+            if self.config_sync else {}
+        if self.group_sync is not None:
+            extra["store.group.sync"] = self.group_sync
         return [dict(self.props, **extra, **{"task.id": i,
                                              "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
@@ -168,6 +205,9 @@ class StoreSinkConnector(SinkConnector):
     def stop(self) -> None:
         if self.config_sync is not None:
             self.config_sync.stop()
+        if self.group_sync is not None:
+            gs, self.group_sync = self.group_sync, None
+            gs.stop()  # the last capture: the mirror's end
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
@@ -272,13 +312,33 @@ class StoreSinkTask(SinkTask):
         sync = self.props.get("store.config.sync")
         if sync is not None and by_topic:  # before any record of theirs is fetched
             sync.opened(self.store, set(by_topic))
+        groups = self.props.get("store.group.sync")
+        if groups is not None and by_topic:
+            groups.opened(set(by_topic))
         start = {}
         for tp in partitions:
+            why = self._damage(tp)
+            if why is not None:  # not mirrored (nothing of it fetched), the others are
+                self.context.refuse_partition(tp, why)
+                continue
             # A partition with data resumes exactly after its last record; an empty one starts
             # at the topic's first offset (which may be > 0 after retention).
             n = self.store.next_offset(tp.topic, tp.partition)
             start[tp] = n if n > 0 else OFFSET_BEGINNING
         self.context.offset(start)
+
+    def _damage(self, tp: TopicPartition) -> str | None:
+        """Why the store cannot take records of ``tp`` (its partition is damaged: it does not
+        open for write), or None. Issue 44: damage stays in its partition."""
+        if tp.partition not in self.store.partitions(tp.topic):
+            return None
+        try:
+            self.store.writable_partition(tp.topic, tp.partition)
+            return None
+        except CorruptRecordError as e:
+            self.store.release_partition(tp.topic, tp.partition)
+            return (f"the store's partition is damaged ({str(e).splitlines()[0]}); repair it "
+                    "(`kcompact repair`, docs/operations-damage.md), then mirror again")
 
     def _check_topic_ids(self, topics: set[str]) -> set[str]:
         """The topics refused (``SinkTaskContext.refuse_topic``): their id in the context is not
@@ -321,7 +381,14 @@ class StoreSinkTask(SinkTask):
         # Nothing is committed to the group, so the task thread need not wait for the fsync:
         # the appender thread flushes after the batches queued before this point, while the
         # task goes on consuming. stop() waits for everything.
+        # ``offsets`` are the consumer's positions: past transaction markers and aborted
+        # records after a partition's last record (its end-of-partition offset). The flush
+        # makes them the partitions' next offsets (Store.advance_next_offset), once the
+        # records before them are durable: the store's end offsets are then the source's,
+        # and a restart resumes there.
         if self.store is not None:
+            if offsets:
+                self.appender.submit(_Positions(offsets))
             self.appender.submit(_FLUSH)
         return {}  # the store is the source of truth for positions: no group commits
 
@@ -342,6 +409,11 @@ class StoreSinkTask(SinkTask):
 
 
 _FLUSH = object()  # queued to the appender: flush the store after the batches before it
+
+
+class _Positions(dict):
+    """Queued to the appender: the consumer's positions ({TopicPartition: offset}) after the
+    batches before it (Store.advance_next_offset each)."""
 
 
 def warm_up() -> None:
@@ -381,6 +453,9 @@ class _Appender:
                 if self.error is None:
                     if batch is _FLUSH:
                         self.store.flush()
+                    elif isinstance(batch, _Positions):
+                        for tp, offset in batch.items():
+                            self.store.advance_next_offset(tp.topic, tp.partition, offset)
                     else:
                         self.appended += self.store.append(batch)
             except BaseException as e:  # noqa: BLE001 - handed to the task thread

@@ -37,7 +37,6 @@ MAX_WAIT_S = 30.0
 
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 _PART_V4 = struct.Struct(">ihqq")      # partition error hwm lso
-_CODEC_ZSTD = 4
 
 
 def _uvarint(n: int) -> bytes:
@@ -58,18 +57,6 @@ class PartitionResult:
 
 
 _NO_BOUNDS = Bounds(-1, -1)
-
-
-def _has_zstd(parts: list) -> bool:
-    """Does any batch of ``parts`` (whole batches back to back) use zstd (attributes & 7)?"""
-    for buf in parts:
-        mv = memoryview(buf).cast("B")
-        p = 0
-        while p + 23 <= len(mv):
-            if mv[p + 22] & 7 == _CODEC_ZSTD:
-                return True
-            p += 12 + _I32.unpack_from(mv, p + 8)[0]
-    return False
 
 
 def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
@@ -98,7 +85,7 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
             got = view.fetch(name, pi, offset, limit)
             if got.nbytes and not first and got.nbytes > budget:
                 got = got._replace(parts=[], nbytes=0)  # only the first batch may overflow
-            if got.nbytes and version < 10 and _has_zstd(got.parts):
+            if got.nbytes and version < 10 and got.zstd:
                 results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, got.bounds))
                 continue
             results.append(PartitionResult(pi, NONE, got.bounds, got.parts, got.nbytes))
@@ -126,9 +113,10 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
 
 
 async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
-                       req: Any, stopping: Callable[[], bool]) -> list:
+                       req: Any, stopping: Callable[[], bool],
+                       count_errors: Callable[[list], None] | None = None) -> list:
     """The response buffers of a Fetch request (``run(fn, *args)`` runs blocking work in the
-    endpoint's thread pool)."""
+    endpoint's thread pool; ``count_errors`` is handed the partitions' error codes)."""
     topics = list(req.topics or ())
     if not topics:
         return encode_fetch(version, correlation_id, [])
@@ -141,6 +129,8 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
         await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         if await run(grew, view, topics, seen):
             seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    if count_errors is not None:
+        count_errors([r.error for _, results in seen for r in results])
     return encode_fetch(version, correlation_id, seen)
 
 

@@ -14,10 +14,16 @@ never interleave. Against bad clients, everyone else keeps being served:
   10 s);
 * with a token (``--kafka-token-file``) a client must authenticate with SASL/PLAIN (any user
   name, the token as the password, compared in constant time) before any request but
-  ApiVersions and SaslHandshake; a failed authentication is answered, logged and closed.
+  ApiVersions and SaslHandshake: in SaslAuthenticate requests after a SaslHandshake v1, as a
+  bare size-prefixed token after a v0 one (Kafka's legacy flow); a failed authentication is
+  answered (v1), logged and closed;
+* with TLS, each accepted connection's handshake runs here (``StreamWriter.start_tls``), so a
+  failed or missing one is logged with its reason, not dropped silently by asyncio.
 
-Metrics (``collect``, on ``--metrics``): requests by API, response bytes, connections open and
-accepted, errors answered by code, connections closed by reason.
+The one broker is advertised at the listener's host, or on a wildcard listener at the address
+each connection reached (``advertised_host``). Metrics (``collect``, on ``--metrics``): requests
+by API, response bytes, connections open and accepted, errors answered by API and error name,
+connections closed by reason.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from .fetch import encode_fetch  # noqa: F401 - (re-exported for tests)
 from .handlers import Handlers
 from .wire import (API_NAMES, API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE,
                    SASL_AUTHENTICATION_FAILED, SERVED, ILLEGAL_SASL_STATE, NONE,
-                   UNSUPPORTED_SASL_MECHANISM, WireError, api_versions_fallback, decode_request,
-                   peek_header, respond)
+                   UNSUPPORTED_SASL_MECHANISM, UNSUPPORTED_VERSION, WireError,
+                   api_versions_fallback, decode_request, error_name, peek_header, respond)
 
 MIN_FRAME = 8  # api key, version, correlation id, client id length
 
@@ -48,14 +54,55 @@ class Limits:
     request_timeout_s: float = 30.0
     max_connections: int = 1024
 
+    @classmethod
+    def given(cls, max_connections: int | None = None, request_timeout_s: float | None = None,
+              idle_timeout_s: float | None = None) -> "Limits":
+        """The defaults with ``kcompact serve``'s --max-connections, --client-timeout and
+        --kafka-idle-timeout (None: the default); a ReplicationError for a value out of range."""
+        from ..errors import ReplicationError
+        d = cls()
+        out = cls(max_connections=d.max_connections if max_connections is None
+                  else max_connections,
+                  request_timeout_s=d.request_timeout_s if request_timeout_s is None
+                  else request_timeout_s,
+                  idle_timeout_s=d.idle_timeout_s if idle_timeout_s is None else idle_timeout_s)
+        if not 1 <= out.max_connections <= 65536:
+            raise ReplicationError(f"--max-connections {out.max_connections}: use 1 to 65536")
+        if not 0.1 <= out.request_timeout_s <= 3600:
+            raise ReplicationError(f"--client-timeout {out.request_timeout_s:g}: use 0.1 to "
+                                   "3600 seconds")
+        if not 0.1 <= out.idle_timeout_s <= 86400:
+            raise ReplicationError(f"--kafka-idle-timeout {out.idle_timeout_s:g}: use 0.1 to "
+                                   "86400 seconds")
+        return out
+
 
 class Connection:
-    __slots__ = ("peer", "authenticated", "mechanism_ok", "requests")
+    """One client connection: ``peer`` (for log lines), ``local`` (the address it reached,
+    what Metadata advertises on a wildcard listener), its SASL state."""
 
-    def __init__(self, peer: str, authenticated: bool):
-        self.peer, self.authenticated = peer, authenticated
+    __slots__ = ("peer", "local", "authenticated", "mechanism_ok", "raw_sasl", "requests")
+
+    def __init__(self, peer: str, authenticated: bool, local: str = "127.0.0.1"):
+        self.peer, self.local, self.authenticated = peer, local, authenticated
         self.mechanism_ok = False
+        #: after a SaslHandshake v0: the next frame is a bare SASL token, not a request
+        self.raw_sasl = False
         self.requests = 0
+
+
+WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def advertised_host(listen_host: str, local: str) -> str:
+    """The host Metadata and FindCoordinator name: the listener's as given, or on a wildcard
+    listener (0.0.0.0, ::) the address the client's connection reached (the one broker is
+    wherever the client found it; an IPv4 client of an IPv6 wildcard gets its IPv4 form)."""
+    if listen_host not in WILDCARDS:
+        return listen_host
+    if local.startswith("::ffff:") and "." in local:
+        return local[len("::ffff:"):]
+    return local.split("%", 1)[0]
 
 
 class Endpoint:
@@ -76,7 +123,9 @@ class Endpoint:
         self.accepted = 0
         self.requests: dict[str, int] = {}
         self.bytes_out = 0
-        self.errors: dict[int, int] = {}
+        #: (API name, error name) -> how many times answered (per partition in Fetch,
+        #: ListOffsets, OffsetCommit, Produce; per topic in Metadata; else per response)
+        self.errors: dict[tuple[str, str], int] = {}
         self.closed: dict[str, int] = {}
         self.refused_produces = 0
         self._stopping = False
@@ -97,14 +146,39 @@ class Endpoint:
     # -- listening -----------------------------------------------------------------------------
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(
-            self._connection, host, port, ssl=self.ssl_context, backlog=128,
-            ssl_handshake_timeout=self.limits.request_timeout_s if self.ssl_context else None,
-            limit=1 << 16)
-        bound = self._server.sockets[0].getsockname()[1]
-        self.advertised = ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host, bound)
+        """Listen on ``host:port`` (every address of a name such as localhost, on one port
+        when 0 is given); TLS, when configured, is set up per connection (``_connection``)."""
+        for attempt in range(5):
+            server = await asyncio.start_server(self._connection, host, port, backlog=128,
+                                                limit=1 << 16)
+            ports = {s.getsockname()[1] for s in server.sockets}
+            if len(ports) == 1 or port != 0:
+                break
+            # port 0 on a name with several addresses (localhost: 127.0.0.1 and ::1) gave each
+            # its own port: listen again on the first one's for all of them
+            first = server.sockets[0].getsockname()[1]
+            server.close()
+            await server.wait_closed()
+            try:
+                server = await asyncio.start_server(self._connection, host, first, backlog=128,
+                                                    limit=1 << 16)
+                break
+            except OSError:
+                if attempt == 4:
+                    raise
+        self._server = server
+        bound = server.sockets[0].getsockname()[1]
+        self.listen_host = host
+        self.advertised = (host if host not in WILDCARDS else "127.0.0.1", bound)
         self.coordinator.start()
         return host, bound
+
+    def advertised_for(self, conn: "Connection | None") -> tuple[str, int]:
+        """(host, port) of the one broker as ``conn``'s client should reach it."""
+        host, port = self.advertised
+        if conn is None:
+            return host, port
+        return advertised_host(getattr(self, "listen_host", host), conn.local), port
 
     async def close(self) -> None:
         self._stopping = True
@@ -128,7 +202,9 @@ class Endpoint:
                           writer: asyncio.StreamWriter) -> None:
         addr = writer.get_extra_info("peername")
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        conn = Connection(peer, authenticated=self.token is None)
+        local = writer.get_extra_info("sockname")
+        conn = Connection(peer, authenticated=self.token is None,
+                          local=str(local[0]) if isinstance(local, tuple) else "127.0.0.1")
         self.accepted += 1
         if len(self.open) >= self.limits.max_connections:
             now = time.monotonic()
@@ -141,6 +217,8 @@ class Endpoint:
             return
         self.open[writer] = conn
         try:
+            if self.ssl_context is not None and not await self._tls(writer, conn):
+                return
             await self._serve(reader, writer, conn)
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, OSError):
             self.closed["client_gone"] = self.closed.get("client_gone", 0) + 1
@@ -156,6 +234,25 @@ class Endpoint:
         finally:
             self.open.pop(writer, None)
 
+    async def _tls(self, writer: asyncio.StreamWriter, conn: Connection) -> bool:
+        """The TLS handshake of a connection to a TLS listener; False after closing it with
+        the reason logged (a client speaking plaintext, a certificate it refuses, silence)."""
+        timeout = self.limits.request_timeout_s
+        try:
+            await writer.start_tls(self.ssl_context, ssl_handshake_timeout=timeout)
+            return True
+        except (ssl.SSLError, ConnectionError, OSError, asyncio.TimeoutError) as e:
+            if isinstance(e, asyncio.TimeoutError):
+                why = f"no TLS handshake within {timeout:g}s"
+            else:
+                why = f"TLS handshake failed ({getattr(e, 'reason', None) or e})"
+                if "WRONG_VERSION_NUMBER" in str(e) or "HTTP_REQUEST" in str(e):
+                    why += ("; is the client speaking without TLS (security.protocol PLAINTEXT "
+                            "or SASL_PLAINTEXT)? This listener is SSL"
+                            + ("/SASL_SSL" if self.token is not None else ""))
+            self._close(writer, conn, "tls", why)
+            return False
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      conn: Connection) -> None:
         lim = self.limits
@@ -163,6 +260,9 @@ class Endpoint:
             try:
                 head = await asyncio.wait_for(reader.readexactly(4), lim.idle_timeout_s)
             except asyncio.TimeoutError:
+                if conn.requests:  # (Kafka's connections.max.idle.ms: clients reconnect)
+                    self.log.info("closed the connection of %s: idle for %gs", conn.peer,
+                                  lim.idle_timeout_s)
                 self._close(writer, conn, "idle", None if conn.requests else
                             f"no request within {lim.idle_timeout_s:g}s of connecting")
                 return
@@ -175,7 +275,7 @@ class Endpoint:
                     writer.close()
                 return
             size = int.from_bytes(head, "big", signed=True)
-            if size < MIN_FRAME or size > lim.max_request_bytes:
+            if size < (0 if conn.raw_sasl else MIN_FRAME) or size > lim.max_request_bytes:
                 self._close(writer, conn, "malformed", (
                     f"a request size of {size} bytes (at most {lim.max_request_bytes} are "
                     "accepted; is this a Kafka client? TLS spoken to a plain listener, or "
@@ -188,7 +288,10 @@ class Endpoint:
                             f"within {lim.request_timeout_s:g}s")
                 return
             conn.requests += 1
-            out = await self._answer(frame, conn, writer)
+            if conn.raw_sasl:
+                out = await self._raw_token(frame, conn, writer)
+            else:
+                out = await self._answer(frame, conn, writer)
             if out is None:
                 return
             for b in out:
@@ -209,7 +312,8 @@ class Endpoint:
         self.requests[name] = self.requests.get(name, 0) + 1
         if key == API_VERSIONS and not SERVED[API_VERSIONS][0] <= version <= \
                 SERVED[API_VERSIONS][1]:
-            return self._sent([api_versions_fallback(corr)], 35)
+            self.count_errors(name, [UNSUPPORTED_VERSION])
+            return self._sent([api_versions_fallback(corr)])
         if not conn.authenticated and key not in (API_VERSIONS, SASL_HANDSHAKE,
                                                   SASL_AUTHENTICATE):
             self._close(writer, conn, "unauthenticated",
@@ -222,12 +326,12 @@ class Endpoint:
             self._close(writer, conn, "unsupported", str(e))
             return None
         if key == SASL_HANDSHAKE:
-            return self._sent([self._handshake(req, conn)], None)
+            return self._sent([self._handshake(req, conn)])
         if key == SASL_AUTHENTICATE:
             data, ok = self._authenticate(req, conn)
             if not ok:
                 writer.write(data)
-                self._count_error(SASL_AUTHENTICATION_FAILED)
+                self.count_errors(name, [SASL_AUTHENTICATION_FAILED])
                 self.bytes_out += len(data)
                 try:
                     await asyncio.wait_for(writer.drain(), 1.0)
@@ -236,22 +340,24 @@ class Endpoint:
                 self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed "
                             "(wrong token)")
                 return None
-            return self._sent([data], None)
-        out = await self.handlers.answer(req)
+            return self._sent([data])
+        out = await self.handlers.answer(req, conn)
         if out is None:
             self._close(writer, conn, "produce_acks0", "a produce with acks=0 (nothing can be "
                         "answered, and this endpoint is read-only)")
             return None
-        return self._sent(out if isinstance(out, list) else [out], None)
+        return self._sent(out if isinstance(out, list) else [out])
 
-    def _sent(self, bufs: list, error: int | None) -> list:
+    def _sent(self, bufs: list) -> list:
         self.bytes_out += sum(memoryview(b).nbytes for b in bufs)
-        if error is not None:
-            self._count_error(error)
         return bufs
 
-    def _count_error(self, code: int) -> None:
-        self.errors[code] = self.errors.get(code, 0) + 1
+    def count_errors(self, api: str, codes) -> None:
+        """Count the error codes (0 = none, not counted) an answer of ``api`` carries."""
+        for code in codes:
+            if code:
+                key = (api, error_name(code))
+                self.errors[key] = self.errors.get(key, 0) + 1
 
     # -- SASL/PLAIN ----------------------------------------------------------------------------
 
@@ -259,9 +365,32 @@ class Endpoint:
         mech = req.body.mechanism
         ok = self.token is not None and mech == "PLAIN"
         conn.mechanism_ok = ok
+        # v0: the client then sends the SASL token bare (no SaslAuthenticate request around it)
+        conn.raw_sasl = ok and req.version == 0
+        self.count_errors(API_NAMES[SASL_HANDSHAKE], [NONE if ok else UNSUPPORTED_SASL_MECHANISM])
         return respond(SASL_HANDSHAKE, req.version, req.correlation_id,
                        error_code=NONE if ok else UNSUPPORTED_SASL_MECHANISM,
                        mechanisms=["PLAIN"] if self.token is not None else [])
+
+    def _plain_ok(self, token: bytes) -> bool:
+        """A SASL/PLAIN token (authzid NUL user NUL password) carrying this endpoint's token
+        as the password (any user name), compared in constant time."""
+        parts = bytes(token).split(b"\0")
+        password = parts[2] if len(parts) == 3 else b""
+        return len(parts) == 3 and hmac.compare_digest(password, self.token or b"\0")
+
+    async def _raw_token(self, frame: bytes, conn: Connection,
+                         writer: asyncio.StreamWriter) -> list | None:
+        """After a SaslHandshake v0, the bare PLAIN token: an empty token back when it is
+        right (Kafka's answer), else the connection closed (v0 has no way to say why)."""
+        conn.raw_sasl = False
+        if self._plain_ok(frame):
+            conn.authenticated = True
+            return self._sent([b"\0\0\0\0"])
+        self.count_errors(API_NAMES[SASL_HANDSHAKE], [SASL_AUTHENTICATION_FAILED])
+        self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed (wrong "
+                    "token; SaslHandshake v0)")
+        return None
 
     def _authenticate(self, req, conn: Connection) -> tuple[bytes, bool]:
         if not conn.mechanism_ok:
@@ -269,10 +398,7 @@ class Endpoint:
                            error_code=ILLEGAL_SASL_STATE, auth_bytes=b"",
                            error_message="SaslAuthenticate before a SaslHandshake for PLAIN"
                            ), False
-        parts = bytes(req.body.auth_bytes).split(b"\0")
-        password = parts[2] if len(parts) == 3 else b""
-        ok = len(parts) == 3 and hmac.compare_digest(password, self.token or b"\0")
-        if ok:
+        if self._plain_ok(req.body.auth_bytes):
             conn.authenticated = True
             return respond(SASL_AUTHENTICATE, req.version, req.correlation_id, error_code=NONE,
                            error_message=None, auth_bytes=b""), True
@@ -298,9 +424,11 @@ class Endpoint:
         a = counter("kafka_connections_accepted", "Kafka client connections accepted.")
         a.add_metric([], self.accepted)
         yield a
-        e = counter("kafka_error_responses", "Kafka error codes answered, by code.", ["code"])
-        for code, n in sorted(self.errors.items()):
-            e.add_metric([str(code)], n)
+        e = counter("kafka_error_responses", "Kafka error codes answered, by API and error "
+                    "(Kafka's names; each partition's in Fetch, ListOffsets, OffsetCommit and "
+                    "Produce answers, each topic's in Metadata).", ["api", "error"])
+        for (api, error), n in sorted(self.errors.items()):
+            e.add_metric([api, error], n)
         yield e
         d = counter("kafka_connections_closed", "Kafka connections closed by the endpoint or "
                     "the client, by reason.", ["reason"])

@@ -23,10 +23,10 @@ consumer short of the high watermark for ever (it fetches the same offset again 
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import NamedTuple
 
+from kcompact.reput.batch import empty_batch
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -36,23 +36,8 @@ from ..protocol import ServerLimits
 
 INTERNAL_PREFIX = "__kcompact-"
 
-# RecordBatch v2 header (docs/formats/segment-v2.md): the bridging batch's
-_BATCH = struct.Struct(">qiibIhiqqqhii")
-_CRC_START = 21
 #: a batch's lastOffsetDelta is an int32: a longer gap is bridged in steps
 MAX_DELTA = 0x7FFFFFFF
-
-
-def empty_batch(base: int, last: int) -> bytes:
-    """A RecordBatch v2 with no record spanning offsets base..last (last - base <= 2^31 - 1):
-    what a consumer steps over to ``last + 1`` (Kafka writes such batches when its cleaner
-    removes every record of a batch that must keep its producer state)."""
-    import google_crc32c
-    raw = bytearray(_BATCH.size)
-    _BATCH.pack_into(raw, 0, base, _BATCH.size - 12, -1, 2, 0, 0, last - base, -1, -1, -1, -1,
-                     -1, 0)
-    struct.pack_into(">I", raw, 17, google_crc32c.value(bytes(raw[_CRC_START:])))
-    return bytes(raw)
 
 
 class Bounds(NamedTuple):
@@ -62,11 +47,12 @@ class Bounds(NamedTuple):
 
 class Fetched(NamedTuple):
     """What a fetch of one partition returns: ``parts`` (buffers, whole batches), ``nbytes``,
-    and the bounds it read under."""
+    the bounds it read under, and whether any batch is zstd-compressed."""
 
     parts: list
     nbytes: int
     bounds: Bounds
+    zstd: bool = False
 
 
 class StoreView:
@@ -139,7 +125,7 @@ class StoreView:
                 return Fetched([], 0, b)
             kb = PartitionReader(pl).kafka_batches(offset, max_bytes)
             if kb.nbytes:
-                return Fetched(kb.parts, kb.nbytes, b)
+                return Fetched(kb.parts, kb.nbytes, b, kb.zstd)
             last = min(b.high_watermark - 1, offset + MAX_DELTA)
             raw = empty_batch(offset, last)
             return Fetched([raw], len(raw), b)

@@ -65,6 +65,7 @@ ILLEGAL_SASL_STATE = 34
 UNSUPPORTED_VERSION = 35
 INVALID_REQUEST = 42
 POLICY_VIOLATION = 44
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 SASL_AUTHENTICATION_FAILED = 58
 UNSUPPORTED_COMPRESSION_TYPE = 76
 MEMBER_ID_REQUIRED = 79
@@ -176,6 +177,8 @@ def _plan(cls) -> tuple:
     out = []
     for f in fields(cls):
         t = hints[f.name]
+        if type(None) in typing.get_args(t):  # nullable: Optional[X] / X | None
+            t = next(a for a in typing.get_args(t) if a is not type(None))
         nested = next((a for a in typing.get_args(t) if is_dataclass(a)), None)
         if nested is None and is_dataclass(t):
             nested = t
@@ -231,6 +234,14 @@ def _zero(ktype: str | None, is_tuple: bool):
     if ktype == "uuid":
         return uuid.UUID(int=0)
     return 0
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``OFFSET_OUT_OF_RANGE``), or ``CODE_<n>``."""
+    try:
+        return ErrorCode(int(code)).name.upper()
+    except ValueError:
+        return f"CODE_{int(code)}"
 
 
 def ms(v: Any) -> int:

@@ -20,7 +20,10 @@ test. Then unmodified clients read both and must agree:
 And: consumer groups (two confluent-kafka members rebalancing, commits kept across a restart of
 the endpoint), a refused produce leaving the store unchanged, SASL/PLAIN and TLS, and bad clients
 (garbage, a 2 GiB size prefix, an unknown API key, idle connections) that never take the
-endpoint down. kcat runs when installed (skipped with the reason otherwise).
+endpoint down. More independent clients: Debian's kcat (``-L``, ``-C -p -o -e``, ``-Q``) and a
+franz-go program (tests/integration/franzgo: kgo ``ConsumePartitions`` and a ``ConsumerGroup``,
+kadm's start/end offsets and committed offsets), built into the cache directory; each skips
+with the reason when kcat or Go is absent or the build fails.
 """
 
 from __future__ import annotations
@@ -42,16 +45,14 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kcompact.compaction import CompactionOptions, compact_store
 from kcompact.connectors.apps.mirror import mirror_local
-from kcompact.connectors.devtools.apache_kafka import fetch as fetch_jars
-from kcompact.connectors.devtools.apache_kafka import find_java, tool_command
 from kcompact.reput import ManualClock, Store
 
 sys.path.insert(0, os.path.dirname(__file__))
+from endpoint_tools import Endpoint, java, read_all, restore, serving  # noqa: E402
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
-KCOMPACT = [sys.executable, "-m", "kcompact"]
 #: the records' timestamps start here (recent: an old CreateTime would let the topic's
 #: retention delete them on the Kafka side during the run)
 T0 = (int(time.time()) - 3600) * 1000
@@ -90,70 +91,6 @@ def _produce(bootstrap: str, topic: str) -> None:
     assert p.flush(30) == 0
 
 
-def read_all(bootstrap: str, topic: str, partitions: int = 2, *, isolation: str =
-             "read_committed", extra: dict | None = None) -> dict[int, list[tuple]]:
-    """Every record per partition (offset, ts, key, value, headers) and, under key -1, the
-    offset each partition's end-of-partition event came at."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "enable.partition.eof": True,
-                  "isolation.level": isolation, **(extra or {})})
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    out: dict[int, list] = {p: [] for p in range(partitions)}
-    eof: dict[int, int] = {}
-    deadline = time.monotonic() + 60
-    try:
-        while len(eof) < partitions:
-            assert time.monotonic() < deadline, f"no end of partition reached: {eof}"
-            for m in c.consume(1000, 0.5):
-                if m.error() is not None:
-                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                    eof[m.partition()] = m.offset()
-                    continue
-                out[m.partition()].append((m.offset(), m.timestamp()[1], m.key(), m.value(),
-                                           tuple(m.headers() or ())))
-    finally:
-        c.close()
-    out[-1] = [eof[p] for p in range(partitions)]
-    return out
-
-
-# -- the endpoint as a process -----------------------------------------------------------------
-
-
-class Endpoint:
-    def __init__(self, store: str | Path, *extra: str, log: Path):
-        self.args = [*KCOMPACT, "serve", "--store", str(store), "--kafka-listen", "127.0.0.1:0",
-                     *extra]
-        self.log = log
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    def start(self) -> "Endpoint":
-        err = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err)
-        line = self.proc.stdout.readline().decode()
-        assert line.startswith("kafka endpoint listening on 127.0.0.1:"), (
-            line, self.log.read_text())
-        self.port = int(line.rsplit(":", 1)[1])
-        return self
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def served(apache_kafka, tmp_path_factory):
     """(kafka bootstrap, topic, store url, running Endpoint, work dir)."""
@@ -165,17 +102,8 @@ def served(apache_kafka, tmp_path_factory):
     work = tmp_path_factory.mktemp("endpoint")
     url = str(work / "store")
     mirror_local(apache_kafka.bootstrap, topic, url, out=io.StringIO(), handle_signals=False)
-    ep = Endpoint(url, log=work / "endpoint.log").start()
-    try:
-        yield apache_kafka.bootstrap, topic, url, ep, work
-    finally:
-        ep.stop()
-        apache_kafka.admin.delete_topics([topic], operation_timeout=30)
-
-
-def java(main: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(tool_command(main, list(args)), capture_output=True, text=True,
-                          timeout=timeout)
+    with serving(apache_kafka, topic, url, work) as it:
+        yield it
 
 
 # -- records, end offsets, ListOffsets -----------------------------------------------------------
@@ -274,53 +202,10 @@ def test_verifiable_consumer_consumes_and_commits(served):
     assert commits and all(e["success"] for e in commits), commits
 
 
-RESTORE_JAVA = """
-import java.time.Duration;
-import java.util.*;
-import org.apache.kafka.clients.consumer.*;
-import org.apache.kafka.common.TopicPartition;
-import org.apache.kafka.common.serialization.ByteArrayDeserializer;
-
-// The loop of Kafka Streams' GlobalStateManagerImpl.restoreState: poll until the position
-// reaches the end offset read at the start.
-public class Restore {
-  public static void main(String[] a) {
-    Properties p = new Properties();
-    p.put("bootstrap.servers", a[0]);
-    p.put("key.deserializer", ByteArrayDeserializer.class.getName());
-    p.put("value.deserializer", ByteArrayDeserializer.class.getName());
-    p.put("isolation.level", "read_committed");
-    try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p)) {
-      TopicPartition tp = new TopicPartition(a[1], Integer.parseInt(a[2]));
-      c.assign(List.of(tp));
-      c.seekToBeginning(List.of(tp));
-      long end = c.endOffsets(List.of(tp)).get(tp);
-      long n = 0, deadline = System.currentTimeMillis() + 30000;
-      while (c.position(tp) < end) {
-        if (System.currentTimeMillis() > deadline) { System.out.println("TIMEOUT " + c.position(tp) + " " + end); System.exit(2); }
-        n += c.poll(Duration.ofMillis(200)).count();
-      }
-      System.out.println("RESTORED " + n + " " + c.position(tp) + " " + end);
-    }
-  }
-}
-"""
-
-
-def _restore(bs: str, topic: str, partition: int, work: Path) -> str:
-    src = work / "Restore.java"
-    src.write_text(RESTORE_JAVA)
-    libs = fetch_jars()
-    r = subprocess.run([find_java(), "-cp", str(libs / "*"), str(src), bs, topic,
-                        str(partition)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("RESTORED"), (r.stdout, r.stderr[-2000:])
-    return r.stdout.split()
-
-
 def test_global_ktable_restore_loop_matches_kafka(served):
     kafka, topic, _url, ep, work = served
     for p in (0, 1):
-        assert _restore(ep.bootstrap, topic, p, work) == _restore(kafka, topic, p, work)
+        assert restore(ep.bootstrap, topic, p, work) == restore(kafka, topic, p, work)
 
 
 # -- compaction ------------------------------------------------------------------------------------
@@ -363,7 +248,7 @@ def test_after_compaction_the_endpoint_serves_the_compacted_store(served, tmp_pa
         assert all(ours[p][-1][0] + 1 < ours[-1][p] for p in (0, 1)), (
             [ours[p][-3:] for p in (0, 1)], ours[-1])
         for p in (0, 1):  # the GlobalKTable restore loop reaches the end offset
-            _, n, position, end = _restore(ep.bootstrap, topic, p, work)
+            _, n, position, end = restore(ep.bootstrap, topic, p, work)
             assert int(n) == len(ours[p]) and position == end == str(full[-1][p])
     finally:
         ep.stop()
@@ -513,16 +398,156 @@ def test_bad_clients_never_take_the_endpoint_down(served):
     assert "request size of" in log and "not served" in log
 
 
-def test_kcat_reads_the_endpoint(served):
-    kafka, topic, _url, ep, _ = served
+def test_limits_and_metrics_of_the_command_line(served, tmp_path):
+    """``--kafka-idle-timeout``, ``--max-connections`` and ``--metrics`` as an operator gives
+    them: a silent connection closed after the idle timeout, one over the limit closed at once,
+    each logged; the metrics (scraped and parsed with prometheus_client) count requests by
+    API, the errors inside answers by API and error name, and closed connections by reason."""
+    import re
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    _kafka, topic, url, _ep, _ = served
+    ep = Endpoint(url, "--kafka-idle-timeout", "1", "--max-connections", "3", "--metrics",
+                  "127.0.0.1:0", log=tmp_path / "ep.log").start()
+    try:
+        silent = [socket.create_connection(("127.0.0.1", ep.port)) for _ in range(3)]
+        time.sleep(0.3)
+        over = socket.create_connection(("127.0.0.1", ep.port))
+        over.settimeout(10)
+        assert over.recv(10) == b""            # over the limit: closed at once
+        for s in silent:                       # silent for 1 s: closed
+            s.settimeout(10)
+            assert s.recv(10) == b""
+            s.close()
+        over.close()
+        want = read_all(ep.bootstrap, topic)
+        assert want[-1] and all(want[p] for p in (0, 1))
+        c = Consumer({"bootstrap.servers": ep.bootstrap, "group.id": "oor",
+                      "auto.offset.reset": "earliest", "enable.partition.eof": True})
+        c.assign([TopicPartition(topic, 0, 10 ** 9)])  # out of range: reset to the start
+        try:
+            deadline, m = time.monotonic() + 30, None
+            while time.monotonic() < deadline and (m is None or m.error() is not None):
+                m = c.poll(0.5)
+            assert m is not None and m.error() is None and m.offset() < 10 ** 9
+            assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1] > 0
+        finally:
+            c.close()
+        murl = re.search(r"metrics on (http://\S+/metrics)", ep.log.read_text()).group(1)
+        body = urllib.request.urlopen(murl, timeout=10).read().decode()
+    finally:
+        ep.stop()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(body) for s in fam.samples}
+    assert samples[("kcompact_kafka_requests_total", (("api", "Fetch"),))] > 0
+    assert samples[("kcompact_kafka_requests_total", (("api", "ListOffsets"),))] > 0
+    assert samples[("kcompact_kafka_error_responses_total",
+                    (("api", "Fetch"), ("error", "OFFSET_OUT_OF_RANGE")))] >= 1
+    assert samples[("kcompact_kafka_connections_closed_total", (("reason", "idle"),))] >= 3
+    assert samples[("kcompact_kafka_connections_closed_total", (("reason", "too_many"),))] >= 1
+    assert samples[("kcompact_kafka_response_bytes_total", ())] > 0
+    log = ep.log.read_text()
+    assert "no request within 1s of connecting" in log and "connections are open" in log
+
+
+# -- more independent clients: kcat (librdkafka 2.0 in Debian's build) and franz-go ---------------
+
+
+def _kcat() -> str:
     kcat = shutil.which("kcat") or shutil.which("kafkacat")
     if kcat is None:
-        pytest.skip("kcat is not installed (Debian: apt-get install kcat)")
-    out = []
+        pytest.skip("kcat is not installed (Debian: apt-get install kcat; `make kcat`)")
+    return kcat
+
+
+def _kcat_run(*args: str) -> str:
+    r = subprocess.run([_kcat(), *args], capture_output=True, timeout=60)
+    assert r.returncode == 0, (args, r.stderr.decode()[-2000:])
+    return r.stdout.decode()
+
+
+def test_kcat_lists_consumes_and_queries_as_from_kafka(served):
+    kafka, topic, _url, ep, _ = served
+    # -L: the topic, its partitions (leaders, replicas and in-sync replicas are the one
+    # broker of each: Kafka's node 1, the endpoint's node 0)
+    listed = []
     for bs in (kafka, ep.bootstrap):
-        r = subprocess.run([kcat, "-b", bs, "-C", "-t", topic, "-p", "1", "-o", "beginning",
-                            "-e", "-q", "-X", "isolation.level=read_committed", "-f",
-                            "%o %k %s\\n"], capture_output=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        out.append(r.stdout)
-    assert out[0] == out[1] and out[0]
+        meta = json.loads(_kcat_run("-b", bs, "-L", "-J", "-t", topic))
+        (t,) = meta["topics"]
+        one = meta["brokers"][0]["id"]
+        assert len(meta["brokers"]) == 1
+        assert all(p["leader"] == one and [r["id"] for r in p["replicas"]] == [one]
+                   and [r["id"] for r in p["isrs"]] == [one] for p in t["partitions"])
+        listed.append((t["topic"], [p["partition"] for p in t["partitions"]]))
+    assert listed[0] == listed[1] == (topic, [0, 1])
+    # -C -p -o -e: from the beginning, from inside, from the end's neighbourhood, to the end
+    fmt = "%p %o %T %k|%s|%h\\n"
+    for part in (0, 1):
+        for start in ("beginning", "7", "-5"):
+            out = [_kcat_run("-b", bs, "-C", "-t", topic, "-p", str(part), "-o", start, "-e",
+                             "-q", "-Z", "-X", "isolation.level=read_committed", "-f", fmt)
+                   for bs in (kafka, ep.bootstrap)]
+            assert out[0] == out[1] and out[0], (part, start)
+    # -Q: offsets by timestamp (Kafka's time index also holds aborted records: ours is the
+    # first committed record at or after Kafka's answer, as test_list_offsets_agree says)
+    committed = read_all(kafka, topic)
+    for ts in (T0 - 1, T0, T0 + 15, T0 + 300):
+        query = [a for p in (0, 1) for a in ("-t", f"{topic}:{p}:{ts}")]
+        got = [dict(_query_lines(_kcat_run("-b", bs, "-Q", *query)))
+               for bs in (kafka, ep.bootstrap)]
+        for p in (0, 1):
+            k = got[0][p]
+            want = k if k < 0 else min((r[0] for r in committed[p] if r[0] >= k), default=-1)
+            assert got[1][p] == want, (ts, p, got)
+
+
+def _query_lines(text: str):
+    """kcat -Q's lines (``topic [p] offset N``) as (p, N)."""
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 4 and words[2] == "offset":
+            yield int(words[1].strip("[]")), int(words[3])
+
+
+FRANZGO = Path(__file__).parent / "franzgo"
+
+
+@pytest.fixture(scope="module")
+def franzgo() -> str:
+    """tests/integration/franzgo (franz-go's kgo and kadm) built into the cache directory once
+    per source version; skipped with the reason when Go is absent or the build fails (offline
+    without the modules cached)."""
+    import hashlib
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("Go is not installed: the franz-go client test needs it")
+    digest = hashlib.sha256(b"".join((FRANZGO / n).read_bytes()
+                                     for n in ("go.mod", "go.sum", "main.go"))).hexdigest()[:16]
+    cache = Path(os.environ.get("KCOMPACT_CACHE_DIR") or Path.home() / ".cache" / "kcompact")
+    exe = cache / "franzgo" / digest / "franzgo"
+    if not exe.exists():
+        exe.parent.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([go, "build", "-o", str(exe), "."], cwd=FRANZGO, capture_output=True,
+                           text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.skip(f"the franz-go client did not build (offline?): {r.stderr[-500:]}")
+    return str(exe)
+
+
+def _franzgo(exe: str, *args: str) -> list[dict]:
+    r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [json.loads(x) for x in r.stdout.splitlines()]
+
+
+def test_franz_go_reads_as_from_kafka(served, franzgo):
+    kafka, topic, _url, ep, _ = served
+    ours = _franzgo(franzgo, "partitions", ep.bootstrap, topic, "2")
+    theirs = _franzgo(franzgo, "partitions", kafka, topic, "2")
+    assert ours == theirs
+    assert len(ours) > 150 and set(ours[-1]) == {"start", "end"}
+    # a consumer group: every record once, and the commit kept by the endpoint's coordinator
+    ours = _franzgo(franzgo, "group", ep.bootstrap, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    theirs = _franzgo(franzgo, "group", kafka, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    assert ours == theirs
+    assert len(ours) > 150 and set(ours[-1]) == {"committed"}

@@ -170,7 +170,7 @@ def test_transaction_markers_leave_gaps(kafka_bootstrap, make_topic, tmp_path):
     assert read_store(store, topic) == in_topic
     with Store.open(store) as st:  # the next offset is past the last marker, as in Kafka
         last = max(r[0] for r in in_topic[0])
-        assert st.next_offset(topic, 0) == last + 1
+        assert st.next_offset(topic, 0) == last + 2  # (the commit marker of transaction 4)
     produce(kafka_bootstrap, topic, [(0, b"after", b"x", None, TS0)])
     assert _mirror(kafka_bootstrap, topic, store).records == 1
     assert read_store(store, topic) == read_topic(kafka_bootstrap, topic, 2)
@@ -214,7 +214,8 @@ def test_cli_mirror_spark_default_falls_back_to_local(kafka_bootstrap, make_topi
                     "installation or unset it); running with --engine local"], proc.stderr
     assert "mirror: done: 100 records" in proc.stderr
     assert read_store(str(store), topic) == read_topic(kafka_bootstrap, topic, 2)
-    assert os.listdir(store / "commitlog") == ["local"]  # the local engine's writer, no Spark's
+    # the local engine's writer and its group-offset capture's (issue 42), no Spark's
+    assert sorted(os.listdir(store / "commitlog")) == ["local", "local-groups"]
 
     store2 = tmp_path / "s2"
     proc = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic,
@@ -553,7 +554,8 @@ def test_standalone_json_config_and_string_converter(kafka_bootstrap, make_topic
     assert sum(map(len, stored.values())) == 19
     assert b"\xff\xfe" not in {r[3] for rs in stored.values() for r in rs}
     # two tasks, two writers
-    assert sorted(os.listdir(tmp_path / "s" / "commitlog")) == ["connect", "connect-1"]
+    assert sorted(os.listdir(tmp_path / "s" / "commitlog")) == ["connect", "connect-1",
+                                                                 "connect-groups"]
 
 
 # -- a source connector through the worker ---------------------------------------------------------

@@ -343,10 +343,22 @@ def test_a_topic_directory_linked_to_another_store_is_not_served(tmp_path, procs
         status, body = get(path)
         assert status == 404 and "resolves outside the store" in body["error"], (path, body)
         assert str(other) not in body["error"]  # the client is not told where it points
+    # the partition the master holds but does not serve is named, never silently left out
+    # (issue 44): the document lists it as unavailable, replicate copies the others and exits 1
+    assert doc["topics"][0]["unavailable"] == [
+        {"partition": 9, "reason": "not served: a path of it resolves outside the store (a "
+                                   "symlink?); the master's log names it"}]
     r = kc("replicate", "--from", srv.url, "--token-file", token, "--store", tmp_path / "r")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("kcompact: error: ") and f"{TOPIC}-9" in last, r.stderr
+    assert "the other 4 partitions were replicated" in last and str(other) not in last
     with Store.open(str(tmp_path / "r")) as st:
         assert st.topics() == [TOPIC] and st.partitions(TOPIC) == [0, 1, 2, 3]
+    r = kc("verify", "--store", tmp_path / "r", "--against", srv.url, "--token-file", token)
+    assert r.returncode == 1, r.stdout
+    assert f"{TOPIC}-9: the master holds it but does not serve it" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("DIFFERENT: 5 partitions")
     srv.stop()
     for what in ("partitions/secret resolves to", f"partitions/{TOPIC}/9 resolves to"):
         assert len(lines_naming(srv.text, what)) == 1, srv.text  # logged once each

@@ -149,7 +149,7 @@ def test_spark_mirror_of_a_topic_set(spark, kafka_bootstrap, kafka_admin, tmp_pa
         assert read_store(store, b) == read_topic(kafka_bootstrap, b, 3)
         assert res.records == 1500 and len(res.tasks) == 5
         assert writers(store) == {spark_writer_id(t, p) for t, n in ((a, 2), (b, 3))
-                                  for p in range(n)}
+                                  for p in range(n)} | {"spark-driver-groups"}
         with Store.open(store) as st:
             assert st.topics() == [a, b]
             assert st.topic_config(a).delete_retention_ms == 777
@@ -178,8 +178,9 @@ def test_spark_mirror_equals_local_mirror(spark, kafka_bootstrap, make_topic, tm
     assert got == want
     assert sum(map(len, want.values())) == 6000
     assert res.records == 6000 and res.retried == 0 and len(res.tasks) == 4
-    # one commit-log writer per topic-partition, nothing else
-    assert writers(sp) == {spark_writer_id(topic, p) for p in range(4)}
+    # one commit-log writer per topic-partition, and the driver's group-offset capture's
+    # (issue 42; the tasks capture nothing)
+    assert writers(sp) == {spark_writer_id(topic, p) for p in range(4)} | {"spark-driver-groups"}
     assert verified(sp)
 
     # a second run finds nothing to do; new records are picked up where each partition ended
@@ -401,7 +402,8 @@ def test_cli_mirror_defaults_to_spark(spark, kafka_bootstrap, make_topic, tmp_pa
                      "--store", store, "-X", "fetch.wait.max.ms=100"]) == 0
     err = capsys.readouterr().err
     assert "with Spark" in err and "mirror: done: 3,000 records" in err, err
-    assert writers(store) == {spark_writer_id(topic, 0), spark_writer_id(topic, 1)}
+    assert writers(store) == {spark_writer_id(topic, 0), spark_writer_id(topic, 1),
+                              "spark-driver-groups"}
     # the compaction stage ran: each task rolled its active segment when it ended
     assert "compact: 2 partitions with Spark" in err, err
     assert latest_model(read_store(store, topic)) == latest_model(

@@ -54,11 +54,11 @@ class MarkingCompactor(Compactor):
         self.log = log
         self.rounds = 0
 
-    def _rewrite(self, pl, cfg, last_mapped, res):
+    def _rewrite(self, pl, cfg, last_mapped, res, *more):
         self.rounds += 1
         self.log.append(PASS2)
         try:
-            return super()._rewrite(pl, cfg, last_mapped, res)
+            return super()._rewrite(pl, cfg, last_mapped, res, *more)
         finally:
             self.log.append("-- pass 2 done --")
 

@@ -59,6 +59,7 @@ def test_kafka_batches_serve_exactly_the_models_records(backend, rows, compact, 
                     assert len(raw) == kb.nbytes
                     batches = decode_batches(raw)
                     assert sum(b.size for b in batches) == kb.nbytes  # whole batches only
+                    assert kb.zstd == any(b.attributes & 7 == 4 for b in batches)
                     rest = offs[bisect.bisect_left(offs, frm):]
                     if not rest:
                         assert batches == [] and kb.next_offset == frm
@@ -83,6 +84,8 @@ def test_kafka_batches_serve_exactly_the_models_records(backend, rows, compact, 
                     kb = reader.kafka_batches(at, data.draw(st.integers(0, 6000)))
                     if kb.nbytes == 0:
                         break
+                    assert kb.zstd == any(b.attributes & 7 == 4 for b in decode_batches(
+                        _joined(kb)))
                     assert kb.next_offset > at
                     seen += [r.offset for b in decode_batches(_joined(kb)) for r in b.records
                              if r.offset >= at]

@@ -4,7 +4,8 @@ Random stores (offsets with gaps, tombstones, keyless records, headers, sometime
 so that the tail may be gone) are served by the endpoint in this process (its asyncio server on
 127.0.0.1 in a thread; no server process), and a minimal protocol client written here from the
 Kafka protocol spec (kio only encodes its requests) fetches from random offsets with random byte
-limits, at random versions 4-12. The model, from the partition reader's records: the first
+limits, at random versions 4-12 (some partitions end, as their source did, in transaction markers
+past the last record: ``Store.advance_next_offset``). The model, from the partition reader's records: the first
 batch holds the first record at or after the offset (or, past the last record and below the high
 watermark, an empty batch spans to it); records decode to the model's; the response's bytes stay
 within the limits unless a single batch; out of [log start, high watermark]: OFFSET_OUT_OF_RANGE;
@@ -48,8 +49,12 @@ from test_reader_model import TOPIC, _build, _record  # noqa: E402
 class Served:
     """The endpoint over ``url`` in a thread of this process."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, **endpoint):
+        """``endpoint``: Endpoint's keyword arguments (token, limits, ssl_context, log)."""
         self.url = url
+        self.kwargs = {"token": None, "limits": Limits(),
+                       "log": logging.getLogger("test-endpoint"), **endpoint}
+        self.host = self.kwargs.pop("host", "127.0.0.1")
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._main, daemon=True)
@@ -65,11 +70,10 @@ class Served:
     async def _start(self) -> None:
         self.view = StoreView(self.url)
         offsets = GroupOffsets(self.url, self.view.store.meta.store_id)
-        log = logging.getLogger("test-endpoint")
+        log = self.kwargs["log"]
         self.ep = Endpoint(self.view, lambda ep: Coordinator(offsets, ep.run, log,
-                                                              self.view.has),
-                           token=None, limits=Limits(), log=log)
-        _, self.port = await self.ep.start("127.0.0.1", 0)
+                                                              self.view.has), **self.kwargs)
+        _, self.port = await self.ep.start(self.host, 0)
 
     def close(self) -> None:
         fut = asyncio.run_coroutine_threadsafe(self.ep.close(), self.loop)
@@ -86,12 +90,12 @@ class Client:
         self.s = socket.create_connection(("127.0.0.1", port), timeout=20)
         self.corr = 0
 
-    def call(self, key: int, version: int, **body) -> bytes:
-        cls = _request_schema(key, version)
+    def call(self, api_key: int, version: int, /, **body) -> bytes:
+        cls = _request_schema(api_key, version)
         out = io.BytesIO()
         self.corr += 1
         hdr = cls.__header_schema__
-        entity_writer(hdr)(out, build(hdr, request_api_key=key, request_api_version=version,
+        entity_writer(hdr)(out, build(hdr, request_api_key=api_key, request_api_version=version,
                                       correlation_id=self.corr, client_id="model"))
         entity_writer(cls)(out, build(cls, **body))
         raw = out.getvalue()
@@ -182,11 +186,15 @@ def _uvarint(b: bytes, p: int) -> tuple[int, int]:
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
-@given(rows=st.lists(_record, max_size=120), compact=st.booleans(), data=st.data())
-def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, data):
+@given(rows=st.lists(_record, max_size=120), compact=st.booleans(),
+       markers=st.integers(0, 3), data=st.data())
+def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, markers, data):
     with tempfile.TemporaryDirectory() as root:
         st_, _ = _build("local", root, rows, compact)
         st_.record_partitions(TOPIC, [0])
+        if markers:  # the source ends in transaction markers: its end offset is past them
+            st_.advance_next_offset(TOPIC, 0, st_.next_offset(TOPIC, 0) + markers)
+            st_.flush()
         st_.close()
         ro = Store.open(st_.url)
         pl = ro.partition(TOPIC, 0)
@@ -290,3 +298,37 @@ def test_produce_is_refused_with_a_reason(tmp_path, version):
         srv.close()
     with Store.open(st_.url) as ro:
         assert ro.partition(TOPIC, 0).next_offset == 2
+
+
+def test_error_codes_inside_answers_count_by_api_and_error(tmp_path):
+    """The errors metric counts each partition's error in Fetch and ListOffsets answers (and
+    each refused produce, an old ApiVersions), by API and Kafka's error name."""
+    st_, _ = _build("local", str(tmp_path), [(1, b"k", b"v", []), (1, b"k2", b"v", [])], False)
+    st_.close()
+    srv = Served(st_.url)
+    c = Client(srv.port)
+    try:
+        assert c.fetch(12, 99, 1000)[0] == 1                # OFFSET_OUT_OF_RANGE
+        assert c.fetch(11, 99, 1000)[0] == 1
+        assert c.fetch(12, 0, 1000, partition=5)[0] == 3    # UNKNOWN_TOPIC_OR_PARTITION
+        assert c.fetch(12, 1, 1000)[0] == 0                 # (no error: not counted)
+        assert c.list_offsets(-1, partition=9)[0] == 3
+        assert c.list_offsets(-1)[0] == 0
+        c.call(0, 9, transactional_id=None, acks=-1, timeout=1000, topic_data=[
+            {"name": TOPIC, "partition_data": [{"index": 0, "records": b""},
+                                               {"index": 1, "records": b""}]}])
+        raw = struct.pack(">hhih", 18, 9, 77, -1)
+        c.s.sendall(struct.pack(">i", len(raw)) + raw)
+        c._read(struct.unpack(">i", c._read(4))[0])
+        assert srv.ep.errors == {("Fetch", "OFFSET_OUT_OF_RANGE"): 2,
+                                 ("Fetch", "UNKNOWN_TOPIC_OR_PARTITION"): 1,
+                                 ("ListOffsets", "UNKNOWN_TOPIC_OR_PARTITION"): 1,
+                                 ("Produce", "POLICY_VIOLATION"): 2,
+                                 ("ApiVersions", "UNSUPPORTED_VERSION"): 1}
+        fam = next(f for f in srv.ep.collect() if f.name.endswith("kafka_error_responses"))
+        samples = {(s.labels["api"], s.labels["error"]): s.value for s in fam.samples
+                   if s.name.endswith("_total")}
+        assert samples[("Fetch", "OFFSET_OUT_OF_RANGE")] == 2
+    finally:
+        c.close()
+        srv.close()

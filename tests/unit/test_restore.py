@@ -129,7 +129,9 @@ def test_progress_encoding_is_the_documented_json():
     assert doc["job"] == JOB.key and doc["seq"] == 1 and doc["produced"] == 12
     assert set(doc) == {"version", "job", "store_id", "store_topic", "cluster_id",
                         "target_topic", "mode", "seq", "positions", "produced", "done",
-                        "transactional", "updated_ms"}
+                        "transactional", "updated_ms", "run_seq", "as_of_ms", "mapped"}
+    assert doc["version"] == 2 and doc["run_seq"] == 0 and doc["as_of_ms"] is None
+    assert doc["mapped"] is True
 
 
 @pytest.mark.parametrize("raw,message", [

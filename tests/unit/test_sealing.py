@@ -107,6 +107,13 @@ NOT_A_SEGMENT = {
     "reput/partition.py": ({"scan"}, "records handed to the writer (append_block)"),
     "replication/protocol.py": ({"scan", "field_spans"}, "records on the wire"),
     "connectors/plugins/store_sink.py": ({"scan"}, "a batch the sink just encoded"),
+    # issue 44: salvage reads a DAMAGED segment record by record, past the first error the
+    # segment interface stops at (one walker for both formats, docs/operations-damage.md)
+    "reput/salvage.py": ({"walk_batch", "decode_walked", "scan", "LeanIndex"},
+                         "a damaged segment's records, salvaged one by one"),
+    "reput/salvage_store.py": ({"count_records"}, "the commit log's records"),
+    "reput/quarantine.py": ({"LeanIndex"}, "a staged repaired segment's offsets, for its "
+                            "manifest entry"),
 }
 
 

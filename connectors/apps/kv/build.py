@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import plyvel
 
+from kcompact.compaction import refusal
 from kcompact.reput import ReputError, Store
 from kcompact.reput.gcmode import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
@@ -75,7 +76,8 @@ class MapBuilder(KafkaCatchUp):
                  poll_interval: float = POLL_INTERVAL, db: plyvel.DB | None = None,
                  kafka_idle_timeout: float = 30.0,
                  follow_batch_records: int = FOLLOW_BATCH_RECORDS,
-                 follow_batch_bytes: int = FOLLOW_BATCH_BYTES):
+                 follow_batch_bytes: int = FOLLOW_BATCH_BYTES,
+                 as_of_ms: int | None = None, allow_inexact: bool = False):
         self.db_dir = os.fspath(db_dir)
         self.store_url, self.topic = store, topic
         self.bootstrap_servers = bootstrap_servers
@@ -87,6 +89,11 @@ class MapBuilder(KafkaCatchUp):
         self.follow_batch_records = follow_batch_records
         self.follow_batch_bytes = follow_batch_bytes
         self._db = db
+        #: build the state as of this time (compaction/history.py): bulk only, never followed
+        self.as_of_ms, self.allow_inexact = as_of_ms, allow_inexact
+        if as_of_ms is not None and bootstrap_servers:
+            raise KVError("--as-of builds the state at a past time from the store: it does not "
+                          "catch up from Kafka (drop --bootstrap-servers)")
         self.caught_up = threading.Event()
         self.report: dict[str, Any] = {"mode": None, "bulk_keys": 0, "applied_records": 0,
                                        "interrupted": False}
@@ -112,16 +119,27 @@ class MapBuilder(KafkaCatchUp):
                              or (dir_existed and not os.listdir(self.db_dir)))
         topic_missing = self.topic not in store.topics()
         db = None
+        as_of = self.as_of_ms
         try:
             if topic_missing and new_db:  # before the map is created: nothing left behind
                 raise self._topic_missing(store)
+            if as_of is not None:
+                if follow:
+                    raise KVError("--as-of builds the state at a past time: it is not "
+                                  "followed (drop --follow)")
+                if not topic_missing:  # before the map is created: nothing left behind
+                    self._check_as_of(store)
+            if not topic_missing:  # a damaged partition: refused before anything is written
+                why = refusal(store, self.topic, "kv build")
+                if why is not None:
+                    raise KVError(why)
             db = open_db(self.db_dir, create=True) if own_db else self._db
             sink = LevelDBSink(db, self.db_dir)
             # an existing map says first which source it holds (another store or topic)
-            sink.check_source(self.topic, store_id=store.meta.store_id)
+            sink.check_source(self.topic, store_id=store.meta.store_id, as_of_ms=as_of)
             if topic_missing:
                 raise self._topic_missing(store)
-            sink.bind(self.topic, store_id=store.meta.store_id)
+            sink.bind(self.topic, store_id=store.meta.store_id, as_of_ms=as_of)
             if sink.build_state is not None:
                 ends = {int(p): int(e) for p, e in sink.build_state["ends"].items()}
                 self.progress(f"resuming the interrupted bulk build of {self.db_dir}")
@@ -131,11 +149,21 @@ class MapBuilder(KafkaCatchUp):
                 ends = {p: store.next_offset(self.topic, p) for p in store.partitions(self.topic)}
                 self.report["mode"] = "bulk"
                 self._bulk(store, sink, ends, resume=False, stop=stop)
+            elif as_of is not None:
+                raise KVError(f"{self.db_dir} already holds the state of {self.topic!r} as of "
+                              "that time; use another (empty) --db directory for a new one")
             else:
                 self.report["mode"] = "catch-up"
                 self._check_lag(store, sink)
             if stop.is_set():
                 self.report["interrupted"] = sink.build_state is not None
+                return self._finish(sink, t0)
+            if as_of is not None:
+                # a compaction while the build read: the answer must still be exact
+                for p in store.partitions(self.topic):
+                    store.release_partition(self.topic, p)
+                self._check_as_of(store)
+                self.caught_up.set()
                 return self._finish(sink, t0)
             n = self._catch_up_store(store, sink, stop)
             self.progress(f"caught up with the store: {n:,} more records applied; "
@@ -159,6 +187,13 @@ class MapBuilder(KafkaCatchUp):
             store.close()
             if own_db and db is not None:
                 db.close()
+
+    def _check_as_of(self, store: Store) -> None:
+        """AsOfInexactError unless every partition still holds the history back to the time
+        (or ``allow_inexact``)."""
+        from kcompact.compaction.history import check_exact
+        check_exact([store.partition(self.topic, p) for p in store.partitions(self.topic)],
+                    self.as_of_ms, f"topic {self.topic!r}", allow_inexact=self.allow_inexact)
 
     def _topic_missing(self, store: Store) -> KVError:
         return KVError(f"topic {self.topic!r} is not in store {store.url} (topics: "
@@ -256,6 +291,8 @@ class MapBuilder(KafkaCatchUp):
                 break
             done = False
             for _, e in cursor.chunks(seg):
+                if self.as_of_ms is not None:  # the state as of a time: newer records ignored
+                    e = e[e["timestamp"] <= self.as_of_ms]
                 c, k, done = t.upsert_latest(e, end, p)
                 covered += c
                 keyless += k
@@ -271,7 +308,7 @@ class MapBuilder(KafkaCatchUp):
         if resume:
             sink.resume_build()
         else:
-            sink.begin_build(ends)
+            sink.begin_build(ends, self.as_of_ms)
         table, covered, keyless, conflicts = self._winners(store, ends)
         parts, offs, dead = table.winners()
         self.progress(f"indexed {covered:,} records of {len(ends)} partition(s) from their .bcq "

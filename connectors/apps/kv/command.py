@@ -28,6 +28,8 @@ class KVBuildOptions:
     bootstrap_servers: str | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)  # -X consumer settings
     metrics: str | None = None      # --metrics HOST:PORT (with --follow)
+    as_of_ms: int | None = None     # --as-of: the state at that time (never followed)
+    allow_inexact: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,13 +84,18 @@ def kv_build(opts: KVBuildOptions) -> int:
             previous[sig] = signal.signal(sig, on_signal)
     try:
         b = MapBuilder(opts.db, opts.store, opts.topic, bootstrap_servers=opts.bootstrap_servers,
-                       kafka_config=opts.kafka_config, progress=progress)
+                       kafka_config=opts.kafka_config, progress=progress,
+                       as_of_ms=opts.as_of_ms, allow_inexact=opts.allow_inexact)
         rep = b.run(follow=opts.follow, stop=stop)
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
     offsets = ", ".join(f"{p}:{o}" for p, o in rep["offsets"].items())
-    print(f"{opts.db}: {rep['keys']:,} keys of topic {opts.topic!r} "
+    when = ""
+    if opts.as_of_ms is not None:
+        from kcompact.compaction.history import format_time
+        when = f" as of {format_time(opts.as_of_ms)}"
+    print(f"{opts.db}: {rep['keys']:,} keys of topic {opts.topic!r}{when} "
           f"({rep['stats']['records']:,} records covered, {rep['stats']['keyless']:,} keyless "
           f"skipped), next offsets {{{offsets}}}, {rep['seconds']:.2f}s")
     if rep["interrupted"]:

@@ -1,6 +1,7 @@
 """Compaction on Spark: one task per partition the planner picked (``kcompact compact --engine
 spark``, and the stage after a Spark mirror). Each task runs kcompact.compaction's Compactor on
-its partitions of the store, exactly as ``--engine local`` does in one process.
+its partitions of the store, exactly as ``--engine local`` does in one process; a partition found
+damaged is skipped (its result says where: compaction/damage.py), the others are compacted.
 """
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ from .session import run_job, spark_active, spark_session
 
 def _compact_task(store_url: str, map_memory: int, force: bool):
     def run(candidates):
-        from kcompact.compaction import CompactionOptions, Compactor
-        from kcompact.reput import Store
+        from kcompact.compaction import (CompactionError, CompactionOptions, Compactor,
+                                         damage_in, damaged_result)
+        from kcompact.reput import CorruptRecordError, Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
         for topic, partition in candidates:
-            r = c.compact_partition(topic, partition, force=force)
+            try:
+                r = c.compact_partition(topic, partition, force=force)
+            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                d = damage_in(topic, partition, e)  # damage stays in its partition
+                if d is None:
+                    raise
+                r = damaged_result(d)
             st.release_partition(topic, partition)
             yield r.to_dict()
         st.close()

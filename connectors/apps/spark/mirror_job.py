@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
-from kcompact.compaction import DEFAULT_MAP_MEMORY, plan
-from kcompact.reput import ReputError, Store, StoreLockedError
+from kcompact.compaction import DEFAULT_MAP_MEMORY, REPAIR_HINT, plan
+from kcompact.reput import CorruptRecordError, ReputError, Store, StoreLockedError
 
 from ...errors import ConnectorsError
 from ...framework.api import TaskFailedError, TopicPartition
@@ -110,7 +110,8 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
     writer = spark_writer_id(topic, partition)
     _wait_for_writer(job.store, writer, job.lock_wait_s)
     props = mirror_props(topic, job.store, partitions=[partition], follow=False,
-                         kafka_config=dict(job.kafka_config), writer=writer)
+                         kafka_config=dict(job.kafka_config), writer=writer,
+                         sync_groups=False)  # (the driver captures the group offsets)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
         props["batch.max.records"] = job.batch_max
@@ -280,7 +281,9 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                       batch_max: int | None = None, out: TextIO | None = None,
                       progress_interval: float = PROGRESS_INTERVAL,
                       topics_regex: str | None = None, exclude_regex: str | None = None,
-                      sync_configs: bool = True) -> SparkMirrorResult:
+                      sync_configs: bool = True, sync_groups: bool = True,
+                      groups: str | None = None, exclude_groups: str | None = None
+                      ) -> SparkMirrorResult:
     """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
     ``store`` with one Spark task per topic-partition, then compact the partitions the
     planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
@@ -292,7 +295,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     # through the same worker code as the local engine (nothing is run: its task never starts)
     props = mirror_props(topic, store, partitions=partitions, follow=False,
                          kafka_config=kafka_config, writer="spark-driver",
-                         topics_regex=topics_regex, exclude_regex=exclude_regex)
+                         topics_regex=topics_regex, exclude_regex=exclude_regex,
+                         sync_groups=False)
     probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                    where="mirror", log=out)
     runner = add_mirror(probe, props)[0]
@@ -304,15 +308,33 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
     if sync_configs:
         sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
+    group_sync = None
+    if sync_groups:  # the source's group offsets, now and after the job (plugins/group_sync.py)
+        from ...plugins.group_sync import SinkGroupSync
+        group_sync = SinkGroupSync(store, runner.consumer_conf, writer="spark-driver-groups",
+                                   follow=False, groups=groups, exclude=exclude_groups,
+                                   out=out, prefix="mirror")
+        group_sync.opened(topics)
     tps = list(runner.assignment)
     timeout = probe.config["startup.timeout.ms"] / 1000
     ends = partition_ends(runner.consumer_conf, tps, timeout)
     st = Store.open(store)
     todo = []
     stored = {t: set(st.partitions(t)) for t in topics}
+    refused: dict = {}  # damaged partitions: not mirrored, the others are (issue 44)
     for tp in tps:
         lo, end, exact = ends[tp]
-        nxt = st.next_offset(tp.topic, tp.partition) if tp.partition in stored[tp.topic] else 0
+        try:
+            nxt = (st.next_offset(tp.topic, tp.partition) if tp.partition in stored[tp.topic]
+                   else 0)
+        except CorruptRecordError as e:
+            st.release_partition(tp.topic, tp.partition)
+            refused[tp] = (f"the store's partition is damaged ({str(e).splitlines()[0]}); "
+                           "repair it (`kcompact repair`, docs/operations-damage.md), then "
+                           "mirror again")
+            print(f"kcompact: warning: mirror: {tp.topic}-{tp.partition} is not mirrored: "
+                  f"{refused[tp]}; the other partitions are", file=sys.stderr, flush=True)
+            continue
         if exact and nxt > end:
             st.close()
             raise ConnectorsError(
@@ -388,11 +410,18 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                   + (f", {again:,} records read again were already stored" if again else "")
                   + f"; store {store} flushed", file=out, flush=True)
 
+        if group_sync is not None:
+            group_sync.stop()  # the last capture: the mirror's end
+            group_sync = None
         # 2. compaction: one task per partition the planner picks
         if compact:
             selected = set(tps)
-            cands = [(c.topic, c.partition) for t in topics for c in plan(st, topic=t)
+            damaged: list = []  # skipped, said, the others compacted (compaction/damage.py)
+            cands = [(c.topic, c.partition) for t in topics
+                     for c in plan(st, topic=t, damaged=damaged)
                      if TopicPartition(c.topic, c.partition) in selected]
+            for d in damaged:
+                print(f"compact: {d.line()}; {REPAIR_HINT}", file=out, flush=True)
             if cands:
                 print(f"compact: {len(cands)} partitions with Spark", file=out, flush=True)
                 result.compaction = compact_partitions_spark(
@@ -400,10 +429,16 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                 for line in compaction_lines(result.compaction):
                     print(f"compact: {line}", file=out, flush=True)
     finally:
+        if group_sync is not None:
+            group_sync.writer.close()
         st.close()
         if ours and spark is not None:
             spark.stop()
     result.seconds = time.monotonic() - t_all
+    if refused:
+        tp, why = sorted(refused.items(), key=lambda kv: (kv[0].topic, kv[0].partition))[0]
+        more = f" (and {len(refused) - 1} more partitions)" if len(refused) > 1 else ""
+        raise ConnectorsError(f"{tp.topic}-{tp.partition}{more} was not mirrored: {why}")
     return result
 
 
@@ -421,7 +456,8 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
                           master=opts.spark_master, partitions=opts.partitions,
                           kafka_config=opts.kafka_config, compact=opts.compact,
                           topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
-                          sync_configs=opts.sync_configs)
+                          sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
+                          groups=opts.groups, exclude_groups=opts.exclude_groups)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

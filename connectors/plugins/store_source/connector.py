@@ -43,6 +43,17 @@ STORE_SOURCE_CONFIG = (
     .define("progress.topic", Type.STRING, PROGRESS_TOPIC, None, Importance.LOW,
             "Internal compacted topic, in the store and on the target cluster, that keeps "
             "restore progress.")
+    .define("as.of.ms", Type.LONG, None, None, Importance.MEDIUM,
+            "Restore the state as of this time (epoch ms): per key its latest record with a "
+            "timestamp at or before it. Refused when compaction already cleaned history past "
+            "it, unless as.of.allow.inexact. Default: the latest state.")
+    .define("as.of.allow.inexact", Type.BOOLEAN, False, None, Importance.LOW,
+            "With as.of.ms: restore from what the store still holds even when compaction "
+            "cleaned history past that time.")
+    .define("groups", Type.STRING, None, None, Importance.MEDIUM,
+            "A regular expression: once the restore is done, commit the kept positions of the "
+            "groups whose whole id it matches on the target topic, translated exactly "
+            "(groups with active members are skipped). Not with repartition.")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
             "Local directory for the progress writer's commit log when store.url is not a "
             "local directory (S3).")
@@ -72,6 +83,18 @@ class StoreSourceConnector(SourceConnector):
                     validate_topic(props[key])
                 except ReputError as e:
                     raise ConfigError(f"{key}: {e}") from None
+        if props.get("groups") and props.get("repartition"):
+            raise ConfigError("groups: group positions are not translated with repartition "
+                              "(records change partitions, so a group's position in a source "
+                              "partition has no place in the target's); restore without "
+                              "--repartition to translate them")
+        if props.get("groups"):
+            import re
+            try:
+                re.compile(props["groups"])
+            except re.error as e:
+                raise ConfigError(f"groups: {props['groups']!r} is not a regular expression "
+                                  f"({e})") from None
         # before any thread or Kafka client: a missing store or topic is a one-line error
         open_store_topic(props["store.url"], props["store.topic"]).close()
 

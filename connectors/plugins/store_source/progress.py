@@ -23,8 +23,9 @@ from .kafka import kafka_failure
 
 #: The store's internal topic (and the Kafka topic) that keeps restore progress.
 PROGRESS_TOPIC = "__kcompact-restore-offsets"
-#: Version of the progress record's JSON (docs/formats/restore-progress.md).
-PROGRESS_FORMAT_VERSION = 1
+#: Version of the progress record's JSON (docs/formats/restore-progress.md): 2 adds run_seq
+#: and as_of_ms (a version 1 record reads as run_seq 0, as_of_ms null)
+PROGRESS_FORMAT_VERSION = 2
 #: How long a progress write waits for another restore that is writing the store's progress.
 STORE_LOCK_WAIT_S = 30.0
 
@@ -75,18 +76,28 @@ class Progress:
     transactional: bool = False
     updated_ms: int = 0
     version: int = PROGRESS_FORMAT_VERSION
+    #: the seq this run of the job started after (0, or the --from-scratch reset's): its
+    #: offset map records are those with a higher seq (translation.py)
+    run_seq: int = 0
+    #: the time of a restore of the state as of a time (None: the latest state)
+    as_of_ms: int | None = None
+    #: every chunk of this run so far has its offset map records (translation.py)
+    mapped: bool = False
 
     @classmethod
-    def start(cls, job: RestoreJob, mode: str, seq: int = 0) -> "Progress":
+    def start(cls, job: RestoreJob, mode: str, seq: int = 0,
+              as_of_ms: int | None = None) -> "Progress":
         return cls(job.key, job.store_id, job.store_topic, job.cluster_id, job.target_topic,
-                   mode, seq, {})
+                   mode, seq, {}, run_seq=seq, as_of_ms=as_of_ms, mapped=True)
 
     def advance(self, positions: Mapping[int, int], produced: int, done: bool,
-                transactional: bool) -> "Progress":
+                transactional: bool, mapped: bool = True) -> "Progress":
+        """The next record; ``mapped``: this chunk's offset map records were written."""
         return Progress(self.job, self.store_id, self.store_topic, self.cluster_id,
                         self.target_topic, self.mode, self.seq + 1,
                         {int(p): int(o) for p, o in positions.items()}, self.produced + produced,
-                        done, transactional, int(time.time() * 1000))
+                        done, transactional, int(time.time() * 1000), PROGRESS_FORMAT_VERSION,
+                        self.run_seq, self.as_of_ms, self.mapped and mapped)
 
 
 def encode_progress(p: Progress) -> bytes:
@@ -117,8 +128,10 @@ def decode_progress(raw: bytes | None, *, where: str) -> Progress:
                      str(d["cluster_id"]), str(d["target_topic"]), str(d["mode"]),
                      int(d["seq"]), positions, int(d.get("produced", 0)),
                      bool(d.get("done", False)), bool(d.get("transactional", False)),
-                     int(d.get("updated_ms", 0)), version)
-        if p.mode not in ("latest", "all") or p.seq < 0:
+                     int(d.get("updated_ms", 0)), version, int(d.get("run_seq", 0)),
+                     None if d.get("as_of_ms") is None else int(d["as_of_ms"]),
+                     bool(d.get("mapped", False)))
+        if p.mode not in ("latest", "all") or p.seq < 0 or not 0 <= p.run_seq <= p.seq:
             raise ValueError(f"mode {p.mode!r}, seq {p.seq}")
         return p
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -186,9 +199,22 @@ class StoreProgress:
             # restores of this store write their progress meanwhile
             self._writer.release_partition(self.topic, 0)
 
-    def write(self, p: Progress) -> None:
-        """Append the record and make it durable (fsync), holding the partition only meanwhile
-        so that restores of other topics can write their progress too."""
+    def read_maps(self) -> dict[bytes, bytes | None]:
+        """The job's offset map records in the store (key -> value, the latest per key)."""
+        prefix = f"{self.job.key}@map/".encode()
+        out: dict[bytes, bytes | None] = {}
+        with Store.open(self.url, commitlog_dir=self.commitlog_dir) as st:
+            if self.topic not in st.topics() or 0 not in st.partitions(self.topic):
+                return out
+            for rec in st.iter_records(self.topic, 0):
+                if rec.key is not None and rec.key.startswith(prefix):
+                    out[rec.key] = rec.value
+        return out
+
+    def write(self, p: Progress, maps: list[tuple[bytes, bytes]] = ()) -> None:
+        """Append the record (after ``maps``, offset map records: key, value) and make it
+        durable (fsync), holding the partition only meanwhile so that restores of other
+        topics can write their progress too."""
         self.open_writer()
         st = self._writer
         assert st is not None
@@ -204,9 +230,11 @@ class StoreProgress:
                                        "restore progress") from None
                 time.sleep(0.05)
         try:
+            now = p.updated_ms or int(time.time() * 1000)
+            nxt = pl.next_offset
             batch = RecordBatch.from_records(self.topic, [
-                (0, pl.next_offset, p.updated_ms or int(time.time() * 1000),
-                 self.job.key.encode(), encode_progress(p))])
+                (0, nxt + i, now, k, v) for i, (k, v) in enumerate(maps)] + [
+                (0, nxt + len(maps), now, self.job.key.encode(), encode_progress(p))])
             st.append(batch)
             st.flush()
         finally:
@@ -227,10 +255,12 @@ PROBE_CONSUMER_CONFIG = {"group.id": "kcompact-restore", "enable.auto.commit": F
 
 
 def read_kafka_progress(c: Any, topic: str, job: RestoreJob, bootstrap: str,
-                        timeout: float) -> Progress | None:
+                        timeout: float, maps: dict | None = None) -> Progress | None:
     """The job's last committed progress record in the cluster's progress topic, read to its
     end with ``c`` (a consumer with PROBE_CONSUMER_CONFIG, read_committed: an open transaction
-    of another job is waited for, up to ``timeout``)."""
+    of another job is waited for, up to ``timeout``); the job's offset map records go into
+    ``maps`` (key -> value) when given."""
+    prefix = f"{job.key}@map/".encode()
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka import TopicPartition as KTP
     key = job.key.encode()
@@ -253,5 +283,7 @@ def read_kafka_progress(c: Any, topic: str, job: RestoreJob, bootstrap: str,
                 if m.key() == key:
                     found = None if m.value() is None else decode_progress(
                         m.value(), where=f"{bootstrap} {topic}-0@{m.offset()}")
+                elif maps is not None and m.key() is not None and m.key().startswith(prefix):
+                    maps[m.key()] = m.value()
     finally:
         c.unassign()

@@ -55,7 +55,7 @@ import numpy as np
 from ...framework.api import SourceTaskContext, TopicPartition, source_partition_key
 from ...framework.kafka_clients import (ClientReports, KafkaSettings, kafka_error, kafka_error_text,
                                         kafka_logger)
-from ...framework.native_kafka import kafka_producer
+from ...framework.native_kafka import NativeProducer, kafka_producer
 from ...framework.task_runner import TaskRunner
 from .errors import RestoreError
 from .kafka import (AUTH_CODES, UNSUPPORTED_CODES, delete_topic, ensure_topic, kafka_failure,
@@ -64,6 +64,8 @@ from .progress import (PROBE_CONSUMER_CONFIG, PROGRESS_TOPIC, Progress, RestoreJ
                        encode_progress, newest, read_kafka_progress)
 from .task import (INCLUDE_TOMBSTONES, TARGET_PARTITIONS, TARGET_TOPIC, StoreSourceTask,
                    open_store_topic, partition_count)
+from .threads import LatestWriter, Prefetch
+from .translation import AckRanges, chunk_pieces, encode_piece
 
 #: Producer settings of a restore, under the user's (the bench's raw baseline uses the same).
 DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
@@ -103,6 +105,8 @@ class RestoreStats:
     chunks: int = 0
     planned: bool = False      # the task has made its plan (total is known)
     notes: list[str] = field(default_factory=list)
+    groups_committed: list[str] = field(default_factory=list)  # --groups
+    groups_skipped: list[str] = field(default_factory=list)
 
 
 class RestoreRunner(TaskRunner):
@@ -120,7 +124,13 @@ class RestoreRunner(TaskRunner):
         self.producer: Any = None
         self._reports = ClientReports(self.metrics)  # the callbacks' state, apart from the runner
         self._error_cb = self._reports.on_error
-        self._dr_cb = self._reports.on_delivery
+        #: deliveries counted per partition (offset map records, translation.py) unless the
+        #: records are repartitioned (kcompact's producer, the only one since arch-build,
+        #: counts acks in C)
+        self._map = not bool(self.props.get("repartition"))
+        self._acks = AckRanges(self._reports)
+        self._dr_cb = self._acks.on_delivery if self._map else self._reports.on_delivery
+        self._interleaved: set[int] = set()
         self._in_txn = False
         self._store_progress: StoreProgress | None = None
         #: the target topic when this run created it, and whether any record may have reached
@@ -201,16 +211,25 @@ class RestoreRunner(TaskRunner):
         conf.update(self.settings.conf)
         self.settings.require(REQUIRED_PRODUCER_CONFIG, "the store source")
         conf["enable.idempotence"] = True
-        conf.update({"delivery.report.only.error": True, "on_delivery": self._dr_cb,
+        conf.update({"delivery.report.only.error": not self._map, "on_delivery": self._dr_cb,
                      "error_cb": self._error_cb, "logger": kafka_logger()})
         return conf
 
     def _new_producer(self, conf: Mapping[str, Any]) -> Any:
         from confluent_kafka import KafkaException
         try:
-            return kafka_producer(dict(conf))
+            p = kafka_producer(dict(conf))
         except KafkaException as e:
             raise self.settings.explain(e, "Kafka producer") from None
+        if self._map and isinstance(p, NativeProducer):
+            p.track_deliveries()
+        return p
+
+    def _delivered(self) -> dict[tuple[str, int], tuple[int, int, int]]:
+        """Deliveries acknowledged since the last call, per (topic, partition)."""
+        if isinstance(self.producer, NativeProducer):
+            return self.producer.delivered()
+        return self._acks.delivered()
 
     def _init_transactions(self, p: Any, eos: str) -> tuple[Any, bool]:
         """``init_transactions`` (which aborts a dead run's open transaction), or, when the
@@ -264,10 +283,23 @@ class RestoreRunner(TaskRunner):
         mode = props.get("mode") or "latest"
         eos = props.get("exactly.once.support") or "requested"
         progress_topic = props.get("progress.topic") or PROGRESS_TOPIC
+        as_of = props.get("as.of.ms")
+        as_of = None if as_of is None else int(as_of)
+        allow_inexact = bool(props.get("as.of.allow.inexact"))
+        groups_re = props.get("groups") or None
         with open_store_topic(url, topic) as st:
             store_id = st.meta.store_id
             needed = partition_count(st, topic)
             policy = st.topic_config(topic).cleanup_policy
+            if as_of is not None:  # before anything is created on the cluster
+                from kcompact.compaction.history import check_exact
+                check_exact([st.partition(topic, p) for p in st.partitions(topic)], as_of,
+                            f"store topic {topic!r}", allow_inexact=allow_inexact)
+            self._group_plan = None
+            if groups_re:
+                from .groups import plan_groups
+                self._group_plan = plan_groups(st, topic, groups_re, as_of_ms=as_of,
+                                               allow_inexact=allow_inexact)
         self.task = StoreSourceTask()
         self.task.open(props)  # the latest-per-key selection runs meanwhile, without the GIL
         admin, consumer = self._clients()
@@ -314,8 +346,9 @@ class RestoreRunner(TaskRunner):
             if "transactional.id" in conf:
                 # first: a dead run's open transaction is aborted before progress is read
                 self.producer, txn = self._init_transactions(self.producer, eos)
+            kafka_maps: dict = {}
             kafka_p = read_kafka_progress(consumer, progress_topic, job, self.bootstrap,
-                                          max(self.timeout, 30.0))
+                                          max(self.timeout, 30.0), kafka_maps)
         finally:
             consumer.close()
             del admin  # its threads are not needed any more
@@ -330,8 +363,8 @@ class RestoreRunner(TaskRunner):
                                    f"not {store_id}; restore with --from-scratch")
         if props.get("restore.from.scratch"):
             # a reset record first: a crash before the first chunk must not resume the old run
-            progress = Progress.start(job, mode, last.seq if last else 0).advance({}, 0, False,
-                                                                                  txn)
+            progress = Progress.start(job, mode, last.seq if last else 0, as_of).advance(
+                {}, 0, False, txn)
             self._send(None, progress, txn, progress_topic)
             store_progress.write(progress)
         elif last is not None:
@@ -339,13 +372,28 @@ class RestoreRunner(TaskRunner):
                 raise RestoreError(f"{job.key} was restored with mode={last.mode}; rerun with "
                                    f"mode={last.mode}, or with --from-scratch to start over in "
                                    f"mode={mode}")
+            if last.as_of_ms != as_of:
+                from kcompact.compaction.history import format_time
+                was = "the latest state" if last.as_of_ms is None else \
+                    f"the state as of {format_time(last.as_of_ms)}"
+                raise RestoreError(f"{job.key} was restored with {was}; rerun with the same "
+                                   "--as-of, or with --from-scratch to start over")
+            if self._group_plan is not None and not last.mapped:
+                raise RestoreError(
+                    f"{job.key} produced records without an offset map (by a kcompact before "
+                    "it, or on confluent-kafka's producer without --groups), so group "
+                    "positions cannot be translated: restore with --from-scratch --groups")
             progress = last
             self.stats.resumed = bool(last.positions)
             self.stats.previously_produced = last.produced
             if store_p is None or last.seq > store_p.seq:
-                store_progress.write(last)  # the Kafka record is ahead: catch the store up
+                # the Kafka record is ahead: catch the store up (the chunks' offset maps too)
+                behind = store_p.seq if store_p is not None else last.run_seq
+                missing = [(k, v) for k, v in sorted(kafka_maps.items()) if v is not None
+                           and behind < _map_seq(k) <= last.seq]
+                store_progress.write(last, missing)
         else:
-            progress = Progress.start(job, mode)
+            progress = Progress.start(job, mode, 0, as_of)
         offsets = {source_partition_key({"partition": p}): {"position": n}
                    for p, n in progress.positions.items()}
         self.task.initialize(SourceTaskContext(offsets))
@@ -357,18 +405,19 @@ class RestoreRunner(TaskRunner):
             tp = TopicPartition(topic, p)
             self.metrics.high_watermark[tp] = pp.total
             self.metrics.position[tp] = 0
-        reader = _Prefetch(self.task.poll, self.stop_event)
-        writer = _LatestWriter(store_progress.write)
+        reader = Prefetch(self.task.poll, self.stop_event)
+        writer = LatestWriter(store_progress.write)
         failed = True
         try:
             while not self.stop_event.is_set():
                 chunk = reader.get()
                 if chunk is None:
                     break
-                progress = progress.advance(chunk.positions, len(chunk), chunk.done, txn)
-                self._send(chunk, progress, txn, progress_topic,
-                           on_produced=None if chunk.done else reader.prepare)
-                writer.submit(progress)
+                progress = progress.advance(chunk.positions, len(chunk), chunk.done, txn,
+                                            mapped=self._map or len(chunk) == 0)
+                maps = self._send(chunk, progress, txn, progress_topic,
+                                  on_produced=None if chunk.done else reader.prepare)
+                writer.submit(progress, maps)
                 m = self.metrics
                 m.records += len(chunk)
                 m.bytes += chunk.nbytes
@@ -383,13 +432,36 @@ class RestoreRunner(TaskRunner):
             except BaseException:
                 if not failed:
                     raise  # else the first failure is the one to report
+        if self._interleaved:
+            self._warn(f"records of another producer landed between this restore's records in "
+                       f"{target} partition(s) {sorted(self._interleaved)}: a group position "
+                       "inside such a chunk maps to the chunk's first record (at least once)")
+        if self._group_plan is not None and not self.stop_event.is_set() and \
+                self.task.finished():
+            self._commit_groups(store_progress, kafka_maps, progress, target)
+
+    def _commit_groups(self, store_progress: StoreProgress, kafka_maps: dict,
+                       progress: Progress, target: str) -> None:
+        """``--groups``: translate the kept positions through the job's offset map records
+        and commit them (groups.py)."""
+        from .groups import restore_groups
+        raw = dict(kafka_maps)
+        raw.update(store_progress.read_maps())
+        conf = {k: v for k, v in self.settings.conf.items() if k not in _PRODUCER_ONLY}
+        committed, skipped = restore_groups(
+            self._group_plan, raw, progress, conf, target, self.bootstrap, self.timeout,
+            self.log, self._warn, str(self.props.get("groups")))
+        self.stats.groups_committed, self.stats.groups_skipped = committed, skipped
 
     def _send(self, chunk: Any, progress: Progress, txn: bool, progress_topic: str,
-              on_produced: Callable[[], None] | None = None) -> None:
-        """One chunk and its Kafka progress record: a transaction, or flushes.
-        ``on_produced`` runs once the chunk is handed to librdkafka (before the flush)."""
+              on_produced: Callable[[], None] | None = None) -> list[tuple[bytes, bytes]]:
+        """One chunk and its Kafka progress record: a transaction, or flushes. With the
+        offset map (no repartition) the chunk's map records go before the progress record;
+        they are returned for the store's copy. ``on_produced`` runs once the chunk is
+        handed to librdkafka (before the flush)."""
         from confluent_kafka import KafkaException
         p = self.producer
+        maps: list[tuple[bytes, bytes]] = []
         try:
             if txn:
                 p.begin_transaction()
@@ -402,6 +474,13 @@ class RestoreRunner(TaskRunner):
                     on_produced()
                 left = p.flush(ACK_TIMEOUT_S)
                 self._acked(left)
+                if self._map:
+                    pieces, interleaved = chunk_pieces(progress.job, progress.seq, chunk.topic,
+                                                       chunk, self._delivered())
+                    self._interleaved.update(interleaved)
+                    maps = [(m.key.encode(), encode_piece(m)) for m in pieces]
+                    for k, v in maps:
+                        p.produce(progress_topic, v, k, 0)
             p.produce(progress_topic, encode_progress(progress), progress.job.encode(), 0)
             if txn:
                 if chunk is not None and len(chunk):
@@ -411,11 +490,14 @@ class RestoreRunner(TaskRunner):
             else:
                 self._acked(p.flush(ACK_TIMEOUT_S))
             self._check_errors()
+            if self._map:
+                self._delivered()  # the progress and map records' own: not a chunk's
         except KafkaException as e:
             self._check_errors()
             raise kafka_failure("produce the restore" if not txn else
                                 "commit the restore's transaction", e, self.bootstrap,
                                 topic=progress.target_topic, timeout=ACK_TIMEOUT_S) from None
+        return maps
 
     def _acked(self, left: int) -> None:
         self._check_errors()
@@ -473,115 +555,9 @@ class RestoreRunner(TaskRunner):
                 continue
 
 
-class _Prefetch:
-    """Calls ``poll`` in a thread of its own while the producer thread waits in librdkafka
-    (flush, commit: without the GIL): ``prepare()`` starts the next chunk, ``get()`` returns
-    it (starting it first if nobody did). Reading ahead during the produce loop instead only
-    made the two threads take turns with the GIL (measured: more CPU, no faster); the reading
-    itself is mostly numba kernels and file reads, and the Python objects are built by the
-    producer's thread (``RecordBlock.materialize``)."""
-
-    def __init__(self, poll: Callable[[], Any], stop: threading.Event):
-        self._poll, self._stop = poll, stop
-        self._cond = threading.Condition()
-        self._wanted = True
-        self._busy = False
-        self._ready: list = []
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="restore-read", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._wanted and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                self._wanted, self._busy = False, True
-            try:
-                item: Any = self._poll()
-            except BaseException as e:  # noqa: BLE001 - raised by get()
-                item = _Failed(e)
-            with self._cond:
-                self._ready.append(item)
-                self._busy = False
-                self._cond.notify_all()
-            if item is None or isinstance(item, _Failed):
-                return
-
-    def prepare(self) -> None:
-        with self._cond:
-            if not self._ready and not self._busy:
-                self._wanted = True
-                self._cond.notify_all()
-
-    def get(self) -> Any:
-        """The next chunk; None at the end, or once stopped."""
-        with self._cond:
-            if not self._ready and not self._busy and self._thread.is_alive():
-                self._wanted = True
-                self._cond.notify_all()
-            while not self._ready:
-                if self._stop.is_set() or not self._thread.is_alive():
-                    return None
-                self._cond.wait(0.1)
-            item = self._ready.pop(0)
-        if isinstance(item, _Failed):
-            raise item.error
-        return item
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join()
-
-
-@dataclass
-class _Failed:
-    error: BaseException
-
-
-class _LatestWriter:
-    """Writes progress records in a thread of its own, keeping only the newest pending one:
-    the store's fsyncs then overlap with the next chunk. The Kafka progress record, written
-    with each chunk, is never behind the store's, so a restart loses nothing by it."""
-
-    def __init__(self, write: Callable[[Progress], None]):
-        self._write = write
-        self._cond = threading.Condition()
-        self._pending: Progress | None = None
-        self._closed = False
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="restore-progress", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._pending is None and not self._closed:
-                    self._cond.wait()
-                item, self._pending = self._pending, None
-                if item is None:
-                    return
-            try:
-                self._write(item)
-            except BaseException as e:  # noqa: BLE001 - raised by submit()/close()
-                self.error = e
-                return
-
-    def submit(self, p: Progress) -> None:
-        if self.error is not None:
-            raise self.error
-        with self._cond:
-            self._pending = p
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
+def _map_seq(key: bytes) -> int:
+    """The seq of an offset map record's key (<job>@map/<seq>/<partition>/<piece>)."""
+    try:
+        return int(key.rsplit(b"@map/", 1)[1].split(b"/", 1)[0])
+    except (IndexError, ValueError):
+        return -1

@@ -6,6 +6,8 @@
   already existed, or the run continues an earlier one, a key whose latest record is a tombstone
   is re-published as that tombstone, so that stale values in the target are deleted too.
 * ``mode=all``: every record the store holds, in offset order (tombstones and keyless included).
+* ``as.of.ms``: the same over the records with a timestamp <= it only: the state as of that time
+  (compaction/history.py; the runner refuses a time compaction already cleaned past).
 
 Placement: record of store partition p -> target partition p. ``repartition=true`` places keyed
 records with Kafka's default partitioner instead (``murmur2(key) & 0x7fffffff % partitions``,
@@ -114,21 +116,35 @@ def _latest_tombstones(pl, segs, from_offset: int) -> dict[int, np.ndarray]:
 
 
 def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
-                   selection: list | None = None) -> _PartitionPlan:
+                   selection: list | None = None, as_of_ms: int | None = None
+                   ) -> _PartitionPlan:
     """The entries of a partition to restore from ``from_offset`` on, in offset order.
-    ``selection``: ``latest_selection(pl)`` when it was computed already."""
+    ``selection``: ``latest_selection(pl, as_of_ms=as_of_ms)`` when it was computed already.
+    ``as_of_ms``: only records with a timestamp <= it count (the state as of that time;
+    mode=all: every stored record up to it)."""
     pp = _PartitionPlan(pl.partition, cursor=from_offset, end=pl.next_offset)
     segs = [s for s in pl.segments if pl.index(s).n]
     if mode == "all":
         for seg in segs:
             e = pl.index(seg).entries
             lo = int(np.searchsorted(e["offset"], from_offset))
-            if lo < e.shape[0]:
-                pp.pieces.append((seg, np.arange(lo, e.shape[0], dtype=np.int64)))
+            which = np.arange(lo, e.shape[0], dtype=np.int64)
+            if as_of_ms is not None:
+                which = which[e["timestamp"][lo:] <= as_of_ms]
+            if which.shape[0]:
+                pp.pieces.append((seg, which))
     else:
         from kcompact.compaction.latest import latest_selection
-        tombs = _latest_tombstones(pl, segs, from_offset) if include_tombstones else {}
-        for seg, which in (selection if selection is not None else latest_selection(pl)):
+        if not include_tombstones:
+            tombs = {}
+        elif as_of_ms is None:
+            tombs = _latest_tombstones(pl, segs, from_offset)
+        else:
+            from kcompact.compaction.history import tombstone_winners
+            tombs = tombstone_winners(pl, as_of_ms, from_offset)
+        if selection is None:
+            selection = latest_selection(pl, as_of_ms=as_of_ms)
+        for seg, which in selection:
             e = pl.index(seg).entries
             which = which.astype(np.int64)
             which = which[e["offset"][which] >= from_offset]
@@ -154,6 +170,8 @@ class StoreSourceTask(SourceTask):
             return
         self.topic = props["store.topic"]
         self.mode = props.get("mode") or "latest"
+        as_of = props.get("as.of.ms")
+        self.as_of_ms = None if as_of is None else int(as_of)
         self.store = open_store_topic(props["store.url"], self.topic)
         self.pls = {p: self.store.partition(self.topic, p)
                     for p in self.store.partitions(self.topic)}
@@ -169,7 +187,7 @@ class StoreSourceTask(SourceTask):
         from kcompact.compaction.latest import latest_selection
         try:
             for p, pl in self.pls.items():
-                self._selections[p] = latest_selection(pl)
+                self._selections[p] = latest_selection(pl, as_of_ms=self.as_of_ms)
         except BaseException as e:  # noqa: BLE001 - raised by start()
             self._selection_error = e
 
@@ -197,7 +215,8 @@ class StoreSourceTask(SourceTask):
         for p, pl in self.pls.items():
             self.plans[p] = plan_partition(pl, self.mode, self.position(p),
                                            include_tombstones=self.include_tombstones,
-                                           selection=self._selections.pop(p, None))
+                                           selection=self._selections.pop(p, None),
+                                           as_of_ms=self.as_of_ms)
 
     def position(self, partition: int) -> int:
         ctx = getattr(self, "context", None)
@@ -266,7 +285,12 @@ class StoreSourceTask(SourceTask):
         self.replans += 1
         self.store.release_partition(self.topic, pp.partition)
         pl = self.pls[pp.partition] = self.store.partition(self.topic, pp.partition)
-        new = plan_partition(pl, self.mode, pp.cursor, include_tombstones=self.include_tombstones)
+        if self.as_of_ms is not None and not self.props.get("as.of.allow.inexact"):
+            # segments changed under us: a compaction, which may have cleaned history past it
+            from kcompact.compaction.history import check_exact
+            check_exact([pl], self.as_of_ms, f"{self.topic}-{pp.partition}")
+        new = plan_partition(pl, self.mode, pp.cursor, include_tombstones=self.include_tombstones,
+                             as_of_ms=self.as_of_ms)
         new.taken = pp.taken
         new.total = pp.taken + new.total
         pp.__dict__.update(new.__dict__)  # in place: poll() holds this object

@@ -1,0 +1,192 @@
+"""The mirror's capture of the source's consumer-group offsets (``sync.group.offsets.enabled``,
+MirrorMaker 2's names), kept in the store (replication/group_capture.py,
+docs/formats/group-offsets.md, origin ``source``).
+
+What: the committed offsets of the source's consumer groups on the mirrored topics (Kafka's
+Admin API: ListGroups, then OffsetFetch per group), for the groups whose whole id ``groups``
+matches (default: every group) and ``groups.exclude`` does not. Only positions that changed
+since the last capture are appended (each record's timestamp is when it was captured), so a
+store keeps a history of positions that ``restore --as-of`` reads back.
+
+When: when the mirror's tasks first open their topics (before any record is fetched), every
+``sync.group.offsets.interval.ms`` (default 60 s) while following, and when the mirror stops.
+The store sink does it for ``kcompact mirror --engine local`` and ``kcompact connect
+standalone``; the Spark engine's driver calls :func:`capture_once` before and after its job.
+
+A source that refuses the group APIs (no Describe on the groups, an old broker) gives one
+warning line naming what is missing, and the mirror goes on; so does any other failure (a
+capture never fails a mirror: the next one tries again).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Any, Callable, Iterable, Mapping, TextIO
+
+from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_text, kafka_logger,
+                                        short_lived)
+
+#: MirrorMaker 2's default: once a minute
+DEFAULT_INTERVAL_MS = 60_000
+#: seconds an Admin API request may take
+TIMEOUT_S = 10.0
+
+
+class GroupFilter:
+    """``groups`` (default every group) and ``groups.exclude``, each matched whole."""
+
+    def __init__(self, include: str | None, exclude: str | None):
+        self.include = re.compile(include or ".*")
+        self.exclude = re.compile(exclude) if exclude else None
+
+    def __call__(self, group: str) -> bool:
+        return bool(self.include.fullmatch(group)) and not (
+            self.exclude is not None and self.exclude.fullmatch(group))
+
+
+def read_source_offsets(admin: Any, topics: set[str], wanted: Callable[[str], bool],
+                        timeout: float = TIMEOUT_S) -> list[tuple[str, str, int, int, str]]:
+    """(group, topic, partition, offset, metadata) of every committed offset of a wanted group
+    on ``topics``. Raises KafkaException when the cluster refuses the group APIs; a group that
+    cannot be read alone is skipped."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
+    listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 5)
+    if listing.errors:  # a broker that could not list its groups: the first error says why
+        err = listing.errors[0]
+        if not listing.valid:
+            raise KafkaException(err)
+    names = sorted(g.group_id for g in listing.valid if wanted(g.group_id))
+    rows: list[tuple[str, str, int, int, str]] = []
+    for g in names:  # OffsetFetch is answered per group (the coordinator's)
+        try:
+            res = admin.list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(g)], request_timeout=timeout)[g].result(timeout + 5)
+        except KafkaException as e:
+            err = kafka_error(e)
+            from confluent_kafka import KafkaError
+            if err is not None and err.code() in (KafkaError.GROUP_AUTHORIZATION_FAILED,
+                                                  KafkaError.GROUP_ID_NOT_FOUND):
+                continue  # this group only
+            raise
+        for tp in res.topic_partitions or []:
+            if tp.topic in topics and tp.offset >= 0 and tp.error is None:
+                rows.append((g, tp.topic, int(tp.partition), int(tp.offset),
+                             tp.metadata or ""))
+    return rows
+
+
+def capture_once(bootstrap: str, kafka_conf: Mapping[str, Any], topics: Iterable[str],
+                 writer: Any, wanted: Callable[[str], bool], warn: Callable[[str], None]
+                 ) -> int | None:
+    """One capture into ``writer`` (a CaptureWriter); the records appended, or None when it
+    failed (``warn`` told why)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    topics = set(topics)
+    if not topics:
+        return 0
+    try:
+        admin = AdminClient(short_lived(dict(admin_settings(kafka_conf, bootstrap),
+                                             logger=kafka_logger())))
+        rows = read_source_offsets(admin, topics, wanted)
+    except KafkaException as e:
+        err = kafka_error(e)
+        code = err.code() if err is not None else None
+        if code in (KafkaError.GROUP_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+                    KafkaError.TOPIC_AUTHORIZATION_FAILED):
+            warn(f"the source refused to list or describe its consumer groups "
+                 f"({kafka_error_text(e)}): grant Describe on the cluster and on the groups to "
+                 "keep their offsets; mirroring without them")
+        elif code in (KafkaError._UNSUPPORTED_FEATURE, KafkaError.UNSUPPORTED_VERSION,
+                      KafkaError._NOT_IMPLEMENTED, KafkaError.INVALID_REQUEST):
+            warn(f"the source does not answer the consumer group APIs "
+                 f"({kafka_error_text(e)}); mirroring without group offsets")
+        else:
+            warn(f"cannot read the source's consumer group offsets ({kafka_error_text(e)}); "
+                 "trying again at the next capture")
+        return None
+    except Exception as e:  # noqa: BLE001 - a capture never fails a mirror
+        warn(f"cannot read the source's consumer group offsets ({type(e).__name__}: {e}); "
+             "trying again at the next capture")
+        return None
+    try:
+        return writer.capture(rows)
+    except Exception as e:  # noqa: BLE001 - GroupOffsetsError, OSError...
+        warn(f"the captured group offsets were not kept ({e}); trying again at the next "
+             "capture")
+        return None
+
+
+class SinkGroupSync:
+    """The store sink connector's capture (module docstring). Tasks call :meth:`opened` with
+    the topics they open; a thread captures every interval while following; :meth:`stop`
+    captures once more and closes the writer."""
+
+    def __init__(self, store_url: str, kafka_conf: Mapping[str, Any], *, writer: str,
+                 follow: bool, interval_ms: int = DEFAULT_INTERVAL_MS,
+                 groups: str | None = None, exclude: str | None = None,
+                 commitlog_dir: str | None = None, out: TextIO | None = None,
+                 prefix: str = "connect"):
+        from kcompact.replication.group_capture import CaptureWriter
+        self.kafka_conf = dict(kafka_conf)
+        self.bootstrap = str(self.kafka_conf.get("bootstrap.servers", ""))
+        self.follow, self.interval = follow, max(1.0, interval_ms / 1000)
+        self.wanted = GroupFilter(groups, exclude)
+        self.writer = CaptureWriter(store_url, writer, commitlog_dir=commitlog_dir)
+        self.out = out if out is not None else sys.stderr
+        self.prefix = prefix
+        self.topics: set[str] = set()
+        self.captures = 0       # captures that succeeded
+        self.kept = 0           # records appended
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _warn(self, msg: str) -> None:
+        if msg not in self._warned:  # one line per distinct reason
+            self._warned.add(msg)
+            print(f"{self.prefix}: warning: {msg}", file=self.out, flush=True)
+
+    def capture(self) -> None:
+        with self._lock:
+            topics = set(self.topics)
+            n = capture_once(self.bootstrap, self.kafka_conf, topics, self.writer,
+                             self.wanted, self._warn)
+        if n is not None:
+            self.captures += 1
+            self.kept += n
+
+    def opened(self, topics: Iterable[str]) -> None:
+        """A task opened ``topics``: the first time, capture now (the mirror's start)."""
+        with self._lock:
+            first = not self.topics
+            new = set(topics) - self.topics
+            self.topics.update(new)
+        if first and new:
+            self.capture()
+        if self.follow and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="group-sync", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.capture()
+
+    def stop(self) -> None:
+        """The last capture (the mirror's end), then the writer is closed."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+            self._thread = None
+        try:
+            if self.topics:
+                self.capture()
+        finally:
+            self.writer.close()
+
+
+__all__ = ["DEFAULT_INTERVAL_MS", "GroupFilter", "SinkGroupSync", "capture_once",
+           "read_source_offsets"]

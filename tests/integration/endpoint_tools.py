@@ -1,0 +1,143 @@
+"""What the Kafka endpoint's integration tests share (not a test module): the endpoint as an
+operator runs it (``kcompact serve --store S --kafka-listen 127.0.0.1:0`` as a process, its port
+read from the line it prints), a confluent-kafka reader of every partition to its end, Kafka's
+Java tools from the cached jars, and a Java loop shaped like Kafka Streams' GlobalKTable restore.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from kcompact.connectors.devtools.apache_kafka import fetch as fetch_jars
+from kcompact.connectors.devtools.apache_kafka import find_java, tool_command
+
+KCOMPACT = [sys.executable, "-m", "kcompact"]
+
+
+def read_all(bootstrap: str, topic: str, partitions: int = 2, *, isolation: str =
+             "read_committed", extra: dict | None = None) -> dict[int, list[tuple]]:
+    """Every record per partition (offset, ts, key, value, headers) and, under key -1, the
+    offset each partition's end-of-partition event came at."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": isolation, **(extra or {})})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out: dict[int, list] = {p: [] for p in range(partitions)}
+    eof: dict[int, int] = {}
+    deadline = time.monotonic() + 60
+    try:
+        while len(eof) < partitions:
+            assert time.monotonic() < deadline, f"no end of partition reached: {eof}"
+            for m in c.consume(1000, 0.5):
+                if m.error() is not None:
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    eof[m.partition()] = m.offset()
+                    continue
+                out[m.partition()].append((m.offset(), m.timestamp()[1], m.key(), m.value(),
+                                           tuple(m.headers() or ())))
+    finally:
+        c.close()
+    out[-1] = [eof[p] for p in range(partitions)]
+    return out
+
+
+class Endpoint:
+    def __init__(self, store: str | Path, *extra: str, log: Path):
+        self.args = [*KCOMPACT, "serve", "--store", str(store), "--kafka-listen", "127.0.0.1:0",
+                     *extra]
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> "Endpoint":
+        err = open(self.log, "ab")
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err)
+        line = self.proc.stdout.readline().decode()
+        assert line.startswith("kafka endpoint listening on 127.0.0.1:"), (
+            line, self.log.read_text())
+        self.port = int(line.rsplit(":", 1)[1])
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def java(main: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(tool_command(main, list(args)), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+RESTORE_JAVA = """
+import java.time.Duration;
+import java.util.*;
+import org.apache.kafka.clients.consumer.*;
+import org.apache.kafka.common.TopicPartition;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+
+// The loop of Kafka Streams' GlobalStateManagerImpl.restoreState: poll until the position
+// reaches the end offset read at the start.
+public class Restore {
+  public static void main(String[] a) {
+    Properties p = new Properties();
+    p.put("bootstrap.servers", a[0]);
+    p.put("key.deserializer", ByteArrayDeserializer.class.getName());
+    p.put("value.deserializer", ByteArrayDeserializer.class.getName());
+    p.put("isolation.level", "read_committed");
+    try (KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(p)) {
+      TopicPartition tp = new TopicPartition(a[1], Integer.parseInt(a[2]));
+      c.assign(List.of(tp));
+      c.seekToBeginning(List.of(tp));
+      long end = c.endOffsets(List.of(tp)).get(tp);
+      long n = 0, deadline = System.currentTimeMillis() + 30000;
+      while (c.position(tp) < end) {
+        if (System.currentTimeMillis() > deadline) { System.out.println("TIMEOUT " + c.position(tp) + " " + end); System.exit(2); }
+        n += c.poll(Duration.ofMillis(200)).count();
+      }
+      System.out.println("RESTORED " + n + " " + c.position(tp) + " " + end);
+    }
+  }
+}
+"""
+
+
+def restore(bs: str, topic: str, partition: int, work: Path) -> str:
+    src = work / "Restore.java"
+    src.write_text(RESTORE_JAVA)
+    libs = fetch_jars()
+    r = subprocess.run([find_java(), "-cp", str(libs / "*"), str(src), bs, topic,
+                        str(partition)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("RESTORED"), (r.stdout, r.stderr[-2000:])
+    return r.stdout.split()
+
+
+@contextmanager
+def serving(kafka, topic: str, url: str, work: Path):
+    """The endpoint over ``url`` while the block runs (a module fixture's yield): (kafka
+    bootstrap, topic, store url, Endpoint, work dir); then it stops and ``topic`` is deleted from
+    ``kafka`` (the ``apache_kafka`` fixture's broker)."""
+    ep = Endpoint(url, log=work / "endpoint.log").start()
+    try:
+        yield kafka.bootstrap, topic, url, ep, work
+    finally:
+        ep.stop()
+        kafka.admin.delete_topics([topic], operation_timeout=30)

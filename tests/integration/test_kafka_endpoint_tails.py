@@ -1,0 +1,202 @@
+"""End offsets past transaction markers: the store and its Kafka endpoint against Apache Kafka 3.9.1.
+
+A topic whose partition 0 ends in a committed transaction (its commit marker is the last offset)
+and whose partition 1 ends in an aborted one (aborted records, then the abort marker) is mirrored
+into a store (``mirror_local``, as ``kcompact mirror``). A read_committed mirror never receives
+the markers or the aborted records, yet the store's end offsets must be Kafka's: the mirror
+records its consumer's position (past them) as each partition's next offset. Then, through
+``kcompact serve --kafka-listen``:
+
+* end offsets (watermarks, GetOffsetShell -1 and -2) equal Kafka's; confluent-kafka's
+  end-of-partition events come at Kafka's offsets; the GlobalKTable restore loop ends at them;
+* a consumer group that committed Kafka's end offsets (what failing over with issue 42's captured
+  offsets gives) resumes on the endpoint with nothing read again;
+* more records and transactions produced, the mirror run again: it resumes after the markers,
+  storing exactly the new committed records (none read twice, none skipped), and the end offsets
+  still agree.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from kcompact.connectors.apps.mirror import mirror_local
+from kcompact.reput import Store
+
+sys.path.insert(0, os.path.dirname(__file__))
+from endpoint_tools import java, read_all, restore, serving  # noqa: E402
+from topics import read_store  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+T0 = (int(time.time()) - 3600) * 1000
+
+
+def _produce(bootstrap: str, topic: str, round_: int) -> None:
+    """Plain records to both partitions, then a committed transaction to partition 0 and an
+    aborted one to partition 1: each partition ends in a marker."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for part in (0, 1):
+        for i in range(12):
+            p.produce(topic, key=b"k%d" % (i % 5), value=b"r%d-%d" % (round_, i),
+                      partition=part, timestamp=T0 + round_ * 1000 + i)
+    assert p.flush(30) == 0
+    for part, commit in ((0, True), (1, False)):
+        tp = Producer({"bootstrap.servers": bootstrap,
+                       "transactional.id": f"tails-{topic}-{part}"})
+        tp.init_transactions(30)
+        tp.begin_transaction()
+        for i in range(3):
+            tp.produce(topic, key=b"tx%d" % i, value=b"%s-%d" % (
+                b"committed" if commit else b"aborted", round_), partition=part,
+                timestamp=T0 + round_ * 1000 + 500 + i)
+        tp.flush(30)
+        (tp.commit_transaction if commit else tp.abort_transaction)(30)
+    _settled(bootstrap, topic)
+
+
+def _ends(bootstrap: str, topic: str, isolation: str = "read_committed"
+          ) -> list[tuple[int, int]]:
+    """Each partition's (log start, end offset): the last stable offset under read_committed
+    (Kafka answers ListOffsets latest by the consumer's isolation level)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ends",
+                  "isolation.level": isolation})
+    try:
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in (0, 1)]
+    finally:
+        c.close()
+
+
+def _settled(bootstrap: str, topic: str) -> None:
+    """Wait until Kafka has written the transactions' markers (a commit or an abort returns
+    before its markers are written: the last stable offset stays at the transaction's first
+    record until then)."""
+    deadline = time.monotonic() + 30
+    while _ends(bootstrap, topic) != _ends(bootstrap, topic, "read_uncommitted"):
+        assert time.monotonic() < deadline, "the transaction markers were never written"
+        time.sleep(0.2)
+
+
+def _mirror(bootstrap: str, topic: str, url: str) -> int:
+    return mirror_local(bootstrap, topic, url, out=io.StringIO(), handle_signals=False).records
+
+
+@pytest.fixture(scope="module")
+def tails(apache_kafka, tmp_path_factory):
+    """(kafka bootstrap, topic, store url, running Endpoint, work dir)."""
+    from confluent_kafka.admin import NewTopic
+    topic = f"tails-{uuid.uuid4().hex[:8]}"
+    apache_kafka.admin.create_topics([NewTopic(topic, 2, 1, config={"retention.ms": "-1"})]
+                                     )[topic].result()
+    _produce(apache_kafka.bootstrap, topic, 0)
+    work = tmp_path_factory.mktemp("tails")
+    url = str(work / "store")
+    assert _mirror(apache_kafka.bootstrap, topic, url) == 2 * 12 + 3
+    with serving(apache_kafka, topic, url, work) as it:
+        yield it
+
+
+def test_end_offsets_are_kafkas_past_the_markers(tails):
+    kafka, topic, url, ep, work = tails
+    theirs = read_all(kafka, topic)
+    ends = _ends(kafka, topic)
+    # the premise: each partition ends past its last committed record (its marker; partition
+    # 1 also after the aborted records)
+    assert [hi for _, hi in ends] == theirs[-1]
+    assert ends[0][1] == theirs[0][-1][0] + 2 and ends[1][1] == theirs[1][-1][0] + 5
+    with Store.open(url) as ro:
+        assert [ro.next_offset(topic, p) for p in (0, 1)] == [hi for _, hi in ends]
+    assert _ends(ep.bootstrap, topic) == ends
+    assert read_all(ep.bootstrap, topic) == theirs              # the EOF offsets included
+    assert read_all(ep.bootstrap, topic, isolation="read_uncommitted") == theirs
+    shell = [java("org.apache.kafka.tools.GetOffsetShell", "--bootstrap-server", bs,
+                  "--topic", topic, "--time", t) for t in ("-1", "-2")
+             for bs in (kafka, ep.bootstrap)]
+    assert all(r.returncode == 0 for r in shell), [r.stderr[-500:] for r in shell]
+    assert shell[0].stdout == shell[1].stdout and shell[2].stdout == shell[3].stdout
+    assert shell[0].stdout == "".join(f"{topic}:{p}:{ends[p][1]}\n" for p in (0, 1))
+    for p in (0, 1):  # the GlobalKTable restore loop ends at Kafka's end offset
+        _, n, position, end = restore(ep.bootstrap, topic, p, work)
+        assert int(n) == len(theirs[p]) and position == end == str(ends[p][1])
+
+
+def _group_member(bs: str, group: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False, "enable.partition.eof": True,
+                     "isolation.level": "read_committed", "session.timeout.ms": 6000,
+                     "heartbeat.interval.ms": 300})
+
+
+def _consume_to_eof(c: Consumer, topic: str) -> tuple[list, dict]:
+    """Subscribe and read until both partitions report their end: (records, EOF offsets)."""
+    c.subscribe([topic])
+    got, eof = [], {}
+    deadline = time.monotonic() + 60
+    while len(eof) < 2:
+        assert time.monotonic() < deadline, ("no end of partition", eof, len(got))
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error() is not None:
+            assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+            eof[m.partition()] = m.offset()
+            continue
+        got.append((m.partition(), m.offset()))
+    return got, eof
+
+
+def test_a_group_committed_at_kafkas_end_resumes_on_the_endpoint(tails):
+    kafka, topic, _url, ep, _ = tails
+    group = f"failover-{uuid.uuid4().hex[:6]}"
+    ends = [hi for _, hi in _ends(kafka, topic)]
+    # on Kafka: the group reads everything and commits its positions (past the markers)
+    c = _group_member(kafka, group)
+    try:
+        got, eof = _consume_to_eof(c, topic)
+        assert got and eof == {0: ends[0], 1: ends[1]}
+        c.commit(asynchronous=False)
+        committed = [tp.offset for tp in c.committed(
+            [TopicPartition(topic, p) for p in (0, 1)], timeout=10)]
+    finally:
+        c.close()
+    assert committed == ends
+    # fail over: the same offsets committed for the group on the endpoint (as a group offset
+    # capture or a failover tool does), then the group goes on there
+    setter = Consumer({"bootstrap.servers": ep.bootstrap, "group.id": group})
+    try:
+        setter.commit(offsets=[TopicPartition(topic, p, committed[p]) for p in (0, 1)],
+                      asynchronous=False)
+    finally:
+        setter.close()
+    c = _group_member(ep.bootstrap, group)
+    try:
+        got, eof = _consume_to_eof(c, topic)
+    finally:
+        c.close()
+    assert got == [] and eof == {0: ends[0], 1: ends[1]}  # nothing read again
+
+
+def test_a_mirror_resumes_after_the_markers_and_the_endpoint_follows(tails):
+    kafka, topic, url, ep, _ = tails
+    before = read_all(kafka, topic)
+    _produce(kafka, topic, 1)
+    after = read_all(kafka, topic)
+    new = sum(len(after[p]) - len(before[p]) for p in (0, 1))
+    assert new == 2 * 12 + 3
+    assert _mirror(kafka, topic, url) == new    # nothing read twice, nothing skipped
+    stored = read_store(url, topic)
+    for p in (0, 1):
+        assert stored[p] == after[p]
+    ends = _ends(kafka, topic)
+    with Store.open(url) as ro:
+        assert [ro.next_offset(topic, p) for p in (0, 1)] == [hi for _, hi in ends]
+    assert _ends(ep.bootstrap, topic) == ends
+    assert read_all(ep.bootstrap, topic) == after
+    assert _mirror(kafka, topic, url) == 0      # at the end: nothing more
