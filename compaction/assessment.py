@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kcompact.reput.shared import split_max_shared
 from kcompact.reput import bcq as B
 from kcompact.reput.config import TopicConfig
 from kcompact.reput.partition import PartitionLog
@@ -39,6 +40,9 @@ TRIGGER_LAG = "max.compaction.lag.ms"
 TRIGGER_TOMBSTONES = "tombstones expired"
 TRIGGER_SMALL = "small segments"
 TRIGGER_RETENTION = "retention.ms"
+#: S3 with shared uploads: the partition depends on too many shared objects, or on one older
+#: than max.compaction.lag.ms (docs/formats/shared-upload.md, the split)
+TRIGGER_SHARED = "shared objects"
 
 
 @dataclass
@@ -108,7 +112,7 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
     first_max_ts = None
     young = False        # past the cleanable end: this segment or an earlier one is too young
     for k, seg in enumerate(pl.sealed_segments):
-        if seg.log_size < cfg.segment_bytes // 4:
+        if seg.log_size < cfg.segment_bytes // 4 and seg.kind != "shared":  # (split apart)
             a.small_segments += 1
         seg_dirty = 0
         for _, e in cursor.chunks(seg):
@@ -134,6 +138,12 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
     if cfg.delete and cfg.retention_ms >= 0 and first_max_ts is not None \
             and first_max_ts < now_ms - cfg.retention_ms:
         a.triggers.append(TRIGGER_RETENTION)
+    shared = getattr(pl.catalog, "shared_objects", 0)
+    if shared:
+        oldest = pl.catalog.oldest_part_ms()
+        if shared >= split_max_shared() or (oldest is not None
+                                            and now_ms - oldest > cfg.max_compaction_lag_ms):
+            a.triggers.append(f"{shared} {TRIGGER_SHARED}")
     if not cfg.compact:
         return a
     if a.dirty_bytes and a.dirty_ratio >= cfg.min_cleanable_dirty_ratio:

@@ -114,6 +114,8 @@ class CompactionResult:
     size_after: int = 0
     #: set when the partition was skipped as damaged (compaction/damage.py: Damage.to_dict)
     damaged: dict | None = None
+    #: S3 with shared uploads: parts of shared objects joined into its own segments (the split)
+    shared_parts_split: int = 0
 
     @property
     def recopy_percent(self) -> float:
@@ -224,6 +226,8 @@ class Compactor:
             res.segments_before = len(pl.segments)
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
+            if pl.manifest_mode:
+                self._split(pl, res)
             rolled = False
             if not pl.manifest_mode:
                 self._check_inputs(pl)  # before the forced roll: a refusal writes nothing
@@ -292,6 +296,25 @@ class Compactor:
             return res
         finally:
             lock.release()
+
+    def _split(self, pl: PartitionLog, res: CompactionResult) -> None:
+        """S3 with shared uploads: the partition's parts of shared objects are joined into a
+        segment of its own first (docs/formats/shared-upload.md, the split), staged with the
+        rounds' outputs and committed with them in one manifest version. The joining reads
+        without the store's lock (the writer goes on flushing; its new parts come after these
+        and stay above the split)."""
+        shared = [s for s in pl.segments if s.kind == "shared"]
+        if not shared:
+            return
+        try:
+            outputs = pl.catalog.join_parts(shared)
+            with self.store.lock:
+                pl.catalog.stage_swap([s.base for s in shared], outputs, None)
+        except BaseException:
+            with self.store.lock:
+                pl.abort_staged()
+            raise
+        res.shared_parts_split = len(shared)
 
     def _check_inputs(self, pl: PartitionLog) -> None:
         """Before a local run writes anything (its forced roll included): the horizon is

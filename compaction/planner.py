@@ -170,6 +170,8 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
     if store.writer is None:
         for t, p in _selected(store, topic, partition):
             store.release_partition(t, p)  # the partitions rolled above
+    if topic is None and partition is None:
+        store.collect_shared_garbage()  # S3 with shared uploads: objects every partition split
     return results
 
 
@@ -259,6 +261,8 @@ class Scheduler:
                 self.store.release_partition(c.topic, c.partition)
             res.append(r)
             self.results.append(r)
+        if any(r.shared_parts_split for r in res):
+            self.store.collect_shared_garbage()  # objects split a grace period ago
         self.runs += 1
         return res
 

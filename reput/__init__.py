@@ -12,7 +12,7 @@ from .partition import PartitionLog
 from .reader import IndexCursor, PartitionReader, RecordColumns
 from .record import (BytesColumn, Record, RecordBatch, decode_one, encode, encode_batch, key_digest,
                      scan)
-from .store import FORMAT_VERSION, Store, StoreMeta, backend_for
+from .store import FORMAT_VERSION, KNOWN_FORMAT_VERSION, Store, StoreMeta, backend_for
 from .verify import Problem, VerifyReport, verify_store
 
 __all__ = [
@@ -24,6 +24,6 @@ __all__ = [
     "PartitionLog", "IndexCursor", "PartitionReader", "RecordColumns",
     "BytesColumn", "Record", "RecordBatch", "decode_one", "encode", "encode_batch", "key_digest",
     "scan",
-    "FORMAT_VERSION", "Store", "StoreMeta", "backend_for",
+    "FORMAT_VERSION", "KNOWN_FORMAT_VERSION", "Store", "StoreMeta", "backend_for",
     "Problem", "VerifyReport", "verify_store",
 ]

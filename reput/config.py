@@ -155,6 +155,7 @@ def _int_at_least(lo: int, hi: int = LONG_MAX):
 
 FSYNC_POLICIES = ("always", "flush", "never")
 SEAL_MODES = ("flush", "background")
+UPLOAD_MODES = ("auto", "shared", "partition")
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,11 @@ class WriterOptions:
     'background' (a thread of the writer, while it appends; the writer's close does not wait
     for the segments still queued: they stay format 1 until the next writer of the partition,
     a compaction or ``kcompact compact`` seals them; reput/seal.py).
+    upload: how an S3 writer's flush uploads (docs/formats/shared-upload.md): 'shared' (one
+    object for every partition it wrote and one journal entry: 2 PUTs a flush, whatever the
+    partition count; the store becomes format 3), 'partition' (a .log, a .bcq and a manifest
+    version per partition) or 'auto' (the default: 'shared' when the store already uses shared
+    uploads, else 'partition'). Local stores ignore it.
     """
 
     commitlog_segment_bytes: int = 1 << 30
@@ -177,12 +183,18 @@ class WriterOptions:
     verify_crc_on_dispatch: bool = False
     seal_format: int = 2
     seal: str = "flush"
+    upload: str = "auto"
 
     def __post_init__(self):
         _int_at_least(1 << 16, 1 << 40)("commitlog.segment.bytes", self.commitlog_segment_bytes)
         _int_at_least(0)("commitlog.retention.ms", self.commitlog_retention_ms)
         if self.seal_format not in (1, 2):
             raise ConfigError(f"seal_format: expected 1 or 2, got {self.seal_format!r}")
+        if self.upload not in UPLOAD_MODES:
+            raise ConfigError(f"upload: expected one of {', '.join(UPLOAD_MODES)}, got "
+                              f"{self.upload!r}")
+        if self.upload == "shared" and self.seal_format != 2:
+            raise ConfigError("upload: 'shared' uploads format-2 segments; it needs seal_format 2")
         if self.seal not in SEAL_MODES:
             raise ConfigError(f"seal: expected one of {', '.join(SEAL_MODES)}, got {self.seal!r}")
         if self.fsync not in FSYNC_POLICIES:

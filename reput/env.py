@@ -48,6 +48,12 @@ ENV = (
     .define("KCOMPACT_S3_GRACE_MS", Type.LONG, 10 * 60 * 1000, at_least(0), Importance.LOW,
             "How long replaced and orphaned S3 objects are kept so that readers holding an older "
             "manifest finish (ms); a store URL's ?grace_ms= wins.")
+    .define("KCOMPACT_S3_SHARED_SPLIT_OBJECTS", Type.INT, 32, between(1, 100_000),
+            Importance.LOW,
+            "S3 stores with shared uploads: the compactor splits a partition's parts of shared "
+            "objects into a segment of its own once it depends on this many shared objects (or "
+            "its oldest part is older than the topic's max.compaction.lag.ms). Higher: fewer "
+            "split requests, more objects a reader of the partition touches.")
     .define("KCOMPACT_REPLICATION_MAX_BYTES", Type.INT, 8 * MIB,
             between(64 << 10, 1 << 30), Importance.LOW,
             "kcompact replicate: bytes asked for per request (capped by the master's 64 MiB "

@@ -17,7 +17,9 @@ Paths are '/'-separated and relative to the store root; backends map them to fil
 
 On S3 (docs/formats/manifest.md) sealed segments are immutable objects named
 ``<20-digit base>-<16 hex>.log`` (and ``.bcq``), listed by the partition's manifest versions
-``partitions/<topic>/<partition>/manifest/<20-digit version>.json``.
+``partitions/<topic>/<partition>/manifest/<20-digit version>.json``. A store with shared
+uploads (docs/formats/shared-upload.md) also holds ``shared/<writer>/<20-digit seq>-<16 hex>.kso``
+objects and their journal entries ``shared/<writer>/journal/<20-digit seq>.json``.
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ MANIFEST_DIR = "manifest"
 QUARANTINE_DIR = "quarantine"
 REPAIR_DIR = ".repair"
 MANIFEST_SUFFIX = ".json"
+#: S3 stores with shared uploads (docs/formats/shared-upload.md)
+SHARED_DIR = "shared"
+JOURNAL_DIR = "journal"
+SHARED_SUFFIX = ".kso"
 
 _BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")
 _OBJECT_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.(log|bcq)$")
 _MANIFEST_RE = re.compile(r"^(\d{20})\.json$")
+_SHARED_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.kso$")
 _WRITER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -81,7 +88,23 @@ def parse_segment_object(name: str) -> tuple[int, str, str] | None:
 
 def is_immutable_object(path: str) -> bool:
     """Is ``path`` a sealed segment object (never rewritten: safe to cache by name)?"""
-    return _OBJECT_RE.match(path.rsplit("/", 1)[-1]) is not None
+    name = path.rsplit("/", 1)[-1]
+    return _OBJECT_RE.match(name) is not None or _SHARED_RE.match(name) is not None
+
+
+def shared_object(seq: int, tag: str) -> str:
+    """A shared upload object's name: '<20-digit seq>-<16 hex tag>.kso'."""
+    return f"{base_name(seq)}-{tag}{SHARED_SUFFIX}"
+
+
+def parse_shared_object(name: str) -> tuple[int, str] | None:
+    """'00000000000000000041-9f3a0c11d2e4b5a6.kso' -> (41, '9f3a0c11d2e4b5a6')."""
+    m = _SHARED_RE.match(name)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+def journal_path(writer: str, seq: int) -> str:
+    return f"{SHARED_DIR}/{writer}/{JOURNAL_DIR}/{base_name(seq)}{MANIFEST_SUFFIX}"
 
 
 def manifest_dir(pdir: str) -> str:
@@ -102,6 +125,10 @@ def validate_writer(writer: str) -> str:
     if not _WRITER_RE.match(writer) or writer in (".", ".."):
         raise ReputError(f"invalid writer id {writer!r}: use 1-128 characters of a-zA-Z0-9._-")
     return writer
+
+
+def valid_writer(writer: str) -> bool:
+    return bool(_WRITER_RE.match(writer)) and writer not in (".", "..")
 
 
 def writer_dir(writer: str) -> str:

@@ -53,6 +53,9 @@ class Manifest:
     #: that readers holding an older version can finish: [{"log", "bcq", "since_ms"}]
     retired: list[dict] = field(default_factory=list)
     format_version: int = FORMAT_VERSION
+    #: shared uploads (docs/formats/shared-upload.md): per writer, the highest journal entry
+    #: whose parts of this partition are in ``segments`` (split) - those above it are not
+    split_to: dict[str, int] = field(default_factory=dict)
 
     @property
     def last_offset(self) -> int:
@@ -63,14 +66,17 @@ class Manifest:
         return {n for s in self.segments for n in (s.log, s.bcq)}
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        d = {
             "version": self.version, "format_version": self.format_version,
             "created_ms": self.created_ms, "writer": self.writer,
             "cleaned_offset": self.cleaned_offset, "next_offset": self.next_offset,
             "last_run": self.last_run,
             "segments": [s.to_manifest_dict() for s in self.segments],
             "retired": self.retired,
-        }, separators=(",", ":")).encode() + b"\n"
+        }
+        if self.split_to:
+            d["split_to"] = dict(sorted(self.split_to.items()))
+        return json.dumps(d, separators=(",", ":")).encode() + b"\n"
 
     @classmethod
     def from_json(cls, raw: bytes, where: str) -> "Manifest":
@@ -101,12 +107,19 @@ class Manifest:
                 for key in ("log", "bcq"):
                     if r.get(key) is not None and not object_name(r[key], key):
                         raise ValueError(f"retired {key} {r[key]!r} is not a segment object")
+            split_to = d.get("split_to") or {}
+            if not isinstance(split_to, dict) or not all(
+                    isinstance(k, str) and fn.valid_writer(k) and isinstance(v, int)
+                    and not isinstance(v, bool) and 0 <= v <= MAX_OFFSET
+                    for k, v in split_to.items()):
+                raise ValueError("split_to is not an object of writer ids and entry numbers")
             writer = d.get("writer", "")
             m = cls(_int(d, "version", 1, MAX_OFFSET),
                     _int(d, "created_ms", 0, MAX_OFFSET) if "created_ms" in d else 0,
                     writer if isinstance(writer, str) else str(writer),
                     _int(d, "cleaned_offset", -1, MAX_OFFSET),
-                    _int(d, "next_offset", 0, MAX_OFFSET), last_run, segs, retired, fv)
+                    _int(d, "next_offset", 0, MAX_OFFSET), last_run, segs, retired, fv,
+                    dict(split_to))
             return m
         except ReputError:
             raise
@@ -192,7 +205,7 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
         new = cur.successor(writer, now, grace_ms, cleaned_offset=new.cleaned_offset,
                             next_offset=new.next_offset, last_run=new.last_run,
                             segments=sorted(new.segments, key=lambda s: s.base),
-                            retired=new.retired)
+                            retired=new.retired, split_to=new.split_to)
         if fs.create_exclusive(fn.manifest_path(pdir, new.version), new.to_json()):
             return new
         latest = read_latest(fs, pdir, latest)

@@ -25,11 +25,12 @@ from dataclasses import replace
 
 from . import filenames as fn
 from . import manifest as M
+from . import shared as SH
 from .backend import Backend
 from .catalog import SegmentCatalog
 from .config import Clock
 from .errors import CorruptRecordError, ReputError
-from .segment import PartitionContext, Segment
+from .segment import PartitionContext, Segment, open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
 
@@ -53,6 +54,12 @@ class ManifestCatalog(SegmentCatalog):
         self._pending = False
         self._local_listed = False
         self._manifest_read_at = 0.0
+        #: shared uploads (docs/formats/shared-upload.md): the partition's parts above its
+        #: manifest (records or not), those a pending split or compaction replaces (by key), and
+        #: the view their segments read through
+        self.parts: list[SH.Part] = []
+        self._replaced_parts: dict[tuple, SH.Part] = {}
+        self._view: SH.RangeView | None = None
 
     @property
     def grace_ms(self) -> int:
@@ -93,7 +100,26 @@ class ManifestCatalog(SegmentCatalog):
         return sum(s.log_size for s in self.segments if s.kind == "file")
 
     def next_offset_floor(self) -> int:
-        return self.manifest.next_offset if self.manifest is not None else 0
+        have = self.manifest.next_offset if self.manifest is not None else 0
+        return max([have] + [p.next_offset for p in self.parts])
+
+    @property
+    def journal(self) -> "SH.Journal | None":
+        """The store's shared-upload journal (None: the store uses none)."""
+        return SH.journal_for(self.fs)
+
+    def committed_last_offset(self) -> int:
+        """The highest offset committed (listed by the manifest or a shared part)."""
+        m = self.manifest.last_offset if self.manifest else -1
+        return max([m] + [p.desc.last_offset for p in self.parts if p.records])
+
+    @property
+    def shared_objects(self) -> int:
+        """How many shared objects the partition's reads depend on (inspect)."""
+        return len({p.object for p in self.parts if p.records})
+
+    def oldest_part_ms(self) -> int | None:
+        return min((p.created_ms for p in self.parts if p.records), default=None)
 
     def recover(self, recovery) -> None:
         recovery.writer_local_segments(self)
@@ -123,12 +149,48 @@ class ManifestCatalog(SegmentCatalog):
                                                 log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}",
                                                 desc=e)
             remote.append(seg)
+        shared = self._shared_segments(refresh=reread)
         if self.writable and not self._local_listed:
             local = self._list_local()
             self._local_listed = True
         else:
             local = [s for s in self.segments if s.kind == "file"]
-        self.segments = sorted(remote + self._staged, key=lambda s: s.base) + local
+        self.segments = sorted(remote + self._staged + shared, key=lambda s: s.base) + local
+
+    @staticmethod
+    def _part_key(p: SH.Part) -> tuple:
+        return (p.writer, p.seq, p.desc.base if p.desc is not None else -1)
+
+    def _shared_segments(self, *, refresh: bool) -> list[Segment]:
+        """The parts of shared objects above the manifest, as segments (after the manifest is
+        read: a split committed in between only hides parts, whose objects outlive it by the
+        grace period)."""
+        j = self.journal
+        if j is None:
+            self.parts = []
+            return []
+        if refresh:
+            j.refresh()
+        split_to = self.manifest.split_to if self.manifest else {}
+        self.parts = j.parts(self.ctx.topic, self.ctx.partition, split_to)
+        if self._view is None:
+            self._view = SH.RangeView(self.fs)
+        old = {s.log_path: s for s in self.segments if s.kind == "shared"}
+        out = []
+        for p in self.parts:
+            d = p.desc
+            if d is None or self._part_key(p) in self._replaced_parts:
+                continue
+            lrel, brel = f"{self.dir}/{d.log}", f"{self.dir}/{d.bcq}"
+            self._view.add(lrel, p.object, p.log_pos, d.log_size)
+            self._view.add(brel, p.object, p.bcq_pos, d.bcq_size)
+            seg = old.get(lrel)
+            if seg is None:
+                seg = open_segment(self.ctx, d.base, d.log_size, d.bcq_size, fs=self._view,
+                                   log_path=lrel, bcq_path=brel, kind="shared", desc=d)
+                seg.part = p
+            out.append(seg)
+        return out
 
     def _list_local(self) -> list[Segment]:
         logs, idxs = self._file_bases(self.local_fs)
@@ -296,6 +358,8 @@ class ManifestCatalog(SegmentCatalog):
                 raise ReputError(f"{self.dir}: no sealed segment at base {b} to replace")
             if seg.kind == "remote":
                 self._replaced[seg.log_path] = seg.desc
+            elif seg.kind == "shared":  # a split (or a compaction of a part): split_to rises
+                self._replaced_parts[self._part_key(seg.part)] = seg.part
             else:
                 self._staged.remove(seg)
                 self.local_fs.delete(seg.log_path)
@@ -325,6 +389,7 @@ class ManifestCatalog(SegmentCatalog):
         replaced = list(self._replaced.values())
         gone = {e.log for e in replaced}
         cleaned, run = self._pending_cleaned, self._pending_run
+        split, split_next = self._split_marks()
         now = self.clock.ms()  # one "now" for the commit: when the replaced objects retire
         uploads = []
         try:
@@ -340,7 +405,8 @@ class ManifestCatalog(SegmentCatalog):
 
             def change(cur: M.Manifest) -> M.Manifest:
                 listed = {s.log for s in cur.segments}
-                if not gone <= listed:
+                if not gone <= listed or any(cur.split_to.get(w, -1) >= q
+                                             for w, q in split.items()):
                     raise M.ManifestConflictError(
                         f"{self.fs.url}/{self.dir}: another compaction replaced segments this "
                         "one was rewriting; its outputs are abandoned")
@@ -349,7 +415,9 @@ class ManifestCatalog(SegmentCatalog):
                                cleaned_offset=cur.cleaned_offset if cleaned is None else cleaned,
                                last_run=run if run is not None else cur.last_run,
                                retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
-                                                       "since_ms": now} for e in replaced])
+                                                       "since_ms": now} for e in replaced],
+                               split_to={**cur.split_to, **split},
+                               next_offset=max(cur.next_offset, split_next))
 
             new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
                            grace_ms=self.grace_ms, clock_ms=lambda: now)
@@ -387,8 +455,119 @@ class ManifestCatalog(SegmentCatalog):
                         cleaned_offset, last_run)
         return self.commit_staged(writer)
 
+    def _split_marks(self) -> tuple[dict[str, int], int]:
+        """What a commit replacing parts of shared objects records: per writer the highest
+        journal entry replaced, and the next offset its parts (those without records too)
+        reach. The replaced parts must be the partition's first ones (a prefix by offset)."""
+        split: dict[str, int] = {}
+        for p in self._replaced_parts.values():
+            split[p.writer] = max(split.get(p.writer, -1), p.seq)
+        covered = [p for p in self.parts if p.seq <= split.get(p.writer, -1)]
+        missed = [p for p in covered if p.records and self._part_key(p) not in self._replaced_parts]
+        if missed:
+            raise ReputError(f"{self.dir}: a split must replace the partition's first parts of "
+                             f"shared objects; {missed[0].object} is left out")
+        return split, max((p.next_offset for p in covered), default=0)
+
+    def stage_split(self, segments: list[Segment] | None = None) -> int:
+        """The split (docs/formats/shared-upload.md): the partition's parts of shared objects
+        (``segments``: those listed when it started, default all) joined into per-partition
+        format-2 segments - batches copied as they are, one lean index built over them - and
+        staged in their place; ``commit_staged`` publishes them with ``split_to`` raised.
+        Returns how many parts it joined. (Reads only: ``stage_swap`` is the caller's step
+        under the store's lock, see ``join_parts``.)"""
+        shared = [s for s in (segments if segments is not None else self.segments)
+                  if s.kind == "shared"]
+        if not shared:
+            return 0
+        outputs = self.join_parts(shared)
+        self.stage_swap([s.base for s in shared], outputs, None)
+        return len(shared)
+
+    def join_parts(self, shared: list[Segment]) -> list[tuple[int, str, str]]:
+        """Local segments (base, .log, .bcq in the staging directory) holding ``shared``'s
+        batches in order, one per run of parts with the same codec."""
+        from . import bcq2 as B2
+        groups: list[list[Segment]] = []
+        for seg in shared:
+            codec = seg.index().codec
+            if groups and groups[-1][0].index().codec == codec:
+                groups[-1].append(seg)
+            else:
+                groups.append([seg])
+        outputs = []
+        for group in groups:
+            lrel, irel = self.staging_paths(group[0].base)
+            builder = B2.IndexBuilder(spill_dir=self.local_fs.local_path(self.staging_dir))
+            out = self.local_fs.open_append(lrel)
+            try:
+                for seg in group:
+                    idx = seg.index()
+                    _, bsize, bcount = idx.batches()
+                    if int(bsize.sum()) != seg.log_size:
+                        raise CorruptRecordError(f"{seg.log_path}: its lean index covers "
+                                                 f"{int(bsize.sum())} of its {seg.log_size} "
+                                                 "bytes; run `kcompact verify`", seg.log_path, 0)
+                    builder.add_batches(builder.log_size, bsize, bcount, idx.entries)
+                    out.write(seg.read_log(0, seg.log_size))
+                out.sync()
+            finally:
+                out.close()
+            idxf = self.local_fs.open_append(irel)
+            try:
+                builder.write_to(idxf, group[0].index().codec)
+                idxf.sync()
+            finally:
+                idxf.close()
+            outputs.append((group[0].base, lrel, irel))
+        return outputs
+
+    # -- a writer's flush with shared uploads (reput/store.py ``Store._seal_shared``) ---------
+
+    def shared_pieces(self, part):
+        """What this partition adds to the writer's shared object: (its local segments, the
+        format-2 segments to upload for those holding records, its next offset); None when
+        nothing changed since the last flush."""
+        if not self.writable:
+            return None
+        local = [s for s in self.segments if s.kind == "file"]
+        nxt = self.next_offset
+        if not any(s.log_size for s in local) and nxt <= self.next_offset_floor():
+            return None
+        part._sync_and_close_files()
+        sealing = f"{self.dir}/{fn.SEALING_DIR}"
+        self.local_fs.remove_tree(sealing)
+        ups = []
+        try:
+            for seg in local:
+                if seg.log_size:
+                    ups.append((seg, self._encode_for_upload(part, seg, sealing)))
+        except BaseException:
+            self.local_fs.remove_tree(sealing)
+            raise
+        return local, ups, nxt
+
+    def shared_aborted(self) -> None:
+        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+
+    def shared_committed(self, local: list[Segment], ups: list) -> None:
+        """The journal entry holding this partition's part is committed: its local segments
+        are dropped and the part is listed from the journal."""
+        for seg in local:
+            up = next((u for s, u in ups if s is seg), None)
+            if up is not None and up is not seg:
+                self.local_fs.delete(up.log_path)
+                self.local_fs.delete(up.bcq_path)
+            self.local_fs.delete(seg.log_path)
+            self.local_fs.delete(seg.bcq_path)
+            seg.invalidate()
+        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+        self.segments = [s for s in self.segments if s.kind != "file"]
+        self._rebuild()
+
     def _clear_pending(self) -> None:
         self._staged, self._replaced = [], {}
+        self._replaced_parts = {}
         self._pending_cleaned = self._pending_run = None
         self._pending = False
 

@@ -133,7 +133,7 @@ class Recovery:
             lfs.delete(f"{pdir}/{fn.base_name(base)}{fn.INDEX_SUFFIX}")
         cat.orphan_indexes = []
         _remove_temp_files(lfs, pdir)
-        committed = cat.manifest.last_offset if cat.manifest else -1
+        committed = cat.committed_last_offset()  # the manifest's, or a shared part's
         keep = []
         for seg in cat.segments:
             if seg.kind != "file":

@@ -248,7 +248,9 @@ class Segment:
 
     ``kind`` says where it lives: "file" (<base>.log/.bcq in the partition directory: a local
     store's segment, or a writer's active segment on S3), "remote" (a sealed object pair the
-    manifest lists) or "staged" (a compaction output on local disk, not committed yet: S3).
+    manifest lists), "shared" (a partition's part of a shared upload object: S3,
+    docs/formats/shared-upload.md) or "staged" (a compaction output on local disk, not committed
+    yet: S3).
     ``desc`` is its catalog's entry (None without one); ``open_tail`` marks a segment whose files
     may still grow or hold a crash's torn tail (the active segment of a writer, listed open;
     a writer's local segments on an object store). Every other one is exact: its index lists
@@ -552,8 +554,13 @@ def open_segment(ctx: PartitionContext, base: int, log_size: int, index_size: in
         reuse.log_size, reuse.index_size, reuse.desc = log_size, index_size, desc
         reuse.open_tail = open_tail
         return reuse
-    return segment_class(fmt)(ctx, base, log_size, index_size, fs=fs, log_path=log_path,
-                              bcq_path=bcq_path, kind=kind, desc=desc, open_tail=open_tail)
+    if kind == "shared":  # a part of a shared upload object (format 2, by its grammar)
+        from .segment_shared import SharedRangeSegment
+        cls: type[Segment] = SharedRangeSegment
+    else:
+        cls = segment_class(fmt)
+    return cls(ctx, base, log_size, index_size, fs=fs, log_path=log_path, bcq_path=bcq_path,
+               kind=kind, desc=desc, open_tail=open_tail)
 
 
 def describe_files(fs: Backend, log_path: str, bcq_path: str, base: int,

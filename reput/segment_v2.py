@@ -108,7 +108,7 @@ class KafkaSegment(Segment):
         if self._index is not None and self._index_key == (self.index_size, self.log_size):
             return self._index
         fs, path = self.fs, self.bcq_path
-        if self.kind == "remote":
+        if self.kind in ("remote", "shared"):
             # an object: read whole, in one request (a compaction stays at <= 4 requests a
             # segment; a lean index is ~17 bytes a record)
             whole = fs.read(path)
@@ -116,7 +116,7 @@ class KafkaSegment(Segment):
         else:
             read = lambda start, length: fs.read(path, start, length)  # noqa: E731
         idx = B2.LeanIndex(read, path, self.index_size)
-        if self.kind == "remote":  # what check_index checks against the manifest entry
+        if self.kind in ("remote", "shared"):  # what check_index checks against the manifest entry
             idx.file_check = (len(whole), crc32c(whole))
         if idx.log_size != self.log_size:
             raise CorruptRecordError(f"{path}: the lean index describes a .log of "

@@ -36,6 +36,7 @@ import numpy as np
 from . import _kernels as K
 from . import env as _env
 from . import filenames as fn
+from . import shared as SH
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
@@ -52,8 +53,11 @@ from .topic_configs import TopicConfigLayers
 
 
 #: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
-#: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written
+#: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written.
+#: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
+#: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
+KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
@@ -167,9 +171,10 @@ class StoreMeta:
         except (ValueError, KeyError, TypeError):
             raise StoreFormatError(f"{where}: store.json is truncated or not valid JSON; restore "
                                    "it from a backup (the digest secret is in it)") from None
-        if version > FORMAT_VERSION:
+        if version > KNOWN_FORMAT_VERSION:
             raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
+                                   "kcompact")
         if "crc32c" in d:  # written by a kcompact that checksums it (older ones do not)
             crc = d.pop("crc32c")
             try:
@@ -179,9 +184,10 @@ class StoreMeta:
             if not ok:
                 raise StoreFormatError(f"{where}: store.json does not match its checksum; "
                                        "restore it from a backup (the digest secret is in it)")
-        if version > FORMAT_VERSION:
+        if version > KNOWN_FORMAT_VERSION:
             raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
+                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
+                                   "kcompact")
         try:
             secret = bytes.fromhex(d["digest"]["secret"])
             if len(secret) != 16 or d["digest"]["algorithm"] != "siphash-2-4-128":
@@ -257,6 +263,12 @@ class Store:
         if self.remote and not self.commitlog_fs.appendable:
             raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
         self.local_fs = self.commitlog_fs if self.remote else fs
+        #: this writer's flushes upload one shared object (docs/formats/shared-upload.md)
+        self.shared_uploads = (self.remote and writer is not None and (
+            options.upload == "shared" or (options.upload == "auto"
+                                           and SH.FEATURE in meta.features)))
+        if self.remote and (self.shared_uploads or SH.FEATURE in meta.features):
+            SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
         self._collected: set[tuple[str, int]] = set()
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
@@ -368,6 +380,10 @@ class Store:
 
     def topics(self) -> list[str]:
         names = set(self.meta.topics) | set(self.meta.recorded_partitions)
+        j = SH.journal_for(self.fs) if self.remote else None
+        if j is not None:
+            j.refresh()
+            names |= set(j.partitions())
         for name in self.fs.listdir(fn.PARTITIONS_DIR):
             try:
                 names.add(validate_topic(name))
@@ -381,6 +397,10 @@ class Store:
             with self.lock:
                 found |= {p for (t, p), pl in self._partitions.items()
                           if t == topic and (t, p) in self._writable and pl.segments}
+            j = SH.journal_for(self.fs)
+            if j is not None:  # partitions whose records are all in shared objects yet
+                j.refresh()
+                found |= j.partitions().get(topic, set())
         return sorted(found)
 
     def recorded_partitions(self, topic: str) -> list[int]:
@@ -480,6 +500,8 @@ class Store:
 
     def _adopt(self, meta: StoreMeta) -> None:
         self.meta = meta
+        if self.remote and SH.FEATURE in meta.features:
+            SH.enable(self.fs)  # another process started shared uploads meanwhile
         for (t, _), pl in self._partitions.items():
             pl.config = self.topic_config(t)
 
@@ -493,6 +515,20 @@ class Store:
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
             if meta.format_version < version:
                 meta.format_version = version
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self.meta = meta
+
+    def _require_shared(self) -> None:
+        """store.json says shared uploads are in use (format 3, feature ``shared-upload``)
+        before the first shared object is uploaded: a kcompact that does not know them then
+        refuses the store with one line."""
+        if self.meta.format_version >= SH.STORE_FORMAT and SH.FEATURE in self.meta.features:
+            return
+        with self.lock:
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            if meta.format_version < SH.STORE_FORMAT or SH.FEATURE not in meta.features:
+                meta.format_version = max(meta.format_version, SH.STORE_FORMAT)
+                meta.features = sorted(set(meta.features) | {SH.FEATURE})
                 self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
             self.meta = meta
 
@@ -811,7 +847,11 @@ class Store:
 
     def _seal_all(self) -> None:
         """S3: seal every writable partition, several at once (each is a few requests whose
-        latency, not bandwidth, is the cost); the first failure is raised."""
+        latency, not bandwidth, is the cost); the first failure is raised. With shared uploads
+        one object and one journal entry for all of them instead (``_seal_shared``)."""
+        if self.shared_uploads:
+            self._seal_shared()
+            return
         pls = [self._partitions[k] for k in sorted(self._writable)]
         if len(pls) <= 1:
             for pl in pls:
@@ -822,6 +862,78 @@ class Store:
                                 thread_name_prefix="kcompact-seal") as ex:
             for f in [ex.submit(pl.seal, self.writer or "writer") for pl in pls]:
                 f.result()
+
+    def _seal_shared(self) -> None:
+        """S3 with shared uploads (docs/formats/shared-upload.md): the new records of every
+        partition this writer appended to since the last flush, each sealed into format 2, go
+        into ONE object (1 PUT) committed by ONE journal entry (a conditional PUT): 2 requests
+        whatever the partition count. Each partition's local segments are dropped only after
+        the commit: a crash before it leaves an orphan object (collected) and local segments
+        the next open uploads again; after it, local segments the journal already covers
+        (recovery drops them)."""
+        writer = self.writer or "writer"
+        pieces = []
+        try:
+            for key in sorted(self._writable):
+                pl = self._partitions[key]
+                got = pl.catalog.shared_pieces(pl)
+                if got is not None:
+                    pieces.append((key, pl, got))
+            if not pieces:
+                return
+            self._require_shared()
+            journal = SH.enable(self.fs)
+            seq = journal.next_seq(writer)
+            stage = f"{fn.SHARED_DIR}/{writer}"
+            self.commitlog_fs.remove_tree(stage)  # a crashed flush's object: an orphan on S3
+            tag = secrets.token_hex(8)
+            ospath = self.commitlog_fs.local_path(f"{stage}/{fn.shared_object(seq, tag)}")
+            os.makedirs(os.path.dirname(ospath), exist_ok=True)
+            with open(ospath, "wb") as out:
+                b = SH.ObjectBuilder(out, writer, seq, tag)
+                for (topic, partition), pl, (_local, ups, nxt) in pieces:
+                    reached = -1  # the next offset of its last part with records
+                    for i, (_seg, up) in enumerate(ups):
+                        offs = up.entries()["offset"]
+                        if not offs.shape[0]:
+                            continue
+                        reached = ups[i + 1][1].base if i + 1 < len(ups) else nxt
+                        b.add(topic, partition, up.base,
+                              self.local_fs.local_path(up.log_path), up.log_size,
+                              up.index_bytes(), offs, reached)
+                    if reached < nxt:
+                        b.advance(topic, partition, nxt)
+                b.finish()
+            SH.commit_object(self.fs, journal, writer, b, ospath, self.clock.ms())
+        except BaseException:
+            for _, pl, _ in pieces:
+                pl.catalog.shared_aborted()
+            self.commitlog_fs.remove_tree(f"{fn.SHARED_DIR}/{writer}")
+            raise
+        seed = getattr(self.fs, "seed", None)
+        if seed is not None:  # read back from the spool, without a request
+            seed(f"{fn.SHARED_DIR}/{writer}/{b.name}", ospath)
+        else:
+            os.unlink(ospath)
+        for _, pl, (local, ups, _nxt) in pieces:
+            pl.catalog.shared_committed(local, ups)
+
+    def collect_shared_garbage(self) -> list[str]:
+        """S3 with shared uploads: delete the shared objects every partition has split, and
+        orphans, once the grace period has passed (reput/shared.py ``collect_garbage``)."""
+        j = SH.journal_for(self.fs) if self.remote else None
+        if j is None:
+            return []
+        from . import manifest as M
+
+        def manifest_of(topic: str, partition: int):
+            pl = self._partitions.get((topic, partition))
+            if pl is not None and pl.manifest is not None:
+                return pl.manifest  # (stale only errs on keeping)
+            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
+        return SH.collect_garbage(self.fs, j, manifest_of,
+                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms())
 
     def close(self) -> None:
         if self._sealer is not None:

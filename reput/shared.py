@@ -1,0 +1,538 @@
+"""Shared upload objects and the writer journal (docs/formats/shared-upload.md).
+
+On an S3 store whose store.json lists the ``shared-upload`` feature (format 3), a writer's flush
+uploads ONE object (``shared/<writer>/<seq>-<tag>.kso``) holding the new records of every
+partition it wrote - each partition's part the bytes of a sealed format-2 ``.log`` and its lean
+index - and commits it by creating ONE journal entry (``shared/<writer>/journal/<seq>.json``,
+a conditional create): 2 PUTs a flush whatever the partition count (WarpStream's L0 files).
+
+A partition is then its manifest's segments plus the parts of journal entries above the
+manifest's ``split_to`` (per writer, the highest entry it has absorbed). ``Journal`` is the
+process's view of every writer's journal (one listing per refresh, each entry fetched once: they
+are immutable), shared by every partition of the store (``journal_for``); ``RangeView`` maps a
+part's two byte ranges to the paths of a format-2 segment, so the part is read by the ordinary
+``KafkaSegment`` code through the block cache (``SharedRangeSegment``, reput/segment_shared.py).
+
+The split (the compactor: ``ManifestCatalog.stage_split``) joins a partition's parts into one
+per-partition segment and raises ``split_to`` in the same manifest commit; ``collect_garbage``
+deletes an object once every partition it holds a part of has split it and the grace period has
+passed.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import struct
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import env as _env
+from . import filenames as fn
+from .backend import Backend
+from .errors import CorruptRecordError, ReputError
+from .segment_desc import MAX_OFFSET, SegmentDesc, field_int
+from .segment_list import canonical, crc32c
+
+#: store.json's feature and format version of a store that holds shared objects
+FEATURE = "shared-upload"
+STORE_FORMAT = 3
+#: the trailer of a .kso: footer length, footer CRC-32C, parts, magic (24 bytes)
+MAGIC = b"KCSHARE1"
+TRAILER = struct.Struct("<QII8s")
+#: a journal listing is reused by reads within this many seconds (a store-wide scan of many
+#: partitions costs one listing, not one a partition)
+REFRESH_S = 0.2
+
+
+class SharedWriterConflictError(ReputError):
+    """Another live process commits shared uploads under the same writer id."""
+
+
+def split_max_shared() -> int:
+    """How many shared objects a partition may depend on before the compactor splits it."""
+    return int(_env.value("KCOMPACT_S3_SHARED_SPLIT_OBJECTS"))
+
+
+# ---------------------------------------------------------------------------------------------
+# parts and journal entries
+
+
+@dataclass(frozen=True)
+class Part:
+    """One partition's part of a shared object, as its journal entry lists it."""
+
+    writer: str
+    seq: int
+    object: str            # the .kso's path, relative to the store
+    topic: str
+    partition: int
+    next_offset: int       # where the partition goes on after this part
+    created_ms: int        # the journal entry's
+    log_pos: int = 0
+    bcq_pos: int = 0
+    #: its records as a manifest entry describes a segment (virtual object names); None: a
+    #: part with no record (the partition's next offset moved: transaction markers)
+    desc: SegmentDesc | None = None
+
+    @property
+    def records(self) -> int:
+        return self.desc.records if self.desc is not None else 0
+
+    def to_dict(self) -> dict:
+        d: dict = {"topic": self.topic, "partition": self.partition,
+                   "next_offset": self.next_offset}
+        if self.desc is None:
+            d["records"] = 0
+            return d
+        d.update(self.desc.to_manifest_dict())
+        d["log_pos"], d["bcq_pos"] = self.log_pos, self.bcq_pos
+        return d
+
+    @classmethod
+    def from_dict(cls, d, writer: str, seq: int, obj: str, created_ms: int,
+                  object_size: int) -> "Part":
+        if not isinstance(d, dict):
+            raise ValueError("a part is not an object")
+        topic = d["topic"]
+        if not isinstance(topic, str) or not topic:
+            raise ValueError("a part's topic is not a name")
+        partition = field_int(d, "partition", 0, (1 << 31) - 1)
+        nxt = field_int(d, "next_offset", 0, MAX_OFFSET)
+        if "log" not in d:
+            if field_int(d, "records", 0, 0) != 0:
+                raise ValueError(f"part {topic}-{partition}: records without objects")
+            return cls(writer, seq, obj, topic, partition, nxt, created_ms)
+        desc = SegmentDesc.from_manifest_dict(d)
+        if desc.format != 2:
+            raise ValueError(f"part {topic}-{partition}: format {desc.format}, expected 2")
+        log_pos = field_int(d, "log_pos", 0, MAX_OFFSET)
+        bcq_pos = field_int(d, "bcq_pos", 0, MAX_OFFSET)
+        if log_pos + desc.log_size != bcq_pos or bcq_pos + desc.bcq_size > object_size:
+            raise ValueError(f"part {topic}-{partition}: ranges {log_pos}+{desc.log_size}, "
+                             f"{bcq_pos}+{desc.bcq_size} do not lie in a "
+                             f"{object_size}-byte object")
+        if desc.records and nxt <= desc.last_offset:
+            raise ValueError(f"part {topic}-{partition}: next_offset {nxt} is not past its "
+                             f"last offset {desc.last_offset}")
+        return cls(writer, seq, obj, topic, partition, nxt, created_ms, log_pos, bcq_pos, desc)
+
+
+@dataclass
+class Entry:
+    """One journal entry: the commit of one shared object (its grammar: shared-upload.md)."""
+
+    writer: str
+    seq: int
+    created_ms: int
+    object: str            # the object's name (in shared/<writer>/)
+    object_size: int
+    parts: list[Part] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return fn.journal_path(self.writer, self.seq)
+
+    @property
+    def object_path(self) -> str:
+        return f"{fn.SHARED_DIR}/{self.writer}/{self.object}"
+
+    def _body(self) -> dict:
+        return {"seq": self.seq, "writer": self.writer, "created_ms": self.created_ms,
+                "object": self.object, "object_size": self.object_size,
+                "parts": [p.to_dict() for p in self.parts]}
+
+    def to_json(self) -> bytes:
+        body = self._body()
+        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
+        return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes, where: str, writer: str, seq: int) -> "Entry":
+        """Parse and validate; CorruptRecordError naming ``where`` and the problem."""
+        try:
+            d = json.loads(raw)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            crc = d.pop("crc32c", None)
+            if crc != f"{crc32c(canonical(d)):08x}":
+                raise ValueError("it does not match its checksum")
+            if d.get("writer") != writer or field_int(d, "seq", 0, MAX_OFFSET) != seq:
+                raise ValueError("its writer or seq is not its name's")
+            obj = d["object"]
+            if not isinstance(obj, str) or fn.parse_shared_object(obj) is None \
+                    or fn.parse_shared_object(obj)[0] != seq:
+                raise ValueError(f"object {obj!r} is not this entry's shared object name")
+            size = field_int(d, "object_size", TRAILER.size, MAX_OFFSET)
+            created = field_int(d, "created_ms", 0, MAX_OFFSET)
+            if not isinstance(d["parts"], list):
+                raise ValueError("parts is not a list")
+            opath = f"{fn.SHARED_DIR}/{writer}/{obj}"
+            parts = [Part.from_dict(p, writer, seq, opath, created, size) for p in d["parts"]]
+            return cls(writer, seq, created, obj, size, parts)
+        except RecursionError:
+            raise CorruptRecordError(f"{where}: unreadable journal entry (nested too deeply)",
+                                     where, 0) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptRecordError(f"{where}: unreadable journal entry ({e}); run `kcompact "
+                                     "verify`", where, 0) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the object
+
+
+class ObjectBuilder:
+    """A shared object written to a local file, part by part, then its footer and trailer."""
+
+    def __init__(self, out, writer: str, seq: int, tag: str):
+        self.out, self.writer, self.seq = out, writer, seq
+        self.name = fn.shared_object(seq, tag)
+        self.tag = tag
+        self.pos = 0
+        self.parts: list[dict] = []
+
+    def add(self, topic: str, partition: int, base: int, log_ospath: str, log_size: int,
+            bcq: np.ndarray, offsets: np.ndarray, next_offset: int) -> None:
+        """One format-2 segment's .log (copied from ``log_ospath``) and lean index."""
+        log_pos = self.pos
+        with open(log_ospath, "rb") as f:
+            left = log_size
+            while left:
+                chunk = f.read(min(left, 8 << 20))
+                if not chunk:
+                    raise CorruptRecordError(f"{log_ospath}: shorter than its {log_size} bytes "
+                                             "while it was uploaded", log_ospath, log_size - left)
+                self.out.write(chunk)
+                left -= len(chunk)
+        self.out.write(memoryview(bcq))
+        self.pos += log_size + bcq.shape[0]
+        desc = SegmentDesc.from_entries(
+            base, fn.segment_object(base, self.tag, fn.LOG_SUFFIX),
+            fn.segment_object(base, self.tag, fn.INDEX_SUFFIX), log_size, offsets,
+            crc32c(bcq.tobytes()) if bcq.shape[0] else 0, bcq.shape[0], 2)
+        d = {"topic": topic, "partition": partition, "next_offset": next_offset}
+        d.update(desc.to_manifest_dict())
+        d["log_pos"], d["bcq_pos"] = log_pos, log_pos + log_size
+        self.parts.append(d)
+
+    def advance(self, topic: str, partition: int, next_offset: int) -> None:
+        """A part with no record: the partition goes on at ``next_offset``."""
+        self.parts.append({"topic": topic, "partition": partition, "next_offset": next_offset,
+                           "records": 0})
+
+    def finish(self) -> int:
+        """Footer and trailer; returns the object's size."""
+        footer = json.dumps(self.parts, separators=(",", ":")).encode()
+        self.out.write(footer)
+        self.out.write(TRAILER.pack(len(footer), crc32c(footer), len(self.parts), MAGIC))
+        self.pos += len(footer) + TRAILER.size
+        return self.pos
+
+
+def read_footer(fs: Backend, path: str, size: int) -> list[dict]:
+    """The parts a shared object's own footer lists (``kcompact verify``); CorruptRecordError
+    naming the object when its trailer or footer is damaged."""
+    if size < TRAILER.size:
+        raise CorruptRecordError(f"{path}: {size} bytes, shorter than a shared object's "
+                                 "trailer", path, 0)
+    tail = fs.read(path, size - TRAILER.size, TRAILER.size)
+    flen, fcrc, nparts, magic = TRAILER.unpack(tail)
+    if magic != MAGIC:
+        raise CorruptRecordError(f"{path}: not a shared object (bad magic)", path,
+                                 size - TRAILER.size)
+    if flen > size - TRAILER.size:
+        raise CorruptRecordError(f"{path}: its footer length {flen} is past its start", path,
+                                 size - TRAILER.size)
+    footer = fs.read(path, size - TRAILER.size - flen, flen)
+    if crc32c(footer) != fcrc:
+        raise CorruptRecordError(f"{path}: its footer does not match its checksum", path,
+                                 size - TRAILER.size - flen)
+    parts = json.loads(footer)
+    if not isinstance(parts, list) or len(parts) != nparts:
+        raise CorruptRecordError(f"{path}: its footer lists {len(parts)} parts, its trailer "
+                                 f"{nparts}", path, size - TRAILER.size - flen)
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# a part's bytes as a segment's files
+
+
+class RangeView(Backend):
+    """Read-only paths that are byte ranges of other objects of ``fs`` (a part's .log and
+    .bcq, named as a segment's): a ``KafkaSegment`` reads a part through it unchanged, and every
+    read is a ranged read of the shared object (through the block cache on S3)."""
+
+    appendable = False
+
+    def __init__(self, fs: Backend):
+        self.base_fs = fs
+        self.url = fs.url
+        self._ranges: dict[str, tuple[str, int, int]] = {}
+
+    def add(self, path: str, obj: str, pos: int, length: int) -> None:
+        self._ranges[path] = (obj, pos, length)
+
+    def _range(self, path: str) -> tuple[str, int, int]:
+        try:
+            return self._ranges[path]
+        except KeyError:
+            raise FileNotFoundError(path) from None
+
+    def read(self, path, start=0, length=None):
+        obj, pos, n = self._range(path)
+        start = min(max(0, start), n)
+        length = n - start if length is None else max(0, min(length, n - start))
+        if not length:
+            return b""
+        data = self.base_fs.read(obj, pos + start, length)
+        if len(data) != length:
+            raise CorruptRecordError(f"{obj}: {len(data)} bytes at {pos + start}, its journal "
+                                     f"entry says {length}; run `kcompact verify`", obj,
+                                     pos + start)
+        return data
+
+    def open_read(self, path, start=0):
+        return io.BytesIO(self.read(path, start))
+
+    def map(self, path, size=None):
+        _, _, n = self._range(path)
+        return np.frombuffer(self.read(path, 0, n if size is None else min(size, n)), np.uint8)
+
+    def size(self, path):
+        return self._range(path)[2]
+
+    def clock_ms(self) -> int:
+        return self.base_fs.clock_ms()
+
+    def has_local_copy(self, path: str) -> bool:
+        obj = self._range(path)[0]
+        has = getattr(self.base_fs, "has_local_copy", None)
+        return bool(has and has(obj))
+
+    def isdir(self, path):
+        return False
+
+    def listdir(self, path):
+        return []
+
+    def _read_only(self, path: str):
+        raise ReputError(f"{path}: a range of a shared object is never written")
+
+    def write_atomic(self, path, data):
+        self._read_only(path)
+
+    def create_exclusive(self, path, data):
+        self._read_only(path)
+
+    def delete(self, path):
+        self._read_only(path)
+
+    def rename(self, src, dst):
+        self._read_only(src)
+
+    def open_append(self, path):
+        self._read_only(path)
+
+    def remove_tree(self, path):
+        self._read_only(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the journal
+
+
+class Journal:
+    """The process's view of every writer's journal on one store (see the module docstring)."""
+
+    def __init__(self, fs: Backend):
+        self.fs = fs
+        self._lock = threading.RLock()
+        self.entries: dict[tuple[str, int], Entry] = {}
+        #: shared objects listed by the last refresh: path -> (size, last modified ms)
+        self.objects: dict[str, tuple[int, int]] = {}
+        self._listed_at: float | None = None
+        #: every refresh's listing (a test and inspect read it)
+        self.listings = 0
+
+    def refresh(self, max_age_s: float = REFRESH_S) -> None:
+        """List the journals again unless listed less than ``max_age_s`` ago; fetch the entries
+        not seen yet (one GET each: they never change)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._listed_at is not None and now - self._listed_at < max_age_s:
+                return
+            listed = self.fs.list_objects(fn.SHARED_DIR)
+            self.listings += 1
+            seen, new, objects = set(), [], {}
+            for name, size, mtime in listed:
+                bits = name.split("/")
+                if len(bits) == 3 and bits[1] == fn.JOURNAL_DIR:
+                    v = fn.parse_manifest_name(bits[2])
+                    if v is None:
+                        continue
+                    key = (bits[0], v)
+                    seen.add(key)
+                    if key not in self.entries:
+                        new.append((key, size))
+                elif len(bits) == 2 and fn.parse_shared_object(bits[1]) is not None:
+                    objects[f"{fn.SHARED_DIR}/{name}"] = (size, mtime)
+            for (writer, seq), size in new:
+                path = fn.journal_path(writer, seq)
+                try:
+                    raw = self.fs.read(path)
+                except FileNotFoundError:
+                    continue  # collected between the listing and the read
+                if not raw:
+                    continue  # an upload that never completed (a writer killed mid-PUT)
+                self.entries[(writer, seq)] = Entry.from_json(raw, f"{self.fs.url}/{path}",
+                                                              writer, seq)
+            for key in [k for k in self.entries if k not in seen]:
+                del self.entries[key]
+            self.objects = objects
+            self._listed_at = time.monotonic()
+
+    def add(self, entry: Entry) -> None:
+        """An entry this process just committed (no listing needed to see it)."""
+        with self._lock:
+            self.entries[(entry.writer, entry.seq)] = entry
+
+    def next_seq(self, writer: str) -> int:
+        with self._lock:
+            return 1 + max((s for w, s in self.entries if w == writer), default=-1)
+
+    def parts(self, topic: str, partition: int, split_to: dict[str, int]) -> list[Part]:
+        """The partition's parts above ``split_to``, in offset order (parts with no record
+        after those with records: they only move the next offset)."""
+        with self._lock:
+            out = [p for (w, s), e in self.entries.items() if s > split_to.get(w, -1)
+                   for p in e.parts if p.partition == partition and p.topic == topic]
+        return sorted(out, key=lambda p: (p.desc is None, p.desc.base if p.desc else 0,
+                                          p.next_offset))
+
+    def partitions(self) -> dict[str, set[int]]:
+        with self._lock:
+            out: dict[str, set[int]] = {}
+            for e in self.entries.values():
+                for p in e.parts:
+                    out.setdefault(p.topic, set()).add(p.partition)
+            return out
+
+
+_JOURNALS: "weakref.WeakKeyDictionary[Backend, Journal]" = weakref.WeakKeyDictionary()
+_JOURNALS_LOCK = threading.Lock()
+
+
+def enable(fs: Backend) -> Journal:
+    """The store on ``fs`` uses shared uploads: its partitions read the journal from now on."""
+    with _JOURNALS_LOCK:
+        j = _JOURNALS.get(fs)
+        if j is None:
+            j = _JOURNALS[fs] = Journal(fs)
+        return j
+
+
+def journal_for(fs: Backend) -> Journal | None:
+    """The journal of the store on ``fs``; None when it uses no shared uploads."""
+    return _JOURNALS.get(fs)
+
+
+# ---------------------------------------------------------------------------------------------
+# committing a flush
+
+
+def commit_object(fs: Backend, journal: Journal, writer: str, builder: ObjectBuilder,
+                  ospath: str, created_ms: int) -> Entry:
+    """Upload the finished object at ``ospath`` (one PUT), then create its journal entry
+    (one conditional PUT: the commit). A lost create means another process writes under this
+    writer id: SharedWriterConflictError, the object left an orphan for the collector."""
+    size = os.path.getsize(ospath)
+    obj_path = f"{fn.SHARED_DIR}/{writer}/{builder.name}"
+    up = getattr(fs, "upload_file", None)
+    if up is not None:
+        up(obj_path, ospath)
+    else:
+        with open(ospath, "rb") as f:
+            fs.write_atomic(obj_path, f.read())
+    raw_entry = Entry(writer, builder.seq, created_ms, builder.name, size, []).to_json()
+    body = json.loads(raw_entry)
+    body.pop("crc32c")
+    body["parts"] = builder.parts
+    body["crc32c"] = f"{crc32c(canonical(body)):08x}"
+    raw = json.dumps(body, separators=(",", ":")).encode() + b"\n"
+    where = f"{fs.url}/{fn.journal_path(writer, builder.seq)}"
+    entry = Entry.from_json(raw, where, writer, builder.seq)  # what readers will parse
+    if not fs.create_exclusive(fn.journal_path(writer, builder.seq), raw):
+        raise SharedWriterConflictError(
+            f"{where} already exists: another process commits shared uploads as writer "
+            f"{writer!r}; give each writer its own id (store.writer)")
+    journal.add(entry)
+    return entry
+
+
+# ---------------------------------------------------------------------------------------------
+# garbage
+
+
+def collect_garbage(fs: Backend, journal: Journal,
+                    manifest_of: Callable[[str, int], object], *, grace_ms: int, now_ms: int,
+                    objects_now_ms: int) -> list[str]:
+    """Delete shared objects every partition of which has split them (its latest manifest's
+    ``split_to`` covers the entry and is older than the grace period), and orphans (objects no
+    entry names, older than the grace period: a writer died between upload and commit). Every
+    writer's newest entry is kept (it numbers the writer's next flush); older collected ones
+    are deleted after their objects. ``manifest_of(topic, partition)``: the partition's latest
+    manifest (None: none). Returns the deleted paths."""
+    journal.refresh(0.0)
+    with journal._lock:
+        entries = dict(journal.entries)
+        objects = dict(journal.objects)
+    newest: dict[str, int] = {}
+    for w, s in entries:
+        newest[w] = max(newest.get(w, -1), s)
+    named = {e.object_path for e in entries.values()}
+    manifests: dict[tuple[str, int], object] = {}
+    doomed_objects, doomed_entries = [], []
+    for (w, s), e in sorted(entries.items()):
+        done = True
+        for key in sorted({(p.topic, p.partition) for p in e.parts}):
+            if key not in manifests:
+                manifests[key] = manifest_of(*key)
+            m = manifests[key]
+            if m is None or m.split_to.get(w, -1) < s or m.created_ms + grace_ms > now_ms:
+                done = False
+                break
+        if not done:
+            continue
+        if e.object_path in objects:
+            doomed_objects.append(e.object_path)
+        if s != newest[w]:
+            doomed_entries.append(e.path)
+    for path, (_size, mtime) in objects.items():
+        if path not in named and mtime + grace_ms <= objects_now_ms:
+            doomed_objects.append(path)
+    for batch in (doomed_objects, doomed_entries):  # objects first: an entry outlives its object
+        if not batch:
+            continue
+        deleter = getattr(fs, "delete_many", None)
+        if deleter is not None:
+            deleter(batch)
+        else:
+            for p in batch:
+                fs.delete(p)
+    if doomed_objects or doomed_entries:
+        journal.refresh(0.0)
+    return doomed_objects + doomed_entries
+
+
+__all__ = ["FEATURE", "STORE_FORMAT", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView",
+           "SharedWriterConflictError", "collect_garbage", "commit_object", "enable",
+           "journal_for", "read_footer", "split_max_shared"]
