@@ -69,7 +69,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         compact=not a.no_compact, partitions=parse_partitions(a.partitions),
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
-        exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms))
+        exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
+        upload=a.upload))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -377,6 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep mirroring new records, with background compaction, until Ctrl-C "
                    "or SIGTERM (implies --engine local); without it the mirror stops at the end "
                    "offsets it saw when it started")
+    s.add_argument("--upload", choices=("auto", "shared", "partition"), default="auto",
+                   help="an S3 store: shared uploads one object for every partition a flush "
+                   "wrote (2 requests a flush, whatever the partition count; the store becomes "
+                   "format 3), partition a .log, .bcq and manifest per partition; auto (the "
+                   "default): shared once the store uses shared uploads, else partition")
     s.add_argument("--no-compact", action="store_true",
                    help="--engine spark: skip the compaction stage after the mirror (the store "
                    "then holds every record, as after a batch --engine local)")

@@ -137,7 +137,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                  topics_regex: str | None = None, exclude_regex: str | None = None,
                  sync_configs: bool = True, sync_groups: bool = True,
                  groups: str | None = None, exclude_groups: str | None = None,
-                 groups_interval_ms: int | None = None) -> MirrorResult:
+                 groups_interval_ms: int | None = None, upload: str = "auto") -> MirrorResult:
     """Run the mirror of ``topic`` (one name or several) and the topics ``topics_regex``
     matches in this process; returns when done, stopped, or raises on failure.
     ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
@@ -149,7 +149,7 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                          kafka_config=kafka_config, topics_regex=topics_regex,
                          exclude_regex=exclude_regex, sync_configs=sync_configs,
                          sync_groups=sync_groups, groups=groups, exclude_groups=exclude_groups,
-                         groups_interval_ms=groups_interval_ms)
+                         groups_interval_ms=groups_interval_ms, upload=upload)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -258,7 +258,7 @@ def run_mirror(opts: MirrorOptions) -> int:
                        topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                        sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
                        groups=opts.groups, exclude_groups=opts.exclude_groups,
-                       groups_interval_ms=opts.groups_interval_ms)
+                       groups_interval_ms=opts.groups_interval_ms, upload=opts.upload)
     return exit_code(res.stopped_by, res.stopped_topics)
 
 

@@ -66,6 +66,8 @@ class MirrorOptions:
     groups: str | None = None        # --groups RE (default every group)
     exclude_groups: str | None = None  # --exclude-groups RE
     groups_interval_ms: int | None = None  # --sync-group-offsets-interval-ms (--follow)
+    #: --upload: how an S3 store's writer uploads (WriterOptions.upload: auto, shared, partition)
+    upload: str = "auto"
 
     @property
     def named_topics(self) -> tuple[str, ...]:
@@ -128,7 +130,8 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
                  topics_regex: str | None = None, exclude_regex: str | None = None,
                  sync_configs: bool = False, sync_groups: bool = True,
                  groups: str | None = None, exclude_groups: str | None = None,
-                 groups_interval_ms: int | None = None) -> dict[str, Any]:
+                 groups_interval_ms: int | None = None,
+                 upload: str = "auto") -> dict[str, Any]:
     """The store sink connector's properties for a mirror of ``topic`` (one name or several)
     and the topics ``topics_regex`` matches into ``store``. ``sync_configs``: the connector's
     tasks sync each topic's configs when they open it (the local engine: at start and for a
@@ -151,6 +154,8 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         # --no-groups; the Spark engine's driver captures by itself
         "sync.group.offsets.enabled": sync_groups,
     }
+    if upload != "auto":
+        props["store.upload"] = upload
     if groups:
         props["groups"] = groups
     if exclude_groups:

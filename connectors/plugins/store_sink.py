@@ -44,7 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from kcompact.reput import CorruptRecordError, Store, StoreNotFoundError, WriterOptions
-from kcompact.reput.config import FSYNC_POLICIES, SYSTEM_CLOCK, Clock
+from kcompact.reput.config import FSYNC_POLICIES, SYSTEM_CLOCK, UPLOAD_MODES, Clock
 from kcompact.reput.record import RecordBatch, BytesColumn, encode_headers
 
 from ..framework.api import OFFSET_BEGINNING, SinkConnector, SinkRecords, SinkTask, TopicPartition
@@ -70,6 +70,10 @@ STORE_SINK_CONFIG = (
             "(offset.flush.interval.ms), or never (the OS decides).")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
             "Local directory for the commit log when store.url is not a local directory (S3).")
+    .define("store.upload", Type.STRING, WriterOptions.upload, one_of(*UPLOAD_MODES),
+            Importance.LOW, "How a flush uploads to an S3 store: shared (one object for every "
+            "partition it wrote and one journal entry), partition (a .log, .bcq and manifest "
+            "version per partition), auto (shared once the store uses shared uploads).")
     .define("store.compaction.background", Type.BOOLEAN, False, None, Importance.MEDIUM,
             "Run the compaction planner in the background on the partitions this task writes "
             "(kcompact.compaction.Scheduler), as `kcompact mirror --follow` does.")
@@ -278,7 +282,8 @@ class StoreSinkTask(SinkTask):
         # rolled segments are sealed into store format 2 by a thread of the writer, off the
         # append path; what is still queued when the task stops stays format 1 (reput/seal.py)
         options = WriterOptions(fsync=props.get("store.fsync") or WriterOptions.fsync,
-                                seal="background")
+                                seal="background",
+                                upload=props.get("store.upload") or WriterOptions.upload)
         self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
                                 options=options, commitlog_dir=props.get("store.commitlog.dir"),
                                 clock=self.clock)

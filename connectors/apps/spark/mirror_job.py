@@ -67,6 +67,7 @@ class _MirrorJob:
     kafka_config: tuple[tuple[str, str], ...]
     batch_max: int | None = None
     lock_wait_s: float = 60.0
+    upload: str = "auto"   # --upload (WriterOptions.upload)
 
 
 def _wait_for_writer(store_url: str, writer: str, timeout: float) -> None:
@@ -111,7 +112,8 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
     _wait_for_writer(job.store, writer, job.lock_wait_s)
     props = mirror_props(topic, job.store, partitions=[partition], follow=False,
                          kafka_config=dict(job.kafka_config), writer=writer,
-                         sync_groups=False)  # (the driver captures the group offsets)
+                         sync_groups=False,  # (the driver captures the group offsets)
+                         upload=job.upload)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
         props["batch.max.records"] = job.batch_max
@@ -282,8 +284,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                       progress_interval: float = PROGRESS_INTERVAL,
                       topics_regex: str | None = None, exclude_regex: str | None = None,
                       sync_configs: bool = True, sync_groups: bool = True,
-                      groups: str | None = None, exclude_groups: str | None = None
-                      ) -> SparkMirrorResult:
+                      groups: str | None = None, exclude_groups: str | None = None,
+                      upload: str = "auto") -> SparkMirrorResult:
     """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
     ``store`` with one Spark task per topic-partition, then compact the partitions the
     planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
@@ -371,7 +373,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                   f"records) from {bootstrap} into {store} with Spark", file=out, flush=True)
             sp = session()
             t0 = time.monotonic()
-            job = _MirrorJob(bootstrap, store, tuple(sorted(kafka_config.items())), batch_max)
+            job = _MirrorJob(bootstrap, store, tuple(sorted(kafka_config.items())), batch_max,
+                             upload=upload)
             rdd = sp.sparkContext.parallelize(todo, len(todo))
             running = _Job(lambda: rdd.mapPartitions(
                 functools.partial(_mirror_task, job)).collect())
@@ -457,7 +460,8 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
                           kafka_config=opts.kafka_config, compact=opts.compact,
                           topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                           sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
-                          groups=opts.groups, exclude_groups=opts.exclude_groups)
+                          groups=opts.groups, exclude_groups=opts.exclude_groups,
+                          upload=opts.upload)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
