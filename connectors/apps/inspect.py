@@ -20,6 +20,7 @@ from kcompact.compaction import REPAIR_HINT, Damage, partition_status
 from kcompact.reput import (FLAG_KEYLESS, FLAG_TOMBSTONE, CorruptRecordError, Store,
                             verify_store)
 from kcompact.reput import filenames as fn
+from kcompact.reput.shared import FEATURE as SHARED_FEATURE
 from kcompact.reput.record import Record
 
 from ..errors import ConnectorsError
@@ -54,6 +55,9 @@ def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, An
         "index_bytes": sum(seg.index_size for seg in pl.segments),
         # each segment's store format and codec (docs/formats/segment-v2.md)
         "segment_list": [pl.describe_segment(seg) for seg in pl.segments],
+        # S3 with shared uploads: the shared objects its reads depend on until it is split
+        # (docs/s3-shared-uploads.md); 0 everywhere else
+        "shared_objects": getattr(pl.catalog, "shared_objects", 0),
         "damaged": None,
     }
     # compaction adds the horizon, the dirty ratio and the last run
@@ -191,20 +195,26 @@ def run_inspect(opts: InspectOptions) -> int:
     print(f"store {doc['store']}  id {doc['store_id']}  format {doc['format_version']}")
     hdr = ("TOPIC", "PART", "SEGS", "FORMATS", "RECORDS", "TOMBS", "KEYLESS", "SIZE", "INDEX",
            "ACTIVE", "FIRST", "NEXT", "HORIZON", "DIRTY", "DUE", "LAST RUN")
+    # a store with shared uploads (S3): how many shared objects each partition depends on
+    shared = SHARED_FEATURE in store.meta.features
+    if shared:
+        hdr = hdr[:3] + ("SHARED",) + hdr[3:]
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
             if p.get("damaged"):
                 # the reason goes below the table, where a long line does not widen it
-                rows.append((t["topic"], p["partition"], *(["?"] * 13), "DAMAGED (below)"))
+                rows.append((t["topic"], p["partition"], *(["?"] * (len(hdr) - 3)),
+                             "DAMAGED (below)"))
                 continue
-            rows.append((t["topic"], p["partition"], p["segments"], _formats_text(p),
-                         p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
-                         human_bytes(p["index_bytes"]), human_bytes(p.get("active_bytes", 0)),
-                         p["first_offset"],
-                         p["next_offset"], p.get("compaction_horizon", -1),
-                         f"{p.get('dirty_ratio', 0.0):.2f}",
-                         ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p)))
+            row = (t["topic"], p["partition"], p["segments"], _formats_text(p),
+                   p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
+                   human_bytes(p["index_bytes"]), human_bytes(p.get("active_bytes", 0)),
+                   p["first_offset"],
+                   p["next_offset"], p.get("compaction_horizon", -1),
+                   f"{p.get('dirty_ratio', 0.0):.2f}",
+                   ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p))
+            rows.append(row[:3] + (p.get("shared_objects", 0),) + row[3:] if shared else row)
     widths = ([max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows
               else [len(h) for h in hdr])
     for row in (hdr, *rows):

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _stores import backend, store_at  # noqa: E402,F401
 
 from kcompact.connectors.cli import main  # noqa: E402
-from kcompact.reput import FORMAT_VERSION, Store, StoreFormatError, StoreMeta, backend_for  # noqa: E402
+from kcompact.reput import KNOWN_FORMAT_VERSION, Store, StoreFormatError, StoreMeta, backend_for  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 
 
@@ -30,7 +30,7 @@ def _newer_store(url: str) -> bytes:
         s.flush()
     fs = backend_for(url)
     meta = StoreMeta.from_json(fs.read("store.json"), url)
-    meta.format_version = FORMAT_VERSION + 1
+    meta.format_version = KNOWN_FORMAT_VERSION + 1
     meta.features = [*meta.features, "shared-upload"]
     raw = meta.to_json()
     fs.write_atomic("store.json", raw)
@@ -44,7 +44,7 @@ def test_a_newer_format_is_refused_by_the_api_with_one_line(store_at):
         Store.open(url)
     msg = str(e.value)
     assert "\n" not in msg
-    assert f"version {FORMAT_VERSION + 1}" in msg and f"({FORMAT_VERSION})" in msg
+    assert f"version {KNOWN_FORMAT_VERSION + 1}" in msg and f"({KNOWN_FORMAT_VERSION})" in msg
     assert "upgrade kcompact" in msg
     with pytest.raises(StoreFormatError):
         Store.open(url, writer="w2")

@@ -1,0 +1,446 @@
+"""Shared upload objects on S3 (issue 43; docs/formats/shared-upload.md), on the in-memory S3.
+
+* a flush is 2 requests (one object, one journal entry) whatever the partition count;
+* the records read back from shared objects, after the split into per-partition segments, and
+  from a store written with per-partition uploads are the same (hypothesis over partition
+  counts, flush sizes, keys, tombstones and offset gaps);
+* a writer that dies between the upload and the commit, or after the commit before it drops its
+  local segments, and a split that dies before its manifest commit, lose and duplicate nothing
+  and leave only what the collector deletes;
+* two writers of different partitions share nothing they can corrupt; a second process under
+  the same writer id is refused; the garbage collector deletes an object only once every
+  partition has split it; store.json says format 3 and ``shared-upload``; inspect counts each
+  partition's shared objects.
+
+The SIGKILLed writer and split on SeaweedFS: tests/integration/test_s3_shared.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _stores import backend_env, store_url  # noqa: E402
+
+from kcompact.compaction import Compactor  # noqa: E402
+from kcompact.compaction.planner import compact_store  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
+from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput import shared as SH  # noqa: E402
+from kcompact.reput.errors import ConfigError  # noqa: E402
+from kcompact.reput.record import RecordBatch  # noqa: E402
+
+SHARED = WriterOptions(upload="shared")
+PARTITION = WriterOptions(upload="partition")
+
+
+@pytest.fixture
+def s3(tmp_path):
+    """(make_url, root): stores in the in-memory S3 of this test."""
+    with backend_env("s3", str(tmp_path)) as fake:
+        def make(name="store", grace_ms=None):
+            url = store_url("s3", tmp_path, name)
+            return url if grace_ms is None else f"{url}?grace_ms={grace_ms}"
+        make.fake = fake
+        yield make, str(tmp_path)
+
+
+def _batch(topic, rows):
+    """rows: (partition, offset, key, value) -> a batch (value None: a tombstone)."""
+    return RecordBatch.from_records(topic, [(p, o, 1_000 + o, k, v, []) for p, o, k, v in rows])
+
+
+def _read(st, topic, partition):
+    return [(r.offset, r.timestamp, r.key, r.value) for r in st.iter_records(topic, partition)]
+
+
+def _write(url, cl, flushes, options, writer="w"):
+    """flushes: [[(partition, offset, key, value), ...], ...], one flush each."""
+    with Store.open(url, writer=writer, create=True, options=options, commitlog_dir=cl) as st:
+        for rows in flushes:
+            if rows:
+                st.append(_batch("t", rows))
+            st.flush()
+
+
+def _flushes(parts: int, sizes: list[int], keys: int, gaps: bool, seed: int):
+    import random
+    rnd = random.Random(seed)
+    nxt = {p: 0 for p in range(parts)}
+    out = []
+    for n in sizes:
+        rows = []
+        for _ in range(n):
+            p = rnd.randrange(parts)
+            o = nxt[p]
+            nxt[p] = o + 1 + (rnd.randrange(3) if gaps else 0)
+            value = None if rnd.random() < 0.1 else b"v%d" % rnd.randrange(1000)
+            rows.append((p, o, b"k%d" % rnd.randrange(keys), value))
+        out.append(rows)
+    return out
+
+
+def _crash(st):
+    """What a killed process leaves: its files as they are, its locks released (no flush, no
+    seal)."""
+    for pl in st._partitions.values():
+        pl.close(seal=False)
+    st._partitions.clear()
+    st._writable.clear()
+    st.commitlog.close()
+    st.commitlog = None
+
+
+def _split_all(url, cl):
+    """The split alone (no deduplication): every partition's parts joined and committed."""
+    with Store.open(url, writer="splitter", commitlog_dir=cl) as st:
+        for p in st.partitions("t"):
+            pl = st.writable_partition("t", p)
+            if pl.catalog.stage_split():
+                assert pl.catalog.commit_staged("splitter")
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parts", [1, 24])
+def test_a_flush_is_two_requests_whatever_the_partition_count(s3, parts):
+    make, root = s3
+    url = make()
+    with Store.open(url, writer="w", create=True, options=SHARED,
+                    commitlog_dir=f"{root}/cl") as st:
+        st.append(_batch("t", [(p, 0, b"k", b"v") for p in range(parts)]))
+        st.flush()  # the first: store.json becomes format 3 as well
+        for f in range(1, 4):
+            st.fs.stats.reset()
+            st.append(_batch("t", [(p, f, b"k", b"v%d" % f) for p in range(parts)]))
+            st.flush()
+            snap = st.fs.stats.snapshot()
+            assert snap["requests"] == {"PutObject": 2}, snap
+        st.fs.stats.reset()
+        st.flush()  # nothing new: nothing sent
+        assert st.fs.stats.total == 0
+    keys = make.fake.keys() if hasattr(make.fake, "keys") else None
+    with Store.open(url) as st:
+        assert st.meta.format_version == 3 and SH.FEATURE in st.meta.features
+        assert st.partitions("t") == list(range(parts))
+        for p in range(parts):
+            assert _read(st, "t", p) == [(f, 1_000 + f, b"k", b"v" if f == 0 else b"v%d" % f)
+                                         for f in range(4)]
+            assert st.partition("t", p).catalog.shared_objects == 4
+    del keys
+
+
+def test_upload_shared_needs_seal_format_2():
+    with pytest.raises(ConfigError, match="seal_format 2"):
+        WriterOptions(upload="shared", seal_format=1)
+    with pytest.raises(ConfigError, match="upload"):
+        WriterOptions(upload="both")
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(parts=st.integers(1, 5), sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+       keys=st.integers(1, 12), gaps=st.booleans(), seed=st.integers(0, 2**16),
+       more=st.lists(st.integers(0, 20), max_size=3))
+def test_shared_parts_split_segments_and_per_partition_uploads_read_the_same(
+        tmp_path_factory, parts, sizes, keys, gaps, seed, more):
+    root = str(tmp_path_factory.mktemp("model"))
+    with backend_env("s3", root):
+        flushes = _flushes(parts, sizes + more, keys, gaps, seed)
+        first, later = flushes[:len(sizes)], flushes[len(sizes):]
+        shared, per = store_url("s3", root, "shared"), store_url("s3", root, "per")
+        _write(shared, f"{root}/cl-s", first, SHARED)
+        _write(per, f"{root}/cl-p", flushes, PARTITION)
+        _split_all(shared, f"{root}/cl-x")  # the first flushes split ...
+        _write(shared, f"{root}/cl-s", later, SHARED)  # ... the later ones still shared
+        with Store.open(shared) as a, Store.open(per) as b:
+            assert a.partitions("t") == b.partitions("t")
+            for p in b.partitions("t"):
+                assert _read(a, "t", p) == _read(b, "t", p)
+                assert a.next_offset("t", p) == b.next_offset("t", p)
+                assert a.first_offset("t", p) == b.first_offset("t", p)
+                for o in (1, 7, 30):  # a lookup by offset, then to the end
+                    assert [r.offset for r in a.iter_records("t", p, o)] == \
+                        [r.offset for r in b.iter_records("t", p, o)]
+        _split_all(shared, f"{root}/cl-x")
+        with Store.open(shared) as a, Store.open(per) as b:
+            for p in b.partitions("t"):
+                assert _read(a, "t", p) == _read(b, "t", p)
+                assert a.partition("t", p).catalog.shared_objects == 0
+
+
+def test_a_compaction_of_a_shared_store_keeps_what_one_of_a_per_partition_store_keeps(s3):
+    make, root = s3
+    flushes = _flushes(3, [30, 25, 40, 10], 6, True, 7)
+    shared, per = make("shared"), make("per")
+    _write(shared, f"{root}/cl-s", flushes, SHARED)
+    _write(per, f"{root}/cl-p", flushes, PARTITION)
+    for url, cl in ((shared, "cl-a"), (per, "cl-b")):
+        with Store.open(url, writer="c", commitlog_dir=f"{root}/{cl}") as st:
+            compact_store(st, force=True)
+    with Store.open(shared) as a, Store.open(per) as b:
+        for p in b.partitions("t"):
+            assert _read(a, "t", p) == _read(b, "t", p)
+            assert not [s for s in a.partition("t", p).segments if s.kind == "shared"]
+            assert a.partition("t", p).manifest.split_to == {"w": 3}
+
+
+def test_the_planner_splits_a_partition_once_it_depends_on_enough_shared_objects(s3, monkeypatch):
+    make, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_SHARED_SPLIT_OBJECTS", "3")
+    url = make()
+    # one key per record: nothing to deduplicate, only the split is due
+    flushes = [[(0, f, b"k%d" % f, b"v")] for f in range(2)]
+    _write(url, f"{root}/cl", flushes, SHARED)
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        from kcompact.compaction.planner import plan
+        assert not [c for c in plan(st) if "shared objects" in c.reasons]
+    _write(url, f"{root}/cl", [[(0, 2, b"k2", b"v")]], SHARED)
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        from kcompact.compaction.planner import plan
+        due = plan(st)
+        assert [c.reasons for c in due] and "3 shared objects" in due[0].reasons
+        res = compact_store(st)
+        assert [r.shared_parts_split for r in res] == [3]
+    with Store.open(url) as st:
+        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert _read(st, "t", 0) == [(o, 1_000 + o, b"k%d" % o, b"v") for o in range(3)]
+
+
+# -- crashes -------------------------------------------------------------------------------------
+
+
+def test_a_writer_dying_between_upload_and_commit_loses_nothing_and_leaves_a_collectable_orphan(
+        s3, monkeypatch):
+    make, root = s3
+    url = make(grace_ms=0)
+    cl = f"{root}/cl"
+    _write(url, cl, [[(0, 0, b"a", b"1"), (1, 0, b"b", b"1")]], SHARED)
+    real = SH.commit_object
+
+    def dies(fs, journal, writer, builder, ospath, created_ms):
+        obj = f"{SH.fn.SHARED_DIR}/{writer}/{builder.name}"
+        fs.upload_file(obj, ospath)  # uploaded ...
+        raise OSError("killed before the journal entry")  # ... never committed
+    monkeypatch.setattr(SH, "commit_object", dies)
+    st = Store.open(url, writer="w", options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 1, b"a", b"2"), (1, 1, b"b", b"2")]))
+    with pytest.raises(OSError, match="killed"):
+        st.flush()
+    _crash(st)
+    monkeypatch.setattr(SH, "commit_object", real)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:  # re-uploads
+        st.flush()
+        orphans = [k for k in SH.journal_for(st.fs).objects
+                   if k not in {e.object_path for e in SH.journal_for(st.fs).entries.values()}]
+        assert len(orphans) == 1
+    with Store.open(url) as st:
+        for p, k in ((0, b"a"), (1, b"b")):
+            assert _read(st, "t", p) == [(0, 1_000, k, b"1"), (1, 1_001, k, b"2")]
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        deleted = st.collect_shared_garbage()
+        assert orphans[0] in deleted
+        for p, k in ((0, b"a"), (1, b"b")):
+            assert _read(st, "t", p) == [(0, 1_000, k, b"1"), (1, 1_001, k, b"2")]
+
+
+def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_duplicates_nothing(
+        s3, monkeypatch):
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    from kcompact.reput.partition_manifest import ManifestCatalog
+
+    def dies(self, local, ups):
+        raise OSError("killed after the commit")
+    monkeypatch.setattr(ManifestCatalog, "shared_committed", dies)
+    st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 0, b"a", b"1"), (0, 1, b"b", b"1")]))
+    with pytest.raises(OSError, match="killed"):
+        st.flush()
+    _crash(st)
+    monkeypatch.undo()
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        st.append(_batch("t", [(0, 2, b"c", b"1")]))
+        st.flush()
+    with Store.open(url) as st:
+        assert [o for o, *_ in _read(st, "t", 0)] == [0, 1, 2]
+
+
+def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatch):
+    make, root = s3
+    url = make(grace_ms=0)
+    flushes = _flushes(2, [10, 10, 10], 50, False, 3)
+    _write(url, f"{root}/cl", flushes, SHARED)
+    with Store.open(url) as st:
+        before = {p: _read(st, "t", p) for p in st.partitions("t")}
+    real = M.commit
+
+    def dies(*a, **kw):
+        raise OSError("killed before the manifest commit")
+    monkeypatch.setattr(M, "commit", dies)
+    from kcompact.reput import partition_manifest as PM
+    monkeypatch.setattr(PM.M, "commit", dies)
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        with pytest.raises(OSError, match="killed"):
+            Compactor(st).compact_partition("t", 0)
+    monkeypatch.setattr(PM.M, "commit", real)
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        assert {p: _read(st, "t", p) for p in st.partitions("t")} == before
+        assert st.partition("t", 0).catalog.shared_objects == 3
+        assert st.collect_shared_garbage() == []  # nothing split: every object still needed
+        res = Compactor(st).compact_partition("t", 0)
+        assert res.shared_parts_split == 3
+    with Store.open(url) as st:
+        assert {p: _read(st, "t", p) for p in st.partitions("t")} == before
+
+
+# -- writers -------------------------------------------------------------------------------------
+
+
+def test_two_writers_of_different_partitions_share_nothing_they_can_corrupt(s3):
+    make, root = s3
+    url = make(grace_ms=0)
+    import threading
+    errors = []
+
+    def writer(name, parts):
+        try:
+            with Store.open(url, writer=name, create=True, options=SHARED,
+                            commitlog_dir=f"{root}/cl-{name}") as st:
+                for f in range(6):
+                    st.append(_batch("t", [(p, f, b"k%d" % f, b"%s-%d" % (name.encode(), f))
+                                           for p in parts]))
+                    st.flush()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+    ts = [threading.Thread(target=writer, args=("a", [0, 1])),
+          threading.Thread(target=writer, args=("b", [2, 3]))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
+    with Store.open(url) as st:
+        j = SH.journal_for(st.fs)
+        assert {w for w, _ in j.entries} == {"a", "b"}
+        for p in range(4):
+            name = b"a" if p < 2 else b"b"
+            assert _read(st, "t", p) == [(f, 1_000 + f, b"k%d" % f, name + b"-%d" % f)
+                                         for f in range(6)]
+    _split_all(url, f"{root}/cl-x")
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        deleted = st.collect_shared_garbage()
+        # every object split: all deleted; each writer's newest entry is kept
+        assert sum(p.endswith(".kso") for p in deleted) == 12
+        assert sorted(SH.journal_for(st.fs).entries) == [("a", 5), ("b", 5)]
+        for p in range(4):
+            assert len(_read(st, "t", p)) == 6
+    # the writers go on numbering after their kept entry
+    with Store.open(url, writer="a", options=WriterOptions(), commitlog_dir=f"{root}/cl-a") as st:
+        assert st.shared_uploads  # auto: the store uses shared uploads
+        st.append(_batch("t", [(0, 6, b"k6", b"a-6")]))
+        st.flush()
+        assert SH.journal_for(st.fs).next_seq("a") == 7
+    with Store.open(url) as st:
+        assert [o for o, *_ in _read(st, "t", 0)] == list(range(7))
+
+
+def test_a_second_process_under_the_same_writer_id_is_refused(s3):
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, 0, b"a", b"1")]], SHARED)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=f"{root}/cl") as st:
+        # another process with this id committed entry 1 meanwhile
+        st.fs.create_exclusive(SH.fn.journal_path("w", 1), b"{}")
+        st.append(_batch("t", [(0, 1, b"a", b"2")]))
+        with pytest.raises(SH.SharedWriterConflictError, match="writer 'w'"):
+            st.flush()
+        st.fs.delete(SH.fn.journal_path("w", 1))
+        SH.journal_for(st.fs).refresh(0.0)
+
+
+def test_a_partition_whose_next_offset_moves_without_records_keeps_it(s3):
+    """Transaction markers: the source goes on past the last record; a part with no records
+    carries the next offset."""
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    with Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl) as st:
+        st.append(_batch("t", [(0, 0, b"a", b"1")]))
+        st.flush()
+        st.advance_next_offset("t", 0, 5)
+        st.flush()
+    with Store.open(url) as st:
+        assert st.next_offset("t", 0) == 5
+        entries = SH.journal_for(st.fs).entries
+        assert [p.records for p in entries[("w", 1)].parts] == [0]
+    _split_all(url, f"{root}/cl-x")
+    with Store.open(url) as st:
+        assert st.next_offset("t", 0) == 5
+        assert st.partition("t", 0).manifest.next_offset == 5
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+def test_a_store_written_per_partition_goes_on_with_shared_uploads(s3):
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    _write(url, cl, [[(0, 0, b"a", b"1")]], PARTITION)
+    with Store.open(url) as st:
+        assert st.meta.format_version == 2 and SH.FEATURE not in st.meta.features
+    _write(url, cl, [[(0, 1, b"a", b"2")]], WriterOptions())  # auto: still per partition
+    with Store.open(url) as st:
+        assert st.meta.format_version == 2
+    _write(url, cl, [[(0, 2, b"a", b"3")]], SHARED)
+    with Store.open(url) as st:
+        assert st.meta.format_version == 3 and SH.FEATURE in st.meta.features
+        kinds = [s.kind for s in st.partition("t", 0).segments]
+        assert kinds == ["remote", "remote", "shared"]
+        assert [v for *_, v in _read(st, "t", 0)] == [b"1", b"2", b"3"]
+
+
+def test_the_journal_entry_is_validated_and_names_itself(s3):
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, 0, b"a", b"1")]], SHARED)
+    with Store.open(url) as st:
+        path = SH.fn.journal_path("w", 0)
+        raw = st.fs.read(path)
+        e = SH.Entry.from_json(raw, path, "w", 0)
+        assert e.parts[0].desc.records == 1
+        body = json.loads(raw)
+        body["parts"][0]["log_pos"] = 10**9
+        with pytest.raises(SH.CorruptRecordError, match="checksum"):
+            SH.Entry.from_json(json.dumps(body).encode(), path, "w", 0)
+        footer = SH.read_footer(st.fs, e.object_path, e.object_size)
+        assert [p["topic"] for p in footer] == ["t"]
+        assert footer[0]["log_pos"] == e.parts[0].log_pos
+
+
+def test_inspect_counts_each_partitions_shared_objects(s3, capsys):
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, f, b"a", b"1"), (1, f, b"b", b"1")] for f in range(3)],
+           SHARED)
+    from kcompact.connectors.cli import main
+    assert main(["inspect", "--store", url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["shared_objects"] for p in doc["topics"][0]["partitions"]] == [3, 3]
+    assert main(["inspect", "--store", url]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "SHARED" in out[1].split()
+    assert out[2].split()[3] == "3"
