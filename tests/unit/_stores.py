@@ -43,7 +43,7 @@ BUCKET = "bucket"
 @contextmanager
 def backend_env(backend: str, root: str) -> Iterator[FakeS3 | None]:
     """On ``s3``: the in-memory S3 installed (as module docstring) until the block ends."""
-    if backend != "s3":
+    if backend not in ("s3", "s3-shared"):
         yield None
         return
     from kcompact.reput import s3 as s3mod
@@ -64,7 +64,7 @@ def backend_env(backend: str, root: str) -> Iterator[FakeS3 | None]:
 def store_url(backend: str, root, name: str = "store") -> str:
     """A fresh store URL: ``root/name`` on ``local``, ``s3://bucket/<unique>-name`` on ``s3``
     (inside ``backend_env``)."""
-    if backend == "s3":
+    if backend in ("s3", "s3-shared"):
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}-{name}"
     return os.path.join(str(root), name)
 

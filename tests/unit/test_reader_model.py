@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from kcompact.compaction import CompactionOptions, Compactor
 from kcompact.reput import FLAG_KEYLESS, FLAG_TOMBSTONE, ManualClock, Store, key_digest
+from kcompact.reput.config import WriterOptions
 from kcompact.reput.reader import IndexCursor, PartitionReader
 from kcompact.reput.record import Record, RecordBatch, decode_all
 
@@ -53,7 +54,10 @@ _record = st.tuples(
 def _build(backend: str, root: str, rows, compact: bool):
     clock = ManualClock()
     url = store_url(backend, root)
-    st_ = Store.open(url, writer="w", create=True, clock=clock)
+    # "s3-shared": the in-memory S3 with shared uploads, a flush (one shared object) per batch
+    shared = backend == "s3-shared"
+    st_ = Store.open(url, writer="w", create=True, clock=clock,
+                     options=WriterOptions(upload="shared" if shared else "auto"))
     st_.set_topic_config(TOPIC, {"segment.bytes": 1 << 14})
     recs, off = [], 0
     for gap, key, value, headers in rows:
@@ -61,6 +65,8 @@ def _build(backend: str, root: str, rows, compact: bool):
         recs.append(Record(TOPIC, 0, off, clock.ms() + off, key, value, tuple(headers)))
     for i in range(0, len(recs), 37):
         st_.append(RecordBatch.from_records(TOPIC, recs[i:i + 37]))
+        if shared:
+            st_.flush()
     st_.flush()
     model = {r.offset: r for r in recs}
     if compact and recs:
@@ -88,7 +94,7 @@ def _check_columns(block, recs, secret):
     assert list(block.records()) == recs
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ("s3-shared",))
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=st.lists(_record, max_size=120), compact=st.booleans(), data=st.data())
 def test_reader_returns_exactly_the_models_records(backend, rows, compact, data):

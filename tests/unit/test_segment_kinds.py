@@ -13,6 +13,9 @@ both kinds of segment agreeing on the same records.
 * The same records written as format-1 segments only (``seal_format=1``) and as format-2 ones:
   every read (by offset, fields, raw ranges, Kafka batches, timestamps, counts, verify) answers
   the same through either kind.
+* The batch and timestamp models also run on the in-memory S3 with shared uploads (a flush,
+  one shared object, per 37 records: the sealed segments are parts of shared objects,
+  docs/formats/shared-upload.md), as test_reader_model.py's reads do.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ def _as_tuple(r: Record) -> tuple:
 
 # -- Kafka batches and timestamps against the model ----------------------------------------------
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + ("s3-shared",))
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(rows=st.lists(_record, max_size=150), compact=st.booleans(), data=st.data())
 def test_kafka_batches_are_exactly_the_models_records(backend, rows, compact, data):
