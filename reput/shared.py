@@ -501,16 +501,20 @@ def collect_garbage(fs: Backend, journal: Journal,
     named = {e.object_path for e in entries.values()}
     manifests: dict[tuple[str, int], object] = {}
     doomed_objects, doomed_entries = [], []
+    def absorbed(p: Part) -> bool:
+        """Its partition's latest manifest holds the part (split), or, for a part with no
+        record, has its next offset; and has for a grace period."""
+        key = (p.topic, p.partition)
+        if key not in manifests:
+            manifests[key] = manifest_of(*key)
+        m = manifests[key]
+        if m is None or m.created_ms + grace_ms > now_ms:
+            return False
+        return m.split_to.get(p.writer, -1) >= p.seq or (
+            not p.records and m.next_offset >= p.next_offset)
+
     for (w, s), e in sorted(entries.items()):
-        done = True
-        for key in sorted({(p.topic, p.partition) for p in e.parts}):
-            if key not in manifests:
-                manifests[key] = manifest_of(*key)
-            m = manifests[key]
-            if m is None or m.split_to.get(w, -1) < s or m.created_ms + grace_ms > now_ms:
-                done = False
-                break
-        if not done:
+        if not all(absorbed(p) for p in e.parts):
             continue
         if e.object_path in objects:
             doomed_objects.append(e.object_path)

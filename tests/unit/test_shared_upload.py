@@ -444,3 +444,27 @@ def test_inspect_counts_each_partitions_shared_objects(s3, capsys):
     out = capsys.readouterr().out.splitlines()
     assert "SHARED" in out[1].split()
     assert out[2].split()[3] == "3"
+
+
+def test_a_part_older_than_max_compaction_lag_is_split_whatever_the_count(s3):
+    from kcompact.reput import ManualClock
+    from kcompact.compaction.planner import plan
+    make, root = s3
+    url = make()
+    clock = ManualClock()
+    with Store.open(url, writer="w", create=True, options=SHARED, clock=clock,
+                    commitlog_dir=f"{root}/cl") as st:
+        # a delete topic: no dirty-ratio trigger, only the split's age is due
+        st.set_topic_config("t", {"cleanup.policy": "delete", "retention.ms": -1,
+                                  "max.compaction.lag.ms": 60_000})
+        st.append(_batch("t", [(0, 0, b"a", b"1")]))
+        st.flush()
+    with Store.open(url, writer="c", clock=clock, commitlog_dir=f"{root}/cl-c") as st:
+        assert plan(st, clock=clock) == []
+        clock.advance(61_000)
+        due = plan(st, clock=clock)
+        assert [c.partition for c in due] == [0] and "1 shared objects" in due[0].reasons
+        assert [r.shared_parts_split for r in compact_store(st, clock=clock)] == [1]
+    with Store.open(url) as st:
+        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert _read(st, "t", 0) == [(0, 1_000, b"a", b"1")]
