@@ -300,11 +300,17 @@ def collect_garbage(fs: Backend, pdir: str, *, grace_ms: int, now_ms: int,
         succ = mtimes.get(v + 1)
         if succ is not None and succ + grace_ms <= objects_now_ms:
             doomed.append(fn.manifest_path(pdir, v))
-    if doomed:
-        deleter = getattr(fs, "delete_many", None)
-        if deleter is not None:
-            deleter(doomed)
-        else:
-            for p in doomed:
-                fs.delete(p)
+    delete_all(fs, doomed)
     return doomed
+
+
+def delete_all(fs: Backend, paths: list[str]) -> None:
+    """Delete ``paths`` (batched where the backend can: up to 1000 per S3 request)."""
+    if not paths:
+        return
+    deleter = getattr(fs, "delete_many", None)
+    if deleter is not None:
+        deleter(paths)
+    else:
+        for p in paths:
+            fs.delete(p)

@@ -55,11 +55,9 @@ class ManifestCatalog(SegmentCatalog):
         self._local_listed = False
         self._manifest_read_at = 0.0
         #: shared uploads (docs/formats/shared-upload.md): the partition's parts above its
-        #: manifest (records or not), those a pending split or compaction replaces (by key), and
-        #: the view their segments read through
+        #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
         self._replaced_parts: dict[tuple, SH.Part] = {}
-        self._view: SH.RangeView | None = None
 
     @property
     def grace_ms(self) -> int:
@@ -173,8 +171,7 @@ class ManifestCatalog(SegmentCatalog):
             j.refresh()
         split_to = self.manifest.split_to if self.manifest else {}
         self.parts = j.parts(self.ctx.topic, self.ctx.partition, split_to)
-        if self._view is None:
-            self._view = SH.RangeView(self.fs)
+        view = SH.RangeView(self.fs)  # for the parts new here (the others keep theirs)
         old = {s.log_path: s for s in self.segments if s.kind == "shared"}
         out = []
         for p in self.parts:
@@ -182,11 +179,11 @@ class ManifestCatalog(SegmentCatalog):
             if d is None or self._part_key(p) in self._replaced_parts:
                 continue
             lrel, brel = f"{self.dir}/{d.log}", f"{self.dir}/{d.bcq}"
-            self._view.add(lrel, p.object, p.log_pos, d.log_size)
-            self._view.add(brel, p.object, p.bcq_pos, d.bcq_size)
             seg = old.get(lrel)
             if seg is None:
-                seg = open_segment(self.ctx, d.base, d.log_size, d.bcq_size, fs=self._view,
+                view.add(lrel, p.object, p.log_pos, d.log_size)
+                view.add(brel, p.object, p.bcq_pos, d.bcq_size)
+                seg = open_segment(self.ctx, d.base, d.log_size, d.bcq_size, fs=view,
                                    log_path=lrel, bcq_path=brel, kind="shared", desc=d)
                 seg.part = p
             out.append(seg)
@@ -321,12 +318,7 @@ class ManifestCatalog(SegmentCatalog):
 
     def _delete_objects(self, paths: list[str]) -> None:
         try:
-            deleter = getattr(self.fs, "delete_many", None)
-            if deleter is not None:
-                deleter(paths)
-            else:
-                for p in paths:
-                    self.fs.delete(p)
+            M.delete_all(self.fs, paths)
         except Exception:  # noqa: BLE001 - best effort: they are orphans for the next GC
             pass
 

@@ -38,6 +38,7 @@ from . import env as _env
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, ReputError
+from .manifest import delete_all
 from .segment_desc import MAX_OFFSET, SegmentDesc, field_int
 from .segment_list import canonical, crc32c
 
@@ -357,73 +358,103 @@ class Journal:
         self.fs = fs
         self._lock = threading.RLock()
         self.entries: dict[tuple[str, int], Entry] = {}
+        #: (topic, partition) -> its parts in ``entries`` (a partition's lookup does not walk
+        #: every entry of every writer)
+        self._by_partition: dict[tuple[str, int], list[Part]] = {}
         #: shared objects listed by the last refresh: path -> (size, last modified ms)
         self.objects: dict[str, tuple[int, int]] = {}
         self._listed_at: float | None = None
+        #: journal entries the last listing saw (fetched or not)
+        self._listed: set[tuple[str, int]] = set()
         #: every refresh's listing (a test and inspect read it)
         self.listings = 0
 
     def refresh(self, max_age_s: float = REFRESH_S) -> None:
-        """List the journals again unless listed less than ``max_age_s`` ago; fetch the entries
-        not seen yet (one GET each: they never change)."""
+        """List the journals again unless listed less than ``max_age_s`` ago (one LIST of
+        ``shared/``). Entries are fetched when a partition needs them (``parts``: only those
+        above its manifest's ``split_to``), each once: they never change."""
         with self._lock:
             now = time.monotonic()
             if self._listed_at is not None and now - self._listed_at < max_age_s:
                 return
             listed = self.fs.list_objects(fn.SHARED_DIR)
             self.listings += 1
-            seen, new, objects = set(), [], {}
+            keys, objects = set(), {}
             for name, size, mtime in listed:
                 bits = name.split("/")
                 if len(bits) == 3 and bits[1] == fn.JOURNAL_DIR:
                     v = fn.parse_manifest_name(bits[2])
-                    if v is None:
-                        continue
-                    key = (bits[0], v)
-                    seen.add(key)
-                    if key not in self.entries:
-                        new.append((key, size))
+                    if v is not None:
+                        keys.add((bits[0], v))
                 elif len(bits) == 2 and fn.parse_shared_object(bits[1]) is not None:
                     objects[f"{fn.SHARED_DIR}/{name}"] = (size, mtime)
-            for (writer, seq), size in new:
-                path = fn.journal_path(writer, seq)
-                try:
-                    raw = self.fs.read(path)
-                except FileNotFoundError:
-                    continue  # collected between the listing and the read
-                if not raw:
-                    continue  # an upload that never completed (a writer killed mid-PUT)
-                self.entries[(writer, seq)] = Entry.from_json(raw, f"{self.fs.url}/{path}",
-                                                              writer, seq)
-            for key in [k for k in self.entries if k not in seen]:
+            gone = [k for k in self.entries if k not in keys]
+            for key in gone:
                 del self.entries[key]
+            if gone:
+                self._index()
+            self._listed = keys
             self.objects = objects
             self._listed_at = time.monotonic()
+
+    def _fetch(self, keys) -> None:
+        for writer, seq in sorted(keys):
+            if (writer, seq) in self.entries:
+                continue
+            path = fn.journal_path(writer, seq)
+            try:
+                raw = self.fs.read(path)
+            except FileNotFoundError:
+                continue  # collected between the listing and the read
+            if not raw:
+                continue  # an upload that never completed (a writer killed mid-PUT)
+            self._put(Entry.from_json(raw, f"{self.fs.url}/{path}", writer, seq))
+
+    def fetch_all(self) -> None:
+        """Every listed entry (the partitions it names, garbage collection)."""
+        with self._lock:
+            self._fetch(self._listed)
 
     def add(self, entry: Entry) -> None:
         """An entry this process just committed (no listing needed to see it)."""
         with self._lock:
-            self.entries[(entry.writer, entry.seq)] = entry
+            self._put(entry)
+
+    def _put(self, entry: Entry) -> None:
+        key = (entry.writer, entry.seq)
+        if key in self.entries:
+            return
+        self.entries[key] = entry
+        self._listed.add(key)
+        for p in entry.parts:
+            self._by_partition.setdefault((p.topic, p.partition), []).append(p)
+
+    def _index(self) -> None:
+        self._by_partition = {}
+        for e in self.entries.values():
+            for p in e.parts:
+                self._by_partition.setdefault((p.topic, p.partition), []).append(p)
 
     def next_seq(self, writer: str) -> int:
         with self._lock:
-            return 1 + max((s for w, s in self.entries if w == writer), default=-1)
+            return 1 + max((s for w, s in self._listed if w == writer), default=-1)
 
     def parts(self, topic: str, partition: int, split_to: dict[str, int]) -> list[Part]:
         """The partition's parts above ``split_to``, in offset order (parts with no record
         after those with records: they only move the next offset)."""
         with self._lock:
-            out = [p for (w, s), e in self.entries.items() if s > split_to.get(w, -1)
-                   for p in e.parts if p.partition == partition and p.topic == topic]
+            self._fetch([(w, s) for w, s in self._listed if s > split_to.get(w, -1)])
+            out = [p for p in self._by_partition.get((topic, partition), ())
+                   if p.seq > split_to.get(p.writer, -1)]
         return sorted(out, key=lambda p: (p.desc is None, p.desc.base if p.desc else 0,
                                           p.next_offset))
 
     def partitions(self) -> dict[str, set[int]]:
         with self._lock:
+            self._fetch(self._listed)
             out: dict[str, set[int]] = {}
-            for e in self.entries.values():
-                for p in e.parts:
-                    out.setdefault(p.topic, set()).add(p.partition)
+            for t, p in self._by_partition:
+                out.setdefault(t, set()).add(p)
             return out
 
 
@@ -492,6 +523,7 @@ def collect_garbage(fs: Backend, journal: Journal,
     are deleted after their objects. ``manifest_of(topic, partition)``: the partition's latest
     manifest (None: none). Returns the deleted paths."""
     journal.refresh(0.0)
+    journal.fetch_all()
     with journal._lock:
         entries = dict(journal.entries)
         objects = dict(journal.objects)
@@ -523,15 +555,8 @@ def collect_garbage(fs: Backend, journal: Journal,
     for path, (_size, mtime) in objects.items():
         if path not in named and mtime + grace_ms <= objects_now_ms:
             doomed_objects.append(path)
-    for batch in (doomed_objects, doomed_entries):  # objects first: an entry outlives its object
-        if not batch:
-            continue
-        deleter = getattr(fs, "delete_many", None)
-        if deleter is not None:
-            deleter(batch)
-        else:
-            for p in batch:
-                fs.delete(p)
+    delete_all(fs, doomed_objects)  # objects first: an entry outlives its object
+    delete_all(fs, doomed_entries)
     if doomed_objects or doomed_entries:
         journal.refresh(0.0)
     return doomed_objects + doomed_entries

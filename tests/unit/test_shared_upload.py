@@ -242,8 +242,9 @@ def test_a_writer_dying_between_upload_and_commit_loses_nothing_and_leaves_a_col
     monkeypatch.setattr(SH, "commit_object", real)
     with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:  # re-uploads
         st.flush()
-        orphans = [k for k in SH.journal_for(st.fs).objects
-                   if k not in {e.object_path for e in SH.journal_for(st.fs).entries.values()}]
+        j = SH.journal_for(st.fs)
+        j.fetch_all()
+        orphans = [k for k in j.objects if k not in {e.object_path for e in j.entries.values()}]
         assert len(orphans) == 1
     with Store.open(url) as st:
         for p, k in ((0, b"a"), (1, b"b")):
@@ -334,6 +335,7 @@ def test_two_writers_of_different_partitions_share_nothing_they_can_corrupt(s3):
     assert not errors
     with Store.open(url) as st:
         j = SH.journal_for(st.fs)
+        j.fetch_all()
         assert {w for w, _ in j.entries} == {"a", "b"}
         for p in range(4):
             name = b"a" if p < 2 else b"b"
@@ -384,6 +386,7 @@ def test_a_partition_whose_next_offset_moves_without_records_keeps_it(s3):
         st.flush()
     with Store.open(url) as st:
         assert st.next_offset("t", 0) == 5
+        SH.journal_for(st.fs).fetch_all()
         entries = SH.journal_for(st.fs).entries
         assert [p.records for p in entries[("w", 1)].parts] == [0]
     _split_all(url, f"{root}/cl-x")
@@ -468,3 +471,21 @@ def test_a_part_older_than_max_compaction_lag_is_split_whatever_the_count(s3):
     with Store.open(url) as st:
         assert st.partition("t", 0).catalog.shared_objects == 0
         assert _read(st, "t", 0) == [(0, 1_000, b"a", b"1")]
+
+
+def test_a_reader_of_a_split_partition_fetches_no_journal_entry(s3):
+    """A journal entry is fetched only by a partition it may hold a part of: one above the
+    partition's split_to."""
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, f, b"a", b"1"), (1, f, b"b", b"1")] for f in range(4)],
+           SHARED)
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        pl = st.writable_partition("t", 0)
+        assert pl.catalog.stage_split() == 4 and pl.catalog.commit_staged("c")
+    with Store.open(url) as st:
+        j = SH.journal_for(st.fs)
+        assert len(_read(st, "t", 0)) == 4
+        assert j.entries == {}  # listed, not fetched: all below partition 0's split_to
+        assert len(_read(st, "t", 1)) == 4
+        assert len(j.entries) == 4
