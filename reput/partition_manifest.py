@@ -58,6 +58,8 @@ class ManifestCatalog(SegmentCatalog):
         #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
         self._replaced_parts: dict[tuple, SH.Part] = {}
+        #: a writer with shared uploads: its Store's ``_seal_shared`` (``seal`` calls it)
+        self.seal_shared = None
 
     @property
     def grace_ms(self) -> int:
@@ -261,9 +263,14 @@ class ManifestCatalog(SegmentCatalog):
         if another writer wrote offsets past ours). Returns whether a version was committed.
         The local files are dropped only after the commit, so a crash before it leaves
         orphans (deleted later by ``collect_garbage``) and local files that the next open
-        uploads again. ``part``: the writing partition (its open files are closed first)."""
+        uploads again. ``part``: the writing partition (its open files are closed first).
+        A writer with shared uploads (``seal_shared``, set by its Store) seals through the
+        store's one shared object instead: every partition it writes at once, never a
+        manifest version of this one's."""
         if not self.writable:
             return False
+        if self.seal_shared is not None:
+            return self.seal_shared()
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
         have = self.manifest.next_offset if self.manifest else 0
@@ -449,11 +456,17 @@ class ManifestCatalog(SegmentCatalog):
 
     def _split_marks(self) -> tuple[dict[str, int], int]:
         """What a commit replacing parts of shared objects records: per writer the highest
-        journal entry replaced, and the next offset its parts (those without records too)
-        reach. The replaced parts must be the partition's first ones (a prefix by offset)."""
+        journal entry replaced (and, when every part with records is replaced, those without
+        records), and the next offset the parts it covers reach. The replaced parts must be
+        the partition's first ones (a prefix by offset)."""
         split: dict[str, int] = {}
         for p in self._replaced_parts.values():
             split[p.writer] = max(split.get(p.writer, -1), p.seq)
+        if split and all(self._part_key(p) in self._replaced_parts
+                         for p in self.parts if p.records):
+            for p in self.parts:  # every record taken: the parts without records go too
+                if not p.records:
+                    split[p.writer] = max(split.get(p.writer, -1), p.seq)
         covered = [p for p in self.parts if p.seq <= split.get(p.writer, -1)]
         missed = [p for p in covered if p.records and self._part_key(p) not in self._replaced_parts]
         if missed:

@@ -565,6 +565,8 @@ class Store:
                         self._background_seals(pl)
                 self._partitions[key] = pl
                 self._writable.add(key)
+                if self.shared_uploads:  # a roll, a close, a forced compaction seal so too
+                    pl.catalog.seal_shared = self._seal_shared
                 if self.remote and self.writer is not None and key not in self._collected:
                     # a writer's open cleans up after dead writers: orphans of an upload whose
                     # commit never came, replaced segments past the grace period
@@ -863,14 +865,18 @@ class Store:
             for f in [ex.submit(pl.seal, self.writer or "writer") for pl in pls]:
                 f.result()
 
-    def _seal_shared(self) -> None:
+    def _seal_shared(self) -> bool:
         """S3 with shared uploads (docs/formats/shared-upload.md): the new records of every
         partition this writer appended to since the last flush, each sealed into format 2, go
         into ONE object (1 PUT) committed by ONE journal entry (a conditional PUT): 2 requests
         whatever the partition count. Each partition's local segments are dropped only after
         the commit: a crash before it leaves an orphan object (collected) and local segments
         the next open uploads again; after it, local segments the journal already covers
-        (recovery drops them)."""
+        (recovery drops them). Returns whether an object was committed."""
+        with self.lock:
+            return self._seal_shared_locked()
+
+    def _seal_shared_locked(self) -> bool:
         writer = self.writer or "writer"
         pieces = []
         try:
@@ -880,7 +886,7 @@ class Store:
                 if got is not None:
                     pieces.append((key, pl, got))
             if not pieces:
-                return
+                return False
             self._require_shared()
             journal = SH.enable(self.fs)
             seq = journal.next_seq(writer)
@@ -917,6 +923,7 @@ class Store:
             os.unlink(ospath)
         for _, pl, (local, ups, _nxt) in pieces:
             pl.catalog.shared_committed(local, ups)
+        return True
 
     def collect_shared_garbage(self) -> list[str]:
         """S3 with shared uploads: delete the shared objects every partition has split, and

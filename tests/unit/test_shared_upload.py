@@ -127,15 +127,19 @@ def test_a_flush_is_two_requests_whatever_the_partition_count(s3, parts):
         st.fs.stats.reset()
         st.flush()  # nothing new: nothing sent
         assert st.fs.stats.total == 0
-    keys = make.fake.keys() if hasattr(make.fake, "keys") else None
+        st.append(_batch("t", [(p, 4, b"k", b"v4") for p in range(parts)]))
+        st.roll()  # a batch job's last roll seals through the shared object too
+        assert st.fs.stats.snapshot()["requests"] == {"PutObject": 2}
+        fs = st.fs
+    assert fs.stats.snapshot()["requests"] == {"PutObject": 2}  # the close: nothing more
     with Store.open(url) as st:
+        assert st.fs.list_objects("partitions") == []  # no manifest, no per-partition object
         assert st.meta.format_version == 3 and SH.FEATURE in st.meta.features
         assert st.partitions("t") == list(range(parts))
         for p in range(parts):
             assert _read(st, "t", p) == [(f, 1_000 + f, b"k", b"v" if f == 0 else b"v%d" % f)
-                                         for f in range(4)]
-            assert st.partition("t", p).catalog.shared_objects == 4
-    del keys
+                                         for f in range(5)]
+            assert st.partition("t", p).catalog.shared_objects == 5
 
 
 def test_upload_shared_needs_seal_format_2():
