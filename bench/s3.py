@@ -1,6 +1,7 @@
 """Benchmark: requests and bytes of a forced compaction on S3, next to the same on local disk.
 
     python bench/s3.py [--records 1000000] [--partitions 1,16,64] [--segment-bytes 512KiB]
+                       [--upload partition|shared]
 
 Stores with 1, 16 and 64 partitions and the same total records (N records, N/10 distinct keys,
 ~100-byte values, 5% tombstones), written once to an S3 store on a local SeaweedFS
@@ -12,6 +13,11 @@ segment and 2 per output are taken off (the per-partition overhead: manifest lis
 the garbage listing), bytes down and up, and the S3 time next to the local-disk time of the
 same compaction (the ratio). A last row repeats the 16-partition store with 4x fewer, 4x larger
 records (the same bytes and segments): its request count must be the same.
+
+``--upload shared`` writes the S3 stores with shared upload objects (issue 43: the one flush
+uploads one object holding every partition's segments); the forced compaction then splits each
+partition's parts first, and "segs in" counts those parts. The default is the per-partition
+upload (``partition``), the figure the target was set on.
 
 Targets: requests per segment independent of the record count; <= 4 per segment plus a few
 per partition.
@@ -33,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from kcompact.compaction import compact_store  # noqa: E402
-from kcompact.reput import Store  # noqa: E402
+from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 from kcompact.connectors.devtools.seaweed import SeaweedS3  # noqa: E402
 
@@ -72,8 +78,9 @@ def batches(records: int, partitions: int, value_bytes: int, seed: int = 7):
 
 
 def write(url: str, records: int, partitions: int, value_bytes: int, segment_bytes: int,
-          commitlog_dir: str | None = None) -> None:
-    with Store.open(url, writer="bench", create=True, commitlog_dir=commitlog_dir) as st:
+          commitlog_dir: str | None = None, upload: str = "partition") -> None:
+    with Store.open(url, writer="bench", create=True, commitlog_dir=commitlog_dir,
+                    options=WriterOptions(upload=upload)) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes})
         for b in batches(records, partitions, value_bytes):
             st.append(b)
@@ -112,12 +119,12 @@ def warm_up(tmp: str) -> None:
 
 
 def run_one(server: SeaweedS3, bucket: str, tmp: str, records: int, partitions: int,
-            value_bytes: int, segment_bytes: int) -> dict:
+            value_bytes: int, segment_bytes: int, upload: str = "partition") -> dict:
     url = f"s3://{bucket}/bench-{uuid.uuid4().hex[:8]}"
     local = os.path.join(tmp, f"local-{uuid.uuid4().hex[:8]}")
     t = time.perf_counter()
     write(url, records, partitions, value_bytes, segment_bytes,
-          commitlog_dir=os.path.join(tmp, "cl", uuid.uuid4().hex[:8]))
+          commitlog_dir=os.path.join(tmp, "cl", uuid.uuid4().hex[:8]), upload=upload)
     write_s = time.perf_counter() - t
     write(local, records, partitions, value_bytes, segment_bytes)
     s3 = compact_s3(url)
@@ -138,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--partitions", default="1,16,64")
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--segment-bytes", default="512KiB")
+    ap.add_argument("--upload", choices=("partition", "shared"), default="partition",
+                    help="how the S3 stores are written (WriterOptions.upload; issue 43)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--json-out", metavar="FILE", default=None,
                     help="also write the --json document to FILE (the printed output is unchanged)")
@@ -152,14 +161,15 @@ def main(argv=None) -> int:
         warm_up(tmp)
         plist = [int(p) for p in args.partitions.split(",")]
         for p in plist:
-            rows.append(run_one(server, bucket, tmp, args.records, p, args.value_bytes, seg))
+            rows.append(run_one(server, bucket, tmp, args.records, p, args.value_bytes, seg,
+                                args.upload))
         mid = plist[len(plist) // 2]
         # 4x fewer records, each 4x larger on disk: the same bytes, the same segments
         one = next(batches(1, 1, args.value_bytes))
         from kcompact.reput.record import encode_batch
         rec = int(encode_batch(one)[0].shape[0])
         rows.append(run_one(server, bucket, tmp, args.records // 4, mid,
-                            4 * rec - (rec - args.value_bytes), seg))
+                            4 * rec - (rec - args.value_bytes), seg, args.upload))
     import shutil
     shutil.rmtree(tmp, ignore_errors=True)
     if args.json_out:  # bench/report.py: the figures as JSON, the text as printed
@@ -168,8 +178,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"forced compaction, S3 (SeaweedFS on loopback) vs local disk; segment.bytes "
-          f"{seg >> 10} KiB, cold caches")
+    print(f"forced compaction, S3 (SeaweedFS on loopback, {args.upload} uploads) vs local disk; "
+          f"segment.bytes {seg >> 10} KiB, cold caches")
     hdr = ("records", "parts", "segs in", "segs out", "GET", "PUT", "LIST", "DEL", "total",
            "req/seg", "ovh/part", "MB down", "MB up", "S3 s", "local s", "ratio")
     out = []
