@@ -307,7 +307,7 @@ class Compactor:
         if not shared:
             return
         try:
-            outputs = pl.catalog.join_parts(shared)
+            outputs = pl.catalog.join_parts(shared, pl.config.segment_bytes)
             with self.store.lock:
                 pl.catalog.stage_swap([s.base for s in shared], outputs, None)
         except BaseException:

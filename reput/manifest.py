@@ -56,6 +56,30 @@ class Manifest:
     #: shared uploads (docs/formats/shared-upload.md): per writer, the highest journal entry
     #: whose parts of this partition are in ``segments`` (split) - those above it are not
     split_to: dict[str, int] = field(default_factory=dict)
+    #: when ``split_to`` rose: [{"writer", "seq", "ms"}], those within the grace period and the
+    #: newest older one per writer (a shared object is deleted once the split covering it is
+    #: older than the grace period, however often the partition splits since)
+    split_log: list[dict] = field(default_factory=list)
+
+    def split_since(self, writer: str, seq: int) -> int | None:
+        """When (ms) a split first covered ``writer``'s journal entry ``seq`` as far as
+        ``split_log`` tells (None: not covered)."""
+        if self.split_to.get(writer, -1) < seq:
+            return None
+        times = [int(r["ms"]) for r in self.split_log
+                 if r.get("writer") == writer and int(r.get("seq", -1)) >= seq]
+        return min(times) if times else self.created_ms
+
+    def with_split(self, split: dict[str, int], now_ms: int, grace_ms: int) -> list[dict]:
+        """``split_log`` after raising ``split_to`` by ``split`` at ``now_ms``, pruned."""
+        log = self.split_log + [{"writer": w, "seq": q, "ms": now_ms}
+                                for w, q in sorted(split.items())]
+        keep = []
+        for w in sorted({r["writer"] for r in log}):
+            mine = sorted((r for r in log if r["writer"] == w), key=lambda r: r["seq"])
+            old = [r for r in mine if int(r["ms"]) + grace_ms <= now_ms]
+            keep += old[-1:] + [r for r in mine if int(r["ms"]) + grace_ms > now_ms]
+        return keep
 
     @property
     def last_offset(self) -> int:
@@ -76,6 +100,8 @@ class Manifest:
         }
         if self.split_to:
             d["split_to"] = dict(sorted(self.split_to.items()))
+        if self.split_log:
+            d["split_log"] = self.split_log
         return json.dumps(d, separators=(",", ":")).encode() + b"\n"
 
     @classmethod
@@ -113,13 +139,19 @@ class Manifest:
                     and not isinstance(v, bool) and 0 <= v <= MAX_OFFSET
                     for k, v in split_to.items()):
                 raise ValueError("split_to is not an object of writer ids and entry numbers")
+            split_log = d.get("split_log") or []
+            if not isinstance(split_log, list) or not all(
+                    isinstance(r, dict) and isinstance(r.get("writer"), str)
+                    and isinstance(r.get("seq"), int) and isinstance(r.get("ms"), int)
+                    for r in split_log):
+                raise ValueError("split_log is not a list of {writer, seq, ms}")
             writer = d.get("writer", "")
             m = cls(_int(d, "version", 1, MAX_OFFSET),
                     _int(d, "created_ms", 0, MAX_OFFSET) if "created_ms" in d else 0,
                     writer if isinstance(writer, str) else str(writer),
                     _int(d, "cleaned_offset", -1, MAX_OFFSET),
                     _int(d, "next_offset", 0, MAX_OFFSET), last_run, segs, retired, fv,
-                    dict(split_to))
+                    dict(split_to), split_log)
             return m
         except ReputError:
             raise
@@ -205,7 +237,8 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
         new = cur.successor(writer, now, grace_ms, cleaned_offset=new.cleaned_offset,
                             next_offset=new.next_offset, last_run=new.last_run,
                             segments=sorted(new.segments, key=lambda s: s.base),
-                            retired=new.retired, split_to=new.split_to)
+                            retired=new.retired, split_to=new.split_to,
+                            split_log=new.split_log)
         if fs.create_exclusive(fn.manifest_path(pdir, new.version), new.to_json()):
             return new
         latest = read_latest(fs, pdir, latest)

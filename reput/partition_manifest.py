@@ -106,7 +106,7 @@ class ManifestCatalog(SegmentCatalog):
     @property
     def journal(self) -> "SH.Journal | None":
         """The store's shared-upload journal (None: the store uses none)."""
-        return SH.journal_for(self.fs)
+        return SH.journal_in_use(self.fs)
 
     def committed_last_offset(self) -> int:
         """The highest offset committed (listed by the manifest or a shared part)."""
@@ -416,6 +416,8 @@ class ManifestCatalog(SegmentCatalog):
                                retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
                                                        "since_ms": now} for e in replaced],
                                split_to={**cur.split_to, **split},
+                               split_log=cur.with_split(split, now, self.grace_ms) if split
+                               else cur.split_log,
                                next_offset=max(cur.next_offset, split_next))
 
             new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
@@ -474,7 +476,8 @@ class ManifestCatalog(SegmentCatalog):
                              f"shared objects; {missed[0].object} is left out")
         return split, max((p.next_offset for p in covered), default=0)
 
-    def stage_split(self, segments: list[Segment] | None = None) -> int:
+    def stage_split(self, segments: list[Segment] | None = None,
+                    max_bytes: int | None = None) -> int:
         """The split (docs/formats/shared-upload.md): the partition's parts of shared objects
         (``segments``: those listed when it started, default all) joined into per-partition
         format-2 segments - batches copied as they are, one lean index built over them - and
@@ -485,21 +488,27 @@ class ManifestCatalog(SegmentCatalog):
                   if s.kind == "shared"]
         if not shared:
             return 0
-        outputs = self.join_parts(shared)
+        outputs = self.join_parts(shared, max_bytes)
         self.stage_swap([s.base for s in shared], outputs, None)
         return len(shared)
 
-    def join_parts(self, shared: list[Segment]) -> list[tuple[int, str, str]]:
+    def join_parts(self, shared: list[Segment], max_bytes: int | None = None
+                   ) -> list[tuple[int, str, str]]:
         """Local segments (base, .log, .bcq in the staging directory) holding ``shared``'s
-        batches in order, one per run of parts with the same codec."""
+        batches in order, one per run of parts with the same codec and at most ``max_bytes``
+        of .log (the topic's segment.bytes; a larger part is a segment of its own)."""
         from . import bcq2 as B2
         groups: list[list[Segment]] = []
+        size = 0
         for seg in shared:
             codec = seg.index().codec
-            if groups and groups[-1][0].index().codec == codec:
+            if groups and groups[-1][0].index().codec == codec and (
+                    max_bytes is None or size + seg.log_size <= max_bytes):
                 groups[-1].append(seg)
+                size += seg.log_size
             else:
                 groups.append([seg])
+                size = seg.log_size
         outputs = []
         for group in groups:
             lrel, irel = self.staging_paths(group[0].base)
@@ -551,6 +560,15 @@ class ManifestCatalog(SegmentCatalog):
             self.local_fs.remove_tree(sealing)
             raise
         return local, ups, nxt
+
+    def ensure_manifest(self, writer: str) -> None:
+        """A partition's first shared upload: an empty manifest version first (one PUT, once),
+        so that listing the store's partitions finds it without reading the journal."""
+        if self.manifest is not None:
+            return
+        new = M.commit(self.fs, self.dir, None, lambda cur: cur if cur.version == 0 else None,
+                       writer=writer, grace_ms=self.grace_ms, clock_ms=self.clock.ms)
+        self.manifest = new if new is not None else M.read_latest(self.fs, self.dir)
 
     def shared_aborted(self) -> None:
         self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")

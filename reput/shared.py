@@ -449,14 +449,6 @@ class Journal:
         return sorted(out, key=lambda p: (p.desc is None, p.desc.base if p.desc else 0,
                                           p.next_offset))
 
-    def partitions(self) -> dict[str, set[int]]:
-        with self._lock:
-            self._fetch(self._listed)
-            out: dict[str, set[int]] = {}
-            for t, p in self._by_partition:
-                out.setdefault(t, set()).add(p)
-            return out
-
 
 _JOURNALS: "weakref.WeakKeyDictionary[Backend, Journal]" = weakref.WeakKeyDictionary()
 _JOURNALS_LOCK = threading.Lock()
@@ -474,6 +466,37 @@ def enable(fs: Backend) -> Journal:
 def journal_for(fs: Backend) -> Journal | None:
     """The journal of the store on ``fs``; None when it uses no shared uploads."""
     return _JOURNALS.get(fs)
+
+
+#: a long-running reader of a store without shared uploads re-reads store.json this often to
+#: notice a writer starting them (``journal_in_use``)
+RECHECK_S = 30.0
+_CHECKED: "weakref.WeakKeyDictionary[Backend, float]" = weakref.WeakKeyDictionary()
+
+
+def checked(fs: Backend) -> None:
+    """store.json of the store on ``fs`` was just read (by Store.open)."""
+    with _JOURNALS_LOCK:
+        _CHECKED[fs] = time.monotonic()
+
+
+def journal_in_use(fs: Backend) -> Journal | None:
+    """``journal_for``, and for a store not known to use shared uploads, a look at store.json
+    at most every RECHECK_S seconds: a process that opened the store before a writer started
+    shared uploads (a following kv map, the Kafka endpoint) then reads them too."""
+    j = _JOURNALS.get(fs)
+    if j is not None or getattr(fs, "list_objects", None) is None:
+        return j
+    with _JOURNALS_LOCK:
+        last = _CHECKED.get(fs)
+        if last is not None and time.monotonic() - last < RECHECK_S:
+            return None
+        _CHECKED[fs] = time.monotonic()
+    try:
+        features = json.loads(fs.read(fn.STORE_JSON)).get("features") or []
+    except (OSError, ValueError, AttributeError, ReputError):
+        return None  # the store's open reports a damaged store.json; nothing to read here
+    return enable(fs) if FEATURE in features else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,7 +540,8 @@ def collect_garbage(fs: Backend, journal: Journal,
                     manifest_of: Callable[[str, int], object], *, grace_ms: int, now_ms: int,
                     objects_now_ms: int) -> list[str]:
     """Delete shared objects every partition of which has split them (its latest manifest's
-    ``split_to`` covers the entry and is older than the grace period), and orphans (objects no
+    ``split_to`` covers the entry, raised more than the grace period ago: ``split_log``), and
+    orphans (objects no
     entry names, older than the grace period: a writer died between upload and commit). Every
     writer's newest entry is kept (it numbers the writer's next flush); older collected ones
     are deleted after their objects. ``manifest_of(topic, partition)``: the partition's latest
@@ -540,10 +564,12 @@ def collect_garbage(fs: Backend, journal: Journal,
         if key not in manifests:
             manifests[key] = manifest_of(*key)
         m = manifests[key]
-        if m is None or m.created_ms + grace_ms > now_ms:
+        if m is None:
             return False
-        return m.split_to.get(p.writer, -1) >= p.seq or (
-            not p.records and m.next_offset >= p.next_offset)
+        since = m.split_since(p.writer, p.seq)
+        if since is None and not p.records and m.next_offset >= p.next_offset:
+            since = m.created_ms
+        return since is not None and since + grace_ms <= now_ms
 
     for (w, s), e in sorted(entries.items()):
         if not all(absorbed(p) for p in e.parts):
@@ -564,4 +590,4 @@ def collect_garbage(fs: Backend, journal: Journal,
 
 __all__ = ["FEATURE", "STORE_FORMAT", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView",
            "SharedWriterConflictError", "collect_garbage", "commit_object", "enable",
-           "journal_for", "read_footer", "split_max_shared"]
+           "checked", "journal_for", "journal_in_use", "read_footer", "split_max_shared"]

@@ -265,10 +265,12 @@ class Store:
         self.local_fs = self.commitlog_fs if self.remote else fs
         #: this writer's flushes upload one shared object (docs/formats/shared-upload.md)
         self.shared_uploads = (self.remote and writer is not None and (
-            options.upload == "shared" or (options.upload == "auto"
+            options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
                                            and SH.FEATURE in meta.features)))
         if self.remote and (self.shared_uploads or SH.FEATURE in meta.features):
             SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
+        elif self.remote:
+            SH.checked(fs)  # store.json was just read: no shared uploads yet
         self._collected: set[tuple[str, int]] = set()
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
@@ -380,10 +382,6 @@ class Store:
 
     def topics(self) -> list[str]:
         names = set(self.meta.topics) | set(self.meta.recorded_partitions)
-        j = SH.journal_for(self.fs) if self.remote else None
-        if j is not None:
-            j.refresh()
-            names |= set(j.partitions())
         for name in self.fs.listdir(fn.PARTITIONS_DIR):
             try:
                 names.add(validate_topic(name))
@@ -397,10 +395,6 @@ class Store:
             with self.lock:
                 found |= {p for (t, p), pl in self._partitions.items()
                           if t == topic and (t, p) in self._writable and pl.segments}
-            j = SH.journal_for(self.fs)
-            if j is not None:  # partitions whose records are all in shared objects yet
-                j.refresh()
-                found |= j.partitions().get(topic, set())
         return sorted(found)
 
     def recorded_partitions(self, topic: str) -> list[int]:
@@ -888,6 +882,8 @@ class Store:
             if not pieces:
                 return False
             self._require_shared()
+            for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
+                pl.catalog.ensure_manifest(writer)
             journal = SH.enable(self.fs)
             seq = journal.next_seq(writer)
             stage = f"{fn.SHARED_DIR}/{writer}"

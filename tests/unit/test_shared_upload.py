@@ -133,7 +133,10 @@ def test_a_flush_is_two_requests_whatever_the_partition_count(s3, parts):
         fs = st.fs
     assert fs.stats.snapshot()["requests"] == {"PutObject": 2}  # the close: nothing more
     with Store.open(url) as st:
-        assert st.fs.list_objects("partitions") == []  # no manifest, no per-partition object
+        # per partition only the empty manifest its first flush created (so listing the store
+        # finds it), no per-partition segment object
+        assert sorted(n for n, _, _ in st.fs.list_objects("partitions")) == sorted(
+            f"t/{p}/manifest/00000000000000000001.json" for p in range(parts))
         assert st.meta.format_version == 3 and SH.FEATURE in st.meta.features
         assert st.partitions("t") == list(range(parts))
         for p in range(parts):
@@ -493,3 +496,77 @@ def test_a_reader_of_a_split_partition_fetches_no_journal_entry(s3):
         assert j.entries == {}  # listed, not fetched: all below partition 0's split_to
         assert len(_read(st, "t", 1)) == 4
         assert len(j.entries) == 4
+
+
+def test_objects_are_collected_a_grace_period_after_their_split_however_often_it_splits(s3):
+    """A busy partition splits more often than the grace period: each object goes once the
+    split covering it is older than the grace period (the manifest's split_log), not when the
+    partition's latest manifest is."""
+    from kcompact.reput import ManualClock
+    make, root = s3
+    url = make(grace_ms=60_000)
+    clock = ManualClock()
+
+    def flush_and_split(f):
+        with Store.open(url, writer="w", create=True, options=SHARED, clock=clock,
+                        commitlog_dir=f"{root}/cl") as st:
+            st.append(_batch("t", [(0, f, b"k%d" % f, b"v")]))
+        with Store.open(url, writer="c", clock=clock, commitlog_dir=f"{root}/cl-c") as st:
+            pl = st.writable_partition("t", 0)
+            assert pl.catalog.stage_split() == 1 and pl.catalog.commit_staged("c")
+    for f in range(3):  # splits at 0 s, 40 s, 80 s
+        flush_and_split(f)
+        clock.advance(40_000)
+    with Store.open(url, writer="gc", clock=clock, commitlog_dir=f"{root}/cl-gc") as st:
+        deleted = st.collect_shared_garbage()  # at 120 s: the splits at 0 and 40 s are old
+        assert sorted(p.rsplit("/", 1)[1][:20] for p in deleted if p.endswith(".kso")) == [
+            "%020d" % 0, "%020d" % 1]
+        assert [o for o, *_ in _read(st, "t", 0)] == [0, 1, 2]
+        log = st.partition("t", 0).manifest.split_log
+        # as pruned by the split at 80 s: the newest one older than the grace period (0 s)
+        # and the younger ones
+        assert [(r["seq"], r["ms"] - log[0]["ms"]) for r in log] == [
+            (0, 0), (1, 40_000), (2, 80_000)]
+
+
+def test_auto_with_seal_format_1_stays_per_partition_on_a_shared_store(s3):
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, 0, b"a", b"1")]], SHARED)
+    with Store.open(url, writer="w", options=WriterOptions(seal_format=1),
+                    commitlog_dir=f"{root}/cl") as st:
+        assert not st.shared_uploads
+        st.append(_batch("t", [(0, 1, b"a", b"2")]))
+    with Store.open(url) as st:
+        assert [v for *_, v in _read(st, "t", 0)] == [b"1", b"2"]
+
+
+def test_a_reader_opened_before_shared_uploads_began_reads_them(s3, monkeypatch):
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, 0, b"a", b"1")]], PARTITION)
+    monkeypatch.setattr(SH, "RECHECK_S", 0.0)
+    with Store.open(url) as reader:
+        assert SH.journal_for(reader.fs) is None
+        assert len(_read(reader, "t", 0)) == 1
+        _write(url, f"{root}/cl", [[(0, 1, b"a", b"2")]], SHARED)  # another process
+        assert [v for *_, v in _read(reader, "t", 0)] == [b"1", b"2"]
+
+
+def test_the_split_keeps_segments_within_segment_bytes(s3):
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    with Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl) as st:
+        st.set_topic_config("t", {"segment.bytes": 1 << 14})
+        for f in range(8):
+            st.append(_batch("t", [(0, f * 40 + i, b"k%d" % (f * 40 + i), os.urandom(200))
+                                   for i in range(40)]))
+            st.flush()
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        pl = st.writable_partition("t", 0)
+        before = _read(st, "t", 0)
+        res = Compactor(st).compact_partition("t", 0)
+        assert res.shared_parts_split == 8
+        assert len(pl.segments) > 1 and all(s.log_size <= 1 << 14 for s in pl.segments)
+        assert _read(st, "t", 0) == before
