@@ -311,13 +311,10 @@ def report(res: dict, plist: list[int], args) -> list[str]:
                    f"the per-partition store after the same compaction: worst {worst_c:.2f}x")
     ent = res[(S, top)]["reads"]["after"]["dump"]["kinds"].get("GET", 0) - res[(S, top)][
         "reads"]["after"]["reader"]["kinds"].get("GET", 0)
-    steady = iv + res[(S, top)]["grace_ms"] / 1000 / FLUSH_INTERVAL_S
-    out.append(f"   note: after the split, dump's topics()/partitions() GET every journal entry "
-               f"not yet collected ({ent} here, "
-               f"{res[(S, top)]['reads']['after']['dump']['bytes_down'] / 1e3 / max(ent, 1):.0f} "
-               f"kB each at {top} partitions); a following writer keeps up to ~{steady:.0f} "
-               f"(a split every {iv} flushes + the {res[(S, top)]['grace_ms'] / 1000:.0f} s "
-               "grace period), so the dump figure after the split grows with them")
+    out.append(f"   dump's extra GETs over the reader's after the split (its topics()/partitions() "
+               f"listing): {ent}; a split partition's reader fetches no journal entry (only the "
+               "entries above its split_to), listing partitions reads none (a partition's first "
+               "shared flush creates its empty manifest)")
     out.append("")
     out.append("4. Forced compaction <= 4 requests per segment: bench/s3.py (run separately).")
     return out
