@@ -499,30 +499,21 @@ class Store:
         for (t, _), pl in self._partitions.items():
             pl.config = self.topic_config(t)
 
-    def require_format(self, version: int) -> None:
-        """Raise store.json's format_version to ``version`` before something of that format is
-        written (a kcompact that knows only older formats then refuses the store with one line
-        naming both versions instead of misreading it)."""
-        if self.meta.format_version >= version:
+    def require_format(self, version: int, feature: str | None = None) -> None:
+        """Raise store.json's format_version to ``version`` (and list ``feature``) before
+        something of that format is written (a kcompact that knows only older formats then
+        refuses the store with one line naming both versions instead of misreading it)."""
+        def done(meta: StoreMeta) -> bool:
+            return meta.format_version >= version and (feature is None
+                                                        or feature in meta.features)
+        if done(self.meta):
             return
         with self.lock:
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
-            if meta.format_version < version:
-                meta.format_version = version
-                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
-            self.meta = meta
-
-    def _require_shared(self) -> None:
-        """store.json says shared uploads are in use (format 3, feature ``shared-upload``)
-        before the first shared object is uploaded: a kcompact that does not know them then
-        refuses the store with one line."""
-        if self.meta.format_version >= SH.STORE_FORMAT and SH.FEATURE in self.meta.features:
-            return
-        with self.lock:
-            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
-            if meta.format_version < SH.STORE_FORMAT or SH.FEATURE not in meta.features:
-                meta.format_version = max(meta.format_version, SH.STORE_FORMAT)
-                meta.features = sorted(set(meta.features) | {SH.FEATURE})
+            if not done(meta):
+                meta.format_version = max(meta.format_version, version)
+                if feature is not None:
+                    meta.features = sorted(set(meta.features) | {feature})
                 self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
             self.meta = meta
 
@@ -881,7 +872,8 @@ class Store:
                     pieces.append((key, pl, got))
             if not pieces:
                 return False
-            self._require_shared()
+            # store.json says shared uploads are in use before the first shared object
+            self.require_format(SH.STORE_FORMAT, SH.FEATURE)
             for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
                 pl.catalog.ensure_manifest(writer)
             journal = SH.enable(self.fs)
