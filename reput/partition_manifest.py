@@ -273,7 +273,7 @@ class ManifestCatalog(SegmentCatalog):
             return self.seal_shared()
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
-        have = self.manifest.next_offset if self.manifest else 0
+        have = self.next_offset_floor()  # (the manifest's, or a shared part's above it)
         if not any(s.log_size for s in local) and nxt <= have:
             return False
         part._sync_and_close_files()

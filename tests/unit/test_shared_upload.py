@@ -570,3 +570,18 @@ def test_the_split_keeps_segments_within_segment_bytes(s3):
         assert res.shared_parts_split == 8
         assert len(pl.segments) > 1 and all(s.log_size <= 1 << 14 for s in pl.segments)
         assert _read(st, "t", 0) == before
+
+
+def test_a_per_partition_writer_on_a_shared_store_commits_no_empty_manifest_version(s3):
+    """Parts above the manifest count as committed: a writer with upload=partition that has
+    nothing new writes no manifest version (the seal at its close)."""
+    make, root = s3
+    url = make()
+    _write(url, f"{root}/cl", [[(0, 0, b"a", b"1")], [(0, 1, b"a", b"2")]], SHARED)
+    with Store.open(url) as st:
+        before = st.partition("t", 0).manifest.version
+    with Store.open(url, writer="p", options=PARTITION, commitlog_dir=f"{root}/cl-p") as st:
+        st.writable_partition("t", 0)
+    with Store.open(url) as st:
+        assert st.partition("t", 0).manifest.version == before
+        assert [v for *_, v in _read(st, "t", 0)] == [b"1", b"2"]
