@@ -539,10 +539,7 @@ class Store:
                 old = self._partitions.pop(key, None)
                 if old is not None:
                     old.close()
-                pl = PartitionLog(self.fs, topic, partition, self.secret,
-                                  self.topic_config(topic), writable=True,
-                                  local_fs=self.local_fs if self.remote else None,
-                                  clock=self.clock, require_list=self.require_list)
+                pl = self._open_writable(topic, partition)
                 self._wrote_partitions = True
                 if self.options.seal_format == 2:  # else rolled segments stay format 1
                     pl.require_format = self.require_format
@@ -558,6 +555,27 @@ class Store:
                     self._collected.add(key)
                     pl.collect_garbage()
             return self._partitions[key]
+
+    #: how long ``writable_partition`` waits for a partition another process holds (0: it
+    #: raises StoreLockedError at once, what a compactor wants: it skips the partition). A
+    #: mirror sets it, so that a `kcompact compact` compacting a partition for a moment when
+    #: the mirror starts or appends delays the mirror instead of stopping it.
+    partition_lock_wait_s = 0.0
+
+    def _open_writable(self, topic: str, partition: int) -> PartitionLog:
+        from .errors import StoreLockedError
+        deadline = self.clock.monotonic() + self.partition_lock_wait_s
+        while True:
+            try:
+                return PartitionLog(self.fs, topic, partition, self.secret,
+                                    self.topic_config(topic), writable=True,
+                                    local_fs=self.local_fs if self.remote else None,
+                                    clock=self.clock, require_list=self.require_list)
+            except StoreLockedError:
+                if self.clock.monotonic() >= deadline:
+                    raise
+                import time
+                time.sleep(0.2)
 
     def drain_seals(self) -> None:
         """Wait until the writer's seal thread (``WriterOptions(seal="background")``) has sealed

@@ -262,6 +262,27 @@ class StoreSinkConnector(SinkConnector):
         return describe_topic_ids(admin, topics)[0]
 
 
+#: how long a sink task waits for a partition another process holds for a moment (a
+#: `kcompact compact` rolling or compacting it) before it gives up
+PARTITION_LOCK_WAIT_S = 60.0
+
+
+def _open_waiting(url: str, **kw) -> Store:
+    """``Store.open`` as a writer, waiting while a partition its open recovers is held by
+    another process's short step (a compaction of it); a commit log another writer holds is
+    refused at once (StoreLockedError, as before)."""
+    import time
+    from kcompact.reput.errors import StoreLockedError
+    deadline = time.monotonic() + PARTITION_LOCK_WAIT_S
+    while True:
+        try:
+            return Store.open(url, **kw)
+        except StoreLockedError as e:
+            if "one writer per partition" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class StoreSinkTask(SinkTask):
     #: Consumer settings this task cannot work without (the worker rejects an override).
     REQUIRED_CONSUMER_CONFIG = {"isolation.level": "read_committed"}
@@ -284,9 +305,12 @@ class StoreSinkTask(SinkTask):
         options = WriterOptions(fsync=props.get("store.fsync") or WriterOptions.fsync,
                                 seal="background",
                                 upload=props.get("store.upload") or WriterOptions.upload)
-        self.store = Store.open(props["store.url"], writer=props["store.writer"], create=True,
-                                options=options, commitlog_dir=props.get("store.commitlog.dir"),
-                                clock=self.clock)
+        self.store = _open_waiting(props["store.url"], writer=props["store.writer"],
+                                   create=True, options=options,
+                                   commitlog_dir=props.get("store.commitlog.dir"),
+                                   clock=self.clock)
+        # a `kcompact compact` holding a partition for a moment delays an append, never stops it
+        self.store.partition_lock_wait_s = PARTITION_LOCK_WAIT_S
         self.appended = 0
         #: rolled segments the store's close left in format 1 (not sealed yet)
         self.seals_left = 0
