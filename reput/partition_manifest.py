@@ -482,8 +482,9 @@ class ManifestCatalog(SegmentCatalog):
         (``segments``: those listed when it started, default all) joined into per-partition
         format-2 segments - batches copied as they are, one lean index built over them - and
         staged in their place; ``commit_staged`` publishes them with ``split_to`` raised.
-        Returns how many parts it joined. (Reads only: ``stage_swap`` is the caller's step
-        under the store's lock, see ``join_parts``.)"""
+        Returns how many parts it joined. (A process whose writer flushes meanwhile joins
+        without the store's lock and stages under it: ``join_parts``, then ``stage_swap``, as
+        ``Compactor._split`` does.)"""
         shared = [s for s in (segments if segments is not None else self.segments)
                   if s.kind == "shared"]
         if not shared:
@@ -500,9 +501,10 @@ class ManifestCatalog(SegmentCatalog):
         from . import bcq2 as B2
         groups: list[list[Segment]] = []
         size = 0
+        codecs = {}
         for seg in shared:
-            codec = seg.index().codec
-            if groups and groups[-1][0].index().codec == codec and (
+            codec = codecs[seg.base] = seg.index().codec
+            if groups and codecs[groups[-1][0].base] == codec and (
                     max_bytes is None or size + seg.log_size <= max_bytes):
                 groups[-1].append(seg)
                 size += seg.log_size
@@ -529,7 +531,7 @@ class ManifestCatalog(SegmentCatalog):
                 out.close()
             idxf = self.local_fs.open_append(irel)
             try:
-                builder.write_to(idxf, group[0].index().codec)
+                builder.write_to(idxf, codecs[group[0].base])
                 idxf.sync()
             finally:
                 idxf.close()

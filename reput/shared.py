@@ -366,8 +366,6 @@ class Journal:
         self._listed_at: float | None = None
         #: journal entries the last listing saw (fetched or not)
         self._listed: set[tuple[str, int]] = set()
-        #: every refresh's listing (a test and inspect read it)
-        self.listings = 0
 
     def refresh(self, max_age_s: float = REFRESH_S) -> None:
         """List the journals again unless listed less than ``max_age_s`` ago (one LIST of
@@ -378,7 +376,6 @@ class Journal:
             if self._listed_at is not None and now - self._listed_at < max_age_s:
                 return
             listed = self.fs.list_objects(fn.SHARED_DIR)
-            self.listings += 1
             keys, objects = set(), {}
             for name, size, mtime in listed:
                 bits = name.split("/")
