@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -574,7 +575,6 @@ class Store:
             except StoreLockedError:
                 if self.clock.monotonic() >= deadline:
                     raise
-                import time
                 time.sleep(0.2)
 
     def drain_seals(self) -> None:
