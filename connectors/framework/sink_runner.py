@@ -408,13 +408,18 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         if self.errors.dlq is not None:
             m.dead_lettered = self.errors.dlq.produced
         # Position = last offset + 1 per partition (offsets increase within a partition), and
-        # the timestamp of that last record (-1: it has none).
+        # the timestamp of that last record (-1: it has none). Never backwards: a batch's
+        # events are handled before its records, and a partition's end-of-partition event
+        # (past trailing transaction markers and aborted records) may come in the same batch
+        # as its last records.
+        pos = m.position
         if single:
             t = topics[0]
             m.count_topic(t, len(records))
             for p, (nxt, last_ts) in last_records(parts, offs, ts).items():
                 tp = TopicPartition(t, p)
-                m.position[tp] = nxt
+                if nxt > pos.get(tp, -1):
+                    pos[tp] = nxt
                 if last_ts >= 0:
                     m.last_timestamp[tp] = last_ts
         else:
@@ -422,7 +427,8 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
                 m.count_topic(t, c)
             for t, p, o, last_ts in zip(topics, parts.tolist(), offs.tolist(), ts.tolist()):
                 tp = TopicPartition(t, p)
-                m.position[tp] = o + 1
+                if o + 1 > pos.get(tp, -1):
+                    pos[tp] = o + 1
                 if last_ts >= 0:
                     m.last_timestamp[tp] = last_ts
 
