@@ -170,8 +170,11 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
     if store.writer is None:
         for t, p in _selected(store, topic, partition):
             store.release_partition(t, p)  # the partitions rolled above
-    if topic is None and partition is None:
-        store.collect_shared_garbage()  # S3 with shared uploads: objects every partition split
+    if (topic is None and partition is None) or any(r.shared_parts_split for r in results):
+        # S3 with shared uploads: objects every partition has split (a run over one topic or
+        # partition collects too when it split: an object holding other partitions' parts
+        # stays until they split it)
+        store.collect_shared_garbage()
     return results
 
 

@@ -138,6 +138,9 @@ def _compact_spark(opts: CompactOptions) -> int:
     results = [damaged_result(d).to_dict() for d in unique(damaged)]
     results += compact_with_spark(opts.store, cands, master=opts.spark_master,
                                   map_memory=opts.offset_map_memory, force=opts.force)
+    if any(r.get("shared_parts_split") for r in results):
+        with _open(opts) as store:  # S3 with shared uploads: objects every partition split
+            store.collect_shared_garbage()
     for r in results:
         if r.get("damaged"):
             print(Damage(**r["damaged"]).line(), file=sys.stderr, flush=True)

@@ -39,7 +39,9 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kcompact.compaction import CompactionOptions, compact_store
+from kcompact.reput import WriterOptions
 from kcompact.reput import manifest as M
+from kcompact.reput import shared as SH
 from kcompact.reput.segment_desc import SegmentDesc
 from kcompact.reput.record import Record, RecordBatch
 from kcompact.reput.s3 import S3Backend
@@ -69,8 +71,9 @@ def rows(n: int, start: int = 0, parts: int = 3, keys: int = 60, vlen: int = 40)
             for i in range(n)]
 
 
-def fill(url: str, n: int = 6000, batch: int = 1000, segment_bytes: int = 16384, **kw) -> None:
-    with Store.open(url, writer="w", create=True) as st:
+def fill(url: str, n: int = 6000, batch: int = 1000, segment_bytes: int = 16384,
+         options: WriterOptions | None = None, **kw) -> None:
+    with Store.open(url, writer="w", create=True, options=options) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes})
         for lo in range(0, n, batch):
             st.append(RecordBatch.from_records(TOPIC, rows(batch, start=lo, **kw)))
@@ -498,10 +501,15 @@ def _have_java() -> bool:
 
 @pytest.mark.skipif(not _have_java(), reason="Spark needs Java 17")
 def test_cli_compact_spark_and_the_data_source(s3_store_url, tmp_path):
-    url = s3_store_url()
-    fill(url, n=3000, batch=500)
+    # the S3 store written with shared uploads (issue 43): Spark's compaction splits them and
+    # the command collects the objects it split (no grace period here)
+    url = s3_store_url(grace_ms=0)
+    fill(url, n=3000, batch=500, options=WriterOptions(upload="shared"))
     local = str(tmp_path / "local")
     fill(local, n=3000, batch=500)
+    with Store.open(url) as st:
+        SH.journal_for(st.fs).refresh(0.0)
+        assert len(SH.journal_for(st.fs).objects) == 6  # a flush each
     p = run("compact", "--store", url, "--force", "--engine", "spark", "--spark-master",
             "local[2]", "--json", timeout=300)
     assert p.returncode == 0, p.stderr
@@ -509,6 +517,9 @@ def test_cli_compact_spark_and_the_data_source(s3_store_url, tmp_path):
     with Store.open(local) as st:
         compact_store(st, force=True)
     assert content(url) == content(local)
+    with Store.open(url) as st:
+        SH.journal_for(st.fs).refresh(0.0)
+        assert SH.journal_for(st.fs).objects == {}  # every object split, then collected
     code = textwrap.dedent(f"""
         from kcompact.connectors.apps.spark import spark_session
         spark = spark_session("local[2]")

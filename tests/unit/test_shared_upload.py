@@ -585,3 +585,27 @@ def test_a_per_partition_writer_on_a_shared_store_commits_no_empty_manifest_vers
     with Store.open(url) as st:
         assert st.partition("t", 0).manifest.version == before
         assert [v for *_, v in _read(st, "t", 0)] == [b"1", b"2"]
+
+
+def test_a_compaction_of_one_topic_collects_the_objects_it_finished_splitting(s3):
+    """`kcompact compact --topic` (compact_store with a topic) collects too once it split: an
+    object whose parts are all split goes; one still holding another topic's part stays."""
+    make, root = s3
+    url = make(grace_ms=0)
+    with Store.open(url, writer="w", create=True, options=SHARED,
+                    commitlog_dir=f"{root}/cl") as st:
+        st.append(_batch("t", [(0, 0, b"a", b"1"), (1, 0, b"b", b"1")]))
+        st.flush()  # object 0: t's parts only
+        st.append(_batch("t", [(0, 1, b"a", b"2")]))
+        st.append(_batch("u", [(0, 0, b"c", b"1")]))
+        st.flush()  # object 1: t-0's and u-0's parts
+    with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
+        res = compact_store(st, topic="t", force=True)
+        assert sorted(r.shared_parts_split for r in res) == [1, 2]
+        j = SH.journal_for(st.fs)
+        j.refresh(0.0)
+        objects = sorted(p.rsplit("/", 1)[1][:20] for p in j.objects)
+        assert objects == ["%020d" % 1]  # object 0 collected; object 1 waits for u-0
+    with Store.open(url) as st:
+        assert _read(st, "t", 0) == [(1, 1_001, b"a", b"2")]
+        assert _read(st, "u", 0) == [(0, 1_000, b"c", b"1")]
