@@ -47,4 +47,11 @@ class OffsetOrderError(ReputError, ValueError):
 
 
 class StoreLockedError(ReputError):
-    """Another process writes to this commit log: one writer per commitlog/<writer>/ at a time."""
+    """Another process writes to this commit log (one writer per commitlog/<writer>/ at a time)
+    or to this partition. ``by_writer``: the partition's holder is a writer, which keeps it as
+    long as it runs (not a compaction or a repair, which hold it for a while); waiting for it is
+    pointless."""
+
+    def __init__(self, message: str, by_writer: bool = False):
+        super().__init__(message)
+        self.by_writer = by_writer

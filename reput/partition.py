@@ -35,7 +35,7 @@ from .backend import AppendFile, Backend
 from .catalog import SegmentCatalog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig
 from .errors import ReputError
-from .locks import FileLock
+from .locks import FileLock, held_by_writer
 from .partition_list import LocalCatalog
 from .partition_manifest import ManifestCatalog
 from .partition_recovery import Recovery
@@ -61,7 +61,7 @@ class PartitionLog:
                  config: TopicConfig = TopicConfig(), *, writable: bool = False,
                  sub: str | None = None, local_fs: Backend | None = None,
                  clock: Clock = SYSTEM_CLOCK, require_list: bool = False,
-                 strict: bool = True):
+                 strict: bool = True, holder: str | None = None):
         if not fs.appendable and sub is not None:
             # a sub-directory (a replica's pull, a merge) is local scratch on an object store
             if local_fs is None:
@@ -109,12 +109,15 @@ class PartitionLog:
         #: hands it each rolled segment (``seal_queue(self, base)``) instead of sealing inline
         self.seal_queue = None
         if writable:
-            self._writer_lock = FileLock(self.local_fs, f"{self.dir}/{fn.LOCK_FILE}")
-            if not self._writer_lock.acquire(blocking=False):
-                self._writer_lock = None
+            lock = FileLock(self.local_fs, f"{self.dir}/{fn.LOCK_FILE}")
+            if not lock.acquire(blocking=False, holder=holder):
                 from .errors import StoreLockedError
-                raise StoreLockedError(f"{self.dir} is being written by another process; one "
-                                       "writer per partition at a time")
+                by = lock.holder()
+                raise StoreLockedError(
+                    f"{self.dir} is being written by another process"
+                    f"{f' ({by})' if by else ''}; one writer per partition at a time",
+                    by_writer=held_by_writer(by))
+            self._writer_lock = lock
         try:
             if writable:
                 self.catalog.load()

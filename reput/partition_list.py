@@ -28,7 +28,7 @@ from . import segment_list as SL
 from .backend import Backend
 from .catalog import SegmentCatalog
 from .errors import CorruptRecordError
-from .locks import FileLock
+from .locks import FileLock, partition_holder
 from .segment import PartitionContext, Segment
 from .segment_desc import SegmentDesc
 from .swap import PLAN_NAME, read_checkpoint, recover_swap, staging_dir
@@ -81,7 +81,7 @@ class LocalCatalog(SegmentCatalog):
             try:
                 # ... and no live writer, which rewrites the segment list as it appends
                 writer = FileLock(self.fs, f"{self.dir}/{fn.LOCK_FILE}")
-                if writer.acquire(blocking=False):
+                if writer.acquire(blocking=False, holder=partition_holder(None)):
                     try:
                         recover_swap(self.fs, self.dir)
                     finally:

@@ -113,7 +113,7 @@ class RepairRun:
         pdir = fn.partition_dir(topic, partition)
         for name in (fn.LOCK_FILE, fn.COMPACTION_LOCK):
             lock = FileLock(self.local_fs, f"{pdir}/{name}")
-            if not lock.acquire(blocking=False):
+            if not lock.acquire(blocking=False, holder=f"kcompact repair, pid {os.getpid()}"):
                 raise RepairError(f"{topic}-{partition} of {self.fs.url} is being written or "
                                   "compacted by another process (a mirror, a compaction, a "
                                   "replica); stop it, then run `kcompact repair` again")

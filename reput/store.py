@@ -44,7 +44,7 @@ from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
 from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
 from . import _native as _N
-from .locks import FileLock
+from .locks import FileLock, partition_holder
 from .partition import PartitionLog
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
@@ -560,20 +560,23 @@ class Store:
     #: how long ``writable_partition`` waits for a partition another process holds (0: it
     #: raises StoreLockedError at once, what a compactor wants: it skips the partition). A
     #: mirror sets it, so that a `kcompact compact` compacting a partition for a moment when
-    #: the mirror starts or appends delays the mirror instead of stopping it.
+    #: the mirror starts or appends delays the mirror instead of stopping it. A partition held
+    #: by another writer (which keeps it while it runs) is refused at once all the same.
     partition_lock_wait_s = 0.0
 
     def _open_writable(self, topic: str, partition: int) -> PartitionLog:
         from .errors import StoreLockedError
         deadline = self.clock.monotonic() + self.partition_lock_wait_s
+        holder = partition_holder(self.writer)
         while True:
             try:
                 return PartitionLog(self.fs, topic, partition, self.secret,
                                     self.topic_config(topic), writable=True,
                                     local_fs=self.local_fs if self.remote else None,
-                                    clock=self.clock, require_list=self.require_list)
-            except StoreLockedError:
-                if self.clock.monotonic() >= deadline:
+                                    clock=self.clock, require_list=self.require_list,
+                                    holder=holder)
+            except StoreLockedError as e:
+                if e.by_writer or self.clock.monotonic() >= deadline:
                     raise
                 time.sleep(0.2)
 

@@ -269,8 +269,8 @@ PARTITION_LOCK_WAIT_S = 60.0
 
 def _open_waiting(url: str, **kw) -> Store:
     """``Store.open`` as a writer, waiting while a partition its open recovers is held by
-    another process's short step (a compaction of it); a commit log another writer holds is
-    refused at once (StoreLockedError, as before)."""
+    another process's short step (a compaction of it); a commit log or a partition another
+    writer holds is refused at once (StoreLockedError)."""
     import time
     from kcompact.reput.errors import StoreLockedError
     deadline = time.monotonic() + PARTITION_LOCK_WAIT_S
@@ -278,7 +278,8 @@ def _open_waiting(url: str, **kw) -> Store:
         try:
             return Store.open(url, **kw)
         except StoreLockedError as e:
-            if "one writer per partition" not in str(e) or time.monotonic() > deadline:
+            if "one writer per partition" not in str(e) or e.by_writer or \
+                    time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
 

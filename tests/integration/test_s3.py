@@ -73,7 +73,7 @@ def rows(n: int, start: int = 0, parts: int = 3, keys: int = 60, vlen: int = 40)
 
 def fill(url: str, n: int = 6000, batch: int = 1000, segment_bytes: int = 16384,
          options: WriterOptions | None = None, **kw) -> None:
-    with Store.open(url, writer="w", create=True, options=options) as st:
+    with Store.open(url, writer="w", create=True, options=options or WriterOptions()) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes})
         for lo in range(0, n, batch):
             st.append(RecordBatch.from_records(TOPIC, rows(batch, start=lo, **kw)))
