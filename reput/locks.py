@@ -49,7 +49,7 @@ class FileLock:
     def acquire(self, blocking: bool = False, holder: str | None = None) -> bool:
         """Take the lock; False if another process holds it (``blocking``: wait instead).
         ``holder``: who takes it, written into the file for the one refused
-        (``holder()``), e.g. ``writer 'local' (pid 12)``."""
+        (``holder()``), e.g. ``writer 'local', pid 12`` (``partition_holder``)."""
         lp = self.fs.local_path(self.path)
         if lp is None:
             return True
