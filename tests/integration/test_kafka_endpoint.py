@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kcompact.compaction import CompactionOptions, compact_store
 from kcompact.connectors.apps.mirror import mirror_local
@@ -472,6 +472,45 @@ def test_produce_is_refused_and_the_store_is_unchanged(served):
     p.flush(15)
     assert len(errors) == 1 and errors[0] is not None
     assert errors[0].code() == KafkaError.POLICY_VIOLATION, errors[0]
+    assert read_store(url, topic) == before
+
+
+def test_a_producer_is_refused_and_says_why(served, tmp_path):
+    """What docs/kafka-endpoint.md lists: an idempotent librdkafka producer is refused at
+    InitProducerId (fatal CLUSTER_AUTHORIZATION_FAILED), a transactional one at its
+    coordinator with the read-only message, and the Java producer (VerifiableProducer, its
+    defaults and idempotence explicitly on) prints the endpoint's message or the
+    authorization error; the store is unchanged."""
+    _kafka, topic, url, ep, _ = served
+    before = read_store(url, topic)
+    p = Producer({"bootstrap.servers": ep.bootstrap, "message.timeout.ms": 10000,
+                  "enable.idempotence": True})
+    p.produce(topic, key=b"k", value=b"v", partition=0)
+    with pytest.raises(KafkaException) as got:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            p.poll(0.2)
+    err = got.value.args[0]
+    assert err.fatal() and err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, err
+    tp = Producer({"bootstrap.servers": ep.bootstrap, "transactional.id": "refused"})
+    with pytest.raises(KafkaException) as got:
+        tp.init_transactions(15)
+    err = got.value.args[0]
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
+    assert "read-only" in err.str()
+    for conf, want in (("", "PolicyViolationException"),
+                       ("enable.idempotence=true\n", "ClusterAuthorizationException")):
+        props = tmp_path / "producer.properties"
+        props.write_text(conf + "retries=0\n")
+        r = java("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server",
+                 ep.bootstrap, "--topic", topic, "--max-messages", "1", "--producer.config",
+                 str(props))
+        events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+        failed = [e for e in events if e["name"] == "producer_send_error"]
+        assert len(failed) == 1 and failed[0]["exception"].endswith(want), (r.stdout,
+                                                                              r.stderr[-2000:])
+        if want == "PolicyViolationException":
+            assert "read-only" in failed[0]["message"]
     assert read_store(url, topic) == before
 
 
