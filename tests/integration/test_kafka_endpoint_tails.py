@@ -260,7 +260,7 @@ def test_a_partition_ends_in_the_control_batch_kafka_serves_for_its_markers(tail
     kafka, topic, url, ep, _ = tails
     ends = [hi for _, hi in _ends(kafka, topic)]
     with Store.open(url) as ro:
-        lasts = [max(r.offset for r in ro.read(topic, p, 0)) for p in (0, 1)]
+        lasts = [max(r.offset for r in ro.iter_records(topic, p)) for p in (0, 1)]
     for p, kind in ((0, 1), (1, 0)):
         theirs = _head(_raw_fetch(kafka, topic, p, ends[p] - 1))
         assert theirs["base"] == ends[p] - 1 and theirs["attributes"] == 0x30, theirs
