@@ -403,3 +403,87 @@ def test_a_zstd_batch_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
     finally:
         c.close()
         srv.close()
+
+
+def _gap_store(root: str) -> tuple[str, list[int], int]:
+    """A compacted partition whose source ended 7 offsets past its last record: (url, the
+    stored offsets, the high watermark)."""
+    st_, _ = _build("local", root, [(1, b"k%d" % (i % 5), b"v%d" % i, []) for i in range(50)],
+                    True)
+    st_.record_partitions(TOPIC, [0])
+    st_.advance_next_offset(TOPIC, 0, st_.next_offset(TOPIC, 0) + 7)
+    st_.flush()
+    st_.close()
+    with Store.open(st_.url) as ro:
+        return st_.url, [r.offset for r in ro.iter_records(TOPIC, 0)], ro.next_offset(TOPIC, 0)
+
+
+def _confluent(bs: str) -> tuple[list[int], int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bs, "group.id": "g-confluent",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    try:
+        c.subscribe([TOPIC])
+        got, eof = [], None
+        while eof is None:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is not None:
+                eof = m.offset()
+                continue
+            got.append(m.offset())
+        c.commit(asynchronous=False)
+        return got, eof, c.committed([TopicPartition(TOPIC, 0)], timeout=10)[0].offset
+    finally:
+        c.close()
+
+
+def _kafka_python(bs: str) -> tuple[list[int], int, int]:
+    kafka = pytest.importorskip("kafka", reason="kafka-python is not installed")
+    tp = kafka.TopicPartition(TOPIC, 0)
+    c = kafka.KafkaConsumer(bootstrap_servers=bs, group_id="g-kafka-python",
+                            auto_offset_reset="earliest", enable_auto_commit=False,
+                            consumer_timeout_ms=3000)
+    try:
+        c.subscribe([TOPIC])
+        got = [m.offset for m in c]  # (until 3 s without a record)
+        c.commit()
+        return got, c.position(tp), c.committed(tp)
+    finally:
+        c.close()
+
+
+def _aiokafka(bs: str) -> tuple[list[int], int, int]:
+    aiokafka = pytest.importorskip("aiokafka", reason="aiokafka is not installed")
+
+    async def run():
+        tp = aiokafka.TopicPartition(TOPIC, 0)
+        c = aiokafka.AIOKafkaConsumer(TOPIC, bootstrap_servers=bs, group_id="g-aiokafka",
+                                      auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        try:
+            got = []
+            while batch := await c.getmany(timeout_ms=2000):
+                got += [m.offset for ms in batch.values() for m in ms]
+            await c.commit()
+            return got, await c.position(tp), await c.committed(tp)
+        finally:
+            await c.stop()
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("client", [_confluent, _kafka_python, _aiokafka],
+                         ids=["confluent-kafka", "kafka-python", "aiokafka"])
+def test_a_group_steps_over_the_end_marker_to_the_high_watermark(tmp_path, client):
+    """A group member reads every record once, ends at the high watermark (past the trailing
+    gap the marker ends) and commits it."""
+    url, offs, hwm = _gap_store(str(tmp_path))
+    assert offs and offs[-1] + 1 < hwm
+    srv = Served(url)
+    try:
+        got, end, committed = client(f"127.0.0.1:{srv.port}")
+        assert (got, end, committed) == (offs, hwm, hwm)
+    finally:
+        srv.close()
