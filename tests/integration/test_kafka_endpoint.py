@@ -335,7 +335,9 @@ def test_kcat_and_franz_go_read_the_compacted_copy_to_its_end(compacted, franzgo
     assert recs[-1]["end"] == {"0": ends[0], "1": ends[1]}, recs[-1]
     grp = _franzgo(franzgo, "group", ep.bootstrap, topic, f"kgo-{uuid.uuid4().hex[:6]}")
     assert sorted((r["p"], r["o"]) for r in grp[:-1]) == want
-    assert grp[-1]["committed"] == {"0": ends[0], "1": ends[1]}, grp[-1]
+    # kgo commits the offset after the last record it returned, never past a control batch:
+    # what it commits at a Kafka partition ending in markers too (test_kafka_endpoint_tails)
+    assert grp[-1]["committed"] == {str(p): stored[p][-1][0] + 1 for p in (0, 1)}, grp[-1]
     if shutil.which("kcat") or shutil.which("kafkacat"):
         for part in (0, 1):
             out = _kcat_run("-b", ep.bootstrap, "-C", "-t", topic, "-p", str(part), "-o",
@@ -354,9 +356,8 @@ def test_a_fetch_below_v10_of_zstd_batches_fails_as_from_kafka(served, tmp_path)
     shutil.copytree(url, copy)
     with Store.open(str(copy), writer="t") as st:
         assert st.topic_config(topic).compression_type == "producer"
-        codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)
-                  if d["format"] == 2}
-        assert codecs == {"uncompressed"}, codecs
+        codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
+        assert codecs and codecs <= {"none", "uncompressed"}, codecs  # (format 1: "none")
         st.set_topic_config(topic, {"compression.type": "zstd"})
         compact_store(st, topic=topic, force=True, options=CompactionOptions())
         codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
@@ -498,10 +499,10 @@ def test_a_producer_is_refused_and_says_why(served, tmp_path):
     err = got.value.args[0]
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
     assert "read-only" in err.str()
-    for conf, want in (("", "PolicyViolationException"),
+    for conf, want in (("retries=0\n", "PolicyViolationException"),
                        ("enable.idempotence=true\n", "ClusterAuthorizationException")):
         props = tmp_path / "producer.properties"
-        props.write_text(conf + "retries=0\n")
+        props.write_text(conf)
         r = java("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server",
                  ep.bootstrap, "--topic", topic, "--max-messages", "1", "--producer.config",
                  str(props))

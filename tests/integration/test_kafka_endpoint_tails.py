@@ -32,6 +32,7 @@ from kcompact.reput import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
 from endpoint_tools import java, read_all, restore, serving  # noqa: E402
+from test_kafka_endpoint import _franzgo, franzgo  # noqa: E402,F401 (a fixture)
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -282,3 +283,13 @@ def test_a_partition_ends_in_the_control_batch_kafka_serves_for_its_markers(tail
             assert ours["records"][:5] == rec[:5] and ours["records"][5:9] == b"\0\0\0\x01"
             assert ours["records"][9:12] == rec[9:12] and ours["records"][16:] == b"\x00"
             assert ours["pid"] == 2**63 - 1
+
+
+def test_franz_go_commits_at_the_endpoint_what_it_commits_at_kafka(tails, franzgo):
+    """A kgo group over partitions ending in markers (Kafka) and in the endpoint's marker (the
+    store's trailing gaps): the same records, the same committed offsets (kgo commits the
+    offset after the last record it returned, never past a control batch)."""
+    kafka, topic, _url, ep, _ = tails
+    ours = _franzgo(franzgo, "group", ep.bootstrap, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    theirs = _franzgo(franzgo, "group", kafka, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    assert ours == theirs and len(ours) > 20
