@@ -6,6 +6,7 @@ Java tools from the cached jars, and a Java loop shaped like Kafka Streams' Glob
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 import time
@@ -141,3 +142,42 @@ def serving(kafka, topic: str, url: str, work: Path):
     finally:
         ep.stop()
         kafka.admin.delete_topics([topic], operation_timeout=30)
+
+
+def raw_fetch(bootstrap: str, topic: str, partition: int, offset: int, version: int = 12
+              ) -> tuple[int, bytes]:
+    """(error code, records bytes) of one partition of a Fetch (read_uncommitted) of
+    ``version``, asked with kio and decoded with kio: what a broker serves, batch bytes as
+    they are."""
+    import socket
+    import struct
+
+    from kio.serial import entity_reader, entity_writer
+
+    from kcompact.replication.kafka_endpoint.wire import _request_schema, build, response_schema
+    host, port = bootstrap.rsplit(":", 1)
+    cls = _request_schema(1, version)
+    out = io.BytesIO()
+    entity_writer(cls.__header_schema__)(out, build(
+        cls.__header_schema__, request_api_key=1, request_api_version=version, correlation_id=7,
+        client_id="capture"))
+    entity_writer(cls)(out, build(
+        cls, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+        session_id=0, session_epoch=-1, topics=[{"topic": topic, "partitions": [{
+            "partition": partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+            "log_start_offset": -1, "current_leader_epoch": -1, "last_fetched_epoch": -1}]}],
+        forgotten_topics_data=[], rack_id=""))
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        raw = out.getvalue()
+        s.sendall(struct.pack(">i", len(raw)) + raw)
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            chunk = s.recv(1 << 16)
+            assert chunk, "connection closed"
+            buf += chunk
+    resp = response_schema(1, version)
+    _, n = entity_reader(resp.__header_schema__)(buf[4:], 0)
+    body, _ = entity_reader(resp)(buf[4:], n)
+    (t,) = body.responses
+    (p,) = t.partitions
+    return int(p.error_code), bytes(p.records or b"")

@@ -48,7 +48,7 @@ from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.reput import ManualClock, Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import Endpoint, java, read_all, restore, serving  # noqa: E402
+from endpoint_tools import Endpoint, java, raw_fetch, read_all, restore, serving  # noqa: E402
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -348,10 +348,10 @@ def test_kcat_and_franz_go_read_the_compacted_copy_to_its_end(compacted, franzgo
 def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_kafka, tmp_path):
     """KIP-110 as Kafka applies it, by the topic's compression.type. A source topic configured
     zstd, mirrored (the mirror syncs its compression.type: the store's batches are zstd), read
-    by a librdkafka pinned to Kafka 0.11's protocol (Fetch v4): UNSUPPORTED_COMPRESSION_TYPE
-    from Kafka and from the endpoint. The module's topic (compression.type producer; zstd,
-    gzip and uncompressed producers; stored uncompressed: the source's codec unknown) reads
-    below v10 from both, the same records."""
+    with Fetch v4 and v9: UNSUPPORTED_COMPRESSION_TYPE from Kafka and from the endpoint; v10
+    and v12: records from both. The module's topic (compression.type producer; zstd, gzip and
+    uncompressed producers; stored uncompressed: the source's codec unknown) gets records to a
+    Fetch v4 from both (Kafka serves a producer topic's zstd batches to it)."""
     from confluent_kafka.admin import NewTopic
     kafka, topic, url, _ep, _ = served
     zt = f"zstd-{uuid.uuid4().hex[:6]}"
@@ -372,31 +372,20 @@ def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_ka
         assert st.topic_config(topic).compression_type == "producer"
         codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
         assert codecs and codecs <= {"none", "uncompressed"}, codecs  # (format 1: "none")
-    old = {"api.version.request": False, "broker.version.fallback": "0.11.0"}
     ep = Endpoint(copy, log=tmp_path / "ep.log").start()
     try:
-        for bs in (kafka, ep.bootstrap):
-            c = Consumer({"bootstrap.servers": bs, "group.id": f"old-{uuid.uuid4().hex[:6]}",
-                          "enable.partition.eof": True, **old})
-            try:
-                c.assign([TopicPartition(zt, 0, 0)])
-                deadline = time.monotonic() + 30
-                err = None
-                while err is None:
-                    assert time.monotonic() < deadline, bs
-                    m = c.poll(0.5)
-                    if m is not None and m.error() is not None:
-                        err = m.error()
-                assert err.code() == KafkaError.UNSUPPORTED_COMPRESSION_TYPE, (bs, err)
-            finally:
-                c.close()
+        for version, want in ((4, 76), (9, 76), (10, 0), (12, 0)):  # 76: UNSUPPORTED_COMPRESSION_TYPE
+            got = [raw_fetch(bs, zt, 0, 0, version) for bs in (kafka, ep.bootstrap)]
+            assert [g[0] for g in got] == [want, want], (version, [g[0] for g in got])
+            assert bool(got[0][1]) == bool(got[1][1]) == (want == 0)
     finally:
         ep.stop()
         apache_kafka.admin.delete_topics([zt], operation_timeout=30)
     ep = Endpoint(url, log=tmp_path / "ep2.log").start()
     try:
         for part in (0, 1):
-            assert _offsets(ep.bootstrap, topic, part, old) == _offsets(kafka, topic, part, old)
+            got = [raw_fetch(bs, topic, part, 0, 4) for bs in (kafka, ep.bootstrap)]
+            assert [g[0] for g in got] == [0, 0] and got[0][1] and got[1][1], part
     finally:
         ep.stop()
 
@@ -404,28 +393,6 @@ def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_ka
 def _segments(st: Store, topic: str, p: int) -> list[dict]:
     pl = st.partition(topic, p)
     return [pl.describe_segment(s) for s in pl.segments if s.log_size]
-
-
-def _offsets(bs: str, topic: str, part: int, extra: dict) -> list[int]:
-    c = Consumer({"bootstrap.servers": bs, "group.id": f"o-{uuid.uuid4().hex[:6]}",
-                  "enable.partition.eof": True, "isolation.level": "read_committed", **extra})
-    try:
-        c.assign([TopicPartition(topic, part, 0)])
-        got, deadline = [], time.monotonic() + 30
-        while True:
-            assert time.monotonic() < deadline, (bs, got[-3:])
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is not None:
-                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
-                return got + [m.offset()]
-            got.append(m.offset())
-    finally:
-        c.close()
-
-
-# -- groups ------------------------------------------------------------------------------------------
 
 
 def _member(bs: str, group: str, name: str) -> Consumer:

@@ -31,7 +31,7 @@ from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.reput import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import java, read_all, restore, serving  # noqa: E402
+from endpoint_tools import java, raw_fetch, read_all, restore, serving  # noqa: E402
 from test_kafka_endpoint import _franzgo, franzgo  # noqa: E402,F401 (a fixture)
 from topics import read_store  # noqa: E402
 
@@ -204,41 +204,9 @@ def test_a_mirror_resumes_after_the_markers_and_the_endpoint_follows(tails):
 
 
 def _raw_fetch(bootstrap: str, topic: str, partition: int, offset: int) -> bytes:
-    """The records bytes of one partition of a Fetch v12 (read_uncommitted), asked with kio
-    and decoded with kio: what a broker serves, batch bytes as they are."""
-    import socket
-    import struct
-
-    from kio.serial import entity_reader, entity_writer
-
-    from kcompact.replication.kafka_endpoint.wire import _request_schema, build, response_schema
-    host, port = bootstrap.rsplit(":", 1)
-    cls = _request_schema(1, 12)
-    out = io.BytesIO()
-    entity_writer(cls.__header_schema__)(out, build(
-        cls.__header_schema__, request_api_key=1, request_api_version=12, correlation_id=7,
-        client_id="capture"))
-    entity_writer(cls)(out, build(
-        cls, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
-        session_id=0, session_epoch=-1, topics=[{"topic": topic, "partitions": [{
-            "partition": partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
-            "log_start_offset": -1, "current_leader_epoch": -1, "last_fetched_epoch": -1}]}],
-        forgotten_topics_data=[], rack_id=""))
-    with socket.create_connection((host, int(port)), timeout=20) as s:
-        raw = out.getvalue()
-        s.sendall(struct.pack(">i", len(raw)) + raw)
-        buf = b""
-        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
-            chunk = s.recv(1 << 16)
-            assert chunk, "connection closed"
-            buf += chunk
-    resp = response_schema(1, 12)
-    _, n = entity_reader(resp.__header_schema__)(buf[4:], 0)
-    body, _ = entity_reader(resp)(buf[4:], n)
-    (t,) = body.responses
-    (p,) = t.partitions
-    assert int(p.error_code) == 0, p
-    return bytes(p.records or b"")
+    err, records = raw_fetch(bootstrap, topic, partition, offset)
+    assert err == 0, err
+    return records
 
 
 def _head(raw: bytes) -> dict:
