@@ -395,6 +395,9 @@ def _segments(st: Store, topic: str, p: int) -> list[dict]:
     return [pl.describe_segment(s) for s in pl.segments if s.log_size]
 
 
+# -- groups ------------------------------------------------------------------------------------------
+
+
 def _member(bs: str, group: str, name: str) -> Consumer:
     return Consumer({"bootstrap.servers": bs, "group.id": group, "client.id": name,
                      "auto.offset.reset": "earliest", "enable.auto.commit": False,
