@@ -121,6 +121,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     http = None
     if a.listen:
         http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                            tokens_file=a.tokens_file,
                             tls_cert=a.tls_cert, tls_key=a.tls_key,
                             max_connections=a.max_connections,
                             client_timeout_s=a.client_timeout, metrics=a.metrics)
@@ -145,6 +146,14 @@ def cmd_users_add(a: argparse.Namespace) -> int:
     add_user(a.file, a.name, a.mechanism, password)
     print(f"kcompact users: {a.mechanism} credential of {a.name} written to {a.file}",
           file=sys.stderr)
+    return 0
+
+
+def cmd_tokens_add(a: argparse.Namespace) -> int:
+    from kcompact.replication.tokens import add_token
+    print(add_token(a.file, a.name, a.topics))
+    print(f"kcompact tokens: {a.name} ({a.topics}) written to {a.file}; the token above is "
+          "not stored, keep it", file=sys.stderr)
     return 0
 
 
@@ -185,7 +194,7 @@ def cmd_kv_serve(a: argparse.Namespace) -> int:
     from .apps.kv.serve import KVServeOptions, follow_and_serve
     return follow_and_serve(KVServeOptions(
         store=a.store, topic=a.topic, db=a.db, listen=a.listen, token_file=a.token_file,
-        bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
+        tokens_file=a.tokens_file, bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
         metrics=a.metrics, max_connections=a.max_connections,
         client_timeout_s=a.client_timeout))
 
@@ -251,9 +260,11 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if not args.listen and not args.kafka_listen:
             parser.error("give --listen HOST:PORT --token-file F (replication over HTTP), "
                          "--kafka-listen HOST:PORT (Kafka clients), or both")
-        if args.listen and not args.token_file:
+        if args.listen and not args.token_file and not args.tokens_file:
             parser.error("--listen needs --token-file F (the file holding the bearer token "
-                         "replicas must send)")
+                         "replicas must send) or --tokens-file F")
+        if args.tokens_file and not args.listen:
+            parser.error("--tokens-file applies to --listen only")
         if args.token_file and not args.listen:
             parser.error("--token-file applies to --listen only (the Kafka listener's is "
                          "--kafka-token-file)")
@@ -510,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="with --listen: file holding the bearer token replicas must send "
                    "(e.g. made with `openssl rand -hex 32`)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="with --listen: named bearer tokens, each limited to topic patterns, "
+                   "hashed (made with `kcompact tokens add`; docs/security.md)")
     s.add_argument("--kafka-listen", default=None, metavar="HOST:PORT",
                    help="serve the store to Kafka clients (a read-only broker) on this "
                    "address, e.g. 127.0.0.1:9092 (port 0 picks a free one)")
@@ -562,6 +576,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the SASL mechanism of the credential (default SCRAM-SHA-512)")
     u.add_argument("name", help="the user name (the principal is User:NAME)")
     u.set_defaults(func=cmd_users_add)
+
+    s = sub.add_parser("tokens", help="manage the tokens file of `serve --tokens-file` and "
+                       "`kv serve --tokens-file`")
+    ts = s.add_subparsers(dest="tokens_command", required=True, metavar="COMMAND")
+    t = ts.add_parser("add", help="make a token for some topics: its hash goes to the file, "
+                      "the token to stdout (shown this once)")
+    t.add_argument("--file", required=True, metavar="FILE",
+                   help="the tokens file (created with mode 0600)")
+    t.add_argument("--topics", required=True, metavar="PATTERNS",
+                   help="comma-separated topics the token may list, replicate or read: a "
+                   "name, prefix* or *")
+    t.add_argument("name", help="the token's name (in logs and 403 answers)")
+    t.set_defaults(func=cmd_tokens_add)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL",
@@ -651,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the bearer token clients must send (required beyond "
                    "loopback; default: none, loopback only)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="named bearer tokens limited to topic patterns (`kcompact tokens "
+                   "add`): only those allowed this map's topic may read it")
     s.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
                    help="after the store, catch up and follow from this Kafka cluster "
                    "(default: follow the store only)")

@@ -156,7 +156,7 @@ def serve_all(opts: ServeAllOptions) -> int:
     http = opts.http
     if http is not None:
         from ..protocol import serve_protocols
-        token = read_token_file(http.token_file)
+        token, tokens = http.read_tokens()
         http_ctx = tls_context(http.tls_cert, http.tls_key)
     ops = Ops("serve") if opts.metrics else None
     metrics = start_ops(ops, opts.metrics, lambda m: print(
@@ -171,7 +171,8 @@ def serve_all(opts: ServeAllOptions) -> int:
                           file=sys.stderr, flush=True)
                 tasks.append(asyncio.ensure_future(run_server(
                     opts.store, http.listen, token, ssl_context=http_ctx, limits=http.limits(),
-                    ready=ready, stop=ev, ops=ops, protocols=serve_protocols())))
+                    ready=ready, stop=ev, ops=ops, protocols=serve_protocols(),
+                    tokens=tokens)))
             if opts.kafka is not None:
                 tasks.append(asyncio.ensure_future(run_kafka_endpoint(
                     opts.store, opts.kafka, stop=ev, ops=ops)))

@@ -90,10 +90,8 @@ def _records(topic: str) -> list[tuple[int, bytes, bytes]]:
     return [(i, f"{topic}-k{i}".encode(), f"{topic}-v{i}".encode()) for i in range(5)]
 
 
-@pytest.fixture(scope="module")
-def acl_store(tmp_path_factory) -> tuple[str, Path]:
-    work = tmp_path_factory.mktemp("acls")
-    url = str(work / "store")
+def build_store(url: str) -> str:
+    """A store holding TOPICS (one partition of ``_records`` each)."""
     clock = ManualClock()
     st = Store.open(url, writer="w", create=True, clock=clock)
     for t in TOPICS:
@@ -101,6 +99,13 @@ def acl_store(tmp_path_factory) -> tuple[str, Path]:
             Record(t, 0, o, clock.ms() + o, k, v, ()) for o, k, v in _records(t)]))
     st.flush()
     st.close()
+    return url
+
+
+@pytest.fixture(scope="module")
+def acl_store(tmp_path_factory) -> tuple[str, Path]:
+    work = tmp_path_factory.mktemp("acls")
+    url = build_store(str(work / "store"))
     users = work / "users"
     for name, mech in (("alice", "SCRAM-SHA-512"), ("bob", "PLAIN"),
                        ("carol", "SCRAM-SHA-256"), ("alice", "PLAIN")):
