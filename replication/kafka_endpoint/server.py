@@ -12,11 +12,14 @@ never interleave. Against bad clients, everyone else keeps being served:
   10 min), or that takes longer than ``request_timeout_s`` to send a request it started, or to
   take its response, is closed; more than ``max_connections`` open: closed at once (one line per
   10 s);
-* with a token (``--kafka-token-file``) a client must authenticate with SASL/PLAIN (any user
-  name, the token as the password, compared in constant time) before any request but
-  ApiVersions and SaslHandshake: in SaslAuthenticate requests after a SaslHandshake v1, as a
-  bare size-prefixed token after a v0 one (Kafka's legacy flow); a failed authentication is
-  answered (v1), logged and closed;
+* with a token (``--kafka-token-file``: SASL/PLAIN, any user name, the token as the password)
+  or a users file (``--kafka-users-file``: SCRAM-SHA-256/512 and PLAIN, sasl.py) a client must
+  authenticate before any request but ApiVersions and SaslHandshake: in SaslAuthenticate
+  requests after a SaslHandshake v1, as bare size-prefixed tokens after a v0 one (Kafka's
+  legacy flow); a failed authentication is answered SASL_AUTHENTICATION_FAILED with the reason
+  (v1), logged and closed; the connection's ``principal`` is then ``User:NAME``;
+* with ``--tls-client-ca`` the principal of a connection without SASL is its certificate's
+  subject (``User:<DN>``); with ACLs every request passes the ``Gate`` (authorize.py);
 * with TLS, each accepted connection's handshake runs here (``StreamWriter.start_tls``), so a
   failed or missing one is logged with its reason, not dropped silently by asyncio.
 
