@@ -21,8 +21,8 @@ resource.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable
@@ -55,15 +55,18 @@ class AclSource:
         self.reload_errors = 0
 
     @classmethod
-    def from_file(cls, path: str, log: logging.Logger, everyone: bool = False) -> "AclSource":
+    def from_file(cls, path: str, log: logging.Logger, everyone: bool = False,
+                  clock=time.monotonic) -> "AclSource":
         """The file's ACLs; AclError (naming the line) when it cannot be used."""
         return cls(Authorizer(read_acls_file(path), allow_everyone_if_no_acl_found=everyone),
-                   log, path, everyone)
+                   log, path, everyone, clock)
 
     def _stat(self):
+        """The file's content hash (an edit within the file system's timestamp granularity
+        changes no mtime; the file is small), None when it cannot be read."""
         try:
-            st = os.stat(self.path)
-            return (st.st_mtime_ns, st.st_size, st.st_ino)
+            with open(self.path, "rb") as f:
+                return hashlib.sha256(f.read()).digest()
         except OSError:
             return None
 
@@ -72,7 +75,7 @@ class AclSource:
             with self._lock:
                 self._checked = self.clock()
                 stamp = self._stat()
-                if stamp != self._stamp:
+                if stamp is not None and stamp != self._stamp:
                     self._stamp = stamp
                     try:
                         self.authorizer = Authorizer(

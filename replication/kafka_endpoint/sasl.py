@@ -200,8 +200,8 @@ def _saslname(s: str) -> str:
 class ScramServer:
     """One SCRAM exchange; ``step(bytes) -> bytes``; ``principal`` once ``done``."""
 
-    def __init__(self, mechanism: str, users: dict):
-        self.mechanism, self.users = mechanism, users
+    def __init__(self, mechanism: str, users: dict, nonce=lambda: secrets.token_urlsafe(18)):
+        self.mechanism, self.users, self._new_nonce = mechanism, users, nonce
         self.hash = SCRAM_MECHANISMS[mechanism]
         self.state = 0
         self.done = False
@@ -236,7 +236,7 @@ class ScramServer:
             raise SaslFailure(f"Authentication failed during authentication due to invalid "
                               f"credentials with SASL mechanism {self.mechanism}")
         self.cred = cred
-        self.nonce = fields["r"] + secrets.token_urlsafe(18)
+        self.nonce = fields["r"] + self._new_nonce()
         self.client_first_bare = bare
         self.server_first = (f"r={self.nonce},s={base64.b64encode(cred.salt).decode()},"
                              f"i={cred.iterations}")
