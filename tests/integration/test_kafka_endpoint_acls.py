@@ -253,7 +253,7 @@ def test_wrong_password_is_sasl_authentication_failed_with_a_reason(endpoint):
                               error_cb=errors.append), "group.id": "x"})
         try:
             with pytest.raises(Exception):
-                c.list_topics(timeout=5)
+                c.list_topics(timeout=2)
         finally:
             c.close()
         assert errors and errors[0].code() == KafkaError._AUTHENTICATION, errors
