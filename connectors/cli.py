@@ -121,6 +121,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     http = None
     if a.listen:
         http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                            tokens_file=a.tokens_file,
                             tls_cert=a.tls_cert, tls_key=a.tls_key,
                             max_connections=a.max_connections,
                             client_timeout_s=a.client_timeout, metrics=a.metrics)
@@ -130,8 +131,30 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                      tls_cert=a.tls_cert, tls_key=a.tls_key,
                                      allow_unauthenticated=a.allow_unauthenticated,
                                      limits=Limits.given(a.max_connections, a.client_timeout,
-                                                         a.kafka_idle_timeout))
+                                                         a.kafka_idle_timeout),
+                                     users_file=a.kafka_users_file,
+                                     tls_client_ca=a.tls_client_ca, acls_file=a.acls_file,
+                                     acls_from_store=a.acls_from_store,
+                                     allow_everyone_if_no_acl_found=(
+                                         a.allow_everyone_if_no_acl_found))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
+
+
+def cmd_users_add(a: argparse.Namespace) -> int:
+    from kcompact.replication.kafka_endpoint.sasl import add_user
+    password = sys.stdin.buffer.readline().rstrip(b"\r\n")
+    add_user(a.file, a.name, a.mechanism, password)
+    print(f"kcompact users: {a.mechanism} credential of {a.name} written to {a.file}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_tokens_add(a: argparse.Namespace) -> int:
+    from kcompact.replication.tokens import add_token
+    print(add_token(a.file, a.name, a.topics))
+    print(f"kcompact tokens: {a.name} ({a.topics}) written to {a.file}; the token above is "
+          "not stored, keep it", file=sys.stderr)
+    return 0
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
@@ -171,7 +194,7 @@ def cmd_kv_serve(a: argparse.Namespace) -> int:
     from .apps.kv.serve import KVServeOptions, follow_and_serve
     return follow_and_serve(KVServeOptions(
         store=a.store, topic=a.topic, db=a.db, listen=a.listen, token_file=a.token_file,
-        bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
+        tokens_file=a.tokens_file, bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
         metrics=a.metrics, max_connections=a.max_connections,
         client_timeout_s=a.client_timeout))
 
@@ -237,21 +260,27 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if not args.listen and not args.kafka_listen:
             parser.error("give --listen HOST:PORT --token-file F (replication over HTTP), "
                          "--kafka-listen HOST:PORT (Kafka clients), or both")
-        if args.listen and not args.token_file:
+        if args.listen and not args.token_file and not args.tokens_file:
             parser.error("--listen needs --token-file F (the file holding the bearer token "
-                         "replicas must send)")
+                         "replicas must send) or --tokens-file F")
+        if args.tokens_file and not args.listen:
+            parser.error("--tokens-file applies to --listen only")
         if args.token_file and not args.listen:
             parser.error("--token-file applies to --listen only (the Kafka listener's is "
                          "--kafka-token-file)")
-        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout"):
+        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout",
+                     "kafka_users_file", "tls_client_ca", "acls_file", "acls_from_store",
+                     "allow_everyone_if_no_acl_found"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
-        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
+        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
+                and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
             host = args.kafka_listen.rpartition(":")[0].strip("[]")
             if host and not is_loopback(host):
                 parser.error(f"--kafka-listen {args.kafka_listen} is not a loopback address: "
-                             "add --kafka-token-file F (SASL/PLAIN) or --allow-unauthenticated")
+                             "add --kafka-token-file F (SASL/PLAIN), --kafka-users-file F, "
+                             "--tls-client-ca F or --allow-unauthenticated")
     return check
 
 
@@ -492,12 +521,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="with --listen: file holding the bearer token replicas must send "
                    "(e.g. made with `openssl rand -hex 32`)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="with --listen: named bearer tokens, each limited to topic patterns, "
+                   "hashed (made with `kcompact tokens add`; docs/security.md)")
     s.add_argument("--kafka-listen", default=None, metavar="HOST:PORT",
                    help="serve the store to Kafka clients (a read-only broker) on this "
                    "address, e.g. 127.0.0.1:9092 (port 0 picks a free one)")
     s.add_argument("--kafka-token-file", default=None, metavar="FILE",
                    help="require SASL/PLAIN on --kafka-listen: any user name, this file's "
                    "token as the password")
+    s.add_argument("--kafka-users-file", default=None, metavar="FILE",
+                   help="enable SASL/SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN on --kafka-listen "
+                   "for the users of this file (made with `kcompact users add`; "
+                   "docs/security.md)")
+    s.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                   help="--kafka-listen with TLS: require a client certificate signed by this "
+                   "CA; its subject is the principal User:<DN>")
+    s.add_argument("--acls-file", default=None, metavar="FILE",
+                   help="authorize --kafka-listen's requests with these ACLs: the output of "
+                   "`kafka-acls --list` as it is (re-read when it changes)")
+    s.add_argument("--acls-from-store", action="store_true",
+                   help="authorize --kafka-listen's requests with the ACLs `kcompact mirror` "
+                   "captured from the source cluster")
+    s.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                   help="with ACLs: allow a resource no ACL names (Kafka's "
+                   "allow.everyone.if.no.acl.found; default: denied)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="let --kafka-listen bind a non-loopback address without "
                    "--kafka-token-file")
@@ -517,6 +565,30 @@ def build_parser() -> argparse.ArgumentParser:
                    "(Kafka's connections.max.idle.ms; default 600)")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
+
+    s = sub.add_parser("users", help="manage the users file of `serve --kafka-users-file`")
+    us = s.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
+    u = us.add_parser("add", help="add or replace a user's credential (password on stdin)")
+    u.add_argument("--file", required=True, metavar="FILE",
+                   help="the users file (created with mode 0600)")
+    u.add_argument("--mechanism", default="SCRAM-SHA-512",
+                   choices=["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"],
+                   help="the SASL mechanism of the credential (default SCRAM-SHA-512)")
+    u.add_argument("name", help="the user name (the principal is User:NAME)")
+    u.set_defaults(func=cmd_users_add)
+
+    s = sub.add_parser("tokens", help="manage the tokens file of `serve --tokens-file` and "
+                       "`kv serve --tokens-file`")
+    ts = s.add_subparsers(dest="tokens_command", required=True, metavar="COMMAND")
+    t = ts.add_parser("add", help="make a token for some topics: its hash goes to the file, "
+                      "the token to stdout (shown this once)")
+    t.add_argument("--file", required=True, metavar="FILE",
+                   help="the tokens file (created with mode 0600)")
+    t.add_argument("--topics", required=True, metavar="PATTERNS",
+                   help="comma-separated topics the token may list, replicate or read: a "
+                   "name, prefix* or *")
+    t.add_argument("name", help="the token's name (in logs and 403 answers)")
+    t.set_defaults(func=cmd_tokens_add)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL",
@@ -606,6 +678,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the bearer token clients must send (required beyond "
                    "loopback; default: none, loopback only)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="named bearer tokens limited to topic patterns (`kcompact tokens "
+                   "add`): only those allowed this map's topic may read it")
     s.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
                    help="after the store, catch up and follow from this Kafka cluster "
                    "(default: follow the store only)")
