@@ -70,7 +70,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
         exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
-        upload=a.upload))
+        upload=a.upload, sync_acls=not a.no_acls,
+        acls_interval_ms=a.sync_topic_acls_interval_ms))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -91,6 +92,12 @@ def cmd_compact(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .apps.inspect import InspectOptions, run_inspect
     return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
+
+
+def cmd_acls(a: argparse.Namespace) -> int:
+    from .apps.acls import AclsOptions, run_acls
+    return run_acls(AclsOptions(store=a.store, topic=a.topic, json=a.json, as_of_ms=a.as_of,
+                                allow_inexact=a.allow_inexact))
 
 
 def cmd_groups(a: argparse.Namespace) -> int:
@@ -154,7 +161,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
-        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
+        acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -287,6 +295,9 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         ms = args.sync_group_offsets_interval_ms
         if ms is not None and ms < 1000:
             parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        ms = args.sync_topic_acls_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-topic-acls-interval-ms: at least 1000")
         if args.no_groups and (args.groups or args.exclude_groups):
             parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
         import re
@@ -367,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
                    help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
                    "sync.group.offsets.interval.ms; default 60000, at least 1000)")
+    s.add_argument("--no-acls", action="store_true",
+                   help="do not keep the source's ACL bindings on the mirrored topics and "
+                   "their groups (kept by default: `kcompact acls`, `restore --acls`)")
+    s.add_argument("--sync-topic-acls-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the ACLs are captured (MirrorMaker 2's "
+                   "sync.topic.acls.interval.ms; default 600000, at least 1000)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -454,6 +471,18 @@ def build_parser() -> argparse.ArgumentParser:
                "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
                "as one JSON document")
     s.set_defaults(func=cmd_groups)
+
+    s = sub.add_parser("acls", help="the source ACL bindings a store keeps, in kafka-acls "
+                       "--list's terms")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the bindings of the kept topics whose whole name this matches "
+                   "(and of the groups kept with them)")
+    _json_flag(s, "print {\"bindings\": [{resource_type, resource_name, pattern_type, "
+               "principal, host, operation, permission_type, captured_ms}], \"captured\": "
+               "{topic: ms}} as one JSON document")
+    _as_of_flags(s, "the bindings as captured at or before TIME")
+    s.set_defaults(func=cmd_acls, check_usage=_as_of_usage(s))
 
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
@@ -577,8 +606,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--acls", action="store_true",
+                   help="once the restore is done, create on the target the source ACL "
+                   "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "
+                   "names --to-topic) and the groups kept with it; bindings already there are "
+                   "left alone")
+    s.add_argument("--acl-principal-map", action="append", default=None, metavar="OLD=NEW",
+                   help="with --acls: create OLD's bindings for NEW (User:alice=User:carol; "
+                   "repeatable)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print what the restore would create besides the records (the ACLs "
+                   "of --acls); produce and change nothing")
     _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
-                 "timestamp at or before TIME; with --groups, their positions as kept then)")
+                 "timestamp at or before TIME; with --groups, their positions as kept then; "
+                 "with --acls, the bindings as captured then)")
     _kafka_settings_flag(s, "producer")
     s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
@@ -674,6 +715,8 @@ def _as_of_usage(parser: argparse.ArgumentParser,
 
 def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     def check(args) -> None:
+        if args.acl_principal_map and not args.acls:
+            parser.error("--acl-principal-map goes with --acls")
         if args.groups and args.repartition:
             parser.error("--groups cannot go with --repartition: records change partitions, so "
                          "a group's position in a source partition has no place in the target")

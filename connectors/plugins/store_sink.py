@@ -54,6 +54,7 @@ from ..framework.kafka_clients import admin_settings, kafka_logger, short_lived
 from ..framework.topic_watch import describe_topic_ids
 from .config_sync import SinkConfigSync
 from .group_sync import DEFAULT_INTERVAL_MS, SinkGroupSync
+from .acl_sync import DEFAULT_INTERVAL_MS as ACL_INTERVAL_MS, SinkAclSync
 
 STORE_SINK_CONFIG = (
     ConfigDef()
@@ -96,6 +97,14 @@ STORE_SINK_CONFIG = (
             "source refusing the group APIs is one warning.")
     .define("sync.group.offsets.interval.ms", Type.LONG, DEFAULT_INTERVAL_MS, at_least(1000),
             Importance.LOW, "How often a following mirror captures the groups' offsets.")
+    .define("sync.topic.acls.enabled", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "Keep the source's ACL bindings on the mirrored topics and on the groups kept with "
+            "them in the store (Admin API DescribeAcls): when the tasks open their topics, "
+            "every sync.topic.acls.interval.ms while following, and at the end (MirrorMaker "
+            "2's name; `kcompact acls`, `kcompact restore --acls`). A source without an "
+            "authorizer, or refusing DescribeAcls, is one warning.")
+    .define("sync.topic.acls.interval.ms", Type.LONG, ACL_INTERVAL_MS, at_least(1000),
+            Importance.LOW, "How often a following mirror captures the ACLs.")
     .define("groups", Type.STRING, ".*", None, Importance.MEDIUM,
             "The consumer groups whose offsets are kept: a regular expression matched against "
             "the whole group id (default every group that committed on a mirrored topic).")
@@ -144,6 +153,8 @@ class StoreSinkConnector(SinkConnector):
     config_sync: SinkConfigSync | None = None
     #: the capture of the source's group offsets (``sync.group.offsets.enabled``), or None
     group_sync: SinkGroupSync | None = None
+    #: the capture of the source's ACLs (``sync.topic.acls.enabled``), or None
+    acl_sync: SinkAclSync | None = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -175,6 +186,15 @@ class StoreSinkConnector(SinkConnector):
                 groups=props.get("groups"), exclude=props.get("groups.exclude"),
                 commitlog_dir=props.get("store.commitlog.dir"),
                 prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
+        self.acl_sync = None
+        if props.get("sync.topic.acls.enabled", True) and self.kafka_conf:
+            base = props.get("store.writer") or "connect"
+            self.acl_sync = SinkAclSync(
+                props["store.url"], self.kafka_conf, writer=f"{base}-acls",
+                follow=props.get("follow", True) is not False,
+                interval_ms=int(props.get("sync.topic.acls.interval.ms") or ACL_INTERVAL_MS),
+                commitlog_dir=props.get("store.commitlog.dir"),
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
@@ -202,6 +222,8 @@ class StoreSinkConnector(SinkConnector):
             if self.config_sync else {}
         if self.group_sync is not None:
             extra["store.group.sync"] = self.group_sync
+        if self.acl_sync is not None:
+            extra["store.acl.sync"] = self.acl_sync
         return [dict(self.props, **extra, **{"task.id": i,
                                              "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
@@ -212,6 +234,9 @@ class StoreSinkConnector(SinkConnector):
         if self.group_sync is not None:
             gs, self.group_sync = self.group_sync, None
             gs.stop()  # the last capture: the mirror's end
+        if self.acl_sync is not None:
+            acls, self.acl_sync = self.acl_sync, None
+            acls.stop()  # after the groups' last capture: their bindings follow them
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
@@ -345,6 +370,9 @@ class StoreSinkTask(SinkTask):
         groups = self.props.get("store.group.sync")
         if groups is not None and by_topic:
             groups.opened(set(by_topic))
+        acls = self.props.get("store.acl.sync")
+        if acls is not None and by_topic:  # after the groups: their bindings are kept too
+            acls.opened(set(by_topic))
         start = {}
         for tp in partitions:
             why = self._damage(tp)

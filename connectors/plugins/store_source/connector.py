@@ -54,6 +54,13 @@ STORE_SOURCE_CONFIG = (
             "A regular expression: once the restore is done, commit the kept positions of the "
             "groups whose whole id it matches on the target topic, translated exactly "
             "(groups with active members are skipped). Not with repartition.")
+    .define("acls", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Once the restore is done, create on the target the source ACL bindings the store "
+            "keeps for the store topic and the groups kept with it (store_source/acls.py); "
+            "bindings already there are left alone. A target without an authorizer is one "
+            "warning.")
+    .define("acls.principal.map", Type.LIST, [], None, Importance.LOW,
+            "OLD=NEW pairs (comma-separated): principals renamed in the ACLs created.")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
             "Local directory for the progress writer's commit log when store.url is not a "
             "local directory (S3).")

@@ -107,6 +107,8 @@ class RestoreStats:
     notes: list[str] = field(default_factory=list)
     groups_committed: list[str] = field(default_factory=list)  # --groups
     groups_skipped: list[str] = field(default_factory=list)
+    acls_created: int = 0      # --acls
+    acls_present: int = 0
 
 
 class RestoreRunner(TaskRunner):
@@ -295,6 +297,13 @@ class RestoreRunner(TaskRunner):
                 from kcompact.compaction.history import check_exact
                 check_exact([st.partition(topic, p) for p in st.partitions(topic)], as_of,
                             f"store topic {topic!r}", allow_inexact=allow_inexact)
+            self._acl_plan = None
+            if props.get("acls"):
+                from .acls import parse_principal_map, plan_acls
+                self._acl_plan = plan_acls(
+                    st, topic, target, parse_principal_map(props.get("acls.principal.map")
+                                                           or []),
+                    as_of_ms=as_of, allow_inexact=allow_inexact)
             self._group_plan = None
             if groups_re:
                 from .groups import plan_groups
@@ -439,6 +448,25 @@ class RestoreRunner(TaskRunner):
         if self._group_plan is not None and not self.stop_event.is_set() and \
                 self.task.finished():
             self._commit_groups(store_progress, kafka_maps, progress, target)
+        if self._acl_plan is not None and not self.stop_event.is_set() and \
+                self.task.finished():
+            self._create_acls()
+
+    def _create_acls(self) -> None:
+        """``--acls``: the kept bindings of the restored topic created on the target
+        (acls.py); a target that cannot take them is one warning."""
+        from .acls import apply_acls
+        plan = self._acl_plan
+        if not plan.bindings:
+            print(f"restore: ACLs: the store keeps no ACL binding for store topic "
+                  f"{self.props['store.topic']!r}"
+                  + ("" if plan.captured_ms else " (the mirror captured none: mirrored "
+                     "with --no-acls, or from a source without an authorizer)"),
+                  file=self.log, flush=True)
+            return
+        conf = {k: v for k, v in self.settings.conf.items() if k not in _PRODUCER_ONLY}
+        self.stats.acls_created, self.stats.acls_present = apply_acls(
+            plan, conf, self.bootstrap, self.timeout, self.log)
 
     def _commit_groups(self, store_progress: StoreProgress, kafka_maps: dict,
                        progress: Progress, target: str) -> None:
