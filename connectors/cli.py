@@ -71,7 +71,7 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
         exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
         upload=a.upload, sync_acls=not a.no_acls,
-        acls_interval_ms=a.sync_topic_acls_interval_ms))
+        acls_interval_ms=a.sync_topic_acls_interval_ms, schema_registry=a.schema_registry))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -98,6 +98,11 @@ def cmd_acls(a: argparse.Namespace) -> int:
     from .apps.acls import AclsOptions, run_acls
     return run_acls(AclsOptions(store=a.store, topic=a.topic, json=a.json, as_of_ms=a.as_of,
                                 allow_inexact=a.allow_inexact))
+
+
+def cmd_schemas(a: argparse.Namespace) -> int:
+    from .apps.schemas import SchemasOptions, run_schemas
+    return run_schemas(SchemasOptions(store=a.store, topic=a.topic, json=a.json))
 
 
 def cmd_groups(a: argparse.Namespace) -> int:
@@ -162,7 +167,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
         groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
-        acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run))
+        acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -384,6 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sync-topic-acls-interval-ms", type=int, default=None, metavar="MS",
                    help="--follow: how often the ACLs are captured (MirrorMaker 2's "
                    "sync.topic.acls.interval.ms; default 600000, at least 1000)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the source's schema registry: keep every schema the records name in "
+                   "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
+                   "versions and references (`kcompact schemas`; implies --engine local)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -483,6 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
                "{topic: ms}} as one JSON document")
     _as_of_flags(s, "the bindings as captured at or before TIME")
     s.set_defaults(func=cmd_acls, check_usage=_as_of_usage(s))
+
+    s = sub.add_parser("schemas", help="the source schemas a store keeps (kcompact mirror "
+                       "--schema-registry)")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the schemas the kept topics whose whole name this matches use")
+    _json_flag(s, "print {\"schemas\": [{id, schema_type, subjects, references, schema, "
+               "captured_ms}], \"topics\": {topic: {ids, missing, captured_ms}}} as one JSON "
+               "document")
+    s.set_defaults(func=cmd_schemas)
 
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
@@ -614,6 +634,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--acl-principal-map", action="append", default=None, metavar="OLD=NEW",
                    help="with --acls: create OLD's bindings for NEW (User:alice=User:carol; "
                    "repeatable)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the target's schema registry: register the schemas the store keeps "
+                   "for the topic (references first, in source order) before any record is "
+                   "produced, and rewrite each key's and value's schema id to the target's")
+    s.add_argument("--keep-schema-ids", action="store_true",
+                   help="with --schema-registry: register under the source ids (the target's "
+                   "import mode); refused where the target does not allow it")
     s.add_argument("--dry-run", action="store_true",
                    help="print what the restore would create besides the records (the ACLs "
                    "of --acls); produce and change nothing")
@@ -715,6 +742,8 @@ def _as_of_usage(parser: argparse.ArgumentParser,
 
 def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     def check(args) -> None:
+        if args.keep_schema_ids and not args.schema_registry:
+            parser.error("--keep-schema-ids goes with --schema-registry URL")
         if args.acl_principal_map and not args.acls:
             parser.error("--acl-principal-map goes with --acls")
         if args.groups and args.repartition:

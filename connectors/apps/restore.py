@@ -38,7 +38,8 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
                     kafka_config: Mapping[str, str] | None = None,
                     chunk_records: int | None = None, groups: str | None = None,
                     as_of_ms: int | None = None, allow_inexact: bool = False,
-                    acls: bool = False, acl_principal_map: tuple[str, ...] = ()
+                    acls: bool = False, acl_principal_map: tuple[str, ...] = (),
+                    schema_registry: str | None = None, keep_schema_ids: bool = False
                     ) -> dict[str, Any]:
     props: dict[str, Any] = {
         "name": CONNECTOR_NAME,
@@ -63,6 +64,9 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
         props["acls"] = True
         if acl_principal_map:
             props["acls.principal.map"] = ",".join(acl_principal_map)
+    if schema_registry:
+        props["schema.registry.url"] = schema_registry
+        props["schema.keep.ids"] = keep_schema_ids
     props.update(kafka_overrides(kafka_config or {}, "producer.override."))
     return props
 
@@ -140,7 +144,9 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
             handle_signals: bool = True, stop: threading.Event | None = None,
             startup_timeout_ms: int = 10_000, groups: str | None = None,
             as_of_ms: int | None = None, allow_inexact: bool = False, acls: bool = False,
-            acl_principal_map: tuple[str, ...] = (), dry_run: bool = False) -> RestoreResult:
+            acl_principal_map: tuple[str, ...] = (), dry_run: bool = False,
+            schema_registry: str | None = None, keep_schema_ids: bool = False
+            ) -> RestoreResult:
     """Run a restore in this process; returns when done or stopped, raises on failure. A topic
     with a damaged partition is refused before anything is produced (it could not be
     complete): compaction/damage.py ``refusal``. ``dry_run``: print the ACLs (``acls``) it
@@ -157,7 +163,8 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
                             from_scratch=from_scratch, exactly_once=exactly_once,
                             kafka_config=kafka_config, chunk_records=chunk_records,
                             groups=groups, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
-                            acls=acls, acl_principal_map=acl_principal_map)
+                            acls=acls, acl_principal_map=acl_principal_map,
+                            schema_registry=schema_registry, keep_schema_ids=keep_schema_ids)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -245,6 +252,8 @@ class RestoreOptions:
     acls: bool = False                   # --acls: the kept ACL bindings created on the target
     acl_principal_map: tuple[str, ...] = ()  # --acl-principal-map OLD=NEW
     dry_run: bool = False
+    schema_registry: str | None = None   # --schema-registry: the target's registry
+    keep_schema_ids: bool = False
 
 
 def run_restore(opts: RestoreOptions) -> int:
@@ -254,7 +263,8 @@ def run_restore(opts: RestoreOptions) -> int:
                   exactly_once=opts.exactly_once, chunk_records=opts.chunk_records,
                   kafka_config=opts.kafka_config, groups=opts.groups, as_of_ms=opts.as_of_ms,
                   allow_inexact=opts.allow_inexact, acls=opts.acls,
-                  acl_principal_map=opts.acl_principal_map, dry_run=opts.dry_run)
+                  acl_principal_map=opts.acl_principal_map, dry_run=opts.dry_run,
+                  schema_registry=opts.schema_registry, keep_schema_ids=opts.keep_schema_ids)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

@@ -105,6 +105,12 @@ STORE_SINK_CONFIG = (
             "authorizer, or refusing DescribeAcls, is one warning.")
     .define("sync.topic.acls.interval.ms", Type.LONG, ACL_INTERVAL_MS, at_least(1000),
             Importance.LOW, "How often a following mirror captures the ACLs.")
+    .define("schema.registry.url", Type.STRING, None, None, Importance.MEDIUM,
+            "The source's schema registry: every schema the records' keys and values name in "
+            "Confluent's wire format (magic byte 0, 4-byte id) is kept in the store once, with "
+            "its subjects, versions and references (`kcompact schemas`, `kcompact restore "
+            "--schema-registry`). A registry that cannot be reached stops the task before "
+            "the batch is stored.")
     .define("groups", Type.STRING, ".*", None, Importance.MEDIUM,
             "The consumer groups whose offsets are kept: a regular expression matched against "
             "the whole group id (default every group that committed on a mirrored topic).")
@@ -155,6 +161,8 @@ class StoreSinkConnector(SinkConnector):
     group_sync: SinkGroupSync | None = None
     #: the capture of the source's ACLs (``sync.topic.acls.enabled``), or None
     acl_sync: SinkAclSync | None = None
+    #: the capture of the records' schemas (``schema.registry.url``), or None
+    schema_sync: Any = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -195,6 +203,14 @@ class StoreSinkConnector(SinkConnector):
                 interval_ms=int(props.get("sync.topic.acls.interval.ms") or ACL_INTERVAL_MS),
                 commitlog_dir=props.get("store.commitlog.dir"),
                 prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
+        self.schema_sync = None
+        if props.get("schema.registry.url"):
+            from .schema_sync import SinkSchemaSync
+            base = props.get("store.writer") or "connect"
+            self.schema_sync = SinkSchemaSync(
+                props["store.url"], props["schema.registry.url"], writer=f"{base}-schemas",
+                commitlog_dir=props.get("store.commitlog.dir"),
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
@@ -224,6 +240,8 @@ class StoreSinkConnector(SinkConnector):
             extra["store.group.sync"] = self.group_sync
         if self.acl_sync is not None:
             extra["store.acl.sync"] = self.acl_sync
+        if self.schema_sync is not None:
+            extra["store.schema.sync"] = self.schema_sync
         return [dict(self.props, **extra, **{"task.id": i,
                                              "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
@@ -237,6 +255,9 @@ class StoreSinkConnector(SinkConnector):
         if self.acl_sync is not None:
             acls, self.acl_sync = self.acl_sync, None
             acls.stop()  # after the groups' last capture: their bindings follow them
+        if self.schema_sync is not None:
+            sch, self.schema_sync = self.schema_sync, None
+            sch.stop()
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
@@ -422,6 +443,9 @@ class StoreSinkTask(SinkTask):
         n = len(records)
         if n == 0:
             return
+        schemas = self.props.get("store.schema.sync")
+        if schemas is not None:  # their schemas kept before the records are
+            schemas.seen(records)
         topics = records.topics
         if topics[0] == topics[-1] and topics.count(topics[0]) == n:
             self.appender.submit(_batch(topics[0], records, None))
