@@ -197,7 +197,11 @@ class SinkSchemaSync:
                 for f in (k, v):
                     if f is not None and len(f) >= 5 and f[0] == 0:
                         by_topic.setdefault(t, set()).add(int.from_bytes(f[1:5], "big"))
-        new = {t: ids - self.known.setdefault(t, set()) for t, ids in by_topic.items()}
+        for t in by_topic:
+            if t not in self.known:  # what an earlier run kept for it
+                ts = self.writer.kept().topics.get(t)
+                self.known[t] = set(ts.ids) if ts is not None else set()
+        new = {t: ids - self.known[t] for t, ids in by_topic.items()}
         new = {t: ids for t, ids in new.items() if ids}
         if new:
             with self._lock:
