@@ -232,12 +232,14 @@ class AclCaptureWriter:
         current = {b for b in bindings if concerns(b, topics, groups)}
         added = sorted(current - kept)
         removed = sorted(b for b in kept - current if concerns(b, topics, groups))
+        st = self.store()
+        if not added and not removed and TOPIC not in st.topics():
+            return 0, 0  # a source with no bindings on them: the store stays as it was
         recs: list[tuple[bytes, bytes | None]] = []
         recs += [(encode_binding_key(b), _value({"captured_ms": now})) for b in added]
         recs += [(encode_binding_key(b), None) for b in removed]
         recs += [(encode_capture_key(t), _value({"captured_ms": now, "bindings": sum(
             1 for b in current if concerns(b, [t], groups))})) for t in topics]
-        st = self.store()
         pl = self._partition(st)
         try:
             nxt = pl.next_offset

@@ -261,13 +261,15 @@ def run_inspect(opts: InspectOptions) -> int:
 
 
 def _print_estate(doc: dict[str, Any]) -> None:
-    """When each topic's configs, ACLs, group offsets and schemas were last captured."""
+    """When each topic's configs, ACLs, group offsets and schemas were last captured, below
+    the partitions, for a store that keeps ACLs or schemas (``--json``: each topic's
+    ``captured``)."""
     from kcompact.compaction.history import format_time
     cap = [(t["topic"], t["captured"]) for t in doc["topics"] if "captured" in t]
+    if not any(c["acls"] or c["schemas"] for _, c in cap):
+        return  # (the table's lines stay as they were for a store that keeps neither)
     rows = [(name, *[format_time(c[k]).split(" ")[0] if c[k] else "-" for k in ESTATE])
             for name, c in cap if any(c.values())]
-    if not rows:
-        return
     hdr = ("TOPIC", "CONFIGS SYNCED", "ACLS CAPTURED", "GROUPS KEPT", "SCHEMAS CAPTURED")
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
     print()
