@@ -125,7 +125,7 @@ def test_schemas_kept_and_restored_with_ids_remapped(kafka_bootstrap, tmp_path):
     t = _topic(kafka_bootstrap, f"sch{uuid.uuid4().hex[:6]}")
     with SchemaRegistry() as src_sr, SchemaRegistry(first_id=1001) as dst_sr:
         src = Source(src_sr, t)
-        src.produce(kafka_bootstrap, 40)
+        src.produce(kafka_bootstrap, 300)
         store = str(tmp_path / "s")
         res = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", t,
                        "--store", store, "--schema-registry", src_sr.url)
@@ -164,10 +164,13 @@ def test_schemas_kept_and_restored_with_ids_remapped(kafka_bootstrap, tmp_path):
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read()  # killed mid-restore
+        assert "4 registered" in proc.stderr.read()
         registered = _versions(dst_sr)
         res = kcompact(*args)
         assert res.returncode == 0, res.stderr
         assert "0 registered" in res.stderr and "4 already there" in res.stderr, res.stderr
+        assert "continued from recorded progress" in res.stderr, res.stderr
         assert _versions(dst_sr) == registered  # nothing registered twice
         assert [len(registered[f"{t}-{s}"]) for s in ("address", "value", "key")] == [1, 2, 1]
         # every id rewritten once: the target's ids, none of the source's
@@ -175,8 +178,8 @@ def test_schemas_kept_and_restored_with_ids_remapped(kafka_bootstrap, tmp_path):
         assert min(dst_sr.state.schemas) >= 1001
         src_view = _decoded(kafka_bootstrap, t, src_sr.url)
         dst_view = _decoded(kafka_bootstrap, target, dst_sr.url)
-        assert sorted(set(dst_view)) == sorted(set(src_view)) and len(src_view) == 47
-        assert len(set(dst_view)) == 47
+        assert sorted(set(dst_view)) == sorted(set(src_view)) and len(src_view) == 307
+        assert len(set(dst_view)) == 307
 
         # --keep-schema-ids: the source ids, through the target's import mode
         same = SchemaRegistry(first_id=500).start()
