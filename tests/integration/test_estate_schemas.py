@@ -142,7 +142,7 @@ def test_schemas_kept_and_restored_with_ids_remapped(kafka_bootstrap, tmp_path):
         assert f"{t}-value v2" in text and f"ex.Address ({t}-address v1)" in text
         # once per id: a second mirror (nothing new) fetches nothing
         before = len(src_sr.state.requests)
-        src.produce(kafka_bootstrap, 4, raw=0, start=100)
+        src.produce(kafka_bootstrap, 4, raw=0, start=5000)
         res = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", t,
                        "--store", store, "--schema-registry", src_sr.url)
         assert res.returncode == 0, res.stderr
