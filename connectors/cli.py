@@ -70,7 +70,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
         exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
-        upload=a.upload))
+        upload=a.upload, sync_acls=not a.no_acls,
+        acls_interval_ms=a.sync_topic_acls_interval_ms, schema_registry=a.schema_registry))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -91,6 +92,17 @@ def cmd_compact(a: argparse.Namespace) -> int:
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .apps.inspect import InspectOptions, run_inspect
     return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
+
+
+def cmd_acls(a: argparse.Namespace) -> int:
+    from .apps.acls import AclsOptions, run_acls
+    return run_acls(AclsOptions(store=a.store, topic=a.topic, json=a.json, as_of_ms=a.as_of,
+                                allow_inexact=a.allow_inexact))
+
+
+def cmd_schemas(a: argparse.Namespace) -> int:
+    from .apps.schemas import SchemasOptions, run_schemas
+    return run_schemas(SchemasOptions(store=a.store, topic=a.topic, json=a.json))
 
 
 def cmd_groups(a: argparse.Namespace) -> int:
@@ -177,7 +189,9 @@ def cmd_restore(a: argparse.Namespace) -> int:
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
-        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
+        acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -316,6 +330,9 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         ms = args.sync_group_offsets_interval_ms
         if ms is not None and ms < 1000:
             parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        ms = args.sync_topic_acls_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-topic-acls-interval-ms: at least 1000")
         if args.no_groups and (args.groups or args.exclude_groups):
             parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
         import re
@@ -396,6 +413,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
                    help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
                    "sync.group.offsets.interval.ms; default 60000, at least 1000)")
+    s.add_argument("--no-acls", action="store_true",
+                   help="do not keep the source's ACL bindings on the mirrored topics and "
+                   "their groups (kept by default: `kcompact acls`, `restore --acls`)")
+    s.add_argument("--sync-topic-acls-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the ACLs are captured (MirrorMaker 2's "
+                   "sync.topic.acls.interval.ms; default 600000, at least 1000)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the source's schema registry: keep every schema the records name in "
+                   "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
+                   "versions and references (`kcompact schemas`; implies --engine local)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -483,6 +510,28 @@ def build_parser() -> argparse.ArgumentParser:
                "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
                "as one JSON document")
     s.set_defaults(func=cmd_groups)
+
+    s = sub.add_parser("acls", help="the source ACL bindings a store keeps, in kafka-acls "
+                       "--list's terms")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the bindings of the kept topics whose whole name this matches "
+                   "(and of the groups kept with them)")
+    _json_flag(s, "print {\"bindings\": [{resource_type, resource_name, pattern_type, "
+               "principal, host, operation, permission_type, captured_ms}], \"captured\": "
+               "{topic: ms}} as one JSON document")
+    _as_of_flags(s, "the bindings as captured at or before TIME")
+    s.set_defaults(func=cmd_acls, check_usage=_as_of_usage(s))
+
+    s = sub.add_parser("schemas", help="the source schemas a store keeps (kcompact mirror "
+                       "--schema-registry)")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the schemas the kept topics whose whole name this matches use")
+    _json_flag(s, "print {\"schemas\": [{id, schema_type, subjects, references, schema, "
+               "captured_ms}], \"topics\": {topic: {ids, missing, captured_ms}}} as one JSON "
+               "document")
+    s.set_defaults(func=cmd_schemas)
 
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
@@ -649,8 +698,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--acls", action="store_true",
+                   help="once the restore is done, create on the target the source ACL "
+                   "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "
+                   "names --to-topic) and the groups kept with it; bindings already there are "
+                   "left alone")
+    s.add_argument("--acl-principal-map", action="append", default=None, metavar="OLD=NEW",
+                   help="with --acls: create OLD's bindings for NEW (User:alice=User:carol; "
+                   "repeatable)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the target's schema registry: register the schemas the store keeps "
+                   "for the topic (references first, in source order) before any record is "
+                   "produced, and rewrite each key's and value's schema id to the target's")
+    s.add_argument("--keep-schema-ids", action="store_true",
+                   help="with --schema-registry: register under the source ids (the target's "
+                   "import mode); refused where the target does not allow it")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print what the restore would create besides the records (the ACLs "
+                   "of --acls); produce and change nothing")
     _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
-                 "timestamp at or before TIME; with --groups, their positions as kept then)")
+                 "timestamp at or before TIME; with --groups, their positions as kept then; "
+                 "with --acls, the bindings as captured then)")
     _kafka_settings_flag(s, "producer")
     s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
@@ -749,6 +817,10 @@ def _as_of_usage(parser: argparse.ArgumentParser,
 
 def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     def check(args) -> None:
+        if args.keep_schema_ids and not args.schema_registry:
+            parser.error("--keep-schema-ids goes with --schema-registry URL")
+        if args.acl_principal_map and not args.acls:
+            parser.error("--acl-principal-map goes with --acls")
         if args.groups and args.repartition:
             parser.error("--groups cannot go with --repartition: records change partitions, so "
                          "a group's position in a source partition has no place in the target")

@@ -95,6 +95,7 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
     if topic:
         _check_topic(store, topic)
     topics = [topic] if topic else store.topics()
+    estate = estate_times(store, topics)
     return {
         "store": store.url, "store_id": store.meta.store_id,
         "format_version": store.meta.format_version,
@@ -102,9 +103,41 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
                     "config_source": {e.name: e.source
                                       for e in store.topic_config_layers(t).describe()},
                     "partitions": [partition_summary(store, t, p)
-                                   for p in known_partitions(store, t)]}
+                                   for p in known_partitions(store, t)],
+                    **({"captured": estate[t]} if t in estate else {})}
                    for t in topics],
     }
+
+
+#: what a mirror keeps beside each topic's records, in inspect's order
+ESTATE = ("configs", "acls", "groups", "schemas")
+
+
+def estate_times(store: Store, topics: list[str]) -> dict[str, dict[str, int | None]]:
+    """Per (non-internal) topic, when each part of its estate was last captured (epoch ms, or
+    None): configs (their synced values last changed), ACLs (the last capture), group offsets
+    (the latest position kept from the source), schemas (the last capture)."""
+    from kcompact.replication.acl_capture import kept_acls
+    from kcompact.replication.group_capture import kept_offsets
+    wanted = [t for t in topics if not t.startswith("__kcompact-")]
+    if not wanted:
+        return {}
+    acls = kept_acls(store).captured_ms
+    groups: dict[str, int] = {}
+    for (_g, t, _p), k in kept_offsets(store).items():
+        if k.origin == "source":
+            groups[t] = max(groups.get(t, 0), k.commit_ms)
+    schemas = _schema_times(store)
+    return {t: {"configs": store.topic_config_layers(t).synced_ms, "acls": acls.get(t),
+                "groups": groups.get(t), "schemas": schemas.get(t)} for t in wanted}
+
+
+def _schema_times(store: Store) -> dict[str, int]:
+    try:
+        from kcompact.replication.schema_capture import kept_schemas
+    except ImportError:
+        return {}
+    return kept_schemas(store).captured_ms
 
 
 def plot_store(doc: dict[str, Any], path: str) -> None:
@@ -223,7 +256,25 @@ def run_inspect(opts: InspectOptions) -> int:
         print("(no partitions)")
     for d in damaged:
         print(f"{d.name}: DAMAGED: {d.where()}")
+    _print_estate(doc)
     return _damage_exit(damaged)
+
+
+def _print_estate(doc: dict[str, Any]) -> None:
+    """When each topic's configs, ACLs, group offsets and schemas were last captured, below
+    the partitions, for a store that keeps ACLs or schemas (``--json``: each topic's
+    ``captured``)."""
+    from kcompact.compaction.history import format_time
+    cap = [(t["topic"], t["captured"]) for t in doc["topics"] if "captured" in t]
+    if not any(c["acls"] or c["schemas"] for _, c in cap):
+        return  # (the table's lines stay as they were for a store that keeps neither)
+    rows = [(name, *[format_time(c[k]).split(" ")[0] if c[k] else "-" for k in ESTATE])
+            for name, c in cap if any(c.values())]
+    hdr = ("TOPIC", "CONFIGS SYNCED", "ACLS CAPTURED", "GROUPS KEPT", "SCHEMAS CAPTURED")
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    print()
+    for row in (hdr, *rows):
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
 def _damage_exit(damaged: list[Damage]) -> int:
