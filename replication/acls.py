@@ -170,13 +170,17 @@ def read_acls_file(path: str) -> list[AclBinding]:
 
 
 def load_captured_bindings(store) -> list[AclBinding]:
-    """The ACL bindings ``kcompact mirror`` captured from the source cluster into ``store``.
+    """The ACL bindings ``kcompact mirror`` captured from the source cluster into ``store`` (a
+    Store or its URL; docs/formats/acls.md): NoCapturedAclsError when it keeps none."""
+    from .acl_capture import acl_bindings  # the capture reads the store: a layer above this one
 
-    The capture is not part of this build yet: always NoCapturedAclsError (the mirror's ACL
-    capture stores dicts with ``KEYS``; wire it here with ``bindings_from_dicts``)."""
-    raise NoCapturedAclsError(
-        f"the store {getattr(store, 'url', store)} has no captured ACLs; run kcompact mirror "
-        "(which captures ACLs) first, or pass --acls-file with the output of kafka-acls --list")
+    rows = acl_bindings(store)
+    if not rows:
+        raise NoCapturedAclsError(
+            f"the store {getattr(store, 'url', store)} has no captured ACLs; run kcompact mirror "
+            "(which captures ACLs) first, or pass --acls-file with the output of kafka-acls "
+            "--list")
+    return bindings_from_dicts(rows)
 
 
 class Authorizer:

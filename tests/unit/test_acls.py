@@ -56,9 +56,30 @@ def test_dicts_roundtrip_and_bad_keys():
         bindings_from_dicts([row])
 
 
-def test_no_capture_says_what_to_do():
+def test_no_capture_says_what_to_do(tmp_path):
+    from kcompact.reput import Store
+
+    url = str(tmp_path / "store")
+    Store.open(url, writer="w", create=True).close()
     with pytest.raises(NoCapturedAclsError, match="run kcompact mirror"):
-        load_captured_bindings("/some/store")
+        load_captured_bindings(url)
+
+
+def test_the_bindings_a_mirror_captured_are_the_endpoints(tmp_path):
+    """--acls-from-store: what the mirror's capture kept (replication.acl_capture) is what the
+    authorizer decides on, tombstoned bindings left out."""
+    from kcompact.replication.acl_capture import AclCaptureWriter, binding_tuple
+
+    url = str(tmp_path / "store")
+    bs = parse_acls_listing(LISTING)
+    w = AclCaptureWriter(url, "acl-writer")
+    try:
+        w.capture([binding_tuple(b.as_dict()) for b in bs], topics=["orders"], groups=["team-a"])
+        assert sorted(load_captured_bindings(url), key=str) == sorted(bs, key=str)
+        w.capture([binding_tuple(b.as_dict()) for b in bs[1:]], topics=["orders"], groups=["team-a"])
+    finally:
+        w.close()
+    assert sorted(load_captured_bindings(url), key=str) == sorted(bs[1:], key=str)
 
 
 def test_kafka_rules_by_example():
