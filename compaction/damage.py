@@ -9,6 +9,10 @@ partition is compacted, and the damage is remembered here (``Uncleanable``): `kc
 exits 1 at the end, the background ``Scheduler`` keeps the list for the metric
 ``kcompact_uncleanable_partitions`` (replication/ops.py) and says each damage once. A partition
 that compacts again (after `kcompact repair`) leaves the list.
+
+Damage found is also recorded beside the partition until it is repaired (``remember``,
+``recorded``, ``compacted``: reput/damage_record.py, docs/formats/damage-record.md), so that
+`kcompact inspect`, the metric and `kv build`/`restore` know of it in any process.
 """
 
 from __future__ import annotations
@@ -106,19 +110,17 @@ def recorded(store: Store, topic: str, partition: int) -> Damage | None:
 
 
 def compacted(store: Store, topic: str, partition: int) -> bool:
-    """After a compaction of the partition succeeded: its damage record goes when the recorded
-    file is no longer one of its segments' (rewritten or dropped: what the damage was in is
-    gone) and nothing else shows (``find_damage``). A record of damage in a file compaction
-    left as it is stays until `kcompact repair`. Whether the record was cleared."""
-    d = recorded(store, topic, partition)
-    if d is None:
+    """After a compaction of the partition succeeded: when it has a damage record, the
+    partition is read whole as `kcompact verify` reads it, and the record goes when nothing is
+    found (what the damage was in was rewritten or dropped: a flipped byte in records the
+    compaction superseded). Damage compaction left as it is (in a record it did not need to
+    read) stays recorded until `kcompact repair`. Whether the record was cleared."""
+    if DR.read(store.fs, topic, partition) is None:
         return False
-    pl = store.partition(topic, partition)
-    files = {f for seg in pl.segments for f in (seg.log_path, seg.bcq_path)}
-    if d.path is not None and any(f == d.path or d.path.endswith("/" + f) or
-                                  f.endswith("/" + d.path) for f in files):
-        return False
-    if find_damage(store, topic, partition) is not None:
+    from kcompact.reput.verify import VerifyReport, verify_partition
+    rep = VerifyReport()
+    verify_partition(store, topic, partition, rep, found_by=None)
+    if rep.problems:
         return False
     return DR.clear(store.fs, topic, partition)
 

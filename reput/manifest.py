@@ -244,6 +244,7 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
             # the partition's second record of it, after it (docs/formats/ledger.md)
             ledger.write(fs, pdir, fn.MANIFEST_DIR, new.version, new.segments,
                          new.next_offset)
+            new.ledger_written = True  # (its committer need not read the ledger back)
             return new
         latest = read_latest(fs, pdir, latest)
         if (latest.version if latest is not None else 0) < new.version:

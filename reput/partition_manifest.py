@@ -168,7 +168,9 @@ class ManifestCatalog(SegmentCatalog):
         from . import ledger as LG
         m = self.manifest
         version = m.version if m is not None else None
-        if version is not None and version == self._ledger_checked:
+        if version is not None and (version == self._ledger_checked
+                                    or getattr(m, "ledger_written", False)):
+            self._ledger_checked = version  # (checked, or committed by this process)
             return
         for again in (True, False):
             err = LG.check(self.fs, self.dir, fn.manifest_dir(self.dir), version,
