@@ -244,7 +244,9 @@ def partition_files(url: str, p: int) -> dict[str, bytes]:
     d = os.path.join(url, fn.partition_dir(TOPIC, p))
     out = {}
     for name in sorted(os.listdir(d)):
-        if os.path.isfile(os.path.join(d, name)) and not name.endswith(".lock"):
+        # (damage.json: what a finder recorded, repair's own verify among them: issue 51)
+        if os.path.isfile(os.path.join(d, name)) and not name.endswith(".lock") \
+                and name != "damage.json":
             with open(os.path.join(d, name), "rb") as f:
                 out[name] = f.read()
     return out
@@ -399,7 +401,7 @@ def test_issue51_pairs_of_files_lost_together_are_never_served_short(pristine_lo
     assert records(url, 1) == pristine[1]
 
 
-@pytest.mark.parametrize("a,b", [("manifest", "log2"), ("manifest", "ledger"),
+@pytest.mark.parametrize("a,b", [("manifest", "log2"), ("manifest", "bcq1"),
                                  ("ledger", "log1")])
 def test_issue51_s3_pairs_of_objects_lost_together_are_never_served_short(tmp_path, a, b):
     with backend_env("s3", tmp_path) as fake:
