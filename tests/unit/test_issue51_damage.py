@@ -198,7 +198,6 @@ def test_issue51_double_fault_verify_dump_and_the_endpoint_refuse_partition_0(tm
 
     url = str(tmp_path / "s")
     build(url)
-    keep1 = None
     _double_fault(url)
     keep1 = dumped(url, 1)
     assert len(keep1) == KEYS
@@ -251,7 +250,7 @@ def test_issue51_a_forged_segment_list_is_refused(tmp_path):
     forged = SL.SegmentList(lst.segments[1:], lst.next_offset, lst.version)
     fs.write_atomic(SL.path(d), forged.to_json())  # same version, no ledger write
     code, out, _ = run("verify", "--store", url)
-    assert code == 1 and f"disagrees with the partition's ledger" in out, out
+    assert code == 1 and "disagrees with the partition's ledger" in out, out
     assert run("dump", "--store", url, "--topic", TOPIC, "--partition", "0")[0] == 1
     # an older list put back (a copy from before the compaction) is refused too
     code, _, err = run("repair", "--store", url, "--salvage")
