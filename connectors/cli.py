@@ -91,7 +91,8 @@ def cmd_compact(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .apps.inspect import InspectOptions, run_inspect
-    return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
+    return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot,
+                                      verify=a.verify))
 
 
 def cmd_acls(a: argparse.Namespace) -> int:
@@ -498,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also write a chart of live, dirty and reclaimed bytes per partition to "
                    "this PNG (needs kcompact[plots])")
+    s.add_argument("--verify", action="store_true",
+                   help="also read and check every record, as `kcompact verify` does, and show "
+                   "the result per partition (VERIFIED column; --json: `verify`)")
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("groups", help="the consumer-group positions a store keeps, with their "

@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from kcompact.compaction import REPAIR_HINT, Damage, partition_status
+from kcompact.compaction.damage import recorded, remember
 from kcompact.reput import (FLAG_KEYLESS, FLAG_TOMBSTONE, CorruptRecordError, Store,
                             verify_store)
+from kcompact.reput.verify import VerifyReport, verify_partition
 from kcompact.reput import filenames as fn
 from kcompact.reput.shared import FEATURE as SHARED_FEATURE
 from kcompact.reput.record import Record
@@ -28,14 +30,32 @@ from ..extras import require
 from .output import human_bytes, print_json, text_or_b64
 
 
-def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
-    """The partition's row of `inspect`; a damaged partition's says only where (``damaged``:
-    file, byte, reason; compaction/damage.py), the others have ``"damaged": null``."""
+def partition_summary(store: Store, topic: str, partition: int, *,
+                      verify: bool = False) -> dict[str, Any]:
+    """The partition's row of `inspect`. ``damaged`` (null when none): file, byte, reason
+    (and who found it when: ``found_by``, ``found_ms``) of damage recorded beside the
+    partition by whatever met it (compaction, verify, a reader: reput/damage_record.py), or of
+    damage that shows without reading records (compaction/damage.py); a partition that cannot
+    be opened says only that. ``verify``: every record read as `kcompact verify` reads it
+    (``"verify": {"ok", "records", "problems"}``), its first problem recorded and shown as the
+    damage."""
     try:
-        return _partition_summary(store, topic, partition)
+        doc = _partition_summary(store, topic, partition)
     except CorruptRecordError as e:
         store.release_partition(topic, partition)
-        return {"partition": partition, "damaged": Damage.of(topic, partition, e).to_dict()}
+        doc = {"partition": partition, "damaged": Damage.of(topic, partition, e).to_dict()}
+    if verify:
+        rep = VerifyReport()
+        verify_partition(store, topic, partition, rep, found_by="inspect --verify")
+        store.release_partition(topic, partition)
+        doc["verify"] = {"ok": rep.ok, "records": rep.records,
+                         "problems": [str(p) for p in rep.problems]}
+    rec = recorded(store, topic, partition)
+    if rec is not None and not doc.get("damaged"):
+        doc["damaged"] = rec.to_dict()
+    elif rec is not None:
+        doc["damaged"].update(found_by=rec.found_by, found_ms=rec.found_ms)
+    return doc
 
 
 def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
@@ -91,7 +111,8 @@ def _check_topic(store: Store, topic: str) -> None:
                               + (", ".join(store.topics()) or "(none)"))
 
 
-def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
+def store_summary(store: Store, topic: str | None = None, *,
+                  verify: bool = False) -> dict[str, Any]:
     if topic:
         _check_topic(store, topic)
     topics = [topic] if topic else store.topics()
@@ -102,7 +123,7 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
         "topics": [{"topic": t, "config": store.topic_config(t).to_dict(),
                     "config_source": {e.name: e.source
                                       for e in store.topic_config_layers(t).describe()},
-                    "partitions": [partition_summary(store, t, p)
+                    "partitions": [partition_summary(store, t, p, verify=verify)
                                    for p in known_partitions(store, t)],
                     **({"captured": estate[t]} if t in estate else {})}
                    for t in topics],
@@ -188,6 +209,7 @@ class InspectOptions:
     topic: str | None = None
     json: bool = False
     plot: str | None = None          # a PNG to write
+    verify: bool = False             # --verify: read every record too
 
 
 @dataclass(frozen=True)
@@ -216,7 +238,7 @@ def run_inspect(opts: InspectOptions) -> int:
     """Every partition, a damaged one marked with its reason; exit 1 (after the whole table or
     document) when any is damaged."""
     store = Store.open(opts.store)
-    doc = store_summary(store, opts.topic)
+    doc = store_summary(store, opts.topic, verify=opts.verify)
     damaged = [Damage(**p["damaged"]) for t in doc["topics"] for p in t["partitions"]
                if p.get("damaged")]
     if opts.plot:
@@ -232,13 +254,21 @@ def run_inspect(opts: InspectOptions) -> int:
     shared = SHARED_FEATURE in store.meta.features
     if shared:
         hdr = hdr[:3] + ("SHARED",) + hdr[3:]
+    if opts.verify:
+        hdr = hdr + ("VERIFIED",)
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
-            if p.get("damaged"):
+            checked = ()
+            if opts.verify:
+                v = p["verify"]
+                checked = ((f"ok ({v['records']} records)" if v["ok"] else
+                            f"{len(v['problems'])} problems"),)
+            if p.get("damaged") and "segments" not in p:
                 # the reason goes below the table, where a long line does not widen it
-                rows.append((t["topic"], p["partition"], *(["?"] * (len(hdr) - 3)),
-                             "DAMAGED (below)"))
+                rows.append((t["topic"], p["partition"],
+                             *(["?"] * (len(hdr) - 3 - len(checked))), "DAMAGED (below)",
+                             *checked))
                 continue
             row = (t["topic"], p["partition"], p["segments"], _formats_text(p),
                    p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
@@ -246,8 +276,10 @@ def run_inspect(opts: InspectOptions) -> int:
                    p["first_offset"],
                    p["next_offset"], p.get("compaction_horizon", -1),
                    f"{p.get('dirty_ratio', 0.0):.2f}",
-                   ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p))
-            rows.append(row[:3] + (p.get("shared_objects", 0),) + row[3:] if shared else row)
+                   ", ".join(p.get("compaction_due") or []) or "-",
+                   "DAMAGED (below)" if p.get("damaged") else _last_run_text(p))
+            row = row[:3] + (p.get("shared_objects", 0),) + row[3:] if shared else row
+            rows.append(row + checked)
     widths = ([max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows
               else [len(h) for h in hdr])
     for row in (hdr, *rows):
@@ -255,7 +287,7 @@ def run_inspect(opts: InspectOptions) -> int:
     if not rows:
         print("(no partitions)")
     for d in damaged:
-        print(f"{d.name}: DAMAGED: {d.where()}")
+        print(f"{d.name}: DAMAGED: {d.where()}{d.found()}")
     _print_estate(doc)
     return _damage_exit(damaged)
 
@@ -381,10 +413,14 @@ def run_dump(opts: DumpOptions) -> int:
                               f"partitions of {opts.topic!r}: "
                               f"{', '.join(map(str, known)) or '(none)'}")
     out = sys.stdout
-    if opts.as_of_ms is not None:
-        return _dump_as_of(store, opts)
-    for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
-        out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    try:
+        if opts.as_of_ms is not None:
+            return _dump_as_of(store, opts)
+        for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
+            out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    except CorruptRecordError as e:  # (the records before it are printed) remembered, then
+        remember(store, Damage.of(opts.topic, opts.partition, e), "dump")  # said
+        raise
     return 0
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from kcompact.reput.errors import CorruptRecordError
+
+from .wire import KAFKA_STORAGE_ERROR
 from .wire import (API_NAMES, API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT,
                    INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
                    OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION, PRODUCE, SYNC_GROUP,
@@ -175,7 +178,12 @@ class Handlers:
                     if pi not in have:
                         row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
                     else:
-                        b = view.bounds(t.name, pi)
+                        try:
+                            b = view.bounds(t.name, pi)
+                        except CorruptRecordError:  # damaged: an offline log
+                            row["error_code"] = KAFKA_STORAGE_ERROR
+                            parts.append(row)
+                            continue
                         if ts == LATEST:
                             row["offset"] = b.high_watermark
                         elif ts == EARLIEST:
