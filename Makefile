@@ -63,14 +63,19 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The unit tier (CPU-bound, in-memory S3) runs beside the integration tier (mostly waiting on
-# brokers, JVMs and servers): on 2 cores the whole run takes about the integration tier's time,
-# not the sum. Its output follows the integration tier's; either failing (or running no test:
-# pytest's exit 5) fails `make test`.
+# brokers, JVMs and servers), and the integration tier runs its files on INTEGRATION_WORKERS
+# pytest-xdist workers (--dist loadfile: a file's module fixtures stay on one worker; each worker
+# starts its own session servers). On 2 cores the whole run takes about the integration tier's
+# time, not the sum (tests/README.md has each tier's figure). Each tier prints its 30 slowest
+# tests. Its output follows the integration tier's; either failing (or running no test: pytest's
+# exit 5) fails `make test`.
+INTEGRATION_WORKERS ?= 2
 test: install kafka-jars prometheus kcat docs
 	@rm -f .unit-tests.log
-	@$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
+	@$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
 	  echo "tests/unit: running beside tests/integration (its output below when both are done)"; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider tests/integration; integration=$$?; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n $(INTEGRATION_WORKERS) \
+	    --dist loadfile tests/integration; integration=$$?; \
 	  wait $$unit; unit_rc=$$?; \
 	  echo "==================== tests/unit (exit $$unit_rc) ===================="; \
 	  cat .unit-tests.log; \

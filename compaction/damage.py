@@ -9,13 +9,18 @@ partition is compacted, and the damage is remembered here (``Uncleanable``): `kc
 exits 1 at the end, the background ``Scheduler`` keeps the list for the metric
 ``kcompact_uncleanable_partitions`` (replication/ops.py) and says each damage once. A partition
 that compacts again (after `kcompact repair`) leaves the list.
+
+Damage found is also recorded beside the partition until it is repaired (``remember``,
+``recorded``, ``compacted``: reput/damage_record.py, docs/formats/damage-record.md), so that
+`kcompact inspect`, the metric and `kv build`/`restore` know of it in any process.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from kcompact.reput import damage_record as DR
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.reader import IndexCursor
 from kcompact.reput.store import Store
@@ -37,6 +42,10 @@ class Damage:
     path: str | None
     position: int | None
     reason: str
+    #: who found it and when (ms), as its record says (reput/damage_record.py); not part of
+    #: what the damage is
+    found_by: str | None = field(default=None, compare=False)
+    found_ms: int | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, topic: str, partition: int, err: CorruptRecordError) -> "Damage":
@@ -53,6 +62,15 @@ class Damage:
             pos = f"byte {self.position}: " if self.position is not None else ""
             return f"{self.path}: {pos}{self.reason}"
         return self.reason
+
+    def found(self) -> str:
+        """`` (found by verify at 2026-12-01 21:40:00Z)``, or nothing when unknown."""
+        if not self.found_by:
+            return ""
+        import time
+        when = (time.strftime(" at %Y-%m-%d %H:%M:%SZ", time.gmtime(self.found_ms / 1000))
+                if self.found_ms is not None else "")
+        return f" (found by {self.found_by}{when})"
 
     def line(self) -> str:
         """The one line that says the partition was skipped, and why."""
@@ -74,6 +92,37 @@ def damage_in(topic: str, partition: int, err: BaseException) -> Damage | None:
         return Damage(topic, partition, gone.filename, 0,
                       f"{gone.filename}: listed by the partition but missing from the store")
     return None
+
+
+def remember(store: Store, d: Damage, found_by: str) -> bool:
+    """Record ``d`` beside its partition until it is repaired (reput/damage_record.py: best
+    effort, only when it is news); whether it was written."""
+    return DR.write(store.fs, d.topic, d.partition, path_=d.path, position=d.position,
+                    reason=d.reason, found_by=found_by, found_ms=store.clock.ms())
+
+
+def recorded(store: Store, topic: str, partition: int) -> Damage | None:
+    """The partition's recorded damage (found earlier by anyone, not repaired since)."""
+    rec = DR.read(store.fs, topic, partition)
+    if rec is None:
+        return None
+    return Damage(**rec)
+
+
+def compacted(store: Store, topic: str, partition: int) -> bool:
+    """After a compaction of the partition succeeded: when it has a damage record, the
+    partition is read whole as `kcompact verify` reads it, and the record goes when nothing is
+    found (what the damage was in was rewritten or dropped: a flipped byte in records the
+    compaction superseded). Damage compaction left as it is (in a record it did not need to
+    read) stays recorded until `kcompact repair`. Whether the record was cleared."""
+    if DR.read(store.fs, topic, partition) is None:
+        return False
+    from kcompact.reput.verify import VerifyReport, verify_partition
+    rep = VerifyReport()
+    verify_partition(store, topic, partition, rep, found_by=None)
+    if rep.problems:
+        return False
+    return DR.clear(store.fs, topic, partition)
 
 
 def unique(damages: list[Damage]) -> list[Damage]:
@@ -135,8 +184,9 @@ def refusal(store: Store, topic: str, what: str) -> str | None:
     complete. None when every partition looks whole (damage found later, reading a record,
     still stops it with the file and byte)."""
     for p in store.partitions(topic):
-        d = find_damage(store, topic, p)
+        d = find_damage(store, topic, p) or recorded(store, topic, p)
         if d is not None:
+            remember(store, d, what)
             return (f"{what} refuses topic {topic!r}: partition {d.name} is damaged "
                     f"({d.where()}), so the result could not be complete; {REPAIR_HINT}")
     return None

@@ -33,7 +33,8 @@ from kcompact.reput.store import Store
 from .assessment import (SMALL_SEGMENTS, Assessment,  # noqa: F401  (SMALL_SEGMENTS: API)
                          assess_partition)
 from .compactor import CompactionOptions, CompactionResult, Compactor
-from .damage import REPAIR_HINT, Damage, Uncleanable, damage_in, unique
+from .damage import (REPAIR_HINT, Damage, Uncleanable, compacted, damage_in, recorded,
+                     remember, unique)
 from .errors import CompactionError
 from .throttle import CompactionStopped, IOBudget  # noqa: F401  (re-exported)
 
@@ -130,6 +131,7 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
     damaged: list[Damage] = []
 
     def skip(d: Damage) -> None:
+        remember(store, d, "compact")  # beside the partition, until repaired
         if progress:
             progress(d.line())
         if store.writer is None:
@@ -164,6 +166,7 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
                 raise
             skip(d)
             continue
+        compacted(store, c.topic, c.partition)  # (its damage record, when it is gone)
         if store.writer is None:
             store.release_partition(c.topic, c.partition)
         results.append(r)
@@ -240,6 +243,8 @@ class Scheduler:
                 self.uncleanable.clear(*key)
         for d in damaged:
             self._damaged(d)
+        for d in self._recorded(seen):
+            self._damaged(d, record=False)
         for c in planned:
             if self._stop.is_set():
                 break
@@ -258,7 +263,9 @@ class Scheduler:
                 continue
             finally:
                 self.busy = None
-            self.uncleanable.clear(c.topic, c.partition)
+            compacted(self.store, c.topic, c.partition)  # (its damage record, when gone)
+            if recorded(self.store, c.topic, c.partition) is None:
+                self.uncleanable.clear(c.topic, c.partition)
             assess(self.store, c.topic, c.partition, self.clock, seen)
             if self.store.writer is None:
                 self.store.release_partition(c.topic, c.partition)
@@ -269,7 +276,24 @@ class Scheduler:
         self.runs += 1
         return res
 
-    def _damaged(self, d: Damage) -> None:
+    def _recorded(self, seen: dict) -> list[Damage]:
+        """The damage recorded beside partitions (by this process, another compaction, a
+        verify or a reader: reput/damage_record.py), so that the metric counts it until it is
+        repaired. Every run on a local store (a missing file is one failed open); on an object
+        store the first run only (a request per partition), then what this process records."""
+        if self.runs and not self.store.fs.appendable:
+            return []
+        out = []
+        for t in self.store.topics():
+            for p in self.store.partitions(t):
+                d = recorded(self.store, t, p)
+                if d is not None:
+                    out.append(d)
+        return out
+
+    def _damaged(self, d: Damage, *, record: bool = True) -> None:
+        if record:
+            remember(self.store, d, "background compaction")
         if self.uncleanable.mark(d):
             print(f"kcompact: {d.line()}; the other partitions are compacted; {REPAIR_HINT}",
                   file=sys.stderr, flush=True)

@@ -70,7 +70,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         kafka_config=_kafka_config(a.kafka_config), sync_configs=not a.no_sync_configs,
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
         exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
-        upload=a.upload))
+        upload=a.upload, sync_acls=not a.no_acls,
+        acls_interval_ms=a.sync_topic_acls_interval_ms, schema_registry=a.schema_registry))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -90,7 +91,19 @@ def cmd_compact(a: argparse.Namespace) -> int:
 
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .apps.inspect import InspectOptions, run_inspect
-    return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot))
+    return run_inspect(InspectOptions(store=a.store, topic=a.topic, json=a.json, plot=a.plot,
+                                      verify=a.verify))
+
+
+def cmd_acls(a: argparse.Namespace) -> int:
+    from .apps.acls import AclsOptions, run_acls
+    return run_acls(AclsOptions(store=a.store, topic=a.topic, json=a.json, as_of_ms=a.as_of,
+                                allow_inexact=a.allow_inexact))
+
+
+def cmd_schemas(a: argparse.Namespace) -> int:
+    from .apps.schemas import SchemasOptions, run_schemas
+    return run_schemas(SchemasOptions(store=a.store, topic=a.topic, json=a.json))
 
 
 def cmd_groups(a: argparse.Namespace) -> int:
@@ -121,6 +134,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     http = None
     if a.listen:
         http = ServeOptions(store=a.store, listen=a.listen, token_file=a.token_file,
+                            tokens_file=a.tokens_file,
                             tls_cert=a.tls_cert, tls_key=a.tls_key,
                             max_connections=a.max_connections,
                             client_timeout_s=a.client_timeout, metrics=a.metrics)
@@ -130,8 +144,30 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                      tls_cert=a.tls_cert, tls_key=a.tls_key,
                                      allow_unauthenticated=a.allow_unauthenticated,
                                      limits=Limits.given(a.max_connections, a.client_timeout,
-                                                         a.kafka_idle_timeout))
+                                                         a.kafka_idle_timeout),
+                                     users_file=a.kafka_users_file,
+                                     tls_client_ca=a.tls_client_ca, acls_file=a.acls_file,
+                                     acls_from_store=a.acls_from_store,
+                                     allow_everyone_if_no_acl_found=(
+                                         a.allow_everyone_if_no_acl_found))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
+
+
+def cmd_users_add(a: argparse.Namespace) -> int:
+    from kcompact.replication.kafka_endpoint.sasl import add_user
+    password = sys.stdin.buffer.readline().rstrip(b"\r\n")
+    add_user(a.file, a.name, a.mechanism, password)
+    print(f"kcompact users: {a.mechanism} credential of {a.name} written to {a.file}",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_tokens_add(a: argparse.Namespace) -> int:
+    from kcompact.replication.tokens import add_token
+    print(add_token(a.file, a.name, a.topics))
+    print(f"kcompact tokens: {a.name} ({a.topics}) written to {a.file}; the token above is "
+          "not stored, keep it", file=sys.stderr)
+    return 0
 
 
 def cmd_replicate(a: argparse.Namespace) -> int:
@@ -154,7 +190,9 @@ def cmd_restore(a: argparse.Namespace) -> int:
         to_topic=a.to_topic, repartition=a.repartition, mode=a.mode,
         from_scratch=a.from_scratch, chunk_records=a.chunk_records,
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
-        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
+        groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
+        acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -171,7 +209,7 @@ def cmd_kv_serve(a: argparse.Namespace) -> int:
     from .apps.kv.serve import KVServeOptions, follow_and_serve
     return follow_and_serve(KVServeOptions(
         store=a.store, topic=a.topic, db=a.db, listen=a.listen, token_file=a.token_file,
-        bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
+        tokens_file=a.tokens_file, bootstrap_servers=a.bootstrap_servers, kafka_config=parse_settings(a.kafka_config, "-X"),
         metrics=a.metrics, max_connections=a.max_connections,
         client_timeout_s=a.client_timeout))
 
@@ -237,21 +275,27 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if not args.listen and not args.kafka_listen:
             parser.error("give --listen HOST:PORT --token-file F (replication over HTTP), "
                          "--kafka-listen HOST:PORT (Kafka clients), or both")
-        if args.listen and not args.token_file:
+        if args.listen and not args.token_file and not args.tokens_file:
             parser.error("--listen needs --token-file F (the file holding the bearer token "
-                         "replicas must send)")
+                         "replicas must send) or --tokens-file F")
+        if args.tokens_file and not args.listen:
+            parser.error("--tokens-file applies to --listen only")
         if args.token_file and not args.listen:
             parser.error("--token-file applies to --listen only (the Kafka listener's is "
                          "--kafka-token-file)")
-        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout"):
+        for flag in ("kafka_token_file", "allow_unauthenticated", "kafka_idle_timeout",
+                     "kafka_users_file", "tls_client_ca", "acls_file", "acls_from_store",
+                     "allow_everyone_if_no_acl_found"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
-        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated:
+        if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
+                and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
             host = args.kafka_listen.rpartition(":")[0].strip("[]")
             if host and not is_loopback(host):
                 parser.error(f"--kafka-listen {args.kafka_listen} is not a loopback address: "
-                             "add --kafka-token-file F (SASL/PLAIN) or --allow-unauthenticated")
+                             "add --kafka-token-file F (SASL/PLAIN), --kafka-users-file F, "
+                             "--tls-client-ca F or --allow-unauthenticated")
     return check
 
 
@@ -287,6 +331,9 @@ def _mirror_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         ms = args.sync_group_offsets_interval_ms
         if ms is not None and ms < 1000:
             parser.error("--sync-group-offsets-interval-ms: at least 1000")
+        ms = args.sync_topic_acls_interval_ms
+        if ms is not None and ms < 1000:
+            parser.error("--sync-topic-acls-interval-ms: at least 1000")
         if args.no_groups and (args.groups or args.exclude_groups):
             parser.error("--no-groups keeps no group offsets: drop --groups/--exclude-groups")
         import re
@@ -367,6 +414,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sync-group-offsets-interval-ms", type=int, default=None, metavar="MS",
                    help="--follow: how often the groups' offsets are captured (MirrorMaker 2's "
                    "sync.group.offsets.interval.ms; default 60000, at least 1000)")
+    s.add_argument("--no-acls", action="store_true",
+                   help="do not keep the source's ACL bindings on the mirrored topics and "
+                   "their groups (kept by default: `kcompact acls`, `restore --acls`)")
+    s.add_argument("--sync-topic-acls-interval-ms", type=int, default=None, metavar="MS",
+                   help="--follow: how often the ACLs are captured (MirrorMaker 2's "
+                   "sync.topic.acls.interval.ms; default 600000, at least 1000)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the source's schema registry: keep every schema the records name in "
+                   "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
+                   "versions and references (`kcompact schemas`; implies --engine local)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -442,6 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also write a chart of live, dirty and reclaimed bytes per partition to "
                    "this PNG (needs kcompact[plots])")
+    s.add_argument("--verify", action="store_true",
+                   help="also read and check every record, as `kcompact verify` does, and show "
+                   "the result per partition (VERIFIED column; --json: `verify`)")
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("groups", help="the consumer-group positions a store keeps, with their "
@@ -454,6 +514,28 @@ def build_parser() -> argparse.ArgumentParser:
                "\"partition\", \"offset\", \"origin\", \"kept_ms\", \"lag\", ...}]}]} "
                "as one JSON document")
     s.set_defaults(func=cmd_groups)
+
+    s = sub.add_parser("acls", help="the source ACL bindings a store keeps, in kafka-acls "
+                       "--list's terms")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the bindings of the kept topics whose whole name this matches "
+                   "(and of the groups kept with them)")
+    _json_flag(s, "print {\"bindings\": [{resource_type, resource_name, pattern_type, "
+               "principal, host, operation, permission_type, captured_ms}], \"captured\": "
+               "{topic: ms}} as one JSON document")
+    _as_of_flags(s, "the bindings as captured at or before TIME")
+    s.set_defaults(func=cmd_acls, check_usage=_as_of_usage(s))
+
+    s = sub.add_parser("schemas", help="the source schemas a store keeps (kcompact mirror "
+                       "--schema-registry)")
+    _store_flag(s, "the store to read (nothing is changed)")
+    s.add_argument("--topic", default=None, metavar="RE",
+                   help="only the schemas the kept topics whose whole name this matches use")
+    _json_flag(s, "print {\"schemas\": [{id, schema_type, subjects, references, schema, "
+               "captured_ms}], \"topics\": {topic: {ids, missing, captured_ms}}} as one JSON "
+               "document")
+    s.set_defaults(func=cmd_schemas)
 
     s = sub.add_parser("dump", help="print a partition's records")
     _store_flag(s, "the store to read (nothing is changed)")
@@ -492,12 +574,31 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="with --listen: file holding the bearer token replicas must send "
                    "(e.g. made with `openssl rand -hex 32`)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="with --listen: named bearer tokens, each limited to topic patterns, "
+                   "hashed (made with `kcompact tokens add`; docs/security.md)")
     s.add_argument("--kafka-listen", default=None, metavar="HOST:PORT",
                    help="serve the store to Kafka clients (a read-only broker) on this "
                    "address, e.g. 127.0.0.1:9092 (port 0 picks a free one)")
     s.add_argument("--kafka-token-file", default=None, metavar="FILE",
                    help="require SASL/PLAIN on --kafka-listen: any user name, this file's "
                    "token as the password")
+    s.add_argument("--kafka-users-file", default=None, metavar="FILE",
+                   help="enable SASL/SCRAM-SHA-256, SCRAM-SHA-512 and PLAIN on --kafka-listen "
+                   "for the users of this file (made with `kcompact users add`; "
+                   "docs/security.md)")
+    s.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                   help="--kafka-listen with TLS: require a client certificate signed by this "
+                   "CA; its subject is the principal User:<DN>")
+    s.add_argument("--acls-file", default=None, metavar="FILE",
+                   help="authorize --kafka-listen's requests with these ACLs: the output of "
+                   "`kafka-acls --list` as it is (re-read when it changes)")
+    s.add_argument("--acls-from-store", action="store_true",
+                   help="authorize --kafka-listen's requests with the ACLs `kcompact mirror` "
+                   "captured from the source cluster")
+    s.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                   help="with ACLs: allow a resource no ACL names (Kafka's "
+                   "allow.everyone.if.no.acl.found; default: denied)")
     s.add_argument("--allow-unauthenticated", action="store_true",
                    help="let --kafka-listen bind a non-loopback address without "
                    "--kafka-token-file")
@@ -517,6 +618,30 @@ def build_parser() -> argparse.ArgumentParser:
                    "(Kafka's connections.max.idle.ms; default 600)")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
+
+    s = sub.add_parser("users", help="manage the users file of `serve --kafka-users-file`")
+    us = s.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
+    u = us.add_parser("add", help="add or replace a user's credential (password on stdin)")
+    u.add_argument("--file", required=True, metavar="FILE",
+                   help="the users file (created with mode 0600)")
+    u.add_argument("--mechanism", default="SCRAM-SHA-512",
+                   choices=["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"],
+                   help="the SASL mechanism of the credential (default SCRAM-SHA-512)")
+    u.add_argument("name", help="the user name (the principal is User:NAME)")
+    u.set_defaults(func=cmd_users_add)
+
+    s = sub.add_parser("tokens", help="manage the tokens file of `serve --tokens-file` and "
+                       "`kv serve --tokens-file`")
+    ts = s.add_subparsers(dest="tokens_command", required=True, metavar="COMMAND")
+    t = ts.add_parser("add", help="make a token for some topics: its hash goes to the file, "
+                      "the token to stdout (shown this once)")
+    t.add_argument("--file", required=True, metavar="FILE",
+                   help="the tokens file (created with mode 0600)")
+    t.add_argument("--topics", required=True, metavar="PATTERNS",
+                   help="comma-separated topics the token may list, replicate or read: a "
+                   "name, prefix* or *")
+    t.add_argument("name", help="the token's name (in logs and 403 answers)")
+    t.set_defaults(func=cmd_tokens_add)
 
     s = sub.add_parser("replicate", help="rebuild a replica from a serving master")
     s.add_argument("--from", dest="from_url", required=True, metavar="URL",
@@ -577,8 +702,27 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--acls", action="store_true",
+                   help="once the restore is done, create on the target the source ACL "
+                   "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "
+                   "names --to-topic) and the groups kept with it; bindings already there are "
+                   "left alone")
+    s.add_argument("--acl-principal-map", action="append", default=None, metavar="OLD=NEW",
+                   help="with --acls: create OLD's bindings for NEW (User:alice=User:carol; "
+                   "repeatable)")
+    s.add_argument("--schema-registry", default=None, metavar="URL",
+                   help="the target's schema registry: register the schemas the store keeps "
+                   "for the topic (references first, in source order) before any record is "
+                   "produced, and rewrite each key's and value's schema id to the target's")
+    s.add_argument("--keep-schema-ids", action="store_true",
+                   help="with --schema-registry: register under the source ids (the target's "
+                   "import mode); refused where the target does not allow it")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print what the restore would create besides the records (the ACLs "
+                   "of --acls); produce and change nothing")
     _as_of_flags(s, "restore the topic's state at TIME (per key its latest record with a "
-                 "timestamp at or before TIME; with --groups, their positions as kept then)")
+                 "timestamp at or before TIME; with --groups, their positions as kept then; "
+                 "with --acls, the bindings as captured then)")
     _kafka_settings_flag(s, "producer")
     s.set_defaults(func=cmd_restore, check_usage=_as_of_usage(s, _restore_usage(s)))
 
@@ -606,6 +750,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-file", default=None, metavar="FILE",
                    help="file holding the bearer token clients must send (required beyond "
                    "loopback; default: none, loopback only)")
+    s.add_argument("--tokens-file", default=None, metavar="FILE",
+                   help="named bearer tokens limited to topic patterns (`kcompact tokens "
+                   "add`): only those allowed this map's topic may read it")
     s.add_argument("--bootstrap-servers", default=None, metavar="HOST:PORT[,...]",
                    help="after the store, catch up and follow from this Kafka cluster "
                    "(default: follow the store only)")
@@ -674,6 +821,10 @@ def _as_of_usage(parser: argparse.ArgumentParser,
 
 def _restore_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     def check(args) -> None:
+        if args.keep_schema_ids and not args.schema_registry:
+            parser.error("--keep-schema-ids goes with --schema-registry URL")
+        if args.acl_principal_map and not args.acls:
+            parser.error("--acl-principal-map goes with --acls")
         if args.groups and args.repartition:
             parser.error("--groups cannot go with --repartition: records change partitions, so "
                          "a group's position in a source partition has no place in the target")

@@ -6,6 +6,7 @@ Protocol: docs/formats/replication-protocol.md. Depends on reput and compaction,
 connectors (the CLI there calls ``serve``, ``replicate`` and ``verify_against``).
 """
 
+from .acl_capture import acl_bindings
 from .errors import (AuthError, MasterStoreError, MasterUnavailableError, ProtocolError,
                      ReplicaError, ReplicationError, RequestError)
 from .live import digest_frames, live_offsets
@@ -16,6 +17,7 @@ from .verify import (AgainstReport, PartitionDiff, VerifyAgainstOptions, compare
                      verify_against)
 
 __all__ = [
+    "acl_bindings",
     "AuthError", "MasterStoreError", "MasterUnavailableError", "ProtocolError", "ReplicaError",
     "ReplicationError", "RequestError",
     "digest_frames", "live_offsets",

@@ -34,6 +34,7 @@ from kcompact.reput import filenames as fn
 from kcompact.reput.backend import LocalBackend
 from kcompact.reput.config import SYSTEM_CLOCK
 from kcompact.reput.errors import CorruptRecordError, ReputError
+from kcompact.reput import damage_record as DR
 from kcompact.reput.quarantine import RepairError, RepairRun
 from kcompact.reput.salvage import Salvaged, salvage_partition
 from kcompact.reput.salvage_store import (commitlogs_damaged, rebuild_store_json,
@@ -81,8 +82,15 @@ def _targets(store: Store, opts: RepairOptions, say) -> list[tuple[str, int]]:
             raise RepairError(f"{opts.topic}-{opts.partition} is not in store {store.url}")
         return [(opts.topic, opts.partition)]
     say("verifying the store to find the damaged partitions")
-    report = verify_store(store, opts.topic)
-    return damaged_partitions(report)
+    report = verify_store(store, opts.topic, found_by="repair")
+    found = damaged_partitions(report)
+    for t in ([opts.topic] if opts.topic else store.topics()):
+        for p in store.partitions(t):
+            rec = DR.read(store.fs, t, p)
+            if rec is not None and (t, p) not in found and DR.clear(store.fs, t, p):
+                # recorded damage that is gone (compacted away): the partition verifies whole
+                say(f"{t}-{p}: verifies whole; its damage record ({rec['reason']}) is cleared")
+    return found
 
 
 def _sink_into(log, at_least: int = 0):
@@ -99,7 +107,7 @@ def _check_staged(store: Store, run: RepairRun, topic: str, partition: int) -> N
     """The repaired partition, where it was built, verifies whole (else nothing is installed)."""
     view = Store(run.stage_fs, store.meta, writer=None, options=store.options, clock=store.clock)
     rep = VerifyReport()
-    verify_partition(view, topic, partition, rep)
+    verify_partition(view, topic, partition, rep, found_by=None)
     if rep.problems:
         raise RepairError(f"the repaired {topic}-{partition} does not verify ({rep.problems[0]});"
                           " nothing was changed: report this")
@@ -108,10 +116,13 @@ def _check_staged(store: Store, run: RepairRun, topic: str, partition: int) -> N
 def _verify_in_place(store: Store, topic: str, partition: int) -> None:
     store.release_partition(topic, partition)
     rep = VerifyReport()
-    verify_partition(store, topic, partition, rep)
+    verify_partition(store, topic, partition, rep, found_by="repair")
     if rep.problems:
         raise RepairError(f"{topic}-{partition} was repaired but does not verify: "
                           f"{rep.problems[0]}; run `kcompact verify`")
+    # repaired: its damage record goes (a local swap moved it to quarantine with the damaged
+    # files; an object store's record is a key of its own: reput/damage_record.py)
+    DR.clear(store.fs, topic, partition)
 
 
 def _salvage_one(store: Store, run: RepairRun, topic: str, partition: int, say) -> dict:

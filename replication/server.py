@@ -90,9 +90,12 @@ class _Gone(Exception):
 
 
 class Server:
-    def __init__(self, master: MasterStore, token: bytes, limits: ServerLimits = ServerLimits(),
-                 workers: int = 8, zero_copy: bool = True):
+    def __init__(self, master: MasterStore, token: bytes | None,
+                 limits: ServerLimits = ServerLimits(), workers: int = 8,
+                 zero_copy: bool = True, tokens: Any = None):
         self.master, self.token, self.limits = master, token, limits
+        #: --tokens-file (tokens.TokenSet): named tokens limited to topic patterns
+        self.tokens = tokens
         # sendfile needs a local store and a plain TCP transport (no TLS)
         self.zero_copy = zero_copy and master.local
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-serve")
@@ -145,7 +148,11 @@ class Server:
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         if len(request.raw_path) > self.limits.max_url_bytes:
             return _error(414, f"request target longer than {self.limits.max_url_bytes} bytes")
-        status = check_token(request.headers.get("Authorization"), self.token)
+        tok = None
+        if self.tokens is not None:
+            status, tok = self.tokens.find(request.headers.get("Authorization"))
+        else:
+            status = check_token(request.headers.get("Authorization"), self.token or b"\0")
         if status == 401:
             return _error(401, "no bearer token: send 'Authorization: Bearer <token>'",
                           {"WWW-Authenticate": 'Bearer realm="kcompact"'})
@@ -163,7 +170,10 @@ class Server:
             params = {k: v for k, v in request.query.items()}
             multi = {k: len(request.query.getall(k)) for k in request.query.keys()}
             q = parse_query(route.kind, params, self.limits, multi)
-            return await self._handle(request, route, q)
+            if tok is not None and route.topic is not None and not tok.allows(route.topic):
+                return _error(403, f"token {tok.name} may not read topic {route.topic} "
+                                   f"(it may read {', '.join(tok.patterns)})")
+            return await self._handle(request, route, q, tok)
         except RequestError as e:
             return _error(e.status, str(e))
         except _Gone:
@@ -213,12 +223,18 @@ class Server:
         if why:
             raise RequestError(404, why)
 
-    async def _handle(self, request: web.Request, route: Route, q) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, route: Route, q, tok: Any = None
+                      ) -> web.StreamResponse:
         if route.kind == "store":
             doc = await self._run(self.master.store_doc)
+            if tok is not None:  # a token limited to topics sees only those
+                doc = {**doc, "topics": [t for t in doc.get("topics", [])
+                                         if tok.allows(t["topic"])]}
             return web.json_response(doc, headers=self._headers())
         if route.kind == "topics":
             topics = await self._run(self.master.topics)
+            if tok is not None:
+                topics = [t for t in topics if tok.allows(t)]
             return web.json_response({"topics": topics}, headers=self._headers())
         await self._check_exists(route)
         if route.kind == "topic":
@@ -431,12 +447,13 @@ def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
     return ctx
 
 
-async def run_server(store_url: str, listen: str, token: bytes, *,
+async def run_server(store_url: str, listen: str, token: bytes | None, *,
                      ssl_context: ssl.SSLContext | None = None,
                      limits: ServerLimits = ServerLimits(),
                      ready: Callable[[str], None] | None = None,
                      stop: asyncio.Event | None = None, ops: Any = None,
-                     protocols: tuple[int, ...] = PROTOCOL_VERSIONS) -> None:
+                     protocols: tuple[int, ...] = PROTOCOL_VERSIONS, tokens: Any = None
+                     ) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM when ``stop`` is None); ``ops``
     (replication/ops.py) gets the server's metrics; ``protocols``: the versions served
     (``KCOMPACT_SERVE_PROTOCOLS``, default all this kcompact speaks)."""
@@ -446,7 +463,7 @@ async def run_server(store_url: str, listen: str, token: bytes, *,
         master = MasterStore(store_url, limits, protocols)
     except ReputError as e:
         raise ReplicationError(f"cannot serve {store_url}: {e}") from None
-    server = Server(master, token, limits, zero_copy=ssl_context is None)
+    server = Server(master, token, limits, zero_copy=ssl_context is None, tokens=tokens)
     if ops is not None:
         ops.add(server.collect)
     try:
@@ -470,12 +487,25 @@ class ServeOptions:
 
     store: str
     listen: str                      # HOST:PORT
-    token_file: str
+    token_file: str | None
     tls_cert: str | None = None
     tls_key: str | None = None
     max_connections: int | None = None     # None: ServerLimits' default (256)
     client_timeout_s: float | None = None  # None: ServerLimits' default (30 s)
     metrics: str | None = None             # --metrics HOST:PORT
+    tokens_file: str | None = None         # --tokens-file: named tokens, topic patterns
+
+    def read_tokens(self) -> tuple[bytes | None, Any]:
+        """(the --token-file token, the TokenSet of --tokens-file plus that token; None
+        without --tokens-file)."""
+        token = read_token_file(self.token_file) if self.token_file else None
+        if not self.tokens_file:
+            if token is None:
+                raise ReplicationError("--listen needs --token-file F or --tokens-file F")
+            return token, None
+        from .tokens import TokenSet, read_tokens_file
+        tokens = read_tokens_file(self.tokens_file)
+        return token, tokens + TokenSet.single(token) if token is not None else tokens
 
     def limits(self) -> ServerLimits:
         """The server limits these options set (bounds checked there, one-line errors)."""
@@ -485,7 +515,7 @@ class ServeOptions:
 def serve(opts: ServeOptions) -> int:
     """`kcompact serve --store URL --listen HOST:PORT --token-file F [--tls-cert C --tls-key K]
     [--max-connections N] [--client-timeout S]`."""
-    token = read_token_file(opts.token_file)
+    token, tokens = opts.read_tokens()
     ctx = tls_context(opts.tls_cert, opts.tls_key)
     limits = opts.limits()
     protocols = serve_protocols()
@@ -501,7 +531,7 @@ def serve(opts: ServeOptions) -> int:
         f"kcompact serve: {m}", file=sys.stderr, flush=True)) if ops is not None else None
     try:
         asyncio.run(run_server(opts.store, opts.listen, token, ssl_context=ctx, limits=limits,
-                               ready=ready, ops=ops, protocols=protocols))
+                               ready=ready, ops=ops, protocols=protocols, tokens=tokens))
     finally:
         if metrics is not None:
             metrics.stop()

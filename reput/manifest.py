@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from . import filenames as fn
+from . import ledger
 from .backend import Backend
 from .errors import CorruptRecordError, ReputError
 from .segment_desc import MAX_OFFSET, SegmentDesc, object_name
@@ -240,6 +241,13 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
                             retired=new.retired, split_to=new.split_to,
                             split_log=new.split_log)
         if fs.create_exclusive(fn.manifest_path(pdir, new.version), new.to_json()):
+            # the partition's second record of it, after it (docs/formats/ledger.md); not
+            # while the partition has never listed a segment (a shared-upload partition's
+            # empty manifest: nothing to lose, and no request per partition for it)
+            if new.segments or cur.segments:
+                ledger.write(fs, pdir, fn.MANIFEST_DIR, new.version, new.segments,
+                             new.next_offset)
+                new.ledger_written = True  # (its committer need not read the ledger back)
             return new
         latest = read_latest(fs, pdir, latest)
         if (latest.version if latest is not None else 0) < new.version:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 
 from . import filenames as fn
+from . import ledger as LG
 from . import segment_list as SL
 from .backend import Backend
 from .catalog import SegmentCatalog
@@ -56,6 +57,8 @@ class LocalCatalog(SegmentCatalog):
         self.keeps_list, self.require_list, self.strict = keeps_list, require_list, strict
         #: bases of the segments the list names open (a writer appends to them)
         self.listed_open: set[int] = set()
+        #: the list version last found to agree with the ledger (reput/ledger.py)
+        self._ledger_checked: int | None = None
 
     # -- loading -------------------------------------------------------------------------
 
@@ -177,6 +180,29 @@ class LocalCatalog(SegmentCatalog):
                 self.strays.append(base)  # empty: a roll or its crash; holds nothing
         self.segments = segs
         self.orphan_indexes = []
+        self._check_ledger(lst)
+
+    def _check_ledger(self, lst: "SL.SegmentList | None") -> None:
+        """The list (or its absence) against the partition's ledger (reput/ledger.py): a
+        writer refuses at once (its recovery would otherwise take what is left for the
+        partition), a reader retries and then refuses, ``verify`` lists it. Re-read only when
+        the list's version moved since the last check."""
+        if not self.keeps_list:
+            return
+        version = lst.version if lst is not None else None
+        if version is not None and version == self._ledger_checked:
+            return
+        err = LG.check(self.fs, self.dir, SL.path(self.dir), version,
+                       lst.segments if lst is not None else [],
+                       lst.next_offset if lst is not None else 0)
+        if err is None:
+            self._ledger_checked = version
+            return
+        self._ledger_checked = None
+        if self.writable:
+            raise err
+        err.what = str(err).split(": ", 1)[-1]
+        self.problems.append(err)
 
     def _scan_unlisted(self, logs: set[int], idxs: set[int], old: dict[int, Segment]) -> None:
         """No list: a scratch partition, a store written before lists existed, or a
@@ -188,6 +214,7 @@ class LocalCatalog(SegmentCatalog):
             if nonempty:
                 self._problem(SL.path(self.dir), 0, "missing: this store keeps a segment list "
                               "per partition, and this partition has segments")
+        self._check_ledger(None)
         segs = []
         for base in sorted(logs):
             ls = self._size_or_none(self.log_path(base))
@@ -291,10 +318,14 @@ class LocalCatalog(SegmentCatalog):
         roll."""
         if not self.keeps_list:
             return
+        # (the ledger first: the list goes back a version, and a crash between the two must
+        # leave the ledger behind the list, never ahead of it: reput/ledger.py)
         if lst is None:
+            LG.delete(self.fs, self.dir)
             self.fs.delete(SL.path(self.dir))
             self.seglist, self.listed_open = None, set()
             return
+        LG.write(self.fs, self.dir, SL.NAME, lst.version, lst.segments, lst.next_offset)
         self.fs.write_atomic(SL.path(self.dir), lst.to_json())
         self._take_list(lst)
 

@@ -54,6 +54,8 @@ class ManifestCatalog(SegmentCatalog):
         self._pending = False
         self._local_listed = False
         self._manifest_read_at = 0.0
+        #: the manifest version last found to agree with the ledger (reput/ledger.py)
+        self._ledger_checked: int | None = None
         #: shared uploads (docs/formats/shared-upload.md): the partition's parts above its
         #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
@@ -139,6 +141,7 @@ class ManifestCatalog(SegmentCatalog):
         if reread:
             self.manifest = M.read_latest(self.fs, self.dir, known)
             self._manifest_read_at = time.monotonic()
+            self._check_ledger()
         old = {s.log_path: s for s in self.segments if s.kind == "remote"}
         remote = []
         for e in (self.manifest.segments if self.manifest else []):
@@ -156,6 +159,31 @@ class ManifestCatalog(SegmentCatalog):
         else:
             local = [s for s in self.segments if s.kind == "file"]
         self.segments = sorted(remote + self._staged + shared, key=lambda s: s.base) + local
+
+    def _check_ledger(self) -> None:
+        """The manifest read (or its absence) against the partition's ledger (reput/ledger.py),
+        when its version moved since the last check; a ledger ahead of the manifest is read
+        again once (a commit between the listing and the ledger's read). Raises
+        ``LedgerMismatchError``: the partition is refused, never served short."""
+        from . import ledger as LG
+        m = self.manifest
+        version = m.version if m is not None else None
+        if version is not None and (version == self._ledger_checked
+                                    or getattr(m, "ledger_written", False)):
+            self._ledger_checked = version  # (checked, or committed by this process)
+            return
+        for again in (True, False):
+            err = LG.check(self.fs, self.dir, fn.manifest_dir(self.dir), version,
+                           m.segments if m is not None else [], m.next_offset if m else 0)
+            if err is None:
+                self._ledger_checked = version
+                return
+            if not again:
+                break
+            m = self.manifest = M.read_latest(self.fs, self.dir, self.manifest)
+            version = m.version if m is not None else None
+        self._ledger_checked = None
+        raise err
 
     @staticmethod
     def _part_key(p: SH.Part) -> tuple:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import filenames as fn
+from . import ledger
 from .backend import Backend
 from .errors import CorruptRecordError
 from .jit import native
@@ -171,10 +172,12 @@ def read(fs: Backend, pdir: str) -> SegmentList | None:
 
 
 def write(fs: Backend, pdir: str, lst: SegmentList) -> SegmentList:
-    """Replace the list (write-temp, fsync, rename, directory fsync); returns what was written
-    (its version one higher)."""
+    """Replace the list (write-temp, fsync, rename, directory fsync), then the partition's
+    ledger (reput/ledger.py); returns what was written (its version one higher)."""
     new = replace(lst, version=lst.version + 1)
     fs.write_atomic(path(pdir), new.to_json())
+    # the partition's second record of it, after it (docs/formats/ledger.md)
+    ledger.write(fs, pdir, NAME, new.version, new.segments, new.next_offset)
     return new
 
 

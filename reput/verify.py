@@ -1,4 +1,4 @@
-"""Check a whole store without modifying it: every record's CRC, every .bcq entry, offset order,
+"""Check a whole store without modifying its data: every record's CRC, every .bcq entry, offset order,
 and each partition's files against its segment list (docs/formats/segment-list.md) or manifest.
 
 Like LevelDB's log reader, a problem is reported with its file and byte position and the check
@@ -9,13 +9,16 @@ run next to a live writer: bytes past the last index entry of a segment a writer
 form a torn record are an append in progress, not corruption. Against the segment list: a listed
 segment whose files are missing, a file the list does not name that holds bytes, sizes, the
 .bcq's checksum, record count, first and last offsets, offsets outside [base, next), a damaged
-or missing list.
+or missing list; the list against the partition's ledger (reput/ledger.py). The first problem of
+a partition is recorded beside it as its damage (reput/damage_record.py), so that `kcompact
+inspect` and the metrics show it until it is repaired.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from . import damage_record as DR
 from . import filenames as fn
 from . import swap
 from .errors import CorruptRecordError, ReputError
@@ -53,7 +56,22 @@ class VerifyReport:
                 "problems": [asdict(p) for p in self.problems]}
 
 
-def verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
+def verify_partition(store: Store, topic: str, partition: int, report: VerifyReport, *,
+                     found_by: str | None = "verify") -> None:
+    """Check one partition, adding what is wrong to ``report``; the first problem found is
+    recorded beside the partition as its damage (reput/damage_record.py; ``found_by`` None:
+    not recorded)."""
+    before = len(report.problems)
+    try:
+        _verify_partition(store, topic, partition, report)
+    finally:
+        if found_by and len(report.problems) > before:
+            first = report.problems[before]
+            DR.write(store.fs, topic, partition, path_=first.path, position=first.position,
+                     reason=str(first), found_by=found_by, found_ms=store.clock.ms())
+
+
+def _verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
     try:
         pl = PartitionLog(store.fs, topic, partition, store.secret,
                           require_list=store.require_list, strict=False)
@@ -95,11 +113,12 @@ def verify_commitlogs(store: Store, report: VerifyReport) -> None:
                                            if what == "corrupt record" else "torn record"))
 
 
-def verify_store(store: Store, topic: str | None = None) -> VerifyReport:
+def verify_store(store: Store, topic: str | None = None, *,
+                 found_by: str | None = "verify") -> VerifyReport:
     report = VerifyReport()
     for t in ([topic] if topic else store.topics()):
         for p in store.partitions(t):
-            verify_partition(store, t, p, report)
+            verify_partition(store, t, p, report, found_by=found_by)
     if topic is None:
         verify_commitlogs(store, report)
     return report

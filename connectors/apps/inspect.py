@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from kcompact.compaction import REPAIR_HINT, Damage, partition_status
+from kcompact.compaction.damage import recorded, remember
 from kcompact.reput import (FLAG_KEYLESS, FLAG_TOMBSTONE, CorruptRecordError, Store,
                             verify_store)
+from kcompact.reput.verify import VerifyReport, verify_partition
 from kcompact.reput import filenames as fn
 from kcompact.reput.shared import FEATURE as SHARED_FEATURE
 from kcompact.reput.record import Record
@@ -28,14 +30,32 @@ from ..extras import require
 from .output import human_bytes, print_json, text_or_b64
 
 
-def partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
-    """The partition's row of `inspect`; a damaged partition's says only where (``damaged``:
-    file, byte, reason; compaction/damage.py), the others have ``"damaged": null``."""
+def partition_summary(store: Store, topic: str, partition: int, *,
+                      verify: bool = False) -> dict[str, Any]:
+    """The partition's row of `inspect`. ``damaged`` (null when none): file, byte, reason
+    (and who found it when: ``found_by``, ``found_ms``) of damage recorded beside the
+    partition by whatever met it (compaction, verify, a reader: reput/damage_record.py), or of
+    damage that shows without reading records (compaction/damage.py); a partition that cannot
+    be opened says only that. ``verify``: every record read as `kcompact verify` reads it
+    (``"verify": {"ok", "records", "problems"}``), its first problem recorded and shown as the
+    damage."""
     try:
-        return _partition_summary(store, topic, partition)
+        doc = _partition_summary(store, topic, partition)
     except CorruptRecordError as e:
         store.release_partition(topic, partition)
-        return {"partition": partition, "damaged": Damage.of(topic, partition, e).to_dict()}
+        doc = {"partition": partition, "damaged": Damage.of(topic, partition, e).to_dict()}
+    if verify:
+        rep = VerifyReport()
+        verify_partition(store, topic, partition, rep, found_by="inspect --verify")
+        store.release_partition(topic, partition)
+        doc["verify"] = {"ok": rep.ok, "records": rep.records,
+                         "problems": [str(p) for p in rep.problems]}
+    rec = recorded(store, topic, partition)
+    if rec is not None and not doc.get("damaged"):
+        doc["damaged"] = rec.to_dict()
+    elif rec is not None:
+        doc["damaged"].update(found_by=rec.found_by, found_ms=rec.found_ms)
+    return doc
 
 
 def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, Any]:
@@ -91,10 +111,12 @@ def _check_topic(store: Store, topic: str) -> None:
                               + (", ".join(store.topics()) or "(none)"))
 
 
-def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
+def store_summary(store: Store, topic: str | None = None, *,
+                  verify: bool = False) -> dict[str, Any]:
     if topic:
         _check_topic(store, topic)
     topics = [topic] if topic else store.topics()
+    estate = estate_times(store, topics)
     return {
         "store": store.url, "store_id": store.meta.store_id,
         "format_version": store.meta.format_version,
@@ -102,10 +124,42 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
                     "config_source": {e.name: e.source
                                       for e in store.topic_config_layers(t).describe(
                                           store.meta.defaults)},
-                    "partitions": [partition_summary(store, t, p)
-                                   for p in known_partitions(store, t)]}
+                    "partitions": [partition_summary(store, t, p, verify=verify)
+                                   for p in known_partitions(store, t)],
+                    **({"captured": estate[t]} if t in estate else {})}
                    for t in topics],
     }
+
+
+#: what a mirror keeps beside each topic's records, in inspect's order
+ESTATE = ("configs", "acls", "groups", "schemas")
+
+
+def estate_times(store: Store, topics: list[str]) -> dict[str, dict[str, int | None]]:
+    """Per (non-internal) topic, when each part of its estate was last captured (epoch ms, or
+    None): configs (their synced values last changed), ACLs (the last capture), group offsets
+    (the latest position kept from the source), schemas (the last capture)."""
+    from kcompact.replication.acl_capture import kept_acls
+    from kcompact.replication.group_capture import kept_offsets
+    wanted = [t for t in topics if not t.startswith("__kcompact-")]
+    if not wanted:
+        return {}
+    acls = kept_acls(store).captured_ms
+    groups: dict[str, int] = {}
+    for (_g, t, _p), k in kept_offsets(store).items():
+        if k.origin == "source":
+            groups[t] = max(groups.get(t, 0), k.commit_ms)
+    schemas = _schema_times(store)
+    return {t: {"configs": store.topic_config_layers(t).synced_ms, "acls": acls.get(t),
+                "groups": groups.get(t), "schemas": schemas.get(t)} for t in wanted}
+
+
+def _schema_times(store: Store) -> dict[str, int]:
+    try:
+        from kcompact.replication.schema_capture import kept_schemas
+    except ImportError:
+        return {}
+    return kept_schemas(store).captured_ms
 
 
 def plot_store(doc: dict[str, Any], path: str) -> None:
@@ -156,6 +210,7 @@ class InspectOptions:
     topic: str | None = None
     json: bool = False
     plot: str | None = None          # a PNG to write
+    verify: bool = False             # --verify: read every record too
 
 
 @dataclass(frozen=True)
@@ -184,7 +239,7 @@ def run_inspect(opts: InspectOptions) -> int:
     """Every partition, a damaged one marked with its reason; exit 1 (after the whole table or
     document) when any is damaged."""
     store = Store.open(opts.store)
-    doc = store_summary(store, opts.topic)
+    doc = store_summary(store, opts.topic, verify=opts.verify)
     damaged = [Damage(**p["damaged"]) for t in doc["topics"] for p in t["partitions"]
                if p.get("damaged")]
     if opts.plot:
@@ -200,13 +255,21 @@ def run_inspect(opts: InspectOptions) -> int:
     shared = SHARED_FEATURE in store.meta.features
     if shared:
         hdr = hdr[:3] + ("SHARED",) + hdr[3:]
+    if opts.verify:
+        hdr = hdr + ("VERIFIED",)
     rows = []
     for t in doc["topics"]:
         for p in t["partitions"]:
-            if p.get("damaged"):
+            checked = ()
+            if opts.verify:
+                v = p["verify"]
+                checked = ((f"ok ({v['records']} records)" if v["ok"] else
+                            f"{len(v['problems'])} problems"),)
+            if p.get("damaged") and "segments" not in p:
                 # the reason goes below the table, where a long line does not widen it
-                rows.append((t["topic"], p["partition"], *(["?"] * (len(hdr) - 3)),
-                             "DAMAGED (below)"))
+                rows.append((t["topic"], p["partition"],
+                             *(["?"] * (len(hdr) - 3 - len(checked))), "DAMAGED (below)",
+                             *checked))
                 continue
             row = (t["topic"], p["partition"], p["segments"], _formats_text(p),
                    p["records"], p["tombstones"], p["keyless"], human_bytes(p["bytes"]),
@@ -214,8 +277,10 @@ def run_inspect(opts: InspectOptions) -> int:
                    p["first_offset"],
                    p["next_offset"], p.get("compaction_horizon", -1),
                    f"{p.get('dirty_ratio', 0.0):.2f}",
-                   ", ".join(p.get("compaction_due") or []) or "-", _last_run_text(p))
-            rows.append(row[:3] + (p.get("shared_objects", 0),) + row[3:] if shared else row)
+                   ", ".join(p.get("compaction_due") or []) or "-",
+                   "DAMAGED (below)" if p.get("damaged") else _last_run_text(p))
+            row = row[:3] + (p.get("shared_objects", 0),) + row[3:] if shared else row
+            rows.append(row + checked)
     widths = ([max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows
               else [len(h) for h in hdr])
     for row in (hdr, *rows):
@@ -223,8 +288,26 @@ def run_inspect(opts: InspectOptions) -> int:
     if not rows:
         print("(no partitions)")
     for d in damaged:
-        print(f"{d.name}: DAMAGED: {d.where()}")
+        print(f"{d.name}: DAMAGED: {d.where()}{d.found()}")
+    _print_estate(doc)
     return _damage_exit(damaged)
+
+
+def _print_estate(doc: dict[str, Any]) -> None:
+    """When each topic's configs, ACLs, group offsets and schemas were last captured, below
+    the partitions, for a store that keeps ACLs or schemas (``--json``: each topic's
+    ``captured``)."""
+    from kcompact.compaction.history import format_time
+    cap = [(t["topic"], t["captured"]) for t in doc["topics"] if "captured" in t]
+    if not any(c["acls"] or c["schemas"] for _, c in cap):
+        return  # (the table's lines stay as they were for a store that keeps neither)
+    rows = [(name, *[format_time(c[k]).split(" ")[0] if c[k] else "-" for k in ESTATE])
+            for name, c in cap if any(c.values())]
+    hdr = ("TOPIC", "CONFIGS SYNCED", "ACLS CAPTURED", "GROUPS KEPT", "SCHEMAS CAPTURED")
+    widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]
+    print()
+    for row in (hdr, *rows):
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
 def _damage_exit(damaged: list[Damage]) -> int:
@@ -331,10 +414,14 @@ def run_dump(opts: DumpOptions) -> int:
                               f"partitions of {opts.topic!r}: "
                               f"{', '.join(map(str, known)) or '(none)'}")
     out = sys.stdout
-    if opts.as_of_ms is not None:
-        return _dump_as_of(store, opts)
-    for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
-        out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    try:
+        if opts.as_of_ms is not None:
+            return _dump_as_of(store, opts)
+        for r in store.iter_records(opts.topic, opts.partition, opts.from_offset, opts.limit):
+            out.write(json.dumps(record_json(r)) + "\n" if opts.json else dump_line(r))
+    except CorruptRecordError as e:  # (the records before it are printed) remembered, then
+        remember(store, Damage.of(opts.topic, opts.partition, e), "dump")  # said
+        raise
     return 0
 
 

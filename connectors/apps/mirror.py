@@ -137,7 +137,9 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                  topics_regex: str | None = None, exclude_regex: str | None = None,
                  sync_configs: bool = True, sync_groups: bool = True,
                  groups: str | None = None, exclude_groups: str | None = None,
-                 groups_interval_ms: int | None = None, upload: str = "auto") -> MirrorResult:
+                 groups_interval_ms: int | None = None, upload: str = "auto",
+                 sync_acls: bool = True, acls_interval_ms: int | None = None,
+                 schema_registry: str | None = None) -> MirrorResult:
     """Run the mirror of ``topic`` (one name or several) and the topics ``topics_regex``
     matches in this process; returns when done, stopped, or raises on failure.
     ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
@@ -149,7 +151,9 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                          kafka_config=kafka_config, topics_regex=topics_regex,
                          exclude_regex=exclude_regex, sync_configs=sync_configs,
                          sync_groups=sync_groups, groups=groups, exclude_groups=exclude_groups,
-                         groups_interval_ms=groups_interval_ms, upload=upload)
+                         groups_interval_ms=groups_interval_ms, upload=upload,
+                         sync_acls=sync_acls, acls_interval_ms=acls_interval_ms,
+                         schema_registry=schema_registry)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -170,6 +174,8 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
             # the connector syncs again at each metadata refresh; its lines are the mirror's
             connector.config_sync.prefix = "mirror"
         group_sync = getattr(connector, "group_sync", None)
+        acl_sync = getattr(connector, "acl_sync", None)
+        schema_sync = getattr(connector, "schema_sync", None)
         topics = list(connector.props["topics"])
         n_parts = sum(len(r.assignment) for r in worker.runners)
         what = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
@@ -216,6 +222,11 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
     if group_sync is not None and group_sync.captures:
         kept = (f", group offsets captured {group_sync.captures} time"
                 f"{'s' if group_sync.captures > 1 else ''} ({group_sync.kept:,} positions kept)")
+    if acl_sync is not None and acl_sync.captures:
+        n = len(acl_sync.writer.kept())
+        kept += f", ACLs captured ({n} binding{'' if n == 1 else 's'} kept)"
+    if schema_sync is not None:
+        kept += f", {schema_sync.kept} new schema{'' if schema_sync.kept == 1 else 's'} kept"
     print(f"mirror: {how}: {records:,} records in {dt:.1f} s ({res.rate:,.0f} rec/s)"
           + kept + (f", {len(per)} topics" if len(per) > 1 else "")
           + (f", {skipped} skipped" if skipped else "") + stopped_text(stopped)
@@ -233,8 +244,11 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
 
 def run_mirror(opts: MirrorOptions) -> int:
     """``kcompact mirror``: the engine ``opts`` names (or the default one), then the exit code."""
-    engine = opts.engine or ("local" if opts.follow else "spark")
+    engine = opts.engine or ("local" if opts.follow or opts.schema_registry else "spark")
     if engine == "spark":
+        if opts.schema_registry:
+            raise ConfigError("--schema-registry needs --engine local: the Spark engine does "
+                              "not keep the records' schemas")
         if opts.follow:
             raise ConfigError("--follow needs --engine local: the Spark engine runs batch mirrors "
                               "(to the end offsets seen at start)")
@@ -258,7 +272,9 @@ def run_mirror(opts: MirrorOptions) -> int:
                        topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                        sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
                        groups=opts.groups, exclude_groups=opts.exclude_groups,
-                       groups_interval_ms=opts.groups_interval_ms, upload=opts.upload)
+                       groups_interval_ms=opts.groups_interval_ms, upload=opts.upload,
+                       sync_acls=opts.sync_acls, acls_interval_ms=opts.acls_interval_ms,
+                       schema_registry=opts.schema_registry)
     return exit_code(res.stopped_by, res.stopped_topics)
 
 

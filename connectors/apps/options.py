@@ -66,6 +66,11 @@ class MirrorOptions:
     groups: str | None = None        # --groups RE (default every group)
     exclude_groups: str | None = None  # --exclude-groups RE
     groups_interval_ms: int | None = None  # --sync-group-offsets-interval-ms (--follow)
+    #: the source's ACL bindings kept in the store (plugins/acl_sync.py)
+    sync_acls: bool = True           # --no-acls: False
+    acls_interval_ms: int | None = None  # --sync-topic-acls-interval-ms (--follow)
+    #: --schema-registry URL: the records' schemas kept in the store (plugins/schema_sync.py)
+    schema_registry: str | None = None
     #: --upload: how an S3 store's writer uploads (WriterOptions.upload: auto, shared, partition)
     upload: str = "auto"
 
@@ -131,7 +136,9 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
                  sync_configs: bool = False, sync_groups: bool = True,
                  groups: str | None = None, exclude_groups: str | None = None,
                  groups_interval_ms: int | None = None,
-                 upload: str = "auto") -> dict[str, Any]:
+                 upload: str = "auto", sync_acls: bool = True,
+                 acls_interval_ms: int | None = None,
+                 schema_registry: str | None = None) -> dict[str, Any]:
     """The store sink connector's properties for a mirror of ``topic`` (one name or several)
     and the topics ``topics_regex`` matches into ``store``. ``sync_configs``: the connector's
     tasks sync each topic's configs when they open it (the local engine: at start and for a
@@ -153,7 +160,13 @@ def mirror_props(topic: str | Sequence[str] | None, store: str, *,
         "sync.topic.configs.enabled": sync_configs,
         # --no-groups; the Spark engine's driver captures by itself
         "sync.group.offsets.enabled": sync_groups,
+        # --no-acls; the Spark engine's driver captures by itself
+        "sync.topic.acls.enabled": sync_acls,
     }
+    if acls_interval_ms:
+        props["sync.topic.acls.interval.ms"] = acls_interval_ms
+    if schema_registry:
+        props["schema.registry.url"] = schema_registry
     if upload != "auto":
         props["store.upload"] = upload
     if groups:

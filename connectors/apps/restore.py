@@ -37,7 +37,10 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
                     exactly_once: str = "requested",
                     kafka_config: Mapping[str, str] | None = None,
                     chunk_records: int | None = None, groups: str | None = None,
-                    as_of_ms: int | None = None, allow_inexact: bool = False) -> dict[str, Any]:
+                    as_of_ms: int | None = None, allow_inexact: bool = False,
+                    acls: bool = False, acl_principal_map: tuple[str, ...] = (),
+                    schema_registry: str | None = None, keep_schema_ids: bool = False
+                    ) -> dict[str, Any]:
     props: dict[str, Any] = {
         "name": CONNECTOR_NAME,
         "connector.class": "StoreSourceConnector",
@@ -57,6 +60,13 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
     if as_of_ms is not None:
         props["as.of.ms"] = as_of_ms
         props["as.of.allow.inexact"] = allow_inexact
+    if acls:
+        props["acls"] = True
+        if acl_principal_map:
+            props["acls.principal.map"] = ",".join(acl_principal_map)
+    if schema_registry:
+        props["schema.registry.url"] = schema_registry
+        props["schema.keep.ids"] = keep_schema_ids
     props.update(kafka_overrides(kafka_config or {}, "producer.override."))
     return props
 
@@ -133,18 +143,28 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
             chunk_records: int | None = None, out: TextIO | None = None,
             handle_signals: bool = True, stop: threading.Event | None = None,
             startup_timeout_ms: int = 10_000, groups: str | None = None,
-            as_of_ms: int | None = None, allow_inexact: bool = False) -> RestoreResult:
+            as_of_ms: int | None = None, allow_inexact: bool = False, acls: bool = False,
+            acl_principal_map: tuple[str, ...] = (), dry_run: bool = False,
+            schema_registry: str | None = None, keep_schema_ids: bool = False
+            ) -> RestoreResult:
     """Run a restore in this process; returns when done or stopped, raises on failure. A topic
     with a damaged partition is refused before anything is produced (it could not be
-    complete): compaction/damage.py ``refusal``."""
+    complete): compaction/damage.py ``refusal``. ``dry_run``: print the ACLs (``acls``) it
+    would create, produce and change nothing."""
     out = out if out is not None else sys.stderr
     _refuse_damaged(store, topic)
+    if dry_run:
+        return _dry_run(bootstrap, store, topic, to_topic, kafka_config or {}, out,
+                        acls=acls, acl_principal_map=acl_principal_map, as_of_ms=as_of_ms,
+                        allow_inexact=allow_inexact)
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
                      "startup.timeout.ms": startup_timeout_ms}, where="restore", log=out)
     props = connector_props(store, topic, to_topic, mode=mode, repartition=repartition,
                             from_scratch=from_scratch, exactly_once=exactly_once,
                             kafka_config=kafka_config, chunk_records=chunk_records,
-                            groups=groups, as_of_ms=as_of_ms, allow_inexact=allow_inexact)
+                            groups=groups, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
+                            acls=acls, acl_principal_map=acl_principal_map,
+                            schema_registry=schema_registry, keep_schema_ids=keep_schema_ids)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -187,6 +207,31 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
     return res
 
 
+def _dry_run(bootstrap: str, store: str, topic: str, to_topic: str,
+             kafka_config: Mapping[str, str], out: TextIO, *, acls: bool,
+             acl_principal_map: tuple[str, ...], as_of_ms: int | None,
+             allow_inexact: bool) -> RestoreResult:
+    """``--dry-run``: what the restore would create besides the records, nothing written."""
+    from ..plugins.store_source.acls import apply_acls, parse_principal_map, plan_acls
+    from ..plugins.store_source.runner import _PRODUCER_ONLY
+    with Store.open(store) as st:
+        if topic not in st.topics():
+            raise ConnectorsError(f"store {store} has no topic {topic!r}")
+        plan = plan_acls(st, topic, to_topic, parse_principal_map(acl_principal_map),
+                         as_of_ms=as_of_ms, allow_inexact=allow_inexact) if acls else None
+    if plan is not None:
+        if not plan.bindings:
+            print(f"restore: --dry-run: the store keeps no ACL binding for store topic "
+                  f"{topic!r}", file=out, flush=True)
+        else:
+            conf = {k: v for k, v in kafka_config.items() if k not in _PRODUCER_ONLY}
+            conf["bootstrap.servers"] = bootstrap
+            apply_acls(plan, conf, bootstrap, 10.0, out, dry_run=True)
+    print(f"restore: --dry-run: no record produced to {to_topic}, nothing changed",
+          file=out, flush=True)
+    return RestoreResult(0, 0.0, RestoreStats(), None)
+
+
 @dataclass(frozen=True)
 class RestoreOptions:
     """``kcompact restore``'s options."""
@@ -204,6 +249,11 @@ class RestoreOptions:
     groups: str | None = None            # --groups RE: commit their translated positions
     as_of_ms: int | None = None          # --as-of: the state at that time
     allow_inexact: bool = False
+    acls: bool = False                   # --acls: the kept ACL bindings created on the target
+    acl_principal_map: tuple[str, ...] = ()  # --acl-principal-map OLD=NEW
+    dry_run: bool = False
+    schema_registry: str | None = None   # --schema-registry: the target's registry
+    keep_schema_ids: bool = False
 
 
 def run_restore(opts: RestoreOptions) -> int:
@@ -212,7 +262,9 @@ def run_restore(opts: RestoreOptions) -> int:
                   mode=opts.mode, repartition=opts.repartition, from_scratch=opts.from_scratch,
                   exactly_once=opts.exactly_once, chunk_records=opts.chunk_records,
                   kafka_config=opts.kafka_config, groups=opts.groups, as_of_ms=opts.as_of_ms,
-                  allow_inexact=opts.allow_inexact)
+                  allow_inexact=opts.allow_inexact, acls=opts.acls,
+                  acl_principal_map=opts.acl_principal_map, dry_run=opts.dry_run,
+                  schema_registry=opts.schema_registry, keep_schema_ids=opts.keep_schema_ids)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

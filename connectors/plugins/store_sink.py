@@ -54,6 +54,7 @@ from ..framework.kafka_clients import admin_settings, kafka_logger, short_lived
 from ..framework.topic_watch import describe_topic_ids
 from .config_sync import SinkConfigSync
 from .group_sync import DEFAULT_INTERVAL_MS, SinkGroupSync
+from .acl_sync import DEFAULT_INTERVAL_MS as ACL_INTERVAL_MS, SinkAclSync
 
 STORE_SINK_CONFIG = (
     ConfigDef()
@@ -96,6 +97,20 @@ STORE_SINK_CONFIG = (
             "source refusing the group APIs is one warning.")
     .define("sync.group.offsets.interval.ms", Type.LONG, DEFAULT_INTERVAL_MS, at_least(1000),
             Importance.LOW, "How often a following mirror captures the groups' offsets.")
+    .define("sync.topic.acls.enabled", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "Keep the source's ACL bindings on the mirrored topics and on the groups kept with "
+            "them in the store (Admin API DescribeAcls): when the tasks open their topics, "
+            "every sync.topic.acls.interval.ms while following, and at the end (MirrorMaker "
+            "2's name; `kcompact acls`, `kcompact restore --acls`). A source without an "
+            "authorizer, or refusing DescribeAcls, is one warning.")
+    .define("sync.topic.acls.interval.ms", Type.LONG, ACL_INTERVAL_MS, at_least(1000),
+            Importance.LOW, "How often a following mirror captures the ACLs.")
+    .define("schema.registry.url", Type.STRING, None, None, Importance.MEDIUM,
+            "The source's schema registry: every schema the records' keys and values name in "
+            "Confluent's wire format (magic byte 0, 4-byte id) is kept in the store once, with "
+            "its subjects, versions and references (`kcompact schemas`, `kcompact restore "
+            "--schema-registry`). A registry that cannot be reached stops the task before "
+            "the batch is stored.")
     .define("groups", Type.STRING, ".*", None, Importance.MEDIUM,
             "The consumer groups whose offsets are kept: a regular expression matched against "
             "the whole group id (default every group that committed on a mirrored topic).")
@@ -144,6 +159,10 @@ class StoreSinkConnector(SinkConnector):
     config_sync: SinkConfigSync | None = None
     #: the capture of the source's group offsets (``sync.group.offsets.enabled``), or None
     group_sync: SinkGroupSync | None = None
+    #: the capture of the source's ACLs (``sync.topic.acls.enabled``), or None
+    acl_sync: SinkAclSync | None = None
+    #: the capture of the records' schemas (``schema.registry.url``), or None
+    schema_sync: Any = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -175,6 +194,23 @@ class StoreSinkConnector(SinkConnector):
                 groups=props.get("groups"), exclude=props.get("groups.exclude"),
                 commitlog_dir=props.get("store.commitlog.dir"),
                 prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
+        self.acl_sync = None
+        if props.get("sync.topic.acls.enabled", True) and self.kafka_conf:
+            base = props.get("store.writer") or "connect"
+            self.acl_sync = SinkAclSync(
+                props["store.url"], self.kafka_conf, writer=f"{base}-acls",
+                follow=props.get("follow", True) is not False,
+                interval_ms=int(props.get("sync.topic.acls.interval.ms") or ACL_INTERVAL_MS),
+                commitlog_dir=props.get("store.commitlog.dir"),
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
+        self.schema_sync = None
+        if props.get("schema.registry.url"):
+            from .schema_sync import SinkSchemaSync
+            base = props.get("store.writer") or "connect"
+            self.schema_sync = SinkSchemaSync(
+                props["store.url"], props["schema.registry.url"], writer=f"{base}-schemas",
+                commitlog_dir=props.get("store.commitlog.dir"),
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
         if not self.RECOVER_WRITERS:
             return
         # Before any task picks its start offsets: dispatch whatever a dead writer (a killed
@@ -202,6 +238,10 @@ class StoreSinkConnector(SinkConnector):
             if self.config_sync else {}
         if self.group_sync is not None:
             extra["store.group.sync"] = self.group_sync
+        if self.acl_sync is not None:
+            extra["store.acl.sync"] = self.acl_sync
+        if self.schema_sync is not None:
+            extra["store.schema.sync"] = self.schema_sync
         return [dict(self.props, **extra, **{"task.id": i,
                                              "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
@@ -212,6 +252,12 @@ class StoreSinkConnector(SinkConnector):
         if self.group_sync is not None:
             gs, self.group_sync = self.group_sync, None
             gs.stop()  # the last capture: the mirror's end
+        if self.acl_sync is not None:
+            acls, self.acl_sync = self.acl_sync, None
+            acls.stop()  # after the groups' last capture: their bindings follow them
+        if self.schema_sync is not None:
+            sch, self.schema_sync = self.schema_sync, None
+            sch.stop()
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
@@ -345,6 +391,9 @@ class StoreSinkTask(SinkTask):
         groups = self.props.get("store.group.sync")
         if groups is not None and by_topic:
             groups.opened(set(by_topic))
+        acls = self.props.get("store.acl.sync")
+        if acls is not None and by_topic:  # after the groups: their bindings are kept too
+            acls.opened(set(by_topic))
         start = {}
         for tp in partitions:
             why = self._damage(tp)
@@ -394,6 +443,9 @@ class StoreSinkTask(SinkTask):
         n = len(records)
         if n == 0:
             return
+        schemas = self.props.get("store.schema.sync")
+        if schemas is not None:  # their schemas kept before the records are
+            schemas.seen(records)
         topics = records.topics
         if topics[0] == topics[-1] and topics.count(topics[0]) == n:
             self.appender.submit(_batch(topics[0], records, None))

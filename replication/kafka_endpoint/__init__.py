@@ -6,7 +6,8 @@ its partitions, records served as the store's own RecordBatch v2 bytes, consumer
 coordinator whose committed offsets are kept in the store, produce refused. User guide:
 docs/kafka-endpoint.md; modules: wire.py (what is served, kio glue), store_view.py (the store),
 fetch.py (Fetch, written by hand), handlers.py (the other APIs), groups.py (the coordinator),
-server.py (connections, limits, SASL, TLS, metrics), command.py (``serve``).
+server.py (connections, limits, SASL, TLS, metrics), sasl.py (users, SCRAM/PLAIN, certificate
+principals), authorize.py (ACLs per API), command.py (``serve``).
 """
 
 from .command import KafkaEndpointOptions, ServeAllOptions, run_kafka_endpoint, serve_all

@@ -16,7 +16,10 @@ from ..connections import is_loopback, parse_listen, serve_until, setup_log
 from ..errors import ReplicationError
 from ..group_offsets import GroupOffsets
 from ..protocol import read_token_file
+from ..acls import Authorizer, load_captured_bindings
+from .authorize import AclSource
 from .groups import Coordinator
+from .sasl import read_users_file
 from .server import Endpoint, Limits
 from .store_view import StoreView
 
@@ -31,14 +34,26 @@ class KafkaEndpointOptions:
     tls_key: str | None = None
     allow_unauthenticated: bool = False
     limits: Limits = Limits()
+    users_file: str | None = None       # SASL/SCRAM and PLAIN users (sasl.py)
+    tls_client_ca: str | None = None    # mTLS: a client certificate signed by this CA
+    acls_file: str | None = None        # kafka-acls --list output (authorize.py)
+    acls_from_store: bool = False       # the ACLs mirror captured
+    allow_everyone_if_no_acl_found: bool = False
 
     def check(self) -> tuple[str, int]:
         """(host, port); a ReplicationError saying what to do when the options do not fit."""
         host, port = parse_listen(self.listen, "--kafka-listen")
-        if self.token_file is None and not self.allow_unauthenticated and not is_loopback(host):
+        if self.token_file is None and self.users_file is None and self.tls_client_ca is None \
+                and not self.allow_unauthenticated and not is_loopback(host):
             raise ReplicationError(
                 f"--kafka-listen {self.listen}: a non-loopback address needs "
-                "--kafka-token-file F (SASL/PLAIN with that token) or --allow-unauthenticated")
+                "--kafka-token-file F (SASL/PLAIN with that token), --kafka-users-file F, "
+                "--tls-client-ca F, or --allow-unauthenticated")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ReplicationError("--tls-client-ca needs TLS on the Kafka listener: add "
+                                   "--tls-cert and --tls-key")
+        if self.acls_file and self.acls_from_store:
+            raise ReplicationError("--acls-file and --acls-from-store: give one of them")
         return host, port
 
 
@@ -60,7 +75,12 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
     host, port = opts.check()
     token = read_token_file(opts.token_file) if opts.token_file else None
     ctx = tls_context(opts.tls_cert, opts.tls_key)
+    if opts.tls_client_ca:
+        require_client_certs(ctx, opts.tls_client_ca)
+    users = read_users_file(opts.users_file) if opts.users_file else None
     log = setup_log("serve")
+    acls = AclSource.from_file(opts.acls_file, log, opts.allow_everyone_if_no_acl_found) \
+        if opts.acls_file else None
     loop = asyncio.get_running_loop()
     try:
         view = await loop.run_in_executor(None, StoreView, store_url)
@@ -71,6 +91,14 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
         if isinstance(e, (ReputError, OSError)):
             raise ReplicationError(f"cannot serve {store_url}: {e}") from None
         raise
+    if opts.acls_from_store:
+        try:
+            acls = AclSource(Authorizer(load_captured_bindings(view.store),
+                                        allow_everyone_if_no_acl_found=(
+                                            opts.allow_everyone_if_no_acl_found)), log)
+        except BaseException:
+            view.close()
+            raise
     offsets = GroupOffsets(store_url, view.store.meta.store_id)
     try:
         n = await loop.run_in_executor(None, offsets.load)
@@ -81,7 +109,7 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
             return Coordinator(offsets, ep.run, log, view.has)
 
         ep = Endpoint(view, coordinator, token=token, limits=opts.limits, log=log,
-                      ssl_context=ctx)
+                      ssl_context=ctx, users=users, acls=acls)
         if ops is not None:
             ops.add(ep.collect)
         try:
@@ -102,6 +130,17 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
         view.close()
 
 
+def require_client_certs(ctx, ca_file: str) -> None:
+    """Make the TLS listener require a client certificate signed by ``ca_file``."""
+    import ssl
+    try:
+        ctx.load_verify_locations(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ReplicationError(f"cannot load --tls-client-ca {ca_file}: "
+                               f"{getattr(e, 'strerror', None) or e}") from None
+    ctx.verify_mode = ssl.CERT_REQUIRED
+
+
 def serve_all(opts: ServeAllOptions) -> int:
     """Run what ``opts`` asks for in one event loop until SIGINT/SIGTERM."""
     from ..ops import Ops, check_listen, start_ops
@@ -109,10 +148,15 @@ def serve_all(opts: ServeAllOptions) -> int:
     check_listen(opts.metrics)
     if opts.kafka is not None:
         opts.kafka.check()
+        if opts.kafka.acls_file:  # a listing that cannot be parsed stops the start
+            from ..acls import read_acls_file
+            read_acls_file(opts.kafka.acls_file)
+        if opts.kafka.users_file:
+            read_users_file(opts.kafka.users_file)
     http = opts.http
     if http is not None:
         from ..protocol import serve_protocols
-        token = read_token_file(http.token_file)
+        token, tokens = http.read_tokens()
         http_ctx = tls_context(http.tls_cert, http.tls_key)
     ops = Ops("serve") if opts.metrics else None
     metrics = start_ops(ops, opts.metrics, lambda m: print(
@@ -127,7 +171,8 @@ def serve_all(opts: ServeAllOptions) -> int:
                           file=sys.stderr, flush=True)
                 tasks.append(asyncio.ensure_future(run_server(
                     opts.store, http.listen, token, ssl_context=http_ctx, limits=http.limits(),
-                    ready=ready, stop=ev, ops=ops, protocols=serve_protocols())))
+                    ready=ready, stop=ev, ops=ops, protocols=serve_protocols(),
+                    tokens=tokens)))
             if opts.kafka is not None:
                 tasks.append(asyncio.ensure_future(run_kafka_endpoint(
                     opts.store, opts.kafka, stop=ev, ops=ops)))

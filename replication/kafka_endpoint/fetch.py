@@ -12,6 +12,8 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   transaction markers ends: a COMMIT control batch at the high watermark - 1
   (StoreView.fetch, reput/batch.control_batch);
 * an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
+  a partition that fails its checks (damaged, or its ledger disagrees with its segments:
+  reput/ledger.py): KAFKA_STORAGE_ERROR, as Kafka answers for an offline log;
   a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
@@ -31,8 +33,10 @@ import struct
 import time
 from typing import Any, Callable
 
+from kcompact.reput.errors import CorruptRecordError
+
 from .store_view import Bounds, StoreView
-from .wire import (NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
+from .wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
                    UNSUPPORTED_COMPRESSION_TYPE, ms)
 
 #: how often a waiting fetch looks at its partitions again
@@ -82,7 +86,11 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
                 results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
                 continue
             offset = int(p.fetch_offset)
-            b = view.bounds(name, pi)
+            try:
+                b = view.bounds(name, pi)
+            except CorruptRecordError:  # damaged: an offline log, never a shorter one
+                results.append(PartitionResult(pi, KAFKA_STORAGE_ERROR, _NO_BOUNDS))
+                continue
             if offset < b.log_start or offset > b.high_watermark:
                 results.append(PartitionResult(pi, OFFSET_OUT_OF_RANGE, b))
                 continue
@@ -93,7 +101,11 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
             if offset == b.high_watermark or (limit <= 0 and not first):
                 results.append(PartitionResult(pi, NONE, b))
                 continue
-            got = view.fetch(name, pi, offset, limit)
+            try:
+                got = view.fetch(name, pi, offset, limit)
+            except CorruptRecordError:
+                results.append(PartitionResult(pi, KAFKA_STORAGE_ERROR, _NO_BOUNDS))
+                continue
             if got.nbytes and not first and got.nbytes > budget:
                 got = got._replace(parts=[], nbytes=0)  # only the first batch may overflow
             results.append(PartitionResult(pi, NONE, got.bounds, got.parts, got.nbytes))

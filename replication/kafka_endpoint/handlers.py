@@ -10,8 +10,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from kcompact.reput.errors import CorruptRecordError
+
+from .wire import KAFKA_STORAGE_ERROR
 from .wire import (API_NAMES, API_VERSIONS, CLUSTER_AUTHORIZATION_FAILED, FETCH,
-                   FIND_COORDINATOR, HEARTBEAT, INIT_PRODUCER_ID, INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
+                   FIND_COORDINATOR, HEARTBEAT, INIT_PRODUCER_ID, INVALID_REQUEST, JOIN_GROUP,
+                   LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
                    OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION, PRODUCE, SYNC_GROUP,
                    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, Request,
                    api_keys, respond)
@@ -52,6 +56,9 @@ class Handlers:
         """The response frame (buffers for Fetch); None: nothing can be answered (a produce
         with acks=0). ``conn``: the server's Connection (the address it reached)."""
         k = req.api_key
+        gate = getattr(self.ep, "gate", None)
+        if gate is not None:  # ACLs (authorize.py)
+            return await self._gated(gate, req, conn)
         if k == FETCH:
             from .fetch import handle_fetch
             return await handle_fetch(
@@ -60,6 +67,27 @@ class Handlers:
         values = await self._values(req, conn)
         if values is None:
             return None
+        self.ep.count_errors(API_NAMES[k], _error_codes(values))
+        return respond(k, req.version, req.correlation_id, throttle_time=0, **values)
+
+    async def _gated(self, gate: Any, req: Request, conn: Any) -> bytes | list | None:
+        """``answer`` with the ACLs of ``gate`` applied (authorize.Gate)."""
+        k = req.api_key
+        if k == FETCH:
+            denied = gate.fetch_denied(req, conn)
+            if denied:
+                from .authorize import TOPIC_AUTHORIZATION_FAILED
+                self.ep.count_errors(API_NAMES[FETCH], [TOPIC_AUTHORIZATION_FAILED])
+                return await gate.fetch_with_denied(self.ep, req, denied)
+            from .fetch import handle_fetch
+            return await handle_fetch(
+                self.ep.view, self.ep.run, req.version, req.correlation_id, req.body,
+                self.ep.stopping, lambda codes: self.ep.count_errors(API_NAMES[FETCH], codes))
+        instead, req, after = gate.before(req, conn)
+        values = instead if instead is not None else await self._values(req, conn)
+        if values is None:
+            return None
+        values = after(values) if instead is None else values
         self.ep.count_errors(API_NAMES[k], _error_codes(values))
         return respond(k, req.version, req.correlation_id, throttle_time=0, **values)
 
@@ -153,7 +181,12 @@ class Handlers:
                     if pi not in have:
                         row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
                     else:
-                        b = view.bounds(t.name, pi)
+                        try:
+                            b = view.bounds(t.name, pi)
+                        except CorruptRecordError:  # damaged: an offline log
+                            row["error_code"] = KAFKA_STORAGE_ERROR
+                            parts.append(row)
+                            continue
                         if ts == LATEST:
                             row["offset"] = b.high_watermark
                         elif ts == EARLIEST:

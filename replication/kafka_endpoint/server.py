@@ -12,11 +12,14 @@ never interleave. Against bad clients, everyone else keeps being served:
   10 min), or that takes longer than ``request_timeout_s`` to send a request it started, or to
   take its response, is closed; more than ``max_connections`` open: closed at once (one line per
   10 s);
-* with a token (``--kafka-token-file``) a client must authenticate with SASL/PLAIN (any user
-  name, the token as the password, compared in constant time) before any request but
-  ApiVersions and SaslHandshake: in SaslAuthenticate requests after a SaslHandshake v1, as a
-  bare size-prefixed token after a v0 one (Kafka's legacy flow); a failed authentication is
-  answered (v1), logged and closed;
+* with a token (``--kafka-token-file``: SASL/PLAIN, any user name, the token as the password)
+  or a users file (``--kafka-users-file``: SCRAM-SHA-256/512 and PLAIN, sasl.py) a client must
+  authenticate before any request but ApiVersions and SaslHandshake: in SaslAuthenticate
+  requests after a SaslHandshake v1, as bare size-prefixed tokens after a v0 one (Kafka's
+  legacy flow); a failed authentication is answered SASL_AUTHENTICATION_FAILED with the reason
+  (v1), logged and closed; the connection's ``principal`` is then ``User:NAME``;
+* with ``--tls-client-ca`` the principal of a connection without SASL is its certificate's
+  subject (``User:<DN>``); with ACLs every request passes the ``Gate`` (authorize.py);
 * with TLS, each accepted connection's handshake runs here (``StreamWriter.start_tls``), so a
   failed or missing one is logged with its reason, not dropped silently by asyncio.
 
@@ -29,7 +32,6 @@ connections closed by reason.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import ssl
 import time
@@ -38,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .fetch import encode_fetch  # noqa: F401 - (re-exported for tests)
+from .authorize import Gate
 from .handlers import Handlers
+from .sasl import ANONYMOUS, Authenticator, SaslFailure, dn_of_peercert
 from .wire import (API_NAMES, API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE,
                    SASL_AUTHENTICATION_FAILED, SERVED, ILLEGAL_SASL_STATE, NONE,
                    UNSUPPORTED_SASL_MECHANISM, UNSUPPORTED_VERSION, WireError,
@@ -81,11 +85,16 @@ class Connection:
     """One client connection: ``peer`` (for log lines), ``local`` (the address it reached,
     what Metadata advertises on a wildcard listener), its SASL state."""
 
-    __slots__ = ("peer", "local", "authenticated", "mechanism_ok", "raw_sasl", "requests")
+    __slots__ = ("peer", "local", "authenticated", "mechanism_ok", "raw_sasl", "requests",
+                 "principal", "sasl")
 
     def __init__(self, peer: str, authenticated: bool, local: str = "127.0.0.1"):
         self.peer, self.local, self.authenticated = peer, local, authenticated
         self.mechanism_ok = False
+        #: Kafka's principal (User:NAME): SASL's user, a client certificate's subject, or
+        #: User:ANONYMOUS (sasl.py)
+        self.principal = ANONYMOUS
+        self.sasl = None  # the SASL exchange under way
         #: after a SaslHandshake v0: the next frame is a bare SASL token, not a request
         self.raw_sasl = False
         self.requests = 0
@@ -111,9 +120,14 @@ class Endpoint:
 
     def __init__(self, view, coordinator_factory: Callable[["Endpoint"], Any], *,
                  token: bytes | None, limits: Limits, log: logging.Logger,
-                 ssl_context: ssl.SSLContext | None = None, workers: int = 8):
+                 ssl_context: ssl.SSLContext | None = None, workers: int = 8,
+                 users: dict | None = None, acls=None):
         self.view, self.token, self.limits, self.log = view, token, limits, log
         self.ssl_context = ssl_context
+        #: SASL mechanisms (the token's PLAIN, the users file's) and ACLs (authorize.py)
+        self.auth = Authenticator(token, users)
+        self.gate = Gate(acls, log) if acls is not None else None
+        self._why = ""
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-kafka")
         self.coordinator = coordinator_factory(self)
         self.handlers = Handlers(self)
@@ -203,7 +217,7 @@ class Endpoint:
         addr = writer.get_extra_info("peername")
         peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         local = writer.get_extra_info("sockname")
-        conn = Connection(peer, authenticated=self.token is None,
+        conn = Connection(peer, authenticated=not self.auth.enabled,
                           local=str(local[0]) if isinstance(local, tuple) else "127.0.0.1")
         self.accepted += 1
         if len(self.open) >= self.limits.max_connections:
@@ -240,6 +254,10 @@ class Endpoint:
         timeout = self.limits.request_timeout_s
         try:
             await writer.start_tls(self.ssl_context, ssl_handshake_timeout=timeout)
+            if self.ssl_context.verify_mode == ssl.CERT_REQUIRED:
+                cert = writer.get_extra_info("peercert")
+                if cert:  # Kafka's default principal builder: User:<the subject's DN>
+                    conn.principal = f"User:{dn_of_peercert(cert)}"
             return True
         except (ssl.SSLError, ConnectionError, OSError, asyncio.TimeoutError) as e:
             if isinstance(e, asyncio.TimeoutError):
@@ -249,7 +267,7 @@ class Endpoint:
                 if "WRONG_VERSION_NUMBER" in str(e) or "HTTP_REQUEST" in str(e):
                     why += ("; is the client speaking without TLS (security.protocol PLAINTEXT "
                             "or SASL_PLAINTEXT)? This listener is SSL"
-                            + ("/SASL_SSL" if self.token is not None else ""))
+                            + ("/SASL_SSL" if self.auth.enabled else ""))
             self._close(writer, conn, "tls", why)
             return False
 
@@ -318,7 +336,7 @@ class Endpoint:
                                                   SASL_AUTHENTICATE):
             self._close(writer, conn, "unauthenticated",
                         f"{name} request before SASL authentication (this endpoint requires "
-                        "SASL/PLAIN with its token as the password)")
+                        f"SASL: {', '.join(self.auth.mechanisms)})")
             return None
         try:
             req = decode_request(frame)
@@ -337,8 +355,8 @@ class Endpoint:
                     await asyncio.wait_for(writer.drain(), 1.0)
                 except (asyncio.TimeoutError, ConnectionError):
                     pass
-                self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed "
-                            "(wrong token)")
+                self._close(writer, conn, "auth_failed", "SASL authentication failed: "
+                            + self._why)
                 return None
             return self._sent([data])
         out = await self.handlers.answer(req, conn)
@@ -359,53 +377,62 @@ class Endpoint:
                 key = (api, error_name(code))
                 self.errors[key] = self.errors.get(key, 0) + 1
 
-    # -- SASL/PLAIN ----------------------------------------------------------------------------
+    # -- SASL (sasl.py: PLAIN, SCRAM-SHA-256/512) ----------------------------------------------
 
     def _handshake(self, req, conn: Connection) -> bytes:
         mech = req.body.mechanism
-        ok = self.token is not None and mech == "PLAIN"
+        conn.sasl = self.auth.session(mech)
+        ok = conn.sasl is not None
         conn.mechanism_ok = ok
-        # v0: the client then sends the SASL token bare (no SaslAuthenticate request around it)
+        # v0: the client then sends the SASL tokens bare (no SaslAuthenticate request around)
         conn.raw_sasl = ok and req.version == 0
         self.count_errors(API_NAMES[SASL_HANDSHAKE], [NONE if ok else UNSUPPORTED_SASL_MECHANISM])
         return respond(SASL_HANDSHAKE, req.version, req.correlation_id,
                        error_code=NONE if ok else UNSUPPORTED_SASL_MECHANISM,
-                       mechanisms=["PLAIN"] if self.token is not None else [])
+                       mechanisms=list(self.auth.mechanisms))
 
-    def _plain_ok(self, token: bytes) -> bool:
-        """A SASL/PLAIN token (authzid NUL user NUL password) carrying this endpoint's token
-        as the password (any user name), compared in constant time."""
-        parts = bytes(token).split(b"\0")
-        password = parts[2] if len(parts) == 3 else b""
-        return len(parts) == 3 and hmac.compare_digest(password, self.token or b"\0")
+    def _step(self, data: bytes, conn: Connection) -> bytes:
+        """One SASL step; SaslFailure when it fails. Authenticated once the exchange is done."""
+        out = conn.sasl.step(data)
+        if conn.sasl.done:
+            conn.authenticated, conn.principal = True, conn.sasl.principal
+            conn.mechanism_ok = False
+        return out
 
     async def _raw_token(self, frame: bytes, conn: Connection,
                          writer: asyncio.StreamWriter) -> list | None:
-        """After a SaslHandshake v0, the bare PLAIN token: an empty token back when it is
-        right (Kafka's answer), else the connection closed (v0 has no way to say why)."""
-        conn.raw_sasl = False
-        if self._plain_ok(frame):
-            conn.authenticated = True
-            return self._sent([b"\0\0\0\0"])
-        self.count_errors(API_NAMES[SASL_HANDSHAKE], [SASL_AUTHENTICATION_FAILED])
-        self._close(writer, conn, "auth_failed", "SASL/PLAIN authentication failed (wrong "
-                    "token; SaslHandshake v0)")
-        return None
+        """After a SaslHandshake v0, a bare SASL token: the server's token back, size-prefixed
+        (an empty one after PLAIN, Kafka's answer), or the connection closed (v0 has no way to
+        say why)."""
+        try:
+            out = self._step(frame, conn)
+        except SaslFailure as e:
+            conn.raw_sasl = False
+            self.count_errors(API_NAMES[SASL_HANDSHAKE], [SASL_AUTHENTICATION_FAILED])
+            self._close(writer, conn, "auth_failed", f"SASL authentication failed: {e} "
+                        "(SaslHandshake v0)")
+            return None
+        if conn.authenticated:
+            conn.raw_sasl = False
+        return self._sent([len(out).to_bytes(4, "big") + out])
 
     def _authenticate(self, req, conn: Connection) -> tuple[bytes, bool]:
-        if not conn.mechanism_ok:
+        if not conn.mechanism_ok or conn.sasl is None:
+            self._why = "SaslAuthenticate before a SaslHandshake"
             return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
                            error_code=ILLEGAL_SASL_STATE, auth_bytes=b"",
-                           error_message="SaslAuthenticate before a SaslHandshake for PLAIN"
-                           ), False
-        if self._plain_ok(req.body.auth_bytes):
-            conn.authenticated = True
-            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id, error_code=NONE,
-                           error_message=None, auth_bytes=b""), True
-        return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
-                       error_code=SASL_AUTHENTICATION_FAILED, auth_bytes=b"",
-                       error_message="Authentication failed: invalid username or password"
-                       ), False
+                           error_message="SaslAuthenticate before a SaslHandshake naming "
+                           f"one of {', '.join(self.auth.mechanisms)}"), False
+        try:
+            out = self._step(req.body.auth_bytes, conn)
+        except SaslFailure as e:
+            self._why = f"{e} (principal User:{getattr(conn.sasl, 'user', '?')})" \
+                if getattr(conn.sasl, "user", None) else str(e)
+            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
+                           error_code=SASL_AUTHENTICATION_FAILED, auth_bytes=b"",
+                           error_message=str(e)), False
+        return respond(SASL_AUTHENTICATE, req.version, req.correlation_id, error_code=NONE,
+                       error_message=None, auth_bytes=out), True
 
     # -- metrics -------------------------------------------------------------------------------
 
@@ -439,3 +466,5 @@ class Endpoint:
                     "read-only).")
         p.add_metric([], self.refused_produces)
         yield p
+        if self.gate is not None:
+            yield from self.gate.collect()

@@ -28,7 +28,9 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
+from kcompact.reput import damage_record as DR
 from kcompact.reput.batch import control_batch
+from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -110,11 +112,24 @@ class StoreView:
         start = pl.segments[0].base if pl.segments else hwm
         return Bounds(min(start, hwm), hwm)
 
+    def _damaged(self, topic: str, partition: int, err: CorruptRecordError) -> None:
+        """Record damage met serving a partition beside it (reput/damage_record.py), once;
+        the caller answers KAFKA_STORAGE_ERROR for it."""
+        with self._lock:
+            self._parts.pop((topic, partition), None)
+        DR.write(self.store.fs, topic, partition, path_=err.path, position=err.position,
+                 reason=str(err).strip().splitlines()[0] if str(err).strip() else
+                 type(err).__name__, found_by="kafka endpoint", found_ms=self.store.clock.ms())
+
     def bounds(self, topic: str, partition: int) -> Bounds:
-        lock, pl = self._part(topic, partition)
-        with lock:
-            pl.refresh()
-            return self._bounds(pl)
+        try:
+            lock, pl = self._part(topic, partition)
+            with lock:
+                pl.refresh()
+                return self._bounds(pl)
+        except CorruptRecordError as e:
+            self._damaged(topic, partition, e)
+            raise
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
         """Whole batches from ``offset`` within ``max_bytes`` (the first whole past it), or, in
@@ -122,6 +137,13 @@ class StoreView:
         watermark - 1); nothing at the high watermark.
         The caller checked ``offset`` against the bounds (``bounds``) and passes them again
         here as they were read (a partition that moved meanwhile is read as it is now)."""
+        try:
+            return self._fetch(topic, partition, offset, max_bytes)
+        except CorruptRecordError as e:
+            self._damaged(topic, partition, e)
+            raise
+
+    def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
         lock, pl = self._part(topic, partition)
         with lock:
             pl.refresh()

@@ -10,6 +10,15 @@ JSON shapes and error codes:
     GET  /subjects                           -> ["subject", ...]
     GET  /subjects/{subject}/versions        -> [1, 2, ...]
     GET  /subjects/{subject}/versions/{v}    v = number or "latest"
+    GET  /schemas/ids/{id}/versions          -> [{"subject", "version"}, ...]
+    PUT  /mode/{subject}                     {"mode": "IMPORT" | "READWRITE"}; ``import_mode``
+                                             False answers 422 (42205) as a registry refusing it
+
+Schemas may carry ``references`` ([{"name", "subject", "version"}], given back by every GET); a
+registration in IMPORT mode takes the body's ``id`` (and ``version``). ``first_id`` offsets the
+ids this registry gives out (a target whose ids differ from the source's); a subject in
+``incompatible`` refuses any new version with 409 (error code 409), as a registry with a
+compatibility rule refuses an incompatible schema.
 
 Unknown ids/subjects answer 404 with error codes 40403/40401, malformed bodies 422 (42201). It
 binds 127.0.0.1 on a free port, serves from a thread, and :meth:`SchemaRegistry.stop` closes the
@@ -28,13 +37,24 @@ from urllib.parse import unquote, urlsplit
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
+class _Schemas(dict):
+    """id -> (schema, type, references)."""
+
+
 class _State:
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 1) -> None:
         self.lock = threading.Lock()
-        self.schemas: list[tuple[str, str]] = []              # id-1 -> (schema, type)
-        self.by_text: dict[tuple[str, str], int] = {}          # (canonical, type) -> id
+        self.first_id = first_id
+        self.schemas: dict[int, tuple[str, str, list]] = _Schemas()
+        self.by_text: dict[tuple, int] = {}          # (canonical, type, refs) -> id
         self.subjects: dict[str, list[int]] = {}               # subject -> ids by version
+        self.modes: dict[str, str] = {}
+        self.import_mode = True
+        self.incompatible: set[str] = set()
         self.requests: list[str] = []
+
+    def next_id(self) -> int:
+        return max(self.schemas, default=self.first_id - 1) + 1
 
 
 def _canonical(schema: str) -> str:
@@ -77,15 +97,21 @@ class _Handler(BaseHTTPRequestHandler):
         with st.lock:
             if path == "/subjects":
                 return self._send(200, sorted(st.subjects))
-            m = re.fullmatch(r"/schemas/ids/(\d+)", path)
+            m = re.fullmatch(r"/schemas/ids/(\d+)(/versions)?", path)
             if m:
                 sid = int(m.group(1))
-                if not 1 <= sid <= len(st.schemas):
+                if sid not in st.schemas:
                     return self._error(404, 40403, f"Schema {sid} not found")
-                schema, stype = st.schemas[sid - 1]
+                if m.group(2):
+                    return self._send(200, [{"subject": sub, "version": ids.index(sid) + 1}
+                                            for sub, ids in sorted(st.subjects.items())
+                                            if sid in ids])
+                schema, stype, refs = st.schemas[sid]
                 doc = {"schema": schema}
                 if stype != "AVRO":
                     doc["schemaType"] = stype
+                if refs:
+                    doc["references"] = refs
                 return self._send(200, doc)
             m = re.fullmatch(r"/subjects/([^/]+)/versions", path)
             if m:
@@ -106,11 +132,28 @@ class _Handler(BaseHTTPRequestHandler):
         return self._error(404, 404, f"no route for GET {path}")
 
     def _version_doc(self, subject: str, version: int, sid: int) -> dict[str, Any]:
-        schema, stype = self.server.state.schemas[sid - 1]
+        schema, stype, refs = self.server.state.schemas[sid]
         doc = {"subject": subject, "version": version, "id": sid, "schema": schema}
         if stype != "AVRO":
             doc["schemaType"] = stype
+        if refs:
+            doc["references"] = refs
         return doc
+
+    def do_PUT(self) -> None:  # noqa: N802
+        st = self.server.state
+        path = urlsplit(self.path).path.rstrip("/")
+        st.requests.append(f"PUT {path}")
+        body = self._body()
+        m = re.fullmatch(r"/mode/([^/]+)", path)
+        if not m or not isinstance(body, dict) or body.get("mode") not in (
+                "IMPORT", "READWRITE", "READONLY"):
+            return self._error(422, 42204, "Invalid mode")
+        if body["mode"] == "IMPORT" and not st.import_mode:
+            return self._error(422, 42205, "Import mode is not allowed on this registry")
+        with st.lock:
+            st.modes[unquote(m.group(1))] = body["mode"]
+        return self._send(200, {"mode": body["mode"]})
 
     def do_POST(self) -> None:  # noqa: N802
         st = self.server.state
@@ -120,7 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
             return self._error(422, 42201, "Invalid schema: the body needs a 'schema' string")
         stype = body.get("schemaType") or "AVRO"
-        key = (_canonical(body["schema"]), stype)
+        refs = [{"name": r["name"], "subject": r["subject"], "version": int(r["version"])}
+                for r in body.get("references") or []]
+        key = (_canonical(body["schema"]), stype, json.dumps(refs, sort_keys=True))
         if stype == "AVRO":
             try:
                 json.loads(body["schema"])
@@ -131,11 +176,22 @@ class _Handler(BaseHTTPRequestHandler):
             if m:
                 subject = unquote(m.group(1))
                 sid = st.by_text.get(key)
-                if sid is None:
-                    st.schemas.append((body["schema"], stype))
-                    sid = len(st.schemas)
-                    st.by_text[key] = sid
                 ids = st.subjects.setdefault(subject, [])
+                if (sid is None or sid not in ids) and subject in st.incompatible and ids:
+                    return self._error(409, 409, "Schema being registered is incompatible "
+                                       "with an earlier schema for subject "
+                                       f"\"{subject}\"")
+                if "id" in body:
+                    if st.modes.get(subject) != "IMPORT":
+                        return self._error(422, 42205, "Subject is not in import mode")
+                    sid = int(body["id"])
+                    if sid in st.schemas and st.by_text.get(key) != sid:
+                        return self._error(422, 42207, f"Schema id {sid} already used")
+                if sid is None:
+                    sid = st.next_id()
+                if sid not in st.schemas:
+                    st.schemas[sid] = (body["schema"], stype, refs)
+                    st.by_text[key] = sid
                 if sid not in ids:
                     ids.append(sid)
                 return self._send(200, {"id": sid})
@@ -160,10 +216,10 @@ class _Server(ThreadingHTTPServer):
 class SchemaRegistry:
     """``with SchemaRegistry() as sr: sr.url`` - an HTTP Schema Registry on 127.0.0.1."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 1) -> None:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self.state = _State()
+        self.state = _State(first_id)
         self.port = 0
 
     @property
@@ -192,12 +248,12 @@ class SchemaRegistry:
     def register(self, subject: str, schema: dict | str) -> int:
         """Register directly (no HTTP), returns the id."""
         text = schema if isinstance(schema, str) else json.dumps(schema)
-        key = (_canonical(text), "AVRO")
+        key = (_canonical(text), "AVRO", "[]")
         with self.state.lock:
             sid = self.state.by_text.get(key)
             if sid is None:
-                self.state.schemas.append((text, "AVRO"))
-                sid = len(self.state.schemas)
+                sid = self.state.next_id()
+                self.state.schemas[sid] = (text, "AVRO", [])
                 self.state.by_text[key] = sid
             self.state.subjects.setdefault(subject, []).append(sid)
             return sid

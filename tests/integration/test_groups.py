@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer
 from confluent_kafka import TopicPartition as TP
 
+from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
 from kcompact.reput import Store
 from kcompact.reput.record import RecordBatch
 from kcompact.replication.group_capture import CaptureWriter
@@ -257,6 +258,17 @@ def _store_with_groups(url: str, parts: int, n: int) -> dict[str, dict[int, int]
     return groups
 
 
+def _restore_job(bootstrap: str, url: str, target: str) -> RestoreJob:
+    """The restore job whose recorded progress the kill test waits for."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        cluster = c.list_topics(timeout=10).cluster_id or bootstrap
+    finally:
+        c.close()
+    with Store.open(url) as st:
+        return RestoreJob(st.meta.store_id, "orders", cluster, target)
+
+
 def test_sigkilled_restore_rerun_commits_the_same_positions(apache_kafka, make_topic,
                                                             tmp_path):
     bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
@@ -267,16 +279,29 @@ def test_sigkilled_restore_rerun_commits_the_same_positions(apache_kafka, make_t
             "--to-topic", target, "--chunk-records", "3000", "--groups", "g.*",
             "--exactly-once", "required", *SLOW)
     try:
+        job = _restore_job(bootstrap, url, target)
+
+        def seq() -> int:
+            prog = StoreProgress(url, job).read()
+            return prog.seq if prog else 0
+
         kills = 0
-        for delay in (2.0, 3.5):
+        for pause in (0.0, 0.5):
+            # killed once this run has recorded a chunk of its own (a fixed delay killed a run
+            # that had recorded nothing yet on a loaded machine, and the rerun then had no
+            # progress to continue from)
+            before = seq()
             p = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(delay)
+            deadline = time.monotonic() + 120
+            while seq() <= before and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(pause)
             if p.poll() is None:
                 p.send_signal(signal.SIGKILL)
                 kills += 1
             p.wait(60)
-        assert kills >= 1
+        assert kills >= 1 and seq() > 0
         final = kcompact(*args, timeout=600)
         assert final.returncode == 0, final.stderr
         assert "continued from recorded progress" in final.stderr

@@ -149,6 +149,27 @@ def test_issue44_repair_from_a_served_replica(source, tmp_path, kind, mutation):
     compare(url, replica, store0, doc, r_next, before)
 
 
+@pytest.mark.parametrize("a,b,mutation", [("segments.json", "log2", "delete"),
+                                           ("forge", "log1", "delete")])
+def test_issue51_a_double_fault_is_repaired_from_a_served_replica(source, tmp_path, a, b,
+                                                                  mutation):
+    """The segment list and a segment lost together (or a forged list): found by verify
+    through the partition's ledger, repaired from the replica with nothing lost below its
+    end."""
+    master, replica, src_url, tok = source
+    store0 = {p: dump(master, p) for p in range(2)}
+    with Store.open(replica) as st:
+        r_next = {p: st.next_offset(TOPIC, p) for p in range(2)}
+    url = str(tmp_path / "store")
+    shutil.copytree(master, url)
+    U._mutate_pair(url, a, b, mutation)
+    assert kc("verify", "--store", url).returncode == 1
+    doc = check_from(url, replica, src_url, tok)
+    assert [e["partition"] for e in doc["repaired"]] == [0]
+    compare(url, replica, store0, doc, r_next, None)
+    assert not os.path.exists(os.path.join(url, "partitions", TOPIC, "0", "damage.json"))
+
+
 def test_issue44_repair_from_refuses_a_partition_the_source_does_not_serve(source, tmp_path):
     master, replica, src_url, tok = source
     url = str(tmp_path / "store")

@@ -111,8 +111,8 @@ def snapshot(url: str) -> dict[str, bytes | str]:
         for name in files:
             p = os.path.join(root, name)
             rel = os.path.relpath(p, url)
-            if name.endswith(".lock"):
-                continue
+            if name.endswith(".lock") or name == "damage.json":
+                continue  # (damage.json: damage a reader or compaction found, recorded: issue 51)
             try:  # (through a symlink: see module docstring)
                 with open(p, "rb") as f:
                     out[rel] = f.read()

@@ -42,6 +42,7 @@ from _stores import backend_env, store_url  # noqa: E402
 
 from kcompact.connectors.cli import main  # noqa: E402
 from kcompact.reput import filenames as fn  # noqa: E402
+from kcompact.reput import ledger as LG  # noqa: E402
 from kcompact.reput import segment_list as SL  # noqa: E402
 from kcompact.reput.backend import LocalBackend  # noqa: E402
 from kcompact.reput.config import ManualClock  # noqa: E402
@@ -50,9 +51,10 @@ from kcompact.reput.store import Store, WriterOptions  # noqa: E402
 
 TOPIC = "t"
 MUTATIONS = ("flip", "zero4k", "truncate", "append", "delete")
-LOCAL_KINDS = ("store.json", "segments.json", "compaction.checkpoint", "log2", "bcq2", "log1",
-               "bcq1", "active.log", "active.bcq", "commitlog", "reput.checkpoint")
-S3_KINDS = ("store.json", "manifest", "log2", "bcq2", "log1", "bcq1")
+LOCAL_KINDS = ("store.json", "segments.json", "ledger.json", "compaction.checkpoint", "log2",
+               "bcq2", "log1", "bcq1", "active.log", "active.bcq", "commitlog",
+               "reput.checkpoint")
+S3_KINDS = ("store.json", "manifest", "ledger", "log2", "bcq2", "log1", "bcq1")
 
 
 def run(*argv: str) -> tuple[int, str, str]:
@@ -88,6 +90,7 @@ def local_files(url: str) -> dict[str, list[tuple[str, int | None]]]:
     for p in range(2):
         pdir = fn.partition_dir(TOPIC, p)
         out["segments.json"].append((f"{pdir}/{fn.SEGMENT_LIST}", p))
+        out["ledger.json"].append((f"{pdir}/{LG.NAME}", p))
         out["compaction.checkpoint"].append((f"{pdir}/{fn.COMPACTION_CHECKPOINT}", p))
         segs = SL.read(fs, pdir).segments
         for i, m in enumerate(segs):
@@ -150,6 +153,7 @@ def s3_objects(fake, url: str) -> dict[str, list[tuple[str, int | None]]]:
         pdir = f"{prefix}/{fn.partition_dir(TOPIC, p)}"
         latest = max(k for k in objs if k.startswith(f"{pdir}/manifest/") and objs[k][0])
         out["manifest"].append((latest, p))
+        out["ledger"].append((f"{pdir}/{LG.NAME}", p))
         for e in json.loads(objs[latest][0])["segments"]:
             if e["records"]:
                 f = e.get("format", 1)
@@ -240,7 +244,9 @@ def partition_files(url: str, p: int) -> dict[str, bytes]:
     d = os.path.join(url, fn.partition_dir(TOPIC, p))
     out = {}
     for name in sorted(os.listdir(d)):
-        if os.path.isfile(os.path.join(d, name)) and not name.endswith(".lock"):
+        # (damage.json: what a finder recorded, repair's own verify among them: issue 51)
+        if os.path.isfile(os.path.join(d, name)) and not name.endswith(".lock") \
+                and name != "damage.json":
             with open(os.path.join(d, name), "rb") as f:
                 out[name] = f.read()
     return out
@@ -325,6 +331,104 @@ def test_issue44_campaign_s3(tmp_path, kind, mutation, seed):
         if doc["quarantine"]:
             prefix = url.split("/", 3)[3]
             assert any(k.startswith(f"{prefix}/{doc['quarantine']}/") for k in objs)
+
+
+# -- double faults (issue 51): pairs of files of one partition deleted or truncated together -------
+#
+# Losing the segment list *and* the segments it named, or either with a forged replacement,
+# must never read as a shorter partition: ``verify`` exits 1, and ``dump`` of the partition
+# either refuses it (exit 1, one error line) or prints exactly the pristine records; the other
+# partition dumps as it was. The ledger (reput/ledger.py) is what tells the list's loss apart.
+
+PAIR_KINDS = ("segments.json", "ledger.json", "log2", "bcq2", "log1", "bcq1", "active.log",
+              "active.bcq")
+
+
+def _pair_cases():
+    import itertools
+    pairs = list(itertools.combinations(PAIR_KINDS, 2))
+    cases = [(a, b, m) for a, b in pairs for m in ("delete", "truncate")]
+    # by default the pairs with the segment list or the ledger (the double faults); -m slow: all
+    return [c if c[0] in ("segments.json", "ledger.json") else pytest.param(*c, marks=SLOW)
+            for c in cases] + [pytest.param("forge", "log2", "delete"),
+                               pytest.param("forge", "log1", "delete")]
+
+
+def _mutate_pair(url: str, a: str, b: str, mutation: str) -> None:
+    files = local_files(url)
+    rnd = random.Random(f"pair/{a}/{b}/{mutation}")
+    if a == "forge":  # a segment gone, the list rewritten without it (its checksum right)
+        rel, p = next(f for f in files[b] if f[1] == 0)
+        pdir = fn.partition_dir(TOPIC, 0)
+        fs = LocalBackend(url)
+        lst = SL.read(fs, pdir)
+        base = fn.parse_base(os.path.basename(rel))[0]
+        os.remove(os.path.join(url, rel))
+        os.remove(os.path.join(url, rel[:-4] + fn.INDEX_SUFFIX))
+        fs.write_atomic(SL.path(pdir), SL.SegmentList(
+            [m for m in lst.segments if m.base != base], lst.next_offset, lst.version).to_json())
+        return
+    for kind in (a, b):
+        rel, _p = next(f for f in files[kind] if f[1] == 0)
+        path = os.path.join(url, rel)
+        with open(path, "rb") as f:
+            new = mutate_bytes(f.read(), mutation, rnd)
+        if new is None:
+            os.remove(path)
+        else:
+            with open(path, "wb") as f:
+                f.write(new)
+
+
+@pytest.mark.parametrize("a,b,mutation", _pair_cases())
+def test_issue51_pairs_of_files_lost_together_are_never_served_short(pristine_local, tmp_path,
+                                                                     a, b, mutation):
+    url0, pristine = pristine_local
+    url = str(tmp_path / "store")
+    shutil.copytree(url0, url)
+    _mutate_pair(url, a, b, mutation)
+    code, out, _ = run("verify", "--store", url)
+    assert code == 1, out[-2000:]
+    assert any(fn.partition_dir(TOPIC, 0) in ln for ln in out.splitlines()[:-1]), out[-2000:]
+    code, out, err = run("dump", "--store", url, "--topic", TOPIC, "--partition", "0",
+                         "--json")
+    if code == 0:  # (what it serves is whole)
+        assert {r["offset"]: r for r in map(json.loads, out.splitlines())} == pristine[0]
+    else:
+        (line,) = err.strip().splitlines()
+        assert code == 1 and line.startswith("kcompact: error: ") and \
+            fn.partition_dir(TOPIC, 0) in line, err
+    assert records(url, 1) == pristine[1]
+
+
+@pytest.mark.parametrize("a,b", [("manifest", "log2"), ("manifest", "bcq1"),
+                                 ("ledger", "log1")])
+def test_issue51_s3_pairs_of_objects_lost_together_are_never_served_short(tmp_path, a, b):
+    with backend_env("s3", tmp_path) as fake:
+        url = store_url("s3", tmp_path)
+        build(url)
+        pristine = {p: records(url, p) for p in range(2)}
+        objs = fake.objects["bucket"]
+        kinds = s3_objects(fake, url)
+        if a == "manifest":  # every version of it: the partition has no manifest left
+            key = next(k for k, p in kinds[a] if p == 0)
+            for k in [k for k in objs if k.startswith(key.rsplit("/", 1)[0] + "/")]:
+                del objs[k]
+        else:
+            del objs[next(k for k, p in kinds[a] if p == 0)]
+        del objs[next(k for k, p in kinds[b] if p == 0)]
+        from kcompact.reput.s3_cache import shared_cache, shared_spool
+        shared_cache().clear()
+        shared_spool().clear()
+        code, out, _ = run("verify", "--store", url)
+        assert code == 1, out[-2000:]
+        code, out, err = run("dump", "--store", url, "--topic", TOPIC, "--partition", "0",
+                             "--json")
+        if code == 0:
+            assert {r["offset"]: r for r in map(json.loads, out.splitlines())} == pristine[0]
+        else:
+            assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert records(url, 1) == pristine[1]
 
 
 # -- a repair killed: the old partition or the repaired one, never a mix ---------------------------

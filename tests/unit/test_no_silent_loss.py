@@ -39,8 +39,8 @@ def snapshot(url: str) -> dict[str, bytes]:
     for root, _dirs, files in os.walk(url):
         for name in files:
             p = os.path.join(root, name)
-            if name.endswith(".lock"):
-                continue
+            if name.endswith(".lock") or name == "damage.json":
+                continue  # (damage.json: damage a reader or compaction found, recorded: issue 51)
             with open(p, "rb") as f:
                 out[os.path.relpath(p, url)] = f.read()
     return out

@@ -74,9 +74,10 @@ def _files(root: Path, sub: str) -> dict[str, bytes]:
 def _segment_files(root: Path) -> dict[str, bytes]:
     """The partitions' .log and .bcq files. (Their segment lists differ from a crash
     snapshot's by design: a crashed writer's list names its active segment open, a closed
-    store's lists it with its sizes; each is checked by the store's strict open.)"""
+    store's lists it with its sizes; each is checked by the store's strict open. So do their
+    ledgers, which follow the lists: reput/ledger.py.)"""
     return {k: v for k, v in _files(root, fn.PARTITIONS_DIR).items()
-            if not k.endswith(fn.SEGMENT_LIST)}
+            if not k.endswith(fn.SEGMENT_LIST) and not k.endswith("/ledger.json")}
 
 
 def _last(root: Path, rel: str, suffix: str) -> Path:

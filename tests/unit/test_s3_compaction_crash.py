@@ -167,7 +167,9 @@ def crash_at(base: S3Base, target: tuple, n: int):
 
 
 def objects(fs, pdir: str) -> set[str]:
-    return {n for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+    """The partition's segment objects (not its manifest versions, ledger or damage record)."""
+    return {n for n, _, _ in fs.list_objects(pdir) if "/" not in n
+            and n not in ("ledger.json", "damage.json")}
 
 
 def recover_and_check(base: S3Base, url: str, cl: str) -> dict:

@@ -188,8 +188,10 @@ class ReadAPI:
     """
 
     def __init__(self, kvmap: KVMap, tokens: list[bytes] | None, ops: Ops | None = None,
-                 workers: int = 4):
+                 workers: int = 4, named: Any = None):
         self.map, self.tokens = kvmap, tokens
+        #: --tokens-file (kcompact.replication.tokens.TokenSet): a token must allow the topic
+        self.named = named
         self.cursors = ScanCursors()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-kv")
         self.requests: dict[tuple[str, int], int] = {}
@@ -239,7 +241,20 @@ class ReadAPI:
         return resp
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
-        if self.tokens is not None:
+        if self.named is not None:
+            header = request.headers.get("Authorization")
+            if not any(check_token(header, t) == 0 for t in self.tokens or ()):
+                status, tok = self.named.find(header)
+                if status == 401:
+                    return _error(401, "no bearer token: send 'Authorization: Bearer <token>'",
+                                  {"WWW-Authenticate": 'Bearer realm="kcompact"'})
+                if tok is None:
+                    return _error(403, "wrong bearer token")
+                if not tok.allows(self.map.topic):
+                    return _error(403, f"token {tok.name} may not read topic "
+                                       f"{self.map.topic} (it may read "
+                                       f"{', '.join(tok.patterns)})")
+        elif self.tokens is not None:
             header = request.headers.get("Authorization")
             codes = {check_token(header, t) for t in self.tokens}
             if 0 not in codes:
@@ -467,6 +482,7 @@ class KVServeOptions:
     db: str
     listen: str | None = None
     token_file: str | None = None
+    tokens_file: str | None = None      # named tokens limited to topics
     bootstrap_servers: str | None = None
     kafka_config: Mapping[str, str] = field(default_factory=dict)
     metrics: str | None = None          # --metrics HOST:PORT
@@ -486,6 +502,8 @@ def _tokens(opts: KVServeOptions, local: bytes) -> list[bytes] | None:
     host, _ = parse_listen(opts.listen)
     if opts.token_file:
         return [read_token_file(opts.token_file), local]
+    if opts.tokens_file:
+        return [local]
     if not is_loopback(host):
         raise ReplicationError(f"--listen {opts.listen}: a map served beyond this machine needs "
                                "--token-file F (its bearer token); without one, listen on "
@@ -501,6 +519,10 @@ def follow_and_serve(opts: KVServeOptions) -> int:
     check_listen(opts.metrics)
     local = secrets.token_hex(32).encode()
     tokens = _tokens(opts, local)
+    named = None
+    if opts.tokens_file:
+        from kcompact.replication.tokens import read_tokens_file
+        named = read_tokens_file(opts.tokens_file)
     limits = opts.limits()
     stop = threading.Event()
     try:
@@ -509,7 +531,7 @@ def follow_and_serve(opts: KVServeOptions) -> int:
         raise KVLockedError(f"{opts.db} is open in another process (a running `kcompact kv "
                             "serve` or `kv build --follow`?): one follower per map") from None
     ops = Ops(prefix)
-    api = ReadAPI(m, tokens, ops)
+    api = ReadAPI(m, tokens, ops, named=named)
     builder = m.builder(opts.store, opts.topic, bootstrap_servers=opts.bootstrap_servers,
                         kafka_config=opts.kafka_config, progress=say)
     kv_metrics(ops, m, opts.store, opts.topic, builder, opts.bootstrap_servers,

@@ -10,9 +10,9 @@ default, or a cluster's master with an S3 store every executor reaches).
 Importing any of them loads no pyspark: a session starts only when a job needs one.
 """
 
-from .errors import MirrorTaskError, SparkEngineError
+from .errors import MirrorTaskError, SparkEngineError, SparkExecutorsError
 from .session import spark_available, spark_session
 from .source import register_data_source
 
-__all__ = ["MirrorTaskError", "SparkEngineError", "register_data_source", "spark_available",
-           "spark_session"]
+__all__ = ["MirrorTaskError", "SparkEngineError", "SparkExecutorsError", "register_data_source",
+           "spark_available", "spark_session"]

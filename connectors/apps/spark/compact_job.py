@@ -14,6 +14,7 @@ def _compact_task(store_url: str, map_memory: int, force: bool):
     def run(candidates):
         from kcompact.compaction import (CompactionError, CompactionOptions, Compactor,
                                          damage_in, damaged_result)
+        from kcompact.compaction.damage import compacted, remember
         from kcompact.reput import CorruptRecordError, Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
@@ -24,7 +25,10 @@ def _compact_task(store_url: str, map_memory: int, force: bool):
                 d = damage_in(topic, partition, e)  # damage stays in its partition
                 if d is None:
                     raise
+                remember(st, d, "compact")  # beside the partition, until repaired
                 r = damaged_result(d)
+            else:
+                compacted(st, topic, partition)
             st.release_partition(topic, partition)
             yield r.to_dict()
         st.close()

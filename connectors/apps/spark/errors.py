@@ -1,4 +1,5 @@
-"""The Spark engine's errors: a job that failed, and a mirror task that failed on every attempt."""
+"""The Spark engine's errors: a job that failed, a mirror task that failed on every attempt, and
+executors whose Python cannot run this kcompact."""
 
 from __future__ import annotations
 
@@ -11,3 +12,8 @@ class SparkEngineError(ConnectorsError):
 
 class MirrorTaskError(SparkEngineError):
     """A mirror task failed on every attempt: the message names the topic-partition."""
+
+
+class SparkExecutorsError(SparkEngineError):
+    """The executors of a cluster cannot run this kcompact: their Python has none, another
+    version, or one that does not import; the message says which and what to do."""

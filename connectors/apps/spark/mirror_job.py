@@ -113,6 +113,7 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
     props = mirror_props(topic, job.store, partitions=[partition], follow=False,
                          kafka_config=dict(job.kafka_config), writer=writer,
                          sync_groups=False,  # (the driver captures the group offsets)
+                         sync_acls=False,    # and the ACLs
                          upload=job.upload)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
@@ -285,7 +286,7 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                       topics_regex: str | None = None, exclude_regex: str | None = None,
                       sync_configs: bool = True, sync_groups: bool = True,
                       groups: str | None = None, exclude_groups: str | None = None,
-                      upload: str = "auto") -> SparkMirrorResult:
+                      upload: str = "auto", sync_acls: bool = True) -> SparkMirrorResult:
     """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
     ``store`` with one Spark task per topic-partition, then compact the partitions the
     planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
@@ -298,7 +299,7 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     props = mirror_props(topic, store, partitions=partitions, follow=False,
                          kafka_config=kafka_config, writer="spark-driver",
                          topics_regex=topics_regex, exclude_regex=exclude_regex,
-                         sync_groups=False)
+                         sync_groups=False, sync_acls=False)
     probe = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0},
                    where="mirror", log=out)
     runner = add_mirror(probe, props)[0]
@@ -317,6 +318,12 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                                    follow=False, groups=groups, exclude=exclude_groups,
                                    out=out, prefix="mirror")
         group_sync.opened(topics)
+    acl_sync = None
+    if sync_acls:  # the source's ACLs, after the groups, now and after the job (acl_sync.py)
+        from ...plugins.acl_sync import SinkAclSync
+        acl_sync = SinkAclSync(store, runner.consumer_conf, writer="spark-driver-acls",
+                               follow=False, out=out, prefix="mirror")
+        acl_sync.opened(topics)
     tps = list(runner.assignment)
     timeout = probe.config["startup.timeout.ms"] / 1000
     ends = partition_ends(runner.consumer_conf, tps, timeout)
@@ -416,6 +423,9 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
         if group_sync is not None:
             group_sync.stop()  # the last capture: the mirror's end
             group_sync = None
+        if acl_sync is not None:
+            acl_sync.stop()
+            acl_sync = None
         # 2. compaction: one task per partition the planner picks
         if compact:
             selected = set(tps)
@@ -434,6 +444,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     finally:
         if group_sync is not None:
             group_sync.writer.close()
+        if acl_sync is not None:
+            acl_sync.writer.close()
         st.close()
         if ours and spark is not None:
             spark.stop()
@@ -461,7 +473,7 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
                           topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                           sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
                           groups=opts.groups, exclude_groups=opts.exclude_groups,
-                          upload=opts.upload)
+                          upload=opts.upload, sync_acls=opts.sync_acls)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -1,29 +1,37 @@
 """A quiet SparkSession for kcompact's jobs, and running a Spark action as one clear line.
 
 ``spark_session(master)``: ``local[*]`` by default; Spark's own output is quiet (log level WARN,
-no UI unless ``KCOMPACT_SPARK_UI=1``); Python workers run this interpreter; the ``kcompact``
-data source (source.py) is registered; on a master that is not local the package is shipped to
-the executors. In local mode Spark retries a task only when the master says so (``local[N,F]``:
-in local mode ``spark.task.maxFailures`` is ignored), so ``local[N]`` becomes
-``local[N,TASK_MAX_FAILURES]``. The JVM's warning about incubator modules, which Spark 4's
-launcher makes it print on every start, is filtered out of its stderr (``JVM_NOISE``).
+no UI unless ``KCOMPACT_SPARK_UI=1``); Python workers run this interpreter unless
+``PYSPARK_PYTHON`` names another; the ``kcompact`` data source (source.py) is registered.
+
+On a master whose executors run in JVMs of their own (``spark://``, ``yarn``, ``k8s://``,
+``local-cluster``), a probe job asks the executors' Python for its kcompact
+(``check_executors``): it must be the driver's version, with its C extensions, installed there
+or unpacked from ``spark.archives`` (a packed virtualenv). The driver says which on stderr, and
+refuses anything else with one line saying what to do (``executors_verdict``). kcompact itself
+is never shipped as code: a copy on the executors' path would shadow the installed package and
+could not hold its C extensions.
+
+In local mode Spark retries a task only when the master says so (``local[N,F]``: in local mode
+``spark.task.maxFailures`` is ignored), so ``local[N]`` becomes ``local[N,TASK_MAX_FAILURES]``.
+The JVM's warning about incubator modules, which Spark 4's launcher makes it print on every
+start, is filtered out of its stderr (``JVM_NOISE``).
 ``run_job`` turns a failed job into one line naming the task's error (``task_error_line``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import dataclasses
 import os
 import re
 import sys
 import tempfile
 import threading
-import zipfile
 
 from kcompact.reput import env
 
-from .errors import SparkEngineError
+from .errors import SparkEngineError, SparkExecutorsError
 from .source import register_data_source
 
 _LOG4J2 = """\
@@ -84,6 +92,8 @@ def _log4j_file() -> str:
 
 
 _LOCAL_RE = re.compile(r"^local(?:\[\s*(\*|\d+)\s*\])?$")
+#: the masters whose executors are this process's JVM and Python: local, local[N], local[N,F]
+_LOCAL_N_F_RE = re.compile(r"^local(?:\[\s*(\*|\d+)\s*(?:,\s*\d+\s*)?\])?$")
 
 
 def master_with_retries(master: str, max_failures: int = TASK_MAX_FAILURES) -> str:
@@ -95,25 +105,104 @@ def master_with_retries(master: str, max_failures: int = TASK_MAX_FAILURES) -> s
     return f"local[{m.group(1) or 1},{max_failures}]"
 
 
-def _code_zip() -> str:
-    """The ``kcompact`` package zipped as it is installed (kcompact/reput/..., each layer from
-    wherever its folder is), shipped to executors when the master is not local."""
+#: The C extensions an executor's kcompact must import: a copy without them (a zip of the
+#: .py files, a source tree never built) is not kcompact.
+NATIVE_MODULES = ("kcompact.reput._native", "kcompact.compaction._native",
+                  "kcompact.connectors.apps.kv._native", "kcompact.connectors.framework._rdkafka")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutorPython:
+    """What one probe task found in an executor's Python: ``version`` None when it has no
+    kcompact; ``problem`` the error importing kcompact or one of its C extensions;
+    ``from_archive``: kcompact lies under the task's working directory (a packed environment
+    unpacked from ``spark.archives``)."""
+
+    host: str
+    python: str
+    version: str | None
+    problem: str | None = None
+    from_archive: bool = False
+
+
+def _probe_task():
+    """The probe task: what the executor's Python holds. A nested function, so it is pickled by
+    value and runs on an executor whose Python has no kcompact (then it says so)."""
+    def run(_items):
+        import importlib
+        import os
+        import socket
+        import sys
+        version = problem = None
+        archive = False
+        try:
+            import kcompact
+            version = kcompact.__version__
+            here = os.path.abspath(os.getcwd()) + os.sep  # links kept: YARN links archives
+            archive = (os.path.abspath(kcompact.__file__).startswith(here)
+                       or os.path.abspath(sys.executable).startswith(here))
+            for name in native:
+                importlib.import_module(name)
+        except ImportError as e:
+            problem = f"{type(e).__name__}: {e}"
+        yield (socket.gethostname(), sys.executable, version, problem, archive)
+    native = NATIVE_MODULES
+    return run
+
+
+def _spark_python(spark) -> str:
+    """The Python the executors are told to run (spark.pyspark.python, else PYSPARK_PYTHON)."""
+    conf = spark.sparkContext.getConf()
+    return conf.get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON", "python3")
+
+
+_HOW = ("install kcompact {v} in the Python the executors run (PYSPARK_PYTHON) on every worker, "
+        "or ship a packed virtualenv with spark.archives (docs/spark.md, \"On a cluster\")")
+
+
+def executors_verdict(driver_version: str, found: list[ExecutorPython], python: str) -> str:
+    """The one-line note saying which kcompact the executors run, when every probed executor
+    imports kcompact ``driver_version`` with its C extensions; else SparkExecutorsError, one
+    line saying what is wrong and what to do. ``python``: the Python the executors were told
+    to run (for the messages)."""
+    how = _HOW.format(v=driver_version)
+    if not found:
+        raise SparkExecutorsError(f"no Spark executor answered kcompact's probe; {how}")
+    for e in found:
+        where = f"the executors' Python ({e.python} on {e.host})"
+        if e.version is None:
+            raise SparkExecutorsError(f"{where} has no kcompact; {how}")
+        if e.version != driver_version:
+            raise SparkExecutorsError(f"{where} has kcompact {e.version}, the driver "
+                                      f"{driver_version}: {how}")
+        if e.problem is not None:
+            raise SparkExecutorsError(f"{where} has kcompact {e.version} but cannot import it "
+                                      f"({e.problem}); {how}")
+    hosts = sorted({e.host for e in found})
+    pythons = sorted({e.python for e in found})
+    how_there = ("unpacked from spark.archives" if all(e.from_archive for e in found) else
+                 "installed in their Python")
+    return (f"kcompact: Spark executors run kcompact {driver_version} {how_there} "
+            f"({python}; {len(pythons)} Python{'s' if len(pythons) > 1 else ''} on "
+            f"{', '.join(hosts)})")
+
+
+def check_executors(spark) -> str:
+    """Run the probe on the executors (a task per core Spark has, at least 2, so that every
+    executor is likely asked) and return executors_verdict's note (or raise its error)."""
     import kcompact
-    path = os.path.join(tempfile.gettempdir(), f"kcompact-code-{os.getpid()}.zip")
-    roots = [("kcompact", os.path.dirname(os.path.abspath(kcompact.__file__)))]
-    for layer in ("reput", "compaction", "replication", "connectors"):
-        mod = importlib.import_module(f"kcompact.{layer}")
-        roots.append((f"kcompact/{layer}", os.path.dirname(os.path.abspath(mod.__file__))))
-    with zipfile.ZipFile(path, "w") as z:
-        for arc_root, root in roots:
-            for dp, dns, files in os.walk(root):
-                if arc_root == "kcompact":
-                    dns[:] = []  # the layers are added from their own folders
-                for f in files:
-                    if f.endswith(".py"):
-                        full = os.path.join(dp, f)
-                        z.write(full, f"{arc_root}/{os.path.relpath(full, root)}")
-    return path
+    python = _spark_python(spark)
+    n = max(2, spark.sparkContext.defaultParallelism)
+    rdd = spark.sparkContext.parallelize(range(n), n)
+    try:
+        rows = run_job(lambda: rdd.mapPartitions(_probe_task()).collect())
+    except SparkEngineError as e:
+        why = str(e).removeprefix("Spark job failed: ")
+        raise SparkExecutorsError(
+            f"the Spark executors cannot run kcompact's probe with Python {python} ({why}); "
+            + _HOW.format(v=kcompact.__version__)) from None
+    found = sorted({ExecutorPython(*r) for r in rows}, key=lambda e: (e.host, e.python))
+    return executors_verdict(kcompact.__version__, found, python)
 
 
 def _relay(src_fd: int, out_fd: int) -> None:
@@ -186,8 +275,15 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
     except Exception as e:  # py4j / JVM start failures
         raise SparkEngineError(f"cannot start Spark ({master}): {str(e).splitlines()[0]}") from None
     spark.sparkContext.setLogLevel("WARN")
-    if not master.startswith("local"):
-        spark.sparkContext.addPyFile(_code_zip())
+    if _LOCAL_N_F_RE.match(master) is None:
+        # executors in JVMs of their own, with the Python they were told to run: it must hold
+        # this kcompact (installed there, or a packed environment from spark.archives)
+        try:
+            note = check_executors(spark)
+        except BaseException:
+            spark.stop()
+            raise
+        print(note, file=sys.stderr, flush=True)
     register_data_source(spark)
     return spark
 

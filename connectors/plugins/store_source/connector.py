@@ -54,6 +54,19 @@ STORE_SOURCE_CONFIG = (
             "A regular expression: once the restore is done, commit the kept positions of the "
             "groups whose whole id it matches on the target topic, translated exactly "
             "(groups with active members are skipped). Not with repartition.")
+    .define("acls", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Once the restore is done, create on the target the source ACL bindings the store "
+            "keeps for the store topic and the groups kept with it (store_source/acls.py); "
+            "bindings already there are left alone. A target without an authorizer is one "
+            "warning.")
+    .define("acls.principal.map", Type.LIST, [], None, Importance.LOW,
+            "OLD=NEW pairs (comma-separated): principals renamed in the ACLs created.")
+    .define("schema.registry.url", Type.STRING, None, None, Importance.MEDIUM,
+            "The target's schema registry: before any record is produced, the schemas the "
+            "store keeps for the topic are registered there, and every key's and value's "
+            "wire-format schema id is rewritten to the target's (plugins/schema_sync.py).")
+    .define("schema.keep.ids", Type.BOOLEAN, False, None, Importance.LOW,
+            "With schema.registry.url: register under the source ids (import mode).")
     .define("store.commitlog.dir", Type.STRING, None, None, Importance.LOW,
             "Local directory for the progress writer's commit log when store.url is not a "
             "local directory (S3).")

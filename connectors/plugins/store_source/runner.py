@@ -107,6 +107,8 @@ class RestoreStats:
     notes: list[str] = field(default_factory=list)
     groups_committed: list[str] = field(default_factory=list)  # --groups
     groups_skipped: list[str] = field(default_factory=list)
+    acls_created: int = 0      # --acls
+    acls_present: int = 0
 
 
 class RestoreRunner(TaskRunner):
@@ -295,11 +297,31 @@ class RestoreRunner(TaskRunner):
                 from kcompact.compaction.history import check_exact
                 check_exact([st.partition(topic, p) for p in st.partitions(topic)], as_of,
                             f"store topic {topic!r}", allow_inexact=allow_inexact)
+            self._acl_plan = None
+            if props.get("acls"):
+                from .acls import parse_principal_map, plan_acls
+                self._acl_plan = plan_acls(
+                    st, topic, target, parse_principal_map(props.get("acls.principal.map")
+                                                           or []),
+                    as_of_ms=as_of, allow_inexact=allow_inexact)
+            schema_plan = None
+            if props.get("schema.registry.url"):
+                schema_plan = self._schema_plan(st, topic, as_of, allow_inexact)
             self._group_plan = None
             if groups_re:
                 from .groups import plan_groups
                 self._group_plan = plan_groups(st, topic, groups_re, as_of_ms=as_of,
                                                allow_inexact=allow_inexact)
+        self._idmap = None
+        if schema_plan is not None:  # registered before anything is produced
+            from .. import schema_sync
+            try:
+                ids = schema_sync.register_all(
+                    schema_sync.Registry(props["schema.registry.url"]), schema_plan,
+                    keep_ids=bool(props.get("schema.keep.ids")), log=self.log)
+            except schema_sync.SchemaRegistryError as e:
+                raise RestoreError(str(e)) from None
+            self._idmap = schema_sync.IdMap(ids, topic)
         self.task = StoreSourceTask()
         self.task.open(props)  # the latest-per-key selection runs meanwhile, without the GIL
         admin, consumer = self._clients()
@@ -439,6 +461,50 @@ class RestoreRunner(TaskRunner):
         if self._group_plan is not None and not self.stop_event.is_set() and \
                 self.task.finished():
             self._commit_groups(store_progress, kafka_maps, progress, target)
+        if self._acl_plan is not None and not self.stop_event.is_set() and \
+                self.task.finished():
+            self._create_acls()
+
+    def _schema_plan(self, st: Any, topic: str, as_of: int | None,
+                     allow_inexact: bool) -> list | None:
+        """The kept schemas the topic's records use, references first (None: the store keeps
+        none for it, its records go as they are). RestoreError for an id the source registry
+        did not know."""
+        from kcompact.replication.schema_capture import kept_schemas
+        kept = kept_schemas(st, as_of_ms=as_of, allow_inexact=allow_inexact)
+        ts = kept.topics.get(topic)
+        if ts is None:
+            print(f"restore: schemas: the store keeps none for store topic {topic!r} (mirrored "
+                  "without --schema-registry?): its records are restored as they are",
+                  file=self.log, flush=True)
+            return None
+        if ts.missing:
+            raise RestoreError(f"store topic {topic!r} has records naming schema id(s) "
+                               f"{', '.join(map(str, sorted(ts.missing)))} that the source "
+                               "registry did not know when they were mirrored: their schemas "
+                               "are not kept, so they cannot be registered; nothing was "
+                               "produced")
+        try:
+            return kept.closure(ts.ids)
+        except KeyError as e:
+            raise RestoreError(f"store topic {topic!r}: {e.args[0]}; nothing was produced"
+                               ) from None
+
+    def _create_acls(self) -> None:
+        """``--acls``: the kept bindings of the restored topic created on the target
+        (acls.py); a target that cannot take them is one warning."""
+        from .acls import apply_acls
+        plan = self._acl_plan
+        if not plan.bindings:
+            print(f"restore: ACLs: the store keeps no ACL binding for store topic "
+                  f"{self.props['store.topic']!r}"
+                  + ("" if plan.captured_ms else " (the mirror captured none: mirrored "
+                     "with --no-acls, or from a source without an authorizer)"),
+                  file=self.log, flush=True)
+            return
+        conf = {k: v for k, v in self.settings.conf.items() if k not in _PRODUCER_ONLY}
+        self.stats.acls_created, self.stats.acls_present = apply_acls(
+            plan, conf, self.bootstrap, self.timeout, self.log)
 
     def _commit_groups(self, store_progress: StoreProgress, kafka_maps: dict,
                        progress: Progress, target: str) -> None:
@@ -516,8 +582,11 @@ class RestoreRunner(TaskRunner):
         p = self.producer
         produce, topic = p.produce, chunk.topic
         blocked = self._produce_blocked
-        for b in chunk.blocks:
-            cols = b.ranges()
+        idmap = getattr(self, "_idmap", None)
+        # every block first: an unknown id fails the chunk before any of it is produced
+        remapped = None if idmap is None else self._remap(chunk, idmap)
+        for i, b in enumerate(chunk.blocks):
+            cols = b.ranges() if remapped is None else remapped[i]
             if cols is not None:
                 parts = (None if b.partitions is None
                          else np.asarray(b.partitions, np.int32))
@@ -542,6 +611,23 @@ class RestoreRunner(TaskRunner):
                 except BufferError:
                     blocked(topic, v, k, part, ts, h)
         p.poll(0)
+
+    @staticmethod
+    def _remap(chunk: Any, idmap: Any) -> list:
+        """The chunk's keys and values with the target's schema ids (schema_sync.IdMap), from
+        the store's bytes: per block its rewritten columns, or None for a materialized block
+        (its lists rewritten in place)."""
+        out: list = []
+        for b in chunk.blocks:
+            cols = b.ranges()
+            if cols is not None:
+                keys, values, ts = cols
+                out.append((idmap.column(keys), idmap.column(values), ts))
+            else:
+                keys, values = idmap.values(b.keys), idmap.values(b.values)
+                out.append(None)
+                b.keys, b.values = keys, values
+        return out
 
     def _produce_blocked(self, topic: str, v: Any, k: Any, part: int, ts: int, h: Any) -> None:
         """librdkafka's queue is full: serve delivery reports until the record fits."""
