@@ -22,8 +22,8 @@ partitions 0, 1 and 2 end in an offset gap, partition 3 does not; and a topic pr
   record rather than their position — as they do on Kafka, measured on the source topic — that);
 * offsets: ListOffsets earliest and latest equal the same client's on Kafka (latest: the store's
   end offsets);
-* produce: the client's default producer is refused with an error saying the endpoint is
-  read-only, and the store is unchanged;
+* produce: the client's default producer is refused with an error saying why (the endpoint is
+  read-only, or the producer is not authorized to write), and the store is unchanged;
 * idle: after the last record, the Fetch requests a client makes in IDLE_S seconds are at most
   twice what it makes against Apache Kafka for the source topic (both counted by the same
   loopback proxy, clients/fetch_proxy.py), and no record comes again;
@@ -239,10 +239,15 @@ def matrix(apache_kafka, tmp_path_factory):
     # compacted in the store only (Kafka refuses keyless records to a compacted topic)
     _kcompact("configs", "--store", url, "--topic", topic, "--alter", "--add-config",
               "cleanup.policy=compact,delete.retention.ms=0,min.compaction.lag.ms=0")
-    # a tombstone is stamped by the pass that first cleans it and dropped by the next one
-    for _ in range(2):
+    # a tombstone is stamped by the pass that first cleans it and dropped by a later one (the
+    # first pass may find it in the active segment, which it seals): until partition 0's last
+    # record, a tombstone, is gone (4 passes at most)
+    for _ in range(4):
         _kcompact("compact", "--store", url, "--force")
-    dump, zdump = _dump(url, topic, PARTITIONS), _dump(url, ztopic, 2)
+        dump = _dump(url, topic, PARTITIONS)
+        if dump[len([r for r in dump if r["partition"] == 0]) - 1]["value"] is not None:
+            break
+    zdump = _dump(url, ztopic, 2)
     with Store.open(url) as st:
         hwm = [st.next_offset(topic, p) for p in range(PARTITIONS)]
         first = [st.first_offset(topic, p) for p in range(PARTITIONS)]
@@ -361,7 +366,7 @@ def test_read_every_record_as_dumped(matrix, client):
     ours, theirs = _both(client, m, lambda t: ("read", t.topic, _csv(t.lasts)))
     assert theirs.error is None, f"the premise: {client} reads the source topic: {theirs.why()}"
     assert ours.error is None, ours.why()
-    assert ours.records == m.dump
+    assert _sorted(ours.records) == m.dump     # (each partition's in order: none came twice)
     hwm = dict(enumerate(m.endpoint.hwm))
     kafka_positions = _ints(theirs.one("positions"))
     positions = _ints(ours.one("positions"))
@@ -411,7 +416,11 @@ def test_produce_is_refused_saying_why(matrix, client):
     assert ours.error is None, ours.why()
     assert not any("produced" in x for x in ours.lines), "a produce was accepted"
     message = ours.one("produce_error")
-    assert "read-only" in message, f"{client} prints no reason: {message!r}"
+    # the endpoint's reason, or an authorization error (InitProducerId, the idempotent and
+    # transactional producers' first request, has no message: Kafka refuses a principal
+    # without write access so)
+    assert re.search(r"read-only|authoriz", message, re.I), f"{client} prints no reason: " \
+        f"{message!r}"
     with Store.open(m.url) as st:
         assert [st.next_offset(m.endpoint.topic, p) for p in range(PARTITIONS)] == \
             m.endpoint.hwm
@@ -443,4 +452,4 @@ def test_zstd_source_reads_or_fails_as_on_kafka(matrix, client):
         assert _normalized(ours.error, m) == _normalized(theirs.error, m)
         return
     assert ours.error is None, ours.why()
-    assert ours.records == m.zstd_dump
+    assert _sorted(ours.records) == m.zstd_dump

@@ -113,15 +113,19 @@ func (s saramaClient) idle(bs, topic string, lasts []int64, d time.Duration) {
 }
 
 type smHandler struct {
-	t       *tracker
-	limit   int // stop after this many records in all (0: until every last record came)
-	mu      *sync.Mutex
-	stop    context.CancelFunc
-	errOnce sync.Once
+	t     *tracker
+	limit int // stop after this many records in all (0: until every last record came)
+	mu    *sync.Mutex
+	stop  context.CancelFunc
 }
 
-func (h *smHandler) Setup(sarama.ConsumerGroupSession) error   { return nil }
-func (h *smHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+func (h *smHandler) Setup(sarama.ConsumerGroupSession) error { return nil }
+
+// Cleanup commits what ConsumeClaim marked (a commit per message would take a round trip each)
+func (h *smHandler) Cleanup(sess sarama.ConsumerGroupSession) error {
+	sess.Commit()
+	return nil
+}
 func (h *smHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
 	for m := range claim.Messages() {
 		h.mu.Lock()
@@ -132,7 +136,6 @@ func (h *smHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.
 		}
 		h.t.add(int(m.Partition), m.Offset, m.Timestamp, m.Key, m.Value, smHeaders(m.Headers))
 		sess.MarkMessage(m, "")
-		sess.Commit()
 		full := h.limit > 0 && h.t.count >= h.limit
 		h.mu.Unlock()
 		if full {
