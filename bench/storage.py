@@ -11,10 +11,11 @@ the same run, three workloads (issue 28's table):
   zstd. Kafka's reference is the strict one: only the live records (the latest of each key)
   produced in 1 MiB zstd batches into a compacted topic (a cleaned log, made of smaller
   batches, would be larger). kcompact: ``mirror`` of the topic of every update, then a forced
-  compaction (``compact --force``); its topic's ``compression.type`` is zstd (the default).
-* **json uncompressed**: the same, produced uncompressed; kcompact's topic gets
-  ``compression.type=uncompressed`` (what a mirror of a topic configured so keeps), and the
-  default-zstd store is measured too.
+  compaction (``compact --force``), twice: its topic's ``compression.type`` set to zstd, and at
+  the store's default ``producer`` ("source codec": the source topic says ``producer``, which
+  tells a consumer nothing of its batches' codec, so the records are stored uncompressed).
+* **json uncompressed**: the same, produced uncompressed; kcompact's topic at the default
+  (the source codec: uncompressed, labelled so), and with zstd.
 * **random**: ``--random-records`` records of 8-byte keys (all distinct: every record live) and
   random 100-byte values, uncompressed on both sides (random bytes do not compress).
 
@@ -260,9 +261,10 @@ def main(argv=None) -> int:
             doc["kafka_version"] = broker.version
             upd = json_updates(args.updates, args.keys)
             doc["json_zstd"] = workload(broker, admin, work, "jz", upd, "zstd",
-                                        {"zstd": {"compression.type": "zstd"}})
+                                        {"zstd": {"compression.type": "zstd"},
+                                         "source codec": {}})
             doc["json_none"] = workload(broker, admin, work, "jn", upd, "none",
-                                        {"uncompressed": {"compression.type": "uncompressed"},
+                                        {"uncompressed": {},  # the source codec: none
                                          "zstd": {"compression.type": "zstd"}})
             del upd
             doc["random"] = workload(broker, admin, work, "rnd",

@@ -61,6 +61,7 @@ from kcompact.reput.locks import FileLock
 from kcompact.reput.partition import PartitionLog, Segment
 from kcompact.reput.reader import IndexCursor, PartitionReader
 from kcompact.reput.batch import codec_of
+from kcompact.reput.codecs import needs_recode, target_of
 from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
@@ -140,11 +141,13 @@ class _SegPlan:
     tdropped: int = 0
     stamped: int = 0
     masks: dict = field(default_factory=dict)  # first entry number of a chunk -> packed keep bits
+    #: written for another compression.type: re-encoded even when it keeps every record
+    recode: bool = False
 
     @property
     def changed(self) -> bool:
         # (a format-1 segment is rewritten into format 2 when met: Segment.needs_rewrite)
-        return self.dropped > 0 or self.stamped > 0 or self.seg.needs_rewrite
+        return self.dropped > 0 or self.stamped > 0 or self.seg.needs_rewrite or self.recode
 
 
 @dataclass
@@ -244,6 +247,7 @@ class Compactor:
                 if cfg.compact:
                     while self._round(pl, cfg, res):
                         pass
+                    self._recode(pl, cfg, res)
                     if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
                         self._purge(pl, cfg, res)
             except FileNotFoundError as e:
@@ -468,7 +472,7 @@ class Compactor:
         # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
-            sp = _SegPlan(seg)
+            sp = _SegPlan(seg, recode=_recode_due(pl, seg, cfg))
             for lo, chunk in self._index_chunks(pl, seg):
                 keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s)
                 sp.kept += k
@@ -499,6 +503,34 @@ class Compactor:
         for g in groups:
             if len(g.members) > 1 or g.rewrite:
                 final.append(g)
+        self._write_groups(pl, final, recall, res, plans, last_mapped, last_run)
+
+    def _recode(self, pl: PartitionLog, cfg: TopicConfig, res: CompactionResult) -> None:
+        """Re-encode, every record kept, each sealed segment written for another
+        compression.type than the topic's now (codecs.needs_recode): a change of
+        compression.type reaches every segment at the next compaction, not only those a
+        round rewrites. The checkpoint does not move."""
+        todo = [s for s in pl.sealed_segments if _recode_due(pl, s, cfg)]
+        if not todo:
+            return
+        plans = []
+        for seg in todo:
+            sp = _SegPlan(seg, recode=True)
+            for lo, chunk in self._index_chunks(pl, seg):
+                keep = np.ones(chunk.shape[0], np.bool_)
+                sp.kept += chunk.shape[0]
+                sp.kept_bytes += seg.kept_bytes(chunk, keep, chunk.shape[0])
+                sp.masks[lo] = np.packbits(keep)
+            plans.append(sp)
+
+        def recall(sp, lo, chunk):
+            return np.ones(chunk.shape[0], np.bool_), chunk["clean_time"].copy(), None
+        self._write_groups(pl, [_Group([sp]) for sp in plans], recall, res, [], None, None)
+
+    def _write_groups(self, pl: PartitionLog, final: list, recall, res: CompactionResult,
+                      plans: list, last_mapped: int | None, last_run: dict | None) -> None:
+        """Stage each group's output segment and swap them in (``last_mapped``: the new
+        checkpoint, None: unchanged)."""
         inputs, outputs = [], []
         staged: list[tuple[int, str, str]] = []
         sdir = swap.staging_dir(pl.dir)
@@ -534,7 +566,7 @@ class Compactor:
         if pl.manifest_mode or len(g.members) != 1:
             return False
         sp = g.members[0]
-        return sp.seg.restamps_in_place and sp.dropped == 0 and sp.kept > 0
+        return sp.seg.restamps_in_place and sp.dropped == 0 and sp.kept > 0 and not sp.recode
 
     def _restamp_index(self, pl: PartitionLog, sp: _SegPlan, idx_out: str, recall,
                        res: CompactionResult) -> bool:
@@ -562,9 +594,14 @@ class Compactor:
         cfg = pl.config
         # outputs go to the store itself, or to the local directory on S3; always format 2
         self.store.require_format(2)
-        out = SegmentWriter2(pl.local_fs, log_out, idx_out, codec=codec_of(cfg.compression_type),
+        # compression.type=producer: the group's stored codec is kept (Kafka's meaning: a batch
+        # keeps its source batch's), none for format-1 records (a consumer's: codecs.codec_of)
+        source = next((_codec(pl, sp.seg) for sp in g.members if _codec(pl, sp.seg)), None)
+        out = SegmentWriter2(pl.local_fs, log_out, idx_out,
+                             codec=codec_of(cfg.compression_type, source),
                              level=cfg.compression_zstd_level,
-                             batch_bytes=cfg.compression_batch_bytes)
+                             batch_bytes=cfg.compression_batch_bytes,
+                             target=target_of(cfg.compression_type))
         try:
             for sp in g.members:
                 batches = sp.seg.batches()  # (None: records stored one by one)
@@ -576,13 +613,14 @@ class Compactor:
                             continue
                         for kept, whole in _runs(chunk, keep, clean, batches):
                             read0 = src.bytes_read
-                            if whole:  # every record of these batches stays: as stored
+                            if whole and not sp.recode:  # every record stays: as stored
                                 first = np.flatnonzero(kept["size"])  # each batch's first entry
                                 sizes = kept["size"][first].astype(np.int64)
                                 counts = np.diff(np.r_[first, kept.shape[0]])
                                 p = int(kept[0]["position"])
                                 wrote = out.append_batches(src.raw(p, int(sizes.sum()), sizes),
-                                                           sizes, counts, kept)
+                                                           sizes, counts, kept,
+                                                           _codec(pl, sp.seg) or 0)
                             else:
                                 wrote = 0
                                 for block in src.select(kept):
@@ -665,6 +703,19 @@ def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
             sel = kept(a, z)
             if sel.shape[0]:
                 yield sel, False
+
+
+def _codec(pl: PartitionLog, seg) -> int | None:
+    """The codec a format-2 segment's lean index records (None: a format-1 segment)."""
+    return getattr(pl.index(seg), "codec", None) if seg.format == 2 else None
+
+
+def _recode_due(pl: PartitionLog, seg, cfg: TopicConfig) -> bool:
+    """Whether ``seg`` was written for another compression.type than ``cfg``'s."""
+    if seg.format != 2:
+        return False  # (format 1 is rewritten whenever met: Segment.needs_rewrite)
+    idx = pl.index(seg)
+    return needs_recode(cfg.compression_type, idx.codec, getattr(idx, "target", 0))
 
 
 def _changes(a: np.ndarray) -> np.ndarray:

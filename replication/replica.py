@@ -207,7 +207,7 @@ class Replicator:
         "synced from master"), so local overrides set on the replica stay apart, win, and
         survive. A replica written before kept the master's values as local overrides: on its
         first sync (no synced layer yet) the overrides equal to the master's are dropped."""
-        default = TopicConfig().to_dict()
+        default = self.store.meta.defaults.to_dict()  # (this store's: the master's may differ)
         origin = f"master {self.client.url}"
         for t in doc.get("topics", []):
             topic = t["topic"]

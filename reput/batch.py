@@ -68,6 +68,43 @@ def empty_batch(base: int, last: int) -> bytes:
     struct.pack_into(">I", out, 17, crc32c(out, CRC_START, HEADER_SIZE))
     return out.tobytes()
 
+#: attributes of a control batch as Kafka writes a transaction marker: transactional (bit 4)
+#: and control (bit 5), no codec
+ATTR_TRANSACTIONAL, ATTR_CONTROL = 0x10, 0x20
+#: control record types (the key's second int16): Kafka's ControlRecordType
+CONTROL_ABORT, CONTROL_COMMIT = 0, 1
+#: the producer id of the endpoint's end-of-log marker: no batch kcompact serves carries it (its
+#: data batches all carry -1, no producer), and Kafka allocates producer ids upwards from 0
+MARKER_PRODUCER_ID = 0x7FFF_FFFF_FFFF_FFFF
+
+
+def control_batch(offset: int, *, producer_id: int = MARKER_PRODUCER_ID, producer_epoch: int = 0,
+                  timestamp: int = -1, commit: bool = True, coordinator_epoch: int = 0) -> bytes:
+    """A transaction marker at ``offset`` as Kafka 3.9 writes one (``EndTransactionMarker``,
+    ``MemoryRecords.withEndTransactionMarker``): a RecordBatch v2 with the transactional and
+    control attributes, producer id and epoch, baseSequence -1, one record at offset delta 0
+    whose key is (version 0, type COMMIT or ABORT) and value (version 0, coordinator epoch).
+    The Kafka endpoint ends a partition's trailing gap with a COMMIT marker of a producer id
+    no data carries (docs/formats/kafka-endpoint-fetch.md): every client steps over a control
+    batch, and a commit of a producer with no open transaction changes nothing."""
+    key = struct.pack(">hh", 0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    body = (b"\x00"            # record attributes
+            + b"\x00"          # timestampDelta 0 (zigzag varint)
+            + b"\x00"          # offsetDelta 0
+            + bytes([len(key) << 1]) + key
+            + bytes([len(value) << 1]) + value
+            + b"\x00")         # no header
+    rec = bytes([len(body) << 1]) + body
+    out = np.zeros(HEADER_SIZE + len(rec), np.uint8)
+    BATCH_HEADER.pack_into(out, 0, offset, HEADER_SIZE - LOG_OVERHEAD + len(rec), -1, MAGIC, 0,
+                           ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp,
+                           producer_id, producer_epoch, -1, 1)
+    out[HEADER_SIZE:] = np.frombuffer(rec, np.uint8)
+    struct.pack_into(">I", out, 17, crc32c(out, CRC_START, out.shape[0]))
+    return out.tobytes()
+
+
 def _to_kafka(buf, pos, lo: int, hi: int, base_off: int, base_ts: int) -> np.ndarray:
     """Records pos[lo:hi] of ``buf`` (verified format-1 records) as Kafka records."""
     out = np.empty(_N.v1_to_kafka(buf, pos, lo, hi, base_off, base_ts, None, 0), np.uint8)
@@ -766,6 +803,6 @@ __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ
            "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
            "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
            "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress",
-           "empty_batch", "encode_batch",
+           "control_batch", "empty_batch", "encode_batch",
            "encode_plain", "open_batch", "parse_head", "span_entries", "span_fields", "walk_opened",
            "zstd_compress", "zstd_decompress"]

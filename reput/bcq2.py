@@ -29,7 +29,7 @@ from . import _native as _N
 
 FORMAT_VERSION = 2
 MAGIC = b"KCBQ2\x00\x00\xff"
-#: magic version codec reserved chunk_count records log_size dir_crc header_crc
+#: magic version codec target chunk_count records log_size dir_crc header_crc
 HEADER = struct.Struct("<8sHBBIQQII")
 HEADER_SIZE = HEADER.size  # 40
 assert HEADER_SIZE == 40
@@ -160,9 +160,10 @@ class IndexBuilder:
         self._pending, self._pending_counts, self._pending_sizes = [], [], []
         self._pending_n = 0
 
-    def write_to(self, out, codec: int) -> int:
+    def write_to(self, out, codec: int, target: int = 0) -> int:
         """Write the whole .bcq with ``out.write`` (``codec``: the codec its segment's batches
-        are written with); returns its bytes."""
+        are written with; ``target``: what compression.type it was written for,
+        codecs.target_of, 0 unknown); returns its bytes."""
         self._close_chunk()
         d = np.zeros(len(self._dir), DIR_DTYPE)
         pos = HEADER_SIZE + d.nbytes
@@ -171,7 +172,7 @@ class IndexBuilder:
             d[i]["chunk_pos"] = pos
             pos += row[5]
         dbytes = d.tobytes()
-        head = HEADER.pack(MAGIC, FORMAT_VERSION, codec, 0, len(self._dir), self.records,
+        head = HEADER.pack(MAGIC, FORMAT_VERSION, codec, target, len(self._dir), self.records,
                            self.log_size, _crc(dbytes), 0)
         head = head[:36] + struct.pack("<I", _crc(head[:36]))
         out.write(head + dbytes)
@@ -186,10 +187,10 @@ class IndexBuilder:
         self._chunks, self._held = [], 0
         return pos
 
-    def finish(self, codec: int) -> bytes:
+    def finish(self, codec: int, target: int = 0) -> bytes:
         """The whole .bcq, as bytes."""
         buf = io.BytesIO()
-        self.write_to(buf, codec)
+        self.write_to(buf, codec, target)
         return buf.getvalue()
 
 
@@ -255,7 +256,7 @@ class LeanIndex:
         head = read(0, min(size, 1 << 16))
         if len(head) < HEADER_SIZE or not is_lean(head):
             raise CorruptRecordError(f"{path}: not a lean index (bad magic or cut short)", path, 0)
-        (_m, version, codec, _r, chunks, records, log_size, dir_crc,
+        (_m, version, codec, target, chunks, records, log_size, dir_crc,
          head_crc) = HEADER.unpack_from(head, 0)
         if version != FORMAT_VERSION or _crc(head[:36]) != head_crc:
             raise CorruptRecordError(f"{path}: lean index header check failed", path, 0)
@@ -273,6 +274,8 @@ class LeanIndex:
             raise CorruptRecordError(f"{path}: lean index header claims {records} records in "
                                      f"{chunks} chunks", path, 0)
         self.codec, self.n, self.log_size = codec, int(records), int(log_size)
+        #: what compression.type the segment was written for (codecs.target_of; 0 unknown)
+        self.target = int(target)
         self.dir = np.frombuffer(raw, DIR_DTYPE).copy()
         ends = self.dir["chunk_pos"].astype(np.int64) + self.dir["chunk_len"]
         if chunks and (int(ends[-1]) != size or int(self.dir["first_entry"][0]) != 0):

@@ -36,15 +36,44 @@ def zstd_path() -> str:
     return f"bulk (vendored {_native.ZSTD_VERSION}, compiled into kcompact.reput._native)"
 
 
-def codec_of(compression_type: str) -> int:
-    """The codec id of a topic's ``compression.type`` (``producer`` names none: zstd)."""
+#: a lean index's ``target`` (docs/formats/bcq-v2.md): what its segment was written for. 0: not
+#: recorded (an older kcompact); 1 + a codec id: that compression.type; TARGET_PRODUCER:
+#: ``producer`` (the source's codec kept)
+TARGET_UNKNOWN, TARGET_PRODUCER = 0, 6
+
+
+def codec_of(compression_type: str, source: int | None = None) -> int:
+    """The codec id batches are written with for a topic's ``compression.type``. ``producer``
+    (Kafka's meaning: each batch keeps its source batch's codec) gives ``source``, the codec of
+    the stored batches being rewritten, and none when there is none to keep: records that came
+    from a Kafka consumer, which no client API tells the codec of its batches (a mirror of a
+    source topic whose compression.type names a codec syncs it: docs/mirror.md)."""
     if compression_type == "producer":
-        return CODEC_ZSTD
+        return CODEC_NONE if source is None else int(source)
     try:
         return CODEC_BY_NAME[compression_type]
     except KeyError:
         raise ReputError(f"unknown compression.type {compression_type!r}; use one of "
                          + ", ".join(sorted(CODEC_BY_NAME))) from None
+
+
+def target_of(compression_type: str) -> int:
+    """The lean index ``target`` of a segment written for ``compression_type``."""
+    return TARGET_PRODUCER if compression_type == "producer" else 1 + codec_of(compression_type)
+
+
+def needs_recode(compression_type: str, codec: int, target: int) -> bool:
+    """Whether a stored segment (its lean index's ``codec`` and ``target``) must be re-encoded
+    for the topic's ``compression_type`` even when compaction drops none of its records: it
+    was written for another compression.type. ``producer`` never asks (stored batches keep
+    their codec); a segment of an older kcompact (no target) is re-encoded when its codec is
+    not the one asked for (once: the new one records its target)."""
+    if compression_type == "producer":
+        return False
+    want = target_of(compression_type)
+    if target != TARGET_UNKNOWN:
+        return target != want
+    return codec != want - 1
 
 
 def _cramjam():
@@ -168,5 +197,5 @@ def _xerial_decompress(cj, raw: bytes) -> bytes:
 
 
 __all__ = ["CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ4", "CODEC_NAMES", "CODEC_NONE",
-           "CODEC_SNAPPY", "CODEC_ZSTD", "ZSTD_MAX_CONTENT", "codec_of", "compress", "decompress",
+           "CODEC_SNAPPY", "CODEC_ZSTD", "TARGET_PRODUCER", "TARGET_UNKNOWN", "ZSTD_MAX_CONTENT", "codec_of", "needs_recode", "target_of", "compress", "decompress",
            "zstd_compress", "zstd_decompress"]

@@ -59,10 +59,15 @@ TOPIC_CONFIG = (
     .define("retention.ms", Type.LONG, 7 * DAY_MS, at_least(-1), Importance.MEDIUM,
             "With cleanup.policy=compact,delete: segments whose newest record is older (ms) are "
             "deleted; -1 keeps them forever.")
-    .define("compression.type", Type.STRING, "zstd", one_of(*COMPRESSION_TYPES),
+    .define("compression.type", Type.STRING, "producer", one_of(*COMPRESSION_TYPES),
             Importance.MEDIUM,
-            "Codec of sealed (format-2) segments' batches: the source topic's when a mirror "
-            "synced one; 'producer' means zstd (docs/formats/segment-v2.md).")
+            "Codec of sealed (format-2) segments' batches. 'producer' (Kafka's meaning, the "
+            "default of a store whose store.json lists the source-codec feature, i.e. created "
+            "by a kcompact that has it; an older store's default stays zstd): stored batches keep their codec, and records a mirror consumed are stored "
+            "uncompressed unless the source topic's compression.type names a codec, which the "
+            "mirror syncs (no Kafka client tells a consumer a batch's codec). A codec (zstd, "
+            "lz4, snappy, gzip, uncompressed) recompresses; a change re-encodes every segment "
+            "at the partition's next compaction (docs/formats/segment-v2.md).")
     .define("compression.zstd.level", Type.INT, 3, between(1, 22), Importance.LOW,
             "zstd level of sealed segments' batches (KIP-390's name).")
     .define("compression.batch.bytes", Type.INT, 8 << 10, between(1 << 10, 64 << 20),

@@ -501,9 +501,10 @@ class ManifestCatalog(SegmentCatalog):
         from . import bcq2 as B2
         groups: list[list[Segment]] = []
         size = 0
-        codecs = {}
+        codecs, targets = {}, {}
         for seg in shared:
             codec = codecs[seg.base] = seg.index().codec
+            targets[seg.base] = seg.index().target
             if groups and codecs[groups[-1][0].base] == codec and (
                     max_bytes is None or size + seg.log_size <= max_bytes):
                 groups[-1].append(seg)
@@ -531,7 +532,7 @@ class ManifestCatalog(SegmentCatalog):
                 out.close()
             idxf = self.local_fs.open_append(irel)
             try:
-                builder.write_to(idxf, codecs[group[0].base])
+                builder.write_to(idxf, codecs[group[0].base], targets[group[0].base])
                 idxf.sync()
             finally:
                 idxf.close()

@@ -93,9 +93,12 @@ class SegmentWriter2:
     and the index; then ``close``."""
 
     def __init__(self, fs: Backend, log_path: str, index_path: str, *, codec: int, level: int,
-                 batch_bytes: int):
+                 batch_bytes: int, target: int = 0):
+        """``target``: what compression.type the segment is written for (codecs.target_of),
+        kept in its lean index so that a later change of compression.type re-encodes it."""
         from .bcq2 import IndexBuilder
         self.fs, self.log_path, self.index_path = fs, log_path, index_path
+        self.target = target
         self.codec, self.level, self.batch_bytes = codec, level, max(1, int(batch_bytes))
         self.log = fs.open_append(log_path)
         local = fs.local_path(index_path)
@@ -136,11 +139,14 @@ class SegmentWriter2:
             i = j
         return int(ends[-1])
 
-    def append_batches(self, raw: np.ndarray, sizes, counts, entries: np.ndarray) -> int:
+    def append_batches(self, raw: np.ndarray, sizes, counts, entries: np.ndarray,
+                       codec: int = 0) -> int:
         """Copy stored batches lying back to back in ``raw`` as they are, in one write (their
-        ``sizes`` and record ``counts``, and the index entries of all their records, given);
-        returns their bytes."""
+        ``sizes`` and record ``counts``, and the index entries of all their records, given;
+        ``codec``: the codec their segment records); returns their bytes."""
         self._emit(final=True)
+        if codec:
+            self.written_codec = codec
         self._check_room(raw.shape[0])
         self.log.write(raw)
         self.builder.add_batches(self.size, sizes, counts, entries)
@@ -227,7 +233,7 @@ class SegmentWriter2:
         self._emit(final=True)
         idx = self.fs.open_append(self.index_path)
         try:
-            self.builder.write_to(idx, self.written_codec)
+            self.builder.write_to(idx, self.written_codec, self.target)
             idx.sync()
         finally:
             idx.close()

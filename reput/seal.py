@@ -27,6 +27,7 @@ from contextlib import nullcontext
 from . import filenames as fn
 from . import swap
 from .batch import codec_of
+from .codecs import target_of
 from .locks import FileLock
 from .rewrite import SegmentWriter2
 
@@ -36,10 +37,12 @@ SEAL_READ_BYTES = 8 << 20
 
 def encode_segment(seg, cfg, fs, log_out: str, idx_out: str) -> None:
     """Write format-1 segment ``seg`` as a format-2 pair ``log_out``/``idx_out`` on ``fs``
-    (fsynced) with its topic's codec (``cfg``: its TopicConfig), every record read through the
-    segment's selection (its CRC checked)."""
+    (fsynced) with its topic's codec (``cfg``: its TopicConfig; ``producer``: uncompressed,
+    the codec of the source's batches being unknown: codecs.codec_of), every record read
+    through the segment's selection (its CRC checked)."""
     out = SegmentWriter2(fs, log_out, idx_out, codec=codec_of(cfg.compression_type),
-                         level=cfg.compression_zstd_level, batch_bytes=cfg.compression_batch_bytes)
+                         level=cfg.compression_zstd_level, batch_bytes=cfg.compression_batch_bytes,
+                         target=target_of(cfg.compression_type))
     try:
         with seg.selection(sequential=True, block_bytes=SEAL_READ_BYTES) as src:
             for _, chunk in seg.index_chunks():

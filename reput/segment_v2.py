@@ -596,7 +596,7 @@ class KafkaSegment(Segment):
                 b += 1
         idxf = fs.open_append(path)
         try:
-            written = builder.write_to(idxf, idx.codec)
+            written = builder.write_to(idxf, idx.codec, idx.target)
             idxf.sync()
         finally:
             idxf.close()
@@ -772,6 +772,7 @@ class IncomingSegment:
         self.idx = idx = B2.LeanIndex(lambda a, n: raw_index[a:a + n].tobytes(), where,
                                       len(raw_index))
         self.n, self.log_size, self.codec = idx.n, idx.log_size, idx.codec
+        self.target = idx.target
         d = idx.dir
         self.first = int(d["first_offset"][0]) if idx.chunk_count else -1
         self.last = int(d["last_offset"][-1]) if idx.chunk_count else -1
@@ -820,7 +821,7 @@ class IncomingSegment:
 
     def write_index(self, out) -> int:
         """Write the new lean index with ``out.write`` (the codec of its batches)."""
-        return self.builder.write_to(out, self.codec)
+        return self.builder.write_to(out, self.codec, self.target)
 
 
 __all__ = ["IncomingSegment", "KafkaSegment", "KafkaSelection", "corrupt_batch"]

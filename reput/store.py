@@ -50,7 +50,7 @@ from .reader import PartitionReader, RecordColumns
 from .timing import Timing
 from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, validate_topic
 from .segment_list import canonical, crc32c
-from .topic_configs import TopicConfigLayers
+from .topic_configs import TopicConfigLayers, default_config
 
 
 #: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
@@ -62,6 +62,9 @@ KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
+#: store.json "features": "source-codec": the topics' compression.type default is producer (the
+#: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
+FEATURE_SOURCE_CODEC = "source-codec"
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
@@ -134,9 +137,14 @@ class StoreMeta:
     #: each topic's Kafka topic id when a mirror first copied it (Store.record_topic_id)
     topic_ids: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def defaults(self) -> TopicConfig:
+        """The topics' defaults in this store (topic_configs.default_config)."""
+        return default_config(self.features)
+
     def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
         self.layers[topic] = layers
-        self.topics[topic] = layers.effective().to_dict()
+        self.topics[topic] = layers.effective(self.defaults).to_dict()
 
     def _body(self) -> dict:
         body: dict[str, Any] = {
@@ -328,7 +336,8 @@ class Store:
                fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK) -> "Store":
         fs = fs or backend_for(url)
         meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {},
-                         features=[FEATURE_SEGMENT_LIST] if fs.appendable else [])
+                         features=([FEATURE_SEGMENT_LIST] if fs.appendable else [])
+                         + [FEATURE_SOURCE_CODEC])
         for t, cfg in (topics or {}).items():
             meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
@@ -441,7 +450,7 @@ class Store:
 
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""
-        return TopicConfig.from_dict(self.meta.topics.get(topic))
+        return self.meta.defaults.with_overrides(self.meta.topics.get(topic) or {})
 
     # Topic configs by source (reput/topic_configs.py, docs/formats/store-json.md): every
     # change is a read-modify-write of store.json under store.json.lock (flock; on S3 the
@@ -451,7 +460,7 @@ class Store:
     def topic_config_layers(self, topic: str) -> TopicConfigLayers:
         ly = self.meta.layers.get(topic)
         return ly if ly is not None else TopicConfigLayers.from_legacy(
-            self.meta.topics.get(topic))
+            self.meta.topics.get(topic), self.meta.defaults)
 
     def alter_topic_config(self, topic: str, add: dict[str, Any] | None = None,
                            delete: list[str] | tuple[str, ...] = ()) -> TopicConfig:
@@ -485,7 +494,7 @@ class Store:
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
             before = meta.layers.get(topic)
             current = before if before is not None else TopicConfigLayers.from_legacy(
-                meta.topics.get(topic))
+                meta.topics.get(topic), meta.defaults)
             new = change(current)
             if new != before:
                 meta.set_layers(topic, new)

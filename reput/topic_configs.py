@@ -19,6 +19,15 @@ from .config import TOPIC_CONFIG, TOPIC_KEYS, ConfigError, TopicConfig
 from .config import topic_key as known_key
 
 DEFAULT, SYNCED, OVERRIDE = "default", "synced", "override"
+#: what a store created before store.json's "source-codec" feature keeps as its defaults: its
+#: compression.type default was zstd (reput/config.py's is producer)
+LEGACY_DEFAULTS = TopicConfig(compression_type="zstd")
+
+
+def default_config(features) -> TopicConfig:
+    """A store's topic defaults, by store.json's ``features``: a store created since the
+    source's codec became the default lists "source-codec"; an older one keeps zstd."""
+    return TopicConfig() if "source-codec" in features else LEGACY_DEFAULTS
 
 
 def validated(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,22 +83,25 @@ class TopicConfigLayers:
         return d
 
     @classmethod
-    def from_legacy(cls, cfg: Mapping[str, Any] | None) -> "TopicConfigLayers":
+    def from_legacy(cls, cfg: Mapping[str, Any] | None, base: TopicConfig | None = None
+                    ) -> "TopicConfigLayers":
         """A ``topics`` entry written before ``topic_configs`` existed (every key, set through
-        the Python API): the keys whose value differs from the default are local overrides;
-        the effective config is unchanged either way."""
+        the Python API): the keys whose value differs from the default (``base``'s: the
+        store's defaults) are local overrides; the effective config is unchanged either way."""
         values = validated(cfg or {})
-        return cls(overrides={k: v for k, v in values.items() if v != TOPIC_CONFIG[k].default})
+        defaults = (base or TopicConfig()).to_dict()
+        return cls(overrides={k: v for k, v in values.items() if v != defaults[k]})
 
     # -- precedence ------------------------------------------------------------------------
 
-    def effective(self) -> TopicConfig:
-        """default < synced < override."""
-        return TopicConfig().with_overrides({**self.synced, **self.overrides})
+    def effective(self, base: TopicConfig | None = None) -> TopicConfig:
+        """default < synced < override (``base``: the store's defaults, default_config)."""
+        return (base or TopicConfig()).with_overrides({**self.synced, **self.overrides})
 
-    def describe(self) -> list[ConfigEntry]:
+    def describe(self, base: TopicConfig | None = None) -> list[ConfigEntry]:
         out = []
-        eff = self.effective().to_dict()
+        eff = self.effective(base).to_dict()
+        defaults = (base or TopicConfig()).to_dict()
         for k in TOPIC_KEYS:
             if k.name in self.overrides:
                 src = OVERRIDE
@@ -98,7 +110,7 @@ class TopicConfigLayers:
             else:
                 src = DEFAULT
             hidden = self.synced.get(k.name) if src == OVERRIDE else None
-            out.append(ConfigEntry(k.name, eff[k.name], src, hidden, k.default, k.doc))
+            out.append(ConfigEntry(k.name, eff[k.name], src, hidden, defaults[k.name], k.doc))
         return out
 
     def source_of(self, name: str) -> str:
@@ -131,5 +143,5 @@ class TopicConfigLayers:
         return replace(self, synced=values, synced_ms=ms, synced_from=origin)
 
 
-__all__ = ["DEFAULT", "OVERRIDE", "SYNCED", "ConfigEntry", "TopicConfigLayers", "known_key",
-           "validated"]
+__all__ = ["DEFAULT", "LEGACY_DEFAULTS", "OVERRIDE", "SYNCED", "ConfigEntry", "TopicConfigLayers",
+           "default_config", "known_key", "validated"]

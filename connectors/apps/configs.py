@@ -90,7 +90,7 @@ def describe_doc(store: Store, topic: str) -> dict:
     ly = store.topic_config_layers(topic)
     return {"store": store.url, "topic": topic, "synced_ms": ly.synced_ms,
             "synced_from": ly.synced_from,
-            "configs": [e.to_dict() for e in ly.describe()]}
+            "configs": [e.to_dict() for e in ly.describe(store.meta.defaults)]}
 
 
 def _print_describe(doc: dict) -> None:

@@ -100,7 +100,8 @@ def store_summary(store: Store, topic: str | None = None) -> dict[str, Any]:
         "format_version": store.meta.format_version,
         "topics": [{"topic": t, "config": store.topic_config(t).to_dict(),
                     "config_source": {e.name: e.source
-                                      for e in store.topic_config_layers(t).describe()},
+                                      for e in store.topic_config_layers(t).describe(
+                                          store.meta.defaults)},
                     "partitions": [partition_summary(store, t, p)
                                    for p in known_partitions(store, t)]}
                    for t in topics],

@@ -43,9 +43,11 @@ from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_
 SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
                "max.compaction.lag.ms", "min.cleanable.dirty.ratio", "segment.bytes",
                "segment.ms", "retention.ms",
-               # the codec of sealed segments (store format 2); Kafka's default, producer, is
-               # not synced (the store's default, zstd, applies). compression.zstd.level is
-               # not: Kafka describes it only since 3.8
+               # the codec of sealed segments (store format 2): a codec the source names is
+               # kept (Kafka recompressed every batch to it); Kafka's default, producer, is
+               # not synced (the store's default applies: producer in a store listing the
+               # source-codec feature, records stored uncompressed; zstd in an older one).
+               # compression.zstd.level is not: Kafka describes it only since 3.8
                "compression.type")
 #: The largest segment.bytes synced: the store's own default.
 MAX_SYNCED_SEGMENT_BYTES = TopicConfig().segment_bytes

@@ -8,12 +8,15 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
 
 * the batch holding the fetch offset or, in a gap, the next one; the first batch of the response
   whole even past the limits (KIP-74), later ones only while within the partition's and the
-  response's ``max_bytes``; a gap after the last batch is bridged by an empty batch;
+  response's ``max_bytes``; a gap after the last batch is ended as a Kafka log ending in
+  transaction markers ends: a COMMIT control batch at the high watermark - 1
+  (StoreView.fetch, reput/batch.control_batch);
 * an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
   a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
-* zstd batches to a Fetch below v10: UNSUPPORTED_COMPRESSION_TYPE, as Kafka (KIP-110);
+* zstd batches to a Fetch below v10: UNSUPPORTED_COMPRESSION_TYPE for the partition, no
+  records, as Kafka (KIP-110); not recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
   partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
 * a fetch naming no topic (the Java consumer's on close) gets an empty answer at once.

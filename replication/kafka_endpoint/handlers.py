@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from .wire import (API_NAMES, API_VERSIONS, FETCH, FIND_COORDINATOR, HEARTBEAT,
-                   INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
+from .wire import (API_NAMES, API_VERSIONS, CLUSTER_AUTHORIZATION_FAILED, FETCH,
+                   FIND_COORDINATOR, HEARTBEAT, INIT_PRODUCER_ID, INVALID_REQUEST, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS, METADATA, NONE,
                    OFFSET_COMMIT, OFFSET_FETCH, POLICY_VIOLATION, PRODUCE, SYNC_GROUP,
                    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_OR_PARTITION, Request,
                    api_keys, respond)
@@ -74,6 +74,8 @@ class Handlers:
             return await self.list_offsets(req)
         if k == PRODUCE:
             return self.produce(req)
+        if k == INIT_PRODUCER_ID:
+            return self.init_producer_id(req)
         if k == FIND_COORDINATOR:
             return self.find_coordinator(req, conn)
         co = self.ep.coordinator
@@ -184,6 +186,18 @@ class Handlers:
                 {"index": p.index, "error_code": POLICY_VIOLATION, "base_offset": -1,
                  "log_start_offset": -1, "record_errors": [], "error_message": READ_ONLY}
                 for p in t.partition_data]} for t in req.body.topic_data]}
+
+    def init_producer_id(self, req: Request) -> dict:
+        """Refused, as Kafka refuses a principal without write access: an idempotent producer
+        (no transactional id) CLUSTER_AUTHORIZATION_FAILED (Kafka's answer without
+        IdempotentWrite on the cluster), a transactional one
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED. The response has no message field; both codes
+        are fatal in every client (none retries), which prints the code's name
+        (docs/kafka-endpoint.md lists what each prints)."""
+        self.ep.count_refused_produce()
+        tid = getattr(req.body, "transactional_id", None)
+        code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED if tid else CLUSTER_AUTHORIZATION_FAILED
+        return {"error_code": code, "producer_id": -1, "producer_epoch": -1}
 
 
 def _error_codes(values):

@@ -18,7 +18,9 @@ A partition's bounds, as Kafka names them:
 
 A gap after the last stored batch (a compacted tail, a trailing transaction marker) would leave a
 consumer short of the high watermark for ever (it fetches the same offset again and again);
-``fetch`` bridges it with an empty batch (docs/formats/kafka-endpoint-fetch.md).
+``fetch`` ends it the way a Kafka log ending in a transaction marker ends: a COMMIT control
+batch at the high watermark - 1 (docs/formats/kafka-endpoint-fetch.md), which every client steps
+over to the high watermark.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-from kcompact.reput.batch import empty_batch
+from kcompact.reput.batch import control_batch
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -35,9 +37,6 @@ from ..master_store import MasterStore
 from ..protocol import ServerLimits
 
 INTERNAL_PREFIX = "__kcompact-"
-
-#: a batch's lastOffsetDelta is an int32: a longer gap is bridged in steps
-MAX_DELTA = 0x7FFFFFFF
 
 
 class Bounds(NamedTuple):
@@ -113,8 +112,9 @@ class StoreView:
             return self._bounds(pl)
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
-        """Whole batches from ``offset`` within ``max_bytes`` (the first whole past it), or the
-        empty batch bridging a gap up to the high watermark; nothing at the high watermark.
+        """Whole batches from ``offset`` within ``max_bytes`` (the first whole past it), or, in
+        a gap after the last record, the marker ending it (a control batch at the high
+        watermark - 1); nothing at the high watermark.
         The caller checked ``offset`` against the bounds (``bounds``) and passes them again
         here as they were read (a partition that moved meanwhile is read as it is now)."""
         lock, pl = self._part(topic, partition)
@@ -126,8 +126,7 @@ class StoreView:
             kb = PartitionReader(pl).kafka_batches(offset, max_bytes)
             if kb.nbytes:
                 return Fetched(kb.parts, kb.nbytes, b, kb.zstd)
-            last = min(b.high_watermark - 1, offset + MAX_DELTA)
-            raw = empty_batch(offset, last)
+            raw = control_batch(b.high_watermark - 1)
             return Fetched([raw], len(raw), b)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts: int

@@ -28,17 +28,20 @@ from kio.serial import entity_reader, entity_writer
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
 HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 12, 13, 14
-SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 17, 18, 36
+SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 36
 
 #: (min, max) version served per API key: what current clients need (librdkafka 2.x, the Java
 #: client 3.9, franz-go, kcat 1.7; /work research notes, docs/kafka-endpoint.md). Fetch stops at
 #: 12, the last version that names topics rather than topic ids; Produce is advertised because
-#: librdkafka will not fetch from a broker without Produce >= 3, and every produce is refused.
+#: librdkafka will not fetch from a broker without Produce >= 3, and every produce is refused;
+#: InitProducerId (the idempotent and transactional producers' first request) is advertised so
+#: that a producer is refused with an authorization error rather than failing on versions
+#: (kafka-python: IncompatibleBrokerVersion; the Java producer: UnsupportedVersionException).
 SERVED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12),
     OFFSET_COMMIT: (2, 7), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3), JOIN_GROUP: (0, 5),
     HEARTBEAT: (0, 3), LEAVE_GROUP: (0, 2), SYNC_GROUP: (0, 3), SASL_HANDSHAKE: (0, 1),
-    API_VERSIONS: (0, 3), SASL_AUTHENTICATE: (0, 2),
+    API_VERSIONS: (0, 3), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2),
 }
 
 API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
@@ -46,7 +49,7 @@ API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
              FIND_COORDINATOR: "FindCoordinator", JOIN_GROUP: "JoinGroup",
              HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
              SASL_HANDSHAKE: "SaslHandshake", API_VERSIONS: "ApiVersions",
-             SASL_AUTHENTICATE: "SaslAuthenticate"}
+             INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate"}
 
 # error codes (Kafka's Errors)
 NONE = 0
@@ -60,6 +63,7 @@ INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
+CLUSTER_AUTHORIZATION_FAILED = 31
 UNSUPPORTED_SASL_MECHANISM = 33
 ILLEGAL_SASL_STATE = 34
 UNSUPPORTED_VERSION = 35

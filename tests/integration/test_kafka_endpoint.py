@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kcompact.compaction import CompactionOptions, compact_store
 from kcompact.connectors.apps.mirror import mirror_local
@@ -211,9 +211,14 @@ def test_global_ktable_restore_loop_matches_kafka(served):
 # -- compaction ------------------------------------------------------------------------------------
 
 
-def test_after_compaction_the_endpoint_serves_the_compacted_store(served, tmp_path):
-    kafka, topic, url, _ep, work = served
-    copy = tmp_path / "compacted"
+@pytest.fixture(scope="module")
+def compacted(served, tmp_path_factory):
+    """A copy of the store compacted until each partition ends in a gap (its last record, a
+    tombstone, removed; partition 1 also after a transaction's marker) and served: (kafka,
+    topic, copy url, Endpoint, work dir)."""
+    kafka, topic, url, _ep, _work = served
+    work = tmp_path_factory.mktemp("compacted")
+    copy = work / "compacted"
     shutil.copytree(url, copy)
     with Store.open(str(copy), writer="t") as st:
         st.set_topic_config(topic, {"cleanup.policy": "compact", "min.compaction.lag.ms": 0,
@@ -225,33 +230,188 @@ def test_after_compaction_the_endpoint_serves_the_compacted_store(served, tmp_pa
             compact_store(st, topic=topic, force=True, options=CompactionOptions(),
                           clock=clock)
             clock.advance(5000)
-    stored = read_store(str(copy), topic)
-    ep = Endpoint(copy, log=tmp_path / "ep.log").start()
+    ep = Endpoint(copy, log=work / "ep.log").start()
     try:
-        ours = read_all(ep.bootstrap, topic)
-        for p in (0, 1):
-            assert ours[p] == stored[p]
-        full = read_all(kafka, topic)
-        # the live state: the latest value of every key, every keyless record
-        for p in (0, 1):
-            latest: dict = {}
-            for off, _ts, k, v, _h in full[p]:
-                if k is not None:
-                    latest[k] = (off, v)
-            live = {k: ov for k, ov in latest.items() if ov[1] is not None}
-            got = {r[2]: (r[0], r[3]) for r in ours[p] if r[2] is not None and r[3] is not None}
-            assert got == live
-            assert [r for r in ours[p] if r[2] is None] == [r for r in full[p] if r[2] is None]
-        # the end offsets do not move back: each partition now ends in a gap (its last
-        # record, a tombstone, was removed), which the endpoint bridges
-        assert ours[-1] == full[-1]
-        assert all(ours[p][-1][0] + 1 < ours[-1][p] for p in (0, 1)), (
-            [ours[p][-3:] for p in (0, 1)], ours[-1])
-        for p in (0, 1):  # the GlobalKTable restore loop reaches the end offset
-            _, n, position, end = restore(ep.bootstrap, topic, p, work)
-            assert int(n) == len(ours[p]) and position == end == str(full[-1][p])
+        yield kafka, topic, str(copy), ep, work
     finally:
         ep.stop()
+
+
+def test_after_compaction_the_endpoint_serves_the_compacted_store(compacted):
+    kafka, topic, copy, ep, work = compacted
+    stored = read_store(copy, topic)
+    ours = read_all(ep.bootstrap, topic)
+    for p in (0, 1):
+        assert ours[p] == stored[p]
+    full = read_all(kafka, topic)
+    # the live state: the latest value of every key, every keyless record
+    for p in (0, 1):
+        latest: dict = {}
+        for off, _ts, k, v, _h in full[p]:
+            if k is not None:
+                latest[k] = (off, v)
+        live = {k: ov for k, ov in latest.items() if ov[1] is not None}
+        got = {r[2]: (r[0], r[3]) for r in ours[p] if r[2] is not None and r[3] is not None}
+        assert got == live
+        assert [r for r in ours[p] if r[2] is None] == [r for r in full[p] if r[2] is None]
+    # the end offsets do not move back: each partition now ends in a gap (its last
+    # record, a tombstone, was removed), which the endpoint ends with a marker
+    assert ours[-1] == full[-1]
+    assert all(ours[p][-1][0] + 1 < ours[-1][p] for p in (0, 1)), (
+        [ours[p][-3:] for p in (0, 1)], ours[-1])
+    for p in (0, 1):  # the GlobalKTable restore loop reaches the end offset
+        _, n, position, end = restore(ep.bootstrap, topic, p, work)
+        assert int(n) == len(ours[p]) and position == end == str(full[-1][p])
+
+
+def _fetches(bs: str, topic: str, group: str, idle_s: float) -> tuple[list, list, int]:
+    """A confluent-kafka group member reads ``topic`` to its end (both partitions' EOF),
+    commits, then idles ``idle_s`` at the end: (records (partition, offset), committed offsets,
+    Fetch requests it sent while idle, from librdkafka's statistics)."""
+    stats: list = []
+    c = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "isolation.level": "read_committed", "statistics.interval.ms": 200,
+                  "stats_cb": lambda j: stats.append(json.loads(j))})
+
+    def sent() -> int:
+        # Fetch requests sent to the partition leader so far (the broker entries' "req")
+        return sum(b.get("req", {}).get("Fetch", 0) for b in stats[-1]["brokers"].values()
+                   if b.get("nodeid", -1) >= 0) if stats else 0
+    try:
+        c.subscribe([topic])
+        got, eof = [], set()
+        deadline = time.monotonic() + 60
+        while len(eof) < 2:
+            assert time.monotonic() < deadline, ("no end of partition", eof, len(got))
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                eof.add(m.partition())
+                continue
+            got.append((m.partition(), m.offset()))
+        c.commit(asynchronous=False)
+        committed = [tp.offset for tp in c.committed(
+            [TopicPartition(topic, p) for p in (0, 1)], timeout=10)]
+        n = len(stats)
+        while len(stats) < n + 2:  # a fresh statistics count to start from
+            assert c.poll(0.1) is None
+        before = sent()
+        end = time.monotonic() + idle_s
+        while time.monotonic() < end:
+            assert c.poll(0.1) is None  # nothing more: not a record read twice
+        n = len(stats)
+        while len(stats) < n + 2:
+            assert c.poll(0.1) is None
+        return got, committed, sent() - before
+    finally:
+        c.close()
+
+
+def test_a_group_reads_the_compacted_copy_once_commits_its_end_and_idles(compacted):
+    """Every record once, the committed offsets = the high watermarks (past the gaps the
+    markers end), and at the end a consumer fetches no more often than it does from Apache
+    Kafka at the end of the same topic (long polls: at most twice as many, plus a couple)."""
+    kafka, topic, copy, ep, _ = compacted
+    stored = read_store(copy, topic)
+    ends = read_all(ep.bootstrap, topic)[-1]
+    got, committed, idle = _fetches(ep.bootstrap, topic, f"g-{uuid.uuid4().hex[:6]}", 3.0)
+    assert sorted(got) == sorted((p, r[0]) for p in (0, 1) for r in stored[p])
+    assert committed == ends
+    _, theirs, kafka_idle = _fetches(kafka, topic, f"g-{uuid.uuid4().hex[:6]}", 3.0)
+    assert theirs == ends
+    assert idle <= 2 * kafka_idle + 2, (idle, kafka_idle)
+
+
+def test_kcat_and_franz_go_read_the_compacted_copy_to_its_end(compacted, franzgo):
+    kafka, topic, copy, ep, _ = compacted
+    stored = read_store(copy, topic)
+    ends = read_all(ep.bootstrap, topic)[-1]
+    want = sorted((p, r[0]) for p in (0, 1) for r in stored[p])
+    recs = _franzgo(franzgo, "partitions", ep.bootstrap, topic, "2")
+    assert sorted((r["p"], r["o"]) for r in recs[:-1]) == want
+    assert recs[-1]["end"] == {"0": ends[0], "1": ends[1]}, recs[-1]
+    grp = _franzgo(franzgo, "group", ep.bootstrap, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    assert sorted((r["p"], r["o"]) for r in grp[:-1]) == want
+    # kgo commits the offset after the last record it returned, never past a control batch:
+    # what it commits at a Kafka partition ending in markers too (test_kafka_endpoint_tails)
+    assert grp[-1]["committed"] == {str(p): stored[p][-1][0] + 1 for p in (0, 1)}, grp[-1]
+    if shutil.which("kcat") or shutil.which("kafkacat"):
+        for part in (0, 1):
+            out = _kcat_run("-b", ep.bootstrap, "-C", "-t", topic, "-p", str(part), "-o",
+                            "beginning", "-e", "-q", "-f", "%o\\n")
+            assert [int(x) for x in out.split()] == [r[0] for r in stored[part]]
+
+
+def test_a_fetch_below_v10_of_zstd_batches_fails_as_from_kafka(served, tmp_path):
+    """A librdkafka pinned to Kafka 0.11's protocol (Fetch v4) reads partition 0, which holds
+    zstd batches at Kafka (a zstd producer) and, after compression.type=zstd and a compaction
+    (which re-encodes every segment), at the endpoint: both answer UNSUPPORTED_COMPRESSION_TYPE.
+    Partition 1 (gzip and uncompressed batches at Kafka, uncompressed in the store: the source
+    said producer) reads on both."""
+    kafka, topic, url, _ep, _ = served
+    copy = tmp_path / "zstd"
+    shutil.copytree(url, copy)
+    with Store.open(str(copy), writer="t") as st:
+        assert st.topic_config(topic).compression_type == "producer"
+        codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
+        assert codecs and codecs <= {"none", "uncompressed"}, codecs  # (format 1: "none")
+        st.set_topic_config(topic, {"compression.type": "zstd"})
+        compact_store(st, topic=topic, force=True, options=CompactionOptions())
+        codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
+        assert codecs == {"zstd"}, codecs
+    old = {"api.version.request": False, "broker.version.fallback": "0.11.0"}
+    ep = Endpoint(copy, log=tmp_path / "ep.log").start()
+    try:
+        for bs in (kafka, ep.bootstrap):
+            c = Consumer({"bootstrap.servers": bs, "group.id": f"old-{uuid.uuid4().hex[:6]}",
+                          "enable.partition.eof": True, **old})
+            try:
+                c.assign([TopicPartition(topic, 0, 0)])
+                deadline = time.monotonic() + 30
+                err = None
+                while err is None:
+                    assert time.monotonic() < deadline, bs
+                    m = c.poll(0.5)
+                    if m is not None and m.error() is not None:
+                        err = m.error()
+                assert err.code() == KafkaError.UNSUPPORTED_COMPRESSION_TYPE, (bs, err)
+            finally:
+                c.close()
+    finally:
+        ep.stop()
+    # a store keeping the source's codec (partition 1: uncompressed) reads below v10 too
+    ep = Endpoint(url, log=tmp_path / "ep2.log").start()
+    try:
+        assert _offsets(ep.bootstrap, topic, 1, old) == _offsets(kafka, topic, 1, old)
+    finally:
+        ep.stop()
+
+
+def _segments(st: Store, topic: str, p: int) -> list[dict]:
+    pl = st.partition(topic, p)
+    return [pl.describe_segment(s) for s in pl.segments if s.log_size]
+
+
+def _offsets(bs: str, topic: str, part: int, extra: dict) -> list[int]:
+    c = Consumer({"bootstrap.servers": bs, "group.id": f"o-{uuid.uuid4().hex[:6]}",
+                  "enable.partition.eof": True, "isolation.level": "read_committed", **extra})
+    try:
+        c.assign([TopicPartition(topic, part, 0)])
+        got, deadline = [], time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, (bs, got[-3:])
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                return got + [m.offset()]
+            got.append(m.offset())
+    finally:
+        c.close()
 
 
 # -- groups ------------------------------------------------------------------------------------------
@@ -313,6 +473,47 @@ def test_produce_is_refused_and_the_store_is_unchanged(served):
     p.flush(15)
     assert len(errors) == 1 and errors[0] is not None
     assert errors[0].code() == KafkaError.POLICY_VIOLATION, errors[0]
+    assert read_store(url, topic) == before
+
+
+def test_a_producer_is_refused_and_says_why(served, tmp_path):
+    """What docs/kafka-endpoint.md lists: an idempotent librdkafka producer is refused at
+    InitProducerId (fatal CLUSTER_AUTHORIZATION_FAILED), a transactional one at its
+    coordinator with the read-only message, and the Java producer (VerifiableProducer, its
+    defaults and idempotence explicitly on) prints the endpoint's message or the
+    authorization error; the store is unchanged."""
+    _kafka, topic, url, ep, _ = served
+    before = read_store(url, topic)
+    p = Producer({"bootstrap.servers": ep.bootstrap, "message.timeout.ms": 10000,
+                  "enable.idempotence": True})
+    p.produce(topic, key=b"k", value=b"v", partition=0)
+    with pytest.raises(KafkaException) as got:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            p.poll(0.2)
+    err = got.value.args[0]
+    assert err.fatal() and err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, err
+    tp = Producer({"bootstrap.servers": ep.bootstrap, "transactional.id": "refused"})
+    with pytest.raises(KafkaException) as got:
+        tp.init_transactions(15)
+    err = got.value.args[0]
+    assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
+    assert "read-only" in err.str()
+    for conf, want in (("retries=0\n", "PolicyViolationException"),
+                       ("enable.idempotence=true\n", "ClusterAuthorizationException")):
+        props = tmp_path / "producer.properties"
+        props.write_text(conf)
+        r = java("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server",
+                 ep.bootstrap, "--topic", topic, "--max-messages", "1", "--producer.config",
+                 str(props))
+        if want == "PolicyViolationException":
+            events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+            failed = [e for e in events if e["name"] == "producer_send_error"]
+            assert len(failed) == 1 and failed[0]["exception"].endswith(want), (
+                r.stdout, r.stderr[-2000:])
+            assert "read-only" in failed[0]["message"]
+        else:  # (a send error event, or the fatal error thrown out of send)
+            assert want in r.stdout + r.stderr, (r.stdout, r.stderr[-2000:])
     assert read_store(url, topic) == before
 
 

@@ -32,6 +32,7 @@ from kcompact.reput import Store
 
 sys.path.insert(0, os.path.dirname(__file__))
 from endpoint_tools import java, read_all, restore, serving  # noqa: E402
+from test_kafka_endpoint import _franzgo, franzgo  # noqa: E402,F401 (a fixture)
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -200,3 +201,95 @@ def test_a_mirror_resumes_after_the_markers_and_the_endpoint_follows(tails):
     assert _ends(ep.bootstrap, topic) == ends
     assert read_all(ep.bootstrap, topic) == after
     assert _mirror(kafka, topic, url) == 0      # at the end: nothing more
+
+
+def _raw_fetch(bootstrap: str, topic: str, partition: int, offset: int) -> bytes:
+    """The records bytes of one partition of a Fetch v12 (read_uncommitted), asked with kio
+    and decoded with kio: what a broker serves, batch bytes as they are."""
+    import socket
+    import struct
+
+    from kio.serial import entity_reader, entity_writer
+
+    from kcompact.replication.kafka_endpoint.wire import _request_schema, build, response_schema
+    host, port = bootstrap.rsplit(":", 1)
+    cls = _request_schema(1, 12)
+    out = io.BytesIO()
+    entity_writer(cls.__header_schema__)(out, build(
+        cls.__header_schema__, request_api_key=1, request_api_version=12, correlation_id=7,
+        client_id="capture"))
+    entity_writer(cls)(out, build(
+        cls, replica_id=-1, max_wait=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+        session_id=0, session_epoch=-1, topics=[{"topic": topic, "partitions": [{
+            "partition": partition, "fetch_offset": offset, "partition_max_bytes": 1 << 20,
+            "log_start_offset": -1, "current_leader_epoch": -1, "last_fetched_epoch": -1}]}],
+        forgotten_topics_data=[], rack_id=""))
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        raw = out.getvalue()
+        s.sendall(struct.pack(">i", len(raw)) + raw)
+        buf = b""
+        while len(buf) < 4 or len(buf) < 4 + struct.unpack(">i", buf[:4])[0]:
+            chunk = s.recv(1 << 16)
+            assert chunk, "connection closed"
+            buf += chunk
+    resp = response_schema(1, 12)
+    _, n = entity_reader(resp.__header_schema__)(buf[4:], 0)
+    body, _ = entity_reader(resp)(buf[4:], n)
+    (t,) = body.responses
+    (p,) = t.partitions
+    assert int(p.error_code) == 0, p
+    return bytes(p.records or b"")
+
+
+def _head(raw: bytes) -> dict:
+    import struct
+    (base, length, epoch, magic, _crc, attrs, last_delta, base_ts, max_ts, pid, pepoch, seq,
+     count) = struct.unpack_from(">qiibIhiqqqhii", raw, 0)
+    return {"base": base, "length": length, "epoch": epoch, "magic": magic, "attributes": attrs,
+            "last_offset_delta": last_delta, "base_ts": base_ts, "max_ts": max_ts, "pid": pid,
+            "producer_epoch": pepoch, "base_sequence": seq, "count": count,
+            "records": raw[61:12 + length]}
+
+
+def test_a_partition_ends_in_the_control_batch_kafka_serves_for_its_markers(tails):
+    """Kafka 3.9.1's Fetch at a partition's last offset, a COMMIT marker (partition 0) and an
+    ABORT marker (partition 1), captured and compared with what the endpoint serves at the
+    offsets after the store's last record (its trailing gap): the same control batch shape
+    (transactional | control attributes, one record at offset delta 0 whose key is version 0 +
+    type and value version 0 + coordinator epoch, baseSequence -1, no codec), a COMMIT always,
+    at the high watermark - 1; producer id, epochs and timestamps are Kafka's own."""
+    kafka, topic, url, ep, _ = tails
+    ends = [hi for _, hi in _ends(kafka, topic)]
+    with Store.open(url) as ro:
+        lasts = [max(r.offset for r in ro.iter_records(topic, p)) for p in (0, 1)]
+    for p, kind in ((0, 1), (1, 0)):
+        theirs = _head(_raw_fetch(kafka, topic, p, ends[p] - 1))
+        assert theirs["base"] == ends[p] - 1 and theirs["attributes"] == 0x30, theirs
+        assert (theirs["last_offset_delta"], theirs["count"], theirs["base_sequence"],
+                theirs["magic"]) == (0, 1, -1, 2)
+        assert theirs["pid"] >= 0
+        # the one record: length 16, attributes 0, timestamp delta 0, offset delta 0, key (4
+        # bytes: version 0, type), value (6 bytes: version 0, coordinator epoch), no header
+        rec = theirs["records"]
+        assert rec[:5] == b"\x20\x00\x00\x00\x08" and rec[5:9] == bytes([0, 0, 0, kind])
+        assert rec[9] == 0x0C and rec[10:12] == b"\0\0" and rec[16:] == b"\x00"
+        for frm in range(lasts[p] + 1, ends[p]):  # every offset of the store's trailing gap
+            ours = _head(_raw_fetch(ep.bootstrap, topic, p, frm))
+            assert ours["base"] == ends[p] - 1
+            for k in ("attributes", "last_offset_delta", "count", "base_sequence", "magic",
+                      "length"):
+                assert ours[k] == theirs[k], (k, ours, theirs)
+            # a COMMIT (type 1) whatever Kafka's was, of a producer id no data carries
+            assert ours["records"][:5] == rec[:5] and ours["records"][5:9] == b"\0\0\0\x01"
+            assert ours["records"][9:12] == rec[9:12] and ours["records"][16:] == b"\x00"
+            assert ours["pid"] == 2**63 - 1
+
+
+def test_franz_go_commits_at_the_endpoint_what_it_commits_at_kafka(tails, franzgo):
+    """A kgo group over partitions ending in markers (Kafka) and in the endpoint's marker (the
+    store's trailing gaps): the same records, the same committed offsets (kgo commits the
+    offset after the last record it returned, never past a control batch)."""
+    kafka, topic, _url, ep, _ = tails
+    ours = _franzgo(franzgo, "group", ep.bootstrap, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    theirs = _franzgo(franzgo, "group", kafka, topic, f"kgo-{uuid.uuid4().hex[:6]}")
+    assert ours == theirs and len(ours) > 20

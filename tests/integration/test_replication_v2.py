@@ -40,7 +40,7 @@ def build_json_master(path: Path, records: int = 60_000, keys: int = 6_000,
     rng = np.random.default_rng(28)
     statuses = [b"created", b"paid", b"packed", b"shipped", b"delivered"]
     with Store.open(str(path), writer="w", create=True) as st:
-        st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes})
+        st.set_topic_config(TOPIC, {"segment.bytes": segment_bytes, "compression.type": "zstd"})
         for p in (0, 1):
             for lo in range(0, records, 20_000):
                 n = min(20_000, records - lo)

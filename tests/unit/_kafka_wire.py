@@ -58,9 +58,15 @@ def _decompress(codec: int, body: bytes) -> bytes:
         import zstandard
         return zstandard.ZstdDecompressor().decompressobj().decompress(body)
     import cramjam
-    if codec == 2:
-        from kcompact.reput.codecs import decompress
-        return bytes(decompress(codec, body))
+    if codec == 2:  # snappy-java's xerial framing: a 16-byte header, then (int32 n, n bytes)*
+        if body[:8] != b"\x82SNAPPY\x00":
+            return bytes(cramjam.snappy.decompress_raw(body))
+        out, p = b"", 16
+        while p < len(body):
+            n = struct.unpack_from(">i", body, p)[0]
+            out += bytes(cramjam.snappy.decompress_raw(body[p + 4:p + 4 + n]))
+            p += 4 + n
+        return out
     if codec == 3:
         return bytes(cramjam.lz4.decompress(body))
     raise ValueError(f"codec {codec}")

@@ -7,7 +7,8 @@ Kafka protocol spec (kio only encodes its requests) fetches from random offsets 
 limits, at random versions 4-12 (some partitions end, as their source did, in transaction markers
 past the last record: ``Store.advance_next_offset``). The model, from the partition reader's records: the first
 batch holds the first record at or after the offset (or, past the last record and below the high
-watermark, an empty batch spans to it); records decode to the model's; the response's bytes stay
+watermark, the partition ends as a Kafka log ending in a transaction marker does: one COMMIT
+control batch at the high watermark - 1); records decode to the model's; the response's bytes stay
 within the limits unless a single batch; out of [log start, high watermark]: OFFSET_OUT_OF_RANGE;
 an unknown partition: UNKNOWN_TOPIC_OR_PARTITION; ListOffsets earliest/latest are the bounds.
 A consumer fetching on from each answer's next offset reads exactly the model's records and
@@ -230,9 +231,13 @@ def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, markers, da
                 rest = offs[bisect.bisect_left(offs, frm):]
                 if frm == hwm:
                     assert raw == b""
-                elif not rest:  # a trailing gap: one empty batch up to the high watermark
-                    assert len(batches) == 1 and batches[0].records == []
-                    assert (batches[0].base_offset, batches[0].last_offset) == (frm, hwm - 1)
+                elif not rest:  # a trailing gap: a COMMIT marker at the high watermark - 1
+                    assert len(batches) == 1
+                    (b,) = batches
+                    assert b.attributes == 0x30  # transactional | control, uncompressed
+                    assert (b.base_offset, b.last_offset) == (hwm - 1, hwm - 1)
+                    assert [(r.offset, r.key, r.value) for r in b.records] == [
+                        (hwm - 1, b"\0\0\0\1", b"\0" * 6)]  # COMMIT v0, coordinator epoch 0
                 else:
                     assert batches[0].base_offset <= rest[0] <= batches[0].last_offset
                     assert len(batches) == 1 or len(raw) <= max_bytes
@@ -251,7 +256,8 @@ def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, markers, da
                 assert err == 0
                 batches = decode_batches(raw)
                 assert batches
-                seen += [r.offset for b in batches for r in b.records if r.offset >= at]
+                seen += [r.offset for b in batches if not b.attributes & 0x20
+                         for r in b.records if r.offset >= at]
                 at = batches[-1].last_offset + 1
             assert at == hwm and seen == offs
         finally:
@@ -331,4 +337,153 @@ def test_error_codes_inside_answers_count_by_api_and_error(tmp_path):
         assert samples[("Fetch", "OFFSET_OUT_OF_RANGE")] == 2
     finally:
         c.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("transactional", [False, True])
+def test_init_producer_id_is_refused_as_kafka_refuses_a_principal_without_write(
+        tmp_path, version, transactional):
+    """An idempotent producer's InitProducerId: CLUSTER_AUTHORIZATION_FAILED (31), a
+    transactional one's: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53); no producer id; advertised
+    in ApiVersions (0-4), so that clients are refused rather than failing on versions."""
+    from kcompact.replication.kafka_endpoint.wire import SERVED
+    assert SERVED[22] == (0, 4)
+    st_, _ = _build("local", str(tmp_path), [(1, b"k", b"v", [])], False)
+    st_.close()
+    srv = Served(st_.url)
+    c = Client(srv.port)
+    try:
+        r = c.call(22, version, transactional_id="tx-1" if transactional else None,
+                   transaction_timeout=60000, producer_id=-1, producer_epoch=-1)
+        p = 4 + (1 if version >= 2 else 0)  # correlation id, [v2+] header tags
+        _throttle, err, pid, epoch = struct.unpack_from(">ihqh", r, p)
+        assert (err, pid, epoch) == ((53 if transactional else 31), -1, -1)
+        assert srv.ep.refused_produces == 1
+    finally:
+        c.close()
+        srv.close()
+
+
+def _zstd_store(root: str, codec: str) -> str:
+    """A store written at the default codec (every key distinct: a compaction drops nothing),
+    then ``compression.type=codec`` and a forced compaction, which re-encodes every segment."""
+    st_, _ = _build("local", root, [(1, b"k%d" % i, b"value %d " % i * 20, [])
+                                    for i in range(300)], False)
+    st_.set_topic_config(TOPIC, {"compression.type": codec})
+    st_.flush()
+    from kcompact.compaction import CompactionOptions, Compactor
+    res = Compactor(st_, CompactionOptions()).compact_partition(TOPIC, 0, force=True)
+    assert res.skipped is None
+    st_.close()
+    return st_.url
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "snappy", "uncompressed"])
+def test_a_zstd_batch_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
+    """KIP-110, as Kafka: a partition whose batches are zstd is answered
+    UNSUPPORTED_COMPRESSION_TYPE (76), no records, to a Fetch v4-v9, and served as stored to
+    v10+; every other codec is served to every version."""
+    url = _zstd_store(str(tmp_path), codec)
+    srv = Served(url)
+    c = Client(srv.port)
+    try:
+        start = c.list_offsets(-2)[1]
+        for version in (4, 9, 10, 12):
+            err, hwm, _, raw = c.fetch(version, start, 1 << 20)
+            if codec == "zstd" and version < 10:
+                assert (err, raw) == (76, b"")
+                continue
+            assert err == 0
+            batches = decode_batches(raw)
+            want = {"zstd": 4, "gzip": 1, "snappy": 2, "lz4": 3, "uncompressed": 0}[codec]
+            assert batches and {b.attributes & 7 for b in batches} == {want}
+            assert [r.value for b in batches for r in b.records][:2] == [
+                b"value 0 " * 20, b"value 1 " * 20]
+    finally:
+        c.close()
+        srv.close()
+
+
+def _gap_store(root: str) -> tuple[str, list[int], int]:
+    """A compacted partition whose source ended 7 offsets past its last record: (url, the
+    stored offsets, the high watermark)."""
+    st_, _ = _build("local", root, [(1, b"k%d" % (i % 5), b"v%d" % i, []) for i in range(50)],
+                    True)
+    st_.record_partitions(TOPIC, [0])
+    st_.advance_next_offset(TOPIC, 0, st_.next_offset(TOPIC, 0) + 7)
+    st_.flush()
+    st_.close()
+    with Store.open(st_.url) as ro:
+        return st_.url, [r.offset for r in ro.iter_records(TOPIC, 0)], ro.next_offset(TOPIC, 0)
+
+
+def _confluent(bs: str) -> tuple[list[int], int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bs, "group.id": "g-confluent",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    try:
+        c.subscribe([TOPIC])
+        got, eof = [], None
+        while eof is None:
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            if m.error() is not None:
+                eof = m.offset()
+                continue
+            got.append(m.offset())
+        c.commit(asynchronous=False)
+        return got, eof, c.committed([TopicPartition(TOPIC, 0)], timeout=10)[0].offset
+    finally:
+        c.close()
+
+
+def _kafka_python(bs: str) -> tuple[list[int], int, int]:
+    kafka = pytest.importorskip("kafka", reason="kafka-python is not installed")
+    tp = kafka.TopicPartition(TOPIC, 0)
+    c = kafka.KafkaConsumer(bootstrap_servers=bs, group_id="g-kafka-python",
+                            auto_offset_reset="earliest", enable_auto_commit=False,
+                            consumer_timeout_ms=3000)
+    try:
+        c.subscribe([TOPIC])
+        got = [m.offset for m in c]  # (until 3 s without a record)
+        c.commit()
+        return got, c.position(tp), c.committed(tp)
+    finally:
+        c.close()
+
+
+def _aiokafka(bs: str) -> tuple[list[int], int, int]:
+    aiokafka = pytest.importorskip("aiokafka", reason="aiokafka is not installed")
+
+    async def run():
+        tp = aiokafka.TopicPartition(TOPIC, 0)
+        c = aiokafka.AIOKafkaConsumer(TOPIC, bootstrap_servers=bs, group_id="g-aiokafka",
+                                      auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        try:
+            got = []
+            while batch := await c.getmany(timeout_ms=2000):
+                got += [m.offset for ms in batch.values() for m in ms]
+            await c.commit()
+            return got, await c.position(tp), await c.committed(tp)
+        finally:
+            await c.stop()
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("client", [_confluent, _kafka_python, _aiokafka],
+                         ids=["confluent-kafka", "kafka-python", "aiokafka"])
+def test_a_group_steps_over_the_end_marker_to_the_high_watermark(tmp_path, client):
+    """A group member reads every record once, ends at the high watermark (past the trailing
+    gap the marker ends) and commits it."""
+    url, offs, hwm = _gap_store(str(tmp_path))
+    assert offs and offs[-1] + 1 < hwm
+    srv = Served(url)
+    try:
+        got, end, committed = client(f"127.0.0.1:{srv.port}")
+        assert (got, end, committed) == (offs, hwm, hwm)
+    finally:
         srv.close()

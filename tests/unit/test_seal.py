@@ -53,7 +53,8 @@ def _formats(d: str) -> list[int]:
 
 def _write(d: str, recs, **opts) -> None:
     s = Store.open(d, writer="w", create=True, options=WriterOptions(**opts))
-    s.set_topic_config(TOPIC, {"segment.bytes": 16384})
+    # zstd named: a new store's default (producer) stores consumed records uncompressed
+    s.set_topic_config(TOPIC, {"segment.bytes": 16384, "compression.type": "zstd"})
     for i in range(0, len(recs), 100):
         s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
     s.flush()
@@ -268,7 +269,8 @@ def _background_writer(d: str, recs, flush_each: bool = False) -> Store:
     (``flush_each``: each followed by a flush, which hands the segments rolled so far to the
     seal thread and does not wait for it)."""
     s = Store.open(d, writer="w", create=True, options=WriterOptions(seal="background"))
-    s.set_topic_config(TOPIC, {"segment.bytes": 16384})
+    # zstd named: a new store's default (producer) stores consumed records uncompressed
+    s.set_topic_config(TOPIC, {"segment.bytes": 16384, "compression.type": "zstd"})
     for i in range(0, len(recs), 100):
         s.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
         if flush_each:
