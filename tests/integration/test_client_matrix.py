@@ -47,6 +47,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -327,8 +328,9 @@ def _run(client: str, target: Target, *args: str, timeout: float = 150) -> Run:
     argv, env = _client_argv(client)
     idle = args[0] == "idle"
     bs = target.proxy.bootstrap if idle else target.bootstrap
+    err = tempfile.TemporaryFile("w+")       # a file: a chatty client never blocks on it
     proc = subprocess.Popen([*argv, args[0], bs, *args[1:]], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=err, text=True, env=env)
     lines, marks = [], {}
     deadline = time.monotonic() + timeout
     try:
@@ -347,7 +349,9 @@ def _run(client: str, target: Target, *args: str, timeout: float = 150) -> Run:
             proc.kill()
             proc.wait()
             lines.append({"error": f"still running after {timeout:.0f} s"})
-    stderr = proc.stderr.read()
+    err.seek(0)
+    stderr = err.read()
+    err.close()
     fetches = marks["end"] - marks["start"] if len(marks) == 2 else None
     return Run(lines, proc.returncode, stderr, fetches)
 
