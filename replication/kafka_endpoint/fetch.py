@@ -15,8 +15,10 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
-* zstd batches to a Fetch below v10: UNSUPPORTED_COMPRESSION_TYPE for the partition, no
-  records, as Kafka (KIP-110); not recompressed on the fly (docs/kafka-endpoint.md says why);
+* a Fetch below v10 of a topic whose compression.type is zstd: UNSUPPORTED_COMPRESSION_TYPE for
+  each partition, no records, as Kafka answers it (KIP-110; Kafka decides by the topic's
+  config, not by the batches: zstd batches of a ``producer`` topic are served to any version,
+  there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
   partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
 * a fetch naming no topic (the Java consumer's on close) gets an empty answer at once.
@@ -70,6 +72,9 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
     for t in topics:
         name = t.topic
         known = set(view.partitions(name))
+        # KIP-110 as Kafka applies it (KafkaApis.maybeConvertFetchedData): a Fetch below v10
+        # of a topic whose compression.type is zstd is refused, whatever its batches hold
+        zstd_refused = version < 10 and bool(known) and view.zstd_topic(name)
         results = []
         for p in t.partitions:
             pi = int(p.partition)
@@ -81,6 +86,9 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
             if offset < b.log_start or offset > b.high_watermark:
                 results.append(PartitionResult(pi, OFFSET_OUT_OF_RANGE, b))
                 continue
+            if zstd_refused:
+                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, b))
+                continue
             limit = min(max(0, int(p.partition_max_bytes)), budget)
             if offset == b.high_watermark or (limit <= 0 and not first):
                 results.append(PartitionResult(pi, NONE, b))
@@ -88,9 +96,6 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
             got = view.fetch(name, pi, offset, limit)
             if got.nbytes and not first and got.nbytes > budget:
                 got = got._replace(parts=[], nbytes=0)  # only the first batch may overflow
-            if got.nbytes and version < 10 and got.zstd:
-                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, got.bounds))
-                continue
             results.append(PartitionResult(pi, NONE, got.bounds, got.parts, got.nbytes))
             if got.nbytes:
                 first = False

@@ -85,6 +85,11 @@ class StoreView:
     def topic_id(self, topic: str) -> str | None:
         return self.store.recorded_topic_id(topic)
 
+    def zstd_topic(self, topic: str) -> bool:
+        """Whether the topic's compression.type is zstd (Kafka refuses such a topic to a Fetch
+        below v10: KIP-110)."""
+        return self.store.topic_config(topic).compression_type == "zstd"
+
     def has(self, topic: str, partition: int) -> bool:
         return partition in self.partitions(topic)
 

@@ -345,23 +345,33 @@ def test_kcat_and_franz_go_read_the_compacted_copy_to_its_end(compacted, franzgo
             assert [int(x) for x in out.split()] == [r[0] for r in stored[part]]
 
 
-def test_a_fetch_below_v10_of_zstd_batches_fails_as_from_kafka(served, tmp_path):
-    """A librdkafka pinned to Kafka 0.11's protocol (Fetch v4) reads partition 0, which holds
-    zstd batches at Kafka (a zstd producer) and, after compression.type=zstd and a compaction
-    (which re-encodes every segment), at the endpoint: both answer UNSUPPORTED_COMPRESSION_TYPE.
-    Partition 1 (gzip and uncompressed batches at Kafka, uncompressed in the store: the source
-    said producer) reads on both."""
+def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_kafka, tmp_path):
+    """KIP-110 as Kafka applies it, by the topic's compression.type. A source topic configured
+    zstd, mirrored (the mirror syncs its compression.type: the store's batches are zstd), read
+    by a librdkafka pinned to Kafka 0.11's protocol (Fetch v4): UNSUPPORTED_COMPRESSION_TYPE
+    from Kafka and from the endpoint. The module's topic (compression.type producer; zstd,
+    gzip and uncompressed producers; stored uncompressed: the source's codec unknown) reads
+    below v10 from both, the same records."""
+    from confluent_kafka.admin import NewTopic
     kafka, topic, url, _ep, _ = served
-    copy = tmp_path / "zstd"
-    shutil.copytree(url, copy)
-    with Store.open(str(copy), writer="t") as st:
+    zt = f"zstd-{uuid.uuid4().hex[:6]}"
+    apache_kafka.admin.create_topics([NewTopic(zt, 1, 1, config={
+        "compression.type": "zstd", "retention.ms": "-1"})])[zt].result()
+    p = Producer({"bootstrap.servers": kafka, "linger.ms": 5})
+    for i in range(50):
+        p.produce(zt, key=b"k%d" % i, value=b"value %d " % i * 10, partition=0,
+                  timestamp=T0 + i)
+    assert p.flush(30) == 0
+    copy = str(tmp_path / "zstd-store")
+    mirror_local(kafka, zt, copy, out=io.StringIO(), handle_signals=False)
+    with Store.open(copy, writer="t") as st:
+        assert st.topic_config(zt).compression_type == "zstd"  # synced from the source
+        compact_store(st, topic=zt, force=True, options=CompactionOptions())
+        assert {d["codec"] for d in _segments(st, zt, 0)} == {"zstd"}
+    with Store.open(url) as st:
         assert st.topic_config(topic).compression_type == "producer"
         codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
         assert codecs and codecs <= {"none", "uncompressed"}, codecs  # (format 1: "none")
-        st.set_topic_config(topic, {"compression.type": "zstd"})
-        compact_store(st, topic=topic, force=True, options=CompactionOptions())
-        codecs = {d["codec"] for p in (0, 1) for d in _segments(st, topic, p)}
-        assert codecs == {"zstd"}, codecs
     old = {"api.version.request": False, "broker.version.fallback": "0.11.0"}
     ep = Endpoint(copy, log=tmp_path / "ep.log").start()
     try:
@@ -369,7 +379,7 @@ def test_a_fetch_below_v10_of_zstd_batches_fails_as_from_kafka(served, tmp_path)
             c = Consumer({"bootstrap.servers": bs, "group.id": f"old-{uuid.uuid4().hex[:6]}",
                           "enable.partition.eof": True, **old})
             try:
-                c.assign([TopicPartition(topic, 0, 0)])
+                c.assign([TopicPartition(zt, 0, 0)])
                 deadline = time.monotonic() + 30
                 err = None
                 while err is None:
@@ -382,10 +392,11 @@ def test_a_fetch_below_v10_of_zstd_batches_fails_as_from_kafka(served, tmp_path)
                 c.close()
     finally:
         ep.stop()
-    # a store keeping the source's codec (partition 1: uncompressed) reads below v10 too
+        apache_kafka.admin.delete_topics([zt], operation_timeout=30)
     ep = Endpoint(url, log=tmp_path / "ep2.log").start()
     try:
-        assert _offsets(ep.bootstrap, topic, 1, old) == _offsets(kafka, topic, 1, old)
+        for part in (0, 1):
+            assert _offsets(ep.bootstrap, topic, part, old) == _offsets(kafka, topic, part, old)
     finally:
         ep.stop()
 
@@ -500,7 +511,7 @@ def test_a_producer_is_refused_and_says_why(served, tmp_path):
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
     assert "read-only" in err.str()
     for conf, want in (("retries=0\n", "PolicyViolationException"),
-                       ("enable.idempotence=true\n", "ClusterAuthorizationException")):
+                       ("enable.idempotence=true\nretries=3\n", "ClusterAuthorizationException")):
         props = tmp_path / "producer.properties"
         props.write_text(conf)
         r = java("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server",

@@ -220,11 +220,6 @@ def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, markers, da
                 if frm < start or frm > hwm:
                     assert err == 1 and raw == b""  # OFFSET_OUT_OF_RANGE
                     continue
-                if err == 76:  # UNSUPPORTED_COMPRESSION_TYPE: zstd to a Fetch < v10 (KIP-110)
-                    assert version < 10
-                    again = decode_batches(c.fetch(12, frm, max_bytes)[3])
-                    assert any(b.attributes & 7 == 4 for b in again)
-                    continue
                 assert err == 0
                 batches = decode_batches(raw)
                 assert sum(b.size for b in batches) == len(raw)
@@ -379,12 +374,17 @@ def _zstd_store(root: str, codec: str) -> str:
     return st_.url
 
 
-@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "snappy", "uncompressed"])
-def test_a_zstd_batch_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
-    """KIP-110, as Kafka: a partition whose batches are zstd is answered
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "snappy", "uncompressed",
+                                   "producer over zstd"])
+def test_a_zstd_topic_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
+    """KIP-110 as Kafka applies it: a topic whose compression.type is zstd is answered
     UNSUPPORTED_COMPRESSION_TYPE (76), no records, to a Fetch v4-v9, and served as stored to
-    v10+; every other codec is served to every version."""
-    url = _zstd_store(str(tmp_path), codec)
+    v10+; every other codec is served to every version, and so are the zstd batches of a
+    topic whose compression.type is producer (Kafka decides by the topic's config)."""
+    url = _zstd_store(str(tmp_path), "zstd" if codec == "producer over zstd" else codec)
+    if codec == "producer over zstd":
+        with Store.open(url) as st_:
+            st_.set_topic_config(TOPIC, {"compression.type": "producer"})
     srv = Served(url)
     c = Client(srv.port)
     try:
@@ -396,7 +396,8 @@ def test_a_zstd_batch_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
                 continue
             assert err == 0
             batches = decode_batches(raw)
-            want = {"zstd": 4, "gzip": 1, "snappy": 2, "lz4": 3, "uncompressed": 0}[codec]
+            want = {"zstd": 4, "gzip": 1, "snappy": 2, "lz4": 3, "uncompressed": 0,
+                    "producer over zstd": 4}[codec]
             assert batches and {b.attributes & 7 for b in batches} == {want}
             assert [r.value for b in batches for r in b.records][:2] == [
                 b"value 0 " * 20, b"value 1 " * 20]
