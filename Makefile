@@ -1,7 +1,8 @@
 # make demo : create .venv, install kcompact with every extra (and Java 17 for Spark if missing),
 #             run the demo
 # make test : create .venv, install kcompact with every extra, fetch Apache Kafka's jars when
-#             missing (Maven, for the real-broker tier) and Debian's prometheus and kcat,
+#             missing (Maven, for the real-broker tier), Debian's prometheus and kcat and the
+#             client matrix's clients (make clients),
 #             build the user guide (make docs), run unit + integration tests (the guide's
 #             examples included)
 # make docs : build the user guide (docs/, mkdocs.yml) into site/; a broken link or a page
@@ -11,7 +12,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null && [ "$$(id -u)" != 0 ] && echo sudo)
 
-.PHONY: demo test docs install java maven prometheus kcat kafka-jars bench clean
+.PHONY: demo test docs install java maven prometheus kcat kafka-jars clients bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py reput/_native.c reput/_kafka_native.h reput/_kafka_span.h \
                    reput/_arr.h \
@@ -55,6 +56,13 @@ install: java $(BIN)/.installed
 kafka-jars: install maven
 	$(BIN)/python -m kcompact.connectors.devtools.apache_kafka fetch
 
+# The client matrix's clients (tests/integration/test_client_matrix.py): kafka-python and
+# aiokafka (PyPI, a virtualenv of their own), kafkajs (npm), kafka-go and sarama (the Go module
+# proxy) into $KCOMPACT_CACHE_DIR/clients, once per version; a client that cannot be installed
+# (no Node.js or Go, offline) is said, and its tests skip with the reason
+clients: install
+	$(BIN)/python tests/integration/clients/install.py
+
 demo: install
 	$(BIN)/kcompact demo --workdir demo-work
 
@@ -70,7 +78,7 @@ docs: install
 # tests. Its output follows the integration tier's; either failing (or running no test: pytest's
 # exit 5) fails `make test`.
 INTEGRATION_WORKERS ?= 2
-test: install kafka-jars prometheus kcat docs
+test: install kafka-jars prometheus kcat clients docs
 	@rm -f .unit-tests.log
 	@$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
 	  echo "tests/unit: running beside tests/integration (its output below when both are done)"; \
