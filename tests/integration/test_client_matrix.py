@@ -91,6 +91,31 @@ EMPTY_HEADER_IS_NULL = {"kafka-go"}
 _installed: dict[str, object] = {}
 
 
+#: Gaps of issue 52 this matrix still shows (the issue stays open until they are gone). Each is
+#: a strict xfail: the day a client passes, its test fails until the entry goes.
+KNOWN_GAPS = {
+    ("read", "kafka-go"): "kafka-go hands control records to the application (segmentio/kafka-go "
+                          "#1446): the COMMIT marker that ends a compacted tail reaches it as a "
+                          "record; on Kafka that offset holds a real record",
+    ("group", "kafka-go"): "kafka-go delivers the tail's control record (segmentio/kafka-go #1446)",
+    ("produce", "aiokafka"): "aiokafka prints POLICY_VIOLATION's name, never Produce's message",
+    ("produce", "kafkajs"): "kafkajs prints POLICY_VIOLATION's name, never Produce's message",
+    ("produce", "sarama"): "sarama prints POLICY_VIOLATION's name, never Produce's message",
+    ("produce", "sarama-2.0.0"): "sarama prints POLICY_VIOLATION's name, never Produce's message",
+    ("zstd", "sarama-2.0.0"): "both refuse a zstd topic to Fetch v7, but sarama cannot decode "
+                              "Kafka's refusal ('invalid byteslice length') and prints the "
+                              "endpoint's UNSUPPORTED_COMPRESSION_TYPE: not the same text",
+}
+
+
+def _known_gap(request, column: str, client: str) -> None:
+    why = KNOWN_GAPS.get((column, client))
+    if why:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"issue 52 open: {why}"))
+
+
+
+
 def _as_read_by(client: str, records: list[dict]) -> list[dict]:
     if client not in EMPTY_HEADER_IS_NULL:
         return records
@@ -379,7 +404,8 @@ def _sorted(records: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_read_every_record_as_dumped(matrix, client):
+def test_read_every_record_as_dumped(matrix, client, request):
+    _known_gap(request, 'read', client)
     m = matrix
     ours, theirs = _both(client, m, lambda t: ("read", t.topic, _csv(t.lasts)))
     assert theirs.error is None, f"the premise: {client} reads the source topic: {theirs.why()}"
@@ -396,7 +422,8 @@ def test_read_every_record_as_dumped(matrix, client):
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_group_resumes_and_commits_the_end(matrix, client):
+def test_group_resumes_and_commits_the_end(matrix, client, request):
+    _known_gap(request, 'group', client)
     m = matrix
     half = len(m.dump) // 2
     ours, theirs = _both(client, m, lambda t: (
@@ -432,7 +459,8 @@ def test_list_offsets_earliest_and_latest(matrix, client):
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_produce_is_refused_saying_why(matrix, client):
+def test_produce_is_refused_saying_why(matrix, client, request):
+    _known_gap(request, 'produce', client)
     m = matrix
     ours = _run(client, m.endpoint, "produce", m.endpoint.topic)
     assert ours.error is None, ours.why()
@@ -467,7 +495,8 @@ def _normalized(error: str, m: Matrix) -> str:
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_zstd_source_reads_or_fails_as_on_kafka(matrix, client):
+def test_zstd_source_reads_or_fails_as_on_kafka(matrix, client, request):
+    _known_gap(request, 'zstd', client)
     m = matrix
     ours, theirs = _both(client, m, lambda t: ("read", t.zstd_topic, _csv(t.zstd_lasts)))
     if theirs.error is not None:       # no zstd in this client as installed
