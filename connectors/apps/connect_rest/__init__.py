@@ -47,20 +47,29 @@ class RestServer:
 
 
 def _cluster_id(worker) -> Any:
+    """The Kafka cluster's id for ``GET /``, asked once in the background at start (null
+    until the brokers answer, so the API never waits for them)."""
     cache: dict[str, str] = {}
 
-    def get() -> str:
-        if "id" not in cache:
-            from confluent_kafka.admin import AdminClient
-            from ...framework.kafka_clients import kafka_logger, short_lived
+    def ask() -> None:
+        from confluent_kafka.admin import AdminClient
+        from ...framework.kafka_clients import kafka_logger, short_lived
+        try:
             s = worker._settings("admin", {}, {}, None)
             admin = AdminClient(short_lived(dict(s.conf, logger=kafka_logger())))
-            cid = admin.list_topics(timeout=10).cluster_id
-            if not cid:
-                return ""
-            cache["id"] = cid
-        return cache["id"]
-    return get
+            while not worker.stop_event.is_set() and "id" not in cache:
+                try:
+                    cid = admin.list_topics(timeout=5).cluster_id
+                except Exception:  # noqa: BLE001 - asked again
+                    cid = None
+                if cid:
+                    cache["id"] = cid
+        except Exception:  # noqa: BLE001 - the id is informative only
+            pass
+
+    import threading
+    threading.Thread(target=ask, daemon=True, name="connect-cluster-id").start()
+    return lambda: cache.get("id")
 
 
 def start_rest(worker, *, state_dir: str | None, log: TextIO) -> RestServer:

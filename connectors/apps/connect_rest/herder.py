@@ -133,8 +133,9 @@ class Herder:
                              "command line; its state file (an earlier API change) is ignored")
                     continue
                 self.connectors[m.name] = m
-                if m.target == "STARTED":
-                    self._start(m, where=f"connector {m.name}", fatal=False)
+                if m.target != "STOPPED":
+                    self._start(m, where=f"connector {m.name}", fatal=False,
+                                run=m.target == "STARTED")
                 self.say(f"{m.name}: loaded from {self._state_path(m.name)} ({m.target})")
 
     # -- state files ---------------------------------------------------------------------------
@@ -197,9 +198,10 @@ class Herder:
 
     # -- running a connector -------------------------------------------------------------------
 
-    def _start(self, m: Managed, *, where: str, fatal: bool) -> None:
-        """Add the connector's runners to the worker and start them. A ConfigError is raised
-        (nothing changed); another error is raised when ``fatal``, else leaves it FAILED."""
+    def _start(self, m: Managed, *, where: str, fatal: bool, run: bool = True) -> None:
+        """Add the connector's runners to the worker and start them (``run`` false: only make
+        its task configs, for a PAUSED connector). A ConfigError is raised (nothing changed);
+        another error is raised when ``fatal``, else leaves it FAILED."""
         stop = threading.Event()
         m.trace = None
         try:
@@ -219,6 +221,11 @@ class Herder:
                           for r in runners]
         for r in runners:
             m.topics.update(getattr(r, "connector_topics", ()) or ())
+        if not run:
+            self.worker.remove_connector(m.name)  # never started: nothing to flush
+            m.stop, m.runners = None, []
+            return
+        for r in runners:
             r.start()
         self.say(f"{m.name}: {len(runners)} task(s) started")
 
@@ -304,6 +311,8 @@ class Herder:
                     m.task_configs = m.task_configs[:n] or m.task_configs
                 if target == "STOPPED":
                     m.task_configs = []
+                if target == "PAUSED" and m.target == "STOPPED":
+                    self._start(m, where=f"connector {name}", fatal=False, run=False)
                 m.target = target
             self._persist(m)
             self.say(f"{name}: {target}")

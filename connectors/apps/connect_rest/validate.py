@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from ...errors import ConfigError
 from ...framework.api import SinkConnector
+from ...framework.config import non_empty
 from ...framework.errors_handling import ERRORS_CONFIG
 from ...framework.worker import CONNECTOR_CONFIG, SINK_CONFIG, connector_definition
 
@@ -54,8 +55,10 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
         order[group] = order.get(group, 0) + 1
         errors: list[str] = []
         raw = config.get(key.name)
+        # name and connector.class default to None and refuse it (non_empty): required
+        required = key.required or (key.default is None and key.validator is non_empty)
         if raw is None:
-            if key.required:
+            if required:
                 errors.append(f'Missing required configuration "{key.name}" which has no '
                               "default value.")
         else:
@@ -67,11 +70,11 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
                 not config.get("topics") and not config.get("topics.regex"):
             errors.append("Must configure one of topics or topics.regex")
         errors_total += len(errors)
-        configs.append(_entry(key.name, key.type.value.upper(), key.required,
-                              None if key.required else _text(key.default),
+        configs.append(_entry(key.name, key.type.value.upper(), required,
+                              None if required else _text(key.default),
                               key.importance.value.upper(), key.doc, group, order[group],
                               _text(raw) if raw is not None else
-                              (None if key.required else _text(key.default)), errors))
+                              (None if required else _text(key.default)), errors))
     for name, raw in config.items():
         if name in definition or definition.is_passthrough(name):
             continue
