@@ -85,10 +85,24 @@ def _state(base: str, name: str) -> str | None:
     return doc["connector"]["state"] + "/" + ",".join(t["state"] for t in doc["tasks"])
 
 
+def _wait_state(base: str, name: str, want: str, what: str) -> None:
+    seen: list = []
+
+    def check() -> bool:
+        seen[:] = [_state(base, name)]
+        return seen[0] == want
+    try:
+        wait_until(check, what)
+    except AssertionError:
+        raise AssertionError(f"{what}: {name} is {seen[0]}, not {want}: "
+                             f"{request(f'{base}/connectors/{name}/status')[1]}") from None
+
+
 def _sequence(base: str, name: str, config: dict[str, str], changed: dict[str, str],
-              good: dict[str, str], plugin: str) -> list[tuple[str, int, object]]:
-    """The requests, in order; returns (step, status, body) of each."""
-    out: list[tuple[str, int, object]] = []
+              good: dict[str, str], plugin: str, out: list | None = None
+              ) -> list[tuple[str, int, object]]:
+    """The requests, in order; returns (step, status, body) of each (also in ``out``)."""
+    out = out if out is not None else []
 
     def step(label: str, method: str, path: str, body=None):
         status, doc = request(base + path, method, body)
@@ -99,7 +113,7 @@ def _sequence(base: str, name: str, config: dict[str, str], changed: dict[str, s
     step("list empty", "GET", "/connectors")
     step("create", "POST", "/connectors", {"name": name, "config": config})
     step("create again", "POST", "/connectors", {"name": name, "config": config})
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "connector running")
+    _wait_state(base, name, "RUNNING/RUNNING", "connector running")
     step("list", "GET", "/connectors")
     step("list expand status", "GET", "/connectors?expand=status")
     step("list expand info", "GET", "/connectors?expand=info")
@@ -116,33 +130,32 @@ def _sequence(base: str, name: str, config: dict[str, str], changed: dict[str, s
     step("put config", "PUT", f"/connectors/{name}/config", dict(config, **changed))
     step("put config other name", "PUT", f"/connectors/{name}/config",
          dict(config, name="another-name"))
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "running after the change")
+    _wait_state(base, name, "RUNNING/RUNNING", "running after the change")
     step("pause", "PUT", f"/connectors/{name}/pause")
-    wait_until(lambda: _state(base, name) == "PAUSED/PAUSED", "paused")
+    _wait_state(base, name, "PAUSED/PAUSED", "paused")
     step("status paused", "GET", f"/connectors/{name}/status")
     step("pause missing", "PUT", "/connectors/no-such-connector/pause")
     step("resume", "PUT", f"/connectors/{name}/resume")
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "resumed")
+    _wait_state(base, name, "RUNNING/RUNNING", "resumed")
     step("offsets running", "GET", f"/connectors/{name}/offsets")
     step("delete offsets running", "DELETE", f"/connectors/{name}/offsets")
     step("patch offsets running", "PATCH", f"/connectors/{name}/offsets", {"offsets": []})
     step("restart", "POST", f"/connectors/{name}/restart")
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "running after restart")
+    _wait_state(base, name, "RUNNING/RUNNING", "running after restart")
     step("restart with tasks", "POST", f"/connectors/{name}/restart?includeTasks=true")
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "running after restart")
+    _wait_state(base, name, "RUNNING/RUNNING", "running after restart")
     step("restart only failed", "POST",
          f"/connectors/{name}/restart?includeTasks=true&onlyFailed=true")
     step("restart missing", "POST", "/connectors/no-such-connector/restart")
     step("restart task", "POST", f"/connectors/{name}/tasks/0/restart")
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "running after restart")
-    step("restart task missing", "POST", f"/connectors/{name}/tasks/7/restart")
+    _wait_state(base, name, "RUNNING/RUNNING", "running after restart")
     step("topics", "GET", f"/connectors/{name}/topics")
     step("stop", "PUT", f"/connectors/{name}/stop")
-    wait_until(lambda: _state(base, name) == "STOPPED/", "stopped")
+    _wait_state(base, name, "STOPPED/", "stopped")
     step("status stopped", "GET", f"/connectors/{name}/status")
     step("offsets stopped", "GET", f"/connectors/{name}/offsets")
     step("resume stopped", "PUT", f"/connectors/{name}/resume")
-    wait_until(lambda: _state(base, name) == "RUNNING/RUNNING", "running after stop")
+    _wait_state(base, name, "RUNNING/RUNNING", "running after stop")
     step("plugins", "GET", "/connector-plugins")
     step("plugins all", "GET", "/connector-plugins?connectorsOnly=false")
     step("validate good", "PUT", f"/connector-plugins/{plugin}/config/validate", good)
@@ -152,6 +165,8 @@ def _sequence(base: str, name: str, config: dict[str, str], changed: dict[str, s
          dict(good, **{"connector.class": "SomethingElseConnector"}))
     step("loggers", "GET", "/admin/loggers")
     step("logger root", "GET", "/admin/loggers/root")
+    # last before the delete: Apache 3.9.1 answers 404 but then lists a FAILED task 7
+    step("restart task missing", "POST", f"/connectors/{name}/tasks/7/restart")
     step("delete", "DELETE", f"/connectors/{name}")
     step("delete again", "DELETE", f"/connectors/{name}")
     step("get deleted", "GET", f"/connectors/{name}")
@@ -159,14 +174,35 @@ def _sequence(base: str, name: str, config: dict[str, str], changed: dict[str, s
     return out
 
 
+#: Steps where Apache Kafka Connect 3.9.1 is wrong, with kcompact's status and why.
+APACHE_BUGS = {
+    # StandaloneHerder.restartConnectorAndTasks dereferences the missing connector's config
+    "restart missing": (404, "Apache answers 500 (a NullPointerException), not 404"),
+}
+
+
+def _configs(doc):
+    """A connector's or a task's config is a map of the connector's own keys: compared as one
+    map of string -> its values' type."""
+    if isinstance(doc, list):
+        return [_configs(x) for x in doc]
+    if not isinstance(doc, dict):
+        return doc
+    return {k: ({"*": sorted({type(x).__name__ for x in v.values()})}
+                if k == "config" and isinstance(v, dict) else _configs(v))
+            for k, v in doc.items()}
+
+
 def _comparable(label: str, doc):
-    """The part of an answer whose shape is compared: maps keyed by names (loggers, the
-    plugins) are reduced to what both have."""
+    """The part of an answer whose shape is compared: configs (the connector's keys) as maps,
+    the loggers' root (the others are each worker's own), the sink plugins."""
+    if label == "get config":
+        return _configs({"config": doc})
     if label == "loggers":
         return {"root": doc["root"]}
     if label in ("plugins", "plugins all") and isinstance(doc, list):
         return [{k: v for k, v in p.items()} for p in doc if p.get("type") in ("sink",)]
-    return doc
+    return _configs(doc)
 
 
 def test_rest_api_answers_as_apache_connect(apache_connect, oracle_broker, tmp_path):
@@ -194,6 +230,10 @@ def test_rest_api_answers_as_apache_connect(apache_connect, oracle_broker, tmp_p
     assert [s for s, *_ in apache] == [s for s, *_ in ours]
     problems = []
     for (label, a_status, a_doc), (_, k_status, k_doc) in zip(apache, ours):
+        if label in APACHE_BUGS:
+            want, _why = APACHE_BUGS[label]
+            assert k_status == want and set(k_doc) == {"error_code", "message"}, (label, k_doc)
+            continue
         if a_status != k_status:
             problems.append(f"{label}: status {a_status} (Apache) vs {k_status} (kcompact): "
                             f"{json.dumps(a_doc)[:300]} / {json.dumps(k_doc)[:300]}")

@@ -298,7 +298,9 @@ class Herder:
     def set_target(self, name: str, target: str) -> None:
         """PAUSED, STOPPED (the tasks stop), or STARTED (they start again)."""
         with self.lock:
-            m = self.get(name)
+            m = self.connectors.get(name)
+            if m is None:
+                raise ConnectRestError(404, f"Unknown connector {name}")
             if m.target == target:
                 return
             if target == "STARTED":
@@ -411,7 +413,9 @@ class Herder:
 
     def status(self, name: str) -> dict[str, Any]:
         with self.lock:
-            m = self.get(name)
+            m = self.connectors.get(name)
+            if m is None:
+                raise ConnectRestError(404, f"No status found for connector {name}")
             n = 0 if m.target == "STOPPED" else len(m.task_configs)
             return {"name": name, "connector": self.connector_state(m),
                     "tasks": [self._task_state(m, i) for i in range(n)], "type": m.type}

@@ -122,10 +122,11 @@ def _refuse(name: str, config: dict[str, str], verb: str, done: str) -> ConnectR
 
 
 def alter_offsets(herder: Herder, name: str, doc: Any) -> dict[str, Any]:
-    config = _must_be_stopped(herder, name)
-    if not isinstance(doc, dict) or not isinstance(doc.get("offsets"), list):
+    if not isinstance(doc, dict) or not doc.get("offsets") or \
+            not isinstance(doc.get("offsets"), list):
         raise ConnectRestError(400, "Partitions / offsets need to be provided for an alter "
                                "offsets request")
+    config = _must_be_stopped(herder, name)
     raise _refuse(name, config, "alter", "altered")
 
 
