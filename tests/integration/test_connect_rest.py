@@ -31,8 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from connect_rest_tools import (ApacheConnect, KcompactConnect, Lines,  # noqa: E402
                                 connect_unavailable, differences, request, shape, wait_until)
 
-_connect_skip = None
-
 
 def _produce(bootstrap: str, topic: str, start: int, n: int) -> None:
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
