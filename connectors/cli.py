@@ -781,8 +781,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = cs.add_parser("standalone", help="WORKER.properties CONNECTOR.properties...")
     s.add_argument("worker", metavar="WORKER.properties",
                    help="the worker's properties (bootstrap.servers, converters, ...)")
-    s.add_argument("connectors", nargs="+", metavar="CONNECTOR.properties",
-                   help="one file per connector (name, connector.class, its settings)")
+    s.add_argument("connectors", nargs="*", metavar="CONNECTOR.properties",
+                   help="one file per connector (name, connector.class, its settings); none "
+                   "when the worker serves the REST API (listeners) to add them with")
     _metrics_flag(s)
     s.set_defaults(func=cmd_connect_standalone)
     return p

@@ -57,6 +57,20 @@ WORKER_CONFIG = (
             "How long a task's brokers may stay unreachable before /healthz answers 503.")
     .define("startup.timeout.ms", Type.LONG, 10_000, at_least(100), Importance.LOW,
             "How long to wait for the brokers' metadata at start before giving up.")
+    .define("listeners", Type.STRING, "", None, Importance.MEDIUM,
+            "`kcompact connect standalone`: the URL where Kafka Connect's REST API is served, "
+            "http://HOST:PORT (Apache Connect's key; port 0 picks a free one), e.g. "
+            "http://127.0.0.1:8083. Empty = no API: the worker runs the files' connectors "
+            "until they finish, as before. With it, the worker runs until stopped. An address "
+            "other than loopback needs rest.basic.auth.users.file.")
+    .define("rest.basic.auth.users.file", Type.STRING, "", None, Importance.MEDIUM,
+            "The REST API's users: a file of USER:HASH lines (hashed passwords: "
+            "python -m kcompact.connectors.apps.connect_rest.auth USER prints one); every "
+            "request must then give one's HTTP Basic credentials.")
+    .define("connectors.state.dir", Type.STRING, "", None, Importance.MEDIUM,
+            "Where the connectors created or changed through the REST API are kept (one JSON "
+            "file each: docs/formats/connect-state.md), so a restart brings them back. Default: "
+            "<worker file without its extension>.connectors/ beside the worker file.")
     .with_passthrough("consumer.", "producer.", "admin.", "key.converter.", "value.converter.")
 )
 
@@ -189,6 +203,8 @@ class Worker:
         self.connectors: list[Any] = []
         self._offsets: FileOffsetStore | None = None
         self._ops = None
+        #: the stop events of connectors that have their own (add_connector's ``stop``)
+        self._stops: dict[str, threading.Event] = {}
 
     @property
     def ops(self):
@@ -202,6 +218,11 @@ class Worker:
             worker_metrics(self._ops, self,
                            self.config["metrics.unreachable.timeout.ms"] / 1000)
         return self._ops
+
+    def close_ops(self) -> None:
+        """Close the metrics' probes (after the metrics server stopped)."""
+        if self._ops is not None:
+            self._ops.close()
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -221,7 +242,8 @@ class Worker:
                  override_origin or (lambda k: f"{kind}.override.{k}"))
         return s
 
-    def _errors(self, name: str, task_id: int, values: Mapping[str, Any]) -> ErrorHandler:
+    def _errors(self, name: str, task_id: int, values: Mapping[str, Any],
+                stop: threading.Event | None = None) -> ErrorHandler:
         dlq = None
         topic = values.get("errors.deadletterqueue.topic.name")
         if topic:
@@ -247,17 +269,44 @@ class Worker:
                                   context_headers=values[
                                       "errors.deadletterqueue.context.headers.enable"])
         return ErrorHandler(values, connector=name, task_id=task_id, dlq=dlq, log=self.log,
-                            stop=self.stop_event)
+                            stop=stop if stop is not None else self.stop_event)
 
     def add_connector(self, props: Mapping[str, Any], *, where: str = "connector",
                       consumer_origin: Callable[[str], str] | None = None,
-                      producer_origin: Callable[[str], str] | None = None) -> list[Any]:
-        """Validate, start the connector and create (not yet start) its task runners."""
-        from confluent_kafka import Consumer, KafkaException
+                      producer_origin: Callable[[str], str] | None = None,
+                      stop: threading.Event | None = None) -> list[Any]:
+        """Validate, start the connector and create (not yet start) its task runners.
+        ``stop``: an event of the connector's own that stops its tasks alone (the REST API's
+        pause, stop, restart and delete: :meth:`remove_connector`); :meth:`stop` sets it too.
+        Without one, the connector's tasks stop with the worker's."""
         cls, values = validate_connector(props, where=where)
         name = values["name"]
         if any(getattr(c, "name", None) == name for c in self.connectors):
             raise ConfigError(f"{where}: a connector named {name!r} is already defined")
+        stop = stop if stop is not None else self.stop_event
+        if stop is not self.stop_event:
+            self._stops[name] = stop
+            if self.stop_event.is_set():
+                stop.set()
+        try:
+            return self._add_connector(cls, values, props, where, consumer_origin,
+                                       producer_origin, stop)
+        except BaseException:
+            self._stops.pop(name, None)
+            for c in [c for c in self.connectors if getattr(c, "name", None) == name]:
+                self.connectors.remove(c)  # started, then its partitions or tasks failed
+                try:
+                    c.stop()
+                except Exception:  # noqa: BLE001 - the start's error is the one to report
+                    pass
+            raise
+
+    def _add_connector(self, cls: type, values: dict[str, Any], props: Mapping[str, Any],
+                       where: str, consumer_origin: Callable[[str], str] | None,
+                       producer_origin: Callable[[str], str] | None,
+                       stop: threading.Event) -> list[Any]:
+        from confluent_kafka import Consumer, KafkaException
+        name = values["name"]
         # converters are validated before anything touches Kafka or the store
         self._converter("key", values, props).close()
         self._converter("value", values, props).close()
@@ -307,9 +356,9 @@ class Worker:
                     assignment=assignment, consumer_conf=conf,
                     key_converter=self._converter("key", values, props),
                     value_converter=self._converter("value", values, props),
-                    errors=self._errors(name, i, values), follow=values["follow"],
+                    errors=self._errors(name, i, values, stop), follow=values["follow"],
                     batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
-                    stop=self.stop_event, startup_timeout=timeout, settings=settings,
+                    stop=stop, startup_timeout=timeout, settings=settings,
                     whole_topics=whole,
                     topic_pattern=(values["topics.regex"], values["topics.exclude.regex"])
                     if values.get("topics.regex") else None,
@@ -326,8 +375,10 @@ class Worker:
                 connector.start(values)
                 self.connectors.append(connector)
                 runners = make_runners(name=name, props=values, settings=settings,
-                                       stop=self.stop_event, startup_timeout=timeout,
+                                       stop=stop, startup_timeout=timeout,
                                        log=self.log)
+                for r in runners:
+                    r.connector_name = name
                 self.runners.extend(runners)
                 return runners
             path = self.config["offset.storage.file.filename"]
@@ -346,10 +397,12 @@ class Worker:
                     producer_conf=settings.conf,
                     key_converter=self._converter("key", values, props),
                     value_converter=self._converter("value", values, props),
-                    errors=self._errors(name, i, values), offsets=self._offsets,
-                    flush_interval_ms=flush_ms, stop=self.stop_event, settings=settings))
+                    errors=self._errors(name, i, values, stop), offsets=self._offsets,
+                    flush_interval_ms=flush_ms, stop=stop, settings=settings))
         else:
             raise ConfigError(f"{where}: {cls.__name__} is neither a sink nor a source connector")
+        for r in runners:
+            r.connector_name = name
         self.runners.extend(runners)
         return runners
 
@@ -357,6 +410,34 @@ class Worker:
 
     def stop(self) -> None:
         self.stop_event.set()
+        for ev in list(self._stops.values()):
+            ev.set()
+
+    def connector_runners(self, name: str) -> list[Any]:
+        """The task runners of connector ``name`` (in task order)."""
+        return [r for r in self.runners if getattr(r, "connector_name", None) == name]
+
+    def remove_connector(self, name: str) -> list[Any]:
+        """Stop connector ``name``'s tasks (after their current batch, flushing them), wait for
+        them and stop the connector; returns its runners (their ``failure``). Only a connector
+        added with a ``stop`` event of its own can be removed alone."""
+        ev = self._stops.pop(name, None)
+        if ev is None:
+            raise ConnectorsError(f"connector {name!r} was not added with a stop event of its "
+                                  "own; it stops with the worker")
+        ev.set()
+        runners = self.connector_runners(name)
+        for r in runners:
+            if r.thread.ident is not None:  # started
+                r.thread.join()
+        self.runners = [r for r in self.runners if r not in runners]
+        for c in [c for c in self.connectors if getattr(c, "name", None) == name]:
+            self.connectors.remove(c)
+            try:
+                c.stop()
+            except Exception:  # noqa: BLE001 - the connector is gone either way
+                pass
+        return runners
 
     def stopped_topics(self) -> dict[str, str]:
         """The topics sink tasks stopped while the others went on (deleted or recreated while

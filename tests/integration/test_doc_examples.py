@@ -45,7 +45,7 @@ BIN = Path(sys.executable).parent
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 SKIP = re.compile(r"^_Not run by the example tests: (.+)_$")
 #: The ports the examples name; each page gets free ones in their place.
-PORTS = (9092, 9093, 9094, 8470, 8471, 8472, 9470, 9471)
+PORTS = (9092, 9093, 9094, 8470, 8471, 8472, 9470, 9471, 8083)
 PAGE_TIMEOUT = 1500
 #: Topics the pages assume (Getting started creates ``orders`` the same way): name ->
 #: (partitions, records as (key, value)).
@@ -204,7 +204,19 @@ def answers(hostport):
         return False
 
 
-server = args[:1] in (["broker"], ["serve"]) or args[:2] == ["kv", "serve"]
+def rest_listener():
+    """connect standalone's REST API (a worker file with listeners=http://HOST:PORT)."""
+    if args[:2] != ["connect", "standalone"] or len(args) < 3:
+        return None
+    try:
+        m = re.search(r"^listeners\s*=\s*https?://([^/\s]+)", open(args[2]).read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+rest = rest_listener()
+server = args[:1] in (["broker"], ["serve"]) or args[:2] == ["kv", "serve"] or bool(rest)
 follow = "--follow" in args or args[:2] == ["connect", "standalone"]
 if server:
     log_path = os.path.join(LOGS, f"{{args[0]}}-{{time.monotonic_ns()}}.log")
@@ -219,6 +231,8 @@ if server:
             sys.exit(p.returncode or 1)
         if args[0] == "broker":
             ready = "listening on" in open(log_path).read()
+        elif rest:
+            ready = answers(rest)
         else:
             ready = all(answers(hp) for hp in
                         flag("--listen") + flag("--kafka-listen") + flag("--metrics"))
