@@ -73,7 +73,8 @@ STORE_SINK_CONFIG = (
     .define("store.upload", Type.STRING, WriterOptions.upload, one_of(*UPLOAD_MODES),
             Importance.LOW, "How a flush uploads to an S3 store: shared (one object for every "
             "partition it wrote and one journal entry), partition (a .log, .bcq and manifest "
-            "version per partition), auto (shared once the store uses shared uploads).")
+            "version per partition), auto (shared for a new store or one that uses shared "
+            "uploads).")
     .define("store.compaction.background", Type.BOOLEAN, False, None, Importance.MEDIUM,
             "Run the compaction planner in the background on the partitions this task writes "
             "(kcompact.compaction.Scheduler), as `kcompact mirror --follow` does.")

@@ -66,10 +66,13 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
     total = 0
     for t in topics:
         name = t.topic
-        known = set(view.partitions(name))
+        parts = list(t.partitions)
+        known = set(view.partitions(name, int(parts[0].partition))) if parts else set()
         results = []
-        for p in t.partitions:
+        for p in parts:
             pi = int(p.partition)
+            if pi not in known:
+                known = set(view.partitions(name, pi))  # listed again, at most every second
             if pi not in known:
                 results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
                 continue
