@@ -340,3 +340,45 @@ def test_a_damaged_registry_is_one_line(s3):
     with pytest.raises(CorruptRecordError, match="unreadable writers registry"):
         SH.read_writers(st.fs)
     st.close()
+
+
+def test_the_kafka_endpoints_long_poll_costs_o_writers_requests(s3):
+    """The endpoint's wake-up path (fetch.py ``grew``: every partition's bounds, again and
+    again; ``read_partitions``: the topic's partitions) on 32 partitions: no LIST, and one GET
+    per writer per follower poll, however many times the partitions are looked at."""
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    fake, root = s3
+    url = store_url("s3", root)
+    parts = 32
+    with Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl") as writer:
+        writer.append(_batch("t", _rows(parts, 0)))
+        writer.flush()
+        view = StoreView(url)
+        try:
+            assert view.partitions("t") == list(range(parts))
+            for p in range(parts):
+                view.bounds("t", p)
+            follower = S3F.follower_for(view.store.fs)
+            follower.interval_s = 3600.0  # polls only when the test says
+            writer.append(_batch("t", _rows(parts, 1)))
+            writer.flush()
+            follower.poll(0.0)
+            before = dict(fake.calls)
+            for _ in range(5):  # five wake-ups of a long poll, nothing new
+                assert view.partitions("t", 0) == list(range(parts))
+                assert [view.bounds("t", p).high_watermark for p in range(parts)] == [2] * parts
+            assert {k: v - before.get(k, 0) for k, v in fake.calls.items()
+                    if v != before.get(k, 0)} == {}
+            writer.append(_batch("t", _rows(parts, 2)))
+            writer.flush()
+            before = dict(fake.calls)
+            follower.poll(0.0)
+            for _ in range(5):
+                assert [view.bounds("t", p).high_watermark for p in range(parts)] == [3] * parts
+            made = {k: v - before.get(k, 0) for k, v in fake.calls.items()
+                    if v != before.get(k, 0)}
+            assert made == {"GetObject": 1}, made  # the new entry (caught up: no second GET)
+            got = view.fetch("t", 5, 2, 1 << 20)
+            assert got.nbytes > 0
+        finally:
+            view.close()
