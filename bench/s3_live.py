@@ -258,7 +258,11 @@ def run_count(s3: SeaweedS3, broker, partitions: int, seconds: float, rate: floa
             time.sleep(1)
         out = []
         for mode in modes:
-            r = measure(url, topic, partitions, seconds, broker.bootstrap_servers, mode)
+            try:
+                r = measure(url, topic, partitions, seconds, broker.bootstrap_servers, mode)
+            except Exception as e:  # noqa: BLE001 - reported, the other modes still run
+                print(f"  {partitions} partitions, {mode}: failed: {e}", flush=True)
+                continue
             r["partitions"] = partitions
             out.append(r)
             print(fmt(r), flush=True)
