@@ -66,10 +66,33 @@ class Counted:
             return attr
 
         def call(*a, **k):
+            what = what_of(k.get("Key") or k.get("Prefix") or "")
             with self._lock:
                 self._counts[kind] += 1
+                WHAT[f"{kind} {what}"] += 1
             return attr(*a, **k)
         return call
+
+
+def what_of(key: str) -> str:
+    """What a request's key or prefix is, for the breakdown (store prefix dropped)."""
+    bits = key.split("/")[1:]  # (the store's prefix first)
+    if not bits or bits == [""]:
+        return "store root"
+    if bits[0] == "partitions":
+        if "manifest" in bits:
+            return "partition manifest"
+        return "partitions listing" if len(bits) <= 3 else "partition segment"
+    if bits[0] == "shared":
+        if "journal" in bits:
+            return "journal entry" if bits[-1] else "journal listing"
+        if bits[-1] == "writers.json":
+            return "writers registry"
+        return "shared object" if bits[-1].endswith(".kso") else "shared listing"
+    return bits[0]
+
+
+WHAT: Counter = Counter()
 
 
 COUNTS: Counter = Counter()
@@ -81,6 +104,11 @@ s3mod.make_client = lambda *a, **k: Counted(_make_client(*a, **k), COUNTS, COUNT
 def counts() -> Counter:
     with COUNTS_LOCK:
         return Counter(COUNTS)
+
+
+def whats() -> Counter:
+    with COUNTS_LOCK:
+        return Counter(WHAT)
 
 
 class Producing(threading.Thread):
@@ -200,9 +228,9 @@ def measure(url: str, topic: str, partitions: int, seconds: float, bootstrap: st
                 if c0 is not None and c1 is None:
                     lat.append(now * 1000 - m.timestamp()[1])
             if window_start is not None and c0 is None and now >= window_start:
-                c0, w0 = counts(), now
+                c0, w0, x0 = counts(), now, whats()
             if t_end is not None and c1 is None and now >= t_end:
-                c1, w1 = counts(), now
+                c1, w1, x1 = counts(), now, whats()
                 ends = source_ends(bootstrap, topic, partitions)
                 late_until = time.time() + 15
             if late_until is not None and (now >= late_until or all(
@@ -217,7 +245,7 @@ def measure(url: str, topic: str, partitions: int, seconds: float, bootstrap: st
             if got[p]:
                 lo = min(got[p])
                 missing += sum(1 for o in range(lo, ends[p]) if o not in got[p])
-        return {"mode": mode, "requests": dict(made), "per_s": sum(made.values()) / span,
+        return {"mode": mode, "requests": dict(made), "what": dict((x1 - x0).most_common(6)), "per_s": sum(made.values()) / span,
                 "list_per_s": made.get("LIST", 0) / span,
                 "by_kind_per_s": {k: v / span for k, v in made.items()},
                 "p50": pct(lat, 0.5) / 1000, "p99": pct(lat, 0.99) / 1000,
@@ -283,7 +311,9 @@ def fmt(r: dict) -> str:
     return (f"  {r['partitions']:>4} partitions, {r['mode']:<7}: {r['per_s']:6.2f} S3 requests/s "
             f"({kinds or 'none'}), LIST {r['list_per_s']:.2f}/s; latency p50 {r['p50']:.2f} s, "
             f"p99 {r['p99']:.2f} s, max {r['max']:.2f} s; {r['consumed']} records in "
-            f"{r['seconds']:.0f} s, {r['missing']} not delivered 15 s later")
+            f"{r['seconds']:.0f} s, {r['missing']} not delivered 15 s later\n"
+            f"        by key: " + ", ".join(f"{k} {v / r['seconds']:.2f}/s"
+                                          for k, v in r["what"].items()))
 
 
 def main() -> int:

@@ -346,7 +346,11 @@ class Store:
     @classmethod
     def open(cls, url: str, *, writer: str | None = None, create: bool = False,
              options: WriterOptions = WriterOptions(), clock: Clock = SYSTEM_CLOCK,
-             fs: Backend | None = None, commitlog_dir: str | None = None) -> "Store":
+             fs: Backend | None = None, commitlog_dir: str | None = None,
+             shared_uploads: bool | None = None) -> "Store":
+        """``create``: make the store when it does not exist; on an object store it then uses
+        shared uploads (format 3) when ``shared_uploads`` says so, by default when ``writer``
+        is given with ``options.upload`` "auto" (docs/formats/shared-upload.md)."""
         fs = fs or backend_for(url)
         try:
             raw = fs.read(fn.STORE_JSON)
@@ -359,7 +363,8 @@ class Store:
                 # a new store on S3 written with upload "auto": shared uploads from the start
                 cls.create(url, fs=fs, clock=clock, shared_uploads=(
                     writer is not None and options.upload == "auto"
-                    and options.seal_format == 2))
+                    and options.seal_format == 2) if shared_uploads is None
+                    else shared_uploads)
             except ReputError:
                 pass  # another process created it first
             raw = fs.read(fn.STORE_JSON)

@@ -234,8 +234,11 @@ class StoreSinkConnector(SinkConnector):
         before any task starts: a partition the mirror knows but has not written yet then
         reads as empty, not as unknown (Store.record_partitions)."""
         ids = self._topic_ids(list(selected))
+        upload = self.props.get("store.upload") or WriterOptions.upload
         store = Store.open(self.props["store.url"], create=True,
-                           commitlog_dir=self.props.get("store.commitlog.dir"))
+                           commitlog_dir=self.props.get("store.commitlog.dir"),
+                           # a new S3 store: shared uploads unless store.upload=partition
+                           shared_uploads=upload != "partition")
         try:
             for topic, tid in ids.items():  # every topic checked before any is recorded
                 before = store.recorded_topic_id(topic)

@@ -382,3 +382,21 @@ def test_the_kafka_endpoints_long_poll_costs_o_writers_requests(s3):
             assert got.nbytes > 0
         finally:
             view.close()
+
+
+def test_a_store_created_before_its_writers_says_how_they_upload(s3):
+    """The store sink creates the store before its tasks open it (no writer yet): it says
+    whether the new store uses shared uploads (store.upload: auto or shared) or not."""
+    fake, root = s3
+    shared, per_partition = store_url("s3", root, "a"), store_url("s3", root, "b")
+    Store.open(shared, create=True, shared_uploads=True).close()
+    Store.open(per_partition, create=True, shared_uploads=False).close()
+    with Store.open(shared, writer="w", create=True, commitlog_dir=f"{root}/cl1") as st:
+        assert st.shared_uploads and st.meta.format_version == SH.STORE_FORMAT
+    with Store.open(per_partition, writer="w", create=True, commitlog_dir=f"{root}/cl2") as st:
+        assert not st.shared_uploads and SH.FEATURE not in st.meta.features
+    # without a writer and without saying: as before, format 2 (a replica's new store)
+    plain = store_url("s3", root, "c")
+    Store.open(plain, create=True).close()
+    with Store.open(plain) as st:
+        assert SH.FEATURE not in st.meta.features
