@@ -22,7 +22,7 @@ from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import BufferPool, Located, PartitionReader
-from kcompact.reput.s3_follow import follow_mode
+from kcompact.reput.s3_follow import follow, follow_mode
 from kcompact.reput.store import Store, StoreMeta
 
 from .connections import log
@@ -44,6 +44,7 @@ class MasterStore:
         self.protocols = tuple(protocols)
         self.store = Store.open(url)
         self.fs = self.store.fs
+        follow(self.fs)  # it only reads the store, following it (reput/s3_follow.py)
         self.limits = limits
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}

@@ -159,13 +159,25 @@ class Follower:
 
 
 _FOLLOWERS: "weakref.WeakKeyDictionary[Backend, Follower]" = weakref.WeakKeyDictionary()
+_FOLLOWED: "weakref.WeakSet[Backend]" = weakref.WeakSet()
 _LOCK = threading.Lock()
 
 
+def follow(fs: Backend) -> None:
+    """The process only reads the store on ``fs`` and follows it (the Kafka endpoint, ``kcompact
+    serve``, ``kv build --follow``): its partitions refresh through the follower. A process
+    that also compacts or writes the store keeps re-reading each partition's manifest as it
+    refreshes it (its decisions need the latest version)."""
+    with _LOCK:
+        _FOLLOWED.add(fs)
+
+
 def follower_for(fs: Backend) -> Follower | None:
-    """The store-level refresher of the store on ``fs``; None when the store uses no shared
-    uploads (as far as this process knows: ``shared.journal_in_use``) or KCOMPACT_S3_FOLLOW is
-    ``list``."""
+    """The store-level refresher of the store on ``fs``; None when the process does not follow
+    it (``follow``), the store uses no shared uploads (as far as this process knows:
+    ``shared.journal_in_use``) or KCOMPACT_S3_FOLLOW is ``list``."""
+    if fs not in _FOLLOWED:
+        return None
     j = SH.journal_in_use(fs)
     if j is None or follow_mode() != "journal":
         return None
@@ -176,5 +188,5 @@ def follower_for(fs: Backend) -> Follower | None:
         return f
 
 
-__all__ = ["Follower", "follow_interval_s", "follow_mode", "follower_for",
+__all__ = ["Follower", "follow", "follow_interval_s", "follow_mode", "follower_for",
            "manifest_recheck_s"]

@@ -28,7 +28,7 @@ import time
 from typing import NamedTuple
 
 from kcompact.reput.batch import empty_batch
-from kcompact.reput.s3_follow import follow_mode
+from kcompact.reput.s3_follow import follow, follow_mode
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -68,6 +68,7 @@ class StoreView:
     def __init__(self, url: str):
         self.master = MasterStore(url, ServerLimits())
         self.store = self.master.store
+        follow(self.store.fs)  # (MasterStore did already: the endpoint only reads and follows)
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
         #: topic -> (its partitions, when listed)

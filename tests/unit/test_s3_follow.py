@@ -61,6 +61,7 @@ class Follow:
 
     def __init__(self, url, parts, topic="t"):
         self.st = Store.open(url)
+        S3F.follow(self.st.fs)  # (as the Kafka endpoint, kcompact serve, kv build --follow)
         self.topic, self.parts = topic, parts
         self.pls = [self.st.partition(topic, p) for p in range(parts)]
         self.follower = S3F.follower_for(self.st.fs)
