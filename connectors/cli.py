@@ -71,7 +71,8 @@ def cmd_mirror(a: argparse.Namespace) -> int:
         metrics=a.metrics, sync_groups=not a.no_groups, groups=a.groups,
         exclude_groups=a.exclude_groups, groups_interval_ms=a.sync_group_offsets_interval_ms,
         upload=a.upload, sync_acls=not a.no_acls,
-        acls_interval_ms=a.sync_topic_acls_interval_ms, schema_registry=a.schema_registry))
+        acls_interval_ms=a.sync_topic_acls_interval_ms, schema_registry=a.schema_registry,
+        flush_interval_ms=a.flush_interval_ms))
 
 
 def cmd_configs(a: argparse.Namespace) -> int:
@@ -439,7 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an S3 store: shared uploads one object for every partition a flush "
                    "wrote (2 requests a flush, whatever the partition count; the store becomes "
                    "format 3), partition a .log, .bcq and manifest per partition; auto (the "
-                   "default): shared once the store uses shared uploads, else partition")
+                   "default): shared for a new store or one that uses shared uploads, else "
+                   "partition")
+    s.add_argument("--flush-interval-ms", type=int, default=None, metavar="MS",
+                   help="how often the store is flushed (a flush is what readers see; default "
+                   "500 into an S3 store with shared uploads, where a flush costs 2 requests, "
+                   "else 5000)")
     s.add_argument("--no-compact", action="store_true",
                    help="--engine spark: skip the compaction stage after the mirror (the store "
                    "then holds every record, as after a batch --engine local)")

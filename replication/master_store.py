@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -21,6 +22,7 @@ from kcompact.reput import swap
 from kcompact.reput import filenames as fn
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import BufferPool, Located, PartitionReader
+from kcompact.reput.s3_follow import follow, follow_mode
 from kcompact.reput.store import Store, StoreMeta
 
 from .connections import log
@@ -30,6 +32,11 @@ from .errors import RequestError
 from .protocol import PROTOCOL_VERSION, PROTOCOL_VERSIONS, ServerLimits, segment_id
 
 
+#: on an S3 store a partition found listed is served without listing the store again for this
+#: long (s): a replica following the master costs no LIST per request
+PARTITIONS_S = 300.0
+
+
 class MasterStore:
     """Thread-safe, read-only access to the served store (all blocking calls)."""
 
@@ -37,6 +44,7 @@ class MasterStore:
         self.protocols = tuple(protocols)
         self.store = Store.open(url)
         self.fs = self.store.fs
+        follow(self.fs)  # it only reads the store, following it (reput/s3_follow.py)
         self.limits = limits
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
@@ -44,6 +52,9 @@ class MasterStore:
         self.buffers = BufferPool()
         self._reported: set[str] = set()
         self._link_cache: dict[str, tuple[int, list[str]]] = {}
+        #: an S3 store followed without listing (reput/s3_follow.py): (topic, partition) ->
+        #: when it was last found listed, so a request for it lists nothing
+        self._served: dict[tuple[str, int | None], float] = {}
         # a local store's root, resolved once: nothing that resolves outside it is served
         local = self.fs.local_path("")
         self.root = os.path.realpath(local) if local is not None else None
@@ -128,9 +139,14 @@ class MasterStore:
     def has_partition(self, topic: str, partition: int | None = None) -> str | None:
         """None when the store serves the topic (partition), else why not (for a 404)."""
         what = f"topic {topic!r}" if partition is None else f"partition {topic}-{partition}"
-        if topic not in self.store.topics() or (partition is not None and partition
-                                                 not in self.store.partitions(topic)):
-            return f"{what} is not in this store"
+        follow = self.root is None and follow_mode() == "journal"
+        seen = self._served.get((topic, partition)) if follow else None
+        if seen is None or time.monotonic() - seen >= PARTITIONS_S:
+            if topic not in self.store.topics() or (partition is not None and partition
+                                                     not in self.store.partitions(topic)):
+                return f"{what} is not in this store"
+            if follow:
+                self._served[(topic, partition)] = time.monotonic()
         why = self.outside(topic, partition)
         # the client is not told where the link points; the master's log line says it
         return (f"{what} is not served: a path of it resolves outside the store (a symlink?); "

@@ -178,8 +178,8 @@ class WriterOptions:
     upload: how an S3 writer's flush uploads (docs/formats/shared-upload.md): 'shared' (one
     object for every partition it wrote and one journal entry: 2 PUTs a flush, whatever the
     partition count; the store becomes format 3), 'partition' (a .log, a .bcq and a manifest
-    version per partition) or 'auto' (the default: 'shared' when the store already uses shared
-    uploads, else 'partition'). Local stores ignore it.
+    version per partition) or 'auto' (the default: 'shared' for a store it creates or one that
+    already uses shared uploads, else 'partition'). Local stores ignore it.
     """
 
     commitlog_segment_bytes: int = 1 << 30

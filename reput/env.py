@@ -54,6 +54,21 @@ ENV = (
             "objects into a segment of its own once it depends on this many shared objects (or "
             "its oldest part is older than the topic's max.compaction.lag.ms). Higher: fewer "
             "split requests, more objects a reader of the partition touches.")
+    .define("KCOMPACT_S3_FOLLOW", Type.STRING, "journal", one_of("journal", "list"),
+            Importance.LOW,
+            "How a reader that follows an S3 store with shared uploads (the Kafka endpoint, "
+            "kcompact serve, kv build --follow) finds new data: journal (one GET of each "
+            "writer's next journal entry per KCOMPACT_S3_FOLLOW_MS, whatever the partition "
+            "count) or list (every refresh of every partition lists the store, as before; for "
+            "comparison).")
+    .define("KCOMPACT_S3_FOLLOW_MS", Type.INT, 250, between(10, 60_000), Importance.LOW,
+            "S3 stores with shared uploads: how often a following reader looks for each "
+            "writer's next journal entry (ms; one GET per writer each time).")
+    .define("KCOMPACT_S3_MANIFEST_RECHECK_S", Type.INT, 300, between(1, 86_400),
+            Importance.LOW,
+            "S3 stores with shared uploads: how often a following reader re-reads a partition's "
+            "manifest to pick up splits and compactions (s; one GET per partition, spread over "
+            "the interval). Keep it below the grace period (KCOMPACT_S3_GRACE_MS).")
     .define("KCOMPACT_REPLICATION_MAX_BYTES", Type.INT, 8 * MIB,
             between(64 << 10, 1 << 30), Importance.LOW,
             "kcompact replicate: bytes asked for per request (capped by the master's 64 MiB "

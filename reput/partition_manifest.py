@@ -19,12 +19,14 @@ whose open files they close first and whose topic config the upload follows.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import time
 from dataclasses import replace
 
 from . import filenames as fn
 from . import manifest as M
+from . import s3_follow as S3F
 from . import shared as SH
 from .backend import Backend
 from .catalog import SegmentCatalog
@@ -62,6 +64,11 @@ class ManifestCatalog(SegmentCatalog):
         self._replaced_parts: dict[tuple, SH.Part] = {}
         #: a writer with shared uploads: its Store's ``_seal_shared`` (``seal`` calls it)
         self.seal_shared = None
+        #: following a store with shared uploads (``refresh``): the journal generation the
+        #: parts were last computed at, and how often the manifest is re-read (jittered, so
+        #: the partitions of a process do not all re-read at once)
+        self._seen_generation = -1
+        self._recheck_s = S3F.manifest_recheck_s() * (0.5 + 0.5 * random.random())
 
     @property
     def grace_ms(self) -> int:
@@ -228,6 +235,42 @@ class ManifestCatalog(SegmentCatalog):
             segs.append(self._segment(base, self.local_fs.size(d + fn.LOG_SUFFIX), isz))
         self.orphan_indexes = sorted(idxs - logs)
         return segs
+
+    def refresh(self) -> None:
+        """A read-only view picks up new data. On a store with shared uploads whose partition
+        takes its new records from the journal, that costs no request of its own: the store's
+        follower (reput/s3_follow.py: one GET per writer per interval, for every partition of
+        the process) finds new entries, and the manifest is re-read only every
+        KCOMPACT_S3_MANIFEST_RECHECK_S (one GET of its next version). Otherwise (a store
+        without shared uploads, a partition still written by per-partition uploads): the
+        manifest is listed again, as ``load``."""
+        f = S3F.follower_for(self.fs)
+        m = self.manifest
+        if f is None or (m is not None and not (self.parts or m.split_to or not m.segments)):
+            self._seen_generation = -1
+            self.load()
+            return
+        changed = False
+        if time.monotonic() - self._manifest_read_at >= self._recheck_s:
+            changed = self._recheck_manifest()
+        gen = f.poll()
+        if changed or gen != self._seen_generation:
+            self._seen_generation = gen
+            self._rebuild()
+
+    def _recheck_manifest(self) -> bool:
+        """One GET of the manifest's next version; when it exists, the versions above it are
+        listed (a LIST, rare: a split or a compaction committed). Whether it changed."""
+        self._manifest_read_at = time.monotonic()
+        m = self.manifest
+        try:
+            nxt = M.read_version(self.fs, self.dir, (m.version if m is not None else 0) + 1)
+        except FileNotFoundError:
+            return False
+        if nxt is None:  # an aborted upload at that version: list past it
+            nxt = m
+        self.manifest = M.read_latest(self.fs, self.dir, nxt)
+        return self.manifest is not m
 
     def reload(self, max_age_s: float = 0.0) -> None:
         """Pick up manifest versions committed by other processes (one listing request),

@@ -364,8 +364,15 @@ class Journal:
         #: shared objects listed by the last refresh: path -> (size, last modified ms)
         self.objects: dict[str, tuple[int, int]] = {}
         self._listed_at: float | None = None
-        #: journal entries the last listing saw (fetched or not)
+        #: journal entries the last listing saw (fetched or not), and those added since
         self._listed: set[tuple[str, int]] = set()
+        #: grows whenever an entry is added or dropped (a follower's partition recomputes its
+        #: parts only then: reput/s3_follow.py)
+        self.generation = 0
+        #: listed keys not fetched yet (a partition's lookup fetches those it needs)
+        self._unfetched: set[tuple[str, int]] = set()
+        #: keys that held no entry (an upload that never completed)
+        self._empty: set[tuple[str, int]] = set()
 
     def refresh(self, max_age_s: float = REFRESH_S) -> None:
         """List the journals again unless listed less than ``max_age_s`` ago (one LIST of
@@ -385,12 +392,23 @@ class Journal:
                         keys.add((bits[0], v))
                 elif len(bits) == 2 and fn.parse_shared_object(bits[1]) is not None:
                     objects[f"{fn.SHARED_DIR}/{name}"] = (size, mtime)
-            gone = [k for k in self.entries if k not in keys]
+            # an entry above a writer's newest listed one was committed after the listing (the
+            # collector never deletes a writer's newest entry): only older ones can be gone
+            newest: dict[str, int] = {}
+            for w, s in keys:
+                newest[w] = max(newest.get(w, -1), s)
+            gone = [k for k in self.entries if k not in keys and k[1] < newest.get(k[0], -1)]
             for key in gone:
                 del self.entries[key]
             if gone:
                 self._index()
-            self._listed = keys
+            fresh = keys | {k for k in self._listed
+                            if k not in keys and k[1] > newest.get(k[0], -1)}
+            if gone or fresh != self._listed:
+                self.generation += 1
+            self._listed = fresh
+            self._unfetched = {k for k in fresh if k not in self.entries
+                               and k not in self._empty}
             self.objects = objects
             self._listed_at = time.monotonic()
 
@@ -402,10 +420,54 @@ class Journal:
             try:
                 raw = self.fs.read(path)
             except FileNotFoundError:
+                self._unfetched.discard((writer, seq))
                 continue  # collected between the listing and the read
             if not raw:
+                self._unfetched.discard((writer, seq))
+                self._empty.add((writer, seq))
                 continue  # an upload that never completed (a writer killed mid-PUT)
             self._put(Entry.from_json(raw, f"{self.fs.url}/{path}", writer, seq))
+
+    def listed_keys(self) -> list[tuple[str, int]]:
+        with self._lock:
+            return sorted(self._listed)
+
+    def list_writer(self, writer: str) -> list[int]:
+        """One LIST of one writer's journal (a writer new to a follower): the seqs of its
+        entries, which the follower fetches as partitions need them."""
+        seqs = []
+        for name, _size, _mtime in self.fs.list_objects(
+                f"{fn.SHARED_DIR}/{writer}/{fn.JOURNAL_DIR}"):
+            v = fn.parse_manifest_name(name)
+            if v is not None and "/" not in name:
+                seqs.append(v)
+        with self._lock:
+            new = {(writer, s) for s in seqs} - self._listed
+            if new:
+                self._listed |= new
+                self._unfetched |= {k for k in new if k not in self.entries}
+                self.generation += 1
+        return seqs
+
+    def fetch_entry(self, writer: str, seq: int) -> "Entry | None":
+        """One GET of the writer's entry ``seq``, added to the journal (a follower's poll);
+        FileNotFoundError when it does not exist (yet); None for an empty key (a writer killed
+        mid-upload: its next process goes on at the next seq)."""
+        with self._lock:
+            have = self.entries.get((writer, seq))
+        if have is not None:
+            return have
+        path = fn.journal_path(writer, seq)
+        raw = self.fs.read(path)
+        with self._lock:
+            if not raw:
+                self._listed.add((writer, seq))
+                self._empty.add((writer, seq))
+                self._unfetched.discard((writer, seq))
+                return None
+            entry = Entry.from_json(raw, f"{self.fs.url}/{path}", writer, seq)
+            self._put(entry)
+            return entry
 
     def fetch_all(self) -> None:
         """Every listed entry (the partitions it names, garbage collection)."""
@@ -423,6 +485,8 @@ class Journal:
             return
         self.entries[key] = entry
         self._listed.add(key)
+        self._unfetched.discard(key)
+        self.generation += 1
         for p in entry.parts:
             self._by_partition.setdefault((p.topic, p.partition), []).append(p)
 
@@ -440,7 +504,7 @@ class Journal:
         """The partition's parts above ``split_to``, in offset order (parts with no record
         after those with records: they only move the next offset)."""
         with self._lock:
-            self._fetch([(w, s) for w, s in self._listed if s > split_to.get(w, -1)])
+            self._fetch([(w, s) for w, s in self._unfetched if s > split_to.get(w, -1)])
             out = [p for p in self._by_partition.get((topic, partition), ())
                    if p.seq > split_to.get(p.writer, -1)]
         return sorted(out, key=lambda p: (p.desc is None, p.desc.base if p.desc else 0,
@@ -494,6 +558,64 @@ def journal_in_use(fs: Backend) -> Journal | None:
     except (OSError, ValueError, AttributeError, ReputError):
         return None  # the store's open reports a damaged store.json; nothing to read here
     return enable(fs) if FEATURE in features else None
+
+
+# ---------------------------------------------------------------------------------------------
+# the writers registry (a follower learns of a new writer from it: reput/s3_follow.py)
+
+WRITERS_PATH = f"{fn.SHARED_DIR}/writers.json"
+
+
+def read_writers(fs: Backend) -> set[str] | None:
+    """The writer ids ``shared/writers.json`` lists (one GET); None when the store has none
+    (written before it). A damaged registry is a CorruptRecordError naming it."""
+    try:
+        raw = fs.read(WRITERS_PATH)
+    except FileNotFoundError:
+        return None
+    where = f"{fs.url}/{WRITERS_PATH}"
+    try:
+        d = json.loads(raw)
+        crc = d.pop("crc32c", None)
+        if crc != f"{crc32c(canonical(d)):08x}":
+            raise ValueError("it does not match its checksum")
+        if field_int(d, "format", 1, 1) != 1 or not isinstance(d["writers"], dict):
+            raise ValueError("not a format-1 writers registry")
+        for w in d["writers"]:
+            fn.validate_writer(w)
+        return set(d["writers"])
+    except (ValueError, KeyError, TypeError, AttributeError, ReputError) as e:
+        raise CorruptRecordError(f"{where}: unreadable writers registry ({e}); delete it (every "
+                                 "writer writes it again at its next start)", where, 0) from None
+
+
+def _writers_json(writers: dict[str, int]) -> bytes:
+    body = {"format": 1, "writers": dict(sorted(writers.items()))}
+    body["crc32c"] = f"{crc32c(canonical(body)):08x}"
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def register_writer(fs: Backend, writer: str, now_ms: int, attempts: int = 5) -> None:
+    """List ``writer`` in the writers registry before its first commit (a GET; when it is not
+    listed yet, a PUT of the registry with it added, then a GET to check that no other
+    writer's PUT raced it away). A registration lost to a race anyway is found by the
+    followers' periodic listing of ``shared/``."""
+    for attempt in range(attempts):
+        try:
+            raw = fs.read(WRITERS_PATH)
+            cur = json.loads(raw).get("writers") or {}
+            if not isinstance(cur, dict):
+                cur = {}
+        except FileNotFoundError:
+            cur = {}
+        except ValueError:
+            cur = {}  # damaged: written again whole
+        if writer in cur:
+            return
+        cur = {k: v for k, v in cur.items() if isinstance(k, str) and isinstance(v, int)}
+        cur[writer] = now_ms
+        fs.write_atomic(WRITERS_PATH, _writers_json(cur))
+        time.sleep(0.005 * attempt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,6 +707,6 @@ def collect_garbage(fs: Backend, journal: Journal,
     return doomed_objects + doomed_entries
 
 
-__all__ = ["FEATURE", "STORE_FORMAT", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView",
+__all__ = ["FEATURE", "STORE_FORMAT", "WRITERS_PATH", "read_writers", "register_writer", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView",
            "SharedWriterConflictError", "collect_garbage", "commit_object", "enable",
            "checked", "journal_for", "journal_in_use", "read_footer", "split_max_shared"]

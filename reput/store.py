@@ -281,6 +281,7 @@ class Store:
         elif self.remote:
             SH.checked(fs)  # store.json was just read: no shared uploads yet
         self._collected: set[tuple[str, int]] = set()
+        self._registered = False  # in the shared-upload writers registry (_seal_shared)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
         self._wrote_partitions = False
@@ -333,11 +334,17 @@ class Store:
 
     @classmethod
     def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
-               fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK) -> "Store":
+               fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK,
+               shared_uploads: bool = False) -> "Store":
+        """A new store. ``shared_uploads`` (an object store only): created at format 3 with
+        the ``shared-upload`` feature, so its writers with ``upload`` ``auto`` use them."""
         fs = fs or backend_for(url)
+        features = [FEATURE_SEGMENT_LIST] if fs.appendable else (
+            [SH.FEATURE] if shared_uploads else [])
         meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {},
-                         features=([FEATURE_SEGMENT_LIST] if fs.appendable else [])
-                         + [FEATURE_SOURCE_CODEC])
+                         features=features + [FEATURE_SOURCE_CODEC])
+        if SH.FEATURE in features:
+            meta.format_version = SH.STORE_FORMAT
         for t, cfg in (topics or {}).items():
             meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
@@ -347,7 +354,11 @@ class Store:
     @classmethod
     def open(cls, url: str, *, writer: str | None = None, create: bool = False,
              options: WriterOptions = WriterOptions(), clock: Clock = SYSTEM_CLOCK,
-             fs: Backend | None = None, commitlog_dir: str | None = None) -> "Store":
+             fs: Backend | None = None, commitlog_dir: str | None = None,
+             shared_uploads: bool | None = None) -> "Store":
+        """``create``: make the store when it does not exist; on an object store it then uses
+        shared uploads (format 3) when ``shared_uploads`` says so, by default when ``writer``
+        is given with ``options.upload`` "auto" (docs/formats/shared-upload.md)."""
         fs = fs or backend_for(url)
         try:
             raw = fs.read(fn.STORE_JSON)
@@ -357,7 +368,11 @@ class Store:
                 raise StoreNotFoundError(f"{fs.url} is not a kcompact store{hint}: no store.json; "
                                          "create one with `kcompact mirror` or Store.create") from None
             try:
-                cls.create(url, fs=fs, clock=clock)
+                # a new store on S3 written with upload "auto": shared uploads from the start
+                cls.create(url, fs=fs, clock=clock, shared_uploads=(
+                    writer is not None and options.upload == "auto"
+                    and options.seal_format == 2) if shared_uploads is None
+                    else shared_uploads)
             except ReputError:
                 pass  # another process created it first
             raw = fs.read(fn.STORE_JSON)
@@ -907,6 +922,9 @@ class Store:
             for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
                 pl.catalog.ensure_manifest(writer)
             journal = SH.enable(self.fs)
+            if not self._registered:  # followers learn of this writer (reput/s3_follow.py)
+                SH.register_writer(self.fs, writer, self.clock.ms())
+                self._registered = True
             seq = journal.next_seq(writer)
             stage = f"{fn.SHARED_DIR}/{writer}"
             self.commitlog_fs.remove_tree(stage)  # a crashed flush's object: an orphan on S3

@@ -129,6 +129,36 @@ def _task_stores(worker: Worker) -> list:
     return [r.task.store for r in worker.runners if getattr(r.task, "store", None) is not None]
 
 
+#: a mirror's flush interval into an S3 store with shared uploads (2 requests a flush whatever
+#: the partition count: the live edge within about a second), and into any other store
+SHARED_FLUSH_MS = 500
+FLUSH_MS = 5_000
+
+
+def default_flush_interval_ms(store: str, upload: str = "auto") -> int:
+    """500 ms for an S3 store whose flushes are shared uploads (``upload`` shared, or auto on
+    a new store or one that uses them: store.json is read to tell), else 5 s (Kafka Connect's
+    offset.flush.interval.ms: a flush of per-partition uploads costs requests per partition)."""
+    if not store.startswith("s3://") or upload == "partition":
+        return FLUSH_MS
+    if upload == "shared":
+        return SHARED_FLUSH_MS
+    from kcompact.reput import shared as SH
+    from kcompact.reput.store import backend_for
+    try:
+        raw = backend_for(store).read("store.json")
+    except FileNotFoundError:
+        return SHARED_FLUSH_MS  # created by this mirror, with shared uploads
+    except Exception:  # noqa: BLE001 - the store's open reports it
+        return FLUSH_MS
+    try:
+        import json
+        return SHARED_FLUSH_MS if SH.FEATURE in (json.loads(raw).get("features") or []) \
+            else FLUSH_MS
+    except (ValueError, AttributeError):
+        return FLUSH_MS
+
+
 def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, *,
                  partitions: tuple[int, ...] | list[int] | None = None,
                  follow: bool = False, kafka_config: Mapping[str, str] | None = None,
@@ -139,14 +169,19 @@ def mirror_local(bootstrap: str, topic: str | Sequence[str] | None, store: str, 
                  groups: str | None = None, exclude_groups: str | None = None,
                  groups_interval_ms: int | None = None, upload: str = "auto",
                  sync_acls: bool = True, acls_interval_ms: int | None = None,
-                 schema_registry: str | None = None) -> MirrorResult:
+                 schema_registry: str | None = None,
+                 flush_interval_ms: int | None = None) -> MirrorResult:
     """Run the mirror of ``topic`` (one name or several) and the topics ``topics_regex``
     matches in this process; returns when done, stopped, or raises on failure.
-    ``metrics``: HOST:PORT of its Prometheus metrics and health check."""
+    ``metrics``: HOST:PORT of its Prometheus metrics and health check. ``flush_interval_ms``:
+    how often the store is flushed (default: ``default_flush_interval_ms``)."""
     out = out if out is not None else sys.stderr
     kafka_config = dict(kafka_config or {})
+    if flush_interval_ms is None:
+        flush_interval_ms = default_flush_interval_ms(store, upload)
     worker = Worker({"bootstrap.servers": bootstrap, "metrics.log.interval.ms": 0,
-                     "metrics.listen": metrics or ""}, where="mirror", log=out)
+                     "metrics.listen": metrics or "",
+                     "offset.flush.interval.ms": flush_interval_ms}, where="mirror", log=out)
     props = mirror_props(topic, store, partitions=partitions, follow=follow,
                          kafka_config=kafka_config, topics_regex=topics_regex,
                          exclude_regex=exclude_regex, sync_configs=sync_configs,
@@ -274,7 +309,8 @@ def run_mirror(opts: MirrorOptions) -> int:
                        groups=opts.groups, exclude_groups=opts.exclude_groups,
                        groups_interval_ms=opts.groups_interval_ms, upload=opts.upload,
                        sync_acls=opts.sync_acls, acls_interval_ms=opts.acls_interval_ms,
-                       schema_registry=opts.schema_registry)
+                       schema_registry=opts.schema_registry,
+                       flush_interval_ms=opts.flush_interval_ms)
     return exit_code(res.stopped_by, res.stopped_topics)
 
 

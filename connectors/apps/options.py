@@ -73,6 +73,8 @@ class MirrorOptions:
     schema_registry: str | None = None
     #: --upload: how an S3 store's writer uploads (WriterOptions.upload: auto, shared, partition)
     upload: str = "auto"
+    #: --flush-interval-ms (None: 500 ms into an S3 store with shared uploads, else 5 s)
+    flush_interval_ms: int | None = None
 
     @property
     def named_topics(self) -> tuple[str, ...]:

@@ -74,7 +74,8 @@ STORE_SINK_CONFIG = (
     .define("store.upload", Type.STRING, WriterOptions.upload, one_of(*UPLOAD_MODES),
             Importance.LOW, "How a flush uploads to an S3 store: shared (one object for every "
             "partition it wrote and one journal entry), partition (a .log, .bcq and manifest "
-            "version per partition), auto (shared once the store uses shared uploads).")
+            "version per partition), auto (shared for a new store or one that uses shared "
+            "uploads).")
     .define("store.compaction.background", Type.BOOLEAN, False, None, Importance.MEDIUM,
             "Run the compaction planner in the background on the partitions this task writes "
             "(kcompact.compaction.Scheduler), as `kcompact mirror --follow` does.")
@@ -279,8 +280,11 @@ class StoreSinkConnector(SinkConnector):
         before any task starts: a partition the mirror knows but has not written yet then
         reads as empty, not as unknown (Store.record_partitions)."""
         ids = self._topic_ids(list(selected))
+        upload = self.props.get("store.upload") or WriterOptions.upload
         store = Store.open(self.props["store.url"], create=True,
-                           commitlog_dir=self.props.get("store.commitlog.dir"))
+                           commitlog_dir=self.props.get("store.commitlog.dir"),
+                           # a new S3 store: shared uploads unless store.upload=partition
+                           shared_uploads=upload != "partition")
         try:
             for topic, tid in ids.items():  # every topic checked before any is recorded
                 before = store.recorded_topic_id(topic)

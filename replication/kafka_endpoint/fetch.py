@@ -75,13 +75,16 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
     total = 0
     for t in topics:
         name = t.topic
-        known = set(view.partitions(name))
+        parts = list(t.partitions)
+        known = set(view.partitions(name, int(parts[0].partition))) if parts else set()
         # KIP-110 as Kafka applies it (KafkaApis.maybeConvertFetchedData): a Fetch below v10
         # of a topic whose compression.type is zstd is refused, whatever its batches hold
         zstd_refused = version < 10 and bool(known) and view.zstd_topic(name)
         results = []
-        for p in t.partitions:
+        for p in parts:
             pi = int(p.partition)
+            if pi not in known:
+                known = set(view.partitions(name, pi))  # listed again, at most every second
             if pi not in known:
                 results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
                 continue

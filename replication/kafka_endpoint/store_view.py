@@ -26,11 +26,13 @@ over to the high watermark.
 from __future__ import annotations
 
 import threading
+import time
 from typing import NamedTuple
 
 from kcompact.reput import damage_record as DR
 from kcompact.reput.batch import control_batch
 from kcompact.reput.errors import CorruptRecordError
+from kcompact.reput.s3_follow import follow, follow_mode
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -39,6 +41,12 @@ from ..master_store import MasterStore
 from ..protocol import ServerLimits
 
 INTERNAL_PREFIX = "__kcompact-"
+
+#: a topic's partition list is listed again at most this often when a request names only
+#: partitions it holds (s), and at most every PARTITIONS_MISS_S when one names a partition it
+#: does not: a fetch at the live edge costs no listing (a LIST on S3)
+PARTITIONS_S = 300.0
+PARTITIONS_MISS_S = 1.0
 
 
 class Bounds(NamedTuple):
@@ -62,8 +70,11 @@ class StoreView:
     def __init__(self, url: str):
         self.master = MasterStore(url, ServerLimits())
         self.store = self.master.store
+        follow(self.store.fs)  # (MasterStore did already: the endpoint only reads and follows)
         self._lock = threading.Lock()
         self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
+        #: topic -> (its partitions, when listed)
+        self._listed: dict[str, tuple[list[int], float]] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -77,12 +88,25 @@ class StoreView:
     def topics(self) -> list[str]:
         return [t for t in self.master.topics() if not t.startswith(INTERNAL_PREFIX)]
 
-    def partitions(self, topic: str) -> list[int]:
-        """The topic's partitions: those holding data and those a mirror recorded (empty)."""
+    def partitions(self, topic: str, want: int | None = None) -> list[int]:
+        """The topic's partitions: those holding data and those a mirror recorded (empty).
+        With ``want`` (a fetch), the last listing unless older than PARTITIONS_S, or, when
+        ``want`` is not among them, older than PARTITIONS_MISS_S; without (Metadata), listed."""
         if topic.startswith(INTERNAL_PREFIX):
             return []
+        now = time.monotonic()
+        with self._lock:
+            got = self._listed.get(topic)
+        if got is not None and want is not None and follow_mode() == "journal":
+            ps, at = got
+            age = now - at
+            if age < PARTITIONS_S and (want is None or want in ps or age < PARTITIONS_MISS_S):
+                return ps
         have = set(self.master.partitions(topic)) | set(self.store.recorded_partitions(topic))
-        return sorted(p for p in have if self.master.outside(topic, p) is None)
+        ps = sorted(p for p in have if self.master.outside(topic, p) is None)
+        with self._lock:
+            self._listed[topic] = (ps, now)
+        return ps
 
     def topic_id(self, topic: str) -> str | None:
         return self.store.recorded_topic_id(topic)
@@ -93,7 +117,7 @@ class StoreView:
         return self.store.topic_config(topic).compression_type == "zstd"
 
     def has(self, topic: str, partition: int) -> bool:
-        return partition in self.partitions(topic)
+        return partition in self.partitions(topic, partition)
 
     # -- partitions ----------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ def test_inspect_dump_verify_compact(store_at, capsys):
 
 def test_verify_names_a_corrupt_segment_and_dump_refuses_it(store_at, capsys):
     url = store_at("s")
+    Store.create(url).close()  # on S3: per-partition uploads (a segment object to damage)
     _fill(url)
     with Store.open(url) as st:
         pl = st.partition(TOPIC, 0)

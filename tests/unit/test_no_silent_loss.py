@@ -254,6 +254,7 @@ def test_issue27_damaged_s3_manifest_through_the_cli(tmp_path, over, what):
     from kcompact.connectors.cli import main
     with backend_env("s3", tmp_path) as fake:
         url = store_url("s3", tmp_path)
+        Store.create(url).close()  # per-partition uploads: a manifest that lists the records
         with Store.open(url, writer="w", create=True) as s:
             s.append(__import__("kcompact.reput.record", fromlist=["RecordBatch"]).RecordBatch
                      .from_records(TOPIC, [(0, i, 1000 + i, b"k%d" % (i % 7), b"v") for i in

@@ -58,6 +58,8 @@ class Writer:
 def new_store(where, clock, name="s", **cfg) -> Store:
     """A store at ``where/name`` (tmp_path), or at ``where(name)`` (a ``store_at`` factory)."""
     url = where(name) if callable(where) else str(where / name)
+    if url.startswith("s3://"):  # per-partition uploads: the segments these tests plan on
+        Store.create(url, clock=clock).close()
     s = Store.open(url, writer="w", create=True, clock=clock)
     s.set_topic_config(TOPIC, {"segment.bytes": SEG, **cfg})
     return s

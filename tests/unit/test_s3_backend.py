@@ -31,8 +31,12 @@ from kcompact.reput.backend import BackendError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 from kcompact.reput.s3 import (BlockCache, S3AccessError, S3Backend, S3BucketNotFoundError,  # noqa: E402
                       Spool)
+from kcompact.reput.config import WriterOptions  # noqa: E402
 from kcompact.reput.store import Store  # noqa: E402
 from kcompact.reput.verify import verify_store  # noqa: E402
+
+#: these tests are about per-partition uploads (a new S3 store uses shared ones by default)
+PARTITION = WriterOptions(upload="partition")
 
 
 @pytest.fixture
@@ -330,7 +334,8 @@ def _content(store, topic="t"):
 
 def test_writer_flush_seals_and_readers_see_only_flushed(make_fs):
     fs = make_fs()
-    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True)
+    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True,
+                    options=PARTITION)
     st.set_topic_config("t", {"segment.bytes": 16384})
     st.append(RecordBatch.from_records("t", _rows(600)))
     assert Store.open("s3://bucket/s", fs=make_fs()).partitions("t") == []  # not flushed
@@ -356,7 +361,8 @@ def test_writer_flush_seals_and_readers_see_only_flushed(make_fs):
 def test_writer_killed_between_upload_and_commit_leaves_only_orphans(make_fs, fake,
                                                                      monkeypatch):
     fs = make_fs(grace_ms=0)
-    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True)
+    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True,
+                    options=PARTITION)
     st.append(RecordBatch.from_records("t", _rows(90)))
     st.flush()
     before = _content(Store.open("s3://bucket/s", fs=make_fs()))
@@ -399,7 +405,8 @@ def test_killed_after_commit_before_local_cleanup(make_fs, monkeypatch):
     """The manifest lists the segment but the local copy is still there: the next open drops
     the local copy instead of uploading it twice."""
     fs = make_fs()
-    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True)
+    st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True,
+                    options=PARTITION)
     st.append(RecordBatch.from_records("t", _rows(60)))
     from kcompact.reput.partition_manifest import ManifestCatalog
     monkeypatch.setattr(ManifestCatalog, "_hand_over", lambda *a: (_ for _ in ()).throw(
@@ -426,8 +433,10 @@ def _fill(st, n=3000, keys=50):
 
 
 def test_compaction_on_s3_equals_local(make_fs, tmp_path):
-    s3 = Store.open("s3://bucket/c", fs=make_fs(), writer="w", create=True)
-    loc = Store.open(str(tmp_path / "local"), writer="w", create=True)
+    s3 = Store.open("s3://bucket/c", fs=make_fs(), writer="w", create=True,
+                    options=PARTITION)
+    loc = Store.open(str(tmp_path / "local"), writer="w", create=True,
+                    options=PARTITION)
     for st in (s3, loc):
         _fill(st)
         st.close()
@@ -456,7 +465,8 @@ def test_compaction_on_s3_equals_local(make_fs, tmp_path):
 
 
 def test_compactor_loses_the_race_to_another_compaction(make_fs, fake, tmp_path):
-    st = Store.open("s3://bucket/r", fs=make_fs(), writer="w", create=True)
+    st = Store.open("s3://bucket/r", fs=make_fs(), writer="w", create=True,
+                    options=PARTITION)
     _fill(st)
     st.close()
     # two machines: each its own local directory
@@ -488,7 +498,8 @@ def test_compactor_loses_the_race_to_another_compaction(make_fs, fake, tmp_path)
 def test_writer_rebases_on_a_compaction_in_another_process(make_fs, tmp_path):
     """A compactor commits while a writer has unsealed records: the writer's seal loses the
     conditional create, re-reads, and appends its segments on top of the compacted list."""
-    w = Store.open("s3://bucket/w", fs=make_fs(), writer="w", create=True)
+    w = Store.open("s3://bucket/w", fs=make_fs(), writer="w", create=True,
+                    options=PARTITION)
     _fill(w)
     w.append(RecordBatch.from_records("t", _rows(90, start=3000)))
     other = Store.open("s3://bucket/w", fs=make_fs(), commitlog_dir=str(tmp_path / "other"))
@@ -502,7 +513,8 @@ def test_writer_rebases_on_a_compaction_in_another_process(make_fs, tmp_path):
 
 
 def test_grace_period_keeps_replaced_objects(make_fs, fake):
-    st = Store.open("s3://bucket/g", fs=make_fs(grace_ms=3_600_000), writer="w", create=True)
+    st = Store.open("s3://bucket/g", fs=make_fs(grace_ms=3_600_000), writer="w", create=True,
+                    options=PARTITION)
     _fill(st)
     st.close()
     fs = make_fs(grace_ms=3_600_000)
@@ -528,7 +540,8 @@ def test_grace_period_keeps_replaced_objects(make_fs, fake):
 
 
 def test_verify_names_a_corrupt_object_and_a_manifest_mismatch(make_fs, fake):
-    st = Store.open("s3://bucket/v", fs=make_fs(), writer="w", create=True)
+    st = Store.open("s3://bucket/v", fs=make_fs(), writer="w", create=True,
+                    options=PARTITION)
     st.append(RecordBatch.from_records("t", _rows(300)))
     st.close()
     fs = make_fs()

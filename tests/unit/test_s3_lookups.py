@@ -36,6 +36,9 @@ from kcompact.reput.record import RecordBatch  # noqa: E402
 from kcompact.reput.s3 import BlockCache, S3Backend, Spool  # noqa: E402
 from kcompact.reput.store import Store  # noqa: E402
 
+#: these tests are about per-partition uploads (a new S3 store uses shared ones by default)
+PARTITION = WriterOptions(upload="partition")
+
 TOPIC = "t"
 BLOCK = 4096                     # a small cache block, so that a .bcq spans many of them
 
@@ -68,7 +71,7 @@ def _gapped_store(url: str, fs=None, seal_format: int = 2) -> dict[int, list[int
     Returns {segment base: offsets}."""
     segs = {0: list(range(0, 50)), 100: list(range(100, 150)), 200: list(range(200, 1200))}
     with Store.open(url, fs=fs, writer="w", create=True,
-                    options=WriterOptions(seal_format=seal_format)) as st:
+                    options=WriterOptions(seal_format=seal_format, upload="partition")) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": 1 << 20})
         for offs in segs.values():
             if st.fs.appendable and offs[0]:  # a local store rolls; on S3 a flush seals
@@ -179,7 +182,8 @@ def test_lookups_after_a_compaction(make_fs):
     """After a compaction the bitmaps hold exactly the kept offsets, and a read that starts
     in a gap the compaction left goes straight to the next kept record."""
     url = "s3://bucket/s"
-    with Store.open(url, fs=make_fs(), writer="w", create=True) as st:
+    with Store.open(url, fs=make_fs(), writer="w", create=True,
+                    options=PARTITION) as st:
         st.set_topic_config(TOPIC, {"segment.bytes": 16384})
         # keys 0..99 twice: the second round overwrites the first (offsets 0..99 go away),
         # then 300 unique keys

@@ -122,6 +122,9 @@ class S3CompactionMachine(CM.CompactionMachine):
     def __init__(self):
         super().__init__()
         self.fs, self.url, self._cleanup = self.backend_factory()
+        # per-partition uploads (what this model checks): a store created without a writer is
+        # format 2, so the writer's default upload "auto" uploads per partition
+        Store.create(self.url, fs=self.fs).close()
 
     def teardown(self):
         try:

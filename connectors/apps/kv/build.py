@@ -445,6 +445,8 @@ class MapBuilder(KafkaCatchUp):
 
     def _follow_store(self, store: Store, sink: LevelDBSink, stop: threading.Event) -> None:
         self.progress(f"following topic {self.topic!r} of store {store.url} (stop with Ctrl-C)")
+        from kcompact.reput.s3_follow import follow
+        follow(store.fs)  # S3 with shared uploads: new data from the writers' journals
         while not stop.is_set():
             n = self._catch_up_store(store, sink, stop)
             if n:

@@ -1,0 +1,192 @@
+"""Following an S3 store with shared uploads: new data in O(writers) requests, no LIST polling.
+
+Spec: docs/formats/shared-upload.md, "Following a store". A reader that follows a store (the
+Kafka endpoint's long-poll Fetch, ``kv build --follow``, ``replicate --follow``, ``kcompact
+serve``) refreshes its partitions again and again. Without this module each refresh of each
+partition listed the partition's manifests and the store's ``shared/`` (a LIST each): the
+request bill of a follower grew with its partition and consumer counts.
+
+``Follower`` is the store-level refresher, one per store per process (``follower_for``), shared
+by every partition and every consumer of the process. Each ``poll`` (at most once per
+``KCOMPACT_S3_FOLLOW_MS``, whoever asks) makes, for every writer it knows, one GET of the key
+the writer's next journal entry will have (``shared/<writer>/journal/<seq>.json``: 404 until
+the writer commits it; a hit is the entry itself, added to the process's ``Journal``), so its
+cost is one request per writer per interval whatever the partition count. It learns of
+writers from
+
+* the listing of ``shared/`` when it starts (one LIST: every writer's entries),
+* the writers registry ``shared/writers.json`` (one GET every ``WRITERS_S``): each writer adds
+  its id there before its first commit (``register_writer``); a writer it names that the
+  follower does not know yet is listed once (one LIST of that writer's journal),
+* a listing of ``shared/`` again every ``RELIST_S`` (and every ``LEGACY_RELIST_S`` on a store
+  without a registry: written before it, or by writers of an older kcompact), which also drops
+  the entries the garbage collector deleted and catches anything a dropped request missed.
+
+A partition (``ManifestCatalog.refresh``) then re-reads its manifest only every
+``KCOMPACT_S3_MANIFEST_RECHECK_S`` (one GET of its next version; a LIST only when it exists),
+or at once when a read finds an object gone (a split collected under it): a split or a
+compaction only moves records between objects, all of which stay readable for the grace period,
+so a view of an older manifest plus the newer journal entries is complete. A partition whose
+manifest is still written by per-partition uploads (no shared part, no ``split_to``) is re-read
+at every refresh, as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+from . import env as _env
+from . import filenames as fn
+from . import shared as SH
+from .backend import Backend
+from .errors import ReputError
+
+#: the writers registry is read this often (s)
+WRITERS_S = 5.0
+#: every writer's journals are listed again this often (s): drops collected entries, catches
+#: anything missed
+RELIST_S = 600.0
+#: ... and this often on a store that has no writers registry (s)
+LEGACY_RELIST_S = 60.0
+#: at most this many entries of one writer are fetched in one poll (the rest at the next)
+MAX_PER_POLL = 256
+
+
+def follow_mode() -> str:
+    """``journal`` (the default: this module) or ``list`` (every refresh lists, as before)."""
+    return str(_env.value("KCOMPACT_S3_FOLLOW"))
+
+
+def follow_interval_s() -> float:
+    return int(_env.value("KCOMPACT_S3_FOLLOW_MS")) / 1000.0
+
+
+def manifest_recheck_s() -> float:
+    return float(_env.value("KCOMPACT_S3_MANIFEST_RECHECK_S"))
+
+
+class Follower:
+    """The store-level refresher of one store with shared uploads (module docstring)."""
+
+    def __init__(self, fs: Backend, journal: SH.Journal):
+        self.fs, self.journal = fs, journal
+        self.interval_s = follow_interval_s()
+        self._lock = threading.Lock()
+        #: writer -> the seq its next journal entry will have (the key polled)
+        self.next: dict[str, int] = {}
+        self._polled_at: float | None = None
+        self._listed_at: float | None = None
+        self._writers_at: float | None = None
+        #: whether the store has a writers registry (None: not read yet)
+        self.registry: bool | None = None
+        #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry
+        self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0}
+
+    # -- the poll ------------------------------------------------------------------------------
+
+    def poll(self, max_age_s: float | None = None) -> int:
+        """Look for new journal entries unless a poll ran less than ``max_age_s`` ago (default:
+        the follow interval); returns the journal's generation (it grows with every entry
+        added or dropped)."""
+        age = self.interval_s if max_age_s is None else max_age_s
+        with self._lock:
+            now = time.monotonic()
+            if self._polled_at is not None and now - self._polled_at < age:
+                return self.journal.generation
+            self._polled_at = now
+            self.stats["polls"] += 1
+            relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
+            if self._listed_at is None or now - self._listed_at >= relist:
+                self._list_all()
+            elif self._writers_at is None or now - self._writers_at >= WRITERS_S:
+                self._read_registry()
+            for writer in sorted(self.next):
+                self._advance(writer)
+            return self.journal.generation
+
+    def _list_all(self) -> None:
+        """One LIST of ``shared/``: every writer's entries (the journal drops collected ones)."""
+        self.stats["list"] += 1
+        self.journal.refresh(0.0)
+        self._listed_at = time.monotonic()
+        for w, s in self.journal.listed_keys():
+            self.next[w] = max(self.next.get(w, 0), s + 1)
+        if self._writers_at is None:
+            self._read_registry()
+
+    def _read_registry(self) -> None:
+        self._writers_at = time.monotonic()
+        self.stats["registry"] += 1
+        try:
+            writers = SH.read_writers(self.fs)
+        except (OSError, ReputError):
+            return  # the next poll tries again
+        self.registry = writers is not None
+        for w in sorted((writers or set()) - set(self.next)):
+            self.stats["list"] += 1
+            try:
+                seqs = self.journal.list_writer(w)
+            except (OSError, ReputError):
+                self._writers_at = None  # try again at the next poll
+                continue
+            self.next[w] = 1 + max(seqs, default=-1)
+
+    def _advance(self, writer: str) -> None:
+        """GET the writer's next entries, while they exist; stop at the first 404 or after
+        one recent entry (the writer's next commit is a flush interval away)."""
+        now_ms = int(time.time() * 1000)
+        for _ in range(MAX_PER_POLL):
+            seq = self.next[writer]
+            try:
+                entry = self.journal.fetch_entry(writer, seq)
+            except FileNotFoundError:
+                self.stats["get_miss"] += 1
+                return
+            except (OSError, ReputError):
+                return  # a dropped request: the next poll asks again
+            self.stats["get_hit"] += 1
+            self.next[writer] = seq + 1
+            if entry is not None and entry.created_ms >= now_ms - 2000 * self.interval_s:
+                return  # caught up: do not spend a GET on a key that cannot exist yet
+
+    def forget_listing(self) -> None:
+        """The next poll lists ``shared/`` again (a read found an entry's object gone)."""
+        with self._lock:
+            self._listed_at = None
+            self._polled_at = None
+
+
+_FOLLOWERS: "weakref.WeakKeyDictionary[Backend, Follower]" = weakref.WeakKeyDictionary()
+_FOLLOWED: "weakref.WeakSet[Backend]" = weakref.WeakSet()
+_LOCK = threading.Lock()
+
+
+def follow(fs: Backend) -> None:
+    """The process only reads the store on ``fs`` and follows it (the Kafka endpoint, ``kcompact
+    serve``, ``kv build --follow``): its partitions refresh through the follower. A process
+    that also compacts or writes the store keeps re-reading each partition's manifest as it
+    refreshes it (its decisions need the latest version)."""
+    with _LOCK:
+        _FOLLOWED.add(fs)
+
+
+def follower_for(fs: Backend) -> Follower | None:
+    """The store-level refresher of the store on ``fs``; None when the process does not follow
+    it (``follow``), the store uses no shared uploads (as far as this process knows:
+    ``shared.journal_in_use``) or KCOMPACT_S3_FOLLOW is ``list``."""
+    if fs not in _FOLLOWED:
+        return None
+    j = SH.journal_in_use(fs)
+    if j is None or follow_mode() != "journal":
+        return None
+    with _LOCK:
+        f = _FOLLOWERS.get(fs)
+        if f is None:
+            f = _FOLLOWERS[fs] = Follower(fs, j)
+        return f
+
+
+__all__ = ["Follower", "follow", "follow_interval_s", "follow_mode", "follower_for",
+           "manifest_recheck_s"]
