@@ -35,11 +35,11 @@ from hypothesis import strategies as st
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, Producer
 from confluent_kafka import TopicPartition as TP
 
-from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
+from kcompact.connectors.plugins.store_source.progress import StoreProgress
 from kcompact.reput import Store
 from kcompact.reput.record import RecordBatch
 from kcompact.replication.group_capture import CaptureWriter
-from topics import read_topic  # noqa: E402
+from topics import read_topic, restore_job  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -258,17 +258,6 @@ def _store_with_groups(url: str, parts: int, n: int) -> dict[str, dict[int, int]
     return groups
 
 
-def _restore_job(bootstrap: str, url: str, target: str) -> RestoreJob:
-    """The restore job whose recorded progress the kill test waits for."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        cluster = c.list_topics(timeout=10).cluster_id or bootstrap
-    finally:
-        c.close()
-    with Store.open(url) as st:
-        return RestoreJob(st.meta.store_id, "orders", cluster, target)
-
-
 def test_sigkilled_restore_rerun_commits_the_same_positions(apache_kafka, make_topic,
                                                             tmp_path):
     bootstrap, admin = apache_kafka.bootstrap, apache_kafka.admin
@@ -279,7 +268,7 @@ def test_sigkilled_restore_rerun_commits_the_same_positions(apache_kafka, make_t
             "--to-topic", target, "--chunk-records", "3000", "--groups", "g.*",
             "--exactly-once", "required", *SLOW)
     try:
-        job = _restore_job(bootstrap, url, target)
+        job = restore_job(bootstrap, url, target)
 
         def seq() -> int:
             prog = StoreProgress(url, job).read()

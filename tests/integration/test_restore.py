@@ -27,11 +27,11 @@ from confluent_kafka import Consumer, Producer
 from kcompact.connectors.errors import ConnectorsError
 from kcompact.connectors.framework.native_kafka import NativeProducer
 from kcompact.connectors.plugins.store_source import PROGRESS_TOPIC, default_partition
-from kcompact.connectors.plugins.store_source.progress import RestoreJob, StoreProgress
+from kcompact.connectors.plugins.store_source.progress import StoreProgress
 from kcompact.connectors.apps.restore import restore
 from kcompact.reput import Store
 from kcompact.reput.record import RecordBatch
-from topics import read_topic  # noqa: E402
+from topics import read_topic, restore_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TS0 = 1_700_000_000_000
@@ -140,16 +140,6 @@ def _restore(bootstrap, url, target, **kw):
                    handle_signals=False, **kw)
 
 
-def _job(bootstrap: str, url: str, target: str) -> RestoreJob:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        cluster = c.list_topics(timeout=10).cluster_id or bootstrap
-    finally:
-        c.close()
-    with Store.open(url) as st:
-        return RestoreJob(st.meta.store_id, "orders", cluster, target)
-
-
 # -- exactness -----------------------------------------------------------------------------------
 
 
@@ -184,7 +174,7 @@ def test_restore_equals_the_store(any_broker, new_topic, tmp_path, headers, sent
     got = read_back(kafka_bootstrap, target, 3)
     assert got == {p: as_topic(rows) for p, rows in want.items()}
     # the progress is in the store's internal topic, written through its normal append path
-    prog = StoreProgress(url, _job(kafka_bootstrap, url, target)).read()
+    prog = StoreProgress(url, restore_job(kafka_bootstrap, url, target)).read()
     assert prog is not None and prog.done and prog.produced == res.records
     with Store.open(url) as st:
         assert prog.positions == {p: st.next_offset("orders", p) for p in range(3)}
@@ -331,7 +321,7 @@ def test_record_larger_than_the_producer_limit(kafka_bootstrap, new_topic, tmp_p
     target = new_topic()
     with pytest.raises(ConnectorsError, match="(?i)too large"):
         _restore(kafka_bootstrap, url, target, kafka_config={"message.max.bytes": "2000"})
-    prog = StoreProgress(url, _job(kafka_bootstrap, url, target)).read()
+    prog = StoreProgress(url, restore_job(kafka_bootstrap, url, target)).read()
     assert prog is None or not prog.done
 
 
@@ -425,7 +415,7 @@ def test_sigkill_at_random_moments_then_restart(any_broker, new_topic, tmp_path)
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
             kafka_bootstrap, "--to-topic", target, "--chunk-records", str(chunk), *SLOW,
             *(("--exactly-once", "required") if not on_tansu else ()))
-    job = _job(kafka_bootstrap, url, target)
+    job = restore_job(kafka_bootstrap, url, target)
 
     def seq() -> int:
         prog = StoreProgress(url, job).read()
@@ -487,7 +477,7 @@ def test_sigterm_stops_after_the_chunk_and_a_rerun_continues(kafka_bootstrap, ne
     target = new_topic()
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
             kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
-    job = _job(kafka_bootstrap, url, target)
+    job = restore_job(kafka_bootstrap, url, target)
     p = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -521,7 +511,7 @@ def test_second_run_of_the_same_job_is_refused(kafka_bootstrap, new_topic, tmp_p
     target = new_topic()
     args = ("restore", "--store", url, "--topic", "orders", "--bootstrap-servers",
             kafka_bootstrap, "--to-topic", target, "--chunk-records", "2000", *SLOW)
-    job = _job(kafka_bootstrap, url, target)
+    job = restore_job(kafka_bootstrap, url, target)
     first = subprocess.Popen([sys.executable, "-m", "kcompact", *args], cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

@@ -9,6 +9,7 @@ import uuid
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from kcompact.connectors.plugins.store_source.progress import RestoreJob
 from kcompact.reput import Store
 
 
@@ -55,3 +56,15 @@ def packed_columns(items: list) -> tuple:
         ends.append(at)
     return (b"".join(x or b"" for x in items), np.array(starts, np.int64),
             np.array(ends, np.int64), np.array([x is None for x in items], np.uint8))
+
+
+def restore_job(bootstrap: str, url: str, target: str, topic: str = "orders") -> RestoreJob:
+    """The job a ``kcompact restore`` of ``topic`` from ``url`` to ``target`` records its
+    progress under (tests wait on that progress before they kill a restore)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        cluster = c.list_topics(timeout=10).cluster_id or bootstrap
+    finally:
+        c.close()
+    with Store.open(url) as st:
+        return RestoreJob(st.meta.store_id, topic, cluster, target)
