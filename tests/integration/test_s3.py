@@ -71,6 +71,15 @@ def rows(n: int, start: int = 0, parts: int = 3, keys: int = 60, vlen: int = 40)
             for i in range(n)]
 
 
+#: a partition's objects beside its segments and manifest versions: its ledger and damage record
+#: (docs/formats/ledger.md, damage-record.md)
+_NOT_SEGMENTS = ("ledger.json", "damage.json")
+
+#: per-partition uploads, for the tests of a partition's manifest commits (a new S3 store uses
+#: shared uploads by default: test_s3_shared.py)
+PARTITION = WriterOptions(upload="partition")
+
+
 def fill(url: str, n: int = 6000, batch: int = 1000, segment_bytes: int = 16384,
          options: WriterOptions | None = None, **kw) -> None:
     with Store.open(url, writer="w", create=True, options=options or WriterOptions()) as st:
@@ -244,7 +253,10 @@ _KILLED_WRITER = textwrap.dedent("""
     def rows(n, start=0):
         return [(i % 3, start + i, 1000 + start + i, b"k%d" % (i % 60), b"v" * 30)
                 for i in range(n)]
-    st = Store.open({url!r}, writer="w", create=True, commitlog_dir={cl!r})
+    from kcompact.reput.config import WriterOptions
+    # per-partition uploads (a manifest commit per partition; a new S3 store's default is shared)
+    st = Store.open({url!r}, writer="w", create=True, commitlog_dir={cl!r},
+                    options=WriterOptions(upload="partition"))
     st.append(RecordBatch.from_records("t", rows(300)))
     st.flush()                       # version 1 of every partition
     st.append(RecordBatch.from_records("t", rows(300, start=300)))
@@ -271,7 +283,7 @@ def test_writer_killed_between_upload_and_commit(s3_store_url, tmp_path):
         m = M.read_latest(fs, pdir)
         assert m.version == 1
         listed |= {f"{pdir}/{n}" for n in m.names()}
-        objects |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+        objects |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n and n not in _NOT_SEGMENTS}
     orphans = objects - listed
     assert orphans, "the killed flush uploaded segments"
     old = content(url)
@@ -283,7 +295,7 @@ def test_writer_killed_between_upload_and_commit(s3_store_url, tmp_path):
     left = set()
     for part in range(3):
         pdir = f"partitions/t/{part}"
-        left |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+        left |= {f"{pdir}/{n}" for n, _, _ in fs.list_objects(pdir) if "/" not in n and n not in _NOT_SEGMENTS}
     assert not (left & orphans)
     new = content(url)
     assert {p: [r[0] for r in v] for p, v in new.items()} == \
@@ -334,7 +346,7 @@ def test_an_aborted_manifest_upload_is_skipped_then_replaced(s3_store_url, monke
     SIGKILLed mid-PUT): readers see the version below it; the next committer deletes it once
     ABORTED_VERSION_AGE_MS old and commits under its number; the garbage collector copes."""
     url = s3_store_url(grace_ms=0)
-    fill(url, n=600, batch=300)
+    fill(url, n=600, batch=300, options=PARTITION)
     fs = S3Backend.from_url(url)
     pdir = f"partitions/{TOPIC}/0"
     top = M.read_latest(fs, pdir)
@@ -370,7 +382,7 @@ _KILLED_COMPACTOR = textwrap.dedent("""
 
 def test_compactor_killed_before_its_commit_changes_nothing(s3_store_url, tmp_path):
     url = s3_store_url(grace_ms=0)
-    fill(url, n=3000, batch=500)
+    fill(url, n=3000, batch=500, options=PARTITION)
     before = content(url)
     versions = {q: M.read_latest(S3Backend.from_url(url), f"partitions/t/{q}").version
                 for q in range(3)}
@@ -387,7 +399,7 @@ def test_compactor_killed_before_its_commit_changes_nothing(s3_store_url, tmp_pa
     for q in range(3):  # the dead compactor's uploads were collected (grace 0)
         pdir = f"partitions/t/{q}"
         m = M.read_latest(fs, pdir)
-        objs = {n for n, _, _ in fs.list_objects(pdir) if "/" not in n}
+        objs = {n for n, _, _ in fs.list_objects(pdir) if "/" not in n and n not in _NOT_SEGMENTS}
         assert objs == m.names(), objs - m.names()
 
 
