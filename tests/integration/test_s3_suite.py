@@ -101,6 +101,7 @@ class SeaweedBase(S3CC.S3Base):
     def __init__(self, make_url):
         self.make_url, self.n = make_url, 0
         self.url = make_url(grace_ms=0)
+        Store.create(self.url).close()  # format 2: per-partition uploads, what this test crashes
         self.appended = S3CC.CC._build(self.url)
         with Store.open(self.url) as st:
             self.cl = default_commitlog_dir(st.meta.store_id)
