@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from kcompact.compaction import history
+from kcompact.errors import KcompactError
 from kcompact.reput import Store, StoreLockedError
 from kcompact.reput.record import RecordBatch
 
@@ -200,6 +201,7 @@ class AclCaptureWriter:
         self.lock_wait_s = lock_wait_s
         self._store: Store | None = None
         self._kept: set[Binding] | None = None
+        self._topic_kept = True
 
     def store(self) -> Store:
         if self._store is None:
@@ -215,8 +217,23 @@ class AclCaptureWriter:
 
     def kept(self) -> set[Binding]:
         if self._kept is None:
-            self._kept = set(kept_acls(self.store()).bindings)
+            if self._store is not None:
+                self._kept = set(kept_acls(self._store).bindings)
+            else:
+                # read without a writer: a source with no bindings to keep leaves no commit
+                # log of this writer behind
+                try:
+                    with Store.open(self.url) as ro:
+                        self._kept = set(kept_acls(ro).bindings)
+                        self._topic_kept = TOPIC in ro.topics()
+                except KcompactError:
+                    self._kept = set(kept_acls(self.store()).bindings)
         return self._kept
+
+    def _keeps_topic(self) -> bool:
+        if self._store is not None:
+            return TOPIC in self._store.topics()
+        return self._topic_kept
 
     def capture(self, bindings: Iterable[Binding], topics: Iterable[str],
                 groups: Iterable[str] = (), now_ms: int | None = None) -> tuple[int, int]:
@@ -232,9 +249,9 @@ class AclCaptureWriter:
         current = {b for b in bindings if concerns(b, topics, groups)}
         added = sorted(current - kept)
         removed = sorted(b for b in kept - current if concerns(b, topics, groups))
-        st = self.store()
-        if not added and not removed and TOPIC not in st.topics():
+        if not added and not removed and not self._keeps_topic():
             return 0, 0  # a source with no bindings on them: the store stays as it was
+        st = self.store()
         recs: list[tuple[bytes, bytes | None]] = []
         recs += [(encode_binding_key(b), _value({"captured_ms": now})) for b in added]
         recs += [(encode_binding_key(b), None) for b in removed]

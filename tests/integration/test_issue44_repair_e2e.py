@@ -223,6 +223,7 @@ def test_issue44_repair_on_seaweedfs(source, s3_store_url, tmp_path, kind, mutat
 
     def damaged_store() -> tuple[str, dict, int | None]:
         url = s3_store_url()
+        Store.create(url).close()  # per-partition uploads: the segment objects it damages
         U.build(url)
         add_newer(url)
         store0 = {p: dump(url, p) for p in range(2)}
@@ -264,6 +265,7 @@ def test_issue44_sigkill_during_a_repair_on_seaweedfs(s3_store_url, tmp_path):
     kcompact = str(Path(sys.executable).parent / "kcompact")
     for k in range(5 if FULL else 2):
         url = s3_store_url()
+        Store.create(url).close()  # per-partition uploads, as the campaign above
         U.build(url)
         _s3_mutate(s3_store_url, url, "log1", "flip", 0)
         before = kc("verify", "--store", url)

@@ -25,6 +25,7 @@ from _fake_s3 import FakeS3  # noqa: E402
 
 from kcompact.compaction import CompactionOptions, Compactor  # noqa: E402
 from kcompact.reput import ManualClock, Store  # noqa: E402
+from kcompact.reput.config import WriterOptions  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
 from kcompact.reput.reader import PartitionReader  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
@@ -66,7 +67,9 @@ def _age_objects(fake: FakeS3, ms: int) -> None:
 def test_retired_objects_go_when_the_grace_period_passes_on_the_store_clock(s3):
     fake, make = s3
     clock = ManualClock(T0)
-    st = Store.open("s3://bucket/c", fs=make(), writer="w", create=True, clock=clock)
+    # per-partition uploads: one segment object per flush (a new S3 store's default is shared)
+    st = Store.open("s3://bucket/c", fs=make(), writer="w", create=True, clock=clock,
+                    options=WriterOptions(upload="partition"))
     for i in range(0, 400, 100):
         st.append(RecordBatch.from_records(TOPIC, _rows(400)[i:i + 100]))
         st.flush()  # one segment object per flush
