@@ -637,8 +637,18 @@ def test_serve_from_s3_and_replicate_into_local_and_s3(s3_store_url, tmp_path):
         # more records on the master, then the S3 replica again: merged with what it has
         with Store.open(master, writer="w2") as st:
             st.append(RecordBatch.from_records(TOPIC, rows(300, start=3000)))
-        p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
-        assert p.returncode == 0, p.stderr
+        # the serving process learns of the new writer w2 from the store's writers registry,
+        # read every few seconds (docs/s3-shared-uploads.md, "The live edge"): a replicate run
+        # then pulls what it has not, merged with what the replica holds
+        deadline = time.monotonic() + 60
+        while True:
+            p = run("replicate", "--from", src, "--token-file", str(token), "--store", replica)
+            assert p.returncode == 0, p.stderr
+            with Store.open(replica) as st:
+                if [st.next_offset(TOPIC, q) for q in range(3)] == [3298, 3299, 3300]:
+                    break
+            assert time.monotonic() < deadline, "the master's new records never reached it"
+            time.sleep(1.0)
         p = run("verify", "--store", replica, "--against", src, "--token-file", str(token))
         assert p.returncode == 0 and "EQUAL" in p.stdout, p.stdout + p.stderr
         with Store.open(replica) as st:
