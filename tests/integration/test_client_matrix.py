@@ -108,10 +108,21 @@ KNOWN_GAPS = {
 }
 
 
+#: intermittent, not explained yet (issue 52 open): not strict, the test still runs and reports
+FLAKY = {
+    ("group", "kafkajs"): "kafkajs's commit at the end of a partition ending in markers differs "
+                          "between runs (seen [49, 48, 46] against Kafka's [48, 48, 46] in 2 of 4 "
+                          "runs)",
+}
+
+
 def _known_gap(request, column: str, client: str) -> None:
     why = KNOWN_GAPS.get((column, client))
     if why:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"issue 52 open: {why}"))
+    flaky = FLAKY.get((column, client))
+    if flaky:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=f"issue 52 open: {flaky}"))
 
 
 
