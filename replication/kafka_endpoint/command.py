@@ -39,6 +39,7 @@ class KafkaEndpointOptions:
     acls_file: str | None = None        # kafka-acls --list output (authorize.py)
     acls_from_store: bool = False       # the ACLs mirror captured
     allow_everyone_if_no_acl_found: bool = False
+    fleet: object | None = None         # replication.fleet.FleetOptions: a node of a fleet
 
     def check(self) -> tuple[str, int]:
         """(host, port); a ReplicationError saying what to do when the options do not fit."""
@@ -54,6 +55,8 @@ class KafkaEndpointOptions:
                                    "--tls-cert and --tls-key")
         if self.acls_file and self.acls_from_store:
             raise ReplicationError("--acls-file and --acls-from-store: give one of them")
+        if self.fleet is not None:
+            self.fleet.check()
         return host, port
 
 
@@ -112,12 +115,28 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
                       ssl_context=ctx, users=users, acls=acls)
         if ops is not None:
             ops.add(ep.collect)
+        fleet = None
         try:
+            if opts.fleet is not None:
+                from ..fleet import Fleet
+                fleet = Fleet(opts.fleet, view.store.meta.store_id, view.store.fs, log,
+                              tls_cert=opts.tls_cert)
+                ep.fleet = fleet
+                peer_host, peer_port = await fleet.start(tls_context(opts.tls_cert,
+                                                                     opts.tls_key))
+                print(f"fleet node {fleet.node_id} peer listener on {peer_host}:{peer_port}",
+                      flush=True)
+                if ops is not None:
+                    ops.add(fleet.collect)
+                    ops.check(fleet.health)
             try:
                 bound_host, bound = await ep.start(host, port)
             except OSError as e:
                 raise ReplicationError(f"cannot listen on --kafka-listen {opts.listen}: "
                                        f"{e.strerror or e}") from None
+            if fleet is not None:
+                from .server import WILDCARDS
+                fleet.set_kafka("" if bound_host in WILDCARDS else bound_host, bound)
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             print(f"kafka endpoint listening on {shown}:{bound}", flush=True)
             if ready is not None:
@@ -125,6 +144,8 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
             await serve_until(stop, lambda ev: ev.wait())
         finally:
             await ep.close()
+            if fleet is not None:
+                await fleet.close()
     finally:
         offsets.close()
         view.close()
