@@ -26,7 +26,7 @@ from kio.index import load_request_schema, load_response_schema
 sys.path.insert(0, os.path.dirname(__file__))
 
 from test_kafka_endpoint_model import Client, Served  # noqa: E402
-from test_kafka_endpoint_server import _closed, _decoded, store  # noqa: E402,F401
+from test_kafka_endpoint_server import _decoded, store  # noqa: E402,F401
 
 from kcompact.replication.kafka_endpoint import apis  # noqa: E402
 from kcompact.replication.kafka_endpoint.apis import base  # noqa: E402
