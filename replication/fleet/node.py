@@ -86,6 +86,8 @@ class Fleet(BlockSource):
         self._live_seen: tuple[int, ...] = (self.node_id,)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kcompact-peer")
         self.server: PeerServer | None = None
+        #: the offsets writer's commit (offsets.FleetOffsets.write), set by the endpoint
+        self.on_commit: Callable[[str, list], None] | None = None
         # metrics
         self.sent: dict[tuple[str, str], int] = {}
         self.served: dict[tuple[str, str], int] = {}
@@ -103,7 +105,7 @@ class Fleet(BlockSource):
         bs = self.fs.block_size if self._is_s3 else 0
         self.server = PeerServer(self.node_id, self.token, self.ping_doc, self.read_block,
                                  lambda f, *a: loop.run_in_executor(self.pool, f, *a), bs,
-                                 self.log, self._count_served)
+                                 self.log, self._count_served, self._commit)
         try:
             bound = await self.server.start(self.host, self.port, ssl_context)
         except OSError as e:
@@ -264,6 +266,12 @@ class Fleet(BlockSource):
             else:
                 self.block_misses += 1
         return data
+
+    def _commit(self, group: str, rows: list) -> None:
+        if self.on_commit is None:
+            raise ReplicationError(f"node {self.node_id} keeps no group offsets")
+        from ..group_offsets import GroupOffset
+        self.on_commit(group, [(t, p, GroupOffset(o, md, le, ms)) for t, p, o, md, le, ms in rows])
 
     # -- metrics and health --------------------------------------------------------------------
 

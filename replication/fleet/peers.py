@@ -26,6 +26,7 @@ from ..protocol import check_token
 PROTOCOL_VERSION = 1
 PING_PATH = "/peer/v1/ping"
 BLOCK_PATH = "/peer/v1/block"
+COMMIT_PATH = "/peer/v1/commit"
 PEER_HEADER = "X-Kcompact-Peer"
 DIGEST_HEADER = "X-Kcompact-Digest"
 BLOCK_SIZE_HEADER = "X-Kcompact-Block-Size"
@@ -33,6 +34,7 @@ BLOCK_SIZE_HEADER = "X-Kcompact-Block-Size"
 CONNECT_TIMEOUT_S = 1.0
 PING_TIMEOUT_S = 1.0
 BLOCK_TIMEOUT_S = 5.0
+COMMIT_TIMEOUT_S = 15.0
 
 
 class PeerError(ReplicationError):
@@ -77,18 +79,21 @@ class PeerServer:
 
     def __init__(self, node_id: int, token: bytes | None, ping_doc: Callable[[], dict | None],
                  read_block: Callable[[str, int], bytes], run: Callable, block_size: int,
-                 log, on_request: Callable[[str, str], None] = lambda kind, outcome: None):
+                 log, on_request: Callable[[str, str], None] = lambda kind, outcome: None,
+                 commit: Callable[[str, list], None] | None = None):
         self.node_id, self.token, self.log = node_id, token, log
         self.ping_doc, self.read_block, self.run = ping_doc, read_block, run
         self.block_size = block_size
         self.on_request = on_request
+        self.commit = commit
         self._runner: web.AppRunner | None = None
         self.bound: tuple[str, int] | None = None
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=4096)
+        app = web.Application(client_max_size=4 << 20)
         app.router.add_get(PING_PATH, self._ping)
         app.router.add_get(BLOCK_PATH, self._block)
+        app.router.add_post(COMMIT_PATH, self._commit)
         return app
 
     def _auth(self, request: web.Request) -> web.Response | None:
@@ -136,6 +141,32 @@ class PeerServer:
         return web.Response(body=data, headers={DIGEST_HEADER: digest(data),
                                                 BLOCK_SIZE_HEADER: str(self.block_size),
                                                 "Content-Type": "application/octet-stream"})
+
+    async def _commit(self, request: web.Request) -> web.Response:
+        refused = self._auth(request)
+        if refused is not None:
+            return refused
+        try:
+            doc = await request.json()
+            group = doc["group"]
+            rows = [(str(r["topic"]), int(r["partition"]), int(r["offset"]),
+                     str(r.get("metadata") or ""), int(r.get("leader_epoch", -1)),
+                     int(r.get("commit_ms", 0))) for r in doc["offsets"]]
+            if not isinstance(group, str):
+                raise ValueError("group")
+        except (ValueError, KeyError, TypeError) as e:
+            self.on_request("commit", "bad-request")
+            return web.Response(status=400, text=f"not a commit: {e}\n")
+        if self.commit is None:
+            self.on_request("commit", "not-writer")
+            return web.Response(status=409, text="this node keeps no group offsets\n")
+        try:
+            await self.run(self.commit, group, rows)
+        except Exception as e:  # noqa: BLE001 - the coordinator answers its client
+            self.on_request("commit", "failed")
+            return web.Response(status=503, text=" ".join(str(e).split()) + "\n")
+        self.on_request("commit", "ok")
+        return web.json_response({"ok": True})
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None
                     ) -> tuple[str, int]:
@@ -199,15 +230,18 @@ class PeerClient:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
 
-    def _get(self, path: str, timeout: float) -> tuple[int, dict, bytes]:
+    def _get(self, path: str, timeout: float, body: bytes | None = None
+             ) -> tuple[int, dict, bytes]:
         headers = {PEER_HEADER: str(self.self_id)}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
         if self.token is not None:
             headers["Authorization"] = "Bearer " + self.token.decode("ascii")
         for attempt in (0, 1):  # a kept connection the peer closed meanwhile: once more
             fresh = getattr(self._local, "conn", None) is None
             try:
                 c = self._conn(timeout)
-                c.request("GET", path, headers=headers)
+                c.request("GET" if body is None else "POST", path, body=body, headers=headers)
                 r = c.getresponse()
                 body = r.read()
                 hdrs = {k.lower(): v for k, v in r.getheaders()}
@@ -242,6 +276,13 @@ class PeerClient:
                             f"{PROTOCOL_VERSION}: run one kcompact version over the fleet")
         return doc
 
+    def commit(self, group: str, rows) -> None:
+        """Forward a group's commit to the offsets writer; returns once it is durable there."""
+        status, _, body = self._get(COMMIT_PATH, COMMIT_TIMEOUT_S, _commit_doc(group, rows))
+        if status != 200:
+            raise PeerError(f"{self}: commit answered HTTP {status}: "
+                            f"{body[:300].decode('utf-8', 'replace').strip()}")
+
     def block(self, path: str, block: int, block_size: int) -> bytes | None:
         """The block's bytes; None when the peer says the object does not exist."""
         status, hdrs, body = self._get(f"{BLOCK_PATH}?path={quote(path, safe='')}"
@@ -257,6 +298,13 @@ class PeerClient:
         if len(body) > block_size or hdrs.get(DIGEST_HEADER.lower()) != digest(body):
             raise PeerError(f"{self}: block {block} of {path} arrived damaged (digest)")
         return body
+
+
+def _commit_doc(group: str, rows) -> bytes:
+    return json.dumps({"group": group, "offsets": [
+        {"topic": t, "partition": int(p), "offset": int(o.offset), "metadata": o.metadata,
+         "leader_epoch": int(o.leader_epoch), "commit_ms": int(o.commit_ms)}
+        for t, p, o in rows]}).encode()
 
 
 def client_tls_context(cert: str | None) -> ssl.SSLContext | None:

@@ -108,19 +108,24 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
         if n:
             log.info("read %d group offset records from the store", n)
 
+        fleet, kept = None, offsets
+        if opts.fleet is not None:
+            from ..fleet import Fleet
+            from ..fleet.offsets import FleetOffsets
+            fleet = Fleet(opts.fleet, view.store.meta.store_id, view.store.fs, log,
+                          tls_cert=opts.tls_cert)
+            kept = FleetOffsets(offsets, fleet, view.store.fs, log)
+            fleet.on_commit = kept.write
+
         def coordinator(ep: Endpoint) -> Coordinator:
-            return Coordinator(offsets, ep.run, log, view.has)
+            return Coordinator(kept, ep.run, log, view.has)
 
         ep = Endpoint(view, coordinator, token=token, limits=opts.limits, log=log,
                       ssl_context=ctx, users=users, acls=acls)
         if ops is not None:
             ops.add(ep.collect)
-        fleet = None
         try:
-            if opts.fleet is not None:
-                from ..fleet import Fleet
-                fleet = Fleet(opts.fleet, view.store.meta.store_id, view.store.fs, log,
-                              tls_cert=opts.tls_cert)
+            if fleet is not None:
                 ep.fleet = fleet
                 peer_host, peer_port = await fleet.start(tls_context(opts.tls_cert,
                                                                      opts.tls_key))
