@@ -292,3 +292,61 @@ def test_a_wrong_token_is_refused(tmp_path):
         for f in nodes:
             loop.run(f.close())
         loop.stop()
+
+
+# -- the offsets writer's fence ---------------------------------------------------------------
+
+
+class FakeFleet:
+    """What FleetOffsets asks of a Fleet: its node id, the ring's owner, the ring's changes."""
+
+    def __init__(self, node_id: int, view: dict):
+        self.node_id, self.view, self.peers = node_id, view, {}
+
+    @property
+    def ring_changes(self) -> int:
+        return self.view["changes"]
+
+    def ring(self):
+        view = self.view
+
+        class R:
+            def owner(self, key):
+                return view["writer"]
+        return R()
+
+
+def test_the_offsets_writer_is_fenced_by_its_epoch(tmp_path, monkeypatch):
+    from kcompact.replication.fleet import offsets as fo
+    from kcompact.replication.group_offsets import GroupOffset, GroupOffsets, GroupOffsetsError
+    from kcompact.reput import Store
+    monkeypatch.setattr(fo, "LEASE_S", 0.05)
+    url = str(tmp_path / "store")
+    with Store.open(url, writer="w", create=True) as st:
+        sid = st.meta.store_id
+    view = {"writer": 1, "changes": 0}
+    nodes = {}
+    for n in (1, 2):
+        inner = GroupOffsets(url, sid, commitlog_dir=str(tmp_path / f"cl{n}"))
+        nodes[n] = fo.FleetOffsets(inner, FakeFleet(n, view), Store.open(url).fs, LOG)
+        nodes[n].load()
+    nodes[1].write("g", [("t", 0, GroupOffset(5))])
+    assert nodes[1].epoch == 1
+    # node 2 takes over (its ring says so): a new epoch, and it reads node 1's commit
+    view.update(writer=2, changes=1)
+    assert nodes[2].get("g")[("t", 0)].offset == 5
+    nodes[2].write("g", [("t", 0, GroupOffset(7))])
+    assert nodes[2].epoch == 2
+    # node 1 still believes it writes (a ring that has not changed yet): fenced, nothing kept
+    view["writer"] = 1
+    with pytest.raises(GroupOffsetsError, match="another node writes"):
+        nodes[1].write("g", [("t", 0, GroupOffset(99))])
+    for n in nodes.values():
+        n.close()
+    check = GroupOffsets(url, sid)
+    check.load()
+    assert check.get("g")[("t", 0)].offset == 7
+    # a node that is not the writer refuses a forwarded commit
+    view["writer"] = 2
+    with pytest.raises(GroupOffsetsError, match="not the offsets writer"):
+        nodes[1].write("g", [("t", 0, GroupOffset(1))])
