@@ -344,6 +344,11 @@ class S3Backend(Backend):
             with open(hit[0], "rb") as f:
                 f.seek(start)
                 return f.read() if length is None else f.read(length)
+        if length is None and not start and fn.is_journal_entry(path) \
+                and block_source() is not None:  # written once and small: one block
+            blk = self._block_miss(path, 0)
+            if len(blk) < self.cache.block_size:
+                return blk
         if length is None or not fn.is_immutable_object(path):
             return self._get(path, start, length)
         if length <= 0:

@@ -296,7 +296,9 @@ class BlockSource:
     """Where a miss of an immutable object's block is fetched: ``fetch(backend, path, block,
     from_s3)`` returns block ``block`` of ``path`` (the store-relative name) of ``backend``;
     ``from_s3()`` is the one GET the backend would send itself. The default sends it. A fleet
-    (replication/fleet/) installs one that asks the block's owner node."""
+    (replication/fleet/) installs one that asks the block's owner node. Also asked for block
+    0 of a journal entry (small, written once; not kept in the block cache of the reader);
+    FileNotFoundError when the object does not exist."""
 
     def fetch(self, backend, path: str, block: int, from_s3: Callable[[], bytes]) -> bytes:
         return from_s3()

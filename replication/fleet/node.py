@@ -11,6 +11,7 @@ user guide: docs/fleet.md.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -244,9 +245,9 @@ class Fleet(BlockSource):
             self.log.warning("fleet: %s; reading S3 instead (and for its blocks until it "
                              "answers a ping)", e)
             return from_s3()
-        if data is None:  # the owner found no such object: S3 says so to this reader
+        if data is None:  # the owner's GET found no such object: S3's own answer
             self._count_sent("block", "not-found")
-            return from_s3()
+            raise FileNotFoundError(errno.ENOENT, "no such object", path)
         self._count_sent("block", "ok")
         with self._lock:
             self.gets_saved += 1
@@ -256,7 +257,8 @@ class Fleet(BlockSource):
         """A peer's block request (run in ``pool``)."""
         if not self._is_s3:
             raise ValueError("this node's store is not on S3: it shares no blocks")
-        if not fn.is_immutable_object(path) or path.startswith("/") or ".." in path.split("/"):
+        if not (fn.is_immutable_object(path) or fn.is_journal_entry(path)) \
+                or path.startswith("/") or ".." in path.split("/"):
             raise ValueError(f"{path!r} is not an immutable object of the store")
         hit = self.fs.has_block(path, block)
         data = self.fs.read_block(path, block)

@@ -309,3 +309,35 @@ def test_a_fleet_of_one_serves_what_serve_serves(store, tmp_path):
             assert " 1 brokers:" in out and f"broker 1 at {n.bootstrap}" in out, out
     finally:
         one.stop()
+
+
+def test_java_console_consumers_in_one_group_spread_over_the_fleet(store, tmp_path):
+    """Two Kafka ConsoleConsumers of one group, bootstrapped at different nodes: together
+    they print every record once they have rebalanced (the group's partitions are led by
+    several nodes, its coordinator is one of them)."""
+    from kcompact.connectors.devtools.apache_kafka import ApacheKafkaError, tool_command
+    try:
+        cmd = lambda bs: tool_command(  # noqa: E731
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
+            ["--bootstrap-server", bs, "--topic", TOPIC, "--group", "java-fleet",
+             "--from-beginning", "--timeout-ms", "15000", "--property", "print.offset=true",
+             "--property", "print.partition=true", "--property", "print.key=true",
+             "--property", "print.value=false"])
+        cmd("x")
+    except ApacheKafkaError as e:
+        pytest.skip(f"Kafka's Java tools are not available: {e}")
+    url, dump = store
+    fleet = Fleet(url, 3, tmp_path).start()
+    try:
+        procs = [subprocess.Popen(cmd(fleet.nodes[i].bootstrap), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in (1, 3)]
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        fleet.stop()
+    seen = set()
+    for out, err in outs:
+        assert "Processed a total of" in err, err[-2000:]
+        for line in out.splitlines():
+            bits = dict(b.split(":", 1) for b in line.split("\t") if ":" in b)
+            seen.add((int(bits["Partition"]), int(bits["Offset"])))
+    assert seen == set(dump)

@@ -187,6 +187,21 @@ def test_both_nodes_read_every_block_one_get_each(fleet2):
         1 for b in range(blocks) if nodes[1].ring().owner(f"b|{OBJ}|{b}") == 1)
 
 
+def test_journal_entries_come_from_their_owner_and_missing_ones_say_so(fleet2):
+    fake, _, nodes, _ = fleet2
+    ring = nodes[1].ring()
+    seq = next(s for s in range(100)
+               if ring.owner(f"b|shared/w/journal/{s:020d}.json|0") == 2)
+    path = f"shared/w/journal/{seq:020d}.json"
+    fake.objects["bucket"][f"s/{path}"] = (b'{"entry": 1}', None)
+    before = gets(fake)
+    assert nodes[1].fs.read(path) == b'{"entry": 1}'
+    assert nodes[1].fs.read(path) == b'{"entry": 1}'  # node 2 keeps it: one GET in all
+    assert gets(fake) - before == 1
+    with pytest.raises(FileNotFoundError):
+        nodes[1].fs.read(f"shared/w/journal/{seq + 1000:020d}.json")
+
+
 def test_metrics_name_the_ring_and_the_savings(fleet2):
     fake, data, nodes, _ = fleet2
     nodes[1].fs.read(OBJ, 0, len(data))
