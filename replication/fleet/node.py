@@ -12,6 +12,7 @@ user guide: docs/fleet.md.
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -167,8 +168,9 @@ class Fleet(BlockSource):
                 self.ping_failures[nid] = self.ping_failures.get(nid, 0) + 1
                 changed = e.args[0] != peer.error
                 peer.error = e.args[0]
-            if changed:
-                self.log.warning("fleet: ping of %s failed: %s", peer.client, e)
+            if changed:  # a peer not up yet (this node started first) is no warning
+                self.log.log(logging.WARNING if peer.last_ok is not None else logging.INFO,
+                             "fleet: ping of %s failed: %s", peer.client, e)
             self._membership()
             return
         self._count_sent("ping", "ok")
