@@ -57,12 +57,20 @@ WORKER_CONFIG = (
             "How long a task's brokers may stay unreachable before /healthz answers 503.")
     .define("startup.timeout.ms", Type.LONG, 10_000, at_least(100), Importance.LOW,
             "How long to wait for the brokers' metadata at start before giving up.")
-    .define("listeners", Type.STRING, "", None, Importance.MEDIUM,
+    .define("listeners", Type.STRING, "http://127.0.0.1:8083", None, Importance.MEDIUM,
             "`kcompact connect standalone`: the URL where Kafka Connect's REST API is served, "
-            "http://HOST:PORT (Apache Connect's key; port 0 picks a free one), e.g. "
-            "http://127.0.0.1:8083. Empty = no API: the worker runs the files' connectors "
-            "until they finish, as before. With it, the worker runs until stopped. An address "
-            "other than loopback needs rest.basic.auth.users.file.")
+            "http://HOST:PORT or https://HOST:PORT (Apache Connect's key; port 0 picks a free "
+            "one). Empty = no API. The default's port already taken is one warning line (the "
+            "worker runs without the API); a port given here taken is an error. An address "
+            "other than loopback needs rest.basic.auth.users.file or "
+            "listeners.https.ssl.client.auth=required.")
+    .define("exit.when.finished", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "`kcompact connect standalone` with connector files: true = the worker exits once "
+            "no connector has work left (each task ended by itself: a sink with follow=false at "
+            "its end offsets), and a task of a file's connector that fails ends it (exit 1); "
+            "false = it runs until SIGTERM/SIGINT, as Apache's standalone worker, a failed task "
+            "staying FAILED until restarted through the REST API. Without connector files the "
+            "worker always runs until stopped.")
     .define("rest.basic.auth.users.file", Type.STRING, "", None, Importance.MEDIUM,
             "The REST API's users: a file of USER:HASH lines (hashed passwords: "
             "python -m kcompact.connectors.apps.connect_rest.auth USER prints one); every "
@@ -500,11 +508,15 @@ class Worker:
                     pass
         for r in self.runners:
             if r.failure is not None:
-                e = r.failure
-                if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
-                    raise e
-                from kcompact.reput import ReputError
-                if isinstance(e, (ReputError, OSError)):
-                    raise TaskFailedError(f"task {r.metrics.name}: {e}") from e
-                raise TaskFailedError(f"task {r.metrics.name} failed: {type(e).__name__}: {e}"
-                                      ) from e
+                raise_task_failure(r)
+
+
+def raise_task_failure(runner: Any) -> None:
+    """Raise a failed task runner's ``failure`` as the one line a command reports."""
+    e = runner.failure
+    if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
+        raise e
+    from kcompact.reput import ReputError
+    if isinstance(e, (ReputError, OSError)):
+        raise TaskFailedError(f"task {runner.metrics.name}: {e}") from e
+    raise TaskFailedError(f"task {runner.metrics.name} failed: {type(e).__name__}: {e}") from e

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kcompact.connectors.apps.connect_rest import start_rest
+from kcompact.connectors.apps.connect_rest import Herder, start_rest
 from kcompact.connectors.apps.connect_rest.auth import hash_password, load_users
 from kcompact.connectors.errors import ConfigError
 from kcompact.connectors.framework.api import SourceConnector, SourceTask
@@ -71,13 +71,20 @@ class IdleSource(SourceConnector):
 CLASS = f"{__name__}.IdleSource"
 
 
+def _rest(worker: Worker, state_dir, log):
+    """The REST API over a herder of ``worker``, at its ``listeners`` (required)."""
+    herder = Herder(worker, state_dir=state_dir, log=log)
+    return start_rest(worker, herder, worker.config["listeners"], required=True,
+                      where="worker.properties", log=log)
+
+
 class Api:
     def __init__(self, tmp, extra: dict | None = None, files=()):
         self.log = io.StringIO()
         props = {"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0",
                  **(extra or {})}
         self.worker = Worker(props, log=self.log)
-        self.rest = start_rest(self.worker, state_dir=str(tmp / "state"), log=self.log)
+        self.rest = _rest(self.worker, str(tmp / "state"), self.log)
         self.rest.herder.load(list(files))
         self.base = self.rest.url
 
@@ -240,7 +247,7 @@ def test_unreadable_state_file_is_named(tmp_path):
     (tmp_path / "state" / "x.json").write_text("{not json")
     w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0"},
                log=io.StringIO())
-    rest = start_rest(w, state_dir=str(tmp_path / "state"), log=io.StringIO())
+    rest = _rest(w, str(tmp_path / "state"), io.StringIO())
     try:
         with pytest.raises(Exception, match=r"x\.json: not a connector state file"):
             rest.herder.load([])
@@ -323,7 +330,7 @@ def test_non_loopback_needs_users_and_basic_auth_checks_them(tmp_path):
     w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://0.0.0.0:0"},
                log=io.StringIO())
     with pytest.raises(ConfigError, match="rest.basic.auth.users.file"):
-        start_rest(w, state_dir=None, log=io.StringIO())
+        _rest(w, None, io.StringIO())
     plain = tmp_path / "plain"
     plain.write_text("admin:secret\n")
     with pytest.raises(ConfigError, match=r"plain:1: expected USER:pbkdf2_sha256"):
@@ -348,4 +355,4 @@ def test_listeners_must_be_one_http_url(tmp_path):
                 "http://127.0.0.1:8083/x"):
         w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": bad}, log=io.StringIO())
         with pytest.raises(ConfigError, match="listeners"):
-            start_rest(w, state_dir=None, log=io.StringIO())
+            _rest(w, None, io.StringIO())
