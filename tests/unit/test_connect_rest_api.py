@@ -42,6 +42,12 @@ class IdleRunner(TaskRunner):
         if self.props.get("fail"):
             self.failure = _Failure("the idle task was told to fail")
             return
+        until = self.props.get("until")
+        if until:  # a bounded task: it ends by itself once the file exists
+            import os
+            while not os.path.exists(until) and not self.stop_event.wait(0.01):
+                pass
+            return
         self.stop_event.wait()
 
 
@@ -59,7 +65,9 @@ class IdleTask(SourceTask):
 class IdleSource(SourceConnector):
     CONFIG = (ConfigDef()
               .define("fail", Type.BOOLEAN, False, None, Importance.LOW, "Fail the task.")
-              .define("label", Type.STRING, "", None, Importance.LOW, "Anything."))
+              .define("label", Type.STRING, "", None, Importance.LOW, "Anything.")
+              .define("until", Type.STRING, "", None, Importance.LOW,
+                      "End the task once this file exists."))
 
     def task_class(self):
         return IdleTask
@@ -356,3 +364,176 @@ def test_listeners_must_be_one_http_url(tmp_path):
         w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": bad}, log=io.StringIO())
         with pytest.raises(ConfigError, match="listeners"):
             _rest(w, None, io.StringIO())
+
+
+# -- connect standalone's lifetime: the API on by default, the run ending with its files' work --
+
+
+class Standalone:
+    """``run_standalone`` in a thread, with a worker file of ``worker`` (no listeners key
+    unless given) and connector files of ``connectors``."""
+
+    def __init__(self, tmp, worker: dict, connectors: dict[str, dict]):
+        from kcompact.connectors.apps.connect import run_standalone
+        self.log = _Lines()
+        wf = tmp / "worker.properties"
+        wf.write_text("".join(f"{k}={v}\n" for k, v in
+                              {"bootstrap.servers": "127.0.0.1:9",
+                               "metrics.log.interval.ms": "0", **worker}.items()))
+        files = []
+        for name, c in connectors.items():
+            f = tmp / f"{name}.json"
+            f.write_text(json.dumps(dict(c, name=name)))
+            files.append(str(f))
+        self.stop = threading.Event()
+        self.result: list = []
+
+        def run():
+            try:
+                self.result.append(run_standalone(str(wf), files, out=self.log, stop=self.stop))
+            except BaseException as e:  # noqa: BLE001 - looked at by the test
+                self.result.append(e)
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def url(self) -> str:
+        import re
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            m = re.search(r"REST API on (http\S+)", self.log.getvalue())
+            if m:
+                return m.group(1)
+            assert not self.result, (self.result, self.log.getvalue())
+            time.sleep(0.01)
+        raise AssertionError(self.log.getvalue())
+
+    def ended(self, timeout: float = WAIT_S):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "still running: " + self.log.getvalue()
+        return self.result[0]
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(WAIT_S)
+
+
+class _Lines(io.StringIO):
+    """A StringIO written from several threads."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def write(self, s):
+        with self._lock:
+            return super().write(s)
+
+    def getvalue(self):
+        with self._lock:
+            return super().getvalue()
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=WAIT_S) as r:
+        return json.loads(r.read())
+
+
+def test_listeners_default_is_connects():
+    from kcompact.connectors.framework.worker import WORKER_CONFIG
+    w = WORKER_CONFIG.parse({"bootstrap.servers": "x:1"})
+    assert w["listeners"] == "http://127.0.0.1:8083" and w["exit.when.finished"] is True
+
+
+def test_files_run_ends_when_their_work_is_done_and_serves_meanwhile(tmp_path):
+    done = tmp_path / "done"
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"},
+                   {"bounded": _config(until=str(done))})
+    try:
+        base = s.url()
+        assert _get(f"{base}/connectors/bounded/status")["tasks"][0]["state"] == "RUNNING"
+        done.write_text("")
+        assert s.ended() is None  # by itself, no signal
+        assert "connect: bounded: 1 task(s)" in s.log.getvalue()
+    finally:
+        s.close()
+
+
+def test_paused_connector_keeps_a_files_run_going(tmp_path):
+    """Work left: a connector paused through the API is resumed later, so the run goes on."""
+    done = tmp_path / "done"
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"},
+                   {"p": _config(until=str(done))})
+    try:
+        base = s.url()
+        req = urllib.request.Request(f"{base}/connectors/p/pause", method="PUT")
+        assert urllib.request.urlopen(req, timeout=WAIT_S).status == 202
+        done.write_text("")
+        s.thread.join(1.0)
+        assert s.thread.is_alive()  # paused: not finished
+        req = urllib.request.Request(f"{base}/connectors/p/resume", method="PUT")
+        assert urllib.request.urlopen(req, timeout=WAIT_S).status == 202
+        assert s.ended() is None  # resumed, the file exists: it ends at once
+    finally:
+        s.close()
+
+
+def test_exit_when_finished_false_runs_until_stopped_as_apache(tmp_path):
+    done = tmp_path / "done"
+    done.write_text("")
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0", "exit.when.finished": "false"},
+                   {"b": _config(until=str(done)), "f": _config(fail="true")})
+    try:
+        base = s.url()
+        deadline = time.monotonic() + WAIT_S
+        while _get(f"{base}/connectors/b/status")["tasks"][0]["state"] != "UNASSIGNED" or \
+                _get(f"{base}/connectors/f/status")["tasks"][0]["state"] != "FAILED":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert s.thread.is_alive()
+    finally:
+        s.stop.set()
+    assert s.ended() is None
+
+
+def test_failed_file_task_ends_a_files_run(tmp_path):
+    from kcompact.connectors.framework.api import TaskFailedError
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"}, {"f": _config(fail="true")})
+    try:
+        e = s.ended()
+        assert isinstance(e, TaskFailedError) and "the idle task was told to fail" in str(e)
+    finally:
+        s.close()
+
+
+def test_default_port_taken_is_one_line_and_the_run_goes_on(tmp_path):
+    """Port 8083 held (by this test, or by anything else that has it): a worker file without
+    listeners runs its connectors without the API, saying so in one line."""
+    import socket
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8083))
+        held.listen()
+    except OSError:
+        pass  # taken already: as good
+    try:
+        done = tmp_path / "done"
+        done.write_text("")
+        s = Standalone(tmp_path, {}, {"b": _config(until=str(done))})
+        assert s.ended() is None
+        lines = [ln for ln in s.log.getvalue().splitlines() if "REST API" in ln]
+        assert len(lines) == 1 and "REST API not served" in lines[0] and \
+            "127.0.0.1:8083" in lines[0] and "listeners=" in lines[0], lines
+        # given in the worker file, the same port is an error naming it
+        s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:8083"},
+                       {"b": _config(until=str(done))})
+        e = s.ended()
+        assert isinstance(e, ConfigError) and "127.0.0.1:8083" in str(e) and \
+            "free port" in str(e), e
+    finally:
+        held.close()
+
+
+def test_no_files_and_no_listeners_is_an_error(tmp_path):
+    s = Standalone(tmp_path, {"listeners": ""}, {})
+    e = s.ended()
+    assert isinstance(e, ConfigError) and "no connector file" in str(e)
