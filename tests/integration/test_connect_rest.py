@@ -367,3 +367,87 @@ def test_worker_restart_keeps_api_connectors(kafka_bootstrap, make_topic, tmp_pa
         assert proc.wait(60) == 0, lines.text()
     assert not (tmp_path / "worker.connectors" / "kept.json").exists()
     assert _store_records(store, topic) == list(range(15))
+
+
+def _topic_values(bootstrap: str, topic: str) -> list[bytes]:
+    """Partition 0 of ``topic`` as a read_committed consumer sees it (the values)."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "connect-rest-read",
+                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return []
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, lo)])
+        out: list[bytes] = []
+        while True:
+            pos = c.position([TopicPartition(topic, 0)])[0].offset
+            if pos >= hi:
+                return out
+            for m in c.consume(500, 1.0):
+                if m.error() is None:
+                    out.append(m.value())
+    finally:
+        c.close()
+
+
+def test_store_source_offsets_are_its_restore_progress(kafka_bootstrap, make_topic, tmp_path):
+    """KIP-875 on the store source: GET shows the restore's positions, DELETE resets them (a
+    resume produces everything again), PATCH sets one partition's position."""
+    topic = make_topic(partitions=1)
+    target = f"{topic}-restored"
+    store = str(tmp_path / "store")
+    _produce(kafka_bootstrap, topic, 0, 30)
+    with KcompactConnect(tmp_path, kafka_bootstrap) as k:
+        base = k.url
+        _create(base, "copy", {"connector.class": "StoreSinkConnector", "topics": topic,
+                               "store.url": store, "follow": "false"})
+        wait_until(lambda: len(_store_records(store, topic)) == 30, "30 records stored")
+        _create(base, "back", {"connector.class": "StoreSourceConnector", "store.url": store,
+                               "store.topic": topic, "topic": target, "mode": "all"})
+        want = [f"v{i}".encode() for i in range(30)]
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want, "restored")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the restore's task ended")
+        status, doc = request(f"{base}/connectors/back/offsets")
+        assert (status, doc) == (200, {"offsets": [{"partition": {"partition": 0},
+                                                    "offset": {"position": 30}}]})
+        # changed only when STOPPED
+        status, doc = request(f"{base}/connectors/back/offsets", "DELETE")
+        assert status == 400 and "STOPPED" in doc["message"]
+        assert request(f"{base}/connectors/back/stop", "PUT")[0] == 204
+        status, doc = request(f"{base}/connectors/back/offsets", "DELETE")
+        assert status == 200 and "reset successfully" in doc["message"], doc
+        assert request(f"{base}/connectors/back/offsets") == (200, {"offsets": []})
+        # a resume restores from the beginning
+        assert request(f"{base}/connectors/back/resume", "PUT")[0] == 202
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want + want,
+                   "restored again")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the second restore ended")
+        assert request(f"{base}/connectors/back/stop", "PUT")[0] == 204
+        # PATCH: partition 0 back to store offset 25
+        status, doc = request(f"{base}/connectors/back/offsets", "PATCH", {"offsets": [
+            {"partition": {"partition": 0}, "offset": {"position": 25}}]})
+        assert status == 200 and "altered successfully" in doc["message"], doc
+        assert request(f"{base}/connectors/back/offsets")[1] == {"offsets": [
+            {"partition": {"partition": 0}, "offset": {"position": 25}}]}
+        # bad moves: 400 naming what is wrong, nothing changed
+        for body, what in (({"partition": {"partition": 3}, "offset": {"position": 1}},
+                            "no partition 3"),
+                           ({"partition": {"partition": 0}, "offset": {"position": 31}},
+                            "past the end"),
+                           ({"partition": {"file": "x"}, "offset": {"position": 1}},
+                            '{"partition": N}'),
+                           ({"partition": {"partition": 0}, "offset": {"pos": 1}},
+                            '{"position": N}')):
+            status, doc = request(f"{base}/connectors/back/offsets", "PATCH",
+                                  {"offsets": [body]})
+            assert status == 400 and what in doc["message"], (body, doc)
+        assert request(f"{base}/connectors/back/offsets")[1]["offsets"][0]["offset"] == {
+            "position": 25}
+        assert request(f"{base}/connectors/back/resume", "PUT")[0] == 202
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want + want + want[25:],
+                   "the last five again")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the third restore ended")
+        assert request(f"{base}/connectors/back/offsets")[1]["offsets"][0]["offset"] == {
+            "position": 30}
