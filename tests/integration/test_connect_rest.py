@@ -251,6 +251,95 @@ def test_rest_api_answers_as_apache_connect(apache_connect, oracle_broker, tmp_p
         assert dict((label, d) for label, _s, d in seq)["validate good"]["error_count"] == 0
 
 
+def _source_sequence(base: str, name: str, config: dict[str, str], ready) -> list:
+    """KIP-875 on a source connector: (step, status, body) of each request."""
+    out: list = []
+
+    def step(label: str, method: str, path: str, body=None):
+        status, doc = request(base + path, method, body)
+        out.append((label, status, doc))
+        return status, doc
+
+    step("create", "POST", "/connectors", {"name": name, "config": config})
+    wait_until(lambda: ready(request(f"{base}/connectors/{name}/offsets")[1]),
+               f"{name}'s first offsets")
+    step("offsets running", "GET", f"/connectors/{name}/offsets")
+    step("patch running", "PATCH", f"/connectors/{name}/offsets", {"offsets": []})
+    step("delete running", "DELETE", f"/connectors/{name}/offsets")
+    step("stop", "PUT", f"/connectors/{name}/stop")
+    _wait_state(base, name, "STOPPED/", "stopped")
+    _s, doc = step("offsets stopped", "GET", f"/connectors/{name}/offsets")
+    entry = doc["offsets"][0]
+    step("patch empty", "PATCH", f"/connectors/{name}/offsets", {"offsets": []})
+    step("patch", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": {k: 1 for k in entry["offset"]}}]})
+    step("offsets patched", "GET", f"/connectors/{name}/offsets")
+    step("patch to null", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": None}]})
+    step("offsets nulled", "GET", f"/connectors/{name}/offsets")
+    step("patch back", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": {k: 2 for k in entry["offset"]}}]})
+    step("delete", "DELETE", f"/connectors/{name}/offsets")
+    step("offsets reset", "GET", f"/connectors/{name}/offsets")
+    step("delete missing", "DELETE", "/connectors/no-such-connector/offsets")
+    step("delete connector", "DELETE", f"/connectors/{name}")
+    return out
+
+
+def _source_offsets_shape(doc):
+    """A source partition and offset are maps of the connector's own keys."""
+    if isinstance(doc, dict) and isinstance(doc.get("offsets"), list):
+        return {"offsets": [{k: ({"*": sorted({type(x).__name__ for x in v.values()})}
+                                 if isinstance(v, dict) else v) for k, v in e.items()}
+                            for e in doc["offsets"]]}
+    return doc
+
+
+def test_source_offsets_answer_as_apache_connect(apache_connect, oracle_broker, tmp_path):
+    """KIP-875 on a source connector, Apache's FileStreamSource beside kcompact's store source:
+    the same status codes and shapes, and the positions moved as asked."""
+    topic = _topic(oracle_broker, f"connect-rest-src-{os.getpid()}")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"line {i}\n" for i in range(10)))
+    apache = _source_sequence(
+        apache_connect.url, "oracle-source",
+        {"connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+         "tasks.max": "1", "topic": f"{topic}-file", "file": str(lines)},
+        lambda d: bool(d and d.get("offsets")))
+    _produce(oracle_broker, topic, 0, 10)
+    store = str(tmp_path / "store")
+    (tmp_path / "k").mkdir()
+    with KcompactConnect(tmp_path / "k", oracle_broker) as k:
+        _create(k.url, "copy", {"connector.class": "StoreSinkConnector", "topics": topic,
+                                "store.url": store, "follow": "false"})
+        wait_until(lambda: len(_store_records(store, topic)) == 10, "stored")
+        ours = _source_sequence(
+            k.url, "oracle-source",
+            {"connector.class": "StoreSourceConnector", "store.url": store,
+             "store.topic": topic, "topic": f"{topic}-restored", "mode": "all"},
+            lambda d: bool(d and d.get("offsets")))
+    problems = []
+    for (label, a_status, a_doc), (_, k_status, k_doc) in zip(apache, ours):
+        if a_status != k_status:
+            problems.append(f"{label}: status {a_status} (Apache) vs {k_status} (kcompact): "
+                            f"{json.dumps(a_doc)[:300]} / {json.dumps(k_doc)[:300]}")
+            continue
+        diff = differences(shape(_configs(_source_offsets_shape(a_doc))),
+                           shape(_configs(_source_offsets_shape(k_doc))))
+        if diff:
+            problems.append(f"{label}: {'; '.join(diff)}")
+    assert not problems, "\n".join(problems)
+    for seq in (apache, ours):
+        docs = {label: d for label, _s, d in seq}
+        assert [e["offset"] for e in docs["offsets patched"]["offsets"]] == [
+            {k: 1 for k in docs["offsets stopped"]["offsets"][0]["offset"]}], seq
+        assert docs["offsets reset"] == {"offsets": []}, seq
+        assert docs["patch"] == {"message": "The offsets for this connector have been altered "
+                                            "successfully"}, seq
+        assert docs["delete"] == {"message": "The offsets for this connector have been reset "
+                                             "successfully"}, seq
+
+
 # -- 2. end to end ----------------------------------------------------------------------------
 
 
