@@ -359,7 +359,7 @@ def test_non_loopback_needs_users_and_basic_auth_checks_them(tmp_path):
 
 
 def test_listeners_must_be_one_http_url(tmp_path):
-    for bad in ("127.0.0.1:8083", "https://127.0.0.1:8083", "http://a:1,http://b:2",
+    for bad in ("127.0.0.1:8083", "ftp://127.0.0.1:8083", "http://a:1,http://b:2",
                 "http://127.0.0.1:8083/x"):
         w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": bad}, log=io.StringIO())
         with pytest.raises(ConfigError, match="listeners"):
@@ -537,3 +537,173 @@ def test_no_files_and_no_listeners_is_an_error(tmp_path):
     s = Standalone(tmp_path, {"listeners": ""}, {})
     e = s.ended()
     assert isinstance(e, ConfigError) and "no connector file" in str(e)
+
+
+# -- https listeners (connect_rest/tls.py): PEM and PKCS12 stores, client certificates --------
+
+
+def _certs(tmp):
+    """A CA, the server's certificate for 127.0.0.1, a client's from the CA and one from
+    another CA; as PEM and PKCS12 files."""
+    import datetime
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import pkcs12
+    from cryptography.x509.oid import NameOID
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def make(cn, issuer=None, issuer_key=None, ca=False, san=None):
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        b = (x509.CertificateBuilder().subject_name(name)
+             .issuer_name(issuer.subject if issuer is not None else name)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(days=1))
+             .not_valid_after(now + datetime.timedelta(days=2))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = b.sign(issuer_key if issuer_key is not None else key, hashes.SHA256())
+        return key, cert
+
+    def pem(key=None, certs=(), password=None):
+        out = b""
+        if key is not None:
+            enc = serialization.BestAvailableEncryption(password.encode()) if password else \
+                serialization.NoEncryption()
+            out += key.private_bytes(serialization.Encoding.PEM,
+                                     serialization.PrivateFormat.PKCS8, enc)
+        return out + b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certs)
+
+    ca_key, ca = make("kcompact test CA", ca=True)
+    other_key, other = make("another CA", ca=True)
+    skey, scert = make("127.0.0.1", ca, ca_key,
+                       san=[x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    ckey, ccert = make("operator", ca, ca_key)
+    xkey, xcert = make("intruder", other, other_key)
+    files = {"ca.pem": pem(certs=[ca]), "server.pem": pem(skey, [scert, ca]),
+             "server-enc.pem": pem(skey, [scert], password="kpw"),
+             "client.pem": pem(ckey, [ccert]), "intruder.pem": pem(xkey, [xcert]),
+             "server.p12": pkcs12.serialize_key_and_certificates(
+                 b"server", skey, scert, [ca], serialization.BestAvailableEncryption(b"spw")),
+             "trust.p12": pkcs12.serialize_key_and_certificates(
+                 None, None, None, [ca], serialization.BestAvailableEncryption(b"tpw"))}
+    for name, data in files.items():
+        (tmp / name).write_bytes(data)
+    return {name: str(tmp / name) for name in files}
+
+
+def _https_get(url: str, ca: str, cert: str | None = None) -> tuple[int, Any]:
+    import ssl
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert)
+    with urllib.request.urlopen(url, timeout=WAIT_S, context=ctx) as r:
+        return r.status, json.loads(r.read())
+
+
+def _curl(*args: str) -> int:
+    import shutil
+    import subprocess
+    if shutil.which("curl") is None:
+        return -1
+    return subprocess.run(["curl", "-sf", "-o", "/dev/null", *args], capture_output=True,
+                          timeout=60).returncode
+
+
+def test_https_listener_with_a_pem_keystore(tmp_path):
+    c = _certs(tmp_path)
+    for extra in ({"listeners.https.ssl.keystore.location": c["server.pem"]},
+                  {"listeners.https.ssl.keystore.location": c["server-enc.pem"],
+                   "listeners.https.ssl.keystore.type": "PEM",
+                   "listeners.https.ssl.key.password": "kpw"},
+                  {"listeners.https.ssl.keystore.key": open(c["server-enc.pem"]).read()
+                   .split("-----BEGIN CERTIFICATE")[0],
+                   "listeners.https.ssl.keystore.certificate.chain":
+                       "-----BEGIN CERTIFICATE" + open(c["server-enc.pem"]).read()
+                       .split("-----BEGIN CERTIFICATE", 1)[1],
+                   "listeners.https.ssl.key.password": "kpw"}):
+        a = Api(tmp_path, extra={"listeners": "https://127.0.0.1:0", **extra})
+        try:
+            assert a.base.startswith("https://127.0.0.1:")
+            status, doc = _https_get(a.base + "/", c["ca.pem"])
+            assert status == 200 and "version" in doc
+            assert _curl("--cacert", c["ca.pem"], a.base + "/connectors") in (0, -1)
+            # a client that does not trust the CA refuses the server
+            with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+                _https_get(a.base + "/", c["intruder.pem"])
+        finally:
+            a.close()
+
+
+def test_https_client_auth_required_with_pkcs12_stores(tmp_path):
+    import ssl
+    c = _certs(tmp_path)
+    a = Api(tmp_path, extra={
+        "listeners": "https://127.0.0.1:0",
+        "listeners.https.ssl.keystore.location": c["server.p12"],
+        "listeners.https.ssl.keystore.type": "PKCS12",
+        "listeners.https.ssl.keystore.password": "spw",
+        "listeners.https.ssl.truststore.location": c["trust.p12"],
+        "listeners.https.ssl.truststore.password": "tpw",
+        "listeners.https.ssl.client.auth": "required"})
+    try:
+        assert _https_get(a.base + "/connectors", c["ca.pem"], c["client.pem"]) == (200, [])
+        for cert in (None, c["intruder.pem"]):  # no certificate, or one of another CA
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                _https_get(a.base + "/connectors", c["ca.pem"], cert)
+        if _curl("--version") != -1:
+            assert _curl("--cacert", c["ca.pem"], "--cert", c["client.pem"],
+                         a.base + "/connectors") == 0
+            assert _curl("--cacert", c["ca.pem"], a.base + "/connectors") != 0
+    finally:
+        a.close()
+
+
+def test_https_required_client_auth_allows_other_addresses(tmp_path):
+    c = _certs(tmp_path)
+    tls = {"listeners": "https://0.0.0.0:0",
+           "listeners.https.ssl.keystore.location": c["server.pem"],
+           "listeners.https.ssl.truststore.location": c["ca.pem"]}
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", **tls}, log=io.StringIO())
+    with pytest.raises(ConfigError, match="listeners.https.ssl.client.auth=required"):
+        _rest(w, None, io.StringIO())  # TLS alone: anyone may still connect
+    a = Api(tmp_path, extra=dict(tls, **{"listeners.https.ssl.client.auth": "required"}))
+    try:
+        port = a.base.rsplit(":", 1)[1]
+        assert _https_get(f"https://127.0.0.1:{port}/connectors", c["ca.pem"],
+                          c["client.pem"]) == (200, [])
+    finally:
+        a.close()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({}, "needs the server's key and certificate"),
+    ({"listeners.https.ssl.keystore.location": "JKS"}, "is a JKS keystore"),
+    ({"listeners.https.ssl.keystore.location": "CA"}, "no private key with its certificate"),
+    ({"listeners.https.ssl.keystore.location": "P12"}, "not a PKCS12 store this password"),
+    ({"listeners.https.ssl.keystore.location": "SERVER",
+      "listeners.https.ssl.client.auth": "required"}, "against a truststore"),
+    ({"listeners.https.ssl.keystore.location": "SERVER",
+      "listeners.https.ssl.keystore.type": "BKS"}, "is not PEM or PKCS12"),
+])
+def test_https_bad_stores_are_one_line_naming_the_key(tmp_path, extra, message):
+    c = _certs(tmp_path)
+    (tmp_path / "store.jks").write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
+    paths = {"JKS": str(tmp_path / "store.jks"), "CA": c["ca.pem"], "P12": c["server.p12"],
+             "SERVER": c["server.pem"]}
+    extra = {k: paths.get(v, v) for k, v in extra.items()}
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "https://127.0.0.1:0",
+                **extra}, log=io.StringIO())
+    with pytest.raises(ConfigError, match=message) as e:
+        _rest(w, None, io.StringIO())
+    assert "\n" not in str(e.value)
+
+
+def test_client_auth_needs_an_https_listener(tmp_path):
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0",
+                "listeners.https.ssl.client.auth": "required"}, log=io.StringIO())
+    with pytest.raises(ConfigError, match="needs an https listener"):
+        _rest(w, None, io.StringIO())

@@ -1,7 +1,7 @@
 """Kafka Connect's REST API on ``kcompact connect standalone`` (the worker's ``listeners``):
 herder.py keeps the connectors and their states, server.py serves Connect's paths and shapes,
 validate.py and offsets.py answer config validation and KIP-875's offsets, auth.py checks
-HTTP Basic credentials (docs/connectors.md, "The REST API")."""
+HTTP Basic credentials, tls.py makes an https listener's context (docs/connectors.md, "The REST API")."""
 
 from __future__ import annotations
 
@@ -15,25 +15,23 @@ from .herder import ConnectRestError, Herder, default_worker_id
 __all__ = ["ConnectRestError", "Herder", "RestServer", "start_rest", "parse_listeners"]
 
 
-def parse_listeners(text: str) -> tuple[str, int]:
-    """``http://HOST:PORT`` -> (host, port); one URL (Connect's key may list several)."""
+def parse_listeners(text: str) -> tuple[str, str, int]:
+    """``http://HOST:PORT`` or ``https://HOST:PORT`` -> (scheme, host, port); one URL
+    (Connect's key may list several)."""
     urls = [u.strip() for u in text.split(",") if u.strip()]
     if len(urls) != 1:
         raise ConfigError(f"listeners: give one URL, e.g. http://127.0.0.1:8083; got {text!r}",
                           key="listeners")
     u = urllib.parse.urlsplit(urls[0])
-    if u.scheme == "https":
-        raise ConfigError("listeners: https is not served by kcompact yet; listen on loopback "
-                          "(http://127.0.0.1:8083) behind a TLS-terminating proxy",
-                          key="listeners")
     try:
         port = u.port
     except ValueError:
         port = None
-    if u.scheme != "http" or port is None or u.path not in ("", "/"):
-        raise ConfigError(f"listeners: {urls[0]!r} is not http://HOST:PORT (e.g. "
-                          "http://127.0.0.1:8083; port 0 picks a free one)", key="listeners")
-    return u.hostname or "0.0.0.0", port
+    if u.scheme not in ("http", "https") or port is None or u.path not in ("", "/"):
+        raise ConfigError(f"listeners: {urls[0]!r} is not http://HOST:PORT or "
+                          "https://HOST:PORT (e.g. http://127.0.0.1:8083; port 0 picks a free "
+                          "one)", key="listeners")
+    return u.scheme, u.hostname or "0.0.0.0", port
 
 
 @dataclass
@@ -81,19 +79,30 @@ def start_rest(worker, herder: Herder, listeners: str, *, required: bool, where:
     from kcompact.replication.ops import AppThread
     from .auth import BasicAuth
     from .server import make_app
-    host, port = parse_listeners(listeners)
+    scheme, host, port = parse_listeners(listeners)
     users = worker.config["rest.basic.auth.users.file"]
-    if not is_loopback(host) and not users:
+    ssl_context = None
+    if scheme == "https":
+        from .tls import server_context
+        ssl_context = server_context(worker.config)
+    elif worker.config["listeners.https.ssl.client.auth"] != "none":
+        raise ConfigError(f"listeners.https.ssl.client.auth: needs an https listener; got "
+                          f"listeners={listeners}", key="listeners.https.ssl.client.auth")
+    certified = ssl_context is not None and \
+        worker.config["listeners.https.ssl.client.auth"] == "required"
+    if not is_loopback(host) and not users and not certified:
         raise ConfigError(f"listeners: {listeners} is not a loopback address: "
                           "anyone who reaches it could change the connectors; set "
-                          "rest.basic.auth.users.file (hashed passwords), or listen on "
-                          "http://127.0.0.1:PORT", key="listeners")
+                          "rest.basic.auth.users.file (hashed passwords) or "
+                          "listeners.https.ssl.client.auth=required (client certificates), "
+                          "or listen on http://127.0.0.1:PORT", key="listeners")
     auth = BasicAuth(users) if users else None
     app = make_app(herder, version=__version__, commit=_commit(), cluster_id=_cluster_id(worker),
                    auth=auth)
     shown = f"[{host}]" if ":" in host else host
     thread = AppThread(lambda: app, f"{shown}:{port}", flag="listeners",
-                       name="kcompact-connect-rest", command="connect standalone")
+                       ssl_context=ssl_context, name="kcompact-connect-rest",
+                       command="connect standalone")
     try:
         url = thread.start()
     except ReplicationError as e:
