@@ -340,6 +340,71 @@ def test_source_offsets_answer_as_apache_connect(apache_connect, oracle_broker, 
                                              "successfully"}, seq
 
 
+def _tls_attempt(url: str, ca: str, cert: str | None):
+    """(status, body) of GET ``url`` with a client trusting ``ca`` and presenting ``cert``, or
+    the name of the error the TLS handshake ended in."""
+    import ssl
+    import urllib.error
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert)
+    try:
+        return request(url, context=ctx)
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError) as e:
+        return "refused", type(e).__name__
+
+
+def test_https_client_auth_as_apache_connect(oracle_broker, tmp_path):
+    """The same https listener with required client certificates on Apache's worker and on
+    kcompact's (a PKCS12 keystore, and a truststore made by keytool): a client with the CA's
+    certificate is answered alike, one without a certificate or with another CA's is refused
+    by both."""
+    import shutil
+    why = connect_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    if shutil.which("keytool") is None:
+        pytest.skip("the truststore is made with Java's keytool, not on PATH")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from _tls_certs import make_certs
+    c = make_certs(tmp_path)
+    trust = str(tmp_path / "trust-keytool.p12")
+    subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ca", "-file",
+                    c["ca.pem"], "-keystore", trust, "-storetype", "PKCS12",
+                    "-storepass", "trustpw"], check=True, capture_output=True, timeout=120)
+    tls = {"listeners.https.ssl.keystore.location": c["server.p12"],
+           "listeners.https.ssl.keystore.type": "PKCS12",
+           "listeners.https.ssl.keystore.password": "serverpw",
+           "listeners.https.ssl.truststore.location": trust,
+           "listeners.https.ssl.truststore.type": "PKCS12",
+           "listeners.https.ssl.truststore.password": "trustpw",
+           "listeners.https.ssl.client.auth": "required"}
+    import ssl
+    probe = ssl.create_default_context(cafile=c["ca.pem"])
+    probe.load_cert_chain(c["client.pem"])
+    (tmp_path / "a").mkdir()
+    apache = ApacheConnect(tmp_path / "a", oracle_broker, scheme="https", context=probe,
+                           extra=tls)
+    answers = {}
+    apache.start()
+    try:
+        answers["apache"] = [_tls_attempt(apache.url + path, c["ca.pem"], cert)
+                             for path in ("/", "/connectors")
+                             for cert in (c["client.pem"], None, c["intruder.pem"])]
+    finally:
+        apache.stop()
+    (tmp_path / "k").mkdir()
+    with KcompactConnect(tmp_path / "k", oracle_broker,
+                         extra=dict(tls, listeners="https://127.0.0.1:0")) as k:
+        assert k.url.startswith("https://")
+        answers["kcompact"] = [_tls_attempt(k.url + path, c["ca.pem"], cert)
+                               for path in ("/", "/connectors")
+                               for cert in (c["client.pem"], None, c["intruder.pem"])]
+    a, k = answers["apache"], answers["kcompact"]
+    assert [x[0] for x in a] == [x[0] for x in k] == [200, "refused", "refused"] * 2, answers
+    assert differences(shape(a[0][1]), shape(k[0][1])) == [] and a[3][1] == k[3][1] == []
+
+
 # -- 2. end to end ----------------------------------------------------------------------------
 
 
