@@ -1,19 +1,25 @@
-"""``kcompact connect standalone WORKER.properties CONNECTOR.properties...``
+"""``kcompact connect standalone WORKER.properties [CONNECTOR.properties...]``
 
-Kafka Connect's standalone mode: one process, connectors configured from files and, when the
-worker file sets ``listeners``, Connect's REST API (connect_rest/: list, add, reconfigure, pause,
-stop, restart, inspect connectors while the worker runs; it then runs until stopped). The worker
-file holds ``bootstrap.servers`` and the defaults (converters, ``consumer.*``,
-``producer.*``, ``offset.flush.interval.ms``...); each connector file holds ``name``,
-``connector.class``, ``tasks.max``, ``topics`` and the connector's own keys. Files are Java
-``.properties`` or JSON (a flat object, or Connect's REST form ``{"name":..., "config":{...}}``).
-Every key is validated before anything starts: an unknown or invalid one is reported naming the
-file and the key.
+Kafka Connect's standalone mode: one process, connectors configured from files, and Connect's
+REST API at the worker's ``listeners`` (default ``http://127.0.0.1:8083``, as Apache's; empty =
+none; connect_rest/: list, add, reconfigure, pause, stop, restart, inspect connectors while the
+worker runs). The worker file holds ``bootstrap.servers`` and the defaults (converters,
+``consumer.*``, ``producer.*``, ``offset.flush.interval.ms``...); each connector file holds
+``name``, ``connector.class``, ``tasks.max``, ``topics`` and the connector's own keys. Files are
+Java ``.properties`` or JSON (a flat object, or Connect's REST form ``{"name":...,
+"config":{...}}``). Every key of every file is validated before anything starts: an unknown or
+invalid one is reported naming the file and the key.
 
-Runs until every task has finished (sinks with ``follow=false``) or SIGINT/SIGTERM, which stop
-the tasks after their current batch and flush them (exit 0 after SIGTERM, 130 after SIGINT). A
-followed topic deleted or recreated is stopped alone (framework/sink_runner.py): the run goes on
-with the others and then exits 3 (options.EXIT_TOPICS_STOPPED), unless SIGINT ended it.
+With connector files (and ``exit.when.finished=true``, the default) the run ends once no
+connector has work left (every task ended by itself: sinks with ``follow=false``; a connector
+paused or stopped through the API counts as work), and a failed task of a file's connector ends
+it (exit 1), as before the API; else, and without connector files, it runs until SIGINT/SIGTERM
+as Apache's worker does. SIGINT/SIGTERM stop the tasks after their current batch and flush them
+(exit 0 after SIGTERM, 130 after SIGINT). A followed topic deleted or recreated is stopped alone
+(framework/sink_runner.py): the run goes on with the others and then exits 3
+(options.EXIT_TOPICS_STOPPED), unless SIGINT ended it. The default listener's port already
+taken is one warning line (the run goes on without the API); a ``listeners`` the worker file
+gives that cannot be bound is an error.
 """
 
 from __future__ import annotations

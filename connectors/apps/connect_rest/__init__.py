@@ -1,7 +1,8 @@
 """Kafka Connect's REST API on ``kcompact connect standalone`` (the worker's ``listeners``):
 herder.py keeps the connectors and their states, server.py serves Connect's paths and shapes,
 validate.py and offsets.py answer config validation and KIP-875's offsets, auth.py checks
-HTTP Basic credentials, tls.py makes an https listener's context (docs/connectors.md, "The REST API")."""
+HTTP Basic credentials, tls.py makes an https listener's context (docs/connectors.md, "The
+REST API")."""
 
 from __future__ import annotations
 
