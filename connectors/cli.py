@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schema-registry", default=None, metavar="URL",
                    help="the source's schema registry: keep every schema the records name in "
                    "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
-                   "versions and references (`kcompact schemas`; implies --engine local)")
+                   "versions and references (`kcompact schemas`; the default engine is then local, "
+                   "--engine spark keeps them too)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "

@@ -196,27 +196,35 @@ class SchemaCaptureWriter:
              now_ms: int | None = None) -> int:
         """Append ``schemas`` not kept yet and, per topic, its ids and missing ids (added to
         what it keeps); returns the schemas appended. Durable when this returns."""
-        kept = self.kept()
-        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
-        recs: list[tuple[bytes, bytes]] = []
-        new = [s for s in schemas if s.id not in kept.schemas]
-        for s in new:
-            s = KeptSchema(s.id, s.schema, s.schema_type, s.references, s.subjects, now)
-            recs.append((_key("schema", s.id), _value(s.to_doc())))
-        updated: dict[str, TopicSchemas] = {}
-        for t, (ids, missing) in topics.items():
-            cur = kept.topics.get(t, TopicSchemas())
-            ts = TopicSchemas(cur.ids | set(ids), (cur.missing | set(missing)) - (
-                set(ids) - set(missing)), now)
-            updated[t] = ts
-            recs.append((_key("topic", t), _value({"ids": sorted(ts.ids),
-                                                   "missing": sorted(ts.missing),
-                                                   "captured_ms": now})))
-        if not recs:
+        schemas, topics = list(schemas), dict(topics)
+        if not schemas and not topics:
             return 0
+        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
         st = self.store()
         pl = self._partition(st)
         try:
+            # read again under the partition's lock: other writers (the Spark engine's tasks,
+            # one per topic-partition) may have kept schemas or a topic's ids since this
+            # writer last read them; what they kept is neither written twice nor lost
+            self._kept = kept = kept_schemas(st)
+            recs: list[tuple[bytes, bytes]] = []
+            new = [s for s in schemas if s.id not in kept.schemas]
+            for s in new:
+                s = KeptSchema(s.id, s.schema, s.schema_type, s.references, s.subjects, now)
+                recs.append((_key("schema", s.id), _value(s.to_doc())))
+            updated: dict[str, TopicSchemas] = {}
+            for t, (ids, missing) in topics.items():
+                cur = kept.topics.get(t, TopicSchemas())
+                ts = TopicSchemas(cur.ids | set(ids), (cur.missing | set(missing)) - (
+                    set(ids) - set(missing)), now)
+                if (ts.ids, ts.missing) == (cur.ids, cur.missing):
+                    continue
+                updated[t] = ts
+                recs.append((_key("topic", t), _value({"ids": sorted(ts.ids),
+                                                       "missing": sorted(ts.missing),
+                                                       "captured_ms": now})))
+            if not recs:
+                return 0
             nxt = pl.next_offset
             st.append(RecordBatch.from_records(TOPIC, [
                 (0, nxt + i, now, k, v) for i, (k, v) in enumerate(recs)]))
@@ -224,7 +232,8 @@ class SchemaCaptureWriter:
         finally:
             st.release_partition(TOPIC, 0)
         for s in new:
-            kept.schemas[s.id] = s
+            kept.schemas[s.id] = KeptSchema(s.id, s.schema, s.schema_type, s.references,
+                                            s.subjects, now)
         kept.topics.update(updated)
         return len(new)
 

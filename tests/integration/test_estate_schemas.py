@@ -89,13 +89,13 @@ class Source:
         assert p.flush(60) == 0
 
 
-def _decoded(bootstrap: str, topic: str, registry_url: str) -> list:
+def _decoded(bootstrap: str, topic: str, registry_url: str, partitions: int = 1) -> list:
     """Every record of ``topic`` decoded with confluent-kafka's deserializers on
     ``registry_url`` (raw records as they are), sorted."""
     client = SchemaRegistryClient({"url": registry_url})
     des = AvroDeserializer(client)
     out = []
-    for rows in read_topic(bootstrap, topic, 1, offsets=False).values():
+    for rows in read_topic(bootstrap, topic, partitions, offsets=False).values():
         for _ts, k, v, _h in rows:
             if k[:1] == b"\0":
                 k = des(k, SerializationContext(topic, MessageField.KEY))
