@@ -318,7 +318,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     if len(topics) > 1:
         print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
     if sync_configs:
-        sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
+        sync_configs_of(bootstrap, topics, store, kafka_config, out=out,
+                        writer="spark-driver-configs")
     group_sync = None
     if sync_groups:  # the source's group offsets, now and after the job (plugins/group_sync.py)
         from ...plugins.group_sync import SinkGroupSync
