@@ -60,8 +60,9 @@ class InternalTopicWriter:
                 self._store = Store.open(self.url, writer=self.writer_id, create=True,
                                          commitlog_dir=self.commitlog_dir)
             except StoreLockedError:
-                raise self.error(f"{self.url}: the writer {self.writer_id} is locked by another "
-                                 "process (a second mirror with the same writer id?)") from None
+                raise self.error(f"{self.url}: the writer {self.writer_id} ({self.what}) is "
+                                 "locked by another process (a second mirror with the same "
+                                 "writer id?)") from None
             # appends re-dispatched on open; let the other writers append meanwhile
             self._store.release_partition(self.topic, 0)
         return self._store

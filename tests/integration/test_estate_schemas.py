@@ -5,9 +5,10 @@ record's id once, and confluent-kafka's deserializers on the target read every r
 the source's; a SIGKILL mid-restore and a rerun neither re-register nor re-map.
 
 The registry is tests/integration/schema_registry.py, an HTTP server speaking Confluent's REST
-API (references, import mode, a compatibility refusal), not Apicurio: Apicurio Registry on
-Maven Central is a Quarkus application published as a plain jar that needs a Quarkus build
-(augmentation) before it runs, which is out of reach here. The broker is the session's."""
+API (references, import mode, a compatibility refusal), not a packaged registry: Apicurio
+Registry on Maven Central is a Quarkus application published as a plain jar that needs a Quarkus
+build (augmentation) before it runs, Karapace is not on PyPI (the index answers 404 for it), and
+Confluent's own is not on Maven Central. The broker is the session's."""
 
 from __future__ import annotations
 
