@@ -79,7 +79,8 @@ def cmd_configs(a: argparse.Namespace) -> int:
     from .apps.configs import ConfigsOptions, run_configs
     return run_configs(ConfigsOptions(store=a.store, topic=a.topic, describe=a.describe,
                                       alter=a.alter, add_config=a.add_config,
-                                      delete_config=a.delete_config, json=a.json))
+                                      delete_config=a.delete_config, json=a.json,
+                                      as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_compact(a: argparse.Namespace) -> int:
@@ -378,6 +379,8 @@ def _configs_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
             parser.error("--add-config and --delete-config go with --alter")
         if args.alter and not (args.add_config or args.delete_config):
             parser.error("--alter needs --add-config K=V[,K=V] or --delete-config K[,K]")
+        if args.alter and args.as_of is not None:
+            parser.error("--as-of goes with --describe")
     return check
 
 
@@ -449,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schema-registry", default=None, metavar="URL",
                    help="the source's schema registry: keep every schema the records name in "
                    "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
-                   "versions and references (`kcompact schemas`; implies --engine local)")
+                   "versions and references (`kcompact schemas`; the default engine is then local, "
+                   "--engine spark keeps them too)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -520,7 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--delete-config", default=None, metavar="K[,K]",
                    help="remove local overrides (the synced value or the default applies again)")
     _json_flag(s, "print the configs as one JSON document on stdout")
-    s.set_defaults(func=cmd_configs, check_usage=_configs_usage(s))
+    _as_of_flags(s, "--describe: the values synced from the source as they were at TIME (the "
+                 "store's config history; local overrides as they are now)")
+    s.set_defaults(func=cmd_configs, check_usage=_as_of_usage(s, _configs_usage(s)))
 
     s = sub.add_parser("inspect", help="show topics, partitions, segments and dirty ratios")
     _store_flag(s, "the store to look at (nothing is changed)")
