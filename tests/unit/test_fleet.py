@@ -403,3 +403,22 @@ def test_peers_over_tls(tmp_path):
         for f in nodes.values():
             loop.run(f.close())
         loop.stop()
+
+
+def test_an_absent_journal_entry_is_asked_of_s3_once_per_half_interval(fleet2):
+    fake, _, nodes, _ = fleet2
+    ring = nodes[1].ring()
+    seq = next(s for s in range(100)
+               if ring.owner(f"b|shared/w/journal/{s:020d}.json|0") == 2)
+    path = f"shared/w/journal/{seq:020d}.json"
+    now = [1000.0]
+    nodes[2].clock = lambda: now[0]
+    before = gets(fake)
+    for _ in range(3):  # the fleet's followers polling within one half interval
+        with pytest.raises(FileNotFoundError):
+            nodes[1].fs.read(path)
+    assert gets(fake) - before == 1
+    fake.objects["bucket"][f"s/{path}"] = (b'{"entry": 2}', None)  # the writer commits it
+    now[0] += nodes[2].absent_ttl_s
+    assert nodes[1].fs.read(path) == b'{"entry": 2}'
+    assert gets(fake) - before == 2
