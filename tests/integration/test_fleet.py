@@ -344,3 +344,49 @@ def test_java_console_consumers_in_one_group_spread_over_the_fleet(store, tmp_pa
             bits = dict(b.split(":", 1) for b in line.split("\t") if ":" in b)
             seen.add((int(bits["Partition"]), int(bits["Offset"])))
     assert seen == set(dump)
+
+
+def committed_via(bootstrap: str, group: str) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        return [tp.offset for tp in c.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTS)], 20)]
+    finally:
+        c.close()
+
+
+def test_committed_offsets_survive_the_coordinator_and_writer_being_killed(store, tmp_path):
+    """Groups committed through the fleet, then the node coordinating most of them (and maybe
+    writing the offsets) SIGKILLed: a new consumer of each group, at another node, finds its
+    commits (the new coordinator reads them from the store)."""
+    url, dump = store
+    fleet = Fleet(url, 3, tmp_path).start()
+    try:
+        groups = [f"kill-g{i}" for i in range(6)]
+        for i, g in enumerate(groups):
+            c = Consumer({"bootstrap.servers": fleet.nodes[1 + i % 3].bootstrap,
+                          "group.id": g, "enable.auto.commit": False})
+            try:
+                c.commit(offsets=[TopicPartition(TOPIC, p, 10 + i + p) for p in range(PARTS)],
+                         asynchronous=False)
+            finally:
+                c.close()
+        want = {g: [10 + i + p for p in range(PARTS)] for i, g in enumerate(groups)}
+        assert {g: committed_via(fleet.nodes[3].bootstrap, g) for g in groups} == want
+        fleet.nodes[2].kill()
+        wait_for(lambda: all(fleet.nodes[n].metric("kcompact_fleet_ring_members") == 2
+                             for n in (1, 3)), 15, "node 2 leaving the ring")
+        assert {g: committed_via(fleet.nodes[1].bootstrap, g) for g in groups} == want
+        # and a commit after the change is kept too (the offsets writer may have moved)
+        c = Consumer({"bootstrap.servers": fleet.nodes[3].bootstrap, "group.id": groups[0],
+                      "enable.auto.commit": False})
+        try:
+            c.commit(offsets=[TopicPartition(TOPIC, p, 100 + p) for p in range(PARTS)],
+                     asynchronous=False)
+        finally:
+            c.close()
+        assert committed_via(fleet.nodes[1].bootstrap, groups[0]) == \
+            [100 + p for p in range(PARTS)]
+    finally:
+        fleet.stop()
