@@ -6,6 +6,8 @@ docs/fleet.md), with unmodified clients.
   commits are kept; the owners' shared blocks spare S3 GETs;
 * one node SIGKILLed while three consumers read: every consumer still ends with every record
   (re-reads allowed) within 30 s, the survivors' ring drops it, and restarted it rejoins;
+* groups committed through the fleet keep their offsets when the node coordinating them is
+  SIGKILLed (the new coordinator reads them from the store), and commit again after it;
 * a "peer" answering garbage stalls no client and never joins the ring;
 * a fleet of one serves what a plain `serve` serves.
 
