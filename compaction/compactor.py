@@ -36,7 +36,7 @@ On S3 (docs/formats/manifest.md) the sealed segments are the manifest's objects:
 rewritten ``.log`` is streamed once (one GET), outputs are staged in the local directory, and at
 the end ``PartitionLog.commit_staged`` uploads each output once and commits one manifest version
 (the commit point; replaced objects are deleted after the grace period). So a compaction issues
-a few requests per segment and per partition, whatever the record count. ``force`` seals the
+a few requests per segment and per partition, whatever the record count. ``force`` publishes the
 writer's local segments (when this process writes the partition) instead of rolling.
 
 (About 700 lines on purpose: a round's passes share its state, the map, the plan and the budget,
@@ -237,7 +237,7 @@ class Compactor:
             with self.store.lock:
                 if pl.manifest_mode:
                     if force:
-                        pl.seal(self.store.writer or "compactor")
+                        pl.publish(self.store.writer or "compactor")
                 elif force and pl.segments and pl.segments[-1].log_size > 0:
                     rolled = pl.roll(seal=False)  # this compaction writes it in format 2
                 pl.sync()
@@ -425,7 +425,7 @@ class Compactor:
         sealed = [s for s in pl.sealed_segments if s.base < end]
         # at most this many keys enter the map this round (its dirty segments' records): the
         # map clears and probes no more of its table than they need
-        bound = sum(pl.seg_count(s) for si, s in enumerate(sealed)
+        bound = sum(s.count() for si, s in enumerate(sealed)
                     if (sealed[si + 1].base if si + 1 < len(sealed) else end) > first_dirty)
         m.clear(first_dirty, bound)
         last_mapped = first_dirty - 1
@@ -435,7 +435,7 @@ class Compactor:
             nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
             if nxt <= first_dirty:
                 continue
-            idx = pl.index(seg)
+            idx = seg.index()
             start = int(idx.lower_bound(first_dirty))
             for lo, chunk in self._index_chunks(pl, seg, start):
                 res.bytes_read += chunk.nbytes
@@ -630,7 +630,7 @@ class Compactor:
                     res.bytes_read += src.bytes_read
             out.sync()
         except OSError as e:  # reading the input .log failed (the stream raises raw OSError)
-            raise CompactionError(f"{pl.seg_log_path(sp.seg)}: read error: {e.strerror or e}; "
+            raise CompactionError(f"{sp.seg.log_path}: read error: {e.strerror or e}; "
                                   "compaction stopped, the old segments are still in place") from e
         finally:
             out.close()
@@ -707,14 +707,14 @@ def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
 
 def _codec(pl: PartitionLog, seg) -> int | None:
     """The codec a format-2 segment's lean index records (None: a format-1 segment)."""
-    return getattr(pl.index(seg), "codec", None) if seg.format == 2 else None
+    return getattr(seg.index(), "codec", None) if seg.format == 2 else None
 
 
 def _recode_due(pl: PartitionLog, seg, cfg: TopicConfig) -> bool:
     """Whether ``seg`` was written for another compression.type than ``cfg``'s."""
     if seg.format != 2:
         return False  # (format 1 is rewritten whenever met: Segment.needs_rewrite)
-    idx = pl.index(seg)
+    idx = seg.index()
     return needs_recode(cfg.compression_type, idx.codec, getattr(idx, "target", 0))
 
 
@@ -732,7 +732,7 @@ def _last_offset(pl: PartitionLog, seg: Segment) -> int:
     listed = seg.listed()
     if listed is not None:
         return listed[2] if listed[0] else -1
-    idx = pl.index(seg)
+    idx = seg.index()
     return int(idx.entries[-1]["offset"]) if idx.n else -1
 
 

@@ -661,7 +661,7 @@ class Replicator:
         pdir, rdir = live.dir, staging.dir
         sdir = swap.staging_dir(pdir)
         staging.sync()
-        bases = [s.base for s in staging.segments if staging.seg_count(s)]
+        bases = [s.base for s in staging.segments if s.count()]
         merge = live.record_count() > 0
         # merged with local records, nothing is known clean; alone, the pulled records are
         # clean up to the horizon _note_horizon kept
@@ -791,7 +791,7 @@ class Replicator:
             if now - self._follow_sync.get((topic, partition), 0.0) >= 1.0:
                 live.sync()
                 if getattr(live, "manifest_mode", False):
-                    live.seal()  # S3: publish what was pulled (upload + manifest commit)
+                    live.publish()  # S3: publish what was pulled (upload + manifest commit)
                 self._follow_sync[(topic, partition)] = now
 
     def _sync_all(self) -> None:

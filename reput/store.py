@@ -12,11 +12,11 @@ crash exactly once.
 
 On S3 (``s3://bucket/prefix``, docs/formats/manifest.md) the commit log and each partition's
 active segments live in a local directory (``commitlog_dir``, default
-``~/.cache/kcompact/<store id>/``), and ``flush()`` also seals them: each partition appended
+``~/.cache/kcompact/<store id>/``), and ``flush()`` also publishes them: each partition appended
 since the last flush uploads its segments and commits a manifest version, before the reput
 checkpoint moves. Other processes see a writer's records once they are flushed.
 
-(Over 600 lines on purpose: the write path's ordering, append, dispatch, flush's fsyncs, seal and
+(Over 600 lines on purpose: the write path's ordering, append, dispatch, flush's fsyncs, publish and
 close under one lock, is the durability argument and reads as one; store.json's layers, the
 readers and the partition catalog are in modules of their own.)
 """
@@ -65,7 +65,7 @@ FEATURE_SEGMENT_LIST = "segment-list"
 #: store.json "features": "source-codec": the topics' compression.type default is producer (the
 #: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
 FEATURE_SOURCE_CODEC = "source-codec"
-SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
+PUBLISH_THREADS = 16  # partitions published at once by an S3 writer's flush
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
@@ -281,7 +281,7 @@ class Store:
         elif self.remote:
             SH.checked(fs)  # store.json was just read: no shared uploads yet
         self._collected: set[tuple[str, int]] = set()
-        self._registered = False  # in the shared-upload writers registry (_seal_shared)
+        self._registered = False  # in the shared-upload writers registry (_publish_shared)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
         self._wrote_partitions = False
@@ -322,7 +322,7 @@ class Store:
                 # (the error says how) and open the store again from this same process.
                 try:
                     for pl in self._partitions.values():
-                        pl.close(seal=False)
+                        pl.close(publish=False)
                 finally:
                     self._partitions.clear()
                     self._writable.clear()
@@ -572,8 +572,8 @@ class Store:
                         self._background_seals(pl)
                 self._partitions[key] = pl
                 self._writable.add(key)
-                if self.shared_uploads:  # a roll, a close, a forced compaction seal so too
-                    pl.catalog.seal_shared = self._seal_shared
+                if self.shared_uploads:  # a roll, a close, a forced compaction publish so too
+                    pl.catalog.publish_shared = self._publish_shared
                 if self.remote and self.writer is not None and key not in self._collected:
                     # a writer's open cleans up after dead writers: orphans of an upload whose
                     # commit never came, replaced segments past the grace period
@@ -831,9 +831,9 @@ class Store:
             for (topic, partition), offset in sorted(advances.items()):
                 self.writable_partition(topic, partition).advance_next_offset(offset)
             if self.remote:
-                # seal: upload each partition's new segments and commit its manifest, before
+                # publish: upload each partition's new segments and commit its manifest, before
                 # the checkpoint says those records need no re-dispatch
-                self._seal_all()
+                self._publish_all()
             if self._dispatched != self.commitlog.read_checkpoint():
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
@@ -877,25 +877,25 @@ class Store:
                     n += 1
         return n
 
-    def _seal_all(self) -> None:
-        """S3: seal every writable partition, several at once (each is a few requests whose
+    def _publish_all(self) -> None:
+        """S3: publish every writable partition, several at once (each is a few requests whose
         latency, not bandwidth, is the cost); the first failure is raised. With shared uploads
-        one object and one journal entry for all of them instead (``_seal_shared``)."""
+        one object and one journal entry for all of them instead (``_publish_shared``)."""
         if self.shared_uploads:
-            self._seal_shared()
+            self._publish_shared()
             return
         pls = [self._partitions[k] for k in sorted(self._writable)]
         if len(pls) <= 1:
             for pl in pls:
-                pl.seal(self.writer or "writer")
+                pl.publish(self.writer or "writer")
             return
         from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(SEAL_THREADS, len(pls)),
-                                thread_name_prefix="kcompact-seal") as ex:
-            for f in [ex.submit(pl.seal, self.writer or "writer") for pl in pls]:
+        with ThreadPoolExecutor(min(PUBLISH_THREADS, len(pls)),
+                                thread_name_prefix="kcompact-publish") as ex:
+            for f in [ex.submit(pl.publish, self.writer or "writer") for pl in pls]:
                 f.result()
 
-    def _seal_shared(self) -> bool:
+    def _publish_shared(self) -> bool:
         """S3 with shared uploads (docs/formats/shared-upload.md): the new records of every
         partition this writer appended to since the last flush, each sealed into format 2, go
         into ONE object (1 PUT) committed by ONE journal entry (a conditional PUT): 2 requests
@@ -904,9 +904,9 @@ class Store:
         the next open uploads again; after it, local segments the journal already covers
         (recovery drops them). Returns whether an object was committed."""
         with self.lock:
-            return self._seal_shared_locked()
+            return self._publish_shared_locked()
 
-    def _seal_shared_locked(self) -> bool:
+    def _publish_shared_locked(self) -> bool:
         writer = self.writer or "writer"
         pieces = []
         try:
@@ -1007,8 +1007,8 @@ class Store:
 
     def _take_over_local_segments(self) -> None:
         """S3: local segments a dead writer left in this commit-log directory (appended, maybe
-        flushed to its commit log, never sealed) are opened here, so the flush that follows
-        seals them. Partitions another live process writes are left to it."""
+        flushed to its commit log, never published) are opened here, so the flush that follows
+        publishes them. Partitions another live process writes are left to it."""
         from .errors import StoreLockedError
         for topic in self.local_fs.listdir(fn.PARTITIONS_DIR):
             try:

@@ -82,7 +82,7 @@ def _run_rest(worker: Worker, worker_file: str, conns: list, *, out: TextIO,
               stop: threading.Event | None, stopped: dict[str, str] | None) -> str | None:
     """The worker with Connect's REST API: runs until SIGINT/SIGTERM (or ``stop``)."""
     import os
-    from kcompact.reput.gcmode import bulk_gc
+    from kcompact.connectors.framework.gcmode import bulk_gc
     from .connect_rest import start_rest
     received: list[int] = []
 

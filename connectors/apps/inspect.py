@@ -62,7 +62,7 @@ def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, An
     pl = store.partition(topic, partition)
     records = tombstones = keyless = 0
     for seg in pl.segments:
-        e = pl.entries(seg)
+        e = seg.entries()
         records += e.shape[0]
         if e.shape[0]:
             flags = e["flags"]
@@ -74,7 +74,7 @@ def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, An
         "first_offset": pl.first_offset, "next_offset": pl.next_offset,
         "index_bytes": sum(seg.index_size for seg in pl.segments),
         # each segment's store format and codec (docs/formats/segment-v2.md)
-        "segment_list": [pl.describe_segment(seg) for seg in pl.segments],
+        "segment_list": [seg.describe() for seg in pl.segments],
         # S3 with shared uploads: the shared objects its reads depend on until it is split
         # (docs/s3-shared-uploads.md); 0 everywhere else
         "shared_objects": getattr(pl.catalog, "shared_objects", 0),
