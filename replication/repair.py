@@ -130,7 +130,7 @@ def _salvage_one(store: Store, run: RepairRun, topic: str, partition: int, say) 
     try:
         got = salvage_partition(store.fs, topic, partition, store.secret,
                                 _sink_into(staged.log),
-                                local_fs=store.local_fs if store.remote else None)
+                                local_fs=store.local_fs)
     except BaseException:
         staged.log.close(publish=False)
         raise
@@ -170,7 +170,7 @@ async def _from_one(store: Store, run: RepairRun, rep: Replicator, topic: str,
         # the local records past what the source has, those that verify, after its own
         got = await loop.run_in_executor(None, lambda: salvage_partition(
             store.fs, topic, partition, store.secret, _sink_into(staged.log, target),
-            local_fs=store.local_fs if store.remote else None))
+            local_fs=store.local_fs))
     except BaseException:
         staged.log.close(publish=False)
         raise

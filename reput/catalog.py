@@ -35,8 +35,6 @@ from .segment_desc import SegmentDesc
 class SegmentCatalog:
     """The interface (see the module docstring) and what both catalogs share."""
 
-    #: its sealed segments are an object store's, listed by a manifest
-    remote = False
     #: a writer's rolled segments are re-encoded into format 2 where they are, at its next sync
     #: (reput/seal.py); False: they are encoded as they are uploaded
     seals_rolled = True
@@ -196,6 +194,32 @@ class SegmentCatalog:
 
     def reload(self, max_age_s: float = 0.0) -> None:
         """Re-read the catalog file unless it was read less than ``max_age_s`` ago."""
+
+    def reread(self) -> None:
+        """A read-only view's read failed (a swap or a split under it): list again."""
+        self.refresh()
+
+    def shared_piece(self, part):
+        """What this partition adds to a writer's shared object (an object store with shared
+        uploads: reput/catalog_manifest.py); None: nothing."""
+        return None
+
+    def join_parts(self, shared: list, max_bytes: int | None = None) -> list:
+        """Local segments holding the parts of shared objects ``shared`` (none here)."""
+        return []
+
+    @property
+    def shared_objects(self) -> int:
+        """How many shared objects the partition's reads depend on."""
+        return 0
+
+    def oldest_part_ms(self) -> int | None:
+        """When its oldest part of a shared object was written (None: it has none)."""
+        return None
+
+    def last_compaction_ms(self) -> int | None:
+        """When the last compaction's result was recorded (None: unknown)."""
+        return None
 
     def collect_garbage(self) -> list[str]:
         """Delete what no reader can need any more; the deleted paths."""

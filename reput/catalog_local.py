@@ -113,6 +113,13 @@ class LocalCatalog(SegmentCatalog):
     def next_offset_floor(self) -> int:
         return self.seglist.next_offset if self.seglist is not None else 0
 
+    def last_compaction_ms(self) -> int | None:
+        """The modification time of the compaction checkpoint (None: never compacted)."""
+        try:
+            return self.fs.mtime_ms(f"{self.dir}/{fn.COMPACTION_CHECKPOINT}")
+        except FileNotFoundError:
+            return None
+
     def recover(self, recovery) -> None:
         recovery.local(self)
 

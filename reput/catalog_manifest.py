@@ -40,7 +40,6 @@ from .segment_list import crc32c
 class ManifestCatalog(SegmentCatalog):
     """A partition's segments on an object store (see the module docstring)."""
 
-    remote = True
     seals_rolled = False  # a writer's segments are encoded into format 2 as they are uploaded
     rolls_by_time = False  # every flush publishes
 
@@ -62,7 +61,8 @@ class ManifestCatalog(SegmentCatalog):
         #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
         self._replaced_parts: dict[tuple, SH.Part] = {}
-        #: a writer with shared uploads: its Store's ``_publish_shared`` (``publish`` calls it)
+        #: a writer with shared uploads: its publisher's ``publish_shared`` (``publish`` calls
+        #: it; reput/publisher.py ``SharedPublisher``)
         self.publish_shared = None
         #: following a store with shared uploads (``refresh``): the journal generation the
         #: parts were last computed at, and how often the manifest is re-read (jittered, so
@@ -271,6 +271,11 @@ class ManifestCatalog(SegmentCatalog):
             nxt = m
         self.manifest = M.read_latest(self.fs, self.dir, nxt)
         return self.manifest is not m
+
+    def reread(self) -> None:
+        """A read that failed is retried on the manifest listed again (a follower's view may
+        predate a collected split)."""
+        self.reload()
 
     def reload(self, max_age_s: float = 0.0) -> None:
         """Pick up manifest versions committed by other processes (one listing request),
@@ -610,11 +615,10 @@ class ManifestCatalog(SegmentCatalog):
             outputs.append((group[0].base, lrel, irel))
         return outputs
 
-    # -- a writer's flush with shared uploads (reput/store.py ``Store._publish_shared``) ---------
+    # -- a writer's flush with shared uploads (reput/publisher.py ``SharedPublisher``) -------
 
-    def shared_pieces(self, part):
-        """What this partition adds to the writer's shared object: (its local segments, the
-        format-2 segments to upload for those holding records, its next offset); None when
+    def shared_piece(self, part) -> "SharedPiece | None":
+        """What this partition adds to the writer's shared object (``SharedPiece``); None when
         nothing changed since the last flush."""
         if not self.writable:
             return None
@@ -633,7 +637,7 @@ class ManifestCatalog(SegmentCatalog):
         except BaseException:
             self.local_fs.remove_tree(sealing)
             raise
-        return local, ups, nxt
+        return SharedPiece(self, local, ups, nxt)
 
     def ensure_manifest(self, writer: str) -> None:
         """A partition's first shared upload: an empty manifest version first (one PUT, once),
@@ -687,4 +691,25 @@ class ManifestCatalog(SegmentCatalog):
                                  objects_now_ms=self.fs.clock_ms())
 
 
-__all__ = ["ManifestCatalog"]
+class SharedPiece:
+    """One partition's share of a writer's shared object: its local segments (``local``),
+    the format-2 segments to upload for those holding records (``uploads``: (local, upload)
+    pairs), its next offset; and what the publisher tells the partition of the commit."""
+
+    __slots__ = ("catalog", "local", "uploads", "next_offset")
+
+    def __init__(self, catalog: ManifestCatalog, local: list, uploads: list, next_offset: int):
+        self.catalog, self.local, self.uploads = catalog, local, uploads
+        self.next_offset = next_offset
+
+    def ensure_manifest(self, writer: str) -> None:
+        self.catalog.ensure_manifest(writer)
+
+    def aborted(self) -> None:
+        self.catalog.shared_aborted()
+
+    def committed(self) -> None:
+        self.catalog.shared_committed(self.local, self.uploads)
+
+
+__all__ = ["ManifestCatalog", "SharedPiece"]

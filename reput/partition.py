@@ -141,12 +141,6 @@ class PartitionLog:
         self.catalog.segments = segs
 
     @property
-    def manifest_mode(self) -> bool:
-        """Its segments are an object store's, listed by a manifest (a caller that publishes
-        differently there: the compactor)."""
-        return self.catalog.remote
-
-    @property
     def manifest(self):
         """The partition manifest as last read (an object store's; None otherwise)."""
         return self.catalog.manifest
@@ -216,6 +210,12 @@ class PartitionLog:
         if not self.writable:
             self.catalog.refresh()
 
+    def reread(self) -> None:
+        """A read failed (a compaction swap or a split under it): list the segments again
+        (a read-only view; the partition reader's retry)."""
+        if not self.writable:
+            self.catalog.reread()
+
     def reload_after_swap(self) -> None:
         """Re-list segments after a compaction swap, keeping the active segment's open files."""
         active = self.segments[-1] if self.segments else None
@@ -241,6 +241,37 @@ class PartitionLog:
         """S3: upload the writer's local segments and commit them (``ManifestCatalog.publish``);
         whether a manifest version was committed (a local store: nothing to publish)."""
         return self.catalog.publish(self, writer) if self.writable else False
+
+    def publish_through(self, publish_shared) -> None:
+        """A writer with shared uploads: every publish of this partition (a roll, a close, a
+        forced compaction) is ``publish_shared()``, the store's one object for all its
+        partitions (reput/publisher.py ``SharedPublisher``)."""
+        self.catalog.publish_shared = publish_shared
+
+    def shared_piece(self):
+        """What this partition adds to its writer's next shared object (None: nothing;
+        reput/catalog_manifest.py ``SharedPiece``)."""
+        return self.catalog.shared_piece(self)
+
+    def join_parts(self, shared: list[Segment], max_bytes: int | None = None
+                   ) -> list[tuple[int, str, str]]:
+        """The split of shared objects (docs/formats/shared-upload.md): ``shared``'s batches
+        joined into staged local segments (base, .log, .bcq), for ``stage_swap``."""
+        return self.catalog.join_parts(shared, max_bytes)
+
+    @property
+    def shared_objects(self) -> int:
+        """How many shared objects the partition's reads depend on (inspect)."""
+        return self.catalog.shared_objects
+
+    def oldest_part_ms(self) -> int | None:
+        """When its oldest part of a shared object was written (None: none)."""
+        return self.catalog.oldest_part_ms()
+
+    def last_compaction_ms(self) -> int | None:
+        """When the last compaction's result was recorded (None: unknown, e.g. an object
+        store, which keeps the last run in its manifest)."""
+        return self.catalog.last_compaction_ms()
 
     def collect_garbage(self) -> list[str]:
         """S3: delete replaced segments, orphans and old manifest versions past the grace

@@ -46,6 +46,7 @@ from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreForm
 from . import _native as _N
 from .locks import FileLock, partition_holder
 from .partition import PartitionLog
+from .publisher import publisher_for
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
 from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, validate_topic
@@ -65,7 +66,6 @@ FEATURE_SEGMENT_LIST = "segment-list"
 #: store.json "features": "source-codec": the topics' compression.type default is producer (the
 #: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
 FEATURE_SOURCE_CODEC = "source-codec"
-PUBLISH_THREADS = 16  # partitions published at once by an S3 writer's flush
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
@@ -264,24 +264,16 @@ class Store:
                  options: WriterOptions, clock: Clock, commitlog_fs: Backend | None = None):
         self.fs, self.meta, self.writer = fs, meta, writer
         self.options, self.clock = options, clock
-        #: an object store: partitions are manifests, active segments live in commitlog_fs
-        self.remote = not fs.appendable
-        if commitlog_fs is None and self.remote:
-            commitlog_fs = LocalBackend(default_commitlog_dir(meta.store_id))
-        self.commitlog_fs = commitlog_fs or fs
-        if self.remote and not self.commitlog_fs.appendable:
-            raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
-        self.local_fs = self.commitlog_fs if self.remote else fs
-        #: this writer's flushes upload one shared object (docs/formats/shared-upload.md)
-        self.shared_uploads = (self.remote and writer is not None and (
-            options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
-                                           and SH.FEATURE in meta.features)))
-        if self.remote and (self.shared_uploads or SH.FEATURE in meta.features):
-            SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
-        elif self.remote:
-            SH.checked(fs)  # store.json was just read: no shared uploads yet
-        self._collected: set[tuple[str, int]] = set()
-        self._registered = False  # in the shared-upload writers registry (_publish_shared)
+        #: how this store's writes are published: one implementation per kind of backend
+        #: (local, S3 per partition, S3 shared; reput/publisher.py), chosen here once
+        self.publisher = publisher_for(fs, meta, writer=writer, options=options,
+                                       commitlog_fs=commitlog_fs,
+                                       default_commitlog_dir=default_commitlog_dir)
+        self.publisher.bind(self)
+        #: the writer's commit log's directory; where partitions' active segments live (the
+        #: store itself, or the commit log's local directory on an object store)
+        self.commitlog_fs, self.local_fs = self.publisher.commitlog_fs, self.publisher.local_fs
+        self.publisher.opened(meta)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._writable: set[tuple[str, int]] = set()
         self._wrote_partitions = False
@@ -314,8 +306,7 @@ class Store:
                     # dispatched; new appends start at the end, so dispatch continues there.
                     self._dispatched = self.commitlog.end
                 self.dispatch()
-                if self.remote:
-                    self._take_over_local_segments()
+                self.publisher.take_over_local_segments()
                 self.flush()
             except BaseException:
                 # Release the commit-log and partition locks: the caller may fix the cause
@@ -397,6 +388,11 @@ class Store:
     def secret(self) -> bytes:
         return self.meta.secret
 
+    @property
+    def shared_uploads(self) -> bool:
+        """This writer's flushes upload one shared object (docs/formats/shared-upload.md)."""
+        return self.publisher.shared
+
     def __enter__(self) -> "Store":
         return self
 
@@ -416,11 +412,7 @@ class Store:
 
     def partitions(self, topic: str) -> list[int]:
         found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
-        if self.remote:  # this writer's partitions that have no manifest yet
-            with self.lock:
-                found |= {p for (t, p), pl in self._partitions.items()
-                          if t == topic and (t, p) in self._writable and pl.segments}
-        return sorted(found)
+        return sorted(found | self.publisher.unlisted_partitions(topic))
 
     def recorded_partitions(self, topic: str) -> list[int]:
         """The partitions of ``topic`` recorded in store.json (:meth:`record_partitions`): those
@@ -519,8 +511,7 @@ class Store:
 
     def _adopt(self, meta: StoreMeta) -> None:
         self.meta = meta
-        if self.remote and SH.FEATURE in meta.features:
-            SH.enable(self.fs)  # another process started shared uploads meanwhile
+        self.publisher.adopted(meta)
         for (t, _), pl in self._partitions.items():
             pl.config = self.topic_config(t)
 
@@ -568,17 +559,9 @@ class Store:
                 self._wrote_partitions = True
                 if self.options.seal_format == 2:  # else rolled segments stay format 1
                     pl.require_format = self.require_format
-                    if self.options.seal == "background" and not self.remote:
-                        self._background_seals(pl)
                 self._partitions[key] = pl
                 self._writable.add(key)
-                if self.shared_uploads:  # a roll, a close, a forced compaction publish so too
-                    pl.catalog.publish_shared = self._publish_shared
-                if self.remote and self.writer is not None and key not in self._collected:
-                    # a writer's open cleans up after dead writers: orphans of an upload whose
-                    # commit never came, replaced segments past the grace period
-                    self._collected.add(key)
-                    pl.collect_garbage()
+                self.publisher.writable_opened(pl, key)
             return self._partitions[key]
 
     #: how long ``writable_partition`` waits for a partition another process holds (0: it
@@ -596,7 +579,7 @@ class Store:
             try:
                 return PartitionLog(self.fs, topic, partition, self.secret,
                                     self.topic_config(topic), writable=True,
-                                    local_fs=self.local_fs if self.remote else None,
+                                    local_fs=self.local_fs,
                                     clock=self.clock, require_list=self.require_list,
                                     holder=holder)
             except StoreLockedError as e:
@@ -625,7 +608,7 @@ class Store:
     def require_list(self) -> bool:
         """Whether every local partition of this store has a segment list (store.json's
         features say so), so that one without is refused."""
-        return not self.remote and FEATURE_SEGMENT_LIST in self.meta.features
+        return self.publisher.requires_lists(self.meta.features, FEATURE_SEGMENT_LIST)
 
     def _maybe_require_lists(self) -> None:
         """A store from before segment lists: once every partition has its list (each gets
@@ -830,10 +813,10 @@ class Store:
             advances, self._advances = self._advances, {}
             for (topic, partition), offset in sorted(advances.items()):
                 self.writable_partition(topic, partition).advance_next_offset(offset)
-            if self.remote:
-                # publish: upload each partition's new segments and commit its manifest, before
-                # the checkpoint says those records need no re-dispatch
-                self._publish_all()
+            # publish (S3: each partition's new segments uploaded and its manifest committed,
+            # or one shared object for all of them), before the checkpoint says those records
+            # need no re-dispatch
+            self.publisher.publish_all()
             if self._dispatched != self.commitlog.read_checkpoint():
                 self.commitlog.write_checkpoint(self._dispatched)
             self.commitlog.delete_dispatched(self._dispatched)
@@ -877,106 +860,10 @@ class Store:
                     n += 1
         return n
 
-    def _publish_all(self) -> None:
-        """S3: publish every writable partition, several at once (each is a few requests whose
-        latency, not bandwidth, is the cost); the first failure is raised. With shared uploads
-        one object and one journal entry for all of them instead (``_publish_shared``)."""
-        if self.shared_uploads:
-            self._publish_shared()
-            return
-        pls = [self._partitions[k] for k in sorted(self._writable)]
-        if len(pls) <= 1:
-            for pl in pls:
-                pl.publish(self.writer or "writer")
-            return
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(PUBLISH_THREADS, len(pls)),
-                                thread_name_prefix="kcompact-publish") as ex:
-            for f in [ex.submit(pl.publish, self.writer or "writer") for pl in pls]:
-                f.result()
-
-    def _publish_shared(self) -> bool:
-        """S3 with shared uploads (docs/formats/shared-upload.md): the new records of every
-        partition this writer appended to since the last flush, each sealed into format 2, go
-        into ONE object (1 PUT) committed by ONE journal entry (a conditional PUT): 2 requests
-        whatever the partition count. Each partition's local segments are dropped only after
-        the commit: a crash before it leaves an orphan object (collected) and local segments
-        the next open uploads again; after it, local segments the journal already covers
-        (recovery drops them). Returns whether an object was committed."""
-        with self.lock:
-            return self._publish_shared_locked()
-
-    def _publish_shared_locked(self) -> bool:
-        writer = self.writer or "writer"
-        pieces = []
-        try:
-            for key in sorted(self._writable):
-                pl = self._partitions[key]
-                got = pl.catalog.shared_pieces(pl)
-                if got is not None:
-                    pieces.append((key, pl, got))
-            if not pieces:
-                return False
-            # store.json says shared uploads are in use before the first shared object
-            self.require_format(SH.STORE_FORMAT, SH.FEATURE)
-            for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
-                pl.catalog.ensure_manifest(writer)
-            journal = SH.enable(self.fs)
-            if not self._registered:  # followers learn of this writer (reput/s3_follow.py)
-                SH.register_writer(self.fs, writer, self.clock.ms())
-                self._registered = True
-            seq = journal.next_seq(writer)
-            stage = f"{fn.SHARED_DIR}/{writer}"
-            self.commitlog_fs.remove_tree(stage)  # a crashed flush's object: an orphan on S3
-            tag = secrets.token_hex(8)
-            ospath = self.commitlog_fs.local_path(f"{stage}/{fn.shared_object(seq, tag)}")
-            os.makedirs(os.path.dirname(ospath), exist_ok=True)
-            with open(ospath, "wb") as out:
-                b = SH.ObjectBuilder(out, writer, seq, tag)
-                for (topic, partition), pl, (_local, ups, nxt) in pieces:
-                    reached = -1  # the next offset of its last part with records
-                    for i, (_seg, up) in enumerate(ups):
-                        offs = up.entries()["offset"]
-                        if not offs.shape[0]:
-                            continue
-                        reached = ups[i + 1][1].base if i + 1 < len(ups) else nxt
-                        b.add(topic, partition, up.base,
-                              self.local_fs.local_path(up.log_path), up.log_size,
-                              up.index_bytes(), offs, reached)
-                    if reached < nxt:
-                        b.advance(topic, partition, nxt)
-                b.finish()
-            SH.commit_object(self.fs, journal, writer, b, ospath, self.clock.ms())
-        except BaseException:
-            for _, pl, _ in pieces:
-                pl.catalog.shared_aborted()
-            self.commitlog_fs.remove_tree(f"{fn.SHARED_DIR}/{writer}")
-            raise
-        seed = getattr(self.fs, "seed", None)
-        if seed is not None:  # read back from the spool, without a request
-            seed(f"{fn.SHARED_DIR}/{writer}/{b.name}", ospath)
-        else:
-            os.unlink(ospath)
-        for _, pl, (local, ups, _nxt) in pieces:
-            pl.catalog.shared_committed(local, ups)
-        return True
-
     def collect_shared_garbage(self) -> list[str]:
         """S3 with shared uploads: delete the shared objects every partition has split, and
         orphans, once the grace period has passed (reput/shared.py ``collect_garbage``)."""
-        j = SH.journal_for(self.fs) if self.remote else None
-        if j is None:
-            return []
-        from . import manifest as M
-
-        def manifest_of(topic: str, partition: int):
-            pl = self._partitions.get((topic, partition))
-            if pl is not None and pl.manifest is not None:
-                return pl.manifest  # (stale only errs on keeping)
-            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
-        return SH.collect_garbage(self.fs, j, manifest_of,
-                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
-                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms())
+        return self.publisher.collect_shared_garbage()
 
     def close(self) -> None:
         if self._sealer is not None:
@@ -992,9 +879,7 @@ class Store:
                 pl.close()
             self._partitions.clear()
             self._writable.clear()
-            if self._wrote_partitions and not self.remote and not self.require_list:
-                self._wrote_partitions = False
-                self._maybe_require_lists()
+            self.publisher.closed()
             if self.commitlog is not None:
                 self.commitlog.close()
                 self.commitlog = None
@@ -1004,27 +889,6 @@ class Store:
                 self._sync_pool = None
 
     # -- whole-store recovery ------------------------------------------------------------
-
-    def _take_over_local_segments(self) -> None:
-        """S3: local segments a dead writer left in this commit-log directory (appended, maybe
-        flushed to its commit log, never published) are opened here, so the flush that follows
-        publishes them. Partitions another live process writes are left to it."""
-        from .errors import StoreLockedError
-        for topic in self.local_fs.listdir(fn.PARTITIONS_DIR):
-            try:
-                validate_topic(topic)
-            except ReputError:
-                continue
-            for p in self.local_fs.listdir(fn.topic_dir(topic)):
-                if not p.isdigit() or (topic, int(p)) in self._writable:
-                    continue
-                names = self.local_fs.listdir(fn.partition_dir(topic, int(p)))
-                if not any(fn.parse_base(n) for n in names):
-                    continue
-                try:
-                    self.writable_partition(topic, int(p))
-                except StoreLockedError:
-                    continue
 
     def recover_writers(self) -> list[str]:
         """Re-dispatch every other writer's commit log that no live process holds.
