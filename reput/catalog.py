@@ -28,7 +28,8 @@ import bisect
 
 from . import filenames as fn
 from .backend import Backend
-from .segment import PartitionContext, Segment, open_segment
+from .segment import PartitionContext, Segment
+from .segment_kinds import open_segment
 from .segment_desc import SegmentDesc
 
 

@@ -32,7 +32,8 @@ from .backend import Backend
 from .catalog import SegmentCatalog
 from .config import Clock
 from .errors import CorruptRecordError, ReputError
-from .segment import PartitionContext, Segment, open_segment
+from .segment import PartitionContext, Segment
+from .segment_kinds import open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
 

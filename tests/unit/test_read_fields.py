@@ -16,7 +16,7 @@ from kcompact.reput import batch as KB
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.jit import native
 from kcompact.reput.read_ahead import ReadAhead
-from kcompact.reput.segment_v1 import _secret_words
+from kcompact.reput.record import digest_key_words as _secret_words
 from kcompact.reput.record import Record, RecordBatch
 from kcompact.reput.store import Store, WriterOptions
 
