@@ -275,6 +275,7 @@ class Store:
         self.commitlog_fs, self.local_fs = self.publisher.commitlog_fs, self.publisher.local_fs
         self.publisher.opened(meta)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._views: Any = None  # (``views``, made when a server first asks)
         self._writable: set[tuple[str, int]] = set()
         self._wrote_partitions = False
         #: held while partitions are opened, appended to, swapped or released: a compactor or a
@@ -535,14 +536,33 @@ class Store:
 
     # -- partitions ----------------------------------------------------------------------
 
+    def open_view(self, topic: str, partition: int, *, strict: bool = True) -> PartitionLog:
+        """A new read-only view of the partition: the one door every reader comes through
+        (this store's ``partition``, the replication master, the Kafka endpoint, replication's
+        verify), with the store's topic config, clock and strictness, so a partition one
+        command refuses (a segment list gone, a ledger that disagrees) every other refuses
+        with the same line. ``strict=False``: `kcompact verify`, which opens what disagrees
+        with its list to report it (``PartitionLog.problems``)."""
+        return PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
+                            clock=self.clock, require_list=self.require_list, strict=strict)
+
+    @property
+    def views(self) -> "PartitionViews":
+        """Read-only views shared by a server's threads, each under its own lock, opened by
+        ``open_view`` (reput/partition_views.py)."""
+        with self.lock:
+            if self._views is None:
+                from .partition_views import PartitionViews
+                self._views = PartitionViews(self.open_view)
+            return self._views
+
     def partition(self, topic: str, partition: int) -> PartitionLog:
         """The partition's log (read-only view unless this process writes it)."""
         key = (topic, partition)
         with self.lock:
             pl = self._partitions.get(key)
             if pl is None:
-                pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
-                                  clock=self.clock, require_list=self.require_list)
+                pl = self.open_view(topic, partition)
                 self._partitions[key] = pl
             elif key not in self._writable:
                 pl.refresh()
