@@ -164,7 +164,8 @@ class _Group:
 
 
 class Compactor:
-    """Compacts one partition at a time (``compact_partition``). Every byte it reads or writes,
+    """Compacts one partition at a time (``compact_partition``; about 440 lines: a round's
+    passes share its state, see the module docstring). Every byte it reads or writes,
     index reads included, is charged to ``budget`` (``options.throttle_bytes_per_s`` by default;
     the background scheduler passes its own, whose waits a stop request interrupts)."""
 

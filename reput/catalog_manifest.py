@@ -39,7 +39,12 @@ from .segment_list import crc32c
 
 
 class ManifestCatalog(SegmentCatalog):
-    """A partition's segments on an object store (see the module docstring)."""
+    """A partition's segments on an object store (see the module docstring).
+
+    (About 650 lines on purpose: the manifest, a compaction's staged outputs, the parts of
+    shared objects and a writer's local segments make one view, and every method that changes
+    one of them keeps the others consistent with it; the publishing that drives it is
+    reput/publisher.py's.)"""
 
     seals_rolled = False  # a writer's segments are encoded into format 2 as they are uploaded
     rolls_by_time = False  # every flush publishes

@@ -52,6 +52,10 @@ __all__ = ["PartitionLog", "Segment"]
 class PartitionLog:
     """One partition of a store, read-only or as its (one) writer; see the module docstring.
 
+    (About 600 lines on purpose: the writer - append, roll, sync, close - keeps the catalog's
+    invariants in one place; the catalog, the segments, recovery and the reader are their own
+    classes.)
+
     ``require_list``: the store keeps a segment list per partition (store.json says so), so a
     partition with segments and no list is refused rather than read as an old store's.
     ``strict=False`` (``kcompact verify``): a read-only view that disagrees with its segment

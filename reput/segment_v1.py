@@ -123,7 +123,11 @@ _CMP_FIELDS = ("offset", "timestamp", "digest_lo", "digest_hi", "position", "siz
 
 @register_format(1)
 class RecordSegment(Segment):
-    """A format-1 segment (see the module docstring)."""
+    """A format-1 segment (see the module docstring).
+
+    (About 600 lines on purpose: it implements the whole ``Segment`` interface for one
+    format - plan, read, select, verify, recovery, compaction's questions - and every method
+    reads the same records and entries.)"""
 
     format = 1
     needs_rewrite = True  # a compaction rewrites it into format 2 when it meets it

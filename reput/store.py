@@ -16,32 +16,31 @@ active segments live in a local directory (``commitlog_dir``, default
 since the last flush uploads its segments and commits a manifest version, before the reput
 checkpoint moves. Other processes see a writer's records once they are flushed.
 
-(Over 600 lines on purpose: the write path's ordering, append, dispatch, flush's fsyncs, publish and
-close under one lock, is the durability argument and reads as one; store.json's layers, the
-readers and the partition catalog are in modules of their own.)
+The store's jobs, each in its room (docs/architecture.md, "The rooms of the storage layer"):
+store.json (``StoreMeta``, reput/store_meta.py), how writes are published (one publisher per
+kind of backend, reput/publisher.py), reput (``Reput``, reput/reput_service.py: RocketMQ's
+ReputMessageService), the read-only views a server shares (reput/partition_views.py). ``Store``
+keeps the rest (see its docstring for why it is over 400 lines).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
-from . import _kernels as K
 from . import env as _env
 from . import filenames as fn
 from . import shared as SH
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
-from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
+from .errors import (OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
 from . import _native as _N
 from .locks import FileLock, partition_holder
@@ -49,23 +48,13 @@ from .partition import PartitionLog
 from .publisher import publisher_for
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
-from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, validate_topic
-from .segment_list import canonical, crc32c
-from .topic_configs import TopicConfigLayers, default_config
+from .record import Record, RecordBatch, Scratch, encode_scanned, validate_topic
+from .reput_service import Reput
+from .store_meta import (FEATURE_SEGMENT_LIST, FEATURE_SOURCE_CODEC, FORMAT_VERSION,  # noqa: F401
+                         KNOWN_FORMAT_VERSION, StoreMeta, partition_numbers, topic_id_of)
+from .topic_configs import TopicConfigLayers
 
 
-#: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
-#: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written.
-#: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
-#: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
-FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
-#: store.json "features": what this store keeps beyond its format. "segment-list": every local
-#: partition has a segment list (docs/formats/segment-list.md), so one without is refused
-FEATURE_SEGMENT_LIST = "segment-list"
-#: store.json "features": "source-codec": the topics' compression.type default is producer (the
-#: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
-FEATURE_SOURCE_CODEC = "source-codec"
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
@@ -119,124 +108,6 @@ class SyncPacer:
         self._unqueued = self._unsynced = 0
 
 
-@dataclass
-class StoreMeta:
-    """Contents of store.json (docs/formats/store-json.md)."""
-
-    store_id: str
-    secret: bytes
-    created_ms: int
-    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    #: each topic's synced values and local overrides (reput/topic_configs.py); ``topics``
-    #: holds the effective values they give, written alongside for readers that know only it
-    layers: dict[str, TopicConfigLayers] = field(default_factory=dict)
-    features: list[str] = field(default_factory=list)
-    #: each topic's recorded partitions (Store.record_partitions), written only when some are
-    recorded_partitions: dict[str, list[int]] = field(default_factory=dict)
-    #: each topic's Kafka topic id when a mirror first copied it (Store.record_topic_id)
-    topic_ids: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def defaults(self) -> TopicConfig:
-        """The topics' defaults in this store (topic_configs.default_config)."""
-        return default_config(self.features)
-
-    def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
-        self.layers[topic] = layers
-        self.topics[topic] = layers.effective(self.defaults).to_dict()
-
-    def _body(self) -> dict:
-        body: dict[str, Any] = {
-            "format_version": self.format_version,
-            "store_id": self.store_id,
-            "digest": {"algorithm": "siphash-2-4-128", "secret": self.secret.hex()},
-            "created_ms": self.created_ms,
-            "topics": self.topics,
-        }
-        if self.layers:
-            body["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
-        if self.features:
-            body["features"] = sorted(set(self.features))
-        if self.recorded_partitions:
-            body["partitions"] = self.recorded_partitions
-        if self.topic_ids:
-            body["topic_ids"] = self.topic_ids
-        return body
-
-    def to_json(self) -> bytes:
-        body = self._body()
-        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
-        return json.dumps(body, indent=2, sort_keys=True).encode() + b"\n"
-
-    @classmethod
-    def from_json(cls, raw: bytes, where: str) -> "StoreMeta":
-        try:
-            d = json.loads(raw)
-            version = int(d["format_version"])
-        except RecursionError:
-            raise StoreFormatError(f"{where}: store.json is nested too deeply to be one; restore "
-                                   "it from a backup (the digest secret is in it)") from None
-        except (ValueError, KeyError, TypeError):
-            raise StoreFormatError(f"{where}: store.json is truncated or not valid JSON; restore "
-                                   "it from a backup (the digest secret is in it)") from None
-        if version > KNOWN_FORMAT_VERSION:
-            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
-                                   "kcompact")
-        if "crc32c" in d:  # written by a kcompact that checksums it (older ones do not)
-            crc = d.pop("crc32c")
-            try:
-                ok = crc == f"{crc32c(canonical(d)):08x}"
-            except (RecursionError, ValueError, TypeError):
-                ok = False
-            if not ok:
-                raise StoreFormatError(f"{where}: store.json does not match its checksum; "
-                                       "restore it from a backup (the digest secret is in it)")
-        if version > KNOWN_FORMAT_VERSION:
-            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
-                                   "kcompact")
-        try:
-            secret = bytes.fromhex(d["digest"]["secret"])
-            if len(secret) != 16 or d["digest"]["algorithm"] != "siphash-2-4-128":
-                raise ValueError
-            topics = d.get("topics", {})
-            for t, cfg in topics.items():
-                validate_topic(t)
-                TopicConfig.from_dict(cfg)
-            features = d.get("features", [])
-            if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-                raise ValueError("features is not a list of names")
-            if not isinstance(d["store_id"], str) or not d["store_id"]:
-                raise ValueError("store_id is not a name")
-            meta = cls(d["store_id"], secret, int(d.get("created_ms", 0)), topics, version,
-                       features=features)
-            for t, ly in (d.get("topic_configs") or {}).items():
-                meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
-            meta.recorded_partitions = {validate_topic(t): _partition_list(ps)
-                                        for t, ps in d.get("partitions", {}).items()}
-            meta.topic_ids = {validate_topic(t): _topic_id(i)
-                              for t, i in d.get("topic_ids", {}).items()}
-            return meta
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
-                                   "from a backup") from None
-
-
-def _topic_id(tid: Any) -> str:
-    if not isinstance(tid, str) or not tid or len(tid) > 64:
-        raise ValueError(f"topic_ids: {tid!r} is not a topic id")
-    return tid
-
-
-def _partition_list(ps: Any) -> list[int]:
-    """A topic's entry of store.json's ``partitions``: sorted distinct partition numbers."""
-    if not isinstance(ps, list) or not all(type(p) is int and p >= 0 for p in ps):
-        raise ValueError(f"partitions: {ps!r} is not a list of partition numbers")
-    return sorted(set(ps))
-
-
 def default_commitlog_dir(store_id: str) -> str:
     """Where a writer keeps its commit log (and active segments) for a store that is not a
     local directory: ``$KCOMPACT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kcompact`` or
@@ -260,6 +131,15 @@ def backend_for(url: str) -> Backend:
 
 
 class Store:
+    """One store as a process opens it: read-only, or with a writer's commit log.
+
+    (About 640 lines on purpose: what stays here is the partition registry - the one door to a
+    partition, ``open_view``/``partition``/``writable_partition`` - and the write path, append,
+    flush's fsyncs, the publisher's step and the checkpoint, close, under one lock, whose
+    ordering is the durability argument and reads as one; store.json's topic configs are
+    rewritten here under store.json.lock. store.json's contents, publishing, reput and the
+    servers' views are the rooms named in the module docstring.)"""
+
     def __init__(self, fs: Backend, meta: StoreMeta, *, writer: str | None,
                  options: WriterOptions, clock: Clock, commitlog_fs: Backend | None = None):
         self.fs, self.meta, self.writer = fs, meta, writer
@@ -282,7 +162,8 @@ class Store:
         #: replica that changes a partition this store writes takes it around each step
         self.lock = threading.RLock()
         self.commitlog: CommitLog | None = None
-        self._dispatched = 0
+        #: the writer's reput (reput/reput_service.py), made with its commit log
+        self.reput: Reput | None = None
         self._scratch = Scratch()
         self._pacer = SyncPacer()
         self._sync_pool: Any = None  # flush's fsync threads (_sync_partitions), made when needed
@@ -299,13 +180,15 @@ class Store:
         self.partition_fsync_time = Timing()
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
+            self.reput = Reput(self.commitlog, writer, self.secret, self.writable_partition,
+                               self.stats)
             try:
-                self._dispatched = self.commitlog.read_checkpoint()
-                if self.commitlog.segments and self._dispatched > self.commitlog.end:
+                self.reput.position = self.commitlog.read_checkpoint()
+                if self.commitlog.segments and self.reput.position > self.commitlog.end:
                     # The commit log lost its tail below the checkpoint (fsync=never and a
                     # power cut, or a corrupt record cut by recovery). Those records were
                     # dispatched; new appends start at the end, so dispatch continues there.
-                    self._dispatched = self.commitlog.end
+                    self.reput.position = self.commitlog.end
                 self.dispatch()
                 self.publisher.take_over_local_segments()
                 self.flush()
@@ -425,7 +308,7 @@ class Store:
         before; docs/formats/store-json.md), so that a partition a mirror knows but has not
         written yet reads as empty instead of unknown. store.json is rewritten atomically, and
         only when the recorded set grows. Returns the recorded partitions."""
-        want = _partition_list(list(partitions))
+        want = partition_numbers(list(partitions))
         with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
             flock.acquire(blocking=True)  # as a topic config change (store-json.md)
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
@@ -436,17 +319,17 @@ class Store:
             self._adopt(meta)
             return list(meta.recorded_partitions.get(topic, []))
 
-    def recorded_topic_id(self, topic: str) -> str | None:
+    def recordedtopic_id_of(self, topic: str) -> str | None:
         """The Kafka topic id ``topic`` had when a mirror first copied it (None: not recorded,
         a store written before ids were recorded, or a broker that gave none)."""
         return self.meta.topic_ids.get(topic)
 
-    def record_topic_id(self, topic: str, topic_id: str) -> str:
+    def recordtopic_id_of(self, topic: str, topic_id: str) -> str:
         """Record ``topic``'s Kafka topic id in store.json unless one is recorded already;
         returns the recorded id, which differs from ``topic_id`` when the topic was deleted
         and created again since (the caller refuses to mix the two: docs/formats/store-json.md).
         Under store.json.lock, as :meth:`record_partitions`."""
-        tid = _topic_id(topic_id)
+        tid = topic_id_of(topic_id)
         with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
             flock.acquire(blocking=True)
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
@@ -733,16 +616,12 @@ class Store:
             buf, s = encode_scanned(batch, secret=self.secret, scratch=self._scratch)
             start, end = self.commitlog.append(buf, s.positions)
             self.stats["appended"] += len(batch)
-            if start == self._dispatched:
+            if start == self.reput.position:
                 # The bytes just written are in memory, and so is their scan (one topic, the
                 # batch's): dispatch them without reading or parsing them again.
-                p = s.partitions
-                runs = np.flatnonzero(p[1:] != p[:-1]) + 1
-                n = self._dispatch_runs(buf, s, [0, *runs.tolist(), len(s)], batch.topic)
-                self._dispatched = end
-                self.stats["dispatched"] += n
+                n = self.reput.dispatch_scanned(buf, s, batch.topic, end)
             else:
-                n = self.dispatch()
+                n = self.reput.dispatch()
             self._maybe_start_writeback(end - start)
             return n
 
@@ -757,47 +636,11 @@ class Store:
                 "partitions": self.partition_fsync_time}
 
     def dispatch(self) -> int:
-        """Reput: copy commit-log records after the dispatched position into partitions."""
-        assert self.commitlog is not None
-        total = 0
+        """Reput: copy commit-log records after the dispatched position into partitions
+        (``Reput.dispatch``, reput/reput_service.py)."""
+        assert self.reput is not None
         with self.lock:
-            for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
-                # re-dispatch from the files (after a crash) always checks CRCs
-                total += self._dispatch_view(view, lo, hi, verify_crc=True,
-                                             where=fn.commitlog_segment(self.writer, seg_base))
-                self._dispatched = seg_base + hi
-                del view
-            self.stats["dispatched"] += total
-        return total
-
-    def _dispatch_view(self, view: np.ndarray, lo: int, hi: int, *, verify_crc: bool,
-                       where: str) -> int:
-        s = scan(view, lo, hi, secret=self.secret, verify_crc=verify_crc, scratch=self._scratch)
-        if s.status != K.SCAN_OK:
-            raise CorruptRecordError(
-                f"{where}: {'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
-                f"{s.stop} during reput", where, s.stop)
-        if not len(s):
-            return 0
-        return self._dispatch_runs(
-            view, s, K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions).tolist())
-
-    def _dispatch_runs(self, view: np.ndarray, s: Scan, runs: list[int],
-                       topic: str | None = None) -> int:
-        """Append each run s[runs[r]:runs[r + 1]] of records of one topic-partition to its
-        partition; ``topic`` when every run is of that topic, else each run's is read from its
-        first record."""
-        total = 0
-        for a, b in zip(runs, runs[1:]):
-            t = topic
-            if t is None:
-                p = int(s.positions[a])
-                tl = int(view[p + 10])
-                t = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
-            n = self.writable_partition(t, int(s.partitions[a])).append(view, s, a, b)
-            total += n
-            self.stats["skipped"] += (b - a) - n
-        return total
+            return self.reput.dispatch()
 
     def _maybe_start_writeback(self, nbytes: int) -> None:
         """Under ``fsync=flush``, queue what was appended for writeback every
@@ -837,9 +680,10 @@ class Store:
             # or one shared object for all of them), before the checkpoint says those records
             # need no re-dispatch
             self.publisher.publish_all()
-            if self._dispatched != self.commitlog.read_checkpoint():
-                self.commitlog.write_checkpoint(self._dispatched)
-            self.commitlog.delete_dispatched(self._dispatched)
+            done = self.reput.position
+            if done != self.commitlog.read_checkpoint():
+                self.commitlog.write_checkpoint(done)
+            self.commitlog.delete_dispatched(done)
 
     def _sync_partitions(self) -> None:
         """fsync the files of every partition this writer appended to, several partitions at

@@ -101,7 +101,7 @@ SEGMENT_IMPLEMENTATIONS = frozenset({
 #: records that are not a segment's, parsed by the format-1 record codec (name: why)
 NOT_A_SEGMENT = {
     "reput/commitlog.py": ({"scan", "count_records"}, "the commit log's records"),
-    "reput/store.py": ({"scan"}, "the commit log's records, dispatched by reput"),
+    "reput/reput_service.py": ({"scan"}, "the commit log's records, dispatched by reput"),
     "reput/verify.py": ({"count_records"}, "the commit log's records"),
     "reput/columns.py": ({"field_spans"}, "a block's records in memory, already checked"),
     "reput/__init__.py": ({"scan"}, "the record codec's public API, re-exported"),
