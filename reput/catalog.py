@@ -193,6 +193,9 @@ class SegmentCatalog:
         """Publish a writer's segments (an object store); whether anything was committed."""
         return False
 
+    #: a compaction's outputs are staged in this view, to be published (an object store)
+    has_staged = False
+
     def reload(self, max_age_s: float = 0.0) -> None:
         """Re-read the catalog file unless it was read less than ``max_age_s`` ago."""
 

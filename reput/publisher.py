@@ -59,6 +59,9 @@ class Publisher:
     #: a compaction's inputs may be deleted under it by another compactor (a replaced object
     #: past the grace period)
     inputs_may_vanish = False
+    #: a flush fsyncs the partitions' files (else the commit log, fsynced, is the durable copy
+    #: until the publish commits, after which the local segments are dropped)
+    fsyncs_partitions = True
 
     def __init__(self, fs: Backend, commitlog_fs: Backend, local_fs: Backend):
         #: the store's backend, the writer's commit log's, and where active segments live
@@ -101,6 +104,15 @@ class Publisher:
 
     def collect_shared_garbage(self) -> list[str]:
         """Shared objects no partition needs any more, deleted past the grace period."""
+        return []
+
+    def compaction_batch(self):
+        """The batch that publishes a compaction run's outputs of every partition in one
+        object (reput/compaction_object.py); None: each partition publishes its own."""
+        return None
+
+    def collect_compaction_garbage(self) -> list[str]:
+        """Compaction objects no partition lists any more, deleted past the grace period."""
         return []
 
     def closed(self) -> None:
@@ -296,6 +308,31 @@ class ManifestPublisher(Publisher):
                                   grace_ms=int(getattr(self.fs, "grace_ms", 0)),
                                   now_ms=st.clock.ms(), objects_now_ms=self.fs.clock_ms())
 
+    def compaction_batch(self):
+        from . import compaction_object as CO
+        if CO.mode() != "store":  # (KCOMPACT_S3_COMPACTION_OBJECTS=partition)
+            return None
+        st = self.store
+        return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),
+                                  writer=st.writer or "compactor",
+                                  require_format=st.require_format)
+
+    def collect_compaction_garbage(self) -> list[str]:
+        import sys
+        from . import compaction_object as CO
+        from . import manifest as M
+        st = self.store
+
+        def manifest_of(topic: str, partition: int):
+            pl = st._partitions.get((topic, partition))
+            if pl is not None and pl.manifest is not None:
+                return pl.manifest  # (read by this run: stale only errs on keeping)
+            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
+        return CO.collect_garbage(self.fs, manifest_of,
+                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                  now_ms=st.clock.ms(), objects_now_ms=self.fs.clock_ms(),
+                                  warn=lambda line: print(line, file=sys.stderr))
+
     def closed(self) -> None:
         pass
 
@@ -358,6 +395,7 @@ class SharedPublisher(ManifestPublisher):
 
     kind = "s3-shared"
     shared = True
+    fsyncs_partitions = False
 
     def __init__(self, fs: Backend, commitlog_fs: Backend, local_fs: Backend):
         super().__init__(fs, commitlog_fs, local_fs)
@@ -414,14 +452,11 @@ class SharedPublisher(ManifestPublisher):
                 for (topic, partition), piece in pieces:
                     ups, nxt = piece.uploads, piece.next_offset
                     reached = -1  # the next offset of its last part with records
-                    for i, (_seg, up) in enumerate(ups):
-                        offs = up.entries()["offset"]
+                    for i, (base, log, log_size, bcq, offs) in enumerate(ups):
                         if not offs.shape[0]:
                             continue
-                        reached = ups[i + 1][1].base if i + 1 < len(ups) else nxt
-                        b.add(topic, partition, up.base,
-                              self.local_fs.local_path(up.log_path), up.log_size,
-                              up.index_bytes(), offs, reached)
+                        reached = ups[i + 1][0] if i + 1 < len(ups) else nxt
+                        b.add(topic, partition, base, log, log_size, bcq, offs, reached)
                     if reached < nxt:
                         b.advance(topic, partition, nxt)
                 b.finish()

@@ -691,6 +691,12 @@ class Store:
         flushes (measured on this VM: 16 files of 8 MiB, 0.08-0.12 s one after another, 0.06 s
         with 8 threads). Every sync ends before this returns; the first failure is raised."""
         pls = [self._partitions[key] for key in self._writable]
+        if not self.publisher.fsyncs_partitions:
+            # the commit log (fsynced above) is the durable copy until the journal commit,
+            # after which the local segments are dropped: no fsync of 2 files a partition
+            for pl in pls:
+                pl.sync(fsync=False)
+            return
         if len(pls) <= 1:
             for pl in pls:
                 pl.sync()
@@ -728,6 +734,18 @@ class Store:
         """S3 with shared uploads: delete the shared objects every partition has split, and
         orphans, once the grace period has passed (reput/shared.py ``collect_garbage``)."""
         return self.publisher.collect_shared_garbage()
+
+    def compaction_batch(self):
+        """S3: the batch that publishes a compaction run's outputs of every partition in one
+        object (reput/compaction_object.py); None on a local store or with
+        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition`` (the publisher's)."""
+        return self.publisher.compaction_batch()
+
+    def collect_compaction_garbage(self) -> list[str]:
+        """S3: delete compaction objects no partition lists any more (nor retired less than
+        the grace period ago), and those a killed run never committed, once the grace period
+        has passed (reput/compaction_object.py ``collect_garbage``; the publisher's)."""
+        return self.publisher.collect_compaction_garbage()
 
     def close(self) -> None:
         if self._sealer is not None:

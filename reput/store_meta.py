@@ -12,7 +12,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import shared as SH
 from .config import TopicConfig
 from .errors import StoreFormatError
 from .record import validate_topic
@@ -25,7 +24,8 @@ from .topic_configs import TopicConfigLayers, default_config
 #: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
 #: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
+#: (4: an S3 store holding compaction objects, docs/formats/compaction-object.md)
+KNOWN_FORMAT_VERSION = 4
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
