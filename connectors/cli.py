@@ -24,7 +24,7 @@ from typing import Any, Callable
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kcompact.errors import KcompactError  # noqa: E402
-from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.connectors.framework.gcmode import bulk_gc  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -937,7 +937,7 @@ def main(argv: list[str] | None = None) -> int:
                                     getattr(args, "connect_command", None)) if x)
         sys.stderr = JsonLines(sys.stderr, name)
     try:
-        with bulk_gc():  # a command is one bulk job (reput/gcmode.py)
+        with bulk_gc():  # a command is one bulk job (connectors/framework/gcmode.py)
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("kcompact: interrupted", file=sys.stderr)

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TextIO
 
-from kcompact.reput.gcmode import bulk_gc
+from kcompact.connectors.framework.gcmode import bulk_gc
 
 from ..errors import ConfigError, ConnectorsError
 from .api import SinkConnector, SourceConnector, TaskFailedError, TopicPartition
@@ -493,7 +493,7 @@ class Worker:
     def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
         """Start every task and wait until all have ended (or one failed: the others are then
         stopped, and the failure is raised as one line naming the task). The garbage collector
-        runs less often meanwhile (reput/gcmode.py)."""
+        runs less often meanwhile (connectors/framework/gcmode.py)."""
         server = None
         if self.config["metrics.listen"]:
             from kcompact.replication.ops import start_ops

@@ -392,7 +392,7 @@ def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_ka
 
 def _segments(st: Store, topic: str, p: int) -> list[dict]:
     pl = st.partition(topic, p)
-    return [pl.describe_segment(s) for s in pl.segments if s.log_size]
+    return [s.describe() for s in pl.segments if s.log_size]
 
 
 # -- groups ------------------------------------------------------------------------------------------
