@@ -98,10 +98,6 @@ KNOWN_GAPS = {
                           "#1446): the COMMIT marker that ends a compacted tail reaches it as a "
                           "record; on Kafka that offset holds a real record",
     ("group", "kafka-go"): "kafka-go delivers the tail's control record (segmentio/kafka-go #1446)",
-    ("produce", "aiokafka"): "aiokafka prints POLICY_VIOLATION's name, never Produce's message",
-    ("produce", "kafkajs"): "kafkajs prints POLICY_VIOLATION's name, never Produce's message",
-    ("produce", "sarama"): "sarama prints POLICY_VIOLATION's name, never Produce's message",
-    ("produce", "sarama-2.0.0"): "sarama prints POLICY_VIOLATION's name, never Produce's message",
     ("zstd", "sarama-2.0.0"): "both refuse a zstd topic to Fetch v7, but sarama cannot decode "
                               "Kafka's refusal ('invalid byteslice length') and prints the "
                               "endpoint's UNSUPPORTED_COMPRESSION_TYPE: not the same text",

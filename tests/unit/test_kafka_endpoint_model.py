@@ -292,7 +292,7 @@ def test_produce_is_refused_with_a_reason(tmp_path, version):
     try:
         r = c.call(0, version, transactional_id=None, acks=-1, timeout=1000, topic_data=[
             {"name": TOPIC, "partition_data": [{"index": 0, "records": b""}]}])
-        assert struct.pack(">h", 44) in r  # POLICY_VIOLATION
+        assert struct.pack(">h", 29) in r  # TOPIC_AUTHORIZATION_FAILED
         assert (b"read-only" in r) == (version >= 8)  # the message field is v8+
     finally:
         c.close()
@@ -324,7 +324,7 @@ def test_error_codes_inside_answers_count_by_api_and_error(tmp_path):
         assert srv.ep.errors == {("Fetch", "OFFSET_OUT_OF_RANGE"): 2,
                                  ("Fetch", "UNKNOWN_TOPIC_OR_PARTITION"): 1,
                                  ("ListOffsets", "UNKNOWN_TOPIC_OR_PARTITION"): 1,
-                                 ("Produce", "POLICY_VIOLATION"): 2,
+                                 ("Produce", "TOPIC_AUTHORIZATION_FAILED"): 2,
                                  ("ApiVersions", "UNSUPPORTED_VERSION"): 1}
         fam = next(f for f in srv.ep.collect() if f.name.endswith("kafka_error_responses"))
         samples = {(s.labels["api"], s.labels["error"]): s.value for s in fam.samples
