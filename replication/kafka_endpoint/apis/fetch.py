@@ -115,7 +115,7 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
                 results.append(PartitionResult(pi, OFFSET_OUT_OF_RANGE, b))
                 continue
             if zstd_refused:
-                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, b))
+                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, _NO_BOUNDS))
                 continue
             limit = min(max(0, int(p.partition_max_bytes)), budget)
             if offset == b.high_watermark or (limit <= 0 and not first):
