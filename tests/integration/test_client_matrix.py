@@ -5,7 +5,8 @@ The clients, each installed from its registry into the cache directory (clients/
 clients`) and skipped with the reason when its toolchain is absent: kafka-python and aiokafka
 (PyPI, as installed: no extras, in a virtualenv of their own), kafkajs 2.2.4 (npm), segmentio's
 kafka-go and IBM's sarama (the Go module proxy; sarama also pinned to protocol 2.0.0, a common
-setting), rskafka 0.6 (crates.io, built with cargo; no group column: it has no groups). Each is driven by a small program under clients/ with one command line (clientlib.py).
+setting), rskafka 0.6 (crates.io, built with cargo; no group column: it has no groups). Each is
+driven by a small program under clients/ with one command line (clientlib.py).
 
 The store: a topic of 4 partitions produced uncompressed to the real Kafka (keyed updates,
 tombstones, keyless records, headers, a committed transaction ending partition 1, an aborted one

@@ -102,7 +102,8 @@ def rust_clients() -> Path:
     if cargo is None:
         raise Unavailable("Rust's cargo is not installed: the rskafka client needs it")
     src = HERE / "rskafka"
-    d = CACHE / f"rskafka-{_digest(src / 'Cargo.toml', src / 'Cargo.lock', src / 'src' / 'main.rs')}"
+    d = CACHE / "rskafka-{}".format(_digest(src / "Cargo.toml", src / "Cargo.lock",
+                                            src / "src" / "main.rs"))
     exe = d / "release" / "rskafka-client"
     if not exe.exists():
         d.mkdir(parents=True, exist_ok=True)
