@@ -151,7 +151,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                      tls_client_ca=a.tls_client_ca, acls_file=a.acls_file,
                                      acls_from_store=a.acls_from_store,
                                      allow_everyone_if_no_acl_found=(
-                                         a.allow_everyone_if_no_acl_found))
+                                         a.allow_everyone_if_no_acl_found),
+                                     fleet=_fleet_options(a))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
@@ -272,6 +273,15 @@ def _repair_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     return check
 
 
+def _fleet_options(a: argparse.Namespace):
+    """`serve --peers`: the node's FleetOptions (None: a node alone, as before)."""
+    if a.peers is None:
+        return None
+    from kcompact.replication.fleet import FleetOptions
+    return FleetOptions(node_id=a.node_id, peer_listen=a.peer_listen, peers=a.peers,
+                        token_file=a.peer_token_file)
+
+
 def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     """`serve`: --listen with --token-file, --kafka-listen, or both (exit 2 otherwise)."""
     def check(args) -> None:
@@ -291,6 +301,14 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
                      "allow_everyone_if_no_acl_found"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
+        fleet = [f for f in ("node_id", "peer_listen", "peers", "peer_token_file")
+                 if getattr(args, f) is not None]
+        if fleet and not args.kafka_listen:
+            parser.error("--node-id, --peer-listen, --peers and --peer-token-file make "
+                         "--kafka-listen a node of a fleet: add --kafka-listen")
+        if fleet and (args.peers is None or args.node_id is None or args.peer_listen is None):
+            parser.error("a fleet node needs --node-id N, --peer-listen HOST:PORT and --peers "
+                         "1@HOST:PORT,2@HOST:PORT,... (every node, this one included)")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
                 and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
@@ -629,6 +647,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kafka-idle-timeout", type=float, default=None, metavar="S",
                    help="close a Kafka client connection idle between requests for this long "
                    "(Kafka's connections.max.idle.ms; default 600)")
+    s.add_argument("--node-id", type=int, default=None, metavar="N",
+                   help="fleet: this node's id in --peers (docs/fleet.md)")
+    s.add_argument("--peer-listen", default=None, metavar="HOST:PORT",
+                   help="fleet: where the other nodes reach this one (pings, shared blocks)")
+    s.add_argument("--peers", default=None, metavar="ID@HOST:PORT,...",
+                   help="fleet: every node's id and --peer-listen address, this one included "
+                   "(Kafka's controller.quorum.voters spelling)")
+    s.add_argument("--peer-token-file", default=None, metavar="FILE",
+                   help="fleet: the bearer token every node sends and requires on "
+                   "--peer-listen")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 
