@@ -195,7 +195,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
         groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
         acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
-        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids,
+        configs=a.configs))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -742,6 +743,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--configs", action="store_true",
+                   help="create the target topic with the configs synced from the source "
+                   "(`kcompact configs --describe`: retention, compaction, segment, "
+                   "compression; as of TIME with --as-of) besides its cleanup.policy; a "
+                   "target that exists keeps its own")
     s.add_argument("--acls", action="store_true",
                    help="once the restore is done, create on the target the source ACL "
                    "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "

@@ -102,7 +102,9 @@ def store_summary(store: Store, topic: str | None = None, *,
                   verify: bool = False) -> dict[str, Any]:
     if topic:
         _check_topic(store, topic)
-    topics = [topic] if topic else store.topics()
+    # the internal topics (the estate's captures, restore progress) after the user's
+    topics = [topic] if topic else sorted(store.topics(),
+                                          key=lambda t: (t.startswith("__kcompact-"), t))
     estate = estate_times(store, topics)
     return {
         "store": store.url, "store_id": store.meta.store_id,
