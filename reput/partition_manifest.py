@@ -24,6 +24,8 @@ import secrets
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from . import filenames as fn
 from . import manifest as M
 from . import s3_follow as S3F
@@ -35,6 +37,11 @@ from .errors import CorruptRecordError, ReputError
 from .segment import PartitionContext, Segment, open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
+
+
+#: a writer's local segment at most this large is encoded into its shared object in memory
+#: (larger ones are sealed into a local file first, as per-partition uploads are)
+SHARED_ENCODE_IN_MEMORY = 64 << 20
 
 
 class ManifestCatalog(SegmentCatalog):
@@ -155,9 +162,7 @@ class ManifestCatalog(SegmentCatalog):
             rel = f"{self.dir}/{e.log}"
             if rel in self._replaced:
                 continue
-            seg = old.get(rel) or self._segment(e.base, e.log_size, e.bcq_size, kind="remote",
-                                                log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}",
-                                                desc=e)
+            seg = old.get(rel) or self._manifest_segment(e, rel)
             remote.append(seg)
         shared = self._shared_segments(refresh=reread)
         if self.writable and not self._local_listed:
@@ -166,6 +171,20 @@ class ManifestCatalog(SegmentCatalog):
         else:
             local = [s for s in self.segments if s.kind == "file"]
         self.segments = sorted(remote + self._staged + shared, key=lambda s: s.base) + local
+
+    def _manifest_segment(self, e: SegmentDesc, rel: str) -> Segment:
+        """A manifest entry as a segment: its own object pair, or two byte ranges of a
+        compaction object (docs/formats/compaction-object.md) read through a ``RangeView``, so
+        partitions packed into one object share its cached blocks."""
+        brel = f"{self.dir}/{e.bcq}"
+        if e.object is None:
+            return self._segment(e.base, e.log_size, e.bcq_size, kind="remote", log_rel=rel,
+                                 bcq_rel=brel, desc=e)
+        view = SH.RangeView(self.fs)
+        view.add(rel, e.object, e.log_pos, e.log_size)
+        view.add(brel, e.object, e.bcq_pos, e.bcq_size)
+        return open_segment(self.ctx, e.base, e.log_size, e.bcq_size, fs=view, log_path=rel,
+                            bcq_path=brel, kind="remote", desc=e)
 
     def _check_ledger(self) -> None:
         """The manifest read (or its absence) against the partition's ledger (reput/ledger.py),
@@ -417,6 +436,11 @@ class ManifestCatalog(SegmentCatalog):
     def has_staged(self) -> bool:
         return self._pending
 
+    @property
+    def staged_segments(self) -> list[Segment]:
+        """A pending compaction's outputs (local files), not yet uploaded."""
+        return list(self._staged)
+
     def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
                    cleaned_offset: int | None, last_run: dict | None = None) -> None:
         """Replace sealed segments (by base) with staged outputs (base, .log, .bcq on
@@ -446,12 +470,15 @@ class ManifestCatalog(SegmentCatalog):
         self._pending = True
         self._rebuild()
 
-    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
+    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None,
+                      placed: "dict[int, SegmentDesc] | None" = None) -> bool:
         """Upload the staged outputs (one PUT per object) and commit one manifest version that
         replaces the inputs with them, sets the horizon and the last run, and retires the
         inputs (deleted after the grace period). On a lost race the change is rebased if
         every input is still listed; else it is abandoned (outputs deleted, view reloaded)
-        and False returned."""
+        and False returned. ``placed``: the staged outputs (by base) already uploaded inside
+        a compaction object (reput/compaction_object.py), their entries as given; nothing of
+        them is uploaded or deleted here (the object holds other partitions' too)."""
         if not self._pending:
             return True
         if last_run is not None:
@@ -464,6 +491,9 @@ class ManifestCatalog(SegmentCatalog):
         uploads = []
         try:
             for seg in self._staged:
+                if placed is not None and seg.base in placed:
+                    uploads.append((seg, placed[seg.base]))
+                    continue
                 lname = seg.log_path.rsplit("/", 1)[1]
                 iname = seg.bcq_path.rsplit("/", 1)[1]
                 if fn.parse_segment_object(lname) is None:  # staged under a plain name
@@ -484,8 +514,7 @@ class ManifestCatalog(SegmentCatalog):
                                + new_entries,
                                cleaned_offset=cur.cleaned_offset if cleaned is None else cleaned,
                                last_run=run if run is not None else cur.last_run,
-                               retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
-                                                       "since_ms": now} for e in replaced],
+                               retired=cur.retired + [_retired(e, now) for e in replaced],
                                split_to={**cur.split_to, **split},
                                split_log=cur.with_split(split, now, self.grace_ms) if split
                                else cur.split_log,
@@ -494,17 +523,20 @@ class ManifestCatalog(SegmentCatalog):
             new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
                            grace_ms=self.grace_ms, clock_ms=lambda: now)
         except M.ManifestConflictError:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads if e.object is None
+                                  for n in (e.log, e.bcq)])
             self.abort_staged()
             return False
         except BaseException:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads if e.object is None
+                                  for n in (e.log, e.bcq)])
             raise
         self.manifest = new
         try:
             for seg, ent in uploads:
-                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-                seg.invalidate()
+                if ent.object is None:
+                    self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+                seg.invalidate()  # (placed: the object's local copy is spooled whole)
         finally:
             # committed: the view is the new version even if the local clean-up fails (it
             # must not list staged files that were handed over; recovery removes the rest)
@@ -614,26 +646,46 @@ class ManifestCatalog(SegmentCatalog):
 
     def shared_pieces(self, part):
         """What this partition adds to the writer's shared object: (its local segments, the
-        format-2 segments to upload for those holding records, its next offset); None when
-        nothing changed since the last flush."""
+        parts to write for those holding records, its next offset); None when nothing changed
+        since the last flush. Each part is (base, log, log_size, bcq, offsets): ``log`` the
+        format-2 ``.log`` bytes encoded in memory (no local file, no fsync: the commit log is
+        the durable copy until the journal commit), or the OS path of a local format-2
+        ``.log`` (a segment already sealed, or one larger than ``SHARED_ENCODE_IN_MEMORY``,
+        sealed into ``sealing/`` first)."""
         if not self.writable:
             return None
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
         if not any(s.log_size for s in local) and nxt <= self.next_offset_floor():
             return None
-        part._sync_and_close_files()
+        part._sync_and_close_files(fsync=False)
         sealing = f"{self.dir}/{fn.SEALING_DIR}"
-        self.local_fs.remove_tree(sealing)
         ups = []
+        if os.path.isdir(self.local_fs.local_path(sealing) or "-"):
+            self.local_fs.remove_tree(sealing)  # (a crashed flush's)
         try:
             for seg in local:
                 if seg.log_size:
-                    ups.append((seg, self._encode_for_upload(part, seg, sealing)))
+                    ups.append(self._shared_part(part, seg, sealing))
         except BaseException:
             self.local_fs.remove_tree(sealing)
             raise
         return local, ups, nxt
+
+    def _shared_part(self, part, seg: Segment, sealing: str) -> tuple:
+        from . import bcq2 as B2
+        if (part.require_format is not None and seg.sealable
+                and seg.log_size <= SHARED_ENCODE_IN_MEMORY):
+            from .seal import encode_segment_bytes
+            part.require_format(2)
+            log, bcq = encode_segment_bytes(seg, part.config)
+            view = memoryview(bcq)
+            offs = B2.LeanIndex(lambda pos, n: bytes(view[pos:pos + n]), seg.bcq_path,
+                                len(bcq)).entries["offset"] if len(bcq) else np.empty(0, np.int64)
+            return seg.base, log, len(log), np.frombuffer(bcq, np.uint8), offs
+        up = self._encode_for_upload(part, seg, sealing)
+        return (up.base, self.local_fs.local_path(up.log_path), up.log_size, up.index_bytes(),
+                up.entries()["offset"])
 
     def ensure_manifest(self, writer: str) -> None:
         """A partition's first shared upload: an empty manifest version first (one PUT, once),
@@ -645,20 +697,18 @@ class ManifestCatalog(SegmentCatalog):
         self.manifest = new if new is not None else M.read_latest(self.fs, self.dir)
 
     def shared_aborted(self) -> None:
-        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+        if os.path.isdir(self.local_fs.local_path(f"{self.dir}/{fn.SEALING_DIR}") or "-"):
+            self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
 
     def shared_committed(self, local: list[Segment], ups: list) -> None:
         """The journal entry holding this partition's part is committed: its local segments
         are dropped and the part is listed from the journal."""
         for seg in local:
-            up = next((u for s, u in ups if s is seg), None)
-            if up is not None and up is not seg:
-                self.local_fs.delete(up.log_path)
-                self.local_fs.delete(up.bcq_path)
             self.local_fs.delete(seg.log_path)
             self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
-        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+        if any(isinstance(u[1], str) for u in ups):  # (a large part sealed into sealing/)
+            self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
         self.segments = [s for s in self.segments if s.kind != "file"]
         self._rebuild()
 
@@ -685,6 +735,15 @@ class ManifestCatalog(SegmentCatalog):
         return M.collect_garbage(self.fs, self.dir, grace_ms=self.grace_ms,
                                  now_ms=self.clock.ms(), known=self.manifest,
                                  objects_now_ms=self.fs.clock_ms())
+
+
+def _retired(e: SegmentDesc, now: int) -> dict:
+    """A replaced segment's ``retired`` entry (manifest.md); one inside a compaction object
+    names it, so the object outlives the replacement by the grace period."""
+    r = {"log": e.log, "bcq": e.bcq, "since_ms": now}
+    if e.object is not None:
+        r["object"] = e.object
+    return r
 
 
 __all__ = ["ManifestCatalog"]

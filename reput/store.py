@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import threading
 import time
 import uuid
@@ -58,7 +59,8 @@ from .topic_configs import TopicConfigLayers, default_config
 #: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
 #: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
+#: (4: an S3 store holding compaction objects, docs/formats/compaction-object.md)
+KNOWN_FORMAT_VERSION = 4
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
@@ -844,6 +846,12 @@ class Store:
         flushes (measured on this VM: 16 files of 8 MiB, 0.08-0.12 s one after another, 0.06 s
         with 8 threads). Every sync ends before this returns; the first failure is raised."""
         pls = [self._partitions[key] for key in self._writable]
+        if self.shared_uploads:
+            # the commit log (fsynced above) is the durable copy until the journal commit,
+            # after which the local segments are dropped: no fsync of 2 files a partition
+            for pl in pls:
+                pl.sync(fsync=False)
+            return
         if len(pls) <= 1:
             for pl in pls:
                 pl.sync()
@@ -935,14 +943,11 @@ class Store:
                 b = SH.ObjectBuilder(out, writer, seq, tag)
                 for (topic, partition), pl, (_local, ups, nxt) in pieces:
                     reached = -1  # the next offset of its last part with records
-                    for i, (_seg, up) in enumerate(ups):
-                        offs = up.entries()["offset"]
+                    for i, (base, log, log_size, bcq, offs) in enumerate(ups):
                         if not offs.shape[0]:
                             continue
-                        reached = ups[i + 1][1].base if i + 1 < len(ups) else nxt
-                        b.add(topic, partition, up.base,
-                              self.local_fs.local_path(up.log_path), up.log_size,
-                              up.index_bytes(), offs, reached)
+                        reached = ups[i + 1][0] if i + 1 < len(ups) else nxt
+                        b.add(topic, partition, base, log, log_size, bcq, offs, reached)
                     if reached < nxt:
                         b.advance(topic, partition, nxt)
                 b.finish()
@@ -977,6 +982,36 @@ class Store:
         return SH.collect_garbage(self.fs, j, manifest_of,
                                   grace_ms=int(getattr(self.fs, "grace_ms", 0)),
                                   now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms())
+
+    def compaction_batch(self):
+        """S3: the batch that publishes a compaction run's outputs of every partition in one
+        object (reput/compaction_object.py); None on a local store or with
+        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition``."""
+        from . import compaction_object as CO
+        if not self.remote or CO.mode() != "store":
+            return None
+        return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),
+                                  writer=self.writer or "compactor",
+                                  require_format=self.require_format)
+
+    def collect_compaction_garbage(self) -> list[str]:
+        """S3: delete compaction objects no partition lists any more (nor retired less than
+        the grace period ago), and those a killed run never committed, once the grace period
+        has passed (reput/compaction_object.py ``collect_garbage``)."""
+        if not self.remote:
+            return []
+        from . import compaction_object as CO
+        from . import manifest as M
+
+        def manifest_of(topic: str, partition: int):
+            pl = self._partitions.get((topic, partition))
+            if pl is not None and pl.manifest is not None:
+                return pl.manifest  # (read by this run: stale only errs on keeping)
+            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
+        return CO.collect_garbage(self.fs, manifest_of,
+                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms(),
+                                  warn=lambda line: print(line, file=sys.stderr))
 
     def close(self) -> None:
         if self._sealer is not None:

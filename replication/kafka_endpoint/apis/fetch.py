@@ -1,4 +1,5 @@
-"""Fetch (API key 1, versions 4-12): the records of a read, and the response written by hand.
+"""Fetch (key 1): versions 4-12, flexible from 12. The records of a read, the response written
+by hand.
 
 The response is laid out field by field (Kafka's FetchResponse.json, versions 4-12; v12 is the
 first flexible one: compact lengths and empty tagged-field sections), so that the record section
@@ -14,7 +15,8 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
 * an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
   a partition that fails its checks (damaged, or its ledger disagrees with its segments:
   reput/ledger.py): KAFKA_STORAGE_ERROR, as Kafka answers for an offline log;
-  a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
+  a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION; in a fleet, a
+  partition another node leads: NOT_LEADER_OR_FOLLOWER, not read (cluster.py);
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
 * a Fetch below v10 of a topic whose compression.type is zstd: UNSUPPORTED_COMPRESSION_TYPE for
@@ -23,7 +25,19 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
   partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
-* a fetch naming no topic (the Java consumer's on close) gets an empty answer at once.
+* a fetch naming no topic (the Java consumer's on close) gets an empty answer at once;
+* with ACLs: READ on each topic; a fetch naming a topic not allowed is read once, without the
+  long poll, its denied topics' partitions TOPIC_AUTHORIZATION_FAILED (authorize.Gate).
+
+Version notes:
+* v4: isolation_level, last_stable_offset and aborted_transactions (v0-3's message sets are
+  not served: every stored batch is a RecordBatch v2);
+* v5: log_start_offset; v6: the same fields;
+* v7: fetch sessions (error_code, session_id: 0 here, no sessions); v8: the same fields;
+* v9: current_leader_epoch in the request; v10: zstd allowed (KIP-110);
+* v11: rack_id, preferred_read_replica (-1);
+* v12: flexible (compact lengths, empty tagged-field sections); the last version that names
+  topics: v13 names them by topic id, not served.
 """
 
 from __future__ import annotations
@@ -35,9 +49,15 @@ from typing import Any, Callable
 
 from kcompact.reput.errors import CorruptRecordError
 
-from .store_view import Bounds, StoreView
-from .wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
-                   UNSUPPORTED_COMPRESSION_TYPE, ms)
+from ..store_view import Bounds, StoreView
+from ..wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, TOPIC_AUTHORIZATION_FAILED,
+                    UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_COMPRESSION_TYPE, ms)
+from ..cluster import NOT_LEADER_OR_FOLLOWER, fleet_of
+from ..cluster import leads as _leads
+from .base import register
+
+KEY, NAME = 1, "Fetch"
+MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 4, 12, 12
 
 #: how often a waiting fetch looks at its partitions again
 POLL_S = 0.1
@@ -68,8 +88,8 @@ class PartitionResult:
 _NO_BOUNDS = Bounds(-1, -1)
 
 
-def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
-                    ) -> tuple[list, int]:
+def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int,
+                    leads: Callable[[str, int], bool] | None = None) -> tuple[list, int]:
     """One pass over the request's partitions (blocking): [(topic, [PartitionResult])], bytes."""
     out, budget, first = [], max(0, max_bytes), True
     total = 0
@@ -87,6 +107,9 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
                 known = set(view.partitions(name, pi))  # listed again, at most every second
             if pi not in known:
                 results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
+                continue
+            if leads is not None and not leads(name, pi):  # a fleet: another node leads it
+                results.append(PartitionResult(pi, NOT_LEADER_OR_FOLLOWER, _NO_BOUNDS))
                 continue
             offset = int(p.fetch_offset)
             try:
@@ -135,9 +158,24 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
     return False
 
 
+async def handle(ep, req, conn) -> list:
+    """The registered handler: the ACLs (``ep.gate``), then ``handle_fetch``."""
+    gate = ep.gate
+    if gate is not None:
+        denied = gate.fetch_denied(req, conn)
+        if denied:
+            ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
+            return await gate.fetch_with_denied(ep, req, denied)
+    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
+    return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
+                              ep.stopping, lambda codes: ep.count_errors(NAME, codes),
+                              leads=leads)
+
+
 async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
                        req: Any, stopping: Callable[[], bool],
-                       count_errors: Callable[[list], None] | None = None) -> list:
+                       count_errors: Callable[[list], None] | None = None,
+                       leads: Callable[[str, int], bool] | None = None) -> list:
     """The response buffers of a Fetch request (``run(fn, *args)`` runs blocking work in the
     endpoint's thread pool; ``count_errors`` is handed the partitions' error codes)."""
     topics = list(req.topics or ())
@@ -147,11 +185,11 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
     wait_s = min(MAX_WAIT_S, max(0, ms(req.max_wait)) / 1000.0)
     min_bytes = max(0, int(req.min_bytes))
     deadline = time.monotonic() + wait_s
-    seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
     while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
         await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         if await run(grew, view, topics, seen):
-            seen, total = await run(read_partitions, view, version, topics, max_bytes)
+            seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
     if count_errors is not None:
         count_errors([r.error for _, results in seen for r in results])
     return encode_fetch(version, correlation_id, seen)
@@ -159,7 +197,7 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
 
 def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
     """The response frame as a list of buffers (size prefix first)."""
-    flexible = version >= 12
+    flexible = version >= FLEXIBLE_FROM
     head = bytearray()
     if flexible:
         head += _I32.pack(correlation_id) + b"\0"   # response header v1: empty tagged fields
@@ -197,3 +235,6 @@ def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
     size = sum(memoryview(b).nbytes for b in out[1:])
     out[0] = _I32.pack(size)
     return [b for b in out if len(b)]
+
+
+API = register(KEY, NAME, MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM, handle, encodes_itself=True)
