@@ -309,6 +309,13 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if fleet and (args.peers is None or args.node_id is None or args.peer_listen is None):
             parser.error("a fleet node needs --node-id N, --peer-listen HOST:PORT and --peers "
                          "1@HOST:PORT,2@HOST:PORT,... (every node, this one included)")
+        if args.peer_listen and not args.peer_token_file and not args.allow_unauthenticated:
+            from kcompact.replication.connections import is_loopback
+            host = args.peer_listen.rpartition(":")[0].strip("[]")
+            if host and not is_loopback(host):
+                parser.error(f"--peer-listen {args.peer_listen} is not a loopback address: add "
+                             "--peer-token-file F (every node the same token) or "
+                             "--allow-unauthenticated")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
                 and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
