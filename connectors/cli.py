@@ -24,7 +24,7 @@ from typing import Any, Callable
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kcompact.errors import KcompactError  # noqa: E402
-from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.connectors.framework.gcmode import bulk_gc  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -195,7 +195,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
         groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
         acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
-        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids,
+        configs=a.configs))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -749,6 +750,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--configs", action="store_true",
+                   help="create the target topic with the configs synced from the source "
+                   "(`kcompact configs --describe`: retention, compaction, segment, "
+                   "compression; as of TIME with --as-of) besides its cleanup.policy; a "
+                   "target that exists keeps its own")
     s.add_argument("--acls", action="store_true",
                    help="once the restore is done, create on the target the source ACL "
                    "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "
@@ -944,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
                                     getattr(args, "connect_command", None)) if x)
         sys.stderr = JsonLines(sys.stderr, name)
     try:
-        with bulk_gc():  # a command is one bulk job (reput/gcmode.py)
+        with bulk_gc():  # a command is one bulk job (connectors/framework/gcmode.py)
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("kcompact: interrupted", file=sys.stderr)
