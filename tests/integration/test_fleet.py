@@ -6,11 +6,15 @@ docs/fleet.md), with unmodified clients.
   commits are kept; the owners' shared blocks spare S3 GETs;
 * one node SIGKILLed while three consumers read: every consumer still ends with every record
   (re-reads allowed) within 30 s, the survivors' ring drops it, and restarted it rejoins;
+* groups committed through the fleet keep their offsets when the node coordinating them is
+  SIGKILLed (the new coordinator reads them from the store), and commit again after it;
 * a "peer" answering garbage stalls no client and never joins the ring;
-* a fleet of one serves what a plain `serve` serves.
+* a fleet of one serves what a plain `serve` serves;
+* two Kafka ConsoleConsumers of one group at two nodes print every record (skipped without
+  Kafka's Java tools).
 
 Nodes are `kcompact serve` subprocesses (stdout names their ports); every wait is on a
-condition. The store is built once per module. Takes ~60 s.
+condition. The store is built once per module. Takes ~90 s.
 """
 
 from __future__ import annotations
