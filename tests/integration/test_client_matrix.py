@@ -447,10 +447,15 @@ def test_read_every_record_as_dumped(matrix, client, request):
     ours, theirs = _both(client, m, lambda t: ("read", t.topic, _csv(t.lasts)))
     if _fails_as_on_kafka("read", client, ours, theirs, m):
         return
-    assert theirs.error is None, f"the premise: {client} reads the source topic: {theirs.why()}"
+    fails_on_kafka = ("read", client) in FAILS_AS_ON_KAFKA
+    if not fails_on_kafka:
+        assert theirs.error is None, f"the premise: {client} reads the source topic: " \
+            f"{theirs.why()}"
     assert ours.error is None, ours.why()
     # (each partition's in order: none came twice)
     assert _sorted(ours.records) == _as_read_by(client, m.dump)
+    if fails_on_kafka:
+        return  # (no position on Kafka to compare with)
     hwm = dict(enumerate(m.endpoint.hwm))
     kafka_positions = _ints(theirs.one("positions"))
     positions = _ints(ours.one("positions"))
