@@ -46,27 +46,42 @@ class RestServer:
 
 
 def _cluster_id(worker) -> Any:
-    """The Kafka cluster's id for ``GET /``: asked of the brokers at the first such request
-    (5 s at most; null if they do not answer, asked again next time), then kept."""
+    """The Kafka cluster's id for ``GET /``: asked of the brokers from the first such request
+    on, in the background until they answer (that request waits a second at most; null until
+    then), then kept."""
     import threading
     cache: dict[str, str] = {}
+    known = threading.Event()
     lock = threading.Lock()
+    started: list[threading.Thread] = []
 
-    def ask() -> str | None:
-        with lock:
-            if "id" not in cache:
+    def ask() -> None:
+        try:
+            from confluent_kafka.admin import AdminClient
+            from ...framework.kafka_clients import kafka_logger, short_lived
+            s = worker._settings("admin", {}, {}, None)
+            admin = AdminClient(short_lived(dict(s.conf, logger=kafka_logger())))
+            while not worker.stop_event.is_set():
                 try:
-                    from confluent_kafka.admin import AdminClient
-                    from ...framework.kafka_clients import kafka_logger, short_lived
-                    s = worker._settings("admin", {}, {}, None)
-                    admin = AdminClient(short_lived(dict(s.conf, logger=kafka_logger())))
                     cid = admin.list_topics(timeout=5).cluster_id
-                    if cid:
-                        cache["id"] = cid
-                except Exception:  # noqa: BLE001 - the id is informative only
-                    pass
-            return cache.get("id")
-    return ask
+                except Exception:  # noqa: BLE001 - asked again
+                    cid = None
+                if cid:
+                    cache["id"] = cid
+                    known.set()
+                    return
+        except Exception:  # noqa: BLE001 - the id is informative only
+            pass
+
+    def get() -> str | None:
+        with lock:
+            if not started:
+                started.append(threading.Thread(target=ask, daemon=True,
+                                                name="connect-cluster-id"))
+                started[0].start()
+        known.wait(1.0)
+        return cache.get("id")
+    return get
 
 
 def start_rest(worker, herder: Herder, listeners: str, *, required: bool, where: str,
