@@ -982,10 +982,10 @@ class Store:
 
     def compaction_batch(self):
         """S3: the batch that publishes a compaction run's outputs of every partition in one
-        object (reput/compaction_object.py); None on a local store or with
-        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition``."""
+        object (reput/compaction_object.py); None on a local store, and on an S3 store without
+        shared uploads unless ``KCOMPACT_S3_COMPACTION_OBJECTS=store``."""
         from . import compaction_object as CO
-        if not self.remote or CO.mode() != "store":
+        if not self.remote or CO.mode(self.meta.features) != "store":
             return None
         return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),
                                   writer=self.writer or "compactor",

@@ -104,8 +104,12 @@ def _cold():
 
 
 @pytest.mark.parametrize("upload", [SHARED, PARTITION], ids=["shared", "partition"])
-def test_forced_compaction_writes_one_object_for_every_partition(s3, upload):
+def test_forced_compaction_writes_one_object_for_every_partition(s3, upload, monkeypatch):
+    """(A store with per-partition uploads keeps per-partition objects by default: it stays
+    format 2; ``KCOMPACT_S3_COMPACTION_OBJECTS=store`` packs it too.)"""
     fake, root = s3
+    if upload is PARTITION:
+        monkeypatch.setenv("KCOMPACT_S3_COMPACTION_OBJECTS", "store")
     url = "s3://bucket/one"
     _write(url, f"{root}/cl", _flushes(12, [200, 200, 200], 30, 1), upload)
     before = fake.calls.copy()
@@ -114,9 +118,6 @@ def test_forced_compaction_writes_one_object_for_every_partition(s3, upload):
     objs = _objects(fake, "one")
     kco = [k for k in objs if k.startswith(fn.COMPACTED_DIR + "/")]
     assert len(kco) == 1
-    assert not [k for k in objs if k.startswith("partitions/") and k.endswith(".log")
-                and objs[k][0] and k > "partitions/t/" and "manifest" not in k
-                and upload is SHARED]
     segments = sum(r.segments_before for r in res)
     assert sum(calls.values()) <= 4 * segments, (dict(calls), segments)
     with Store.open(url) as st:
@@ -187,6 +188,16 @@ def test_whole_store_read_costs_blocks_not_partitions(s3, monkeypatch):
     assert len(gets["partition"]) >= 2 * 40
     # one object of a few hundred KB: one 4 MiB block for all 40 partitions
     assert len(gets["store"]) == 1 and gets["store"][0].endswith(".kco"), gets["store"]
+
+
+def test_a_store_without_shared_uploads_keeps_per_partition_objects(s3):
+    fake, root = s3
+    url = "s3://bucket/fmt2"
+    _write(url, f"{root}/cl", _flushes(4, [100, 100], 10, 8), PARTITION)
+    _compact(url, f"{root}/cc")
+    assert not [k for k in _objects(fake, "fmt2") if k.startswith("compacted/")]
+    with Store.open(url) as st:
+        assert st.meta.format_version == 2 and CO.FEATURE not in st.meta.features
 
 
 def test_a_kcompact_that_knows_format_3_refuses_the_store_with_one_line(s3, monkeypatch):
@@ -278,8 +289,9 @@ def test_a_compaction_killed_after_its_upload_loses_nothing(s3, monkeypatch, com
     kco = [k for k in _objects(fake, "dead") if k.startswith("compacted/")]
     assert len(kco) == 1  # uploaded before the first commit
     got = _records(dead)
-    for p, rs in got.items():  # each partition reads as before or as after, never a mix
-        assert rs == (after_ref[p] if p < commits else before[p])
+    # each partition reads as before or as after (never a mix), ``commits`` of them after
+    assert all(rs in (before[p], after_ref[p]) for p, rs in got.items())
+    assert sum(rs == after_ref[p] != before[p] for p, rs in got.items()) == commits
     # recovery: the collector, grace period over, keeps the object while a manifest lists it
     with Store.open(dead + "?grace_ms=0", commitlog_dir=f"{root}/cc-dead") as st:
         deleted = st.collect_compaction_garbage()
