@@ -347,3 +347,49 @@ def test_a_damaged_footer_is_one_line_naming_the_object(s3, damage, capsys):
                                   warn=lambda line: print(line)) == []
     assert path in capsys.readouterr().out
     assert key in objs
+
+
+def test_a_compaction_streams_a_large_segment_inside_an_object_with_one_ranged_get(s3):
+    """Its input segment inside an object is read with one ranged GET of its .log (not block
+    by block through the cache, nor held whole in memory): blocks of 4 KiB here."""
+    from kcompact.reput.s3 import S3Backend
+    from kcompact.reput.s3_cache import BlockCache, Spool
+    fake, root = s3
+    fs = S3Backend("bucket", "big", client=fake, grace_ms=0, cache=BlockCache(1 << 20, 1 << 12),
+                   spool=Spool(0, os.path.join(root, "spool")))
+    url = "s3://bucket/big"
+    flushes = _flushes(2, [400, 400], 5_000, 9, value_bytes=300)
+    with Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=f"{root}/cl",
+                    fs=fs) as st:
+        for rows in flushes[:1]:
+            st.append(RecordBatch.from_records(
+                "t", [(p, o, 1_000 + o, k, v, []) for p, o, k, v in rows]))
+            st.flush()
+    with Store.open(url, commitlog_dir=f"{root}/cc", fs=fs) as st:
+        compact_store(st, force=True)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=f"{root}/cl", fs=fs) as st:
+        for rows in flushes[1:]:
+            st.append(RecordBatch.from_records(
+                "t", [(p, o, 1_000 + o, k, v, []) for p, o, k, v in rows]))
+            st.flush()
+    fs.cache.clear()
+    ranges = []
+    orig = fake.get_object
+
+    def get(Bucket, Key, Range=None):
+        if Key.endswith(".kco") and Range:
+            a, b = map(int, Range.split("=")[1].split("-"))
+            ranges.append(b - a + 1)
+        return orig(Bucket, Key, Range)
+    fake.get_object = get
+    try:
+        with Store.open(url, commitlog_dir=f"{root}/cc", fs=fs) as st:
+            compact_store(st, force=True)
+    finally:
+        fake.get_object = orig
+    assert any(n > 4 * (1 << 12) for n in ranges), ranges
+    want = {}
+    for rows in flushes:
+        for p, o, k, v in rows:
+            want.setdefault(p, []).append((o, k, v))
+    assert _records(url) == {p: _dedup(rs) for p, rs in want.items()}
