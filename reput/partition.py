@@ -591,12 +591,15 @@ class PartitionLog:
         for f in self._dirty_files:
             f.sync_soon()
 
-    def sync(self) -> None:
+    def sync(self, fsync: bool = True) -> None:
         """fsync what was appended since the last sync; close sealed segments' files; list
-        the sizes of the segments sealed since (a local store's segment list)."""
+        the sizes of the segments sealed since (a local store's segment list). ``fsync``
+        False: close without the fsync (an S3 writer with shared uploads: its local segments
+        are a cache of the commit log until the journal commit, docs/formats/shared-upload.md)."""
         active = [f for f in (self._log, self._idx) if f is not None]
         for f in self._dirty_files:
-            f.sync()
+            if fsync:
+                f.sync()
             if f not in active:
                 f.close()
         self._dirty_files = active
@@ -611,9 +614,9 @@ class PartitionLog:
             for base in bases:
                 seal_segment(self, base)
 
-    def _sync_and_close_files(self) -> None:
+    def _sync_and_close_files(self, fsync: bool = True) -> None:
         """fsync what was appended and close every open file (the active segment's too)."""
-        self.sync()
+        self.sync(fsync)
         for f in (self._log, self._idx):
             if f is not None:
                 f.close()

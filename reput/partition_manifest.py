@@ -24,6 +24,8 @@ import secrets
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from . import filenames as fn
 from . import manifest as M
 from . import s3_follow as S3F
@@ -35,6 +37,11 @@ from .errors import CorruptRecordError, ReputError
 from .segment import PartitionContext, Segment, open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
+
+
+#: a writer's local segment at most this large is encoded into its shared object in memory
+#: (larger ones are sealed into a local file first, as per-partition uploads are)
+SHARED_ENCODE_IN_MEMORY = 64 << 20
 
 
 class ManifestCatalog(SegmentCatalog):
@@ -639,26 +646,46 @@ class ManifestCatalog(SegmentCatalog):
 
     def shared_pieces(self, part):
         """What this partition adds to the writer's shared object: (its local segments, the
-        format-2 segments to upload for those holding records, its next offset); None when
-        nothing changed since the last flush."""
+        parts to write for those holding records, its next offset); None when nothing changed
+        since the last flush. Each part is (base, log, log_size, bcq, offsets): ``log`` the
+        format-2 ``.log`` bytes encoded in memory (no local file, no fsync: the commit log is
+        the durable copy until the journal commit), or the OS path of a local format-2
+        ``.log`` (a segment already sealed, or one larger than ``SHARED_ENCODE_IN_MEMORY``,
+        sealed into ``sealing/`` first)."""
         if not self.writable:
             return None
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
         if not any(s.log_size for s in local) and nxt <= self.next_offset_floor():
             return None
-        part._sync_and_close_files()
+        part._sync_and_close_files(fsync=False)
         sealing = f"{self.dir}/{fn.SEALING_DIR}"
-        self.local_fs.remove_tree(sealing)
         ups = []
+        if os.path.isdir(self.local_fs.local_path(sealing) or "-"):
+            self.local_fs.remove_tree(sealing)  # (a crashed flush's)
         try:
             for seg in local:
                 if seg.log_size:
-                    ups.append((seg, self._encode_for_upload(part, seg, sealing)))
+                    ups.append(self._shared_part(part, seg, sealing))
         except BaseException:
             self.local_fs.remove_tree(sealing)
             raise
         return local, ups, nxt
+
+    def _shared_part(self, part, seg: Segment, sealing: str) -> tuple:
+        from . import bcq2 as B2
+        if (part.require_format is not None and seg.sealable
+                and seg.log_size <= SHARED_ENCODE_IN_MEMORY):
+            from .seal import encode_segment_bytes
+            part.require_format(2)
+            log, bcq = encode_segment_bytes(seg, part.config)
+            view = memoryview(bcq)
+            offs = B2.LeanIndex(lambda pos, n: bytes(view[pos:pos + n]), seg.bcq_path,
+                                len(bcq)).entries["offset"] if len(bcq) else np.empty(0, np.int64)
+            return seg.base, log, len(log), np.frombuffer(bcq, np.uint8), offs
+        up = self._encode_for_upload(part, seg, sealing)
+        return (up.base, self.local_fs.local_path(up.log_path), up.log_size, up.index_bytes(),
+                up.entries()["offset"])
 
     def ensure_manifest(self, writer: str) -> None:
         """A partition's first shared upload: an empty manifest version first (one PUT, once),
@@ -670,20 +697,18 @@ class ManifestCatalog(SegmentCatalog):
         self.manifest = new if new is not None else M.read_latest(self.fs, self.dir)
 
     def shared_aborted(self) -> None:
-        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+        if os.path.isdir(self.local_fs.local_path(f"{self.dir}/{fn.SEALING_DIR}") or "-"):
+            self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
 
     def shared_committed(self, local: list[Segment], ups: list) -> None:
         """The journal entry holding this partition's part is committed: its local segments
         are dropped and the part is listed from the journal."""
         for seg in local:
-            up = next((u for s, u in ups if s is seg), None)
-            if up is not None and up is not seg:
-                self.local_fs.delete(up.log_path)
-                self.local_fs.delete(up.bcq_path)
             self.local_fs.delete(seg.log_path)
             self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
-        self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
+        if any(isinstance(u[1], str) for u in ups):  # (a large part sealed into sealing/)
+            self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
         self.segments = [s for s in self.segments if s.kind != "file"]
         self._rebuild()
 

@@ -35,6 +35,16 @@ from .rewrite import SegmentWriter2
 SEAL_READ_BYTES = 8 << 20
 
 
+def encode_segment_bytes(seg, cfg) -> tuple[bytearray, bytearray]:
+    """``encode_segment`` into memory: the format-2 ``.log`` and ``.bcq`` bytes of format-1
+    segment ``seg`` (a writer's part of a shared object is encoded straight into the object,
+    with no local file nor fsync: docs/formats/shared-upload.md, "A writer's flush")."""
+    from .backend import MemoryBackend
+    mem = MemoryBackend()
+    encode_segment(seg, cfg, mem, "log", "bcq")
+    return mem.files["log"], mem.files["bcq"]
+
+
 def encode_segment(seg, cfg, fs, log_out: str, idx_out: str) -> None:
     """Write format-1 segment ``seg`` as a format-2 pair ``log_out``/``idx_out`` on ``fs``
     (fsynced) with its topic's codec (``cfg``: its TopicConfig; ``producer``: uncompressed,

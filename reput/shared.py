@@ -200,19 +200,27 @@ class ObjectBuilder:
         self.pos = 0
         self.parts: list[dict] = []
 
-    def add(self, topic: str, partition: int, base: int, log_ospath: str, log_size: int,
+    def add(self, topic: str, partition: int, base: int, log_ospath, log_size: int,
             bcq: np.ndarray, offsets: np.ndarray, next_offset: int) -> None:
-        """One format-2 segment's .log (copied from ``log_ospath``) and lean index."""
+        """One format-2 segment's .log (its bytes, or copied from the file at ``log_ospath``)
+        and lean index."""
         log_pos = self.pos
-        with open(log_ospath, "rb") as f:
-            left = log_size
-            while left:
-                chunk = f.read(min(left, 8 << 20))
-                if not chunk:
-                    raise CorruptRecordError(f"{log_ospath}: shorter than its {log_size} bytes "
-                                             "while it was uploaded", log_ospath, log_size - left)
-                self.out.write(chunk)
-                left -= len(chunk)
+        if not isinstance(log_ospath, str):
+            if len(log_ospath) != log_size:
+                raise ReputError(f"part {topic}/{partition}@{base}: {len(log_ospath)} bytes "
+                                 f"encoded, {log_size} expected")
+            self.out.write(log_ospath)
+        else:
+            with open(log_ospath, "rb") as f:
+                left = log_size
+                while left:
+                    chunk = f.read(min(left, 8 << 20))
+                    if not chunk:
+                        raise CorruptRecordError(f"{log_ospath}: shorter than its {log_size} "
+                                                 "bytes while it was uploaded", log_ospath,
+                                                 log_size - left)
+                    self.out.write(chunk)
+                    left -= len(chunk)
         self.out.write(memoryview(bcq))
         self.pos += log_size + bcq.shape[0]
         desc = SegmentDesc.from_entries(
