@@ -393,3 +393,121 @@ def test_a_compaction_streams_a_large_segment_inside_an_object_with_one_ranged_g
         for p, o, k, v in rows:
             want.setdefault(p, []).append((o, k, v))
     assert _records(url) == {p: _dedup(rs) for p, rs in want.items()}
+
+
+# -- every read path ---------------------------------------------------------------------------------
+
+
+def _dump(url: str, p: int) -> list[tuple]:
+    import base64
+    import contextlib
+    import io
+    import json
+    from kcompact.connectors.cli import main
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["dump", "--store", url, "--topic", "t", "--partition", str(p),
+                     "--json"]) == 0
+    rows = []
+    for line in out.getvalue().splitlines():
+        r = json.loads(line)
+        key = base64.b64decode(r["key_b64"]) if "key_b64" in r else r["key"].encode()
+        value = (base64.b64decode(r["value_b64"]) if "value_b64" in r
+                 else None if r["value"] is None else r["value"].encode())
+        rows.append((r["offset"], key, value))
+    return rows
+
+
+def _endpoint(url: str, parts: int, want: int) -> dict:
+    """Every partition from the beginning through the Kafka endpoint (in this process), one
+    confluent-kafka consumer."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from test_kafka_endpoint_model import Served
+    srv = Served(url)
+    c = Consumer({"bootstrap.servers": f"127.0.0.1:{srv.port}", "group.id": "catchup",
+                  "enable.auto.commit": False})
+    got: dict = {p: [] for p in range(parts)}
+    try:
+        c.assign([TopicPartition("t", p, OFFSET_BEGINNING) for p in range(parts)])
+        n, idle = 0, 0
+        while n < want and idle < 50:
+            msgs = c.consume(1000, 0.2)
+            idle = 0 if msgs else idle + 1
+            for m in msgs:
+                if m.error() is None:
+                    got[m.partition()].append((m.offset(), m.key(), m.value()))
+                    n += 1
+    finally:
+        c.close()
+        srv.close()
+    return got
+
+
+def _replicate(url: str, root: str) -> dict:
+    """`kcompact replicate` of the store from `kcompact serve`'s server (both in this process)
+    into a local replica; the replica's records."""
+    import asyncio
+    import threading
+    from kcompact.replication.replica import ReplicateOptions, replicate
+    from kcompact.replication.server import run_server
+    token = b"t" * 32
+    tf = os.path.join(root, "token")
+    with open(tf, "wb") as f:
+        f.write(token)
+    loop = asyncio.new_event_loop()
+    stop: list = []
+    ready = threading.Event()
+    where: list = []
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        ev = asyncio.Event()
+        stop.append(ev)
+        loop.run_until_complete(run_server(url, "127.0.0.1:0", token, stop=ev,
+                                           ready=lambda u: (where.append(u), ready.set())))
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(30)
+    replica = os.path.join(root, "replica")
+    try:
+        assert replicate(ReplicateOptions(where[0], tf, replica)) == 0
+    finally:
+        loop.call_soon_threadsafe(stop[0].set)
+        t.join(30)
+    return _records(replica)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["as-written", "split"])
+def test_every_read_path_reads_what_a_local_store_holds(tmp_path, split):
+    """dump, the Kafka endpoint and replicate of the S3 store (shared objects as written, or
+    compacted into one object) against a local store of the same writes and compactions (a
+    replica force-compacts what it pulled: the local store's compacted records)."""
+    root = str(tmp_path)
+    parts = 5
+    flushes = _flushes(parts, [150, 150, 150], 40, 11)
+    got = {}
+    for backend in ("local", "s3"):
+        with backend_env(backend, root):
+            url = store_url(backend, root, f"r-{backend}")
+            _write(url, f"{root}/cl-{backend}", flushes,
+                   SHARED if backend == "s3" else WriterOptions())
+            if split:
+                _compact(url, f"{root}/cc-{backend}")
+            if backend == "local":
+                want = _records(url)
+                continue
+            if split:
+                assert _objects_of(url) == 1
+            _cold()
+            got["reader"] = _records(url)
+            got["dump"] = {p: _dump(url, p) for p in range(parts)}
+            got["endpoint"] = _endpoint(url, parts, sum(map(len, want.values())))
+            got["replica"] = _replicate(url, root)
+    for path in ("reader", "dump", "endpoint"):
+        assert got[path] == want, path
+    assert got["replica"] == {p: _dedup(rs) for p, rs in want.items()}
+
+
+def _objects_of(url: str) -> int:
+    with Store.open(url) as st:
+        return len(st.fs.list_objects(fn.COMPACTED_DIR))
