@@ -292,8 +292,9 @@ class Compactor:
                                                 + max(0, res.size_before - res.size_after))
                 # the history horizon as the rounds left it (history.py)
                 run[history.HISTORY_KEY] = history.partition_horizon(pl)
-            if pl.manifest_mode and self.batch is not None and pl.has_staged:
-                # published with the run's other partitions; the batch releases the lock
+            if self.batch is not None and pl.has_staged:
+                # (an S3 store's: Store.compaction_batch) published with the run's other
+                # partitions; the batch releases the lock
                 self.batch.add(pl, run, self._published(pl, lock, res, records_before))
                 lock = None
             elif pl.manifest_mode:
