@@ -22,7 +22,6 @@ from . import damage_record as DR
 from . import filenames as fn
 from . import swap
 from .errors import CorruptRecordError, ReputError
-from .partition import PartitionLog
 from .store import Store
 
 
@@ -73,8 +72,7 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
 
 def _verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
     try:
-        pl = PartitionLog(store.fs, topic, partition, store.secret,
-                          require_list=store.require_list, strict=False)
+        pl = store.open_view(topic, partition, strict=False)
     except ReputError as e:  # an unreadable manifest
         report.partitions += 1
         report.problems.append(Problem(getattr(e, "path", None) or

@@ -64,7 +64,7 @@ KILLER = textwrap.dedent('''
     import os, signal, sys
     from kcompact.compaction.planner import compact_store
     from kcompact.reput import Store
-    from kcompact.reput import partition_manifest as PM
+    from kcompact.reput import catalog_manifest as PM
     url, cl, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
     real = PM.ManifestCatalog.commit_staged
     made = [0]
