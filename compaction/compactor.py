@@ -286,7 +286,8 @@ class Compactor:
                 # the history horizon as the rounds left it (history.py)
                 run[history.HISTORY_KEY] = history.partition_horizon(pl)
             if self.batch is not None and pl.has_staged:
-                # published with the run's other partitions; the batch releases the lock
+                # (an S3 store's: Store.compaction_batch) published with the run's other
+                # partitions; the batch releases the lock
                 self.batch.add(pl, run, self._published(pl, lock, res, records_before))
                 lock = None
             elif not pub.finish_compaction(pl, run, writer, self.delete_delay_s):

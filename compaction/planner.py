@@ -249,6 +249,9 @@ class Scheduler:
         # a compactor per run, as `kcompact compact` does: its offset map is not kept
         # allocated in the long-running process between runs
         compactor = Compactor(self.store, self.options, self.clock, self.budget)
+        # S3: the run's outputs of every partition in one object (compaction-object.md)
+        batch = compactor.batch = self.store.compaction_batch()
+        done: list[tuple[str, int]] = []
         # the partitions this process writes whose active segment is due (idle, or open for
         # min(segment.ms, max.compaction.lag.ms)): only sealed segments are cleanable
         self.store.roll(only_due=True)
@@ -263,36 +266,56 @@ class Scheduler:
             self._damaged(d)
         for d in self._recorded(seen):
             self._damaged(d, record=False)
-        for c in planned:
-            if self._stop.is_set():
-                break
-            self.busy = (c.topic, c.partition)
-            self.budget.restart()
-            try:
-                r = compactor.compact_partition(c.topic, c.partition,
-                                                reason=", ".join(c.reasons) or c.reason)
-            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
-                d = damage_in(c.topic, c.partition, e)
-                if d is None:
-                    raise
-                self._damaged(d)
-                if self.store.writer is None:
-                    self.store.release_partition(c.topic, c.partition)
-                continue
-            finally:
-                self.busy = None
-            compacted(self.store, c.topic, c.partition)  # (its damage record, when gone)
-            if recorded(self.store, c.topic, c.partition) is None:
-                self.uncleanable.clear(c.topic, c.partition)
-            assess(self.store, c.topic, c.partition, self.clock, seen)
-            if self.store.writer is None:
-                self.store.release_partition(c.topic, c.partition)
-            res.append(r)
-            self.results.append(r)
+        try:
+            for c in planned:
+                if self._stop.is_set():
+                    break
+                self.busy = (c.topic, c.partition)
+                self.budget.restart()
+                try:
+                    r = compactor.compact_partition(c.topic, c.partition,
+                                                    reason=", ".join(c.reasons) or c.reason)
+                except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                    d = damage_in(c.topic, c.partition, e)
+                    if d is None:
+                        raise
+                    self._damaged(d)
+                    if self.store.writer is None:
+                        self.store.release_partition(c.topic, c.partition)
+                    continue
+                finally:
+                    self.busy = None
+                done.append((c.topic, c.partition))
+                res.append(r)
+                self.results.append(r)
+                if batch is None:
+                    self._after(c.topic, c.partition, seen)
+            if batch is not None:
+                batch.publish()
+                for t, p in done:
+                    self._after(t, p, seen)
+        except BaseException:
+            if batch is not None:
+                batch.abort()
+                for t, p in done:
+                    if self.store.writer is None:
+                        self.store.release_partition(t, p)
+            raise
         if any(r.shared_parts_split for r in res):
             self.store.collect_shared_garbage()  # objects split a grace period ago
+        if batch is not None and batch.objects:
+            self.store.collect_compaction_garbage()  # objects compacted again, dead runs'
         self.runs += 1
         return res
+
+    def _after(self, topic: str, partition: int, seen: dict) -> None:
+        """A partition's compaction is committed: its damage record and assessment."""
+        compacted(self.store, topic, partition)  # (its damage record, when gone)
+        if recorded(self.store, topic, partition) is None:
+            self.uncleanable.clear(topic, partition)
+        assess(self.store, topic, partition, self.clock, seen)
+        if self.store.writer is None:
+            self.store.release_partition(topic, partition)
 
     def _recorded(self, seen: dict) -> list[Damage]:
         """The damage recorded beside partitions (by this process, another compaction, a

@@ -43,10 +43,17 @@ TRAILER = struct.Struct("<QII8s")
 MAX_OBJECT_MB = 5 * 1024
 
 
-def mode() -> str:
-    """``store`` (one object per run, the default) or ``partition`` (per-partition segment
-    objects, as before: the baseline of bench/s3_catchup.py)."""
-    return str(_env.value("KCOMPACT_S3_COMPACTION_OBJECTS"))
+def mode(features=()) -> str:
+    """``store`` (one object per run) or ``partition`` (per-partition segment objects, as
+    before: the baseline of bench/s3_catchup.py) for a store whose store.json lists
+    ``features``: ``KCOMPACT_S3_COMPACTION_OBJECTS``, whose default ``auto`` is ``store`` on a
+    store with shared uploads (format 3 already) and ``partition`` on one without (a format-2
+    store stays readable by the kcompacts that read it)."""
+    from .shared import FEATURE as SHARED
+    m = str(_env.value("KCOMPACT_S3_COMPACTION_OBJECTS"))
+    if m == "auto":
+        return "store" if SHARED in features or FEATURE in features else "partition"
+    return m
 
 
 def bound_bytes() -> int:

@@ -310,7 +310,7 @@ class ManifestPublisher(Publisher):
 
     def compaction_batch(self):
         from . import compaction_object as CO
-        if CO.mode() != "store":  # (KCOMPACT_S3_COMPACTION_OBJECTS=partition)
+        if CO.mode(self.store.meta.features) != "store":  # KCOMPACT_S3_COMPACTION_OBJECTS
             return None
         st = self.store
         return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),

@@ -310,6 +310,15 @@ class RangeView(Backend):
         return data
 
     def open_read(self, path, start=0):
+        """A stream of the range from ``start``: one ranged GET where the backend has them
+        (``S3Backend.open_range``: a compaction reading a large segment inside a compaction
+        object front to back, without holding it in memory or the block cache), else the
+        bytes through ``read``."""
+        obj, pos, n = self._range(path)
+        start = min(max(0, start), n)
+        ranged = getattr(self.base_fs, "open_range", None)
+        if ranged is not None and n - start > 4 * getattr(self.base_fs, "block_size", 1 << 22):
+            return ranged(obj, pos + start, n - start)
         return io.BytesIO(self.read(path, start))
 
     def map(self, path, size=None):

@@ -61,8 +61,12 @@ def check_manifests(store: Store, fs) -> None:
             prev = -1
             for e in m.segments:
                 pdir = f"partitions/{t}/{p}"
-                assert fs.size(f"{pdir}/{e.log}") == e.log_size
-                raw = fs.read(f"{pdir}/{e.bcq}")
+                if e.object is None:
+                    assert fs.size(f"{pdir}/{e.log}") == e.log_size
+                    raw = fs.read(f"{pdir}/{e.bcq}")
+                else:  # inside a compaction object (compaction-object.md)
+                    assert fs.size(e.object) >= e.bcq_pos + e.bcq_size
+                    raw = fs.read(e.object, e.bcq_pos, e.bcq_size)
                 assert len(raw) == e.bcq_size
                 if B2.is_lean(raw):  # format 2 (bcq-v2.md): checksummed chunks
                     lean = B2.LeanIndex(lambda s, n: raw[s:s + n], e.bcq, len(raw))
