@@ -30,6 +30,7 @@ from . import filenames as fn
 from . import manifest as M
 from . import s3_follow as S3F
 from . import shared as SH
+from . import store_catalog as SC
 from .backend import Backend
 from .catalog import SegmentCatalog
 from .config import Clock
@@ -75,6 +76,7 @@ class ManifestCatalog(SegmentCatalog):
         #: parts were last computed at, and how often the manifest is re-read (jittered, so
         #: the partitions of a process do not all re-read at once)
         self._seen_generation = -1
+        self._read_directly = False
         self._recheck_s = S3F.manifest_recheck_s() * (0.5 + 0.5 * random.random())
 
     @property
@@ -148,14 +150,47 @@ class ManifestCatalog(SegmentCatalog):
         return False
 
 
-    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True) -> None:
+    def _manifest_from_catalog(self, cat: "SC.StoreCatalog", known: "M.Manifest | None",
+                               *, refresh: bool = True) -> bool:
+        """The partition's manifest from the store catalog (docs/formats/store-catalog.md: no
+        request of its own; the catalog is its second record, so no ledger read either);
+        False when the catalog does not list the partition (read the manifest itself)."""
+        if refresh:
+            cat.refresh()
+        listed, m = cat.manifest(self.ctx.topic, self.ctx.partition)
+        if not listed:
+            return False
+        if known is not None and (m is None or m.version < known.version):
+            m = known  # (a view never goes back)
+        self.manifest = m
+        self._manifest_read_at = time.monotonic()
+        return True
+
+    def _catch_catalog_up(self, cat: "SC.StoreCatalog") -> None:
+        """The manifest just read is newer than the catalog's (a committer killed between its
+        manifest commit and the catalog's): record it."""
+        m = self.manifest
+        listed, cm = cat.manifest(self.ctx.topic, self.ctx.partition)
+        if m is not None and (not listed or cm is None or cm.version < m.version):
+            try:
+                cat.record({(self.ctx.topic, self.ctx.partition): m}, "reconcile")
+            except (OSError, ReputError):
+                pass  # the collector reconciles it
+
+    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True,
+                       direct: bool = False) -> None:
         """Segments = the latest manifest's (minus what a pending compaction replaced), plus
         staged compaction outputs, plus the writer's local segments (listed from its directory
         the first time, then kept in memory)."""
         if reread:
-            self.manifest = M.read_latest(self.fs, self.dir, known)
-            self._manifest_read_at = time.monotonic()
-            self._check_ledger()
+            cat = SC.for_store(self.fs)
+            if not (cat is not None and not self.writable and not direct
+                    and self._manifest_from_catalog(cat, known)):
+                self.manifest = M.read_latest(self.fs, self.dir, known)
+                self._manifest_read_at = time.monotonic()
+                self._check_ledger()
+                if cat is not None:
+                    self._catch_catalog_up(cat)
         old = {s.log_path: s for s in self.segments if s.kind == "remote"}
         remote = []
         for e in (self.manifest.segments if self.manifest else []):
@@ -252,6 +287,20 @@ class ManifestCatalog(SegmentCatalog):
         without shared uploads, a partition still written by per-partition uploads): the
         manifest is listed again, as ``load``."""
         f = S3F.follower_for(self.fs)
+        cat = SC.for_store(self.fs)
+        if f is not None and cat is not None:
+            # a store catalog: new manifests come with its next version (the follower's
+            # poll), new parts with the journal's entries: no request of this partition's
+            gen = f.poll()
+            if gen != self._seen_generation:
+                self._seen_generation = gen
+                if not self._manifest_from_catalog(cat, self.manifest, refresh=False) \
+                        and not self._read_directly:
+                    self._read_directly = True  # (once: not listed yet, e.g. not folded)
+                    self._load_manifest(self.manifest, direct=True)
+                    return
+                self._rebuild()
+            return
         m = self.manifest
         if f is None or (m is not None and not (self.parts or m.split_to or not m.segments)):
             self._seen_generation = -1
@@ -283,7 +332,8 @@ class ManifestCatalog(SegmentCatalog):
         """Pick up manifest versions committed by other processes (one listing request),
         unless the manifest was read less than ``max_age_s`` ago."""
         if time.monotonic() - self._manifest_read_at >= max_age_s:
-            self._load_manifest(self.manifest)  # objects are immutable: cached indexes stay
+            # (the manifest itself, not the catalog: a read found an object gone)
+            self._load_manifest(self.manifest, direct=True)  # cached indexes stay
 
     def _rebuild(self) -> None:
         """Recompute ``segments`` from the manifest held in memory (no request)."""

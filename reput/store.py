@@ -38,6 +38,7 @@ from . import _kernels as K
 from . import env as _env
 from . import filenames as fn
 from . import shared as SH
+from . import store_catalog as SC
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
@@ -58,7 +59,7 @@ from .topic_configs import TopicConfigLayers, default_config
 #: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
 #: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSION = SH.STORE_FORMAT
+KNOWN_FORMAT_VERSION = SC.STORE_FORMAT  # (4: with a store catalog, docs/formats/store-catalog.md)
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
@@ -276,10 +277,17 @@ class Store:
         self.shared_uploads = (self.remote and writer is not None and (
             options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
                                            and SH.FEATURE in meta.features)))
+        if self.remote and SC.FEATURE in meta.features:
+            # the store catalog (docs/formats/store-catalog.md): every partition's manifest
+            # and the journal entries still needed, in one LIST and one GET
+            SH.enable(fs)
+            SC.enable(fs, clock.ms).refresh(0.0)
         if self.remote and (self.shared_uploads or SH.FEATURE in meta.features):
             SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
         elif self.remote:
             SH.checked(fs)  # store.json was just read: no shared uploads yet
+        #: this writer's journal entries not yet folded into the store catalog
+        self._unfolded: list = []
         self._collected: set[tuple[str, int]] = set()
         self._registered = False  # in the shared-upload writers registry (_seal_shared)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
@@ -335,20 +343,24 @@ class Store:
     @classmethod
     def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
                fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK,
-               shared_uploads: bool = False) -> "Store":
-        """A new store. ``shared_uploads`` (an object store only): created at format 3 with
-        the ``shared-upload`` feature, so its writers with ``upload`` ``auto`` use them."""
+               shared_uploads: bool = False, catalog: bool = True) -> "Store":
+        """A new store. ``shared_uploads`` (an object store only): created at format 4 with
+        the ``shared-upload`` and ``store-catalog`` features (docs/formats/store-catalog.md),
+        so its writers with ``upload`` ``auto`` use them; ``catalog`` False: at format 3,
+        without a store catalog (as kcompact made them before; tests and benchmarks)."""
         fs = fs or backend_for(url)
         features = [FEATURE_SEGMENT_LIST] if fs.appendable else (
-            [SH.FEATURE] if shared_uploads else [])
+            [SH.FEATURE] + ([SC.FEATURE] if catalog else []) if shared_uploads else [])
         meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {},
                          features=features + [FEATURE_SOURCE_CODEC])
         if SH.FEATURE in features:
-            meta.format_version = SH.STORE_FORMAT
+            meta.format_version = SC.STORE_FORMAT if catalog else SH.STORE_FORMAT
         for t, cfg in (topics or {}).items():
             meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
             raise ReputError(f"{fs.url}: a store already exists here")
+        if SC.FEATURE in features:  # catalog version 1: no partition yet
+            SC.StoreCatalog(fs, clock.ms).commit("create", lambda new: True)
         return cls(fs, meta, writer=None, options=WriterOptions(), clock=clock)
 
     @classmethod
@@ -405,8 +417,31 @@ class Store:
 
     # -- topics and configs --------------------------------------------------------------
 
+    def _cataloged(self) -> dict[str, set[int]] | None:
+        """A store with a catalog: its topics and partitions, from the catalog and the journal
+        entries it has not folded yet (no LIST of ``partitions/``); None for other stores."""
+        cat = SC.for_store(self.fs) if self.remote else None
+        if cat is None:
+            return None
+        from . import s3_follow as S3F
+        f = S3F.follower_for(self.fs)
+        j = SH.journal_for(self.fs)
+        if f is not None:
+            f.poll()
+        else:
+            cat.refresh()
+            if j is not None:
+                j.refresh()
+        out: dict[str, set[int]] = {t: cat.partitions(t) for t in cat.topics()}
+        for t, p in (j.partition_keys() if j is not None else ()):
+            out.setdefault(t, set()).add(p)
+        return out
+
     def topics(self) -> list[str]:
         names = set(self.meta.topics) | set(self.meta.recorded_partitions)
+        cataloged = self._cataloged()
+        if cataloged is not None:
+            return sorted(names | {t for t, ps in cataloged.items() if ps})
         for name in self.fs.listdir(fn.PARTITIONS_DIR):
             try:
                 names.add(validate_topic(name))
@@ -415,7 +450,11 @@ class Store:
         return sorted(names)
 
     def partitions(self, topic: str) -> list[int]:
-        found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+        cataloged = self._cataloged()
+        if cataloged is not None:
+            found = set(cataloged.get(topic, ()))
+        else:
+            found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
         if self.remote:  # this writer's partitions that have no manifest yet
             with self.lock:
                 found |= {p for (t, p), pl in self._partitions.items()
@@ -890,6 +929,14 @@ class Store:
         if self.shared_uploads:
             self._seal_shared()
             return
+        cat = SC.for_store(self.fs)
+        if cat is not None:  # every partition's manifest commit: one catalog version
+            with cat.batch(self.writer or "writer"):
+                self._seal_partitions()
+        else:
+            self._seal_partitions()
+
+    def _seal_partitions(self) -> None:
         pls = [self._partitions[k] for k in sorted(self._writable)]
         if len(pls) <= 1:
             for pl in pls:
@@ -925,8 +972,9 @@ class Store:
                 return False
             # store.json says shared uploads are in use before the first shared object
             self.require_format(SH.STORE_FORMAT, SH.FEATURE)
-            for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
-                pl.catalog.ensure_manifest(writer)
+            if SC.for_store(self.fs) is None:  # (a store catalog lists them instead)
+                for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
+                    pl.catalog.ensure_manifest(writer)
             journal = SH.enable(self.fs)
             if not self._registered:  # followers learn of this writer (reput/s3_follow.py)
                 SH.register_writer(self.fs, writer, self.clock.ms())
@@ -949,7 +997,7 @@ class Store:
                     if reached < nxt:
                         b.advance(topic, partition, nxt)
                 b.finish()
-            SH.commit_object(self.fs, journal, writer, b, ospath, self.clock.ms())
+            entry = SH.commit_object(self.fs, journal, writer, b, ospath, self.clock.ms())
         except BaseException:
             for _, pl, _ in pieces:
                 pl.catalog.shared_aborted()
@@ -962,7 +1010,24 @@ class Store:
             os.unlink(ospath)
         for _, pl, (local, ups, _nxt) in pieces:
             pl.catalog.shared_committed(local, ups)
+        if SC.for_store(self.fs) is not None:
+            self._unfolded.append(entry)
+            if len(self._unfolded) >= SC.fold_every():
+                self.fold_catalog()
         return True
+
+    def fold_catalog(self) -> None:
+        """A store catalog: fold this writer's journal entries committed since the last fold
+        (one PUT; docs/formats/store-catalog.md). Not a commit point: a failure is retried at
+        the next fold."""
+        cat = SC.for_store(self.fs)
+        if cat is None or not self._unfolded:
+            return
+        try:
+            cat.fold(self.writer or "writer", self._unfolded)
+        except (OSError, ReputError):
+            return  # (the entries stay readable from their keys; the next fold retries)
+        self._unfolded = []
 
     def collect_shared_garbage(self) -> list[str]:
         """S3 with shared uploads: delete the shared objects every partition has split, and
@@ -977,9 +1042,18 @@ class Store:
             if pl is not None and pl.manifest is not None:
                 return pl.manifest  # (stale only errs on keeping)
             return M.read_latest(self.fs, fn.partition_dir(topic, partition))
-        return SH.collect_garbage(self.fs, j, manifest_of,
-                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
-                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms())
+        grace_ms = int(getattr(self.fs, "grace_ms", 0))
+        cat = SC.for_store(self.fs)
+        gone = []
+        if cat is not None:
+            # the catalog lists every newer manifest before anything it lists is deleted
+            listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
+                      for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
+            cat.reconcile(manifest_of, also=listed)
+            gone += cat.collect_garbage(grace_ms=grace_ms, now_ms=self.fs.clock_ms())
+        return gone + SH.collect_garbage(self.fs, j, manifest_of, grace_ms=grace_ms,
+                                         now_ms=self.clock.ms(),
+                                         objects_now_ms=self.fs.clock_ms())
 
     def close(self) -> None:
         if self._sealer is not None:
@@ -988,6 +1062,7 @@ class Store:
         with self.lock:
             if self.commitlog is not None:
                 self.flush()
+                self.fold_catalog()  # (a reader opening the store then GETs no entry)
             if self._sealer is not None:
                 self.seals_left += self._sealer.left
                 self._sealer = None

@@ -30,6 +30,7 @@ from _stores import backend_env, store_url  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import s3_follow as S3F  # noqa: E402
 from kcompact.reput import shared as SH  # noqa: E402
+from kcompact.reput import store_catalog as SC  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 
 PARTITION = WriterOptions(upload="partition")
@@ -91,7 +92,9 @@ def test_a_new_s3_store_uses_shared_uploads_and_an_existing_one_keeps_its_own(s3
         st.append(_batch("t", _rows(3, 0)))
         st.flush()
     with Store.open(new) as st:
-        assert st.meta.format_version == SH.STORE_FORMAT and SH.FEATURE in st.meta.features
+        # (format 4: with a store catalog, docs/formats/store-catalog.md)
+        assert st.meta.format_version == SC.STORE_FORMAT and SH.FEATURE in st.meta.features
+        assert SC.FEATURE in st.meta.features
         assert [len(_records(st, "t", p)) for p in range(3)] == [1, 1, 1]
     assert any("/shared/w/journal/" in k for k in fake.objects["bucket"])
     assert SH.read_writers(Store.open(new).fs) == {"w"}
@@ -120,11 +123,17 @@ def _write(url, cl, flushes, options=WriterOptions(), writer="w"):
 # -- requests ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("catalog", [False, True])
 @pytest.mark.parametrize("parts", [4, 48])
 @pytest.mark.parametrize("writers", [1, 2])
-def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers):
+def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers, catalog,
+                                                            monkeypatch):
     fake, root = s3
     url = store_url("s3", root)
+    # (catalog: a store catalog, docs/formats/store-catalog.md; its next version is polled
+    # once a minute here, so that every round's requests are the journal's)
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "60000")
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
     # each writer owns a share of the partitions
     owned = {f"w{i}": [p for p in range(parts) if p % writers == i] for i in range(writers)}
     stores = {w: Store.open(url, writer=w, create=True, commitlog_dir=f"{root}/cl-{w}")
@@ -169,7 +178,10 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers):
             before = fake.calls["ListObjectsV2"]
             for pl in pls:
                 pl.refresh()
-            assert fake.calls["ListObjectsV2"] - before >= parts
+            if catalog:  # one listing of the catalog and one of shared/ serve every partition
+                assert fake.calls["ListObjectsV2"] - before <= 2
+            else:
+                assert fake.calls["ListObjectsV2"] - before >= parts
             assert [pl.next_offset for pl in pls] == [5] * parts
             old.close()
         finally:
@@ -393,7 +405,7 @@ def test_a_store_created_before_its_writers_says_how_they_upload(s3):
     Store.open(shared, create=True, shared_uploads=True).close()
     Store.open(per_partition, create=True, shared_uploads=False).close()
     with Store.open(shared, writer="w", create=True, commitlog_dir=f"{root}/cl1") as st:
-        assert st.shared_uploads and st.meta.format_version == SH.STORE_FORMAT
+        assert st.shared_uploads and st.meta.format_version == SC.STORE_FORMAT
     with Store.open(per_partition, writer="w", create=True, commitlog_dir=f"{root}/cl2") as st:
         assert not st.shared_uploads and SH.FEATURE not in st.meta.features
     # without a writer and without saying: as before, format 2 (a replica's new store)
