@@ -440,6 +440,10 @@ class Journal:
                 continue  # an upload that never completed (a writer killed mid-PUT)
             self._put(Entry.from_json(raw, f"{self.fs.url}/{path}", writer, seq))
 
+    def has(self, writer: str, seq: int) -> bool:
+        with self._lock:
+            return (writer, seq) in self.entries
+
     def mark_listed(self, folded: set[tuple[str, int]]) -> None:
         """A catalog folded each (writer, seq) of ``folded`` and everything of that writer
         below it (reput/store_catalog.py): those keys count as listed (a writer's next seq is

@@ -119,7 +119,6 @@ class Catalog:
     def from_json(cls, raw: bytes, where: str, version: int) -> "Catalog":
         """Parse and validate; CorruptRecordError naming ``where`` and the problem (a newer
         ``format``: ReputError saying to upgrade)."""
-        from .shared import Entry
         try:
             d = json.loads(raw)
             if not isinstance(d, dict):
@@ -155,10 +154,12 @@ class Catalog:
                 ents = j["entries"]
                 if not isinstance(ents, list):
                     raise ValueError(f"entries of {w!r} is not a list")
-                for e in ents:
-                    seq = field_int(e, "seq", 0, folded)
-                    Entry.from_json(json.dumps(e).encode(), f"{where} ({w} entry {seq})", w,
-                                    seq)
+                for e in ents:  # (each parsed and checked when used: seed_journal)
+                    if not isinstance(e, dict):
+                        raise ValueError(f"an entry of {w!r} is not an object")
+                    field_int(e, "seq", 0, folded)
+                    if not isinstance(e.get("parts"), list):
+                        raise ValueError(f"an entry of {w!r} has no parts")
                 cat.entries[w] = sorted(ents, key=lambda e: e["seq"])
             return cat
         except RecursionError:
@@ -222,13 +223,21 @@ class StoreCatalog:
             start = f"{fn.base_name(after)}.json" if after is not None else None
             names = [n for n, _s, _m in self.fs.list_objects(CATALOG_DIR, start_after=start)]
             versions = sorted(v for v in map(parse_catalog_name, names) if v is not None)
+            first_error = None
             for v in reversed(versions):
                 if after is not None and v <= after:
                     break
-                got = self._read(v)
+                try:
+                    got = self._read(v)
+                except CorruptRecordError as e:  # a damaged version: the one below it
+                    first_error = first_error or e
+                    continue
                 if got is not None:
                     self._adopt(got)
                     break
+            else:
+                if first_error is not None and self.latest is None:
+                    raise first_error
             return self.latest
 
     def _read(self, version: int) -> Catalog | None:
@@ -356,7 +365,8 @@ class StoreCatalog:
     def batch(self, writer: str = "compactor") -> Iterator["StoreCatalog"]:
         """Manifest commits (``manifest.commit``, any thread) inside the block are recorded
         together, as one catalog version, when the outermost block ends (also when it
-        raises: those manifests are committed)."""
+        raises: those manifests are committed). A failed catalog commit is not raised (the
+        catalog lags: store-catalog.md, "Lagging")."""
         with self._lock:
             self._batch_depth += 1
         try:
@@ -367,7 +377,10 @@ class StoreCatalog:
                 pending = {}
                 if not self._batch_depth:
                     pending, self._pending = self._pending, {}
-            self._commit_records(pending, writer)
+            try:
+                self._commit_records(pending, writer)
+            except (OSError, ReputError):
+                pass
 
     def fold(self, writer: str, entries: list, partitions=()) -> None:
         """A writer's journal entries (``shared.Entry``) folded in, and the partitions they
@@ -426,10 +439,13 @@ def seed_journal(journal, cat: Catalog) -> None:
     """The entries a catalog version holds, added to the process's journal (no GET of their
     keys), and each writer's folded seq marked as listed (its next entry is above it)."""
     from .shared import Entry
+    where = f"{journal.fs.url}/{catalog_path(cat.version)}"
     for w, es in cat.entries.items():
         for e in es:
-            journal.add(Entry.from_json(json.dumps(e).encode(), f"{CATALOG_DIR} ({w} entry)",
-                                        w, e["seq"]))
+            if journal.has(w, e["seq"]):
+                continue  # (entries never change: each is parsed once per process)
+            journal.add(Entry.from_json(json.dumps(e).encode(), f"{where} ({w} entry "
+                                        f"{e['seq']}); run `kcompact verify`", w, e["seq"]))
     journal.mark_listed({(w, s) for w, s in cat.folded.items()})
 
 
@@ -455,8 +471,14 @@ def after_manifest_commit(fs: Backend, pdir: str, manifest: Manifest, writer: st
     """``manifest.commit`` committed ``manifest`` for the partition in ``pdir``: record it."""
     c = _CATALOGS.get(fs)
     key = pdir_key(pdir)
-    if c is not None and key is not None:
+    if c is None or key is None:
+        return
+    try:
         c.record({key: manifest}, writer)
+    except (OSError, ReputError):
+        # never fails the manifest commit, which is done: the catalog lags until the next
+        # commit of that partition, its next open for write, or the collector (store-catalog.md)
+        pass
 
 
 __all__ = ["CATALOG_DIR", "Catalog", "CatalogConflictError", "FEATURE", "STORE_FORMAT",

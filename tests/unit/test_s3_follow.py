@@ -197,9 +197,11 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers, 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(parts=st.integers(1, 6), sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
        splits=st.lists(st.booleans(), min_size=8, max_size=8), collect=st.booleans(),
-       seed=st.integers(0, 1 << 16))
+       seed=st.integers(0, 1 << 16), catalog=st.booleans(), fold=st.integers(1, 5))
 def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, sizes, splits,
-                                                   collect, seed):
+                                                   collect, seed, catalog, fold):
+    """... and so does a reader opening the store afterwards, with a store catalog
+    (docs/formats/store-catalog.md: folded every ``fold`` flushes) or without one."""
     import random
     rnd = random.Random(seed)
     root = str(tmp_path_factory.mktemp("follow"))
@@ -217,8 +219,10 @@ def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, size
     # the writer's first commit may come after the follower started: it finds the writer in
     # the registry (read at every round here, every 5 s by default)
     writers_s, S3F.WRITERS_S = S3F.WRITERS_S, 0.0
+    os.environ["KCOMPACT_S3_CATALOG_FOLD"] = str(fold)
     with backend_env("s3", root):
         url = store_url("s3", root) + ("?grace_ms=0" if collect else "")
+        Store.create(url, shared_uploads=True, catalog=catalog).close()
         writer = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl")
         f = None
         try:
@@ -232,12 +236,17 @@ def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, size
                 if splits[i]:  # split every partition; with grace 0 the collector deletes
                     _split(url, root, parts, collect)  # the objects under the follower
             f.round()
+            fresh = Store.open(url)  # (not following: the catalog and one listing)
             with Store.open(local) as lst:
+                assert fresh.partitions("t") == lst.partitions("t")
                 for p in range(parts):
                     assert _records(f.st, "t", p) == _records(lst, "t", p), p
                     assert f.pls[p].next_offset == lst.partition("t", p).next_offset
+                    assert _records(fresh, "t", p) == _records(lst, "t", p), p
+            fresh.close()
         finally:
             S3F.WRITERS_S = writers_s
+            del os.environ["KCOMPACT_S3_CATALOG_FOLD"]
             writer.close()
             if f is not None:
                 f.close()
