@@ -179,6 +179,10 @@ class Compactor:
         #: seconds before replaced segments are unlinked (Kafka's file.delete.delay.ms); 0 = at
         #: the end of compact_partition. Leftovers are removed when the partition is next opened.
         self.delete_delay_s = 0.0
+        #: S3: the run's batch (``Store.compaction_batch``, reput/compaction_object.py) that
+        #: publishes every partition's outputs in one object; None: each partition commits its
+        #: own at its end
+        self.batch = None
 
     @property
     def offset_map(self) -> OffsetMap:
@@ -288,7 +292,11 @@ class Compactor:
                                                 + max(0, res.size_before - res.size_after))
                 # the history horizon as the rounds left it (history.py)
                 run[history.HISTORY_KEY] = history.partition_horizon(pl)
-            if pl.manifest_mode:
+            if pl.manifest_mode and self.batch is not None and pl.has_staged:
+                # published with the run's other partitions; the batch releases the lock
+                self.batch.add(pl, run, self._published(pl, lock, res, records_before))
+                lock = None
+            elif pl.manifest_mode:
                 self._commit_remote(pl, run, res, records_before)
             else:
                 if run is not None:
@@ -299,7 +307,8 @@ class Compactor:
                     _deferred_empty(self.store.fs, pl.dir, self.delete_delay_s)
             return res
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
 
     def _split(self, pl: PartitionLog, res: CompactionResult) -> None:
         """S3 with shared uploads: the partition's parts of shared objects are joined into a
@@ -349,14 +358,31 @@ class Compactor:
         with self.store.lock:
             if pl.has_staged:
                 if not pl.commit_staged(self.store.writer or "compactor", run):
-                    res.skipped = ("another compaction replaced this partition's segments "
-                                   "meanwhile; nothing was changed")
-                    res.segments_after = len(pl.segments)
-                    res.size_after = pl.size_bytes()
-                    res.records_kept = pl.record_count()
-                    res.records_dropped = records_before - res.records_kept
-                    res.cleaned_offset = pl.checkpoint()[0]
+                    self._lost(pl, res, records_before)
         pl.collect_garbage()
+
+    @staticmethod
+    def _lost(pl: PartitionLog, res: CompactionResult, records_before: int) -> None:
+        res.skipped = ("another compaction replaced this partition's segments "
+                       "meanwhile; nothing was changed")
+        res.segments_after = len(pl.segments)
+        res.size_after = pl.size_bytes()
+        res.records_kept = pl.record_count()
+        res.records_dropped = records_before - res.records_kept
+        res.cleaned_offset = pl.checkpoint()[0]
+
+    def _published(self, pl: PartitionLog, lock: FileLock, res: CompactionResult,
+                   records_before: int):
+        """What the batch calls once it committed (or abandoned) the partition."""
+        def finish(ok: bool) -> None:
+            try:
+                if not ok:
+                    self._lost(pl, res, records_before)
+                else:
+                    pl.collect_garbage()
+            finally:
+                lock.release()
+        return finish
 
     # -- retention (cleanup.policy=compact,delete) --------------------------------------------
 

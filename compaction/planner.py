@@ -149,27 +149,43 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
         else:
             store.roll(only_due=True)
     compactor = Compactor(store, options, clock, budget)
+    # S3: every partition's outputs in one object per run (docs/formats/compaction-object.md)
+    batch = compactor.batch = store.compaction_batch()
+    held: list[tuple[str, int]] = []  # released once the batch has published them
     found = {(d.topic, d.partition) for d in damaged}
     cands = [c for c in plan(store, topic=topic, partition=partition, force=force, clock=clock,
                              damaged=damaged) if (c.topic, c.partition) not in found]
     for d in unique(damaged):
         skip(d)
-    for c in cands:
-        why = ", ".join(c.reasons) or c.reason
-        if progress:
-            progress(f"compacting {c.topic}-{c.partition} ({why})")
-        try:
-            r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
-        except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
-            d = damage_in(c.topic, c.partition, e)
-            if d is None:
-                raise
-            skip(d)
-            continue
-        compacted(store, c.topic, c.partition)  # (its damage record, when it is gone)
-        if store.writer is None:
-            store.release_partition(c.topic, c.partition)
-        results.append(r)
+    try:
+        for c in cands:
+            why = ", ".join(c.reasons) or c.reason
+            if progress:
+                progress(f"compacting {c.topic}-{c.partition} ({why})")
+            try:
+                r = compactor.compact_partition(c.topic, c.partition, force=force, reason=why)
+            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                d = damage_in(c.topic, c.partition, e)
+                if d is None:
+                    raise
+                skip(d)
+                continue
+            compacted(store, c.topic, c.partition)  # (its damage record, when it is gone)
+            if store.writer is None:
+                if batch is None:
+                    store.release_partition(c.topic, c.partition)
+                else:
+                    held.append((c.topic, c.partition))
+            results.append(r)
+        if batch is not None:
+            batch.publish()
+    except BaseException:
+        if batch is not None:
+            batch.abort()
+        raise
+    finally:
+        for t, p in held:
+            store.release_partition(t, p)
     if store.writer is None:
         for t, p in _selected(store, topic, partition):
             store.release_partition(t, p)  # the partitions rolled above
@@ -178,6 +194,8 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
         # partition collects too when it split: an object holding other partitions' parts
         # stays until they split it)
         store.collect_shared_garbage()
+    if batch is not None and topic is None and partition is None:
+        store.collect_compaction_garbage()
     return results
 
 

@@ -54,6 +54,15 @@ ENV = (
             "objects into a segment of its own once it depends on this many shared objects (or "
             "its oldest part is older than the topic's max.compaction.lag.ms). Higher: fewer "
             "split requests, more objects a reader of the partition touches.")
+    .define("KCOMPACT_S3_COMPACTION_OBJECTS", Type.STRING, "store", one_of("store", "partition"),
+            Importance.LOW,
+            "How a compaction run on an S3 store uploads its outputs: store (one object per run "
+            "holding every partition it compacted, docs/formats/compaction-object.md) or "
+            "partition (a .log and a .bcq object per output segment, as before).")
+    .define("KCOMPACT_S3_COMPACTION_OBJECT_MB", Type.INT, 1024, between(1, 5 * 1024),
+            Importance.LOW,
+            "S3: a compaction run uploads its object and opens another once the outputs staged "
+            "for it reach this many MiB (S3's single PUT is 5 GiB).")
     .define("KCOMPACT_S3_FOLLOW", Type.STRING, "journal", one_of("journal", "list"),
             Importance.LOW,
             "How a reader that follows an S3 store with shared uploads (the Kafka endpoint, "

@@ -57,11 +57,15 @@ MANIFEST_SUFFIX = ".json"
 SHARED_DIR = "shared"
 JOURNAL_DIR = "journal"
 SHARED_SUFFIX = ".kso"
+#: compaction objects (docs/formats/compaction-object.md): one per compaction run on S3
+COMPACTED_DIR = "compacted"
+COMPACTED_SUFFIX = ".kco"
 
 _BASE_RE = re.compile(r"^(\d{20})\.(log|bcq)$")
 _OBJECT_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.(log|bcq)$")
 _MANIFEST_RE = re.compile(r"^(\d{20})\.json$")
 _SHARED_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.kso$")
+_COMPACTED_RE = re.compile(r"^(\d{20})-([0-9a-f]{16})\.kco$")
 _WRITER_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -89,7 +93,21 @@ def parse_segment_object(name: str) -> tuple[int, str, str] | None:
 def is_immutable_object(path: str) -> bool:
     """Is ``path`` a sealed segment object (never rewritten: safe to cache by name)?"""
     name = path.rsplit("/", 1)[-1]
-    return _OBJECT_RE.match(name) is not None or _SHARED_RE.match(name) is not None
+    return (_OBJECT_RE.match(name) is not None or _SHARED_RE.match(name) is not None
+            or _COMPACTED_RE.match(name) is not None)
+
+
+def compaction_object(created_ms: int, tag: str) -> str:
+    """A compaction object's path in the store: 'compacted/<20-digit ms>-<16 hex tag>.kco'."""
+    return f"{COMPACTED_DIR}/{base_name(created_ms)}-{tag}{COMPACTED_SUFFIX}"
+
+
+def parse_compaction_object(path: str) -> tuple[int, str] | None:
+    """'compacted/00000001763766000000-9f3a0c11d2e4b5a6.kco' -> (1763766000000, tag); None for
+    anything else (a path elsewhere included: a damaged manifest must not name another key)."""
+    d, _, name = path.rpartition("/")
+    m = _COMPACTED_RE.match(name) if d == COMPACTED_DIR else None
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def shared_object(seq: int, tag: str) -> str:

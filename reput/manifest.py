@@ -134,6 +134,8 @@ class Manifest:
                 for key in ("log", "bcq"):
                     if r.get(key) is not None and not object_name(r[key], key):
                         raise ValueError(f"retired {key} {r[key]!r} is not a segment object")
+                if "object" in r and fn.parse_compaction_object(r["object"]) is None:
+                    raise ValueError(f"retired object {r['object']!r} is not a compaction object")
             split_to = d.get("split_to") or {}
             if not isinstance(split_to, dict) or not all(
                     isinstance(k, str) and fn.valid_writer(k) and isinstance(v, int)

@@ -197,9 +197,7 @@ class ManifestCatalog(SegmentCatalog):
             rel = f"{self.dir}/{e.log}"
             if rel in self._replaced:
                 continue
-            seg = old.get(rel) or self._segment(e.base, e.log_size, e.bcq_size, kind="remote",
-                                                log_rel=rel, bcq_rel=f"{self.dir}/{e.bcq}",
-                                                desc=e)
+            seg = old.get(rel) or self._manifest_segment(e, rel)
             remote.append(seg)
         shared = self._shared_segments(refresh=reread)
         if self.writable and not self._local_listed:
@@ -208,6 +206,20 @@ class ManifestCatalog(SegmentCatalog):
         else:
             local = [s for s in self.segments if s.kind == "file"]
         self.segments = sorted(remote + self._staged + shared, key=lambda s: s.base) + local
+
+    def _manifest_segment(self, e: SegmentDesc, rel: str) -> Segment:
+        """A manifest entry as a segment: its own object pair, or two byte ranges of a
+        compaction object (docs/formats/compaction-object.md) read through a ``RangeView``, so
+        partitions packed into one object share its cached blocks."""
+        brel = f"{self.dir}/{e.bcq}"
+        if e.object is None:
+            return self._segment(e.base, e.log_size, e.bcq_size, kind="remote", log_rel=rel,
+                                 bcq_rel=brel, desc=e)
+        view = SH.RangeView(self.fs)
+        view.add(rel, e.object, e.log_pos, e.log_size)
+        view.add(brel, e.object, e.bcq_pos, e.bcq_size)
+        return open_segment(self.ctx, e.base, e.log_size, e.bcq_size, fs=view, log_path=rel,
+                            bcq_path=brel, kind="remote", desc=e)
 
     def _check_ledger(self) -> None:
         """The manifest read (or its absence) against the partition's ledger (reput/ledger.py),
@@ -474,6 +486,11 @@ class ManifestCatalog(SegmentCatalog):
     def has_staged(self) -> bool:
         return self._pending
 
+    @property
+    def staged_segments(self) -> list[Segment]:
+        """A pending compaction's outputs (local files), not yet uploaded."""
+        return list(self._staged)
+
     def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
                    cleaned_offset: int | None, last_run: dict | None = None) -> None:
         """Replace sealed segments (by base) with staged outputs (base, .log, .bcq on
@@ -503,12 +520,15 @@ class ManifestCatalog(SegmentCatalog):
         self._pending = True
         self._rebuild()
 
-    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
+    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None,
+                      placed: "dict[int, SegmentDesc] | None" = None) -> bool:
         """Upload the staged outputs (one PUT per object) and commit one manifest version that
         replaces the inputs with them, sets the horizon and the last run, and retires the
         inputs (deleted after the grace period). On a lost race the change is rebased if
         every input is still listed; else it is abandoned (outputs deleted, view reloaded)
-        and False returned."""
+        and False returned. ``placed``: the staged outputs (by base) already uploaded inside
+        a compaction object (reput/compaction_object.py), their entries as given; nothing of
+        them is uploaded or deleted here (the object holds other partitions' too)."""
         if not self._pending:
             return True
         if last_run is not None:
@@ -521,6 +541,9 @@ class ManifestCatalog(SegmentCatalog):
         uploads = []
         try:
             for seg in self._staged:
+                if placed is not None and seg.base in placed:
+                    uploads.append((seg, placed[seg.base]))
+                    continue
                 lname = seg.log_path.rsplit("/", 1)[1]
                 iname = seg.bcq_path.rsplit("/", 1)[1]
                 if fn.parse_segment_object(lname) is None:  # staged under a plain name
@@ -541,8 +564,7 @@ class ManifestCatalog(SegmentCatalog):
                                + new_entries,
                                cleaned_offset=cur.cleaned_offset if cleaned is None else cleaned,
                                last_run=run if run is not None else cur.last_run,
-                               retired=cur.retired + [{"log": e.log, "bcq": e.bcq,
-                                                       "since_ms": now} for e in replaced],
+                               retired=cur.retired + [_retired(e, now) for e in replaced],
                                split_to={**cur.split_to, **split},
                                split_log=cur.with_split(split, now, self.grace_ms) if split
                                else cur.split_log,
@@ -551,17 +573,20 @@ class ManifestCatalog(SegmentCatalog):
             new = M.commit(self.fs, self.dir, self.manifest, change, writer=writer,
                            grace_ms=self.grace_ms, clock_ms=lambda: now)
         except M.ManifestConflictError:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads if e.object is None
+                                  for n in (e.log, e.bcq)])
             self.abort_staged()
             return False
         except BaseException:
-            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads for n in (e.log, e.bcq)])
+            self._delete_objects([f"{self.dir}/{n}" for _, e in uploads if e.object is None
+                                  for n in (e.log, e.bcq)])
             raise
         self.manifest = new
         try:
             for seg, ent in uploads:
-                self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
-                seg.invalidate()
+                if ent.object is None:
+                    self._hand_over(seg, f"{self.dir}/{ent.log}", f"{self.dir}/{ent.bcq}")
+                seg.invalidate()  # (placed: the object's local copy is spooled whole)
         finally:
             # committed: the view is the new version even if the local clean-up fails (it
             # must not list staged files that were handed over; recovery removes the rest)
@@ -760,6 +785,15 @@ class ManifestCatalog(SegmentCatalog):
         return M.collect_garbage(self.fs, self.dir, grace_ms=self.grace_ms,
                                  now_ms=self.clock.ms(), known=self.manifest,
                                  objects_now_ms=self.fs.clock_ms())
+
+
+def _retired(e: SegmentDesc, now: int) -> dict:
+    """A replaced segment's ``retired`` entry (manifest.md); one inside a compaction object
+    names it, so the object outlives the replacement by the grace period."""
+    r = {"log": e.log, "bcq": e.bcq, "since_ms": now}
+    if e.object is not None:
+        r["object"] = e.object
+    return r
 
 
 __all__ = ["ManifestCatalog"]

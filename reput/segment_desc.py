@@ -64,6 +64,11 @@ class SegmentDesc:
     log: str | None = None
     bcq: str | None = None
     offsets: BitMap | None = None
+    #: a segment inside a compaction object (docs/formats/compaction-object.md): the object's
+    #: path relative to the store and where its .log and .bcq bytes start in it
+    object: str | None = None
+    log_pos: int | None = None
+    bcq_pos: int | None = None
 
     # -- what every catalog's entry answers ---------------------------------------------------
 
@@ -208,6 +213,8 @@ class SegmentDesc:
             d["bcq_crc32c"] = f"{self.bcq_crc32c:08x}"
         if self.format != 1:
             d["format"] = self.format
+        if self.object is not None:
+            d["object"], d["log_pos"], d["bcq_pos"] = self.object, self.log_pos, self.bcq_pos
         return d
 
     @classmethod
@@ -256,8 +263,20 @@ class SegmentDesc:
                              f"bitmap's {want[0]}..{want[1]}")
         if last > MAX_OFFSET:
             raise ValueError(f"segment {log}: offsets beyond 2^63")
+        obj = log_pos = bcq_pos = None
+        if "object" in d:  # (a shared part has log_pos/bcq_pos but no object: shared.py)
+            from .filenames import parse_compaction_object
+            obj = d["object"]
+            if not isinstance(obj, str) or parse_compaction_object(obj) is None:
+                raise ValueError(f"segment {log}: object {obj!r} is not a compaction object")
+            log_pos = field_int(d, "log_pos", 0, MAX_OFFSET)
+            bcq_pos = field_int(d, "bcq_pos", 0, MAX_OFFSET)
+            if fmt != 2 or bcq_pos != log_pos + log_size:
+                raise ValueError(f"segment {log}: inside {obj}, but not a format-2 segment "
+                                 f"whose index follows its .log ({log_pos}+{log_size} != "
+                                 f"{bcq_pos})")
         return cls(base, None, records, first, last, log_size, bcq_size, crc, fmt, log,
-                   names[1], bm)
+                   names[1], bm, obj, log_pos, bcq_pos)
 
 
 def field_int(d: dict, key: str, lo: int, hi: int) -> int:

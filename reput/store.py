@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import threading
 import time
 import uuid
@@ -59,7 +60,9 @@ from .topic_configs import TopicConfigLayers, default_config
 #: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
 #: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
-KNOWN_FORMAT_VERSION = SC.STORE_FORMAT  # (4: with a store catalog, docs/formats/store-catalog.md)
+#: (4: an S3 store holding compaction objects, docs/formats/compaction-object.md; 5: with a
+#: store catalog, docs/formats/store-catalog.md)
+KNOWN_FORMAT_VERSION = SC.STORE_FORMAT
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"
@@ -1043,17 +1046,59 @@ class Store:
                 return pl.manifest  # (stale only errs on keeping)
             return M.read_latest(self.fs, fn.partition_dir(topic, partition))
         grace_ms = int(getattr(self.fs, "grace_ms", 0))
-        cat = SC.for_store(self.fs)
         gone = []
+        cat = self._reconcile_catalog()
         if cat is not None:
-            # the catalog lists every newer manifest before anything it lists is deleted
-            listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
-                      for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
-            cat.reconcile(manifest_of, also=listed)
             gone += cat.collect_garbage(grace_ms=grace_ms, now_ms=self.fs.clock_ms())
         return gone + SH.collect_garbage(self.fs, j, manifest_of, grace_ms=grace_ms,
                                          now_ms=self.clock.ms(),
                                          objects_now_ms=self.fs.clock_ms())
+
+    def _reconcile_catalog(self):
+        """A store catalog: record every partition manifest newer than the catalog's (each
+        read itself: a committer killed between its manifest commit and the catalog's), so
+        nothing the newest catalog lists is deleted by the collector that follows
+        (docs/formats/store-catalog.md, "Lagging"). Returns the catalog (None: no catalog)."""
+        cat = SC.for_store(self.fs) if self.remote else None
+        if cat is None:
+            return None
+        from . import manifest as M
+        listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
+                  for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
+        cat.reconcile(lambda t, p: M.read_latest(self.fs, fn.partition_dir(t, p)),
+                      also=listed)
+        return cat
+
+    def compaction_batch(self):
+        """S3: the batch that publishes a compaction run's outputs of every partition in one
+        object (reput/compaction_object.py); None on a local store or with
+        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition``."""
+        from . import compaction_object as CO
+        if not self.remote or CO.mode() != "store":
+            return None
+        return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),
+                                  writer=self.writer or "compactor",
+                                  require_format=self.require_format)
+
+    def collect_compaction_garbage(self) -> list[str]:
+        """S3: delete compaction objects no partition lists any more (nor retired less than
+        the grace period ago), and those a killed run never committed, once the grace period
+        has passed (reput/compaction_object.py ``collect_garbage``)."""
+        if not self.remote:
+            return []
+        from . import compaction_object as CO
+        from . import manifest as M
+
+        def manifest_of(topic: str, partition: int):
+            pl = self._partitions.get((topic, partition))
+            if pl is not None and pl.manifest is not None:
+                return pl.manifest  # (read by this run: stale only errs on keeping)
+            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
+        self._reconcile_catalog()
+        return CO.collect_garbage(self.fs, manifest_of,
+                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms(),
+                                  warn=lambda line: print(line, file=sys.stderr))
 
     def close(self) -> None:
         if self._sealer is not None:

@@ -1,6 +1,6 @@
 """The store catalog: every partition's manifest and the journal entries still needed, in one object.
 
-Spec: docs/formats/store-catalog.md. An S3 store at format 4 (store.json feature
+Spec: docs/formats/store-catalog.md. An S3 store at format 5 (store.json feature
 ``store-catalog``) keeps ``catalog/<20-digit version>.json``: a checkpoint of every partition's
 latest manifest (manifest.md) and of the writers' journal entries (shared-upload.md) that some
 partition still needs, so that opening or refreshing the store costs O(1) + O(writers) requests
@@ -39,8 +39,8 @@ from .segment_desc import MAX_OFFSET, field_int
 from .segment_list import canonical, crc32c
 
 FEATURE = "store-catalog"
-#: the store format of a store with a catalog (store-json.md)
-STORE_FORMAT = 4
+#: the store format of a store with a catalog (store-json.md; 4 is compaction objects')
+STORE_FORMAT = 5
 FORMAT_VERSION = 1
 CATALOG_DIR = "catalog"
 #: versions kept besides those younger than the grace period

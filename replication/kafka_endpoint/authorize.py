@@ -28,14 +28,15 @@ import time
 from typing import Any, Callable
 
 from ..acls import Authorizer, AclError, read_acls_file
-from .fetch import PartitionResult, encode_fetch, read_partitions
+from .apis import (find_coordinator, heartbeat, join_group, leave_group, list_offsets, metadata,
+                   offset_commit, offset_fetch, sync_group)
+from .apis.fetch import PartitionResult, encode_fetch, read_partitions
 from .store_view import Bounds
-from .wire import (FIND_COORDINATOR, HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, LIST_OFFSETS,
-                   METADATA, OFFSET_COMMIT, OFFSET_FETCH, SYNC_GROUP)
+from .wire import GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED
 
-TOPIC_AUTHORIZATION_FAILED = 29
-GROUP_AUTHORIZATION_FAILED = 30
-CLUSTER_AUTHORIZATION_FAILED = 31
+METADATA, LIST_OFFSETS, FIND_COORDINATOR = metadata.KEY, list_offsets.KEY, find_coordinator.KEY
+JOIN_GROUP, SYNC_GROUP, HEARTBEAT = join_group.KEY, sync_group.KEY, heartbeat.KEY
+LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH = leave_group.KEY, offset_commit.KEY, offset_fetch.KEY
 RELOAD_CHECK_S = 1.0
 _NO_BOUNDS = Bounds(-1, -1)
 

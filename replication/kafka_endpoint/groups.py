@@ -1,7 +1,8 @@
 """The endpoint's group coordinator: Kafka's classic group protocol on one node.
 
-What Kafka's GroupCoordinator does, for the APIs the endpoint serves (JoinGroup 0-5, SyncGroup 0-3,
-Heartbeat 0-3, LeaveGroup 0-2, OffsetCommit 2-7, OffsetFetch 1-7), in the event loop:
+What Kafka's GroupCoordinator does, for the group APIs the endpoint serves (apis/join_group.py,
+sync_group.py, heartbeat.py, leave_group.py, offset_commit.py, offset_fetch.py: their versions
+beside them), in the event loop:
 
 * **states** Empty -> PreparingRebalance -> CompletingRebalance -> Stable, and back to
   PreparingRebalance when a member joins, leaves or expires;

@@ -39,14 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .fetch import encode_fetch  # noqa: F401 - (re-exported for tests)
+from . import apis
+from .apis import api_versions, sasl_authenticate, sasl_handshake
 from .authorize import Gate
-from .handlers import Handlers
+from .dispatch import Dispatcher
 from .sasl import ANONYMOUS, Authenticator, SaslFailure, dn_of_peercert
-from .wire import (API_NAMES, API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE,
-                   SASL_AUTHENTICATION_FAILED, SERVED, ILLEGAL_SASL_STATE, NONE,
-                   UNSUPPORTED_SASL_MECHANISM, UNSUPPORTED_VERSION, WireError,
-                   api_versions_fallback, decode_request, error_name, peek_header, respond)
+from .wire import (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_VERSION, WireError, decode_request,
+                   error_name, peek_header)
 
 MIN_FRAME = 8  # api key, version, correlation id, client id length
 
@@ -86,7 +85,7 @@ class Connection:
     what Metadata advertises on a wildcard listener), its SASL state."""
 
     __slots__ = ("peer", "local", "authenticated", "mechanism_ok", "raw_sasl", "requests",
-                 "principal", "sasl")
+                 "principal", "sasl", "auth_failure")
 
     def __init__(self, peer: str, authenticated: bool, local: str = "127.0.0.1"):
         self.peer, self.local, self.authenticated = peer, local, authenticated
@@ -97,6 +96,8 @@ class Connection:
         self.sasl = None  # the SASL exchange under way
         #: after a SaslHandshake v0: the next frame is a bare SASL token, not a request
         self.raw_sasl = False
+        #: why a SaslAuthenticate failed (its answer is sent, then the connection closed)
+        self.auth_failure: str | None = None
         self.requests = 0
 
 
@@ -127,10 +128,9 @@ class Endpoint:
         #: SASL mechanisms (the token's PLAIN, the users file's) and ACLs (authorize.py)
         self.auth = Authenticator(token, users)
         self.gate = Gate(acls, log) if acls is not None else None
-        self._why = ""
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kcompact-kafka")
         self.coordinator = coordinator_factory(self)
-        self.handlers = Handlers(self)
+        self.dispatcher = Dispatcher(self)
         self.advertised = ("127.0.0.1", 0)
         self.cluster_id = f"kcompact-{view.store.meta.store_id}"
         self.open: dict[asyncio.StreamWriter, Connection] = {}
@@ -326,40 +326,34 @@ class Endpoint:
                       writer: asyncio.StreamWriter) -> list | None:
         """The response buffers, or None after closing the connection."""
         key, version, corr = peek_header(frame)
-        name = API_NAMES.get(key, f"key {key}")
+        name = apis.name_of(key)
         self.requests[name] = self.requests.get(name, 0) + 1
-        if key == API_VERSIONS and not SERVED[API_VERSIONS][0] <= version <= \
-                SERVED[API_VERSIONS][1]:
+        if key == api_versions.KEY and not api_versions.API.serves(version):
             self.count_errors(name, [UNSUPPORTED_VERSION])
-            return self._sent([api_versions_fallback(corr)])
-        if not conn.authenticated and key not in (API_VERSIONS, SASL_HANDSHAKE,
-                                                  SASL_AUTHENTICATE):
+            return self._sent([api_versions.fallback(corr)])
+        if not conn.authenticated and key not in (api_versions.KEY, sasl_handshake.KEY,
+                                                  sasl_authenticate.KEY):
             self._close(writer, conn, "unauthenticated",
                         f"{name} request before SASL authentication (this endpoint requires "
                         f"SASL: {', '.join(self.auth.mechanisms)})")
             return None
         try:
-            req = decode_request(frame)
+            apis.lookup(key, version)
+            req = decode_request(frame, name)
         except WireError as e:
             self._close(writer, conn, "unsupported", str(e))
             return None
-        if key == SASL_HANDSHAKE:
-            return self._sent([self._handshake(req, conn)])
-        if key == SASL_AUTHENTICATE:
-            data, ok = self._authenticate(req, conn)
-            if not ok:
-                writer.write(data)
-                self.count_errors(name, [SASL_AUTHENTICATION_FAILED])
-                self.bytes_out += len(data)
-                try:
-                    await asyncio.wait_for(writer.drain(), 1.0)
-                except (asyncio.TimeoutError, ConnectionError):
-                    pass
-                self._close(writer, conn, "auth_failed", "SASL authentication failed: "
-                            + self._why)
-                return None
-            return self._sent([data])
-        out = await self.handlers.answer(req, conn)
+        out = await self.dispatcher.answer(req, conn)
+        if conn.auth_failure is not None:  # a failed SaslAuthenticate: answered, then closed
+            writer.write(out)
+            self.bytes_out += len(out)
+            try:
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except (asyncio.TimeoutError, ConnectionError):
+                pass
+            self._close(writer, conn, "auth_failed", "SASL authentication failed: "
+                        + conn.auth_failure)
+            return None
         if out is None:
             self._close(writer, conn, "produce_acks0", "a produce with acks=0 (nothing can be "
                         "answered, and this endpoint is read-only)")
@@ -377,27 +371,8 @@ class Endpoint:
                 key = (api, error_name(code))
                 self.errors[key] = self.errors.get(key, 0) + 1
 
-    # -- SASL (sasl.py: PLAIN, SCRAM-SHA-256/512) ----------------------------------------------
-
-    def _handshake(self, req, conn: Connection) -> bytes:
-        mech = req.body.mechanism
-        conn.sasl = self.auth.session(mech)
-        ok = conn.sasl is not None
-        conn.mechanism_ok = ok
-        # v0: the client then sends the SASL tokens bare (no SaslAuthenticate request around)
-        conn.raw_sasl = ok and req.version == 0
-        self.count_errors(API_NAMES[SASL_HANDSHAKE], [NONE if ok else UNSUPPORTED_SASL_MECHANISM])
-        return respond(SASL_HANDSHAKE, req.version, req.correlation_id,
-                       error_code=NONE if ok else UNSUPPORTED_SASL_MECHANISM,
-                       mechanisms=list(self.auth.mechanisms))
-
-    def _step(self, data: bytes, conn: Connection) -> bytes:
-        """One SASL step; SaslFailure when it fails. Authenticated once the exchange is done."""
-        out = conn.sasl.step(data)
-        if conn.sasl.done:
-            conn.authenticated, conn.principal = True, conn.sasl.principal
-            conn.mechanism_ok = False
-        return out
+    # -- SASL after a SaslHandshake v0 (the requests: apis/sasl_handshake.py, ------------------
+    # -- apis/sasl_authenticate.py; the mechanisms: sasl.py) -----------------------------------
 
     async def _raw_token(self, frame: bytes, conn: Connection,
                          writer: asyncio.StreamWriter) -> list | None:
@@ -405,34 +380,16 @@ class Endpoint:
         (an empty one after PLAIN, Kafka's answer), or the connection closed (v0 has no way to
         say why)."""
         try:
-            out = self._step(frame, conn)
+            out = sasl_authenticate.step(conn, frame)
         except SaslFailure as e:
             conn.raw_sasl = False
-            self.count_errors(API_NAMES[SASL_HANDSHAKE], [SASL_AUTHENTICATION_FAILED])
+            self.count_errors(sasl_handshake.NAME, [SASL_AUTHENTICATION_FAILED])
             self._close(writer, conn, "auth_failed", f"SASL authentication failed: {e} "
                         "(SaslHandshake v0)")
             return None
         if conn.authenticated:
             conn.raw_sasl = False
         return self._sent([len(out).to_bytes(4, "big") + out])
-
-    def _authenticate(self, req, conn: Connection) -> tuple[bytes, bool]:
-        if not conn.mechanism_ok or conn.sasl is None:
-            self._why = "SaslAuthenticate before a SaslHandshake"
-            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
-                           error_code=ILLEGAL_SASL_STATE, auth_bytes=b"",
-                           error_message="SaslAuthenticate before a SaslHandshake naming "
-                           f"one of {', '.join(self.auth.mechanisms)}"), False
-        try:
-            out = self._step(req.body.auth_bytes, conn)
-        except SaslFailure as e:
-            self._why = f"{e} (principal User:{getattr(conn.sasl, 'user', '?')})" \
-                if getattr(conn.sasl, "user", None) else str(e)
-            return respond(SASL_AUTHENTICATE, req.version, req.correlation_id,
-                           error_code=SASL_AUTHENTICATION_FAILED, auth_bytes=b"",
-                           error_message=str(e)), False
-        return respond(SASL_AUTHENTICATE, req.version, req.correlation_id, error_code=NONE,
-                       error_message=None, auth_bytes=out), True
 
     # -- metrics -------------------------------------------------------------------------------
 

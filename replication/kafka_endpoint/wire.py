@@ -1,12 +1,13 @@
-"""The Kafka wire protocol as the endpoint speaks it: what it serves, and the codec glue.
+"""The Kafka wire protocol as the endpoint speaks it: the codec glue and Kafka's error codes.
 
 Requests and every response but Fetch's are kio's generated entities (Aiven's ``kio``, built from
 Kafka's JSON message schemas): ``decode_request`` reads a request's header and body, ``encode``
 writes a response's header and body. ``build(cls, **fields)`` makes a response entity of any
 version from one set of plain values (ints for error codes and milliseconds, dicts and lists
 for nested entities), dropping the fields that version does not have, so one handler answers
-every version it serves. The Fetch response is written by hand (fetch.py) so that stored batch
-bytes go out without a copy. What each API answers is in docs/kafka-endpoint.md.
+every version it serves. The Fetch response is written by hand (apis/fetch.py) so that stored
+batch bytes go out without a copy. What is served, and each API's versions, is registered beside
+its handler (apis/); what each API answers is in docs/kafka-endpoint.md.
 """
 
 from __future__ import annotations
@@ -24,33 +25,6 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-# API keys (Kafka's ApiKeys)
-PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
-OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, JOIN_GROUP = 8, 9, 10, 11
-HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 12, 13, 14
-SASL_HANDSHAKE, API_VERSIONS, INIT_PRODUCER_ID, SASL_AUTHENTICATE = 17, 18, 22, 36
-
-#: (min, max) version served per API key: what current clients need (librdkafka 2.x, the Java
-#: client 3.9, franz-go, kcat 1.7; /work research notes, docs/kafka-endpoint.md). Fetch stops at
-#: 12, the last version that names topics rather than topic ids; Produce is advertised because
-#: librdkafka will not fetch from a broker without Produce >= 3, and every produce is refused;
-#: InitProducerId (the idempotent and transactional producers' first request) is advertised so
-#: that a producer is refused with an authorization error rather than failing on versions
-#: (kafka-python: IncompatibleBrokerVersion; the Java producer: UnsupportedVersionException).
-SERVED: dict[int, tuple[int, int]] = {
-    PRODUCE: (3, 9), FETCH: (4, 12), LIST_OFFSETS: (1, 7), METADATA: (1, 12),
-    OFFSET_COMMIT: (2, 7), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3), JOIN_GROUP: (0, 5),
-    HEARTBEAT: (0, 3), LEAVE_GROUP: (0, 2), SYNC_GROUP: (0, 3), SASL_HANDSHAKE: (0, 1),
-    API_VERSIONS: (0, 3), INIT_PRODUCER_ID: (0, 4), SASL_AUTHENTICATE: (0, 2),
-}
-
-API_NAMES = {PRODUCE: "Produce", FETCH: "Fetch", LIST_OFFSETS: "ListOffsets",
-             METADATA: "Metadata", OFFSET_COMMIT: "OffsetCommit", OFFSET_FETCH: "OffsetFetch",
-             FIND_COORDINATOR: "FindCoordinator", JOIN_GROUP: "JoinGroup",
-             HEARTBEAT: "Heartbeat", LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup",
-             SASL_HANDSHAKE: "SaslHandshake", API_VERSIONS: "ApiVersions",
-             INIT_PRODUCER_ID: "InitProducerId", SASL_AUTHENTICATE: "SaslAuthenticate"}
-
 # error codes (Kafka's Errors)
 NONE = 0
 OFFSET_OUT_OF_RANGE = 1
@@ -63,6 +37,8 @@ INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
+TOPIC_AUTHORIZATION_FAILED = 29
+GROUP_AUTHORIZATION_FAILED = 30
 CLUSTER_AUTHORIZATION_FAILED = 31
 UNSUPPORTED_SASL_MECHANISM = 33
 ILLEGAL_SASL_STATE = 34
@@ -102,23 +78,17 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
     return _HEAD.unpack_from(frame, 0)
 
 
-def decode_request(frame: bytes) -> Request:
-    """A served API's request; WireError for anything else (the caller answers ApiVersions
-    requests of unknown versions itself, see ``api_versions_fallback``)."""
+def decode_request(frame: bytes, name: str) -> Request:
+    """A request's header and body (``name``: its API's, for the error); WireError when kio
+    cannot read it. The caller has checked that the API and version are served
+    (apis.lookup)."""
     key, version, corr = peek_header(frame)
-    span = SERVED.get(key)
-    if span is None:
-        raise WireError(f"API key {key} (version {version}) is not served by this read-only "
-                        "endpoint")
-    if not span[0] <= version <= span[1]:
-        raise WireError(f"{API_NAMES[key]} version {version} is not served (versions "
-                        f"{span[0]}-{span[1]} are)")
     req_cls = _request_schema(key, version)
     try:
         header, n = entity_reader(req_cls.__header_schema__)(frame, 0)
         body, m = entity_reader(req_cls)(frame, n)
     except Exception as e:  # noqa: BLE001 - kio raises several kinds on malformed bytes
-        raise WireError(f"malformed {API_NAMES[key]} v{version} request: "
+        raise WireError(f"malformed {name} v{version} request: "
                         f"{type(e).__name__}: {str(e)[:200]}") from None
     # bytes after the body are ignored, as Kafka's broker ignores them (librdkafka 2.x sends
     # three zero bytes after a Metadata v12 body)
@@ -153,19 +123,6 @@ def encode(key: int, version: int, correlation_id: int, body: Any) -> bytes:
 def respond(key: int, version: int, correlation_id: int, **values: Any) -> bytes:
     """``encode`` of ``build(response schema, **values)``."""
     return encode(key, version, correlation_id, build(response_schema(key, version), **values))
-
-
-def api_versions_fallback(correlation_id: int) -> bytes:
-    """The answer to an ApiVersions request of a version this endpoint does not know: an
-    UNSUPPORTED_VERSION v0 body with the versions served (the Java client then retries with the
-    highest version listed; Kafka's own broker does the same)."""
-    return respond(API_VERSIONS, 0, correlation_id, error_code=UNSUPPORTED_VERSION,
-                   api_keys=api_keys())
-
-
-def api_keys() -> list[dict]:
-    return [{"api_key": k, "min_version": lo, "max_version": hi}
-            for k, (lo, hi) in sorted(SERVED.items())]
 
 
 # -- building kio entities from plain values ---------------------------------------------------

@@ -1,6 +1,7 @@
 """What the Kafka endpoint's integration tests share (not a test module): the endpoint as an
 operator runs it (``kcompact serve --store S --kafka-listen 127.0.0.1:0`` as a process, its port
-read from the line it prints), a confluent-kafka reader of every partition to its end, Kafka's
+read from the line it prints), a confluent-kafka reader of every partition to its end, the SASL
+client of the ACL tests (``sasl_conf``, ``read_to_end``, ``first_of_subscription``), Kafka's
 Java tools from the cached jars, and a Java loop shaped like Kafka Streams' GlobalKTable restore.
 """
 
@@ -47,6 +48,60 @@ def read_all(bootstrap: str, topic: str, partitions: int = 2, *, isolation: str 
         c.close()
     out[-1] = [eof[p] for p in range(partitions)]
     return out
+
+
+def sasl_conf(bootstrap: str, user: str, password: str, mechanism: str = "PLAIN",
+              **extra) -> dict:
+    """A confluent-kafka configuration authenticating as ``user`` (SASL_PLAINTEXT)."""
+    return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": mechanism, "sasl.username": user, "sasl.password": password,
+            **extra}
+
+
+def read_to_end(conf: dict, topic: str, group: str, partition: int = 0,
+                within: float = 30) -> tuple[list, KafkaError | None]:
+    """(the (offset, key, value) read with assign from offset 0, in ``group``; None at the
+    partition's end, else the error that stopped the read); TimeoutError if neither came."""
+    c = Consumer({**conf, "group.id": group, "enable.auto.commit": False,
+                  "enable.partition.eof": True})
+    c.assign([TopicPartition(topic, partition, 0)])
+    got, deadline = [], time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            for m in c.consume(100, 0.5):
+                e = m.error()
+                if e is None:
+                    got.append((m.offset(), m.key(), m.value()))
+                elif e.code() == KafkaError._PARTITION_EOF:
+                    return got, None
+                else:
+                    return got, e
+        raise TimeoutError(f"{topic}: neither the end nor an error within {within:g} s")
+    finally:
+        c.close()
+
+
+def first_of_subscription(conf: dict, topic: str, group: str, commit: bool = False,
+                          within: float = 30) -> KafkaError | None:
+    """The error a consumer subscribing to ``topic`` in ``group`` meets, or None once it got a
+    record (and, with ``commit``, committed it); TimeoutError if neither came."""
+    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                return m.error()
+            if commit:
+                c.commit(m, asynchronous=False)
+            return None
+        raise TimeoutError(f"{topic}: no record and no error within {within:g} s")
+    finally:
+        c.close()
 
 
 class Endpoint:

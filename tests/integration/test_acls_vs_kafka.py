@@ -22,14 +22,15 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, AdminClient,
                                    NewTopic, ResourcePatternType, ResourceType)
 
 from kcompact.connectors.devtools import apache_kafka as ak
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import KCOMPACT, Endpoint, java  # noqa: E402
+from endpoint_tools import (KCOMPACT, Endpoint, first_of_subscription, java,  # noqa: E402
+                            read_to_end, sasl_conf)
 from test_kafka_endpoint_acls import TOPICS, _records, build_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -96,8 +97,7 @@ def kafka_with_acls():
 
 def _observe(bs: str, user: str) -> dict:
     """What ``user`` sees through ``bs`` (SASL_PLAINTEXT, PLAIN)."""
-    conf = {"bootstrap.servers": bs, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanisms": "PLAIN", "sasl.username": user, "sasl.password": USERS[user]}
+    conf = sasl_conf(bs, user, USERS[user])
     out: dict = {}
     c = Consumer({**conf, "group.id": "probe"})
     try:
@@ -121,41 +121,22 @@ def _observe(bs: str, user: str) -> dict:
 def _read(conf: dict, topic: str):
     """The records of partition 0 read with assign (in group carol-g, which every principal
     may describe: the coordinator lookup of assign() needs it), or the error's name."""
-    c = Consumer({**conf, "group.id": "carol-g", "enable.auto.commit": False,
-                  "enable.partition.eof": True})
-    c.assign([TopicPartition(topic, 0, 0)])
-    got, deadline = [], time.monotonic() + 30
     try:
-        while time.monotonic() < deadline:
-            for m in c.consume(100, 0.5):
-                e = m.error()
-                if e is None:
-                    got.append((m.offset(), m.key(), m.value()))
-                elif e.code() == KafkaError._PARTITION_EOF:
-                    return got
-                else:
-                    return e.name()
+        got, err = read_to_end(conf, topic, "carol-g")
+    except TimeoutError:
         return "TIMEOUT"
-    finally:
-        c.close()
+    return got if err is None else err.name()
 
 
 def _subscribe(conf: dict, group: str):
     """Subscribe to team-b.events (which nobody but bob reads) or payments in ``group``: the
     error's name, or "ok" once a record came."""
-    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
-    c.subscribe(["payments" if conf["sasl.username"] != "bob" else "team-b.events"])
-    deadline = time.monotonic() + 30
+    topic = "payments" if conf["sasl.username"] != "bob" else "team-b.events"
     try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            return "ok" if m.error() is None else m.error().name()
+        err = first_of_subscription(conf, topic, group)
+    except TimeoutError:
         return "TIMEOUT"
-    finally:
-        c.close()
+    return "ok" if err is None else err.name()
 
 
 def test_the_same_matrix_as_kafkas_standard_authorizer(kafka_with_acls, tmp_path):

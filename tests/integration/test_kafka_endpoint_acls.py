@@ -31,13 +31,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError
 
 from kcompact.reput import ManualClock, Store
 from kcompact.reput.record import Record, RecordBatch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import KCOMPACT, Endpoint  # noqa: E402
+from endpoint_tools import (KCOMPACT, Endpoint, first_of_subscription, read_to_end,  # noqa: E402
+                            sasl_conf)
 
 pytestmark = pytest.mark.integration
 
@@ -152,30 +153,13 @@ def endpoint(acl_store):
 
 
 def _conf(bs: str, user: str, mech: str, password: str | None = None, **extra) -> dict:
-    return {"bootstrap.servers": bs, "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanisms": mech, "sasl.username": user,
-            "sasl.password": PASSWORDS[user] if password is None else password, **extra}
+    return sasl_conf(bs, user, PASSWORDS[user] if password is None else password, mech, **extra)
 
 
 def _read(conf: dict, topic: str) -> tuple[list, int | None]:
     """(the (offset, key, value) read from partition 0 to its end, or the error code)."""
-    c = Consumer({**conf, "group.id": GROUPS[conf["sasl.username"]],
-                  "enable.auto.commit": False, "enable.partition.eof": True})
-    c.assign([TopicPartition(topic, 0, 0)])
-    got, deadline = [], time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            for m in c.consume(100, 0.5):
-                e = m.error()
-                if e is None:
-                    got.append((m.offset(), m.key(), m.value()))
-                elif e.code() == KafkaError._PARTITION_EOF:
-                    return got, None
-                else:
-                    return got, e.code()
-        raise AssertionError(f"{topic}: neither the end nor an error within 30 s")
-    finally:
-        c.close()
+    got, err = read_to_end(conf, topic, GROUPS[conf["sasl.username"]])
+    return got, None if err is None else err.code()
 
 
 def _named(conf: dict, topic: str) -> int | None:
@@ -217,23 +201,10 @@ def test_each_principal_reads_exactly_what_its_acls_allow(endpoint, user, mech):
 
 
 def _subscribe_error(conf: dict, topic: str, group: str) -> int | None:
-    """The error a subscribing consumer of ``group`` meets, or None once it got a record."""
-    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False})
-    c.subscribe([topic])
-    deadline = time.monotonic() + 30
-    try:
-        while time.monotonic() < deadline:
-            m = c.poll(0.5)
-            if m is None:
-                continue
-            if m.error() is not None:
-                return m.error().code()
-            c.commit(m, asynchronous=False)
-            return None
-        raise AssertionError("no record and no error within 30 s")
-    finally:
-        c.close()
+    """The error a subscribing consumer of ``group`` meets, or None once it got (and
+    committed) a record."""
+    err = first_of_subscription(conf, topic, group, commit=True)
+    return None if err is None else err.code()
 
 
 def test_groups_are_authorized(endpoint):

@@ -112,11 +112,11 @@ def test_each_api_denied_as_kafka_denies_it(store):
 
 
 def test_every_version_answers_well_formed_under_acls(store):
-    from kcompact.replication.kafka_endpoint.wire import SERVED
+    from kcompact.replication.kafka_endpoint.apis import served
     srv = Served(store, acls=AclSource(Authorizer([]), logging.getLogger("t")))
     try:
         c = Client(srv.port)
-        for key, (lo, hi) in sorted(SERVED.items()):
+        for key, (lo, hi) in sorted(served().items()):
             if key == 36:
                 continue
             for version in range(lo, hi + 1):

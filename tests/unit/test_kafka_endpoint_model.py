@@ -342,8 +342,8 @@ def test_init_producer_id_is_refused_as_kafka_refuses_a_principal_without_write(
     """An idempotent producer's InitProducerId: CLUSTER_AUTHORIZATION_FAILED (31), a
     transactional one's: TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53); no producer id; advertised
     in ApiVersions (0-4), so that clients are refused rather than failing on versions."""
-    from kcompact.replication.kafka_endpoint.wire import SERVED
-    assert SERVED[22] == (0, 4)
+    from kcompact.replication.kafka_endpoint.apis import served
+    assert served()[22] == (0, 4)
     st_, _ = _build("local", str(tmp_path), [(1, b"k", b"v", [])], False)
     st_.close()
     srv = Served(st_.url)

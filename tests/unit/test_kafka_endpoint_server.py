@@ -259,11 +259,11 @@ def test_every_api_and_version_served_answers_a_well_formed_response(store):
     """Each (API, version) ApiVersions advertises, asked with a minimal request (empty
     lists, empty names), gets a response kio decodes whole at that version; the connection
     stays open throughout."""
-    from kcompact.replication.kafka_endpoint.wire import SERVED
+    from kcompact.replication.kafka_endpoint.apis import served
     srv = Served(store)
     try:
         c = Client(srv.port)
-        for key, (lo, hi) in sorted(SERVED.items()):
+        for key, (lo, hi) in sorted(served().items()):
             if key == 36:  # (SaslAuthenticate before a handshake closes: tested above)
                 continue
             for version in range(lo, hi + 1):

@@ -365,7 +365,7 @@ def test_a_damaged_registry_is_one_line(s3):
 
 
 def test_the_kafka_endpoints_long_poll_costs_o_writers_requests(s3):
-    """The endpoint's wake-up path (fetch.py ``grew``: every partition's bounds, again and
+    """The endpoint's wake-up path (apis/fetch.py ``grew``: every partition's bounds, again and
     again; ``read_partitions``: the topic's partitions) on 32 partitions: no LIST, and one GET
     per writer per follower poll, however many times the partitions are looked at."""
     from kcompact.replication.kafka_endpoint.store_view import StoreView

@@ -7,7 +7,7 @@
 * a committer killed between its manifest commit and the catalog's loses nothing: readers see
   the partition as it was, the collector brings the catalog up to date before it deletes;
 * a damaged newest version is passed over; old versions are collected after the grace period;
-* a kcompact that knows only format 3 refuses the store with one line.
+* a kcompact that knows only formats up to 4 refuses the store with one line.
 
 The same records from every read path (hypothesis): tests/unit/test_s3_follow.py
 ``test_a_follower_reads_what_a_local_store_holds`` (with and without a catalog).
@@ -238,15 +238,15 @@ def test_old_versions_are_collected_after_the_grace_period(s3):
         assert [len(_records(st, p)) for p in range(2)] == [12, 12]
 
 
-def test_a_kcompact_that_knows_format_3_refuses_the_store(s3, monkeypatch):
+def test_a_kcompact_that_knows_format_4_refuses_the_store(s3, monkeypatch):
     fake, root = s3
     url = store_url("s3", root)
     _write(url, f"{root}/cl", [_rows(1, 0)])
-    monkeypatch.setattr(store_mod, "KNOWN_FORMAT_VERSION", 3)
+    monkeypatch.setattr(store_mod, "KNOWN_FORMAT_VERSION", 4)
     with pytest.raises(StoreFormatError) as e:
         Store.open(url)
     msg = str(e.value)
-    assert "\n" not in msg and "format version 4" in msg and "upgrade" in msg
+    assert "\n" not in msg and "format version 5" in msg and "upgrade" in msg
 
 
 def test_a_damaged_catalog_is_refused_naming_it(s3):

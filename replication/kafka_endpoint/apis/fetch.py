@@ -1,4 +1,5 @@
-"""Fetch (API key 1, versions 4-12): the records of a read, and the response written by hand.
+"""Fetch (key 1): versions 4-12, flexible from 12. The records of a read, the response written
+by hand.
 
 The response is laid out field by field (Kafka's FetchResponse.json, versions 4-12; v12 is the
 first flexible one: compact lengths and empty tagged-field sections), so that the record section
@@ -23,7 +24,19 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
   partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
-* a fetch naming no topic (the Java consumer's on close) gets an empty answer at once.
+* a fetch naming no topic (the Java consumer's on close) gets an empty answer at once;
+* with ACLs: READ on each topic; a fetch naming a topic not allowed is read once, without the
+  long poll, its denied topics' partitions TOPIC_AUTHORIZATION_FAILED (authorize.Gate).
+
+Version notes:
+* v4: isolation_level, last_stable_offset and aborted_transactions (v0-3's message sets are
+  not served: every stored batch is a RecordBatch v2);
+* v5: log_start_offset; v6: the same fields;
+* v7: fetch sessions (error_code, session_id: 0 here, no sessions); v8: the same fields;
+* v9: current_leader_epoch in the request; v10: zstd allowed (KIP-110);
+* v11: rack_id, preferred_read_replica (-1);
+* v12: flexible (compact lengths, empty tagged-field sections); the last version that names
+  topics: v13 names them by topic id, not served.
 """
 
 from __future__ import annotations
@@ -35,9 +48,13 @@ from typing import Any, Callable
 
 from kcompact.reput.errors import CorruptRecordError
 
-from .store_view import Bounds, StoreView
-from .wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION,
-                   UNSUPPORTED_COMPRESSION_TYPE, ms)
+from ..store_view import Bounds, StoreView
+from ..wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, TOPIC_AUTHORIZATION_FAILED,
+                    UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_COMPRESSION_TYPE, ms)
+from .base import register
+
+KEY, NAME = 1, "Fetch"
+MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 4, 12, 12
 
 #: how often a waiting fetch looks at its partitions again
 POLL_S = 0.1
@@ -135,6 +152,18 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
     return False
 
 
+async def handle(ep, req, conn) -> list:
+    """The registered handler: the ACLs (``ep.gate``), then ``handle_fetch``."""
+    gate = ep.gate
+    if gate is not None:
+        denied = gate.fetch_denied(req, conn)
+        if denied:
+            ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
+            return await gate.fetch_with_denied(ep, req, denied)
+    return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
+                              ep.stopping, lambda codes: ep.count_errors(NAME, codes))
+
+
 async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
                        req: Any, stopping: Callable[[], bool],
                        count_errors: Callable[[list], None] | None = None) -> list:
@@ -159,7 +188,7 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
 
 def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
     """The response frame as a list of buffers (size prefix first)."""
-    flexible = version >= 12
+    flexible = version >= FLEXIBLE_FROM
     head = bytearray()
     if flexible:
         head += _I32.pack(correlation_id) + b"\0"   # response header v1: empty tagged fields
@@ -197,3 +226,6 @@ def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
     size = sum(memoryview(b).nbytes for b in out[1:])
     out[0] = _I32.pack(size)
     return [b for b in out if len(b)]
+
+
+API = register(KEY, NAME, MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM, handle, encodes_itself=True)
