@@ -160,6 +160,7 @@ def test_a_committer_killed_before_the_catalog_commit_loses_nothing(s3, monkeypa
         monkeypatch.setattr(SC, "after_manifest_commit", lambda *a, **k: None)
         # (killed before the collector's pass at the end of the run)
         monkeypatch.setattr(Store, "collect_shared_garbage", lambda self: [])
+        monkeypatch.setattr(Store, "collect_compaction_garbage", lambda self: [])
         compact_store(st, force=True)
         monkeypatch.undo()
     rd = Store.open(url)
