@@ -183,7 +183,7 @@ class ManifestCatalog(SegmentCatalog):
         staged compaction outputs, plus the writer's local segments (listed from its directory
         the first time, then kept in memory)."""
         if reread:
-            cat = SC.for_store(self.fs)
+            cat = SC.for_reading(self.fs)
             if not (cat is not None and not self.writable and not direct
                     and self._manifest_from_catalog(cat, known)):
                 self.manifest = M.read_latest(self.fs, self.dir, known)
@@ -299,7 +299,7 @@ class ManifestCatalog(SegmentCatalog):
         without shared uploads, a partition still written by per-partition uploads): the
         manifest is listed again, as ``load``."""
         f = S3F.follower_for(self.fs)
-        cat = SC.for_store(self.fs)
+        cat = SC.for_reading(self.fs)
         if f is not None and cat is not None:
             # a store catalog: new manifests come with its next version (the follower's
             # poll), new parts with the journal's entries: no request of this partition's

@@ -467,6 +467,15 @@ def for_store(fs: Backend) -> StoreCatalog | None:
     return _CATALOGS.get(fs)
 
 
+def for_reading(fs: Backend) -> StoreCatalog | None:
+    """``for_store``, for a reader's use: None also under ``KCOMPACT_S3_FOLLOW=list`` (every
+    refresh lists the store, as before issue 49: the baseline benchmarks compare with). Writers
+    and committers always keep the catalog (``for_store``)."""
+    if str(_env.value("KCOMPACT_S3_FOLLOW")) == "list":
+        return None
+    return _CATALOGS.get(fs)
+
+
 def after_manifest_commit(fs: Backend, pdir: str, manifest: Manifest, writer: str) -> None:
     """``manifest.commit`` committed ``manifest`` for the partition in ``pdir``: record it."""
     c = _CATALOGS.get(fs)
@@ -483,4 +492,4 @@ def after_manifest_commit(fs: Backend, pdir: str, manifest: Manifest, writer: st
 
 __all__ = ["CATALOG_DIR", "Catalog", "CatalogConflictError", "FEATURE", "STORE_FORMAT",
            "StoreCatalog", "after_manifest_commit", "catalog_path", "enable", "fold_every",
-           "for_store", "poll_interval_s", "seed_journal"]
+           "for_reading", "for_store", "poll_interval_s", "seed_journal"]

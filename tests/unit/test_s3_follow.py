@@ -178,10 +178,8 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers, 
             before = fake.calls["ListObjectsV2"]
             for pl in pls:
                 pl.refresh()
-            if catalog:  # one listing of the catalog and one of shared/ serve every partition
-                assert fake.calls["ListObjectsV2"] - before <= 2
-            else:
-                assert fake.calls["ListObjectsV2"] - before >= parts
+            # (a store catalog is not read either: the path before issue 49)
+            assert fake.calls["ListObjectsV2"] - before >= parts
             assert [pl.next_offset for pl in pls] == [5] * parts
             old.close()
         finally:
