@@ -69,6 +69,9 @@ FEATURE_SEGMENT_LIST = "segment-list"
 #: store.json "features": "source-codec": the topics' compression.type default is producer (the
 #: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
 FEATURE_SOURCE_CODEC = "source-codec"
+#: a follower of an S3 store with shared uploads and no catalog lists a topic's partitions at
+#: most this often (s); the journal names the partitions written since (Store.partitions)
+PARTITIONS_RELIST_S = 30.0
 SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
@@ -291,6 +294,8 @@ class Store:
             SH.checked(fs)  # store.json was just read: no shared uploads yet
         #: this writer's journal entries not yet folded into the store catalog
         self._unfolded: list = []
+        #: a follower of a store without a catalog: topic -> (its partitions listed, when)
+        self._partition_listing: dict[str, tuple[set[int], float]] = {}
         self._collected: set[tuple[str, int]] = set()
         self._registered = False  # in the shared-upload writers registry (_seal_shared)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
@@ -440,6 +445,23 @@ class Store:
             out.setdefault(t, set()).add(p)
         return out
 
+    def _listed_partitions(self, topic: str) -> set[int]:
+        """The topic's partition directories (one LIST). A process that follows an S3 store
+        with shared uploads but no catalog (reput/s3_follow.py; ``kv build --follow`` asks at
+        every poll round) lists them at most every ``PARTITIONS_RELIST_S``, and adds the
+        partitions the journal's entries name (no request)."""
+        from . import s3_follow as S3F
+        f = S3F.follower_for(self.fs) if self.remote else None
+        if f is None:
+            return {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+        now = time.monotonic()
+        got = self._partition_listing.get(topic)
+        if got is None or now - got[1] >= PARTITIONS_RELIST_S:
+            got = ({int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}, now)
+            self._partition_listing[topic] = got
+        f.poll()
+        return got[0] | {p for t, p in f.journal.partition_keys() if t == topic}
+
     def topics(self) -> list[str]:
         names = set(self.meta.topics) | set(self.meta.recorded_partitions)
         cataloged = self._cataloged()
@@ -457,7 +479,7 @@ class Store:
         if cataloged is not None:
             found = set(cataloged.get(topic, ()))
         else:
-            found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+            found = self._listed_partitions(topic)
         if self.remote:  # this writer's partitions that have no manifest yet
             with self.lock:
                 found |= {p for (t, p), pl in self._partitions.items()

@@ -420,3 +420,34 @@ def test_a_store_created_before_its_writers_says_how_they_upload(s3):
     Store.open(plain, create=True).close()
     with Store.open(plain) as st:
         assert SH.FEATURE not in st.meta.features
+
+
+@pytest.mark.parametrize("catalog", [False, True])
+def test_a_followers_partition_listing_costs_no_list_per_round(s3, catalog, monkeypatch):
+    """``kv build --follow`` asks for the topic's partitions at every poll round: a process
+    that follows the store answers from the store catalog, or (a store without one) from a
+    listing kept for PARTITIONS_RELIST_S plus the partitions the journal names, so a round
+    lists nothing; a partition a writer starts is found at the next round."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "60000")
+    url = store_url("s3", root)
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
+    w = Store.open(url, writer="w", commitlog_dir=f"{root}/cl")
+    try:
+        w.append(_batch("t", _rows(2, 0)))
+        w.flush()
+        rd = Store.open(url)
+        S3F.follow(rd.fs)
+        assert rd.partitions("t") == [0, 1]
+        w.append(_batch("t", [(2, 0, b"k", b"v")]))  # a new partition
+        w.flush()
+        before = fake.calls["ListObjectsV2"]
+        for _ in range(5):
+            S3F.follower_for(rd.fs).poll(0.0)
+            got = rd.partitions("t")
+        assert fake.calls["ListObjectsV2"] == before
+        assert got == [0, 1, 2]
+        assert _records(rd, "t", 2) == [(0, b"k", b"v")]
+        rd.close()
+    finally:
+        w.close()
