@@ -19,8 +19,10 @@ whose open files they close first and whose topic config the upload follows.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import secrets
+import threading
 import time
 from dataclasses import replace
 
@@ -38,6 +40,59 @@ from .errors import CorruptRecordError, ReputError
 from .segment import PartitionContext, Segment, open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
+
+
+class _Dropper:
+    """One daemon thread per process that unmaps and deletes a writer's local segments after
+    their shared upload's commit (``ManifestCatalog.shared_committed``)."""
+
+    def __init__(self):
+        self._q: "queue.Queue" = queue.Queue()
+        self._lock = threading.Lock()
+        self._pid = -1
+
+    def put(self, fs: Backend, segs: list) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # (a forked child has the queue, not the thread)
+                self._q = queue.Queue()
+                threading.Thread(target=self._run, args=(self._q,), daemon=True,
+                                 name="kcompact-drop").start()
+                self._pid = os.getpid()
+            q = self._q
+        q.put((fs, segs))
+
+    @staticmethod
+    def _run(q) -> None:
+        while True:
+            fs, segs = q.get()
+            try:
+                for seg in segs:
+                    seg.invalidate()
+                    for path in (seg.log_path, seg.bcq_path):
+                        try:
+                            fs.delete(path)
+                        except (OSError, ReputError):
+                            pass  # (left for the next open, which drops what the journal holds)
+            finally:
+                q.task_done()
+
+    def wait(self) -> None:
+        with self._lock:
+            q = self._q if self._pid == os.getpid() else None
+        if q is not None:
+            q.join()
+
+
+_DROPPER = _Dropper()
+
+
+def drop_later(fs: Backend, segs: list) -> None:
+    _DROPPER.put(fs, segs)
+
+
+def drain_drops() -> None:
+    """Wait until every local segment handed to ``drop_later`` is deleted."""
+    _DROPPER.wait()
 
 
 #: a writer's local segment at most this large is encoded into its shared object in memory
@@ -752,11 +807,21 @@ class ManifestCatalog(SegmentCatalog):
 
     def shared_committed(self, local: list[Segment], ups: list) -> None:
         """The journal entry holding this partition's part is committed: its local segments
-        are dropped and the part is listed from the journal."""
+        are dropped and the part is listed from the journal. Those holding records are
+        unmapped and deleted by the process's dropper thread (``drop_later``), off the
+        flush's path: their names are never used again (the next segment starts past their
+        records), and a crash before they are gone leaves segments the journal covers, which
+        the next open drops."""
+        later = []
         for seg in local:
+            if seg.log_size:
+                later.append(seg)
+                continue
             self.local_fs.delete(seg.log_path)
             self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
+        if later:
+            drop_later(self.local_fs, later)
         if any(isinstance(u[1], str) for u in ups):  # (a large part sealed into sealing/)
             self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
         self.segments = [s for s in self.segments if s.kind != "file"]

@@ -1137,6 +1137,9 @@ class Store:
                 pl.close()
             self._partitions.clear()
             self._writable.clear()
+            if self.remote and self.shared_uploads:
+                from .partition_manifest import drain_drops
+                drain_drops()  # (the local segments of its last flushes are gone)
             if self._wrote_partitions and not self.remote and not self.require_list:
                 self._wrote_partitions = False
                 self._maybe_require_lists()
