@@ -292,8 +292,9 @@ class Store:
             SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
         elif self.remote:
             SH.checked(fs)  # store.json was just read: no shared uploads yet
-        #: this writer's journal entries not yet folded into the store catalog
-        self._unfolded: list = []
+        #: this writer's journal entries not yet folded into the store catalog (at open: those
+        #: a killed process of this writer committed and never folded)
+        self._unfolded: list = self._left_unfolded() if self.shared_uploads else []
         #: a follower of a store without a catalog: topic -> (its partitions listed, when)
         self._partition_listing: dict[str, tuple[set[int], float]] = {}
         self._collected: set[tuple[str, int]] = set()
@@ -1040,6 +1041,23 @@ class Store:
             if len(self._unfolded) >= SC.fold_every():
                 self.fold_catalog()
         return True
+
+    def _left_unfolded(self) -> list:
+        cat = SC.for_store(self.fs) if self.remote else None
+        j = SH.journal_for(self.fs)
+        if cat is None or cat.latest is None or j is None or self.writer is None:
+            return []
+        folded = cat.latest.folded.get(self.writer, -1)
+        out = []
+        for w, seq in j.listed_keys():
+            if w == self.writer and seq > folded:
+                try:
+                    e = j.fetch_entry(w, seq)
+                except FileNotFoundError:
+                    continue
+                if e is not None:
+                    out.append(e)
+        return out
 
     def fold_catalog(self) -> None:
         """A store catalog: fold this writer's journal entries committed since the last fold
