@@ -201,6 +201,10 @@ class StoreCatalog:
         self.latest: Catalog | None = None
         self._read_at: float | None = None
         self._polled_at: float | None = None
+        #: when ``latest`` was last known to be the newest version (a listing, or this
+        #: process's own commit): older than half the grace period, versions above it may
+        #: have been collected, so their keys are listed, never assumed free (``_stale``)
+        self._fresh_at: float | None = None
         #: grows whenever the view moves (a partition recomputes only then)
         self.generation = 0
         self._batch_depth = 0
@@ -218,6 +222,7 @@ class StoreCatalog:
                 return self.latest
             self._read_at = now
             self._polled_at = now
+            self._fresh_at = now
             self.stats["list"] += 1
             after = self.latest.version if self.latest is not None else None
             start = f"{fn.base_name(after)}.json" if after is not None else None
@@ -260,13 +265,22 @@ class StoreCatalog:
             if j is not None:
                 seed_journal(j, cat)
 
+    def _stale(self) -> bool:
+        """Whether versions above ``latest`` may have come and been collected since it was
+        known to be the newest (the collector deletes a version only once it is older than
+        the grace period, and only below the newest KEEP_VERSIONS): its next key cannot be
+        assumed free, nor a 404 there to mean nothing is newer."""
+        grace_s = int(getattr(self.fs, "grace_ms", 0)) / 1000.0
+        return self._fresh_at is None or time.monotonic() - self._fresh_at >= grace_s / 2
+
     def poll_next(self, max_age_s: float | None = None) -> bool:
         """A follower: GET the next version's key (a 404 until it exists), and the ones after
-        it while they exist; whether the view moved. At most once per ``poll_interval_s``."""
+        it while they exist; whether the view moved. At most once per ``poll_interval_s``; a
+        LIST instead when the view is older than half the grace period (``_stale``)."""
         age = poll_interval_s() if max_age_s is None else max_age_s
         with self._lock:
             now = time.monotonic()
-            if self.latest is None:
+            if self.latest is None or self._stale():
                 before = self.generation
                 self.refresh(0.0)
                 return self.generation != before
@@ -313,8 +327,8 @@ class StoreCatalog:
         create); on a lost race the newest is read again and ``change`` re-applied. ``change``
         returns False when there is nothing to commit."""
         with self._lock:
-            if self.latest is None:
-                self.refresh(0.0)
+            if self.latest is None or self._stale():
+                self.refresh(0.0)  # (a collected version's key must never be written again)
             for _ in range(attempts):
                 cur = self.latest or Catalog()
                 new = cur.successor(writer, self._clock_ms())
@@ -322,8 +336,10 @@ class StoreCatalog:
                     return None
                 new.drop_unneeded()
                 self.stats["put"] += 1
+                t0 = time.monotonic()
                 if self.fs.create_exclusive(catalog_path(new.version), new.to_json()):
                     self._adopt(new)
+                    self._fresh_at = t0
                     return new
                 self.stats["conflict"] += 1
                 self.refresh(0.0)
