@@ -238,8 +238,10 @@ class ManifestCatalog(SegmentCatalog):
         staged compaction outputs, plus the writer's local segments (listed from its directory
         the first time, then kept in memory)."""
         if reread:
+            # (a writer and a compactor too: a catalog behind a manifest only makes their
+            # conditional commits rebase, or abandon a split another committer made)
             cat = SC.for_reading(self.fs)
-            if not (cat is not None and not self.writable and not direct
+            if not (cat is not None and not direct
                     and self._manifest_from_catalog(cat, known)):
                 self.manifest = M.read_latest(self.fs, self.dir, known)
                 self._manifest_read_at = time.monotonic()

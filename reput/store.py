@@ -639,7 +639,11 @@ class Store:
                 self._writable.add(key)
                 if self.shared_uploads:  # a roll, a close, a forced compaction seal so too
                     pl.catalog.seal_shared = self._seal_shared
-                if self.remote and self.writer is not None and key not in self._collected:
+                if self.remote and self.writer is not None and key not in self._collected \
+                        and not (self.shared_uploads and SC.for_store(self.fs) is not None):
+                    # (a shared-upload writer of a catalog store uploads no segment of the
+                    # partition's: the compactor collects after its runs, without a LIST per
+                    # partition at every writer's open)
                     # a writer's open cleans up after dead writers: orphans of an upload whose
                     # commit never came, replaced segments past the grace period
                     self._collected.add(key)
