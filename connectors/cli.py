@@ -79,7 +79,8 @@ def cmd_configs(a: argparse.Namespace) -> int:
     from .apps.configs import ConfigsOptions, run_configs
     return run_configs(ConfigsOptions(store=a.store, topic=a.topic, describe=a.describe,
                                       alter=a.alter, add_config=a.add_config,
-                                      delete_config=a.delete_config, json=a.json))
+                                      delete_config=a.delete_config, json=a.json,
+                                      as_of_ms=a.as_of, allow_inexact=a.allow_inexact))
 
 
 def cmd_compact(a: argparse.Namespace) -> int:
@@ -150,7 +151,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                                      tls_client_ca=a.tls_client_ca, acls_file=a.acls_file,
                                      acls_from_store=a.acls_from_store,
                                      allow_everyone_if_no_acl_found=(
-                                         a.allow_everyone_if_no_acl_found))
+                                         a.allow_everyone_if_no_acl_found),
+                                     fleet=_fleet_options(a))
     return serve_all(ServeAllOptions(store=a.store, kafka=kafka, http=http, metrics=a.metrics))
 
 
@@ -270,6 +272,15 @@ def _repair_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     return check
 
 
+def _fleet_options(a: argparse.Namespace):
+    """`serve --peers`: the node's FleetOptions (None: a node alone, as before)."""
+    if a.peers is None:
+        return None
+    from kcompact.replication.fleet import FleetOptions
+    return FleetOptions(node_id=a.node_id, peer_listen=a.peer_listen, peers=a.peers,
+                        token_file=a.peer_token_file)
+
+
 def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
     """`serve`: --listen with --token-file, --kafka-listen, or both (exit 2 otherwise)."""
     def check(args) -> None:
@@ -289,6 +300,14 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
                      "allow_everyone_if_no_acl_found"):
             if getattr(args, flag) and not args.kafka_listen:
                 parser.error(f"--{flag.replace('_', '-')} applies to --kafka-listen only")
+        fleet = [f for f in ("node_id", "peer_listen", "peers", "peer_token_file")
+                 if getattr(args, f) is not None]
+        if fleet and not args.kafka_listen:
+            parser.error("--node-id, --peer-listen, --peers and --peer-token-file make "
+                         "--kafka-listen a node of a fleet: add --kafka-listen")
+        if fleet and (args.peers is None or args.node_id is None or args.peer_listen is None):
+            parser.error("a fleet node needs --node-id N, --peer-listen HOST:PORT and --peers "
+                         "1@HOST:PORT,2@HOST:PORT,... (every node, this one included)")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
                 and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
@@ -353,6 +372,8 @@ def _configs_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
             parser.error("--add-config and --delete-config go with --alter")
         if args.alter and not (args.add_config or args.delete_config):
             parser.error("--alter needs --add-config K=V[,K=V] or --delete-config K[,K]")
+        if args.alter and args.as_of is not None:
+            parser.error("--as-of goes with --describe")
     return check
 
 
@@ -424,7 +445,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schema-registry", default=None, metavar="URL",
                    help="the source's schema registry: keep every schema the records name in "
                    "Confluent's wire format (magic byte 0 + 4-byte id), with its subjects, "
-                   "versions and references (`kcompact schemas`; implies --engine local)")
+                   "versions and references (`kcompact schemas`; the default engine is then local, "
+                   "--engine spark keeps them too)")
     _store_flag(s, "the store to write (created when missing)")
     s.add_argument("--engine", choices=("spark", "local"), default=None,
                    help="spark (the default without --follow): one Spark task per partition, "
@@ -495,7 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--delete-config", default=None, metavar="K[,K]",
                    help="remove local overrides (the synced value or the default applies again)")
     _json_flag(s, "print the configs as one JSON document on stdout")
-    s.set_defaults(func=cmd_configs, check_usage=_configs_usage(s))
+    _as_of_flags(s, "--describe: the values synced from the source as they were at TIME (the "
+                 "store's config history; local overrides as they are now)")
+    s.set_defaults(func=cmd_configs, check_usage=_as_of_usage(s, _configs_usage(s)))
 
     s = sub.add_parser("inspect", help="show topics, partitions, segments and dirty ratios")
     _store_flag(s, "the store to look at (nothing is changed)")
@@ -622,6 +646,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kafka-idle-timeout", type=float, default=None, metavar="S",
                    help="close a Kafka client connection idle between requests for this long "
                    "(Kafka's connections.max.idle.ms; default 600)")
+    s.add_argument("--node-id", type=int, default=None, metavar="N",
+                   help="fleet: this node's id in --peers (docs/fleet.md)")
+    s.add_argument("--peer-listen", default=None, metavar="HOST:PORT",
+                   help="fleet: where the other nodes reach this one (pings, shared blocks)")
+    s.add_argument("--peers", default=None, metavar="ID@HOST:PORT,...",
+                   help="fleet: every node's id and --peer-listen address, this one included "
+                   "(Kafka's controller.quorum.voters spelling)")
+    s.add_argument("--peer-token-file", default=None, metavar="FILE",
+                   help="fleet: the bearer token every node sends and requires on "
+                   "--peer-listen")
     _metrics_flag(s)
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 

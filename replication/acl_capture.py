@@ -26,12 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from kcompact.compaction import history
 from kcompact.errors import KcompactError
-from kcompact.reput import Store, StoreLockedError
-from kcompact.reput.record import RecordBatch
+from kcompact.reput import Store
 
 from .errors import ReplicationError
+from .internal_topic import LOCK_WAIT_S, InternalTopicWriter, read_records
 
 TOPIC = "__kcompact-acls"
 FORMAT_VERSION = 1
@@ -41,8 +40,6 @@ FIELDS = ("resource_type", "resource_name", "pattern_type", "principal", "host",
 #: the resource types kept: the mirrored topics' and the kept groups'
 RESOURCE_TYPES = ("TOPIC", "GROUP")
 PATTERN_TYPES = ("LITERAL", "PREFIXED")
-#: how long a capture waits for another process appending to the topic
-LOCK_WAIT_S = 10.0
 
 Binding = tuple  # the FIELDS' values, in order
 
@@ -165,15 +162,9 @@ def kept_acls(store: Store, *, as_of_ms: int | None = None, allow_inexact: bool 
     """The bindings a store keeps, now or as of ``as_of_ms`` (as captured at or before it; then
     AsOfInexactError when compaction cleaned the topic's history past it, unless
     ``allow_inexact``). Empty when the store keeps none."""
-    if TOPIC not in store.topics() or 0 not in store.partitions(TOPIC):
-        return KeptAcls()
     where = f"{store.url} {TOPIC}-0"
-    if as_of_ms is None:
-        recs = store.iter_records(TOPIC, 0)
-    else:
-        history.check_exact([store.partition(TOPIC, 0)], as_of_ms, "the kept ACLs",
-                            allow_inexact=allow_inexact)
-        recs = history.iter_as_of(store, TOPIC, 0, as_of_ms)
+    recs = read_records(store, TOPIC, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
+                        what="the kept ACLs")
     return _merge(decode(r.key, r.value, f"{where}@{r.offset}") for r in recs)
 
 
@@ -190,30 +181,19 @@ def acl_bindings(store: Store | str, *, as_of_ms: int | None = None,
     return kept_acls(store, as_of_ms=as_of_ms, allow_inexact=allow_inexact).dicts()
 
 
-class AclCaptureWriter:
+class AclCaptureWriter(InternalTopicWriter):
     """Appends captured bindings to a store (``capture``); remembers what it last kept so that
     an unchanged binding is not written again. One per mirror process; its writer id is the
     caller's."""
 
+    topic = TOPIC
+
     def __init__(self, url: str, writer: str, *, commitlog_dir: str | None = None,
                  lock_wait_s: float = LOCK_WAIT_S):
-        self.url, self.writer_id, self.commitlog_dir = url, writer, commitlog_dir
-        self.lock_wait_s = lock_wait_s
-        self._store: Store | None = None
+        super().__init__(url, writer, commitlog_dir=commitlog_dir, lock_wait_s=lock_wait_s,
+                         error=AclCaptureError, what="the ACLs")
         self._kept: set[Binding] | None = None
         self._topic_kept = True
-
-    def store(self) -> Store:
-        if self._store is None:
-            try:
-                self._store = Store.open(self.url, writer=self.writer_id, create=True,
-                                         commitlog_dir=self.commitlog_dir)
-            except StoreLockedError:
-                raise AclCaptureError(f"{self.url}: the ACL writer {self.writer_id} is locked "
-                                      "by another process (a second mirror with the same "
-                                      "writer id?)") from None
-            self._store.release_partition(TOPIC, 0)
-        return self._store
 
     def kept(self) -> set[Binding]:
         if self._kept is None:
@@ -251,41 +231,15 @@ class AclCaptureWriter:
         removed = sorted(b for b in kept - current if concerns(b, topics, groups))
         if not added and not removed and not self._keeps_topic():
             return 0, 0  # a source with no bindings on them: the store stays as it was
-        st = self.store()
         recs: list[tuple[bytes, bytes | None]] = []
         recs += [(encode_binding_key(b), _value({"captured_ms": now})) for b in added]
         recs += [(encode_binding_key(b), None) for b in removed]
         recs += [(encode_capture_key(t), _value({"captured_ms": now, "bindings": sum(
             1 for b in current if concerns(b, [t], groups))})) for t in topics]
-        pl = self._partition(st)
-        try:
-            nxt = pl.next_offset
-            st.append(RecordBatch.from_records(TOPIC, [
-                (0, nxt + i, now, k, v) for i, (k, v) in enumerate(recs)]))
-            st.flush()
-        finally:
-            st.release_partition(TOPIC, 0)
+        self.append(recs, now)
         kept.difference_update(removed)
         kept.update(added)
         return len(added), len(removed)
-
-    def _partition(self, st: Store):
-        deadline = time.monotonic() + self.lock_wait_s
-        while True:
-            try:
-                return st.writable_partition(TOPIC, 0)
-            except StoreLockedError:
-                if time.monotonic() > deadline:
-                    raise AclCaptureError(f"{self.url}: {TOPIC}-0 stayed locked by another "
-                                          f"process for {self.lock_wait_s:.0f} s; the ACLs "
-                                          "were not kept (the next capture tries again)"
-                                          ) from None
-                time.sleep(0.02)
-
-    def close(self) -> None:
-        if self._store is not None:
-            st, self._store = self._store, None
-            st.close()
 
 
 __all__ = ["FIELDS", "TOPIC", "AclCaptureError", "AclCaptureWriter", "KeptAcls",

@@ -23,12 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from kcompact.compaction import history
-from kcompact.reput import Store, StoreLockedError
-from kcompact.reput.record import RecordBatch
+from kcompact.reput import Store
 
-from .group_offsets import (TOPIC, GroupOffset, GroupOffsetsError, decode, encode_key,
-                            encode_value, hold_partition)
+from .group_offsets import TOPIC, GroupOffset, GroupOffsetsError, decode, encode_key, encode_value
+from .internal_topic import InternalTopicWriter, read_records
 
 SOURCE = "source"
 #: how long a capture waits for another process appending to the topic (a Kafka endpoint)
@@ -72,42 +70,27 @@ def kept_offsets(store: Store, *, as_of_ms: int | None = None, allow_inexact: bo
     """(group, topic, partition) -> the kept position, now or as of ``as_of_ms`` (then
     AsOfInexactError when compaction cleaned the topic's history past it, unless
     ``allow_inexact``). Empty when the store keeps no group offsets."""
-    if TOPIC not in store.topics() or 0 not in store.partitions(TOPIC):
-        return {}
     where = f"{store.url} {TOPIC}-0"
-    if as_of_ms is None:
-        recs = store.iter_records(TOPIC, 0)
-    else:
-        history.check_exact([store.partition(TOPIC, 0)], as_of_ms,
-                            "the kept group offsets", allow_inexact=allow_inexact)
-        recs = history.iter_as_of(store, TOPIC, 0, as_of_ms)
+    recs = read_records(store, TOPIC, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
+                        what="the kept group offsets")
     return _merge(decode(r.key, r.value, f"{where}@{r.offset}") for r in recs)
 
 
-class CaptureWriter:
+class CaptureWriter(InternalTopicWriter):
     """Appends captured ``source`` positions to a store (``capture(rows)``); remembers what it
     last kept so that an unchanged position is not written again. One per mirror process; its
     writer id is the caller's (the mirror's own)."""
 
+    topic = TOPIC
+
     def __init__(self, url: str, writer: str, *, commitlog_dir: str | None = None,
                  lock_wait_s: float = LOCK_WAIT_S):
-        self.url, self.writer_id, self.commitlog_dir = url, writer, commitlog_dir
-        self.lock_wait_s = lock_wait_s
-        self._store: Store | None = None
+        super().__init__(url, writer, commitlog_dir=commitlog_dir, lock_wait_s=lock_wait_s,
+                         error=GroupOffsetsError, what="the captured group offsets")
         self._kept: dict[tuple[str, str, int], int] | None = None
 
     def _open(self) -> Store:
-        if self._store is None:
-            try:
-                self._store = Store.open(self.url, writer=self.writer_id, create=True,
-                                         commitlog_dir=self.commitlog_dir)
-            except StoreLockedError:
-                raise GroupOffsetsError(f"{self.url}: the group offsets writer "
-                                        f"{self.writer_id} is locked by another process (a "
-                                        "second mirror with the same writer id?)") from None
-            # appends re-dispatched on open; let the endpoint write meanwhile
-            self._store.release_partition(TOPIC, 0)
-        return self._store
+        return self.store()
 
     def kept(self) -> dict[tuple[str, str, int], int]:
         """(group, topic, partition) -> offset of the ``source`` positions kept now."""
@@ -134,27 +117,8 @@ class CaptureWriter:
                if kept.get((g, t, int(p))) != int(o)]
         if not new:
             return 0
-        st = self._open()
-        pl = self._partition(st)
-        try:
-            nxt = pl.next_offset
-            batch = RecordBatch.from_records(TOPIC, [
-                (0, nxt + i, now, encode_key(SOURCE, g, t, p),
-                 encode_value(GroupOffset(o, m, -1, now)))
-                for i, (g, t, p, o, m) in enumerate(new)])
-            st.append(batch)
-            st.flush()
-        finally:
-            st.release_partition(TOPIC, 0)
+        self.append([(encode_key(SOURCE, g, t, p), encode_value(GroupOffset(o, m, -1, now)))
+                     for g, t, p, o, m in new], now)
         for g, t, p, o, _ in new:
             kept[(g, t, p)] = o
         return len(new)
-
-    def _partition(self, st: Store):
-        return hold_partition(st, self.url, self.lock_wait_s, "the captured group offsets were "
-                              "not kept (the next capture tries again)")
-
-    def close(self) -> None:
-        if self._store is not None:
-            st, self._store = self._store, None
-            st.close()

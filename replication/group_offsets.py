@@ -153,6 +153,17 @@ class GroupOffsets:
         for t, p, o in rows:
             self._apply(("endpoint", group, t, p), o)
 
+    def remember(self, group: str, offsets: Iterable[tuple[str, int, GroupOffset]]) -> None:
+        """Apply ``endpoint`` commits another process made durable (a fleet's offsets
+        writer, replication/fleet/offsets.py)."""
+        for t, p, o in offsets:
+            self._apply(("endpoint", group, t, int(p)), o)
+
+    def reopen(self) -> None:
+        """Drop the writer: the next commit opens the store afresh (a fleet's writer that
+        takes over from another node)."""
+        self.close()
+
     def _open_writer(self) -> Store:
         if self._writer is None:
             try:

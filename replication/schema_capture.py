@@ -22,15 +22,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from kcompact.compaction import history
-from kcompact.reput import Store, StoreLockedError
-from kcompact.reput.record import RecordBatch
+from kcompact.reput import Store
 
 from .errors import ReplicationError
+from .internal_topic import LOCK_WAIT_S, InternalTopicWriter, read_records
 
 TOPIC = "__kcompact-schemas"
 FORMAT_VERSION = 1
-LOCK_WAIT_S = 10.0
 
 
 class SchemaCaptureError(ReplicationError):
@@ -153,39 +151,24 @@ def _merge(rows) -> KeptSchemas:
 def kept_schemas(store: Store, *, as_of_ms: int | None = None, allow_inexact: bool = False
                  ) -> KeptSchemas:
     """The schemas a store keeps, now or as captured at or before ``as_of_ms``."""
-    if TOPIC not in store.topics() or 0 not in store.partitions(TOPIC):
-        return KeptSchemas()
     where = f"{store.url} {TOPIC}-0"
-    if as_of_ms is None:
-        recs = store.iter_records(TOPIC, 0)
-    else:
-        history.check_exact([store.partition(TOPIC, 0)], as_of_ms, "the kept schemas",
-                            allow_inexact=allow_inexact)
-        recs = history.iter_as_of(store, TOPIC, 0, as_of_ms)
+    recs = read_records(store, TOPIC, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
+                        what="the kept schemas")
     return _merge(decode(r.key, r.value, f"{where}@{r.offset}") for r in recs)
 
 
-class SchemaCaptureWriter:
+class SchemaCaptureWriter(InternalTopicWriter):
     """Appends schemas and topics' ids to a store; knows what it keeps (read back when it
-    starts) so that nothing is written twice."""
+    starts, and again under the partition's lock before each append) so that nothing is
+    written twice."""
+
+    topic = TOPIC
 
     def __init__(self, url: str, writer: str, *, commitlog_dir: str | None = None,
                  lock_wait_s: float = LOCK_WAIT_S):
-        self.url, self.writer_id, self.commitlog_dir = url, writer, commitlog_dir
-        self.lock_wait_s = lock_wait_s
-        self._store: Store | None = None
+        super().__init__(url, writer, commitlog_dir=commitlog_dir, lock_wait_s=lock_wait_s,
+                         error=SchemaCaptureError, what="the schemas")
         self._kept: KeptSchemas | None = None
-
-    def store(self) -> Store:
-        if self._store is None:
-            try:
-                self._store = Store.open(self.url, writer=self.writer_id, create=True,
-                                         commitlog_dir=self.commitlog_dir)
-            except StoreLockedError:
-                raise SchemaCaptureError(f"{self.url}: the schema writer {self.writer_id} is "
-                                         "locked by another process") from None
-            self._store.release_partition(TOPIC, 0)
-        return self._store
 
     def kept(self) -> KeptSchemas:
         if self._kept is None:
@@ -196,53 +179,40 @@ class SchemaCaptureWriter:
              now_ms: int | None = None) -> int:
         """Append ``schemas`` not kept yet and, per topic, its ids and missing ids (added to
         what it keeps); returns the schemas appended. Durable when this returns."""
-        kept = self.kept()
-        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
-        recs: list[tuple[bytes, bytes]] = []
-        new = [s for s in schemas if s.id not in kept.schemas]
-        for s in new:
-            s = KeptSchema(s.id, s.schema, s.schema_type, s.references, s.subjects, now)
-            recs.append((_key("schema", s.id), _value(s.to_doc())))
-        updated: dict[str, TopicSchemas] = {}
-        for t, (ids, missing) in topics.items():
-            cur = kept.topics.get(t, TopicSchemas())
-            ts = TopicSchemas(cur.ids | set(ids), (cur.missing | set(missing)) - (
-                set(ids) - set(missing)), now)
-            updated[t] = ts
-            recs.append((_key("topic", t), _value({"ids": sorted(ts.ids),
-                                                   "missing": sorted(ts.missing),
-                                                   "captured_ms": now})))
-        if not recs:
+        schemas, topics = list(schemas), dict(topics)
+        if not schemas and not topics:
             return 0
-        st = self.store()
-        pl = self._partition(st)
-        try:
-            nxt = pl.next_offset
-            st.append(RecordBatch.from_records(TOPIC, [
-                (0, nxt + i, now, k, v) for i, (k, v) in enumerate(recs)]))
-            st.flush()
-        finally:
-            st.release_partition(TOPIC, 0)
+        now = int(time.time() * 1000) if now_ms is None else int(now_ms)
+        with self.locked() as append:
+            st = self.store()
+            # read again under the partition's lock: other writers (the Spark engine's tasks,
+            # one per topic-partition) may have kept schemas or a topic's ids since this
+            # writer last read them; what they kept is neither written twice nor lost
+            self._kept = kept = kept_schemas(st)
+            recs: list[tuple[bytes, bytes]] = []
+            new = [s for s in schemas if s.id not in kept.schemas]
+            for s in new:
+                s = KeptSchema(s.id, s.schema, s.schema_type, s.references, s.subjects, now)
+                recs.append((_key("schema", s.id), _value(s.to_doc())))
+            updated: dict[str, TopicSchemas] = {}
+            for t, (ids, missing) in topics.items():
+                cur = kept.topics.get(t, TopicSchemas())
+                ts = TopicSchemas(cur.ids | set(ids), (cur.missing | set(missing)) - (
+                    set(ids) - set(missing)), now)
+                if (ts.ids, ts.missing) == (cur.ids, cur.missing):
+                    continue
+                updated[t] = ts
+                recs.append((_key("topic", t), _value({"ids": sorted(ts.ids),
+                                                       "missing": sorted(ts.missing),
+                                                       "captured_ms": now})))
+            if not recs:
+                return 0
+            append(recs, now)
         for s in new:
-            kept.schemas[s.id] = s
+            kept.schemas[s.id] = KeptSchema(s.id, s.schema, s.schema_type, s.references,
+                                            s.subjects, now)
         kept.topics.update(updated)
         return len(new)
-
-    def _partition(self, st: Store):
-        deadline = time.monotonic() + self.lock_wait_s
-        while True:
-            try:
-                return st.writable_partition(TOPIC, 0)
-            except StoreLockedError:
-                if time.monotonic() > deadline:
-                    raise SchemaCaptureError(f"{self.url}: {TOPIC}-0 stayed locked by another "
-                                             f"process for {self.lock_wait_s:.0f} s") from None
-                time.sleep(0.02)
-
-    def close(self) -> None:
-        if self._store is not None:
-            st, self._store = self._store, None
-            st.close()
 
 
 __all__ = ["TOPIC", "KeptSchema", "KeptSchemas", "SchemaCaptureError", "SchemaCaptureWriter",

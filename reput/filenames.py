@@ -125,6 +125,13 @@ def journal_path(writer: str, seq: int) -> str:
     return f"{SHARED_DIR}/{writer}/{JOURNAL_DIR}/{base_name(seq)}{MANIFEST_SUFFIX}"
 
 
+def is_journal_entry(path: str) -> bool:
+    """Is ``path`` a shared upload journal entry (written once, by a conditional put)?"""
+    bits = path.split("/")
+    return (len(bits) == 4 and bits[0] == SHARED_DIR and bits[2] == JOURNAL_DIR
+            and _MANIFEST_RE.match(bits[3]) is not None)
+
+
 def manifest_dir(pdir: str) -> str:
     return f"{pdir}/{MANIFEST_DIR}"
 

@@ -40,7 +40,8 @@ import numpy as np
 from . import env as _env
 from . import filenames as fn
 from .backend import AppendFile, Backend, BackendError
-from .s3_cache import BlockCache, RequestStats, Spool, shared_cache, shared_spool
+from .s3_cache import (BlockCache, RequestStats, Spool, block_source, shared_cache,
+                       shared_spool)
 
 DEFAULT_GRACE_MS = _env.ENV["KCOMPACT_S3_GRACE_MS"].default
 MAX_PUT_BYTES = 5 << 30          # S3's single-PUT limit; a segment is < 4 GiB (bcq positions)
@@ -343,6 +344,11 @@ class S3Backend(Backend):
             with open(hit[0], "rb") as f:
                 f.seek(start)
                 return f.read() if length is None else f.read(length)
+        if length is None and not start and fn.is_journal_entry(path) \
+                and block_source() is not None:  # written once and small: one block
+            blk = self._block_miss(path, 0)
+            if len(blk) < self.cache.block_size:
+                return blk
         if length is None or not fn.is_immutable_object(path):
             return self._get(path, start, length)
         if length <= 0:
@@ -352,7 +358,7 @@ class S3Backend(Backend):
         end = start + length
         out = []
         for b in range(start // bs, (end - 1) // bs + 1):
-            blk = self.cache.get(ck, b, lambda b=b: self._get(path, b * bs, bs))
+            blk = self.cache.get(ck, b, lambda b=b: self._block_miss(path, b))
             lo = max(0, start - b * bs)
             hi = min(len(blk), end - b * bs)
             if lo >= len(blk):
@@ -361,6 +367,30 @@ class S3Backend(Backend):
             if len(blk) < bs:
                 break  # the object's last block
         return out[0] if len(out) == 1 else b"".join(out)
+
+    def _block_miss(self, path: str, b: int) -> bytes:
+        """Block ``b`` of an immutable object not in the cache: through the block source when
+        one is installed (s3_cache.set_block_source), else one GET."""
+        bs = self.cache.block_size
+        src = block_source()
+        if src is None:
+            return self._get(path, b * bs, bs)
+        return src.fetch(self, path, b, lambda: self._get(path, b * bs, bs))
+
+    def read_block(self, path: str, b: int) -> bytes:
+        """Block ``b`` of the immutable object ``path`` from the spool, the cache or one GET,
+        never through the block source (how a fleet's owner node answers for its blocks)."""
+        bs = self.cache.block_size
+        hit = self._spooled(path)
+        if hit is not None:
+            with open(hit[0], "rb") as f:
+                f.seek(b * bs)
+                return f.read(bs)
+        return self.cache.get(self._cache_key(path), b, lambda: self._get(path, b * bs, bs))
+
+    def has_block(self, path: str, b: int) -> bool:
+        """Whether ``read_block(path, b)`` would send no request."""
+        return self._spooled(path) is not None or self.cache.has(self._cache_key(path), b)
 
     def open_read(self, path, start=0):
         hit = self._spooled(path)
@@ -379,6 +409,9 @@ class S3Backend(Backend):
         return _ObjectStream(r["Body"], lambda n: self.stats.count("", down=n), path)
 
     def _download(self, path: str) -> Callable[[str], int]:
+        if block_source() is not None:
+            return self._download_blocks(path)
+
         def run(dst: str) -> int:
             r = self._call("GetObject", path, self.client.get_object, Key=self._key(path))
             body = r["Body"]
@@ -399,6 +432,20 @@ class S3Backend(Backend):
                 body.close()
             self.stats.count("", down=n)
             return n
+        return run
+
+    def _download_blocks(self, path: str) -> Callable[[str], int]:
+        """``_download`` block by block through the block source (a fleet's owner nodes)."""
+        def run(dst: str) -> int:
+            bs, n, b = self.cache.block_size, 0, 0
+            with open(dst, "wb") as f:
+                while True:
+                    blk = self._block_miss(path, b)
+                    f.write(blk)
+                    n += len(blk)
+                    if len(blk) < bs:
+                        return n
+                    b += 1
         return run
 
     def map(self, path, size=None):

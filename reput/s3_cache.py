@@ -6,6 +6,8 @@
 * ``Spool``: whole immutable objects (``.bcq`` indexes, segments this process uploaded) as local
   files in a per-process temporary directory, LRU-bounded on disk (``KCOMPACT_S3_SPOOL_MB``,
   default 4096); directories of dead processes are swept on first use.
+* ``set_block_source``: a hook through which a block cache miss on an immutable object is
+  fetched from elsewhere first (a fleet's owner node, replication/fleet/), never S3 directly.
 
 Spec: docs/formats/manifest.md (reads). Nothing here talks to S3: the backend passes a fetch or
 download function in.
@@ -127,6 +129,11 @@ class BlockCache:
                     self.evictions += 1
         fut.set_result(data)
         return data
+
+    def has(self, key: str, block: int) -> bool:
+        """Whether the block is cached (no fetch would be sent now)."""
+        with self._lock:
+            return (key, block) in self._lru
 
     def clear(self) -> None:
         with self._lock:
@@ -279,6 +286,34 @@ class Spool:
                 except OSError:
                     pass
         return path, size
+
+
+# ---------------------------------------------------------------------------------------------
+# the block source hook
+
+
+class BlockSource:
+    """Where a miss of an immutable object's block is fetched: ``fetch(backend, path, block,
+    from_s3)`` returns block ``block`` of ``path`` (the store-relative name) of ``backend``;
+    ``from_s3()`` is the one GET the backend would send itself. The default sends it. A fleet
+    (replication/fleet/) installs one that asks the block's owner node. Also asked for block
+    0 of a journal entry (small, written once; not kept in the block cache of the reader);
+    FileNotFoundError when the object does not exist."""
+
+    def fetch(self, backend, path: str, block: int, from_s3: Callable[[], bytes]) -> bytes:
+        return from_s3()
+
+
+_source: list[BlockSource | None] = [None]
+
+
+def set_block_source(source: BlockSource | None) -> None:
+    """Install ``source`` for every S3 backend of this process (None: S3 directly)."""
+    _source[0] = source
+
+
+def block_source() -> BlockSource | None:
+    return _source[0]
 
 
 _shared_lock = threading.Lock()

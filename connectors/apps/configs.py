@@ -38,6 +38,8 @@ class ConfigsOptions:
     add_config: str | None = None     # "k=v[,k=v]" (a value with commas in [brackets])
     delete_config: str | None = None  # "k[,k]"
     json: bool = False
+    as_of_ms: int | None = None       # --describe --as-of: the synced values as of then
+    allow_inexact: bool = False
 
 
 def split_top_level(text: str) -> list[str]:
@@ -85,11 +87,20 @@ def parse_delete_config(text: str) -> list[str]:
     return keys
 
 
-def describe_doc(store: Store, topic: str) -> dict:
-    """``--describe --json``: the effective configs of ``topic`` and where each comes from."""
-    ly = store.topic_config_layers(topic)
+def describe_doc(store: Store, topic: str, as_of_ms: int | None = None,
+                 allow_inexact: bool = False) -> dict:
+    """``--describe --json``: the effective configs of ``topic`` and where each comes from;
+    ``as_of_ms``: with the values synced from the source as they were then (the store's config
+    history, replication/config_capture.py; local overrides as they are now)."""
+    extra: dict = {}
+    if as_of_ms is None:
+        ly = store.topic_config_layers(topic)
+    else:
+        from kcompact.replication.config_capture import layers_as_of
+        ly, source = layers_as_of(store, topic, as_of_ms, allow_inexact=allow_inexact)
+        extra = {"as_of_ms": as_of_ms, "as_of_source": source}
     return {"store": store.url, "topic": topic, "synced_ms": ly.synced_ms,
-            "synced_from": ly.synced_from,
+            "synced_from": ly.synced_from, **extra,
             "configs": [e.to_dict() for e in ly.describe(store.meta.defaults)]}
 
 
@@ -103,6 +114,12 @@ def _print_describe(doc: dict) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(doc["synced_ms"] / 1000))
         src = origin if origin.startswith(MASTER_ORIGIN) else f"Kafka {origin}"
         when = f" (synced from {src} {stamp})".replace("  ", " ")
+    if "as_of_ms" in doc:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(doc["as_of_ms"] / 1000))
+        when += f" as of {stamp}" + {
+            "defaults": " (none synced then)",
+            "current": " (the store keeps no config history of it: current values)",
+        }.get(doc["as_of_source"], "")
     print(f"Configs for topic {doc['topic']} in store {doc['store']}{when}:")
     width = max(len(f"{c['name']}={c['value']}") for c in doc["configs"])
     for c in doc["configs"]:
@@ -114,6 +131,8 @@ def _print_describe(doc: dict) -> None:
 def run_configs(opts: ConfigsOptions) -> int:
     if opts.describe == opts.alter:
         raise ConfigError("configs: give --describe or --alter")
+    if opts.as_of_ms is not None and not opts.describe:
+        raise ConfigError("--as-of goes with --describe (an --alter changes today's overrides)")
     if opts.describe and (opts.add_config or opts.delete_config):
         raise ConfigError("--add-config and --delete-config go with --alter, not --describe")
     if opts.alter and not (opts.add_config or opts.delete_config):
@@ -129,7 +148,7 @@ def run_configs(opts: ConfigsOptions) -> int:
             if opts.topic not in known:
                 raise ConnectorsError(f"topic {opts.topic!r} is not in store {store.url}; "
                                       "topics: " + (", ".join(known) or "(none)"))
-            doc = describe_doc(store, opts.topic)
+            doc = describe_doc(store, opts.topic, opts.as_of_ms, opts.allow_inexact)
             print_json(doc) if opts.json else _print_describe(doc)
             return 0
         before = store.topic_config_layers(opts.topic)

@@ -281,9 +281,6 @@ def run_mirror(opts: MirrorOptions) -> int:
     """``kcompact mirror``: the engine ``opts`` names (or the default one), then the exit code."""
     engine = opts.engine or ("local" if opts.follow or opts.schema_registry else "spark")
     if engine == "spark":
-        if opts.schema_registry:
-            raise ConfigError("--schema-registry needs --engine local: the Spark engine does "
-                              "not keep the records' schemas")
         if opts.follow:
             raise ConfigError("--follow needs --engine local: the Spark engine runs batch mirrors "
                               "(to the end offsets seen at start)")

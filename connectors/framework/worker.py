@@ -21,7 +21,8 @@ from kcompact.reput.gcmode import bulk_gc
 
 from ..errors import ConfigError, ConnectorsError
 from .api import SinkConnector, SourceConnector, TaskFailedError, TopicPartition
-from .config import ConfigDef, Importance, Type, at_least, between, load_class, non_empty
+from .config import (ConfigDef, Importance, Type, at_least, between, load_class, non_empty,
+                     one_of)
 from .converters import Converter, make_converter
 from .errors_handling import ERRORS_CONFIG, DeadLetterQueue, ErrorHandler
 from .kafka_clients import (SINK_CONSUMER_DEFAULTS, SINK_CONSUMER_REQUIRED, KafkaSettings,
@@ -57,12 +58,47 @@ WORKER_CONFIG = (
             "How long a task's brokers may stay unreachable before /healthz answers 503.")
     .define("startup.timeout.ms", Type.LONG, 10_000, at_least(100), Importance.LOW,
             "How long to wait for the brokers' metadata at start before giving up.")
-    .define("listeners", Type.STRING, "", None, Importance.MEDIUM,
+    .define("listeners", Type.STRING, "http://127.0.0.1:8083", None, Importance.MEDIUM,
             "`kcompact connect standalone`: the URL where Kafka Connect's REST API is served, "
-            "http://HOST:PORT (Apache Connect's key; port 0 picks a free one), e.g. "
-            "http://127.0.0.1:8083. Empty = no API: the worker runs the files' connectors "
-            "until they finish, as before. With it, the worker runs until stopped. An address "
-            "other than loopback needs rest.basic.auth.users.file.")
+            "http://HOST:PORT or https://HOST:PORT (Apache Connect's key; port 0 picks a free "
+            "one). Empty = no API. The default's port already taken is one warning line (the "
+            "worker runs without the API); a port given here taken is an error. An address "
+            "other than loopback needs rest.basic.auth.users.file or "
+            "listeners.https.ssl.client.auth=required.")
+    .define("exit.when.finished", Type.BOOLEAN, True, None, Importance.MEDIUM,
+            "`kcompact connect standalone` with connector files: true = the worker exits once "
+            "no connector has work left (each task ended by itself: a sink with follow=false at "
+            "its end offsets), and a task of a file's connector that fails ends it (exit 1); "
+            "false = it runs until SIGTERM/SIGINT, as Apache's standalone worker, a failed task "
+            "staying FAILED until restarted through the REST API. Without connector files the "
+            "worker always runs until stopped.")
+    .define("listeners.https.ssl.keystore.location", Type.STRING, "", None, Importance.MEDIUM,
+            "https listeners: the server's key and certificate chain, a PEM file (key and "
+            "certificates) or a PKCS12 file (connect_rest/tls.py; a JKS one is refused: "
+            "convert it with keytool -importkeystore -deststoretype PKCS12).")
+    .define("listeners.https.ssl.keystore.type", Type.STRING, "", None, Importance.LOW,
+            "PEM or PKCS12 (JKS: refused); empty = told from the file.")
+    .define("listeners.https.ssl.keystore.password", Type.PASSWORD, "", None, Importance.LOW,
+            "The PKCS12 keystore's password.")
+    .define("listeners.https.ssl.key.password", Type.PASSWORD, "", None, Importance.LOW,
+            "The password of the PEM keystore's encrypted private key.")
+    .define("listeners.https.ssl.keystore.certificate.chain", Type.PASSWORD, "", None,
+            Importance.LOW, "Instead of a keystore file: the certificate chain, PEM text.")
+    .define("listeners.https.ssl.keystore.key", Type.PASSWORD, "", None, Importance.LOW,
+            "Instead of a keystore file: the private key, PEM text.")
+    .define("listeners.https.ssl.truststore.location", Type.STRING, "", None, Importance.LOW,
+            "The CA certificates client certificates are checked against: PEM or PKCS12.")
+    .define("listeners.https.ssl.truststore.type", Type.STRING, "", None, Importance.LOW,
+            "PEM or PKCS12 (JKS: refused); empty = told from the file.")
+    .define("listeners.https.ssl.truststore.password", Type.PASSWORD, "", None, Importance.LOW,
+            "The PKCS12 truststore's password.")
+    .define("listeners.https.ssl.truststore.certificates", Type.PASSWORD, "", None,
+            Importance.LOW, "Instead of a truststore file: the CA certificates, PEM text.")
+    .define("listeners.https.ssl.client.auth", Type.STRING, "none",
+            one_of("none", "requested", "required"), Importance.MEDIUM,
+            "https listeners: none, requested (a client certificate given is checked), or "
+            "required (every client must present one the truststore signed; then an address "
+            "other than loopback needs no users file).")
     .define("rest.basic.auth.users.file", Type.STRING, "", None, Importance.MEDIUM,
             "The REST API's users: a file of USER:HASH lines (hashed passwords: "
             "python -m kcompact.connectors.apps.connect_rest.auth USER prints one); every "
@@ -500,11 +536,15 @@ class Worker:
                     pass
         for r in self.runners:
             if r.failure is not None:
-                e = r.failure
-                if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
-                    raise e
-                from kcompact.reput import ReputError
-                if isinstance(e, (ReputError, OSError)):
-                    raise TaskFailedError(f"task {r.metrics.name}: {e}") from e
-                raise TaskFailedError(f"task {r.metrics.name} failed: {type(e).__name__}: {e}"
-                                      ) from e
+                raise_task_failure(r)
+
+
+def raise_task_failure(runner: Any) -> None:
+    """Raise a failed task runner's ``failure`` as the one line a command reports."""
+    e = runner.failure
+    if isinstance(e, (ConnectorsError, KeyboardInterrupt)):
+        raise e
+    from kcompact.reput import ReputError
+    if isinstance(e, (ReputError, OSError)):
+        raise TaskFailedError(f"task {runner.metrics.name}: {e}") from e
+    raise TaskFailedError(f"task {runner.metrics.name} failed: {type(e).__name__}: {e}") from e

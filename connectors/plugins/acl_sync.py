@@ -21,12 +21,11 @@ failure (a capture never fails a mirror: the next one tries again).
 
 from __future__ import annotations
 
-import sys
-import threading
 from typing import Any, Iterable, Mapping, TextIO
 
 from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_text, kafka_logger,
                                         short_lived)
+from .periodic_capture import PeriodicCapture
 
 #: MirrorMaker 2's default sync.topic.acls.interval.ms: ten minutes
 DEFAULT_INTERVAL_MS = 600_000
@@ -139,69 +138,30 @@ def capture_once(bootstrap: str, kafka_conf: Mapping[str, Any], topics: Iterable
         return None
 
 
-class SinkAclSync:
+class SinkAclSync(PeriodicCapture):
     """The store sink's capture of the source's ACLs (module docstring). Tasks call
-    :meth:`opened` with the topics they open; a thread captures every interval while
-    following; :meth:`stop` captures once more and closes the writer."""
+    :meth:`opened` with the topics they open (a topic new to the mirror is captured then); a
+    thread captures every interval while following; :meth:`stop` captures once more and
+    closes the writer."""
+
+    thread_name = "acl-sync"
+    every_new_topic = True
 
     def __init__(self, store_url: str, kafka_conf: Mapping[str, Any], *, writer: str,
                  follow: bool, interval_ms: int = DEFAULT_INTERVAL_MS,
                  commitlog_dir: str | None = None, out: TextIO | None = None,
                  prefix: str = "connect"):
         from kcompact.replication.acl_capture import AclCaptureWriter
-        self.kafka_conf = dict(kafka_conf)
-        self.bootstrap = str(self.kafka_conf.get("bootstrap.servers", ""))
-        self.follow, self.interval = follow, max(1.0, interval_ms / 1000)
+        super().__init__(kafka_conf, follow=follow, interval_ms=interval_ms, out=out,
+                         prefix=prefix)
         self.writer = AclCaptureWriter(store_url, writer, commitlog_dir=commitlog_dir)
-        self.out = out if out is not None else sys.stderr
-        self.prefix = prefix
-        self.topics: set[str] = set()
-        self.captures = 0
         self.kept = 0           # bindings added over the captures
-        self._warned: set[str] = set()
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def _warn(self, msg: str) -> None:
-        if msg not in self._warned:  # one line per distinct reason
-            self._warned.add(msg)
-            print(f"{self.prefix}: warning: {msg}", file=self.out, flush=True)
+    def capture_once(self, topics: set[str]) -> tuple[int, int] | None:
+        return capture_once(self.bootstrap, self.kafka_conf, topics, self.writer, self._warn)
 
-    def capture(self) -> None:
-        with self._lock:
-            n = capture_once(self.bootstrap, self.kafka_conf, set(self.topics), self.writer,
-                             self._warn)
-        if n is not None:
-            self.captures += 1
-            self.kept += n[0]
-
-    def opened(self, topics: Iterable[str]) -> None:
-        """A task opened ``topics``: a topic new to this mirror is captured now."""
-        with self._lock:
-            new = set(topics) - self.topics
-            self.topics.update(new)
-        if new:
-            self.capture()
-        if self.follow and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="acl-sync", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.capture()
-
-    def stop(self) -> None:
-        """The last capture (the mirror's end), then the writer is closed."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
-            self._thread = None
-        try:
-            if self.topics:
-                self.capture()
-        finally:
-            self.writer.close()
+    def counted(self, result: tuple[int, int]) -> None:
+        self.kept += result[0]
 
 
 __all__ = ["DEFAULT_INTERVAL_MS", "SinkAclSync", "binding_of", "capture_once", "describe_all",

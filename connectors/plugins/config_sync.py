@@ -151,10 +151,13 @@ def describe_topics(bootstrap: str, topics: Iterable[str], kafka_config: Mapping
 def sync_configs(bootstrap: str, topics: Iterable[str], store_url: str,
                  kafka_config: Mapping[str, str], *, timeout: float = 10.0,
                  commitlog_dir: str | None = None, out: TextIO | None = None,
-                 prefix: str = "mirror") -> dict[str, TopicConfig]:
+                 prefix: str = "mirror", history: Any = None,
+                 writer: str | None = None) -> dict[str, TopicConfig]:
     """Read the topics' configs from Kafka and store them as synced configs (module
     docstring); returns the effective config of each topic synced. Never raises for Kafka's
-    sake: a refusal is a warning on ``out``."""
+    sake: a refusal is a warning on ``out``. The values synced are also kept in the store's
+    config history (replication/config_capture.py) when they changed: by ``history`` (a
+    ConfigCaptureWriter), or by one opened for this call with writer id ``writer``."""
     out = out if out is not None else sys.stderr
 
     def warn(msg: str, kind: str = "warning") -> None:
@@ -164,18 +167,42 @@ def sync_configs(bootstrap: str, topics: Iterable[str], store_url: str,
     if not found:
         return {}
     done = {}
+    since: dict[str, int | None] = {}
     with Store.open(store_url, commitlog_dir=commitlog_dir) as store:
         for topic, values in found.items():
             before = store.topic_config_layers(topic)
             done[topic] = store.sync_topic_config(topic, values, origin=bootstrap)
             after = store.topic_config_layers(topic)
+            since[topic] = after.synced_ms
             if after.synced != before.synced:
                 shown = ", ".join(f"{k}={v}" for k, v in sorted(after.synced.items()))
                 hidden = sorted(set(after.synced) & set(after.overrides))
                 print(f"{prefix}: {topic}: configs synced from Kafka: {shown or '(none set)'}"
                       + (f" (local overrides win for {', '.join(hidden)})" if hidden else ""),
                       file=out, flush=True)
+    if history is not None or writer:
+        _keep_history(found, since, bootstrap, store_url, commitlog_dir, history, writer, warn)
     return done
+
+
+def _keep_history(found: Mapping[str, Mapping[str, str]], since: Mapping[str, int | None],
+                  origin: str, store_url: str,
+                  commitlog_dir: str | None, history: Any, writer: str | None,
+                  warn: Callable[..., None]) -> None:
+    """The synced values into the config history; a failure is a warning (the next sync
+    tries again), never the mirror's."""
+    from kcompact.replication.config_capture import ConfigCaptureWriter
+    own = history is None
+    try:
+        if own:
+            history = ConfigCaptureWriter(store_url, str(writer), commitlog_dir=commitlog_dir)
+        history.keep(found, origin, since)
+    except Exception as e:  # noqa: BLE001 - ConfigCaptureError, OSError, ReputError...
+        warn(f"the synced configs' history was not kept ({e}); `configs --as-of` and `restore "
+             "--as-of` use the current values for what is missing; the next sync tries again")
+    finally:
+        if own and history is not None:
+            history.close()
 
 
 class ConfigFollower:
@@ -186,12 +213,14 @@ class ConfigFollower:
     def __init__(self, bootstrap: str, topics: Callable[[], Iterable[str]], store_url: str,
                  kafka_config: Mapping[str, str], *, out: TextIO,
                  on_synced: Callable[[], None], sync: bool = True,
-                 clock: Callable[[], float] = time.monotonic, prefix: str = "mirror"):
+                 clock: Callable[[], float] = time.monotonic, prefix: str = "mirror",
+                 history: Any = None):
         self.bootstrap, self.topics, self.store_url = bootstrap, topics, store_url
         self.sync = sync  # False (--no-sync-configs): only local overrides are picked up
         self.kafka_config, self.out, self.on_synced = dict(kafka_config), out, on_synced
         self.interval = refresh_interval_ms(kafka_config) / 1000
         self.clock, self.prefix = clock, prefix
+        self.history = history  # a ConfigCaptureWriter: the synced values' history
         self.last = clock()
 
     def __call__(self, *_: Any) -> None:
@@ -202,7 +231,7 @@ class ConfigFollower:
         try:
             if self.sync:
                 sync_configs(self.bootstrap, list(self.topics()), self.store_url, self.kafka_config,
-                             out=self.out, prefix=self.prefix)
+                             out=self.out, prefix=self.prefix, history=self.history)
         except Exception as e:  # noqa: BLE001 - a sync never stops a following mirror
             print(f"{self.prefix}: warning: config sync failed ({e}); trying again in "
                   f"{self.interval:.0f} s", file=self.out, flush=True)
@@ -223,8 +252,12 @@ class SinkConfigSync:
 
     def __init__(self, store_url: str, kafka_conf: Mapping[str, Any], *, follow: bool,
                  commitlog_dir: str | None = None, out: TextIO | None = None,
-                 prefix: str = "connect"):
+                 prefix: str = "connect", writer: str | None = None):
         self.store_url, self.commitlog_dir = store_url, commitlog_dir
+        self.history = None  # the synced values' history (replication/config_capture.py)
+        if writer:
+            from kcompact.replication.config_capture import ConfigCaptureWriter
+            self.history = ConfigCaptureWriter(store_url, writer, commitlog_dir=commitlog_dir)
         self.kafka_conf = dict(kafka_conf)
         self.bootstrap = str(self.kafka_conf.get("bootstrap.servers", ""))
         self.follow, self.prefix = follow, prefix
@@ -244,7 +277,8 @@ class SinkConfigSync:
             self.topics.update(new)
             if new:
                 sync_configs(self.bootstrap, new, self.store_url, self.kafka_conf,
-                             commitlog_dir=self.commitlog_dir, out=self.out, prefix=self.prefix)
+                             commitlog_dir=self.commitlog_dir, out=self.out, prefix=self.prefix,
+                             history=self.history)
                 store.reload_topic_configs()
             if self.follow and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="config-sync",
@@ -270,7 +304,8 @@ class SinkConfigSync:
                 except Exception:  # noqa: BLE001 - a closed store: its task ended
                     pass
         follower = ConfigFollower(self.bootstrap, live, self.store_url, self.kafka_conf,
-                                  out=self.out, on_synced=reload, prefix=self.prefix)
+                                  out=self.out, on_synced=reload, prefix=self.prefix,
+                                  history=self.history)
         while not self._stop.wait(min(1.0, follower.interval)):
             follower()
 
@@ -279,6 +314,8 @@ class SinkConfigSync:
         if self._thread is not None:
             self._thread.join(30)
             self._thread = None
+        if self.history is not None:
+            self.history.close()
 
 
 __all__ = ["SYNCED_KEYS", "ConfigFollower", "SinkConfigSync", "describe_topics",

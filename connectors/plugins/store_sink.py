@@ -174,9 +174,10 @@ class StoreSinkConnector(SinkConnector):
         self.only = _partition_numbers(props.get("store.partitions") or [])
         _refuse_foreign_directory(props["store.url"])
         if props.get("sync.topic.configs.enabled", True) and self.kafka_conf:
-            self.config_sync = SinkConfigSync(props["store.url"], self.kafka_conf,
-                                              follow=props.get("follow", True) is not False,
-                                              commitlog_dir=props.get("store.commitlog.dir"))
+            self.config_sync = SinkConfigSync(
+                props["store.url"], self.kafka_conf, follow=props.get("follow", True) is not False,
+                commitlog_dir=props.get("store.commitlog.dir"),
+                writer=f"{props.get('store.writer') or 'connect'}-configs")
         self.group_sync = None
         if props.get("sync.group.offsets.enabled", True) and self.kafka_conf:
             import re

@@ -39,6 +39,7 @@ class KafkaEndpointOptions:
     acls_file: str | None = None        # kafka-acls --list output (authorize.py)
     acls_from_store: bool = False       # the ACLs mirror captured
     allow_everyone_if_no_acl_found: bool = False
+    fleet: object | None = None         # replication.fleet.FleetOptions: a node of a fleet
 
     def check(self) -> tuple[str, int]:
         """(host, port); a ReplicationError saying what to do when the options do not fit."""
@@ -54,6 +55,8 @@ class KafkaEndpointOptions:
                                    "--tls-cert and --tls-key")
         if self.acls_file and self.acls_from_store:
             raise ReplicationError("--acls-file and --acls-from-store: give one of them")
+        if self.fleet is not None:
+            self.fleet.check()
         return host, port
 
 
@@ -105,19 +108,40 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
         if n:
             log.info("read %d group offset records from the store", n)
 
+        fleet, kept = None, offsets
+        if opts.fleet is not None:
+            from ..fleet import Fleet
+            from ..fleet.offsets import FleetOffsets
+            fleet = Fleet(opts.fleet, view.store.meta.store_id, view.store.fs, log,
+                          tls_cert=opts.tls_cert)
+            kept = FleetOffsets(offsets, fleet, view.store.fs, log)
+            fleet.on_commit = kept.write
+
         def coordinator(ep: Endpoint) -> Coordinator:
-            return Coordinator(offsets, ep.run, log, view.has)
+            return Coordinator(kept, ep.run, log, view.has)
 
         ep = Endpoint(view, coordinator, token=token, limits=opts.limits, log=log,
                       ssl_context=ctx, users=users, acls=acls)
         if ops is not None:
             ops.add(ep.collect)
         try:
+            if fleet is not None:
+                ep.fleet = fleet
+                peer_host, peer_port = await fleet.start(tls_context(opts.tls_cert,
+                                                                     opts.tls_key))
+                print(f"fleet node {fleet.node_id} peer listener on {peer_host}:{peer_port}",
+                      flush=True)
+                if ops is not None:
+                    ops.add(fleet.collect)
+                    ops.check(fleet.health)
             try:
                 bound_host, bound = await ep.start(host, port)
             except OSError as e:
                 raise ReplicationError(f"cannot listen on --kafka-listen {opts.listen}: "
                                        f"{e.strerror or e}") from None
+            if fleet is not None:
+                from .server import WILDCARDS
+                fleet.set_kafka("" if bound_host in WILDCARDS else bound_host, bound)
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             print(f"kafka endpoint listening on {shown}:{bound}", flush=True)
             if ready is not None:
@@ -125,6 +149,8 @@ async def run_kafka_endpoint(store_url: str, opts: KafkaEndpointOptions, *,
             await serve_until(stop, lambda ev: ev.wait())
         finally:
             await ep.close()
+            if fleet is not None:
+                await fleet.close()
     finally:
         offsets.close()
         view.close()

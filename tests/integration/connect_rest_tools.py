@@ -50,14 +50,14 @@ class Lines(io.TextIOBase):
                              f"{self.text()[-3000:]}")
 
 
-def request(url: str, method: str = "GET", body: Any = None, headers: dict | None = None
-            ) -> tuple[int, Any]:
+def request(url: str, method: str = "GET", body: Any = None, headers: dict | None = None,
+            context: Any = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json",
                                           "Accept": "application/json", **(headers or {})})
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=60, context=context) as resp:
             raw, status = resp.read(), resp.status
     except urllib.error.HTTPError as e:
         raw, status = e.read(), e.code
@@ -107,7 +107,7 @@ class KcompactConnect:
         self.thread.start()
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
-            m = re.search(r"REST API on (http://\S+)", self.out.text())
+            m = re.search(r"REST API on (https?://\S+)", self.out.text())
             if m:
                 self.url = m.group(1)
                 return self
@@ -181,17 +181,19 @@ log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
 class ApacheConnect:
     """``org.apache.kafka.connect.cli.ConnectStandalone`` on 127.0.0.1, a free port."""
 
-    def __init__(self, tmp: Path, bootstrap: str):
+    def __init__(self, tmp: Path, bootstrap: str, extra: dict[str, str] | None = None,
+                 scheme: str = "http", context: Any = None):
         from kcompact.connectors.devtools.broker import _free_port
         self.tmp = tmp
         self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self.context = context  # the probe's TLS context (https)
         (tmp / "log4j.properties").write_text(_LOG4J)
         props = {"bootstrap.servers": bootstrap, "listeners": self.url,
                  "key.converter": "org.apache.kafka.connect.storage.StringConverter",
                  "value.converter": "org.apache.kafka.connect.storage.StringConverter",
                  "offset.storage.file.filename": str(tmp / "offsets"),
-                 "offset.flush.interval.ms": "500"}
+                 "offset.flush.interval.ms": "500", **(extra or {})}
         (tmp / "worker.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         self.proc: subprocess.Popen | None = None
 
@@ -211,7 +213,7 @@ class ApacheConnect:
                 raise AssertionError(f"Apache Connect exited {self.proc.returncode}:\n"
                                      f"{self.log_tail()}")
             try:
-                status, doc = request(self.url + "/")
+                status, doc = request(self.url + "/", context=self.context)
                 if status == 200 and isinstance(doc, dict) and "version" in doc:
                     return self
             except OSError:

@@ -251,6 +251,160 @@ def test_rest_api_answers_as_apache_connect(apache_connect, oracle_broker, tmp_p
         assert dict((label, d) for label, _s, d in seq)["validate good"]["error_count"] == 0
 
 
+def _source_sequence(base: str, name: str, config: dict[str, str], ready) -> list:
+    """KIP-875 on a source connector: (step, status, body) of each request."""
+    out: list = []
+
+    def step(label: str, method: str, path: str, body=None):
+        status, doc = request(base + path, method, body)
+        out.append((label, status, doc))
+        return status, doc
+
+    step("create", "POST", "/connectors", {"name": name, "config": config})
+    wait_until(lambda: ready(request(f"{base}/connectors/{name}/offsets")[1]),
+               f"{name}'s first offsets")
+    step("offsets running", "GET", f"/connectors/{name}/offsets")
+    step("patch running", "PATCH", f"/connectors/{name}/offsets", {"offsets": []})
+    step("delete running", "DELETE", f"/connectors/{name}/offsets")
+    step("stop", "PUT", f"/connectors/{name}/stop")
+    _wait_state(base, name, "STOPPED/", "stopped")
+    _s, doc = step("offsets stopped", "GET", f"/connectors/{name}/offsets")
+    entry = doc["offsets"][0]
+    step("patch empty", "PATCH", f"/connectors/{name}/offsets", {"offsets": []})
+    step("patch", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": {k: 1 for k in entry["offset"]}}]})
+    step("offsets patched", "GET", f"/connectors/{name}/offsets")
+    step("patch to null", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": None}]})
+    step("offsets nulled", "GET", f"/connectors/{name}/offsets")
+    step("patch back", "PATCH", f"/connectors/{name}/offsets", {"offsets": [
+        {"partition": entry["partition"], "offset": {k: 2 for k in entry["offset"]}}]})
+    step("delete", "DELETE", f"/connectors/{name}/offsets")
+    step("offsets reset", "GET", f"/connectors/{name}/offsets")
+    step("delete missing", "DELETE", "/connectors/no-such-connector/offsets")
+    step("delete connector", "DELETE", f"/connectors/{name}")
+    return out
+
+
+def _source_offsets_shape(doc):
+    """A source partition and offset are maps of the connector's own keys."""
+    if isinstance(doc, dict) and isinstance(doc.get("offsets"), list):
+        return {"offsets": [{k: ({"*": sorted({type(x).__name__ for x in v.values()})}
+                                 if isinstance(v, dict) else v) for k, v in e.items()}
+                            for e in doc["offsets"]]}
+    return doc
+
+
+def test_source_offsets_answer_as_apache_connect(apache_connect, oracle_broker, tmp_path):
+    """KIP-875 on a source connector, Apache's FileStreamSource beside kcompact's store source:
+    the same status codes and shapes, and the positions moved as asked."""
+    topic = _topic(oracle_broker, f"connect-rest-src-{os.getpid()}")
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"line {i}\n" for i in range(10)))
+    apache = _source_sequence(
+        apache_connect.url, "oracle-source",
+        {"connector.class": "org.apache.kafka.connect.file.FileStreamSourceConnector",
+         "tasks.max": "1", "topic": f"{topic}-file", "file": str(lines)},
+        lambda d: bool(d and d.get("offsets")))
+    _produce(oracle_broker, topic, 0, 10)
+    store = str(tmp_path / "store")
+    (tmp_path / "k").mkdir()
+    with KcompactConnect(tmp_path / "k", oracle_broker) as k:
+        _create(k.url, "copy", {"connector.class": "StoreSinkConnector", "topics": topic,
+                                "store.url": store, "follow": "false"})
+        wait_until(lambda: len(_store_records(store, topic)) == 10, "stored")
+        ours = _source_sequence(
+            k.url, "oracle-source",
+            {"connector.class": "StoreSourceConnector", "store.url": store,
+             "store.topic": topic, "topic": f"{topic}-restored", "mode": "all"},
+            lambda d: bool(d and d.get("offsets")))
+    problems = []
+    for (label, a_status, a_doc), (_, k_status, k_doc) in zip(apache, ours):
+        if a_status != k_status:
+            problems.append(f"{label}: status {a_status} (Apache) vs {k_status} (kcompact): "
+                            f"{json.dumps(a_doc)[:300]} / {json.dumps(k_doc)[:300]}")
+            continue
+        diff = differences(shape(_configs(_source_offsets_shape(a_doc))),
+                           shape(_configs(_source_offsets_shape(k_doc))))
+        if diff:
+            problems.append(f"{label}: {'; '.join(diff)}")
+    assert not problems, "\n".join(problems)
+    for seq in (apache, ours):
+        docs = {label: d for label, _s, d in seq}
+        assert [e["offset"] for e in docs["offsets patched"]["offsets"]] == [
+            {k: 1 for k in docs["offsets stopped"]["offsets"][0]["offset"]}], seq
+        assert docs["offsets reset"] == {"offsets": []}, seq
+        assert docs["patch"] == {"message": "The offsets for this connector have been altered "
+                                            "successfully"}, seq
+        assert docs["delete"] == {"message": "The offsets for this connector have been reset "
+                                             "successfully"}, seq
+
+
+def _tls_attempt(url: str, ca: str, cert: str | None):
+    """(status, body) of GET ``url`` with a client trusting ``ca`` and presenting ``cert``, or
+    the name of the error the TLS handshake ended in."""
+    import ssl
+    import urllib.error
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert)
+    try:
+        return request(url, context=ctx)
+    except (ssl.SSLError, urllib.error.URLError, ConnectionError) as e:
+        return "refused", type(e).__name__
+
+
+def test_https_client_auth_as_apache_connect(oracle_broker, tmp_path):
+    """The same https listener with required client certificates on Apache's worker and on
+    kcompact's (a PKCS12 keystore, and a truststore made by keytool): a client with the CA's
+    certificate is answered alike, one without a certificate or with another CA's is refused
+    by both."""
+    import shutil
+    why = connect_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    if shutil.which("keytool") is None:
+        pytest.skip("the truststore is made with Java's keytool, not on PATH")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from _tls_certs import make_certs
+    c = make_certs(tmp_path)
+    trust = str(tmp_path / "trust-keytool.p12")
+    subprocess.run(["keytool", "-importcert", "-noprompt", "-alias", "ca", "-file",
+                    c["ca.pem"], "-keystore", trust, "-storetype", "PKCS12",
+                    "-storepass", "trustpw"], check=True, capture_output=True, timeout=120)
+    tls = {"listeners.https.ssl.keystore.location": c["server.p12"],
+           "listeners.https.ssl.keystore.type": "PKCS12",
+           "listeners.https.ssl.keystore.password": "serverpw",
+           "listeners.https.ssl.truststore.location": trust,
+           "listeners.https.ssl.truststore.type": "PKCS12",
+           "listeners.https.ssl.truststore.password": "trustpw",
+           "listeners.https.ssl.client.auth": "required"}
+    import ssl
+    probe = ssl.create_default_context(cafile=c["ca.pem"])
+    probe.load_cert_chain(c["client.pem"])
+    (tmp_path / "a").mkdir()
+    apache = ApacheConnect(tmp_path / "a", oracle_broker, scheme="https", context=probe,
+                           extra=tls)
+    answers = {}
+    apache.start()
+    try:
+        answers["apache"] = [_tls_attempt(apache.url + path, c["ca.pem"], cert)
+                             for path in ("/", "/connectors")
+                             for cert in (c["client.pem"], None, c["intruder.pem"])]
+    finally:
+        apache.stop()
+    (tmp_path / "k").mkdir()
+    with KcompactConnect(tmp_path / "k", oracle_broker,
+                         extra=dict(tls, listeners="https://127.0.0.1:0")) as k:
+        assert k.url.startswith("https://")
+        answers["kcompact"] = [_tls_attempt(k.url + path, c["ca.pem"], cert)
+                               for path in ("/", "/connectors")
+                               for cert in (c["client.pem"], None, c["intruder.pem"])]
+    a, k = answers["apache"], answers["kcompact"]
+    assert [x[0] for x in a] == [x[0] for x in k] == [200, "refused", "refused"] * 2, answers
+    assert differences(shape(a[0][1]), shape(k[0][1])) == [] and a[3][1] == k[3][1] == []
+
+
 # -- 2. end to end ----------------------------------------------------------------------------
 
 
@@ -367,3 +521,87 @@ def test_worker_restart_keeps_api_connectors(kafka_bootstrap, make_topic, tmp_pa
         assert proc.wait(60) == 0, lines.text()
     assert not (tmp_path / "worker.connectors" / "kept.json").exists()
     assert _store_records(store, topic) == list(range(15))
+
+
+def _topic_values(bootstrap: str, topic: str) -> list[bytes]:
+    """Partition 0 of ``topic`` as a read_committed consumer sees it (the values)."""
+    from confluent_kafka import Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "connect-rest-read",
+                  "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        md = c.list_topics(topic, timeout=10)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return []
+        lo, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.assign([TopicPartition(topic, 0, lo)])
+        out: list[bytes] = []
+        while True:
+            pos = c.position([TopicPartition(topic, 0)])[0].offset
+            if pos >= hi:
+                return out
+            for m in c.consume(500, 1.0):
+                if m.error() is None:
+                    out.append(m.value())
+    finally:
+        c.close()
+
+
+def test_store_source_offsets_are_its_restore_progress(kafka_bootstrap, make_topic, tmp_path):
+    """KIP-875 on the store source: GET shows the restore's positions, DELETE resets them (a
+    resume produces everything again), PATCH sets one partition's position."""
+    topic = make_topic(partitions=1)
+    target = f"{topic}-restored"
+    store = str(tmp_path / "store")
+    _produce(kafka_bootstrap, topic, 0, 30)
+    with KcompactConnect(tmp_path, kafka_bootstrap) as k:
+        base = k.url
+        _create(base, "copy", {"connector.class": "StoreSinkConnector", "topics": topic,
+                               "store.url": store, "follow": "false"})
+        wait_until(lambda: len(_store_records(store, topic)) == 30, "30 records stored")
+        _create(base, "back", {"connector.class": "StoreSourceConnector", "store.url": store,
+                               "store.topic": topic, "topic": target, "mode": "all"})
+        want = [f"v{i}".encode() for i in range(30)]
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want, "restored")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the restore's task ended")
+        status, doc = request(f"{base}/connectors/back/offsets")
+        assert (status, doc) == (200, {"offsets": [{"partition": {"partition": 0},
+                                                    "offset": {"position": 30}}]})
+        # changed only when STOPPED
+        status, doc = request(f"{base}/connectors/back/offsets", "DELETE")
+        assert status == 400 and "STOPPED" in doc["message"]
+        assert request(f"{base}/connectors/back/stop", "PUT")[0] == 204
+        status, doc = request(f"{base}/connectors/back/offsets", "DELETE")
+        assert status == 200 and "reset successfully" in doc["message"], doc
+        assert request(f"{base}/connectors/back/offsets") == (200, {"offsets": []})
+        # a resume restores from the beginning
+        assert request(f"{base}/connectors/back/resume", "PUT")[0] == 202
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want + want,
+                   "restored again")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the second restore ended")
+        assert request(f"{base}/connectors/back/stop", "PUT")[0] == 204
+        # PATCH: partition 0 back to store offset 25
+        status, doc = request(f"{base}/connectors/back/offsets", "PATCH", {"offsets": [
+            {"partition": {"partition": 0}, "offset": {"position": 25}}]})
+        assert status == 200 and "altered successfully" in doc["message"], doc
+        assert request(f"{base}/connectors/back/offsets")[1] == {"offsets": [
+            {"partition": {"partition": 0}, "offset": {"position": 25}}]}
+        # bad moves: 400 naming what is wrong, nothing changed
+        for body, what in (({"partition": {"partition": 3}, "offset": {"position": 1}},
+                            "no partition 3"),
+                           ({"partition": {"partition": 0}, "offset": {"position": 31}},
+                            "past the end"),
+                           ({"partition": {"file": "x"}, "offset": {"position": 1}},
+                            '{"partition": N}'),
+                           ({"partition": {"partition": 0}, "offset": {"pos": 1}},
+                            '{"position": N}')):
+            status, doc = request(f"{base}/connectors/back/offsets", "PATCH",
+                                  {"offsets": [body]})
+            assert status == 400 and what in doc["message"], (body, doc)
+        assert request(f"{base}/connectors/back/offsets")[1]["offsets"][0]["offset"] == {
+            "position": 25}
+        assert request(f"{base}/connectors/back/resume", "PUT")[0] == 202
+        wait_until(lambda: _topic_values(kafka_bootstrap, target) == want + want + want[25:],
+                   "the last five again")
+        _wait_state(base, "back", "RUNNING/UNASSIGNED", "the third restore ended")
+        assert request(f"{base}/connectors/back/offsets")[1]["offsets"][0]["offset"] == {
+            "position": 30}

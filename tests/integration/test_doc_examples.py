@@ -45,7 +45,7 @@ BIN = Path(sys.executable).parent
 RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 SKIP = re.compile(r"^_Not run by the example tests: (.+)_$")
 #: The ports the examples name; each page gets free ones in their place.
-PORTS = (9092, 9093, 9094, 8470, 8471, 8472, 9470, 9471, 8083)
+PORTS = (9092, 9093, 9094, 8470, 8471, 8472, 9470, 9471, 8083, 8443)
 PAGE_TIMEOUT = 1500
 #: Topics the pages assume (Getting started creates ``orders`` the same way): name ->
 #: (partitions, records as (key, value)).

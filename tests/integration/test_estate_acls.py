@@ -140,6 +140,12 @@ def test_acls_mirrored_and_restored(clusters, tmp_path):
             _binding(G, f"nobody{x}", L, "User:bob", AclOperation.READ)]  # no kept offsets
     for f in admin.create_acls(acls).values():
         f.result()
+    # CreateAcls answers once the controller committed the bindings; the broker's authorizer
+    # (which answers DescribeAcls) applies them from the metadata log a moment later: the
+    # mirror starts once DescribeAcls gives back all eight
+    want = {(b.restype.name, b.name, b.resource_pattern_type.name, b.principal, b.host,
+             b.operation.name, b.permission_type.name) for b in acls}
+    wait_until(lambda: want <= _all_acls(src), 30, "the source lists the new ACLs")
     for t in (t1, t2):
         _produce(src, t, 20)
     # the group committed on t1 (kept with it, so its binding is kept too)
@@ -247,6 +253,7 @@ def test_acls_as_of(clusters, tmp_path):
                     AclOperation.READ)
     for f in admin.create_acls([keep, gone]).values():
         f.result()
+    wait_until(lambda: len([b for b in _all_acls(src) if b[1] == t]) == 2, 30, "ACLs listed")
     _produce(src, t, 3)
     store = str(tmp_path / "s")
     assert kcompact("mirror", "--bootstrap-servers", src, "--topic", t, "--store", store,
@@ -309,6 +316,7 @@ def test_no_authorizer_is_one_warning(apache_kafka, clusters, tmp_path):
     for f in sadmin.create_acls([_binding(ResourceType.TOPIC, t, ResourcePatternType.LITERAL,
                                           "User:alice", AclOperation.READ)]).values():
         f.result()
+    wait_until(lambda: any(b[1] == t for b in _all_acls(src)), 30, "ACL listed")
     _produce(src, t, 4)
     store2 = str(tmp_path / "s2")
     assert kcompact("mirror", "--bootstrap-servers", src, "--topic", t, "--store", store2,

@@ -148,10 +148,12 @@ def test_spark_mirror_of_a_topic_set(spark, kafka_bootstrap, kafka_admin, tmp_pa
         assert read_store(store, a) == read_topic(kafka_bootstrap, a, 2)
         assert read_store(store, b) == read_topic(kafka_bootstrap, b, 3)
         assert res.records == 1500 and len(res.tasks) == 5
+        # (and the driver's config history: the topics' configs are not Kafka's defaults)
         assert writers(store) == {spark_writer_id(t, p) for t, n in ((a, 2), (b, 3))
-                                  for p in range(n)} | {"spark-driver-groups"}
+                                  for p in range(n)} | {"spark-driver-groups",
+                                                        "spark-driver-configs"}
         with Store.open(store) as st:
-            assert st.topics() == [a, b]
+            assert st.topics() == ["__kcompact-configs", a, b]
             assert st.topic_config(a).delete_retention_ms == 777
         text = out.getvalue()
         assert f"mirror: {a}: 600 records (2 Spark tasks)" in text

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kcompact.connectors.apps.connect_rest import start_rest
+from kcompact.connectors.apps.connect_rest import Herder, start_rest
 from kcompact.connectors.apps.connect_rest.auth import hash_password, load_users
 from kcompact.connectors.errors import ConfigError
 from kcompact.connectors.framework.api import SourceConnector, SourceTask
@@ -42,6 +42,12 @@ class IdleRunner(TaskRunner):
         if self.props.get("fail"):
             self.failure = _Failure("the idle task was told to fail")
             return
+        until = self.props.get("until")
+        if until:  # a bounded task: it ends by itself once the file exists
+            import os
+            while not os.path.exists(until) and not self.stop_event.wait(0.01):
+                pass
+            return
         self.stop_event.wait()
 
 
@@ -59,7 +65,9 @@ class IdleTask(SourceTask):
 class IdleSource(SourceConnector):
     CONFIG = (ConfigDef()
               .define("fail", Type.BOOLEAN, False, None, Importance.LOW, "Fail the task.")
-              .define("label", Type.STRING, "", None, Importance.LOW, "Anything."))
+              .define("label", Type.STRING, "", None, Importance.LOW, "Anything.")
+              .define("until", Type.STRING, "", None, Importance.LOW,
+                      "End the task once this file exists."))
 
     def task_class(self):
         return IdleTask
@@ -71,13 +79,20 @@ class IdleSource(SourceConnector):
 CLASS = f"{__name__}.IdleSource"
 
 
+def _rest(worker: Worker, state_dir, log):
+    """The REST API over a herder of ``worker``, at its ``listeners`` (required)."""
+    herder = Herder(worker, state_dir=state_dir, log=log)
+    return start_rest(worker, herder, worker.config["listeners"], required=True,
+                      where="worker.properties", log=log)
+
+
 class Api:
     def __init__(self, tmp, extra: dict | None = None, files=()):
         self.log = io.StringIO()
         props = {"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0",
                  **(extra or {})}
         self.worker = Worker(props, log=self.log)
-        self.rest = start_rest(self.worker, state_dir=str(tmp / "state"), log=self.log)
+        self.rest = _rest(self.worker, str(tmp / "state"), self.log)
         self.rest.herder.load(list(files))
         self.base = self.rest.url
 
@@ -240,7 +255,7 @@ def test_unreadable_state_file_is_named(tmp_path):
     (tmp_path / "state" / "x.json").write_text("{not json")
     w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0"},
                log=io.StringIO())
-    rest = start_rest(w, state_dir=str(tmp_path / "state"), log=io.StringIO())
+    rest = _rest(w, str(tmp_path / "state"), io.StringIO())
     try:
         with pytest.raises(Exception, match=r"x\.json: not a connector state file"):
             rest.herder.load([])
@@ -323,7 +338,7 @@ def test_non_loopback_needs_users_and_basic_auth_checks_them(tmp_path):
     w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://0.0.0.0:0"},
                log=io.StringIO())
     with pytest.raises(ConfigError, match="rest.basic.auth.users.file"):
-        start_rest(w, state_dir=None, log=io.StringIO())
+        _rest(w, None, io.StringIO())
     plain = tmp_path / "plain"
     plain.write_text("admin:secret\n")
     with pytest.raises(ConfigError, match=r"plain:1: expected USER:pbkdf2_sha256"):
@@ -344,8 +359,300 @@ def test_non_loopback_needs_users_and_basic_auth_checks_them(tmp_path):
 
 
 def test_listeners_must_be_one_http_url(tmp_path):
-    for bad in ("127.0.0.1:8083", "https://127.0.0.1:8083", "http://a:1,http://b:2",
+    for bad in ("127.0.0.1:8083", "ftp://127.0.0.1:8083", "http://a:1,http://b:2",
                 "http://127.0.0.1:8083/x"):
         w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": bad}, log=io.StringIO())
         with pytest.raises(ConfigError, match="listeners"):
-            start_rest(w, state_dir=None, log=io.StringIO())
+            _rest(w, None, io.StringIO())
+
+
+# -- connect standalone's lifetime: the API on by default, the run ending with its files' work --
+
+
+class Standalone:
+    """``run_standalone`` in a thread, with a worker file of ``worker`` (no listeners key
+    unless given) and connector files of ``connectors``."""
+
+    def __init__(self, tmp, worker: dict, connectors: dict[str, dict]):
+        from kcompact.connectors.apps.connect import run_standalone
+        self.log = _Lines()
+        wf = tmp / "worker.properties"
+        wf.write_text("".join(f"{k}={v}\n" for k, v in
+                              {"bootstrap.servers": "127.0.0.1:9",
+                               "metrics.log.interval.ms": "0", **worker}.items()))
+        files = []
+        for name, c in connectors.items():
+            f = tmp / f"{name}.json"
+            f.write_text(json.dumps(dict(c, name=name)))
+            files.append(str(f))
+        self.stop = threading.Event()
+        self.result: list = []
+
+        def run():
+            try:
+                self.result.append(run_standalone(str(wf), files, out=self.log, stop=self.stop))
+            except BaseException as e:  # noqa: BLE001 - looked at by the test
+                self.result.append(e)
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def url(self) -> str:
+        import re
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            m = re.search(r"REST API on (http\S+)", self.log.getvalue())
+            if m:
+                return m.group(1)
+            assert not self.result, (self.result, self.log.getvalue())
+            time.sleep(0.01)
+        raise AssertionError(self.log.getvalue())
+
+    def ended(self, timeout: float = WAIT_S):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "still running: " + self.log.getvalue()
+        return self.result[0]
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(WAIT_S)
+
+
+class _Lines(io.StringIO):
+    """A StringIO written from several threads."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def write(self, s):
+        with self._lock:
+            return super().write(s)
+
+    def getvalue(self):
+        with self._lock:
+            return super().getvalue()
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=WAIT_S) as r:
+        return json.loads(r.read())
+
+
+def test_listeners_default_is_connects():
+    from kcompact.connectors.framework.worker import WORKER_CONFIG
+    w = WORKER_CONFIG.parse({"bootstrap.servers": "x:1"})
+    assert w["listeners"] == "http://127.0.0.1:8083" and w["exit.when.finished"] is True
+
+
+def test_files_run_ends_when_their_work_is_done_and_serves_meanwhile(tmp_path):
+    done = tmp_path / "done"
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"},
+                   {"bounded": _config(until=str(done))})
+    try:
+        base = s.url()
+        assert _get(f"{base}/connectors/bounded/status")["tasks"][0]["state"] == "RUNNING"
+        done.write_text("")
+        assert s.ended() is None  # by itself, no signal
+        assert "connect: bounded: 1 task(s)" in s.log.getvalue()
+    finally:
+        s.close()
+
+
+def test_paused_connector_keeps_a_files_run_going(tmp_path):
+    """Work left: a connector paused through the API is resumed later, so the run goes on."""
+    done = tmp_path / "done"
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"},
+                   {"p": _config(until=str(done))})
+    try:
+        base = s.url()
+        req = urllib.request.Request(f"{base}/connectors/p/pause", method="PUT")
+        assert urllib.request.urlopen(req, timeout=WAIT_S).status == 202
+        done.write_text("")
+        s.thread.join(1.0)
+        assert s.thread.is_alive()  # paused: not finished
+        req = urllib.request.Request(f"{base}/connectors/p/resume", method="PUT")
+        assert urllib.request.urlopen(req, timeout=WAIT_S).status == 202
+        assert s.ended() is None  # resumed, the file exists: it ends at once
+    finally:
+        s.close()
+
+
+def test_exit_when_finished_false_runs_until_stopped_as_apache(tmp_path):
+    done = tmp_path / "done"
+    done.write_text("")
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0", "exit.when.finished": "false"},
+                   {"b": _config(until=str(done)), "f": _config(fail="true")})
+    try:
+        base = s.url()
+        deadline = time.monotonic() + WAIT_S
+        while _get(f"{base}/connectors/b/status")["tasks"][0]["state"] != "UNASSIGNED" or \
+                _get(f"{base}/connectors/f/status")["tasks"][0]["state"] != "FAILED":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert s.thread.is_alive()
+    finally:
+        s.stop.set()
+    assert s.ended() is None
+
+
+def test_failed_file_task_ends_a_files_run(tmp_path):
+    from kcompact.connectors.framework.api import TaskFailedError
+    s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:0"}, {"f": _config(fail="true")})
+    try:
+        e = s.ended()
+        assert isinstance(e, TaskFailedError) and "the idle task was told to fail" in str(e)
+    finally:
+        s.close()
+
+
+def test_default_port_taken_is_one_line_and_the_run_goes_on(tmp_path):
+    """Port 8083 held (by this test, or by anything else that has it): a worker file without
+    listeners runs its connectors without the API, saying so in one line."""
+    import socket
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8083))
+        held.listen()
+    except OSError:
+        pass  # taken already: as good
+    try:
+        done = tmp_path / "done"
+        done.write_text("")
+        s = Standalone(tmp_path, {}, {"b": _config(until=str(done))})
+        assert s.ended() is None
+        lines = [ln for ln in s.log.getvalue().splitlines() if "REST API" in ln]
+        assert len(lines) == 1 and "REST API not served" in lines[0] and \
+            "127.0.0.1:8083" in lines[0] and "listeners=" in lines[0], lines
+        # given in the worker file, the same port is an error naming it
+        s = Standalone(tmp_path, {"listeners": "http://127.0.0.1:8083"},
+                       {"b": _config(until=str(done))})
+        e = s.ended()
+        assert isinstance(e, ConfigError) and "127.0.0.1:8083" in str(e) and \
+            "free port" in str(e), e
+    finally:
+        held.close()
+
+
+def test_no_files_and_no_listeners_is_an_error(tmp_path):
+    s = Standalone(tmp_path, {"listeners": ""}, {})
+    e = s.ended()
+    assert isinstance(e, ConfigError) and "no connector file" in str(e)
+
+
+# -- https listeners (connect_rest/tls.py): PEM and PKCS12 stores, client certificates --------
+
+from _tls_certs import make_certs as _certs  # noqa: E402
+
+
+def _https_get(url: str, ca: str, cert: str | None = None) -> tuple[int, Any]:
+    import ssl
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert)
+    with urllib.request.urlopen(url, timeout=WAIT_S, context=ctx) as r:
+        return r.status, json.loads(r.read())
+
+
+def _curl(*args: str) -> int:
+    import shutil
+    import subprocess
+    if shutil.which("curl") is None:
+        return -1
+    return subprocess.run(["curl", "-sf", "-o", "/dev/null", *args], capture_output=True,
+                          timeout=60).returncode
+
+
+def test_https_listener_with_a_pem_keystore(tmp_path):
+    c = _certs(tmp_path)
+    for extra in ({"listeners.https.ssl.keystore.location": c["server.pem"]},
+                  {"listeners.https.ssl.keystore.location": c["server-enc.pem"],
+                   "listeners.https.ssl.keystore.type": "PEM",
+                   "listeners.https.ssl.key.password": "kpw"},
+                  {"listeners.https.ssl.keystore.key": open(c["server-enc.pem"]).read()
+                   .split("-----BEGIN CERTIFICATE")[0],
+                   "listeners.https.ssl.keystore.certificate.chain":
+                       "-----BEGIN CERTIFICATE" + open(c["server-enc.pem"]).read()
+                       .split("-----BEGIN CERTIFICATE", 1)[1],
+                   "listeners.https.ssl.key.password": "kpw"}):
+        a = Api(tmp_path, extra={"listeners": "https://127.0.0.1:0", **extra})
+        try:
+            assert a.base.startswith("https://127.0.0.1:")
+            status, doc = _https_get(a.base + "/", c["ca.pem"])
+            assert status == 200 and "version" in doc
+            assert _curl("--cacert", c["ca.pem"], a.base + "/connectors") in (0, -1)
+            # a client that does not trust the CA refuses the server
+            with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+                _https_get(a.base + "/", c["intruder.pem"])
+        finally:
+            a.close()
+
+
+def test_https_client_auth_required_with_pkcs12_stores(tmp_path):
+    import ssl
+    c = _certs(tmp_path)
+    a = Api(tmp_path, extra={
+        "listeners": "https://127.0.0.1:0",
+        "listeners.https.ssl.keystore.location": c["server.p12"],
+        "listeners.https.ssl.keystore.type": "PKCS12",
+        "listeners.https.ssl.keystore.password": "serverpw",
+        "listeners.https.ssl.truststore.location": c["trust.p12"],
+        "listeners.https.ssl.truststore.password": "trustpw",
+        "listeners.https.ssl.client.auth": "required"})
+    try:
+        assert _https_get(a.base + "/connectors", c["ca.pem"], c["client.pem"]) == (200, [])
+        for cert in (None, c["intruder.pem"]):  # no certificate, or one of another CA
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                _https_get(a.base + "/connectors", c["ca.pem"], cert)
+        if _curl("--version") != -1:
+            assert _curl("--cacert", c["ca.pem"], "--cert", c["client.pem"],
+                         a.base + "/connectors") == 0
+            assert _curl("--cacert", c["ca.pem"], a.base + "/connectors") != 0
+    finally:
+        a.close()
+
+
+def test_https_required_client_auth_allows_other_addresses(tmp_path):
+    c = _certs(tmp_path)
+    tls = {"listeners": "https://0.0.0.0:0",
+           "listeners.https.ssl.keystore.location": c["server.pem"],
+           "listeners.https.ssl.truststore.location": c["ca.pem"]}
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", **tls}, log=io.StringIO())
+    with pytest.raises(ConfigError, match="listeners.https.ssl.client.auth=required"):
+        _rest(w, None, io.StringIO())  # TLS alone: anyone may still connect
+    a = Api(tmp_path, extra=dict(tls, **{"listeners.https.ssl.client.auth": "required"}))
+    try:
+        port = a.base.rsplit(":", 1)[1]
+        assert _https_get(f"https://127.0.0.1:{port}/connectors", c["ca.pem"],
+                          c["client.pem"]) == (200, [])
+    finally:
+        a.close()
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({}, "needs the server's key and certificate"),
+    ({"listeners.https.ssl.keystore.location": "JKS"}, "is a JKS keystore"),
+    ({"listeners.https.ssl.keystore.location": "CA"}, "no private key with its certificate"),
+    ({"listeners.https.ssl.keystore.location": "P12"}, "not a PKCS12 store this password"),
+    ({"listeners.https.ssl.keystore.location": "SERVER",
+      "listeners.https.ssl.client.auth": "required"}, "against a truststore"),
+    ({"listeners.https.ssl.keystore.location": "SERVER",
+      "listeners.https.ssl.keystore.type": "BKS"}, "is not PEM or PKCS12"),
+])
+def test_https_bad_stores_are_one_line_naming_the_key(tmp_path, extra, message):
+    c = _certs(tmp_path)
+    (tmp_path / "store.jks").write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
+    paths = {"JKS": str(tmp_path / "store.jks"), "CA": c["ca.pem"], "P12": c["server.p12"],
+             "SERVER": c["server.pem"]}
+    extra = {k: paths.get(v, v) for k, v in extra.items()}
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "https://127.0.0.1:0",
+                **extra}, log=io.StringIO())
+    with pytest.raises(ConfigError, match=message) as e:
+        _rest(w, None, io.StringIO())
+    assert "\n" not in str(e.value)
+
+
+def test_client_auth_needs_an_https_listener(tmp_path):
+    w = Worker({"bootstrap.servers": "127.0.0.1:9", "listeners": "http://127.0.0.1:0",
+                "listeners.https.ssl.client.auth": "required"}, log=io.StringIO())
+    with pytest.raises(ConfigError, match="needs an https listener"):
+        _rest(w, None, io.StringIO())

@@ -117,3 +117,79 @@ def test_schemas_kept_once_and_closed_references_first(tmp_path):
         without_ref = type(kept)({3: order}, kept.topics)  # the referenced schema not kept
         with pytest.raises(KeyError, match="references"):
             without_ref.closure({3})
+
+
+# -- the synced configs' history (replication/config_capture.py) ---------------------------------
+
+from kcompact.replication.config_capture import (TOPIC as CONFIGS_TOPIC,  # noqa: E402
+                                                 ConfigCaptureWriter, kept_configs,
+                                                 layers_as_of, synced_as_of)
+
+config_steps = st.lists(st.tuples(st.sampled_from(TOPICS),
+                                  st.dictionaries(st.sampled_from(["retention.ms",
+                                                                   "cleanup.policy"]),
+                                                  st.sampled_from(["1000", "2000", "compact",
+                                                                   "delete"]), max_size=2),
+                                  st.integers(1, 3)), min_size=1, max_size=8)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=config_steps)
+def test_config_history_against_a_model(tmp_path_factory, steps):
+    """Synced values kept whenever they change, read back as of every time against a model
+    (values in effect since the step's time; a topic never synced, or synced only at the
+    defaults, has none); two writers with stale views of one store lose nothing."""
+    url = str(tmp_path_factory.mktemp("cfg") / "s")
+    Store.open(url, create=True).close()
+    writers = [ConfigCaptureWriter(url, "w1"), ConfigCaptureWriter(url, "w2")]
+    model: list[tuple[int, str, dict]] = []      # (since, topic, values)
+    now = 1_000
+    try:
+        for i, (topic, values, gap) in enumerate(steps):
+            now += gap
+            changed = writers[i % 2].keep({topic: values}, "k:9092", {topic: now}, now_ms=now)
+            last = next((v for _, t, v in reversed(model) if t == topic), {})
+            assert changed == ([topic] if values != last else [])
+            if values != last:
+                model.append((now, topic, values))
+    finally:
+        for w in writers:
+            w.close()
+    with Store.open(url) as s:
+        if not model:
+            assert CONFIGS_TOPIC not in s.topics()  # defaults only: nothing written
+        for t_ms in range(1_000, now + 2):
+            want = {}
+            for since, topic, values in model:
+                if since <= t_ms:
+                    want[topic] = values
+            got = {t: dict(kc.synced) for t, kc in kept_configs(s, as_of_ms=t_ms).items()}
+            assert got == {t: v for t, v in want.items() if t in got or v}, t_ms
+            for topic in TOPICS:
+                values, source = synced_as_of(s, topic, t_ms)
+                assert values == want.get(topic, {})
+                assert source == ("history" if topic in got else "defaults"
+                                  if any(m[1] == topic for m in model) else "current")
+
+
+def test_config_history_of_a_store_without_one(tmp_path):
+    """A store mirrored before the history was kept: --as-of answers with the current values;
+    the first capture's timestamp is when store.json says they were synced."""
+    url = str(tmp_path / "s")
+    with Store.open(url, create=True) as s:
+        s.sync_topic_config("t", {"retention.ms": "5000", "cleanup.policy": "delete"})
+        synced_ms = s.topic_config_layers("t").synced_ms
+        ly, source = layers_as_of(s, "t", 1)
+        assert source == "current" and ly.effective(s.meta.defaults).cleanup_policy == "delete"
+    w = ConfigCaptureWriter(url, "w")
+    try:
+        assert w.keep({"t": {"retention.ms": "5000", "cleanup.policy": "delete"}}, "k",
+                      {"t": synced_ms}, now_ms=synced_ms + 10_000) == ["t"]
+    finally:
+        w.close()
+    with Store.open(url) as s:
+        assert synced_as_of(s, "t", synced_ms) == ({"retention.ms": "5000",
+                                                     "cleanup.policy": "delete"}, "history")
+        assert synced_as_of(s, "t", synced_ms - 1) == ({}, "defaults")
+        ly, _ = layers_as_of(s, "t", synced_ms - 1)
+        assert ly.effective(s.meta.defaults).cleanup_policy == "compact"  # the store's default

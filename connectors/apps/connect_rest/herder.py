@@ -100,11 +100,15 @@ def connector_type(config: Mapping[str, Any]) -> str:
 class Herder:
     """The connectors of ``worker`` and their lifecycle (module docstring)."""
 
-    def __init__(self, worker: Worker, *, state_dir: str | None, worker_id: str,
-                 log: TextIO, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, worker: Worker, *, state_dir: str | None, log: TextIO,
+                 worker_id: str | None = None, fatal_failures: bool = False,
+                 clock: Callable[[], float] = time.monotonic):
         self.worker = worker
         self.state_dir = state_dir
-        self.worker_id = worker_id
+        #: Connect's worker id: the REST listener's host:port (start_rest sets it)
+        self.worker_id = worker_id or default_worker_id("127.0.0.1", 8083)
+        #: a failed task of a command line's connector ends the run (exit.when.finished)
+        self.fatal_failures = fatal_failures
         self.log = log
         self.lock = threading.RLock()
         self.connectors: dict[str, Managed] = {}
@@ -227,7 +231,8 @@ class Herder:
             return
         for r in runners:
             r.start()
-        self.say(f"{m.name}: {len(runners)} task(s) started")
+        parts = sum(len(getattr(r, "assignment", ())) for r in runners)
+        self.say(f"{m.name}: {len(runners)} task(s)" + (f", {parts} partitions" if parts else ""))
 
     def _halt(self, m: Managed) -> None:
         """Stop the connector's tasks (flushing them) and the connector."""
@@ -464,6 +469,30 @@ class Herder:
             return out
 
     # -- the loop ------------------------------------------------------------------------------
+
+    def finished(self) -> bool:
+        """No connector has work left: every started connector's tasks ended by themselves
+        (none restarting); a paused or stopped connector counts as work (it may be resumed)."""
+        with self.lock:
+            for m in self.connectors.values():
+                if m.target != "STARTED" or m.restarting:
+                    return False
+                if any(r.alive or (r.thread.ident is None and r.failure is None)
+                       for r in m.runners):
+                    return False
+            return True
+
+    def failed_file_task(self):
+        """A failed task runner of a command line's connector, if any (``fatal_failures``)."""
+        if not self.fatal_failures:
+            return None
+        with self.lock:
+            for m in self.connectors.values():
+                if m.from_file is not None:
+                    for r in m.runners:
+                        if r.failure is not None:
+                            return r
+            return None
 
     def shutdown(self) -> None:
         """Stop every connector (after the worker's stop event is set)."""

@@ -68,6 +68,7 @@ class _MirrorJob:
     batch_max: int | None = None
     lock_wait_s: float = 60.0
     upload: str = "auto"   # --upload (WriterOptions.upload)
+    schema_registry: str | None = None  # --schema-registry: each task keeps its schemas
 
 
 def _wait_for_writer(store_url: str, writer: str, timeout: float) -> None:
@@ -114,19 +115,20 @@ def _mirror_partition(job: _MirrorJob, item: tuple[str, int, int, int], attempt:
                          kafka_config=dict(job.kafka_config), writer=writer,
                          sync_groups=False,  # (the driver captures the group offsets)
                          sync_acls=False,    # and the ACLs
-                         upload=job.upload)
+                         upload=job.upload, schema_registry=job.schema_registry)
     props["connector.class"] = f"{__name__}.SparkStoreSinkConnector"
     if job.batch_max:
         props["batch.max.records"] = job.batch_max
     worker = Worker({"bootstrap.servers": job.bootstrap, "metrics.log.interval.ms": 0},
                     where=f"spark task {topic}-{partition}", log=sys.stderr)
     add_mirror(worker, props)
+    schema_sync = getattr(worker.connectors[-1], "schema_sync", None)
     worker.run()
     runner = worker.runners[0]
     return {"topic": topic, "partition": partition, "start": start, "end": end,
             "records": runner.metrics.records, "appended": getattr(runner.task, "appended", 0),
             "seconds": time.monotonic() - t0, "started_at": started_at, "attempt": attempt,
-            "writer": writer}
+            "writer": writer, "schemas": schema_sync.kept if schema_sync is not None else 0}
 
 
 def _mirror_task(job: _MirrorJob, items: Iterator[tuple[str, int, int, int]]
@@ -286,13 +288,19 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                       topics_regex: str | None = None, exclude_regex: str | None = None,
                       sync_configs: bool = True, sync_groups: bool = True,
                       groups: str | None = None, exclude_groups: str | None = None,
-                      upload: str = "auto", sync_acls: bool = True) -> SparkMirrorResult:
+                      upload: str = "auto", sync_acls: bool = True,
+                      schema_registry: str | None = None) -> SparkMirrorResult:
     """Mirror ``topic`` (one name or several) and the topics ``topics_regex`` matches into
     ``store`` with one Spark task per topic-partition, then compact the partitions the
     planner picks (``compact=False``: skip that stage). ``spark``: a session to use (else
-    ``spark_session(master)``, stopped at the end if this call started it)."""
+    ``spark_session(master)``, stopped at the end if this call started it).
+    ``schema_registry``: every task keeps the schemas its records name before it stores
+    them (plugins/schema_sync.py), as the local engine does."""
     out = out if out is not None else sys.stderr
     kafka_config = dict(kafka_config or {})
+    if schema_registry:  # a bad URL is refused before anything runs
+        from ...plugins.schema_sync import Registry
+        schema_registry = Registry(schema_registry).url
 
     # 1. the driver: settings, topics, partitions, store, dead writers - before any JVM starts,
     # through the same worker code as the local engine (nothing is run: its task never starts)
@@ -310,7 +318,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
     if len(topics) > 1:
         print(f"mirror: topics: {', '.join(topics)}", file=out, flush=True)
     if sync_configs:
-        sync_configs_of(bootstrap, topics, store, kafka_config, out=out)
+        sync_configs_of(bootstrap, topics, store, kafka_config, out=out,
+                        writer="spark-driver-configs")
     group_sync = None
     if sync_groups:  # the source's group offsets, now and after the job (plugins/group_sync.py)
         from ...plugins.group_sync import SinkGroupSync
@@ -381,7 +390,7 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
             sp = session()
             t0 = time.monotonic()
             job = _MirrorJob(bootstrap, store, tuple(sorted(kafka_config.items())), batch_max,
-                             upload=upload)
+                             upload=upload, schema_registry=schema_registry)
             rdd = sp.sparkContext.parallelize(todo, len(todo))
             running = _Job(lambda: rdd.mapPartitions(
                 functools.partial(_mirror_task, job)).collect())
@@ -405,6 +414,7 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
             result.records = sum(r["appended"] for r in result.tasks)
             result.retried = sum(1 for r in result.tasks if r["attempt"] > 0)
             again = sum(r["records"] for r in result.tasks) - result.records
+            n_schemas = sum(r.get("schemas", 0) for r in result.tasks)
             per: dict[str, list[int]] = {}
             for r in result.tasks:
                 acc = per.setdefault(r["topic"], [0, 0])
@@ -418,6 +428,8 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
                   + (f", {len(per)} topics" if len(per) > 1 else "")
                   + (f" ({result.retried} retried)" if result.retried else "")
                   + (f", {again:,} records read again were already stored" if again else "")
+                  + (f", {n_schemas} new schema{'' if n_schemas == 1 else 's'} kept"
+                     if schema_registry else "")
                   + f"; store {store} flushed", file=out, flush=True)
 
         if group_sync is not None:
@@ -425,6 +437,10 @@ def mirror_with_spark(bootstrap: str, topic: str | Sequence[str] | None, store: 
             group_sync = None
         if acl_sync is not None:
             acl_sync.stop()
+            if acl_sync.captures:  # the local engine's wording (apps/mirror.py)
+                n = len(acl_sync.writer.kept())
+                print(f"mirror: ACLs captured ({n} binding{'' if n == 1 else 's'} kept)",
+                      file=out, flush=True)
             acl_sync = None
         # 2. compaction: one task per partition the planner picks
         if compact:
@@ -473,7 +489,8 @@ def run_spark_mirror(opts: MirrorOptions) -> int:
                           topics_regex=opts.topics_regex, exclude_regex=opts.exclude_regex,
                           sync_configs=opts.sync_configs, sync_groups=opts.sync_groups,
                           groups=opts.groups, exclude_groups=opts.exclude_groups,
-                          upload=opts.upload, sync_acls=opts.sync_acls)
+                          upload=opts.upload, sync_acls=opts.sync_acls,
+                          schema_registry=opts.schema_registry)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -295,8 +295,12 @@ class RestoreRunner(TaskRunner):
             policy = st.topic_config(topic).cleanup_policy
             if as_of is not None:  # before anything is created on the cluster
                 from kcompact.compaction.history import check_exact
+                from kcompact.replication.config_capture import layers_as_of
                 check_exact([st.partition(topic, p) for p in st.partitions(topic)], as_of,
                             f"store topic {topic!r}", allow_inexact=allow_inexact)
+                # the cleanup.policy synced from the source as of then (the config history)
+                ly, _ = layers_as_of(st, topic, as_of, allow_inexact=allow_inexact)
+                policy = ly.effective(st.meta.defaults).cleanup_policy
             self._acl_plan = None
             if props.get("acls"):
                 from .acls import parse_principal_map, plan_acls

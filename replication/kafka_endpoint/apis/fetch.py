@@ -15,7 +15,8 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
 * an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
   a partition that fails its checks (damaged, or its ledger disagrees with its segments:
   reput/ledger.py): KAFKA_STORAGE_ERROR, as Kafka answers for an offline log;
-  a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION;
+  a topic or partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION; in a fleet, a
+  partition another node leads: NOT_LEADER_OR_FOLLOWER, not read (cluster.py);
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
 * a Fetch below v10 of a topic whose compression.type is zstd: UNSUPPORTED_COMPRESSION_TYPE for
@@ -51,6 +52,8 @@ from kcompact.reput.errors import CorruptRecordError
 from ..store_view import Bounds, StoreView
 from ..wire import (KAFKA_STORAGE_ERROR, NONE, OFFSET_OUT_OF_RANGE, TOPIC_AUTHORIZATION_FAILED,
                     UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_COMPRESSION_TYPE, ms)
+from ..cluster import NOT_LEADER_OR_FOLLOWER, fleet_of
+from ..cluster import leads as _leads
 from .base import register
 
 KEY, NAME = 1, "Fetch"
@@ -85,8 +88,8 @@ class PartitionResult:
 _NO_BOUNDS = Bounds(-1, -1)
 
 
-def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
-                    ) -> tuple[list, int]:
+def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int,
+                    leads: Callable[[str, int], bool] | None = None) -> tuple[list, int]:
     """One pass over the request's partitions (blocking): [(topic, [PartitionResult])], bytes."""
     out, budget, first = [], max(0, max_bytes), True
     total = 0
@@ -104,6 +107,9 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int
                 known = set(view.partitions(name, pi))  # listed again, at most every second
             if pi not in known:
                 results.append(PartitionResult(pi, UNKNOWN_TOPIC_OR_PARTITION, _NO_BOUNDS))
+                continue
+            if leads is not None and not leads(name, pi):  # a fleet: another node leads it
+                results.append(PartitionResult(pi, NOT_LEADER_OR_FOLLOWER, _NO_BOUNDS))
                 continue
             offset = int(p.fetch_offset)
             try:
@@ -160,13 +166,16 @@ async def handle(ep, req, conn) -> list:
         if denied:
             ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
             return await gate.fetch_with_denied(ep, req, denied)
+    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
     return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
-                              ep.stopping, lambda codes: ep.count_errors(NAME, codes))
+                              ep.stopping, lambda codes: ep.count_errors(NAME, codes),
+                              leads=leads)
 
 
 async def handle_fetch(view: StoreView, run: Callable, version: int, correlation_id: int,
                        req: Any, stopping: Callable[[], bool],
-                       count_errors: Callable[[list], None] | None = None) -> list:
+                       count_errors: Callable[[list], None] | None = None,
+                       leads: Callable[[str, int], bool] | None = None) -> list:
     """The response buffers of a Fetch request (``run(fn, *args)`` runs blocking work in the
     endpoint's thread pool; ``count_errors`` is handed the partitions' error codes)."""
     topics = list(req.topics or ())
@@ -176,11 +185,11 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
     wait_s = min(MAX_WAIT_S, max(0, ms(req.max_wait)) / 1000.0)
     min_bytes = max(0, int(req.min_bytes))
     deadline = time.monotonic() + wait_s
-    seen, total = await run(read_partitions, view, version, topics, max_bytes)
+    seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
     while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
         await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         if await run(grew, view, topics, seen):
-            seen, total = await run(read_partitions, view, version, topics, max_bytes)
+            seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
     if count_errors is not None:
         count_errors([r.error for _, results in seen for r in results])
     return encode_fetch(version, correlation_id, seen)

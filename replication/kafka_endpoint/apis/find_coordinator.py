@@ -2,6 +2,7 @@
 
 Behaviour:
 * node 0, at the address the client reached (``ep.advertised_for``), coordinates every group;
+  in a fleet the group's owner on the ring does (cluster.py);
 * a transaction coordinator (key type 1) is refused: TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
   non-retriable, with the read-only message (a transactional producer then fails at once rather
   than retrying); any other key type: INVALID_REQUEST, as Kafka answers an unknown one;
@@ -18,7 +19,8 @@ Version notes:
 from __future__ import annotations
 
 from ..wire import INVALID_REQUEST, NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-from .base import NODE_ID, READ_ONLY, register
+from .. import cluster
+from .base import READ_ONLY, register
 
 KEY, NAME = 10, "FindCoordinator"
 MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 0, 3, 3
@@ -35,8 +37,8 @@ async def handle(ep, req, conn) -> dict:
             f"unknown coordinator key type {key_type} (0: group, 1: transaction)"
         return {"error_code": code, "error_message": why, "node_id": -1, "host": "",
                 "port": -1}
-    host, port = ep.advertised_for(conn)
-    return {"error_code": NONE, "error_message": None, "node_id": NODE_ID, "host": host,
+    nid, host, port = cluster.coordinator_address(ep, conn, str(req.body.key))
+    return {"error_code": NONE, "error_message": None, "node_id": nid, "host": host,
             "port": port}
 
 

@@ -11,6 +11,7 @@ Version notes:
 
 from __future__ import annotations
 
+from .. import cluster
 from .base import register
 
 KEY, NAME = 12, "Heartbeat"
@@ -18,6 +19,8 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 0, 3, None
 
 
 async def handle(ep, req, conn) -> dict:
+    if not cluster.coordinates(ep, req.body.group_id):
+        return {"error_code": cluster.NOT_COORDINATOR}
     return {"error_code": ep.coordinator.heartbeat(req.body)}
 
 

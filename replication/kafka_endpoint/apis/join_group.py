@@ -13,6 +13,7 @@ Version notes:
 
 from __future__ import annotations
 
+from .. import cluster
 from .base import register
 
 KEY, NAME = 11, "JoinGroup"
@@ -20,6 +21,9 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 0, 5, None
 
 
 async def handle(ep, req, conn) -> dict:
+    if not cluster.coordinates(ep, req.body.group_id):
+        return {"error_code": cluster.NOT_COORDINATOR, "generation_id": -1, "protocol_name": "",
+                "leader": "", "members": [], "member_id": req.body.member_id}
     return await ep.coordinator.join(req.version, req.body, req.client_id or "")
 
 

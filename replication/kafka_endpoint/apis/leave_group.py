@@ -10,6 +10,7 @@ Version notes:
 
 from __future__ import annotations
 
+from .. import cluster
 from .base import register
 
 KEY, NAME = 13, "LeaveGroup"
@@ -17,6 +18,8 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 0, 2, None
 
 
 async def handle(ep, req, conn) -> dict:
+    if not cluster.coordinates(ep, req.body.group_id):
+        return {"error_code": cluster.NOT_COORDINATOR}
     return {"error_code": ep.coordinator.leave(req.body)}
 
 

@@ -5,7 +5,8 @@ Behaviour, per partition:
 * MAX_TIMESTAMP (-3): the offset and timestamp of the record with the largest timestamp;
 * a timestamp >= 0: the first record at or after it (offset and timestamp -1 when none is);
 * another negative timestamp (KIP-1005's -4, -5): INVALID_REQUEST;
-* a partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION; one that fails its checks
+* a partition the store does not have: UNKNOWN_TOPIC_OR_PARTITION; in a fleet, one another
+  node leads: NOT_LEADER_OR_FOLLOWER (cluster.py); one that fails its checks
   (damaged): KAFKA_STORAGE_ERROR, as Kafka answers for an offline log;
 * with ACLs: DESCRIBE on the topic (authorize.Gate).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 from kcompact.reput.errors import CorruptRecordError
 
 from ..wire import INVALID_REQUEST, KAFKA_STORAGE_ERROR, NONE, UNKNOWN_TOPIC_OR_PARTITION
+from .. import cluster
 from .base import register
 
 KEY, NAME = 2, "ListOffsets"
@@ -46,6 +48,8 @@ async def handle(ep, req, conn) -> dict:
                        "offset": NO_OFFSET, "leader_epoch": -1}
                 if pi not in have:
                     row["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                elif not cluster.leads(ep, t.name, pi):
+                    row["error_code"] = cluster.NOT_LEADER_OR_FOLLOWER
                 else:
                     try:
                         b = view.bounds(t.name, pi)

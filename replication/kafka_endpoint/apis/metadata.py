@@ -2,7 +2,8 @@
 
 Behaviour:
 * one broker, node 0, at the address the client reached (``ep.advertised_for``), also the
-  controller; the cluster id is ``kcompact-<store id>``;
+  controller; the cluster id is ``kcompact-<store id>``; in a fleet every live node, each
+  partition led by its owner on the ring, the lowest node id the controller (cluster.py);
 * every topic of the store (a request naming none), or the topics named: each partition led
   by node 0, in sync on node 0, leader epoch -1; the topic id recorded by the mirror (zero when
   unknown); a topic the store does not have (or one with no partition) UNKNOWN_TOPIC_OR_PARTITION,
@@ -24,7 +25,8 @@ import base64
 import uuid
 
 from ..wire import NONE, UNKNOWN_TOPIC_OR_PARTITION
-from .base import NODE_ID, register
+from .. import cluster
+from .base import register
 
 KEY, NAME = 3, "Metadata"
 MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 1, 12, 9
@@ -60,14 +62,14 @@ async def handle(ep, req, conn) -> dict:
             out.append({"error_code": NONE, "name": name, "is_internal": False,
                         "topic_id": topic_uuid(tid),
                         "partitions": [{"error_code": NONE, "partition_index": p,
-                                        "leader_id": NODE_ID, "leader_epoch": -1,
-                                        "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID],
+                                        "leader_id": (lead := cluster.leader(ep, name, p)),
+                                        "leader_epoch": -1,
+                                        "replica_nodes": [lead], "isr_nodes": [lead],
                                         "offline_replicas": []} for p in parts]})
         return out
 
-    host, port = ep.advertised_for(conn)
-    return {"brokers": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
-            "cluster_id": ep.cluster_id, "controller_id": NODE_ID,
+    return {"brokers": cluster.brokers(ep, conn),
+            "cluster_id": ep.cluster_id, "controller_id": cluster.controller(ep),
             "topics": await ep.run(topics)}
 
 

@@ -14,6 +14,7 @@ Version notes:
 
 from __future__ import annotations
 
+from .. import cluster
 from .base import register
 
 KEY, NAME = 8, "OffsetCommit"
@@ -21,6 +22,10 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 2, 7, None
 
 
 async def handle(ep, req, conn) -> dict:
+    if not cluster.coordinates(ep, req.body.group_id):
+        return {"topics": [{"name": t.name, "partitions": [
+            {"partition_index": p.partition_index, "error_code": cluster.NOT_COORDINATOR}
+            for p in t.partitions]} for t in req.body.topics]}
     return {"topics": await ep.coordinator.commit(req.body)}
 
 

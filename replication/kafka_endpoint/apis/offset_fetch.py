@@ -14,6 +14,7 @@ Version notes:
 
 from __future__ import annotations
 
+from .. import cluster
 from ..wire import NONE
 from .base import register
 
@@ -22,6 +23,12 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 1, 7, 6
 
 
 async def handle(ep, req, conn) -> dict:
+    if not cluster.coordinates(ep, req.body.group_id):
+        return {"error_code": cluster.NOT_COORDINATOR, "topics": [
+            {"name": t.name, "partitions": [
+                {"partition_index": p, "error_code": cluster.NOT_COORDINATOR,
+                 "committed_offset": -1, "committed_leader_epoch": -1, "metadata": ""}
+                for p in t.partition_indexes]} for t in (req.body.topics or ())]}
     return {"error_code": NONE, "topics": ep.coordinator.fetch_offsets(req.body)}
 
 

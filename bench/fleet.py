@@ -1,0 +1,336 @@
+"""Benchmark (issue 50): a fleet of Kafka endpoints over one S3 store sharing one block cache -
+the S3 GETs of the whole fleet and each consumer's records/s, beside one node with one consumer
+(and N independent nodes, the way before the fleet) in the same run.
+
+    python bench/fleet.py [--nodes 1,3,5] [--records 60000] [--partitions 32] [--value-bytes 400]
+                          [--no-split]
+
+Everything on 127.0.0.1. SeaweedFS (connectors/devtools/seaweed.py) is started here; a store
+``s3://bench/fleet-<id>`` gets ``--records`` records of ``--value-bytes`` over ``--partitions``
+partitions (unique keys), written with shared uploads (the default of a new S3 store; what
+`kcompact mirror` writes) in 6 flushes, as a mirror's periodic flushes leave it. Each node is
+a ``kcompact serve --kafka-listen`` process started through this script's ``node`` mode, which
+wraps the boto3 client the S3 backend makes (``reput.s3.make_client``, as bench/s3_estate.py
+and bench/s3_live.py count theirs) and writes its process's S3 request counts to a file every
+0.2 s; every process of a run is counted. Each consumer is a confluent-kafka process assigned
+every partition from the beginning, reading until it has every record (and checking it got
+exactly the store's offsets), reporting its records/s.
+
+Runs, each on fresh processes (cold caches):
+
+1. ``alone``: one plain node (no fleet), one consumer: the baseline GETs and records/s.
+2. ``independent``: N plain nodes, consumer i at node i (the cost before the fleet: N x).
+3. ``fleet``: N nodes of one fleet (``--node-id/--peer-listen/--peers``), consumer i
+   bootstrapped at node i; the run starts once every node sees the whole ring.
+
+Then the store is force-compacted (``compact_store(..., force=True)``: the shared objects split
+into per-partition segments; ``--no-split`` skips it) and the runs are repeated.
+
+Printed per run: GETs over every node (and all S3 requests), the ratio to ``alone``'s GETs, each
+consumer's records/s and its ratio to ``alone``'s. Targets: fleet GETs <= 1.2x alone at 1, 3
+and 5 nodes, before and after the split; each fleet consumer's records/s >= 0.8x alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+TOPIC = "fleet"
+FLUSHES = 6
+
+
+def what_of(key: str) -> str:
+    """What a request's key is, for the breakdown (the store's prefix dropped)."""
+    bits = key.split("/")[1:]
+    if not bits or bits == [""]:
+        return "store root"
+    name = bits[-1]
+    if bits[0] == "partitions":
+        if "manifest" in bits:
+            return "partition manifest"
+        for suffix in (".log", ".bcq"):
+            if name.endswith(suffix):
+                return f"segment {suffix}"
+        return "partition other"
+    if bits[0] == "shared":
+        if "journal" in bits:
+            return "journal"
+        return "shared object" if name.endswith(".kso") else f"shared {name}"
+    return bits[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# node mode: `python bench/fleet.py node COUNTS_FILE serve ...`
+
+
+def node_main(counts_file: str, argv: list[str]) -> int:
+    from kcompact.connectors.cli import main
+    from kcompact.reput import s3 as s3mod
+    counts: Counter = Counter()
+    lock = threading.Lock()
+    make = s3mod.make_client
+
+    class Counted:
+        def __init__(self, client):
+            self._c = client
+
+        def __getattr__(self, name):
+            attr = getattr(self._c, name)
+            if not callable(attr) or name.startswith("_") or name in ("meta",):
+                return attr
+
+            def call(*a, **k):
+                what = what_of(k.get("Key") or k.get("Prefix") or "")
+                with lock:
+                    counts[name] += 1
+                    counts[f"{name} {what}"] += 1
+                return attr(*a, **k)
+            return call
+
+    s3mod.make_client = lambda *a, **k: Counted(make(*a, **k))
+
+    def dump():
+        while True:
+            with lock:
+                doc = dict(counts)
+            tmp = counts_file + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, counts_file)
+            time.sleep(0.2)
+    threading.Thread(target=dump, daemon=True).start()
+    return main(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# consumer mode: `python bench/fleet.py consume BOOTSTRAP PARTITIONS RECORDS`
+
+
+def consume_main(bootstrap: str, partitions: int, records: int) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "enable.partition.eof": False})
+    c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
+    seen: dict[int, set] = {}
+    n, t0, first = 0, time.monotonic(), None
+    deadline = t0 + 300
+    while n < records and time.monotonic() < deadline:
+        for m in c.consume(num_messages=2000, timeout=1.0):
+            if m.error():
+                continue
+            if first is None:
+                first = time.monotonic()
+            s = seen.setdefault(m.partition(), set())
+            if m.offset() not in s:
+                s.add(m.offset())
+                n += 1
+    t1 = time.monotonic()
+    c.close()
+    ok = n == records and all(s == set(range(len(s))) for s in seen.values())
+    print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0,
+                      "records_per_s": n / (t1 - t0) if t1 > t0 else 0.0}))
+    return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_store(url: str, partitions: int, records: int, value_bytes: int, work: str) -> None:
+    import numpy as np
+    from kcompact.reput import Store, WriterOptions
+    from kcompact.reput.record import BytesColumn, RecordBatch
+    per = records // partitions
+    with Store.open(url, writer="bench", create=True, commitlog_dir=os.path.join(work, "cl"),
+                    options=WriterOptions(upload="shared")) as st:
+        step = -(-per // FLUSHES)
+        for lo in range(0, per, step):
+            hi = min(per, lo + step)
+            k = hi - lo
+            n = k * partitions
+            parts = np.repeat(np.arange(partitions, dtype=np.int32), k)
+            offs = np.tile(np.arange(lo, hi, dtype=np.int64), partitions)
+            keys = b"".join(b"k%05d-%010d" % (p, o) for p, o in zip(parts.tolist(), offs.tolist()))
+            vals = np.frombuffer(os.urandom(n * value_bytes), np.uint8).copy()
+            st.append(RecordBatch(
+                TOPIC, parts, offs, np.full(n, int(time.time() * 1000), np.int64),
+                BytesColumn(np.frombuffer(keys, np.uint8).copy(),
+                            np.arange(n + 1, dtype=np.int64) * 17, np.zeros(n, bool)),
+                BytesColumn(vals, np.arange(n + 1, dtype=np.int64) * value_bytes,
+                            np.zeros(n, bool)),
+                BytesColumn.empties(n)))
+            st.flush()
+
+
+class Node:
+    def __init__(self, work: str, env: dict, url: str, nid: int, fleet: str | None,
+                 peer_port: int | None):
+        self.counts_file = os.path.join(work, f"counts-{uuid.uuid4().hex[:6]}.json")
+        self.metrics = free_port()
+        args = [sys.executable, os.path.abspath(__file__), "node", self.counts_file, "serve",
+                "--store", url, "--kafka-listen", "127.0.0.1:0",
+                "--metrics", f"127.0.0.1:{self.metrics}"]
+        if fleet is not None:
+            args += ["--node-id", str(nid), "--peer-listen", f"127.0.0.1:{peer_port}",
+                     "--peers", fleet]
+        self.log = open(os.path.join(work, f"node-{nid}-{uuid.uuid4().hex[:4]}.log"), "w+")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, env=env,
+                                     text=True)
+        self.bootstrap = None
+        for line in self.proc.stdout:
+            if line.startswith("kafka endpoint listening on "):
+                self.bootstrap = line.split()[-1]
+                break
+        if self.bootstrap is None:
+            self.log.seek(0)
+            raise SystemExit(f"node {nid} did not start: {self.log.read()[-2000:]}")
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def metric(self, name: str) -> float | None:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics",
+                                          timeout=2).read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def counts(self) -> Counter:
+        time.sleep(0.5)
+        with open(self.counts_file) as f:
+            return Counter(json.load(f))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int,
+        records: int) -> dict:
+    peer_ports = {i: free_port() for i in range(1, nodes + 1)}
+    spec = ",".join(f"{i}@127.0.0.1:{p}" for i, p in peer_ports.items()) if fleet else None
+    started = []
+    try:
+        for i in range(1, nodes + 1):
+            started.append(Node(work, env, url, i, spec, peer_ports[i]))
+        if fleet:
+            deadline = time.monotonic() + 30
+            while any(n.metric("kcompact_fleet_ring_members") != nodes for n in started):
+                if time.monotonic() > deadline:
+                    raise SystemExit("the fleet did not form within 30 s")
+                time.sleep(0.2)
+        base = sum((n.counts() for n in started), Counter())
+        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
+                                   n.bootstrap, str(partitions), str(records)],
+                                  stdout=subprocess.PIPE, env=env, text=True) for n in started]
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=400)
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        total = sum((n.counts() for n in started), Counter())
+        total.subtract(base)
+        saved = sum(n.metric("kcompact_fleet_s3_gets_saved_total") or 0 for n in started)
+        kinds = {k: v for k, v in total.items() if " " in k and v > 0}
+        return {"nodes": nodes, "fleet": fleet, "gets": total["get_object"], "kinds": kinds,
+                "requests": sum(v for v in total.values() if v > 0),
+                "consumers": results, "saved": saved}
+    finally:
+        for n in started:
+            n.stop()
+
+
+def report(label: str, rows: list[dict]) -> None:
+    alone = rows[0]
+    a_gets, a_rate = alone["gets"], alone["consumers"][0]["records_per_s"]
+    print(f"\n## {label}")
+    print(f"{'run':<22}{'GETs':>7}{'x alone':>9}{'requests':>10}{'saved':>7}  "
+          f"records/s per consumer (x alone)")
+    for r in rows:
+        name = "alone (1 node, plain)" if r is alone else \
+            f"{r['nodes']} nodes {'fleet' if r['fleet'] else 'independent'}"
+        rates = ", ".join(f"{c['records_per_s']:,.0f} ({c['records_per_s'] / a_rate:.2f}x)"
+                          + ("" if c["ok"] else " MISSING RECORDS") for c in r["consumers"])
+        print(f"{name:<22}{r['gets']:>7}{r['gets'] / a_gets:>8.2f}x{r['requests']:>10}"
+              f"{r['saved']:>7.0f}  {rates}")
+        if os.environ.get("BENCH_FLEET_KINDS"):
+            print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
+    fleets = [r for r in rows if r["fleet"]]
+    worst = max(r["gets"] / a_gets for r in fleets)
+    slow = min(c["records_per_s"] / a_rate for r in fleets if r["nodes"] > 1
+               for c in r["consumers"]) if any(r["nodes"] > 1 for r in fleets) else 1.0
+    print(f"target: fleet GETs <= 1.2x alone: worst {worst:.2f}x "
+          f"({'met' if worst <= 1.2 else 'NOT met'}); each fleet consumer >= 0.8x alone: "
+          f"slowest {slow:.2f}x ({'met' if slow >= 0.8 else 'NOT met'})")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "node":
+        return node_main(sys.argv[2], sys.argv[3:])
+    if len(sys.argv) > 1 and sys.argv[1] == "consume":
+        return consume_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", default="1,3,5")
+    ap.add_argument("--records", type=int, default=60000)
+    ap.add_argument("--partitions", type=int, default=32)
+    ap.add_argument("--value-bytes", type=int, default=400)
+    ap.add_argument("--no-split", action="store_true")
+    ap.add_argument("--no-independent", action="store_true",
+                    help="skip the N independent nodes runs")
+    a = ap.parse_args()
+    counts = [int(x) for x in a.nodes.split(",")]
+    from kcompact.connectors.devtools.seaweed import SeaweedS3
+    with tempfile.TemporaryDirectory() as work, SeaweedS3() as s3:
+        env = dict(os.environ, **s3.env())
+        os.environ.update(s3.env())
+        url = s3.url(f"fleet-{uuid.uuid4().hex[:8]}", bucket="bench")
+        records = a.records // a.partitions * a.partitions
+        build_store(url, a.partitions, records, a.value_bytes, work)
+        print(f"store {url}: {records} records of {a.value_bytes} bytes over {a.partitions} "
+              f"partitions, {FLUSHES} shared flushes")
+        phases = [("shared objects (before the split)", False)]
+        if not a.no_split:
+            phases.append(("after compact --force (the split)", True))
+        for label, split in phases:
+            if split:
+                from kcompact.compaction.planner import compact_store
+                from kcompact.reput import Store
+                with Store.open(url, writer="bench-compact",
+                                commitlog_dir=os.path.join(work, "cl2")) as st:
+                    compact_store(st, force=True)
+            rows = [run(work, env, url, 1, False, a.partitions, records)]
+            for n in counts:
+                if n > 1 and not a.no_independent:
+                    rows.append(run(work, env, url, n, False, a.partitions, records))
+                rows.append(run(work, env, url, n, True, a.partitions, records))
+            report(label, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
