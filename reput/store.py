@@ -429,7 +429,9 @@ class Store:
     def _cataloged(self) -> dict[str, set[int]] | None:
         """A store with a catalog: its topics and partitions, from the catalog and the journal
         entries it has not folded yet (no LIST of ``partitions/``); None for other stores."""
-        cat = SC.for_reading(self.fs) if self.remote else None
+        # (also under KCOMPACT_S3_FOLLOW=list: a catalog store's partitions not split yet
+        # have no manifest, so no directory to list)
+        cat = SC.for_store(self.fs) if self.remote else None
         if cat is None:
             return None
         from . import s3_follow as S3F

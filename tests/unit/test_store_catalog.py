@@ -289,3 +289,16 @@ def test_a_committer_with_an_old_view_never_writes_a_collected_versions_key(s3):
     assert {7, 99} | set(range(10, 10 + SC.KEEP_VERSIONS + 2)) <= newest.partitions["t"].keys()
     a_st.close()
     b_st.close()
+
+
+def test_a_listing_reader_sees_the_partitions_not_split_yet(s3, monkeypatch):
+    """(found by bench/s3_live.py at 512 partitions) A reader with KCOMPACT_S3_FOLLOW=list (the
+    refresh before issue 49) still takes a catalog store's partitions from the catalog and
+    the journal: a partition not split yet has no manifest, so no directory to list."""
+    fake, root = s3
+    url = store_url("s3", root)
+    _write(url, f"{root}/cl", [_rows(5, 0)])
+    monkeypatch.setenv("KCOMPACT_S3_FOLLOW", "list")
+    with Store.open(url) as rd:
+        assert rd.partitions("t") == list(range(5))
+        assert [len(_records(rd, p)) for p in range(5)] == [1] * 5
