@@ -75,6 +75,11 @@ def _verify_partition(store: Store, topic: str, partition: int, report: VerifyRe
     try:
         pl = PartitionLog(store.fs, topic, partition, store.secret,
                           require_list=store.require_list, strict=False)
+        if not store.fs.appendable and getattr(pl.catalog, "remote", False):
+            # the partition's own manifest objects, not the store catalog's copy of the newest
+            # (docs/formats/store-catalog.md): a lost version is damage, as without a catalog
+            pl.catalog.manifest = None  # (listed from the first version: nothing assumed)
+            pl.catalog.reload(0.0)
     except ReputError as e:  # an unreadable manifest
         report.partitions += 1
         report.problems.append(Problem(getattr(e, "path", None) or
