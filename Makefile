@@ -58,8 +58,9 @@ kafka-jars: install maven
 
 # The client matrix's clients (tests/integration/test_client_matrix.py): kafka-python and
 # aiokafka (PyPI, a virtualenv of their own), kafkajs (npm), kafka-go and sarama (the Go module
-# proxy) into $KCOMPACT_CACHE_DIR/clients, once per version; a client that cannot be installed
-# (no Node.js or Go, offline) is said, and its tests skip with the reason
+# proxy), rskafka (crates.io, cargo) into $KCOMPACT_CACHE_DIR/clients, once per version; a client
+# that cannot be installed (no Node.js, Go or cargo, offline) is said, and its tests skip with
+# the reason
 clients: install
 	$(BIN)/python tests/integration/clients/install.py
 

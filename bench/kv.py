@@ -212,7 +212,7 @@ def http_get(store: str, db: str, data: Data, clients: int = 8, per_client: int 
     import multiprocessing
     import signal
     import urllib.parse
-    from kcompact.connectors.apps.kv.remote import FollowerAddress
+    from kcompact.connectors.apps.kv.follower_client import FollowerAddress
     err = open(os.path.join(os.path.dirname(db), "serve.err"), "w+")
     proc = subprocess.Popen([sys.executable, "-m", "kcompact", "kv", "serve", "--store", store,
                              "--topic", TOPIC, "--db", db, "--listen", "127.0.0.1:0"],

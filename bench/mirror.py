@@ -45,7 +45,7 @@ from kcompact.connectors.plugins.store_sink import warm_up  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import SINK_CONSUMER_DEFAULTS  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
-from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.connectors.framework.gcmode import bulk_gc  # noqa: E402
 
 TARGET = 1.0   # mirror / raw consume (issue 19)
 

@@ -53,7 +53,7 @@ from kcompact.connectors.plugins.store_source import DEFAULT_PRODUCER_CONFIG  # 
 from kcompact.connectors.apps.restore import restore  # noqa: E402
 from kcompact.connectors.framework.kafka_clients import kafka_logger  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
-from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.connectors.framework.gcmode import bulk_gc  # noqa: E402
 from kcompact.reput.record import RecordBatch, BytesColumn  # noqa: E402
 
 VALUE = 100

@@ -138,9 +138,9 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
     if cfg.delete and cfg.retention_ms >= 0 and first_max_ts is not None \
             and first_max_ts < now_ms - cfg.retention_ms:
         a.triggers.append(TRIGGER_RETENTION)
-    shared = getattr(pl.catalog, "shared_objects", 0)
+    shared = pl.shared_objects
     if shared:
-        oldest = pl.catalog.oldest_part_ms()
+        oldest = pl.oldest_part_ms()
         if shared >= split_max_shared() or (oldest is not None
                                             and now_ms - oldest > cfg.max_compaction_lag_ms):
             a.triggers.append(f"{shared} {TRIGGER_SHARED}")

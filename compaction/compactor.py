@@ -36,7 +36,7 @@ On S3 (docs/formats/manifest.md) the sealed segments are the manifest's objects:
 rewritten ``.log`` is streamed once (one GET), outputs are staged in the local directory, and at
 the end ``PartitionLog.commit_staged`` uploads each output once and commits one manifest version
 (the commit point; replaced objects are deleted after the grace period). So a compaction issues
-a few requests per segment and per partition, whatever the record count. ``force`` seals the
+a few requests per segment and per partition, whatever the record count. ``force`` publishes the
 writer's local segments (when this process writes the partition) instead of rolling.
 
 (About 700 lines on purpose: a round's passes share its state, the map, the plan and the budget,
@@ -46,7 +46,6 @@ across files.)
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -55,6 +54,7 @@ import numpy as np
 from kcompact.reput import bcq as B
 from kcompact.reput import filenames as fn
 from kcompact.reput import swap
+from kcompact.reput.swap import wait_for_deletes  # noqa: F401 (deferred deletes live there)
 from kcompact.reput.config import SYSTEM_CLOCK, Clock, TopicConfig
 from kcompact.reput.errors import CorruptRecordError, StoreLockedError
 from kcompact.reput.locks import FileLock
@@ -164,7 +164,8 @@ class _Group:
 
 
 class Compactor:
-    """Compacts one partition at a time (``compact_partition``). Every byte it reads or writes,
+    """Compacts one partition at a time (``compact_partition``; about 440 lines: a round's
+    passes share its state, see the module docstring). Every byte it reads or writes,
     index reads included, is charged to ``budget`` (``options.throttle_bytes_per_s`` by default;
     the background scheduler passes its own, whose waits a stop request interrupts)."""
 
@@ -223,27 +224,23 @@ class Compactor:
         if not lock.acquire(blocking=False):
             res.skipped = "another compaction of this partition is running"
             return res
+        pub = self.store.publisher
+        writer = self.store.writer or "compactor"
         try:
             cfg = self.store.topic_config(topic)
             pl.config = cfg
-            if pl.manifest_mode:
-                with self.store.lock:
-                    # nothing pending from an earlier, failed compaction; a fresh manifest
-                    pl.abort_staged() if pl.has_staged else pl.reload_manifest(max_age_s=1.0)
+            with self.store.lock:
+                pub.begin_compaction(pl)
             res.segments_before = len(pl.segments)
             res.size_before = pl.size_bytes()
             records_before = pl.record_count()
-            if pl.manifest_mode:
-                self._split(pl, res)
+            self._split(pl, res)
             rolled = False
-            if not pl.manifest_mode:
+            if pub.commits_each_round:
                 self._check_inputs(pl)  # before the forced roll: a refusal writes nothing
             with self.store.lock:
-                if pl.manifest_mode:
-                    if force:
-                        pl.seal(self.store.writer or "compactor")
-                elif force and pl.segments and pl.segments[-1].log_size > 0:
-                    rolled = pl.roll(seal=False)  # this compaction writes it in format 2
+                if force:
+                    rolled = pub.compaction_roll(pl, writer)
                 pl.sync()
             try:
                 if cfg.delete:
@@ -255,7 +252,7 @@ class Compactor:
                     if self.purge_due(pl, cfg) or self._mergeable(pl, cfg):
                         self._purge(pl, cfg, res)
             except FileNotFoundError as e:
-                if not pl.manifest_mode:
+                if not pub.inputs_may_vanish:
                     raise
                 # S3: an input was replaced by another compactor and deleted after the grace
                 # period while this one still read it; nothing of this run is published
@@ -272,10 +269,7 @@ class Compactor:
                 return res
             except BaseException:
                 with self.store.lock:
-                    if pl.manifest_mode:
-                        pl.abort_staged()
-                    else:
-                        self._abandon(pl, rolled)
+                    pub.abort_compaction(pl, rolled)
                 raise
             res.segments_after = len(pl.segments)
             res.size_after = pl.size_bytes()
@@ -285,26 +279,18 @@ class Compactor:
             res.duration_s = time.perf_counter() - t0
             run = None
             if res.rounds or res.segments_rewritten:
-                prev = (pl.manifest.last_run if pl.manifest_mode and pl.manifest
-                        else pl.checkpoint()[1])
+                prev = pub.published_last_run(pl)
                 run = res.to_dict()
                 run["reclaimed_bytes_total"] = ((prev or {}).get("reclaimed_bytes_total", 0)
                                                 + max(0, res.size_before - res.size_after))
                 # the history horizon as the rounds left it (history.py)
                 run[history.HISTORY_KEY] = history.partition_horizon(pl)
-            if pl.manifest_mode and self.batch is not None and pl.has_staged:
+            if self.batch is not None and pl.has_staged:
                 # published with the run's other partitions; the batch releases the lock
                 self.batch.add(pl, run, self._published(pl, lock, res, records_before))
                 lock = None
-            elif pl.manifest_mode:
-                self._commit_remote(pl, run, res, records_before)
-            else:
-                if run is not None:
-                    swap.write_checkpoint(self.store.fs, pl.dir, None, run)
-                if self.delete_delay_s <= 0:
-                    swap.empty_trash(self.store.fs, pl.dir)
-                else:
-                    _deferred_empty(self.store.fs, pl.dir, self.delete_delay_s)
+            elif not pub.finish_compaction(pl, run, writer, self.delete_delay_s):
+                self._lost(pl, res, records_before)
             return res
         finally:
             if lock is not None:
@@ -320,9 +306,9 @@ class Compactor:
         if not shared:
             return
         try:
-            outputs = pl.catalog.join_parts(shared, pl.config.segment_bytes)
+            outputs = pl.join_parts(shared, pl.config.segment_bytes)
             with self.store.lock:
-                pl.catalog.stage_swap([s.base for s in shared], outputs, None)
+                pl.stage_swap([s.base for s in shared], outputs, None)
         except BaseException:
             with self.store.lock:
                 pl.abort_staged()
@@ -342,24 +328,6 @@ class Compactor:
             if seg.expected_bcq() is not None and not seg.bcq_checked:
                 self._throttle(seg.index_size)
                 cursor.check(seg)
-
-    def _abandon(self, pl: PartitionLog, rolled: bool) -> None:
-        """A local compaction that failed: staged outputs not committed are deleted, and the
-        roll this compaction made is taken back while the new active segment is empty."""
-        fs = self.store.fs
-        if not fs.exists(f"{swap.staging_dir(pl.dir)}/{swap.PLAN_NAME}"):
-            swap.abort(fs, pl.dir)
-        if rolled:
-            pl.unroll()
-
-    def _commit_remote(self, pl: PartitionLog, run: dict | None, res: CompactionResult,
-                       records_before: int) -> None:
-        """S3: publish the staged rounds as one manifest version, then collect garbage."""
-        with self.store.lock:
-            if pl.has_staged:
-                if not pl.commit_staged(self.store.writer or "compactor", run):
-                    self._lost(pl, res, records_before)
-        pl.collect_garbage()
 
     @staticmethod
     def _lost(pl: PartitionLog, res: CompactionResult, records_before: int) -> None:
@@ -451,7 +419,7 @@ class Compactor:
         sealed = [s for s in pl.sealed_segments if s.base < end]
         # at most this many keys enter the map this round (its dirty segments' records): the
         # map clears and probes no more of its table than they need
-        bound = sum(pl.seg_count(s) for si, s in enumerate(sealed)
+        bound = sum(s.count() for si, s in enumerate(sealed)
                     if (sealed[si + 1].base if si + 1 < len(sealed) else end) > first_dirty)
         m.clear(first_dirty, bound)
         last_mapped = first_dirty - 1
@@ -461,7 +429,7 @@ class Compactor:
             nxt = sealed[si + 1].base if si + 1 < len(sealed) else end
             if nxt <= first_dirty:
                 continue
-            idx = pl.index(seg)
+            idx = seg.index()
             start = int(idx.lower_bound(first_dirty))
             for lo, chunk in self._index_chunks(pl, seg, start):
                 res.bytes_read += chunk.nbytes
@@ -559,17 +527,12 @@ class Compactor:
         checkpoint, None: unchanged)."""
         inputs, outputs = [], []
         staged: list[tuple[int, str, str]] = []
-        sdir = swap.staging_dir(pl.dir)
-        if not pl.manifest_mode:
-            self.store.fs.remove_tree(sdir)
+        pub = self.store.publisher
+        pub.begin_outputs(pl)
         for g in final:
             out_base = g.members[0].seg.base
-            if pl.manifest_mode:
-                log_out, idx_out = pl.staging_paths(out_base)
-            else:
-                log_out = f"{sdir}/{fn.base_name(out_base)}{fn.LOG_SUFFIX}"
-                idx_out = f"{sdir}/{fn.base_name(out_base)}{fn.INDEX_SUFFIX}"
-            if self._index_only(pl, g):
+            log_out, idx_out = pub.output_paths(pl, out_base)
+            if self._index_only(g):
                 wrote = self._restamp_index(pl, g.members[0], idx_out, recall, res)
             else:
                 wrote = self._copy_group(pl, g, log_out, idx_out, recall, res)
@@ -583,13 +546,12 @@ class Compactor:
             res.tombstones_dropped += sp.tdropped
         self._apply(pl, swap.SwapPlan(inputs, outputs, last_mapped, last_run), staged)
 
-    @staticmethod
-    def _index_only(pl: PartitionLog, g: _Group) -> bool:
+    def _index_only(self, g: _Group) -> bool:
         """A group that only stamps tombstones (one segment, every record kept, .log holding
         nothing but those records) changes the .bcq alone: only the index is rewritten and the
         .log stays where it is (compaction-swap.md, "index-only outputs"). Not on an object
         store, whose manifest names a new object pair per output."""
-        if pl.manifest_mode or len(g.members) != 1:
+        if not self.store.publisher.restamps_in_place or len(g.members) != 1:
             return False
         sp = g.members[0]
         return sp.seg.restamps_in_place and sp.dropped == 0 and sp.kept > 0 and not sp.recode
@@ -656,7 +618,7 @@ class Compactor:
                     res.bytes_read += src.bytes_read
             out.sync()
         except OSError as e:  # reading the input .log failed (the stream raises raw OSError)
-            raise CompactionError(f"{pl.seg_log_path(sp.seg)}: read error: {e.strerror or e}; "
+            raise CompactionError(f"{sp.seg.log_path}: read error: {e.strerror or e}; "
                                   "compaction stopped, the old segments are still in place") from e
         finally:
             out.close()
@@ -667,17 +629,9 @@ class Compactor:
 
     def _apply(self, pl: PartitionLog, plan: swap.SwapPlan,
                staged: list[tuple[int, str, str]] | None = None) -> None:
-        if pl.manifest_mode:
-            # S3: only this object's view changes now; commit_staged publishes every round
-            with self.store.lock:
-                pl.stage_swap(plan.inputs, staged or [], plan.cleaned_offset, plan.last_run)
-            return
-        fs = self.store.fs
-        fs.sync_dir(swap.staging_dir(pl.dir)) if fs.isdir(swap.staging_dir(pl.dir)) else None
-        swap.commit(fs, pl.dir, plan)
-        with self.store.lock:
-            swap.apply(fs, pl.dir, plan)
-            pl.reload_after_swap()
+        """Swap a round's outputs in (the store's publisher: at once on a local store, staged
+        until the run's end on S3)."""
+        self.store.publisher.swap(pl, plan, staged or [])
 
 
 class _Charged:
@@ -733,14 +687,14 @@ def _runs(entries: np.ndarray, keep: np.ndarray, clean: np.ndarray, batches):
 
 def _codec(pl: PartitionLog, seg) -> int | None:
     """The codec a format-2 segment's lean index records (None: a format-1 segment)."""
-    return getattr(pl.index(seg), "codec", None) if seg.format == 2 else None
+    return getattr(seg.index(), "codec", None) if seg.format == 2 else None
 
 
 def _recode_due(pl: PartitionLog, seg, cfg: TopicConfig) -> bool:
     """Whether ``seg`` was written for another compression.type than ``cfg``'s."""
     if seg.format != 2:
         return False  # (format 1 is rewritten whenever met: Segment.needs_rewrite)
-    idx = pl.index(seg)
+    idx = seg.index()
     return needs_recode(cfg.compression_type, idx.codec, getattr(idx, "target", 0))
 
 
@@ -758,26 +712,10 @@ def _last_offset(pl: PartitionLog, seg: Segment) -> int:
     listed = seg.listed()
     if listed is not None:
         return listed[2] if listed[0] else -1
-    idx = pl.index(seg)
+    idx = seg.index()
     return int(idx.entries[-1]["offset"]) if idx.n else -1
 
 
-_pending_deletes: list[threading.Thread] = []
-
-
-def _deferred_empty(fs, pdir: str, delay_s: float) -> None:
-    def run():
-        time.sleep(delay_s)
-        swap.empty_trash(fs, pdir)
-    t = threading.Thread(target=run, name="kcompact-delete", daemon=True)
-    t.start()
-    _pending_deletes.append(t)
-
-
-def wait_for_deletes() -> None:
-    """Block until deferred segment deletions are done (called before a CLI process exits)."""
-    while _pending_deletes:
-        _pending_deletes.pop().join()
 
 
 # ---------------------------------------------------------------------------------------------

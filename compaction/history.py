@@ -198,7 +198,7 @@ def as_of_selection(pl: PartitionLog, as_of_ms: int, *, include_keyless: bool = 
     for seg, sel in latest_selection(pl, include_keyless=include_keyless, as_of_ms=as_of_ms,
                                      include_tombstones=include_tombstones):
         if from_offset > 0 and sel.shape[0]:
-            sel = sel[pl.index(seg).entries["offset"][sel] >= from_offset]
+            sel = sel[seg.index().entries["offset"][sel] >= from_offset]
         if sel.shape[0]:
             out.append((seg, sel))
     return out
@@ -211,7 +211,7 @@ def tombstone_winners(pl: PartitionLog, as_of_ms: int, from_offset: int = 0
     out = {}
     for seg, sel in as_of_selection(pl, as_of_ms, include_keyless=False,
                                     include_tombstones=True, from_offset=from_offset):
-        e = pl.index(seg).entries
+        e = seg.index().entries
         t = sel[(e["flags"][sel] & B.FLAG_TOMBSTONE) != 0]
         if t.shape[0]:
             out[seg.base] = t
@@ -230,7 +230,7 @@ def iter_as_of(store, topic: str, partition: int, as_of_ms: int, *, from_offset:
         pl = store.partition(topic, partition)
         try:
             for seg, sel in as_of_selection(pl, as_of_ms, from_offset=nxt):
-                entries = pl.index(seg).entries[sel]
+                entries = seg.index().entries[sel]
                 with PartitionReader(pl).segment(seg) as src:
                     for block in src.select(entries):
                         for r in block.records():

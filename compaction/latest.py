@@ -27,11 +27,11 @@ def latest_selection(pl: PartitionLog, *, include_keyless: bool = False,
     (keyless ones included). The digest -> latest offset map is sized to the partition's keyed
     records, so one pass over the index decides everything (two passes: build, then select).
     """
-    segs = [s for s in pl.segments if pl.index(s).n]
-    total = sum(pl.index(s).n for s in segs)
+    segs = [s for s in pl.segments if s.index().n]
+    total = sum(s.index().n for s in segs)
     if total == 0:
         return []
-    first = int(pl.index(segs[0]).entries[0]["offset"])
+    first = int(segs[0].index().entries[0]["offset"])
     m = OffsetMap(max(4096, int(total / 0.85 + 64) * SLOT_BYTES))
     m.clear(first)
     cursor = IndexCursor(pl)
@@ -44,7 +44,7 @@ def latest_selection(pl: PartitionLog, *, include_keyless: bool = False,
                 return _latest_by_sort(pl, segs, include_keyless, as_of_ms, include_tombstones)
     out = []
     for seg in segs:
-        e = pl.index(seg).entries
+        e = seg.index().entries
         keyed = (e["flags"] & 2) == 0
         latest = m.latest_of(e)
         win = keyed & (latest == e["offset"])
@@ -60,7 +60,7 @@ def latest_selection(pl: PartitionLog, *, include_keyless: bool = False,
 
 def _latest_by_sort(pl: PartitionLog, segs, include_keyless: bool, as_of_ms: int | None,
                     include_tombstones: bool):
-    parts = [pl.index(s).entries for s in segs]
+    parts = [s.index().entries for s in segs]
     seg_of = np.concatenate([np.full(p.shape[0], k) for k, p in enumerate(parts)])
     idx_of = np.concatenate([np.arange(p.shape[0]) for p in parts])
     e = np.concatenate(parts)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from kcompact.errors import KcompactError  # noqa: E402
-from kcompact.reput.gcmode import bulk_gc  # noqa: E402
+from kcompact.connectors.framework.gcmode import bulk_gc  # noqa: E402
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -195,7 +195,8 @@ def cmd_restore(a: argparse.Namespace) -> int:
         exactly_once=a.exactly_once, kafka_config=_kafka_config(a.kafka_config),
         groups=a.groups, as_of_ms=a.as_of, allow_inexact=a.allow_inexact, acls=a.acls,
         acl_principal_map=tuple(a.acl_principal_map or ()), dry_run=a.dry_run,
-        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids))
+        schema_registry=a.schema_registry, keep_schema_ids=a.keep_schema_ids,
+        configs=a.configs))
 
 
 def cmd_kv_build(a: argparse.Namespace) -> int:
@@ -308,6 +309,13 @@ def _serve_usage(parser: argparse.ArgumentParser) -> Callable[[Any], None]:
         if fleet and (args.peers is None or args.node_id is None or args.peer_listen is None):
             parser.error("a fleet node needs --node-id N, --peer-listen HOST:PORT and --peers "
                          "1@HOST:PORT,2@HOST:PORT,... (every node, this one included)")
+        if args.peer_listen and not args.peer_token_file and not args.allow_unauthenticated:
+            from kcompact.replication.connections import is_loopback
+            host = args.peer_listen.rpartition(":")[0].strip("[]")
+            if host and not is_loopback(host):
+                parser.error(f"--peer-listen {args.peer_listen} is not a loopback address: add "
+                             "--peer-token-file F (every node the same token) or "
+                             "--allow-unauthenticated")
         if args.kafka_listen and not args.kafka_token_file and not args.allow_unauthenticated \
                 and not args.kafka_users_file and not args.tls_client_ca:
             from kcompact.replication.connections import is_loopback
@@ -742,6 +750,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "translated exactly: a source offset O becomes the target offset of the "
                    "first restored record at or after O (groups with active members are "
                    "skipped; not with --repartition)")
+    s.add_argument("--configs", action="store_true",
+                   help="create the target topic with the configs synced from the source "
+                   "(`kcompact configs --describe`: retention, compaction, segment, "
+                   "compression; as of TIME with --as-of) besides its cleanup.policy; a "
+                   "target that exists keeps its own")
     s.add_argument("--acls", action="store_true",
                    help="once the restore is done, create on the target the source ACL "
                    "bindings the store keeps (`kcompact acls`) for the topic (a LITERAL one "
@@ -937,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
                                     getattr(args, "connect_command", None)) if x)
         sys.stderr = JsonLines(sys.stderr, name)
     try:
-        with bulk_gc():  # a command is one bulk job (reput/gcmode.py)
+        with bulk_gc():  # a command is one bulk job (connectors/framework/gcmode.py)
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("kcompact: interrupted", file=sys.stderr)

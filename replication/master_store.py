@@ -47,7 +47,6 @@ class MasterStore:
         follow(self.fs)  # it only reads the store, following it (reput/s3_follow.py)
         self.limits = limits
         self._lock = threading.Lock()
-        self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
         self._live_cache: OrderedDict = OrderedDict()
         self.buffers = BufferPool()
         self._reported: set[str] = set()
@@ -153,13 +152,8 @@ class MasterStore:
                 "the master's log names it") if why else None
 
     def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
-        with self._lock:
-            got = self._parts.get((topic, partition))
-            if got is None:
-                pl = PartitionLog(self.fs, topic, partition, self.store.secret,
-                                  self.store.topic_config(topic))
-                got = self._parts[(topic, partition)] = (threading.Lock(), pl)
-            return got
+        """(its lock, the partition's view): the store's one door (``Store.views``)."""
+        return self.store.views.get(topic, partition)
 
     def partition_info(self, topic: str, partition: int) -> dict[str, Any]:
         lock, pl = self._part(topic, partition)
@@ -189,8 +183,7 @@ class MasterStore:
             try:
                 served.append(self.partition_info(topic, p))
             except CorruptRecordError as e:
-                with self._lock:
-                    self._parts.pop((topic, p), None)
+                self.store.views.forget(topic, p)
                 unavailable.append({"partition": p, "reason": f"damaged on the master: {e}"})
         return {"topic": topic, "config": TopicConfig.from_dict(meta.topics.get(topic)).to_dict(),
                 "partitions": served, "unavailable": unavailable}
@@ -331,7 +324,7 @@ class MasterStore:
 
     def live(self, topic: str, partition: int, upto: int | None):
         """(BitMap64 of live offsets, upto), cached while the segments stay the same."""
-        pl = PartitionLog(self.fs, topic, partition, self.store.secret)
+        pl = self.store.open_view(topic, partition)
         if upto is None:
             upto = pl.next_offset
         sig = tuple((s.base, s.log_size, s.index_size) for s in pl.segments)

@@ -130,9 +130,9 @@ def _salvage_one(store: Store, run: RepairRun, topic: str, partition: int, say) 
     try:
         got = salvage_partition(store.fs, topic, partition, store.secret,
                                 _sink_into(staged.log),
-                                local_fs=store.local_fs if store.remote else None)
+                                local_fs=store.local_fs)
     except BaseException:
-        staged.log.close(seal=False)
+        staged.log.close(publish=False)
         raise
     entry = _entry(topic, partition, "salvage", got)
     entry["lost"] = [x.to_dict() for x in got.losses]
@@ -170,9 +170,9 @@ async def _from_one(store: Store, run: RepairRun, rep: Replicator, topic: str,
         # the local records past what the source has, those that verify, after its own
         got = await loop.run_in_executor(None, lambda: salvage_partition(
             store.fs, topic, partition, store.secret, _sink_into(staged.log, target),
-            local_fs=store.local_fs if store.remote else None))
+            local_fs=store.local_fs))
     except BaseException:
-        staged.log.close(seal=False)
+        staged.log.close(publish=False)
         raise
     run.stage_fs.remove_tree(f"{fn.replicating_dir(topic, partition)}")
     newer = 0 if got.last_kept < target else _count_from(target, staged.log)
@@ -201,7 +201,7 @@ def _count_from(target: int, log) -> int:
     """Records of the repaired log at or past ``target`` (the local ones kept)."""
     n = 0
     for seg in log.segments:
-        e = log.entries(seg)
+        e = seg.entries()
         n += int(np.count_nonzero(e["offset"] >= target)) if e.shape[0] else 0
     return n
 

@@ -661,7 +661,7 @@ class Replicator:
         pdir, rdir = live.dir, staging.dir
         sdir = swap.staging_dir(pdir)
         staging.sync()
-        bases = [s.base for s in staging.segments if staging.seg_count(s)]
+        bases = [s.base for s in staging.segments if s.count()]
         merge = live.record_count() > 0
         # merged with local records, nothing is known clean; alone, the pulled records are
         # clean up to the horizon _note_horizon kept
@@ -683,23 +683,12 @@ class Replicator:
             fs.sync_dir(sdir)
             fs.sync_dir(rdir)
             outputs = bases
-        if getattr(live, "manifest_mode", False):
-            # S3: the staged segments replace every live one in one manifest commit
-            with self.store.lock:
-                live.install_segments(sdir, outputs, self._installed_run(topic, partition, live),
-                                      cleaned_offset=horizon)
-                self.store.release_partition(topic, partition)
-            fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
-            return merge
-        plan = swap.SwapPlan([s.base for s in live.segments], outputs, horizon,
-                             self._installed_run(topic, partition, live))
-        swap.commit(fs, pdir, plan)
-        with self.store.lock:
-            swap.apply(fs, pdir, plan)
-            # reopen: the active segment may have been replaced by a pulled one
-            self.store.release_partition(topic, partition)
+        # the staged segments replace every live one in one commit (the store's publisher: the
+        # swap plan on a local store, one manifest version on S3); the partition is reopened
+        pub = self.store.publisher
+        pub.install(live, sdir, outputs, self._installed_run(topic, partition, live), horizon)
         fs.write_atomic(marker, json.dumps({"version": 1, "state": "installed"}).encode())
-        swap.empty_trash(fs, pdir)
+        pub.installed(live)
         return merge
 
     def _finish(self, topic: str, partition: int, master_next: int):
@@ -790,8 +779,7 @@ class Replicator:
             now = time.monotonic()
             if now - self._follow_sync.get((topic, partition), 0.0) >= 1.0:
                 live.sync()
-                if getattr(live, "manifest_mode", False):
-                    live.seal()  # S3: publish what was pulled (upload + manifest commit)
+                live.publish()  # S3: publish what was pulled (upload + manifest commit)
                 self._follow_sync[(topic, partition)] = now
 
     def _sync_all(self) -> None:

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kcompact.reput.errors import ReputError
-from kcompact.reput.partition import PartitionLog
 from kcompact.reput.store import Store
 
 from .client import MasterClient, check_master_url, unavailable_partitions
@@ -224,7 +223,7 @@ async def _compare_partition(client: MasterClient, store: Store, pool: ThreadPoo
     run = lambda f, *a: loop.run_in_executor(pool, f, *a)  # noqa: E731
     upto = int(info["next_offset"])
     d = PartitionDiff(topic, partition, upto=upto, master_next=upto)
-    pl = PartitionLog(store.fs, topic, partition, store.secret)
+    pl = store.open_view(topic, partition)
     d.replica_next = pl.next_offset
     if d.replica_next < upto:
         d.problems.append(f"the replica is behind: next offset {d.replica_next:,}, the master's "

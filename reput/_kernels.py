@@ -1,6 +1,5 @@
 """The numba kernels of the record and index hot paths that have no C twin: the writer's encode
-(``encode_records``, ``encode_scan_records``), the key digest (``siphash128``,
-``siphash128_many``), the writer's topic runs (``topic_fnv``, ``same_topic_runs``) and the .bcq
+(``encode_records``, ``encode_scan_records``), the writer's topic runs (``topic_fnv``, ``same_topic_runs``) and the .bcq
 entries of scanned records (``fill_entries``). Every other record and index kernel is C only
 (reput/_native.c: scan, fill, verify, field spans, gather, the index search, offset order); their
 numba versions are the reference the tests compare the C ones with (tests/unit/_oracle_kernels.py,
@@ -132,77 +131,6 @@ crc32c = _crc32c_hw if HAVE_SSE42 else _crc32c_table
 
 
 # ---------------------------------------------------------------------------------------------
-# SipHash-2-4 with 128-bit output (Aumasson & Bernstein), the keyed key digest.
-
-@njit(cache=True, nogil=True, inline="always")
-def _rotl(x, b):
-    return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _sipround(v0, v1, v2, v3):
-    v0 = v0 + v1
-    v1 = _rotl(v1, 13)
-    v1 ^= v0
-    v0 = _rotl(v0, 32)
-    v2 = v2 + v3
-    v3 = _rotl(v3, 16)
-    v3 ^= v2
-    v0 = v0 + v3
-    v3 = _rotl(v3, 21)
-    v3 ^= v0
-    v2 = v2 + v1
-    v1 = _rotl(v1, 17)
-    v1 ^= v2
-    v2 = _rotl(v2, 32)
-    return v0, v1, v2, v3
-
-
-@njit(cache=True, nogil=True)
-def siphash128(k0, k1, buf, start, length):
-    """SipHash-2-4-128 of ``buf[start:start+length]`` under key (k0, k1); returns (lo, hi)."""
-    v0 = np.uint64(0x736F6D6570736575) ^ k0
-    v1 = np.uint64(0x646F72616E646F6D) ^ k1 ^ np.uint64(0xEE)
-    v2 = np.uint64(0x6C7967656E657261) ^ k0
-    v3 = np.uint64(0x7465646279746573) ^ k1
-    end = start + length
-    p = start
-    while end - p >= 8:
-        m = _rd_u64(buf, p)
-        v3 ^= m
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-        v0 ^= m
-        p += 8
-    b = np.uint64(length & 0xFF) << np.uint64(56)
-    i = 0
-    while p + i < end:
-        b |= np.uint64(buf[p + i]) << np.uint64(8 * i)
-        i += 1
-    v3 ^= b
-    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    v0 ^= b
-    v2 ^= np.uint64(0xEE)
-    for _ in range(4):
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    lo = v0 ^ v1 ^ v2 ^ v3
-    v1 ^= np.uint64(0xDD)
-    for _ in range(4):
-        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
-    hi = v0 ^ v1 ^ v2 ^ v3
-    return lo, hi
-
-
-@njit(cache=True, nogil=True)
-def siphash128_many(k0, k1, buf, starts, lengths, out_lo, out_hi):
-    for i in range(starts.shape[0]):
-        lo, hi = siphash128(k0, k1, buf, starts[i], lengths[i])
-        out_lo[i] = lo
-        out_hi[i] = hi
-
-
-# ---------------------------------------------------------------------------------------------
 # Records.  Header layout (docs/formats/record.md), HEADER_SIZE = 44:
 #   0 size u32 | 4 crc u32 | 8 magic u8 | 9 attributes u8 | 10 topic_len u8 | 11 reserved u8
 #  12 partition i32 | 16 offset i64 | 24 timestamp i64 | 32 key_len i32 | 36 value_len i32
@@ -291,23 +219,15 @@ def encode_records(out, positions, topic, partitions, offsets, timestamps,
 @njit(cache=True, nogil=True)
 def encode_scan_records(out, positions, topic, partitions, offsets, timestamps,
                         kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables,
-                        k0, k1, attrs_out, digest_lo, digest_hi, crcs):
+                        attrs_out, crcs):
     """encode_records, which also fills the columns fill_records would read back from what it
-    wrote (attributes, key digests, CRCs): the writer dispatches a batch it has just encoded
-    without parsing it again."""
+    wrote (attributes, CRCs; the key digests are the C SipHash's, record.key_digests): the
+    writer dispatches a batch it has just encoded without parsing it again."""
     for i in range(positions.shape[0]):
         attrs, crc = _encode_one(out, positions[i], i, topic, partitions, offsets, timestamps,
                                  kbuf, koffs, knull, vbuf, voffs, vnull, hbuf, hoffs, tables)
         attrs_out[i] = attrs
         crcs[i] = crc
-        if knull[i]:
-            digest_lo[i] = 0
-            digest_hi[i] = 0
-        else:
-            ks = koffs[i]
-            lo, hi = siphash128(k0, k1, kbuf, ks, koffs[i + 1] - ks)
-            digest_lo[i] = lo
-            digest_hi[i] = hi
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -246,6 +246,110 @@ static void siphash128(uint64_t k0, uint64_t k1, const uint8_t *p, int64_t len, 
     *hi = v0 ^ v1 ^ v2 ^ v3;
 }
 
+/* siphash_ranges(k0, k1, buf, starts, lengths, digest_lo, digest_hi): SipHash-2-4-128 under
+ * (k0, k1) of each buf[starts[i]:starts[i] + lengths[i]], into digest_lo/hi[i]; a negative length
+ * is a null key, whose digest is (0, 0). kcompact's one SipHash (siphash128, above) serves the
+ * record scans, the writer's key digests (siphash_keys, below), a single key (key_digest) and
+ * any ranges (hash_ranges). */
+static PyObject *siphash_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("siphash_ranges", 7);
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[0]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    static const int size_of[5] = {1, 8, 8, 8, 8};
+    static const char *names[5] = {"buf", "starts", "lengths", "digest_lo", "digest_hi"};
+    Arr a[5];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 5; i++)
+        if (arr_get(args[i + 2], &a[i], size_of[i], i >= 3, names[i]) < 0) {
+            arr_release(a, 5);
+            return NULL;
+        }
+    int64_t n = a[1].n;
+    if (a[0].stride != 1 || a[2].n != n || a[3].n < n || a[4].n < n)
+        ARG_ERROR(a, 5, "siphash_ranges: starts and lengths differ in length, or the outputs "
+                  "are shorter");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t blen = a[0].n, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        int64_t st, len;
+        memcpy(&st, a[1].p + i * a[1].stride, 8);
+        memcpy(&len, a[2].p + i * a[2].stride, 8);
+        uint64_t lo = 0, hi = 0;
+        if (len >= 0) {
+            if (st < 0 || st > blen || len > blen - st) {
+                bad = i;
+                break;
+            }
+            siphash128(k0, k1, b + st, len, &lo, &hi);
+        }
+        memcpy(a[3].p + i * a[3].stride, &lo, 8);
+        memcpy(a[4].p + i * a[4].stride, &hi, 8);
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "siphash_ranges: range %lld is outside the buffer",
+                     (long long)bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* siphash_keys(k0, k1, buf, offs, null, digest_lo, digest_hi): the key digests of a keys column
+ * (record.BytesColumn: key i is buf[offs[i]:offs[i + 1]], none where null[i]): siphash_ranges
+ * without building the ranges (the writer's path, reput/record.py encode_scanned). */
+static PyObject *siphash_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    CHECK_NARGS("siphash_keys", 7);
+    unsigned long long k0 = PyLong_AsUnsignedLongLongMask(args[0]);
+    unsigned long long k1 = PyLong_AsUnsignedLongLongMask(args[1]);
+    if (PyErr_Occurred())
+        return NULL;
+    static const int size_of[5] = {1, 8, 1, 8, 8};
+    static const char *names[5] = {"buf", "offs", "null", "digest_lo", "digest_hi"};
+    Arr a[5];
+    memset(a, 0, sizeof a);
+    for (int i = 0; i < 5; i++)
+        if (arr_get(args[i + 2], &a[i], size_of[i], i >= 3, names[i]) < 0) {
+            arr_release(a, 5);
+            return NULL;
+        }
+    int64_t n = a[2].n;
+    if (a[0].stride != 1 || a[1].n < n + 1 || a[3].n < n || a[4].n < n)
+        ARG_ERROR(a, 5, "siphash_keys: offs needs len(null) + 1 entries and the outputs "
+                  "len(null)");
+    const uint8_t *b = (const uint8_t *)a[0].p;
+    int64_t blen = a[0].n, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t lo = 0, hi = 0;
+        if (!a[2].p[i * a[2].stride]) {
+            int64_t st, end;
+            memcpy(&st, a[1].p + i * a[1].stride, 8);
+            memcpy(&end, a[1].p + (i + 1) * a[1].stride, 8);
+            if (st < 0 || end < st || end > blen) {
+                bad = i;
+                break;
+            }
+            siphash128(k0, k1, b + st, end - st, &lo, &hi);
+        }
+        memcpy(a[3].p + i * a[3].stride, &lo, 8);
+        memcpy(a[4].p + i * a[4].stride, &hi, 8);
+    }
+    Py_END_ALLOW_THREADS
+    arr_release(a, 5);
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "siphash_keys: key %lld is outside the buffer",
+                     (long long)bad);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* fill_records(buf, start, n, k0, k1, positions, sizes, partitions, offsets, timestamps, attrs,
  *              topic_hash, digest_lo, digest_hi, crcs): the columns of the first n records from
  * start, which count_records validated (each header is checked against the buffer again) */
@@ -614,6 +718,8 @@ static PyMethodDef methods[] = {
      NULL},
     {"count_records", (PyCFunction)(void (*)(void))count_records, METH_FASTCALL, NULL},
     {"fill_records", (PyCFunction)(void (*)(void))fill_records, METH_FASTCALL, NULL},
+    {"siphash_ranges", (PyCFunction)(void (*)(void))siphash_ranges, METH_FASTCALL, NULL},
+    {"siphash_keys", (PyCFunction)(void (*)(void))siphash_keys, METH_FASTCALL, NULL},
     {NULL, NULL, 0, NULL},
 };
 

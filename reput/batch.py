@@ -55,19 +55,6 @@ def crc32c(buf: np.ndarray, start: int, end: int) -> int:
 
 
 
-def empty_batch(base: int, last: int) -> bytes:
-    """A RecordBatch v2 holding no record that spans offsets base..last (0 <= last - base <=
-    2^31 - 1): a consumer steps over it to ``last + 1``. Kafka's cleaner writes such batches
-    (every record of a batch removed, its producer state kept); the endpoint bridges a gap
-    after a partition's last record with one (docs/formats/kafka-endpoint-fetch.md)."""
-    if not 0 <= last - base <= 0x7FFFFFFF:
-        raise ValueError(f"an empty batch spans at most 2^31 offsets, not {base}..{last}")
-    out = np.zeros(HEADER_SIZE, np.uint8)
-    BATCH_HEADER.pack_into(out, 0, base, HEADER_SIZE - LOG_OVERHEAD, -1, MAGIC, 0, 0,
-                           last - base, -1, -1, -1, -1, -1, 0)
-    struct.pack_into(">I", out, 17, crc32c(out, CRC_START, HEADER_SIZE))
-    return out.tobytes()
-
 #: attributes of a control batch as Kafka writes a transaction marker: transactional (bit 4)
 #: and control (bit 5), no codec
 ATTR_TRANSACTIONAL, ATTR_CONTROL = 0x10, 0x20
@@ -803,6 +790,6 @@ __all__ = ["BATCH_HEADER", "BatchHead", "CODEC_BY_NAME", "CODEC_GZIP", "CODEC_LZ
            "CODEC_NONE", "CODEC_SNAPPY", "CODEC_ZSTD", "Decoded", "EncodedBatch", "FORMAT_VERSION",
            "HEADER_SIZE", "Heads", "LOG_OVERHEAD", "Opened", "batch_size_at", "codec_of", "compress",
            "SpanFields", "cut_batch", "decode_batches", "decode_run", "decompress",
-           "control_batch", "empty_batch", "encode_batch",
+           "control_batch", "encode_batch",
            "encode_plain", "open_batch", "parse_head", "span_entries", "span_fields", "walk_opened",
            "zstd_compress", "zstd_decompress"]

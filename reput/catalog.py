@@ -4,10 +4,10 @@ Kafka splits a log into ``LocalLog`` (the files), ``LogSegments`` (the catalog) 
 (recovery); a ``PartitionLog`` (reput/partition.py) likewise HOLDS a catalog and a recovery step
 (reput/partition_recovery.py) rather than being them. Two catalogs implement this interface:
 
-* ``LocalCatalog`` (reput/partition_list.py): a local store's partition directory and its
+* ``LocalCatalog`` (reput/catalog_local.py): a local store's partition directory and its
   segment list (docs/formats/segment-list.md), which the files are checked against; scratch
   partitions (a replica's ``.replicating/``) keep no list.
-* ``ManifestCatalog`` (reput/partition_manifest.py): an object store's partition manifest
+* ``ManifestCatalog`` (reput/catalog_manifest.py): an object store's partition manifest
   (docs/formats/manifest.md), plus a writer's active segments in its local directory and a
   compaction's staged outputs until they are committed.
 
@@ -18,7 +18,7 @@ their kind, reput/segment.py, made by ``open_segment`` when listed), the compact
 the partition spans (``first_offset``, ``last_offset``, ``next_offset``: a listed entry answers
 without reading an index; a catalog's own log end offset survives a compaction that empties the
 tail), and what a writer's steps change in it (``segment_opened``, ``before_append``,
-``after_sync``, ``list_state``/``restore_list_state`` to take a roll back, ``seal``). Each
+``after_sync``, ``list_state``/``restore_list_state`` to take a roll back, ``publish``). Each
 behaviour that differs between the two is a method or a named flag of the catalog.
 """
 
@@ -28,20 +28,19 @@ import bisect
 
 from . import filenames as fn
 from .backend import Backend
-from .segment import PartitionContext, Segment, open_segment
+from .segment import PartitionContext, Segment
+from .segment_kinds import open_segment
 from .segment_desc import SegmentDesc
 
 
 class SegmentCatalog:
     """The interface (see the module docstring) and what both catalogs share."""
 
-    #: its sealed segments are an object store's, listed by a manifest
-    remote = False
     #: a writer's rolled segments are re-encoded into format 2 where they are, at its next sync
     #: (reput/seal.py); False: they are encoded as they are uploaded
     seals_rolled = True
     #: a writer rolls its active segment by time while idle (``PartitionLog.roll_if_due``);
-    #: False: every flush seals it anyway
+    #: False: every flush publishes it anyway
     rolls_by_time = True
     #: it keeps a segment list (segments.json) the writer rewrites as it appends
     keeps_list = False
@@ -53,7 +52,7 @@ class SegmentCatalog:
         self.fs, self.local_fs, self.dir, self.ctx = fs, local_fs, pdir, ctx
         self.writable = writable
         self.segments: list[Segment] = []
-        #: where the files disagree with the catalog (a local list: partition_list.py)
+        #: where the files disagree with the catalog (a local list: catalog_local.py)
         self.problems: list = []
         #: bases of empty segment files nothing names; .bcq files without their .log
         self.strays: list[int] = []
@@ -185,17 +184,46 @@ class SegmentCatalog:
     def restore_list_state(self, state) -> None:
         pass
 
-    def roll_by_sealing(self, part, writer: str) -> bool | None:
+    def roll_by_publishing(self, part, writer: str) -> bool | None:
         """A writer's roll to the next offset (``PartitionLog.roll`` without a base): None when
-        the catalog rolls by starting a new segment, else whether it sealed instead."""
+        the catalog rolls by starting a new segment, else whether it published instead."""
         return None
 
-    def seal(self, part, writer: str) -> bool:
+    def publish(self, part, writer: str) -> bool:
         """Publish a writer's segments (an object store); whether anything was committed."""
         return False
 
+    #: a compaction's outputs are staged in this view, to be published (an object store)
+    has_staged = False
+
     def reload(self, max_age_s: float = 0.0) -> None:
         """Re-read the catalog file unless it was read less than ``max_age_s`` ago."""
+
+    def reread(self) -> None:
+        """A read-only view's read failed (a swap or a split under it): list again."""
+        self.refresh()
+
+    def shared_piece(self, part):
+        """What this partition adds to a writer's shared object (an object store with shared
+        uploads: reput/catalog_manifest.py); None: nothing."""
+        return None
+
+    def join_parts(self, shared: list, max_bytes: int | None = None) -> list:
+        """Local segments holding the parts of shared objects ``shared`` (none here)."""
+        return []
+
+    @property
+    def shared_objects(self) -> int:
+        """How many shared objects the partition's reads depend on."""
+        return 0
+
+    def oldest_part_ms(self) -> int | None:
+        """When its oldest part of a shared object was written (None: it has none)."""
+        return None
+
+    def last_compaction_ms(self) -> int | None:
+        """When the last compaction's result was recorded (None: unknown)."""
+        return None
 
     def collect_garbage(self) -> list[str]:
         """Delete what no reader can need any more; the deleted paths."""

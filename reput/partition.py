@@ -11,8 +11,8 @@ goes through the partition reader (reput/reader.py) and the segments themselves
 A ``PartitionLog`` HOLDS (Kafka's ``LocalLog`` / ``LogSegments`` / ``LogLoader``):
 
 * a **catalog** (reput/catalog.py): a local store's directory and segment list
-  (``LocalCatalog``, reput/partition_list.py) or an object store's partition manifest
-  (``ManifestCatalog``, reput/partition_manifest.py), picked here once by whether the store's
+  (``LocalCatalog``, reput/catalog_local.py) or an object store's partition manifest
+  (``ManifestCatalog``, reput/catalog_manifest.py), picked here once by whether the store's
   files can be appended to; it lists the segments, each an object of its kind;
 * a **recovery step** (``Recovery``, reput/partition_recovery.py), run when a writer opens;
 * the **writer** (this file): the active segment's open files, ``append``, ``roll`` (at
@@ -36,8 +36,8 @@ from .catalog import SegmentCatalog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig
 from .errors import ReputError
 from .locks import FileLock, held_by_writer
-from .partition_list import LocalCatalog
-from .partition_manifest import ManifestCatalog
+from .catalog_local import LocalCatalog
+from .catalog_manifest import ManifestCatalog
 from .partition_recovery import Recovery
 from .columns import RecordColumns, stored_records
 from .reader import PartitionReader
@@ -51,6 +51,10 @@ __all__ = ["PartitionLog", "Segment"]
 
 class PartitionLog:
     """One partition of a store, read-only or as its (one) writer; see the module docstring.
+
+    (About 600 lines on purpose: the writer - append, roll, sync, close - keeps the catalog's
+    invariants in one place; the catalog, the segments, recovery and the reader are their own
+    classes.)
 
     ``require_list``: the store keeps a segment list per partition (store.json says so), so a
     partition with segments and no list is refused rather than read as an old store's.
@@ -141,12 +145,6 @@ class PartitionLog:
         self.catalog.segments = segs
 
     @property
-    def manifest_mode(self) -> bool:
-        """Its segments are an object store's, listed by a manifest (a caller that publishes
-        differently there: the compactor)."""
-        return self.catalog.remote
-
-    @property
     def manifest(self):
         """The partition manifest as last read (an object store's; None otherwise)."""
         return self.catalog.manifest
@@ -188,18 +186,6 @@ class PartitionLog:
     def index_path(self, base: int) -> str:
         return self.catalog.index_path(base)
 
-    # a segment's own files, for callers that hold the partition (the segment knows them)
-
-    def seg_log_path(self, seg: Segment) -> str:
-        return seg.log_path
-
-    def seg_index_path(self, seg: Segment) -> str:
-        return seg.bcq_path
-
-    def seg_fs(self, seg: Segment) -> Backend:
-        """The backend holding a segment's files: the store's, or the local directory's."""
-        return seg.fs
-
     @property
     def grace_ms(self) -> int:
         return int(getattr(self.fs, "grace_ms", 0))
@@ -228,6 +214,12 @@ class PartitionLog:
         if not self.writable:
             self.catalog.refresh()
 
+    def reread(self) -> None:
+        """A read failed (a compaction swap or a split under it): list the segments again
+        (a read-only view; the partition reader's retry)."""
+        if not self.writable:
+            self.catalog.reread()
+
     def reload_after_swap(self) -> None:
         """Re-list segments after a compaction swap, keeping the active segment's open files."""
         active = self.segments[-1] if self.segments else None
@@ -249,10 +241,41 @@ class PartitionLog:
         unless the manifest was read less than ``max_age_s`` ago (an object store)."""
         self.catalog.reload(max_age_s)
 
-    def seal(self, writer: str = "writer") -> bool:
-        """S3: upload the writer's local segments and commit them (``ManifestCatalog.seal``);
+    def publish(self, writer: str = "writer") -> bool:
+        """S3: upload the writer's local segments and commit them (``ManifestCatalog.publish``);
         whether a manifest version was committed (a local store: nothing to publish)."""
-        return self.catalog.seal(self, writer) if self.writable else False
+        return self.catalog.publish(self, writer) if self.writable else False
+
+    def publish_through(self, publish_shared) -> None:
+        """A writer with shared uploads: every publish of this partition (a roll, a close, a
+        forced compaction) is ``publish_shared()``, the store's one object for all its
+        partitions (reput/publisher.py ``SharedPublisher``)."""
+        self.catalog.publish_shared = publish_shared
+
+    def shared_piece(self):
+        """What this partition adds to its writer's next shared object (None: nothing;
+        reput/catalog_manifest.py ``SharedPiece``)."""
+        return self.catalog.shared_piece(self)
+
+    def join_parts(self, shared: list[Segment], max_bytes: int | None = None
+                   ) -> list[tuple[int, str, str]]:
+        """The split of shared objects (docs/formats/shared-upload.md): ``shared``'s batches
+        joined into staged local segments (base, .log, .bcq), for ``stage_swap``."""
+        return self.catalog.join_parts(shared, max_bytes)
+
+    @property
+    def shared_objects(self) -> int:
+        """How many shared objects the partition's reads depend on (inspect)."""
+        return self.catalog.shared_objects
+
+    def oldest_part_ms(self) -> int | None:
+        """When its oldest part of a shared object was written (None: none)."""
+        return self.catalog.oldest_part_ms()
+
+    def last_compaction_ms(self) -> int | None:
+        """When the last compaction's result was recorded (None: unknown, e.g. an object
+        store, which keeps the last run in its manifest)."""
+        return self.catalog.last_compaction_ms()
 
     def collect_garbage(self) -> list[str]:
         """S3: delete replaced segments, orphans and old manifest versions past the grace
@@ -287,23 +310,6 @@ class PartitionLog:
 
     # -- index access --------------------------------------------------------------------
 
-    def entries(self, seg: Segment) -> np.ndarray:
-        """The valid index entries of a segment (those whose record lies inside its .log)."""
-        return seg.entries()
-
-    def describe_segment(self, seg: Segment) -> dict:
-        """A segment as ``inspect`` shows it (``Segment.describe``)."""
-        return seg.describe()
-
-    def seg_count(self, seg: Segment) -> int:
-        """Records of a segment (its manifest or closed segment-list entry's count: no read)."""
-        return seg.count()
-
-    def index(self, seg: Segment):
-        """The segment's valid entries with their search view, cached until the files change
-        (``Segment.index``)."""
-        return seg.index()
-
     @property
     def first_offset(self) -> int:
         return self.catalog.first_offset
@@ -325,7 +331,7 @@ class PartitionLog:
         Make it the partition's next offset, so that readers' end offsets and a resuming
         writer's start are the source's. Call it once every record below ``offset`` is durable
         (``Store.flush`` does): a local store lists it at once (segment list), an object store
-        commits it with the next seal (manifest). Returns whether it moved."""
+        commits it with the next publish (manifest). Returns whether it moved."""
         if offset <= self.next_offset:
             return False
         self.catalog.advance_source_next(offset)
@@ -380,8 +386,8 @@ class PartitionLog:
         if self._log is None:
             # a new segment's .bcq is created first: a crash between the two leaves an empty
             # .bcq without its .log (deleted on open), never a .log without its .bcq
-            self._idx = self.local_fs.open_append(self.seg_index_path(seg))
-            self._log = self.local_fs.open_append(self.seg_log_path(seg))
+            self._idx = self.local_fs.open_append(seg.bcq_path)
+            self._log = self.local_fs.open_append(seg.log_path)
             self._dirty_files += [self._log, self._idx]
         return seg, self._log, self._idx
 
@@ -406,7 +412,7 @@ class PartitionLog:
         either the old segment active or the new one, never a segment based past records that
         a re-dispatch would then append to it; the segment list names the new segment (open)
         once its files exist. On an object store (``base`` None) the writer's local segments
-        are sealed instead (uploaded and committed to the manifest). Returns whether it rolled
+        are published instead (uploaded and committed to the manifest). Returns whether it rolled
         (``unroll`` takes a local roll back while nothing was appended).
 
         Called on append (``segment.bytes``, the time rule: ``_roll_cut``), by ``roll_if_due``,
@@ -414,9 +420,9 @@ class PartitionLog:
         rolled segment is re-encoded into format 2 at the next ``sync`` (reput/seal.py;
         ``seal=False``: not, e.g. when a compaction rewrites it at once)."""
         if base is None:
-            sealed = self.catalog.roll_by_sealing(self, writer)
-            if sealed is not None:
-                return sealed
+            published = self.catalog.roll_by_publishing(self, writer)
+            if published is not None:
+                return published
         base = self.next_offset if base is None else base
         if self.segments and self.segments[-1].base == base:
             return False
@@ -432,8 +438,8 @@ class PartitionLog:
             old = self.segments.pop()
             self.catalog.segment_dropped(old.base)
             self._new_segment(base)  # (nothing to take back to)
-            self.local_fs.delete(self.seg_log_path(old))
-            self.local_fs.delete(self.seg_index_path(old))
+            self.local_fs.delete(old.log_path)
+            self.local_fs.delete(old.bcq_path)
             self.local_fs.sync_dir(self.dir)
             return True
         self.sync()
@@ -449,7 +455,7 @@ class PartitionLog:
         (``TopicConfig.roll_ms``: min(segment.ms, max.compaction.lag.ms) for a compacted topic)
         by the writer's clock, counted from its first append in this process: what a long-
         running writer calls while its topic is idle (Kafka rolls only on the next append).
-        Not on an object store, where every flush seals. Returns whether it rolled."""
+        Not on an object store, where every flush publishes. Returns whether it rolled."""
         seg = self.segments[-1] if self.segments else None
         if (not self.writable or not self.catalog.rolls_by_time or seg is None
                 or seg.kind != "file"
@@ -473,7 +479,7 @@ class PartitionLog:
         if self._first_ts is None or self._first_ts[0] != seg.base:
             first = None
             if seg.log_size:
-                own = self.entries(seg)["timestamp"]
+                own = seg.entries()["timestamp"]
                 i = np.flatnonzero(own >= 0)
                 first = int(own[i[0]]) if i.size else None
             if first is None:
@@ -508,8 +514,8 @@ class PartitionLog:
         self._dirty_files = []
         seg = self.segments.pop()
         self.catalog.restore_list_state(lst)
-        self.local_fs.delete(self.seg_log_path(seg))
-        self.local_fs.delete(self.seg_index_path(seg))
+        self.local_fs.delete(seg.log_path)
+        self.local_fs.delete(seg.bcq_path)
         return True
 
     def _close_files(self) -> None:
@@ -540,7 +546,7 @@ class PartitionLog:
         scratch = self._entry_scratch
         while lo < hi:
             if not self.segments or self.segments[-1].kind != "file":
-                # (on S3, after a seal, the next record starts a new local segment)
+                # (on S3, after a publish, the next record starts a new local segment)
                 self._new_segment(int(s.offsets[lo]))
             self._before_roll = None
             self.catalog.before_append()
@@ -623,11 +629,11 @@ class PartitionLog:
         self._log = self._idx = None
         self._dirty_files = []
 
-    def close(self, seal: bool = True) -> None:
-        """Release the partition. An S3 writer first seals what it appended (``seal=False``:
+    def close(self, publish: bool = True) -> None:
+        """Release the partition. An S3 writer first publishes what it appended (``publish=False``:
         leave it in the local directory, for the next open to upload)."""
-        if seal and self.writable and self._writer_lock is not None:
-            self.seal()  # (an object store's writer publishes what it appended)
+        if publish and self.writable and self._writer_lock is not None:
+            self.publish()  # (an object store's writer publishes what it appended)
         self._sync_and_close_files()
         if self._writer_lock is not None:
             self.catalog.after_sync(closing=True)

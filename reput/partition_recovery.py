@@ -55,7 +55,7 @@ class Recovery:
         self.recovered_entries += recovered
         self.truncated_bytes += truncated
 
-    # -- a local store's partition (reput/partition_list.py) -------------------------------------
+    # -- a local store's partition (reput/catalog_local.py) -------------------------------------
 
     def local(self, cat) -> None:
         """Finish or roll back an interrupted compaction swap, then repair what a crashed
@@ -116,7 +116,7 @@ class Recovery:
             cat.write_list(set())
             _seed_active_crc(cat)
 
-    # -- a writer's local segments on an object store (reput/partition_manifest.py) ---------------
+    # -- a writer's local segments on an object store (reput/catalog_manifest.py) ---------------
 
     def writer_local_segments(self, cat) -> None:
         """The local segments are recovered as on a local store; those a crash left behind

@@ -141,7 +141,7 @@ class RepairRun:
         if log.next_offset < next_offset:
             log.roll(next_offset)  # the partition continues where it did
         log.sync()
-        log.close(seal=False)
+        log.close(publish=False)
         t, p = staged.topic, staged.partition
         pdir = fn.partition_dir(t, p)
         entry = dict(entry, quarantine=f"{quarantine_dir(self.run)}/{pdir}")

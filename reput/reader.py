@@ -212,10 +212,7 @@ class PartitionReader:
                 time.sleep(0.02 * (attempt + 1))
                 for seg in pl.segments:
                     seg.invalidate()
-                if getattr(pl.catalog, "remote", False) and not pl.writable:
-                    pl.reload_manifest()  # a follower's view may predate a collected split
-                else:
-                    pl.refresh()
+                pl.reread()
         raise AssertionError("unreachable")
 
     # -- a selection ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ Batch APIs (``RecordBatch``, ``encode_batch``, ``scan``) run in compiled kernels
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass, field
@@ -303,7 +304,8 @@ def encode_scanned(batch: RecordBatch, *, secret: bytes, scratch: "Scratch | Non
                           batch.keys.buf, batch.keys.offs, batch.keys.null,
                           batch.values.buf, batch.values.offs, batch.values.null,
                           batch.headers.buf, batch.headers.offs, K.CRC_TABLES,
-                          k0, k1, s.attrs, s.digest_lo, s.digest_hi, s.crcs)
+                          s.attrs, s.crcs)
+    key_digests(batch.keys, k0, k1, s.digest_lo, s.digest_hi)
     s.stop, s.status = int(out.shape[0]), K.SCAN_OK
     return out, s
 
@@ -416,9 +418,24 @@ def hash_ranges(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     n = starts.shape[0]
     lo, hi = np.empty(n, np.uint64), np.empty(n, np.uint64)
     if n:
-        K.siphash128_many(k0, k1, buf, np.ascontiguousarray(starts, dtype=np.int64),
+        _N.siphash_ranges(int(k0), int(k1), buf, np.ascontiguousarray(starts, dtype=np.int64),
                           np.ascontiguousarray(lengths, dtype=np.int64), lo, hi)
     return lo, hi
+
+
+def key_digests(keys: "BytesColumn", k0, k1, lo: np.ndarray, hi: np.ndarray) -> None:
+    """The key digests of a keys column into ``lo``/``hi`` (0, 0 for a null key): the C
+    SipHash (reput/_native.c ``siphash_keys``), kcompact's only one."""
+    if keys.null.shape[0]:
+        _N.siphash_keys(int(k0), int(k1), keys.buf, keys.offs, keys.null.view(np.uint8), lo, hi)
+
+
+@functools.lru_cache(maxsize=64)
+def digest_key_words(secret: bytes) -> tuple[int, int]:
+    """The store secret as the key digest's two 64-bit key words, as Python ints (cached: the
+    readers' verify calls pass them to the C kernels)."""
+    k0, k1 = secret_words(secret)
+    return int(k0), int(k1)
 
 
 def secret_words(secret: bytes) -> tuple[np.uint64, np.uint64]:
@@ -430,10 +447,9 @@ def secret_words(secret: bytes) -> tuple[np.uint64, np.uint64]:
 
 def key_digest(key: bytes, secret: bytes) -> tuple[int, int]:
     """The keyed 128-bit digest of one key (SipHash-2-4-128), as (lo, hi)."""
-    k0, k1 = secret_words(secret)
     arr = np.frombuffer(key, dtype=np.uint8) if key else np.zeros(0, np.uint8)
-    lo, hi = K.siphash128(k0, k1, arr, 0, len(key))
-    return int(lo), int(hi)
+    lo, hi = hash_ranges(arr, np.zeros(1, np.int64), np.array([len(key)], np.int64), secret)
+    return int(lo[0]), int(hi[0])
 
 
 def decode_one(buf, pos: int = 0, *, verify_crc: bool = True, where: str = "buffer") -> Record:

@@ -8,7 +8,7 @@ swapped in with the compaction swap (compaction-swap.md; inputs = outputs = the 
 a crash at any point leaves the format-1 pair or the format-2 pair, never a mix. A compaction of
 the partition running at that moment holds its lock: the seal is skipped (the compaction rewrites
 format-1 segments into format 2 itself). On an object store the writer encodes each segment
-into format 2 just before it uploads it (``encode_segment``, partition_manifest.py).
+into format 2 just before it uploads it (``encode_segment``, catalog_manifest.py).
 
 ``WriterOptions(seal="background")`` (what the mirror's store sink uses): the writer's ``Sealer``
 thread seals rolled segments while appends go on (the encode runs outside the store's lock, with

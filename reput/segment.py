@@ -2,8 +2,8 @@
 
 Kafka gives each batch magic its own ``RecordBatch`` class; RocketMQ reads every queue through
 ``ConsumeQueueInterface``. Here a partition's segment is an object of one class per kind of
-segment, chosen ONCE, when the partition's catalog lists it (``open_segment``, below: the only
-place that looks at a segment's store format), and everything above (the partition reader,
+segment, chosen ONCE, when the partition's catalog lists it (``open_segment``,
+reput/segment_kinds.py: the only place that picks a segment's class), and everything above (the partition reader,
 ``kcompact verify``, the compactor, sealing, replication, the Kafka endpoint) calls its methods
 and never asks which kind it is:
 
@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Iterator, NamedTuple
 import numpy as np
 
 from . import bcq as B
+from .bcq2 import is_lean
 from .backend import Backend, _oserror
 from .errors import CorruptRecordError
 from .segment_desc import SegmentDesc
@@ -513,13 +514,25 @@ class Segment:
 
 
 # ---------------------------------------------------------------------------------------------
-# the dispatch: which kind a listed segment is
+# the formats' registry (the dispatch itself, ``open_segment``: reput/segment_kinds.py)
+
+
+#: the class of each store format, registered by its implementation as it loads
+#: (segment_v1.py, segment_v2.py); reput/segment_kinds.py, the factory, loads them all
+FORMATS: dict[int, type[Segment]] = {}
+
+
+def register_format(fmt: int):
+    """Class decorator: ``cls`` is the segment of store format ``fmt``."""
+    def register(cls):
+        FORMATS[fmt] = cls
+        return cls
+    return register
 
 
 def sniff_format(fs: Backend, bcq_path: str, index_size: int) -> int:
     """The store format of a segment no catalog entry describes, from its .bcq's first bytes
     (a lean index's magic: format 2; anything else, or nothing: format 1)."""
-    from .bcq2 import is_lean
     if index_size < 8:
         return 1
     try:
@@ -529,47 +542,14 @@ def sniff_format(fs: Backend, bcq_path: str, index_size: int) -> int:
     return 2 if is_lean(head) else 1
 
 
-def segment_class(fmt: int) -> type[Segment]:
-    """The class of a segment of store format ``fmt``."""
-    from .segment_v1 import RecordSegment
-    from .segment_v2 import KafkaSegment
-    return KafkaSegment if fmt == 2 else RecordSegment
-
-
-def open_segment(ctx: PartitionContext, base: int, log_size: int, index_size: int, *,
-                 fs: Backend, log_path: str, bcq_path: str, kind: str = "file",
-                 desc: SegmentDesc | None = None, open_tail: bool = False,
-                 reuse: Segment | None = None) -> Segment:
-    """A listed segment as an object of its kind: the one place a segment's kind is chosen.
-    Its catalog entry says its format when it lists one (an open segment is a writer's: format
-    1); else its .bcq's first bytes do. ``reuse``: the object this partition held for the
-    segment before, kept (with what it cached) when it is still of that kind."""
-    if desc is not None:
-        fmt = 1 if desc.open else desc.format
-    elif reuse is not None and (reuse.log_size, reuse.index_size) == (log_size, index_size):
-        fmt = reuse.format
-    else:
-        fmt = sniff_format(fs, bcq_path, index_size)
-    if reuse is not None and reuse.format == fmt:
-        reuse.log_size, reuse.index_size, reuse.desc = log_size, index_size, desc
-        reuse.open_tail = open_tail
-        return reuse
-    if kind == "shared":  # a part of a shared upload object (format 2, by its grammar)
-        from .segment_shared import SharedRangeSegment
-        cls: type[Segment] = SharedRangeSegment
-    else:
-        cls = segment_class(fmt)
-    return cls(ctx, base, log_size, index_size, fs=fs, log_path=log_path, bcq_path=bcq_path,
-               kind=kind, desc=desc, open_tail=open_tail)
-
-
 def describe_files(fs: Backend, log_path: str, bcq_path: str, base: int,
                    nxt: int | None) -> SegmentDesc:
     """A closed segment's entry computed from its files (its index read once): records, first
     and last offsets, sizes, the .bcq's CRC32C and its format. ``nxt`` None: the last offset + 1.
-    A missing file is a CorruptRecordError naming it."""
+    A missing file is a CorruptRecordError naming it. (The formats' classes are registered
+    when reput/segment_kinds.py has loaded them.)"""
     log_size, bcq_size = _size_of_part(fs, log_path), _size_of_part(fs, bcq_path)
-    return segment_class(sniff_format(fs, bcq_path, bcq_size)).describe_files(
+    return FORMATS[sniff_format(fs, bcq_path, bcq_size)].describe_files(
         fs, log_path, bcq_path, base, nxt, log_size, bcq_size)
 
 
@@ -585,4 +565,4 @@ def _size_of_part(fs: Backend, path: str) -> int:
 
 __all__ = ["CHUNK_ENTRIES", "DEFAULT_BLOCK_BYTES", "KafkaBatches", "Located", "PartitionContext",
            "RawRange", "ReadPlan", "Segment", "Selection", "TimestampOffset", "corrupt",
-           "describe_files", "open_segment", "read_fully", "segment_class", "sniff_format"]
+           "FORMATS", "describe_files", "read_fully", "register_format", "sniff_format"]

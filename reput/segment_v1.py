@@ -29,7 +29,6 @@ in one file, as they did in the one partition reader.)
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Iterator
 
@@ -42,9 +41,10 @@ from .backend import Backend, _oserror
 from .columns import RecordColumns, stored_records
 from .errors import CorruptRecordError
 from .jit import native
-from .record import HEADER, HEADER_SIZE, Record, encode, field_spans, scan, secret_words
+from .record import (HEADER, HEADER_SIZE, Record, digest_key_words, encode, field_spans, scan)
 from .segment import (CHUNK_ENTRIES, DEFAULT_BLOCK_BYTES, KafkaBatches, Located, RawRange,
-                      ReadPlan, Segment, Selection, corrupt, describe_files, read_fully)
+                      ReadPlan, Segment, Selection, corrupt, describe_files, read_fully,
+                      register_format)
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
 
@@ -73,16 +73,10 @@ def verify_records(data: np.ndarray, start: int, entries: np.ndarray, secret: by
         return 0 if contiguous and data.shape[0] else -1
     if not 0 <= start <= 0xFFFFFFFF:  # a .log position is 32 bits (bcq.md)
         return 0
-    k0, k1 = _secret_words(secret)
+    k0, k1 = digest_key_words(secret)
     raw = np.ascontiguousarray(entries).view(np.uint8).reshape(-1)
     mode = 2 if guard else 1 if contiguous else 3 if decoded else 0
     return int(_verify(data, int(start), raw, k0, k1, mode))
-
-
-@functools.lru_cache(maxsize=64)
-def _secret_words(secret: bytes) -> tuple[int, int]:
-    k0, k1 = secret_words(secret)
-    return int(k0), int(k1)
 
 
 def mismatch(data: np.ndarray, start: int, entry, secret: bytes) -> str:
@@ -127,8 +121,13 @@ def _head_matches(fd: int, pos: int, size: int, offset: int) -> bool:
 _CMP_FIELDS = ("offset", "timestamp", "digest_lo", "digest_hi", "position", "size", "flags")
 
 
+@register_format(1)
 class RecordSegment(Segment):
-    """A format-1 segment (see the module docstring)."""
+    """A format-1 segment (see the module docstring).
+
+    (About 600 lines on purpose: it implements the whole ``Segment`` interface for one
+    format - plan, read, select, verify, recovery, compaction's questions - and every method
+    reads the same records and entries.)"""
 
     format = 1
     needs_rewrite = True  # a compaction rewrites it into format 2 when it meets it

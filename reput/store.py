@@ -12,30 +12,28 @@ crash exactly once.
 
 On S3 (``s3://bucket/prefix``, docs/formats/manifest.md) the commit log and each partition's
 active segments live in a local directory (``commitlog_dir``, default
-``~/.cache/kcompact/<store id>/``), and ``flush()`` also seals them: each partition appended
+``~/.cache/kcompact/<store id>/``), and ``flush()`` also publishes them: each partition appended
 since the last flush uploads its segments and commits a manifest version, before the reput
 checkpoint moves. Other processes see a writer's records once they are flushed.
 
-(Over 600 lines on purpose: the write path's ordering, append, dispatch, flush's fsyncs, seal and
-close under one lock, is the durability argument and reads as one; store.json's layers, the
-readers and the partition catalog are in modules of their own.)
+The store's jobs, each in its room (docs/architecture.md, "The rooms of the storage layer"):
+store.json (``StoreMeta``, reput/store_meta.py), how writes are published (one publisher per
+kind of backend, reput/publisher.py), reput (``Reput``, reput/reput_service.py: RocketMQ's
+ReputMessageService), the read-only views a server shares (reput/partition_views.py). ``Store``
+keeps the rest (see its docstring for why it is over 400 lines).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 
-from . import _kernels as K
 from . import env as _env
 from . import filenames as fn
 from . import shared as SH
@@ -43,36 +41,21 @@ from . import store_catalog as SC
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
-from .errors import (CorruptRecordError, OffsetOrderError, ReputError, StoreFormatError,
+from .errors import (OffsetOrderError, ReputError, StoreFormatError,
                      StoreNotFoundError)
 from . import _native as _N
 from .locks import FileLock, partition_holder
 from .partition import PartitionLog
+from .publisher import publisher_for
 from .reader import PartitionReader, RecordColumns
 from .timing import Timing
-from .record import Record, RecordBatch, Scan, Scratch, encode_scanned, scan, validate_topic
-from .segment_list import canonical, crc32c
-from .topic_configs import TopicConfigLayers, default_config
+from .record import Record, RecordBatch, Scratch, encode_scanned, validate_topic
+from .reput_service import Reput
+from .store_meta import (FEATURE_SEGMENT_LIST, FEATURE_SOURCE_CODEC, FORMAT_VERSION,  # noqa: F401
+                         KNOWN_FORMAT_VERSION, StoreMeta, partition_numbers, topic_id_of)
+from .topic_configs import TopicConfigLayers
 
 
-#: store format (docs/formats/store-json.md): 2 since sealed segments may be Kafka log segments
-#: (segment-v2.md); a format-1 store is raised to 2 when its first format-2 segment is written.
-#: A new store is created at FORMAT_VERSION; this kcompact reads up to KNOWN_FORMAT_VERSION (3:
-#: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
-FORMAT_VERSION = 2
-#: (4: an S3 store holding compaction objects, docs/formats/compaction-object.md; 5: with a
-#: store catalog, docs/formats/store-catalog.md)
-KNOWN_FORMAT_VERSION = SC.STORE_FORMAT
-#: store.json "features": what this store keeps beyond its format. "segment-list": every local
-#: partition has a segment list (docs/formats/segment-list.md), so one without is refused
-FEATURE_SEGMENT_LIST = "segment-list"
-#: store.json "features": "source-codec": the topics' compression.type default is producer (the
-#: source's codec kept); a store without it (created before) keeps zstd (reput/topic_configs.py)
-FEATURE_SOURCE_CODEC = "source-codec"
-#: a follower of an S3 store with shared uploads and no catalog lists a topic's partitions at
-#: most this often (s); the journal names the partitions written since (Store.partitions)
-PARTITIONS_RELIST_S = 30.0
-SEAL_THREADS = 16  # partitions sealed at once by an S3 writer's flush
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
 BACKGROUND_SYNC_BYTES = 8 << 20  # ... and fdatasync the commit log in the background this often
@@ -126,124 +109,6 @@ class SyncPacer:
         self._unqueued = self._unsynced = 0
 
 
-@dataclass
-class StoreMeta:
-    """Contents of store.json (docs/formats/store-json.md)."""
-
-    store_id: str
-    secret: bytes
-    created_ms: int
-    topics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    format_version: int = FORMAT_VERSION
-    #: each topic's synced values and local overrides (reput/topic_configs.py); ``topics``
-    #: holds the effective values they give, written alongside for readers that know only it
-    layers: dict[str, TopicConfigLayers] = field(default_factory=dict)
-    features: list[str] = field(default_factory=list)
-    #: each topic's recorded partitions (Store.record_partitions), written only when some are
-    recorded_partitions: dict[str, list[int]] = field(default_factory=dict)
-    #: each topic's Kafka topic id when a mirror first copied it (Store.record_topic_id)
-    topic_ids: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def defaults(self) -> TopicConfig:
-        """The topics' defaults in this store (topic_configs.default_config)."""
-        return default_config(self.features)
-
-    def set_layers(self, topic: str, layers: TopicConfigLayers) -> None:
-        self.layers[topic] = layers
-        self.topics[topic] = layers.effective(self.defaults).to_dict()
-
-    def _body(self) -> dict:
-        body: dict[str, Any] = {
-            "format_version": self.format_version,
-            "store_id": self.store_id,
-            "digest": {"algorithm": "siphash-2-4-128", "secret": self.secret.hex()},
-            "created_ms": self.created_ms,
-            "topics": self.topics,
-        }
-        if self.layers:
-            body["topic_configs"] = {t: ly.to_json() for t, ly in self.layers.items()}
-        if self.features:
-            body["features"] = sorted(set(self.features))
-        if self.recorded_partitions:
-            body["partitions"] = self.recorded_partitions
-        if self.topic_ids:
-            body["topic_ids"] = self.topic_ids
-        return body
-
-    def to_json(self) -> bytes:
-        body = self._body()
-        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
-        return json.dumps(body, indent=2, sort_keys=True).encode() + b"\n"
-
-    @classmethod
-    def from_json(cls, raw: bytes, where: str) -> "StoreMeta":
-        try:
-            d = json.loads(raw)
-            version = int(d["format_version"])
-        except RecursionError:
-            raise StoreFormatError(f"{where}: store.json is nested too deeply to be one; restore "
-                                   "it from a backup (the digest secret is in it)") from None
-        except (ValueError, KeyError, TypeError):
-            raise StoreFormatError(f"{where}: store.json is truncated or not valid JSON; restore "
-                                   "it from a backup (the digest secret is in it)") from None
-        if version > KNOWN_FORMAT_VERSION:
-            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
-                                   "kcompact")
-        if "crc32c" in d:  # written by a kcompact that checksums it (older ones do not)
-            crc = d.pop("crc32c")
-            try:
-                ok = crc == f"{crc32c(canonical(d)):08x}"
-            except (RecursionError, ValueError, TypeError):
-                ok = False
-            if not ok:
-                raise StoreFormatError(f"{where}: store.json does not match its checksum; "
-                                       "restore it from a backup (the digest secret is in it)")
-        if version > KNOWN_FORMAT_VERSION:
-            raise StoreFormatError(f"{where}: store format version {version} is newer than this "
-                                   f"kcompact understands ({KNOWN_FORMAT_VERSION}); upgrade "
-                                   "kcompact")
-        try:
-            secret = bytes.fromhex(d["digest"]["secret"])
-            if len(secret) != 16 or d["digest"]["algorithm"] != "siphash-2-4-128":
-                raise ValueError
-            topics = d.get("topics", {})
-            for t, cfg in topics.items():
-                validate_topic(t)
-                TopicConfig.from_dict(cfg)
-            features = d.get("features", [])
-            if not isinstance(features, list) or not all(isinstance(f, str) for f in features):
-                raise ValueError("features is not a list of names")
-            if not isinstance(d["store_id"], str) or not d["store_id"]:
-                raise ValueError("store_id is not a name")
-            meta = cls(d["store_id"], secret, int(d.get("created_ms", 0)), topics, version,
-                       features=features)
-            for t, ly in (d.get("topic_configs") or {}).items():
-                meta.set_layers(validate_topic(t), TopicConfigLayers.from_json(ly))
-            meta.recorded_partitions = {validate_topic(t): _partition_list(ps)
-                                        for t, ps in d.get("partitions", {}).items()}
-            meta.topic_ids = {validate_topic(t): _topic_id(i)
-                              for t, i in d.get("topic_ids", {}).items()}
-            return meta
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
-                                   "from a backup") from None
-
-
-def _topic_id(tid: Any) -> str:
-    if not isinstance(tid, str) or not tid or len(tid) > 64:
-        raise ValueError(f"topic_ids: {tid!r} is not a topic id")
-    return tid
-
-
-def _partition_list(ps: Any) -> list[int]:
-    """A topic's entry of store.json's ``partitions``: sorted distinct partition numbers."""
-    if not isinstance(ps, list) or not all(type(p) is int and p >= 0 for p in ps):
-        raise ValueError(f"partitions: {ps!r} is not a list of partition numbers")
-    return sorted(set(ps))
-
-
 def default_commitlog_dir(store_id: str) -> str:
     """Where a writer keeps its commit log (and active segments) for a store that is not a
     local directory: ``$KCOMPACT_CACHE_DIR`` or ``$XDG_CACHE_HOME/kcompact`` or
@@ -266,47 +131,54 @@ def backend_for(url: str) -> Backend:
     return LocalBackend(url)
 
 
+#: a follower of an S3 store with shared uploads and no catalog lists a topic's partitions at
+#: most this often (s); the journal names the partitions written since (Store.partitions)
+PARTITIONS_RELIST_S = 30.0
+
 class Store:
+    """One store as a process opens it: read-only, or with a writer's commit log.
+
+    (About 640 lines on purpose: what stays here is the partition registry - the one door to a
+    partition, ``open_view``/``partition``/``writable_partition`` - and the write path, append,
+    flush's fsyncs, the publisher's step and the checkpoint, close, under one lock, whose
+    ordering is the durability argument and reads as one; store.json's topic configs are
+    rewritten here under store.json.lock. store.json's contents, publishing, reput and the
+    servers' views are the rooms named in the module docstring.)"""
+
     def __init__(self, fs: Backend, meta: StoreMeta, *, writer: str | None,
                  options: WriterOptions, clock: Clock, commitlog_fs: Backend | None = None):
         self.fs, self.meta, self.writer = fs, meta, writer
         self.options, self.clock = options, clock
-        #: an object store: partitions are manifests, active segments live in commitlog_fs
-        self.remote = not fs.appendable
-        if commitlog_fs is None and self.remote:
-            commitlog_fs = LocalBackend(default_commitlog_dir(meta.store_id))
-        self.commitlog_fs = commitlog_fs or fs
-        if self.remote and not self.commitlog_fs.appendable:
-            raise ReputError(f"{fs.url}: pass a local commitlog_dir for the writer's commit log")
-        self.local_fs = self.commitlog_fs if self.remote else fs
-        #: this writer's flushes upload one shared object (docs/formats/shared-upload.md)
-        self.shared_uploads = (self.remote and writer is not None and (
-            options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
-                                           and SH.FEATURE in meta.features)))
-        if self.remote and SC.FEATURE in meta.features:
+        #: how this store's writes are published: one implementation per kind of backend
+        #: (local, S3 per partition, S3 shared; reput/publisher.py), chosen here once
+        self.publisher = publisher_for(fs, meta, writer=writer, options=options,
+                                       commitlog_fs=commitlog_fs,
+                                       default_commitlog_dir=default_commitlog_dir)
+        self.publisher.bind(self)
+        #: the writer's commit log's directory; where partitions' active segments live (the
+        #: store itself, or the commit log's local directory on an object store)
+        self.commitlog_fs, self.local_fs = self.publisher.commitlog_fs, self.publisher.local_fs
+        self.publisher.opened(meta)
+        if not fs.appendable and SC.FEATURE in meta.features:
             # the store catalog (docs/formats/store-catalog.md): every partition's manifest
             # and the journal entries still needed, in one LIST and one GET
             SH.enable(fs)
             SC.enable(fs, clock.ms).refresh(0.0)
-        if self.remote and (self.shared_uploads or SH.FEATURE in meta.features):
-            SH.enable(fs).refresh(0.0)  # (a writer numbers its next object from it)
-        elif self.remote:
-            SH.checked(fs)  # store.json was just read: no shared uploads yet
         #: this writer's journal entries not yet folded into the store catalog (at open: those
         #: a killed process of this writer committed and never folded)
-        self._unfolded: list = self._left_unfolded() if self.shared_uploads else []
+        self._unfolded: list = self.left_unfolded() if self.shared_uploads else []
         #: a follower of a store without a catalog: topic -> (its partitions listed, when)
         self._partition_listing: dict[str, tuple[set[int], float]] = {}
-        self._collected: set[tuple[str, int]] = set()
-        self._registered = False  # in the shared-upload writers registry (_seal_shared)
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
+        self._views: Any = None  # (``views``, made when a server first asks)
         self._writable: set[tuple[str, int]] = set()
         self._wrote_partitions = False
         #: held while partitions are opened, appended to, swapped or released: a compactor or a
         #: replica that changes a partition this store writes takes it around each step
         self.lock = threading.RLock()
         self.commitlog: CommitLog | None = None
-        self._dispatched = 0
+        #: the writer's reput (reput/reput_service.py), made with its commit log
+        self.reput: Reput | None = None
         self._scratch = Scratch()
         self._pacer = SyncPacer()
         self._sync_pool: Any = None  # flush's fsync threads (_sync_partitions), made when needed
@@ -323,23 +195,24 @@ class Store:
         self.partition_fsync_time = Timing()
         if writer is not None:
             self.commitlog = CommitLog(self.commitlog_fs, writer, options, clock)
+            self.reput = Reput(self.commitlog, writer, self.secret, self.writable_partition,
+                               self.stats)
             try:
-                self._dispatched = self.commitlog.read_checkpoint()
-                if self.commitlog.segments and self._dispatched > self.commitlog.end:
+                self.reput.position = self.commitlog.read_checkpoint()
+                if self.commitlog.segments and self.reput.position > self.commitlog.end:
                     # The commit log lost its tail below the checkpoint (fsync=never and a
                     # power cut, or a corrupt record cut by recovery). Those records were
                     # dispatched; new appends start at the end, so dispatch continues there.
-                    self._dispatched = self.commitlog.end
+                    self.reput.position = self.commitlog.end
                 self.dispatch()
-                if self.remote:
-                    self._take_over_local_segments()
+                self.publisher.take_over_local_segments()
                 self.flush()
             except BaseException:
                 # Release the commit-log and partition locks: the caller may fix the cause
                 # (the error says how) and open the store again from this same process.
                 try:
                     for pl in self._partitions.values():
-                        pl.close(seal=False)
+                        pl.close(publish=False)
                 finally:
                     self._partitions.clear()
                     self._writable.clear()
@@ -418,6 +291,11 @@ class Store:
     def secret(self) -> bytes:
         return self.meta.secret
 
+    @property
+    def shared_uploads(self) -> bool:
+        """This writer's flushes upload one shared object (docs/formats/shared-upload.md)."""
+        return self.publisher.shared
+
     def __enter__(self) -> "Store":
         return self
 
@@ -431,7 +309,7 @@ class Store:
         entries it has not folded yet (no LIST of ``partitions/``); None for other stores."""
         # (also under KCOMPACT_S3_FOLLOW=list: a catalog store's partitions not split yet
         # have no manifest, so no directory to list)
-        cat = SC.for_store(self.fs) if self.remote else None
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
         if cat is None:
             return None
         from . import s3_follow as S3F
@@ -454,7 +332,7 @@ class Store:
         every poll round) lists them at most every ``PARTITIONS_RELIST_S``, and adds the
         partitions the journal's entries name (no request)."""
         from . import s3_follow as S3F
-        f = S3F.follower_for(self.fs) if self.remote else None
+        f = S3F.follower_for(self.fs) if not self.fs.appendable else None
         if f is None:
             return {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
         now = time.monotonic()
@@ -483,11 +361,7 @@ class Store:
             found = set(cataloged.get(topic, ()))
         else:
             found = self._listed_partitions(topic)
-        if self.remote:  # this writer's partitions that have no manifest yet
-            with self.lock:
-                found |= {p for (t, p), pl in self._partitions.items()
-                          if t == topic and (t, p) in self._writable and pl.segments}
-        return sorted(found)
+        return sorted(found | self.publisher.unlisted_partitions(topic))
 
     def recorded_partitions(self, topic: str) -> list[int]:
         """The partitions of ``topic`` recorded in store.json (:meth:`record_partitions`): those
@@ -499,7 +373,7 @@ class Store:
         before; docs/formats/store-json.md), so that a partition a mirror knows but has not
         written yet reads as empty instead of unknown. store.json is rewritten atomically, and
         only when the recorded set grows. Returns the recorded partitions."""
-        want = _partition_list(list(partitions))
+        want = partition_numbers(list(partitions))
         with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
             flock.acquire(blocking=True)  # as a topic config change (store-json.md)
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
@@ -510,17 +384,17 @@ class Store:
             self._adopt(meta)
             return list(meta.recorded_partitions.get(topic, []))
 
-    def recorded_topic_id(self, topic: str) -> str | None:
+    def recordedtopic_id_of(self, topic: str) -> str | None:
         """The Kafka topic id ``topic`` had when a mirror first copied it (None: not recorded,
         a store written before ids were recorded, or a broker that gave none)."""
         return self.meta.topic_ids.get(topic)
 
-    def record_topic_id(self, topic: str, topic_id: str) -> str:
+    def recordtopic_id_of(self, topic: str, topic_id: str) -> str:
         """Record ``topic``'s Kafka topic id in store.json unless one is recorded already;
         returns the recorded id, which differs from ``topic_id`` when the topic was deleted
         and created again since (the caller refuses to mix the two: docs/formats/store-json.md).
         Under store.json.lock, as :meth:`record_partitions`."""
-        tid = _topic_id(topic_id)
+        tid = topic_id_of(topic_id)
         with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
             flock.acquire(blocking=True)
             meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
@@ -586,8 +460,7 @@ class Store:
 
     def _adopt(self, meta: StoreMeta) -> None:
         self.meta = meta
-        if self.remote and SH.FEATURE in meta.features:
-            SH.enable(self.fs)  # another process started shared uploads meanwhile
+        self.publisher.adopted(meta)
         for (t, _), pl in self._partitions.items():
             pl.config = self.topic_config(t)
 
@@ -611,14 +484,33 @@ class Store:
 
     # -- partitions ----------------------------------------------------------------------
 
+    def open_view(self, topic: str, partition: int, *, strict: bool = True) -> PartitionLog:
+        """A new read-only view of the partition: the one door every reader comes through
+        (this store's ``partition``, the replication master, the Kafka endpoint, replication's
+        verify), with the store's topic config, clock and strictness, so a partition one
+        command refuses (a segment list gone, a ledger that disagrees) every other refuses
+        with the same line. ``strict=False``: `kcompact verify`, which opens what disagrees
+        with its list to report it (``PartitionLog.problems``)."""
+        return PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
+                            clock=self.clock, require_list=self.require_list, strict=strict)
+
+    @property
+    def views(self) -> "PartitionViews":
+        """Read-only views shared by a server's threads, each under its own lock, opened by
+        ``open_view`` (reput/partition_views.py)."""
+        with self.lock:
+            if self._views is None:
+                from .partition_views import PartitionViews
+                self._views = PartitionViews(self.open_view)
+            return self._views
+
     def partition(self, topic: str, partition: int) -> PartitionLog:
         """The partition's log (read-only view unless this process writes it)."""
         key = (topic, partition)
         with self.lock:
             pl = self._partitions.get(key)
             if pl is None:
-                pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
-                                  clock=self.clock, require_list=self.require_list)
+                pl = self.open_view(topic, partition)
                 self._partitions[key] = pl
             elif key not in self._writable:
                 pl.refresh()
@@ -635,21 +527,9 @@ class Store:
                 self._wrote_partitions = True
                 if self.options.seal_format == 2:  # else rolled segments stay format 1
                     pl.require_format = self.require_format
-                    if self.options.seal == "background" and not self.remote:
-                        self._background_seals(pl)
                 self._partitions[key] = pl
                 self._writable.add(key)
-                if self.shared_uploads:  # a roll, a close, a forced compaction seal so too
-                    pl.catalog.seal_shared = self._seal_shared
-                if self.remote and self.writer is not None and key not in self._collected \
-                        and not (self.shared_uploads and SC.for_store(self.fs) is not None):
-                    # (a shared-upload writer of a catalog store uploads no segment of the
-                    # partition's: the compactor collects after its runs, without a LIST per
-                    # partition at every writer's open)
-                    # a writer's open cleans up after dead writers: orphans of an upload whose
-                    # commit never came, replaced segments past the grace period
-                    self._collected.add(key)
-                    pl.collect_garbage()
+                self.publisher.writable_opened(pl, key)
             return self._partitions[key]
 
     #: how long ``writable_partition`` waits for a partition another process holds (0: it
@@ -667,7 +547,7 @@ class Store:
             try:
                 return PartitionLog(self.fs, topic, partition, self.secret,
                                     self.topic_config(topic), writable=True,
-                                    local_fs=self.local_fs if self.remote else None,
+                                    local_fs=self.local_fs,
                                     clock=self.clock, require_list=self.require_list,
                                     holder=holder)
             except StoreLockedError as e:
@@ -696,7 +576,7 @@ class Store:
     def require_list(self) -> bool:
         """Whether every local partition of this store has a segment list (store.json's
         features say so), so that one without is refused."""
-        return not self.remote and FEATURE_SEGMENT_LIST in self.meta.features
+        return self.publisher.requires_lists(self.meta.features, FEATURE_SEGMENT_LIST)
 
     def _maybe_require_lists(self) -> None:
         """A store from before segment lists: once every partition has its list (each gets
@@ -801,16 +681,12 @@ class Store:
             buf, s = encode_scanned(batch, secret=self.secret, scratch=self._scratch)
             start, end = self.commitlog.append(buf, s.positions)
             self.stats["appended"] += len(batch)
-            if start == self._dispatched:
+            if start == self.reput.position:
                 # The bytes just written are in memory, and so is their scan (one topic, the
                 # batch's): dispatch them without reading or parsing them again.
-                p = s.partitions
-                runs = np.flatnonzero(p[1:] != p[:-1]) + 1
-                n = self._dispatch_runs(buf, s, [0, *runs.tolist(), len(s)], batch.topic)
-                self._dispatched = end
-                self.stats["dispatched"] += n
+                n = self.reput.dispatch_scanned(buf, s, batch.topic, end)
             else:
-                n = self.dispatch()
+                n = self.reput.dispatch()
             self._maybe_start_writeback(end - start)
             return n
 
@@ -825,47 +701,11 @@ class Store:
                 "partitions": self.partition_fsync_time}
 
     def dispatch(self) -> int:
-        """Reput: copy commit-log records after the dispatched position into partitions."""
-        assert self.commitlog is not None
-        total = 0
+        """Reput: copy commit-log records after the dispatched position into partitions
+        (``Reput.dispatch``, reput/reput_service.py)."""
+        assert self.reput is not None
         with self.lock:
-            for seg_base, view, lo, hi in self.commitlog.views(self._dispatched):
-                # re-dispatch from the files (after a crash) always checks CRCs
-                total += self._dispatch_view(view, lo, hi, verify_crc=True,
-                                             where=fn.commitlog_segment(self.writer, seg_base))
-                self._dispatched = seg_base + hi
-                del view
-            self.stats["dispatched"] += total
-        return total
-
-    def _dispatch_view(self, view: np.ndarray, lo: int, hi: int, *, verify_crc: bool,
-                       where: str) -> int:
-        s = scan(view, lo, hi, secret=self.secret, verify_crc=verify_crc, scratch=self._scratch)
-        if s.status != K.SCAN_OK:
-            raise CorruptRecordError(
-                f"{where}: {'torn' if s.status == K.SCAN_TORN else 'corrupt'} record at byte "
-                f"{s.stop} during reput", where, s.stop)
-        if not len(s):
-            return 0
-        return self._dispatch_runs(
-            view, s, K.same_topic_runs(view, s.positions, s.topic_hash, s.partitions).tolist())
-
-    def _dispatch_runs(self, view: np.ndarray, s: Scan, runs: list[int],
-                       topic: str | None = None) -> int:
-        """Append each run s[runs[r]:runs[r + 1]] of records of one topic-partition to its
-        partition; ``topic`` when every run is of that topic, else each run's is read from its
-        first record."""
-        total = 0
-        for a, b in zip(runs, runs[1:]):
-            t = topic
-            if t is None:
-                p = int(s.positions[a])
-                tl = int(view[p + 10])
-                t = bytes(view[p + K.HEADER_SIZE:p + K.HEADER_SIZE + tl]).decode()
-            n = self.writable_partition(t, int(s.partitions[a])).append(view, s, a, b)
-            total += n
-            self.stats["skipped"] += (b - a) - n
-        return total
+            return self.reput.dispatch()
 
     def _maybe_start_writeback(self, nbytes: int) -> None:
         """Under ``fsync=flush``, queue what was appended for writeback every
@@ -901,13 +741,14 @@ class Store:
             advances, self._advances = self._advances, {}
             for (topic, partition), offset in sorted(advances.items()):
                 self.writable_partition(topic, partition).advance_next_offset(offset)
-            if self.remote:
-                # seal: upload each partition's new segments and commit its manifest, before
-                # the checkpoint says those records need no re-dispatch
-                self._seal_all()
-            if self._dispatched != self.commitlog.read_checkpoint():
-                self.commitlog.write_checkpoint(self._dispatched)
-            self.commitlog.delete_dispatched(self._dispatched)
+            # publish (S3: each partition's new segments uploaded and its manifest committed,
+            # or one shared object for all of them), before the checkpoint says those records
+            # need no re-dispatch
+            self.publisher.publish_all()
+            done = self.reput.position
+            if done != self.commitlog.read_checkpoint():
+                self.commitlog.write_checkpoint(done)
+            self.commitlog.delete_dispatched(done)
 
     def _sync_partitions(self) -> None:
         """fsync the files of every partition this writer appended to, several partitions at
@@ -915,7 +756,7 @@ class Store:
         flushes (measured on this VM: 16 files of 8 MiB, 0.08-0.12 s one after another, 0.06 s
         with 8 threads). Every sync ends before this returns; the first failure is raised."""
         pls = [self._partitions[key] for key in self._writable]
-        if self.shared_uploads:
+        if not self.publisher.fsyncs_partitions:
             # the commit log (fsynced above) is the durable copy until the journal commit,
             # after which the local segments are dropped: no fsync of 2 files a partition
             for pl in pls:
@@ -954,102 +795,36 @@ class Store:
                     n += 1
         return n
 
-    def _seal_all(self) -> None:
-        """S3: seal every writable partition, several at once (each is a few requests whose
-        latency, not bandwidth, is the cost); the first failure is raised. With shared uploads
-        one object and one journal entry for all of them instead (``_seal_shared``)."""
-        if self.shared_uploads:
-            self._seal_shared()
-            return
-        cat = SC.for_store(self.fs)
-        if cat is not None:  # every partition's manifest commit: one catalog version
-            with cat.batch(self.writer or "writer"):
-                self._seal_partitions()
-        else:
-            self._seal_partitions()
+    def collect_shared_garbage(self) -> list[str]:
+        """S3 with shared uploads: delete the shared objects every partition has split, and
+        orphans, once the grace period has passed (reput/shared.py ``collect_garbage``); a
+        store catalog is reconciled first and its old versions collected."""
+        gone = []
+        cat = self._reconcile_catalog()
+        if cat is not None:
+            gone += cat.collect_garbage(grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                        now_ms=self.fs.clock_ms())
+        return gone + self.publisher.collect_shared_garbage()
 
-    def _seal_partitions(self) -> None:
-        pls = [self._partitions[k] for k in sorted(self._writable)]
-        if len(pls) <= 1:
-            for pl in pls:
-                pl.seal(self.writer or "writer")
-            return
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(min(SEAL_THREADS, len(pls)),
-                                thread_name_prefix="kcompact-seal") as ex:
-            for f in [ex.submit(pl.seal, self.writer or "writer") for pl in pls]:
-                f.result()
+    def _reconcile_catalog(self):
+        """A store catalog: record every partition manifest newer than the catalog's (each
+        read itself: a committer killed between its manifest commit and the catalog's), so
+        nothing the newest catalog lists is deleted by the collector that follows
+        (docs/formats/store-catalog.md, "Lagging"). Returns the catalog (None: no catalog)."""
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
+        if cat is None:
+            return None
+        from . import manifest as M
+        listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
+                  for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
+        cat.reconcile(lambda t, p: M.read_latest(self.fs, fn.partition_dir(t, p)),
+                      also=listed)
+        return cat
 
-    def _seal_shared(self) -> bool:
-        """S3 with shared uploads (docs/formats/shared-upload.md): the new records of every
-        partition this writer appended to since the last flush, each sealed into format 2, go
-        into ONE object (1 PUT) committed by ONE journal entry (a conditional PUT): 2 requests
-        whatever the partition count. Each partition's local segments are dropped only after
-        the commit: a crash before it leaves an orphan object (collected) and local segments
-        the next open uploads again; after it, local segments the journal already covers
-        (recovery drops them). Returns whether an object was committed."""
-        with self.lock:
-            return self._seal_shared_locked()
-
-    def _seal_shared_locked(self) -> bool:
-        writer = self.writer or "writer"
-        pieces = []
-        try:
-            for key in sorted(self._writable):
-                pl = self._partitions[key]
-                got = pl.catalog.shared_pieces(pl)
-                if got is not None:
-                    pieces.append((key, pl, got))
-            if not pieces:
-                return False
-            # store.json says shared uploads are in use before the first shared object
-            self.require_format(SH.STORE_FORMAT, SH.FEATURE)
-            if SC.for_store(self.fs) is None:  # (a store catalog lists them instead)
-                for _, pl, _ in pieces:  # listed by the store (topics, partitions) from now on
-                    pl.catalog.ensure_manifest(writer)
-            journal = SH.enable(self.fs)
-            if not self._registered:  # followers learn of this writer (reput/s3_follow.py)
-                SH.register_writer(self.fs, writer, self.clock.ms())
-                self._registered = True
-            seq = journal.next_seq(writer)
-            stage = f"{fn.SHARED_DIR}/{writer}"
-            self.commitlog_fs.remove_tree(stage)  # a crashed flush's object: an orphan on S3
-            tag = secrets.token_hex(8)
-            ospath = self.commitlog_fs.local_path(f"{stage}/{fn.shared_object(seq, tag)}")
-            os.makedirs(os.path.dirname(ospath), exist_ok=True)
-            with open(ospath, "wb") as out:
-                b = SH.ObjectBuilder(out, writer, seq, tag)
-                for (topic, partition), pl, (_local, ups, nxt) in pieces:
-                    reached = -1  # the next offset of its last part with records
-                    for i, (base, log, log_size, bcq, offs) in enumerate(ups):
-                        if not offs.shape[0]:
-                            continue
-                        reached = ups[i + 1][0] if i + 1 < len(ups) else nxt
-                        b.add(topic, partition, base, log, log_size, bcq, offs, reached)
-                    if reached < nxt:
-                        b.advance(topic, partition, nxt)
-                b.finish()
-            entry = SH.commit_object(self.fs, journal, writer, b, ospath, self.clock.ms())
-        except BaseException:
-            for _, pl, _ in pieces:
-                pl.catalog.shared_aborted()
-            self.commitlog_fs.remove_tree(f"{fn.SHARED_DIR}/{writer}")
-            raise
-        seed = getattr(self.fs, "seed", None)
-        if seed is not None:  # read back from the spool, without a request
-            seed(f"{fn.SHARED_DIR}/{writer}/{b.name}", ospath)
-        else:
-            os.unlink(ospath)
-        for _, pl, (local, ups, _nxt) in pieces:
-            pl.catalog.shared_committed(local, ups)
-        if SC.for_store(self.fs) is not None:
-            self._unfolded.append(entry)
-            if len(self._unfolded) >= SC.fold_every():
-                self.fold_catalog()
-        return True
-
-    def _left_unfolded(self) -> list:
-        cat = SC.for_store(self.fs) if self.remote else None
+    def left_unfolded(self) -> list:
+        """This writer's journal entries above the store catalog's ``folded`` (a killed process
+        of it committed them and never folded them)."""
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
         j = SH.journal_for(self.fs)
         if cat is None or cat.latest is None or j is None or self.writer is None:
             return []
@@ -1065,11 +840,20 @@ class Store:
                     out.append(e)
         return out
 
+    def shared_committed(self, entry) -> None:
+        """A shared upload's journal entry is committed (reput/publisher.py): with a store
+        catalog, fold this writer's entries every ``fold_every()`` commits."""
+        if SC.for_store(self.fs) is None:
+            return
+        self._unfolded.append(entry)
+        if len(self._unfolded) >= SC.fold_every():
+            self.fold_catalog()
+
     def fold_catalog(self) -> None:
         """A store catalog: fold this writer's journal entries committed since the last fold
         (one PUT; docs/formats/store-catalog.md). Not a commit point: a failure is retried at
         the next fold."""
-        cat = SC.for_store(self.fs)
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
         if cat is None or not self._unfolded:
             return
         try:
@@ -1078,73 +862,18 @@ class Store:
             return  # (the entries stay readable from their keys; the next fold retries)
         self._unfolded = []
 
-    def collect_shared_garbage(self) -> list[str]:
-        """S3 with shared uploads: delete the shared objects every partition has split, and
-        orphans, once the grace period has passed (reput/shared.py ``collect_garbage``)."""
-        j = SH.journal_for(self.fs) if self.remote else None
-        if j is None:
-            return []
-        from . import manifest as M
-
-        def manifest_of(topic: str, partition: int):
-            pl = self._partitions.get((topic, partition))
-            if pl is not None and pl.manifest is not None:
-                return pl.manifest  # (stale only errs on keeping)
-            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
-        grace_ms = int(getattr(self.fs, "grace_ms", 0))
-        gone = []
-        cat = self._reconcile_catalog()
-        if cat is not None:
-            gone += cat.collect_garbage(grace_ms=grace_ms, now_ms=self.fs.clock_ms())
-        return gone + SH.collect_garbage(self.fs, j, manifest_of, grace_ms=grace_ms,
-                                         now_ms=self.clock.ms(),
-                                         objects_now_ms=self.fs.clock_ms())
-
-    def _reconcile_catalog(self):
-        """A store catalog: record every partition manifest newer than the catalog's (each
-        read itself: a committer killed between its manifest commit and the catalog's), so
-        nothing the newest catalog lists is deleted by the collector that follows
-        (docs/formats/store-catalog.md, "Lagging"). Returns the catalog (None: no catalog)."""
-        cat = SC.for_store(self.fs) if self.remote else None
-        if cat is None:
-            return None
-        from . import manifest as M
-        listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
-                  for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
-        cat.reconcile(lambda t, p: M.read_latest(self.fs, fn.partition_dir(t, p)),
-                      also=listed)
-        return cat
-
     def compaction_batch(self):
         """S3: the batch that publishes a compaction run's outputs of every partition in one
         object (reput/compaction_object.py); None on a local store or with
-        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition``."""
-        from . import compaction_object as CO
-        if not self.remote or CO.mode() != "store":
-            return None
-        return CO.CompactionBatch(self.fs, self.local_fs.local_path(fn.COMPACTED_DIR),
-                                  writer=self.writer or "compactor",
-                                  require_format=self.require_format)
+        ``KCOMPACT_S3_COMPACTION_OBJECTS=partition`` (the publisher's)."""
+        return self.publisher.compaction_batch()
 
     def collect_compaction_garbage(self) -> list[str]:
         """S3: delete compaction objects no partition lists any more (nor retired less than
         the grace period ago), and those a killed run never committed, once the grace period
-        has passed (reput/compaction_object.py ``collect_garbage``)."""
-        if not self.remote:
-            return []
-        from . import compaction_object as CO
-        from . import manifest as M
-
-        def manifest_of(topic: str, partition: int):
-            pl = self._partitions.get((topic, partition))
-            if pl is not None and pl.manifest is not None:
-                return pl.manifest  # (read by this run: stale only errs on keeping)
-            return M.read_latest(self.fs, fn.partition_dir(topic, partition))
+        has passed (reput/compaction_object.py ``collect_garbage``; the publisher's)."""
         self._reconcile_catalog()
-        return CO.collect_garbage(self.fs, manifest_of,
-                                  grace_ms=int(getattr(self.fs, "grace_ms", 0)),
-                                  now_ms=self.clock.ms(), objects_now_ms=self.fs.clock_ms(),
-                                  warn=lambda line: print(line, file=sys.stderr))
+        return self.publisher.collect_compaction_garbage()
 
     def close(self) -> None:
         if self._sealer is not None:
@@ -1159,14 +888,12 @@ class Store:
                 self._sealer = None
             for pl in self._partitions.values():
                 pl.close()
+            if self.shared_uploads:
+                from .catalog_manifest import drain_drops
+                drain_drops()  # (the local segments of its last flushes are gone)
             self._partitions.clear()
             self._writable.clear()
-            if self.remote and self.shared_uploads:
-                from .partition_manifest import drain_drops
-                drain_drops()  # (the local segments of its last flushes are gone)
-            if self._wrote_partitions and not self.remote and not self.require_list:
-                self._wrote_partitions = False
-                self._maybe_require_lists()
+            self.publisher.closed()
             if self.commitlog is not None:
                 self.commitlog.close()
                 self.commitlog = None
@@ -1176,27 +903,6 @@ class Store:
                 self._sync_pool = None
 
     # -- whole-store recovery ------------------------------------------------------------
-
-    def _take_over_local_segments(self) -> None:
-        """S3: local segments a dead writer left in this commit-log directory (appended, maybe
-        flushed to its commit log, never sealed) are opened here, so the flush that follows
-        seals them. Partitions another live process writes are left to it."""
-        from .errors import StoreLockedError
-        for topic in self.local_fs.listdir(fn.PARTITIONS_DIR):
-            try:
-                validate_topic(topic)
-            except ReputError:
-                continue
-            for p in self.local_fs.listdir(fn.topic_dir(topic)):
-                if not p.isdigit() or (topic, int(p)) in self._writable:
-                    continue
-                names = self.local_fs.listdir(fn.partition_dir(topic, int(p)))
-                if not any(fn.parse_base(n) for n in names):
-                    continue
-                try:
-                    self.writable_partition(topic, int(p))
-                except StoreLockedError:
-                    continue
 
     def recover_writers(self) -> list[str]:
         """Re-dispatch every other writer's commit log that no live process holds.

@@ -16,6 +16,8 @@ rolled back (deleted); with swap.json the apply step is redone (every step is id
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import dataclass, replace
 
 from . import filenames as fn
@@ -268,3 +270,23 @@ def empty_trash(fs: Backend, pdir: str) -> int:
     for name in names:
         fs.delete(f"{d}/{name}")
     return len(names)
+
+
+#: deletions deferred by ``empty_trash_later`` (Kafka's file.delete.delay.ms)
+_pending_deletes: list[threading.Thread] = []
+
+
+def empty_trash_later(fs: Backend, pdir: str, delay_s: float) -> None:
+    """``empty_trash`` in ``delay_s`` seconds, in a thread of its own."""
+    def run():
+        time.sleep(delay_s)
+        empty_trash(fs, pdir)
+    t = threading.Thread(target=run, name="kcompact-delete", daemon=True)
+    t.start()
+    _pending_deletes.append(t)
+
+
+def wait_for_deletes() -> None:
+    """Block until deferred segment deletions are done (called before a CLI process exits)."""
+    while _pending_deletes:
+        _pending_deletes.pop().join()

@@ -22,7 +22,6 @@ from . import damage_record as DR
 from . import filenames as fn
 from . import swap
 from .errors import CorruptRecordError, ReputError
-from .partition import PartitionLog
 from .store import Store
 
 
@@ -73,9 +72,9 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
 
 def _verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
     try:
-        pl = PartitionLog(store.fs, topic, partition, store.secret,
-                          require_list=store.require_list, strict=False)
-        if not store.fs.appendable and getattr(pl.catalog, "remote", False):
+        pl = store.open_view(topic, partition, strict=False)
+        from .catalog_manifest import ManifestCatalog
+        if isinstance(pl.catalog, ManifestCatalog):
             # the partition's own manifest objects, not the store catalog's copy of the newest
             # (docs/formats/store-catalog.md): a lost version is damage, as without a catalog
             pl.catalog.manifest = None  # (listed from the first version: nothing assumed)

@@ -44,7 +44,7 @@ def run_standalone(worker_file: str, connector_files: list[str], *, out: TextIO 
     ``metrics`` (HOST:PORT) overrides the worker file's ``metrics.listen``; ``stopped``, when
     given, receives the topics stopped while the others went on (deleted or recreated) -> why."""
     import os
-    from kcompact.reput.gcmode import bulk_gc
+    from kcompact.connectors.framework.gcmode import bulk_gc
     from .connect_rest import Herder, start_rest
     out = out if out is not None else sys.stderr
     props = load_config_file(worker_file)

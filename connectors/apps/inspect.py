@@ -21,7 +21,6 @@ from kcompact.compaction.damage import recorded, remember
 from kcompact.reput import (FLAG_KEYLESS, FLAG_TOMBSTONE, CorruptRecordError, Store,
                             verify_store)
 from kcompact.reput.verify import VerifyReport, verify_partition
-from kcompact.reput import filenames as fn
 from kcompact.reput.shared import FEATURE as SHARED_FEATURE
 from kcompact.reput.record import Record
 
@@ -62,7 +61,7 @@ def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, An
     pl = store.partition(topic, partition)
     records = tombstones = keyless = 0
     for seg in pl.segments:
-        e = pl.entries(seg)
+        e = seg.entries()
         records += e.shape[0]
         if e.shape[0]:
             flags = e["flags"]
@@ -74,29 +73,17 @@ def _partition_summary(store: Store, topic: str, partition: int) -> dict[str, An
         "first_offset": pl.first_offset, "next_offset": pl.next_offset,
         "index_bytes": sum(seg.index_size for seg in pl.segments),
         # each segment's store format and codec (docs/formats/segment-v2.md)
-        "segment_list": [pl.describe_segment(seg) for seg in pl.segments],
+        "segment_list": [seg.describe() for seg in pl.segments],
         # S3 with shared uploads: the shared objects its reads depend on until it is split
         # (docs/s3-shared-uploads.md); 0 everywhere else
-        "shared_objects": getattr(pl.catalog, "shared_objects", 0),
+        "shared_objects": pl.shared_objects,
         "damaged": None,
     }
     # compaction adds the horizon, the dirty ratio and the last run
     doc.update(partition_status(store, topic, partition))
-    doc["last_compaction_ms"] = _last_compaction_ms(store, pl, doc) if \
-        doc.get("last_compaction") else None
+    # (the compaction checkpoint's modification time; None on S3: the manifest keeps the run)
+    doc["last_compaction_ms"] = pl.last_compaction_ms() if doc.get("last_compaction") else None
     return doc
-
-
-def _last_compaction_ms(store: Store, pl, doc: dict[str, Any]) -> int | None:
-    """When the last compaction ended: the time its result was written to the partition's
-    compaction checkpoint (the file's modification time, from the backend). None when that is
-    unknown (an S3 store keeps the last run in its manifest)."""
-    if pl.manifest_mode:
-        return None
-    try:
-        return store.fs.mtime_ms(fn.compaction_checkpoint(pl.topic, pl.partition))
-    except FileNotFoundError:
-        return None
 
 
 def known_partitions(store: Store, topic: str) -> list[int]:
@@ -115,7 +102,9 @@ def store_summary(store: Store, topic: str | None = None, *,
                   verify: bool = False) -> dict[str, Any]:
     if topic:
         _check_topic(store, topic)
-    topics = [topic] if topic else store.topics()
+    # the internal topics (the estate's captures, restore progress) after the user's
+    topics = [topic] if topic else sorted(store.topics(),
+                                          key=lambda t: (t.startswith("__kcompact-"), t))
     estate = estate_times(store, topics)
     return {
         "store": store.url, "store_id": store.meta.store_id,

@@ -39,8 +39,8 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
                     chunk_records: int | None = None, groups: str | None = None,
                     as_of_ms: int | None = None, allow_inexact: bool = False,
                     acls: bool = False, acl_principal_map: tuple[str, ...] = (),
-                    schema_registry: str | None = None, keep_schema_ids: bool = False
-                    ) -> dict[str, Any]:
+                    schema_registry: str | None = None, keep_schema_ids: bool = False,
+                    configs: bool = False) -> dict[str, Any]:
     props: dict[str, Any] = {
         "name": CONNECTOR_NAME,
         "connector.class": "StoreSourceConnector",
@@ -67,6 +67,8 @@ def connector_props(store: str, topic: str, to_topic: str, *, mode: str = "lates
     if schema_registry:
         props["schema.registry.url"] = schema_registry
         props["schema.keep.ids"] = keep_schema_ids
+    if configs:
+        props["configs"] = True
     props.update(kafka_overrides(kafka_config or {}, "producer.override."))
     return props
 
@@ -145,8 +147,8 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
             startup_timeout_ms: int = 10_000, groups: str | None = None,
             as_of_ms: int | None = None, allow_inexact: bool = False, acls: bool = False,
             acl_principal_map: tuple[str, ...] = (), dry_run: bool = False,
-            schema_registry: str | None = None, keep_schema_ids: bool = False
-            ) -> RestoreResult:
+            schema_registry: str | None = None, keep_schema_ids: bool = False,
+            configs: bool = False) -> RestoreResult:
     """Run a restore in this process; returns when done or stopped, raises on failure. A topic
     with a damaged partition is refused before anything is produced (it could not be
     complete): compaction/damage.py ``refusal``. ``dry_run``: print the ACLs (``acls``) it
@@ -164,7 +166,8 @@ def restore(bootstrap: str, store: str, topic: str, to_topic: str, *, mode: str 
                             kafka_config=kafka_config, chunk_records=chunk_records,
                             groups=groups, as_of_ms=as_of_ms, allow_inexact=allow_inexact,
                             acls=acls, acl_principal_map=acl_principal_map,
-                            schema_registry=schema_registry, keep_schema_ids=keep_schema_ids)
+                            schema_registry=schema_registry, keep_schema_ids=keep_schema_ids,
+                            configs=configs)
     received: list[int] = []
 
     def on_signal(signum, _frame) -> None:
@@ -254,6 +257,7 @@ class RestoreOptions:
     dry_run: bool = False
     schema_registry: str | None = None   # --schema-registry: the target's registry
     keep_schema_ids: bool = False
+    configs: bool = False                # --configs: the target created with the synced configs
 
 
 def run_restore(opts: RestoreOptions) -> int:
@@ -264,7 +268,8 @@ def run_restore(opts: RestoreOptions) -> int:
                   kafka_config=opts.kafka_config, groups=opts.groups, as_of_ms=opts.as_of_ms,
                   allow_inexact=opts.allow_inexact, acls=opts.acls,
                   acl_principal_map=opts.acl_principal_map, dry_run=opts.dry_run,
-                  schema_registry=opts.schema_registry, keep_schema_ids=opts.keep_schema_ids)
+                  schema_registry=opts.schema_registry, keep_schema_ids=opts.keep_schema_ids,
+                  configs=opts.configs)
     return 130 if res.stopped_by == "SIGINT" else 0
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, TextIO
 
-from kcompact.reput.gcmode import bulk_gc
+from kcompact.connectors.framework.gcmode import bulk_gc
 
 from ..errors import ConfigError, ConnectorsError
 from .api import SinkConnector, SourceConnector, TaskFailedError, TopicPartition
@@ -241,6 +241,10 @@ class Worker:
         self._ops = None
         #: the stop events of connectors that have their own (add_connector's ``stop``)
         self._stops: dict[str, threading.Event] = {}
+        #: such a connector's tasks' own stop events (set with its own), and what makes one
+        #: of its task runners again (:meth:`restart_task`)
+        self._task_stops: dict[str, list[threading.Event]] = {}
+        self._task_makers: dict[str, Callable[[int, threading.Event], Any]] = {}
 
     @property
     def ops(self):
@@ -329,6 +333,8 @@ class Worker:
                                        producer_origin, stop)
         except BaseException:
             self._stops.pop(name, None)
+            self._task_stops.pop(name, None)
+            self._task_makers.pop(name, None)
             for c in [c for c in self.connectors if getattr(c, "name", None) == name]:
                 self.connectors.remove(c)  # started, then its partitions or tasks failed
                 try:
@@ -384,21 +390,22 @@ class Worker:
             whole = {t: len(by_topic[t]) for t in values["topics"]
                      if sum(1 for tp in tps if tp.topic == t) == len(by_topic[t])}
             claims, announced = PartitionClaims(n, len(tps)), {}
-            for i, tprops in enumerate(task_props):
-                assignment = tps[i::n]
+
+            def make_task(i: int, task_stop: threading.Event) -> SinkTaskRunner:
                 conf = dict(settings.conf, **{"client.id": f"kcompact-{name}-{i}"})
-                runners.append(SinkTaskRunner(
-                    connector=name, task_id=i, task=task_cls(), props=tprops,
-                    assignment=assignment, consumer_conf=conf,
+                return SinkTaskRunner(
+                    connector=name, task_id=i, task=task_cls(), props=task_props[i],
+                    assignment=tps[i::n], consumer_conf=conf,
                     key_converter=self._converter("key", values, props),
                     value_converter=self._converter("value", values, props),
-                    errors=self._errors(name, i, values, stop), follow=values["follow"],
+                    errors=self._errors(name, i, values, task_stop), follow=values["follow"],
                     batch_max=values["batch.max.records"], flush_interval_ms=flush_ms,
-                    stop=stop, startup_timeout=timeout, settings=settings,
+                    stop=task_stop, startup_timeout=timeout, settings=settings,
                     whole_topics=whole,
                     topic_pattern=(values["topics.regex"], values["topics.exclude.regex"])
                     if values.get("topics.regex") else None,
-                    claims=claims, announced=announced, topics=values["topics"]))
+                    claims=claims, announced=announced, topics=values["topics"])
+            runners = self._make_tasks(name, len(task_props), make_task, stop)
         elif isinstance(connector, SourceConnector):
             if values.get("errors.deadletterqueue.topic.name"):
                 raise ConfigError(f"{where}: errors.deadletterqueue.topic.name applies to sink "
@@ -427,14 +434,16 @@ class Worker:
             if self._offsets is None:
                 self._offsets = FileOffsetStore(path)
             settings = self._settings("producer", {"enable.idempotence": True}, values, None)
-            for i, tprops in enumerate(task_props):
-                runners.append(SourceTaskRunner(
-                    connector=name, task_id=i, task=connector.task_class()(), props=tprops,
-                    producer_conf=settings.conf,
+
+            def make_source(i: int, task_stop: threading.Event) -> SourceTaskRunner:
+                return SourceTaskRunner(
+                    connector=name, task_id=i, task=connector.task_class()(),
+                    props=task_props[i], producer_conf=settings.conf,
                     key_converter=self._converter("key", values, props),
                     value_converter=self._converter("value", values, props),
-                    errors=self._errors(name, i, values, stop), offsets=self._offsets,
-                    flush_interval_ms=flush_ms, stop=stop, settings=settings))
+                    errors=self._errors(name, i, values, task_stop), offsets=self._offsets,
+                    flush_interval_ms=flush_ms, stop=task_stop, settings=settings)
+            runners = self._make_tasks(name, len(task_props), make_source, stop)
         else:
             raise ConfigError(f"{where}: {cls.__name__} is neither a sink nor a source connector")
         for r in runners:
@@ -442,12 +451,49 @@ class Worker:
         self.runners.extend(runners)
         return runners
 
+    def _make_tasks(self, name: str, n: int, make: Callable[[int, threading.Event], Any],
+                    stop: threading.Event) -> list[Any]:
+        """The connector's ``n`` task runners. A connector with a stop event of its own gets
+        one per task too (set with its own), so that one task can restart alone."""
+        if stop is self.stop_event:
+            return [make(i, stop) for i in range(n)]
+        events = [threading.Event() for _ in range(n)]
+        if stop.is_set():
+            for ev in events:
+                ev.set()
+        self._task_stops[name], self._task_makers[name] = events, make
+        return [make(i, ev) for i, ev in enumerate(events)]
+
     # -- running -------------------------------------------------------------------------------
 
     def stop(self) -> None:
         self.stop_event.set()
         for ev in list(self._stops.values()):
             ev.set()
+        for events in list(self._task_stops.values()):
+            for ev in events:
+                ev.set()
+
+    def restart_task(self, name: str, task_id: int) -> Any | None:
+        """Stop task ``task_id`` of connector ``name`` (after its current batch, flushing it)
+        and make it again, not started (same config and partitions); the other tasks go on.
+        None when the connector's tasks cannot restart alone (one that makes its own runners,
+        or added without a stop event of its own)."""
+        make, events = self._task_makers.get(name), self._task_stops.get(name)
+        if make is None or events is None or not 0 <= task_id < len(events):
+            return None
+        old = self.connector_runners(name)[task_id]
+        events[task_id].set()
+        if old.thread.ident is not None:
+            old.thread.join()
+        ev = threading.Event()
+        if self._stops[name].is_set():
+            ev.set()
+        events[task_id] = ev
+        new = make(task_id, ev)
+        new.connector_name = name
+        self.runners[self.runners.index(old)] = new
+        return new
 
     def connector_runners(self, name: str) -> list[Any]:
         """The task runners of connector ``name`` (in task order)."""
@@ -462,6 +508,9 @@ class Worker:
             raise ConnectorsError(f"connector {name!r} was not added with a stop event of its "
                                   "own; it stops with the worker")
         ev.set()
+        for t in self._task_stops.pop(name, []):
+            t.set()
+        self._task_makers.pop(name, None)
         runners = self.connector_runners(name)
         for r in runners:
             if r.thread.ident is not None:  # started
@@ -493,7 +542,7 @@ class Worker:
     def run(self, on_tick: Callable[["Worker"], None] | None = None, tick: float = 0.5) -> None:
         """Start every task and wait until all have ended (or one failed: the others are then
         stopped, and the failure is raised as one line naming the task). The garbage collector
-        runs less often meanwhile (reput/gcmode.py)."""
+        runs less often meanwhile (connectors/framework/gcmode.py)."""
         server = None
         if self.config["metrics.listen"]:
             from kcompact.replication.ops import start_ops

@@ -12,6 +12,7 @@ user guide: docs/fleet.md.
 from __future__ import annotations
 
 import errno
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -87,6 +88,11 @@ class Fleet(BlockSource):
         self._live_seen: tuple[int, ...] = (self.node_id,)
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kcompact-peer")
         self.server: PeerServer | None = None
+        #: journal entries found absent (path -> when): the fleet's followers poll each
+        #: writer's next entry, and this node answers for it at most one GET per half interval
+        self._absent: dict[str, float] = {}
+        from kcompact.reput.s3_follow import follow_interval_s
+        self.absent_ttl_s = follow_interval_s() / 2
         #: the offsets writer's commit (offsets.FleetOffsets.write), set by the endpoint
         self.on_commit: Callable[[str, list], None] | None = None
         # metrics
@@ -167,8 +173,9 @@ class Fleet(BlockSource):
                 self.ping_failures[nid] = self.ping_failures.get(nid, 0) + 1
                 changed = e.args[0] != peer.error
                 peer.error = e.args[0]
-            if changed:
-                self.log.warning("fleet: ping of %s failed: %s", peer.client, e)
+            if changed:  # a peer not up yet (this node started first) is no warning
+                self.log.log(logging.WARNING if peer.last_ok is not None else logging.INFO,
+                             "fleet: ping of %s failed: %s", peer.client, e)
             self._membership()
             return
         self._count_sent("ping", "ok")
@@ -260,8 +267,24 @@ class Fleet(BlockSource):
         if not (fn.is_immutable_object(path) or fn.is_journal_entry(path)) \
                 or path.startswith("/") or ".." in path.split("/"):
             raise ValueError(f"{path!r} is not an immutable object of the store")
+        journal = fn.is_journal_entry(path)
+        if journal:  # a follower's poll of a writer's next entry: one GET per half interval
+            with self._lock:
+                seen = self._absent.get(path)
+            if seen is not None and self.clock() - seen < self.absent_ttl_s:
+                with self._lock:
+                    self.block_hits += 1
+                raise FileNotFoundError(errno.ENOENT, "no such object", path)
         hit = self.fs.has_block(path, block)
-        data = self.fs.read_block(path, block)
+        try:
+            data = self.fs.read_block(path, block)
+        except FileNotFoundError:
+            if journal:
+                with self._lock:
+                    self._absent[path] = self.clock()
+                    if len(self._absent) > 4096:
+                        self._absent.clear()
+            raise
         with self._lock:
             if hit:
                 self.block_hits += 1

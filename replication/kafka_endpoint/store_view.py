@@ -72,7 +72,6 @@ class StoreView:
         self.store = self.master.store
         follow(self.store.fs)  # (MasterStore did already: the endpoint only reads and follows)
         self._lock = threading.Lock()
-        self._parts: dict[tuple[str, int], tuple[threading.Lock, PartitionLog]] = {}
         #: topic -> (its partitions, when listed)
         self._listed: dict[str, tuple[list[int], float]] = {}
 
@@ -122,13 +121,9 @@ class StoreView:
     # -- partitions ----------------------------------------------------------------------------
 
     def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
-        with self._lock:
-            got = self._parts.get((topic, partition))
-            if got is None:
-                pl = PartitionLog(self.store.fs, topic, partition, self.store.secret,
-                                  self.store.topic_config(topic))
-                got = self._parts[(topic, partition)] = (threading.Lock(), pl)
-            return got
+        """(its lock, the partition's view): the store's one door (``Store.views``), shared
+        with the master's, so the endpoint refuses what every command refuses."""
+        return self.store.views.get(topic, partition)
 
     @staticmethod
     def _bounds(pl: PartitionLog) -> Bounds:
@@ -139,8 +134,7 @@ class StoreView:
     def _damaged(self, topic: str, partition: int, err: CorruptRecordError) -> None:
         """Record damage met serving a partition beside it (reput/damage_record.py), once;
         the caller answers KAFKA_STORAGE_ERROR for it."""
-        with self._lock:
-            self._parts.pop((topic, partition), None)
+        self.store.views.forget(topic, partition)
         DR.write(self.store.fs, topic, partition, path_=err.path, position=err.position,
                  reason=str(err).strip().splitlines()[0] if str(err).strip() else
                  type(err).__name__, found_by="kafka endpoint", found_ms=self.store.clock.ms())

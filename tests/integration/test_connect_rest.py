@@ -605,3 +605,35 @@ def test_store_source_offsets_are_its_restore_progress(kafka_bootstrap, make_top
         _wait_state(base, "back", "RUNNING/UNASSIGNED", "the third restore ended")
         assert request(f"{base}/connectors/back/offsets")[1]["offsets"][0]["offset"] == {
             "position": 30}
+
+
+def test_one_task_restarts_alone(kafka_bootstrap, make_topic, tmp_path):
+    """POST /connectors/{name}/tasks/1/restart: task 1 stops (flushed) and starts again on its
+    partition, task 0 goes on untouched (the connector is not restarted: its start line is
+    printed once), and the store holds every record of both partitions once."""
+    topic = make_topic(partitions=2)
+    store = str(tmp_path / "store")
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 5})
+    for i in range(40):
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2)
+    assert p.flush(30) == 0
+
+    def stored() -> tuple[list[int], list[int]]:
+        with Store.open(store) as st:
+            if topic not in st.topics():
+                return [], []
+            return tuple([r.offset for r in st.iter_records(topic, part)] for part in (0, 1))
+    with KcompactConnect(tmp_path, kafka_bootstrap) as k:
+        _create(k.url, "two", {"connector.class": "StoreSinkConnector", "topics": topic,
+                               "store.url": store, "tasks.max": "2"})
+        wait_until(lambda: stored() == (list(range(20)), list(range(20))), "40 stored")
+        _wait_state(k.url, "two", "RUNNING/RUNNING,RUNNING", "two tasks running")
+        assert request(f"{k.url}/connectors/two/tasks/1/restart", "POST")[0] == 204
+        k.out.wait_for(r"two: task 1 restarted")
+        _wait_state(k.url, "two", "RUNNING/RUNNING,RUNNING", "running after the restart")
+        for i in range(40, 60):
+            p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=i % 2)
+        assert p.flush(30) == 0
+        wait_until(lambda: stored() == (list(range(30)), list(range(30))), "60 stored")
+        assert k.out.text().count("connect: two: 2 task(s)") == 1, k.out.text()
+        assert request(f"{k.url}/connectors/two/tasks/2/restart", "POST")[0] == 404

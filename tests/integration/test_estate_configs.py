@@ -2,7 +2,8 @@
 syncs is kept in the store's config history (docs/formats/configs.md), so that `kcompact
 configs --describe --as-of TIME` shows the synced values as they were then and `restore
 --as-of TIME` creates the target topic with the cleanup.policy of then, beside the records of
-then. The session's real Apache Kafka 3.9.1 (incremental_alter_configs, describe_configs)."""
+then (`--configs`: with the other synced configs of then too). The session's real Apache
+Kafka 3.9.1 (incremental_alter_configs, describe_configs)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,28 @@ def test_configs_as_of_and_restore_as_of(apache_kafka, tmp_path):
     assert res.returncode == 0, res.stderr
     assert _configs(admin, old)["cleanup.policy"] == "delete"
     assert _configs(admin, new)["cleanup.policy"] == "compact"
+    # without --configs only the policy is set: retention.ms is the target's default
+    assert _configs(admin, old)["retention.ms"] == "604800000"
+    # --configs: the synced configs too, as of then and now (the local override is the
+    # store's own setting, not the source's: not applied)
+    res = kcompact("restore", "--store", store, "--topic", t, "--bootstrap-servers", bootstrap,
+                   "--to-topic", f"{t}-cfg-then", "--as-of", str(t1), "--configs")
+    assert res.returncode == 0, res.stderr
+    assert (f"restore: configs: {t}-cfg-then created with cleanup.policy=delete, "
+            "retention.ms=86400000") in res.stderr, res.stderr
+    then_cfg = _configs(admin, f"{t}-cfg-then")
+    assert (then_cfg["cleanup.policy"], then_cfg["retention.ms"]) == ("delete", "86400000")
+    res = kcompact("restore", "--store", store, "--topic", t, "--bootstrap-servers", bootstrap,
+                   "--to-topic", f"{t}-cfg-now", "--configs")
+    assert res.returncode == 0, res.stderr
+    now_cfg = _configs(admin, f"{t}-cfg-now")
+    assert (now_cfg["cleanup.policy"], now_cfg["retention.ms"]) == ("compact", "172800000")
+    # a target that exists keeps its own (the same restore again, now with --configs)
+    res = kcompact("restore", "--store", store, "--topic", t, "--bootstrap-servers", bootstrap,
+                   "--to-topic", old, "--as-of", str(t1), "--configs")
+    assert res.returncode == 0, res.stderr
+    assert f"restore: configs: {old} exists; its configs are left as they are" in res.stderr
+    assert _configs(admin, old)["cleanup.policy"] == "delete"
     assert sorted((k, v) for _ts, k, v, _h in read_topic(bootstrap, old, 1, offsets=False)[0]) \
         == [(b"a", b"1"), (b"b", b"1")]
 

@@ -117,7 +117,7 @@ class Node:
 class Fleet:
     def __init__(self, url: str, n: int, work: Path, extra_peers: dict[int, int] | None = None):
         self.ports = {i: free_port() for i in range(1, n + 1)}
-        allp = dict(self.ports, **(extra_peers or {}))
+        allp = {**self.ports, **(extra_peers or {})}
         self.peers = ",".join(f"{i}@127.0.0.1:{p}" for i, p in sorted(allp.items()))
         self.url, self.work = url, work
         self.nodes = {i: self.make(i) for i in self.ports}
@@ -159,7 +159,9 @@ def store(s3_store_url, tmp_path_factory):
 
 
 def read_assigned(bootstrap: str, want: int, got: dict, within: float = 60,
-                  extra: dict | None = None) -> dict:
+                  extra: dict | None = None, pace: float = 0.0) -> dict:
+    """Every partition from the beginning into ``got`` until it holds ``want`` records;
+    ``pace``: seconds between polls of at most 20 records (a slow reader)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused",
                   "enable.auto.commit": False, "topic.metadata.refresh.interval.ms": 1000,
                   **(extra or {})})
@@ -167,9 +169,11 @@ def read_assigned(bootstrap: str, want: int, got: dict, within: float = 60,
         c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTS)])
         deadline = time.monotonic() + within
         while len(got) < want and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
+            for m in c.consume(20 if pace else 500, 0.5):
                 if m.error() is None:
                     got[(m.partition(), m.offset())] = (m.key(), m.value())
+            if pace:
+                time.sleep(pace)
     finally:
         c.close()
     return got
@@ -227,9 +231,8 @@ def test_a_node_killed_mid_read_and_restarted(store, tmp_path):
     fleet = Fleet(url, 3, tmp_path).start()
     try:
         got = [{} for _ in range(3)]
-        small = {"max.partition.fetch.bytes": 2048, "fetch.max.bytes": 4096}
         threads = [threading.Thread(target=read_assigned, args=(
-            node.bootstrap, len(dump), got[i], 120, small), daemon=True)
+            node.bootstrap, len(dump), got[i], 120, None, 0.02), daemon=True)
             for i, node in enumerate(fleet.nodes.values())]  # consumer i at node i
         for t in threads:
             t.start()
@@ -341,3 +344,49 @@ def test_java_console_consumers_in_one_group_spread_over_the_fleet(store, tmp_pa
             bits = dict(b.split(":", 1) for b in line.split("\t") if ":" in b)
             seen.add((int(bits["Partition"]), int(bits["Offset"])))
     assert seen == set(dump)
+
+
+def committed_via(bootstrap: str, group: str) -> list[int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        return [tp.offset for tp in c.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTS)], 20)]
+    finally:
+        c.close()
+
+
+def test_committed_offsets_survive_the_coordinator_and_writer_being_killed(store, tmp_path):
+    """Groups committed through the fleet, then the node coordinating most of them (and maybe
+    writing the offsets) SIGKILLed: a new consumer of each group, at another node, finds its
+    commits (the new coordinator reads them from the store)."""
+    url, dump = store
+    fleet = Fleet(url, 3, tmp_path).start()
+    try:
+        groups = [f"kill-g{i}" for i in range(6)]
+        for i, g in enumerate(groups):
+            c = Consumer({"bootstrap.servers": fleet.nodes[1 + i % 3].bootstrap,
+                          "group.id": g, "enable.auto.commit": False})
+            try:
+                c.commit(offsets=[TopicPartition(TOPIC, p, 10 + i + p) for p in range(PARTS)],
+                         asynchronous=False)
+            finally:
+                c.close()
+        want = {g: [10 + i + p for p in range(PARTS)] for i, g in enumerate(groups)}
+        assert {g: committed_via(fleet.nodes[3].bootstrap, g) for g in groups} == want
+        fleet.nodes[2].kill()
+        wait_for(lambda: all(fleet.nodes[n].metric("kcompact_fleet_ring_members") == 2
+                             for n in (1, 3)), 15, "node 2 leaving the ring")
+        assert {g: committed_via(fleet.nodes[1].bootstrap, g) for g in groups} == want
+        # and a commit after the change is kept too (the offsets writer may have moved)
+        c = Consumer({"bootstrap.servers": fleet.nodes[3].bootstrap, "group.id": groups[0],
+                      "enable.auto.commit": False})
+        try:
+            c.commit(offsets=[TopicPartition(TOPIC, p, 100 + p) for p in range(PARTS)],
+                     asynchronous=False)
+        finally:
+            c.close()
+        assert committed_via(fleet.nodes[1].bootstrap, groups[0]) == \
+            [100 + p for p in range(PARTS)]
+    finally:
+        fleet.stop()

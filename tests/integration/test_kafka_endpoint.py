@@ -392,7 +392,7 @@ def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_ka
 
 def _segments(st: Store, topic: str, p: int) -> list[dict]:
     pl = st.partition(topic, p)
-    return [pl.describe_segment(s) for s in pl.segments if s.log_size]
+    return [s.describe() for s in pl.segments if s.log_size]
 
 
 # -- groups ------------------------------------------------------------------------------------------
@@ -453,7 +453,7 @@ def test_produce_is_refused_and_the_store_is_unchanged(served):
               on_delivery=lambda err, _m: errors.append(err))
     p.flush(15)
     assert len(errors) == 1 and errors[0] is not None
-    assert errors[0].code() == KafkaError.POLICY_VIOLATION, errors[0]
+    assert errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errors[0]
     assert read_store(url, topic) == before
 
 
@@ -461,8 +461,8 @@ def test_a_producer_is_refused_and_says_why(served, tmp_path):
     """What docs/kafka-endpoint.md lists: an idempotent librdkafka producer is refused at
     InitProducerId (fatal CLUSTER_AUTHORIZATION_FAILED), a transactional one at its
     coordinator with the read-only message, and the Java producer (VerifiableProducer, its
-    defaults and idempotence explicitly on) prints the endpoint's message or the
-    authorization error; the store is unchanged."""
+    defaults and idempotence explicitly on) prints an authorization error (its default send
+    reaches Produce: TopicAuthorizationException); the store is unchanged."""
     _kafka, topic, url, ep, _ = served
     before = read_store(url, topic)
     p = Producer({"bootstrap.servers": ep.bootstrap, "message.timeout.ms": 10000,
@@ -480,19 +480,21 @@ def test_a_producer_is_refused_and_says_why(served, tmp_path):
     err = got.value.args[0]
     assert err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, err
     assert "read-only" in err.str()
-    for conf, want in (("retries=0\n", "PolicyViolationException"),
+    for conf, want in (("retries=0\n", "TopicAuthorizationException"),
                        ("enable.idempotence=true\nretries=3\n", "ClusterAuthorizationException")):
         props = tmp_path / "producer.properties"
         props.write_text(conf)
         r = java("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server",
                  ep.bootstrap, "--topic", topic, "--max-messages", "1", "--producer.config",
                  str(props))
-        if want == "PolicyViolationException":
+        if want == "TopicAuthorizationException":
             events = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
             failed = [e for e in events if e["name"] == "producer_send_error"]
             assert len(failed) == 1 and failed[0]["exception"].endswith(want), (
                 r.stdout, r.stderr[-2000:])
-            assert "read-only" in failed[0]["message"]
+            # (the Java client names the topic, not the message: "Not authorized to access
+            # topics: [t]")
+            assert topic in failed[0]["message"], failed
         else:  # (a send error event, or the fatal error thrown out of send)
             assert want in r.stdout + r.stderr, (r.stdout, r.stderr[-2000:])
     assert read_store(url, topic) == before

@@ -70,7 +70,7 @@ def test_dump_log_segments_reads_a_sealed_segment(tmp_path, codec):
         sealed = [seg for seg in pl.segments if seg.log_size]
         assert len(sealed) == 1 and sealed[0].format == 2
         kept = list(pl.iter_records())
-        log = Path(url) / pl.seg_log_path(sealed[0])
+        log = Path(url) / sealed[0].log_path
     assert 600 < len(kept) < len(recs)
     out = _dump(log)
     batches = [ln for ln in out.splitlines() if ln.startswith("baseOffset:")]

@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcompact.connectors.apps.kv.remote import ADDRESS_FILE
+from kcompact.connectors.apps.kv.follower_client import ADDRESS_FILE
 from kcompact.replication import ReplicationError
 from kcompact.replication.ops import Ops, Unreachable, start_ops
 from kcompact.reput import RecordBatch, Store, WriterOptions

@@ -310,9 +310,9 @@ def test_rebuild_of_a_compacted_master_equals_it(tmp_path, procs, token):
         pl = PartitionLog(st.fs, TOPIC, 0, st.secret)
         seg = pl.segments[pl.segment_for(victim.offset)]
         assert seg.format == 2
-        e = pl.entries(seg)
+        e = seg.entries()
         bpos = int(e["position"][np.searchsorted(e["offset"], victim.offset)])
-        bsize = int(pl.index(seg).batches()[1][np.searchsorted(pl.index(seg).batches()[0],
+        bsize = int(seg.index().batches()[1][np.searchsorted(seg.index().batches()[0],
                                                                bpos)])
         path = replica / pl.log_path(seg.base)
     log = bytearray(path.read_bytes())
@@ -393,7 +393,7 @@ def _tombstone_clean_times(store_path: Path, partition: int) -> dict[int, int]:
     with Store.open(str(store_path)) as st:
         pl = PartitionLog(st.fs, TOPIC, partition, st.secret)
         for seg in pl.segments:
-            e = pl.entries(seg)
+            e = seg.entries()
             t = (e["flags"] & 3) == 1
             out.update(zip(e["offset"][t].tolist(), e["clean_time"][t].tolist()))
     return out
@@ -470,7 +470,7 @@ def test_issue_zero_copy_records_equal_checked_ones_and_a_damaged_master_is_name
     with Store.open(str(master)) as st:
         pl = PartitionLog(st.fs, TOPIC, 2, st.secret)
         seg = pl.segments[0]
-        e = pl.entries(seg)
+        e = seg.entries()
         mid = e.shape[0] // 2
         assert seg.format == 2  # a Kafka batch: a byte of its payload (segment-v2.md)
         pos = int(e["position"][mid]) + 64

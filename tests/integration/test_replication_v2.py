@@ -132,10 +132,10 @@ def _damage_a_batch(master: Path, partition: int) -> tuple[str, int]:
         pl = st.partition(TOPIC, partition)
         seg = pl.segments[0]
         assert seg.format == 2
-        bpos, bsize, _ = pl.index(seg).batches()
+        bpos, bsize, _ = seg.index().batches()
         assert bpos.shape[0] >= 2
         pos = int(bpos[1])
-        rel = pl.seg_log_path(seg)
+        rel = seg.log_path
     with open(master / rel, "r+b") as f:
         f.seek(pos + 100)
         b = f.read(1)

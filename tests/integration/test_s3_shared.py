@@ -75,7 +75,7 @@ SPLITTER = textwrap.dedent('''
     import os, signal, sys
     from kcompact.reput import Store
     from kcompact.reput import manifest as M
-    from kcompact.reput import partition_manifest as PM
+    from kcompact.reput import catalog_manifest as PM
     from kcompact.compaction import Compactor
     url, cl = sys.argv[1:3]
     def dies(*a, **kw):

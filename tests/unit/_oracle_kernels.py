@@ -18,6 +18,70 @@ from kcompact.reput.jit import njit
 globals().update({k: v for k, v in vars(_product).items() if not k.startswith("__")})
 
 
+# ---------------------------------------------------------------------------------------------
+# SipHash-2-4 with 128-bit output (Aumasson & Bernstein), the keyed key digest: the reference
+# of the C one (reput/_native.c siphash128, kcompact's only one since issue 48).
+
+@njit(cache=True, nogil=True, inline="always")
+def _rotl(x, b):
+    return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sipround(v0, v1, v2, v3):
+    v0 = v0 + v1
+    v1 = _rotl(v1, 13)
+    v1 ^= v0
+    v0 = _rotl(v0, 32)
+    v2 = v2 + v3
+    v3 = _rotl(v3, 16)
+    v3 ^= v2
+    v0 = v0 + v3
+    v3 = _rotl(v3, 21)
+    v3 ^= v0
+    v2 = v2 + v1
+    v1 = _rotl(v1, 17)
+    v1 ^= v2
+    v2 = _rotl(v2, 32)
+    return v0, v1, v2, v3
+
+
+@njit(cache=True, nogil=True)
+def siphash128(k0, k1, buf, start, length):
+    """SipHash-2-4-128 of ``buf[start:start+length]`` under key (k0, k1); returns (lo, hi)."""
+    v0 = np.uint64(0x736F6D6570736575) ^ k0
+    v1 = np.uint64(0x646F72616E646F6D) ^ k1 ^ np.uint64(0xEE)
+    v2 = np.uint64(0x6C7967656E657261) ^ k0
+    v3 = np.uint64(0x7465646279746573) ^ k1
+    end = start + length
+    p = start
+    while end - p >= 8:
+        m = _rd_u64(buf, p)
+        v3 ^= m
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+        v0 ^= m
+        p += 8
+    b = np.uint64(length & 0xFF) << np.uint64(56)
+    i = 0
+    while p + i < end:
+        b |= np.uint64(buf[p + i]) << np.uint64(8 * i)
+        i += 1
+    v3 ^= b
+    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    v0 ^= b
+    v2 ^= np.uint64(0xEE)
+    for _ in range(4):
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    lo = v0 ^ v1 ^ v2 ^ v3
+    v1 ^= np.uint64(0xDD)
+    for _ in range(4):
+        v0, v1, v2, v3 = _sipround(v0, v1, v2, v3)
+    hi = v0 ^ v1 ^ v2 ^ v3
+    return lo, hi
+
+
 @njit(cache=True, nogil=True)
 def _check_header(buf, p, end):
     """Return the record size at p if its header is self-consistent, 0 if torn, -1 if invalid."""

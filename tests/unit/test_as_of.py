@@ -61,7 +61,7 @@ def store_as_of(store: Store, p: int, t: int, by: dict[int, Record]
                 ) -> list[tuple[int, bytes | None, bytes]]:
     """The store's state as of ``t`` (``by``: the partition's records by offset)."""
     pl = store.partition(TOPIC, p)
-    offsets = [int(pl.index(seg).entries["offset"][i])
+    offsets = [int(seg.index().entries["offset"][i])
                for seg, sel in H.as_of_selection(pl, t) for i in sel]
     return [(o, by[o].key, by[o].value) for o in offsets]
 

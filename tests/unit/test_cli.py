@@ -149,9 +149,9 @@ def test_verify_lists_every_problem_with_file_and_position(tmp_path):
     pl = s.partition(TOPIC, 0)
     sealed = pl.sealed_segments
     assert len(sealed) >= 4
-    entries = {seg.base: pl.entries(seg).copy() for seg in sealed[:3]}
-    logs = {seg.base: pl.seg_log_path(seg) for seg in sealed[:3]}
-    idxs = {seg.base: pl.seg_index_path(seg) for seg in sealed[:3]}
+    entries = {seg.base: seg.entries().copy() for seg in sealed[:3]}
+    logs = {seg.base: seg.log_path for seg in sealed[:3]}
+    idxs = {seg.base: seg.bcq_path for seg in sealed[:3]}
     s.close()
     a, b, c = (seg.base for seg in sealed[:3])
     # a record's value in segment a and another in segment c: CRC failures at those records;
@@ -194,7 +194,7 @@ def test_verify_reports_a_damaged_format_2_batch_and_lean_index(tmp_path):
     pl = s.partition(TOPIC, 0)
     sealed = pl.sealed_segments
     assert len(sealed) >= 3 and all(seg.format == 2 for seg in sealed)
-    log_a, idx_b = pl.seg_log_path(sealed[0]), pl.seg_index_path(sealed[1])
+    log_a, idx_b = sealed[0].log_path, sealed[1].bcq_path
     size_a = sealed[0].log_size
     s.close()
     assert kcompact("verify", "--store", url).returncode == 0

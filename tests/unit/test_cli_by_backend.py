@@ -78,7 +78,7 @@ def test_verify_names_a_corrupt_segment_and_dump_refuses_it(store_at, capsys):
     with Store.open(url) as st:
         pl = st.partition(TOPIC, 0)
         seg = pl.segments[1]
-        path = pl.seg_log_path(seg)
+        path = seg.log_path
         data = bytearray(st.fs.read(path))
         data[len(data) // 2] ^= 0xFF
         st.fs.write_atomic(path, bytes(data))  # (an S3 object is never rewritten but here)

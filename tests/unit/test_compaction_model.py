@@ -184,7 +184,7 @@ class CompactionMachine(RuleBasedStateMachine):
             pl = self.store.partition(TOPIC, p)
             segs = []
             for seg in pl.segments:
-                e = pl.entries(seg)
+                e = seg.entries()
                 segs.append((seg.base, seg.log_size,
                              int(e["timestamp"].max()) if e.shape[0] else None,
                              e["offset"].copy()))
@@ -291,7 +291,7 @@ class CompactionMachine(RuleBasedStateMachine):
                     (p, k, L, "tombstone dropped before delete.retention.ms", now - t)
         # (e) clean_time stamps: the time (s) of the compaction that first cleaned the tombstone
         for seg in self.store.partition(TOPIC, p).segments:
-            e = self.store.partition(TOPIC, p).entries(seg)
+            e = seg.entries()
             for o, fl, ct in zip(e["offset"].tolist(), e["flags"].tolist(),
                                  e["clean_time"].tolist()):
                 if fl & B.FLAG_TOMBSTONE and not fl & B.FLAG_KEYLESS:
@@ -389,7 +389,7 @@ def test_issue_keyless_null_value_is_kept(tmp_path):
         clock.advance(60_000)
     assert _kv(s) == [(0, None, None), (1, None, None)]
     pl = s.partition(TOPIC, 0)
-    assert all(int(e["clean_time"]) == 0 for seg in pl.segments for e in pl.entries(seg))
+    assert all(int(e["clean_time"]) == 0 for seg in pl.segments for e in seg.entries())
 
 
 def test_empty_value_is_not_a_tombstone_and_empty_key_is_a_key(tmp_path):
@@ -439,7 +439,7 @@ def test_min_compaction_lag_is_segment_granular(tmp_path):
         s.append(RecordBatch.from_records(TOPIC, recs))
     s.flush()
     pl = s.partition(TOPIC, 0)
-    segs = [(sg.base, pl.entries(sg)) for sg in pl.segments]
+    segs = [(sg.base, sg.entries()) for sg in pl.segments]
     blocker = next(base for base, e in segs if int(e["timestamp"].max()) > clock.ms() - 10_000)
     r = _compact(s, clock, force=False)
     assert r.cleaned_offset == max(int(o) for base, e in segs if base < blocker
@@ -512,7 +512,7 @@ def _many_keys(tmp_path, n: int, distinct: int, map_bytes: int, tombstone_every:
     assert res.rounds >= -(-distinct // max_keys)  # the map could not hold them in one round
 
     pl = s.partition(TOPIC, 0)
-    e = np.concatenate([pl.entries(seg) for seg in pl.segments])
+    e = np.concatenate([seg.entries() for seg in pl.segments])
     # exactly one record per key: as many entries as keys, all digests distinct
     assert e.shape[0] == distinct
     assert np.all(np.diff(e["offset"]) > 0)

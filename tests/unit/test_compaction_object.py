@@ -36,7 +36,7 @@ from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import compaction_object as CO  # noqa: E402
 from kcompact.reput import filenames as fn  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
-from kcompact.reput import store as store_mod  # noqa: E402
+from kcompact.reput import store_meta as store_meta_mod  # noqa: E402
 from kcompact.reput.errors import CorruptRecordError, StoreFormatError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 from kcompact.reput.s3_cache import shared_cache, shared_spool  # noqa: E402
@@ -194,7 +194,7 @@ def test_a_kcompact_that_knows_format_3_refuses_the_store_with_one_line(s3, monk
     url = "s3://bucket/old"
     _write(url, f"{root}/cl", _flushes(3, [50], 10, 4), SHARED)
     _compact(url, f"{root}/cc")
-    monkeypatch.setattr(store_mod, "KNOWN_FORMAT_VERSION", 3)
+    monkeypatch.setattr(store_meta_mod, "KNOWN_FORMAT_VERSION", 3)  # (store.json: store_meta.py)
     with pytest.raises(StoreFormatError) as e:
         Store.open(url)
     msg = str(e.value)
@@ -256,7 +256,7 @@ def test_a_compaction_killed_after_its_upload_loses_nothing(s3, monkeypatch, com
     _write(url, f"{root}/cl", _flushes(5, [120, 120], 20, 5), SHARED)
     before = _records(url)
     after_ref = {p: _dedup(rs) for p, rs in before.items()}
-    from kcompact.reput.partition_manifest import ManifestCatalog
+    from kcompact.reput.catalog_manifest import ManifestCatalog
     orig = ManifestCatalog.commit_staged
     state = {"n": 0}
 

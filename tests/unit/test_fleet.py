@@ -365,3 +365,60 @@ def test_the_offsets_writer_is_fenced_by_its_epoch(tmp_path, monkeypatch):
     view["writer"] = 2
     with pytest.raises(GroupOffsetsError, match="not the offsets writer"):
         nodes[1].write("g", [("t", 0, GroupOffset(1))])
+
+
+def test_peers_over_tls(tmp_path):
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test's certificate)")
+    from kcompact.replication.server import tls_context
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    fake = FakeS3(buckets=("bucket",))
+    data = os.urandom(10 * BLOCK)
+    fake.objects["bucket"][f"s/{OBJ}"] = (data, None)
+    ports = {1: free_port(), 2: free_port()}
+    peers = ",".join(f"{n}@127.0.0.1:{p}" for n, p in ports.items())
+    loop, nodes = Loop(), {}
+    try:
+        for n in (2, 1):  # node 1's block source installed last (one per process)
+            fs = S3Backend("bucket", "s", client=fake, grace_ms=0,
+                           cache=BlockCache(1 << 20, BLOCK),
+                           spool=Spool(1 << 20, str(tmp_path / f"spool{n}")))
+            f = Fleet(FleetOptions(n, f"127.0.0.1:{ports[n]}", peers), "store-1", fs, LOG,
+                      tls_cert=str(cert))
+            loop.run(f.start(tls_context(str(cert), str(key))))
+            f.set_kafka("127.0.0.1", 9000 + n)
+            nodes[n] = f
+        nodes[2].set_kafka("127.0.0.1", 9002)
+        nodes[1].ping_once(2, nodes[1].peers[2])
+        assert sorted(nodes[1].ring().nodes) == [1, 2], nodes[1].peers[2].error
+        assert nodes[1].fs.read(OBJ, 0, len(data)) == data
+        owned2 = sum(1 for b in range(10) if nodes[1].ring().owner(f"b|{OBJ}|{b}") == 2)
+        assert owned2 > 0 and nodes[1].gets_saved == owned2 and gets(fake) == 10
+    finally:
+        for f in nodes.values():
+            loop.run(f.close())
+        loop.stop()
+
+
+def test_an_absent_journal_entry_is_asked_of_s3_once_per_half_interval(fleet2):
+    fake, _, nodes, _ = fleet2
+    ring = nodes[1].ring()
+    seq = next(s for s in range(100)
+               if ring.owner(f"b|shared/w/journal/{s:020d}.json|0") == 2)
+    path = f"shared/w/journal/{seq:020d}.json"
+    now = [1000.0]
+    nodes[2].clock = lambda: now[0]
+    before = gets(fake)
+    for _ in range(3):  # the fleet's followers polling within one half interval
+        with pytest.raises(FileNotFoundError):
+            nodes[1].fs.read(path)
+    assert gets(fake) - before == 1
+    fake.objects["bucket"][f"s/{path}"] = (b'{"entry": 2}', None)  # the writer commits it
+    now[0] += nodes[2].absent_ttl_s
+    assert nodes[1].fs.read(path) == b'{"entry": 2}'
+    assert gets(fake) - before == 2

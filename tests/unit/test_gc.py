@@ -1,9 +1,9 @@
-"""kcompact.reput.gcmode.bulk_gc: raised thresholds while any bulk path runs, the old ones back after."""
+"""kcompact.connectors.framework.gcmode.bulk_gc: raised thresholds while any bulk path runs, the old ones back after."""
 
 import gc
 import threading
 
-from kcompact.reput.gcmode import BULK_THRESHOLD, bulk_gc
+from kcompact.connectors.framework.gcmode import BULK_THRESHOLD, bulk_gc
 
 
 def test_nested_and_threaded_bulk_gc_restores_the_thresholds():

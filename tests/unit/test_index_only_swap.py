@@ -63,7 +63,7 @@ def _segments(d: str) -> dict[int, tuple[int, bytes, np.ndarray]]:
         if seg.log_size:
             path = s.fs.local_path(pl.log_path(seg.base))
             out[seg.base] = (os.stat(path).st_ino, s.fs.read(pl.log_path(seg.base)),
-                             pl.entries(seg).copy())
+                             seg.entries().copy())
     s.close()
     return out
 

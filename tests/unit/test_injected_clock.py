@@ -124,7 +124,7 @@ def test_a_pull_stamps_the_masters_cleaned_tombstones_at_the_replica_clock(tmp_p
         assert state == "pull"
         horizon = 120
         asyncio.run(rep._pull(TOPIC, 0, staging, 0, 200, "t-0", horizon))
-        e = np.concatenate([staging.entries(s) for s in staging.segments])
+        e = np.concatenate([s.entries() for s in staging.segments])
         tomb = (e["flags"] & 3) == 1
         stamped = e["clean_time"][tomb & (e["offset"] <= horizon)]
         assert stamped.size > 10 and (stamped == clock.ms() // 1000).all()

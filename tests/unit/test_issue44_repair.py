@@ -531,7 +531,7 @@ def test_issue44_every_crash_state_of_the_swap_recovers_on_open(tmp_path, crash_
     got = salvage_partition(st.fs, TOPIC, 0, st.secret,
                             lambda buf, s: staged.log.append(buf, s, 0, len(s)))
     staged.log.sync()
-    staged.log.close(seal=False)
+    staged.log.close(publish=False)
     pdir = fn.partition_dir(TOPIC, 0)
     entry = {"topic": TOPIC, "partition": 0,
              "quarantine": f"{Q.quarantine_dir(run_.run)}/{pdir}"}

@@ -91,7 +91,7 @@ def test_md5_colliding_keys_both_survive_compaction(store_at, memory, load):
     digests = {}
     pl = s.partition(TOPIC, 0)
     for seg in pl.segments:
-        for e in pl.entries(seg):
+        for e in seg.entries():
             digests.setdefault(int(e["offset"]), (int(e["digest_lo"]), int(e["digest_hi"])))
     for i in range(0, len(keys), 2):  # records 2i and 2i + 2 hold the two keys of pair i
         assert digests[2 * i] != digests[2 * i + 2]

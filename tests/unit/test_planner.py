@@ -71,7 +71,7 @@ def sealed_dirty_ratio(s: Store, p: int) -> float:
     cleaned = pl.checkpoint()[0]
     clean = dirty = 0
     for seg in pl.sealed_segments:
-        e = pl.entries(seg)
+        e = seg.entries()
         d = e["offset"] > cleaned
         dirty += int(e["size"][d].sum())
         clean += int(e["size"][~d].sum())
@@ -206,7 +206,7 @@ def test_compact_delete_drops_segments_older_than_retention(store_at):
     limit = clock.ms() - 3_600_000
     expired = []
     for seg in pl.segments[:-1]:
-        if int(pl.entries(seg)["timestamp"].max()) >= limit:
+        if int(seg.entries()["timestamp"].max()) >= limit:
             break
         expired.append(seg.base)
     assert len(expired) >= 4

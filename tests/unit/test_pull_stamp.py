@@ -29,7 +29,7 @@ def test_tombstones_at_or_below_clean_upto_are_stamped_keyless_and_later_ones_no
     s = scan(buf, secret=st.secret)
     pl = st.writable_partition(TOPIC, 0)
     pl.append(buf, s, 0, len(s), clean_upto=60, clean_time_s=1_700_000_123)
-    e = np.concatenate([pl.entries(seg) for seg in pl.segments])
+    e = np.concatenate([seg.entries() for seg in pl.segments])
     keyed_tomb = (e["flags"] & 3) == 1
     upto = e["offset"] <= 60
     assert (e["clean_time"][keyed_tomb & upto] == 1_700_000_123).all()
@@ -45,7 +45,7 @@ def test_forced_compaction_after_a_stamped_pull_rewrites_nothing_that_was_clean(
     # stamped now: well inside delete.retention.ms (24 h), so every tombstone is kept
     pl.append(buf, s, 0, len(s), clean_upto=99, clean_time_s=int(time.time()))
     st.flush()
-    before = np.concatenate([pl.entries(seg) for seg in pl.segments])
+    before = np.concatenate([seg.entries() for seg in pl.segments])
     res = Compactor(st, CompactionOptions(offset_map_memory=1 << 16)).compact_partition(
         TOPIC, 0, force=True)
     assert res.skipped is None and res.records_dropped == 0
@@ -53,7 +53,7 @@ def test_forced_compaction_after_a_stamped_pull_rewrites_nothing_that_was_clean(
     # no record dropped, no clean time restamped
     assert res.segments_rewritten == 1
     pl = st.partition(TOPIC, 0)
-    after = np.concatenate([pl.entries(seg) for seg in pl.segments])
+    after = np.concatenate([seg.entries() for seg in pl.segments])
     assert all(seg.format == 2 for seg in pl.segments if seg.log_size)
     assert after["offset"].tolist() == before["offset"].tolist()
     assert after["clean_time"].tolist() == before["clean_time"].tolist()

@@ -16,7 +16,7 @@ from kcompact.reput import batch as KB
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.jit import native
 from kcompact.reput.read_ahead import ReadAhead
-from kcompact.reput.segment_v1 import _secret_words
+from kcompact.reput.record import digest_key_words as _secret_words
 from kcompact.reput.record import Record, RecordBatch
 from kcompact.reput.store import Store, WriterOptions
 
@@ -107,7 +107,7 @@ def test_an_entry_its_record_does_not_match_is_refused(store):
     s, _ = store
     pl = s.partition(TOPIC, 0)
     seg = next(g for g in pl.segments if g.format == 2)
-    idx = pl.index(seg)
+    idx = seg.index()
     e = idx.entries.copy()
     bpos, bsize, _ = idx.batches()
     end = int(bpos[-1] + bsize[-1])

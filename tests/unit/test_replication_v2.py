@@ -229,8 +229,8 @@ def test_install_shipped_copies_batches_and_reindexes_under_its_own_secret(maste
             b = open(os.path.join(str(tmp_path / "replica"), staging.log_path(s["base"])),
                      "rb").read()
             assert a == b  # byte for byte
-            theirs = mpl.entries([g for g in mpl.segments if g.base == s["base"]][0])
-            ours = staging.entries(mine)
+            theirs = [g for g in mpl.segments if g.base == s["base"]][0].entries()
+            ours = mine.entries()
             for col in ("offset", "timestamp", "flags", "position", "size"):
                 assert np.array_equal(ours[col], theirs[col]), col
             keyed = (ours["flags"] & 2) == 0
@@ -262,8 +262,7 @@ def test_a_damaged_segment_is_refused_and_nothing_installed(master, tmp_path, wh
         incoming = Incoming(staging.fs, TOPIC, 0)
         _download(ms, incoming, s)
         local = os.path.join(str(tmp_path / "replica"), incoming.path(s["base"], what))
-        bpos = ms.store.partition(TOPIC, 0).index(
-            ms.store.partition(TOPIC, 0).segments[0]).batches()[0]
+        bpos = ms.store.partition(TOPIC, 0).segments[0].index().batches()[0]
         at = int(bpos[2]) + 70 if what == "log" else s["index_size"] - 5
         _flip(local, at)
         before = sorted(os.listdir(os.path.join(str(tmp_path / "replica"), staging.dir)))
@@ -347,7 +346,7 @@ def test_a_segment_checked_a_block_at_a_time_as_it_arrives_installs_the_same(
             mine = [g for g in staging.segments if g.base == s["base"]][0]
             root = tmp_path / mode / "replica"
             whole[mode] = [open(root / staging.log_path(mine.base), "rb").read(),
-                           staging.entries(mine)]
+                           mine.entries()]
         finally:
             staging.close()
             st.close()

@@ -373,7 +373,7 @@ def test_writer_killed_between_upload_and_commit_leaves_only_orphans(make_fs, fa
 
     def die(*a, **k):
         raise Killed()
-    from kcompact.reput.partition_manifest import ManifestCatalog
+    from kcompact.reput.catalog_manifest import ManifestCatalog
     monkeypatch.setattr(M, "commit", die)  # dies after the uploads, before the commit ...
     monkeypatch.setattr(ManifestCatalog, "_delete_objects", lambda *a: None)  # ... and cleanup
     with pytest.raises(Killed):
@@ -408,7 +408,7 @@ def test_killed_after_commit_before_local_cleanup(make_fs, monkeypatch):
     st = Store.open("s3://bucket/s", fs=fs, writer="w", create=True,
                     options=PARTITION)
     st.append(RecordBatch.from_records("t", _rows(60)))
-    from kcompact.reput.partition_manifest import ManifestCatalog
+    from kcompact.reput.catalog_manifest import ManifestCatalog
     monkeypatch.setattr(ManifestCatalog, "_hand_over", lambda *a: (_ for _ in ()).throw(
         KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):

@@ -77,8 +77,8 @@ def fingerprint(url: str, cl: str) -> dict:
             h = hashlib.sha256()
             for seg in pl.segments:
                 if seg.log_size:
-                    h.update(b"%d|" % seg.base + s.fs.read(pl.seg_log_path(seg)) + b"|"
-                             + s.fs.read(pl.seg_index_path(seg)))
+                    h.update(b"%d|" % seg.base + s.fs.read(seg.log_path) + b"|"
+                             + s.fs.read(seg.bcq_path))
             out[p] = (pl.checkpoint()[0], h.hexdigest())
     return out
 

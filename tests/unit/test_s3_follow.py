@@ -88,7 +88,7 @@ def test_a_new_s3_store_uses_shared_uploads_and_an_existing_one_keeps_its_own(s3
     fake, root = s3
     new = store_url("s3", root, "new")
     with Store.open(new, writer="w", create=True, commitlog_dir=f"{root}/cl1") as st:
-        assert st.shared_uploads
+        assert st.shared_uploads and st.publisher.kind == "s3-shared"  # (reput/publisher.py)
         st.append(_batch("t", _rows(3, 0)))
         st.flush()
     with Store.open(new) as st:
@@ -102,7 +102,7 @@ def test_a_new_s3_store_uses_shared_uploads_and_an_existing_one_keeps_its_own(s3
     old = store_url("s3", root, "old")  # a store made by per-partition uploads keeps them
     _write(old, f"{root}/cl2", [_rows(2, 0)], PARTITION)
     with Store.open(old, writer="w2", create=True, commitlog_dir=f"{root}/cl3") as st:
-        assert not st.shared_uploads
+        assert not st.shared_uploads and st.publisher.kind == "s3"
         st.append(_batch("t", _rows(2, 1)))
         st.flush()
     with Store.open(old) as st:

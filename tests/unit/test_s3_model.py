@@ -138,13 +138,13 @@ class S3CompactionMachine(CM.CompactionMachine):
             pl = self.store.partition(CM.TOPIC, p)
             segs, kinds = [], []
             for seg in pl.segments:
-                e = pl.entries(seg)
+                e = seg.entries()
                 segs.append((seg.base, seg.log_size,
                              int(e["timestamp"].max()) if e.shape[0] else None,
                              e["offset"].copy()))
                 kinds.append(seg.kind)
-            local = [(s.base, pl.local_fs.read(pl.seg_log_path(s)),
-                      pl.local_fs.read(pl.seg_index_path(s)))
+            local = [(s.base, pl.local_fs.read(s.log_path),
+                      pl.local_fs.read(s.bcq_path))
                      for s in pl.segments if s.kind == "file"]
             out[p] = {"segs": segs, "kinds": kinds, "local": local}
         return out
@@ -169,8 +169,8 @@ class S3CompactionMachine(CM.CompactionMachine):
 
     def check_active_untouched(self, pl, pre: dict) -> None:
         """(g) on S3: the writer's local (active) segments are untouched."""
-        now = [(s.base, pl.local_fs.read(pl.seg_log_path(s)),
-                pl.local_fs.read(pl.seg_index_path(s))) for s in pl.segments if s.kind == "file"]
+        now = [(s.base, pl.local_fs.read(s.log_path),
+                pl.local_fs.read(s.bcq_path)) for s in pl.segments if s.kind == "file"]
         assert now == pre["local"]
 
     def after_compaction(self, pre: dict, done: dict, force: bool) -> None:

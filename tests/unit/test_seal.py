@@ -186,8 +186,8 @@ def test_one_record_reads_reuse_the_batch_they_walked_and_see_a_swap(tmp_path):
         b = pl.read(r.offset, max_records=1)
         assert list(b.records()) == [r]
     # each batch read once; the active segment's (format 1) records one read each
-    batches = sum(len(pl.index(seg).batches()[0]) for seg in sealed)
-    active = sum(pl.seg_count(seg) for seg in pl.segments if seg.format == 1)
+    batches = sum(len(seg.index().batches()[0]) for seg in sealed)
+    active = sum(seg.count() for seg in pl.segments if seg.format == 1)
     assert len(reads) == batches + active < len(recs)
     s.close()
     with Store.open(d, writer="w") as w:
@@ -340,13 +340,13 @@ def test_a_one_record_read_refuses_a_record_its_lean_index_entry_does_not_descri
     s = Store.open(d, writer="w")
     pl = s.writable_partition(TOPIC, 0)
     seg = next(seg for seg in pl.segments if seg.format == 2)
-    e = pl.index(seg).entries  # decoded once and kept: the read uses these
+    e = seg.index().entries  # decoded once and kept: the read uses these
     i = e.shape[0] // 2
     target = int(e[i]["offset"])
     e[field][i] ^= 1
     with pytest.raises(CorruptRecordError, match="does not match its lean index entry") as ei:
         pl.read(target, max_records=1)
-    assert pl.seg_log_path(seg) in str(ei.value) and f"byte {int(e[i]['position'])}" in \
+    assert seg.log_path in str(ei.value) and f"byte {int(e[i]['position'])}" in \
         str(ei.value)
     by_offset = {r.offset: r for r in recs}
     for o in (int(e[i - 1]["offset"]), int(e[i + 1]["offset"])):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -100,7 +101,7 @@ SEGMENT_IMPLEMENTATIONS = frozenset({
 #: records that are not a segment's, parsed by the format-1 record codec (name: why)
 NOT_A_SEGMENT = {
     "reput/commitlog.py": ({"scan", "count_records"}, "the commit log's records"),
-    "reput/store.py": ({"scan"}, "the commit log's records, dispatched by reput"),
+    "reput/reput_service.py": ({"scan"}, "the commit log's records, dispatched by reput"),
     "reput/verify.py": ({"count_records"}, "the commit log's records"),
     "reput/columns.py": ({"field_spans"}, "a block's records in memory, already checked"),
     "reput/__init__.py": ({"scan"}, "the record codec's public API, re-exported"),
@@ -198,3 +199,45 @@ def test_the_check_sees_segment_parsing(tmp_path, source, rel, parses):
     f = tmp_path / "m.py"
     f.write_text(source + "\n")
     assert bool(_segment_parsing(rel, str(f))) == parses
+
+
+# -- a backend is an implementation, not a flag (issue 48) -------------------------------------
+
+#: the files that implement a kind of backend: the publishers and the partition catalogs (and
+#: the backends themselves); everything else calls them and never asks which kind it holds
+BACKEND_IMPLEMENTATIONS = {
+    "reput/publisher.py", "reput/catalog.py", "reput/catalog_local.py",
+    "reput/catalog_manifest.py", "reput/backend.py", "reput/s3.py",
+}
+#: what asking looks like: a store's or a partition's "remote" flag, or "manifest_mode"
+KIND_FLAG = re.compile(r"\.remote\b|manifest_mode")
+
+
+def _kind_flags(path: str) -> list[tuple[int, str]]:
+    """(line, text) of each line that tests a backend's kind by its flag."""
+    with open(path, encoding="utf-8") as f:
+        return [(i, line.strip()) for i, line in enumerate(f, 1) if KIND_FLAG.search(line)]
+
+
+def test_nothing_outside_the_backend_implementations_asks_which_kind_it_holds():
+    """Issue 48: local, S3 per partition and S3 shared are one publisher each
+    (reput/publisher.py), chosen where the store opens; the write path, compaction's swap,
+    repair and a replica's install call it (``grep -rnE "\\.remote\\b|manifest_mode" reput
+    compaction replication connectors`` outside these files: nothing)."""
+    bad = [f"{rel}:{line}: {text}" for top, rel, path in _python_files() if top in LAYERS
+           and rel not in BACKEND_IMPLEMENTATIONS for line, text in _kind_flags(path)]
+    assert not bad, "a backend's kind asked outside its implementation:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source,asks", [
+    ("if self.remote:\n    pass", True),
+    ("local_fs = store.local_fs if store.remote else None", True),
+    ("if pl.manifest_mode:\n    pl.publish()", True),
+    ("getattr(live, 'manifest_mode', False)", True),
+    ("self.remote_url = url", False),
+    ("store.publisher.publish_all()", False),
+])
+def test_the_check_sees_a_kind_flag(tmp_path, source, asks):
+    f = tmp_path / "m.py"
+    f.write_text(source + "\n")
+    assert bool(_kind_flags(str(f))) == asks

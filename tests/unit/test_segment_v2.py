@@ -525,7 +525,7 @@ def test_kafka_read_one_gives_the_general_paths_record_or_refuses(records, codec
     timestamp, flags or key digest the record does not have, or whose offset is not in the
     batch: then the general path names what fails."""
     from kcompact.reput.jit import native
-    from kcompact.reput.segment_v1 import _secret_words
+    from kcompact.reput.record import digest_key_words as _secret_words
     n = native()
     if n is None:
         pytest.skip("the C module is not built")
@@ -765,7 +765,7 @@ def test_span_entries_are_the_records_scanned(n, value):
     """span_entries (a replica's index of a shipped span, straight from the Kafka records) gives
     the offsets, timestamps, flags and key digests a scan of the decoded records gives."""
     from kcompact.reput.jit import native
-    from kcompact.reput.segment_v1 import _secret_words
+    from kcompact.reput.record import digest_key_words as _secret_words
     if native() is None:
         pytest.skip("the C module is not built")
     rng = np.random.default_rng(3)

@@ -231,7 +231,7 @@ def test_decoded_check_skips_only_the_crc(kernels):
     buf[int(e["position"][4]) + 4] ^= 0xFF  # record 4's stored CRC
     call = (_N.verify_records if kernels == "c" else K.verify_records)
     ent = np.ascontiguousarray(e).view(np.uint8).reshape(-1)
-    from kcompact.reput.segment_v1 import _secret_words
+    from kcompact.reput.record import digest_key_words as _secret_words
     k0, k1 = _secret_words(SECRET)
     assert call(buf, 0, ent, k0, k1, 0) == 4   # the ordinary check fails it
     assert call(buf, 0, ent, k0, k1, 3) == -1  # the decoded one does not read the CRC

@@ -91,7 +91,7 @@ def _crash(st):
     """What a killed process leaves: its files as they are, its locks released (no flush, no
     seal)."""
     for pl in st._partitions.values():
-        pl.close(seal=False)
+        pl.close(publish=False)
     st._partitions.clear()
     st._writable.clear()
     st.commitlog.close()
@@ -268,7 +268,7 @@ def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_dupl
     make, root = s3
     url = make()
     cl = f"{root}/cl"
-    from kcompact.reput.partition_manifest import ManifestCatalog
+    from kcompact.reput.catalog_manifest import ManifestCatalog
 
     def dies(self, local, ups):
         raise OSError("killed after the commit")
@@ -298,7 +298,7 @@ def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatc
     def dies(*a, **kw):
         raise OSError("killed before the manifest commit")
     monkeypatch.setattr(M, "commit", dies)
-    from kcompact.reput import partition_manifest as PM
+    from kcompact.reput import catalog_manifest as PM
     monkeypatch.setattr(PM.M, "commit", dies)
     with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
         with pytest.raises(OSError, match="killed"):

@@ -45,7 +45,7 @@ def _sealed(st: Store) -> list[tuple[int, int]]:
     """(codec, target) of each sealed format-2 segment's lean index."""
     pl = st.partition(TOPIC, 0)
     pl.refresh()
-    return [(pl.index(s).codec, pl.index(s).target) for s in pl.sealed_segments
+    return [(s.index().codec, s.index().target) for s in pl.sealed_segments
             if s.format == 2]
 
 

@@ -28,7 +28,7 @@ from _stores import backend_env, store_url  # noqa: E402
 from kcompact.compaction.planner import compact_store  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import s3_follow as S3F  # noqa: E402
-from kcompact.reput import store as store_mod  # noqa: E402
+from kcompact.reput import store_meta as store_mod  # noqa: E402
 from kcompact.reput import store_catalog as SC  # noqa: E402
 from kcompact.reput.errors import StoreFormatError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402

@@ -370,13 +370,26 @@ class Herder:
                 m.restarting = set()
 
     def restart_task(self, name: str, task: int) -> None:
-        """A task restarts with its connector's other tasks: they share the assignment of the
-        connector's partitions."""
+        """Only that task restarts (after its current batch, flushed; same config and
+        partitions), the connector's other tasks going on; a connector that makes its own
+        runners (the store source: one task) restarts whole."""
         with self.lock:
             m = self.get(name)
             if not 0 <= task < len(m.task_configs):
                 raise ConnectRestError(404, f"Task {name}-{task} not found")
-            self._restart_now(m)
+            if m.target != "STARTED":
+                return
+            if m.stop is None or task >= len(m.runners):
+                self._restart_now(m)  # not running (failed to start): start it all again
+                return
+            new = self.worker.restart_task(name, task)
+            if new is None:
+                self._restart_now(m)
+                return
+            m.topics.update(m.runners[task].metrics.by_topic)
+            m.runners[task] = new
+            new.start()
+            self.say(f"{name}: task {task} restarted")
 
     # -- views ---------------------------------------------------------------------------------
 

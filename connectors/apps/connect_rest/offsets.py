@@ -29,23 +29,23 @@ from typing import Any
 
 from .herder import ConnectRestError, Herder
 
-STORE_SINK = "kcompact.connectors.plugins.store_sink.StoreSinkConnector"
 
-
-def _class_of(config: dict[str, str]) -> str:
-    from ...framework.worker import BUILTIN_CONNECTORS
-    c = (config.get("connector.class") or "").strip()
-    return BUILTIN_CONNECTORS.get(c, c)
+def _is_a(config: dict[str, str], base: type) -> bool:
+    from ...framework.worker import connector_class
+    try:
+        return issubclass(connector_class(config.get("connector.class") or ""), base)
+    except Exception:  # noqa: BLE001 - not loadable: not one
+        return False
 
 
 def _is_store_sink(config: dict[str, str]) -> bool:
-    from ...framework.worker import connector_class
     from ...plugins.store_sink import StoreSinkConnector
-    try:
-        return issubclass(connector_class(config.get("connector.class") or ""),
-                          StoreSinkConnector)
-    except Exception:  # noqa: BLE001 - not loadable: not a store sink
-        return False
+    return _is_a(config, StoreSinkConnector)
+
+
+def _is_store_source(config: dict[str, str]) -> bool:
+    from ...plugins.store_source import StoreSourceConnector
+    return _is_a(config, StoreSourceConnector)
 
 
 def _sink_entry(topic: str, partition: int, offset: int) -> dict[str, Any]:
@@ -109,16 +109,6 @@ def connector_offsets(herder: Herder, name: str) -> dict[str, Any]:
 
 
 # -- the store source: its restore progress ---------------------------------------------------
-
-
-def _is_store_source(config: dict[str, str]) -> bool:
-    from ...framework.worker import connector_class
-    from ...plugins.store_source import StoreSourceConnector
-    try:
-        return issubclass(connector_class(config.get("connector.class") or ""),
-                          StoreSourceConnector)
-    except Exception:  # noqa: BLE001 - not loadable: not a store source
-        return False
 
 
 def _source_entry(partition: int, position: int) -> dict[str, Any]:

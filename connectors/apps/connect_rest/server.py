@@ -22,7 +22,7 @@ from ...errors import ConfigError, ConnectorsError
 from ...framework.worker import BUILTIN_CONNECTORS, connector_class
 from .herder import ConnectRestError, Herder, not_found
 from .offsets import alter_offsets, connector_offsets, reset_offsets
-from .validate import validate_config
+from .validate import key_definitions, validate_config
 
 HERDER_KEY = web.AppKey("herder", Herder)
 
@@ -228,15 +228,7 @@ def make_app(herder: Herder, *, version: str, commit: str, cluster_id: Callable[
         return _json(200, plugin_list(version, connectors_only=only))
 
     async def plugin_config(request):
-        cls = _plugin(request.match_info["plugin"])
-        from ...framework.worker import connector_definition
-        return _json(200, [{"name": k.name, "type": k.type.value.upper(),
-                            "required": k.required,
-                            "default_value": None if k.required else _default(k.default),
-                            "importance": k.importance.value.upper(),
-                            "documentation": k.doc, "group": None, "width": "NONE",
-                            "display_name": k.name, "dependents": [], "order": -1}
-                           for k in connector_definition(cls).keys()])
+        return _json(200, key_definitions(_plugin(request.match_info["plugin"])))
 
     async def validate(request):
         plugin = request.match_info["plugin"]
@@ -300,16 +292,6 @@ def make_app(herder: Herder, *, version: str, commit: str, cluster_id: Callable[
     r.add_get("/admin/loggers/{logger}", get_logger)
     r.add_put("/admin/loggers/{logger}", put_logger)
     return app
-
-
-def _default(v: Any) -> str | None:
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return ",".join(map(str, v))
-    return str(v)
 
 
 def _same_plugin(given: str, plugin: str) -> bool:

@@ -31,7 +31,25 @@ def _group(name: str, cls: type) -> str:
     return cls.__name__
 
 
-def _text(v: Any) -> str | None:
+def key_info(name: str, type_: str, required: bool, default: str | None, importance: str,
+             doc: str, group: str | None, order: int) -> dict[str, Any]:
+    """Connect's ``ConfigKeyInfo`` of one key (``GET /connector-plugins/{class}/config`` and
+    each entry of a validation result)."""
+    return {"name": name, "type": type_, "required": required, "default_value": default,
+            "importance": importance, "documentation": doc, "group": group, "width": _WIDTH,
+            "display_name": name, "dependents": [], "order": order}
+
+
+def key_definitions(cls: type) -> list[dict[str, Any]]:
+    """Every key of connector class ``cls``, as ``GET /connector-plugins/{class}/config``
+    lists them (no group, order -1: Apache's answer there)."""
+    return [key_info(k.name, k.type.value.upper(), k.required,
+                     None if k.required else text(k.default), k.importance.value.upper(),
+                     k.doc, None, -1) for k in connector_definition(cls).keys()]
+
+
+def text(v: Any) -> str | None:
+    """A default or a value as Connect shows it: a string (lists comma-separated)."""
     if v is None:
         return None
     if isinstance(v, bool):
@@ -71,10 +89,10 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
             errors.append("Must configure one of topics or topics.regex")
         errors_total += len(errors)
         configs.append(_entry(key.name, key.type.value.upper(), required,
-                              None if required else _text(key.default),
+                              None if required else text(key.default),
                               key.importance.value.upper(), key.doc, group, order[group],
-                              _text(raw) if raw is not None else
-                              (None if required else _text(key.default)), errors))
+                              text(raw) if raw is not None else
+                              (None if required else text(key.default)), errors))
     for name, raw in config.items():
         if name in definition or definition.is_passthrough(name):
             continue
@@ -84,7 +102,7 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
         order[group] = order.get(group, 0) + 1
         errors_total += 1
         configs.append(_entry(name, "STRING", False, None, "LOW", "", group, order[group],
-                              _text(raw), [definition.unknown_key_message(name)]))
+                              text(raw), [definition.unknown_key_message(name)]))
     return {"name": f"{cls.__module__}.{cls.__qualname__}", "error_count": errors_total,
             "groups": groups, "configs": configs}
 
@@ -92,9 +110,7 @@ def validate_config(cls: type, config: Mapping[str, Any]) -> dict[str, Any]:
 def _entry(name: str, type_: str, required: bool, default: str | None, importance: str,
            doc: str, group: str, order: int, value: str | None, errors: list[str]
            ) -> dict[str, Any]:
-    return {"definition": {"name": name, "type": type_, "required": required,
-                           "default_value": default, "importance": importance,
-                           "documentation": doc, "group": group, "width": _WIDTH,
-                           "display_name": name, "dependents": [], "order": order},
+    return {"definition": key_info(name, type_, required, default, importance, doc, group,
+                                   order),
             "value": {"name": name, "value": value, "recommended_values": [],
                       "errors": errors, "visible": True}}

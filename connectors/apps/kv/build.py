@@ -37,7 +37,7 @@ import plyvel
 
 from kcompact.compaction import refusal
 from kcompact.reput import ReputError, Store
-from kcompact.reput.gcmode import bulk_gc
+from kcompact.connectors.framework.gcmode import bulk_gc
 from kcompact.reput.errors import CorruptRecordError
 from kcompact.reput.read_ahead import ReadAhead
 from kcompact.reput.reader import IndexCursor
@@ -101,7 +101,7 @@ class MapBuilder(KafkaCatchUp):
     # -- top level ---------------------------------------------------------------------------
 
     def run(self, *, follow: bool = False, stop: threading.Event | None = None) -> dict[str, Any]:
-        with bulk_gc():  # reput/gcmode.py
+        with bulk_gc():  # connectors/framework/gcmode.py
             return self._run_build(follow=follow, stop=stop)
 
     def _run_build(self, *, follow: bool, stop: threading.Event | None) -> dict[str, Any]:

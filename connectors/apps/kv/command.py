@@ -14,7 +14,7 @@ from ...plugins.leveldb_sink import KVError, KVLockedError
 from ..output import text_or_b64
 from .build import MapBuilder
 from .map import KVMap, _make_converter
-from .remote import get_through_follower
+from .follower_client import get_through_follower
 
 
 @dataclass(frozen=True)

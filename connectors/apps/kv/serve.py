@@ -43,7 +43,7 @@ from kcompact.replication.protocol import ServerLimits, check_token, error_doc, 
 from ...plugins.leveldb_sink import KVError, KVLockedError
 from ..output import text_or_b64
 from .map import KVMap, KVSnapshot
-from .remote import FollowerAddress
+from .follower_client import FollowerAddress
 
 #: keys of one multi-get, items of one scan page
 MAX_KEYS = 10_000

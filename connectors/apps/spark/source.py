@@ -36,7 +36,7 @@ def _arrow_batches(store, topic: str, partition: int, mode: str) -> Iterator:
     reader = PartitionReader(pl)
     topic_arr_cache: dict[int, object] = {}
     for seg, which in selection:
-        idx = pl.index(seg)
+        idx = seg.index()
         e = idx.entries if which is None else idx.entries[which]
         if e.shape[0] == 0:
             continue

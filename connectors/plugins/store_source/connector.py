@@ -59,6 +59,10 @@ STORE_SOURCE_CONFIG = (
             "keeps for the store topic and the groups kept with it (store_source/acls.py); "
             "bindings already there are left alone. A target without an authorizer is one "
             "warning.")
+    .define("configs", Type.BOOLEAN, False, None, Importance.MEDIUM,
+            "Create the target topic with the configs synced from the source (as of as.of.ms "
+            "when given: the store's config history, replication/config_capture.py) besides "
+            "its cleanup.policy; a target that exists keeps its own.")
     .define("acls.principal.map", Type.LIST, [], None, Importance.LOW,
             "OLD=NEW pairs (comma-separated): principals renamed in the ACLs created.")
     .define("schema.registry.url", Type.STRING, None, None, Importance.MEDIUM,

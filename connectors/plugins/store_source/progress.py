@@ -170,7 +170,7 @@ class StoreProgress:
             lo, hi = key_digest(self.job.key.encode(), st.secret)
             last = -1
             for seg in pl.segments:
-                e = pl.index(seg).entries
+                e = seg.index().entries
                 if e.shape[0] == 0:
                     continue
                 hit = (e["digest_lo"] == lo) & (e["digest_hi"] == hi)

@@ -293,14 +293,19 @@ class RestoreRunner(TaskRunner):
             store_id = st.meta.store_id
             needed = partition_count(st, topic)
             policy = st.topic_config(topic).cleanup_policy
+            synced = {k: str(v) for k, v in st.topic_config_layers(topic).synced.items()}
             if as_of is not None:  # before anything is created on the cluster
                 from kcompact.compaction.history import check_exact
-                from kcompact.replication.config_capture import layers_as_of
+                from kcompact.replication.config_capture import layers_as_of, synced_as_of
                 check_exact([st.partition(topic, p) for p in st.partitions(topic)], as_of,
                             f"store topic {topic!r}", allow_inexact=allow_inexact)
                 # the cleanup.policy synced from the source as of then (the config history)
                 ly, _ = layers_as_of(st, topic, as_of, allow_inexact=allow_inexact)
                 policy = ly.effective(st.meta.defaults).cleanup_policy
+                synced, _ = synced_as_of(st, topic, as_of, allow_inexact=allow_inexact)
+            # --configs: the target created with the source's configs too (as of then)
+            target_config = dict(synced, **{"cleanup.policy": policy}) \
+                if props.get("configs") else {"cleanup.policy": policy}
             self._acl_plan = None
             if props.get("acls"):
                 from .acls import parse_principal_map, plan_acls
@@ -356,9 +361,14 @@ class RestoreRunner(TaskRunner):
                                     timeout=self.timeout) from None
             rf = int(props.get("target.replication.factor") or -1)
             have, created = ensure_topic(admin, consumer, target, needed, self.bootstrap,
-                                         config={"cleanup.policy": policy},
+                                         config=target_config,
                                          replication_factor=rf, timeout=self.timeout)
             self._created_target = target if created else None
+            if props.get("configs"):
+                shown = ", ".join(f"{k}={v}" for k, v in sorted(target_config.items()))
+                print(f"restore: configs: {target} created with {shown}" if created else
+                      f"restore: configs: {target} exists; its configs are left as they are",
+                      file=self.log, flush=True)
             if have < needed and not props.get("repartition"):
                 raise RestoreError(
                     f"target topic {target!r} has {have} partition(s) but store topic {topic!r} "

@@ -79,7 +79,7 @@ def _latest_tombstones(pl, segs, from_offset: int) -> dict[int, np.ndarray]:
     latest record of their key (only records at or after from_offset can be later ones)."""
     rows = []
     for k, seg in enumerate(segs):
-        e = pl.index(seg).entries
+        e = seg.index().entries
         if e.shape[0] == 0:
             continue
         lo = int(np.searchsorted(e["offset"], from_offset))
@@ -123,10 +123,10 @@ def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
     ``as_of_ms``: only records with a timestamp <= it count (the state as of that time;
     mode=all: every stored record up to it)."""
     pp = _PartitionPlan(pl.partition, cursor=from_offset, end=pl.next_offset)
-    segs = [s for s in pl.segments if pl.index(s).n]
+    segs = [s for s in pl.segments if s.index().n]
     if mode == "all":
         for seg in segs:
-            e = pl.index(seg).entries
+            e = seg.index().entries
             lo = int(np.searchsorted(e["offset"], from_offset))
             which = np.arange(lo, e.shape[0], dtype=np.int64)
             if as_of_ms is not None:
@@ -145,7 +145,7 @@ def plan_partition(pl, mode: str, from_offset: int, *, include_tombstones: bool,
         if selection is None:
             selection = latest_selection(pl, as_of_ms=as_of_ms)
         for seg, which in selection:
-            e = pl.index(seg).entries
+            e = seg.index().entries
             which = which.astype(np.int64)
             which = which[e["offset"][which] >= from_offset]
             extra = tombs.get(seg.base)
@@ -257,7 +257,7 @@ class StoreSourceTask(SourceTask):
             pl = self.pls[pp.partition]
             mark = chunk.mark()
             try:
-                entries = pl.index(seg).entries
+                entries = seg.index().entries
                 a, b = int(idx[pp.at]), int(idx[j - 1])
                 # a run of consecutive entries (nothing overwritten) is a view, not a copy
                 e = entries[a:b + 1] if b - a == j - 1 - pp.at else entries[idx[pp.at:j]]

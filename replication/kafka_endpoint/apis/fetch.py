@@ -20,9 +20,9 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
 * a Fetch below v10 of a topic whose compression.type is zstd: UNSUPPORTED_COMPRESSION_TYPE for
-  each partition, no records, as Kafka answers it (KIP-110; Kafka decides by the topic's
-  config, not by the batches: zstd batches of a ``producer`` topic are served to any version,
-  there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
+  each partition, no records, offsets -1, as Kafka answers it (KIP-110; Kafka decides by the
+  topic's config, not by the batches: zstd batches of a ``producer`` topic are served to any
+  version, there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
   partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
 * a fetch naming no topic (the Java consumer's on close) gets an empty answer at once;
@@ -121,7 +121,7 @@ def read_partitions(view: StoreView, version: int, topics: list, max_bytes: int,
                 results.append(PartitionResult(pi, OFFSET_OUT_OF_RANGE, b))
                 continue
             if zstd_refused:
-                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, b))
+                results.append(PartitionResult(pi, UNSUPPORTED_COMPRESSION_TYPE, _NO_BOUNDS))
                 continue
             limit = min(max(0, int(p.partition_max_bytes)), budget)
             if offset == b.high_watermark or (limit <= 0 and not first):

@@ -1,9 +1,14 @@
 """Produce (key 0): versions 3-9, flexible from 9. Every produce is refused.
 
 Behaviour:
-* every partition of the request is answered POLICY_VIOLATION with a message saying why
-  (``READ_ONLY``: produce to the source cluster, which the store mirrors); nothing is written;
-  each refusal is counted (``kcompact_kafka_produce_refused``);
+* every partition of the request is answered TOPIC_AUTHORIZATION_FAILED with a message saying
+  why (``READ_ONLY``: produce to the source cluster, which the store mirrors); nothing is
+  written; each refusal is counted (``kcompact_kafka_produce_refused``). The code is Kafka's
+  answer to a principal without WRITE on the topic, which is the copy's case (it grants no one
+  WRITE): every client treats it as fatal (none retries) and prints it as an authorization
+  error, also those that never show a Produce's message (aiokafka, kafkajs, sarama,
+  librdkafka), where POLICY_VIOLATION printed only "policy" (docs/kafka-endpoint.md lists what
+  each client prints);
 * a produce with acks=0 expects no answer: None, and the server closes the connection, as
   Kafka closes it when such a produce fails;
 * advertised at all because librdkafka will not fetch from a broker without Produce >= 3.
@@ -17,7 +22,7 @@ Version notes:
 
 from __future__ import annotations
 
-from ..wire import POLICY_VIOLATION
+from ..wire import TOPIC_AUTHORIZATION_FAILED
 from .base import READ_ONLY, register
 
 KEY, NAME = 0, "Produce"
@@ -30,7 +35,7 @@ async def handle(ep, req, conn) -> dict | None:
         return None
     return {"responses": [
         {"name": t.name, "partition_responses": [
-            {"index": p.index, "error_code": POLICY_VIOLATION, "base_offset": -1,
+            {"index": p.index, "error_code": TOPIC_AUTHORIZATION_FAILED, "base_offset": -1,
              "log_start_offset": -1, "record_errors": [], "error_message": READ_ONLY}
             for p in t.partition_data]} for t in req.body.topic_data]}
 

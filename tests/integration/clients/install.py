@@ -5,7 +5,8 @@ between runs.
 * kafka-python and aiokafka (PyPI, requirements.txt, as installed: no extras) into a virtualenv
   of their own, so they are not kcompact's dependencies and see none of kcompact's (zstandard);
 * kafkajs (npm, kafkajs/package.json) into a node_modules directory;
-* kafka-go and sarama (the Go module proxy, goclients/go.mod) built into one program.
+* kafka-go and sarama (the Go module proxy, goclients/go.mod) built into one program;
+* rskafka (crates.io, rskafka/Cargo.toml and Cargo.lock) built with cargo.
 
 The cache is ``$KCOMPACT_CACHE_DIR/clients`` (default ~/.cache/kcompact/clients). Each installer
 returns the path to run or raises ``Unavailable`` with the reason (no toolchain, offline, a failed
@@ -95,8 +96,24 @@ def go_clients() -> Path:
     return exe
 
 
+def rust_clients() -> Path:
+    """The rskafka program (crates.io, rskafka/Cargo.toml and its Cargo.lock)."""
+    cargo = shutil.which("cargo")
+    if cargo is None:
+        raise Unavailable("Rust's cargo is not installed: the rskafka client needs it")
+    src = HERE / "rskafka"
+    d = CACHE / "rskafka-{}".format(_digest(src / "Cargo.toml", src / "Cargo.lock",
+                                            src / "src" / "main.rs"))
+    exe = d / "release" / "rskafka-client"
+    if not exe.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        _run([cargo, "build", "--release", "--locked", "--quiet", "--manifest-path",
+              str(src / "Cargo.toml"), "--target-dir", str(d)], "cargo build of the rskafka client")
+    return exe
+
+
 INSTALLERS = {"kafka-python and aiokafka": python_clients, "kafkajs": node_clients,
-              "kafka-go and sarama": go_clients}
+              "kafka-go and sarama": go_clients, "rskafka": rust_clients}
 
 
 def main() -> int:

@@ -4,7 +4,7 @@
 how the segments are loaded from the files and ``segments.json``, what disagrees between the
 two, and when the writer rewrites the list. Scratch partitions (a replica's ``.replicating/``,
 a merge's ``.compacting/``) keep no list; an object store's catalog is its manifest
-(reput/partition_manifest.py).
+(reput/catalog_manifest.py).
 
 Loading: every listed segment must have its .log and .bcq, each of the listed size unless the
 segment is listed open (a writer is appending to it); files the list does not name are allowed
@@ -112,6 +112,13 @@ class LocalCatalog(SegmentCatalog):
 
     def next_offset_floor(self) -> int:
         return self.seglist.next_offset if self.seglist is not None else 0
+
+    def last_compaction_ms(self) -> int | None:
+        """The modification time of the compaction checkpoint (None: never compacted)."""
+        try:
+            return self.fs.mtime_ms(f"{self.dir}/{fn.COMPACTION_CHECKPOINT}")
+        except FileNotFoundError:
+            return None
 
     def recover(self, recovery) -> None:
         recovery.local(self)

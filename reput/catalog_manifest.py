@@ -4,7 +4,7 @@ Spec: docs/formats/manifest.md. Each sealed segment is an immutable object pair 
 entry gives its record count, first and last offsets and offset bitmap, so offset lookups and
 counts need no download; its .bcq is fetched whole once (``Backend.map``) and its .log read in
 cached blocks. A writer's active segments stay in its local directory (``local_fs``, the store's
-commitlog_dir) with the local layout until ``seal()`` uploads them and commits a manifest version.
+commitlog_dir) with the local layout until ``publish()`` uploads them and commits a manifest version.
 A compaction stages its outputs locally (``stage_swap``) and ``commit_staged`` uploads them and
 commits one manifest version: readers see the old segment list or the new one, never a mix.
 Replaced objects retire with the injected clock's "now" of the commit (``clock``, the store's)
@@ -12,7 +12,7 @@ and are deleted by ``collect_garbage`` once the grace period has passed on that 
 for the object's own age, on the object store's (``Backend.clock_ms``: LastModified is its).
 
 ``ManifestCatalog`` is the ``SegmentCatalog`` (reput/catalog.py) of such a partition; the
-writer's steps that publish (``seal``, ``install_segments``) take the writing ``PartitionLog``,
+writer's steps that publish (``publish``, ``install_segments``) take the writing ``PartitionLog``,
 whose open files they close first and whose topic config the upload follows.
 """
 
@@ -37,7 +37,8 @@ from .backend import Backend
 from .catalog import SegmentCatalog
 from .config import Clock
 from .errors import CorruptRecordError, ReputError
-from .segment import PartitionContext, Segment, open_segment
+from .segment import PartitionContext, Segment
+from .segment_kinds import open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
 
@@ -101,11 +102,15 @@ SHARED_ENCODE_IN_MEMORY = 64 << 20
 
 
 class ManifestCatalog(SegmentCatalog):
-    """A partition's segments on an object store (see the module docstring)."""
+    """A partition's segments on an object store (see the module docstring).
 
-    remote = True
+    (About 650 lines on purpose: the manifest, a compaction's staged outputs, the parts of
+    shared objects and a writer's local segments make one view, and every method that changes
+    one of them keeps the others consistent with it; the publishing that drives it is
+    reput/publisher.py's.)"""
+
     seals_rolled = False  # a writer's segments are encoded into format 2 as they are uploaded
-    rolls_by_time = False  # every flush seals
+    rolls_by_time = False  # every flush publishes
 
     def __init__(self, fs: Backend, local_fs: Backend, pdir: str, ctx: PartitionContext, *,
                  writable: bool, clock: Clock):
@@ -125,8 +130,9 @@ class ManifestCatalog(SegmentCatalog):
         #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
         self._replaced_parts: dict[tuple, SH.Part] = {}
-        #: a writer with shared uploads: its Store's ``_seal_shared`` (``seal`` calls it)
-        self.seal_shared = None
+        #: a writer with shared uploads: its publisher's ``publish_shared`` (``publish`` calls
+        #: it; reput/publisher.py ``SharedPublisher``)
+        self.publish_shared = None
         #: following a store with shared uploads (``refresh``): the journal generation the
         #: parts were last computed at, and how often the manifest is re-read (jittered, so
         #: the partitions of a process do not all re-read at once)
@@ -197,10 +203,10 @@ class ManifestCatalog(SegmentCatalog):
     def recover(self, recovery) -> None:
         recovery.writer_local_segments(self)
 
-    def roll_by_sealing(self, part, writer: str) -> bool | None:
-        """A writer's local segments are sealed (uploaded and committed) instead."""
+    def roll_by_publishing(self, part, writer: str) -> bool | None:
+        """A writer's local segments are published (uploaded and committed) instead."""
         if any(s.kind == "file" and s.log_size for s in self.segments):
-            self.seal(part, writer)
+            self.publish(part, writer)
             return True
         return False
 
@@ -397,6 +403,11 @@ class ManifestCatalog(SegmentCatalog):
         self.manifest = M.read_latest(self.fs, self.dir, nxt)
         return self.manifest is not m
 
+    def reread(self) -> None:
+        """A read that failed is retried on the manifest listed again (a follower's view may
+        predate a collected split)."""
+        self.reload()
+
     def reload(self, max_age_s: float = 0.0) -> None:
         """Pick up manifest versions committed by other processes (one listing request),
         unless the manifest was read less than ``max_age_s`` ago."""
@@ -454,20 +465,20 @@ class ManifestCatalog(SegmentCatalog):
             else:
                 self.local_fs.delete(rel)
 
-    def seal(self, part, writer: str = "writer") -> bool:
+    def publish(self, part, writer: str = "writer") -> bool:
         """Upload every local segment holding records and commit a manifest version that
         appends them (conditional create; on a lost race re-read and rebase, which fails only
         if another writer wrote offsets past ours). Returns whether a version was committed.
         The local files are dropped only after the commit, so a crash before it leaves
         orphans (deleted later by ``collect_garbage``) and local files that the next open
         uploads again. ``part``: the writing partition (its open files are closed first).
-        A writer with shared uploads (``seal_shared``, set by its Store) seals through the
+        A writer with shared uploads (``publish_shared``, set by its Store) publishes through the
         store's one shared object instead: every partition it writes at once, never a
         manifest version of this one's."""
         if not self.writable:
             return False
-        if self.seal_shared is not None:
-            return self.seal_shared()
+        if self.publish_shared is not None:
+            return self.publish_shared()
         local = [s for s in self.segments if s.kind == "file"]
         nxt = self.next_offset
         have = self.next_offset_floor()  # (the manifest's, or a shared part's above it)
@@ -657,9 +668,9 @@ class ManifestCatalog(SegmentCatalog):
         """S3: replace every segment of the partition with the local segments
         ``local_dir/<base>.log/.bcq`` (on ``local_fs``) in one manifest commit, the compaction
         horizon set to ``cleaned_offset`` (a replica's install: -1, or the horizon its pulled
-        records are clean up to). The writer's own local segments are sealed first, so they
+        records are clean up to). The writer's own local segments are published first, so they
         are among the replaced ones."""
-        self.seal(part, writer)
+        self.publish(part, writer)
         self.stage_swap([s.base for s in self.sealed_segments],
                         [(b, f"{local_dir}/{fn.base_name(b)}{fn.LOG_SUFFIX}",
                           f"{local_dir}/{fn.base_name(b)}{fn.INDEX_SUFFIX}") for b in bases],
@@ -749,16 +760,16 @@ class ManifestCatalog(SegmentCatalog):
             outputs.append((group[0].base, lrel, irel))
         return outputs
 
-    # -- a writer's flush with shared uploads (reput/store.py ``Store._seal_shared``) ---------
+    # -- a writer's flush with shared uploads (reput/publisher.py ``SharedPublisher``) -------
 
-    def shared_pieces(self, part):
-        """What this partition adds to the writer's shared object: (its local segments, the
-        parts to write for those holding records, its next offset); None when nothing changed
-        since the last flush. Each part is (base, log, log_size, bcq, offsets): ``log`` the
-        format-2 ``.log`` bytes encoded in memory (no local file, no fsync: the commit log is
-        the durable copy until the journal commit), or the OS path of a local format-2
-        ``.log`` (a segment already sealed, or one larger than ``SHARED_ENCODE_IN_MEMORY``,
-        sealed into ``sealing/`` first)."""
+    def shared_piece(self, part) -> "SharedPiece | None":
+        """What this partition adds to the writer's shared object (``SharedPiece``: its local
+        segments, the parts to write for those holding records, its next offset); None when
+        nothing changed since the last flush. Each part is (base, log, log_size, bcq, offsets):
+        ``log`` the format-2 ``.log`` bytes encoded in memory (no local file, no fsync: the
+        commit log is the durable copy until the journal commit), or the OS path of a local
+        format-2 ``.log`` (a segment already sealed, or one larger than
+        ``SHARED_ENCODE_IN_MEMORY``, sealed into ``sealing/`` first)."""
         if not self.writable:
             return None
         local = [s for s in self.segments if s.kind == "file"]
@@ -777,7 +788,7 @@ class ManifestCatalog(SegmentCatalog):
         except BaseException:
             self.local_fs.remove_tree(sealing)
             raise
-        return local, ups, nxt
+        return SharedPiece(self, local, ups, nxt)
 
     def _shared_part(self, part, seg: Segment, sealing: str) -> tuple:
         from . import bcq2 as B2
@@ -863,4 +874,26 @@ def _retired(e: SegmentDesc, now: int) -> dict:
     return r
 
 
-__all__ = ["ManifestCatalog"]
+
+class SharedPiece:
+    """One partition's share of a writer's shared object: its local segments (``local``),
+    the parts to write for those holding records (``uploads``: (base, log, log_size, bcq,
+    offsets)), its next offset; and what the publisher tells the partition of the commit."""
+
+    __slots__ = ("catalog", "local", "uploads", "next_offset")
+
+    def __init__(self, catalog: ManifestCatalog, local: list, uploads: list, next_offset: int):
+        self.catalog, self.local, self.uploads = catalog, local, uploads
+        self.next_offset = next_offset
+
+    def ensure_manifest(self, writer: str) -> None:
+        self.catalog.ensure_manifest(writer)
+
+    def aborted(self) -> None:
+        self.catalog.shared_aborted()
+
+    def committed(self) -> None:
+        self.catalog.shared_committed(self.local, self.uploads)
+
+
+__all__ = ["ManifestCatalog", "SharedPiece"]
