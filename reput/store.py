@@ -226,7 +226,7 @@ class Store:
     def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
                fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK,
                shared_uploads: bool = False, catalog: bool = True) -> "Store":
-        """A new store. ``shared_uploads`` (an object store only): created at format 4 with
+        """A new store. ``shared_uploads`` (an object store only): created at format 5 with
         the ``shared-upload`` and ``store-catalog`` features (docs/formats/store-catalog.md),
         so its writers with ``upload`` ``auto`` use them; ``catalog`` False: at format 3,
         without a store catalog (as kcompact made them before; tests and benchmarks)."""
