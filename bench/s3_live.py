@@ -282,7 +282,11 @@ def run_count(s3: SeaweedS3, broker, partitions: int, seconds: float, rate: floa
             except Exception:  # noqa: BLE001 - not created yet
                 pass
             if mirror.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"the mirror did not start (see {log.name})")
+                log.flush()
+                with open(log.name) as f:
+                    tail = f.read()[-3000:]
+                raise RuntimeError(f"the mirror did not start (exit {mirror.poll()}); its log "
+                                   f"ends:\n{tail}")
             time.sleep(1)
         out = []
         for mode in modes:

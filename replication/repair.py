@@ -138,7 +138,7 @@ def _salvage_one(store: Store, run: RepairRun, topic: str, partition: int, say) 
     entry["lost"] = [x.to_dict() for x in got.losses]
     staged.log.sync()
     _check_staged(store, run, topic, partition)
-    run.install(staged, entry, next_offset=got.next_offset)
+    run.install(staged, entry, next_offset=got.next_offset, split_to=got.split_to)
     _verify_in_place(store, topic, partition)
     say(f"{topic}-{partition}: salvaged {got.kept:,} records"
         + (f"; lost {_lost_text(got)}" if got.losses else "; nothing lost"))

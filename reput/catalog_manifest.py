@@ -19,8 +19,10 @@ whose open files they close first and whose topic config the upload follows.
 from __future__ import annotations
 
 import os
+import queue
 import random
 import secrets
+import threading
 import time
 from dataclasses import replace
 
@@ -30,6 +32,7 @@ from . import filenames as fn
 from . import manifest as M
 from . import s3_follow as S3F
 from . import shared as SH
+from . import store_catalog as SC
 from .backend import Backend
 from .catalog import SegmentCatalog
 from .config import Clock
@@ -38,6 +41,59 @@ from .segment import PartitionContext, Segment
 from .segment_kinds import open_segment
 from .segment_desc import SegmentDesc
 from .segment_list import crc32c
+
+
+class _Dropper:
+    """One daemon thread per process that unmaps and deletes a writer's local segments after
+    their shared upload's commit (``ManifestCatalog.shared_committed``)."""
+
+    def __init__(self):
+        self._q: "queue.Queue" = queue.Queue()
+        self._lock = threading.Lock()
+        self._pid = -1
+
+    def put(self, fs: Backend, segs: list) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # (a forked child has the queue, not the thread)
+                self._q = queue.Queue()
+                threading.Thread(target=self._run, args=(self._q,), daemon=True,
+                                 name="kcompact-drop").start()
+                self._pid = os.getpid()
+            q = self._q
+        q.put((fs, segs))
+
+    @staticmethod
+    def _run(q) -> None:
+        while True:
+            fs, segs = q.get()
+            try:
+                for seg in segs:
+                    seg.invalidate()
+                    for path in (seg.log_path, seg.bcq_path):
+                        try:
+                            fs.delete(path)
+                        except (OSError, ReputError):
+                            pass  # (left for the next open, which drops what the journal holds)
+            finally:
+                q.task_done()
+
+    def wait(self) -> None:
+        with self._lock:
+            q = self._q if self._pid == os.getpid() else None
+        if q is not None:
+            q.join()
+
+
+_DROPPER = _Dropper()
+
+
+def drop_later(fs: Backend, segs: list) -> None:
+    _DROPPER.put(fs, segs)
+
+
+def drain_drops() -> None:
+    """Wait until every local segment handed to ``drop_later`` is deleted."""
+    _DROPPER.wait()
 
 
 #: a writer's local segment at most this large is encoded into its shared object in memory
@@ -81,6 +137,7 @@ class ManifestCatalog(SegmentCatalog):
         #: parts were last computed at, and how often the manifest is re-read (jittered, so
         #: the partitions of a process do not all re-read at once)
         self._seen_generation = -1
+        self._read_directly = False
         self._recheck_s = S3F.manifest_recheck_s() * (0.5 + 0.5 * random.random())
 
     @property
@@ -154,14 +211,49 @@ class ManifestCatalog(SegmentCatalog):
         return False
 
 
-    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True) -> None:
+    def _manifest_from_catalog(self, cat: "SC.StoreCatalog", known: "M.Manifest | None",
+                               *, refresh: bool = True) -> bool:
+        """The partition's manifest from the store catalog (docs/formats/store-catalog.md: no
+        request of its own; the catalog is its second record, so no ledger read either);
+        False when the catalog does not list the partition (read the manifest itself)."""
+        if refresh:
+            cat.refresh()
+        listed, m = cat.manifest(self.ctx.topic, self.ctx.partition)
+        if not listed:
+            return False
+        if known is not None and (m is None or m.version < known.version):
+            m = known  # (a view never goes back)
+        self.manifest = m
+        self._manifest_read_at = time.monotonic()
+        return True
+
+    def _catch_catalog_up(self, cat: "SC.StoreCatalog") -> None:
+        """The manifest just read is newer than the catalog's (a committer killed between its
+        manifest commit and the catalog's): record it."""
+        m = self.manifest
+        listed, cm = cat.manifest(self.ctx.topic, self.ctx.partition)
+        if m is not None and (not listed or cm is None or cm.version < m.version):
+            try:
+                cat.record({(self.ctx.topic, self.ctx.partition): m}, "reconcile")
+            except (OSError, ReputError):
+                pass  # the collector reconciles it
+
+    def _load_manifest(self, known: "M.Manifest | None", *, reread: bool = True,
+                       direct: bool = False) -> None:
         """Segments = the latest manifest's (minus what a pending compaction replaced), plus
         staged compaction outputs, plus the writer's local segments (listed from its directory
         the first time, then kept in memory)."""
         if reread:
-            self.manifest = M.read_latest(self.fs, self.dir, known)
-            self._manifest_read_at = time.monotonic()
-            self._check_ledger()
+            # (a writer and a compactor too: a catalog behind a manifest only makes their
+            # conditional commits rebase, or abandon a split another committer made)
+            cat = SC.for_reading(self.fs)
+            if not (cat is not None and not direct
+                    and self._manifest_from_catalog(cat, known)):
+                self.manifest = M.read_latest(self.fs, self.dir, known)
+                self._manifest_read_at = time.monotonic()
+                self._check_ledger()
+                if cat is not None:
+                    self._catch_catalog_up(cat)
         old = {s.log_path: s for s in self.segments if s.kind == "remote"}
         remote = []
         for e in (self.manifest.segments if self.manifest else []):
@@ -270,6 +362,20 @@ class ManifestCatalog(SegmentCatalog):
         without shared uploads, a partition still written by per-partition uploads): the
         manifest is listed again, as ``load``."""
         f = S3F.follower_for(self.fs)
+        cat = SC.for_reading(self.fs)
+        if f is not None and cat is not None:
+            # a store catalog: new manifests come with its next version (the follower's
+            # poll), new parts with the journal's entries: no request of this partition's
+            gen = f.poll()
+            if gen != self._seen_generation:
+                self._seen_generation = gen
+                if not self._manifest_from_catalog(cat, self.manifest, refresh=False) \
+                        and not self._read_directly:
+                    self._read_directly = True  # (once: not listed yet, e.g. not folded)
+                    self._load_manifest(self.manifest, direct=True)
+                    return
+                self._rebuild()
+            return
         m = self.manifest
         if f is None or (m is not None and not (self.parts or m.split_to or not m.segments)):
             self._seen_generation = -1
@@ -306,7 +412,8 @@ class ManifestCatalog(SegmentCatalog):
         """Pick up manifest versions committed by other processes (one listing request),
         unless the manifest was read less than ``max_age_s`` ago."""
         if time.monotonic() - self._manifest_read_at >= max_age_s:
-            self._load_manifest(self.manifest)  # objects are immutable: cached indexes stay
+            # (the manifest itself, not the catalog: a read found an object gone)
+            self._load_manifest(self.manifest, direct=True)  # cached indexes stay
 
     def _rebuild(self) -> None:
         """Recompute ``segments`` from the manifest held in memory (no request)."""
@@ -713,11 +820,21 @@ class ManifestCatalog(SegmentCatalog):
 
     def shared_committed(self, local: list[Segment], ups: list) -> None:
         """The journal entry holding this partition's part is committed: its local segments
-        are dropped and the part is listed from the journal."""
+        are dropped and the part is listed from the journal. Those holding records are
+        unmapped and deleted by the process's dropper thread (``drop_later``), off the
+        flush's path: their names are never used again (the next segment starts past their
+        records), and a crash before they are gone leaves segments the journal covers, which
+        the next open drops."""
+        later = []
         for seg in local:
+            if seg.log_size:
+                later.append(seg)
+                continue
             self.local_fs.delete(seg.log_path)
             self.local_fs.delete(seg.bcq_path)
             seg.invalidate()
+        if later:
+            drop_later(self.local_fs, later)
         if any(isinstance(u[1], str) for u in ups):  # (a large part sealed into sealing/)
             self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
         self.segments = [s for s in self.segments if s.kind != "file"]

@@ -18,6 +18,7 @@ committed, or one every partition has compacted again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -253,15 +254,19 @@ class CompactionBatch:
                     seed(obj, ospath)  # the local copy is spooled: read back without a request
                 if self.after_upload is not None:
                     self.after_upload(obj)
-            for i, it in enumerate(items):
-                ok = False
-                try:
-                    ok = it.pl.catalog.commit_staged(self.writer, it.run,
-                                                     placed=placed.get(i, {}))
-                    self.committed += ok
-                finally:
-                    results.append((it.pl, ok))
-                    it.finish(ok)
+            from . import store_catalog as SC
+            cat = SC.for_store(self.fs)
+            # a store catalog records every partition's commit as one version
+            with cat.batch(self.writer) if cat is not None else contextlib.nullcontext():
+                for i, it in enumerate(items):
+                    ok = False
+                    try:
+                        ok = it.pl.catalog.commit_staged(self.writer, it.run,
+                                                         placed=placed.get(i, {}))
+                        self.committed += ok
+                    finally:
+                        results.append((it.pl, ok))
+                        it.finish(ok)
         except BaseException:
             done = {id(pl) for pl, _ in results}
             for it in items:

@@ -80,6 +80,16 @@ ENV = (
             "S3 stores with shared uploads: how often a following reader re-reads a partition's "
             "manifest to pick up splits and compactions (s; one GET per partition, spread over "
             "the interval). Keep it below the grace period (KCOMPACT_S3_GRACE_MS).")
+    .define("KCOMPACT_S3_CATALOG_FOLD", Type.INT, 4, between(1, 100_000), Importance.LOW,
+            "S3 stores with a store catalog (docs/formats/store-catalog.md): a writer with "
+            "shared uploads folds its journal entries into the catalog every this many "
+            "flushes (one PUT); a reader opening the store GETs fewer entries than this per "
+            "writer.")
+    .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 1000, between(10, 600_000),
+            Importance.LOW,
+            "S3 stores with a store catalog: how often a following reader looks for the "
+            "catalog's next version (ms; one GET), which brings it every partition's new "
+            "manifest (splits, compactions).")
     .define("KCOMPACT_REPLICATION_MAX_BYTES", Type.INT, 8 * MIB,
             between(64 << 10, 1 << 30), Importance.LOW,
             "kcompact replicate: bytes asked for per request (capped by the master's 64 MiB "

@@ -250,6 +250,8 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
                 ledger.write(fs, pdir, fn.MANIFEST_DIR, new.version, new.segments,
                              new.next_offset)
                 new.ledger_written = True  # (its committer need not read the ledger back)
+            from . import store_catalog as SC  # (the store catalog is derived from manifests)
+            SC.after_manifest_commit(fs, pdir, new, writer)
             return new
         latest = read_latest(fs, pdir, latest)
         if (latest.version if latest is not None else 0) < new.version:

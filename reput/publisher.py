@@ -245,6 +245,10 @@ class ManifestPublisher(Publisher):
 
     def writable_opened(self, pl: "PartitionLog", key: tuple[str, int]) -> None:
         st = self.store
+        from . import store_catalog as SC
+        if self.shared and SC.for_store(self.fs) is not None:
+            return  # (a shared-upload writer of a catalog store uploads no segment of the
+            # partition's: the compactor collects after its runs, with no LIST a partition)
         if st.writer is not None and key not in self._collected:
             # a writer's open cleans up after dead writers: orphans of an upload whose commit
             # never came, replaced segments past the grace period
@@ -277,6 +281,15 @@ class ManifestPublisher(Publisher):
     def publish_all(self) -> None:
         """Every writable partition, several at once (each is a few requests whose latency,
         not bandwidth, is the cost); the first failure is raised."""
+        from contextlib import nullcontext
+
+        from . import store_catalog as SC
+        cat = SC.for_store(self.fs)
+        # (a store catalog: every partition's manifest commit recorded as one version)
+        with cat.batch(self.store.writer or "writer") if cat is not None else nullcontext():
+            self._publish_partitions()
+
+    def _publish_partitions(self) -> None:
         st = self.store
         writer = st.writer or "writer"
         pls = [st._partitions[k] for k in sorted(st._writable)]
@@ -435,8 +448,10 @@ class SharedPublisher(ManifestPublisher):
                 return False
             # store.json says shared uploads are in use before the first shared object
             st.require_format(SH.STORE_FORMAT, SH.FEATURE)
-            for _, piece in pieces:  # listed by the store (topics, partitions) from now on
-                piece.ensure_manifest(writer)
+            from . import store_catalog as SC
+            if SC.for_store(self.fs) is None:  # (a store catalog lists them instead)
+                for _, piece in pieces:  # listed by the store (topics, partitions) from now on
+                    piece.ensure_manifest(writer)
             journal = SH.enable(self.fs)
             if not self._registered:  # followers learn of this writer (reput/s3_follow.py)
                 SH.register_writer(self.fs, writer, st.clock.ms())
@@ -460,7 +475,7 @@ class SharedPublisher(ManifestPublisher):
                     if reached < nxt:
                         b.advance(topic, partition, nxt)
                 b.finish()
-            SH.commit_object(self.fs, journal, writer, b, ospath, st.clock.ms())
+            entry = SH.commit_object(self.fs, journal, writer, b, ospath, st.clock.ms())
         except BaseException:
             for _, piece in pieces:
                 piece.aborted()
@@ -473,6 +488,7 @@ class SharedPublisher(ManifestPublisher):
             os.unlink(ospath)
         for _, piece in pieces:
             piece.committed()
+        st.shared_committed(entry)  # (a store catalog: the writer's fold)
         return True
 
 

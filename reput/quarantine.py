@@ -132,9 +132,11 @@ class RepairRun:
         return Staged(topic, partition, log)
 
     def install(self, staged: Staged, entry: dict, *, next_offset: int,
-                cleaned_offset: int = -1) -> None:
+                cleaned_offset: int = -1, split_to: dict[str, int] | None = None) -> None:
         """Put the staged partition in place of the live one (module docstring), the old one
-        into quarantine, and ``entry`` into the report."""
+        into quarantine, and ``entry`` into the report. ``split_to`` (an S3 store with shared
+        uploads): the parts of shared objects the staged partition replaces, per writer the
+        highest journal entry (the new manifest's ``split_to`` is raised to it)."""
         log = staged.log
         if log.next_offset < next_offset:
             log.roll(next_offset)  # the partition continues where it did
@@ -151,12 +153,12 @@ class RepairRun:
             _commit_local(self.fs, self.stage_fs, self.run, t, p, entry)
             _finish_local(self.fs, self.run, t, p)
         else:
-            self._install_remote(t, p, entry, next_offset, cleaned_offset)
+            self._install_remote(t, p, entry, next_offset, cleaned_offset, split_to or {})
         self.report["partitions"].append(entry)
         self.write_report()
 
     def _install_remote(self, t: str, p: int, entry: dict, next_offset: int,
-                        cleaned_offset: int) -> None:
+                        cleaned_offset: int, split_to: dict[str, int]) -> None:
         pdir = fn.partition_dir(t, p)
         qdir = f"{quarantine_dir(self.run)}/{pdir}"
         lister = getattr(self.fs, "list_objects", None)
@@ -199,7 +201,7 @@ class RepairRun:
                     raw.shape[0] if lean else None, 2 if lean else 1))
             _commit_manifest(self.fs, pdir, segs, next_offset, cleaned_offset,
                              {"repaired": self.run, "mode": self.report.get("mode")},
-                             self.clock.ms())
+                             self.clock.ms(), split_to)
         except BaseException:
             for path in uploaded:  # (orphans otherwise; the garbage collection takes them)
                 try:
@@ -277,12 +279,16 @@ class RepairRun:
 
 
 def _commit_manifest(fs: Backend, pdir: str, segs: list, next_offset: int, cleaned: int,
-                     last_run: dict, now_ms: int) -> None:
+                     last_run: dict, now_ms: int, split_to: dict[str, int] | None = None
+                     ) -> None:
     """One manifest version above every version present (a damaged one is then never read
     again: reput/manifest.py reads the newest that reads), listing ``segs``; the segments of
-    the newest readable version retire (deleted after the grace period)."""
+    the newest readable version retire (deleted after the grace period). ``split_to``: the
+    parts of shared objects ``segs`` replace (shared-upload.md: a split's marks, so the
+    journal's copy of those records is no longer read and its objects are collected)."""
     versions = M.list_versions(fs, pdir)
     retired = []
+    old = M.Manifest()
     for v in reversed(versions):
         try:
             m = M.read_version(fs, pdir, v)
@@ -291,13 +297,20 @@ def _commit_manifest(fs: Backend, pdir: str, segs: list, next_offset: int, clean
         if m is not None:
             retired = m.retired + [{"log": e.log, "bcq": e.bcq, "since_ms": now_ms}
                                    for e in m.segments]
+            old = m
             break
     top = M.Manifest(version=max(versions, default=0))
     last = max([next_offset] + [e.last_offset + 1 for e in segs])
+    raised = {w: q for w, q in (split_to or {}).items() if q > old.split_to.get(w, -1)}
+    marks = dict(old.split_to)
+    marks.update(raised)
+    split_log = old.with_split(raised, now_ms, int(getattr(fs, "grace_ms", 0))) if raised \
+        else old.split_log
 
     def change(cur: M.Manifest) -> M.Manifest:
         return M.Manifest(version=cur.version, segments=segs, next_offset=last,
-                          cleaned_offset=cleaned, last_run=last_run, retired=retired)
+                          cleaned_offset=cleaned, last_run=last_run, retired=retired,
+                          split_to=marks, split_log=split_log)
     M.commit(fs, pdir, top, change, writer="repair", grace_ms=int(getattr(fs, "grace_ms", 0)),
              clock_ms=lambda: now_ms)
 

@@ -40,6 +40,7 @@ import weakref
 from . import env as _env
 from . import filenames as fn
 from . import shared as SH
+from . import store_catalog as SC
 from .backend import Backend
 from .errors import ReputError
 
@@ -94,7 +95,7 @@ class Follower:
         with self._lock:
             now = time.monotonic()
             if self._polled_at is not None and now - self._polled_at < age:
-                return self.journal.generation
+                return self.generation()
             self._polled_at = now
             self.stats["polls"] += 1
             relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
@@ -104,7 +105,18 @@ class Follower:
                 self._read_registry()
             for writer in sorted(self.next):
                 self._advance(writer)
-            return self.journal.generation
+            cat = SC.for_store(self.fs)
+            if cat is not None:  # a store catalog: its next version (O(1), not per partition)
+                try:
+                    cat.poll_next()
+                except (OSError, ReputError):
+                    pass  # the next poll asks again
+            return self.generation()
+
+    def generation(self) -> int:
+        """Grows whenever the journal or the store catalog moves."""
+        cat = SC.for_store(self.fs)
+        return self.journal.generation + (cat.generation << 32 if cat is not None else 0)
 
     def _list_all(self) -> None:
         """One LIST of ``shared/``: every writer's entries (the journal drops collected ones)."""

@@ -108,6 +108,9 @@ class Salvaged:
     old_horizon: int = -1
     #: (path, reason) when what followed the records kept is unknown (a lost manifest version)
     unknown_tail: tuple[str, str] | None = None
+    #: an S3 store with shared uploads: per writer the highest journal entry whose part of the
+    #: partition was read (the repaired manifest's ``split_to``: those parts are replaced)
+    split_to: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"topic": self.topic, "partition": self.partition, "kept": self.kept,
@@ -154,6 +157,9 @@ def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, si
         sources, next_offset = _local_sources(fs, pdir, out)
     else:
         sources, next_offset = _manifest_sources(fs, pdir, out)
+        parts, nxt = _shared_sources(fs, topic, partition, out)
+        sources += parts
+        next_offset = max(next_offset, nxt)
         if local_fs is not None:
             extra, nxt = _local_sources(local_fs, pdir, out, listed=False)
             sources += [s for s in extra if not sources or s.base > sources[-1].base]
@@ -252,6 +258,48 @@ def _manifest_sources(fs: Backend, pdir: str, out: Salvaged) -> tuple[list[_Sour
         out.losses.append(Loss(0, None, None, fn.manifest_dir(pdir),
                                "no manifest version of the partition reads"))
     return [], 0
+
+
+def _shared_sources(fs: Backend, topic: str, partition: int, out: Salvaged
+                    ) -> tuple[list[_Source], int]:
+    """A store with shared uploads (docs/formats/shared-upload.md): the partition's parts of
+    shared objects above its manifest's ``split_to``, each a source reading its byte ranges of
+    the object (a ``RangeView``), and the next offset they reach. ``out.split_to`` gets, per
+    writer, the highest entry holding one of them (the repaired manifest replaces them)."""
+    from . import shared as SH
+    j = SH.journal_for(fs)
+    if j is None:
+        return [], 0
+    j.refresh(0.0)
+    pdir = fn.partition_dir(topic, partition)
+    try:
+        m = M.read_latest(fs, pdir)
+    except (CorruptRecordError, ReputError):
+        m = None  # (a damaged manifest: _manifest_sources reports it)
+    split_to = dict(m.split_to) if m is not None else {}
+    parts = j.parts(topic, partition, split_to)
+    view = SH.RangeView(fs)
+    srcs = []
+    for p in parts:
+        out.split_to[p.writer] = max(out.split_to.get(p.writer, -1), p.seq)
+        d = p.desc
+        if d is None:
+            continue
+        lrel, brel = f"{pdir}/{d.log}", f"{pdir}/{d.bcq}"
+        # the object as listed: a part of a missing object is missing, of a cut one cut short
+        size = j.objects.get(p.object, (None, 0))[0]
+        if size is not None:
+            log_n = max(0, min(d.log_size, size - p.log_pos))
+            bcq_n = max(0, min(d.bcq_size, size - p.bcq_pos))
+            if log_n:
+                view.add(lrel, p.object, p.log_pos, log_n)
+            if bcq_n:
+                view.add(brel, p.object, p.bcq_pos, bcq_n)
+        srcs.append(_Source(d.base, view, lrel, brel, listed_log_size=d.log_size,
+                            listed_records=d.records, listed_first=d.first_offset,
+                            listed_last=d.last_offset, exact=d.offset_array()))
+        out.files.append((fs, p.object))
+    return srcs, max((p.next_offset for p in parts), default=0)
 
 
 def _orphans(fs: Backend, pdir: str, m: "M.Manifest", out: Salvaged) -> list[_Source]:

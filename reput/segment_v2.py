@@ -634,8 +634,12 @@ class KafkaSegment(Segment):
                     "partition from a replica)")
             return records, prev_last
         except FileNotFoundError as e:
-            problem(e.filename or log_path, 0, "listed by the partition manifest but missing "
-                    "from the store")
+            # (the segment's own path names its partition; a part of a shared object says
+            # which object is gone)
+            gone = e.filename if e.filename and e.filename not in (log_path, idx_path) else None
+            problem(log_path if gone else (e.filename or log_path), 0,
+                    "listed by the partition manifest but missing from the store"
+                    + (f" ({gone})" if gone else ""))
             return records, prev_last
         ent = self.bitmap_desc
         if ent is not None:

@@ -390,6 +390,10 @@ class Journal:
         self._unfetched: set[tuple[str, int]] = set()
         #: keys that held no entry (an upload that never completed)
         self._empty: set[tuple[str, int]] = set()
+        #: a store with a catalog (reput/store_catalog.py): writer -> the highest seq the
+        #: catalog folded; the catalog holds every entry at or below it still needed, so
+        #: those are never fetched from their keys
+        self.folded: dict[str, int] = {}
 
     def refresh(self, max_age_s: float = REFRESH_S) -> None:
         """List the journals again unless listed less than ``max_age_s`` ago (one LIST of
@@ -425,7 +429,7 @@ class Journal:
                 self.generation += 1
             self._listed = fresh
             self._unfetched = {k for k in fresh if k not in self.entries
-                               and k not in self._empty}
+                               and k not in self._empty and k[1] > self.folded.get(k[0], -1)}
             self.objects = objects
             self._listed_at = time.monotonic()
 
@@ -445,6 +449,30 @@ class Journal:
                 continue  # an upload that never completed (a writer killed mid-PUT)
             self._put(Entry.from_json(raw, f"{self.fs.url}/{path}", writer, seq))
 
+    def has(self, writer: str, seq: int) -> bool:
+        with self._lock:
+            return (writer, seq) in self.entries
+
+    def mark_listed(self, folded: set[tuple[str, int]]) -> None:
+        """A catalog folded each (writer, seq) of ``folded`` and everything of that writer
+        below it (reput/store_catalog.py): those keys count as listed (a writer's next seq is
+        above them) and are not fetched."""
+        with self._lock:
+            for w, s in folded:
+                if s > self.folded.get(w, -1):
+                    self.folded[w] = s
+                if (w, s) not in self._listed:
+                    self._listed.add((w, s))
+                    self.generation += 1
+            self._unfetched = {k for k in self._unfetched if k[1] > self.folded.get(k[0], -1)}
+
+    def partition_keys(self) -> list[tuple[str, int]]:
+        """(topic, partition) of every part of the entries listed (those a catalog folded are
+        in it: only the others are fetched)."""
+        with self._lock:
+            self._fetch(list(self._unfetched))
+            return list(self._by_partition)
+
     def listed_keys(self) -> list[tuple[str, int]]:
         with self._lock:
             return sorted(self._listed)
@@ -462,7 +490,8 @@ class Journal:
             new = {(writer, s) for s in seqs} - self._listed
             if new:
                 self._listed |= new
-                self._unfetched |= {k for k in new if k not in self.entries}
+                self._unfetched |= {k for k in new if k not in self.entries
+                                    and k[1] > self.folded.get(k[0], -1)}
                 self.generation += 1
         return seqs
 

@@ -37,6 +37,7 @@ import numpy as np
 from . import env as _env
 from . import filenames as fn
 from . import shared as SH
+from . import store_catalog as SC
 from .backend import Backend, BackendError, LocalBackend, MemoryBackend
 from .commitlog import CommitLog
 from .config import SYSTEM_CLOCK, Clock, TopicConfig, WriterOptions
@@ -130,6 +131,10 @@ def backend_for(url: str) -> Backend:
     return LocalBackend(url)
 
 
+#: a follower of an S3 store with shared uploads and no catalog lists a topic's partitions at
+#: most this often (s); the journal names the partitions written since (Store.partitions)
+PARTITIONS_RELIST_S = 30.0
+
 class Store:
     """One store as a process opens it: read-only, or with a writer's commit log.
 
@@ -154,6 +159,16 @@ class Store:
         #: store itself, or the commit log's local directory on an object store)
         self.commitlog_fs, self.local_fs = self.publisher.commitlog_fs, self.publisher.local_fs
         self.publisher.opened(meta)
+        if not fs.appendable and SC.FEATURE in meta.features:
+            # the store catalog (docs/formats/store-catalog.md): every partition's manifest
+            # and the journal entries still needed, in one LIST and one GET
+            SH.enable(fs)
+            SC.enable(fs, clock.ms).refresh(0.0)
+        #: this writer's journal entries not yet folded into the store catalog (at open: those
+        #: a killed process of this writer committed and never folded)
+        self._unfolded: list = self.left_unfolded() if self.shared_uploads else []
+        #: a follower of a store without a catalog: topic -> (its partitions listed, when)
+        self._partition_listing: dict[str, tuple[set[int], float]] = {}
         self._partitions: dict[tuple[str, int], PartitionLog] = {}
         self._views: Any = None  # (``views``, made when a server first asks)
         self._writable: set[tuple[str, int]] = set()
@@ -210,20 +225,24 @@ class Store:
     @classmethod
     def create(cls, url: str, *, topics: dict[str, dict[str, Any]] | None = None,
                fs: Backend | None = None, clock: Clock = SYSTEM_CLOCK,
-               shared_uploads: bool = False) -> "Store":
-        """A new store. ``shared_uploads`` (an object store only): created at format 3 with
-        the ``shared-upload`` feature, so its writers with ``upload`` ``auto`` use them."""
+               shared_uploads: bool = False, catalog: bool = True) -> "Store":
+        """A new store. ``shared_uploads`` (an object store only): created at format 5 with
+        the ``shared-upload`` and ``store-catalog`` features (docs/formats/store-catalog.md),
+        so its writers with ``upload`` ``auto`` use them; ``catalog`` False: at format 3,
+        without a store catalog (as kcompact made them before; tests and benchmarks)."""
         fs = fs or backend_for(url)
         features = [FEATURE_SEGMENT_LIST] if fs.appendable else (
-            [SH.FEATURE] if shared_uploads else [])
+            [SH.FEATURE] + ([SC.FEATURE] if catalog else []) if shared_uploads else [])
         meta = StoreMeta(str(uuid.uuid4()), secrets.token_bytes(16), clock.ms(), {},
                          features=features + [FEATURE_SOURCE_CODEC])
         if SH.FEATURE in features:
-            meta.format_version = SH.STORE_FORMAT
+            meta.format_version = SC.STORE_FORMAT if catalog else SH.STORE_FORMAT
         for t, cfg in (topics or {}).items():
             meta.set_layers(validate_topic(t), TopicConfigLayers().altered(add=cfg))
         if not fs.create_exclusive(fn.STORE_JSON, meta.to_json()):
             raise ReputError(f"{fs.url}: a store already exists here")
+        if SC.FEATURE in features:  # catalog version 1: no partition yet
+            SC.StoreCatalog(fs, clock.ms).commit("create", lambda new: True)
         return cls(fs, meta, writer=None, options=WriterOptions(), clock=clock)
 
     @classmethod
@@ -285,8 +304,50 @@ class Store:
 
     # -- topics and configs --------------------------------------------------------------
 
+    def _cataloged(self) -> dict[str, set[int]] | None:
+        """A store with a catalog: its topics and partitions, from the catalog and the journal
+        entries it has not folded yet (no LIST of ``partitions/``); None for other stores."""
+        # (also under KCOMPACT_S3_FOLLOW=list: a catalog store's partitions not split yet
+        # have no manifest, so no directory to list)
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
+        if cat is None:
+            return None
+        from . import s3_follow as S3F
+        f = S3F.follower_for(self.fs)
+        j = SH.journal_for(self.fs)
+        if f is not None:
+            f.poll()
+        else:
+            cat.refresh()
+            if j is not None:
+                j.refresh()
+        out: dict[str, set[int]] = {t: cat.partitions(t) for t in cat.topics()}
+        for t, p in (j.partition_keys() if j is not None else ()):
+            out.setdefault(t, set()).add(p)
+        return out
+
+    def _listed_partitions(self, topic: str) -> set[int]:
+        """The topic's partition directories (one LIST). A process that follows an S3 store
+        with shared uploads but no catalog (reput/s3_follow.py; ``kv build --follow`` asks at
+        every poll round) lists them at most every ``PARTITIONS_RELIST_S``, and adds the
+        partitions the journal's entries name (no request)."""
+        from . import s3_follow as S3F
+        f = S3F.follower_for(self.fs) if not self.fs.appendable else None
+        if f is None:
+            return {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+        now = time.monotonic()
+        got = self._partition_listing.get(topic)
+        if got is None or now - got[1] >= PARTITIONS_RELIST_S:
+            got = ({int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}, now)
+            self._partition_listing[topic] = got
+        f.poll()
+        return got[0] | {p for t, p in f.journal.partition_keys() if t == topic}
+
     def topics(self) -> list[str]:
         names = set(self.meta.topics) | set(self.meta.recorded_partitions)
+        cataloged = self._cataloged()
+        if cataloged is not None:
+            return sorted(names | {t for t, ps in cataloged.items() if ps})
         for name in self.fs.listdir(fn.PARTITIONS_DIR):
             try:
                 names.add(validate_topic(name))
@@ -295,7 +356,11 @@ class Store:
         return sorted(names)
 
     def partitions(self, topic: str) -> list[int]:
-        found = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+        cataloged = self._cataloged()
+        if cataloged is not None:
+            found = set(cataloged.get(topic, ()))
+        else:
+            found = self._listed_partitions(topic)
         return sorted(found | self.publisher.unlisted_partitions(topic))
 
     def recorded_partitions(self, topic: str) -> list[int]:
@@ -732,8 +797,70 @@ class Store:
 
     def collect_shared_garbage(self) -> list[str]:
         """S3 with shared uploads: delete the shared objects every partition has split, and
-        orphans, once the grace period has passed (reput/shared.py ``collect_garbage``)."""
-        return self.publisher.collect_shared_garbage()
+        orphans, once the grace period has passed (reput/shared.py ``collect_garbage``); a
+        store catalog is reconciled first and its old versions collected."""
+        gone = []
+        cat = self._reconcile_catalog()
+        if cat is not None:
+            gone += cat.collect_garbage(grace_ms=int(getattr(self.fs, "grace_ms", 0)),
+                                        now_ms=self.fs.clock_ms())
+        return gone + self.publisher.collect_shared_garbage()
+
+    def _reconcile_catalog(self):
+        """A store catalog: record every partition manifest newer than the catalog's (each
+        read itself: a committer killed between its manifest commit and the catalog's), so
+        nothing the newest catalog lists is deleted by the collector that follows
+        (docs/formats/store-catalog.md, "Lagging"). Returns the catalog (None: no catalog)."""
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
+        if cat is None:
+            return None
+        from . import manifest as M
+        listed = [(t, int(p)) for t in self.fs.listdir(fn.PARTITIONS_DIR)
+                  for p in self.fs.listdir(fn.topic_dir(t)) if p.isdigit()]
+        cat.reconcile(lambda t, p: M.read_latest(self.fs, fn.partition_dir(t, p)),
+                      also=listed)
+        return cat
+
+    def left_unfolded(self) -> list:
+        """This writer's journal entries above the store catalog's ``folded`` (a killed process
+        of it committed them and never folded them)."""
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
+        j = SH.journal_for(self.fs)
+        if cat is None or cat.latest is None or j is None or self.writer is None:
+            return []
+        folded = cat.latest.folded.get(self.writer, -1)
+        out = []
+        for w, seq in j.listed_keys():
+            if w == self.writer and seq > folded:
+                try:
+                    e = j.fetch_entry(w, seq)
+                except FileNotFoundError:
+                    continue
+                if e is not None:
+                    out.append(e)
+        return out
+
+    def shared_committed(self, entry) -> None:
+        """A shared upload's journal entry is committed (reput/publisher.py): with a store
+        catalog, fold this writer's entries every ``fold_every()`` commits."""
+        if SC.for_store(self.fs) is None:
+            return
+        self._unfolded.append(entry)
+        if len(self._unfolded) >= SC.fold_every():
+            self.fold_catalog()
+
+    def fold_catalog(self) -> None:
+        """A store catalog: fold this writer's journal entries committed since the last fold
+        (one PUT; docs/formats/store-catalog.md). Not a commit point: a failure is retried at
+        the next fold."""
+        cat = SC.for_store(self.fs) if not self.fs.appendable else None
+        if cat is None or not self._unfolded:
+            return
+        try:
+            cat.fold(self.writer or "writer", self._unfolded)
+        except (OSError, ReputError):
+            return  # (the entries stay readable from their keys; the next fold retries)
+        self._unfolded = []
 
     def compaction_batch(self):
         """S3: the batch that publishes a compaction run's outputs of every partition in one
@@ -745,6 +872,7 @@ class Store:
         """S3: delete compaction objects no partition lists any more (nor retired less than
         the grace period ago), and those a killed run never committed, once the grace period
         has passed (reput/compaction_object.py ``collect_garbage``; the publisher's)."""
+        self._reconcile_catalog()
         return self.publisher.collect_compaction_garbage()
 
     def close(self) -> None:
@@ -754,11 +882,15 @@ class Store:
         with self.lock:
             if self.commitlog is not None:
                 self.flush()
+                self.fold_catalog()  # (a reader opening the store then GETs no entry)
             if self._sealer is not None:
                 self.seals_left += self._sealer.left
                 self._sealer = None
             for pl in self._partitions.values():
                 pl.close()
+            if self.shared_uploads:
+                from .catalog_manifest import drain_drops
+                drain_drops()  # (the local segments of its last flushes are gone)
             self._partitions.clear()
             self._writable.clear()
             self.publisher.closed()

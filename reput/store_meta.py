@@ -25,7 +25,8 @@ from .topic_configs import TopicConfigLayers, default_config
 #: an S3 store with shared uploads, docs/formats/shared-upload.md, raised so by its first one)
 FORMAT_VERSION = 2
 #: (4: an S3 store holding compaction objects, docs/formats/compaction-object.md)
-KNOWN_FORMAT_VERSION = 4
+#: (5: an S3 store with a store catalog, docs/formats/store-catalog.md)
+KNOWN_FORMAT_VERSION = 5
 #: store.json "features": what this store keeps beyond its format. "segment-list": every local
 #: partition has a segment list (docs/formats/segment-list.md), so one without is refused
 FEATURE_SEGMENT_LIST = "segment-list"

@@ -30,6 +30,7 @@ from _stores import backend_env, store_url  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import s3_follow as S3F  # noqa: E402
 from kcompact.reput import shared as SH  # noqa: E402
+from kcompact.reput import store_catalog as SC  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 
 PARTITION = WriterOptions(upload="partition")
@@ -91,7 +92,9 @@ def test_a_new_s3_store_uses_shared_uploads_and_an_existing_one_keeps_its_own(s3
         st.append(_batch("t", _rows(3, 0)))
         st.flush()
     with Store.open(new) as st:
-        assert st.meta.format_version == SH.STORE_FORMAT and SH.FEATURE in st.meta.features
+        # (format 4: with a store catalog, docs/formats/store-catalog.md)
+        assert st.meta.format_version == SC.STORE_FORMAT and SH.FEATURE in st.meta.features
+        assert SC.FEATURE in st.meta.features
         assert [len(_records(st, "t", p)) for p in range(3)] == [1, 1, 1]
     assert any("/shared/w/journal/" in k for k in fake.objects["bucket"])
     assert SH.read_writers(Store.open(new).fs) == {"w"}
@@ -120,11 +123,17 @@ def _write(url, cl, flushes, options=WriterOptions(), writer="w"):
 # -- requests ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("catalog", [False, True])
 @pytest.mark.parametrize("parts", [4, 48])
 @pytest.mark.parametrize("writers", [1, 2])
-def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers):
+def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers, catalog,
+                                                            monkeypatch):
     fake, root = s3
     url = store_url("s3", root)
+    # (catalog: a store catalog, docs/formats/store-catalog.md; its next version is polled
+    # once a minute here, so that every round's requests are the journal's)
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "60000")
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
     # each writer owns a share of the partitions
     owned = {f"w{i}": [p for p in range(parts) if p % writers == i] for i in range(writers)}
     stores = {w: Store.open(url, writer=w, create=True, commitlog_dir=f"{root}/cl-{w}")
@@ -169,6 +178,7 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers):
             before = fake.calls["ListObjectsV2"]
             for pl in pls:
                 pl.refresh()
+            # (a store catalog is not read either: the path before issue 49)
             assert fake.calls["ListObjectsV2"] - before >= parts
             assert [pl.next_offset for pl in pls] == [5] * parts
             old.close()
@@ -185,9 +195,11 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers):
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(parts=st.integers(1, 6), sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
        splits=st.lists(st.booleans(), min_size=8, max_size=8), collect=st.booleans(),
-       seed=st.integers(0, 1 << 16))
+       seed=st.integers(0, 1 << 16), catalog=st.booleans(), fold=st.integers(1, 5))
 def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, sizes, splits,
-                                                   collect, seed):
+                                                   collect, seed, catalog, fold):
+    """... and so does a reader opening the store afterwards, with a store catalog
+    (docs/formats/store-catalog.md: folded every ``fold`` flushes) or without one."""
     import random
     rnd = random.Random(seed)
     root = str(tmp_path_factory.mktemp("follow"))
@@ -205,8 +217,10 @@ def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, size
     # the writer's first commit may come after the follower started: it finds the writer in
     # the registry (read at every round here, every 5 s by default)
     writers_s, S3F.WRITERS_S = S3F.WRITERS_S, 0.0
+    os.environ["KCOMPACT_S3_CATALOG_FOLD"] = str(fold)
     with backend_env("s3", root):
         url = store_url("s3", root) + ("?grace_ms=0" if collect else "")
+        Store.create(url, shared_uploads=True, catalog=catalog).close()
         writer = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl")
         f = None
         try:
@@ -220,12 +234,17 @@ def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, size
                 if splits[i]:  # split every partition; with grace 0 the collector deletes
                     _split(url, root, parts, collect)  # the objects under the follower
             f.round()
+            fresh = Store.open(url)  # (not following: the catalog and one listing)
             with Store.open(local) as lst:
+                assert fresh.partitions("t") == lst.partitions("t")
                 for p in range(parts):
                     assert _records(f.st, "t", p) == _records(lst, "t", p), p
                     assert f.pls[p].next_offset == lst.partition("t", p).next_offset
+                    assert _records(fresh, "t", p) == _records(lst, "t", p), p
+            fresh.close()
         finally:
             S3F.WRITERS_S = writers_s
+            del os.environ["KCOMPACT_S3_CATALOG_FOLD"]
             writer.close()
             if f is not None:
                 f.close()
@@ -393,7 +412,7 @@ def test_a_store_created_before_its_writers_says_how_they_upload(s3):
     Store.open(shared, create=True, shared_uploads=True).close()
     Store.open(per_partition, create=True, shared_uploads=False).close()
     with Store.open(shared, writer="w", create=True, commitlog_dir=f"{root}/cl1") as st:
-        assert st.shared_uploads and st.meta.format_version == SH.STORE_FORMAT
+        assert st.shared_uploads and st.meta.format_version == SC.STORE_FORMAT
     with Store.open(per_partition, writer="w", create=True, commitlog_dir=f"{root}/cl2") as st:
         assert not st.shared_uploads and SH.FEATURE not in st.meta.features
     # without a writer and without saying: as before, format 2 (a replica's new store)
@@ -401,3 +420,34 @@ def test_a_store_created_before_its_writers_says_how_they_upload(s3):
     Store.open(plain, create=True).close()
     with Store.open(plain) as st:
         assert SH.FEATURE not in st.meta.features
+
+
+@pytest.mark.parametrize("catalog", [False, True])
+def test_a_followers_partition_listing_costs_no_list_per_round(s3, catalog, monkeypatch):
+    """``kv build --follow`` asks for the topic's partitions at every poll round: a process
+    that follows the store answers from the store catalog, or (a store without one) from a
+    listing kept for PARTITIONS_RELIST_S plus the partitions the journal names, so a round
+    lists nothing; a partition a writer starts is found at the next round."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "60000")
+    url = store_url("s3", root)
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
+    w = Store.open(url, writer="w", commitlog_dir=f"{root}/cl")
+    try:
+        w.append(_batch("t", _rows(2, 0)))
+        w.flush()
+        rd = Store.open(url)
+        S3F.follow(rd.fs)
+        assert rd.partitions("t") == [0, 1]
+        w.append(_batch("t", [(2, 0, b"k", b"v")]))  # a new partition
+        w.flush()
+        before = fake.calls["ListObjectsV2"]
+        for _ in range(5):
+            S3F.follower_for(rd.fs).poll(0.0)
+            got = rd.partitions("t")
+        assert fake.calls["ListObjectsV2"] == before
+        assert got == [0, 1, 2]
+        assert _records(rd, "t", 2) == [(0, b"k", b"v")]
+        rd.close()
+    finally:
+        w.close()

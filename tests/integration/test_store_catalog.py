@@ -1,0 +1,144 @@
+"""The store catalog on real S3 (SeaweedFS; issue 49, docs/formats/store-catalog.md).
+
+* a reader opening a 48-partition store (topics, partitions, every next offset) makes the
+  same 4 requests as at 4 partitions;
+* a writer SIGKILLed between the upload of its object and its journal entry, one SIGKILLed in
+  its catalog fold (after the entry's commit), and a compaction SIGKILLed between its manifest
+  commit and the catalog's lose and duplicate nothing; what they leave is either read (the
+  catalog lags, never loses) or collected (an orphan object);
+
+The same on the in-memory S3, in-process: tests/unit/test_store_catalog.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from kcompact.reput import shared as SH
+from kcompact.reput import store_catalog as SC
+from kcompact.reput.store import Store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# a child that writes partitions with the defaults (a new store: shared uploads, a catalog);
+# ``KILL_AT``: where it SIGKILLs itself
+WRITER = textwrap.dedent('''
+    import os, signal, sys
+    from kcompact.reput import Store
+    from kcompact.reput import shared as SH
+    from kcompact.reput import store_catalog as SC
+    from kcompact.reput.record import RecordBatch
+    url, cl, first, flushes, parts, kill_at = sys.argv[1:7]
+    first, flushes, parts = int(first), int(flushes), int(parts)
+    def dies(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kill_at == "commit":  # the object is uploaded, the journal entry never created
+        def commit(fs, journal, w, builder, ospath, created_ms):
+            fs.upload_file(f"shared/{w}/{builder.name}", ospath)
+            dies()
+        SH.commit_object = commit
+    elif kill_at == "fold":  # the entry committed, the catalog's fold never written
+        SC.StoreCatalog.fold = dies
+    with Store.open(url, writer="w", create=True, commitlog_dir=cl) as st:
+        for f in range(first, first + flushes):
+            st.append(RecordBatch.from_records("t", [
+                (p, f, 1000 + f, b"k%d" % (f % 3), b"v%d-%d" % (p, f), [])
+                for p in range(parts)]))
+            st.flush()
+''')
+
+# a compaction of every partition SIGKILLed at its first catalog record (the manifest of the
+# partition committed, the catalog not)
+COMPACTOR = textwrap.dedent('''
+    import os, signal, sys
+    from kcompact.reput import Store
+    from kcompact.reput import store_catalog as SC
+    from kcompact.compaction.planner import compact_store
+    url = sys.argv[1]
+    def dies(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+    SC.StoreCatalog.record = dies
+    with Store.open(url) as st:
+        compact_store(st, force=True)
+''')
+
+
+def _child(tmp_path: Path, script: str, *args: str, env=None) -> subprocess.Popen:
+    path = tmp_path / f"child-{abs(hash(script)) % 10**8}.py"
+    path.write_text(script)
+    return subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, **(env or {})))
+
+
+def _read(url: str, parts: int) -> dict[int, list[tuple]]:
+    with Store.open(url) as st:
+        assert st.partitions("t") == list(range(parts))
+        return {p: [(r.offset, r.key, r.value) for r in st.iter_records("t", p)]
+                for p in range(parts)}
+
+
+def _want(parts: int, flushes: int) -> dict[int, list[tuple]]:
+    return {p: [(f, b"k%d" % (f % 3), b"v%d-%d" % (p, f)) for f in range(flushes)]
+            for p in range(parts)}
+
+
+def test_opening_costs_the_same_requests_at_4_and_48_partitions(tmp_path, s3_store_url):
+    made = {}
+    for parts in (4, 48):
+        url = s3_store_url()
+        ok = _child(tmp_path, WRITER, url, str(tmp_path / f"cl{parts}"), "0", "5", str(parts),
+                    "-")
+        assert ok.wait(180) == 0, ok.stderr.read()
+        st = Store.open(url)  # (a backend of its own: nothing of another open reused)
+        assert st.partitions("t") == list(range(parts))
+        assert [st.partition("t", p).next_offset for p in range(parts)] == [5] * parts
+        made[parts] = st.fs.stats.snapshot()["requests"]
+        st.close()
+    assert made[4] == made[48], made
+    assert sum(made[48].values()) <= 4, made
+
+
+def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_path,
+                                                                          s3_store_url):
+    url = s3_store_url(grace_ms=0)
+    cl = str(tmp_path / "cl")
+    fold_each = {"KCOMPACT_S3_CATALOG_FOLD": "1"}
+    ok = _child(tmp_path, WRITER, url, cl, "0", "3", "4", "-", env=fold_each)
+    assert ok.wait(120) == 0, ok.stderr.read()
+    for at, first in (("commit", 3), ("fold", 4)):
+        killed = _child(tmp_path, WRITER, url, cl, str(first), "1", "4", at, env=fold_each)
+        assert killed.wait(120) == -signal.SIGKILL, (at, killed.stderr.read())
+        # the next open of the writer uploads what the killed one had not committed (its
+        # commit log still has it), or folds what it committed and did not fold
+        again = _child(tmp_path, WRITER, url, cl, "0", "0", "4", "-", env=fold_each)
+        assert again.wait(120) == 0, again.stderr.read()
+        assert _read(url, 4) == _want(4, first + 1), at
+        with Store.open(url, writer="gc", commitlog_dir=str(tmp_path / "cl-gc")) as st:
+            cat = SC.for_store(st.fs).refresh(0.0)
+            j = SH.journal_for(st.fs)
+            assert cat.folded["w"] == max(s for w, s in j.listed_keys() if w == "w"), at
+    killed = _child(tmp_path, COMPACTOR, url)
+    assert killed.wait(180) == -signal.SIGKILL, killed.stderr.read()
+    assert _read(url, 4) == _want(4, 5)  # the catalog lags: the partitions as they were
+    with Store.open(url, writer="gc", commitlog_dir=str(tmp_path / "cl-gc")) as st:
+        st.collect_shared_garbage()  # reconciles the catalog, then deletes
+        st.collect_compaction_garbage()
+        j = SH.journal_for(st.fs)
+        j.refresh(0.0)
+        j.fetch_all()
+        named = {e.object_path for e in j.entries.values()}
+        assert set(j.objects) <= named  # no orphan left
+    # the catalog caught up: the partition the killed compaction committed reads compacted
+    # (the newest record of each key), the others as they were
+    got, want = _read(url, 4), _want(4, 5)
+    compacted = [p for p in range(4) if got[p] != want[p]]
+    assert len(compacted) == 1, got
+    for p in compacted:
+        newest = {k: (o, k, v) for o, k, v in want[p]}
+        assert got[p] == sorted(newest.values()), p
