@@ -319,12 +319,12 @@ class Store:
             self._adopt(meta)
             return list(meta.recorded_partitions.get(topic, []))
 
-    def recordedtopic_id_of(self, topic: str) -> str | None:
+    def recorded_topic_id(self, topic: str) -> str | None:
         """The Kafka topic id ``topic`` had when a mirror first copied it (None: not recorded,
         a store written before ids were recorded, or a broker that gave none)."""
         return self.meta.topic_ids.get(topic)
 
-    def recordtopic_id_of(self, topic: str, topic_id: str) -> str:
+    def record_topic_id(self, topic: str, topic_id: str) -> str:
         """Record ``topic``'s Kafka topic id in store.json unless one is recorded already;
         returns the recorded id, which differs from ``topic_id`` when the topic was deleted
         and created again since (the caller refuses to mix the two: docs/formats/store-json.md).
