@@ -791,15 +791,13 @@ class ManifestCatalog(SegmentCatalog):
         return SharedPiece(self, local, ups, nxt)
 
     def _shared_part(self, part, seg: Segment, sealing: str) -> tuple:
-        from . import bcq2 as B2
         if (part.require_format is not None and seg.sealable
                 and seg.log_size <= SHARED_ENCODE_IN_MEMORY):
             from .seal import encode_segment_bytes
+            from .segment_v2 import lean_offsets
             part.require_format(2)
             log, bcq = encode_segment_bytes(seg, part.config)
-            view = memoryview(bcq)
-            offs = B2.LeanIndex(lambda pos, n: bytes(view[pos:pos + n]), seg.bcq_path,
-                                len(bcq)).entries["offset"] if len(bcq) else np.empty(0, np.int64)
+            offs = lean_offsets(bcq, seg.bcq_path)
             return seg.base, log, len(log), np.frombuffer(bcq, np.uint8), offs
         up = self._encode_for_upload(part, seg, sealing)
         return (up.base, self.local_fs.local_path(up.log_path), up.log_size, up.index_bytes(),

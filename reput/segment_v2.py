@@ -832,4 +832,14 @@ class IncomingSegment:
         return self.builder.write_to(out, self.codec, self.target)
 
 
-__all__ = ["IncomingSegment", "KafkaSegment", "KafkaSelection", "corrupt_batch"]
+def lean_offsets(bcq, name: str) -> np.ndarray:
+    """The offsets listed by a format-2 lean index held in memory (``bcq``: its bytes; ``name``
+    names it in errors): a shared part encoded straight into the writer's object
+    (docs/formats/shared-upload.md, "A writer's flush")."""
+    if not len(bcq):
+        return np.empty(0, np.int64)
+    view = memoryview(bcq)
+    return B2.LeanIndex(lambda pos, n: bytes(view[pos:pos + n]), name, len(bcq)).entries["offset"]
+
+
+__all__ = ["IncomingSegment", "KafkaSegment", "KafkaSelection", "corrupt_batch", "lean_offsets"]
