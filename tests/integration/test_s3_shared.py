@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from kcompact.reput import shared as SH
+from kcompact.reput import store_catalog as SC
 from kcompact.reput.store import Store
 
 KCOMPACT = os.path.join(os.path.dirname(sys.executable), "kcompact")
@@ -210,7 +211,9 @@ def test_cli_mirror_with_shared_uploads(kafka_bootstrap, make_topic, s3_store_ur
     assert p.returncode == 0, p.stderr
     assert _read(url, topic) == model
     with Store.open(url) as st:
-        assert st.meta.format_version == 3 and SH.FEATURE in st.meta.features
+        # a new store: shared uploads with a store catalog (format 5, docs/formats/store-catalog.md)
+        assert st.meta.format_version == SC.STORE_FORMAT
+        assert SH.FEATURE in st.meta.features and SC.FEATURE in st.meta.features
         assert not [k for k in st.fs.list_objects("partitions") if k[0].endswith(".log")], \
             "per-partition segment objects from a shared-upload mirror"
     p = run("inspect", "--store", url, "--json")
