@@ -85,6 +85,10 @@ ENV = (
             "shared uploads folds its journal entries into the catalog every this many "
             "flushes (one PUT); a reader opening the store GETs fewer entries than this per "
             "writer.")
+    .define("KCOMPACT_S3_REFRESH_MS", Type.INT, 200, between(0, 600_000), Importance.LOW,
+            "S3 stores with shared uploads: a reader reuses its listing of the store catalog "
+            "and of the writers' journals for this long (ms): opening many partitions within "
+            "it costs one listing of each, not one per partition.")
     .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 1000, between(10, 600_000),
             Importance.LOW,
             "S3 stores with a store catalog: how often a following reader looks for the "

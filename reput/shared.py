@@ -53,6 +53,11 @@ TRAILER = struct.Struct("<QII8s")
 REFRESH_S = 0.2
 
 
+def refresh_s() -> float:
+    """How long a listing is reused (``KCOMPACT_S3_REFRESH_MS``; ``REFRESH_S`` by default)."""
+    return int(_env.value("KCOMPACT_S3_REFRESH_MS")) / 1000.0
+
+
 class SharedWriterConflictError(ReputError):
     """Another live process commits shared uploads under the same writer id."""
 
@@ -395,11 +400,13 @@ class Journal:
         #: those are never fetched from their keys
         self.folded: dict[str, int] = {}
 
-    def refresh(self, max_age_s: float = REFRESH_S) -> None:
+    def refresh(self, max_age_s: float | None = None) -> None:
         """List the journals again unless listed less than ``max_age_s`` ago (one LIST of
         ``shared/``). Entries are fetched when a partition needs them (``parts``: only those
         above its manifest's ``split_to``), each once: they never change."""
         with self._lock:
+            if max_age_s is None:
+                max_age_s = refresh_s()
             now = time.monotonic()
             if self._listed_at is not None and now - self._listed_at < max_age_s:
                 return

@@ -50,6 +50,11 @@ KEEP_VERSIONS = 3
 REFRESH_S = 0.2
 
 
+def refresh_s() -> float:
+    """How long a listing is reused (``KCOMPACT_S3_REFRESH_MS``; ``REFRESH_S`` by default)."""
+    return int(_env.value("KCOMPACT_S3_REFRESH_MS")) / 1000.0
+
+
 def fold_every() -> int:
     """A writer with shared uploads folds its journal entries every this many commits."""
     return max(1, int(_env.value("KCOMPACT_S3_CATALOG_FOLD")))
@@ -213,10 +218,12 @@ class StoreCatalog:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def refresh(self, max_age_s: float = REFRESH_S) -> Catalog | None:
+    def refresh(self, max_age_s: float | None = None) -> Catalog | None:
         """The newest version, listed again unless listed less than ``max_age_s`` ago (one LIST
         of ``catalog/``, and a GET when it moved)."""
         with self._lock:
+            if max_age_s is None:
+                max_age_s = refresh_s()
             now = time.monotonic()
             if self._read_at is not None and now - self._read_at < max_age_s:
                 return self.latest
