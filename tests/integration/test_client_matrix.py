@@ -113,11 +113,7 @@ _installed: dict[str, object] = {}
 
 #: Gaps of issue 52 this matrix still shows (the issue stays open until they are gone). Each is
 #: a strict xfail: the day a client passes, its test fails until the entry goes.
-KNOWN_GAPS = {
-    ("zstd", "sarama-2.0.0"): "both refuse a zstd topic to Fetch v7, but sarama cannot decode "
-                              "Kafka's refusal ('invalid byteslice length') and prints the "
-                              "endpoint's UNSUPPORTED_COMPRESSION_TYPE: not the same text",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 #: intermittent, not explained yet (issue 52 open): not strict, the test still runs and reports
