@@ -12,9 +12,9 @@ A round:
    digest; a kept tombstone gets ``clean_time = now`` the first time it is cleaned and is dropped
    once ``delete.retention.ms`` has passed since. The partition's last record is always kept
    (``assessment.tail_offset``: Kafka's never-cleaned active segment holds it; only a tombstone
-   past ``delete.retention.ms`` could be that record and be dropped otherwise). Segments are grouped so that each group's kept
-   bytes fit in ``segment.bytes`` (merging runs of small segments); a group with nothing dropped,
-   nothing to stamp and one member is left as it is.
+   past ``delete.retention.ms`` could be that record and be dropped otherwise). Segments are
+   grouped so that each group's kept bytes fit in ``segment.bytes`` (merging runs of small
+   segments); a group with nothing dropped, nothing to stamp and one member is left as it is.
 3. **Copy** (pass 2): each rewritten group streams its input .log segments once, in chunks, and
    writes the kept records (bytes unchanged, offsets unchanged) and their entries into
    ``.compacting/``; then the swap (reput/swap.py) replaces the inputs and advances the
