@@ -7,8 +7,9 @@ the S3 GETs of the whole fleet and each consumer's records/s, beside one node wi
 
 Everything on 127.0.0.1. SeaweedFS (connectors/devtools/seaweed.py) is started here; a store
 ``s3://bench/fleet-<id>`` gets ``--records`` records of ``--value-bytes`` over ``--partitions``
-partitions (unique keys), written with shared uploads (the default of a new S3 store; what
-`kcompact mirror` writes) in 6 flushes, as a mirror's periodic flushes leave it. Each node is
+partitions (unique keys), written with shared uploads and a store catalog (the default of a
+new S3 store: what `kcompact mirror` writes; ``--no-catalog``: shared uploads without a
+catalog, the format before it) in 6 flushes, as a mirror's periodic flushes leave it. Each node is
 a ``kcompact serve --kafka-listen`` process started through this script's ``node`` mode, which
 wraps the boto3 client the S3 backend makes (``reput.s3.make_client``, as bench/s3_estate.py
 and bench/s3_live.py count theirs) and writes its process's S3 request counts to a file every
@@ -156,12 +157,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def build_store(url: str, partitions: int, records: int, value_bytes: int, work: str) -> None:
+def build_store(url: str, partitions: int, records: int, value_bytes: int, work: str,
+                catalog: bool = True) -> None:
     import numpy as np
     from kcompact.reput import Store, WriterOptions
     from kcompact.reput.record import BytesColumn, RecordBatch
     per = records // partitions
-    with Store.open(url, writer="bench", create=True, commitlog_dir=os.path.join(work, "cl"),
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
+    with Store.open(url, writer="bench", commitlog_dir=os.path.join(work, "cl"),
                     options=WriterOptions(upload="shared")) as st:
         step = -(-per // FLUSHES)
         for lo in range(0, per, step):
@@ -300,6 +303,8 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=32)
     ap.add_argument("--value-bytes", type=int, default=400)
     ap.add_argument("--no-split", action="store_true")
+    ap.add_argument("--no-catalog", action="store_true",
+                    help="a store with shared uploads but no store catalog")
     ap.add_argument("--no-independent", action="store_true",
                     help="skip the N independent nodes runs")
     a = ap.parse_args()
@@ -310,9 +315,10 @@ def main() -> int:
         os.environ.update(s3.env())
         url = s3.url(f"fleet-{uuid.uuid4().hex[:8]}", bucket="bench")
         records = a.records // a.partitions * a.partitions
-        build_store(url, a.partitions, records, a.value_bytes, work)
+        build_store(url, a.partitions, records, a.value_bytes, work, not a.no_catalog)
         print(f"store {url}: {records} records of {a.value_bytes} bytes over {a.partitions} "
-              f"partitions, {FLUSHES} shared flushes")
+              f"partitions, {FLUSHES} shared flushes, "
+              f"{'no store catalog' if a.no_catalog else 'a store catalog'}")
         phases = [("shared objects (before the split)", False)]
         if not a.no_split:
             phases.append(("after compact --force (the split)", True))

@@ -684,3 +684,49 @@ def test_a_poller_whose_answers_lag_delays_a_node_by_own_poll_s_at_most(s3_store
         assert a.reader.records() == _expected(2)
     finally:
         a.close()
+
+
+# -- the Kafka endpoint's checks, in order -------------------------------------------------------
+
+
+def test_a_fetch_naming_a_denied_topic_still_says_not_leader_for_the_others(monkeypatch):
+    """A Fetch of a topic the ACLs deny and one they allow, at a node that leads neither: the
+    allowed topic's partition is NOT_LEADER_OR_FOLLOWER (the client moves), not read here."""
+    from types import SimpleNamespace as NS
+
+    from kcompact.replication.kafka_endpoint import authorize
+    from kcompact.replication.kafka_endpoint.apis import fetch
+    from kcompact.replication.kafka_endpoint.cluster import NOT_LEADER_OR_FOLLOWER
+    from kcompact.replication.kafka_endpoint.wire import TOPIC_AUTHORIZATION_FAILED
+
+    class View:
+        def partitions(self, topic, partition=None):
+            return [0]
+
+        def zstd_topic(self, topic):
+            return False
+
+        def bounds(self, topic, partition):
+            raise AssertionError(f"{topic}/{partition} read at a node that does not lead it")
+
+    class Gate:
+        def fetch_denied(self, req, conn):
+            return {"secret"}
+
+        async def fetch_with_denied(self, ep, req, denied, leads=None):
+            return await authorize.Gate.fetch_with_denied(self, ep, req, denied, leads)
+
+    async def run(f, *a):
+        return f(*a)
+
+    answered = {}
+    monkeypatch.setattr(authorize, "encode_fetch",
+                        lambda version, cid, topics: answered.update(topics) or [])
+    ep = NS(gate=Gate(), view=View(), run=run, count_errors=lambda *a: None, stopping=lambda: False,
+            fleet=NS(node_id=1, leader=lambda t, p: 2))
+    part = NS(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
+    req = NS(version=11, correlation_id=7, body=NS(max_bytes=1 << 20, topics=[
+        NS(topic="secret", partitions=[part]), NS(topic="open", partitions=[part])]))
+    asyncio.run(fetch.handle(ep, req, None))
+    assert [r.error for r in answered["secret"]] == [TOPIC_AUTHORIZATION_FAILED]
+    assert [r.error for r in answered["open"]] == [NOT_LEADER_OR_FOLLOWER]
