@@ -128,6 +128,7 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: dict[int, set] = {}
     n, t0, first = 0, time.monotonic(), None
+    cpu0 = time.process_time()
     deadline = t0 + 300
     while n < records and time.monotonic() < deadline:
         for m in c.consume(num_messages=2000, timeout=1.0):
@@ -140,15 +141,37 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
                 s.add(m.offset())
                 n += 1
     t1 = time.monotonic()
+    cpu = time.process_time() - cpu0
     c.close()
     ok = n == records and all(s == set(range(len(s))) for s in seen.values())
-    print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0,
+    print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0, "cpu_s": cpu,
                       "records_per_s": n / (t1 - t0) if t1 > t0 else 0.0}))
     return 0 if ok else 1
 
 
 # ---------------------------------------------------------------------------------------------
 # the driver
+
+
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every process of the machine has used (Linux /proc/stat; 0 elsewhere):
+    beside the run's own, it says how busy the machine was with other work."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def free_port() -> int:
@@ -249,6 +272,8 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                     raise SystemExit("the fleet did not form within 30 s")
                 time.sleep(0.2)
         base = sum((n.counts() for n in started), Counter())
+        cpu0 = sum(proc_cpu_s(n.proc.pid) for n in started)
+        busy0, wall0 = machine_busy_s(), time.monotonic()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
                                    n.bootstrap, str(partitions), str(records)],
                                   stdout=subprocess.PIPE, env=env, text=True) for n in started]
@@ -256,13 +281,17 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         for p in procs:
             out, _ = p.communicate(timeout=400)
             results.append(json.loads(out.strip().splitlines()[-1]))
+        wall = time.monotonic() - wall0
+        busy = machine_busy_s() - busy0
+        node_cpu = sum(proc_cpu_s(n.proc.pid) for n in started) - cpu0
         total = sum((n.counts() for n in started), Counter())
         total.subtract(base)
         saved = sum(n.metric("kcompact_fleet_s3_gets_saved_total") or 0 for n in started)
         kinds = {k: v for k, v in total.items() if " " in k and v > 0}
         return {"nodes": nodes, "fleet": fleet, "gets": total["get_object"], "kinds": kinds,
                 "requests": sum(v for v in total.values() if v > 0),
-                "consumers": results, "saved": saved}
+                "consumers": results, "saved": saved, "wall": wall, "busy": busy,
+                "node_cpu": node_cpu}
     finally:
         for n in started:
             n.stop()
@@ -281,6 +310,10 @@ def report(label: str, rows: list[dict]) -> None:
                           + ("" if c["ok"] else " MISSING RECORDS") for c in r["consumers"])
         print(f"{name:<22}{r['gets']:>7}{r['gets'] / a_gets:>8.2f}x{r['requests']:>10}"
               f"{r['saved']:>7.0f}  {rates}")
+        ccpu = sum(c.get("cpu_s", 0.0) for c in r["consumers"])
+        print(f"    cpu: nodes {r['node_cpu']:.1f} s, consumers {ccpu:.1f} s in {r['wall']:.1f} s "
+              f"(the machine, everything on it: {r['busy'] / r['wall']:.2f} of "
+              f"{os.cpu_count()} cores busy)")
         if os.environ.get("BENCH_FLEET_KINDS"):
             print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
     fleets = [r for r in rows if r["fleet"]]
