@@ -114,15 +114,13 @@ class Follower:
             self._polled_at = now
             self.stats["polls"] += 1
             relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
+            self._failed = False
             if self._listed_at is None or now - self._listed_at >= relist:
-                self._failed = False
                 self._list_all()
-            elif shared and self._follow_heads():
+            if shared and self._follow_heads():
                 return self.generation()
-            else:
-                self._failed = False
-                if self._writers_at is None or now - self._writers_at >= WRITERS_S:
-                    self._read_registry()
+            if self._writers_at is None or now - self._writers_at >= WRITERS_S:
+                self._read_registry()
             self._own_at = now
             for writer in sorted(self.next):
                 self._advance(writer)
@@ -187,8 +185,6 @@ class Follower:
         self._listed_at = time.monotonic()
         for w, s in self.journal.listed_keys():
             self.next[w] = max(self.next.get(w, 0), s + 1)
-        if self._writers_at is None:
-            self._read_registry()
 
     def _read_registry(self) -> None:
         self._writers_at = time.monotonic()
