@@ -145,6 +145,7 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     c.close()
     ok = n == records and all(s == set(range(len(s))) for s in seen.values())
     print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0, "cpu_s": cpu,
+                      "first_s": (first - t0) if first is not None else None,
                       "records_per_s": n / (t1 - t0) if t1 > t0 else 0.0}))
     return 0 if ok else 1
 
@@ -311,6 +312,11 @@ def report(label: str, rows: list[dict]) -> None:
         print(f"{name:<22}{r['gets']:>7}{r['gets'] / a_gets:>8.2f}x{r['requests']:>10}"
               f"{r['saved']:>7.0f}  {rates}")
         ccpu = sum(c.get("cpu_s", 0.0) for c in r["consumers"])
+        firsts = [c["first_s"] for c in r["consumers"] if c.get("first_s") is not None]
+        if firsts:
+            print(f"    first record after {min(firsts):.2f}-{max(firsts):.2f} s of "
+                  f"{min(c['seconds'] for c in r['consumers']):.2f}-"
+                  f"{max(c['seconds'] for c in r['consumers']):.2f} s")
         print(f"    cpu: nodes {r['node_cpu']:.1f} s, consumers {ccpu:.1f} s in {r['wall']:.1f} s "
               f"(the machine, everything on it: {r['busy'] / r['wall']:.2f} of "
               f"{os.cpu_count()} cores busy)")
