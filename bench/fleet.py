@@ -51,6 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 TOPIC = "fleet"
+#: the request kinds (``what_of``) that polling and store metadata cost, not data
+METADATA = ("journal", "catalog", "shared writers.json", "store.json")
 FLUSHES = 6
 
 
@@ -320,6 +322,10 @@ def report(label: str, rows: list[dict]) -> None:
         print(f"    cpu: nodes {r['node_cpu']:.1f} s, consumers {ccpu:.1f} s in {r['wall']:.1f} s "
               f"(the machine, everything on it: {r['busy'] / r['wall']:.2f} of "
               f"{os.cpu_count()} cores busy)")
+        meta = sum(v for k, v in r["kinds"].items()
+                   if k.startswith("get_object ") and k.split(" ", 1)[1] in METADATA)
+        print(f"    metadata GETs (journal, catalog, registry, store.json): {meta}, "
+              f"{meta / r['wall']:.1f} a second of the run")
         if os.environ.get("BENCH_FLEET_KINDS"):
             print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
     fleets = [r for r in rows if r["fleet"]]
