@@ -404,6 +404,30 @@ class Store:
             self._adopt(meta)
             return meta.topic_ids[topic]
 
+    def source_codec(self, topic: str, partition: int) -> int | None:
+        """The codec id a mirror last read ``topic``-``partition``'s source batches with
+        (:meth:`record_source_codecs`), or None: never read. ``compression.type=producer``
+        seals that partition's records with it (reput/seal.py)."""
+        return self.meta.source_codecs.get(topic, {}).get(partition)
+
+    def record_source_codecs(self, topic: str, codecs: dict[int, int]) -> bool:
+        """Record in store.json the codec the source's batches of each partition of ``topic``
+        have now (codec ids; docs/formats/store-json.md ``source_codecs``), so that a seal or
+        a compaction in any process seals their records with it under
+        ``compression.type=producer``. store.json is rewritten only when one changed (under
+        store.json.lock, as :meth:`record_partitions`); returns whether it was."""
+        want = {int(p): int(c) for p, c in codecs.items()}
+        with self.lock, FileLock(self.fs, fn.STORE_JSON_LOCK) as flock:
+            flock.acquire(blocking=True)
+            meta = StoreMeta.from_json(self.fs.read(fn.STORE_JSON), self.fs.url)
+            have = meta.source_codecs.get(validate_topic(topic), {})
+            changed = any(have.get(p) != c for p, c in want.items())
+            if changed:
+                meta.source_codecs[topic] = {**have, **want}
+                self.fs.write_atomic(fn.STORE_JSON, meta.to_json())
+            self._adopt(meta)
+            return changed
+
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""
         return self.meta.defaults.with_overrides(self.meta.topics.get(topic) or {})
@@ -461,8 +485,9 @@ class Store:
     def _adopt(self, meta: StoreMeta) -> None:
         self.meta = meta
         self.publisher.adopted(meta)
-        for (t, _), pl in self._partitions.items():
+        for (t, p), pl in self._partitions.items():
             pl.config = self.topic_config(t)
+            pl.source_codec = self.source_codec(t, p)
 
     def require_format(self, version: int, feature: str | None = None) -> None:
         """Raise store.json's format_version to ``version`` (and list ``feature``) before
@@ -491,8 +516,10 @@ class Store:
         command refuses (a segment list gone, a ledger that disagrees) every other refuses
         with the same line. ``strict=False``: `kcompact verify`, which opens what disagrees
         with its list to report it (``PartitionLog.problems``)."""
-        return PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
-                            clock=self.clock, require_list=self.require_list, strict=strict)
+        pl = PartitionLog(self.fs, topic, partition, self.secret, self.topic_config(topic),
+                          clock=self.clock, require_list=self.require_list, strict=strict)
+        pl.source_codec = self.source_codec(topic, partition)
+        return pl
 
     @property
     def views(self) -> "PartitionViews":
@@ -545,11 +572,13 @@ class Store:
         holder = partition_holder(self.writer)
         while True:
             try:
-                return PartitionLog(self.fs, topic, partition, self.secret,
-                                    self.topic_config(topic), writable=True,
-                                    local_fs=self.local_fs,
-                                    clock=self.clock, require_list=self.require_list,
-                                    holder=holder)
+                pl = PartitionLog(self.fs, topic, partition, self.secret,
+                                  self.topic_config(topic), writable=True,
+                                  local_fs=self.local_fs,
+                                  clock=self.clock, require_list=self.require_list,
+                                  holder=holder)
+                pl.source_codec = self.source_codec(topic, partition)
+                return pl
             except StoreLockedError as e:
                 if e.by_writer or self.clock.monotonic() >= deadline:
                     raise
