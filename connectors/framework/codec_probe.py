@@ -247,13 +247,15 @@ class _Connection:
         resp = load_response_schema(key, version)
         try:
             head, n = entity_reader(resp.__header_schema__)(data, 0)
+            if int(head.correlation_id) != self.corr:
+                raise CodecProbeError(f"{self.where} answered correlation id "
+                                      f"{int(head.correlation_id)}, not {self.corr}")
             body, _ = entity_reader(resp)(data, n)
+        except CodecProbeError:
+            raise
         except Exception as e:  # noqa: BLE001 - kio raises several kinds on garbage
             raise CodecProbeError(f"{self.where} answered API {key} v{version} with bytes that "
                                   f"are not its response ({type(e).__name__})") from None
-        if int(head.correlation_id) != self.corr:
-            raise CodecProbeError(f"{self.where} answered correlation id "
-                                  f"{int(head.correlation_id)}, not {self.corr}")
         return body
 
     def _read(self, n: int) -> bytes:

@@ -90,3 +90,60 @@ def test_each_source_codec_is_kept_in_the_sealed_batches(any_broker, make_topic,
     assert f"topic {recompressed}: the source's" not in err  # a named codec: never probed
     with Store.open(store) as st:  # what the probe read is in store.json
         assert {st.source_codec(t, 0) for t in topics.values()} == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.parametrize("failure", ["refused", "garbage"])
+def test_a_probe_that_fails_loses_nothing(failure, kafka_bootstrap, make_topic, tmp_path, capfd,
+                                          monkeypatch):
+    """The probe pointed at a port where nothing listens, or at a server answering garbage (the
+    mirror's own connection is the broker's): one line, the records stored uncompressed."""
+    import socket
+    import threading
+
+    from kcompact.connectors.framework import codec_probe
+    t = make_topic(1)
+    _produce(kafka_bootstrap, t, "zstd")
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    if failure == "garbage":
+        srv.listen(8)
+
+        def serve():
+            while True:
+                try:
+                    c, _ = srv.accept()
+                except OSError:
+                    return
+                with c:
+                    c.recv(1 << 16)
+                    c.sendall(b"\x00\x00\x00\x0c" + b"\xff" * 12)
+        threading.Thread(target=serve, daemon=True).start()
+    real = codec_probe.probe_codecs
+
+    def elsewhere(conf, topic, offsets, **kw):
+        return real({**conf, "bootstrap.servers": f"127.0.0.1:{port}"}, topic, offsets, **kw)
+    monkeypatch.setattr("kcompact.connectors.plugins.codec_watch.probe_codecs", elsewhere)
+    store = str(tmp_path / "store")
+    Store.create(store, topics={t: {"segment.bytes": 16384, "min.compaction.lag.ms": 0}}).close()
+    try:
+        res = mirror_local(kafka_bootstrap, t, store, out=io.StringIO(), handle_signals=False)
+    finally:
+        srv.close()
+    assert res.records == N
+    with Store.open(store, writer="t") as st:
+        compact_store(st, force=True, options=CompactionOptions())
+        assert st.source_codec(t, 0) is None
+    err = capfd.readouterr().err
+    lines = [x for x in err.splitlines() if "source's batch codec" in x]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"mirror: warning: topic {t}: cannot read the source's batch codec "
+                               f"(127.0.0.1:{port}" if failure == "garbage" else
+                               f"mirror: warning: topic {t}: cannot read the source's batch codec "
+                               f"(cannot connect to 127.0.0.1:{port}")
+    assert "stored uncompressed" in lines[0]
+    assert sealed_codecs(store, t)[0] == {0}
+    last = {}
+    for i, (k, v) in enumerate(_records("zstd")):
+        last[k] = (i, v)
+    assert {r[2]: (r[0], r[3]) for r in read_store(store, t)[0]} == last
