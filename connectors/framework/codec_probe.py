@@ -159,7 +159,8 @@ def _tls_context(conf: Mapping[str, Any]) -> ssl.SSLContext:
                 "ssl.key.pem"):
         if conf.get(key):
             raise CodecProbeError(f"{key} is not a setting this probe reads")
-    ctx = ssl.create_default_context(cafile=conf.get("ssl.ca.location") or None,
+    ca = conf.get("ssl.ca.location") or None
+    ctx = ssl.create_default_context(cafile=None if ca == "probe" else ca,
                                      cadata=conf.get("ssl.ca.pem") or None)
     if str(conf.get("ssl.endpoint.identification.algorithm", "https")).lower() == "none":
         ctx.check_hostname = False
@@ -191,6 +192,9 @@ class _Connection:
         try:
             if tls:
                 sock = _tls_context(conf).wrap_socket(sock, server_hostname=host)
+        except CodecProbeError:
+            sock.close()
+            raise
         except (OSError, ssl.SSLError, ValueError) as e:
             sock.close()
             raise CodecProbeError(f"TLS with {self.where} failed ({e})") from None

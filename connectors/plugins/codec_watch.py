@@ -70,6 +70,8 @@ class SinkCodecWatch:
         #: (topic, partition) -> record bytes appended since its last probe (None: unknown,
         #: probed at its first records)
         self._since: dict[tuple[str, int], int | None] = {}
+        #: the topics probed (the others' batches are not counted)
+        self._topics: set[str] = set()
         #: topics whose last probe failed (their line is printed once a failure streak)
         self._failing: set[str] = set()
         self._lock = threading.Lock()
@@ -103,9 +105,9 @@ class SinkCodecWatch:
         its last probe, or whose codec was unknown, is probed again in the background at the
         last offset appended."""
         n = len(batch)
-        if n == 0:
-            return
         topic = batch.topic
+        if n == 0 or topic not in self._topics:
+            return
         parts = batch.partitions
         nbytes = int(batch.keys.offs[-1]) + int(batch.values.offs[-1])
         if parts[0] == parts[-1] and (n < 3 or (parts == parts[0]).all()):
@@ -168,6 +170,7 @@ class SinkCodecWatch:
     # -- one probe ------------------------------------------------------------------------------
 
     def _probe(self, store: Any, topic: str, offsets: Mapping[int, int], *, first: bool) -> None:
+        self._topics.add(topic)
         try:
             got = (self.probe or probe_codecs)(self.kafka_conf, topic, offsets,
                                                timeout=self.timeout)
