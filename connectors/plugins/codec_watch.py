@@ -191,8 +191,10 @@ class SinkCodecWatch:
             line = (f"topic {topic}: the source's batches are {_names(shown)}: sealed with that "
                     "codec (compression.type=producer)")
             if unknown:
-                line += (f"; partition{'s' if len(unknown) > 1 else ''} {_span(sorted(unknown))}"
-                         " show no batch yet: probed again at their first records")
+                many = len(unknown) > 1
+                line += (f"; partition{'s' if many else ''} {_span(sorted(unknown))} "
+                         f"show{'' if many else 's'} no batch yet: read again at "
+                         f"{'their' if many else 'its'} first records")
             self._say(line)
 
     def _fallback(self, store: Any, topic: str, partitions: list[int], why: str,

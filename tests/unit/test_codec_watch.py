@@ -54,7 +54,7 @@ def test_what_it_reads_is_recorded_and_reaches_open_partitions(tmp_path):
         assert out.getvalue().splitlines() == [
             f"mirror: topic {T}: the source's batches are zstd (partition 0), unknown "
             "(partition 1): sealed with that codec (compression.type=producer); partition 1 "
-            "show no batch yet: probed again at their first records"]
+            "shows no batch yet: read again at its first records"]
         # partition 1's first records: probed at once, at its last offset; partition 0 only
         # once it is past reprobe_bytes
         probe.answer = {0: CODEC_LZ4, 1: CODEC_GZIP}
