@@ -9,7 +9,9 @@ endpoint and the replication master opened it their own way (no topic config, no
 replication master (what ``kcompact serve`` answers on /v1/store and what ``kcompact
 replicate`` names), the Kafka endpoint (``serve --kafka-listen``: KAFKA_STORAGE_ERROR, the
 damage it records) and replication's verify all refuse it with the same one line, and serve
-partition 1.
+partition 1. This is the in-process check, through the layers' objects;
+tests/integration/test_one_door_commands.py runs the same case as a user does, every command a
+``kcompact`` process (``serve``, ``replicate``) and the endpoint read by confluent-kafka and kcat.
 """
 
 from __future__ import annotations
