@@ -127,8 +127,10 @@ class PartitionRegistry:
     def open_view(self, topic: str, partition: int, *, strict: bool = True) -> PartitionLog:
         """A new read-only view of the partition (``Store.open_view``)."""
         st = self.store
-        return PartitionLog(st.fs, topic, partition, st.secret, st.topic_config(topic),
-                            clock=st.clock, require_list=self.require_list, strict=strict)
+        pl = PartitionLog(st.fs, topic, partition, st.secret, st.topic_config(topic),
+                          clock=st.clock, require_list=self.require_list, strict=strict)
+        pl.source_codec = st.source_codec(topic, partition)
+        return pl
 
     @property
     def views(self) -> "PartitionViews":
@@ -175,11 +177,13 @@ class PartitionRegistry:
         holder = partition_holder(st.writer)
         while True:
             try:
-                return PartitionLog(st.fs, topic, partition, st.secret,
-                                    st.topic_config(topic), writable=True,
-                                    local_fs=st.local_fs,
-                                    clock=st.clock, require_list=self.require_list,
-                                    holder=holder)
+                pl = PartitionLog(st.fs, topic, partition, st.secret,
+                                  st.topic_config(topic), writable=True,
+                                  local_fs=st.local_fs,
+                                  clock=st.clock, require_list=self.require_list,
+                                  holder=holder)
+                pl.source_codec = st.source_codec(topic, partition)
+                return pl
             except StoreLockedError as e:
                 if e.by_writer or st.clock.monotonic() >= deadline:
                     raise
@@ -196,8 +200,9 @@ class PartitionRegistry:
     def adopted(self) -> None:
         """store.json was read again: the open partitions take their topics' configs."""
         st = self.store
-        for (t, _), pl in self.open.items():
+        for (t, p), pl in self.open.items():
             pl.config = st.topic_config(t)
+            pl.source_codec = st.source_codec(t, p)
 
     def close_views(self) -> None:
         """Close the read-only views (the partitions this writer holds stay open)."""

@@ -239,6 +239,20 @@ class Store:
         Under store.json.lock, as :meth:`record_partitions`."""
         return self.configs.record_topic_id(topic, topic_id)
 
+    def source_codec(self, topic: str, partition: int) -> int | None:
+        """The codec id a mirror last read ``topic``-``partition``'s source batches with
+        (:meth:`record_source_codecs`), or None: never read. ``compression.type=producer``
+        seals that partition's records with it (reput/seal.py)."""
+        return self.meta.source_codecs.get(topic, {}).get(partition)
+
+    def record_source_codecs(self, topic: str, codecs: dict[int, int]) -> bool:
+        """Record in store.json the codec the source's batches of each partition of ``topic``
+        have now (codec ids; docs/formats/store-json.md ``source_codecs``), so that a seal or
+        a compaction in any process seals their records with it under
+        ``compression.type=producer``. store.json is rewritten only when one changed (under
+        store.json.lock, as :meth:`record_partitions`); returns whether it was."""
+        return self.configs.record_source_codecs(topic, codecs)
+
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""
         return self.configs.topic_config(topic)

@@ -64,6 +64,20 @@ class StoreConfigs:
             self.adopt(meta)
             return meta.topic_ids[topic]
 
+    def record_source_codecs(self, topic: str, codecs: dict[int, int]) -> bool:
+        """``Store.record_source_codecs``."""
+        want = {int(p): int(c) for p, c in codecs.items()}
+        with self.store.lock, FileLock(self.store.fs, fn.STORE_JSON_LOCK) as flock:
+            flock.acquire(blocking=True)
+            meta = self._read()
+            have = meta.source_codecs.get(validate_topic(topic), {})
+            changed = any(have.get(p) != c for p, c in want.items())
+            if changed:
+                meta.source_codecs[topic] = {**have, **want}
+                self._write(meta)
+            self.adopt(meta)
+            return changed
+
     def topic_config(self, topic: str) -> TopicConfig:
         """The effective config: default < synced from Kafka < local override."""
         meta = self.store.meta
