@@ -183,6 +183,13 @@ class PartitionLog:
     def swap_recovered(self) -> bool:
         return self.recovery.swap_recovered
 
+    def log_path(self, base: int) -> str:
+        """The .log of the segment based at ``base`` (a manifest's object name on S3)."""
+        return self._catalog.log_path(base)
+
+    def index_path(self, base: int) -> str:
+        return self._catalog.index_path(base)
+
     @property
     def grace_ms(self) -> int:
         return int(getattr(self.fs, "grace_ms", 0))

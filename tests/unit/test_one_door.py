@@ -103,9 +103,12 @@ def test_a_partition_without_its_segment_list_is_refused_alike_everywhere(tmp_pa
 
 # -- a partition's catalog is private (issue 48) ------------------------------------------------
 
-#: reaching into another object's catalog: ``pl.catalog``, ``it.pl._catalog`` (``self``'s own
-#: is the partition's, or a shared piece's, business)
-FOREIGN_CATALOG = re.compile(r"\b(?!self\b)\w+\._?catalog\b")
+#: reaching into a partition's catalog: anything's ``._catalog`` but ``self``'s (the
+#: partition's own), or a partition's ``.catalog`` by the names it goes by (``pl``, ``part``,
+#: ``log``, ``view``, ``store.partition(...)``); other objects' ``catalog`` (a journal's
+#: heads, a shared piece's) are theirs
+FOREIGN_CATALOG = re.compile(r"\b(?!self\b)\w+\._catalog\b|\b(?:pl|part|log|view)\.catalog\b"
+                             r"|\.partition\([^)]*\)\.catalog\b")
 
 
 def _foreign_catalogs(path: str) -> list[tuple[int, str]]:
@@ -135,6 +138,8 @@ def test_nothing_reaches_into_a_partitions_catalog():
     ("cat = it.pl._catalog", True),
     ("self._catalog.load()", False),
     ("from .catalog import SegmentCatalog", False),
+    ("st.partition(\"t\", 0).catalog.shared_objects", True),
+    ("if heads.catalog is not None:", False),
     ("SC.catalog_path(3)", False),
     ("pl.stage_swap([], [], None)", False),
 ])
