@@ -256,12 +256,12 @@ def _split(url, root, parts, collect):
             if p not in st.partitions("t"):
                 continue
             pl = st.writable_partition("t", p)
-            if pl.catalog.stage_split():
-                assert pl.catalog.commit_staged("splitter")
+            if pl._catalog.stage_split():
+                assert pl.commit_staged("splitter")
         if collect:
             st.collect_shared_garbage()
             for p in st.partitions("t"):
-                st.partition("t", p).catalog.collect_garbage()
+                st.partition("t", p).collect_garbage()
 
 
 # -- missed notifications ------------------------------------------------------------------------

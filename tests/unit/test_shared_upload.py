@@ -103,8 +103,8 @@ def _split_all(url, cl):
     with Store.open(url, writer="splitter", commitlog_dir=cl) as st:
         for p in st.partitions("t"):
             pl = st.writable_partition("t", p)
-            if pl.catalog.stage_split():
-                assert pl.catalog.commit_staged("splitter")
+            if pl._catalog.stage_split():
+                assert pl.commit_staged("splitter")
 
 
 # -- requests ------------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_a_flush_is_two_requests_whatever_the_partition_count(s3, parts):
         for p in range(parts):
             assert _read(st, "t", p) == [(f, 1_000 + f, b"k", b"v" if f == 0 else b"v%d" % f)
                                          for f in range(5)]
-            assert st.partition("t", p).catalog.shared_objects == 5
+            assert st.partition("t", p).shared_objects == 5
 
 
 def test_upload_shared_needs_seal_format_2():
@@ -184,7 +184,7 @@ def test_shared_parts_split_segments_and_per_partition_uploads_read_the_same(
         with Store.open(shared) as a, Store.open(per) as b:
             for p in b.partitions("t"):
                 assert _read(a, "t", p) == _read(b, "t", p)
-                assert a.partition("t", p).catalog.shared_objects == 0
+                assert a.partition("t", p).shared_objects == 0
 
 
 def test_a_compaction_of_a_shared_store_keeps_what_one_of_a_per_partition_store_keeps(s3):
@@ -221,7 +221,7 @@ def test_the_planner_splits_a_partition_once_it_depends_on_enough_shared_objects
         res = compact_store(st)
         assert [r.shared_parts_split for r in res] == [3]
     with Store.open(url) as st:
-        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert st.partition("t", 0).shared_objects == 0
         assert _read(st, "t", 0) == [(o, 1_000 + o, b"k%d" % o, b"v") for o in range(3)]
 
 
@@ -306,7 +306,7 @@ def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatc
     monkeypatch.setattr(PM.M, "commit", real)
     with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
         assert {p: _read(st, "t", p) for p in st.partitions("t")} == before
-        assert st.partition("t", 0).catalog.shared_objects == 3
+        assert st.partition("t", 0).shared_objects == 3
         assert st.collect_shared_garbage() == []  # nothing split: every object still needed
         res = Compactor(st).compact_partition("t", 0)
         assert res.shared_parts_split == 3
@@ -476,7 +476,7 @@ def test_a_part_older_than_max_compaction_lag_is_split_whatever_the_count(s3):
         assert [c.partition for c in due] == [0] and "1 shared objects" in due[0].reasons
         assert [r.shared_parts_split for r in compact_store(st, clock=clock)] == [1]
     with Store.open(url) as st:
-        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert st.partition("t", 0).shared_objects == 0
         assert _read(st, "t", 0) == [(0, 1_000, b"a", b"1")]
 
 
@@ -489,7 +489,7 @@ def test_a_reader_of_a_split_partition_fetches_no_journal_entry(s3):
            SHARED)
     with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
         pl = st.writable_partition("t", 0)
-        assert pl.catalog.stage_split() == 4 and pl.catalog.commit_staged("c")
+        assert pl._catalog.stage_split() == 4 and pl.commit_staged("c")
     with Store.open(url) as st:
         j = SH.journal_for(st.fs)
         assert len(_read(st, "t", 0)) == 4
@@ -513,7 +513,7 @@ def test_objects_are_collected_a_grace_period_after_their_split_however_often_it
             st.append(_batch("t", [(0, f, b"k%d" % f, b"v")]))
         with Store.open(url, writer="c", clock=clock, commitlog_dir=f"{root}/cl-c") as st:
             pl = st.writable_partition("t", 0)
-            assert pl.catalog.stage_split() == 1 and pl.catalog.commit_staged("c")
+            assert pl._catalog.stage_split() == 1 and pl.commit_staged("c")
     for f in range(3):  # splits at 0 s, 40 s, 80 s
         flush_and_split(f)
         clock.advance(40_000)

@@ -209,7 +209,7 @@ def test_a_follower_learns_of_a_compaction_from_the_catalog(s3, monkeypatch):
     assert got.get("ListObjectsV2", 0) == 0, got
     # a journal GET (404), the catalog's next version, and its next (404)
     assert got.get("GetObject", 0) <= 3, got
-    assert all(pl.catalog.manifest is not None and pl.catalog.manifest.split_to == {"w": 1}
+    assert all(pl.manifest is not None and pl.manifest.split_to == {"w": 1}
                for pl in pls)
     assert [len(_records(f, p)) for p in range(8)] == [2] * 8
     f.close()
