@@ -98,6 +98,9 @@ class PartitionLog:
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
         self._dirty_files: list[AppendFile] = []
+        #: a shared-upload writer's last committed local segment, whose two files the next
+        #: segment takes over (``reuse_files_of``)
+        self._spare: Segment | None = None
         self._entry_scratch = np.empty(0, np.uint8)
         self._before_roll = None
         self._writer_lock: FileLock | None = None
@@ -396,14 +399,54 @@ class PartitionLog:
         naming it, open."""
         self._close_files()
         name = fn.base_name(base)
-        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs,
-                            log_path=f"{self.dir}/{name}{fn.LOG_SUFFIX}",
-                            bcq_path=f"{self.dir}/{name}{fn.INDEX_SUFFIX}", open_tail=True)
+        log_path, bcq_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}", f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
+        self._take_spare(log_path, bcq_path)
+        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs, log_path=log_path,
+                            bcq_path=bcq_path, open_tail=True)
         seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
         self._active_files()
         self.catalog.segment_opened(base)
         return seg
+
+    def reuse_files_of(self, seg: Segment) -> None:
+        """A shared-upload writer's local segment just committed (its records are in the
+        journal, it is out of the view): instead of deleting its two files and creating two
+        new ones at the next append (4 directory operations a partition a flush, most of a
+        512-partition writer's time), the next segment takes them over, emptied and renamed
+        (``_take_spare``). Until then they hold committed records only, which an open drops."""
+        self._drop_spare()
+        seg.invalidate()
+        self._spare = seg
+
+    def _take_spare(self, log_path: str, bcq_path: str) -> None:
+        """Empty the spare segment's files and rename them to the new segment's (the .log
+        emptied first, the .bcq renamed first: a crash in between leaves an empty segment or
+        an empty .bcq, both dropped by the next open, never records under a wrong name)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        lfs = self.local_fs
+        try:
+            if lfs.exists(log_path) or lfs.exists(bcq_path):
+                raise FileExistsError(log_path)
+            for path in (spare.log_path, spare.bcq_path):
+                f = lfs.open_append(path)
+                try:
+                    f.truncate(0)
+                finally:
+                    f.close()
+            lfs.rename(spare.bcq_path, bcq_path)
+            lfs.rename(spare.log_path, log_path)
+        except OSError:
+            for path in (spare.log_path, spare.bcq_path):
+                lfs.delete(path)
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            self.local_fs.delete(spare.log_path)
+            self.local_fs.delete(spare.bcq_path)
 
     def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),
@@ -634,6 +677,7 @@ class PartitionLog:
         leave it in the local directory, for the next open to upload)."""
         if publish and self.writable and self._writer_lock is not None:
             self.publish()  # (an object store's writer publishes what it appended)
+        self._drop_spare()
         self._sync_and_close_files()
         if self._writer_lock is not None:
             self.catalog.after_sync(closing=True)

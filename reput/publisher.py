@@ -486,8 +486,15 @@ class SharedPublisher(ManifestPublisher):
             seed(f"{fn.SHARED_DIR}/{writer}/{b.name}", ospath)
         else:
             os.unlink(ospath)
-        for _, piece in pieces:
+        for key, piece in pieces:
+            # the active segment's files are taken over by the partition's next segment
+            # (emptied and renamed: PartitionLog.reuse_files_of), not deleted and created anew
+            spare = next((s for s in reversed(piece.local) if s.log_size), None)
+            if spare is not None:
+                piece.local.remove(spare)
             piece.committed()
+            if spare is not None:
+                st._partitions[key].reuse_files_of(spare)
         st.shared_committed(entry)  # (a store catalog: the writer's fold)
         return True
 
