@@ -286,6 +286,56 @@ def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_dupl
         assert [o for o, *_ in _read(st, "t", 0)] == [0, 1, 2]
 
 
+def test_the_next_local_segment_takes_over_the_committed_ones_files(s3):
+    """A flush commits each partition's active segment; the partition's next segment reuses
+    its two files (emptied and renamed: PartitionLog.reuse_files_of) instead of deleting them
+    and creating new ones. Whatever moment a writer dies at (the committed files still there,
+    or already taken over), the next open duplicates and loses nothing."""
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    pdir = os.path.join(cl, "partitions", "t", "0")
+
+    def local_files():
+        return sorted(n for n in os.listdir(pdir) if n.endswith((".log", ".bcq")))
+    st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 0, b"a", b"1"), (0, 1, b"b", b"1")]))
+    st.flush()
+    spare = local_files()  # the committed segment's files, kept for the next one
+    assert spare == ["00000000000000000000.bcq", "00000000000000000000.log"]
+    inode = os.stat(os.path.join(pdir, spare[1])).st_ino
+    st.append(_batch("t", [(0, 2, b"a", b"2")]))
+    assert local_files() == ["00000000000000000002.bcq", "00000000000000000002.log"]
+    assert os.stat(os.path.join(pdir, "00000000000000000002.log")).st_ino == inode
+    assert os.path.getsize(os.path.join(pdir, "00000000000000000002.log")) > 0
+    want = [(0, 1_000, b"a", b"1"), (1, 1_001, b"b", b"1"), (2, 1_002, b"a", b"2")]
+    assert _read(st, "t", 0) == want
+    st.flush()
+    st.append(_batch("t", [(0, 3, b"b", b"3")]))  # a killed writer: one flushed, one not
+    _crash(st)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+        st.flush()
+    with Store.open(url) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+    st = Store.open(url, writer="w", options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 4, b"a", b"4")]))
+    st.flush()
+    left = {n: open(os.path.join(pdir, n), "rb").read() for n in local_files()}
+    assert sorted(left) == ["00000000000000000004.bcq", "00000000000000000004.log"]
+    _crash(st)  # (a close drops them: put back what a SIGKILL leaves, not taken over yet)
+    for n, raw in left.items():
+        with open(os.path.join(pdir, n), "wb") as f:
+            f.write(raw)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert local_files() == []  # (committed: dropped by the open)
+        st.append(_batch("t", [(0, 5, b"b", b"5")]))
+        st.flush()
+    assert local_files() == []  # a close drops them
+    with Store.open(url) as st:
+        assert [r[0] for r in _read(st, "t", 0)] == [0, 1, 2, 3, 4, 5]
+
+
 def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatch):
     make, root = s3
     url = make(grace_ms=0)
