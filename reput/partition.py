@@ -98,9 +98,9 @@ class PartitionLog:
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
         self._dirty_files: list[AppendFile] = []
-        #: a shared-upload writer's last committed local segment, whose two files the next
-        #: segment takes over (``reuse_files_of``)
-        self._spare: Segment | None = None
+        #: a shared-upload writer's last committed local segment's files, which the next
+        #: segment takes over (``reuse_files_of``; reput/segment_recycle.py ``Spare``)
+        self._spare = None
         self._entry_scratch = np.empty(0, np.uint8)
         self._before_roll = None
         self._writer_lock: FileLock | None = None
@@ -411,42 +411,23 @@ class PartitionLog:
 
     def reuse_files_of(self, seg: Segment) -> None:
         """A shared-upload writer's local segment just committed (its records are in the
-        journal, it is out of the view): instead of deleting its two files and creating two
-        new ones at the next append (4 directory operations a partition a flush, most of a
-        512-partition writer's time), the next segment takes them over, emptied and renamed
-        (``_take_spare``). Until then they hold committed records only, which an open drops."""
+        journal, it is out of the view): its two files are emptied in the background and the
+        partition's next segment takes them over (reput/segment_recycle.py), instead of 2
+        deletes and 2 creates a partition a flush."""
+        from .segment_recycle import recycle
         self._drop_spare()
         seg.invalidate()
-        self._spare = seg
+        self._spare = recycle(self.local_fs, seg.log_path, seg.bcq_path)
 
     def _take_spare(self, log_path: str, bcq_path: str) -> None:
-        """Empty the spare segment's files and rename them to the new segment's (the .log
-        emptied first, the .bcq renamed first: a crash in between leaves an empty segment or
-        an empty .bcq, both dropped by the next open, never records under a wrong name)."""
         spare, self._spare = self._spare, None
-        if spare is None:
-            return
-        lfs = self.local_fs
-        try:
-            if lfs.exists(log_path) or lfs.exists(bcq_path):
-                raise FileExistsError(log_path)
-            for path in (spare.log_path, spare.bcq_path):
-                f = lfs.open_append(path)
-                try:
-                    f.truncate(0)
-                finally:
-                    f.close()
-            lfs.rename(spare.bcq_path, bcq_path)
-            lfs.rename(spare.log_path, log_path)
-        except OSError:
-            for path in (spare.log_path, spare.bcq_path):
-                lfs.delete(path)
+        if spare is not None:
+            spare.take(log_path, bcq_path)
 
     def _drop_spare(self) -> None:
         spare, self._spare = self._spare, None
         if spare is not None:
-            self.local_fs.delete(spare.log_path)
-            self.local_fs.delete(spare.bcq_path)
+            spare.drop()
 
     def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),

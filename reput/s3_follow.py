@@ -53,6 +53,17 @@ RELIST_S = 600.0
 LEGACY_RELIST_S = 60.0
 #: at most this many entries of one writer are fetched in one poll (the rest at the next)
 MAX_PER_POLL = 256
+#: a writer's next entry is asked for when it is due (``_Cadence``): its last entry's
+#: created_ms + the shortest of the writer's recent gaps between entries + the shortest recent
+#: delay from an entry's created_ms to this reader finding it, less SLACK_MS; then every
+#: QUICK_MS, QUICK_TRIES times at most, then at the follow interval again
+SLACK_MS = 20
+QUICK_MS = 50
+QUICK_TRIES = 4
+#: a guess never puts a writer's next GET more than this many follow intervals away
+GUESS_CAP = 2
+#: how many recent gaps and delays a writer's cadence remembers
+CADENCE_MEMORY = 8
 
 
 def follow_mode() -> str:
@@ -66,6 +77,52 @@ def follow_interval_s() -> float:
 
 def manifest_recheck_s() -> float:
     return float(_env.value("KCOMPACT_S3_MANIFEST_RECHECK_S"))
+
+
+class _Cadence:
+    """When a writer's next journal entry is expected to be readable (``Follower``): a writer
+    that flushes every 500 ms is asked about 500 ms after its last entry, not at whatever
+    phase the follow interval happens to have (the live edge's delay), and not before (its
+    requests)."""
+
+    __slots__ = ("last_created", "gaps", "lags", "due_ms", "quick_left")
+
+    def __init__(self):
+        self.last_created: int | None = None
+        self.gaps: list[int] = []
+        self.lags: list[int] = []
+        #: wall ms from which the next entry is asked for at QUICK_MS; None: no guess
+        self.due_ms: float | None = None
+        self.quick_left = 0
+
+    def found(self, created_ms: int, now_ms: int, cap_ms: float) -> None:
+        """A recent entry was found at ``now_ms`` (this reader's clock; ``created_ms`` is the
+        writer's: only differences of the two are used, so a skew between them cancels): the
+        next is asked for a gap later, less how late this one was found, and at most
+        ``cap_ms`` from now."""
+        if self.last_created is not None and created_ms > self.last_created:
+            self.gaps = (self.gaps + [created_ms - self.last_created])[-CADENCE_MEMORY:]
+        self.last_created = created_ms
+        lag = now_ms - created_ms
+        self.lags = (self.lags + [lag])[-CADENCE_MEMORY:]
+        if self.gaps:
+            ahead = min(self.gaps) - (lag - min(self.lags)) - SLACK_MS
+            self.due_ms = now_ms + max(0.0, min(ahead, cap_ms))
+            self.quick_left = QUICK_TRIES
+        else:
+            self.due_ms, self.quick_left = None, 0
+
+    def missed(self, now_ms: int) -> None:
+        if self.due_ms is not None and now_ms >= self.due_ms and self.quick_left > 0:
+            self.quick_left -= 1
+            self.due_ms = now_ms + QUICK_MS if self.quick_left else None
+
+    def quick_due(self, now_ms: float) -> bool:
+        return self.due_ms is not None and self.quick_left > 0 and now_ms >= self.due_ms
+
+    def not_yet(self, now_ms: float) -> bool:
+        """A guess says the next entry cannot be readable yet (the interval's GET is saved)."""
+        return self.due_ms is not None and self.quick_left > 0 and now_ms < self.due_ms
 
 
 class Follower:
@@ -82,8 +139,12 @@ class Follower:
         self._writers_at: float | None = None
         #: whether the store has a writers registry (None: not read yet)
         self.registry: bool | None = None
-        #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry
-        self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0}
+        #: writer -> when its next entry is expected (``_Cadence``)
+        self._cadence: dict[str, _Cadence] = {}
+        #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry;
+        #: polls (at the interval) and quick polls (a writer's entry due: ``_Cadence``)
+        self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0,
+                      "quick": 0}
 
     # -- the poll ------------------------------------------------------------------------------
 
@@ -95,6 +156,16 @@ class Follower:
         with self._lock:
             now = time.monotonic()
             if self._polled_at is not None and now - self._polled_at < age:
+                # between the interval's polls, only a writer whose next entry is due now
+                # (``_Cadence``; an explicit ``max_age_s`` asks for the interval's poll only)
+                now_ms = time.time() * 1000
+                due = [] if max_age_s is not None else [
+                    w for w in sorted(self.next)
+                    if w in self._cadence and self._cadence[w].quick_due(now_ms)]
+                if due:
+                    self.stats["quick"] += 1
+                    for writer in due:
+                        self._advance(writer)
                 return self.generation()
             self._polled_at = now
             self.stats["polls"] += 1
@@ -103,8 +174,12 @@ class Follower:
                 self._list_all()
             elif self._writers_at is None or now - self._writers_at >= WRITERS_S:
                 self._read_registry()
+            now_ms = time.time() * 1000
             for writer in sorted(self.next):
-                self._advance(writer)
+                cad = self._cadence.get(writer)
+                if max_age_s is None and cad is not None and cad.not_yet(now_ms):
+                    continue  # (its entry is asked for when due, between the polls)
+                self._advance(writer, guess=max_age_s is None)
             cat = SC.for_store(self.fs)
             if cat is not None:  # a store catalog: its next version (O(1), not per partition)
                 try:
@@ -145,23 +220,30 @@ class Follower:
                 continue
             self.next[w] = 1 + max(seqs, default=-1)
 
-    def _advance(self, writer: str) -> None:
+    def _advance(self, writer: str, guess: bool = True) -> None:
         """GET the writer's next entries, while they exist; stop at the first 404 or after
         one recent entry (the writer's next commit is a flush interval away)."""
         now_ms = int(time.time() * 1000)
+        cad = self._cadence.setdefault(writer, _Cadence())
         for _ in range(MAX_PER_POLL):
             seq = self.next[writer]
             try:
                 entry = self.journal.fetch_entry(writer, seq)
             except FileNotFoundError:
                 self.stats["get_miss"] += 1
+                cad.missed(now_ms)
                 return
             except (OSError, ReputError):
                 return  # a dropped request: the next poll asks again
             self.stats["get_hit"] += 1
             self.next[writer] = seq + 1
             if entry is not None and entry.created_ms >= now_ms - 2000 * self.interval_s:
-                return  # caught up: do not spend a GET on a key that cannot exist yet
+                # caught up: do not spend a GET on a key that cannot exist yet; ask when due
+                # (a poll the caller forced, ``max_age_s``, leaves the guess as it was)
+                if guess:
+                    cad.found(entry.created_ms, int(time.time() * 1000),
+                              GUESS_CAP * self.interval_s * 1000)
+                return
 
     def forget_listing(self) -> None:
         """The next poll lists ``shared/`` again (a read found an entry's object gone)."""
