@@ -416,8 +416,7 @@ class PartitionLog:
         deletes and 2 creates a partition a flush."""
         from .segment_recycle import recycle
         self._drop_spare()
-        seg.invalidate()
-        self._spare = recycle(self.local_fs, seg.log_path, seg.bcq_path)
+        self._spare = recycle(self.local_fs, seg)
 
     def _take_spare(self, log_path: str, bcq_path: str) -> None:
         spare, self._spare = self._spare, None

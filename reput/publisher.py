@@ -515,7 +515,11 @@ def publisher_for(fs: Backend, meta, *, writer: str | None, options,
         options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
                                        and SH.FEATURE in meta.features))
     if shared:
-        return SharedPublisher(fs, clfs, clfs)
+        # (the local segments live a flush interval: no blocks reserved for them ahead,
+        # which emptying them would free again: reput/segment_recycle.py)
+        local = LocalBackend(clfs.root, preallocate=False) if isinstance(clfs, LocalBackend) \
+            else clfs
+        return SharedPublisher(fs, clfs, local)
     return ManifestPublisher(fs, clfs, clfs)
 
 

@@ -27,10 +27,11 @@ EMPTYING, READY, TAKEN, ABANDONED, GONE = range(5)
 class Spare:
     """The two files of a committed local segment, on their way to the next one."""
 
-    __slots__ = ("fs", "log_path", "bcq_path", "state", "lock", "done")
+    __slots__ = ("fs", "segment", "log_path", "bcq_path", "state", "lock", "done")
 
-    def __init__(self, fs: Backend, log_path: str, bcq_path: str):
-        self.fs, self.log_path, self.bcq_path = fs, log_path, bcq_path
+    def __init__(self, fs: Backend, segment):
+        self.fs, self.segment = fs, segment
+        self.log_path, self.bcq_path = segment.log_path, segment.bcq_path
         self.state = EMPTYING
         self.lock = threading.Lock()
         self.done = threading.Event()  # the background thread is finished with it
@@ -80,8 +81,11 @@ class Spare:
                 pass  # (committed records: the next open drops them)
 
     def _empty(self) -> None:
-        """(the background thread) Truncate both files, the .log first."""
+        """(the background thread) Forget what the segment mapped (before its files shrink
+        under a mapping), then truncate both files, the .log first."""
         try:
+            self.segment.invalidate()
+            self.segment = None
             with self.lock:
                 go = self.state == EMPTYING
             ok = False
@@ -142,9 +146,10 @@ class _Recycler:
 _RECYCLER = _Recycler()
 
 
-def recycle(fs: Backend, log_path: str, bcq_path: str) -> Spare:
-    """Hand a committed local segment's files to the background thread (``Spare``)."""
-    spare = Spare(fs, log_path, bcq_path)
+def recycle(fs: Backend, segment) -> Spare:
+    """Hand a committed local segment (out of its partition's view) to the background thread
+    (``Spare``)."""
+    spare = Spare(fs, segment)
     _RECYCLER.put(spare)
     return spare
 
