@@ -584,8 +584,13 @@ class Compactor:
         # outputs go to the store itself, or to the local directory on S3; always format 2
         self.store.require_format(2)
         # compression.type=producer: the group's stored codec is kept (Kafka's meaning: a batch
-        # keeps its source batch's), none for format-1 records (a consumer's: codecs.codec_of)
-        source = next((_codec(pl, sp.seg) for sp in g.members if _codec(pl, sp.seg)), None)
+        # keeps its source batch's), and for format-1 records the codec the mirror read the
+        # source's batches of the partition with (PartitionLog.source_codec), none when it
+        # did not know (a consumer's records: codecs.codec_of)
+        stored = [_codec(pl, sp.seg) for sp in g.members]
+        source = next((c for c in stored if c), None)
+        if source is None and None in stored:
+            source = getattr(pl, "source_codec", None)
         out = SegmentWriter2(pl.local_fs, log_out, idx_out,
                              codec=codec_of(cfg.compression_type, source),
                              level=cfg.compression_zstd_level,

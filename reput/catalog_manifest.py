@@ -450,7 +450,8 @@ class ManifestCatalog(SegmentCatalog):
         name = fn.base_name(seg.base)
         log_out, idx_out = (f"{sealing}/{name}{fn.LOG_SUFFIX}",
                             f"{sealing}/{name}{fn.INDEX_SUFFIX}")
-        encode_segment(seg, part.config, self.local_fs, log_out, idx_out)
+        encode_segment(seg, part.config, self.local_fs, log_out, idx_out,
+                       getattr(part, "source_codec", None))
         return self._segment(seg.base, self.local_fs.size(log_out), self.local_fs.size(idx_out),
                              kind="staged", log_rel=log_out, bcq_rel=idx_out)
 
@@ -796,7 +797,7 @@ class ManifestCatalog(SegmentCatalog):
             from .seal import encode_segment_bytes
             from .segment_v2 import lean_offsets
             part.require_format(2)
-            log, bcq = encode_segment_bytes(seg, part.config)
+            log, bcq = encode_segment_bytes(seg, part.config, getattr(part, "source_codec", None))
             offs = lean_offsets(bcq, seg.bcq_path)
             return seg.base, log, len(log), np.frombuffer(bcq, np.uint8), offs
         up = self._encode_for_upload(part, seg, sealing)

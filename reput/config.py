@@ -63,9 +63,10 @@ TOPIC_CONFIG = (
             Importance.MEDIUM,
             "Codec of sealed (format-2) segments' batches. 'producer' (Kafka's meaning, the "
             "default of a store whose store.json lists the source-codec feature, i.e. created "
-            "by a kcompact that has it; an older store's default stays zstd): stored batches keep their codec, and records a mirror consumed are stored "
-            "uncompressed unless the source topic's compression.type names a codec, which the "
-            "mirror syncs (no Kafka client tells a consumer a batch's codec). A codec (zstd, "
+            "by a kcompact that has it; an older store's default stays zstd): stored batches "
+            "keep their codec, and records a mirror consumed are sealed with the codec the "
+            "mirror read the source's batches with (store.json source_codecs; uncompressed "
+            "when it could not). A codec (zstd, "
             "lz4, snappy, gzip, uncompressed) recompresses; a change re-encodes every segment "
             "at the partition's next compaction (docs/formats/segment-v2.md).")
     .define("compression.zstd.level", Type.INT, 3, between(1, 22), Importance.LOW,

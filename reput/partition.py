@@ -80,6 +80,9 @@ class PartitionLog:
         #: what its segments share (reput/segment.py)
         self.ctx = PartitionContext(topic, partition, secret, writable)
         self.config = config
+        #: the codec the source's batches of this partition have (Store.source_codec; None:
+        #: unknown): what ``compression.type=producer`` seals format-1 records with
+        self.source_codec: int | None = None
         self.clock = clock
         self.sub = sub
         self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")

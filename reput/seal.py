@@ -35,22 +35,23 @@ from .rewrite import SegmentWriter2
 SEAL_READ_BYTES = 8 << 20
 
 
-def encode_segment_bytes(seg, cfg) -> tuple[bytearray, bytearray]:
+def encode_segment_bytes(seg, cfg, source: int | None = None) -> tuple[bytearray, bytearray]:
     """``encode_segment`` into memory: the format-2 ``.log`` and ``.bcq`` bytes of format-1
     segment ``seg`` (a writer's part of a shared object is encoded straight into the object,
     with no local file nor fsync: docs/formats/shared-upload.md, "A writer's flush")."""
     from .backend import MemoryBackend
     mem = MemoryBackend()
-    encode_segment(seg, cfg, mem, "log", "bcq")
+    encode_segment(seg, cfg, mem, "log", "bcq", source)
     return mem.files["log"], mem.files["bcq"]
 
 
-def encode_segment(seg, cfg, fs, log_out: str, idx_out: str) -> None:
+def encode_segment(seg, cfg, fs, log_out: str, idx_out: str, source: int | None = None) -> None:
     """Write format-1 segment ``seg`` as a format-2 pair ``log_out``/``idx_out`` on ``fs``
-    (fsynced) with its topic's codec (``cfg``: its TopicConfig; ``producer``: uncompressed,
-    the codec of the source's batches being unknown: codecs.codec_of), every record read
+    (fsynced) with its topic's codec (``cfg``: its TopicConfig; ``producer``: ``source``, the
+    codec the mirror read the source's batches of the partition with, ``PartitionLog.
+    source_codec``; uncompressed when it is unknown: codecs.codec_of), every record read
     through the segment's selection (its CRC checked)."""
-    out = SegmentWriter2(fs, log_out, idx_out, codec=codec_of(cfg.compression_type),
+    out = SegmentWriter2(fs, log_out, idx_out, codec=codec_of(cfg.compression_type, source),
                          level=cfg.compression_zstd_level, batch_bytes=cfg.compression_batch_bytes,
                          target=target_of(cfg.compression_type))
     try:
@@ -101,7 +102,7 @@ def seal_segment(pl, base: int, store_lock=None) -> bool:
         fs.remove_tree(sdir)
         name = fn.base_name(base)
         encode_segment(seg, pl.config, fs, f"{sdir}/{name}{fn.LOG_SUFFIX}",
-                       f"{sdir}/{name}{fn.INDEX_SUFFIX}")
+                       f"{sdir}/{name}{fn.INDEX_SUFFIX}", pl.source_codec)
         fs.sync_dir(sdir)
         plan = swap.SwapPlan([base], [base], None)
         swap.commit(fs, pl.dir, plan)

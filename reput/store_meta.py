@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .codecs import CODEC_BY_NAME, CODEC_NAMES
 from .config import TopicConfig
 from .errors import StoreFormatError
 from .record import validate_topic
@@ -52,6 +53,9 @@ class StoreMeta:
     recorded_partitions: dict[str, list[int]] = field(default_factory=dict)
     #: each topic's Kafka topic id when a mirror first copied it (Store.record_topic_id)
     topic_ids: dict[str, str] = field(default_factory=dict)
+    #: the codec a mirror last read its source's batches with, per topic and partition
+    #: (codec ids; Store.record_source_codecs): what ``compression.type=producer`` seals with
+    source_codecs: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @property
     def defaults(self) -> TopicConfig:
@@ -78,6 +82,9 @@ class StoreMeta:
             body["partitions"] = self.recorded_partitions
         if self.topic_ids:
             body["topic_ids"] = self.topic_ids
+        if self.source_codecs:
+            body["source_codecs"] = {t: {str(p): CODEC_NAMES[c] for p, c in sorted(ps.items())}
+                                     for t, ps in self.source_codecs.items()}
         return body
 
     def to_json(self) -> bytes:
@@ -134,6 +141,8 @@ class StoreMeta:
                                         for t, ps in d.get("partitions", {}).items()}
             meta.topic_ids = {validate_topic(t): topic_id_of(i)
                               for t, i in d.get("topic_ids", {}).items()}
+            meta.source_codecs = {validate_topic(t): source_codecs_of(ps)
+                                  for t, ps in d.get("source_codecs", {}).items()}
             return meta
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StoreFormatError(f"{where}: store.json has an invalid field ({e}); restore it "
@@ -146,6 +155,18 @@ def topic_id_of(tid: Any) -> str:
     return tid
 
 
+def source_codecs_of(ps: Any) -> dict[int, int]:
+    """A topic's entry of store.json's ``source_codecs``: {"partition": codec name}."""
+    if not isinstance(ps, dict):
+        raise ValueError(f"source_codecs: {ps!r} is not an object of partitions")
+    out = {}
+    for p, name in ps.items():
+        if not (isinstance(p, str) and p.isdigit()) or name not in CODEC_BY_NAME:
+            raise ValueError(f"source_codecs: {p!r}: {name!r} is not a partition's codec")
+        out[int(p)] = CODEC_BY_NAME[name]
+    return out
+
+
 def partition_numbers(ps: Any) -> list[int]:
     """A topic's entry of store.json's ``partitions``: sorted distinct partition numbers."""
     if not isinstance(ps, list) or not all(type(p) is int and p >= 0 for p in ps):
@@ -154,4 +175,4 @@ def partition_numbers(ps: Any) -> list[int]:
 
 
 __all__ = ["FEATURE_SEGMENT_LIST", "FEATURE_SOURCE_CODEC", "FORMAT_VERSION",
-           "KNOWN_FORMAT_VERSION", "StoreMeta", "partition_numbers", "topic_id_of"]
+           "KNOWN_FORMAT_VERSION", "StoreMeta", "partition_numbers", "source_codecs_of", "topic_id_of"]

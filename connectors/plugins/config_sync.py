@@ -46,7 +46,8 @@ SYNCED_KEYS = ("cleanup.policy", "delete.retention.ms", "min.compaction.lag.ms",
                # the codec of sealed segments (store format 2): a codec the source names is
                # kept (Kafka recompressed every batch to it); Kafka's default, producer, is
                # not synced (the store's default applies: producer in a store listing the
-               # source-codec feature, records stored uncompressed; zstd in an older one).
+               # source-codec feature, the source batches' codec read by plugins/
+               # codec_watch.py; zstd in an older one).
                # compression.zstd.level is not: Kafka describes it only since 3.8
                "compression.type")
 #: The largest segment.bytes synced: the store's own default.

@@ -90,6 +90,11 @@ STORE_SINK_CONFIG = (
             "(5 min by default), and store them as the topic's synced configs, as kcompact "
             "mirror does (MirrorMaker 2's name). A broker refusing describe_configs is a "
             "warning. false: the store's values and kcompact configs overrides only.")
+    .define("store.codec.probe.enabled", Type.BOOLEAN, True, None, Importance.LOW,
+            "For a topic whose store compression.type is producer (a new store's default: the "
+            "source's codec), read the codec of the source's batches with a Fetch of a few KB "
+            "(plugins/codec_watch.py) when a task opens it and every 64 MiB mirrored, and seal "
+            "its records with it. false: such records are stored uncompressed.")
     .define("sync.group.offsets.enabled", Type.BOOLEAN, True, None, Importance.MEDIUM,
             "Keep the committed offsets of the source's consumer groups on the mirrored topics "
             "in the store (Admin API: list groups, then their offsets): when the tasks open "
@@ -164,6 +169,8 @@ class StoreSinkConnector(SinkConnector):
     acl_sync: SinkAclSync | None = None
     #: the capture of the records' schemas (``schema.registry.url``), or None
     schema_sync: Any = None
+    #: the probe of the source's batch codecs (``store.codec.probe.enabled``), or None
+    codec_watch: Any = None
 
     def start(self, props: Mapping[str, Any]) -> None:
         super().start(props)
@@ -205,6 +212,12 @@ class StoreSinkConnector(SinkConnector):
                 interval_ms=int(props.get("sync.topic.acls.interval.ms") or ACL_INTERVAL_MS),
                 commitlog_dir=props.get("store.commitlog.dir"),
                 prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
+        self.codec_watch = None
+        if props.get("store.codec.probe.enabled", True) and self.kafka_conf:
+            from .codec_watch import SinkCodecWatch
+            self.codec_watch = SinkCodecWatch(
+                self.kafka_conf,
+                prefix="mirror" if props.get("name") == "kcompact-mirror" else "connect")
         self.schema_sync = None
         if props.get("schema.registry.url"):
             from .schema_sync import SinkSchemaSync
@@ -244,6 +257,8 @@ class StoreSinkConnector(SinkConnector):
             extra["store.acl.sync"] = self.acl_sync
         if self.schema_sync is not None:
             extra["store.schema.sync"] = self.schema_sync
+        if self.codec_watch is not None:
+            extra["store.codec.watch"] = self.codec_watch
         return [dict(self.props, **extra, **{"task.id": i,
                                              "store.writer": base if i == 0 else f"{base}-{i}"})
                 for i in range(max(1, max_tasks))]
@@ -260,6 +275,9 @@ class StoreSinkConnector(SinkConnector):
         if self.schema_sync is not None:
             sch, self.schema_sync = self.schema_sync, None
             sch.stop()
+        if self.codec_watch is not None:
+            cw, self.codec_watch = self.codec_watch, None
+            cw.stop()
         super().stop()
 
     def select_partitions(self, topic: str, partitions: Sequence[int]) -> list[int]:
@@ -409,6 +427,9 @@ class StoreSinkTask(SinkTask):
             # at the topic's first offset (which may be > 0 after retention).
             n = self.store.next_offset(tp.topic, tp.partition)
             start[tp] = n if n > 0 else OFFSET_BEGINNING
+        codecs = self.props.get("store.codec.watch")
+        if codecs is not None and start:  # the source's codec, for compression.type=producer
+            codecs.opened(self.store, {(tp.topic, tp.partition): o for tp, o in start.items()})
         self.context.offset(start)
 
     def _damage(self, tp: TopicPartition) -> str | None:
@@ -451,13 +472,17 @@ class StoreSinkTask(SinkTask):
         schemas = self.props.get("store.schema.sync")
         if schemas is not None:  # their schemas kept before the records are
             schemas.seen(records)
+        codecs = self.props.get("store.codec.watch")
         topics = records.topics
         if topics[0] == topics[-1] and topics.count(topics[0]) == n:
-            self.appender.submit(_batch(topics[0], records, None))
-            return
-        for topic in dict.fromkeys(topics):
-            idx = [i for i, t in enumerate(topics) if t == topic]
-            self.appender.submit(_batch(topic, records, idx))
+            batches = [_batch(topics[0], records, None)]
+        else:
+            batches = [_batch(topic, records, [i for i, t in enumerate(topics) if t == topic])
+                       for topic in dict.fromkeys(topics)]
+        for batch in batches:
+            self.appender.submit(batch)
+            if codecs is not None:
+                codecs.appended(self.store, batch)
 
     def flush(self, offsets: Mapping[TopicPartition, int]) -> None:
         if self.store is not None:

@@ -1,5 +1,5 @@
 """Background fdatasync of the commit log under ``fsync=flush`` (reput/backend.py
-``_BackgroundSync``, reput/store.py ``BACKGROUND_SYNC_BYTES``): every so many appended bytes the
+``_BackgroundSync``, reput/write_path.py ``BACKGROUND_SYNC_BYTES``): every so many appended bytes the
 active commit-log segment is fdatasynced by a thread of its own, on a descriptor of its own; the
 writer's ``flush`` still fsyncs everything itself, so durability never depends on it. What is
 checked: the requests happen (and only under fsync=flush), they name the active segment, a path
@@ -16,7 +16,7 @@ import pytest
 
 from kcompact.reput import backend as B
 from kcompact.reput import filenames as fn
-from kcompact.reput import store as S
+from kcompact.reput import write_path as S
 from kcompact.reput.config import WriterOptions
 from kcompact.reput.record import RecordBatch
 from kcompact.reput.store import Store

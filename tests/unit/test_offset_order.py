@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcompact.reput import store as S
+from kcompact.reput import write_path as S
 from kcompact.reput.errors import OffsetOrderError
 from kcompact.reput.record import BytesColumn, RecordBatch
 from kcompact.reput.store import Store

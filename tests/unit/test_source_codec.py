@@ -153,3 +153,58 @@ def test_producer_keeps_the_codec_of_the_batches_a_compaction_rewrites(tmp_path)
 def test_needs_recode(ct, codec, target, want):
     assert needs_recode(ct, codec, target) is want
     assert target_of("producer") == TARGET_PRODUCER and TARGET_UNKNOWN == 0
+
+
+def test_the_source_codec_a_mirror_read_seals_and_compacts_format_1_records(tmp_path):
+    """store.json's source_codecs (what the mirror's probe read): a seal of format-1 records
+    under producer writes that codec (the writer's background seal and a compaction of what
+    stayed format 1), another partition without one stays uncompressed; a codec named on the
+    topic still wins; the records read back unchanged."""
+    from kcompact.reput.codecs import CODEC_LZ4
+    from kcompact.reput.store import WriterOptions
+    clock = ManualClock(1_700_000_000_000)
+    d = str(tmp_path / "s")
+    recs = _records(600)
+    with Store.open(d, writer="w", create=True, clock=clock) as st:
+        st.set_topic_config(TOPIC, {"segment.bytes": 1 << 14, "min.compaction.lag.ms": 0})
+        assert st.record_source_codecs(TOPIC, {0: CODEC_ZSTD}) is True
+        assert st.record_source_codecs(TOPIC, {0: CODEC_ZSTD}) is False  # unchanged
+    with Store.open(d, writer="w", clock=clock, options=WriterOptions(seal="background")) as st:
+        assert st.source_codec(TOPIC, 0) == CODEC_ZSTD and st.source_codec(TOPIC, 1) is None
+        for i in range(0, len(recs), 100):
+            st.append(RecordBatch.from_records(TOPIC, recs[i:i + 100]))
+            st.append(RecordBatch.from_records(TOPIC, [
+                Record(TOPIC, 1, r.offset, r.timestamp, r.key, r.value, ())
+                for r in recs[i:i + 100]]))
+        st.flush()
+        st.drain_seals()
+        assert set(_sealed(st)) == {(CODEC_ZSTD, TARGET_PRODUCER)}
+        pl1 = st.partition(TOPIC, 1)
+        assert {s.index().codec for s in pl1.sealed_segments if s.format == 2} == {CODEC_NONE}
+    with Store.open(d, writer="w", clock=clock) as st:  # what stayed format 1: a compaction
+        assert _compact(st, clock) >= 1
+        pl = st.partition(TOPIC, 0)
+        assert all(s.format == 2 for s in pl.segments if s.log_size)
+        assert {c for c, _ in _sealed(st)} == {CODEC_ZSTD}
+        assert list(st.iter_records(TOPIC, 0)) == recs
+        st.set_topic_config(TOPIC, {"compression.type": "lz4"})  # named: recompresses
+        _compact(st, clock)
+        assert set(_sealed(st)) == {(CODEC_LZ4, 1 + CODEC_LZ4)}
+        assert list(st.iter_records(TOPIC, 0)) == recs
+
+
+@pytest.mark.parametrize("bad", [{"t": {"0": "brotli"}}, {"t": {"x": "zstd"}}, {"t": ["zstd"]}])
+def test_a_damaged_source_codecs_entry_is_refused(tmp_path, bad):
+    import json
+    from kcompact.reput.errors import StoreFormatError
+    d = str(tmp_path / "s")
+    Store.create(d).close()
+    path = os.path.join(d, "store.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc.pop("crc32c")
+    doc["source_codecs"] = bad
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(StoreFormatError, match="source_codecs"):
+        Store.open(d)

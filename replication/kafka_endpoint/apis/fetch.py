@@ -168,12 +168,12 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
 async def handle(ep, req, conn) -> list:
     """The registered handler: the ACLs (``ep.gate``), then ``handle_fetch``."""
     gate = ep.gate
+    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
     if gate is not None:
         denied = gate.fetch_denied(req, conn)
         if denied:
             ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
-            return await gate.fetch_with_denied(ep, req, denied)
-    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
+            return await gate.fetch_with_denied(ep, req, denied, leads)
     return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
                               ep.stopping, lambda codes: ep.count_errors(NAME, codes),
                               leads=leads)
