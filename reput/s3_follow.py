@@ -59,17 +59,6 @@ RELIST_S = 600.0
 LEGACY_RELIST_S = 60.0
 #: at most this many entries of one writer are fetched in one poll (the rest at the next)
 MAX_PER_POLL = 256
-#: a writer's next entry is asked for when it is due (``_Cadence``): its last entry's
-#: created_ms + the shortest of the writer's recent gaps between entries + the shortest recent
-#: delay from an entry's created_ms to this reader finding it, less SLACK_MS; then every
-#: QUICK_MS, QUICK_TRIES times at most, then at the follow interval again
-SLACK_MS = 20
-QUICK_MS = 50
-QUICK_TRIES = 4
-#: a guess never puts a writer's next GET more than this many follow intervals away
-GUESS_CAP = 2
-#: how many recent gaps and delays a writer's cadence remembers
-CADENCE_MEMORY = 8
 
 
 def follow_mode() -> str:
@@ -83,52 +72,6 @@ def follow_interval_s() -> float:
 
 def manifest_recheck_s() -> float:
     return float(_env.value("KCOMPACT_S3_MANIFEST_RECHECK_S"))
-
-
-class _Cadence:
-    """When a writer's next journal entry is expected to be readable (``Follower``): a writer
-    that flushes every 500 ms is asked about 500 ms after its last entry, not at whatever
-    phase the follow interval happens to have (the live edge's delay), and not before (its
-    requests)."""
-
-    __slots__ = ("last_created", "gaps", "lags", "due_ms", "quick_left")
-
-    def __init__(self):
-        self.last_created: int | None = None
-        self.gaps: list[int] = []
-        self.lags: list[int] = []
-        #: wall ms from which the next entry is asked for at QUICK_MS; None: no guess
-        self.due_ms: float | None = None
-        self.quick_left = 0
-
-    def found(self, created_ms: int, now_ms: int, cap_ms: float) -> None:
-        """A recent entry was found at ``now_ms`` (this reader's clock; ``created_ms`` is the
-        writer's: only differences of the two are used, so a skew between them cancels): the
-        next is asked for a gap later, less how late this one was found, and at most
-        ``cap_ms`` from now."""
-        if self.last_created is not None and created_ms > self.last_created:
-            self.gaps = (self.gaps + [created_ms - self.last_created])[-CADENCE_MEMORY:]
-        self.last_created = created_ms
-        lag = now_ms - created_ms
-        self.lags = (self.lags + [lag])[-CADENCE_MEMORY:]
-        if self.gaps:
-            ahead = min(self.gaps) - (lag - min(self.lags)) - SLACK_MS
-            self.due_ms = now_ms + max(0.0, min(ahead, cap_ms))
-            self.quick_left = QUICK_TRIES
-        else:
-            self.due_ms, self.quick_left = None, 0
-
-    def missed(self, now_ms: int) -> None:
-        if self.due_ms is not None and now_ms >= self.due_ms and self.quick_left > 0:
-            self.quick_left -= 1
-            self.due_ms = now_ms + QUICK_MS if self.quick_left else None
-
-    def quick_due(self, now_ms: float) -> bool:
-        return self.due_ms is not None and self.quick_left > 0 and now_ms >= self.due_ms
-
-    def not_yet(self, now_ms: float) -> bool:
-        """A guess says the next entry cannot be readable yet (the interval's GET is saved)."""
-        return self.due_ms is not None and self.quick_left > 0 and now_ms < self.due_ms
 
 
 class Follower:
@@ -150,13 +93,10 @@ class Follower:
         self._own_at: float | None = None
         self._good_at: float | None = None
         self._failed = False
-        #: writer -> when its next entry is expected (``_Cadence``)
-        self._cadence: dict[str, _Cadence] = {}
         #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry;
-        #: polls answered by the head source (shared), polls between the interval's of a
-        #: writer whose next entry was due (quick: ``_Cadence``)
+        #: polls answered by the head source (shared)
         self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0,
-                      "shared": 0, "quick": 0}
+                      "shared": 0}
 
     # -- the poll ------------------------------------------------------------------------------
 
@@ -170,17 +110,6 @@ class Follower:
             now = time.monotonic()
             last = self._polled_at if shared else self._own_at
             if last is not None and now - last < age:
-                # between the interval's polls, only a writer whose next entry is due now
-                # (``_Cadence``; an explicit ``max_age_s`` asks for the interval's poll only,
-                # and a head source answers for S3 at its own pace)
-                now_ms = time.time() * 1000
-                due = [] if max_age_s is not None or (shared and head_source() is not None) \
-                    else [w for w in sorted(self.next)
-                          if w in self._cadence and self._cadence[w].quick_due(now_ms)]
-                if due:
-                    self.stats["quick"] += 1
-                    for writer in due:
-                        self._advance(writer)
                 return self.generation()
             self._polled_at = now
             self.stats["polls"] += 1
@@ -193,12 +122,8 @@ class Follower:
             if self._writers_at is None or now - self._writers_at >= WRITERS_S:
                 self._read_registry()
             self._own_at = now
-            now_ms = time.time() * 1000
             for writer in sorted(self.next):
-                cad = self._cadence.get(writer)
-                if max_age_s is None and cad is not None and cad.not_yet(now_ms):
-                    continue  # (its entry is asked for when due, between the polls)
-                self._advance(writer, guess=max_age_s is None)
+                self._advance(writer)
             cat = SC.for_store(self.fs)
             if cat is not None:  # a store catalog: its next version (O(1), not per partition)
                 try:
@@ -279,12 +204,11 @@ class Follower:
                 continue
             self.next[w] = 1 + max(seqs, default=-1)
 
-    def _advance(self, writer: str, stop: int | None = None, guess: bool = True) -> None:
+    def _advance(self, writer: str, stop: int | None = None) -> None:
         """GET the writer's next entries, while they exist (and are below ``stop``, the head
         source's next seq); stop at the first 404 or after one recent entry (the writer's
-        next commit is a flush interval away: ``guess`` says when, ``_Cadence``)."""
+        next commit is a flush interval away)."""
         now_ms = int(time.time() * 1000)
-        cad = self._cadence.setdefault(writer, _Cadence())
         for _ in range(MAX_PER_POLL):
             seq = self.next[writer]
             if stop is not None and seq >= stop:
@@ -293,7 +217,6 @@ class Follower:
                 entry = self.journal.fetch_entry(writer, seq)
             except FileNotFoundError:
                 self.stats["get_miss"] += 1
-                cad.missed(now_ms)
                 return
             except (OSError, ReputError):
                 self._failed = True
@@ -302,12 +225,7 @@ class Follower:
             self.next[writer] = seq + 1
             if stop is None and entry is not None \
                     and entry.created_ms >= now_ms - 2000 * self.interval_s:
-                # caught up: do not spend a GET on a key that cannot exist yet; ask when due
-                # (a poll the caller forced, ``max_age_s``, leaves the guess as it was)
-                if guess:
-                    cad.found(entry.created_ms, int(time.time() * 1000),
-                              GUESS_CAP * self.interval_s * 1000)
-                return
+                return  # caught up: do not spend a GET on a key that cannot exist yet
 
     def forget_listing(self) -> None:
         """The next poll lists ``shared/`` again (a read found an entry's object gone)."""

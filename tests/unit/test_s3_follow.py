@@ -505,29 +505,3 @@ def test_a_waiting_fetch_looks_at_its_partitions_only_when_the_store_moved(s3, m
             assert [r.bounds.high_watermark for _, rs in seen for r in rs] == [2] * parts
         finally:
             view.close()
-
-
-@pytest.mark.parametrize("skew_ms", [0, 3_600_000, -3_600_000])
-def test_a_writers_next_entry_is_asked_for_when_it_is_due(skew_ms):
-    """reput/s3_follow.py ``_Cadence``: after two entries of a writer that flushes every 500 ms
-    the next GET is due a gap after the last was found (less SLACK_MS, at most the cap), not
-    before; a miss then asks again every QUICK_MS, QUICK_TRIES times, and then the follow
-    interval takes over. The writer's clock and the reader's may differ by any skew."""
-    cad = S3F._Cadence()
-    cad.found(10_000 + skew_ms, 10_100, cap_ms=500)
-    assert cad.due_ms is None and not cad.not_yet(10_150)  # one entry: no gap known yet
-    cad.found(10_500 + skew_ms, 10_590, cap_ms=500)  # found 90 ms after, the quickest yet
-    assert cad.due_ms == 10_590 + 500 - S3F.SLACK_MS
-    assert cad.not_yet(10_600) and not cad.quick_due(10_600)
-    assert cad.quick_due(cad.due_ms) and not cad.not_yet(cad.due_ms)
-    t = cad.due_ms
-    for i in range(S3F.QUICK_TRIES):
-        assert cad.quick_due(t)
-        cad.missed(t)
-        t += S3F.QUICK_MS
-    assert cad.due_ms is None and not cad.quick_due(t) and not cad.not_yet(t)
-    cad.found(11_000 + skew_ms, t, cap_ms=500)  # found late: the next one is due sooner
-    late = t - 11_000 - 90
-    assert late > 0 and cad.due_ms == t + 500 - late - S3F.SLACK_MS
-    cad.found(11_005 + skew_ms, t + 10, cap_ms=200)  # a roll's entry 5 ms later: due at once
-    assert t + 10 <= cad.due_ms <= t + 10 + 200
