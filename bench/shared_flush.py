@@ -75,8 +75,8 @@ def main() -> int:
         now = run(args.partitions, args.rounds, False, work)
         old = run(args.partitions, args.rounds, True, work)
     print(f"{args.partitions} partitions, one record each a round, {args.rounds} rounds:")
-    print(f"  files reused (now):     append {now[0] * 1000:7.1f} ms, flush {now[1] * 1000:7.1f} ms")
-    print(f"  deleted and created:    append {old[0] * 1000:7.1f} ms, flush {old[1] * 1000:7.1f} ms")
+    for name, (a, f) in (("files reused (now)", now), ("deleted and created", old)):
+        print(f"  {name + ':':<22} append {a * 1000:7.1f} ms, flush {f * 1000:7.1f} ms")
     print(f"  ratio: append {now[0] / old[0]:.3f} x, flush {now[1] / old[1]:.3f} x")
     return 0
 

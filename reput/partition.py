@@ -402,7 +402,8 @@ class PartitionLog:
         naming it, open."""
         self._close_files()
         name = fn.base_name(base)
-        log_path, bcq_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}", f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
+        log_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}"
+        bcq_path = f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
         self._take_spare(log_path, bcq_path)
         seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs, log_path=log_path,
                             bcq_path=bcq_path, open_tail=True)

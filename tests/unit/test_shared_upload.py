@@ -290,8 +290,9 @@ def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_dupl
 def test_the_next_local_segment_takes_over_the_committed_ones_files(s3, monkeypatch):
     """A flush commits each partition's active segment; the partition's next segment reuses
     its two files (emptied in the background and renamed: reput/segment_recycle.py) instead of
-    deleting them and creating new ones. Whatever moment a writer dies at (the committed files still there,
-    or already taken over), the next open duplicates and loses nothing."""
+    deleting them and creating new ones; files not emptied yet are not waited for. Whatever
+    moment a writer dies at (the committed files still there, or already taken over), the next
+    open duplicates and loses nothing."""
     make, root = s3
     url = make()
     cl = f"{root}/cl"
