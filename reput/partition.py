@@ -102,6 +102,9 @@ class PartitionLog:
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
         self._dirty_files: list[AppendFile] = []
+        #: a shared-upload writer's last committed local segment's files, which the next
+        #: segment takes over (``reuse_files_of``; reput/segment_recycle.py ``Spare``)
+        self._spare = None
         self._entry_scratch = np.empty(0, np.uint8)
         self._before_roll = None
         self._writer_lock: FileLock | None = None
@@ -414,14 +417,35 @@ class PartitionLog:
         naming it, open."""
         self._close_files()
         name = fn.base_name(base)
-        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs,
-                            log_path=f"{self.dir}/{name}{fn.LOG_SUFFIX}",
-                            bcq_path=f"{self.dir}/{name}{fn.INDEX_SUFFIX}", open_tail=True)
+        log_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}"
+        bcq_path = f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
+        self._take_spare(log_path, bcq_path)
+        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs, log_path=log_path,
+                            bcq_path=bcq_path, open_tail=True)
         seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
         self._active_files()
         self._catalog.segment_opened(base)
         return seg
+
+    def reuse_files_of(self, seg: Segment) -> None:
+        """A shared-upload writer's local segment just committed (its records are in the
+        journal, it is out of the view): its two files are emptied in the background and the
+        partition's next segment takes them over (reput/segment_recycle.py), instead of 2
+        deletes and 2 creates a partition a flush."""
+        from .segment_recycle import recycle
+        self._drop_spare()
+        self._spare = recycle(self.local_fs, seg)
+
+    def _take_spare(self, log_path: str, bcq_path: str) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.take(log_path, bcq_path)
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.drop()
 
     def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),
@@ -652,6 +676,7 @@ class PartitionLog:
         leave it in the local directory, for the next open to upload)."""
         if publish and self.writable and self._writer_lock is not None:
             self.publish()  # (an object store's writer publishes what it appended)
+        self._drop_spare()
         self._sync_and_close_files()
         if self._writer_lock is not None:
             self._catalog.after_sync(closing=True)

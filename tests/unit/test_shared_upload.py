@@ -33,6 +33,7 @@ from kcompact.compaction import Compactor  # noqa: E402
 from kcompact.compaction.planner import compact_store  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput import segment_recycle as SR  # noqa: E402
 from kcompact.reput import shared as SH  # noqa: E402
 from kcompact.reput.errors import ConfigError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
@@ -284,6 +285,70 @@ def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_dupl
         st.flush()
     with Store.open(url) as st:
         assert [o for o, *_ in _read(st, "t", 0)] == [0, 1, 2]
+
+
+def test_the_next_local_segment_takes_over_the_committed_ones_files(s3, monkeypatch):
+    """A flush commits each partition's active segment; the partition's next segment reuses
+    its two files (emptied in the background and renamed: reput/segment_recycle.py) instead of
+    deleting them and creating new ones; files not emptied yet are not waited for. Whatever
+    moment a writer dies at (the committed files still there, or already taken over), the next
+    open duplicates and loses nothing."""
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    pdir = os.path.join(cl, "partitions", "t", "0")
+
+    def local_files():
+        return sorted(n for n in os.listdir(pdir) if n.endswith((".log", ".bcq")))
+    st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 0, b"a", b"1"), (0, 1, b"b", b"1")]))
+    st.flush()
+    SR.drain()  # (emptied in the background)
+    spare = local_files()  # the committed segment's files, kept for the next one
+    assert spare == ["00000000000000000000.bcq", "00000000000000000000.log"]
+    inode = os.stat(os.path.join(pdir, spare[1])).st_ino
+    st.append(_batch("t", [(0, 2, b"a", b"2")]))
+    assert local_files() == ["00000000000000000002.bcq", "00000000000000000002.log"]
+    assert os.stat(os.path.join(pdir, "00000000000000000002.log")).st_ino == inode
+    assert os.path.getsize(os.path.join(pdir, "00000000000000000002.log")) > 0
+    want = [(0, 1_000, b"a", b"1"), (1, 1_001, b"b", b"1"), (2, 1_002, b"a", b"2")]
+    assert _read(st, "t", 0) == want
+    st.flush()
+    st.append(_batch("t", [(0, 3, b"b", b"3")]))  # a killed writer: one flushed, one not
+    _crash(st)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+        st.flush()
+    with Store.open(url) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+    held = []  # the background thread held back: the files keep their committed records
+    monkeypatch.setattr(SR._RECYCLER, "put", held.append)
+    st = Store.open(url, writer="w", options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 4, b"a", b"4")]))
+    st.flush()
+    st.append(_batch("t", [(0, 5, b"b", b"5")]))  # not emptied yet: new files of its own
+    assert _read(st, "t", 0)[-2:] == [(4, 1_004, b"a", b"4"), (5, 1_005, b"b", b"5")]
+    st.flush()
+    left = {n: open(os.path.join(pdir, n), "rb").read() for n in local_files()}
+    assert sorted(left) == ["00000000000000000004.bcq", "00000000000000000004.log",
+                            "00000000000000000005.bcq", "00000000000000000005.log"]
+    for spare in held:
+        spare.done.set()
+    monkeypatch.undo()
+    _crash(st)  # (a close drops them: put back what a SIGKILL leaves)
+    # ... and what a kill between the emptying's and the renames' steps leaves: an empty .log
+    # without its .bcq (the committed segment's), an empty .bcq without its .log (the next's)
+    left["00000000000000000001.log"] = left["00000000000000000009.bcq"] = b""
+    for n, raw in left.items():
+        with open(os.path.join(pdir, n), "wb") as f:
+            f.write(raw)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert local_files() == []  # (committed or empty: dropped by the open)
+        st.append(_batch("t", [(0, 6, b"a", b"6")]))
+        st.flush()
+    assert local_files() == []  # a close drops them
+    with Store.open(url) as st:
+        assert [r[0] for r in _read(st, "t", 0)] == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatch):
