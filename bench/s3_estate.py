@@ -173,7 +173,7 @@ def run_one(bucket: str, tmp: str, mode: str, partitions: int, flushes: int,
                             parts_split=sum(r.shared_parts_split for r in done),
                             with_rounds=sum(1 for r in done if r.rounds),
                             reasons=sorted({(r.reason or "").split(",")[0] for r in done}))
-        row["shared_left_p0"] = getattr(st.partition(TOPIC, 0).catalog, "shared_objects", 0)
+        row["shared_left_p0"] = st.partition(TOPIC, 0).shared_objects
         row["reads"]["after"] = read_partition0(url)
         if mode == "shared":
             # the grace period (KCOMPACT_S3_GRACE_MS, 10 min by default) over: the split

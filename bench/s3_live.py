@@ -22,8 +22,12 @@ topic's partitions - the path before issue 49, the baseline).
 Printed per partition count and mode: requests a second by kind over the steady window (from
 the consumer's first record + 5 s to the end), LISTs, latency p50/p99/max (consume time minus
 the record's CreateTime), records produced in the window and how many the consumer had not
-received 15 s after it; then journal / list ratios. Targets: <= 8 requests a second and no LIST
-in steady state at 8 and at 512 partitions, p99 <= 1.5 s, every record delivered.
+received 15 s after it, and where a record's time went (``writer``: from its CreateTime to its
+flush's journal entry's created_ms; ``commit``: from there until this process held the entry;
+``serve``: from there until the consumer had it); then journal / list ratios.
+``BENCH_MIRROR_CACHE=DIR`` puts the mirror's commit log and local segments in DIR. Targets:
+<= 8 requests a second and no LIST in steady state at 8 and at 512 partitions, p99 <= 1.5 s,
+every record delivered.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from kcompact.connectors.devtools.broker import EmbeddedBroker  # noqa: E402
 from kcompact.connectors.devtools.seaweed import SeaweedS3  # noqa: E402
 from kcompact.reput import s3 as s3mod  # noqa: E402
+from kcompact.reput import shared as SH  # noqa: E402
 
 KINDS = {"get_object": "GET", "list_objects_v2": "LIST", "put_object": "PUT",
          "head_object": "HEAD", "delete_objects": "DEL", "delete_object": "DEL"}
@@ -99,6 +104,25 @@ COUNTS: Counter = Counter()
 COUNTS_LOCK = threading.Lock()
 _make_client = s3mod.make_client
 s3mod.make_client = lambda *a, **k: Counted(_make_client(*a, **k), COUNTS, COUNTS_LOCK)
+
+
+#: when this process first held each journal entry: (partition, offset) -> (the entry's
+#: created_ms, the ms this process added it), for the latency's stages (``Journal._put``)
+SEEN: dict[tuple[int, int], tuple[int, int]] = {}
+_put = SH.Journal._put
+
+
+def _seen_put(self, entry) -> None:
+    now = int(time.time() * 1000)
+    for part in entry.parts:
+        d = part.desc
+        if d is not None:
+            for o in range(d.base, d.last_offset + 1):
+                SEEN.setdefault((part.partition, o), (entry.created_ms, now))
+    _put(self, entry)
+
+
+SH.Journal._put = _seen_put
 
 
 def counts() -> Counter:
@@ -213,6 +237,7 @@ def measure(url: str, topic: str, partitions: int, seconds: float, bootstrap: st
     try:
         c.assign([TopicPartition(topic, p, OFFSET_END) for p in range(partitions)])
         lat: list[float] = []
+        stages: dict[str, list[float]] = {"writer": [], "commit": [], "serve": []}
         got: dict[int, set[int]] = {p: set() for p in range(partitions)}
         started = time.time()
         window_start = t_end = late_until = None
@@ -226,7 +251,13 @@ def measure(url: str, topic: str, partitions: int, seconds: float, bootstrap: st
                 if window_start is None:
                     window_start, t_end = now + 5, now + 5 + seconds
                 if c0 is not None and c1 is None:
-                    lat.append(now * 1000 - m.timestamp()[1])
+                    ts = m.timestamp()[1]
+                    lat.append(now * 1000 - ts)
+                    seen = SEEN.get((m.partition(), m.offset()))
+                    if seen is not None:
+                        stages["writer"].append(seen[0] - ts)
+                        stages["commit"].append(seen[1] - seen[0])
+                        stages["serve"].append(now * 1000 - seen[1])
             if window_start is not None and c0 is None and now >= window_start:
                 c0, w0, x0 = counts(), now, whats()
             if t_end is not None and c1 is None and now >= t_end:
@@ -250,7 +281,9 @@ def measure(url: str, topic: str, partitions: int, seconds: float, bootstrap: st
                 "by_kind_per_s": {k: v / span for k, v in made.items()},
                 "p50": pct(lat, 0.5) / 1000, "p99": pct(lat, 0.99) / 1000,
                 "max": max(lat) / 1000 if lat else float("nan"), "consumed": len(lat),
-                "missing": missing, "seconds": span}
+                "missing": missing, "seconds": span,
+                "stages": {k: (pct(v, 0.5) / 1000, pct(v, 0.99) / 1000, len(v))
+                           for k, v in stages.items()}}
     finally:
         c.close()
         ep.close()
@@ -265,7 +298,8 @@ def run_count(s3: SeaweedS3, broker, partitions: int, seconds: float, rate: floa
     url = s3.url(f"live-{partitions}-{uuid.uuid4().hex[:6]}", bucket="bench")
     producer = Producing(broker.bootstrap_servers, topic, partitions, rate)
     producer.start()
-    env = dict(os.environ, **s3.env(), KCOMPACT_CACHE_DIR=os.path.join(work, "mirror-cache"))
+    env = dict(os.environ, **s3.env(), KCOMPACT_CACHE_DIR=os.environ.get(
+        "BENCH_MIRROR_CACHE") or os.path.join(work, "mirror-cache"))
     env.pop("KCOMPACT_S3_FOLLOW", None)
     log = open(os.path.join(work, f"mirror-{partitions}.log"), "w")
     mirror = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers",
@@ -316,6 +350,8 @@ def fmt(r: dict) -> str:
             f"({kinds or 'none'}), LIST {r['list_per_s']:.2f}/s; latency p50 {r['p50']:.2f} s, "
             f"p99 {r['p99']:.2f} s, max {r['max']:.2f} s; {r['consumed']} records in "
             f"{r['seconds']:.0f} s, {r['missing']} not delivered 15 s later\n"
+            f"        stages p50/p99 (s): " + ", ".join(
+                f"{k} {a:.2f}/{b:.2f}" for k, (a, b, _n) in r["stages"].items()) + "\n"
             f"        by key: " + ", ".join(f"{k} {v / r['seconds']:.2f}/s"
                                           for k, v in r["what"].items()))
 

@@ -36,6 +36,7 @@ from kcompact.reput.config import SYSTEM_CLOCK
 from kcompact.reput.errors import CorruptRecordError, ReputError
 from kcompact.reput import damage_record as DR
 from kcompact.reput.quarantine import RepairError, RepairRun
+from kcompact.reput.repair_kinds import repair_kind_for
 from kcompact.reput.salvage import Salvaged, salvage_partition
 from kcompact.reput.salvage_store import (commitlogs_damaged, rebuild_store_json,
                                           salvage_commitlogs)
@@ -275,7 +276,7 @@ def _open_or_rebuild(opts: RepairOptions, runs_of, say) -> tuple[Store, dict | N
     if got is None:
         return Store.open(opts.store, fs=fs), None
     meta, notes = got
-    local_fs = fs if fs.appendable else LocalBackend(default_commitlog_dir(meta.store_id))
+    local_fs = repair_kind_for(fs).local_fs(fs, meta.store_id, default_commitlog_dir)
     runs = runs_of(fs, local_fs)
     run = runs()
     had = fs.exists(fn.STORE_JSON)

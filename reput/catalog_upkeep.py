@@ -10,21 +10,18 @@ without a catalog, every step is a no-op.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import filenames as fn
 from . import shared as SH
 from . import store_catalog as SC
 from .errors import ReputError
 
-if TYPE_CHECKING:
-    from .store import Store
-
 
 class CatalogUpkeep:
     """The store catalog's upkeep for ``store`` (its backend, writer and publisher)."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Any):
         self.store = store
         #: this writer's journal entries not yet folded into the store catalog (at open: those
         #: a killed process of this writer committed and never folded)

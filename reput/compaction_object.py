@@ -203,7 +203,7 @@ class CompactionBatch:
     def add(self, pl, run: dict | None, finish: Callable[[bool], None]) -> None:
         """A partition's compaction staged its outputs; published with the batch (now, when
         the batch reaches its bound)."""
-        size = sum(s.log_size + s.index_size for s in pl.catalog.staged_segments)
+        size = sum(s.log_size + s.index_size for s in pl.staged_segments)
         with self._lock:
             self._items.append(_Staged(pl, finish, run, size))
             full = self.staged_bytes >= self.bound
@@ -223,10 +223,10 @@ class CompactionBatch:
         try:
             parts = []
             for i, it in enumerate(items):
-                cat = it.pl.catalog
-                for seg in sorted(cat.staged_segments, key=lambda s: s.base):
-                    lfs = cat.local_fs
-                    parts.append((cat.ctx.topic, cat.ctx.partition, seg.base,
+                pl = it.pl
+                for seg in sorted(pl.staged_segments, key=lambda s: s.base):
+                    lfs = pl.local_fs
+                    parts.append((pl.topic, pl.partition, seg.base,
                                   lfs.local_path(seg.log_path), seg.log_size,
                                   lfs.local_path(seg.bcq_path), seg.entries()["offset"], i))
             if parts:
@@ -261,8 +261,8 @@ class CompactionBatch:
                 for i, it in enumerate(items):
                     ok = False
                     try:
-                        ok = it.pl.catalog.commit_staged(self.writer, it.run,
-                                                         placed=placed.get(i, {}))
+                        ok = it.pl.commit_staged(self.writer, it.run,
+                                                 placed=placed.get(i, {}))
                         self.committed += ok
                     finally:
                         results.append((it.pl, ok))
@@ -272,7 +272,7 @@ class CompactionBatch:
             for it in items:
                 if id(it.pl) not in done:
                     try:
-                        it.pl.catalog.abort_staged()
+                        it.pl.abort_staged()
                     finally:
                         it.finish(False)
             raise
@@ -287,7 +287,7 @@ class CompactionBatch:
             items, self._items = self._items, []
         for it in items:
             try:
-                it.pl.catalog.abort_staged()
+                it.pl.abort_staged()
             finally:
                 it.finish(False)
 

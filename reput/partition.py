@@ -88,19 +88,23 @@ class PartitionLog:
         self.dir = fn.partition_dir(topic, partition) + (f"/{sub}" if sub else "")
         self.writable = writable
         #: which segments it holds: its segment list, or (files that cannot be appended to:
-        #: an object store) its manifest, with a writer's active segments in ``local_fs``
-        self.catalog: SegmentCatalog = (
+        #: an object store) its manifest, with a writer's active segments in ``local_fs``.
+        #: Private: callers go through this class's methods (docs/architecture.md)
+        self._catalog: SegmentCatalog = (
             LocalCatalog(fs, self.dir, self.ctx, writable=writable, keeps_list=sub is None,
                          require_list=require_list, strict=strict) if fs.appendable else
             ManifestCatalog(fs, local_fs or fs, self.dir, self.ctx, writable=writable,
                             clock=clock))
         #: where "file" segments live: the store itself, or the local directory on S3
-        self.local_fs: Backend = self.catalog.local_fs
+        self.local_fs: Backend = self._catalog.local_fs
         #: the writer's open-time repair (and what it repaired)
         self.recovery = Recovery()
         self._log: AppendFile | None = None
         self._idx: AppendFile | None = None
         self._dirty_files: list[AppendFile] = []
+        #: a shared-upload writer's last committed local segment's files, which the next
+        #: segment takes over (``reuse_files_of``; reput/segment_recycle.py ``Spare``)
+        self._spare = None
         self._entry_scratch = np.empty(0, np.uint8)
         self._before_roll = None
         self._writer_lock: FileLock | None = None
@@ -127,10 +131,10 @@ class PartitionLog:
             self._writer_lock = lock
         try:
             if writable:
-                self.catalog.load()
-                self.recovery.run(self.catalog)
+                self._catalog.load()
+                self.recovery.run(self._catalog)
             else:
-                self.catalog.refresh()
+                self._catalog.refresh()
         except BaseException:
             if self._writer_lock is not None:
                 self._writer_lock.release()
@@ -141,34 +145,34 @@ class PartitionLog:
 
     @property
     def segments(self) -> list[Segment]:
-        return self.catalog.segments
+        return self._catalog.segments
 
     @segments.setter
     def segments(self, segs: list[Segment]) -> None:
-        self.catalog.segments = segs
+        self._catalog.segments = segs
 
     @property
     def manifest(self):
         """The partition manifest as last read (an object store's; None otherwise)."""
-        return self.catalog.manifest
+        return self._catalog.manifest
 
     @property
     def seglist(self):
         """The segment list as last read or written (a local store's; None otherwise)."""
-        return self.catalog.seglist
+        return self._catalog.seglist
 
     @property
     def problems(self) -> list:
         """Where the files disagree with the segment list (``strict=False``)."""
-        return self.catalog.problems
+        return self._catalog.problems
 
     @property
     def strays(self) -> list[int]:
-        return self.catalog.strays
+        return self._catalog.strays
 
     @property
     def keeps_list(self) -> bool:
-        return self.catalog.keeps_list
+        return self._catalog.keeps_list
 
     @property
     def recovered_entries(self) -> int:
@@ -184,10 +188,10 @@ class PartitionLog:
 
     def log_path(self, base: int) -> str:
         """The .log of the segment based at ``base`` (a manifest's object name on S3)."""
-        return self.catalog.log_path(base)
+        return self._catalog.log_path(base)
 
     def index_path(self, base: int) -> str:
-        return self.catalog.index_path(base)
+        return self._catalog.index_path(base)
 
     @property
     def grace_ms(self) -> int:
@@ -195,33 +199,33 @@ class PartitionLog:
 
     def checkpoint(self) -> tuple[int, dict | None]:
         """(cleaned_offset, last_run): the compaction horizon (-1: never compacted)."""
-        return self.catalog.checkpoint()
+        return self._catalog.checkpoint()
 
     @property
     def sealed_segments(self) -> list[Segment]:
         """Segments that compaction may rewrite: all but the active one on a local store; on
         S3 the committed (and staged) ones, never a writer's local segments."""
-        return self.catalog.sealed_segments
+        return self._catalog.sealed_segments
 
     @property
     def active_base(self) -> int:
         """First offset that is not in a sealed segment (where the active segment starts)."""
-        return self.catalog.active_base
+        return self._catalog.active_base
 
     @property
     def active_bytes(self) -> int:
-        return self.catalog.active_bytes
+        return self._catalog.active_bytes
 
     def refresh(self) -> None:
         """Pick up what other processes appended or compacted since this object looked."""
         if not self.writable:
-            self.catalog.refresh()
+            self._catalog.refresh()
 
     def reread(self) -> None:
         """A read failed (a compaction swap or a split under it): list the segments again
         (a read-only view; the partition reader's retry)."""
         if not self.writable:
-            self.catalog.reread()
+            self._catalog.reread()
 
     def reload_after_swap(self) -> None:
         """Re-list segments after a compaction swap, keeping the active segment's open files."""
@@ -230,7 +234,7 @@ class PartitionLog:
             if seg is not active:
                 seg.invalidate()
         keep_log, keep_idx = self._log, self._idx
-        self.catalog.load()
+        self._catalog.load()
         if active is not None and (not self.segments or self.segments[-1].base != active.base):
             # the active segment was replaced (a forced compaction of an idle partition)
             self._close_files()
@@ -239,94 +243,108 @@ class PartitionLog:
 
     # -- an object store's publishing (ManifestCatalog; the compactor, a replica's install) -----
 
-    def reload_manifest(self, max_age_s: float = 0.0) -> None:
+    def reload_manifest(self, max_age_s: float = 0.0, *, from_first: bool = False) -> None:
         """Pick up manifest versions committed by other processes (one listing request),
-        unless the manifest was read less than ``max_age_s`` ago (an object store)."""
-        self.catalog.reload(max_age_s)
+        unless the manifest was read less than ``max_age_s`` ago (an object store).
+        ``from_first``: the partition's own manifest objects listed from the first version,
+        nothing assumed (`kcompact verify`: not the store catalog's copy of the newest, so a
+        lost version is damage); a local store has nothing to reload."""
+        if from_first:
+            self._catalog.manifest = None
+        self._catalog.reload(max_age_s)
 
     def publish(self, writer: str = "writer") -> bool:
         """S3: upload the writer's local segments and commit them (``ManifestCatalog.publish``);
         whether a manifest version was committed (a local store: nothing to publish)."""
-        return self.catalog.publish(self, writer) if self.writable else False
+        return self._catalog.publish(self, writer) if self.writable else False
 
     def publish_through(self, publish_shared) -> None:
         """A writer with shared uploads: every publish of this partition (a roll, a close, a
         forced compaction) is ``publish_shared()``, the store's one object for all its
         partitions (reput/publisher.py ``SharedPublisher``)."""
-        self.catalog.publish_shared = publish_shared
+        self._catalog.publish_shared = publish_shared
 
     def shared_piece(self):
         """What this partition adds to its writer's next shared object (None: nothing;
         reput/catalog_manifest.py ``SharedPiece``)."""
-        return self.catalog.shared_piece(self)
+        return self._catalog.shared_piece(self)
 
     def join_parts(self, shared: list[Segment], max_bytes: int | None = None
                    ) -> list[tuple[int, str, str]]:
         """The split of shared objects (docs/formats/shared-upload.md): ``shared``'s batches
         joined into staged local segments (base, .log, .bcq), for ``stage_swap``."""
-        return self.catalog.join_parts(shared, max_bytes)
+        return self._catalog.join_parts(shared, max_bytes)
 
     @property
     def shared_objects(self) -> int:
         """How many shared objects the partition's reads depend on (inspect)."""
-        return self.catalog.shared_objects
+        return self._catalog.shared_objects
 
     def oldest_part_ms(self) -> int | None:
         """When its oldest part of a shared object was written (None: none)."""
-        return self.catalog.oldest_part_ms()
+        return self._catalog.oldest_part_ms()
 
     def last_compaction_ms(self) -> int | None:
         """When the last compaction's result was recorded (None: unknown, e.g. an object
         store, which keeps the last run in its manifest)."""
-        return self.catalog.last_compaction_ms()
+        return self._catalog.last_compaction_ms()
 
     def collect_garbage(self) -> list[str]:
         """S3: delete replaced segments, orphans and old manifest versions past the grace
         period. Returns the deleted paths."""
-        return self.catalog.collect_garbage()
+        return self._catalog.collect_garbage()
 
     @property
     def has_staged(self) -> bool:
-        return self.catalog.has_staged
+        return self._catalog.has_staged
 
     @property
     def staging_dir(self) -> str:
-        return self.catalog.staging_dir
+        return self._catalog.staging_dir
 
     def staging_paths(self, base: int) -> tuple[str, str]:
-        return self.catalog.staging_paths(base)
+        return self._catalog.staging_paths(base)
 
     def stage_swap(self, inputs: list[int], outputs: list[tuple[int, str, str]],
                    cleaned_offset: int | None, last_run: dict | None = None) -> None:
-        self.catalog.stage_swap(inputs, outputs, cleaned_offset, last_run)
+        self._catalog.stage_swap(inputs, outputs, cleaned_offset, last_run)
 
-    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None) -> bool:
-        return self.catalog.commit_staged(writer, last_run)
+    @property
+    def staged_segments(self) -> list[Segment]:
+        """A pending compaction's outputs (local files, not yet uploaded; an object store)."""
+        return self._catalog.staged_segments
+
+    def commit_staged(self, writer: str = "compactor", last_run: dict | None = None, *,
+                      placed: dict | None = None) -> bool:
+        """Publish what ``stage_swap`` staged (one manifest version; an object store).
+        ``placed``: the staged outputs (by base) already uploaded in a compaction object
+        (reput/compaction_object.py)."""
+        return self._catalog.commit_staged(writer, last_run, placed=placed)
 
     def abort_staged(self) -> None:
-        self.catalog.abort_staged()
+        self._catalog.abort_staged()
 
     def install_segments(self, local_dir: str, bases: list[int], last_run: dict | None,
                          writer: str = "replica", cleaned_offset: int = -1) -> bool:
-        return self.catalog.install_segments(self, local_dir, bases, last_run, writer,
+        return self._catalog.install_segments(self, local_dir, bases, last_run, writer,
                                              cleaned_offset)
 
     # -- index access --------------------------------------------------------------------
 
     @property
     def first_offset(self) -> int:
-        return self.catalog.first_offset
+        return self._catalog.first_offset
 
     @property
     def last_offset(self) -> int:
         """Offset of the last indexed record, -1 when there is none."""
-        return self.catalog.last_offset
+        return self._catalog.last_offset
 
     @property
     def next_offset(self) -> int:
         """The log end offset (a catalog's own record of it survives a compaction that empties
         the tail, and a damaged .bcq cannot move it back)."""
-        return self.catalog.next_offset
+        return self._catalog.next_offset
 
     def advance_next_offset(self, offset: int) -> bool:
         """Writer: the source partition goes on at ``offset``, past the last record stored here
@@ -337,7 +355,7 @@ class PartitionLog:
         commits it with the next publish (manifest). Returns whether it moved."""
         if offset <= self.next_offset:
             return False
-        self.catalog.advance_source_next(offset)
+        self._catalog.advance_source_next(offset)
         return True
 
     def record_count(self) -> int:
@@ -348,7 +366,7 @@ class PartitionLog:
 
     def segment_for(self, offset: int) -> int:
         """Index of the segment whose range holds ``offset`` (``SegmentCatalog.segment_for``)."""
-        return self.catalog.segment_for(offset)
+        return self._catalog.segment_for(offset)
 
     def holds(self, offset: int) -> bool:
         """Whether the partition holds a record at ``offset``; a committed segment on an
@@ -399,14 +417,35 @@ class PartitionLog:
         naming it, open."""
         self._close_files()
         name = fn.base_name(base)
-        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs,
-                            log_path=f"{self.dir}/{name}{fn.LOG_SUFFIX}",
-                            bcq_path=f"{self.dir}/{name}{fn.INDEX_SUFFIX}", open_tail=True)
+        log_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}"
+        bcq_path = f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
+        self._take_spare(log_path, bcq_path)
+        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs, log_path=log_path,
+                            bcq_path=bcq_path, open_tail=True)
         seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
         self._active_files()
-        self.catalog.segment_opened(base)
+        self._catalog.segment_opened(base)
         return seg
+
+    def reuse_files_of(self, seg: Segment) -> None:
+        """A shared-upload writer's local segment just committed (its records are in the
+        journal, it is out of the view): its two files are emptied in the background and the
+        partition's next segment takes them over (reput/segment_recycle.py), instead of 2
+        deletes and 2 creates a partition a flush."""
+        from .segment_recycle import recycle
+        self._drop_spare()
+        self._spare = recycle(self.local_fs, seg)
+
+    def _take_spare(self, log_path: str, bcq_path: str) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.take(log_path, bcq_path)
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.drop()
 
     def roll(self, base: int | None = None, *, writer: str = "writer", seal: bool = True) -> bool:
         """Seal the active segment and start an empty one at ``base`` (default: next offset),
@@ -423,15 +462,15 @@ class PartitionLog:
         rolled segment is re-encoded into format 2 at the next ``sync`` (reput/seal.py;
         ``seal=False``: not, e.g. when a compaction rewrites it at once)."""
         if base is None:
-            published = self.catalog.roll_by_publishing(self, writer)
+            published = self._catalog.roll_by_publishing(self, writer)
             if published is not None:
                 return published
         base = self.next_offset if base is None else base
         if self.segments and self.segments[-1].base == base:
             return False
-        before = (self.catalog.list_state(), len(self.segments))
+        before = (self._catalog.list_state(), len(self.segments))
         self._before_roll = None
-        rolled = (self.segments[-1].base if seal and self.writable and self.catalog.seals_rolled
+        rolled = (self.segments[-1].base if seal and self.writable and self._catalog.seals_rolled
                   and self.segments and self.segments[-1].log_size > 0
                   and self.segments[-1].kind == "file" else None)
         if self.segments and self.segments[-1].log_size == 0 and self.segments[-1].kind == "file":
@@ -439,7 +478,7 @@ class PartitionLog:
             # files, the list without it, then its files go (empty: nothing is lost between)
             self._close_files()
             old = self.segments.pop()
-            self.catalog.segment_dropped(old.base)
+            self._catalog.segment_dropped(old.base)
             self._new_segment(base)  # (nothing to take back to)
             self.local_fs.delete(old.log_path)
             self.local_fs.delete(old.bcq_path)
@@ -460,7 +499,7 @@ class PartitionLog:
         running writer calls while its topic is idle (Kafka rolls only on the next append).
         Not on an object store, where every flush publishes. Returns whether it rolled."""
         seg = self.segments[-1] if self.segments else None
-        if (not self.writable or not self.catalog.rolls_by_time or seg is None
+        if (not self.writable or not self._catalog.rolls_by_time or seg is None
                 or seg.kind != "file"
                 or seg.log_size == 0):
             return False
@@ -516,7 +555,7 @@ class PartitionLog:
         self._log = self._idx = None
         self._dirty_files = []
         seg = self.segments.pop()
-        self.catalog.restore_list_state(lst)
+        self._catalog.restore_list_state(lst)
         self.local_fs.delete(seg.log_path)
         self.local_fs.delete(seg.bcq_path)
         return True
@@ -552,7 +591,7 @@ class PartitionLog:
                 # (on S3, after a publish, the next record starts a new local segment)
                 self._new_segment(int(s.offsets[lo]))
             self._before_roll = None
-            self.catalog.before_append()
+            self._catalog.before_append()
             seg, logf, idxf = self._active_files()
             start_byte = int(s.positions[lo])
             ends = s.positions[lo:hi] + s.sizes[lo:hi] - start_byte
@@ -612,7 +651,7 @@ class PartitionLog:
             if f not in active:
                 f.close()
         self._dirty_files = active
-        self.catalog.after_sync(closing=False)
+        self._catalog.after_sync(closing=False)
         if self._to_seal:
             bases, self._to_seal = self._to_seal, []
             if self.seal_queue is not None:
@@ -637,9 +676,10 @@ class PartitionLog:
         leave it in the local directory, for the next open to upload)."""
         if publish and self.writable and self._writer_lock is not None:
             self.publish()  # (an object store's writer publishes what it appended)
+        self._drop_spare()
         self._sync_and_close_files()
         if self._writer_lock is not None:
-            self.catalog.after_sync(closing=True)
+            self._catalog.after_sync(closing=True)
         for seg in self.segments:
             seg.invalidate()
         if self._writer_lock is not None:

@@ -34,7 +34,6 @@ from .store_meta import FEATURE_SEGMENT_LIST, StoreMeta
 
 if TYPE_CHECKING:
     from .partition_views import PartitionViews
-    from .store import Store
 
 #: a follower of an S3 store with shared uploads and no catalog lists a topic's partitions at
 #: most this often (s); the journal names the partitions written since (``partitions``)
@@ -46,7 +45,7 @@ class PartitionRegistry:
     ``store`` gives the backend, store.json (``meta``), topic configs, clock, lock, writer and
     publisher; the registry keeps only what it opened."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Any):
         self.store = store
         #: (topic, partition) -> its open log: read-only views and this writer's partitions
         self.open: dict[tuple[str, int], PartitionLog] = {}

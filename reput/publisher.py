@@ -486,8 +486,15 @@ class SharedPublisher(ManifestPublisher):
             seed(f"{fn.SHARED_DIR}/{writer}/{b.name}", ospath)
         else:
             os.unlink(ospath)
-        for _, piece in pieces:
+        for key, piece in pieces:
+            # the active segment's files are taken over by the partition's next segment
+            # (emptied and renamed: PartitionLog.reuse_files_of), not deleted and created anew
+            spare = next((s for s in reversed(piece.local) if s.log_size), None)
+            if spare is not None:
+                piece.local.remove(spare)
             piece.committed()
+            if spare is not None:
+                st._partitions[key].reuse_files_of(spare)
         st.shared_committed(entry)  # (a store catalog: the writer's fold)
         return True
 
@@ -508,7 +515,11 @@ def publisher_for(fs: Backend, meta, *, writer: str | None, options,
         options.upload == "shared" or (options.upload == "auto" and options.seal_format == 2
                                        and SH.FEATURE in meta.features))
     if shared:
-        return SharedPublisher(fs, clfs, clfs)
+        # (the local segments live a flush interval: no blocks reserved for them ahead,
+        # which emptying them would free again: reput/segment_recycle.py)
+        local = LocalBackend(clfs.root, preallocate=False) if isinstance(clfs, LocalBackend) \
+            else clfs
+        return SharedPublisher(fs, clfs, local)
     return ManifestPublisher(fs, clfs, clfs)
 
 

@@ -23,6 +23,10 @@ verifies. Its rules:
   offset), unless the loss reaches its end: then at the record after the last one kept, so a
   mirror re-reads the lost tail from Kafka if the topic still has it.
 
+Where the segments are (the directory and its segment list, the manifest versions, shared
+objects' parts) is the store kind's (reput/repair_kinds.py, reput/salvage_sources.py); this
+module reads the segments it is given.
+
 ``salvage_partition`` reads and hands each run of verified records (format-1 bytes and their
 ``Scan``) to a sink (repair appends them to a fresh ``PartitionLog``); memory is one segment's
 ``.log`` mapped (a local file, or an S3 object spooled to local disk) plus a run's records.
@@ -30,23 +34,22 @@ verifies. Its rules:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from . import bcq as B
 from . import bcq2 as B2
-from . import filenames as fn
-from . import manifest as M
 from . import segment_list as SL
 from .backend import Backend
 from .batch import HEADER_SIZE as BATCH_HEADER_SIZE
 from .batch import MAGIC as BATCH_MAGIC
 from .batch import decode_walked, walk_batch
-from .errors import CorruptRecordError, ReputError
+from .errors import CorruptRecordError, ReputError  # noqa: F401 (ReputError: exported)
 from .record import HEADER_SIZE as RECORD_HEADER_SIZE
 from .record import SCAN_CORRUPT, SCAN_OK, Scan, gather, scan
+from .repair_kinds import repair_kind_for
+from .salvage_sources import Damage, Loss, Salvaged, Source
 
 #: the record header's fixed bytes (record.md): magic at 8, topic_len at 10, reserved at 11
 _R_MAGIC, _R_TLEN, _R_RESERVED, _R_PARTITION = 8, 10, 11, 12
@@ -56,93 +59,8 @@ _B_MAGIC = 16
 RUN_RECORDS = 1 << 16
 
 
-@dataclass
-class Loss:
-    """Offsets ``first``..``last`` (inclusive; ``last`` None: up to the partition's end, unknown)
-    held records that were not kept: ``records`` of them when the index says how many."""
-
-    first: int
-    last: int | None
-    records: int | None
-    path: str
-    reason: str
-
-    def text(self) -> str:
-        rng = (f"offsets {self.first}..{self.last}" if self.last is not None
-               else f"offsets from {self.first} on")
-        n = f"{self.records} records" if self.records is not None else "records"
-        return f"{rng} ({n}): {self.path}: {self.reason}"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Damage:
-    """A problem met while reading (file, byte, what), kept for the quarantine report."""
-
-    path: str
-    position: int
-    reason: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Salvaged:
-    """What ``salvage_partition`` found."""
-
-    topic: str
-    partition: int
-    kept: int = 0
-    first_kept: int | None = None
-    last_kept: int = -1
-    #: where the partition continues (module docstring, "Next offset")
-    next_offset: int = 0
-    losses: list[Loss] = field(default_factory=list)
-    damage: list[Damage] = field(default_factory=list)
-    #: the partition's files (store-relative, with the backend holding each): the evidence
-    files: list[tuple[Backend, str]] = field(default_factory=list)
-    #: the compaction horizon the damaged partition had (-1: unknown or never)
-    old_horizon: int = -1
-    #: (path, reason) when what followed the records kept is unknown (a lost manifest version)
-    unknown_tail: tuple[str, str] | None = None
-    #: an S3 store with shared uploads: per writer the highest journal entry whose part of the
-    #: partition was read (the repaired manifest's ``split_to``: those parts are replaced)
-    split_to: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"topic": self.topic, "partition": self.partition, "kept": self.kept,
-                "first_kept": self.first_kept, "last_kept": self.last_kept,
-                "next_offset": self.next_offset,
-                "lost": [x.to_dict() for x in self.losses],
-                "damage": [d.to_dict() for d in self.damage]}
-
-
 #: a sink takes (buffer of format-1 records back to back, its Scan)
 Sink = Callable[[np.ndarray, Scan], None]
-
-
-@dataclass
-class _Source:
-    """A segment as found: from the segment list or manifest, the directory, or both."""
-
-    base: int
-    fs: Backend
-    log: str
-    bcq: str
-    end: int | None = None               # first offset past its range
-    listed_log_size: int | None = None   # what the list or manifest says
-    listed_records: int | None = None
-    listed_first: int | None = None
-    listed_last: int | None = None
-    listed_bcq: tuple[int, int] | None = None   # (size, crc32c) the list gives its .bcq
-    exact: np.ndarray | None = None      # the offsets it holds, when known exactly
-    open: bool = False                   # a writer's active segment (a torn tail is normal)
-    #: an object no manifest version that reads lists, past the newest one's end: records
-    #: it holds that verify are kept (a newest version lost), nothing of it counts as lost
-    orphan: bool = False
 
 
 def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, sink: Sink, *,
@@ -152,18 +70,8 @@ def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, si
     there) into ``sink``, in offset order; returns what was kept and lost (module docstring).
     Never writes."""
     out = Salvaged(topic, partition)
-    pdir = fn.partition_dir(topic, partition)
-    if fs.appendable:
-        sources, next_offset = _local_sources(fs, pdir, out)
-    else:
-        sources, next_offset = _manifest_sources(fs, pdir, out)
-        parts, nxt = _shared_sources(fs, topic, partition, out)
-        sources += parts
-        next_offset = max(next_offset, nxt)
-        if local_fs is not None:
-            extra, nxt = _local_sources(local_fs, pdir, out, listed=False)
-            sources += [s for s in extra if not sources or s.base > sources[-1].base]
-            next_offset = max(next_offset, nxt)
+    sources, next_offset = repair_kind_for(fs).salvage_sources(fs, topic, partition, out,
+                                                               local_fs)
     sources.sort(key=lambda s: s.base)
     for i, src in enumerate(sources):
         nxt_base = sources[i + 1].base if i + 1 < len(sources) else None
@@ -180,159 +88,13 @@ def salvage_partition(fs: Backend, topic: str, partition: int, secret: bytes, si
     return out
 
 
-# -- where the segments are ---------------------------------------------------------------------
-
-
-def _local_sources(fs: Backend, pdir: str, out: Salvaged, *, listed: bool = True
-                   ) -> tuple[list[_Source], int]:
-    lst = None
-    if listed:
-        try:
-            lst = SL.read(fs, pdir)
-        except CorruptRecordError as e:
-            out.damage.append(Damage(e.path or f"{pdir}/{fn.SEGMENT_LIST}", e.position or 0,
-                                     str(e)))
-        try:
-            from .swap import read_checkpoint
-            out.old_horizon = read_checkpoint(fs, pdir)[0]
-        except CorruptRecordError as e:
-            out.damage.append(Damage(e.path or pdir, 0, str(e)))
-    bases: set[int] = set()
-    for name in fs.listdir(pdir):
-        parsed = fn.parse_base(name)
-        if parsed:
-            bases.add(parsed[0])
-        if not fs.isdir(f"{pdir}/{name}"):
-            out.files.append((fs, f"{pdir}/{name}"))
-    by_base = lst.by_base() if lst is not None else {}
-    bases |= set(by_base)
-    sources = []
-    for base in sorted(bases):
-        name = fn.base_name(base)
-        src = _Source(base, fs, f"{pdir}/{name}{fn.LOG_SUFFIX}", f"{pdir}/{name}{fn.INDEX_SUFFIX}")
-        m = by_base.get(base)
-        if m is not None and not m.open:
-            src.end, src.listed_log_size, src.listed_records = m.next, m.log_size, m.records
-            src.listed_first, src.listed_last = m.first_offset, m.last_offset
-            src.listed_bcq = (m.bcq_size, m.bcq_crc32c)
-        else:
-            src.open = m is not None or lst is None
-        sources.append(src)
-    return sources, (lst.next_offset if lst is not None else 0)
-
-
-def _manifest_sources(fs: Backend, pdir: str, out: Salvaged) -> tuple[list[_Source], int]:
-    """The newest manifest version that reads; damaged ones above it are damage (their
-    segments, unknown, are a loss from the readable version's end on)."""
-    for name in fs.listdir(fn.manifest_dir(pdir)):
-        out.files.append((fs, f"{fn.manifest_dir(pdir)}/{name}"))
-    damaged_above = False
-    for v in reversed(M.list_versions(fs, pdir)):
-        try:
-            m = M.read_version(fs, pdir, v)
-        except CorruptRecordError as e:
-            out.damage.append(Damage(e.path or fn.manifest_path(pdir, v), 0, str(e)))
-            damaged_above = True
-            continue
-        except FileNotFoundError:
-            continue
-        if m is None:
-            continue
-        out.old_horizon = m.cleaned_offset
-        sources = []
-        for e in m.segments:
-            src = _Source(e.base, fs, f"{pdir}/{e.log}", f"{pdir}/{e.bcq}",
-                          listed_log_size=e.log_size, listed_records=e.records,
-                          listed_first=e.first_offset, listed_last=e.last_offset,
-                          exact=e.offset_array())
-            out.files += [(fs, src.log), (fs, src.bcq)]
-            sources.append(src)
-        sources += _orphans(fs, pdir, m, out)
-        if damaged_above:
-            # a newer version could not be read: what it listed past the records kept (this
-            # version's, and those of its segment objects found) is unknown
-            out.unknown_tail = (fn.manifest_dir(pdir), "a newer manifest version is damaged; "
-                                "what it listed past the records kept is unknown")
-        return sources, m.next_offset
-    if damaged_above:
-        out.losses.append(Loss(0, None, None, fn.manifest_dir(pdir),
-                               "no manifest version of the partition reads"))
-    return [], 0
-
-
-def _shared_sources(fs: Backend, topic: str, partition: int, out: Salvaged
-                    ) -> tuple[list[_Source], int]:
-    """A store with shared uploads (docs/formats/shared-upload.md): the partition's parts of
-    shared objects above its manifest's ``split_to``, each a source reading its byte ranges of
-    the object (a ``RangeView``), and the next offset they reach. ``out.split_to`` gets, per
-    writer, the highest entry holding one of them (the repaired manifest replaces them)."""
-    from . import shared as SH
-    j = SH.journal_for(fs)
-    if j is None:
-        return [], 0
-    j.refresh(0.0)
-    pdir = fn.partition_dir(topic, partition)
-    try:
-        m = M.read_latest(fs, pdir)
-    except (CorruptRecordError, ReputError):
-        m = None  # (a damaged manifest: _manifest_sources reports it)
-    split_to = dict(m.split_to) if m is not None else {}
-    parts = j.parts(topic, partition, split_to)
-    view = SH.RangeView(fs)
-    srcs = []
-    for p in parts:
-        out.split_to[p.writer] = max(out.split_to.get(p.writer, -1), p.seq)
-        d = p.desc
-        if d is None:
-            continue
-        lrel, brel = f"{pdir}/{d.log}", f"{pdir}/{d.bcq}"
-        # the object as listed: a part of a missing object is missing, of a cut one cut short
-        size = j.objects.get(p.object, (None, 0))[0]
-        if size is not None:
-            log_n = max(0, min(d.log_size, size - p.log_pos))
-            bcq_n = max(0, min(d.bcq_size, size - p.bcq_pos))
-            if log_n:
-                view.add(lrel, p.object, p.log_pos, log_n)
-            if bcq_n:
-                view.add(brel, p.object, p.bcq_pos, bcq_n)
-        srcs.append(_Source(d.base, view, lrel, brel, listed_log_size=d.log_size,
-                            listed_records=d.records, listed_first=d.first_offset,
-                            listed_last=d.last_offset, exact=d.offset_array()))
-        out.files.append((fs, p.object))
-    return srcs, max((p.next_offset for p in parts), default=0)
-
-
-def _orphans(fs: Backend, pdir: str, m: "M.Manifest", out: Salvaged) -> list[_Source]:
-    """Segment objects of the partition that ``m`` does not list, based at or past its next
-    offset: what a newer version listed when that version is lost (deleted, or damaged), or an
-    upload whose commit never came. Their records that verify are past everything listed."""
-    lister = getattr(fs, "list_objects", None)
-    if lister is None:
-        return []
-    listed = m.names() | {n for r in m.retired for n in (r.get("log"), r.get("bcq")) if n}
-    found: dict[tuple[int, str], dict[str, str]] = {}
-    for name, _size, _mtime in lister(pdir):
-        parsed = fn.parse_segment_object(name) if "/" not in name else None
-        if parsed and name not in listed and parsed[0] >= m.next_offset:
-            found.setdefault(parsed[:2], {})[parsed[2]] = name
-    srcs = []
-    for (base, _tag), files in sorted(found.items()):
-        if "log" in files:
-            src = _Source(base, fs, f"{pdir}/{files['log']}",
-                          f"{pdir}/{files.get('bcq', files['log'][:-4] + fn.INDEX_SUFFIX)}",
-                          open=True, orphan=True)
-            out.files += [(fs, src.log)] + ([(fs, src.bcq)] if "bcq" in files else [])
-            srcs.append(src)
-    return srcs
-
-
 # -- one segment ---------------------------------------------------------------------------------
 
 
 class _Reader:
     """Keeps what one segment gave: kept offsets, damage regions (by byte), the last kept."""
 
-    def __init__(self, src: _Source, out: Salvaged, topic: str, partition: int, secret: bytes,
+    def __init__(self, src: Source, out: Salvaged, topic: str, partition: int, secret: bytes,
                  sink: Sink):
         self.src, self.out, self.sink, self.secret = src, out, sink, secret
         self.topic = topic.encode()
@@ -398,7 +160,7 @@ def _topic_matches(buf: np.ndarray, s: Scan, topic: bytes) -> np.ndarray:
     return ok
 
 
-def _salvage_segment(src: _Source, topic: str, partition: int, secret: bytes, sink: Sink,
+def _salvage_segment(src: Source, topic: str, partition: int, secret: bytes, sink: Sink,
                      out: Salvaged) -> None:
     r = _Reader(src, out, topic, partition, secret, sink)
     hints, lean = _index_hints(src, r)
@@ -444,7 +206,7 @@ def _looks_v2(buf: np.ndarray) -> bool:
     return buf.shape[0] >= BATCH_HEADER_SIZE and int(buf[_B_MAGIC]) == BATCH_MAGIC
 
 
-def _index_hints(src: _Source, r: _Reader) -> tuple[np.ndarray, bool]:
+def _index_hints(src: Source, r: _Reader) -> tuple[np.ndarray, bool]:
     """(byte positions of records or batches the .bcq gives, whether it is a lean index); the
     exact offsets of the segment when the .bcq can be trusted (module docstring)."""
     try:
@@ -475,7 +237,7 @@ def _index_hints(src: _Source, r: _Reader) -> tuple[np.ndarray, bool]:
     return e["position"].astype(np.int64), False
 
 
-def _read_v1(buf: np.ndarray, end: int, src: _Source, r: _Reader, hints: np.ndarray) -> None:
+def _read_v1(buf: np.ndarray, end: int, src: Source, r: _Reader, hints: np.ndarray) -> None:
     pos = 0
     while pos < end:
         s = scan(buf, pos, end, secret=r.secret, verify_crc=True)
@@ -531,7 +293,7 @@ def _record_at(buf: np.ndarray, p: int, end: int, secret: bytes) -> bool:
     return len(s) > 0
 
 
-def _read_v2(buf: np.ndarray, end: int, src: _Source, r: _Reader, hints: np.ndarray) -> None:
+def _read_v2(buf: np.ndarray, end: int, src: Source, r: _Reader, hints: np.ndarray) -> None:
     pos = 0
     while pos < end:
         try:
@@ -573,7 +335,7 @@ def _batch_after(buf: np.ndarray, start: int, end: int, r: _Reader, hints: np.nd
     return None
 
 
-def _account(src: _Source, r: _Reader, out: Salvaged) -> None:
+def _account(src: Source, r: _Reader, out: Salvaged) -> None:
     """The segment's losses: exact when its offsets are known, else the damage regions."""
     if src.orphan:
         return  # (not the partition's as its manifest says: nothing of it is lost)

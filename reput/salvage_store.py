@@ -32,6 +32,7 @@ from . import _native as _N
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, StoreFormatError
+from .repair_kinds import repair_kind_for
 from .store import FEATURE_SEGMENT_LIST, StoreMeta
 
 _ID = re.compile(rb'"store_id"\s*:\s*"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-'
@@ -82,7 +83,7 @@ def rebuild_store_json(fs: Backend, now_ms: int) -> tuple[StoreMeta, list[str]] 
     notes.append("topic configs could not be recovered: every topic back to the defaults (set "
                  "them again with `kcompact configs --alter`, or a mirror syncs them)")
     meta = StoreMeta(store_id, secret, created, {},
-                     features=[FEATURE_SEGMENT_LIST] if fs.appendable else [])
+                     features=repair_kind_for(fs).store_features(FEATURE_SEGMENT_LIST))
     return meta, notes
 
 

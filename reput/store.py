@@ -25,8 +25,8 @@ partition registry (listings, the one door to a partition, the partitions open:
 ReputMessageService); how writes are published (one publisher per kind of backend,
 reput/publisher.py); recovery (a writer's open, dead writers' commit logs:
 reput/store_recovery.py); the read-only views a server shares (reput/partition_views.py).
-``Store`` is what a caller opens: it makes them, delegates each public method to its room, and
-keeps the store catalog's upkeep (folding this writer's journal entries, garbage collection).
+``Store`` is what a caller opens: it makes them and delegates each public method to its room.
+Each room is handed the store it serves and imports nothing of this module (no import circle).
 """
 
 from __future__ import annotations

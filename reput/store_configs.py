@@ -12,7 +12,7 @@ are told).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import filenames as fn
 from .config import TopicConfig
@@ -21,15 +21,12 @@ from .record import validate_topic
 from .store_meta import StoreMeta, partition_numbers, topic_id_of
 from .topic_configs import TopicConfigLayers
 
-if TYPE_CHECKING:
-    from .store import Store
-
 
 class StoreConfigs:
     """store.json's read-modify-writes for ``store`` (its backend, lock, clock, publisher and
     partition registry), each adopted as the store's ``meta``."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Any):
         self.store = store
 
     def _read(self) -> StoreMeta:

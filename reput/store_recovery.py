@@ -13,15 +13,12 @@ reput/partition_recovery.py's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import filenames as fn
 
-if TYPE_CHECKING:
-    from .store import Store
 
-
-def recover_on_open(store: "Store") -> None:
+def recover_on_open(store: Any) -> None:
     """A writer's open, after its commit log and reput are made: dispatch from the checkpoint
     and flush. On failure the commit-log and partition locks are released (the caller may fix
     the cause, which the error names, and open the store again from this same process)."""
@@ -46,18 +43,18 @@ def recover_on_open(store: "Store") -> None:
         raise
 
 
-def recover_writers(store: "Store") -> list[str]:
+def recover_writers(store: Any) -> list[str]:
     """Re-dispatch every other writer's commit log that no live process holds
     (``Store.recover_writers``). Returns the writers recovered."""
     from .errors import StoreLockedError
-    from .store import Store
     done = []
     for w in store.commitlog_fs.listdir(fn.COMMITLOG_DIR):
         if w == store.writer:
             continue
         try:
-            other = Store(store.fs, store.meta, writer=w, options=store.options,
-                          clock=store.clock, commitlog_fs=store.commitlog_fs)
+            # (the store's own class: no import of reput/store.py, which imports this module)
+            other = type(store)(store.fs, store.meta, writer=w, options=store.options,
+                                clock=store.clock, commitlog_fs=store.commitlog_fs)
         except StoreLockedError:
             continue
         other.close()

@@ -73,12 +73,9 @@ def verify_partition(store: Store, topic: str, partition: int, report: VerifyRep
 def _verify_partition(store: Store, topic: str, partition: int, report: VerifyReport) -> None:
     try:
         pl = store.open_view(topic, partition, strict=False)
-        from .catalog_manifest import ManifestCatalog
-        if isinstance(pl.catalog, ManifestCatalog):
-            # the partition's own manifest objects, not the store catalog's copy of the newest
-            # (docs/formats/store-catalog.md): a lost version is damage, as without a catalog
-            pl.catalog.manifest = None  # (listed from the first version: nothing assumed)
-            pl.catalog.reload(0.0)
+        # the partition's own manifest objects, not the store catalog's copy of the newest
+        # (docs/formats/store-catalog.md): a lost version is damage, as without a catalog
+        pl.reload_manifest(0.0, from_first=True)
     except ReputError as e:  # an unreadable manifest
         report.partitions += 1
         report.problems.append(Problem(getattr(e, "path", None) or

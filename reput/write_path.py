@@ -26,7 +26,6 @@ from .timing import Timing
 
 if TYPE_CHECKING:
     from .partition import PartitionLog
-    from .store import Store
 
 SYNC_THREADS = 8  # partitions fsynced at once by a flush
 WRITEBACK_BYTES = 8 << 20  # fsync=flush: queue appended bytes for writeback this often
@@ -86,7 +85,7 @@ class WritePath:
     registry): the writer's commit log and reput (None for a read-only store) and what a flush
     needs between appends."""
 
-    def __init__(self, store: "Store"):
+    def __init__(self, store: Any):
         self.store = store
         self.commitlog: CommitLog | None = None
         #: the writer's reput (reput/reput_service.py), made with its commit log

@@ -218,6 +218,10 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
         last_flush = time.monotonic()
         last_lag = 0.0
         pending = set() if self.follow else set(self._live())
+        # consume() waits at most 0.2 s, and at most a tenth of the flush interval: a record's
+        # wait for the flush after it stays about the interval (a mirror into a store with
+        # shared uploads flushes every 500 ms: its live edge, issue 49)
+        wait_s = min(0.2, max(0.01, self.flush_interval / 10_000))
         while not self.stop_event.is_set():
             if not self.follow and not pending:
                 break
@@ -227,7 +231,7 @@ class SinkTaskRunner(TopicFollowing, TaskRunner):
                     (self.watcher is None or not self.watcher.whole):
                 break  # every topic stopped, and no partition nor topic can be added
             # columns straight from librdkafka (native_kafka.NativeConsumer)
-            cols = consume(self._wanted(pending, batch), 0.2)
+            cols = consume(self._wanted(pending, batch), wait_s)
             if self._reports.errors:
                 self._check_kafka_errors()
             if cols.events:

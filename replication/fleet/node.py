@@ -38,7 +38,7 @@ WILDCARDS = ("", "0.0.0.0", "::")
 #: after a failed heads request (or a stale answer) the follower polls S3 itself this long (s)
 HEADS_RETRY_S = 10.0
 #: a node's follower polls S3 itself at least this often (s), whatever the poller answers: a
-#: poller whose answers are wrong delays it by at most this long
+#: poller whose answers are wrong makes it see new entries late, never miss one
 OWN_POLL_S = 30.0
 
 

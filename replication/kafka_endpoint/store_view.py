@@ -32,7 +32,7 @@ from typing import NamedTuple
 from kcompact.reput import damage_record as DR
 from kcompact.reput.batch import control_batch
 from kcompact.reput.errors import CorruptRecordError
-from kcompact.reput.s3_follow import follow, follow_mode
+from kcompact.reput.s3_follow import follow, follow_mode, follower_for
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -114,6 +114,15 @@ class StoreView:
         """Whether the topic's compression.type is zstd (Kafka refuses such a topic to a Fetch
         below v10: KIP-110)."""
         return self.store.topic_config(topic).compression_type == "zstd"
+
+    def changes(self) -> int | None:
+        """A number that moves whenever the store may hold new records: the generation of the
+        store's follower (reput/s3_follow.py), after its poll (one GET per writer per follow
+        interval, whoever asks). None when the store gives no such signal (a local store, S3
+        without shared uploads): then each partition must be looked at. A waiting Fetch asks
+        this, not every partition's bounds, while nothing moves."""
+        f = follower_for(self.store.fs)
+        return None if f is None else f.poll()
 
     def has(self, topic: str, partition: int) -> bool:
         return partition in self.partitions(topic, partition)

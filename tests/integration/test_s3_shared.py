@@ -131,7 +131,7 @@ def test_a_split_killed_before_its_manifest_commit_changes_nothing(tmp_path, s3_
     assert killed.wait(120) == -signal.SIGKILL
     assert _read(url) == before
     with Store.open(url) as st:
-        assert st.partition("t", 0).catalog.shared_objects == 4  # nothing was split
+        assert st.partition("t", 0).shared_objects == 4  # nothing was split
         orphans = [n for n, _, _ in st.fs.list_objects("partitions/t/0") if n.endswith(".log")]
         assert len(orphans) == 1  # the split's uploaded segment, never committed
         assert st.collect_shared_garbage() == []  # every shared object is still needed
@@ -140,7 +140,7 @@ def test_a_split_killed_before_its_manifest_commit_changes_nothing(tmp_path, s3_
     assert _read(url) == before
     with Store.open(url, writer="gc", commitlog_dir=str(tmp_path / "cl-gc")) as st:
         pl = st.partition("t", 0)
-        assert pl.catalog.shared_objects == 0
+        assert pl.shared_objects == 0
         # the orphan is gone (the compaction's collection), the new segment is listed
         logs = [n for n, _, _ in st.fs.list_objects("partitions/t/0") if n.endswith(".log")]
         # (the segments inside the run's compaction object have no object of their own)

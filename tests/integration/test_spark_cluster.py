@@ -207,9 +207,11 @@ print(json.dumps(res))
 def test_mirror_compact_and_read_on_a_standalone_cluster(cluster, s3_store_url, kafka_bootstrap,
                                                           make_topic, tmp_path, capsys):
     """The Spark mirror, compaction and data source on the cluster equal the local engine's on
-    the same topic; the driver says the executors run its kcompact, installed in their Python."""
+    the same topic; the driver says the executors run its kcompact, installed in their Python.
+    The compaction's tasks (the cluster's 2 cores) publish their partitions in one compaction
+    object each, not one a partition."""
     import kcompact
-    parts, n = 2, 3000
+    parts, n = 4, 3000
     topic = make_topic(partitions=parts)
     produce(kafka_bootstrap, topic, keyed_records(parts, n, keys=80))
     on_cluster = s3_store_url()
@@ -241,6 +243,11 @@ def test_mirror_compact_and_read_on_a_standalone_cluster(cluster, s3_store_url, 
     got = json.loads(p.stdout.splitlines()[-1])
     assert got["compact_rc"] == 0, p.stderr[-3000:]
     assert json.loads(got["compact"])["engine"] == "spark"
+    prefix = on_cluster.split("/", 3)[3] + "/compacted/"
+    listed = s3_store_url.server.client().list_objects_v2(Bucket=s3_store_url.bucket,
+                                                          Prefix=prefix)
+    objects = [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".kco")]
+    assert 1 <= len(objects) <= 2, objects  # a task's partitions in one object
     assert cli.main(["compact", "--store", local, "--force", "--engine", "local"]) == 0
     compacted = dumps(local, topic, parts, capsys)
     assert sum(map(len, compacted.values())) < n  # the compaction dropped something

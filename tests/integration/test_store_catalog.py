@@ -6,6 +6,8 @@
   its catalog fold (after the entry's commit), and a compaction SIGKILLed between its manifest
   commit and the catalog's lose and duplicate nothing; what they leave is either read (the
   catalog lags, never loses) or collected (an orphan object);
+* a new store's first writer and a consumer reading it all through the Kafka endpoint's view
+  (as written and after `compact --force`) make the same requests at 4 and at 48 partitions;
 
 The same on the in-memory S3, in-process: tests/unit/test_store_catalog.py.
 """
@@ -149,7 +151,7 @@ def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_pat
         assert got[p] == sorted(newest.values()), p
 
 
-def _endpoint_read(url: str) -> dict[int, int]:
+def _endpoint_read(url: str) -> tuple[dict[int, int], dict]:
     """What the Kafka endpoint does for one consumer reading every partition from the
     beginning (ListOffsets, then Fetch until the high watermark), on a view of its own, with
     the process's block cache and spool emptied: (records read by partition, the view's S3
@@ -167,8 +169,9 @@ def _endpoint_read(url: str) -> dict[int, int]:
             while off < b.high_watermark:
                 f = sv.fetch("t", p, off, 1 << 20)
                 assert f.nbytes, (p, off)
+                hwm = f.bounds.high_watermark
                 with sv.store.views.reading("t", p) as pl:
-                    n += sum(1 for r in pl.iter_records() if off <= r.offset < f.bounds.high_watermark)
+                    n += sum(1 for r in pl.iter_records() if off <= r.offset < hwm)
                 off = f.bounds.high_watermark
             got[p] = n
         return got, sv.store.fs.stats.snapshot()["requests"]

@@ -511,3 +511,23 @@ def test_every_read_path_reads_what_a_local_store_holds(tmp_path, split):
 def _objects_of(url: str) -> int:
     with Store.open(url) as st:
         return len(st.fs.list_objects(fn.COMPACTED_DIR))
+
+
+def test_a_spark_task_publishes_its_partitions_in_one_object(s3):
+    """``compact --engine spark``'s task body (connectors/apps/spark/compact_job.py, run here in
+    this process as an executor runs it): the partitions it compacts go into one compaction
+    object, and read as the local engine's forced compaction of the same store leaves them."""
+    from kcompact.connectors.apps.spark.compact_job import _compact_task
+    fake, root = s3
+    flushes = _flushes(8, [300, 300, 300], 25, 5)
+    a, b = "s3://bucket/spark-a", "s3://bucket/spark-b"
+    _write(a, f"{root}/cla", flushes, SHARED)
+    _write(b, f"{root}/clb", flushes, SHARED)
+    run = _compact_task(a, 1 << 20, True)
+    # two tasks, as a session of parallelism 2 splits 8 partitions
+    got = [r for share in ([("t", p) for p in range(0, 8, 2)], [("t", p) for p in range(1, 8, 2)])
+           for r in run(share)]
+    assert len(got) == 8 and all(not r.get("skipped") for r in got), got
+    assert len([k for k in _objects(fake, "spark-a") if k.startswith("compacted/")]) == 2
+    _compact(b, f"{root}/ccb")
+    assert _records(a) == _records(b)

@@ -22,7 +22,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -730,3 +730,42 @@ def test_a_fetch_naming_a_denied_topic_still_says_not_leader_for_the_others(monk
     asyncio.run(fetch.handle(ep, req, None))
     assert [r.error for r in answered["secret"]] == [TOPIC_AUTHORIZATION_FAILED]
     assert [r.error for r in answered["open"]] == [NOT_LEADER_OR_FOLLOWER]
+
+
+heads_doc_st = st.fixed_dictionaries({
+    "writers": st.dictionaries(st.sampled_from(["w", "w2", "gone"]), st.integers(0, 12),
+                               max_size=3),
+    "catalog": st.none() | st.integers(0, 12),
+    "age_ms": st.sampled_from([0, 200, 60_000])})
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=st.lists(st.tuples(st.booleans(), heads_doc_st), min_size=1, max_size=5))
+def test_whatever_the_poller_answers_a_node_reads_only_what_was_written(s3_store, steps,
+                                                                       monkeypatch):
+    """A model check of the heads: a poller answering any well-formed heads (ahead of the
+    store, behind it, naming writers that do not exist, stale) never makes a node read a record
+    that was not written, nor lose one: its own polls (every OWN_POLL_S) read the store. (The
+    writer folds no entry into the catalog here: every record is found through the journal.)"""
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "100000")
+    fake, url, w = s3_store
+    a = LoneAsker(url, None)
+    try:
+        for flush, doc in steps:
+            a.bad.reply = _http("200 OK", json.dumps(doc).encode())
+            if flush:
+                w.flush()
+            offsets = a.reader.round()
+            assert all(o <= w.flushes for o in offsets)
+            got = a.reader.records()
+            assert got == [_expected(w.flushes)[p][:len(got[p])] for p in range(PARTS)]
+        for _ in range(len(steps) + 1):  # its own polls of S3, at least every OWN_POLL_S
+            # (each reads the next entries up to a recent one: a writer that flushed twice
+            # within an interval is read in two polls)
+            a.now[0] += node_mod.OWN_POLL_S
+            a.alive()
+            if a.reader.round() == [w.flushes] * PARTS:
+                break
+        assert a.reader.records() == _expected(w.flushes)
+    finally:
+        a.close()

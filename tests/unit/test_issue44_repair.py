@@ -530,6 +530,7 @@ def test_issue44_every_crash_state_of_the_swap_recovers_on_open(tmp_path, crash_
     """The on-disk states a kill leaves around the commit point (reput/quarantine.py), made
     here step by step: an open completes a committed swap and drops an uncommitted one."""
     from kcompact.reput import quarantine as Q
+    from kcompact.reput import repair_kinds as RK  # (the local swap's steps)
     url = str(tmp_path / "s")
     _big_store(url, n=3000)
     _flip_in_partition(url, 0, 0, 300)
@@ -546,10 +547,10 @@ def test_issue44_every_crash_state_of_the_swap_recovers_on_open(tmp_path, crash_
     entry = {"topic": TOPIC, "partition": 0,
              "quarantine": f"{Q.quarantine_dir(run_.run)}/{pdir}"}
     if crash_at != "staged":
-        Q._commit_local(st.fs, run_.stage_fs, run_.run, TOPIC, 0, entry)
-        staged_dir = Q._staged_dir(run_.run, TOPIC, 0)
+        RK._commit_local(st.fs, run_.stage_fs, run_.run, TOPIC, 0, entry)
+        staged_dir = RK._staged_dir(run_.run, TOPIC, 0)
         if crash_at == "exchanged":
-            assert Q._exchange(st.fs, pdir, staged_dir)
+            assert RK._exchange(st.fs, pdir, staged_dir)
         elif crash_at == "moved_aside":  # (the two-rename path: the old one aside first)
             st.fs.rename(pdir, entry["quarantine"])
     run_._lock.release()  # the run dies here (its lock goes with the process)

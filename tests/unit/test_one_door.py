@@ -9,13 +9,18 @@ endpoint and the replication master opened it their own way (no topic config, no
 replication master (what ``kcompact serve`` answers on /v1/store and what ``kcompact
 replicate`` names), the Kafka endpoint (``serve --kafka-listen``: KAFKA_STORAGE_ERROR, the
 damage it records) and replication's verify all refuse it with the same one line, and serve
-partition 1.
+partition 1. This is the in-process check, through the layers' objects;
+tests/integration/test_one_door_commands.py runs the same case as a user does, every command a
+``kcompact`` process (``serve``, ``replicate``) and the endpoint read by confluent-kafka and kcat.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -94,3 +99,51 @@ def test_a_partition_without_its_segment_list_is_refused_alike_everywhere(tmp_pa
         except CorruptRecordError as e:
             assert str(e).strip() == line
     assert dumped(url, 1) == keep1
+
+
+# -- a partition's catalog is private (issue 48) ------------------------------------------------
+
+#: reaching into a partition's catalog: anything's ``._catalog`` but ``self``'s (the
+#: partition's own), or a partition's ``.catalog`` by the names it goes by (``pl``, ``part``,
+#: ``log``, ``view``, ``store.partition(...)``); other objects' ``catalog`` (a journal's
+#: heads, a shared piece's) are theirs
+FOREIGN_CATALOG = re.compile(r"\b(?!self\b)\w+\._catalog\b|\b(?:pl|part|log|view)\.catalog\b"
+                             r"|\.partition\([^)]*\)\.catalog\b")
+
+
+def _foreign_catalogs(path: str) -> list[tuple[int, str]]:
+    with open(path, encoding="utf-8") as f:
+        return [(i, ln.strip()) for i, ln in enumerate(f, 1)
+                if FOREIGN_CATALOG.search(ln) and "import" not in ln]
+
+
+def test_nothing_reaches_into_a_partitions_catalog():
+    """``PartitionLog``'s catalog is private: the compactor, publishing, compaction objects,
+    verify, replication and the connectors call the partition's methods (``stage_swap``,
+    ``commit_staged``, ``staged_segments``, ``reload_manifest``...), never its catalog's."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    bad = []
+    for top in ("reput", "compaction", "replication", "connectors"):
+        for d, _, names in os.walk(os.path.join(root, top)):
+            for name in names:
+                if name.endswith(".py"):
+                    path = os.path.join(d, name)
+                    bad += [f"{os.path.relpath(path, root)}:{i}: {t}"
+                            for i, t in _foreign_catalogs(path)]
+    assert not bad, "a partition's catalog reached from outside:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source,reaches", [
+    ("pl.catalog.stage_swap([], [], None)", True),
+    ("cat = it.pl._catalog", True),
+    ("self._catalog.load()", False),
+    ("from .catalog import SegmentCatalog", False),
+    ("st.partition(\"t\", 0).catalog.shared_objects", True),
+    ("if heads.catalog is not None:", False),
+    ("SC.catalog_path(3)", False),
+    ("pl.stage_swap([], [], None)", False),
+])
+def test_the_catalog_check_sees_a_reach(tmp_path, source, reaches):
+    f = tmp_path / "m.py"
+    f.write_text(source + "\n")
+    assert bool(_foreign_catalogs(str(f))) == reaches

@@ -256,12 +256,12 @@ def _split(url, root, parts, collect):
             if p not in st.partitions("t"):
                 continue
             pl = st.writable_partition("t", p)
-            if pl.catalog.stage_split():
-                assert pl.catalog.commit_staged("splitter")
+            if pl._catalog.stage_split():
+                assert pl.commit_staged("splitter")
         if collect:
             st.collect_shared_garbage()
             for p in st.partitions("t"):
-                st.partition("t", p).catalog.collect_garbage()
+                st.partition("t", p).collect_garbage()
 
 
 # -- missed notifications ------------------------------------------------------------------------
@@ -451,3 +451,57 @@ def test_a_followers_partition_listing_costs_no_list_per_round(s3, catalog, monk
         rd.close()
     finally:
         w.close()
+
+
+def test_a_waiting_fetch_looks_at_its_partitions_only_when_the_store_moved(s3, monkeypatch):
+    """apis/fetch.py's long poll on a followed store: while the store's signal
+    (``StoreView.changes``, the follower's generation) does not move, a waiting fetch looks
+    at none of its partitions again (no O(partitions) work a tick); a flush moves it, and the
+    fetch then returns the new records of every partition before its wait ends."""
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    from kcompact.replication.kafka_endpoint.apis import fetch as F
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    fake, root = s3
+    url = store_url("s3", root)
+    parts = 8
+    monkeypatch.setattr(F, "LOOK_ANYWAY_S", 3600.0)  # only the signal wakes a fetch here
+    monkeypatch.setattr(F, "encode_fetch", lambda version, correlation_id, seen: seen)
+    with Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl") as writer:
+        writer.append(_batch("t", _rows(parts, 0)))
+        writer.flush()
+        view = StoreView(url)
+        try:
+            assert [view.bounds("t", p).high_watermark for p in range(parts)] == [1] * parts
+            follower = S3F.follower_for(view.store.fs)
+            follower.interval_s = 3600.0  # polls only when the test says
+            looked = []
+            bounds = view.bounds
+            monkeypatch.setattr(view, "bounds", lambda t, p: looked.append(p) or bounds(t, p))
+
+            async def run(fn, *args):
+                return fn(*args)
+
+            def request(wait_ms):
+                return NS(topics=[NS(topic="t", partitions=[
+                    NS(partition=p, fetch_offset=1, partition_max_bytes=1 << 20)
+                    for p in range(parts)])], max_wait=wait_ms, min_bytes=1, max_bytes=1 << 24)
+
+            seen = asyncio.run(F.handle_fetch(view, run, 12, 1, request(400), lambda: False))
+            assert [r.nbytes for _, rs in seen for r in rs] == [0] * parts
+            assert sorted(looked) == list(range(parts))  # the first read only
+
+            async def flush_then_fetch():
+                waiting = asyncio.ensure_future(
+                    F.handle_fetch(view, run, 12, 2, request(20_000), lambda: False))
+                await asyncio.sleep(0.2)
+                await asyncio.to_thread(lambda: (writer.append(_batch("t", _rows(parts, 1))),
+                                                 writer.flush()))
+                follower.interval_s = 0.0  # the next tick's poll finds the new entry
+                return await waiting
+            seen = asyncio.run(flush_then_fetch())
+            assert all(r.nbytes > 0 for _, rs in seen for r in rs), seen
+            assert [r.bounds.high_watermark for _, rs in seen for r in rs] == [2] * parts
+        finally:
+            view.close()

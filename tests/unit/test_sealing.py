@@ -113,8 +113,8 @@ NOT_A_SEGMENT = {
     "reput/salvage.py": ({"walk_batch", "decode_walked", "scan", "LeanIndex"},
                          "a damaged segment's records, salvaged one by one"),
     "reput/salvage_store.py": ({"count_records"}, "the commit log's records"),
-    "reput/quarantine.py": ({"LeanIndex"}, "a staged repaired segment's offsets, for its "
-                            "manifest entry"),
+    "reput/repair_kinds.py": ({"LeanIndex"}, "a staged repaired segment's offsets, for its "
+                              "manifest entry (an S3 repair's install)"),
 }
 
 
@@ -227,6 +227,26 @@ def test_nothing_outside_the_backend_implementations_asks_which_kind_it_holds():
     bad = [f"{rel}:{line}: {text}" for top, rel, path in _python_files() if top in LAYERS
            and rel not in BACKEND_IMPLEMENTATIONS for line, text in _kind_flags(path)]
     assert not bad, "a backend's kind asked outside its implementation:\n" + "\n".join(bad)
+
+
+#: repair and salvage: they read and replace a partition through its store kind's
+#: implementation (reput/repair_kinds.py: ``LocalRepair``, ``ManifestRepair``), so they do not
+#: ask whether the store's files can be appended to either
+REPAIR_CODE = ("reput/quarantine.py", "reput/salvage.py", "reput/salvage_sources.py",
+               "reput/salvage_store.py", "replication/repair.py")
+REPAIR_KIND_FLAG = re.compile(r"\.remote\b|manifest_mode|\.appendable\b")
+
+
+def test_repair_and_salvage_ask_no_kind_outside_their_implementations():
+    """Issue 48: salvage's sources and repair's install are the store kind's
+    (reput/repair_kinds.py, picked once by ``repair_kind_for``); the repair's own modules test
+    no ``remote``, ``manifest_mode`` or ``appendable``."""
+    bad = []
+    for rel in REPAIR_CODE:
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            bad += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(f, 1)
+                    if REPAIR_KIND_FLAG.search(line)]
+    assert not bad, "a store's kind asked in repair code:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("source,asks", [

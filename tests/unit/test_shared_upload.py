@@ -33,6 +33,7 @@ from kcompact.compaction import Compactor  # noqa: E402
 from kcompact.compaction.planner import compact_store  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput import segment_recycle as SR  # noqa: E402
 from kcompact.reput import shared as SH  # noqa: E402
 from kcompact.reput.errors import ConfigError  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
@@ -103,8 +104,8 @@ def _split_all(url, cl):
     with Store.open(url, writer="splitter", commitlog_dir=cl) as st:
         for p in st.partitions("t"):
             pl = st.writable_partition("t", p)
-            if pl.catalog.stage_split():
-                assert pl.catalog.commit_staged("splitter")
+            if pl._catalog.stage_split():
+                assert pl.commit_staged("splitter")
 
 
 # -- requests ------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ def test_a_flush_is_two_requests_whatever_the_partition_count(s3, parts):
         for p in range(parts):
             assert _read(st, "t", p) == [(f, 1_000 + f, b"k", b"v" if f == 0 else b"v%d" % f)
                                          for f in range(5)]
-            assert st.partition("t", p).catalog.shared_objects == 5
+            assert st.partition("t", p).shared_objects == 5
 
 
 def test_upload_shared_needs_seal_format_2():
@@ -184,7 +185,7 @@ def test_shared_parts_split_segments_and_per_partition_uploads_read_the_same(
         with Store.open(shared) as a, Store.open(per) as b:
             for p in b.partitions("t"):
                 assert _read(a, "t", p) == _read(b, "t", p)
-                assert a.partition("t", p).catalog.shared_objects == 0
+                assert a.partition("t", p).shared_objects == 0
 
 
 def test_a_compaction_of_a_shared_store_keeps_what_one_of_a_per_partition_store_keeps(s3):
@@ -221,7 +222,7 @@ def test_the_planner_splits_a_partition_once_it_depends_on_enough_shared_objects
         res = compact_store(st)
         assert [r.shared_parts_split for r in res] == [3]
     with Store.open(url) as st:
-        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert st.partition("t", 0).shared_objects == 0
         assert _read(st, "t", 0) == [(o, 1_000 + o, b"k%d" % o, b"v") for o in range(3)]
 
 
@@ -286,6 +287,70 @@ def test_a_writer_dying_after_the_commit_before_dropping_its_local_segments_dupl
         assert [o for o, *_ in _read(st, "t", 0)] == [0, 1, 2]
 
 
+def test_the_next_local_segment_takes_over_the_committed_ones_files(s3, monkeypatch):
+    """A flush commits each partition's active segment; the partition's next segment reuses
+    its two files (emptied in the background and renamed: reput/segment_recycle.py) instead of
+    deleting them and creating new ones; files not emptied yet are not waited for. Whatever
+    moment a writer dies at (the committed files still there, or already taken over), the next
+    open duplicates and loses nothing."""
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    pdir = os.path.join(cl, "partitions", "t", "0")
+
+    def local_files():
+        return sorted(n for n in os.listdir(pdir) if n.endswith((".log", ".bcq")))
+    st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 0, b"a", b"1"), (0, 1, b"b", b"1")]))
+    st.flush()
+    SR.drain()  # (emptied in the background)
+    spare = local_files()  # the committed segment's files, kept for the next one
+    assert spare == ["00000000000000000000.bcq", "00000000000000000000.log"]
+    inode = os.stat(os.path.join(pdir, spare[1])).st_ino
+    st.append(_batch("t", [(0, 2, b"a", b"2")]))
+    assert local_files() == ["00000000000000000002.bcq", "00000000000000000002.log"]
+    assert os.stat(os.path.join(pdir, "00000000000000000002.log")).st_ino == inode
+    assert os.path.getsize(os.path.join(pdir, "00000000000000000002.log")) > 0
+    want = [(0, 1_000, b"a", b"1"), (1, 1_001, b"b", b"1"), (2, 1_002, b"a", b"2")]
+    assert _read(st, "t", 0) == want
+    st.flush()
+    st.append(_batch("t", [(0, 3, b"b", b"3")]))  # a killed writer: one flushed, one not
+    _crash(st)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+        st.flush()
+    with Store.open(url) as st:
+        assert _read(st, "t", 0) == want + [(3, 1_003, b"b", b"3")]
+    held = []  # the background thread held back: the files keep their committed records
+    monkeypatch.setattr(SR._RECYCLER, "put", held.append)
+    st = Store.open(url, writer="w", options=SHARED, commitlog_dir=cl)
+    st.append(_batch("t", [(0, 4, b"a", b"4")]))
+    st.flush()
+    st.append(_batch("t", [(0, 5, b"b", b"5")]))  # not emptied yet: new files of its own
+    assert _read(st, "t", 0)[-2:] == [(4, 1_004, b"a", b"4"), (5, 1_005, b"b", b"5")]
+    st.flush()
+    left = {n: open(os.path.join(pdir, n), "rb").read() for n in local_files()}
+    assert sorted(left) == ["00000000000000000004.bcq", "00000000000000000004.log",
+                            "00000000000000000005.bcq", "00000000000000000005.log"]
+    for spare in held:
+        spare.done.set()
+    monkeypatch.undo()
+    _crash(st)  # (a close drops them: put back what a SIGKILL leaves)
+    # ... and what a kill between the emptying's and the renames' steps leaves: an empty .log
+    # without its .bcq (the committed segment's), an empty .bcq without its .log (the next's)
+    left["00000000000000000001.log"] = left["00000000000000000009.bcq"] = b""
+    for n, raw in left.items():
+        with open(os.path.join(pdir, n), "wb") as f:
+            f.write(raw)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        assert local_files() == []  # (committed or empty: dropped by the open)
+        st.append(_batch("t", [(0, 6, b"a", b"6")]))
+        st.flush()
+    assert local_files() == []  # a close drops them
+    with Store.open(url) as st:
+        assert [r[0] for r in _read(st, "t", 0)] == [0, 1, 2, 3, 4, 5, 6]
+
+
 def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatch):
     make, root = s3
     url = make(grace_ms=0)
@@ -306,7 +371,7 @@ def test_a_split_dying_before_its_manifest_commit_changes_nothing(s3, monkeypatc
     monkeypatch.setattr(PM.M, "commit", real)
     with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
         assert {p: _read(st, "t", p) for p in st.partitions("t")} == before
-        assert st.partition("t", 0).catalog.shared_objects == 3
+        assert st.partition("t", 0).shared_objects == 3
         assert st.collect_shared_garbage() == []  # nothing split: every object still needed
         res = Compactor(st).compact_partition("t", 0)
         assert res.shared_parts_split == 3
@@ -476,7 +541,7 @@ def test_a_part_older_than_max_compaction_lag_is_split_whatever_the_count(s3):
         assert [c.partition for c in due] == [0] and "1 shared objects" in due[0].reasons
         assert [r.shared_parts_split for r in compact_store(st, clock=clock)] == [1]
     with Store.open(url) as st:
-        assert st.partition("t", 0).catalog.shared_objects == 0
+        assert st.partition("t", 0).shared_objects == 0
         assert _read(st, "t", 0) == [(0, 1_000, b"a", b"1")]
 
 
@@ -489,7 +554,7 @@ def test_a_reader_of_a_split_partition_fetches_no_journal_entry(s3):
            SHARED)
     with Store.open(url, writer="c", commitlog_dir=f"{root}/cl-c") as st:
         pl = st.writable_partition("t", 0)
-        assert pl.catalog.stage_split() == 4 and pl.catalog.commit_staged("c")
+        assert pl._catalog.stage_split() == 4 and pl.commit_staged("c")
     with Store.open(url) as st:
         j = SH.journal_for(st.fs)
         assert len(_read(st, "t", 0)) == 4
@@ -513,7 +578,7 @@ def test_objects_are_collected_a_grace_period_after_their_split_however_often_it
             st.append(_batch("t", [(0, f, b"k%d" % f, b"v")]))
         with Store.open(url, writer="c", clock=clock, commitlog_dir=f"{root}/cl-c") as st:
             pl = st.writable_partition("t", 0)
-            assert pl.catalog.stage_split() == 1 and pl.catalog.commit_staged("c")
+            assert pl._catalog.stage_split() == 1 and pl.commit_staged("c")
     for f in range(3):  # splits at 0 s, 40 s, 80 s
         flush_and_split(f)
         clock.advance(40_000)

@@ -7,7 +7,12 @@
 * a committer killed between its manifest commit and the catalog's loses nothing: readers see
   the partition as it was, the collector brings the catalog up to date before it deletes;
 * a damaged newest version is passed over; old versions are collected after the grace period;
-* a kcompact that knows only formats up to 4 refuses the store with one line.
+* a kcompact that knows only formats up to 4 refuses the store with one line;
+* no request per partition: a new store's first writer (no partition in the catalog yet: one
+  listing of the topic's directory), a catch-up read of every partition through the Kafka
+  endpoint's view (folded or not, as written and after the split: the same requests at 4 and
+  64 partitions, reading what was written); a partition the catalog never listed but with a
+  manifest of its own is read from it.
 
 The same records from every read path (hypothesis): tests/unit/test_s3_follow.py
 ``test_a_follower_reads_what_a_local_store_holds`` (with and without a catalog).
@@ -204,7 +209,7 @@ def test_a_follower_learns_of_a_compaction_from_the_catalog(s3, monkeypatch):
     assert got.get("ListObjectsV2", 0) == 0, got
     # a journal GET (404), the catalog's next version, and its next (404)
     assert got.get("GetObject", 0) <= 3, got
-    assert all(pl.catalog.manifest is not None and pl.catalog.manifest.split_to == {"w": 1}
+    assert all(pl.manifest is not None and pl.manifest.split_to == {"w": 1}
                for pl in pls)
     assert [len(_records(f, p)) for p in range(8)] == [2] * 8
     f.close()

@@ -1,7 +1,12 @@
-"""Compaction on Spark: one task per partition the planner picked (``kcompact compact --engine
-spark``, and the stage after a Spark mirror). Each task runs kcompact.compaction's Compactor on
-its partitions of the store, exactly as ``--engine local`` does in one process; a partition found
-damaged is skipped (its result says where: compaction/damage.py), the others are compacted.
+"""Compaction on Spark (``kcompact compact --engine spark``, and the stage after a Spark mirror).
+Each task runs kcompact.compaction's Compactor on its share of the partitions the planner picked,
+exactly as ``--engine local`` does in one process; a partition found damaged is skipped (its
+result says where: compaction/damage.py), the others are compacted.
+
+On an S3 store with compaction objects (docs/formats/compaction-object.md) a task publishes the
+outputs of all its partitions in one object, as a local run does (``Store.compaction_batch``): a
+run makes about as many objects as tasks - ``tasks()``, the session's parallelism - not one per
+partition, so reading the store after it costs GETs by bytes. Elsewhere a task is a partition.
 """
 
 from __future__ import annotations
@@ -18,21 +23,54 @@ def _compact_task(store_url: str, map_memory: int, force: bool):
         from kcompact.reput import CorruptRecordError, Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
-        for topic, partition in candidates:
-            try:
-                r = c.compact_partition(topic, partition, force=force)
-            except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
-                d = damage_in(topic, partition, e)  # damage stays in its partition
-                if d is None:
-                    raise
-                remember(st, d, "compact")  # beside the partition, until repaired
-                r = damaged_result(d)
-            else:
-                compacted(st, topic, partition)
-            st.release_partition(topic, partition)
-            yield r.to_dict()
-        st.close()
+        # S3 with compaction objects: the task's partitions publish in one object
+        batch = c.batch = st.compaction_batch()
+        held, out = [], []
+        try:
+            for topic, partition in candidates:
+                try:
+                    r = c.compact_partition(topic, partition, force=force)
+                except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                    d = damage_in(topic, partition, e)  # damage stays in its partition
+                    if d is None:
+                        raise
+                    remember(st, d, "compact")  # beside the partition, until repaired
+                    r = damaged_result(d)
+                    st.release_partition(topic, partition)
+                else:
+                    compacted(st, topic, partition)
+                    if batch is None:
+                        st.release_partition(topic, partition)
+                    else:
+                        held.append((topic, partition))
+                out.append(r.to_dict())
+            if batch is not None:
+                batch.publish()
+        except BaseException:
+            if batch is not None:
+                batch.abort()
+            raise
+        finally:
+            for t, p in held:
+                st.release_partition(t, p)
+            st.close()
+        yield from out
     return run
+
+
+def tasks(spark, store_url: str, count: int) -> int:
+    """How many tasks compact ``count`` partitions: one a partition, or on an S3 store whose
+    compactions write compaction objects at most the session's default parallelism (each task
+    one object of its partitions)."""
+    from kcompact.reput import Store
+    try:
+        with Store.open(store_url) as st:
+            batched = st.compaction_batch() is not None
+    except Exception:  # (the tasks open it and say what is wrong, one line)
+        batched = False
+    if not batched:
+        return count
+    return max(1, min(count, spark.sparkContext.defaultParallelism))
 
 
 def compact_partitions_spark(spark, store_url: str, candidates: list[tuple[str, int]], *,
@@ -41,7 +79,8 @@ def compact_partitions_spark(spark, store_url: str, candidates: list[tuple[str, 
     compaction results as dicts (CompactionResult.to_dict), in the candidates' order."""
     if not candidates:
         return []
-    rdd = spark.sparkContext.parallelize(candidates, len(candidates))
+    rdd = spark.sparkContext.parallelize(candidates,
+                                         tasks(spark, store_url, len(candidates)))
     return run_job(lambda: rdd.mapPartitions(_compact_task(store_url, map_memory, force))
                    .collect())
 

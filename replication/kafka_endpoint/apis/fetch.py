@@ -25,7 +25,9 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   topic's config, not by the batches: zstd batches of a ``producer`` topic are served to any
   version, there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
-  partitions to grow (``poll`` each ``POLL_S``), then reads again (long poll);
+  partitions to grow (each ``POLL_S``; on S3 with shared uploads the store's one signal each
+  ``SIGNAL_POLL_S``, ``StoreView.changes``, and its partitions only when it moved), then
+  reads again (long poll);
 * a fetch naming no topic (the Java consumer's on close) gets an empty answer at once;
 * with ACLs: READ on each topic; a fetch naming a topic not allowed is read once, without the
   long poll, its denied topics' partitions TOPIC_AUTHORIZATION_FAILED (authorize.Gate).
@@ -62,6 +64,11 @@ MIN_VERSION, MAX_VERSION, FLEXIBLE_FROM = 4, 12, 12
 
 #: how often a waiting fetch looks at its partitions again
 POLL_S = 0.1
+#: ... and how often it asks the store's signal (``StoreView.changes``: S3 with shared uploads),
+#: which costs no partition's refresh; every partition is looked at only when the signal moved,
+#: or LOOK_ANYWAY_S after the last look (a partition the signal does not cover)
+SIGNAL_POLL_S = 0.05
+LOOK_ANYWAY_S = 1.0
 #: the longest wait a fetch may ask for (Kafka clients ask for 500 ms by default)
 MAX_WAIT_S = 30.0
 
@@ -186,9 +193,20 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
     wait_s = min(MAX_WAIT_S, max(0, ms(req.max_wait)) / 1000.0)
     min_bytes = max(0, int(req.min_bytes))
     deadline = time.monotonic() + wait_s
+    # (taken before the read: whatever arrives after it moves the mark)
+    changes = getattr(view, "changes", None) if wait_s > 0 else None
+    mark = await run(changes) if changes is not None else None
     seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
+    looked = time.monotonic()
     while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
-        await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        tick = POLL_S if mark is None else SIGNAL_POLL_S
+        await asyncio.sleep(min(tick, max(0.0, deadline - time.monotonic())))
+        if mark is not None:  # the store's one signal first, not every partition's bounds
+            now_mark = await run(changes)
+            if now_mark == mark and time.monotonic() - looked < LOOK_ANYWAY_S:
+                continue
+            mark = now_mark
+        looked = time.monotonic()
         if await run(grew, view, topics, seen):
             seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
     if count_errors is not None:
