@@ -7,8 +7,9 @@ the S3 GETs of the whole fleet and each consumer's records/s, beside one node wi
 
 Everything on 127.0.0.1. SeaweedFS (connectors/devtools/seaweed.py) is started here; a store
 ``s3://bench/fleet-<id>`` gets ``--records`` records of ``--value-bytes`` over ``--partitions``
-partitions (unique keys), written with shared uploads (the default of a new S3 store; what
-`kcompact mirror` writes) in 6 flushes, as a mirror's periodic flushes leave it. Each node is
+partitions (unique keys), written with shared uploads and a store catalog (the default of a
+new S3 store: what `kcompact mirror` writes; ``--no-catalog``: shared uploads without a
+catalog, the format before it) in 6 flushes, as a mirror's periodic flushes leave it. Each node is
 a ``kcompact serve --kafka-listen`` process started through this script's ``node`` mode, which
 wraps the boto3 client the S3 backend makes (``reput.s3.make_client``, as bench/s3_estate.py
 and bench/s3_live.py count theirs) and writes its process's S3 request counts to a file every
@@ -50,6 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 TOPIC = "fleet"
+#: the request kinds (``what_of``) that polling and store metadata cost, not data
+METADATA = ("journal", "catalog", "shared writers.json", "store.json")
 FLUSHES = 6
 
 
@@ -127,6 +130,7 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: dict[int, set] = {}
     n, t0, first = 0, time.monotonic(), None
+    cpu0 = time.process_time()
     deadline = t0 + 300
     while n < records and time.monotonic() < deadline:
         for m in c.consume(num_messages=2000, timeout=1.0):
@@ -139,9 +143,11 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
                 s.add(m.offset())
                 n += 1
     t1 = time.monotonic()
+    cpu = time.process_time() - cpu0
     c.close()
     ok = n == records and all(s == set(range(len(s))) for s in seen.values())
-    print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0,
+    print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0, "cpu_s": cpu,
+                      "first_s": (first - t0) if first is not None else None,
                       "records_per_s": n / (t1 - t0) if t1 > t0 else 0.0}))
     return 0 if ok else 1
 
@@ -150,18 +156,41 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
 # the driver
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds every process of the machine has used (Linux /proc/stat; 0 elsewhere):
+    beside the run's own, it says how busy the machine was with other work."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def build_store(url: str, partitions: int, records: int, value_bytes: int, work: str) -> None:
+def build_store(url: str, partitions: int, records: int, value_bytes: int, work: str,
+                catalog: bool = True) -> None:
     import numpy as np
     from kcompact.reput import Store, WriterOptions
     from kcompact.reput.record import BytesColumn, RecordBatch
     per = records // partitions
-    with Store.open(url, writer="bench", create=True, commitlog_dir=os.path.join(work, "cl"),
+    Store.create(url, shared_uploads=True, catalog=catalog).close()
+    with Store.open(url, writer="bench", commitlog_dir=os.path.join(work, "cl"),
                     options=WriterOptions(upload="shared")) as st:
         step = -(-per // FLUSHES)
         for lo in range(0, per, step):
@@ -246,6 +275,8 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                     raise SystemExit("the fleet did not form within 30 s")
                 time.sleep(0.2)
         base = sum((n.counts() for n in started), Counter())
+        cpu0 = sum(proc_cpu_s(n.proc.pid) for n in started)
+        busy0, wall0 = machine_busy_s(), time.monotonic()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
                                    n.bootstrap, str(partitions), str(records)],
                                   stdout=subprocess.PIPE, env=env, text=True) for n in started]
@@ -253,13 +284,17 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         for p in procs:
             out, _ = p.communicate(timeout=400)
             results.append(json.loads(out.strip().splitlines()[-1]))
+        wall = time.monotonic() - wall0
+        busy = machine_busy_s() - busy0
+        node_cpu = sum(proc_cpu_s(n.proc.pid) for n in started) - cpu0
         total = sum((n.counts() for n in started), Counter())
         total.subtract(base)
         saved = sum(n.metric("kcompact_fleet_s3_gets_saved_total") or 0 for n in started)
         kinds = {k: v for k, v in total.items() if " " in k and v > 0}
         return {"nodes": nodes, "fleet": fleet, "gets": total["get_object"], "kinds": kinds,
                 "requests": sum(v for v in total.values() if v > 0),
-                "consumers": results, "saved": saved}
+                "consumers": results, "saved": saved, "wall": wall, "busy": busy,
+                "node_cpu": node_cpu}
     finally:
         for n in started:
             n.stop()
@@ -278,6 +313,19 @@ def report(label: str, rows: list[dict]) -> None:
                           + ("" if c["ok"] else " MISSING RECORDS") for c in r["consumers"])
         print(f"{name:<22}{r['gets']:>7}{r['gets'] / a_gets:>8.2f}x{r['requests']:>10}"
               f"{r['saved']:>7.0f}  {rates}")
+        ccpu = sum(c.get("cpu_s", 0.0) for c in r["consumers"])
+        firsts = [c["first_s"] for c in r["consumers"] if c.get("first_s") is not None]
+        if firsts:
+            print(f"    first record after {min(firsts):.2f}-{max(firsts):.2f} s of "
+                  f"{min(c['seconds'] for c in r['consumers']):.2f}-"
+                  f"{max(c['seconds'] for c in r['consumers']):.2f} s")
+        print(f"    cpu: nodes {r['node_cpu']:.1f} s, consumers {ccpu:.1f} s in {r['wall']:.1f} s "
+              f"(the machine, everything on it: {r['busy'] / r['wall']:.2f} of "
+              f"{os.cpu_count()} cores busy)")
+        meta = sum(v for k, v in r["kinds"].items()
+                   if k.startswith("get_object ") and k.split(" ", 1)[1] in METADATA)
+        print(f"    metadata GETs (journal, catalog, registry, store.json): {meta}, "
+              f"{meta / r['wall']:.1f} a second of the run")
         if os.environ.get("BENCH_FLEET_KINDS"):
             print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
     fleets = [r for r in rows if r["fleet"]]
@@ -300,6 +348,8 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=32)
     ap.add_argument("--value-bytes", type=int, default=400)
     ap.add_argument("--no-split", action="store_true")
+    ap.add_argument("--no-catalog", action="store_true",
+                    help="a store with shared uploads but no store catalog")
     ap.add_argument("--no-independent", action="store_true",
                     help="skip the N independent nodes runs")
     a = ap.parse_args()
@@ -310,9 +360,10 @@ def main() -> int:
         os.environ.update(s3.env())
         url = s3.url(f"fleet-{uuid.uuid4().hex[:8]}", bucket="bench")
         records = a.records // a.partitions * a.partitions
-        build_store(url, a.partitions, records, a.value_bytes, work)
+        build_store(url, a.partitions, records, a.value_bytes, work, not a.no_catalog)
         print(f"store {url}: {records} records of {a.value_bytes} bytes over {a.partitions} "
-              f"partitions, {FLUSHES} shared flushes")
+              f"partitions, {FLUSHES} shared flushes, "
+              f"{'no store catalog' if a.no_catalog else 'a store catalog'}")
         phases = [("shared objects (before the split)", False)]
         if not a.no_split:
             phases.append(("after compact --force (the split)", True))

@@ -6,16 +6,22 @@ and the per-partition uploads as written, in one run.
 
     python bench/s3_catchup.py [--partitions 8,512] [--updates 60000] [--keys 20000]
                                [--value-bytes 400] [--flushes 6] [--no-partition-uploads]
+                               [--no-catalog-baseline] [--by-key]
 
 The issue's shape, everything on 127.0.0.1: SeaweedFS (connectors/devtools/seaweed.py) started
 here; for each partition count, ``--updates`` updates of ``--keys`` keys (``--value-bytes``
 random values; the key decides the partition, so every count holds the same records) are
 written by one writer (``Store.open(url, writer=...)``) in ``--flushes`` flushes, into:
 
-* ``shared``: shared uploads (the default of a new S3 store), read as written, then compacted
-  with ``compact_store(force=True)`` (what `kcompact compact --force` runs) into one object;
+* ``shared``: the defaults of a new S3 store (``upload`` ``auto``: shared uploads and the store
+  catalog, format 5), read as written, then compacted with ``compact_store(force=True)`` (what
+  `kcompact compact --force` runs) into one object;
 * ``shared/partition-objects``: the same writes, compacted the old way (one .log and one .bcq
   object per partition: the baseline after the split);
+* ``shared, no catalog``: shared uploads on a store without the catalog (format 3,
+  ``Store.create(url, shared_uploads=True, catalog=False)``: a new store before the catalog;
+  what ``upload="shared"`` made of a new store until this round), as written and after the split:
+  the baseline of the catalog (a manifest LIST and GET a partition);
 * ``partition-uploads``: per-partition uploads as written (the baseline before the split;
   ``--no-partition-uploads`` skips it: slow at 512 partitions).
 
@@ -37,6 +43,7 @@ import asyncio
 import hashlib
 import os
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -81,8 +88,17 @@ class Counted:
                 COUNTS[kind] += 1
                 COUNTS[f"{kind} {what_of(key)}"] += 1
                 COUNTS[f"{kind} {detail_of(key)}"] += 1
+                COUNTS[f"K {kind} {shape_of(key)}"] += 1
             return attr(*a, **k)
         return call
+
+
+def shape_of(key: str) -> str:
+    """The key with its store prefix cut, partition numbers as N and versions as V
+    (``--by-key``)."""
+    key = key.split("/", 1)[1] if "/" in key else key
+    key = re.sub(r"\d{20}", "V", key)
+    return re.sub(r"/\d+(?=/|$)", "/N", key)
 
 
 def what_of(key: str) -> str:
@@ -126,10 +142,20 @@ def partition_of(key: bytes, partitions: int) -> int:
 
 
 def write(url: str, cl: str, ups, partitions: int, flushes: int, upload: str) -> int:
+    """``upload``: "auto" (the defaults), "partition", or "no-catalog" (shared uploads into a
+    format-3 store)."""
     nxt = [0] * partitions
     per = -(-len(ups) // flushes)
+    want = {"auto": {"shared-upload", "store-catalog"}, "no-catalog": {"shared-upload"},
+            "partition": set()}[upload]
+    if upload == "no-catalog":
+        Store.create(url, shared_uploads=True, catalog=False).close()
+        upload = "auto"  # (the store uses shared uploads: auto follows it)
     with Store.open(url, writer="bench", create=True, options=WriterOptions(upload=upload),
                     commitlog_dir=cl) as st:
+        got = set(st.meta.features) & {"shared-upload", "store-catalog"}
+        if got != want:
+            raise SystemExit(f"{url}: made with features {sorted(got)}, not {sorted(want)}")
         for i in range(0, len(ups), per):
             rows = []
             for k, v in ups[i:i + per]:
@@ -222,7 +248,8 @@ def read_all(url: str, partitions: int, want: int) -> dict:
     return {"records": got, "want": want, "seconds": time.monotonic() - t0,
             "GET": d["GET"], "GET data": d["GET data"], "GET metadata": d["GET metadata"],
             "LIST": d["LIST"], "HEAD": d["HEAD"],
-            "detail": {k[6:]: v for k, v in sorted(d.items()) if k.startswith("GET m:")}}
+            "detail": {k[6:]: v for k, v in sorted(d.items()) if k.startswith("GET m:")},
+            "keys": {k[2:]: v for k, v in d.items() if k.startswith("K ")}}
 
 
 def live_records(url: str) -> int:
@@ -239,9 +266,14 @@ def run_count(s3: SeaweedS3, work: str, partitions: int, args) -> dict:
     out = {}
     a = s3.url(f"catchup-{partitions}-a-{tag}", bucket="bench")
     b = s3.url(f"catchup-{partitions}-b-{tag}", bucket="bench")
-    n = write(a, os.path.join(work, f"cl-{partitions}-a"), ups, partitions, args.flushes, "shared")
-    write(b, os.path.join(work, f"cl-{partitions}-b"), ups, partitions, args.flushes, "shared")
+    d = s3.url(f"catchup-{partitions}-d-{tag}-no-catalog", bucket="bench")
+    n = write(a, os.path.join(work, f"cl-{partitions}-a"), ups, partitions, args.flushes, "auto")
+    write(b, os.path.join(work, f"cl-{partitions}-b"), ups, partitions, args.flushes, "auto")
     out["shared as written"] = read_all(a, partitions, n)
+    if args.no_catalog:
+        write(d, os.path.join(work, f"cl-{partitions}-d"), ups, partitions, args.flushes,
+              "no-catalog")
+        out["shared, no catalog, as written (baseline)"] = read_all(d, partitions, n)
     if args.partition_uploads:
         c = s3.url(f"catchup-{partitions}-c-{tag}", bucket="bench")
         write(c, os.path.join(work, f"cl-{partitions}-c"), ups, partitions, args.flushes,
@@ -252,12 +284,18 @@ def run_count(s3: SeaweedS3, work: str, partitions: int, args) -> dict:
     live = live_records(a)
     out["compacted: one object per run"] = read_all(a, partitions, live)
     out["compacted: partition objects (baseline)"] = read_all(b, partitions, live)
+    if args.no_catalog:
+        compact(d, os.path.join(work, f"cc-{partitions}-d"), "store")
+        out["compacted, no catalog (baseline)"] = read_all(d, partitions, live)
     for k, r in out.items():
-        print(f"  {partitions:>4} partitions, {k:<42}: GET {r['GET']:>5} (data {r['GET data']:>4}"
+        print(f"  {partitions:>4} partitions, {k:<44}: GET {r['GET']:>5} (data {r['GET data']:>4}"
               f", metadata {r['GET metadata']:>5}), LIST {r['LIST']:>4}, HEAD {r['HEAD']:>3}; "
               f"{r['records']}/{r['want']} records in {r['seconds']:.1f} s\n"
               f"        GETs by what: " + ", ".join(f"{k} {v}" for k, v in r["detail"].items()),
               flush=True)
+        if args.by_key:
+            for shape, v in sorted(r["keys"].items(), key=lambda kv: -kv[1])[:12]:
+                print(f"          {v:>5} {shape}")
     return out
 
 
@@ -269,6 +307,10 @@ def main() -> int:
     ap.add_argument("--value-bytes", type=int, default=400)
     ap.add_argument("--flushes", type=int, default=6)
     ap.add_argument("--no-partition-uploads", dest="partition_uploads", action="store_false")
+    ap.add_argument("--by-key", action="store_true",
+                    help="also print each read's most requested keys (partitions as N)")
+    ap.add_argument("--no-catalog-baseline", dest="no_catalog", action="store_false",
+                    help="skip the stores without a catalog (format 3)")
     args = ap.parse_args()
     counts = [int(x) for x in args.partitions.split(",")]
     res = {}
@@ -286,10 +328,11 @@ def main() -> int:
         a, b = res[lo][layout], res[hi].get(layout)
         if b is None:
             continue
-        print(f"  {layout:<42}: {a['GET']:>5} -> {b['GET']:>5} GETs = {b['GET'] / max(1, a['GET']):5.2f}x"
+        print(f"  {layout:<44}: {a['GET']:>5} -> {b['GET']:>5} GETs = {b['GET'] / max(1, a['GET']):5.2f}x"
               f"  (data {a['GET data']} -> {b['GET data']} = "
               f"{b['GET data'] / max(1, a['GET data']):.2f}x; metadata {a['GET metadata']} -> "
-              f"{b['GET metadata']} = {b['GET metadata'] / max(1, a['GET metadata']):.2f}x)")
+              f"{b['GET metadata']} = {b['GET metadata'] / max(1, a['GET metadata']):.2f}x; "
+              f"LIST {a['LIST']} -> {b['LIST']})")
     for n in counts:
         new, old = (res[n]["compacted: one object per run"],
                     res[n]["compacted: partition objects (baseline)"])

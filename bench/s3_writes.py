@@ -2,7 +2,7 @@
 with the defaults (a new S3 store: shared uploads, the store catalog) next to per-partition
 uploads (``--upload partition``: the defaults before issue 49, the baseline), in one run.
 
-    python bench/s3_writes.py [--partitions 8,256] [--seconds 30] [--rate 2]
+    python bench/s3_writes.py [--partitions 8,256] [--seconds 30] [--rate 2] [--by-key]
 
 The issue's shape, everything on 127.0.0.1: SeaweedFS (connectors/devtools/seaweed.py) and the
 embedded broker (Tansu, connectors/devtools/broker.py) are started here; for each partition
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,8 +58,10 @@ def child(out_path: str, argv: list[str]) -> int:
                 return attr
 
             def call(*a, **k):
+                key = k.get("Key") or k.get("Prefix") or ""
                 with lock:
                     counts[kind] += 1
+                    counts[f"K {kind} {shape_of(key)}"] += 1
                 return attr(*a, **k)
             return call
 
@@ -79,6 +82,14 @@ def child(out_path: str, argv: list[str]) -> int:
     return main(argv)
 
 
+def shape_of(key: str) -> str:
+    """The key with its store prefix cut, partition numbers as N and versions as V."""
+    key = key.split("/", 1)[1] if "/" in key else key
+    key = re.sub(r"\d{20}", "V", key)
+    key = re.sub(r"V-[0-9a-f]{16}", "V-tag", key)
+    return re.sub(r"/\d+(?=/|$)", "/N", key)
+
+
 def rate(samples: list[dict], lo: float, hi: float) -> tuple[float, dict]:
     """Requests a second between the samples nearest ``lo`` and ``hi`` seconds, by kind."""
     a = min(samples, key=lambda s: abs(s["t"] - lo))
@@ -87,7 +98,9 @@ def rate(samples: list[dict], lo: float, hi: float) -> tuple[float, dict]:
     kinds = {k: (b["counts"].get(k, 0) - a["counts"].get(k, 0)) / dt
              for k in set(a["counts"]) | set(b["counts"])}
     kinds = {k: v for k, v in kinds.items() if v}
-    return sum(kinds.values()), kinds
+    keys = {k[2:]: v * dt for k, v in kinds.items() if k.startswith("K ")}
+    kinds = {k: v for k, v in kinds.items() if not k.startswith("K ")}
+    return sum(kinds.values()), kinds, keys
 
 
 def run_one(s3, broker, partitions: int, mode: str, seconds: float, rate_per_s: float,
@@ -128,10 +141,10 @@ def run_one(s3, broker, partitions: int, mode: str, seconds: float, rate_per_s: 
         log.close()
     with open(out_path) as f:
         samples = [json.loads(line) for line in f if line.strip()]
-    first, first_k = rate(samples, 0.0, seconds)
-    steady, steady_k = rate(samples, seconds / 2, seconds)
+    first, first_k, first_keys = rate(samples, 0.0, seconds)
+    steady, steady_k, _ = rate(samples, seconds / 2, seconds)
     return {"partitions": partitions, "mode": mode, "first": first, "first_kinds": first_k,
-            "steady": steady, "steady_kinds": steady_k}
+            "steady": steady, "steady_kinds": steady_k, "first_keys": first_keys}
 
 
 def fmt_kinds(kinds: dict) -> str:
@@ -147,6 +160,9 @@ def main() -> int:
     ap.add_argument("--partitions", default="8,256")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--rate", type=float, default=2.0)
+    ap.add_argument("--by-key", action="store_true",
+                    help="also print the requests of each run's first --seconds by key "
+                    "(partitions as N)")
     args = ap.parse_args()
     from kcompact.connectors.devtools.broker import EmbeddedBroker
     from kcompact.connectors.devtools.seaweed import SeaweedS3
@@ -163,6 +179,9 @@ def main() -> int:
                       f"{r['first']:7.2f} requests/s ({fmt_kinds(r['first_kinds'])}); "
                       f"last {args.seconds / 2:.0f} s {r['steady']:7.2f} requests/s "
                       f"({fmt_kinds(r['steady_kinds'])})", flush=True)
+                if args.by_key:
+                    for shape, v in sorted(r["first_keys"].items(), key=lambda kv: -kv[1])[:12]:
+                        print(f"        {v:>7.0f} {shape}")
     lo, hi = min(plist), max(plist)
     print(f"\nsummary (a following mirror's S3 requests a second, {hi} vs {lo} partitions, "
           "same run):")

@@ -68,14 +68,28 @@ class Assessment:
 
 
 def expired_tombstones(flags: np.ndarray, clean_time: np.ndarray, now_s: int,
-                       retention_s: int) -> int:
+                       retention_s: int, spare_last: bool = False) -> int:
     """How many of the entries whose ``flags`` and ``clean_time`` columns are given (index
     entries, or IndexCursor.tombstone_columns) are keyed tombstones cleaned once (``clean_time``
-    set) whose ``delete.retention.ms`` (``retention_s``, rounded up) has run out at ``now_s``."""
+    set) whose ``delete.retention.ms`` (``retention_s``, rounded up) has run out at ``now_s``.
+    ``spare_last``: the last entry is the partition's last record, which compaction keeps (as
+    Kafka's never-cleaned active segment does: ``tail_offset``), so it is not counted."""
+    if spare_last:
+        flags, clean_time = flags[:-1], clean_time[:-1]
     tomb = (flags & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS)) == B.FLAG_TOMBSTONE
     ct = clean_time[tomb]
     ct = ct[ct != 0]
     return int(np.count_nonzero(now_s - ct.astype(np.int64) > retention_s)) if ct.size else 0
+
+
+def tail_offset(pl: PartitionLog) -> int:
+    """The offset of the partition's last record (-1: none), which compaction never removes:
+    Kafka never cleans its active segment, so a Kafka partition's last record is always there,
+    even a tombstone past ``delete.retention.ms``. kcompact rolls its active segment at the end
+    of a batch job and under ``compact --force``; keeping that record keeps the partition's end
+    as Kafka's (a consumer reads a record at the high watermark - 1 where Kafka has one, not an
+    offset gap). It goes the usual way once a later record is written."""
+    return pl.last_offset
 
 
 def retention_s(cfg: TopicConfig) -> int:
@@ -109,6 +123,7 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
     cursor = cursor or IndexCursor(pl)
     limit = now_ms - cfg.min_compaction_lag_ms if cfg.min_compaction_lag_ms > 0 else None
     now_s, ret_s = now_ms // 1000, retention_s(cfg)
+    tail = tail_offset(pl)
     first_max_ts = None
     young = False        # past the cleanable end: this segment or an earlier one is too young
     for k, seg in enumerate(pl.sealed_segments):
@@ -129,8 +144,9 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
                 t = int(e["timestamp"][i:].min())
                 a.oldest_dirty_ms = t if a.oldest_dirty_ms is None else min(a.oldest_dirty_ms, t)
             if cfg.compact and i:
-                a.tombstones_expired += expired_tombstones(e["flags"][:i], e["clean_time"][:i],
-                                                           now_s, ret_s)
+                a.tombstones_expired += expired_tombstones(
+                    e["flags"][:i], e["clean_time"][:i], now_s, ret_s,
+                    spare_last=int(e["offset"][i - 1]) == tail)
         if young:
             a.uncleanable_bytes += seg_dirty
         else:

@@ -10,9 +10,11 @@ A round:
 2. **Decide** (index only): for every record of the sealed segments up to the one holding
    ``last_mapped``: keep it if keyless, or after ``last_mapped``, or the latest offset for its
    digest; a kept tombstone gets ``clean_time = now`` the first time it is cleaned and is dropped
-   once ``delete.retention.ms`` has passed since. Segments are grouped so that each group's kept
-   bytes fit in ``segment.bytes`` (merging runs of small segments); a group with nothing dropped,
-   nothing to stamp and one member is left as it is.
+   once ``delete.retention.ms`` has passed since. The partition's last record is always kept
+   (``assessment.tail_offset``: Kafka's never-cleaned active segment holds it; only a tombstone
+   past ``delete.retention.ms`` could be that record and be dropped otherwise). Segments are
+   grouped so that each group's kept bytes fit in ``segment.bytes`` (merging runs of small
+   segments); a group with nothing dropped, nothing to stamp and one member is left as it is.
 3. **Copy** (pass 2): each rewritten group streams its input .log segments once, in chunks, and
    writes the kept records (bytes unchanged, offsets unchanged) and their entries into
    ``.compacting/``; then the swap (reput/swap.py) replaces the inputs and advances the
@@ -65,7 +67,8 @@ from kcompact.reput.codecs import needs_recode, target_of
 from kcompact.reput.rewrite import SegmentWriter2
 from kcompact.reput.store import Store
 
-from .assessment import assess_partition, cleanable_end, expired_tombstones, retention_s
+from .assessment import (assess_partition, cleanable_end, expired_tombstones, retention_s,
+                         tail_offset)
 from .errors import CompactionError
 from . import history
 from .offset_map import OffsetMap
@@ -378,10 +381,15 @@ class Compactor:
         "tombstones expired" trigger, assessment.py)?"""
         now_s, ret_s = self.clock.ms() // 1000, retention_s(cfg)
         cursor = self._cursor(pl)
+        tail = tail_offset(pl)  # (kept whatever its age)
         for seg in pl.sealed_segments:
+            n, seen = seg.count(), 0
+            holds_tail = _last_offset(pl, seg) == tail
             for flags, clean in cursor.tombstone_columns(seg):
                 self._throttle(flags.nbytes + clean.nbytes)
-                if expired_tombstones(flags, clean, now_s, ret_s):
+                seen += flags.shape[0]
+                if expired_tombstones(flags, clean, now_s, ret_s,
+                                      spare_last=holds_tail and seen == n):
                     return True
         return False
 
@@ -463,13 +471,14 @@ class Compactor:
         now_s = self.clock.ms() // 1000
         retention_s = -(-cfg.delete_retention_ms // 1000)
         targets = [s for s in pl.sealed_segments if s.base <= last_mapped]
+        tail = tail_offset(pl)  # the partition's last record stays (Kafka's active segment)
 
         # index-only planning: what each segment keeps (bit-packed: 1 bit a record)
         plans = []
         for seg in targets:
             sp = _SegPlan(seg, recode=_recode_due(pl, seg, cfg))
             for lo, chunk in self._index_chunks(pl, seg):
-                keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s)
+                keep, _, (k, d, td, st) = m.decide(chunk, last_mapped, now_s, retention_s, tail)
                 sp.kept += k
                 sp.dropped += d
                 sp.tdropped += td

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kcompact.reput import bcq as B
+
 from . import _native as KM
 
 #: the largest offset delta a slot holds (offset - base), and insert_entries' "map full" status
@@ -126,7 +128,8 @@ class OffsetMap:
         """``lookup`` of .bcq entries' digests."""
         return self.lookup(entries["digest_lo"], entries["digest_hi"])
 
-    def decide(self, entries: np.ndarray, last_mapped: int, now_s: int, retention_s: int
+    def decide(self, entries: np.ndarray, last_mapped: int, now_s: int, retention_s: int,
+               keep_offset: int = -1
                ) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int, int]]:
         """The cleaner's decision for .bcq entries, from this map (one compiled pass):
         (keep mask, new clean_time, (kept, dropped, tombstones dropped, tombstones stamped)).
@@ -134,16 +137,28 @@ class OffsetMap:
         An entry is dropped when it is keyed, at or below ``last_mapped`` and a later offset is
         mapped for its digest, or when it is a keyed tombstone first cleaned more than
         ``retention_s`` seconds before ``now_s`` (strictly: clean_time is floored to seconds).
-        A kept keyed tombstone at or below ``last_mapped`` not stamped yet gets ``now_s``."""
+        A kept keyed tombstone at or below ``last_mapped`` not stamped yet gets ``now_s``.
+        The entry at ``keep_offset`` (the partition's last record, which Kafka's never-cleaned
+        active segment holds; -1: none) is kept whatever the rest says: only an expired
+        tombstone can be that record and be dropped otherwise."""
         n = entries.shape[0]
         keep = np.empty(n, np.bool_)
         clean = np.empty(n, np.uint32)
         self._ready()
-        counts = KM.decide(self._table, self._cap, self.base, last_mapped, now_s,
-                             retention_s, entries["offset"], entries["digest_lo"],
-                             entries["digest_hi"], entries["flags"], entries["clean_time"], keep,
-                             clean)
-        return keep, clean, tuple(int(c) for c in counts)
+        counts = [int(c) for c in KM.decide(
+            self._table, self._cap, self.base, last_mapped, now_s, retention_s,
+            entries["offset"], entries["digest_lo"], entries["digest_hi"], entries["flags"],
+            entries["clean_time"], keep, clean)]
+        if keep_offset >= 0 and n:
+            i = int(np.searchsorted(entries["offset"], keep_offset))
+            if i < n and int(entries["offset"][i]) == keep_offset and not keep[i]:
+                keep[i] = True
+                counts[0] += 1
+                counts[1] -= 1
+                flags = int(entries["flags"][i])
+                if flags & (B.FLAG_TOMBSTONE | B.FLAG_KEYLESS) == B.FLAG_TOMBSTONE:
+                    counts[2] -= 1
+        return keep, clean, tuple(counts)
 
     def get(self, digest: tuple[int, int]) -> int | None:
         r = self.lookup(np.array([digest[0]], np.uint64), np.array([digest[1]], np.uint64))

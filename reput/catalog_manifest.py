@@ -227,6 +227,19 @@ class ManifestCatalog(SegmentCatalog):
         self._manifest_read_at = time.monotonic()
         return True
 
+    def _unstored(self, cat: "SC.StoreCatalog", known: "M.Manifest | None") -> bool:
+        """A partition the catalog does not list (its records, if any, all in journal entries
+        it has not folded yet: a new store's first flushes): when the store holds no object of
+        its own for it (``StoreCatalog.unstored``: one listing of the topic's directory for
+        every partition), it has no manifest and no ledger, and costs no request of its own.
+        False when it has a directory (a committer killed before its catalog commit: the
+        manifest is read itself, and recorded)."""
+        if known is not None or not cat.unstored(self.ctx.topic, self.ctx.partition):
+            return False
+        self.manifest = None
+        self._manifest_read_at = time.monotonic()
+        return True
+
     def _catch_catalog_up(self, cat: "SC.StoreCatalog") -> None:
         """The manifest just read is newer than the catalog's (a committer killed between its
         manifest commit and the catalog's): record it."""
@@ -247,8 +260,10 @@ class ManifestCatalog(SegmentCatalog):
             # (a writer and a compactor too: a catalog behind a manifest only makes their
             # conditional commits rebase, or abandon a split another committer made)
             cat = SC.for_reading(self.fs)
-            if not (cat is not None and not direct
-                    and self._manifest_from_catalog(cat, known)):
+            if cat is not None and not direct and (self._manifest_from_catalog(cat, known)
+                                                   or self._unstored(cat, known)):
+                pass
+            else:
                 self.manifest = M.read_latest(self.fs, self.dir, known)
                 self._manifest_read_at = time.monotonic()
                 self._check_ledger()
@@ -372,8 +387,9 @@ class ManifestCatalog(SegmentCatalog):
                 if not self._manifest_from_catalog(cat, self.manifest, refresh=False) \
                         and not self._read_directly:
                     self._read_directly = True  # (once: not listed yet, e.g. not folded)
-                    self._load_manifest(self.manifest, direct=True)
-                    return
+                    if not self._unstored(cat, self.manifest):
+                        self._load_manifest(self.manifest, direct=True)
+                        return
                 self._rebuild()
             return
         m = self.manifest

@@ -8,6 +8,9 @@
   default 4096); directories of dead processes are swept on first use.
 * ``set_block_source``: a hook through which a block cache miss on an immutable object is
   fetched from elsewhere first (a fleet's owner node, replication/fleet/), never S3 directly.
+* ``set_head_source``: a hook through which a follower (reput/s3_follow.py) learns the
+  journal's and the store catalog's heads from elsewhere (a fleet's poller node) instead of
+  polling S3 itself.
 
 Spec: docs/formats/manifest.md (reads). Nothing here talks to S3: the backend passes a fetch or
 download function in.
@@ -23,7 +26,7 @@ import threading
 import weakref
 from collections import Counter, OrderedDict
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from . import env as _env
 
@@ -314,6 +317,43 @@ def set_block_source(source: BlockSource | None) -> None:
 
 def block_source() -> BlockSource | None:
     return _source[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# the head source hook
+
+
+class Heads(NamedTuple):
+    """What a follower's poll of S3 found (reput/s3_follow.py ``Follower.heads``): ``writers``:
+    writer -> the seq its next journal entry will have (every entry below it exists or was
+    collected); ``catalog``: the store catalog's newest version (None: no catalog);
+    ``age_s``: how long ago the poll that found them ended with every request answered."""
+
+    writers: dict[str, int]
+    catalog: int | None
+    age_s: float
+
+
+class HeadSource:
+    """Where a follower gets ``Heads`` instead of polling S3 itself: ``heads(backend)`` returns
+    another process's poll of the store on ``backend``, or None to poll S3 (the default; any
+    error counts as None). A fleet (replication/fleet/) installs one that asks the node that
+    polls for the whole fleet."""
+
+    def heads(self, backend) -> Heads | None:
+        return None
+
+
+_heads: list[HeadSource | None] = [None]
+
+
+def set_head_source(source: HeadSource | None) -> None:
+    """Install ``source`` for every follower of this process (None: each polls S3)."""
+    _heads[0] = source
+
+
+def head_source() -> HeadSource | None:
+    return _heads[0]
 
 
 _shared_lock = threading.Lock()

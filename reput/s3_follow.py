@@ -22,6 +22,11 @@ writers from
   without a registry: written before it, or by writers of an older kcompact), which also drops
   the entries the garbage collector deleted and catches anything a dropped request missed.
 
+In a fleet of Kafka endpoints (replication/fleet/) one node polls for all: the others get its
+``heads`` (each writer's next seq, the catalog's newest version) through the head source hook
+(``s3_cache.set_head_source``) and GET only the entries and versions it has seen, never a key
+it found absent; when the hook answers nothing, the follower polls S3 itself.
+
 A partition (``ManifestCatalog.refresh``) then re-reads its manifest only every
 ``KCOMPACT_S3_MANIFEST_RECHECK_S`` (one GET of its next version; a LIST only when it exists),
 or at once when a read finds an object gone (a split collected under it): a split or a
@@ -43,6 +48,7 @@ from . import shared as SH
 from . import store_catalog as SC
 from .backend import Backend
 from .errors import ReputError
+from .s3_cache import Heads, head_source
 
 #: the writers registry is read this often (s)
 WRITERS_S = 5.0
@@ -82,27 +88,40 @@ class Follower:
         self._writers_at: float | None = None
         #: whether the store has a writers registry (None: not read yet)
         self.registry: bool | None = None
-        #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry
-        self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0}
+        #: the head source hook: when this process's last poll of S3 itself started, and
+        #: ended with every request answered; whether a request of the current one failed
+        self._own_at: float | None = None
+        self._good_at: float | None = None
+        self._failed = False
+        #: requests by kind made by polls (tests, bench): get_hit, get_miss, list, registry;
+        #: polls answered by the head source (shared)
+        self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0,
+                      "shared": 0}
 
     # -- the poll ------------------------------------------------------------------------------
 
-    def poll(self, max_age_s: float | None = None) -> int:
+    def poll(self, max_age_s: float | None = None, shared: bool = True) -> int:
         """Look for new journal entries unless a poll ran less than ``max_age_s`` ago (default:
         the follow interval); returns the journal's generation (it grows with every entry
-        added or dropped)."""
+        added or dropped). ``shared`` False: poll S3 itself, not the head source (a fleet's
+        poller answering the others)."""
         age = self.interval_s if max_age_s is None else max_age_s
         with self._lock:
             now = time.monotonic()
-            if self._polled_at is not None and now - self._polled_at < age:
+            last = self._polled_at if shared else self._own_at
+            if last is not None and now - last < age:
                 return self.generation()
             self._polled_at = now
             self.stats["polls"] += 1
             relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
+            self._failed = False
             if self._listed_at is None or now - self._listed_at >= relist:
                 self._list_all()
-            elif self._writers_at is None or now - self._writers_at >= WRITERS_S:
+            if shared and self._follow_heads():
+                return self.generation()
+            if self._writers_at is None or now - self._writers_at >= WRITERS_S:
                 self._read_registry()
+            self._own_at = now
             for writer in sorted(self.next):
                 self._advance(writer)
             cat = SC.for_store(self.fs)
@@ -111,7 +130,48 @@ class Follower:
                     cat.poll_next()
                 except (OSError, ReputError):
                     pass  # the next poll asks again
+            if not self._failed:
+                self._good_at = time.monotonic()
             return self.generation()
+
+    def heads(self) -> Heads:
+        """What this process's own polls found (the head source hook: a fleet's poller)."""
+        with self._lock:
+            cat = SC.for_store(self.fs)
+            latest = cat.latest if cat is not None else None
+            return Heads(dict(self.next), latest.version if latest is not None else None,
+                         float("inf") if self._good_at is None
+                         else time.monotonic() - self._good_at)
+
+    def _follow_heads(self) -> bool:
+        """A poll through the head source (module docstring): GET only the entries and the
+        catalog versions its poll found; False when it has no answer (poll S3 then)."""
+        src = head_source()
+        try:
+            heads = src.heads(self.fs) if src is not None else None
+        except Exception:  # noqa: BLE001 - a hook that fails: this process polls S3 itself
+            heads = None
+        if heads is None:
+            return False
+        self.stats["shared"] += 1
+        for w in sorted(set(heads.writers) - set(self.next)):  # a writer new to this process
+            self.stats["list"] += 1
+            try:
+                seqs = self.journal.list_writer(w)
+            except (OSError, ReputError):
+                continue  # the next poll lists it again
+            self.next[w] = 1 + max(seqs, default=-1)
+        for writer in sorted(self.next):
+            if heads.writers.get(writer, 0) > self.next[writer]:
+                self._advance(writer, heads.writers[writer])
+        cat = SC.for_store(self.fs)
+        if cat is not None and heads.catalog is not None and (
+                cat.latest is None or cat.latest.version < heads.catalog):
+            try:
+                cat.poll_next(0.0)
+            except (OSError, ReputError):
+                pass  # the next poll asks again
+        return True
 
     def generation(self) -> int:
         """Grows whenever the journal or the store catalog moves."""
@@ -125,8 +185,6 @@ class Follower:
         self._listed_at = time.monotonic()
         for w, s in self.journal.listed_keys():
             self.next[w] = max(self.next.get(w, 0), s + 1)
-        if self._writers_at is None:
-            self._read_registry()
 
     def _read_registry(self) -> None:
         self._writers_at = time.monotonic()
@@ -134,6 +192,7 @@ class Follower:
         try:
             writers = SH.read_writers(self.fs)
         except (OSError, ReputError):
+            self._failed = True
             return  # the next poll tries again
         self.registry = writers is not None
         for w in sorted((writers or set()) - set(self.next)):
@@ -145,22 +204,27 @@ class Follower:
                 continue
             self.next[w] = 1 + max(seqs, default=-1)
 
-    def _advance(self, writer: str) -> None:
-        """GET the writer's next entries, while they exist; stop at the first 404 or after
-        one recent entry (the writer's next commit is a flush interval away)."""
+    def _advance(self, writer: str, stop: int | None = None) -> None:
+        """GET the writer's next entries, while they exist (and are below ``stop``, the head
+        source's next seq); stop at the first 404 or after one recent entry (the writer's
+        next commit is a flush interval away)."""
         now_ms = int(time.time() * 1000)
         for _ in range(MAX_PER_POLL):
             seq = self.next[writer]
+            if stop is not None and seq >= stop:
+                return
             try:
                 entry = self.journal.fetch_entry(writer, seq)
             except FileNotFoundError:
                 self.stats["get_miss"] += 1
                 return
             except (OSError, ReputError):
+                self._failed = True
                 return  # a dropped request: the next poll asks again
             self.stats["get_hit"] += 1
             self.next[writer] = seq + 1
-            if entry is not None and entry.created_ms >= now_ms - 2000 * self.interval_s:
+            if stop is None and entry is not None \
+                    and entry.created_ms >= now_ms - 2000 * self.interval_s:
                 return  # caught up: do not spend a GET on a key that cannot exist yet
 
     def forget_listing(self) -> None:

@@ -214,7 +214,12 @@ class StoreCatalog:
         self.generation = 0
         self._batch_depth = 0
         self._pending: dict[tuple[str, int], Manifest | None] = {}
-        self.stats = {"list": 0, "get_hit": 0, "get_miss": 0, "put": 0, "conflict": 0}
+        #: topic -> (the partitions with a directory under ``partitions/<topic>/``, when
+        #: listed): ``unstored``'s listing, shared by every partition of the process
+        self._dirs: dict[str, tuple[set[int], float]] = {}
+        self._dirs_lock = threading.Lock()
+        self.stats = {"list": 0, "get_hit": 0, "get_miss": 0, "put": 0, "conflict": 0,
+                      "list_dirs": 0}
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -318,6 +323,22 @@ class StoreCatalog:
         if cat is None:
             return False, None
         return cat.holds(topic, partition), cat.manifest(topic, partition)
+
+    def unstored(self, topic: str, partition: int) -> bool:
+        """Whether the partition has no object under ``partitions/`` (no manifest, no ledger:
+        a partition the catalog does not list yet, whose records are all in journal entries,
+        or that has none). One LIST of the topic's directory (``partitions/<topic>/``, with a
+        delimiter: one page per 1,000 partitions), reused for ``refresh_s()`` by every
+        partition of the process, as the catalog's own listing: a partition the catalog does
+        not list costs no request of its own (store-catalog.md, "Opening a partition")."""
+        with self._dirs_lock:
+            now = time.monotonic()
+            got = self._dirs.get(topic)
+            if got is None or now - got[1] >= refresh_s():
+                self.stats["list_dirs"] += 1
+                names = {int(p) for p in self.fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
+                got = self._dirs[topic] = (names, now)
+            return partition not in got[0]
 
     def topics(self) -> set[str]:
         cat = self.latest

@@ -4,8 +4,12 @@
 (ring.py), answers its peers' pings and block requests (``PeerServer``), and is installed as the
 S3 backends' block source (reput/s3_cache.py ``set_block_source``): a block cache miss of an
 immutable object is asked of the block's owner node, which reads S3 once for the whole fleet;
-when the owner is this node, or the owner fails, this node reads S3 itself. The Kafka endpoint
-asks it who leads a partition and who coordinates a group. Spec: docs/formats/peer-protocol.md;
+when the owner is this node, or the owner fails, this node reads S3 itself. It is also the
+followers' head source (``set_head_source``): the owner of ``HEADS_KEY``, the *poller*, polls
+the journal's and the catalog's heads for the fleet, and the other nodes' followers ask it for
+them instead of polling S3 each (when it fails, lags or answers garbage, they poll S3 themselves
+for ``HEADS_RETRY_S``). The Kafka endpoint asks it who leads a partition and who coordinates a
+group. Spec: docs/formats/peer-protocol.md;
 user guide: docs/fleet.md.
 """
 
@@ -20,16 +24,28 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kcompact.reput import filenames as fn
-from kcompact.reput.s3_cache import BlockSource, set_block_source
+from kcompact.reput.s3_cache import BlockSource, Heads, HeadSource, block_source, \
+    head_source, set_block_source, set_head_source
 
 from ..errors import ReplicationError
 from .peers import PROTOCOL_VERSION, PeerClient, PeerError, PeerServer, parse_peers
-from .ring import Ring, block_key, group_key, partition_key
+from .ring import HEADS_KEY, Ring, block_key, group_key, partition_key
 
 PING_INTERVAL_S = 1.0
 #: a peer with no good ping answer for this long leaves the ring
 DEAD_AFTER_S = 4.0
 WILDCARDS = ("", "0.0.0.0", "::")
+#: after a failed heads request (or a stale answer) the follower polls S3 itself this long (s)
+HEADS_RETRY_S = 10.0
+#: a node's follower polls S3 itself at least this often (s), whatever the poller answers: a
+#: poller whose answers are wrong delays it by at most this long
+OWN_POLL_S = 30.0
+
+
+def heads_stale_s() -> float:
+    """A poller's heads older than this are a lagging poller's: the follower polls S3."""
+    from kcompact.reput.s3_follow import follow_interval_s
+    return max(1.0, 4 * follow_interval_s())
 
 
 @dataclass(frozen=True)
@@ -62,9 +78,11 @@ class _Peer:
         self.kafka: tuple[str, int] | None = None
         self.error = ""
         self.skip_blocks = False
+        #: its heads are not asked for before this (monotonic s): it failed or lagged
+        self.skip_heads_until = 0.0
 
 
-class Fleet(BlockSource):
+class Fleet(BlockSource, HeadSource):
     """A running node (module docstring). ``clock``: monotonic seconds (injected in tests)."""
 
     def __init__(self, opts: FleetOptions, store_id: str, fs, log, *,
@@ -86,6 +104,8 @@ class Fleet(BlockSource):
         self._threads: list[threading.Thread] = []
         self._ring = Ring([self.node_id])
         self._live_seen: tuple[int, ...] = (self.node_id,)
+        #: when this node's follower last polled S3 itself (the head source said None)
+        self._own_poll_at = clock()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kcompact-peer")
         self.server: PeerServer | None = None
         #: journal entries found absent (path -> when): the fleet's followers poll each
@@ -112,7 +132,8 @@ class Fleet(BlockSource):
         bs = self.fs.block_size if self._is_s3 else 0
         self.server = PeerServer(self.node_id, self.token, self.ping_doc, self.read_block,
                                  lambda f, *a: loop.run_in_executor(self.pool, f, *a), bs,
-                                 self.log, self._count_served, self._commit)
+                                 self.log, self._count_served, self._commit,
+                                 self.heads_doc if self._is_s3 else None)
         try:
             bound = await self.server.start(self.host, self.port, ssl_context)
         except OSError as e:
@@ -125,11 +146,15 @@ class Fleet(BlockSource):
             self._threads.append(t)
         if self._is_s3:
             set_block_source(self)
+            set_head_source(self)
         return bound
 
     async def close(self) -> None:
         self._stop.set()
-        set_block_source(None)
+        if block_source() is self:  # (a process running two nodes: tests)
+            set_block_source(None)
+        if head_source() is self:
+            set_head_source(None)
         if self.server is not None:
             await self.server.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -238,7 +263,11 @@ class Fleet(BlockSource):
             return from_s3()
         owner = self.ring().owner(block_key(path, block))
         if owner is None or owner == self.node_id:
-            return from_s3()
+            data = from_s3()
+            if self._absent and fn.is_journal_entry(path):  # it exists now: say so to peers
+                with self._lock:
+                    self._absent.pop(path, None)
+            return data
         peer = self.peers[owner]
         if peer.skip_blocks:
             self._count_sent("block", "skipped")
@@ -291,6 +320,55 @@ class Fleet(BlockSource):
             else:
                 self.block_misses += 1
         return data
+
+    # -- the shared heads ----------------------------------------------------------------------
+
+    def poller(self) -> int | None:
+        """The node that polls the journal's and the catalog's heads for the fleet."""
+        return self.ring().owner(HEADS_KEY)
+
+    def heads(self, backend) -> Heads | None:
+        """HeadSource: the poller's heads, or None (this node is the poller, or the poller
+        failed, lags or answered garbage: this node's follower polls S3 itself)."""
+        if not self._same_store(backend):
+            return None
+        now = self.clock()
+        owner = self.poller()
+        if owner is None or owner == self.node_id or now - self._own_poll_at >= OWN_POLL_S:
+            self._own_poll_at = now
+            return None
+        peer = self.peers[owner]
+        if now < peer.skip_heads_until:
+            self._count_sent("heads", "skipped")
+            self._own_poll_at = now
+            return None
+        try:
+            writers, catalog, age = peer.client.heads()
+            if age > heads_stale_s():
+                raise PeerError(f"{peer.client}: its heads are {age:.1f} s old (its own polls "
+                                "of S3 fail or stall)")
+        except PeerError as e:
+            self._count_sent("heads", "failed")
+            with self._lock:
+                peer.skip_heads_until = self.clock() + HEADS_RETRY_S
+            self._own_poll_at = self.clock()
+            self.log.warning("fleet: %s; polling S3 instead for %.0f s", e, HEADS_RETRY_S)
+            return None
+        self._count_sent("heads", "ok")
+        return Heads(writers, catalog, age)
+
+    def heads_doc(self) -> dict:
+        """A peer's heads request (run in ``pool``): this node's follower polls S3 itself
+        (at most once per follow interval, whoever asks) and answers what it found."""
+        from kcompact.reput.s3_follow import follower_for
+        fol = follower_for(self.fs)
+        if fol is None:
+            raise FileNotFoundError(errno.ENOENT, "this node follows no journal (the store "
+                                    "has no shared uploads)")
+        fol.poll(shared=False)
+        h = fol.heads()
+        age = h.age_s if h.age_s != float("inf") else 1e9
+        return {"writers": h.writers, "catalog": h.catalog, "age_ms": int(age * 1000)}
 
     def _commit(self, group: str, rows: list) -> None:
         if self.on_commit is None:

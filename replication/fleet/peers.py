@@ -1,8 +1,9 @@
 """The peer listener and client of a fleet (spec: docs/formats/peer-protocol.md).
 
-``PeerServer``: an aiohttp application on ``--peer-listen`` answering ``/peer/v1/ping`` and
+``PeerServer``: an aiohttp application on ``--peer-listen`` answering ``/peer/v1/ping``,
 ``/peer/v1/block`` (blocks of immutable objects, from this node's spool, block cache or one S3
-GET). ``PeerClient``: the blocking side, used from the endpoint's reader threads; one persistent
+GET), ``/peer/v1/heads`` (the journal's and the catalog's heads, polled for the whole fleet)
+and ``/peer/v1/commit``. ``PeerClient``: the blocking side, used from the endpoint's reader threads; one persistent
 ``http.client`` connection per peer and thread, short timeouts, and every failure raised as a
 ``PeerError`` (the caller then reads S3 itself).
 """
@@ -27,6 +28,7 @@ PROTOCOL_VERSION = 1
 PING_PATH = "/peer/v1/ping"
 BLOCK_PATH = "/peer/v1/block"
 COMMIT_PATH = "/peer/v1/commit"
+HEADS_PATH = "/peer/v1/heads"
 PEER_HEADER = "X-Kcompact-Peer"
 DIGEST_HEADER = "X-Kcompact-Digest"
 BLOCK_SIZE_HEADER = "X-Kcompact-Block-Size"
@@ -34,6 +36,7 @@ BLOCK_SIZE_HEADER = "X-Kcompact-Block-Size"
 CONNECT_TIMEOUT_S = 1.0
 PING_TIMEOUT_S = 1.0
 BLOCK_TIMEOUT_S = 5.0
+HEADS_TIMEOUT_S = 1.0
 COMMIT_TIMEOUT_S = 15.0
 
 
@@ -80,12 +83,14 @@ class PeerServer:
     def __init__(self, node_id: int, token: bytes | None, ping_doc: Callable[[], dict | None],
                  read_block: Callable[[str, int], bytes], run: Callable, block_size: int,
                  log, on_request: Callable[[str, str], None] = lambda kind, outcome: None,
-                 commit: Callable[[str, list], None] | None = None):
+                 commit: Callable[[str, list], None] | None = None,
+                 heads: Callable[[], dict] | None = None):
         self.node_id, self.token, self.log = node_id, token, log
         self.ping_doc, self.read_block, self.run = ping_doc, read_block, run
         self.block_size = block_size
         self.on_request = on_request
         self.commit = commit
+        self.heads = heads
         self._runner: web.AppRunner | None = None
         self.bound: tuple[str, int] | None = None
 
@@ -94,6 +99,7 @@ class PeerServer:
         app.router.add_get(PING_PATH, self._ping)
         app.router.add_get(BLOCK_PATH, self._block)
         app.router.add_post(COMMIT_PATH, self._commit)
+        app.router.add_get(HEADS_PATH, self._heads)
         return app
 
     def _auth(self, request: web.Request) -> web.Response | None:
@@ -141,6 +147,24 @@ class PeerServer:
         return web.Response(body=data, headers={DIGEST_HEADER: digest(data),
                                                 BLOCK_SIZE_HEADER: str(self.block_size),
                                                 "Content-Type": "application/octet-stream"})
+
+    async def _heads(self, request: web.Request) -> web.Response:
+        refused = self._auth(request)
+        if refused is not None:
+            return refused
+        if self.heads is None:
+            self.on_request("heads", "not-found")
+            return web.Response(status=404, text="this node follows no journal\n")
+        try:
+            doc = await self.run(self.heads)
+        except FileNotFoundError as e:
+            self.on_request("heads", "not-found")
+            return web.Response(status=404, text=f"{e}\n")
+        except Exception as e:  # noqa: BLE001 - S3 failed: the asking node polls it itself
+            self.on_request("heads", "failed")
+            return web.Response(status=503, text=" ".join(str(e).split()) + "\n")
+        self.on_request("heads", "ok")
+        return web.json_response(doc)
 
     async def _commit(self, request: web.Request) -> web.Response:
         refused = self._auth(request)
@@ -282,6 +306,28 @@ class PeerClient:
         if status != 200:
             raise PeerError(f"{self}: commit answered HTTP {status}: "
                             f"{body[:300].decode('utf-8', 'replace').strip()}")
+
+    def heads(self) -> tuple[dict[str, int], int | None, float]:
+        """The journal's and the catalog's heads as the peer polled them: (writer -> its next
+        seq, the catalog's newest version or None, seconds since that poll)."""
+        status, _, body = self._get(HEADS_PATH, HEADS_TIMEOUT_S)
+        if status != 200:
+            raise PeerError(f"{self}: heads answered HTTP {status}: "
+                            f"{body[:200].decode('utf-8', 'replace').strip()}")
+        try:
+            doc = json.loads(body)
+            writers, catalog, age = doc["writers"], doc["catalog"], doc["age_ms"]
+            if not isinstance(writers, dict) or not all(
+                    isinstance(w, str) and w and type(s) is int and s >= 0
+                    for w, s in writers.items()):
+                raise ValueError("writers is not an object of writer -> seq >= 0")
+            if catalog is not None and (type(catalog) is not int or catalog < 0):
+                raise ValueError("catalog is not a version >= 0 or null")
+            if type(age) is not int or age < 0:
+                raise ValueError("age_ms is not a number >= 0")
+        except (ValueError, KeyError, TypeError) as e:
+            raise PeerError(f"{self}: heads answer is not a kcompact peer's ({e})") from None
+        return writers, catalog, age / 1000.0
 
     def block(self, path: str, block: int, block_size: int) -> bytes | None:
         """The block's bytes; None when the peer says the object does not exist."""

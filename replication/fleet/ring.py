@@ -57,3 +57,7 @@ def partition_key(topic: str, partition: int) -> str:
 
 def group_key(group: str) -> str:
     return f"g|{group}"
+
+
+#: the key whose owner polls the store's journal and catalog heads for the whole fleet
+HEADS_KEY = "h|heads"

@@ -229,14 +229,17 @@ class Gate:
         return {t.topic for t in (req.body.topics or ())
                 if not self.allowed(conn, "READ", "TOPIC", t.topic)}
 
-    async def fetch_with_denied(self, ep: Any, req: Any, denied: set[str]) -> list:
+    async def fetch_with_denied(self, ep: Any, req: Any, denied: set[str],
+                                leads: Any = None) -> list:
         """A Fetch naming a topic not allowed: the allowed ones read once (no long poll: the
-        client gets its error at once), the others TOPIC_AUTHORIZATION_FAILED per partition."""
+        client gets its error at once), the others TOPIC_AUTHORIZATION_FAILED per partition.
+        ``leads`` (a fleet): the allowed partitions another node leads are
+        NOT_LEADER_OR_FOLLOWER, as in any Fetch."""
         topics = list(req.body.topics or ())
         allowed = [t for t in topics if t.topic not in denied]
         max_bytes = int(getattr(req.body, "max_bytes", 0x7FFFFFFF))
-        seen, _ = await ep.run(read_partitions, ep.view, req.version, allowed, max_bytes) \
-            if allowed else ([], 0)
+        seen, _ = await ep.run(read_partitions, ep.view, req.version, allowed, max_bytes,
+                               leads) if allowed else ([], 0)
         got = dict(seen)
         out = []
         for t in topics:

@@ -204,12 +204,28 @@ def raw_fetch(bootstrap: str, topic: str, partition: int, offset: int, version: 
     """(error code, records bytes) of one partition of a Fetch (read_uncommitted) of
     ``version``, asked with kio and decoded with kio: what a broker serves, batch bytes as
     they are."""
+    from kio.serial import entity_reader
+
+    from kcompact.replication.kafka_endpoint.wire import response_schema
+    buf = raw_fetch_frame(bootstrap, topic, partition, offset, version)
+    resp = response_schema(1, version)
+    _, n = entity_reader(resp.__header_schema__)(buf[4:], 0)
+    body, _ = entity_reader(resp)(buf[4:], n)
+    (t,) = body.responses
+    (p,) = t.partitions
+    return int(p.error_code), bytes(p.records or b"")
+
+
+def raw_fetch_frame(bootstrap: str, topic: str, partition: int, offset: int, version: int = 12
+                    ) -> bytes:
+    """The whole response frame (size prefix, header, body) of ``raw_fetch``'s request, as
+    the broker sent it."""
     import socket
     import struct
 
-    from kio.serial import entity_reader, entity_writer
+    from kio.serial import entity_writer
 
-    from kcompact.replication.kafka_endpoint.wire import _request_schema, build, response_schema
+    from kcompact.replication.kafka_endpoint.wire import _request_schema, build
     host, port = bootstrap.rsplit(":", 1)
     cls = _request_schema(1, version)
     out = io.BytesIO()
@@ -230,9 +246,4 @@ def raw_fetch(bootstrap: str, topic: str, partition: int, offset: int, version: 
             chunk = s.recv(1 << 16)
             assert chunk, "connection closed"
             buf += chunk
-    resp = response_schema(1, version)
-    _, n = entity_reader(resp.__header_schema__)(buf[4:], 0)
-    body, _ = entity_reader(resp)(buf[4:], n)
-    (t,) = body.responses
-    (p,) = t.partitions
-    return int(p.error_code), bytes(p.records or b"")
+    return buf

@@ -11,19 +11,20 @@ driven by a small program under clients/ with one command line (clientlib.py).
 The store: a topic of 4 partitions produced uncompressed to the real Kafka (keyed updates,
 tombstones, keyless records, headers, a committed transaction ending partition 1, an aborted one
 ending partition 2), mirrored as ``kcompact mirror`` does and compacted with ``kcompact compact
---force`` (delete.retention.ms=0, twice): partition 0's last record (a tombstone) is gone, so
-partitions 0, 1 and 2 end in an offset gap, partition 3 does not; and a zstd topic
+--force`` (delete.retention.ms=0, until every tombstone past it is gone): partition 0's last
+record, a tombstone, stays (compaction never removes a partition's last record, as Kafka never
+cleans the active segment holding it), so partitions 1 and 2 end in an offset gap (transaction
+markers, which the store does not hold), partitions 0 and 3 end in a record; and a zstd topic
 (``compression.type=zstd`` at the source, which the mirror syncs).
 ``kcompact serve --kafka-listen`` serves it, once for the module. The columns, per client:
 
 * read: every partition from offset 0 delivers exactly ``kcompact dump --json``'s records (none
-  twice), and the client's position reaches the high watermark where it says its position
-  (where it reaches Kafka's on the source topic);
+  twice; past a partition's last record, a client that hands transaction markers to the
+  application, kafka-go, gets a control record where Kafka's log holds a marker), and the
+  client's position reaches the high watermark where it says its position (where it reaches
+  Kafka's on the source topic);
 * group: a member reads half, commits, leaves; a second resumes: every record once, and the
-  committed offsets are what the same client commits on Kafka where the partition ends as there
-  (in transaction markers, or a record), and on the partition whose tail compaction removed the
-  high watermark (or, for a client that commits the offset after its last record and so stops
-  before a marker on Kafka too, that offset);
+  committed offsets are what the same client commits on Kafka;
 * offsets: ListOffsets earliest and latest equal the same client's on Kafka (latest: the store's
   end offsets);
 * produce: the client's default producer is refused with an error saying why (the endpoint is
@@ -101,23 +102,18 @@ UNSUPPORTED = {"rskafka": {"group": "rskafka has no consumer groups"}}
 EMPTY_HEADER_IS_NULL = {"kafka-go"}
 #: clients that hold a record's headers in a map ordered by name (rskafka: a BTreeMap)
 HEADERS_BY_NAME = {"rskafka"}
+#: clients that hand transaction markers to the application as records, on Kafka too
+#: (segmentio/kafka-go #1446; its Reader moves only past the messages it delivers): past a
+#: partition's last record they deliver control records, each at an offset where Kafka's log
+#: holds a marker (on Kafka it also delivers an aborted transaction's records)
+DELIVERS_MARKERS = {"kafka-go"}
 
 _installed: dict[str, object] = {}
 
 
 #: Gaps of issue 52 this matrix still shows (the issue stays open until they are gone). Each is
 #: a strict xfail: the day a client passes, its test fails until the entry goes.
-KNOWN_GAPS = {
-    ("read", "kafka-go"): "kafka-go hands control records to the application (segmentio/kafka-go "
-                          "#1446): the COMMIT marker that ends a compacted tail reaches it as a "
-                          "record; on Kafka that offset holds a real record. Its Reader moves "
-                          "only past messages it delivers, so no batch shape ends the gap for it: "
-                          "only a store that keeps the partition's last record would",
-    ("group", "kafka-go"): "kafka-go delivers the tail's control record (segmentio/kafka-go #1446)",
-    ("zstd", "sarama-2.0.0"): "both refuse a zstd topic to Fetch v7, but sarama cannot decode "
-                              "Kafka's refusal ('invalid byteslice length') and prints the "
-                              "endpoint's UNSUPPORTED_COMPRESSION_TYPE: not the same text",
-}
+KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 #: intermittent, not explained yet (issue 52 open): not strict, the test still runs and reports
@@ -144,6 +140,41 @@ def _as_read_by(client: str, records: list[dict]) -> list[dict]:
     if client not in EMPTY_HEADER_IS_NULL:
         return records
     return [{**r, "headers": [[k, v or None] for k, v in r["headers"]]} for r in records]
+
+
+def _data_and_markers(client: str, records: list[dict], lasts: list[int]
+                      ) -> tuple[list[dict], dict[int, list[int]]]:
+    """(the records up to each partition's last record, sorted; {partition: offsets of the
+    records delivered past it}), the second empty but for a client of DELIVERS_MARKERS."""
+    data = [r for r in records if r["offset"] <= lasts[r["partition"]]]
+    past: dict[int, list[int]] = {}
+    for r in records:
+        if r["offset"] > lasts[r["partition"]]:
+            past.setdefault(r["partition"], []).append(r["offset"])
+    return _sorted(data), past
+
+
+def _is_marker(r: dict) -> bool:
+    """A control record as a client hands it on: key (version 0, type ABORT or COMMIT)."""
+    key = base64.b64decode(r["key"]) if r["key"] is not None else b""
+    return key in (b"\x00\x00\x00\x00", b"\x00\x00\x00\x01")
+
+
+def _check_markers(client: str, ours: "Run", m: "Matrix") -> list[dict]:
+    """The records of ``ours`` up to each partition's last record; past it only what
+    DELIVERS_MARKERS allows: control records, each at an offset where Kafka's log holds a
+    transaction marker or an aborted record (past its last committed record, below the high
+    watermark: what the client may be handed from Kafka; whether it is, before its position
+    reaches the end, depends on how Kafka's answers are cut)."""
+    data, past = _data_and_markers(client, ours.records, m.endpoint.lasts)
+    if client not in DELIVERS_MARKERS:
+        assert not past, f"records past the last one: {past}"
+        return data
+    extra = [r for r in ours.records if r["offset"] > m.endpoint.lasts[r["partition"]]]
+    assert all(_is_marker(r) for r in extra), extra
+    assert all(m.kafka.lasts[p] < o < m.kafka.hwm[p] for p, v in past.items() for o in v), \
+        (past, m.kafka.lasts, m.kafka.hwm)
+    return data
 
 
 def _client_argv(client: str) -> tuple[list[str], dict]:
@@ -304,12 +335,13 @@ def matrix(apache_kafka, tmp_path_factory):
     _kcompact("configs", "--store", url, "--topic", topic, "--alter", "--add-config",
               "cleanup.policy=compact,delete.retention.ms=0,min.compaction.lag.ms=0")
     # a tombstone is stamped by the pass that first cleans it and dropped by a later one (the
-    # first pass may find it in the active segment, which it seals): until partition 0's last
-    # record, a tombstone, is gone (4 passes at most)
+    # first pass may find it in the active segment, which it seals): until every tombstone is
+    # gone but partition 0's last record, which compaction never removes (4 passes at most)
     for _ in range(4):
         _kcompact("compact", "--store", url, "--force")
         dump = _dump(url, topic, PARTITIONS)
-        if dump[len([r for r in dump if r["partition"] == 0]) - 1]["value"] is not None:
+        if [r for r in dump if r["key"] is not None and r["value"] is None] == \
+                [r for r in dump if r["partition"] == 0][-1:]:
             break
     zdump = _dump(url, ztopic, 2)
     with Store.open(url) as st:
@@ -320,11 +352,14 @@ def matrix(apache_kafka, tmp_path_factory):
     assert all(theirs[p] for p in range(PARTITIONS)), {p: len(v) for p, v in theirs.items()}
     kafka_lasts = [theirs[p][-1][0] for p in range(PARTITIONS)]
     ztheirs = read_all(apache_kafka.bootstrap, ztopic, 2)
-    # the premise: partitions 0-2 end in a gap (0: compaction removed its tail, a tombstone
-    # Kafka still holds; 1 and 2: transaction markers, on Kafka too), 3 does not; the end
-    # offsets are Kafka's
+    # the premise: partitions 1 and 2 end in a gap (transaction markers, on Kafka too), 0 and
+    # 3 do not: 0 ends in a tombstone past delete.retention.ms, which compaction keeps as the
+    # partition's last record (Kafka's active segment holds it); every other tombstone went;
+    # the end offsets are Kafka's
     assert theirs[-1] == hwm
-    assert [last + 1 < end for last, end in zip(lasts, hwm)] == [True, True, True, False]
+    assert [last + 1 < end for last, end in zip(lasts, hwm)] == [False, True, True, False]
+    tombstones = [r for r in dump if r["key"] is not None and r["value"] is None]
+    assert [(r["partition"], r["offset"]) for r in tombstones] == [(0, hwm[0] - 1)]
     assert kafka_lasts[0] == hwm[0] - 1 and kafka_lasts[3] == hwm[3] - 1
     assert kafka_lasts[1] < hwm[1] - 1 and kafka_lasts[2] < hwm[2] - 1
     assert len(dump) < sum(len(theirs[p]) for p in range(PARTITIONS))  # compaction dropped some
@@ -453,7 +488,7 @@ def test_read_every_record_as_dumped(matrix, client, request):
             f"{theirs.why()}"
     assert ours.error is None, ours.why()
     # (each partition's in order: none came twice)
-    assert _sorted(ours.records) == _as_read_by(client, m.dump)
+    assert _check_markers(client, ours, m) == _as_read_by(client, m.dump)
     if fails_on_kafka:
         return  # (no position on Kafka to compare with)
     hwm = dict(enumerate(m.endpoint.hwm))
@@ -475,18 +510,14 @@ def test_group_resumes_and_commits_the_end(matrix, client, request):
     assert theirs.error is None, f"the premise: {client} groups on Kafka: {theirs.why()}"
     assert ours.error is None, ours.why()
     # every record once, across the restart
-    assert _sorted(ours.records) == _as_read_by(client, m.dump)
+    assert _check_markers(client, ours, m) == _as_read_by(client, m.dump)
     hwm, committed = m.endpoint.hwm, _ints(ours.one("committed"))
     on_kafka = _ints(theirs.one("committed"))
-    # partitions 1-3 end as on Kafka (markers, a record): the same commits as there (the end
+    # every partition ends as on Kafka (markers, a record): the same commits as there (the end
     # of partition 1, past its commit marker, when the client steps over markers)
-    assert [committed[p] for p in (1, 2, 3)] == [on_kafka[p] for p in (1, 2, 3)]
-    assert on_kafka[3] == hwm[3], "the premise: on Kafka the client commits its end"
-    # partition 0 ends in the gap compaction left: its end, or (for a client that commits the
-    # offset after its last record, and so stops before a marker on Kafka) after its last record
-    steps_over_markers = on_kafka[1] == hwm[1]
-    want = {hwm[0]} if steps_over_markers else {hwm[0], m.endpoint.lasts[0] + 1}
-    assert committed[0] in want, (committed, on_kafka)
+    assert committed == on_kafka
+    assert on_kafka[0] == hwm[0] and on_kafka[3] == hwm[3], \
+        "the premise: on Kafka the client commits the end of a partition ending in a record"
 
 
 @pytest.mark.parametrize("client", CLIENTS)

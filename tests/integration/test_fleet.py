@@ -3,13 +3,16 @@ docs/fleet.md), with unmodified clients.
 
 * three nodes: kcat -L lists the three brokers; confluent-kafka assigned every partition (at
   node 1) and a subscribing group (at node 2) each read exactly the store's records; the group's
-  commits are kept; the owners' shared blocks spare S3 GETs;
+  commits are kept; the owners' shared blocks spare S3 GETs, and the nodes that do not poll the
+  journal's heads ask the poller for them;
 * one node SIGKILLed while three consumers read: every consumer still ends with every record
   (re-reads allowed) within 30 s, the survivors' ring drops it, and restarted it rejoins;
 * groups committed through the fleet keep their offsets when the node coordinating them is
   SIGKILLed (the new coordinator reads them from the store), and commit again after it;
 * a "peer" answering garbage stalls no client and never joins the ring;
 * a fleet of one serves what a plain `serve` serves;
+* two nodes with TLS on both listeners and a peer token: clients read every record, and the
+  nodes share blocks and the polled heads over TLS;
 * two Kafka ConsoleConsumers of one group at two nodes print every record (skipped without
   Kafka's Java tools).
 
@@ -42,6 +45,7 @@ KCOMPACT = [sys.executable, "-m", "kcompact"]
 TOPIC = "fleet"
 PARTS = 8
 PER = 250  # records per partition
+HEADS_OK = 'kcompact_fleet_peer_requests_sent_total{kind="heads",outcome="ok"}'
 
 
 def free_port() -> int:
@@ -65,10 +69,10 @@ class Node:
     """One `kcompact serve` node; ``start()`` returns once its Kafka listener is up."""
 
     def __init__(self, url: str, nid: int | None, peers: str | None, peer_port: int | None,
-                 log: Path):
+                 log: Path, extra: list[str] = ()):
         self.metrics = free_port()
         self.args = [*KCOMPACT, "serve", "--store", url, "--kafka-listen", "127.0.0.1:0",
-                     "--metrics", f"127.0.0.1:{self.metrics}"]
+                     "--metrics", f"127.0.0.1:{self.metrics}", *extra]
         if peers is not None:
             self.args += ["--node-id", str(nid), "--peer-listen", f"127.0.0.1:{peer_port}",
                           "--peers", peers]
@@ -119,7 +123,9 @@ class Node:
 
 
 class Fleet:
-    def __init__(self, url: str, n: int, work: Path, extra_peers: dict[int, int] | None = None):
+    def __init__(self, url: str, n: int, work: Path, extra_peers: dict[int, int] | None = None,
+                 extra: list[str] = ()):
+        self.extra = list(extra)
         self.ports = {i: free_port() for i in range(1, n + 1)}
         allp = {**self.ports, **(extra_peers or {})}
         self.peers = ",".join(f"{i}@127.0.0.1:{p}" for i, p in sorted(allp.items()))
@@ -127,7 +133,8 @@ class Fleet:
         self.nodes = {i: self.make(i) for i in self.ports}
 
     def make(self, i: int) -> Node:
-        return Node(self.url, i, self.peers, self.ports[i], self.work / f"node{i}.log")
+        return Node(self.url, i, self.peers, self.ports[i], self.work / f"node{i}.log",
+                    self.extra)
 
     def start(self, want_ring: int | None = None) -> "Fleet":
         for node in self.nodes.values():
@@ -218,6 +225,7 @@ def test_three_nodes_serve_every_record_to_assign_subscribe_and_kcat(store, tmp_
         # the blocks came once from S3: some node got some from their owner
         assert sum(x.metric("kcompact_fleet_s3_gets_saved_total") or 0
                    for x in fleet.nodes.values()) > 0
+        assert sum(x.metric(HEADS_OK) or 0 for x in fleet.nodes.values()) > 0
     finally:
         fleet.stop()
     # the commits are in the store, for any node (or a plain serve) after the fleet
@@ -316,6 +324,29 @@ def test_a_fleet_of_one_serves_what_serve_serves(store, tmp_path):
             assert " 1 brokers:" in out and f"broker 1 at {n.bootstrap}" in out, out
     finally:
         one.stop()
+
+
+def test_two_nodes_over_tls_with_a_peer_token(store, tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (it makes the test's certificate)")
+    cert, key, tok = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "peer.token"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tok.write_text("fleet-peer-token-0123456789abcdef\n")
+    url, dump = store
+    fleet = Fleet(url, 2, tmp_path, extra=["--tls-cert", str(cert), "--tls-key", str(key),
+                                           "--peer-token-file", str(tok)])
+    try:
+        fleet.start()  # (the ring forms only over good pings: TLS and the token work)
+        tls = {"security.protocol": "SSL", "ssl.ca.location": str(cert)}
+        for node in fleet.nodes.values():
+            assert read_assigned(node.bootstrap, len(dump), {}, extra=tls) == dump
+        assert sum(x.metric("kcompact_fleet_s3_gets_saved_total") or 0
+                   for x in fleet.nodes.values()) > 0
+        assert sum(x.metric(HEADS_OK) or 0 for x in fleet.nodes.values()) > 0
+    finally:
+        fleet.stop()
 
 
 def test_java_console_consumers_in_one_group_spread_over_the_fleet(store, tmp_path):

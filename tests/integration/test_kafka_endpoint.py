@@ -13,9 +13,11 @@ test. Then unmodified clients read both and must agree:
   ``--group``, GetOffsetShell (-1, -2, -3), VerifiableConsumer;
 * a Java loop shaped like Kafka Streams' GlobalKTable restore (``position < endOffsets``) on the
   partition ending in a gap, which must finish;
-* after a forced compaction of the store: the endpoint serves exactly the compacted store's
-  records (the live state: the latest value of every key, keyless records kept), and a restore
-  loop still finishes.
+* after a forced compaction of the store: each partition ends in Kafka's last record (a tombstone
+  past delete.retention.ms: compaction keeps a partition's last record); compacted as a kcompact
+  before that rule did (the last records removed: a trailing gap), the endpoint serves exactly
+  the compacted store's records (the live state: the latest value of every key, keyless records
+  kept), and a restore loop still finishes.
 
 And: consumer groups (two confluent-kafka members rebalancing, commits kept across a restart of
 the endpoint), a refused produce leaving the store unchanged, SASL/PLAIN and TLS, and bad clients
@@ -44,11 +46,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from kcompact.compaction import CompactionOptions, compact_store
+from kcompact.compaction import assessment as assessment_mod
+from kcompact.compaction import compactor as compactor_mod
 from kcompact.connectors.apps.mirror import mirror_local
 from kcompact.reput import ManualClock, Store
 
 sys.path.insert(0, os.path.dirname(__file__))
-from endpoint_tools import Endpoint, java, raw_fetch, read_all, restore, serving  # noqa: E402
+from endpoint_tools import (Endpoint, java, raw_fetch, raw_fetch_frame, read_all,  # noqa: E402
+                            restore, serving)
 from topics import read_store  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -83,8 +88,9 @@ def _produce(bootstrap: str, topic: str) -> None:
                        partition=part, timestamp=T0 + 5000 + i)
         tp.flush(30)
         (tp.commit_transaction if committed else tp.abort_transaction)(30)
-    # each partition ends with a tombstone, which a compaction with delete.retention.ms=0
-    # removes: the compacted store then ends in a gap (its end offset does not move back)
+    # each partition ends with a tombstone, which a compaction keeps (a partition's last record
+    # stays, as in Kafka's active segment) and a kcompact before that rule removed with
+    # delete.retention.ms=0: such a store ends in a gap (its end offset does not move back)
     p = Producer(base)
     for part, key in ((0, b"k00"), (1, b"tx4")):
         p.produce(topic, key=key, value=None, partition=part, timestamp=T0 + 6000)
@@ -211,25 +217,34 @@ def test_global_ktable_restore_loop_matches_kafka(served):
 # -- compaction ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def compacted(served, tmp_path_factory):
-    """A copy of the store compacted until each partition ends in a gap (its last record, a
-    tombstone, removed; partition 1 also after a transaction's marker) and served: (kafka,
-    topic, copy url, Endpoint, work dir)."""
-    kafka, topic, url, _ep, _work = served
-    work = tmp_path_factory.mktemp("compacted")
-    copy = work / "compacted"
-    shutil.copytree(url, copy)
-    with Store.open(str(copy), writer="t") as st:
+def _compact_twice(url: str, topic: str) -> None:
+    """Forced compactions with delete.retention.ms=0: a tombstone is stamped by the pass that
+    first cleans it and dropped by a pass delete.retention.ms later (as in Kafka): two passes,
+    the clock moved between them."""
+    with Store.open(url, writer="t") as st:
         st.set_topic_config(topic, {"cleanup.policy": "compact", "min.compaction.lag.ms": 0,
                                     "delete.retention.ms": 0})
-        # a tombstone is stamped by the pass that first cleans it and dropped by a pass
-        # delete.retention.ms later (as in Kafka): two passes, the clock moved between them
         clock = ManualClock(int(time.time() * 1000))
         for _ in range(2):
             compact_store(st, topic=topic, force=True, options=CompactionOptions(),
                           clock=clock)
             clock.advance(5000)
+
+
+@pytest.fixture(scope="module")
+def compacted(served, tmp_path_factory):
+    """A copy of the store compacted as a kcompact before the keep-the-last-record rule
+    compacted it, so that each partition ends in a gap (its last record, a tombstone, removed;
+    partition 1 also after a transaction's marker), and served: (kafka, topic, copy url,
+    Endpoint, work dir). Such stores exist: the endpoint must end their gaps."""
+    kafka, topic, url, _ep, _work = served
+    work = tmp_path_factory.mktemp("compacted")
+    copy = work / "compacted"
+    shutil.copytree(url, copy)
+    with pytest.MonkeyPatch.context() as mp:  # (the rule's one input: "no last record")
+        for mod in (compactor_mod, assessment_mod):
+            mp.setattr(mod, "tail_offset", lambda pl: -1)
+        _compact_twice(str(copy), topic)
     ep = Endpoint(copy, log=work / "ep.log").start()
     try:
         yield kafka, topic, str(copy), ep, work
@@ -262,6 +277,27 @@ def test_after_compaction_the_endpoint_serves_the_compacted_store(compacted):
     for p in (0, 1):  # the GlobalKTable restore loop reaches the end offset
         _, n, position, end = restore(ep.bootstrap, topic, p, work)
         assert int(n) == len(ours[p]) and position == end == str(full[-1][p])
+
+
+def test_compaction_keeps_each_partitions_last_record_as_kafka_does(served, tmp_path):
+    """Compacted now, each partition ends in Kafka's last record, its tombstone past
+    delete.retention.ms: the same end, read through the endpoint, as from Kafka (no gap)."""
+    kafka, topic, url, _ep, _ = served
+    copy = tmp_path / "compacted-now"
+    shutil.copytree(url, copy)
+    _compact_twice(str(copy), topic)
+    full = read_all(kafka, topic)
+    ep = Endpoint(copy, log=tmp_path / "ep.log").start()
+    try:
+        ours = read_all(ep.bootstrap, topic)
+    finally:
+        ep.stop()
+    assert ours[-1] == full[-1]
+    for p in (0, 1):
+        assert ours[p][-1] == full[p][-1] and full[p][-1][0] == full[-1][p] - 1
+        assert full[p][-1][3] is None  # (the workload ends each partition with a tombstone)
+        # every other tombstone past delete.retention.ms went
+        assert [r[0] for r in ours[p] if r[2] is not None and r[3] is None] == [full[p][-1][0]]
 
 
 def _fetches(bs: str, topic: str, group: str, idle_s: float) -> tuple[list, list, int]:
@@ -378,6 +414,11 @@ def test_a_fetch_below_v10_of_a_zstd_topic_fails_as_from_kafka(served, apache_ka
             got = [raw_fetch(bs, zt, 0, 0, version) for bs in (kafka, ep.bootstrap)]
             assert [g[0] for g in got] == [want, want], (version, [g[0] for g in got])
             assert bool(got[0][1]) == bool(got[1][1]) == (want == 0)
+        # the refusal byte for byte as Kafka's (offsets -1, records null: sarama 2.0.0 cannot
+        # decode null records and says so, from both)
+        for version in (4, 7, 9):
+            frames = [raw_fetch_frame(bs, zt, 0, 0, version) for bs in (kafka, ep.bootstrap)]
+            assert frames[1] == frames[0], (version, frames)
     finally:
         ep.stop()
         apache_kafka.admin.delete_topics([zt], operation_timeout=30)

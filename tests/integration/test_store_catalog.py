@@ -147,3 +147,59 @@ def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_pat
     for p in compacted:
         newest = {k: (o, k, v) for o, k, v in want[p]}
         assert got[p] == sorted(newest.values()), p
+
+
+def _endpoint_read(url: str) -> dict[int, int]:
+    """What the Kafka endpoint does for one consumer reading every partition from the
+    beginning (ListOffsets, then Fetch until the high watermark), on a view of its own, with
+    the process's block cache and spool emptied: (records read by partition, the view's S3
+    requests by operation)."""
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    from kcompact.reput.s3_cache import shared_cache, shared_spool
+    shared_cache().clear()
+    shared_spool().clear()
+    sv = StoreView(url)
+    try:
+        got = {}
+        for p in sv.partitions("t"):
+            b = sv.bounds("t", p)
+            off, n = b.log_start, 0
+            while off < b.high_watermark:
+                f = sv.fetch("t", p, off, 1 << 20)
+                assert f.nbytes, (p, off)
+                with sv.store.views.reading("t", p) as pl:
+                    n += sum(1 for r in pl.iter_records() if off <= r.offset < f.bounds.high_watermark)
+                off = f.bounds.high_watermark
+            got[p] = n
+        return got, sv.store.fs.stats.snapshot()["requests"]
+    finally:
+        sv.close()
+
+
+def test_a_new_store_is_written_and_read_with_no_request_per_partition(tmp_path, s3_store_url,
+                                                                       monkeypatch):
+    """(bench/s3_writes.py, bench/s3_catchup.py) A new store's first writer (no partition in
+    the catalog yet) and a consumer reading it all through the Kafka endpoint, as written and
+    after `compact --force`, make the same requests at 4 and at 48 partitions."""
+    from kcompact.compaction.planner import compact_store
+    from kcompact.reput.record import RecordBatch
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")  # (listings do not age: above)
+    made: dict = {}
+    for parts in (4, 48):
+        url = s3_store_url()
+        with Store.open(url, writer="w", create=True,
+                        commitlog_dir=str(tmp_path / f"cl{parts}")) as w:
+            for f in range(5):
+                w.append(RecordBatch.from_records("t", [
+                    (p, f, 1000 + f, b"k%d" % (f % 3), b"v%d-%d" % (p, f), [])
+                    for p in range(parts)]))
+                w.flush()
+            made[(parts, "write")] = w.fs.stats.snapshot()["requests"]
+        got, made[(parts, "read")] = _endpoint_read(url)
+        assert got == {p: 5 for p in range(parts)}
+        with Store.open(url, commitlog_dir=str(tmp_path / f"cc{parts}")) as st:
+            compact_store(st, force=True)
+        got, made[(parts, "read after the split")] = _endpoint_read(url)
+        assert got == {p: 3 for p in range(parts)}  # the newest record of each of 3 keys
+    for what in ("write", "read", "read after the split"):
+        assert made[(4, what)] == made[(48, what)], (what, made)

@@ -15,13 +15,15 @@ After every compaction, for every partition, with H the compaction horizon (chec
 (a) each live key's latest offset and value equal the model's (and a key whose latest record is
     a tombstone never shows an older value);
 (b) at offsets <= H each key has exactly one record, the model's latest at or below H (none when
-    that is a tombstone whose delete.retention.ms ran out);
+    that is a tombstone whose delete.retention.ms ran out, unless it is the partition's last
+    record: that one is never removed, as Kafka never cleans the active segment holding it);
 (c) every keyless record is kept;
 (d) offsets never change: each record read equals what was appended at its offset (timestamp,
     key, value, headers), offsets strictly increase, and nothing after H is ever dropped;
 (e) a tombstone is kept until delete.retention.ms after the compaction that first cleaned it
     (its .bcq clean_time is that compaction's time, in seconds), and is gone after the first
-    compaction that runs 2 s past that (clean_time has 1 s resolution);
+    compaction that runs 2 s past that (clean_time has 1 s resolution) while it is not the
+    partition's last record;
 (f) H stops before the first sealed segment holding a record younger than min.compaction.lag.ms
     (segment-granular, as in Kafka) and otherwise reaches the end of the cleanable range:
     rounds chain until nothing dirty is left;
@@ -254,6 +256,7 @@ class CompactionMachine(RuleBasedStateMachine):
     def check_partition(self, p: int, now: int, compacted: bool) -> int:
         A = self.appended[p]
         h = self.horizon[p]
+        tail = max(A, default=-1)  # the partition's last record: compaction never removes it
         retention = self.cfg.delete_retention_ms
         recs = list(self.store.iter_records(TOPIC, p))
         offs = [r.offset for r in recs]
@@ -281,6 +284,10 @@ class CompactionMachine(RuleBasedStateMachine):
                 assert got == [L], (p, k, L, got)
                 continue
             t = self.first_clean[p][L]
+            if L == tail:
+                assert got == [L], (p, k, L, "the partition's last record was removed", got)
+                event("the last record, a tombstone, kept")
+                continue
             if got == [L]:
                 if compacted:
                     assert now - t < retention + TOMBSTONE_SLACK_MS, \
@@ -383,11 +390,12 @@ def test_issue_keyless_null_value_is_kept(tmp_path):
     s = _store(tmp_path, clock, **{"delete.retention.ms": 0})
     s.append(RecordBatch.from_records(TOPIC, [(0, 0, clock.ms(), None, None),
                                               (0, 1, clock.ms(), None, None),
-                                              (0, 2, clock.ms(), b"k", None)]))
+                                              (0, 2, clock.ms(), b"k", None),
+                                              (0, 3, clock.ms(), b"z", b"last")]))
     for _ in range(3):
         _compact(s, clock)
         clock.advance(60_000)
-    assert _kv(s) == [(0, None, None), (1, None, None)]
+    assert _kv(s) == [(0, None, None), (1, None, None), (3, b"z", b"last")]
     pl = s.partition(TOPIC, 0)
     assert all(int(e["clean_time"]) == 0 for seg in pl.segments for e in seg.entries())
 

@@ -13,6 +13,7 @@ tests/integration/test_fleet.py runs whole `kcompact serve` nodes over SeaweedFS
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -422,3 +423,310 @@ def test_an_absent_journal_entry_is_asked_of_s3_once_per_half_interval(fleet2):
     now[0] += nodes[2].absent_ttl_s
     assert nodes[1].fs.read(path) == b'{"entry": 2}'
     assert gets(fake) - before == 2
+
+
+# -- the shared heads: one node polls the journal and the catalog for the fleet ------------------
+
+
+from _stores import backend_env, store_url  # noqa: E402
+
+from kcompact.replication.fleet import node as node_mod  # noqa: E402
+from kcompact.replication.fleet.ring import HEADS_KEY  # noqa: E402
+from kcompact.reput import Store  # noqa: E402
+from kcompact.reput import s3_follow as S3F  # noqa: E402
+from kcompact.reput.record import RecordBatch  # noqa: E402
+from kcompact.reput.s3_cache import head_source  # noqa: E402
+
+PARTS = 3
+
+
+def _ids() -> tuple[int, int]:
+    """(asker, poller): two node ids, the second the ring's owner of HEADS_KEY."""
+    return (1, 2) if Ring([1, 2]).owner(HEADS_KEY) == 2 else (2, 1)
+
+
+class Writer:
+    """A writer with shared uploads (and a store catalog: a new S3 store's default), one
+    record per partition per flush."""
+
+    def __init__(self, url, root):
+        self.st = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl-w")
+        self.flushes = 0
+
+    def flush(self):
+        o = self.flushes
+        self.st.append(RecordBatch.from_records(
+            "t", [(p, o, 1_000 + o, b"k%d" % o, b"v%d-%d" % (p, o), []) for p in range(PARTS)]))
+        self.st.flush()
+        self.flushes += 1
+
+
+class Reader:
+    """A node's read-only store following ``url`` (as the Kafka endpoint does); ``round``: one
+    poll of its follower (through its head source, when one is installed), then a refresh of
+    every partition."""
+
+    def __init__(self, url):
+        self.st = Store.open(url)
+        S3F.follow(self.st.fs)
+        self.pls = [self.st.partition("t", p) for p in range(PARTS)]
+        self.follower = S3F.follower_for(self.st.fs)
+        self.follower.interval_s = 3600.0  # polls only when the test asks
+
+    def round(self):
+        self.follower.poll(0.0)
+        for pl in self.pls:
+            pl.refresh()
+        return [pl.next_offset for pl in self.pls]
+
+    def records(self):
+        return [[(r.offset, r.value) for r in self.st.iter_records("t", p)]
+                for p in range(PARTS)]
+
+    def gets(self):
+        return self.st.fs.stats.requests["GetObject"]
+
+
+@pytest.fixture
+def s3_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "1")  # a catalog version every flush
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "10")
+    with backend_env("s3", str(tmp_path)) as fake:
+        url = store_url("s3", tmp_path)
+        w = Writer(url, tmp_path)
+        w.flush()
+        yield fake, url, w
+        w.st.close()
+
+
+class HF:
+    """What ``heads_fleet`` yields."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+@pytest.fixture
+def heads_fleet(s3_store):
+    """Two nodes of one fleet following the store, each with its own backend: ``poller``
+    (the owner of HEADS_KEY) and ``asker``, whose block and head sources are this process's."""
+    fake, url, w = s3_store
+    asker, poller = _ids()
+    ports = {1: free_port(), 2: free_port()}
+    peers = ",".join(f"{n}@127.0.0.1:{p}" for n, p in ports.items())
+    loop = Loop()
+    readers, nodes = {}, {}
+    for n in (poller, asker):  # the asker's sources installed last (one per process)
+        readers[n] = Reader(url)
+        f = Fleet(FleetOptions(n, f"127.0.0.1:{ports[n]}", peers),
+                  readers[n].st.meta.store_id, readers[n].st.fs, LOG)
+        loop.run(f.start())
+        f.set_kafka("127.0.0.1", 9000 + n)
+        nodes[n] = f
+    for f in nodes.values():
+        for nid, p in f.peers.items():
+            f.ping_once(nid, p)
+    assert nodes[asker].poller() == poller == nodes[poller].poller()
+    assert head_source() is nodes[asker]
+    readers[poller].follower.interval_s = 0.0  # it polls S3 at every request (no rate limit)
+    for f in nodes.values():  # (and so remembers no absent entry for half an interval)
+        f.absent_ttl_s = 0.0
+    yield HF(fake=fake, w=w, loop=loop, asker=readers[asker], poller=readers[poller],
+             fa=nodes[asker], fp=nodes[poller])
+    for f in nodes.values():
+        loop.run(f.close())
+    for r in readers.values():
+        r.st.close()
+    loop.stop()
+    assert head_source() is None
+
+
+def _catalog_version(reader) -> int:
+    from kcompact.reput import store_catalog as SC
+    return SC.for_store(reader.st.fs).latest.version  # (a Reader or a Writer)
+
+
+def _expected(flushes):
+    return [[(o, b"v%d-%d" % (p, o)) for o in range(flushes)] for p in range(PARTS)]
+
+
+def test_the_poller_polls_for_the_fleet_and_the_others_converge(heads_fleet):
+    h = heads_fleet
+    assert h.asker.round() == [1] * PARTS  # (its first poll lists shared/ itself)
+    misses, shared = h.asker.follower.stats["get_miss"], h.asker.follower.stats["shared"]
+    ok, served = h.fa.sent.get(("heads", "ok"), 0), h.fp.served.get(("heads", "ok"), 0)
+    for _ in range(4):  # nothing new: only the poller asks S3 for the writer's next entry
+        before, mine, its = h.fake.calls["GetObject"], h.asker.gets(), h.poller.gets()
+        assert h.asker.round() == [1] * PARTS
+        # the poller's GETs (the writer's next entry, the catalog's next version: 404s)
+        assert 1 <= h.fake.calls["GetObject"] - before == h.poller.gets() - its <= 2
+        assert h.asker.gets() == mine
+    assert h.asker.follower.stats["shared"] - shared == 4
+    assert h.fa.sent[("heads", "ok")] - ok == 4 == h.fp.served[("heads", "ok")] - served
+    for n in range(2, 5):  # the writer flushes: the asker reads the new entry
+        h.w.flush()
+        assert h.asker.round() == [n] * PARTS
+    assert h.asker.records() == _expected(4)
+    # and the catalog's newest version (the poller GETs its next one at most every 10 ms)
+    newest = _catalog_version(h.w)
+    deadline = time.monotonic() + 10
+    while _catalog_version(h.asker) < newest and time.monotonic() < deadline:
+        time.sleep(0.02)
+        h.asker.round()
+    assert _catalog_version(h.asker) == newest
+    assert h.asker.follower.stats["get_miss"] == misses  # never a GET of an absent key
+
+
+def test_a_dead_poller_stalls_nobody(heads_fleet):
+    h = heads_fleet
+    h.asker.round()
+    h.loop.run(h.fp.close())  # the poller's listener is gone: its heads are refused
+    h.w.flush()
+    shared = h.asker.follower.stats["shared"]
+    assert h.asker.round() == [2] * PARTS  # its own poll of S3
+    assert h.fa.sent[("heads", "failed")] == 1
+    h.w.flush()
+    assert h.asker.round() == [3] * PARTS
+    assert h.fa.sent[("heads", "skipped")] == 1  # not asked again for HEADS_RETRY_S
+    assert h.asker.follower.stats["shared"] == shared
+    assert h.asker.records() == _expected(3)
+
+
+def _http(status: str, body: bytes, ctype: str = "application/json") -> bytes:
+    return (b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+            % (status.encode(), ctype.encode(), len(body)) + body)
+
+
+class LoneAsker:
+    """A node whose poller (the owner of HEADS_KEY) is a ``Garbage`` server, on the ring as if
+    it had answered its pings; ``now``: the node's clock."""
+
+    def __init__(self, url, reply: bytes | None):
+        asker, poller = _ids()
+        self.bad = Garbage(reply)
+        self.loop = Loop()
+        self.reader = Reader(url)
+        self.now = [1000.0]
+        port = free_port()
+        self.f = Fleet(FleetOptions(asker, f"127.0.0.1:{port}",
+                                    f"{asker}@127.0.0.1:{port},{poller}@127.0.0.1:{self.bad.port}"),
+                       self.reader.st.meta.store_id, self.reader.st.fs, LOG,
+                       clock=lambda: self.now[0])
+        self.loop.run(self.f.start())
+        self.f.set_kafka("127.0.0.1", 9000 + asker)
+        self.p = self.f.peers[poller]
+        self.alive()
+        assert self.f.poller() == poller
+
+    def alive(self):
+        self.p.last_ok, self.p.kafka, self.p.error = self.now[0], ("127.0.0.1", 9002), ""
+
+    def close(self):
+        self.loop.run(self.f.close())
+        self.reader.st.close()
+        self.bad.close()
+        self.loop.stop()
+
+
+@pytest.mark.parametrize("reply", [
+    b"\x00\xffnot http at all\r\n\r\n",
+    _http("200 OK", b"hello", "text/plain"),
+    _http("200 OK", json.dumps({"writers": {"w": -1}, "catalog": None, "age_ms": 0}).encode()),
+    _http("200 OK", json.dumps({"writers": {"w": 5}, "catalog": "7", "age_ms": 0}).encode()),
+    _http("200 OK", json.dumps({"writers": ["w"], "catalog": None, "age_ms": 0}).encode()),
+    _http("503 Service Unavailable", b"S3 is down\n", "text/plain"),
+    # a lagging poller: its own polls have failed for a minute
+    _http("200 OK", json.dumps({"writers": {"w": 1}, "catalog": 1, "age_ms": 60_000}).encode()),
+    None,  # silence: the request times out
+], ids=["not-http", "not-json", "bad-seq", "bad-catalog", "bad-writers", "503", "stale",
+        "silent"])
+def test_a_poller_answering_garbage_lagging_or_nothing_stalls_nobody(s3_store, monkeypatch,
+                                                                    reply):
+    monkeypatch.setattr(peers_mod, "HEADS_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(peers_mod, "BLOCK_TIMEOUT_S", 0.3)
+    fake, url, w = s3_store
+    a = LoneAsker(url, reply)
+    try:
+        w.flush()
+        t0 = time.monotonic()
+        assert a.reader.round() == [2] * PARTS  # its own poll of S3
+        assert time.monotonic() - t0 < 30  # one timeout at most, not one per request
+        assert a.f.sent[("heads", "failed")] == 1
+        w.flush()
+        assert a.reader.round() == [3] * PARTS
+        assert a.f.sent[("heads", "skipped")] == 1 and a.f.sent[("heads", "failed")] == 1
+        a.now[0] += node_mod.HEADS_RETRY_S  # then it asks again (and falls back again)
+        a.alive()
+        w.flush()
+        assert a.reader.round() == [4] * PARTS
+        assert a.f.sent[("heads", "failed")] == 2
+        assert a.reader.records() == _expected(4)
+    finally:
+        a.close()
+
+
+def test_a_poller_whose_answers_lag_delays_a_node_by_own_poll_s_at_most(s3_store):
+    fake, url, w = s3_store
+    # well formed and fresh, but it has never seen a writer (as a poller stuck in the past)
+    a = LoneAsker(url, _http("200 OK", json.dumps(
+        {"writers": {}, "catalog": None, "age_ms": 0}).encode()))
+    try:
+        w.flush()
+        assert a.reader.round() == [1] * PARTS  # the poller said nothing is new
+        assert a.f.sent[("heads", "ok")] == 1
+        a.now[0] += node_mod.OWN_POLL_S
+        a.alive()
+        assert a.reader.round() == [2] * PARTS  # its own poll of S3 (at least every 30 s)
+        assert a.f.sent[("heads", "ok")] == 1
+        w.flush()
+        assert a.reader.round() == [2] * PARTS  # the poller's answers again
+        assert a.f.sent[("heads", "ok")] == 2
+        assert a.reader.records() == _expected(2)
+    finally:
+        a.close()
+
+
+# -- the Kafka endpoint's checks, in order -------------------------------------------------------
+
+
+def test_a_fetch_naming_a_denied_topic_still_says_not_leader_for_the_others(monkeypatch):
+    """A Fetch of a topic the ACLs deny and one they allow, at a node that leads neither: the
+    allowed topic's partition is NOT_LEADER_OR_FOLLOWER (the client moves), not read here."""
+    from types import SimpleNamespace as NS
+
+    from kcompact.replication.kafka_endpoint import authorize
+    from kcompact.replication.kafka_endpoint.apis import fetch
+    from kcompact.replication.kafka_endpoint.cluster import NOT_LEADER_OR_FOLLOWER
+    from kcompact.replication.kafka_endpoint.wire import TOPIC_AUTHORIZATION_FAILED
+
+    class View:
+        def partitions(self, topic, partition=None):
+            return [0]
+
+        def zstd_topic(self, topic):
+            return False
+
+        def bounds(self, topic, partition):
+            raise AssertionError(f"{topic}/{partition} read at a node that does not lead it")
+
+    class Gate:
+        def fetch_denied(self, req, conn):
+            return {"secret"}
+
+        async def fetch_with_denied(self, ep, req, denied, leads=None):
+            return await authorize.Gate.fetch_with_denied(self, ep, req, denied, leads)
+
+    async def run(f, *a):
+        return f(*a)
+
+    answered = {}
+    monkeypatch.setattr(authorize, "encode_fetch",
+                        lambda version, cid, topics: answered.update(topics) or [])
+    ep = NS(gate=Gate(), view=View(), run=run, count_errors=lambda *a: None, stopping=lambda: False,
+            fleet=NS(node_id=1, leader=lambda t, p: 2))
+    part = NS(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
+    req = NS(version=11, correlation_id=7, body=NS(max_bytes=1 << 20, topics=[
+        NS(topic="secret", partitions=[part]), NS(topic="open", partitions=[part])]))
+    asyncio.run(fetch.handle(ep, req, None))
+    assert [r.error for r in answered["secret"]] == [TOPIC_AUTHORIZATION_FAILED]
+    assert [r.error for r in answered["open"]] == [NOT_LEADER_OR_FOLLOWER]

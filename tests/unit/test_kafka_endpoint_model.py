@@ -158,7 +158,9 @@ class Client:
             assert struct.unpack_from(">i", r, p)[0] == -1
             p += 4
         n = count()
-        assert n >= 0  # never null
+        if n < 0:  # null: only the zstd refusal's, as Kafka's
+            assert err == 76 and n == -1, (err, n)
+            return err, hwm, start, None
         return err, hwm, start, r[p:p + n]
 
     def list_offsets(self, ts: int, partition: int = 0) -> tuple[int, int]:
@@ -378,7 +380,7 @@ def _zstd_store(root: str, codec: str) -> str:
                                    "producer over zstd"])
 def test_a_zstd_topic_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
     """KIP-110 as Kafka applies it: a topic whose compression.type is zstd is answered
-    UNSUPPORTED_COMPRESSION_TYPE (76), no records, offsets -1, to a Fetch v4-v9, and served as stored to
+    UNSUPPORTED_COMPRESSION_TYPE (76), records null, offsets -1, to a Fetch v4-v9, and served as stored to
     v10+; every other codec is served to every version, and so are the zstd batches of a
     topic whose compression.type is producer (Kafka decides by the topic's config)."""
     url = _zstd_store(str(tmp_path), "zstd" if codec == "producer over zstd" else codec)
@@ -392,8 +394,9 @@ def test_a_zstd_topic_is_served_only_to_fetch_v10_and_later(tmp_path, codec):
         for version in (4, 9, 10, 12):
             err, hwm, _, raw = c.fetch(version, start, 1 << 20)
             if codec == "zstd" and version < 10:
-                # (the offsets -1, as Kafka answers an error partition: rskafka prints them)
-                assert (err, hwm, raw) == (76, -1, b"")
+                # (the offsets -1 and the records null, as Kafka answers: rskafka prints the
+                # offsets, sarama 2.0.0 fails to decode null records, from Kafka too)
+                assert (err, hwm, raw) == (76, -1, None)
                 continue
             assert err == 0
             batches = decode_batches(raw)

@@ -302,3 +302,145 @@ def test_a_listing_reader_sees_the_partitions_not_split_yet(s3, monkeypatch):
     with Store.open(url) as rd:
         assert rd.partitions("t") == list(range(5))
         assert [len(_records(rd, p)) for p in range(5)] == [1] * 5
+
+
+# -- no request per partition: a new store's first writer, the Kafka endpoint's catch-up read ---
+
+
+def _by_key(fake):
+    """The fake's calls with their keys: (operation, key) appended to the list returned."""
+    log = []
+    for name in ("get_object", "list_objects_v2", "head_object", "put_object"):
+        orig = getattr(fake, name)
+
+        def call(*a, _orig=orig, _name=name, **k):
+            log.append((_name, k.get("Key") or k.get("Prefix") or ""))
+            return _orig(*a, **k)
+        setattr(fake, name, call)
+    return log
+
+
+def _per_partition(log):
+    """The requests of ``log`` naming one partition (``partitions/<topic>/<p>/...``)."""
+    return [(op, key) for op, key in log
+            if len(key.split("/")) > 4 and key.split("/")[1] == "partitions"]
+
+
+def test_a_new_stores_first_writer_makes_no_request_per_partition(s3, monkeypatch):
+    """(bench/s3_writes.py: 1 LIST and 1 GET a partition at a following mirror's start) A
+    partition the catalog does not list yet (a new store, before the writer's first fold) has
+    no object of its own: one listing of the topic's directory says so for all of them,
+    instead of a LIST of each one's manifests and a GET of its ledger."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")  # (listings do not age: see above)
+    log = _by_key(fake)
+    made = {}
+    for parts in (4, 64):
+        url = store_url("s3", root, f"s{parts}")
+        before = dict(fake.calls)
+        del log[:]
+        _write(url, f"{root}/cl{parts}", [_rows(parts, i) for i in range(3)])
+        made[parts] = _delta(fake, before)
+        assert _per_partition(log) == [], _per_partition(log)[:4]
+        assert ("list_objects_v2", url.split("/", 3)[3] + "/partitions/t/") in log
+    assert made[4] == made[64], made
+    rd, offsets = _open_all(url, 64)
+    assert offsets == [3] * 64
+    assert [_records(rd, p) for p in range(64)] == [
+        [(i, b"k%d" % (i % 5), b"v%d-%d" % (p, i)) for i in range(3)] for p in range(64)]
+    rd.close()
+
+
+def _endpoint_read(url, parts, monkeypatch):
+    """What the Kafka endpoint does for one consumer reading every partition from the
+    beginning (ListOffsets, then Fetch until the high watermark), on a fresh view of the
+    store: the records by partition."""
+    from _kafka_wire import decode_batches
+
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    from kcompact.reput.s3_cache import shared_cache, shared_spool
+    shared_cache().clear()
+    shared_spool().clear()
+    sv = StoreView(url)
+    try:
+        got = {}
+        for p in sv.partitions("t"):
+            b = sv.bounds("t", p)
+            off, out = b.log_start, []
+            while off < b.high_watermark:
+                f = sv.fetch("t", p, off, 1 << 20)
+                recs = [r for kb in decode_batches(b"".join(bytes(x) for x in f.parts))
+                        for r in kb.records if r.offset >= off]
+                if not recs:
+                    break  # (a marker ending a gap)
+                out += [(r.offset, r.key, r.value) for r in recs]
+                off = recs[-1].offset + 1
+            got[p] = out
+        return got
+    finally:
+        sv.close()
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["as-written", "after-split"])
+@pytest.mark.parametrize("folded", [True, False], ids=["folded", "unfolded"])
+def test_a_catch_up_read_makes_no_request_per_partition(s3, monkeypatch, split, folded):
+    """(bench/s3_catchup.py) A consumer reading the whole store through the Kafka endpoint
+    costs the same requests at 4 and at 64 partitions, as written (the partitions listed by
+    the catalog, or, before the writer folds, only by its journal entries) and after `compact
+    --force` (one compaction object); it reads what was written."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    if not folded:
+        monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "1000")
+    log = _by_key(fake)
+    made = {}
+    for parts in (4, 64):
+        url = store_url("s3", root, f"s{parts}")
+        w = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl{parts}")
+        for i in range(6):
+            w.append(_batch(_rows(parts, i)))
+            w.flush()
+        if folded:
+            w.close()
+        if split:
+            with Store.open(url, commitlog_dir=f"{root}/cc{parts}") as st:
+                compact_store(st, force=True)
+        want = {p: _records(w, p) for p in range(parts)} if not folded else None
+        before = dict(fake.calls)
+        del log[:]
+        got = _endpoint_read(url, parts, monkeypatch)
+        made[parts] = _delta(fake, before)
+        assert _per_partition(log) == [], _per_partition(log)[:4]
+        if split:  # the newest record of each key
+            assert got == {p: [(o, b"k%d" % (o % 5), b"v%d-%d" % (p, o)) for o in range(1, 6)]
+                           for p in range(parts)}
+        else:
+            assert got == {p: [(o, b"k%d" % (o % 5), b"v%d-%d" % (p, o)) for o in range(6)]
+                           for p in range(parts)}
+        if want is not None:
+            assert want == {p: [(o, b"k%d" % (o % 5), b"v%d-%d" % (p, o)) for o in range(6)]
+                            for p in range(parts)}
+        if not folded:
+            w.close()
+    assert made[4] == made[64], made
+
+
+def test_a_partition_the_catalog_does_not_list_is_read_from_its_own_manifest(s3, monkeypatch):
+    """A committer killed between its manifest commit and the catalog's, on a partition the
+    catalog never listed (a per-partition upload's first commit): the partition has a
+    directory, so it is read from its manifest (not taken for empty), and the catalog is
+    brought up to date."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    url = store_url("s3", root)
+    Store.create(url, shared_uploads=True).close()
+    monkeypatch.setattr(SC, "after_manifest_commit", lambda *a, **k: None)
+    _write(url, f"{root}/cl", [_rows(3, i) for i in range(2)],
+           options=WriterOptions(upload="partition"))
+    monkeypatch.undo()
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    with Store.open(url) as rd:
+        cat = SC.for_store(rd.fs)
+        assert not cat.latest.holds("t", 0)
+        assert _records(rd, 0) == [(0, b"k0", b"v0-0"), (1, b"k1", b"v0-1")]
+        assert cat.refresh(0.0).manifest("t", 0) is not None  # (recorded by the read)

@@ -20,7 +20,8 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
 * LastStableOffset = high watermark, AbortedTransactions empty, PreferredReadReplica -1,
   SessionId 0 (no fetch sessions: clients send full fetches);
 * a Fetch below v10 of a topic whose compression.type is zstd: UNSUPPORTED_COMPRESSION_TYPE for
-  each partition, no records, offsets -1, as Kafka answers it (KIP-110; Kafka decides by the
+  each partition, records null, offsets -1, byte for byte as Kafka answers it (KIP-110; captured
+  in tests/integration/test_kafka_endpoint.py; Kafka decides by the
   topic's config, not by the batches: zstd batches of a ``producer`` topic are served to any
   version, there as here); nothing is recompressed on the fly (docs/kafka-endpoint.md says why);
 * fewer than ``min_bytes`` found: the fetch waits up to ``max_wait_ms`` for any of its
@@ -161,12 +162,12 @@ def grew(view: StoreView, topics: list, seen: list) -> bool:
 async def handle(ep, req, conn) -> list:
     """The registered handler: the ACLs (``ep.gate``), then ``handle_fetch``."""
     gate = ep.gate
+    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
     if gate is not None:
         denied = gate.fetch_denied(req, conn)
         if denied:
             ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
-            return await gate.fetch_with_denied(ep, req, denied)
-    leads = None if fleet_of(ep) is None else (lambda t, p: _leads(ep, t, p))
+            return await gate.fetch_with_denied(ep, req, denied, leads)
     return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
                               ep.stopping, lambda codes: ep.count_errors(NAME, codes),
                               leads=leads)
@@ -221,7 +222,10 @@ def encode_fetch(version: int, correlation_id: int, topics: list) -> list:
             cur += b"\x01" if flexible else _I32.pack(0)  # aborted_transactions: empty
             if version >= 11:
                 cur += _I32.pack(-1)                      # preferred_read_replica
-            cur += _uvarint(r.nbytes + 1) if flexible else _I32.pack(r.nbytes)
+            if r.error == UNSUPPORTED_COMPRESSION_TYPE:   # (below v10: never flexible)
+                cur += _I32.pack(-1)                      # records: null, as Kafka's
+            else:
+                cur += _uvarint(r.nbytes + 1) if flexible else _I32.pack(r.nbytes)
             if r.nbytes:
                 out.extend(r.parts)
                 cur = bytearray()
