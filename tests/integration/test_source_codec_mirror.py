@@ -2,7 +2,10 @@
 lz4, zstd), mirrored into a new store with the defaults (``compression.type=producer``), keeps
 that codec in every sealed batch (the store's .log files read batch by batch); a store topic
 whose compression.type names a codec is recompressed to it; the records are the source's.
-On Tansu (which keeps a produced batch as it came, codec included) and Apache Kafka 3.9.1."""
+On Tansu (which keeps a produced batch as it came, codec included) and Apache Kafka 3.9.1. A
+probe that cannot run (nothing listening, garbage answered) costs one line and no record; a
+mirror over SASL PLAIN reads the codec with its own settings, and the probe speaks TLS, on a
+Kafka 3.9.1 with those listeners. About 30 s in all (two Kafka starts)."""
 
 from __future__ import annotations
 
@@ -147,3 +150,83 @@ def test_a_probe_that_fails_loses_nothing(failure, kafka_bootstrap, make_topic, 
     for i, (k, v) in enumerate(_records("zstd")):
         last[k] = (i, v)
     assert {r[2]: (r[0], r[3]) for r in read_store(store, t)[0]} == last
+
+
+def test_the_mirror_reads_the_codec_over_sasl_and_tls(tmp_path, capfd):
+    """A real Kafka 3.9.1 with a SASL_PLAINTEXT (PLAIN) and an SSL listener beside its
+    PLAINTEXT one: a mirror over SASL seals a zstd-produced topic as zstd (its probe speaks
+    the mirror's settings), the probe reads it over TLS with the CA given, and wrong
+    credentials are one line naming Kafka's refusal."""
+    import socket
+    import subprocess
+    import time
+
+    from brokers import apache_kafka_unavailable
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kcompact.connectors.devtools import apache_kafka as ak
+    from kcompact.connectors.framework.codec_probe import CodecProbeError, probe_codecs
+    why = apache_kafka_unavailable()
+    if why is not None:
+        pytest.skip(why)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"openssl cannot make a certificate: {r.stderr.decode()[-200:]}")
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_bytes(key.read_bytes() + cert.read_bytes())
+
+    def free() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    sasl_port, ssl_port = free(), free()
+
+    class SecureKafka(ak.ApacheKafkaBroker):
+        def properties(self, port, controller_port, data):
+            p = super().properties(port, controller_port, data)
+            more = f"SASL_PLAINTEXT://{ak.HOST}:{sasl_port},SSL://{ak.HOST}:{ssl_port}"
+            p["listeners"] += "," + more
+            p["advertised.listeners"] += "," + more
+            p["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL"
+            p["sasl.enabled.mechanisms"] = "PLAIN"
+            p["listener.name.sasl_plaintext.plain.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                'username="admin" password="admin-pw" user_alice="alice-pw";')
+            p["listener.name.ssl.ssl.keystore.type"] = "PEM"
+            p["listener.name.ssl.ssl.keystore.location"] = str(keystore)
+            return p
+
+    with SecureKafka(cache=ak.cache_dir()) as broker:
+        bs = broker.bootstrap_servers
+        admin = AdminClient({"bootstrap.servers": bs})
+        admin.create_topics([NewTopic("z", 1, 1)])["z"].result()
+        deadline = time.monotonic() + 30
+        while True:  # (the topic's leader is known a moment after it is created)
+            try:
+                _produce(bs, "z", "zstd")
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+        sasl = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanisms": "PLAIN",
+                "sasl.username": "alice", "sasl.password": "alice-pw"}
+        del admin
+        store = str(tmp_path / "store")
+        Store.create(store, topics={"z": {"segment.bytes": 16384}}).close()
+        res = mirror_local(f"127.0.0.1:{sasl_port}", "z", store, kafka_config=sasl,
+                           out=io.StringIO(), handle_signals=False)
+        assert res.records == N
+        with Store.open(store, writer="t") as st:
+            compact_store(st, force=True, options=CompactionOptions())
+        assert sealed_codecs(store, "z")[0] == {CODEC_BY_NAME["zstd"]}
+        assert "topic z: the source's batches are zstd (partition 0)" in capfd.readouterr().err
+        tls = {"bootstrap.servers": f"127.0.0.1:{ssl_port}", "security.protocol": "SSL",
+               "ssl.ca.location": str(cert)}
+        assert probe_codecs(tls, "z", {0: 0}) == {0: CODEC_BY_NAME["zstd"]}
+        with pytest.raises(CodecProbeError, match="refused the SASL credentials "
+                           r"\(Authentication failed: Invalid username or password\)"):
+            probe_codecs({**sasl, "bootstrap.servers": f"127.0.0.1:{sasl_port}",
+                          "sasl.password": "wrong"}, "z", {0: 0})
