@@ -451,8 +451,8 @@ def test_disk_full_while_staging(base, after):
     committed = {"n": 0}
     orig_commit = swap.commit
 
-    def init(self, ospath, display):
-        orig_init(self, ospath, display)
+    def init(self, ospath, display, *args, **kwargs):
+        orig_init(self, ospath, display, *args, **kwargs)
         if f"/{fn.COMPACTING_DIR}/" in ospath:
             staged_fds.add(self._fd)
 
