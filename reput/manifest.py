@@ -250,8 +250,8 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
                 ledger.write(fs, pdir, fn.MANIFEST_DIR, new.version, new.segments,
                              new.next_offset)
                 new.ledger_written = True  # (its committer need not read the ledger back)
-            from . import store_catalog as SC  # (the store catalog is derived from manifests)
-            SC.after_manifest_commit(fs, pdir, new, writer)
+            for hook in _COMMIT_HOOKS:  # (the store catalog, derived from manifests)
+                hook(fs, pdir, new, writer)
             return new
         latest = read_latest(fs, pdir, latest)
         if (latest.version if latest is not None else 0) < new.version:
@@ -259,6 +259,19 @@ def commit(fs: Backend, pdir: str, base: Manifest | None,
             _clear_aborted(fs, pdir, new.version, fs.clock_ms())
     raise ManifestConflictError(f"{fs.url}/{pdir}: could not commit a manifest version after "
                                 f"{attempts} attempts (too many concurrent committers)")
+
+
+#: called after each manifest version committed here, with (fs, pdir, manifest, writer): the
+#: store catalog registers its record of it (reput/store_catalog.py), so the catalog is derived
+#: from manifests without this module importing it
+_COMMIT_HOOKS: list[Callable[[Backend, str, "Manifest", str], None]] = []
+
+
+def on_commit(hook: Callable[[Backend, str, "Manifest", str], None]):
+    """Register ``hook`` to run after every manifest commit of this process."""
+    if hook not in _COMMIT_HOOKS:
+        _COMMIT_HOOKS.append(hook)
+    return hook
 
 
 def _clear_aborted(fs: Backend, pdir: str, version: int, now_ms: int) -> None:

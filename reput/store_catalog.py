@@ -34,7 +34,7 @@ from . import env as _env
 from . import filenames as fn
 from .backend import Backend
 from .errors import CorruptRecordError, ReputError
-from .manifest import Manifest, delete_all
+from .manifest import Manifest, delete_all, on_commit
 from .segment_desc import MAX_OFFSET, field_int
 from .segment_list import canonical, crc32c
 
@@ -532,6 +532,12 @@ def after_manifest_commit(fs: Backend, pdir: str, manifest: Manifest, writer: st
         # never fails the manifest commit, which is done: the catalog lags until the next
         # commit of that partition, its next open for write, or the collector (store-catalog.md)
         pass
+
+
+@on_commit
+def _record_commit(fs: Backend, pdir: str, manifest: Manifest, writer: str) -> None:
+    # (looked up at each call: a test may replace after_manifest_commit)
+    after_manifest_commit(fs, pdir, manifest, writer)
 
 
 __all__ = ["CATALOG_DIR", "Catalog", "CatalogConflictError", "FEATURE", "STORE_FORMAT",
