@@ -7,8 +7,8 @@ from .damage import (REPAIR_HINT, Damage, Uncleanable, damage_in, find_damage, r
                      unique)
 from .errors import CompactionError
 from .offset_map import OffsetMap
-from .planner import (Candidate, Scheduler, assess, compact_store, damaged_result, plan,
-                      roll_unheld)
+from .planner import (Candidate, Scheduler, assess, compact_store, damaged_result,
+                      one_object_per_run, plan, roll_unheld)
 from .throttle import CompactionStopped, IOBudget
 
 __all__ = ["Assessment", "assess_partition", "CompactionOptions", "CompactionResult",
@@ -17,4 +17,4 @@ __all__ = ["Assessment", "assess_partition", "CompactionOptions", "CompactionRes
            "refusal",
            "unique",
            "Candidate", "CompactionStopped", "IOBudget", "Scheduler", "assess", "compact_store",
-           "plan", "roll_unheld"]
+           "one_object_per_run", "plan", "roll_unheld"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -149,15 +150,12 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
         else:
             store.roll(only_due=True)
     compactor = Compactor(store, options, clock, budget)
-    # S3: every partition's outputs in one object per run (docs/formats/compaction-object.md)
-    batch = compactor.batch = store.compaction_batch()
-    held: list[tuple[str, int]] = []  # released once the batch has published them
     found = {(d.topic, d.partition) for d in damaged}
     cands = [c for c in plan(store, topic=topic, partition=partition, force=force, clock=clock,
                              damaged=damaged) if (c.topic, c.partition) not in found]
     for d in unique(damaged):
         skip(d)
-    try:
+    with one_object_per_run(store, compactor) as done:
         for c in cands:
             why = ", ".join(c.reasons) or c.reason
             if progress:
@@ -171,12 +169,41 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
                 skip(d)
                 continue
             compacted(store, c.topic, c.partition)  # (its damage record, when it is gone)
-            if store.writer is None:
-                if batch is None:
-                    store.release_partition(c.topic, c.partition)
-                else:
-                    held.append((c.topic, c.partition))
+            done(c.topic, c.partition)
             results.append(r)
+    if store.writer is None:
+        for t, p in _selected(store, topic, partition):
+            store.release_partition(t, p)  # the partitions rolled above
+    if (topic is None and partition is None) or any(r.shared_parts_split for r in results):
+        # S3 with shared uploads: objects every partition has split (a run over one topic or
+        # partition collects too when it split: an object holding other partitions' parts
+        # stays until they split it)
+        store.collect_shared_garbage()
+    if compactor.batch is not None and topic is None and partition is None:
+        store.collect_compaction_garbage()
+    return results
+
+
+@contextmanager
+def one_object_per_run(store, compactor: Compactor):
+    """S3: a run's outputs of every partition in one object (docs/formats/compaction-object.md):
+    the store's batch set on ``compactor`` for the block, published when it ends and aborted
+    when it raises (None elsewhere: each partition publishes its own). Yields ``done(topic,
+    partition)``, called with each partition compacted: a store opened without a writer
+    releases it then, or once the batch has published it."""
+    batch = compactor.batch = store.compaction_batch()
+    held: list[tuple[str, int]] = []
+
+    def done(topic: str, partition: int) -> None:
+        if store.writer is not None:
+            return
+        if batch is None:
+            store.release_partition(topic, partition)
+        else:
+            held.append((topic, partition))
+
+    try:
+        yield done
         if batch is not None:
             batch.publish()
     except BaseException:
@@ -186,17 +213,6 @@ def compact_store(store: Store, *, topic: str | None = None, partition: int | No
     finally:
         for t, p in held:
             store.release_partition(t, p)
-    if store.writer is None:
-        for t, p in _selected(store, topic, partition):
-            store.release_partition(t, p)  # the partitions rolled above
-    if (topic is None and partition is None) or any(r.shared_parts_split for r in results):
-        # S3 with shared uploads: objects every partition has split (a run over one topic or
-        # partition collects too when it split: an object holding other partitions' parts
-        # stays until they split it)
-        store.collect_shared_garbage()
-    if batch is not None and topic is None and partition is None:
-        store.collect_compaction_garbage()
-    return results
 
 
 def damaged_result(d: Damage) -> CompactionResult:

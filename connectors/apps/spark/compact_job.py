@@ -18,41 +18,30 @@ from .session import run_job, spark_active, spark_session
 def _compact_task(store_url: str, map_memory: int, force: bool):
     def run(candidates):
         from kcompact.compaction import (CompactionError, CompactionOptions, Compactor,
-                                         damage_in, damaged_result)
+                                         damage_in, damaged_result, one_object_per_run)
         from kcompact.compaction.damage import compacted, remember
         from kcompact.reput import CorruptRecordError, Store
         st = Store.open(store_url)
         c = Compactor(st, CompactionOptions(offset_map_memory=map_memory))
-        # S3 with compaction objects: the task's partitions publish in one object
-        batch = c.batch = st.compaction_batch()
-        held, out = [], []
+        out = []
         try:
-            for topic, partition in candidates:
-                try:
-                    r = c.compact_partition(topic, partition, force=force)
-                except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
-                    d = damage_in(topic, partition, e)  # damage stays in its partition
-                    if d is None:
-                        raise
-                    remember(st, d, "compact")  # beside the partition, until repaired
-                    r = damaged_result(d)
-                    st.release_partition(topic, partition)
-                else:
-                    compacted(st, topic, partition)
-                    if batch is None:
+            # S3 with compaction objects: the task's partitions publish in one object
+            with one_object_per_run(st, c) as done:
+                for topic, partition in candidates:
+                    try:
+                        r = c.compact_partition(topic, partition, force=force)
+                    except (CorruptRecordError, CompactionError, FileNotFoundError) as e:
+                        d = damage_in(topic, partition, e)  # damage stays in its partition
+                        if d is None:
+                            raise
+                        remember(st, d, "compact")  # beside the partition, until repaired
+                        r = damaged_result(d)
                         st.release_partition(topic, partition)
                     else:
-                        held.append((topic, partition))
-                out.append(r.to_dict())
-            if batch is not None:
-                batch.publish()
-        except BaseException:
-            if batch is not None:
-                batch.abort()
-            raise
+                        compacted(st, topic, partition)
+                        done(topic, partition)
+                    out.append(r.to_dict())
         finally:
-            for t, p in held:
-                st.release_partition(t, p)
             st.close()
         yield from out
     return run
