@@ -117,7 +117,12 @@ KNOWN_GAPS: dict[tuple[str, str], str] = {}
 
 
 #: intermittent, not explained yet (issue 52 open): not strict, the test still runs and reports
-FLAKY: dict[tuple[str, str], str] = {}
+FLAKY: dict[tuple[str, str], str] = {
+    ("idle", "kafka-go"): "kafka-go hands a trailing gap's control record to the application; "
+                          "the endpoint serves it in a Fetch of its own (Kafka with the data), "
+                          "so it sometimes arrives after the idle count starts (1 of 3 clean-clone "
+                          "runs)",
+}
 
 
 def _known_gap(request, column: str, client: str) -> None:
