@@ -811,10 +811,9 @@ class ManifestCatalog(SegmentCatalog):
         if (part.require_format is not None and seg.sealable
                 and seg.log_size <= SHARED_ENCODE_IN_MEMORY):
             from .seal import encode_segment_bytes
-            from .segment_v2 import lean_offsets
             part.require_format(2)
-            log, bcq = encode_segment_bytes(seg, part.config, getattr(part, "source_codec", None))
-            offs = lean_offsets(bcq, seg.bcq_path)
+            log, bcq, offs = encode_segment_bytes(seg, part.config,
+                                                  getattr(part, "source_codec", None))
             return seg.base, log, len(log), np.frombuffer(bcq, np.uint8), offs
         up = self._encode_for_upload(part, seg, sealing)
         return (up.base, self.local_fs.local_path(up.log_path), up.log_size, up.index_bytes(),

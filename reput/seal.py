@@ -24,10 +24,13 @@ import queue
 import threading
 from contextlib import nullcontext
 
+import numpy as np
+
 from . import filenames as fn
 from . import swap
 from .batch import codec_of
 from .codecs import target_of
+from .errors import ReputError
 from .locks import FileLock
 from .rewrite import SegmentWriter2
 
@@ -35,22 +38,29 @@ from .rewrite import SegmentWriter2
 SEAL_READ_BYTES = 8 << 20
 
 
-def encode_segment_bytes(seg, cfg, source: int | None = None) -> tuple[bytearray, bytearray]:
+def encode_segment_bytes(seg, cfg, source: int | None = None
+                         ) -> tuple[bytearray, bytearray, np.ndarray]:
     """``encode_segment`` into memory: the format-2 ``.log`` and ``.bcq`` bytes of format-1
-    segment ``seg`` (a writer's part of a shared object is encoded straight into the object,
-    with no local file nor fsync: docs/formats/shared-upload.md, "A writer's flush")."""
+    segment ``seg``, and the offsets its lean index lists (every record's: those of ``seg``'s
+    own index, checked against the count written, so the index just built is not decoded
+    again). A writer's part of a shared object is encoded straight into the object, with no
+    local file nor fsync: docs/formats/shared-upload.md, "A writer's flush"."""
     from .backend import MemoryBackend
     mem = MemoryBackend()
-    encode_segment(seg, cfg, mem, "log", "bcq", source)
-    return mem.files["log"], mem.files["bcq"]
+    written = encode_segment(seg, cfg, mem, "log", "bcq", source)
+    offsets = np.ascontiguousarray(seg.entries()["offset"], dtype=np.int64)
+    if written != offsets.shape[0]:
+        raise ReputError(f"{seg.log_path}: {written} records encoded of the "
+                         f"{offsets.shape[0]} its index lists")
+    return mem.files["log"], mem.files["bcq"], offsets
 
 
-def encode_segment(seg, cfg, fs, log_out: str, idx_out: str, source: int | None = None) -> None:
+def encode_segment(seg, cfg, fs, log_out: str, idx_out: str, source: int | None = None) -> int:
     """Write format-1 segment ``seg`` as a format-2 pair ``log_out``/``idx_out`` on ``fs``
     (fsynced) with its topic's codec (``cfg``: its TopicConfig; ``producer``: ``source``, the
     codec the mirror read the source's batches of the partition with, ``PartitionLog.
     source_codec``; uncompressed when it is unknown: codecs.codec_of), every record read
-    through the segment's selection (its CRC checked)."""
+    through the segment's selection (its CRC checked). Returns the records written."""
     out = SegmentWriter2(fs, log_out, idx_out, codec=codec_of(cfg.compression_type, source),
                          level=cfg.compression_zstd_level, batch_bytes=cfg.compression_batch_bytes,
                          target=target_of(cfg.compression_type))
@@ -60,6 +70,7 @@ def encode_segment(seg, cfg, fs, log_out: str, idx_out: str, source: int | None 
                 for block in src.select(chunk):
                     out.append(block)
         out.sync()
+        return out.count
     finally:
         out.close()
 

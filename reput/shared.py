@@ -141,6 +141,16 @@ class Entry:
     object: str            # the object's name (in shared/<writer>/)
     object_size: int
     parts: list[Part] = field(default_factory=list)
+    #: the entry's JSON object as committed (its key's content parsed), when this process
+    #: committed it: ``as_dict`` without encoding it again (a store catalog's fold)
+    committed_dict: dict | None = field(default=None, compare=False, repr=False)
+
+    def as_dict(self) -> dict:
+        """The entry's JSON object, ``crc32c`` included (what a store catalog's ``entries``
+        holds: store-catalog.md)."""
+        if self.committed_dict is not None:
+            return self.committed_dict
+        return json.loads(self.to_json())
 
     @property
     def path(self) -> str:
@@ -696,6 +706,7 @@ def commit_object(fs: Backend, journal: Journal, writer: str, builder: ObjectBui
     raw = json.dumps(body, separators=(",", ":")).encode() + b"\n"
     where = f"{fs.url}/{fn.journal_path(writer, builder.seq)}"
     entry = Entry.from_json(raw, where, writer, builder.seq)  # what readers will parse
+    entry.committed_dict = body
     if not fs.create_exclusive(fn.journal_path(writer, builder.seq), raw):
         raise SharedWriterConflictError(
             f"{where} already exists: another process commits shared uploads as writer "

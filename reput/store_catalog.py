@@ -84,6 +84,25 @@ def pdir_key(pdir: str) -> tuple[str, int] | None:
     return None
 
 
+def _canonical_json(raw: bytes) -> bytes:
+    return canonical(json.loads(raw))
+
+
+def _crc_of_bytes_matches(raw: bytes, crc) -> bool:
+    """Whether ``raw`` is a catalog written as ``Catalog.to_json`` writes it (its canonical
+    JSON, then ``crc32c`` last) whose checksum matches the bytes before it: the check without
+    encoding the parsed object again. False for any other layout (the caller then checks the
+    canonical JSON of what it parsed, as for every other metadata file)."""
+    if not isinstance(crc, str) or len(crc) != 8:
+        return False
+    tail = b',"crc32c":"' + crc.encode() + b'"}'
+    end = len(raw.rstrip(b"\n"))
+    if raw[end - len(tail):end] != tail:
+        return False
+    body = memoryview(raw)[:end - len(tail)]
+    return f"{crc32c(b'}', crc32c(body)):08x}" == crc
+
+
 class CatalogConflictError(ReputError):
     """Too many concurrent committers of the store catalog."""
 
@@ -101,6 +120,11 @@ class Catalog:
     folded: dict[str, int] = field(default_factory=dict)
     #: writer -> its entries still needed (journal entry JSON objects, ascending by seq)
     entries: dict[str, list[dict]] = field(default_factory=dict)
+    #: the canonical JSON of each entry ((writer, seq) -> bytes: entries never change) and
+    #: of each manifest ((topic, partition) -> (the Manifest, bytes)), shared with the
+    #: versions made from this one (``successor``): a commit encodes only what is new
+    #: (``to_json``), not every entry and manifest again
+    _canon: dict = field(default_factory=dict, compare=False, repr=False)
 
     def manifest(self, topic: str, partition: int) -> Manifest | None:
         return self.partitions.get(topic, {}).get(partition)
@@ -108,17 +132,60 @@ class Catalog:
     def holds(self, topic: str, partition: int) -> bool:
         return partition in self.partitions.get(topic, {})
 
+    def canonical(self) -> bytes:
+        """The canonical JSON of the version's fields but its checksum (what ``crc32c``
+        covers: segment_list.canonical of the body), assembled from the canonical JSON of
+        each entry and manifest, kept from the versions before (``_canon``)."""
+        canon = self._canon
+        enc = json.dumps
+        topics = []
+        for t in sorted(self.partitions):
+            ps = self.partitions[t]
+            if not ps:
+                continue
+            items = []
+            for key in sorted(str(p) for p in ps):
+                m = ps[int(key)]
+                if m is None:
+                    items.append(f"{enc(key)}:null".encode())
+                    continue
+                have = canon.get((t, int(key)))
+                if have is None or have[0] is not m:
+                    have = canon[(t, int(key))] = (m, _canonical_json(m.to_json()))
+                items.append(enc(key).encode() + b":" + have[1])
+            topics.append(enc(t).encode() + b":{" + b",".join(items) + b"}")
+        writers = []
+        for w in sorted(self.folded):
+            ents = []
+            for e in self.entries.get(w, []):
+                k = (w, e["seq"])
+                got = canon.get(k)
+                if got is None:
+                    got = canon[k] = canonical(e)
+                ents.append(got)
+            writers.append(enc(w).encode() + b':{"entries":[' + b",".join(ents)
+                           + b'],"folded":' + str(int(self.folded[w])).encode() + b"}")
+        return b"".join([
+            b'{"created_ms":', str(int(self.created_ms)).encode(),
+            b',"format":', str(FORMAT_VERSION).encode(),
+            b',"journal":{', b",".join(writers), b'}',
+            b',"partitions":{', b",".join(topics), b'}',
+            b',"version":', str(int(self.version)).encode(),
+            b',"writer":', enc(self.writer).encode(), b"}"])
+
     def to_json(self) -> bytes:
-        parts = {t: {str(p): (None if m is None else json.loads(m.to_json()))
-                     for p, m in sorted(ps.items())}
-                 for t, ps in sorted(self.partitions.items()) if ps}
-        journal = {w: {"folded": self.folded[w], "entries": self.entries.get(w, [])}
-                   for w in sorted(self.folded)}
-        body = {"format": FORMAT_VERSION, "version": self.version,
-                "created_ms": self.created_ms, "writer": self.writer,
-                "partitions": parts, "journal": journal}
-        body["crc32c"] = f"{crc32c(canonical(body)):08x}"
-        return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+        """The version's object: its canonical JSON with ``crc32c`` added last (any key order
+        is the same object to a reader; this one lets a reader check the checksum over the
+        bytes as read: ``from_json``)."""
+        body = self.canonical()
+        return body[:-1] + b',"crc32c":"' + f"{crc32c(body):08x}".encode() + b'"}\n'
+
+    def prune_canon(self) -> None:
+        """Forget the canonical JSON of entries and manifests this version no longer holds."""
+        live = {(w, e["seq"]) for w, es in self.entries.items() for e in es}
+        for k in [k for k, v in self._canon.items() if (k not in live if isinstance(v, bytes)
+                                                         else self.manifest(*k) is not v[0])]:
+            del self._canon[k]
 
     @classmethod
     def from_json(cls, raw: bytes, where: str, version: int) -> "Catalog":
@@ -133,7 +200,7 @@ class Catalog:
                 raise ReputError(f"{where}: store catalog format {fmt} is newer than this "
                                  f"kcompact understands ({FORMAT_VERSION}); upgrade kcompact")
             crc = d.pop("crc32c", None)
-            if crc != f"{crc32c(canonical(d)):08x}":
+            if not _crc_of_bytes_matches(raw, crc) and crc != f"{crc32c(canonical(d)):08x}":
                 raise ValueError("it does not match its checksum")
             if field_int(d, "version", 1, MAX_OFFSET) != version:
                 raise ValueError("its version is not its name's")
@@ -180,7 +247,8 @@ class Catalog:
     def successor(self, writer: str, now_ms: int) -> "Catalog":
         return Catalog(self.version + 1, now_ms, writer,
                        {t: dict(ps) for t, ps in self.partitions.items()},
-                       dict(self.folded), {w: list(es) for w, es in self.entries.items()})
+                       dict(self.folded), {w: list(es) for w, es in self.entries.items()},
+                       self._canon)
 
     def drop_unneeded(self) -> None:
         """Drop every entry no partition needs any more (all its parts' partitions have split
@@ -363,6 +431,7 @@ class StoreCatalog:
                 if change(new) is False:
                     return None
                 new.drop_unneeded()
+                new.prune_canon()
                 self.stats["put"] += 1
                 t0 = time.monotonic()
                 if self.fs.create_exclusive(catalog_path(new.version), new.to_json()):
@@ -431,7 +500,7 @@ class StoreCatalog:
         name listed."""
         if not entries:
             return
-        raw = [json.loads(e.to_json()) for e in entries]
+        raw = [e.as_dict() for e in entries]
         top = max(e.seq for e in entries)
         keys = {(p.topic, p.partition) for e in entries for p in e.parts} | set(partitions)
 

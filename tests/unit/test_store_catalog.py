@@ -449,3 +449,55 @@ def test_a_partition_the_catalog_does_not_list_is_read_from_its_own_manifest(s3,
         assert not cat.latest.holds("t", 0)
         assert _records(rd, 0) == [(0, b"k0", b"v0-0"), (1, b"k1", b"v0-1")]
         assert cat.refresh(0.0).manifest("t", 0) is not None  # (recorded by the read)
+
+
+def _old_layout(cat: SC.Catalog) -> bytes:
+    """A catalog version as kcompact wrote it before its canonical JSON was assembled from
+    cached pieces: the body in insertion order, ``crc32c`` over its canonical JSON."""
+    from kcompact.reput.segment_list import canonical, crc32c
+    parts = {t: {str(p): (None if m is None else json.loads(m.to_json()))
+                 for p, m in sorted(ps.items())} for t, ps in sorted(cat.partitions.items()) if ps}
+    journal = {w: {"folded": cat.folded[w], "entries": cat.entries.get(w, [])}
+               for w in sorted(cat.folded)}
+    body = {"format": 1, "version": cat.version, "created_ms": cat.created_ms,
+            "writer": cat.writer, "partitions": parts, "journal": journal}
+    body["crc32c"] = f"{crc32c(canonical(body)):08x}"
+    return json.dumps(body, separators=(",", ":")).encode() + b"\n"
+
+
+def test_a_catalog_version_is_the_same_object_as_before_and_both_layouts_read(s3):
+    """A version is written as its canonical JSON (assembled from each entry's and manifest's,
+    kept across versions) with ``crc32c`` last: the same object, and the same checksum, as the
+    body encoded whole; a reader checks it over the bytes, and still reads a version written
+    in the old key order; a flipped byte is refused in both."""
+    from kcompact.reput.segment_list import canonical
+    fake, tmp = s3
+    url = store_url("s3", tmp, "canon")
+    cl = os.path.join(tmp, "cl")
+    # two topics' partitions over 12 partitions, split and not, two writers' entries
+    _write(url, cl, [_rows(12, 0), _rows(12, 1), _rows(12, 2), _rows(12, 3), _rows(12, 4)])
+    _write(url, os.path.join(tmp, "cl2"), [_rows(12, 5)], writer="w2")
+    for p in (3, 11):
+        with Store.open(url, writer="c", commitlog_dir=os.path.join(tmp, "cl3")) as st:
+            compact_store(st, topic="t", partition=p, force=True)
+    _write(url, cl, [[(p, 6, b"k", b"v") for p in (0, 10, 11)]])
+    with Store.open(url) as st:
+        cat = SC.for_store(st.fs).refresh(0.0)
+        written = st.fs.read(SC.catalog_path(cat.version))  # (by the writer, from its pieces)
+    assert cat.entries and any(m is not None for ps in cat.partitions.values()
+                               for m in ps.values())
+    raw = cat.to_json()
+    assert raw == written
+    body = json.loads(raw)
+    crc = body.pop("crc32c")
+    assert cat.canonical() == canonical(body)
+    assert raw.endswith(b',"crc32c":"' + crc.encode() + b'"}\n')
+    old = _old_layout(cat)
+    assert json.loads(old) == json.loads(raw)
+    for layout in (raw, old):
+        got = SC.Catalog.from_json(layout, "v", cat.version)
+        assert got.to_json() == raw
+        i = layout.index(b'"next_offset":') + len(b'"next_offset":')
+        bad = layout[:i] + bytes([layout[i] ^ 1]) + layout[i + 1:]
+        with pytest.raises(Exception, match="checksum"):
+            SC.Catalog.from_json(bad, "v", cat.version)
