@@ -10,6 +10,7 @@ without a catalog, every step is a no-op.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from . import filenames as fn
@@ -23,9 +24,14 @@ class CatalogUpkeep:
 
     def __init__(self, store: Any):
         self.store = store
+        #: guards ``unfolded`` (the writer's flush adds to it, a background fold takes from it)
+        self._mu = threading.Lock()
         #: this writer's journal entries not yet folded into the store catalog (at open: those
         #: a killed process of this writer committed and never folded)
         self.unfolded: list = self.left_unfolded() if store.shared_uploads else []
+        #: the fold under way in a thread of its own (``WriterOptions(fold="background")``)
+        self._folding: threading.Thread | None = None
+        self.stats = {"folds": 0, "background": 0, "failed": 0}
 
     def _catalog(self):
         fs = self.store.fs
@@ -51,23 +57,54 @@ class CatalogUpkeep:
         return out
 
     def shared_committed(self, entry) -> None:
-        """``Store.shared_committed``."""
+        """``Store.shared_committed``: every ``fold_every()`` entries, a fold, by this flush
+        or (``WriterOptions(fold="background")``) by a thread of its own, started here unless
+        one is under way (the next entry starts the next)."""
         if SC.for_store(self.store.fs) is None:
             return
-        self.unfolded.append(entry)
-        if len(self.unfolded) >= SC.fold_every():
+        with self._mu:
+            self.unfolded.append(entry)
+            due = len(self.unfolded) >= SC.fold_every()
+        if not due:
+            return
+        if getattr(self.store.options, "fold", "flush") != "background":
             self.fold()
+            return
+        t = self._folding
+        if t is not None and t.is_alive():
+            return
+        self._folding = threading.Thread(target=self._fold_once, args=(True,),
+                                         name="kcompact-catalog-fold", daemon=True)
+        self._folding.start()
 
     def fold(self) -> None:
-        """``Store.fold_catalog``: not a commit point, a failure is retried at the next fold."""
+        """``Store.fold_catalog``: after the background fold under way, if any, every entry
+        still unfolded. Not a commit point: a failure is retried at the next fold."""
+        t = self._folding
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self._fold_once(False)
+
+    def _fold_once(self, background: bool) -> None:
+        """One catalog commit folding the entries unfolded when it starts (one PUT; a lost race
+        a LIST and a GET more); entries committed meanwhile wait for the next."""
         cat = self._catalog()
-        if cat is None or not self.unfolded:
+        with self._mu:
+            todo = list(self.unfolded)
+        if cat is None or not todo:
             return
         try:
-            cat.fold(self.store.writer or "writer", self.unfolded)
-        except (OSError, ReputError):
-            return  # (the entries stay readable from their keys; the next fold retries)
-        self.unfolded = []
+            cat.fold(self.store.writer or "writer", todo)
+        except (OSError, ReputError) if not background else Exception:
+            # (the entries stay readable from their keys; the next fold retries: a thread's
+            # failure of any kind too, never raised into the writer)
+            self.stats["failed"] += 1
+            return
+        self.stats["folds"] += 1
+        self.stats["background"] += background
+        done = {id(e) for e in todo}
+        with self._mu:
+            self.unfolded = [e for e in self.unfolded if id(e) not in done]
 
     def reconcile(self):
         """A store catalog: record every partition manifest newer than the catalog's (each

@@ -176,6 +176,11 @@ class WriterOptions:
     'background' (a thread of the writer, while it appends; the writer's close does not wait
     for the segments still queued: they stay format 1 until the next writer of the partition,
     a compaction or ``kcompact compact`` seals them; reput/seal.py).
+    fold: where a writer with shared uploads on a store with a catalog folds its journal
+    entries into the catalog (docs/formats/store-catalog.md), every few flushes: 'flush'
+    (inline, by the flush that commits the last of them: the default) or 'background' (a thread
+    of the writer, after that flush, while appends go on; the writer's close waits for it and
+    folds what is left). Not a commit point either way.
     upload: how an S3 writer's flush uploads (docs/formats/shared-upload.md): 'shared' (one
     object for every partition it wrote and one journal entry: 2 PUTs a flush, whatever the
     partition count; the store becomes format 3), 'partition' (a .log, a .bcq and a manifest
@@ -190,6 +195,7 @@ class WriterOptions:
     seal_format: int = 2
     seal: str = "flush"
     upload: str = "auto"
+    fold: str = "flush"
 
     def __post_init__(self):
         _int_at_least(1 << 16, 1 << 40)("commitlog.segment.bytes", self.commitlog_segment_bytes)
@@ -203,6 +209,8 @@ class WriterOptions:
             raise ConfigError("upload: 'shared' uploads format-2 segments; it needs seal_format 2")
         if self.seal not in SEAL_MODES:
             raise ConfigError(f"seal: expected one of {', '.join(SEAL_MODES)}, got {self.seal!r}")
+        if self.fold not in SEAL_MODES:
+            raise ConfigError(f"fold: expected one of {', '.join(SEAL_MODES)}, got {self.fold!r}")
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
 

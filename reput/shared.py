@@ -393,6 +393,9 @@ class Journal:
         #: (topic, partition) -> its parts in ``entries`` (a partition's lookup does not walk
         #: every entry of every writer)
         self._by_partition: dict[tuple[str, int], list[Part]] = {}
+        #: partitions whose list in ``_by_partition`` is not in ``_order`` (a part added
+        #: out of order: sorted at the next ``parts``; parts usually come in order)
+        self._unsorted: set[tuple[str, int]] = set()
         #: shared objects listed by the last refresh: path -> (size, last modified ms)
         self.objects: dict[str, tuple[int, int]] = {}
         self._listed_at: float | None = None
@@ -551,13 +554,21 @@ class Journal:
         self._unfetched.discard(key)
         self.generation += 1
         for p in entry.parts:
-            self._by_partition.setdefault((p.topic, p.partition), []).append(p)
+            key = (p.topic, p.partition)
+            have = self._by_partition.get(key)
+            if have is None:
+                self._by_partition[key] = [p]
+                continue
+            if _order(p) < _order(have[-1]):
+                self._unsorted.add(key)
+            have.append(p)
 
     def _index(self) -> None:
         self._by_partition = {}
         for e in self.entries.values():
             for p in e.parts:
                 self._by_partition.setdefault((p.topic, p.partition), []).append(p)
+        self._unsorted = set(self._by_partition)
 
     def next_seq(self, writer: str) -> int:
         with self._lock:
@@ -568,10 +579,20 @@ class Journal:
         after those with records: they only move the next offset)."""
         with self._lock:
             self._fetch([(w, s) for w, s in self._unfetched if s > split_to.get(w, -1)])
-            out = [p for p in self._by_partition.get((topic, partition), ())
-                   if p.seq > split_to.get(p.writer, -1)]
-        return sorted(out, key=lambda p: (p.desc is None, p.desc.base if p.desc else 0,
-                                          p.next_offset))
+            key = (topic, partition)
+            have = self._by_partition.get(key, ())
+            if key in self._unsorted:
+                have.sort(key=_order)
+                self._unsorted.discard(key)
+            if not split_to:
+                return list(have)
+            return [p for p in have if p.seq > split_to.get(p.writer, -1)]
+
+
+def _order(p: Part) -> tuple:
+    """A partition's parts in offset order, those with no record after those with records
+    (they only move the next offset)."""
+    return (p.desc is None, p.desc.base if p.desc else 0, p.next_offset)
 
 
 _JOURNALS: "weakref.WeakKeyDictionary[Backend, Journal]" = weakref.WeakKeyDictionary()

@@ -371,9 +371,10 @@ class StoreSinkTask(SinkTask):
         #: active segment it wrote when it stops, so the store at rest is compactable
         self.batch_job = props.get("follow", True) is False
         # rolled segments are sealed into store format 2 by a thread of the writer, off the
-        # append path; what is still queued when the task stops stays format 1 (reput/seal.py)
+        # append path; what is still queued when the task stops stays format 1 (reput/seal.py);
+        # so is the store catalog's fold of the journal (reput/catalog_upkeep.py)
         options = WriterOptions(fsync=props.get("store.fsync") or WriterOptions.fsync,
-                                seal="background",
+                                seal="background", fold="background",
                                 upload=props.get("store.upload") or WriterOptions.upload)
         self.store = _open_waiting(props["store.url"], writer=props["store.writer"],
                                    create=True, options=options,

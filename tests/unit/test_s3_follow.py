@@ -195,11 +195,13 @@ def test_steady_state_refresh_is_o_writers_gets_and_no_list(s3, parts, writers, 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(parts=st.integers(1, 6), sizes=st.lists(st.integers(0, 12), min_size=1, max_size=8),
        splits=st.lists(st.booleans(), min_size=8, max_size=8), collect=st.booleans(),
-       seed=st.integers(0, 1 << 16), catalog=st.booleans(), fold=st.integers(1, 5))
+       seed=st.integers(0, 1 << 16), catalog=st.booleans(), fold=st.integers(1, 5),
+       background=st.booleans())
 def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, sizes, splits,
-                                                   collect, seed, catalog, fold):
+                                                   collect, seed, catalog, fold, background):
     """... and so does a reader opening the store afterwards, with a store catalog
-    (docs/formats/store-catalog.md: folded every ``fold`` flushes) or without one."""
+    (docs/formats/store-catalog.md: folded every ``fold`` flushes, by the flush or by a
+    thread of the writer while the splits commit theirs) or without one."""
     import random
     rnd = random.Random(seed)
     root = str(tmp_path_factory.mktemp("follow"))
@@ -221,7 +223,8 @@ def test_a_follower_reads_what_a_local_store_holds(tmp_path_factory, parts, size
     with backend_env("s3", root):
         url = store_url("s3", root) + ("?grace_ms=0" if collect else "")
         Store.create(url, shared_uploads=True, catalog=catalog).close()
-        writer = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl")
+        writer = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl",
+                            options=WriterOptions(fold="background" if background else "flush"))
         f = None
         try:
             for i, rows in enumerate(flushes):

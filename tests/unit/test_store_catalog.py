@@ -501,3 +501,74 @@ def test_a_catalog_version_is_the_same_object_as_before_and_both_layouts_read(s3
         bad = layout[:i] + bytes([layout[i] ^ 1]) + layout[i + 1:]
         with pytest.raises(Exception, match="checksum"):
             SC.Catalog.from_json(bad, "v", cat.version)
+
+
+@pytest.mark.parametrize("dies", ["before the put", "after the put"])
+def test_a_writer_killed_in_its_background_fold_loses_nothing(s3, monkeypatch, dies):
+    """``WriterOptions(fold="background")`` (the mirror's store sink): the fold runs in a
+    thread of the writer, and its flushes go on while it is under way. A writer killed in it
+    (before its catalog PUT lands, or after it but before it knows) loses nothing: the fold is
+    not a commit point, every record is read from the journal, the writer's next process
+    folds what was left, and nothing is left but valid catalog versions and objects the
+    journal names."""
+    import threading
+
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "2")
+    url = store_url("s3", root)
+    stuck, release = threading.Event(), threading.Event()
+    real_fold = SC.StoreCatalog.fold
+
+    class Killed(Exception):
+        pass
+
+    def fold(self, writer, entries, partitions=()):
+        if threading.current_thread().name != "kcompact-catalog-fold":
+            return real_fold(self, writer, entries, partitions)
+        if dies == "after the put":
+            real_fold(self, writer, entries, partitions)
+        stuck.set()
+        release.wait(30)
+        raise Killed  # (the process is gone: nothing more of this fold happens)
+
+    monkeypatch.setattr(SC.StoreCatalog, "fold", fold)
+    st = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl",
+                    options=WriterOptions(fold="background"))
+    for i in range(2):
+        st.append(_batch(_rows(3, i)))
+        st.flush()
+    assert stuck.wait(30)  # the fold of entries 0 and 1 is under way ...
+    for i in range(2, 5):  # ... and the writer's flushes go on
+        st.append(_batch(_rows(3, i)))
+        st.flush()
+    folded = {"before the put": -1, "after the put": 1}[dies]
+    with Store.open(url) as look:
+        assert SC.for_store(look.fs).refresh(0.0).folded.get("w", -1) == folded
+    release.set()  # the writer is killed: its store is never closed
+    monkeypatch.undo()
+    rd = Store.open(url)
+    assert [[o for o, _k, _v in _records(rd, p)] for p in range(3)] == [list(range(5))] * 3
+    rd.close()
+    # the writer's next process folds what its killed one left (entries above folded)
+    st2 = Store.open(url, writer="w", commitlog_dir=f"{root}/cl-next",
+                     options=WriterOptions(fold="background"))
+    assert [e.seq for e in st2.left_unfolded()] == list(range(folded + 1, 5))
+    st2.append(_batch(_rows(3, 5)))
+    st2.flush()
+    st2.close()  # (waits for the fold under way, then folds the rest)
+    before = dict(fake.calls)
+    rd, offsets = _open_all(url, 3)
+    assert offsets == [6, 6, 6]
+    assert SC.for_store(rd.fs).latest.folded == {"w": 5}
+    assert _delta(fake, before).get("GetObject", 0) == 2  # store.json, the catalog: no entry
+    assert [[o for o, _k, _v in _records(rd, p)] for p in range(3)] == [list(range(6))] * 3
+    rd.close()
+    keys = list(fake.objects["bucket"])
+    entries = {k.rsplit("/", 1)[1][:20] for k in keys if "/journal/" in k}
+    objects = {k.rsplit("/", 1)[1][:20] for k in keys if k.endswith(".kso")}
+    assert objects == entries == {f"{i:020d}" for i in range(6)}
+    with Store.open(url) as chk:
+        for k in keys:
+            if "/catalog/" in k:
+                v = SC.parse_catalog_name(k.rsplit("/", 1)[1])
+                SC.Catalog.from_json(chk.fs.read(SC.catalog_path(v)), k, v)
