@@ -107,22 +107,18 @@ s3mod.make_client = lambda *a, **k: Counted(_make_client(*a, **k), COUNTS, COUNT
 
 
 #: when this process first held each journal entry: (partition, offset) -> (the entry's
-#: created_ms, the ms this process added it), for the latency's stages (``Journal._put``)
+#: created_ms, the ms this process added it), for the latency's stages (``shared.on_entry``)
 SEEN: dict[tuple[int, int], tuple[int, int]] = {}
-_put = SH.Journal._put
 
 
-def _seen_put(self, entry) -> None:
+@SH.on_entry
+def _seen(_fs, entry) -> None:
     now = int(time.time() * 1000)
     for part in entry.parts:
         d = part.desc
         if d is not None:
             for o in range(d.base, d.last_offset + 1):
                 SEEN.setdefault((part.partition, o), (entry.created_ms, now))
-    _put(self, entry)
-
-
-SH.Journal._put = _seen_put
 
 
 def counts() -> Counter:

@@ -553,6 +553,8 @@ class Journal:
         self._listed.add(key)
         self._unfetched.discard(key)
         self.generation += 1
+        for hook in _ENTRY_HOOKS:
+            hook(self.fs, entry)
         for p in entry.parts:
             key = (p.topic, p.partition)
             have = self._by_partition.get(key)
@@ -587,6 +589,25 @@ class Journal:
             if not split_to:
                 return list(have)
             return [p for p in have if p.seq > split_to.get(p.writer, -1)]
+
+
+#: ``on_entry`` callbacks
+_ENTRY_HOOKS: list[Callable[[Backend, Entry], None]] = []
+
+
+def on_entry(hook: Callable[[Backend, Entry], None]) -> Callable[[Backend, Entry], None]:
+    """Call ``hook(fs, entry)`` whenever a journal of this process first holds a journal
+    entry (committed by this process, fetched from its key, or found in a store catalog):
+    e.g. a benchmark timing when a reader learns of a flush (bench/s3_live.py). It runs under
+    the journal's lock: keep it quick, and never raise. Returns ``hook`` (a decorator)."""
+    _ENTRY_HOOKS.append(hook)
+    return hook
+
+
+def off_entry(hook: Callable[[Backend, Entry], None]) -> None:
+    """Stop calling ``hook`` (``on_entry``)."""
+    if hook in _ENTRY_HOOKS:
+        _ENTRY_HOOKS.remove(hook)
 
 
 def _order(p: Part) -> tuple:
@@ -792,6 +813,6 @@ def collect_garbage(fs: Backend, journal: Journal,
     return doomed_objects + doomed_entries
 
 
-__all__ = ["FEATURE", "STORE_FORMAT", "WRITERS_PATH", "read_writers", "register_writer", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView",
+__all__ = ["FEATURE", "STORE_FORMAT", "WRITERS_PATH", "read_writers", "register_writer", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView", "on_entry", "off_entry",
            "SharedWriterConflictError", "collect_garbage", "commit_object", "enable",
            "checked", "journal_for", "journal_in_use", "read_footer", "split_max_shared"]

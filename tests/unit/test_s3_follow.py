@@ -508,3 +508,35 @@ def test_a_waiting_fetch_looks_at_its_partitions_only_when_the_store_moved(s3, m
             assert [r.bounds.high_watermark for _, rs in seen for r in rs] == [2] * parts
         finally:
             view.close()
+
+
+def test_on_entry_tells_when_a_follower_first_holds_each_entry(s3, monkeypatch):
+    """``shared.on_entry`` (what bench/s3_live.py times a reader's stages with): called once
+    per journal for each entry, when it first holds it (the writer's own commit; a follower's
+    poll), with that journal's backend; ``off_entry`` stops it."""
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "2")  # (entries from the catalog too)
+    fake, root = s3
+    url = store_url("s3", root)
+    seen = []
+    hook = SH.on_entry(lambda fs, e: seen.append((fs, e.writer, e.seq)))
+    try:
+        writer = Store.open(url, writer="w", create=True, commitlog_dir=f"{root}/cl")
+        writer.append(_batch("t", _rows(2, 0)))
+        writer.flush()
+        f = Follow(url, 2)
+        for i in range(1, 4):
+            writer.append(_batch("t", _rows(2, i)))
+            writer.flush()
+            f.round()
+        assert f.next_offsets() == [4, 4]
+        assert [s for fs, *s in seen if fs is writer.fs] == [["w", i] for i in range(4)]
+        assert sorted(s for fs, *s in seen if fs is f.st.fs) == [["w", i] for i in range(4)]
+    finally:
+        SH.off_entry(hook)
+    n = len(seen)
+    writer.append(_batch("t", _rows(2, 4)))
+    writer.flush()
+    f.round()
+    assert len(seen) == n and f.next_offsets() == [5, 5]
+    writer.close()
+    f.close()
