@@ -25,7 +25,8 @@ the record's CreateTime), records produced in the window and how many the consum
 received 15 s after it, and where a record's time went (``writer``: from its CreateTime to its
 flush's journal entry's created_ms; ``commit``: from there until this process held the entry;
 ``serve``: from there until the consumer had it); then journal / list ratios.
-``BENCH_MIRROR_CACHE=DIR`` puts the mirror's commit log and local segments in DIR. Targets:
+``BENCH_MIRROR_CACHE=DIR`` puts the mirror's commit log and local segments in DIR;
+``BENCH_MIRROR_PROFILE=FILE`` runs the mirror under cProfile (its stats in FILE). Targets:
 <= 8 requests a second and no LIST in steady state at 8 and at 512 partitions, p99 <= 1.5 s,
 every record delivered.
 """
@@ -298,7 +299,11 @@ def run_count(s3: SeaweedS3, broker, partitions: int, seconds: float, rate: floa
         "BENCH_MIRROR_CACHE") or os.path.join(work, "mirror-cache"))
     env.pop("KCOMPACT_S3_FOLLOW", None)
     log = open(os.path.join(work, f"mirror-{partitions}.log"), "w")
-    mirror = subprocess.Popen([sys.executable, "-m", "kcompact", "mirror", "--bootstrap-servers",
+    # BENCH_MIRROR_PROFILE=FILE: the mirror runs under cProfile, its stats written to FILE
+    # when it stops (SIGTERM stops it as Ctrl-C does); the latency then includes the overhead
+    prof = os.environ.get("BENCH_MIRROR_PROFILE")
+    run = [sys.executable] + (["-m", "cProfile", "-o", prof] if prof else [])
+    mirror = subprocess.Popen(run + ["-m", "kcompact", "mirror", "--bootstrap-servers",
                                broker.bootstrap_servers, "--topic", topic, "--store", url,
                                "--follow", "--no-groups"], stdout=log, stderr=log, env=env)
     try:
