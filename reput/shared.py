@@ -813,6 +813,7 @@ def collect_garbage(fs: Backend, journal: Journal,
     return doomed_objects + doomed_entries
 
 
-__all__ = ["FEATURE", "STORE_FORMAT", "WRITERS_PATH", "read_writers", "register_writer", "Entry", "Journal", "ObjectBuilder", "Part", "RangeView", "on_entry", "off_entry",
+__all__ = ["FEATURE", "STORE_FORMAT", "WRITERS_PATH", "read_writers", "register_writer",
+           "Entry", "Journal", "ObjectBuilder", "Part", "RangeView", "on_entry", "off_entry",
            "SharedWriterConflictError", "collect_garbage", "commit_object", "enable",
            "checked", "journal_for", "journal_in_use", "read_footer", "split_max_shared"]
