@@ -13,16 +13,6 @@ from kcompact.connectors.plugins.store_source.progress import RestoreJob
 from kcompact.reput import Store
 
 
-def _at_the_end(c: Consumer, topic: str, partition: int, at: int) -> bool:
-    """Whether ``at`` (where a partition-EOF event says the consumer is) is the partition's
-    end as Kafka answers it now (a read_committed consumer's ListOffsets: the last stable
-    offset). A partition-EOF event taken from a Fetch answered just after the transactions'
-    markers went in can come before the records it ends (seen once in CI: EOF on both
-    partitions, no record): the reference read then goes on until it is at the end."""
-    end = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)[1]
-    return at >= end
-
-
 def read_topic(bootstrap: str, topic: str, partitions: int, *, offsets: bool = True
                ) -> dict[int, list[tuple]]:
     """Everything a read_committed consumer sees, per partition in offset order:
@@ -39,8 +29,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int, *, offsets: bool = T
             assert time.monotonic() < deadline, "reading the topic back timed out"
             for m in c.consume(10_000, 0.5):
                 if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF \
-                            and _at_the_end(c, topic, m.partition(), m.offset()):
+                    if m.error().code() == KafkaError._PARTITION_EOF:
                         eof.add(m.partition())
                     continue
                 row = (m.timestamp()[1], m.key(), m.value(), tuple(m.headers() or ()))
