@@ -3,7 +3,8 @@
 * a reader opening a 48-partition store (topics, partitions, every next offset) makes the
   same 4 requests as at 4 partitions;
 * a writer SIGKILLed between the upload of its object and its journal entry, one SIGKILLed in
-  its catalog fold (after the entry's commit), and a compaction SIGKILLed between its manifest
+  its catalog fold (after the entry's commit; by its flush, or in its fold thread as a mirror
+  folds), and a compaction SIGKILLed between its manifest
   commit and the catalog's lose and duplicate nothing; what they leave is either read (the
   catalog lags, never loses) or collected (an orphan object);
 * a new store's first writer and a consumer reading it all through the Kafka endpoint's view
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # ``KILL_AT``: where it SIGKILLs itself
 WRITER = textwrap.dedent('''
     import os, signal, sys
-    from kcompact.reput import Store
+    from kcompact.reput import Store, WriterOptions
     from kcompact.reput import shared as SH
     from kcompact.reput import store_catalog as SC
     from kcompact.reput.record import RecordBatch
@@ -46,7 +47,11 @@ WRITER = textwrap.dedent('''
         SH.commit_object = commit
     elif kill_at == "fold":  # the entry committed, the catalog's fold never written
         SC.StoreCatalog.fold = dies
-    with Store.open(url, writer="w", create=True, commitlog_dir=cl) as st:
+    options = WriterOptions()
+    if kill_at == "fold-background":  # the same, in the writer's fold thread (the mirror's)
+        options = WriterOptions(fold="background")
+        SC.StoreCatalog.fold = dies
+    with Store.open(url, writer="w", create=True, commitlog_dir=cl, options=options) as st:
         for f in range(first, first + flushes):
             st.append(RecordBatch.from_records("t", [
                 (p, f, 1000 + f, b"k%d" % (f % 3), b"v%d-%d" % (p, f), [])
@@ -122,7 +127,7 @@ def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_pat
     fold_each = {"KCOMPACT_S3_CATALOG_FOLD": "1"}
     ok = _child(tmp_path, WRITER, url, cl, "0", "3", "4", "-", env=fold_each)
     assert ok.wait(120) == 0, ok.stderr.read()
-    for at, first in (("commit", 3), ("fold", 4)):
+    for at, first in (("commit", 3), ("fold", 4), ("fold-background", 5)):
         killed = _child(tmp_path, WRITER, url, cl, str(first), "1", "4", at, env=fold_each)
         assert killed.wait(120) == -signal.SIGKILL, (at, killed.stderr.read())
         # the next open of the writer uploads what the killed one had not committed (its
@@ -136,7 +141,7 @@ def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_pat
             assert cat.folded["w"] == max(s for w, s in j.listed_keys() if w == "w"), at
     killed = _child(tmp_path, COMPACTOR, url)
     assert killed.wait(180) == -signal.SIGKILL, killed.stderr.read()
-    assert _read(url, 4) == _want(4, 5)  # the catalog lags: the partitions as they were
+    assert _read(url, 4) == _want(4, 6)  # the catalog lags: the partitions as they were
     with Store.open(url, writer="gc", commitlog_dir=str(tmp_path / "cl-gc")) as st:
         st.collect_shared_garbage()  # reconciles the catalog, then deletes
         st.collect_compaction_garbage()
@@ -147,7 +152,7 @@ def test_writers_and_a_compaction_killed_around_the_catalog_lose_nothing(tmp_pat
         assert set(j.objects) <= named  # no orphan left
     # the catalog caught up: the partition the killed compaction committed reads compacted
     # (the newest record of each key), the others as they were
-    got, want = _read(url, 4), _want(4, 5)
+    got, want = _read(url, 4), _want(4, 6)
     compacted = [p for p in range(4) if got[p] != want[p]]
     assert len(compacted) == 1, got
     for p in compacted:
