@@ -197,6 +197,9 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
     changes = getattr(view, "changes", None) if wait_s > 0 else None
     mark = await run(changes) if changes is not None else None
     seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
+    at_edge = getattr(view, "at_edge", None)
+    if total == 0 and at_edge is not None:  # (the store's polls keep the follow interval)
+        await run(at_edge)
     looked = time.monotonic()
     while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
         tick = POLL_S if mark is None else SIGNAL_POLL_S
