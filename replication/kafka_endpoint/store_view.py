@@ -132,7 +132,7 @@ class StoreView:
             return f.poll()
 
     def at_edge(self) -> None:
-        """A Fetch found nothing past its offsets: it waits at the live edge, and the store's
+        """A Fetch found less than its min_bytes: it waits at the live edge, and the store's
         polls keep the follow interval for a while (reput/s3_follow.py ``Follower.at_edge``).
         The endpoint's reads are otherwise content with an older poll while nothing is new
         (``off_edge``)."""
