@@ -15,8 +15,9 @@ Then, alternating for --rounds rounds:
 * mirror: kcompact.connectors.apps.mirror.mirror_local into a fresh store directory, timed from the
   call to its return (metadata, store creation, consume, append, final fsync'd flush).
 
-numba's kernels are loaded once before the first round (a fixed ~1-3 s per process that every
-`kcompact` process pays at start-up, whatever the topic size). Target: mirror throughput
+numba's kernels and the source-codec probe's protocol library are loaded once before the first
+round (store_sink.warm_up: a fixed ~1-3 s per process that every `kcompact` process pays at
+start-up, whatever the topic size). Target: mirror throughput
 >= 1.0 x raw consume (median of the rounds; issue 19 raised it from 0.8).
 """
 

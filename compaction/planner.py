@@ -338,7 +338,7 @@ class Scheduler:
         verify or a reader: reput/damage_record.py), so that the metric counts it until it is
         repaired. Every run on a local store (a missing file is one failed open); on an object
         store the first run only (a request per partition), then what this process records."""
-        if self.runs and not self.store.fs.appendable:
+        if self.runs and not self.store.publisher.cheap_metadata:
             return []
         out = []
         for t in self.store.topics():

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import filenames as fn
 from . import shared as SH
-from . import store_catalog as SC
 from .errors import ReputError
 from .locks import FileLock, partition_holder
 from .partition import PartitionLog
@@ -65,11 +64,10 @@ class PartitionRegistry:
         # (also under KCOMPACT_S3_FOLLOW=list: a catalog store's partitions not split yet
         # have no manifest, so no directory to list)
         fs = self.store.fs
-        cat = SC.for_store(fs) if not fs.appendable else None
+        cat = self.store.publisher.store_catalog()
         if cat is None:
             return None
-        from . import s3_follow as S3F
-        f = S3F.follower_for(fs)
+        f = self.store.publisher.follower()
         j = SH.journal_for(fs)
         if f is not None:
             f.poll()
@@ -87,9 +85,8 @@ class PartitionRegistry:
         with shared uploads but no catalog (reput/s3_follow.py; ``kv build --follow`` asks at
         every poll round) lists them at most every ``PARTITIONS_RELIST_S``, and adds the
         partitions the journal's entries name (no request)."""
-        from . import s3_follow as S3F
         fs = self.store.fs
-        f = S3F.follower_for(fs) if not fs.appendable else None
+        f = self.store.publisher.follower()
         if f is None:
             return {int(p) for p in fs.listdir(fn.topic_dir(topic)) if p.isdigit()}
         now = time.monotonic()

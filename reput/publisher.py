@@ -80,9 +80,26 @@ class Publisher:
     def adopted(self, meta) -> None:
         """store.json was read again (another process may have changed its features)."""
 
+    #: reading a partition's metadata costs no request (a local file), so what is recorded
+    #: beside every partition can be read again at each pass
+    cheap_metadata = True
+    #: a partition's compaction horizon is a file of its own (compaction.checkpoint), read and
+    #: checked on its own; else it is the manifest's, validated with it
+    checkpoint_file = True
+
     def requires_lists(self, features: list[str], feature: str) -> bool:
         """Whether every partition must have a segment list (store.json's features say so)."""
         return feature in features
+
+    def store_catalog(self):
+        """The store's catalog (docs/formats/store-catalog.md), or None: a local store has
+        none (its directory listing is the catalog)."""
+        return None
+
+    def follower(self):
+        """The process's follower of the store's shared uploads (reput/s3_follow.py), or None:
+        a local store's readers look at its files."""
+        return None
 
     def unlisted_partitions(self, topic: str) -> set[int]:
         """Partitions this writer holds that the store's listing does not show yet."""
@@ -234,8 +251,19 @@ class ManifestPublisher(Publisher):
         if SH.FEATURE in meta.features:
             SH.enable(self.fs)  # another process started shared uploads meanwhile
 
+    cheap_metadata = False
+    checkpoint_file = False
+
     def requires_lists(self, features: list[str], feature: str) -> bool:
         return False  # (a manifest lists every partition's segments)
+
+    def store_catalog(self):
+        from . import store_catalog as SC
+        return SC.for_store(self.fs)
+
+    def follower(self):
+        from . import s3_follow as S3F
+        return S3F.follower_for(self.fs)
 
     def unlisted_partitions(self, topic: str) -> set[int]:
         st = self.store

@@ -167,7 +167,11 @@ def manifest_sources(fs: Backend, pdir: str, out: Salvaged) -> tuple[list[Source
                           listed_log_size=e.log_size, listed_records=e.records,
                           listed_first=e.first_offset, listed_last=e.last_offset,
                           exact=e.offset_array())
-            out.files += [(fs, src.log), (fs, src.bcq)]
+            if e.object is not None:
+                src.fs = _in_compaction_object(fs, e, src.log, src.bcq)
+                out.files.append((fs, e.object))
+            else:
+                out.files += [(fs, src.log), (fs, src.bcq)]
             sources.append(src)
         sources += orphans(fs, pdir, m, out)
         if damaged_above:
@@ -180,6 +184,27 @@ def manifest_sources(fs: Backend, pdir: str, out: Salvaged) -> tuple[list[Source
         out.losses.append(Loss(0, None, None, fn.manifest_dir(pdir),
                                "no manifest version of the partition reads"))
     return [], 0
+
+
+def _in_compaction_object(fs: Backend, e, log: str, bcq: str) -> Backend:
+    """A manifest entry's segment inside a compaction object (docs/formats/compaction-object.md):
+    its .log and .bcq as the two byte ranges of the object the entry gives, read through a
+    ``RangeView`` as the partition's reader does; cut to the object as it is (a missing object
+    reads as a missing segment, a truncated one as a segment cut short)."""
+    from . import shared as SH
+    try:
+        size = fs.size(e.object)
+    except FileNotFoundError:
+        size = None
+    view = SH.RangeView(fs)
+    if size is not None:
+        log_n = max(0, min(e.log_size, size - e.log_pos))
+        bcq_n = max(0, min(e.bcq_size, size - e.bcq_pos))
+        if log_n:
+            view.add(log, e.object, e.log_pos, log_n)
+        if bcq_n:
+            view.add(bcq, e.object, e.bcq_pos, bcq_n)
+    return view
 
 
 def shared_sources(fs: Backend, topic: str, partition: int, out: Salvaged

@@ -82,7 +82,7 @@ def _verify_partition(store: Store, topic: str, partition: int, report: VerifyRe
                                        fn.partition_dir(topic, partition), 0, str(e)))
         return
     report.partitions += 1
-    if store.fs.appendable:  # (on S3 the horizon is the manifest's, validated when read)
+    if store.publisher.checkpoint_file:  # (else the manifest's, validated when read)
         try:
             swap.read_checkpoint(store.fs, pl.dir)
         except CorruptRecordError as e:

@@ -90,6 +90,12 @@ BROKER_DEFAULTS: dict[str, str] = {
     "num.io.threads": "4",
     "num.recovery.threads.per.data.dir": "1",
     "log.flush.offset.checkpoint.interval.ms": "60000",
+    # a test and demo broker deletes no record by time or size: Kafka's retention check (30 s
+    # after start, then every 5 min) deletes whole logs of records stamped more than
+    # retention.ms (7 days) ago, and tests and demos produce at fixed 2023 timestamps; a read
+    # that a check overtook got OFFSET_OUT_OF_RANGE at offset 0 and no record (seen in CI)
+    "log.retention.check.interval.ms": str(7 * 24 * 3600 * 1000),
+    "log.initial.task.delay.ms": str(24 * 3600 * 1000),
 }
 _JVM_OPTIONS = ("-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
                 "-Dzookeeper.jmx.log4j.disable=true")

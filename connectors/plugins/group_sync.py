@@ -21,6 +21,7 @@ capture never fails a mirror: the next one tries again).
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from ..framework.kafka_clients import (admin_settings, kafka_error, kafka_error_text, kafka_logger,
@@ -45,18 +46,44 @@ class GroupFilter:
             self.exclude is not None and self.exclude.fullmatch(group))
 
 
+def _busy_coordinator(exc: BaseException) -> bool:
+    """A ListGroups error that passes: a coordinator still loading its groups (a broker just
+    started, or a new leader of ``__consumer_offsets`` partitions), or not there yet."""
+    from confluent_kafka import KafkaError
+    err = exc if hasattr(exc, "code") else kafka_error(exc)  # (a KafkaException, or its error)
+    return err is not None and err.code() in (KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                                              KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                              KafkaError.NOT_COORDINATOR)
+
+
+def list_groups(admin: Any, timeout: float = TIMEOUT_S, *, pause_s: float = 0.25) -> Any:
+    """ListGroups on every broker (Admin API). A broker whose coordinator is still loading
+    answers with the groups loaded so far and an error: asked again until it answers whole or
+    ``timeout`` passed (a capture then keeps what it got: the next one gets the rest). Raises
+    KafkaException when no broker listed its groups."""
+    from confluent_kafka import KafkaException
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 5)
+        errors = listing.errors or []
+        if errors and all(_busy_coordinator(e) for e in errors) \
+                and time.monotonic() + pause_s < deadline:
+            time.sleep(pause_s)
+            continue
+        if errors and not listing.valid:  # the first error says why
+            err = errors[0]
+            raise err if isinstance(err, KafkaException) else KafkaException(err)
+        return listing
+
+
 def read_source_offsets(admin: Any, topics: set[str], wanted: Callable[[str], bool],
                         timeout: float = TIMEOUT_S) -> list[tuple[str, str, int, int, str]]:
     """(group, topic, partition, offset, metadata) of every committed offset of a wanted group
     on ``topics``. Raises KafkaException when the cluster refuses the group APIs; a group that
     cannot be read alone is skipped."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
-    listing = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 5)
-    if listing.errors:  # a broker that could not list its groups: the first error says why
-        err = listing.errors[0]
-        if not listing.valid:
-            raise KafkaException(err)
-    names = sorted(g.group_id for g in listing.valid if wanted(g.group_id))
+    listing = list_groups(admin, timeout)
+    names = sorted(g.group_id for g in listing.valid or [] if wanted(g.group_id))
     rows: list[tuple[str, str, int, int, str]] = []
     for g in names:  # OffsetFetch is answered per group (the coordinator's)
         try:
@@ -146,5 +173,5 @@ class SinkGroupSync(PeriodicCapture):
         self.kept += result
 
 
-__all__ = ["DEFAULT_INTERVAL_MS", "GroupFilter", "SinkGroupSync", "capture_once",
+__all__ = ["DEFAULT_INTERVAL_MS", "GroupFilter", "SinkGroupSync", "capture_once", "list_groups",
            "read_source_offsets"]

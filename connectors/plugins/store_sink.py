@@ -531,8 +531,12 @@ class _Positions(dict):
 def warm_up() -> None:
     """Compile (or load from numba's cache) the encode/scan/order-check kernels: about
     3 s on a small VM, spent here while the consumer connects and prefetches, instead of inside
-    the first real append (Store.append's encode_scanned; scan re-dispatches after a crash)."""
+    the first real append (Store.append's encode_scanned; scan re-dispatches after a crash).
+    Also imports the source-codec probe's Kafka protocol library (kio: 0.15-0.35 s, the more
+    with hypothesis installed), which the first topic's probe would otherwise pay."""
     from kcompact.reput.record import encode_scanned, scan
+
+    from ..framework import codec_probe  # noqa: F401 - (imported for the reason above)
     from kcompact.reput.store import warm_up as warm_up_append
     for headers in (None, [("h", b"")]):
         recs = SinkRecords(["warm-up"], [0], [0], [0], [b"k"], [b"v"], [headers])

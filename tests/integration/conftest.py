@@ -60,11 +60,24 @@ _TOPIC_READY_TIMEOUT = 15.0
 _KAFKA_CACHE = _apache_kafka.cache_dir()
 
 
+#: The files that take longest (their tests' sum in a clean-clone run, longest first): run
+#: first, so that pytest-xdist's workers (``--dist loadfile``: a file is one unit of work) end
+#: together instead of one finishing a long file alone (longest processing time first).
+LONGEST_FIRST = ("test_doc_examples.py", "test_client_matrix.py", "test_s3.py",
+                 "test_issue44_repair_e2e.py", "test_fleet.py", "test_first_hour.py",
+                 "test_spark_cluster.py", "test_packaging.py", "test_demo.py", "test_s3_suite.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # This hook sees every collected item of the session, not only ours: mark by location.
+    ours = []
     for item in items:
         if _HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+            ours.append(item)
+    if len(ours) == len(items):  # (a stable sort: a file's tests keep their order)
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda it: rank.get(Path(str(it.path)).name, len(rank)))
 
 
 # -- the broker: yours, testcontainers' Kafka, or the embedded Tansu (brokers.py) ----------------

@@ -94,8 +94,12 @@ def test_opening_costs_the_same_requests_at_4_and_48_partitions(tmp_path, s3_sto
                                                                  monkeypatch):
     # a reader lists again once its listing is older than KCOMPACT_S3_REFRESH_MS: on a loaded
     # machine opening 48 partitions can outlast the default 200 ms, so the count is taken
-    # with listings that do not age during the open (what is compared is the partition count)
+    # with listings that do not age during the open, and the catalog's next version and the
+    # journal's next key looked for once (KCOMPACT_S3_CATALOG_POLL_MS, KCOMPACT_S3_FOLLOW_MS):
+    # what is compared is the partition count
     monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
     made = {}
     for parts in (4, 48):
         url = s3_store_url()
@@ -186,7 +190,11 @@ def test_a_new_store_is_written_and_read_with_no_request_per_partition(tmp_path,
     after `compact --force`, make the same requests at 4 and at 48 partitions."""
     from kcompact.compaction.planner import compact_store
     from kcompact.reput.record import RecordBatch
-    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")  # (listings do not age: above)
+    # (listings do not age, and a follower looks for the catalog's next version and the
+    # journal's next key once: above)
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
     made: dict = {}
     for parts in (4, 48):
         url = s3_store_url()

@@ -88,3 +88,49 @@ def test_group_filter():
     f = GroupFilter("billing-.*", "billing-test")
     assert f("billing-eu") and not f("billing-test") and not f("xbilling-eu")
     assert GroupFilter(None, None)("anything")
+
+
+# -- ListGroups while a coordinator loads (connectors/plugins/group_sync.py) ----------------------
+
+
+class _ScriptedAdmin:
+    """Answers list_consumer_groups with the listings given, one per call (the last repeats):
+    the shape confluent-kafka's AdminClient gives, (valid, errors)."""
+
+    def __init__(self, *listings):
+        self.listings, self.calls = list(listings), 0
+
+    def list_consumer_groups(self, request_timeout=None):
+        from concurrent.futures import Future
+
+        from confluent_kafka.admin import ListConsumerGroupsResult
+        valid, errors = self.listings[min(self.calls, len(self.listings) - 1)]
+        self.calls += 1
+        fut = Future()
+        fut.set_result(ListConsumerGroupsResult(valid=valid, errors=errors))
+        return fut
+
+
+def _listing(*names):
+    from confluent_kafka import ConsumerGroupState, ConsumerGroupType
+    from confluent_kafka.admin import ConsumerGroupListing
+    return [ConsumerGroupListing(n, False, ConsumerGroupState.EMPTY, ConsumerGroupType.CLASSIC)
+            for n in names]
+
+
+def test_a_loading_coordinator_is_asked_again_until_it_lists_every_group():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kcompact.connectors.plugins.group_sync import list_groups
+    loading = KafkaException(KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS))
+    admin = _ScriptedAdmin((_listing("a"), [loading]), (_listing("a", "b"), []))
+    got = list_groups(admin, timeout=5, pause_s=0.01)
+    assert sorted(g.group_id for g in got.valid) == ["a", "b"] and admin.calls == 2
+    # still loading when the time is up: what was listed, never an endless wait
+    admin = _ScriptedAdmin((_listing("a"), [loading]))
+    assert [g.group_id for g in list_groups(admin, timeout=0.05, pause_s=0.01).valid] == ["a"]
+    # another error with nothing listed: raised as it came (the capture warns with it)
+    denied = KafkaException(KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED))
+    with pytest.raises(KafkaException) as e:
+        list_groups(_ScriptedAdmin(([], [denied])), timeout=5, pause_s=0.01)
+    assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED

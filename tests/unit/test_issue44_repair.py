@@ -22,7 +22,8 @@ test_issue44_repair_e2e.py.
 
 On S3 the campaign damages per-partition segment objects: its compactions upload them
 (``KCOMPACT_S3_COMPACTION_OBJECTS=partition``), not one compaction object for every partition
-(docs/formats/compaction-object.md), whose damage and salvage this campaign does not cover yet.
+(docs/formats/compaction-object.md); ``test_issue49_campaign_s3_compaction_objects`` damages a
+store compacted into compaction objects (the default) and its objects.
 """
 
 from __future__ import annotations
@@ -292,6 +293,44 @@ def test_issue44_campaign_local(pristine_local, tmp_path, kind, mutation, seed):
     check_salvage(mutated, pristine, damaged, before)
 
 
+def check_s3_salvage(fake, url: str, pristine: dict[int, dict[int, dict]], kind: str,
+                     mutation: str, damaged: int | None) -> dict:
+    """``repair --salvage`` of the S3 store as the mutation left it: exit 0, the store then
+    verifies, every record it holds is the pristine store's, and the offsets it lost are
+    exactly the pristine offsets inside the ranges its report gives."""
+    objs = fake.objects["bucket"]
+    from kcompact.reput.s3_cache import shared_cache, shared_spool
+    shared_cache().clear()
+    shared_spool().clear()
+    named = []
+    if (kind, mutation) == ("manifest", "delete"):
+        # a deleted newest manifest version cannot be told from one never committed (the
+        # partition reads as of the version before, which verifies): nothing finds it, but
+        # a repair of the partition named recovers what the lost version listed from its
+        # segment objects (reput/salvage.py, orphans)
+        named = ["--topic", TOPIC, "--partition", str(damaged)]
+    code, out, err = run("repair", "--store", url, "--salvage", "--json", *named)
+    assert code == 0, err
+    doc = json.loads(out)
+    if named:
+        assert doc["repaired"] and not doc["repaired"][0]["lost"], doc
+    code, vout, verr = run("verify", "--store", url)
+    assert code == 0, (vout[-2000:], verr, doc)
+    for p in range(2):
+        got = records(url, p)
+        ranges = [(x["first"], x["last"]) for e in doc["repaired"] if e["partition"] == p
+                  for x in e["lost"]]
+        for off, r in got.items():
+            assert pristine[p].get(off) == r, (p, off)
+        missing = set(pristine[p]) - set(got)
+        assert missing == {o for o in pristine[p] if any(
+            a <= o and (b is None or o <= b) for a, b in ranges)}, (p, ranges)
+    if doc["quarantine"]:
+        prefix = url.split("/", 3)[3]
+        assert any(k.startswith(f"{prefix}/{doc['quarantine']}/") for k in objs)
+    return doc
+
+
 def _s3_cases(seeds: int, every: int):
     cases = [(k, m, s) for k in S3_KINDS for m in MUTATIONS for s in range(seeds)]
     return [c for i, c in enumerate(cases) if i % every == 0]
@@ -313,35 +352,55 @@ def test_issue44_campaign_s3(tmp_path, kind, mutation, seed):
         check_compaction(url, damaged, kind)
         objs.clear()
         objs.update(snap)  # the salvage runs on the store as the mutation left it
-        from kcompact.reput.s3_cache import shared_cache, shared_spool
-        shared_cache().clear()
-        shared_spool().clear()
-        named = []
-        if (kind, mutation) == ("manifest", "delete"):
-            # a deleted newest manifest version cannot be told from one never committed (the
-            # partition reads as of the version before, which verifies): nothing finds it, but
-            # a repair of the partition named recovers what the lost version listed from its
-            # segment objects (reput/salvage.py, orphans)
-            named = ["--topic", TOPIC, "--partition", str(damaged)]
-        code, out, err = run("repair", "--store", url, "--salvage", "--json", *named)
-        assert code == 0, err
-        doc = json.loads(out)
-        if named:
-            assert doc["repaired"] and not doc["repaired"][0]["lost"], doc
-        code, vout, verr = run("verify", "--store", url)
-        assert code == 0, (vout[-2000:], verr, doc)
-        for p in range(2):
-            got = records(url, p)
-            ranges = [(x["first"], x["last"]) for e in doc["repaired"] if e["partition"] == p
-                      for x in e["lost"]]
-            for off, r in got.items():
-                assert pristine[p].get(off) == r, (p, off)
-            missing = set(pristine[p]) - set(got)
-            assert missing == {o for o in pristine[p] if any(
-                a <= o and (b is None or o <= b) for a, b in ranges)}, (p, ranges)
-        if doc["quarantine"]:
-            prefix = url.split("/", 3)[3]
-            assert any(k.startswith(f"{prefix}/{doc['quarantine']}/") for k in objs)
+        check_s3_salvage(fake, url, pristine, kind, mutation, damaged)
+
+
+# -- compaction objects (issue 49): a run's partitions in one object ---------------------------
+
+
+def _compaction_object_keys(fake, url: str) -> list[str]:
+    bucket, prefix = url.split("/", 3)[2:]
+    return sorted(k for k in fake.objects[bucket]
+                  if k.startswith(f"{prefix}/{fn.COMPACTED_DIR}/") and k.endswith(".kco"))
+
+
+@pytest.mark.parametrize("kind,mutation", [
+    *[("manifest", m) for m in ("flip", "truncate", "delete")],
+    *[("object", m) for m in MUTATIONS]])
+def test_issue49_campaign_s3_compaction_objects(tmp_path, monkeypatch, kind, mutation):
+    """A store compacted the default way on S3 (one compaction object per run for every
+    partition): the newest manifest version of a partition damaged, or the compaction object
+    itself. Salvage reads the segments the readable manifest version places in the object (once
+    taken for missing: a manifest damage lost every compacted record of the partition), and
+    loses exactly what the damage took."""
+    monkeypatch.setenv("KCOMPACT_S3_COMPACTION_OBJECTS", "store")
+    with backend_env("s3", tmp_path) as fake:
+        url = store_url("s3", tmp_path)
+        Store.create(url).close()
+        build(url)
+        assert _compaction_object_keys(fake, url)  # (else the case tests nothing)
+        pristine = {p: records(url, p) for p in range(2)}
+        if kind == "manifest":
+            damaged = mutate_s3(fake, url, "manifest", mutation, 0)
+        else:
+            from kcompact.reput.s3_cache import shared_cache, shared_spool
+            rnd = random.Random(f"kco/{mutation}")
+            key = rnd.choice(_compaction_object_keys(fake, url))
+            objs = fake.objects["bucket"]
+            new = mutate_bytes(objs[key][0], mutation, rnd)
+            if new is None:
+                del objs[key]
+            else:
+                objs[key] = (new, objs[key][1])
+            shared_cache().clear()
+            shared_spool().clear()
+            damaged = None
+        doc = check_s3_salvage(fake, url, pristine, kind, mutation, damaged)
+        if kind == "manifest" and mutation != "delete":
+            # the damaged version's segments past the compacted ones: what the report says;
+            # the compacted records themselves are all kept
+            (e,) = [e for e in doc["repaired"] if e["partition"] == damaged]
+            assert all(x["last"] is None for x in e["lost"]), e
 
 
 # -- double faults (issue 51): pairs of files of one partition deleted or truncated together -------

@@ -249,6 +249,29 @@ def test_repair_and_salvage_ask_no_kind_outside_their_implementations():
     assert not bad, "a store's kind asked in repair code:\n" + "\n".join(bad)
 
 
+#: where a store or a partition opens and picks its implementations by what its backend can do
+#: (``fs.appendable``: a local directory): the publisher, the repair kind, the partition's catalog
+#: and store.json's features; and swap.py's functions, which both kinds call with their backend
+OPENING_CODE = {"reput/publisher.py", "reput/repair_kinds.py", "reput/partition.py",
+                "reput/store.py", "reput/swap.py", "reput/catalog_upkeep.py"}
+APPENDABLE_FS = re.compile(r"\bfs\.appendable\b")
+
+
+def test_only_the_opening_code_asks_whether_the_backend_appends():
+    """Issue 48: past the store's open, code asks the publisher (``store_catalog()``,
+    ``follower()``, ``cheap_metadata``, ``checkpoint_file``...) what its kind does, not whether
+    the backend's files can be appended to (a segment's own ``appendable``, the open segment,
+    is another question)."""
+    bad = []
+    for top, rel, path in _python_files():
+        if top not in LAYERS or rel in OPENING_CODE or rel in BACKEND_IMPLEMENTATIONS:
+            continue
+        with open(path, encoding="utf-8") as f:
+            bad += [f"{rel}:{i}: {line.strip()}" for i, line in enumerate(f, 1)
+                    if APPENDABLE_FS.search(line)]
+    assert not bad, "a backend's kind asked past the store's open:\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("source,asks", [
     ("if self.remote:\n    pass", True),
     ("local_fs = store.local_fs if store.remote else None", True),

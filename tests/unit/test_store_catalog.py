@@ -395,6 +395,10 @@ def test_a_catch_up_read_makes_no_request_per_partition(s3, monkeypatch, split, 
     --force` (one compaction object); it reads what was written."""
     fake, root = s3
     monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    # the catalog's next version and the journal's next key are looked for once (a slower
+    # read would look again)
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
     if not folded:
         monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "1000")
     log = _by_key(fake)
