@@ -163,12 +163,19 @@ class Follower:
             last = self._polled_at if shared else self._own_at
             if last is not None and now - last < age:
                 return self.generation()
-            before = self.generation()
+            before = self._heads_now()
             try:
                 self._poll(now, age, shared)
             finally:
-                self._moved = self.generation() != before
+                self._moved = self._heads_now() != before
             return self.generation()
+
+    def _heads_now(self) -> tuple:
+        """What a poll moves: each writer's next seq, the catalog's newest version (not the
+        journal's generation, which the partitions' own reads of listed entries move too)."""
+        cat = SC.for_store(self.fs)
+        latest = cat.latest if cat is not None else None
+        return dict(self.next), latest.version if latest is not None else None
 
     def _poll(self, now: float, age: float, shared: bool) -> None:
         self._polled_at = now
