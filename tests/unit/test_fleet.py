@@ -861,3 +861,34 @@ def test_the_poller_answers_an_older_poll_without_a_get(heads_fleet):
     assert h.fake.calls["GetObject"] == before and doc["age_ms"] < 60_000
     h.fp.heads_doc(0.0)  # at its follow interval (0 here): it polls S3
     assert h.fake.calls["GetObject"] > before
+
+
+def test_a_store_without_a_catalog_is_polled_off_the_edge_as_rarely(tmp_path, monkeypatch):
+    """The same on a store without a catalog (each partition refreshes through the journal
+    and its own manifest): off the edge no poll; once a Fetch waits, every read polls."""
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    monkeypatch.setattr(S3F, "IDLE_POLL_S", 3600.0)
+    with backend_env("s3", str(tmp_path)):
+        url = store_url("s3", tmp_path)
+        Store.create(url, shared_uploads=True, catalog=False).close()
+        w = Writer(url, tmp_path)
+        for _ in range(3):
+            w.flush()
+        view = StoreView(url)
+        try:
+            fol = S3F.follower_for(view.store.fs)
+            fol.interval_s = 0.0
+            assert view.partitions("t") == list(range(PARTS))  # (its first poll lists them)
+            view.bounds("t", 0)  # (and the one after finds nothing new)
+            polls = fol.stats["polls"]
+            for _ in range(3):
+                assert [view.bounds("t", p).high_watermark for p in range(PARTS)] == [3] * PARTS
+                assert all(view.fetch("t", p, 0, 1 << 20).nbytes > 0 for p in range(PARTS))
+                view.changes()
+            assert fol.stats["polls"] == polls
+            view.at_edge()  # a Fetch waits: every read polls again
+            view.bounds("t", 0)
+            assert fol.stats["polls"] == polls + 1
+        finally:
+            view.close()
+            w.st.close()
