@@ -308,7 +308,8 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         kinds = {k: v for k, v in total.items() if " " in k and v > 0}
         trace = sorted((t - epoch0, i, name, what, th) for i, n in enumerate(started, 1)
                        for t, name, what, th in getattr(n, "trace", []) if t >= epoch0)
-        return {"trace": trace, "nodes": nodes, "fleet": fleet, "gets": total["get_object"], "kinds": kinds,
+        return {"trace": trace, "nodes": nodes, "fleet": fleet, "gets": total["get_object"],
+                "kinds": kinds,
                 "requests": sum(v for v in total.values() if v > 0),
                 "consumers": results, "saved": saved, "wall": wall, "busy": busy,
                 "node_cpu": node_cpu, "epoch0": epoch0}

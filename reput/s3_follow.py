@@ -30,10 +30,11 @@ it found absent; when the hook answers nothing, the follower polls S3 itself.
 Polls at the follow interval are for readers at the live edge. A reader that is not there (the
 Kafka endpoint's Fetch of a partition below its high watermark, a Metadata request: calls
 inside ``off_edge()``) is content with a poll up to ``IDLE_POLL_S`` old while the last poll
-found nothing new and no partition of the process was read at its high watermark
-(``at_edge``) within ``EDGE_S``: a consumer catching up on a quiet store costs no poll per
-interval, and one that reaches the high watermark brings the fast interval back at once (its
-Fetch waits, and the waiting Fetch polls at the follow interval).
+found nothing new and no Fetch of the process waited at the live edge (``at_edge``) within
+``EDGE_S``: a consumer catching up on a quiet store costs no poll per interval, and one that
+reaches the high watermark brings the fast interval back at once (its Fetch waits, and the
+waiting Fetch polls at the follow interval). Other readers (``kcompact serve``'s replicas,
+``kv build --follow``) poll at the follow interval, as before.
 
 A partition (``ManifestCatalog.refresh``) then re-reads its manifest only every
 ``KCOMPACT_S3_MANIFEST_RECHECK_S`` (one GET of its next version; a LIST only when it exists),
@@ -70,10 +71,10 @@ LEGACY_RELIST_S = 60.0
 #: at most this many entries of one writer are fetched in one poll (the rest at the next)
 MAX_PER_POLL = 256
 #: a reader off the live edge (``off_edge``) is content with a poll this old (s) while the last
-#: poll found nothing new and no partition was read at its high watermark within EDGE_S
+#: poll found nothing new and no Fetch waited at the live edge within EDGE_S
 IDLE_POLL_S = 5.0
-#: a read at a partition's high watermark (``Follower.at_edge``) keeps every poll at the follow
-#: interval this long (s): the longest a Kafka Fetch waits (MAX_WAIT_S)
+#: a Fetch waiting at the live edge (``Follower.at_edge``) keeps every poll at the follow
+#: interval this long (s): the longest a Kafka Fetch waits (apis/fetch.py MAX_WAIT_S)
 EDGE_S = 30.0
 
 _off_edge: ContextVar[bool] = ContextVar("kcompact_s3_follow_off_edge", default=False)
@@ -127,14 +128,14 @@ class Follower:
         #: polls answered by the head source (shared)
         self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0,
                       "shared": 0}
-        #: when a partition was last read at its high watermark (``at_edge``); whether the
-        #: last poll found anything new (the journal or the catalog moved)
+        #: when a Fetch last waited at the live edge (``at_edge``); whether the last poll found
+        #: anything new (a writer's next seq or the catalog moved)
         self._edge_at: float | None = None
         self._moved = True
 
     def at_edge(self) -> None:
-        """A reader read a partition at its high watermark: it waits for what comes next, so
-        every poll keeps the follow interval for ``EDGE_S``."""
+        """A reader waits at the live edge (a Fetch found less than its min_bytes): every
+        poll keeps the follow interval for ``EDGE_S``."""
         self._edge_at = time.monotonic()
 
     def wake(self) -> None:
@@ -154,9 +155,9 @@ class Follower:
 
     def poll(self, max_age_s: float | None = None, shared: bool = True) -> int:
         """Look for new journal entries unless a poll ran less than ``max_age_s`` ago (default:
-        ``max_age_s()``, the follow interval, or ``IDLE_POLL_S`` off the live edge); returns the journal's generation (it grows with every entry
-        added or dropped). ``shared`` False: poll S3 itself, not the head source (a fleet's
-        poller answering the others)."""
+        ``max_age_s()``: the follow interval, or ``IDLE_POLL_S`` off the live edge); returns the
+        journal's generation (it grows with every entry added or dropped). ``shared`` False:
+        poll S3 itself, not the head source (a fleet's poller answering the others)."""
         age = self.max_age_s() if max_age_s is None else max_age_s
         with self._lock:
             now = time.monotonic()
