@@ -272,7 +272,9 @@ class Fleet(BlockSource, HeadSource):
             return from_s3()
         owner = self.ring().owner(block_key(path, block))
         if owner is None or owner == self.node_id:
-            data = from_s3()
+            # a journal entry through this node's cache, as its peers' requests for it are
+            # answered (read_block): one GET of it for the fleet, not one more for this node
+            data = backend.read_block(path, block) if fn.is_journal_entry(path) else from_s3()
             if self._absent and fn.is_journal_entry(path):  # it exists now: say so to peers
                 with self._lock:
                     self._absent.pop(path, None)

@@ -425,6 +425,21 @@ def test_an_absent_journal_entry_is_asked_of_s3_once_per_half_interval(fleet2):
     assert gets(fake) - before == 2
 
 
+def test_a_journal_entry_is_fetched_once_for_its_owner_and_its_peers(fleet2):
+    """The owner of an entry reads it itself through its cache, where its peers' requests for
+    it are answered: one GET for the fleet (it was one for the owner and one for the peers)."""
+    fake, _, nodes, _ = fleet2
+    ring = nodes[1].ring()
+    seq = next(s for s in range(100)
+               if ring.owner(f"b|shared/w/journal/{s:020d}.json|0") == 1)
+    path = f"shared/w/journal/{seq:020d}.json"
+    fake.objects["bucket"][f"s/{path}"] = (b'{"entry": 1}', None)
+    before = gets(fake)
+    assert nodes[1].fs.read(path) == b'{"entry": 1}'  # node 1's own read (it owns the entry)
+    assert nodes[2].peers[1].client.block(path, 0, nodes[1].fs.block_size) == b'{"entry": 1}'
+    assert gets(fake) - before == 1
+
+
 # -- the shared heads: one node polls the journal and the catalog for the fleet ------------------
 
 
