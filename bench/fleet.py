@@ -86,6 +86,7 @@ def node_main(counts_file: str, argv: list[str]) -> int:
     counts: Counter = Counter()
     lock = threading.Lock()
     make = s3mod.make_client
+    trace: list | None = [] if os.environ.get("BENCH_FLEET_TRACE") else None
 
     class Counted:
         def __init__(self, client):
@@ -101,6 +102,12 @@ def node_main(counts_file: str, argv: list[str]) -> int:
                 with lock:
                     counts[name] += 1
                     counts[f"{name} {what}"] += 1
+                    if trace is not None:
+                        import traceback
+                        via = [f.name for f in traceback.extract_stack(limit=40)
+                               if any(m in f.filename for m in ("kafka_endpoint", "fleet/",
+                                                                "s3_follow", "partition_reg"))]
+                        trace.append((time.time(), name, what, ">".join(via[-6:])))
                 return attr(*a, **k)
             return call
 
@@ -110,6 +117,8 @@ def node_main(counts_file: str, argv: list[str]) -> int:
         while True:
             with lock:
                 doc = dict(counts)
+                if trace is not None:
+                    doc["_trace"] = list(trace)
             tmp = counts_file + ".tmp"
             with open(tmp, "w") as f:
                 json.dump(doc, f)
@@ -130,6 +139,7 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: dict[int, set] = {}
     n, t0, first = 0, time.monotonic(), None
+    epoch0 = time.time()
     cpu0 = time.process_time()
     deadline = t0 + 300
     while n < records and time.monotonic() < deadline:
@@ -148,6 +158,7 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     ok = n == records and all(s == set(range(len(s))) for s in seen.values())
     print(json.dumps({"records": n, "ok": ok, "seconds": t1 - t0, "cpu_s": cpu,
                       "first_s": (first - t0) if first is not None else None,
+                      "epoch0": epoch0,
                       "records_per_s": n / (t1 - t0) if t1 > t0 else 0.0}))
     return 0 if ok else 1
 
@@ -247,9 +258,11 @@ class Node:
         return None
 
     def counts(self) -> Counter:
-        time.sleep(0.5)
+        """The counts the node wrote last (the caller waits 0.5 s first: one dump period)."""
         with open(self.counts_file) as f:
-            return Counter(json.load(f))
+            doc = json.load(f)
+        self.trace = doc.pop("_trace", [])
+        return Counter(doc)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -274,9 +287,10 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                 if time.monotonic() > deadline:
                     raise SystemExit("the fleet did not form within 30 s")
                 time.sleep(0.2)
+        time.sleep(0.5)  # (every node's counts at one moment)
         base = sum((n.counts() for n in started), Counter())
         cpu0 = sum(proc_cpu_s(n.proc.pid) for n in started)
-        busy0, wall0 = machine_busy_s(), time.monotonic()
+        busy0, wall0, epoch0 = machine_busy_s(), time.monotonic(), time.time()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
                                    n.bootstrap, str(partitions), str(records)],
                                   stdout=subprocess.PIPE, env=env, text=True) for n in started]
@@ -287,14 +301,18 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         wall = time.monotonic() - wall0
         busy = machine_busy_s() - busy0
         node_cpu = sum(proc_cpu_s(n.proc.pid) for n in started) - cpu0
+        time.sleep(0.5)
         total = sum((n.counts() for n in started), Counter())
         total.subtract(base)
         saved = sum(n.metric("kcompact_fleet_s3_gets_saved_total") or 0 for n in started)
         kinds = {k: v for k, v in total.items() if " " in k and v > 0}
-        return {"nodes": nodes, "fleet": fleet, "gets": total["get_object"], "kinds": kinds,
+        trace = sorted((t - epoch0, i, name, what, th) for i, n in enumerate(started, 1)
+                       for t, name, what, th in getattr(n, "trace", []) if t >= epoch0)
+        return {"trace": trace, "nodes": nodes, "fleet": fleet, "gets": total["get_object"],
+                "kinds": kinds,
                 "requests": sum(v for v in total.values() if v > 0),
                 "consumers": results, "saved": saved, "wall": wall, "busy": busy,
-                "node_cpu": node_cpu}
+                "node_cpu": node_cpu, "epoch0": epoch0}
     finally:
         for n in started:
             n.stop()
@@ -328,6 +346,13 @@ def report(label: str, rows: list[dict]) -> None:
               f"{meta / r['wall']:.1f} a second of the run")
         if os.environ.get("BENCH_FLEET_KINDS"):
             print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
+        if os.environ.get("BENCH_FLEET_TRACE"):
+            for c in r["consumers"]:
+                e = c["epoch0"] - r["epoch0"]
+                print(f"    consumer: start {e:.2f} s, first record {e + (c['first_s'] or 0):.2f}"
+                      f" s, done {e + c['seconds']:.2f} s")
+            for t, i, name, what, th in r["trace"]:
+                print(f"    {t:6.2f} s node {i} {name} {what} ({th})")
     fleets = [r for r in rows if r["fleet"]]
     worst = max(r["gets"] / a_gets for r in fleets)
     slow = min(c["records_per_s"] / a_rate for r in fleets if r["nodes"] > 1

@@ -335,12 +335,13 @@ class Heads(NamedTuple):
 
 
 class HeadSource:
-    """Where a follower gets ``Heads`` instead of polling S3 itself: ``heads(backend)`` returns
-    another process's poll of the store on ``backend``, or None to poll S3 (the default; any
-    error counts as None). A fleet (replication/fleet/) installs one that asks the node that
-    polls for the whole fleet."""
+    """Where a follower gets ``Heads`` instead of polling S3 itself: ``heads(backend,
+    max_age_s)`` returns another process's poll of the store on ``backend``, one that ended at
+    most about ``max_age_s`` ago (None: the follow interval), or None to poll S3 (the default;
+    any error counts as None). A fleet (replication/fleet/) installs one that asks the node
+    that polls for the whole fleet."""
 
-    def heads(self, backend) -> Heads | None:
+    def heads(self, backend, max_age_s: float | None = None) -> Heads | None:
         return None
 
 

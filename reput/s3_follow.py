@@ -27,6 +27,15 @@ In a fleet of Kafka endpoints (replication/fleet/) one node polls for all: the o
 (``s3_cache.set_head_source``) and GET only the entries and versions it has seen, never a key
 it found absent; when the hook answers nothing, the follower polls S3 itself.
 
+Polls at the follow interval are for readers at the live edge. A reader that is not there (the
+Kafka endpoint's Fetch of a partition below its high watermark, a Metadata request: calls
+inside ``off_edge()``) is content with a poll up to ``IDLE_POLL_S`` old while the last poll
+found nothing new and no Fetch of the process waited at the live edge (``at_edge``) within
+``EDGE_S``: a consumer catching up on a quiet store costs no poll per interval, and one that
+reaches the high watermark brings the fast interval back at once (its Fetch waits, and the
+waiting Fetch polls at the follow interval). Other readers (``kcompact serve``'s replicas,
+``kv build --follow``) poll at the follow interval, as before.
+
 A partition (``ManifestCatalog.refresh``) then re-reads its manifest only every
 ``KCOMPACT_S3_MANIFEST_RECHECK_S`` (one GET of its next version; a LIST only when it exists),
 or at once when a read finds an object gone (a split collected under it): a split or a
@@ -41,6 +50,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from . import env as _env
 from . import filenames as fn
@@ -59,6 +70,26 @@ RELIST_S = 600.0
 LEGACY_RELIST_S = 60.0
 #: at most this many entries of one writer are fetched in one poll (the rest at the next)
 MAX_PER_POLL = 256
+#: a reader off the live edge (``off_edge``) is content with a poll this old (s) while the last
+#: poll found nothing new and no Fetch waited at the live edge within EDGE_S
+IDLE_POLL_S = 5.0
+#: a Fetch waiting at the live edge (``Follower.at_edge``) keeps every poll at the follow
+#: interval this long (s): the longest a Kafka Fetch waits (apis/fetch.py MAX_WAIT_S)
+EDGE_S = 30.0
+
+_off_edge: ContextVar[bool] = ContextVar("kcompact_s3_follow_off_edge", default=False)
+
+
+@contextmanager
+def off_edge(off: bool = True):
+    """The polls this thread makes inside are for a reader that is not waiting at the live
+    edge (module docstring): they may reuse a poll up to ``IDLE_POLL_S`` old (``off`` False:
+    they may not, inside an ``off_edge()``)."""
+    token = _off_edge.set(off)
+    try:
+        yield
+    finally:
+        _off_edge.reset(token)
 
 
 def follow_mode() -> str:
@@ -97,42 +128,78 @@ class Follower:
         #: polls answered by the head source (shared)
         self.stats = {"get_hit": 0, "get_miss": 0, "list": 0, "registry": 0, "polls": 0,
                       "shared": 0}
+        #: when a Fetch last waited at the live edge (``at_edge``); whether the last poll found
+        #: anything new (a writer's next seq or the catalog moved)
+        self._edge_at: float | None = None
+        self._moved = True
+
+    def at_edge(self) -> None:
+        """A reader waits at the live edge (a Fetch found less than its min_bytes): every
+        poll keeps the follow interval for ``EDGE_S``."""
+        self._edge_at = time.monotonic()
+
+    def wake(self) -> None:
+        """The next poll keeps the follow interval, as after one that found something new
+        (a fleet's ring changed: partitions come to this process with readers that another
+        process served, who must find at least what they read there)."""
+        self._moved = True
+
+    def max_age_s(self) -> float:
+        """How old a poll this thread's reader is content with now (module docstring)."""
+        if _off_edge.get() and not self._moved and (
+                self._edge_at is None or time.monotonic() - self._edge_at >= EDGE_S):
+            return max(self.interval_s, IDLE_POLL_S)
+        return self.interval_s
 
     # -- the poll ------------------------------------------------------------------------------
 
     def poll(self, max_age_s: float | None = None, shared: bool = True) -> int:
         """Look for new journal entries unless a poll ran less than ``max_age_s`` ago (default:
-        the follow interval); returns the journal's generation (it grows with every entry
-        added or dropped). ``shared`` False: poll S3 itself, not the head source (a fleet's
-        poller answering the others)."""
-        age = self.interval_s if max_age_s is None else max_age_s
+        ``max_age_s()``: the follow interval, or ``IDLE_POLL_S`` off the live edge); returns the
+        journal's generation (it grows with every entry added or dropped). ``shared`` False:
+        poll S3 itself, not the head source (a fleet's poller answering the others)."""
+        age = self.max_age_s() if max_age_s is None else max_age_s
         with self._lock:
             now = time.monotonic()
             last = self._polled_at if shared else self._own_at
             if last is not None and now - last < age:
                 return self.generation()
-            self._polled_at = now
-            self.stats["polls"] += 1
-            relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
-            self._failed = False
-            if self._listed_at is None or now - self._listed_at >= relist:
-                self._list_all()
-            if shared and self._follow_heads():
-                return self.generation()
-            if self._writers_at is None or now - self._writers_at >= WRITERS_S:
-                self._read_registry()
-            self._own_at = now
-            for writer in sorted(self.next):
-                self._advance(writer)
-            cat = SC.for_store(self.fs)
-            if cat is not None:  # a store catalog: its next version (O(1), not per partition)
-                try:
-                    cat.poll_next()
-                except (OSError, ReputError):
-                    pass  # the next poll asks again
-            if not self._failed:
-                self._good_at = time.monotonic()
+            before = self._heads_now()
+            try:
+                self._poll(now, age, shared)
+            finally:
+                self._moved = self._heads_now() != before
             return self.generation()
+
+    def _heads_now(self) -> tuple:
+        """What a poll moves: each writer's next seq, the catalog's newest version (not the
+        journal's generation, which the partitions' own reads of listed entries move too)."""
+        cat = SC.for_store(self.fs)
+        latest = cat.latest if cat is not None else None
+        return dict(self.next), latest.version if latest is not None else None
+
+    def _poll(self, now: float, age: float, shared: bool) -> None:
+        self._polled_at = now
+        self.stats["polls"] += 1
+        relist = RELIST_S if self.registry is not False else LEGACY_RELIST_S
+        self._failed = False
+        if self._listed_at is None or now - self._listed_at >= relist:
+            self._list_all()
+        if shared and self._follow_heads(age):
+            return
+        if self._writers_at is None or now - self._writers_at >= WRITERS_S:
+            self._read_registry()
+        self._own_at = now
+        for writer in sorted(self.next):
+            self._advance(writer)
+        cat = SC.for_store(self.fs)
+        if cat is not None:  # a store catalog: its next version (O(1), not per partition)
+            try:
+                cat.poll_next()
+            except (OSError, ReputError):
+                pass  # the next poll asks again
+        if not self._failed:
+            self._good_at = time.monotonic()
 
     def heads(self) -> Heads:
         """What this process's own polls found (the head source hook: a fleet's poller)."""
@@ -143,12 +210,13 @@ class Follower:
                          float("inf") if self._good_at is None
                          else time.monotonic() - self._good_at)
 
-    def _follow_heads(self) -> bool:
+    def _follow_heads(self, max_age_s: float) -> bool:
         """A poll through the head source (module docstring): GET only the entries and the
-        catalog versions its poll found; False when it has no answer (poll S3 then)."""
+        catalog versions its poll found (one up to ``max_age_s`` old); False when it has no
+        answer (poll S3 then)."""
         src = head_source()
         try:
-            heads = src.heads(self.fs) if src is not None else None
+            heads = src.heads(self.fs, max_age_s) if src is not None else None
         except Exception:  # noqa: BLE001 - a hook that fails: this process polls S3 itself
             heads = None
         if heads is None:
@@ -264,5 +332,5 @@ def follower_for(fs: Backend) -> Follower | None:
         return f
 
 
-__all__ = ["Follower", "follow", "follow_interval_s", "follow_mode", "follower_for",
-           "manifest_recheck_s"]
+__all__ = ["EDGE_S", "Follower", "IDLE_POLL_S", "follow", "follow_interval_s", "follow_mode",
+           "follower_for", "manifest_recheck_s", "off_edge"]

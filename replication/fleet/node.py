@@ -42,10 +42,13 @@ HEADS_RETRY_S = 10.0
 OWN_POLL_S = 30.0
 
 
-def heads_stale_s() -> float:
-    """A poller's heads older than this are a lagging poller's: the follower polls S3."""
+def heads_stale_s(asked_s: float | None = None) -> float:
+    """A poller's heads older than this are a lagging poller's: the follower polls S3.
+    ``asked_s``: the age the follower asked for, when longer than the follow interval (a
+    reader off the live edge, reput/s3_follow.py ``IDLE_POLL_S``): that much more."""
     from kcompact.reput.s3_follow import follow_interval_s
-    return max(1.0, 4 * follow_interval_s())
+    fast = follow_interval_s()
+    return max(1.0, 4 * fast) + max(0.0, min(asked_s or 0.0, OWN_POLL_S) - fast)
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,12 @@ class Fleet(BlockSource, HeadSource):
             self.ring_changes += 1
             ring = self._ring
         gone, came = sorted(set(old) - set(nodes)), sorted(set(nodes) - set(old))
+        if self._is_s3:  # partitions move: their consumers arrive at positions another node
+            # served, and this node's next poll is not one of a quiet store's (IDLE_POLL_S)
+            from kcompact.reput.s3_follow import follower_for
+            fol = follower_for(self.fs)
+            if fol is not None:
+                fol.wake()
         self.log.info("fleet: ring is now %s%s%s", list(nodes),
                       f" ({', '.join(map(str, came))} joined)" if came else "",
                       f" ({', '.join(map(str, gone))} left)" if gone else "")
@@ -263,7 +272,9 @@ class Fleet(BlockSource, HeadSource):
             return from_s3()
         owner = self.ring().owner(block_key(path, block))
         if owner is None or owner == self.node_id:
-            data = from_s3()
+            # a journal entry through this node's cache, as its peers' requests for it are
+            # answered (read_block): one GET of it for the fleet, not one more for this node
+            data = backend.read_block(path, block) if fn.is_journal_entry(path) else from_s3()
             if self._absent and fn.is_journal_entry(path):  # it exists now: say so to peers
                 with self._lock:
                     self._absent.pop(path, None)
@@ -327,9 +338,10 @@ class Fleet(BlockSource, HeadSource):
         """The node that polls the journal's and the catalog's heads for the fleet."""
         return self.ring().owner(HEADS_KEY)
 
-    def heads(self, backend) -> Heads | None:
-        """HeadSource: the poller's heads, or None (this node is the poller, or the poller
-        failed, lags or answered garbage: this node's follower polls S3 itself)."""
+    def heads(self, backend, max_age_s: float | None = None) -> Heads | None:
+        """HeadSource: the poller's heads from a poll at most ``max_age_s`` old, or None (this
+        node is the poller, or the poller failed, lags or answered garbage: this node's
+        follower polls S3 itself)."""
         if not self._same_store(backend):
             return None
         now = self.clock()
@@ -343,8 +355,8 @@ class Fleet(BlockSource, HeadSource):
             self._own_poll_at = now
             return None
         try:
-            writers, catalog, age = peer.client.heads()
-            if age > heads_stale_s():
+            writers, catalog, age = peer.client.heads(max_age_s)
+            if age > heads_stale_s(max_age_s):
                 raise PeerError(f"{peer.client}: its heads are {age:.1f} s old (its own polls "
                                 "of S3 fail or stall)")
         except PeerError as e:
@@ -357,15 +369,18 @@ class Fleet(BlockSource, HeadSource):
         self._count_sent("heads", "ok")
         return Heads(writers, catalog, age)
 
-    def heads_doc(self) -> dict:
+    def heads_doc(self, max_age_s: float | None = None) -> dict:
         """A peer's heads request (run in ``pool``): this node's follower polls S3 itself
-        (at most once per follow interval, whoever asks) and answers what it found."""
+        unless its last poll is younger than ``max_age_s`` (None, or less than the follow
+        interval: the follow interval, whoever asks; at most ``OWN_POLL_S``) and answers what
+        it found."""
         from kcompact.reput.s3_follow import follower_for
         fol = follower_for(self.fs)
         if fol is None:
             raise FileNotFoundError(errno.ENOENT, "this node follows no journal (the store "
                                     "has no shared uploads)")
-        fol.poll(shared=False)
+        fol.poll(max_age_s=max(fol.interval_s, min(OWN_POLL_S, max_age_s or 0.0)),
+                 shared=False)
         h = fol.heads()
         age = h.age_s if h.age_s != float("inf") else 1e9
         return {"writers": h.writers, "catalog": h.catalog, "age_ms": int(age * 1000)}

@@ -84,7 +84,7 @@ class PeerServer:
                  read_block: Callable[[str, int], bytes], run: Callable, block_size: int,
                  log, on_request: Callable[[str, str], None] = lambda kind, outcome: None,
                  commit: Callable[[str, list], None] | None = None,
-                 heads: Callable[[], dict] | None = None):
+                 heads: Callable[[float | None], dict] | None = None):
         self.node_id, self.token, self.log = node_id, token, log
         self.ping_doc, self.read_block, self.run = ping_doc, read_block, run
         self.block_size = block_size
@@ -155,8 +155,12 @@ class PeerServer:
         if self.heads is None:
             self.on_request("heads", "not-found")
             return web.Response(status=404, text="this node follows no journal\n")
+        raw = request.query.get("max_age_ms")
+        if raw is not None and not raw.isdigit():
+            self.on_request("heads", "bad-request")
+            return web.Response(status=400, text="max_age_ms must be a number >= 0\n")
         try:
-            doc = await self.run(self.heads)
+            doc = await self.run(self.heads, int(raw) / 1000.0 if raw is not None else None)
         except FileNotFoundError as e:
             self.on_request("heads", "not-found")
             return web.Response(status=404, text=f"{e}\n")
@@ -307,10 +311,14 @@ class PeerClient:
             raise PeerError(f"{self}: commit answered HTTP {status}: "
                             f"{body[:300].decode('utf-8', 'replace').strip()}")
 
-    def heads(self) -> tuple[dict[str, int], int | None, float]:
-        """The journal's and the catalog's heads as the peer polled them: (writer -> its next
-        seq, the catalog's newest version or None, seconds since that poll)."""
-        status, _, body = self._get(HEADS_PATH, HEADS_TIMEOUT_S)
+    def heads(self, max_age_s: float | None = None
+              ) -> tuple[dict[str, int], int | None, float]:
+        """The journal's and the catalog's heads as the peer polled them, in a poll at most
+        ``max_age_s`` old (None: its follow interval): (writer -> its next seq, the catalog's
+        newest version or None, seconds since that poll)."""
+        path = HEADS_PATH if max_age_s is None else \
+            f"{HEADS_PATH}?max_age_ms={max(0, int(max_age_s * 1000))}"
+        status, _, body = self._get(path, HEADS_TIMEOUT_S)
         if status != 200:
             raise PeerError(f"{self}: heads answered HTTP {status}: "
                             f"{body[:200].decode('utf-8', 'replace').strip()}")

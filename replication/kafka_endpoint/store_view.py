@@ -32,7 +32,7 @@ from typing import NamedTuple
 from kcompact.reput import damage_record as DR
 from kcompact.reput.batch import control_batch
 from kcompact.reput.errors import CorruptRecordError
-from kcompact.reput.s3_follow import follow, follow_mode, follower_for
+from kcompact.reput.s3_follow import follow, follow_mode, follower_for, off_edge
 from kcompact.reput.reader import max_timestamp, offset_for_timestamp
 from kcompact.reput.partition import PartitionLog
 from kcompact.reput.reader import PartitionReader
@@ -85,7 +85,8 @@ class StoreView:
     # -- topics --------------------------------------------------------------------------------
 
     def topics(self) -> list[str]:
-        return [t for t in self.master.topics() if not t.startswith(INTERNAL_PREFIX)]
+        with off_edge():
+            return [t for t in self.master.topics() if not t.startswith(INTERNAL_PREFIX)]
 
     def partitions(self, topic: str, want: int | None = None) -> list[int]:
         """The topic's partitions: those holding data and those a mirror recorded (empty).
@@ -101,7 +102,9 @@ class StoreView:
             age = now - at
             if age < PARTITIONS_S and (want is None or want in ps or age < PARTITIONS_MISS_S):
                 return ps
-        have = set(self.master.partitions(topic)) | set(self.store.recorded_partitions(topic))
+        with off_edge():
+            have = set(self.master.partitions(topic)) | set(
+                self.store.recorded_partitions(topic))
         ps = sorted(p for p in have if self.master.outside(topic, p) is None)
         with self._lock:
             self._listed[topic] = (ps, now)
@@ -118,11 +121,30 @@ class StoreView:
     def changes(self) -> int | None:
         """A number that moves whenever the store may hold new records: the generation of the
         store's follower (reput/s3_follow.py), after its poll (one GET per writer per follow
-        interval, whoever asks). None when the store gives no such signal (a local store, S3
-        without shared uploads): then each partition must be looked at. A waiting Fetch asks
-        this, not every partition's bounds, while nothing moves."""
+        interval, whoever asks, while a reader waits at the live edge: ``at_edge``). None when
+        the store gives no such signal (a local store, S3 without shared uploads): then each
+        partition must be looked at. A waiting Fetch asks this, not every partition's bounds,
+        while nothing moves."""
         f = follower_for(self.store.fs)
-        return None if f is None else f.poll()
+        if f is None:
+            return None
+        with off_edge():
+            return f.poll()
+
+    def at_edge(self) -> None:
+        """A Fetch found less than its min_bytes: it waits at the live edge, and the store's
+        polls keep the follow interval for a while (reput/s3_follow.py ``Follower.at_edge``).
+        The endpoint's reads are otherwise content with an older poll while nothing is new
+        (``off_edge``)."""
+        f = follower_for(self.store.fs)
+        if f is not None:
+            f.at_edge()
+
+    @staticmethod
+    def _refresh(pl: PartitionLog, fresh: bool = False) -> None:
+        """``pl.refresh()`` off the live edge (``at_edge``); ``fresh``: as at the edge."""
+        with off_edge(not fresh):
+            pl.refresh()
 
     def has(self, topic: str, partition: int) -> bool:
         return partition in self.partitions(topic, partition)
@@ -132,7 +154,8 @@ class StoreView:
     def _part(self, topic: str, partition: int) -> tuple[threading.Lock, PartitionLog]:
         """(its lock, the partition's view): the store's one door (``Store.views``), shared
         with the master's, so the endpoint refuses what every command refuses."""
-        return self.store.views.get(topic, partition)
+        with off_edge():
+            return self.store.views.get(topic, partition)
 
     @staticmethod
     def _bounds(pl: PartitionLog) -> Bounds:
@@ -148,11 +171,13 @@ class StoreView:
                  reason=str(err).strip().splitlines()[0] if str(err).strip() else
                  type(err).__name__, found_by="kafka endpoint", found_ms=self.store.clock.ms())
 
-    def bounds(self, topic: str, partition: int) -> Bounds:
+    def bounds(self, topic: str, partition: int, fresh: bool = False) -> Bounds:
+        """``fresh``: from a poll at most a follow interval old (ListOffsets LATEST), even
+        while no reader waits at the live edge."""
         try:
             lock, pl = self._part(topic, partition)
             with lock:
-                pl.refresh()
+                self._refresh(pl, fresh)
                 return self._bounds(pl)
         except CorruptRecordError as e:
             self._damaged(topic, partition, e)
@@ -173,7 +198,7 @@ class StoreView:
     def _fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
         lock, pl = self._part(topic, partition)
         with lock:
-            pl.refresh()
+            self._refresh(pl)
             b = self._bounds(pl)
             if offset >= b.high_watermark or offset < b.log_start:
                 return Fetched([], 0, b)
@@ -187,13 +212,13 @@ class StoreView:
                              ) -> tuple[int, int] | None:
         lock, pl = self._part(topic, partition)
         with lock:
-            pl.refresh()
+            self._refresh(pl)
             hit = offset_for_timestamp(PartitionReader(pl), ts)
             return None if hit is None else (hit.offset, hit.timestamp)
 
     def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
         lock, pl = self._part(topic, partition)
         with lock:
-            pl.refresh()
+            self._refresh(pl)
             hit = max_timestamp(PartitionReader(pl))
             return None if hit is None else (hit.offset, hit.timestamp)

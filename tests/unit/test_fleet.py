@@ -224,7 +224,7 @@ class Garbage:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
-        self.reply, self.conns = reply, []
+        self.reply, self.conns, self.requests = reply, [], []
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
@@ -236,7 +236,7 @@ class Garbage:
             self.conns.append(c)
             if self.reply is not None:
                 try:
-                    c.recv(65536)
+                    self.requests.append(c.recv(65536))
                     c.sendall(self.reply)
                     c.close()
                 except OSError:
@@ -423,6 +423,21 @@ def test_an_absent_journal_entry_is_asked_of_s3_once_per_half_interval(fleet2):
     now[0] += nodes[2].absent_ttl_s
     assert nodes[1].fs.read(path) == b'{"entry": 2}'
     assert gets(fake) - before == 2
+
+
+def test_a_journal_entry_is_fetched_once_for_its_owner_and_its_peers(fleet2):
+    """The owner of an entry reads it itself through its cache, where its peers' requests for
+    it are answered: one GET for the fleet (it was one for the owner and one for the peers)."""
+    fake, _, nodes, _ = fleet2
+    ring = nodes[1].ring()
+    seq = next(s for s in range(100)
+               if ring.owner(f"b|shared/w/journal/{s:020d}.json|0") == 1)
+    path = f"shared/w/journal/{seq:020d}.json"
+    fake.objects["bucket"][f"s/{path}"] = (b'{"entry": 1}', None)
+    before = gets(fake)
+    assert nodes[1].fs.read(path) == b'{"entry": 1}'  # node 1's own read (it owns the entry)
+    assert nodes[2].peers[1].client.block(path, 0, nodes[1].fs.block_size) == b'{"entry": 1}'
+    assert gets(fake) - before == 1
 
 
 # -- the shared heads: one node polls the journal and the catalog for the fleet ------------------
@@ -769,3 +784,126 @@ def test_whatever_the_poller_answers_a_node_reads_only_what_was_written(s3_store
         assert a.reader.records() == _expected(w.flushes)
     finally:
         a.close()
+
+
+# -- polls off the live edge (reput/s3_follow.py IDLE_POLL_S, EDGE_S) ----------------------------
+
+
+def _gets(fake) -> int:
+    return fake.calls["GetObject"]
+
+
+def test_readers_off_the_live_edge_cost_no_poll_and_a_waiting_fetch_gets_new_records_at_once(
+        s3_store, monkeypatch):
+    """The Kafka endpoint's reads below the high watermark, its Metadata and its Fetches'
+    first looks reuse an older poll while nothing is new and no Fetch waits (no GET at all
+    here); a Fetch that waits at the high watermark polls at the follow interval and returns a
+    flush's records before its wait ends; a ListOffsets LATEST polls as at the edge."""
+    from types import SimpleNamespace as NS
+
+    from kcompact.replication.kafka_endpoint.apis import fetch as F
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    monkeypatch.setattr(S3F, "IDLE_POLL_S", 3600.0)
+    monkeypatch.setattr(F, "encode_fetch", lambda version, correlation_id, seen: seen)
+    fake, url, w = s3_store
+    w.flush()  # two records a partition
+    view = StoreView(url)
+    try:
+        fol = S3F.follower_for(view.store.fs)
+        fol.interval_s = 0.0  # every poll at the edge is due: only IDLE_POLL_S holds one back
+        assert view.partitions("t") == list(range(PARTS))
+        assert [view.bounds("t", p).high_watermark for p in range(PARTS)] == [2] * PARTS
+        before = _gets(fake)
+        for _ in range(3):  # nothing new, nobody at the edge: no poll
+            assert view.topics() == ["t"] and view.partitions("t") == list(range(PARTS))
+            assert [view.bounds("t", p).high_watermark for p in range(PARTS)] == [2] * PARTS
+            assert view.fetch("t", 1, 0, 1 << 20).nbytes > 0
+            view.changes()
+        assert _gets(fake) == before
+        w.flush()
+        assert view.bounds("t", 0).high_watermark == 2  # (not polled: up to IDLE_POLL_S late)
+        assert view.bounds("t", 0, fresh=True).high_watermark == 3  # ListOffsets LATEST
+
+        async def run(fn, *args):
+            return fn(*args)
+
+        def request(offset, wait_ms):
+            return NS(topics=[NS(topic="t", partitions=[
+                NS(partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
+                for p in range(PARTS)])], max_wait=wait_ms, min_bytes=1, max_bytes=1 << 24)
+
+        async def flush_while_waiting():
+            waiting = asyncio.ensure_future(
+                F.handle_fetch(view, run, 12, 1, request(3, 20_000), lambda: False))
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(w.flush)
+            return await asyncio.wait_for(waiting, 15)  # far less than its 20 s wait
+        seen = asyncio.run(flush_while_waiting())
+        assert [r.bounds.high_watermark for _, rs in seen for r in rs] == [4] * PARTS
+        assert all(r.nbytes > 0 for _, rs in seen for r in rs)
+        before = _gets(fake)  # a Fetch waited within EDGE_S: every read polls as at the edge
+        w.flush()
+        assert view.bounds("t", 2).high_watermark == 5 and _gets(fake) > before
+    finally:
+        view.close()
+
+
+def test_a_node_off_the_live_edge_asks_the_poller_for_an_older_poll(s3_store, monkeypatch):
+    """The heads request carries the age the asking node is content with (``max_age_ms``):
+    the poller answers from its last poll while it is younger than that (no GET of its own),
+    and the asker takes an answer that old; at the follow interval the same answer is a
+    lagging poller's."""
+    fake, url, w = s3_store
+    a = LoneAsker(url, _http("200 OK", json.dumps(
+        {"writers": {"w": 1}, "catalog": None, "age_ms": 3000}).encode()))
+    try:
+        got = a.f.heads(a.reader.st.fs, 5.0)  # off the edge: a 3 s old poll will do
+        assert got is not None and got.writers == {"w": 1}
+        assert a.f.sent[("heads", "ok")] == 1
+        assert b"max_age_ms=5000" in a.bad.requests[-1]
+        a.now[0] += 1
+        assert a.f.heads(a.reader.st.fs, 0.25) is None  # at the edge: 3 s is too old
+        assert a.f.sent[("heads", "failed")] == 1
+    finally:
+        a.close()
+
+
+def test_the_poller_answers_an_older_poll_without_a_get(heads_fleet):
+    h = heads_fleet
+    h.asker.round()
+    before = h.fake.calls["GetObject"]
+    doc = h.fp.heads_doc(60.0)  # its own poll of a moment ago will do
+    assert h.fake.calls["GetObject"] == before and doc["age_ms"] < 60_000
+    h.fp.heads_doc(0.0)  # at its follow interval (0 here): it polls S3
+    assert h.fake.calls["GetObject"] > before
+
+
+def test_a_store_without_a_catalog_is_polled_off_the_edge_as_rarely(tmp_path, monkeypatch):
+    """The same on a store without a catalog (each partition refreshes through the journal
+    and its own manifest): off the edge no poll; once a Fetch waits, every read polls."""
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    monkeypatch.setattr(S3F, "IDLE_POLL_S", 3600.0)
+    with backend_env("s3", str(tmp_path)):
+        url = store_url("s3", tmp_path)
+        Store.create(url, shared_uploads=True, catalog=False).close()
+        w = Writer(url, tmp_path)
+        for _ in range(3):
+            w.flush()
+        view = StoreView(url)
+        try:
+            fol = S3F.follower_for(view.store.fs)
+            fol.interval_s = 0.0
+            assert view.partitions("t") == list(range(PARTS))  # (its first poll lists them)
+            view.bounds("t", 0)  # (and the one after finds nothing new)
+            polls = fol.stats["polls"]
+            for _ in range(3):
+                assert [view.bounds("t", p).high_watermark for p in range(PARTS)] == [3] * PARTS
+                assert all(view.fetch("t", p, 0, 1 << 20).nbytes > 0 for p in range(PARTS))
+                view.changes()
+            assert fol.stats["polls"] == polls
+            view.at_edge()  # a Fetch waits: every read polls again
+            view.bounds("t", 0)
+            assert fol.stats["polls"] == polls + 1
+        finally:
+            view.close()
+            w.st.close()

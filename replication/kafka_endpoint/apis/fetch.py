@@ -197,6 +197,9 @@ async def handle_fetch(view: StoreView, run: Callable, version: int, correlation
     changes = getattr(view, "changes", None) if wait_s > 0 else None
     mark = await run(changes) if changes is not None else None
     seen, total = await run(read_partitions, view, version, topics, max_bytes, leads)
+    at_edge = getattr(view, "at_edge", None)
+    if total < max(1, min_bytes) and at_edge is not None:  # it waits: the store's polls
+        await run(at_edge)                                   # keep the follow interval
     looked = time.monotonic()
     while total < max(1, min_bytes) and time.monotonic() < deadline and not stopping():
         tick = POLL_S if mark is None else SIGNAL_POLL_S

@@ -52,7 +52,7 @@ async def handle(ep, req, conn) -> dict:
                     row["error_code"] = cluster.NOT_LEADER_OR_FOLLOWER
                 else:
                     try:
-                        b = view.bounds(t.name, pi)
+                        b = view.bounds(t.name, pi, fresh=ts == LATEST)
                     except CorruptRecordError:  # damaged: an offline log
                         row["error_code"] = KAFKA_STORAGE_ERROR
                         parts.append(row)
