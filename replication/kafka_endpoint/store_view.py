@@ -20,7 +20,9 @@ A gap after the last stored batch (a compacted tail, a trailing transaction mark
 consumer short of the high watermark for ever (it fetches the same offset again and again);
 ``fetch`` ends it the way a Kafka log ending in a transaction marker ends: a COMMIT control
 batch at the high watermark - 1 (docs/formats/kafka-endpoint-fetch.md), which every client steps
-over to the high watermark.
+over to the high watermark. As Kafka's markers come with the data before them, the marker also
+follows the partition's last batch in the answer that carries it, when it fits within the
+fetch's ``max_bytes`` (otherwise the next fetch, in the gap, gets it alone).
 """
 
 from __future__ import annotations
@@ -186,7 +188,8 @@ class StoreView:
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> Fetched:
         """Whole batches from ``offset`` within ``max_bytes`` (the first whole past it), or, in
         a gap after the last record, the marker ending it (a control batch at the high
-        watermark - 1); nothing at the high watermark.
+        watermark - 1), which also follows the partition's last data when it fits within
+        ``max_bytes``; nothing at the high watermark.
         The caller checked ``offset`` against the bounds (``bounds``) and passes them again
         here as they were read (a partition that moved meanwhile is read as it is now)."""
         try:
@@ -203,10 +206,17 @@ class StoreView:
             if offset >= b.high_watermark or offset < b.log_start:
                 return Fetched([], 0, b)
             kb = PartitionReader(pl).kafka_batches(offset, max_bytes)
-            if kb.nbytes:
-                return Fetched(kb.parts, kb.nbytes, b, kb.zstd)
-            raw = control_batch(b.high_watermark - 1)
-            return Fetched([raw], len(raw), b)
+            if not kb.nbytes:  # in the trailing gap: its marker alone
+                raw = control_batch(b.high_watermark - 1)
+                return Fetched([raw], len(raw), b)
+            if kb.next_offset < b.high_watermark and pl.last_offset < kb.next_offset:
+                # the partition's last data, then its trailing gap: the marker in the same
+                # answer, after the data, as Kafka serves a log ending in transaction markers,
+                # while it fits whole within max_bytes (a later batch never overflows it)
+                raw = control_batch(b.high_watermark - 1)
+                if kb.nbytes + len(raw) <= max_bytes:
+                    return Fetched([*kb.parts, raw], kb.nbytes + len(raw), b, kb.zstd)
+            return Fetched(kb.parts, kb.nbytes, b, kb.zstd)
 
     def offset_for_timestamp(self, topic: str, partition: int, ts: int
                              ) -> tuple[int, int] | None:

@@ -253,6 +253,42 @@ def test_a_partition_ends_in_the_control_batch_kafka_serves_for_its_markers(tail
             assert ours["pid"] == 2**63 - 1
 
 
+def _walk(raw: bytes) -> list[tuple[int, int, int]]:
+    """(base offset, last offset, attributes) of each whole batch of a records section."""
+    import struct
+    out, p = [], 0
+    while p + 61 <= len(raw):
+        base, length = struct.unpack_from(">qi", raw, p)
+        if p + 12 + length > len(raw):
+            break  # a partial batch at the end (Kafka cuts its answers by bytes)
+        attrs, last_delta = struct.unpack_from(">hi", raw, p + 21)
+        out.append((base, base + last_delta, attrs))
+        p += 12 + length
+    return out
+
+
+def test_the_last_data_and_its_marker_come_in_one_answer_as_from_kafka(tails):
+    """Kafka 3.9.1's Fetch at a partition's last committed record, the partition ending in
+    transaction markers: the data, then the marker, in the same answer (a log ending in markers
+    serves them with the data). The endpoint, at the store's last record of that partition:
+    the batch holding it, then its end-of-log marker at the high watermark - 1, in one answer
+    too (a client handing control records to the application, kafka-go, gets it with the
+    data, as from Kafka)."""
+    kafka, topic, url, ep, _ = tails
+    ends = [hi for _, hi in _ends(kafka, topic)]
+    with Store.open(url) as ro:
+        lasts = [max(r.offset for r in ro.iter_records(topic, p)) for p in (0, 1)]
+    for p in (0, 1):
+        theirs = _walk(_raw_fetch(kafka, topic, p, lasts[p]))
+        assert theirs[0][0] <= lasts[p] <= theirs[0][1], theirs
+        assert theirs[-1][2] & 0x20 and theirs[-1][:2] == (ends[p] - 1, ends[p] - 1), theirs
+        ours = _walk(_raw_fetch(ep.bootstrap, topic, p, lasts[p]))
+        assert ours[0][0] <= lasts[p] <= ours[0][1] and not ours[0][2] & 0x20, ours
+        assert [b[:2] for b in ours[1:]] == [(ends[p] - 1, ends[p] - 1)], ours
+        assert ours[-1][2] == 0x30  # transactional | control, as Kafka's marker
+        assert theirs[-1][2] == 0x30
+
+
 def test_franz_go_commits_at_the_endpoint_what_it_commits_at_kafka(tails, franzgo):
     """A kgo group over partitions ending in markers (Kafka) and in the endpoint's marker (the
     store's trailing gaps): the same records, the same committed offsets (kgo commits the

@@ -177,6 +177,18 @@ class Client:
         self.s.close()
 
 
+#: a COMMIT control batch's bytes (docs/formats/kafka-endpoint-fetch.md)
+MARKER_SIZE = 78
+
+
+def _assert_end_marker(b, hwm: int) -> None:
+    """``b`` is the end-of-log marker: a COMMIT control batch at the high watermark - 1."""
+    assert b.attributes == 0x30  # transactional | control, uncompressed
+    assert (b.base_offset, b.last_offset, b.size) == (hwm - 1, hwm - 1, MARKER_SIZE)
+    assert [(r.offset, r.key, r.value) for r in b.records] == [
+        (hwm - 1, b"\0\0\0\1", b"\0" * 6)]  # COMMIT v0, coordinator epoch 0
+
+
 def _uvarint(b: bytes, p: int) -> tuple[int, int]:
     shift = n = 0
     while True:
@@ -230,15 +242,22 @@ def test_fetch_and_list_offsets_answer_as_kafka_would(rows, compact, markers, da
                     assert raw == b""
                 elif not rest:  # a trailing gap: a COMMIT marker at the high watermark - 1
                     assert len(batches) == 1
-                    (b,) = batches
-                    assert b.attributes == 0x30  # transactional | control, uncompressed
-                    assert (b.base_offset, b.last_offset) == (hwm - 1, hwm - 1)
-                    assert [(r.offset, r.key, r.value) for r in b.records] == [
-                        (hwm - 1, b"\0\0\0\1", b"\0" * 6)]  # COMMIT v0, coordinator epoch 0
+                    _assert_end_marker(batches[0], hwm)
                 else:
                     assert batches[0].base_offset <= rest[0] <= batches[0].last_offset
                     assert len(batches) == 1 or len(raw) <= max_bytes
-                    for b in batches:
+                    stored = [b for b in batches if not b.attributes & 0x20]
+                    # the partition's last data before its trailing gap: the marker follows
+                    # in the same answer when it fits whole within the limit (Kafka's
+                    # markers come with the data)
+                    end = stored[-1].last_offset + 1
+                    if end < hwm and offs[-1] < end and \
+                            sum(b.size for b in stored) + MARKER_SIZE <= max_bytes:
+                        assert batches[len(stored):] and len(batches) == len(stored) + 1
+                        _assert_end_marker(batches[-1], hwm)
+                    else:
+                        assert batches == stored, (end, hwm, offs[-1], len(raw), max_bytes)
+                    for b in stored:
                         for r in b.records:
                             m = model[r.offset]
                             assert (r.timestamp, r.key, r.value, r.headers) == (
@@ -491,4 +510,60 @@ def test_a_group_steps_over_the_end_marker_to_the_high_watermark(tmp_path, clien
         got, end, committed = client(f"127.0.0.1:{srv.port}")
         assert (got, end, committed) == (offs, hwm, hwm)
     finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("version", [4, 12])
+def test_the_last_data_and_the_end_marker_come_in_one_answer(tmp_path, version):
+    """A Fetch that reaches a partition's last record, the partition ending in a gap: the data
+    and then the end-of-log marker in the same answer (as Kafka serves a log ending in
+    transaction markers: the markers with the data), so that a client handing control records
+    to the application (kafka-go) has it with the data; when the marker does not fit whole
+    within the limit, the data alone, and the next fetch (in the gap) gets the marker alone.
+    A partition ending in a record gets no marker."""
+    url, offs, hwm = _gap_store(str(tmp_path))
+    assert offs and offs[-1] + 1 < hwm
+    srv = Served(url)
+    c = Client(srv.port)
+    try:
+        err, got_hwm, _, raw = c.fetch(version, offs[-1], 1 << 20)
+        assert (err, got_hwm) == (0, hwm)
+        batches = decode_batches(raw)
+        assert len(batches) >= 2 and sum(b.size for b in batches) == len(raw)
+        *data, marker = batches
+        assert not any(b.attributes & 0x20 for b in data)
+        assert [r.offset for b in data for r in b.records if r.offset >= offs[-1]] == offs[-1:]
+        assert data[-1].last_offset < hwm - 1
+        _assert_end_marker(marker, hwm)
+        # the limit one byte short of data + marker: the data alone, the marker next
+        data_bytes = sum(b.size for b in data)
+        err, _, _, raw = c.fetch(version, offs[-1], data_bytes + MARKER_SIZE - 1)
+        assert err == 0 and [b.size for b in decode_batches(raw)] == [b.size for b in data]
+        err, _, _, raw = c.fetch(version, data[-1].last_offset + 1, data_bytes)
+        assert err == 0
+        (alone,) = decode_batches(raw)
+        _assert_end_marker(alone, hwm)
+        # a fetch from the log start with room for all: every record, then the marker
+        err, _, _, raw = c.fetch(version, offs[0], 1 << 20)
+        batches = decode_batches(raw)
+        assert [r.offset for b in batches[:-1] for r in b.records] == offs
+        _assert_end_marker(batches[-1], hwm)
+    finally:
+        c.close()
+        srv.close()
+    # the same partition without its trailing gap: no marker after its last record
+    st_, _ = _build("local", str(tmp_path / "plain"),
+                    [(1, b"k%d" % (i % 5), b"v%d" % i, []) for i in range(50)], True)
+    st_.close()
+    with Store.open(st_.url) as ro:
+        first = ro.first_offset(TOPIC, 0)
+    srv = Served(st_.url)
+    c = Client(srv.port)
+    try:
+        err, plain_hwm, _, raw = c.fetch(version, first, 1 << 20)
+        batches = decode_batches(raw)
+        assert err == 0 and batches and not any(b.attributes & 0x20 for b in batches)
+        assert batches[-1].last_offset + 1 == plain_hwm
+    finally:
+        c.close()
         srv.close()

@@ -11,7 +11,9 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   whole even past the limits (KIP-74), later ones only while within the partition's and the
   response's ``max_bytes``; a gap after the last batch is ended as a Kafka log ending in
   transaction markers ends: a COMMIT control batch at the high watermark - 1
-  (StoreView.fetch, reput/batch.control_batch);
+  (StoreView.fetch, reput/batch.control_batch), served after the partition's last data in the
+  same answer when it fits whole within the limits, as Kafka's markers come with the data,
+  else alone to the next fetch, in the gap;
 * an offset below the log start offset or above the high watermark: OFFSET_OUT_OF_RANGE;
   a partition that fails its checks (damaged, or its ledger disagrees with its segments:
   reput/ledger.py): KAFKA_STORAGE_ERROR, as Kafka answers for an offline log;
