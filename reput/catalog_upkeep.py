@@ -34,8 +34,7 @@ class CatalogUpkeep:
         self.stats = {"folds": 0, "background": 0, "failed": 0}
 
     def _catalog(self):
-        fs = self.store.fs
-        return SC.for_store(fs) if not fs.appendable else None
+        return self.store.publisher.store_catalog()
 
     def left_unfolded(self) -> list:
         """``Store.left_unfolded``."""

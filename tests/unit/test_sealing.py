@@ -253,7 +253,7 @@ def test_repair_and_salvage_ask_no_kind_outside_their_implementations():
 #: (``fs.appendable``: a local directory): the publisher, the repair kind, the partition's catalog
 #: and store.json's features; and swap.py's functions, which both kinds call with their backend
 OPENING_CODE = {"reput/publisher.py", "reput/repair_kinds.py", "reput/partition.py",
-                "reput/store.py", "reput/swap.py", "reput/catalog_upkeep.py"}
+                "reput/store.py", "reput/swap.py"}
 APPENDABLE_FS = re.compile(r"\bfs\.appendable\b")
 
 
