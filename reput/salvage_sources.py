@@ -197,14 +197,20 @@ def _in_compaction_object(fs: Backend, e, log: str, bcq: str) -> Backend:
     except FileNotFoundError:
         size = None
     view = SH.RangeView(fs)
-    if size is not None:
-        log_n = max(0, min(e.log_size, size - e.log_pos))
-        bcq_n = max(0, min(e.bcq_size, size - e.bcq_pos))
-        if log_n:
-            view.add(log, e.object, e.log_pos, log_n)
-        if bcq_n:
-            view.add(bcq, e.object, e.bcq_pos, bcq_n)
+    add_cut(view, e.object, size, (log, e.log_pos, e.log_size), (bcq, e.bcq_pos, e.bcq_size))
     return view
+
+
+def add_cut(view, obj: str, size: int | None, *ranges: tuple[str, int, int]) -> None:
+    """Add each (path, position, length) range of ``obj`` to ``view``, cut to the object's
+    ``size`` as it is (None: missing): a range of a missing object is missing, of a cut one
+    cut short."""
+    if size is None:
+        return
+    for path, pos, length in ranges:
+        n = max(0, min(length, size - pos))
+        if n:
+            view.add(path, obj, pos, n)
 
 
 def shared_sources(fs: Backend, topic: str, partition: int, out: Salvaged
@@ -233,15 +239,9 @@ def shared_sources(fs: Backend, topic: str, partition: int, out: Salvaged
         if d is None:
             continue
         lrel, brel = f"{pdir}/{d.log}", f"{pdir}/{d.bcq}"
-        # the object as listed: a part of a missing object is missing, of a cut one cut short
-        size = j.objects.get(p.object, (None, 0))[0]
-        if size is not None:
-            log_n = max(0, min(d.log_size, size - p.log_pos))
-            bcq_n = max(0, min(d.bcq_size, size - p.bcq_pos))
-            if log_n:
-                view.add(lrel, p.object, p.log_pos, log_n)
-            if bcq_n:
-                view.add(brel, p.object, p.bcq_pos, bcq_n)
+        # the object as listed
+        add_cut(view, p.object, j.objects.get(p.object, (None, 0))[0],
+                (lrel, p.log_pos, d.log_size), (brel, p.bcq_pos, d.bcq_size))
         srcs.append(Source(d.base, view, lrel, brel, listed_log_size=d.log_size,
                             listed_records=d.records, listed_first=d.first_offset,
                             listed_last=d.last_offset, exact=d.offset_array()))

@@ -802,22 +802,7 @@ def test_issue49_campaign_s3_shared_objects(tmp_path, mutation, seed):
             assert all(r["damaged"] or not r["skipped"] for r in doc["partitions"]), doc
         objs.clear()
         objs.update(snap)  # the salvage runs on the store as the mutation left it
-        shared_cache().clear()
-        shared_spool().clear()
-        code, out, err = run("repair", "--store", url, "--salvage", "--json")
-        assert code == 0, err
-        doc = json.loads(out)
-        code, vout, verr = run("verify", "--store", url)
-        assert code == 0, (vout[-2000:], verr, doc)
-        for p in range(2):
-            got = records(url, p)
-            ranges = [(x["first"], x["last"]) for e in doc["repaired"] if e["partition"] == p
-                      for x in e["lost"]]
-            for off, r in got.items():
-                assert pristine[p].get(off) == r, (p, off)
-            missing = set(pristine[p]) - set(got)
-            assert missing == {o for o in pristine[p] if any(
-                a <= o and (b is None or o <= b) for a, b in ranges)}, (p, ranges)
+        doc = check_s3_salvage(fake, url, pristine, "shared", mutation, None)
         # and it stays repaired: a forced compaction then splits what is left, and what it
         # keeps is still the pristine records at their offsets
         code, out, err = run("compact", "--store", url, "--force")
