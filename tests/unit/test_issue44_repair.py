@@ -169,18 +169,24 @@ def s3_objects(fake, url: str) -> dict[str, list[tuple[str, int | None]]]:
 
 
 def mutate_s3(fake, url: str, kind: str, mutation: str, seed: int) -> int | None:
-    from kcompact.reput.s3_cache import shared_cache, shared_spool
     rnd = random.Random(f"s3/{kind}/{mutation}/{seed}")
     key, p = rnd.choice(s3_objects(fake, url)[kind])
+    mutate_key(fake, key, mutation, rnd)
+    return p
+
+
+def mutate_key(fake, key: str, mutation: str, rnd: random.Random) -> None:
+    """``mutation`` applied to the object ``key`` of the in-memory S3 (deleted when it says so),
+    and this process's block cache and spool emptied (they took the objects as immutable)."""
+    from kcompact.reput.s3_cache import shared_cache, shared_spool
     objs = fake.objects["bucket"]
     new = mutate_bytes(objs[key][0], mutation, rnd)
     if new is None:
         del objs[key]
     else:
         objs[key] = (new, objs[key][1])
-    shared_cache().clear()  # (this process cached the objects as immutable)
+    shared_cache().clear()
     shared_spool().clear()
-    return p
 
 
 # -- the invariant -------------------------------------------------------------------------------
@@ -383,17 +389,8 @@ def test_issue49_campaign_s3_compaction_objects(tmp_path, monkeypatch, kind, mut
         if kind == "manifest":
             damaged = mutate_s3(fake, url, "manifest", mutation, 0)
         else:
-            from kcompact.reput.s3_cache import shared_cache, shared_spool
             rnd = random.Random(f"kco/{mutation}")
-            key = rnd.choice(_compaction_object_keys(fake, url))
-            objs = fake.objects["bucket"]
-            new = mutate_bytes(objs[key][0], mutation, rnd)
-            if new is None:
-                del objs[key]
-            else:
-                objs[key] = (new, objs[key][1])
-            shared_cache().clear()
-            shared_spool().clear()
+            mutate_key(fake, rnd.choice(_compaction_object_keys(fake, url)), mutation, rnd)
             damaged = None
         doc = check_s3_salvage(fake, url, pristine, kind, mutation, damaged)
         if kind == "manifest" and mutation != "delete":
@@ -778,21 +775,13 @@ def test_issue49_campaign_s3_shared_objects(tmp_path, mutation, seed):
     damaged partition (never copies a damaged batch into a segment), ``repair --salvage``
     keeps every record that verifies and says exactly which offsets it lost, and the store then
     verifies."""
-    from kcompact.reput.s3_cache import shared_cache, shared_spool
     with backend_env("s3", tmp_path) as fake:
         url = store_url("s3", tmp_path)
         build_shared(url, str(tmp_path / "cl"))
         pristine = {p: records(url, p) for p in range(2)}
         objs = fake.objects["bucket"]
         rnd = random.Random(f"kso/{mutation}/{seed}")
-        key = rnd.choice(sorted(k for k in objs if k.endswith(".kso")))
-        new = mutate_bytes(objs[key][0], mutation, rnd)
-        if new is None:
-            del objs[key]
-        else:
-            objs[key] = (new, objs[key][1])
-        shared_cache().clear()
-        shared_spool().clear()
+        mutate_key(fake, rnd.choice(sorted(k for k in objs if k.endswith(".kso"))), mutation, rnd)
         snap = dict(objs)
         code, out, err = run("compact", "--store", url, "--force", "--json")
         doc = json.loads(out)
