@@ -841,11 +841,11 @@ class ManifestCatalog(SegmentCatalog):
         the next open drops."""
         later = []
         for seg in local:
-            if seg.log_size:
+            if seg.log_size and seg.fs is self.local_fs:
                 later.append(seg)
                 continue
-            self.local_fs.delete(seg.log_path)
-            self.local_fs.delete(seg.bcq_path)
+            seg.fs.delete(seg.log_path)  # (empty, or in memory: reput/active_memory.py)
+            seg.fs.delete(seg.bcq_path)
             seg.invalidate()
         if later:
             drop_later(self.local_fs, later)
