@@ -94,7 +94,7 @@ ENV = (
             "S3 stores with shared uploads: a reader reuses its listing of the store catalog "
             "and of the writers' journals for this long (ms): opening many partitions within "
             "it costs one listing of each, not one per partition.")
-    .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 1000, between(10, 600_000),
+    .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 5000, between(10, 600_000),
             Importance.LOW,
             "S3 stores with a store catalog: how often a following reader looks for the "
             "catalog's next version (ms; one GET), which brings it every partition's new "
