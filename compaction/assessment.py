@@ -109,6 +109,11 @@ def cleanable_end(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
         limit = now_ms - cfg.min_compaction_lag_ms
         cursor = cursor or IndexCursor(pl)
         for seg in pl.sealed_segments:
+            tr = seg.time_range
+            if tr is not None:
+                if tr[1] > limit:
+                    return seg.base
+                continue
             if any(_young(e, limit) for _, e in cursor.chunks(seg)):
                 return seg.base
     return pl.active_base
@@ -130,6 +135,22 @@ def assess_partition(pl: PartitionLog, cfg: TopicConfig, now_ms: int,
         if seg.log_size < cfg.segment_bytes // 4 and seg.kind != "shared":  # (split apart)
             a.small_segments += 1
         seg_dirty = 0
+        tr = seg.time_range
+        d = seg.desc
+        if tr is not None and d is not None and d.first_offset is not None \
+                and d.first_offset > cleaned:
+            # a part this process wrote, every record above the horizon: what its index
+            # would give (the sum of its batches' sizes is its .log) without reading it
+            if k == 0:
+                first_max_ts = tr[1] if first_max_ts is None else max(first_max_ts, tr[1])
+            young = young or (limit is not None and tr[1] > limit)
+            a.oldest_dirty_ms = tr[0] if a.oldest_dirty_ms is None else min(a.oldest_dirty_ms,
+                                                                             tr[0])
+            if young:
+                a.uncleanable_bytes += seg.log_size
+            else:
+                a.dirty_bytes += seg.log_size
+            continue
         for _, e in cursor.chunks(seg):
             if e.shape[0] == 0:
                 continue

@@ -136,6 +136,9 @@ class ManifestCatalog(SegmentCatalog):
         #: whether a crashed flush's ``sealing/`` was looked for (once per open: this process's
         #: own failed flushes remove theirs, ``shared_aborted``)
         self._sealing_looked = False
+        #: base -> (min, max) record timestamp of each part of the flush under way, given to
+        #: its shared segment at the commit (``Segment.time_range``)
+        self._part_times: dict[int, tuple[int, int]] = {}
         #: a writer with shared uploads: its publisher's ``publish_shared`` (``publish`` calls
         #: it; reput/publisher.py ``SharedPublisher``)
         self.publish_shared = None
@@ -836,10 +839,14 @@ class ManifestCatalog(SegmentCatalog):
             self._sealing_looked = True
             if os.path.isdir(self.local_fs.local_path(sealing) or "-"):
                 self.local_fs.remove_tree(sealing)  # (a crashed flush's)
+        times = self._part_times = {}
         try:
             for seg in local:
                 if seg.log_size:
                     ups.append(self._shared_part(part, seg, sealing))
+                    ts = seg.entries()["timestamp"]
+                    if ts.shape[0]:
+                        times[seg.base] = (int(ts.min()), int(ts.max()))
         except BaseException:
             self.local_fs.remove_tree(sealing)
             raise
@@ -867,6 +874,7 @@ class ManifestCatalog(SegmentCatalog):
         self.manifest = new if new is not None else M.read_latest(self.fs, self.dir)
 
     def shared_aborted(self) -> None:
+        self._part_times = {}
         if os.path.isdir(self.local_fs.local_path(f"{self.dir}/{fn.SEALING_DIR}") or "-"):
             self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
 
@@ -891,6 +899,14 @@ class ManifestCatalog(SegmentCatalog):
             self.local_fs.remove_tree(f"{self.dir}/{fn.SEALING_DIR}")
         self.segments = [s for s in self.segments if s.kind != "file"]
         self._rebuild()
+        times, self._part_times = self._part_times, {}
+        for seg in reversed(self.segments):  # (the new parts are the last shared segments)
+            if not times:
+                break
+            if seg.kind == "shared":
+                got = times.pop(seg.base, None)
+                if got is not None:
+                    seg.time_range = got
 
     def _clear_pending(self) -> None:
         self._staged, self._replaced = [], {}

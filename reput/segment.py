@@ -268,6 +268,9 @@ class Segment:
     sealable = False
     #: whether a writer appends records to it (the active segment's kind)
     appendable = False
+    #: (min, max) of its records' timestamps when known without reading its index: a part of
+    #: a shared object this process wrote (set at the commit; compaction/assessment.py)
+    time_range: tuple[int, int] | None = None
 
     def __init__(self, ctx: PartitionContext, base: int, log_size: int, index_size: int, *,
                  fs: Backend, log_path: str, bcq_path: str, kind: str = "file",

@@ -231,6 +231,56 @@ def test_the_planner_splits_a_partition_once_it_depends_on_enough_shared_objects
         assert _read(st, "t", 0) == [(o, 1_000 + o, b"k%d" % o, b"v") for o in range(3)]
 
 
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(parts=st.integers(1, 3), sizes=st.lists(st.integers(0, 30), min_size=1, max_size=5),
+       keys=st.integers(1, 8), seed=st.integers(0, 2**16),
+       lag=st.sampled_from([0, 400, 10**12]), split=st.booleans())
+def test_the_assessment_of_parts_this_process_wrote_is_the_one_their_indexes_give(
+        tmp_path_factory, parts, sizes, keys, seed, lag, split):
+    """A writer's own shared parts are assessed from the timestamps it had when it wrote them
+    (``Segment.time_range``) and their .log's size, without decoding their indexes: the same
+    assessment, field for field, as from the indexes (random timestamps, min.compaction.lag.ms
+    below, among and above them, before and after a compaction of the first flushes)."""
+    import dataclasses
+    import random
+
+    from kcompact.compaction.assessment import assess_partition, cleanable_end
+    rnd = random.Random(seed)
+    root = str(tmp_path_factory.mktemp("assess"))
+    with backend_env("s3", root):
+        url = store_url("s3", root, "a")
+        st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=f"{root}/cl")
+        try:
+            nxt = {p: 0 for p in range(parts)}
+            for k, n in enumerate(sizes):
+                rows = []
+                for _ in range(n):
+                    p = rnd.randrange(parts)
+                    value = None if rnd.random() < 0.1 else b"v%d" % rnd.randrange(100)
+                    rows.append((p, nxt[p], rnd.randrange(0, 2_000), b"k%d" % rnd.randrange(keys),
+                                 value, []))
+                    nxt[p] += 1
+                if rows:
+                    st.append(RecordBatch.from_records("t", rows))
+                st.flush()
+                if split and k == 0:
+                    compact_store(st, force=True)
+            cfg = dataclasses.replace(st.topic_config("t"), min_compaction_lag_ms=lag)
+            now = 2_000 + lag if lag < 10**12 else 3_000
+            known = 0
+            for p in st.partitions("t"):
+                pl = st.writable_partition("t", p)
+                known += sum(s.time_range is not None for s in pl.segments)
+                fast = (assess_partition(pl, cfg, now), cleanable_end(pl, cfg, now))
+                for s in pl.segments:
+                    s.time_range = None
+                assert (assess_partition(pl, cfg, now), cleanable_end(pl, cfg, now)) == fast
+            assert known or not any(sizes[int(split):])
+        finally:
+            st.close()
+
+
 def test_active_segments_are_kept_in_memory_within_the_budget_and_on_disk_past_it(
         s3, monkeypatch):
     """A writer with shared uploads keeps its partitions' active segments in memory while they
