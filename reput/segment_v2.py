@@ -526,6 +526,12 @@ class KafkaSegment(Segment):
         """The stored batches themselves (no decode, no re-encode): slices of the mapped .log
         on a local store, bytes from an object store. Each batch's header and CRC-32C is
         checked before it is handed out, once per batch of this immutable segment."""
+        d = self.desc
+        if (d is not None and d.first_offset is not None and d.first_offset >= 0
+                and from_offset <= d.first_offset and 0 < self.log_size <= max_bytes):
+            # the whole segment from its first record (a consumer at the live edge reading a
+            # flush's part): its batches, header by header, without its index
+            return self._whole_log()
         idx = self.index()
         n = idx.n
         j = int(idx.lower_bound(from_offset))
@@ -572,6 +578,42 @@ class KafkaSegment(Segment):
         if last < from_offset:
             raise CorruptRecordError(f"{path}: the batch at byte {pos0} ends at offset {last}, "
                                      f"below {from_offset} its index places in it", path, pos0)
+        return KafkaBatches([part], total, last + 1, zstd)
+
+    def _whole_log(self) -> KafkaBatches:
+        """Every batch of the .log (``kafka_batches`` from the first record, when all of it
+        fits): each batch's header and CRC-32C checked as there, the batches tiling the .log
+        exactly and reaching the last offset its catalog entry lists."""
+        total, path = self.log_size, self.log_path
+        if self._mapped:
+            data = self.log_bytes(0, total)
+            part = memoryview(data)
+        else:
+            part = self.read_log(0, total)
+            data = np.frombuffer(part, np.uint8)
+        if data.shape[0] != total:
+            raise CorruptRecordError(f"{path}: the .log ends at byte {data.shape[0]}, its catalog "
+                                     f"entry lists {total}; run `kcompact verify`", path,
+                                     data.shape[0])
+        done = self._kafka_checked
+        p, last, zstd = 0, -1, False
+        while p < total:
+            codec = done.get(p)
+            if codec is not None:  # batchLength at byte 8 (segment-v2.md)
+                size = _DELTA.unpack_from(data, p + 8)[0] + KB.LOG_OVERHEAD
+                last = _BASE.unpack_from(data, p)[0] + _DELTA.unpack_from(data, p + 23)[0]
+            else:
+                h = KB.parse_head(data, p, path, p)  # (a batch cut short by the .log's end too)
+                size, last, codec = h.size, h.last_offset, h.codec
+                with self._checked_lock:
+                    done[p] = codec
+            zstd |= codec == KB.CODEC_ZSTD
+            p += size
+        want = self.desc.last_offset
+        if want is not None and last < want:
+            raise CorruptRecordError(f"{path}: its batches end at offset {last}, below the "
+                                     f"{want} its catalog entry lists; run `kcompact verify`",
+                                     path, 0)
         return KafkaBatches([part], total, last + 1, zstd)
 
     # -- compaction, recovery ---------------------------------------------------------------

@@ -281,6 +281,49 @@ def test_the_assessment_of_parts_this_process_wrote_is_the_one_their_indexes_giv
             st.close()
 
 
+def test_a_read_of_a_whole_part_from_its_first_record_skips_its_index_and_checks_its_batches(
+        s3):
+    """The Kafka endpoint at the live edge reads each flush's part from its first record: the
+    part's batches come header by header from its .log, its index never read, the same bytes
+    and next offset as through the index; a flipped byte in a batch is refused as there."""
+    from kcompact.reput.errors import CorruptRecordError
+    make, root = s3
+    url = make()
+    rows = [(p, o, b"k%d" % o, b"v%d" % o) for o in range(6) for p in range(3)]
+    _write(url, f"{root}/cl", [rows[:9], rows[9:]], SHARED)
+    with Store.open(url) as st:
+        segs = [s for p in range(3) for s in st.partition("t", p).segments if s.kind == "shared"]
+        assert len(segs) == 6
+        for seg in segs:
+            first = seg.desc.first_offset
+            fast = seg.kafka_batches(first, 1 << 20)
+            assert seg._index is None  # (never read)
+            desc, seg.desc = seg.desc, None
+            try:
+                slow = seg.kafka_batches(first, 1 << 20)
+            finally:
+                seg.desc = desc
+            assert b"".join(map(bytes, fast.parts)) == b"".join(map(bytes, slow.parts))
+            assert (fast.nbytes, fast.next_offset, fast.zstd) == \
+                (slow.nbytes, slow.next_offset, slow.zstd)
+    objects = make.fake.objects["bucket"]
+    with Store.open(url) as st:
+        seg = next(s for s in st.partition("t", 1).segments if s.kind == "shared")
+        obj, pos = seg.part.object, seg.part.log_pos
+    key = next(k for k in objects if k.endswith(obj))
+    data, mtime = objects[key]
+    bad = bytearray(data)
+    bad[pos + 70] ^= 0xFF  # (inside the first batch's records: its CRC no longer matches)
+    objects[key] = (bytes(bad), mtime)
+    from kcompact.reput.s3_cache import shared_cache, shared_spool
+    shared_cache().clear()
+    shared_spool().clear()
+    with Store.open(url) as st:
+        seg = next(s for s in st.partition("t", 1).segments if s.kind == "shared")
+        with pytest.raises(CorruptRecordError, match="CRC"):
+            seg.kafka_batches(seg.desc.first_offset, 1 << 20)
+
+
 def test_active_segments_are_kept_in_memory_within_the_budget_and_on_disk_past_it(
         s3, monkeypatch):
     """A writer with shared uploads keeps its partitions' active segments in memory while they
