@@ -99,7 +99,9 @@ class Connection:
         #: why a SaslAuthenticate failed (its answer is sent, then the connection closed)
         self.auth_failure: str | None = None
         self.requests = 0
-        #: whether the client has closed its side (a waiting Fetch then stops waiting)
+        #: whether the client has closed its side with no request left unread (a waiting
+        #: Fetch then stops waiting; one behind which the client pipelined another request
+        #: waits on, as before: asyncio says no more without a read)
         self.gone: Callable[[], bool] = lambda: False
 
 
