@@ -28,7 +28,12 @@ Then the store is force-compacted (``compact_store(..., force=True)``: the share
 into per-partition segments; ``--no-split`` skips it) and the runs are repeated.
 
 Printed per run: GETs over every node (and all S3 requests), the ratio to ``alone``'s GETs, each
-consumer's records/s and its ratio to ``alone``'s. Targets: fleet GETs <= 1.2x alone at 1, 3
+consumer's records/s and its ratio to ``alone``'s, the CPU seconds of the nodes and of the
+consumers. ``BENCH_FLEET_KINDS=1`` adds the GETs by object and the Kafka and peer requests the
+nodes answered; ``BENCH_FLEET_TRACE=1`` every S3 request (time, node, key kind, code path);
+``BENCH_FLEET_PROFILE=DIR`` writes a pstats file per node to DIR (a cProfile of every thread,
+timed by the threads' CPU time; the profiler slows the nodes: compare runs with it, not the
+figures). Targets: fleet GETs <= 1.2x alone at 1, 3
 and 5 nodes, before and after the split; each fleet consumer's records/s >= 0.8x alone.
 """
 
