@@ -1,6 +1,7 @@
 """Benchmark (issue 49): a shared-upload writer's append and flush at the live edge, many
-partitions, one record each between flushes - its local segment files reused (the default)
-against deleted and created anew with blocks reserved ahead (the path before), in one run.
+partitions, one record each between flushes - its active segments in memory (the default,
+reput/active_memory.py), against local segment files reused (``KCOMPACT_S3_ACTIVE_MEMORY_MB=0``)
+and deleted and created anew with blocks reserved ahead (the path before both), in one run.
 
     python bench/shared_flush.py [--partitions 512] [--rounds 40]
 
@@ -9,7 +10,8 @@ writer's own work) and a commit-log directory on the local disk: a store with sh
 then ``--rounds`` rounds of one record appended to every partition (``Store.append``), a
 ``Store.flush`` and 50 ms of rest (the background thread empties the committed files
 meanwhile, as between a mirror's flushes). Printed: the mean append and flush times per round
-(the first 5 rounds left out), for each path, and their ratios. ``before`` emulates the old
+(the first 5 rounds left out), for each path, and their ratios to the in-memory path.
+``before`` emulates the oldest
 path in this process: a committed local segment is handed to the deleting thread
 (catalog_manifest.drop_later) and the local files reserve disk blocks (LocalBackend's
 preallocation).
@@ -35,15 +37,20 @@ from kcompact.reput.catalog_manifest import drop_later  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
 
 
-def run(parts: int, rounds: int, before: bool, work: str) -> tuple[float, float]:
+def run(parts: int, rounds: int, mode: str, work: str) -> tuple[float, float]:
+    """mode: "memory" (the default), "reuse" (files reused) or "before" (deleted, created)."""
     reuse = P.PartitionLog.reuse_files_of
+    before = mode == "before"
+    saved = os.environ.get("KCOMPACT_S3_ACTIVE_MEMORY_MB")
+    if mode != "memory":
+        os.environ["KCOMPACT_S3_ACTIVE_MEMORY_MB"] = "0"
     if before:
         P.PartitionLog.reuse_files_of = lambda self, seg: drop_later(self.local_fs, [seg])
     try:
         with backend_env("s3", work):
-            url = store_url("s3", work, "before" if before else "now")
+            url = store_url("s3", work, mode)
             with Store.open(url, writer="w", create=True, options=WriterOptions(upload="shared"),
-                            commitlog_dir=os.path.join(work, "cl-before" if before else "cl")
+                            commitlog_dir=os.path.join(work, f"cl-{mode}")
                             ) as st:
                 if before:
                     st.local_fs.preallocate = True
@@ -64,6 +71,10 @@ def run(parts: int, rounds: int, before: bool, work: str) -> tuple[float, float]
         return appends / n, flushes / n
     finally:
         P.PartitionLog.reuse_files_of = reuse
+        if saved is None:
+            os.environ.pop("KCOMPACT_S3_ACTIVE_MEMORY_MB", None)
+        else:
+            os.environ["KCOMPACT_S3_ACTIVE_MEMORY_MB"] = saved
 
 
 def main() -> int:
@@ -72,12 +83,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=40)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        now = run(args.partitions, args.rounds, False, work)
-        old = run(args.partitions, args.rounds, True, work)
+        got = {m: run(args.partitions, args.rounds, m, work)
+               for m in ("memory", "reuse", "before")}
     print(f"{args.partitions} partitions, one record each a round, {args.rounds} rounds:")
-    for name, (a, f) in (("files reused (now)", now), ("deleted and created", old)):
-        print(f"  {name + ':':<22} append {a * 1000:7.1f} ms, flush {f * 1000:7.1f} ms")
-    print(f"  ratio: append {now[0] / old[0]:.3f} x, flush {now[1] / old[1]:.3f} x")
+    names = {"memory": "in memory (now)", "reuse": "files reused",
+             "before": "deleted and created"}
+    for m, (a, f) in got.items():
+        print(f"  {names[m] + ':':<22} append {a * 1000:7.1f} ms, flush {f * 1000:7.1f} ms")
+    now = got["memory"]
+    for m in ("reuse", "before"):
+        print(f"  in memory / {names[m]}: append {now[0] / got[m][0]:.3f} x, "
+              f"flush {now[1] / got[m][1]:.3f} x")
     return 0
 
 

@@ -252,6 +252,8 @@ class Scheduler:
         #: the partitions found damaged (Kafka's uncleanable partitions): skipped, the others
         #: compacted; the metric kcompact_uncleanable_partitions counts them
         self.uncleanable = Uncleanable()
+        #: partitions with a damage record this process knows of (``_after``)
+        self._with_record: set[tuple[str, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.budget = IOBudget(options.throttle_bytes_per_s, monotonic=monotonic,
@@ -325,10 +327,17 @@ class Scheduler:
         return res
 
     def _after(self, topic: str, partition: int, seen: dict) -> None:
-        """A partition's compaction is committed: its damage record and assessment."""
-        compacted(self.store, topic, partition)  # (its damage record, when gone)
-        if recorded(self.store, topic, partition) is None:
-            self.uncleanable.clear(topic, partition)
+        """A partition's compaction is committed: its damage record and assessment. On an
+        object store only a partition this process knows damaged (its first run's look at every
+        record, or damage it met since: ``_recorded``) has its record read again, not every
+        partition compacted (two GETs of a key that does not exist each, 1,024 a split of 512
+        partitions)."""
+        key = (topic, partition)
+        if self.store.publisher.cheap_metadata or key in self._with_record:
+            compacted(self.store, topic, partition)  # (its damage record, when gone)
+            if recorded(self.store, topic, partition) is None:
+                self.uncleanable.clear(topic, partition)
+                self._with_record.discard(key)
         assess(self.store, topic, partition, self.clock, seen)
         if self.store.writer is None:
             self.store.release_partition(topic, partition)
@@ -349,6 +358,7 @@ class Scheduler:
         return out
 
     def _damaged(self, d: Damage, *, record: bool = True) -> None:
+        self._with_record.add((d.topic, d.partition))  # (recorded, or found recorded)
         if record:
             remember(self.store, d, "background compaction")
         if self.uncleanable.mark(d):

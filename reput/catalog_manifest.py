@@ -130,6 +130,12 @@ class ManifestCatalog(SegmentCatalog):
         #: manifest (records or not) and those a pending split or compaction replaces (by key)
         self.parts: list[SH.Part] = []
         self._replaced_parts: dict[tuple, SH.Part] = {}
+        #: (split_to, parts, their segments) of the last ``_shared_segments``: the next one
+        #: builds segments only for the parts added since
+        self._shared_memo: tuple | None = None
+        #: whether a crashed flush's ``sealing/`` was looked for (once per open: this process's
+        #: own failed flushes remove theirs, ``shared_aborted``)
+        self._sealing_looked = False
         #: a writer with shared uploads: its publisher's ``publish_shared`` (``publish`` calls
         #: it; reput/publisher.py ``SharedPublisher``)
         self.publish_shared = None
@@ -339,11 +345,25 @@ class ManifestCatalog(SegmentCatalog):
         if refresh:
             j.refresh()
         split_to = self.manifest.split_to if self.manifest else {}
-        self.parts = j.parts(self.ctx.topic, self.ctx.partition, split_to)
+        parts = self.parts = j.parts(self.ctx.topic, self.ctx.partition, split_to)
         view = SH.RangeView(self.fs)  # for the parts new here (the others keep theirs)
+        memo, self._shared_memo = self._shared_memo, None
+        if memo is not None and not self._replaced_parts and memo[0] == split_to:
+            # (the common case, a flush's new parts after the ones seen: only those are new;
+            # parts are kept in offset order and only ever added while split_to stays)
+            seen, out = memo[1], memo[2]
+            n = len(seen)
+            if len(parts) >= n and (n == 0 or (parts[0] is seen[0] and parts[n - 1] is seen[-1])):
+                out = list(out)
+                for p in parts[n:]:
+                    seg = self._shared_segment(p, view)
+                    if seg is not None:
+                        out.append(seg)
+                self._shared_memo = (dict(split_to), parts, out)
+                return out
         old = {s.log_path: s for s in self.segments if s.kind == "shared"}
         out = []
-        for p in self.parts:
+        for p in parts:
             d = p.desc
             if d is None or self._part_key(p) in self._replaced_parts:
                 continue
@@ -356,7 +376,23 @@ class ManifestCatalog(SegmentCatalog):
                                    log_path=lrel, bcq_path=brel, kind="shared", desc=d)
                 seg.part = p
             out.append(seg)
+        if not self._replaced_parts:
+            self._shared_memo = (dict(split_to), parts, out)
         return out
+
+    def _shared_segment(self, p: SH.Part, view: SH.RangeView) -> Segment | None:
+        """A part new to this view, as a segment (None: a part that only moves the next
+        offset)."""
+        d = p.desc
+        if d is None:
+            return None
+        lrel, brel = f"{self.dir}/{d.log}", f"{self.dir}/{d.bcq}"
+        view.add(lrel, p.object, p.log_pos, d.log_size)
+        view.add(brel, p.object, p.bcq_pos, d.bcq_size)
+        seg = open_segment(self.ctx, d.base, d.log_size, d.bcq_size, fs=view,
+                           log_path=lrel, bcq_path=brel, kind="shared", desc=d)
+        seg.part = p
+        return seg
 
     def _list_local(self) -> list[Segment]:
         logs, idxs = self._file_bases(self.local_fs)
@@ -796,8 +832,10 @@ class ManifestCatalog(SegmentCatalog):
         part._sync_and_close_files(fsync=False)
         sealing = f"{self.dir}/{fn.SEALING_DIR}"
         ups = []
-        if os.path.isdir(self.local_fs.local_path(sealing) or "-"):
-            self.local_fs.remove_tree(sealing)  # (a crashed flush's)
+        if not self._sealing_looked:
+            self._sealing_looked = True
+            if os.path.isdir(self.local_fs.local_path(sealing) or "-"):
+                self.local_fs.remove_tree(sealing)  # (a crashed flush's)
         try:
             for seg in local:
                 if seg.log_size:
@@ -841,11 +879,11 @@ class ManifestCatalog(SegmentCatalog):
         the next open drops."""
         later = []
         for seg in local:
-            if seg.log_size:
+            if seg.log_size and seg.fs is self.local_fs:
                 later.append(seg)
                 continue
-            self.local_fs.delete(seg.log_path)
-            self.local_fs.delete(seg.bcq_path)
+            seg.fs.delete(seg.log_path)  # (empty, or in memory: reput/active_memory.py)
+            seg.fs.delete(seg.bcq_path)
             seg.invalidate()
         if later:
             drop_later(self.local_fs, later)
@@ -869,6 +907,7 @@ class ManifestCatalog(SegmentCatalog):
         for seg in self.segments:
             seg.invalidate()
         self.segments = [s for s in self.segments if s.kind == "file"]
+        self._shared_memo = None
         self._load_manifest(self.manifest)
 
     def collect_garbage(self) -> list[str]:

@@ -72,6 +72,11 @@ ENV = (
             "writer's next journal entry per KCOMPACT_S3_FOLLOW_MS, whatever the partition "
             "count) or list (every refresh of every partition lists the store, as before; for "
             "comparison).")
+    .define("KCOMPACT_S3_ACTIVE_MEMORY_MB", Type.INT, 256, between(0, 1 << 20),
+            Importance.LOW,
+            "S3 stores with shared uploads: a writer keeps its partitions' active segments (the "
+            "records appended since the last flush, which the commit log holds durably) in "
+            "memory up to this many MiB in all, on the local disk past it (0: always on disk).")
     .define("KCOMPACT_S3_FOLLOW_MS", Type.INT, 250, between(10, 60_000), Importance.LOW,
             "S3 stores with shared uploads: how often a following reader looks for each "
             "writer's next journal entry (ms; one GET per writer each time).")
@@ -89,7 +94,7 @@ ENV = (
             "S3 stores with shared uploads: a reader reuses its listing of the store catalog "
             "and of the writers' journals for this long (ms): opening many partitions within "
             "it costs one listing of each, not one per partition.")
-    .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 1000, between(10, 600_000),
+    .define("KCOMPACT_S3_CATALOG_POLL_MS", Type.INT, 5000, between(10, 600_000),
             Importance.LOW,
             "S3 stores with a store catalog: how often a following reader looks for the "
             "catalog's next version (ms; one GET), which brings it every partition's new "

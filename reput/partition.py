@@ -105,6 +105,9 @@ class PartitionLog:
         #: a shared-upload writer's last committed local segment's files, which the next
         #: segment takes over (``reuse_files_of``; reput/segment_recycle.py ``Spare``)
         self._spare = None
+        #: a shared-upload writer's active segments in memory (reput/active_memory.py; set by
+        #: its publisher): a new segment starts there while it has room, else on local_fs
+        self.active_memory = None
         self._entry_scratch = np.empty(0, np.uint8)
         self._before_roll = None
         self._writer_lock: FileLock | None = None
@@ -407,8 +410,8 @@ class PartitionLog:
         if self._log is None:
             # a new segment's .bcq is created first: a crash between the two leaves an empty
             # .bcq without its .log (deleted on open), never a .log without its .bcq
-            self._idx = self.local_fs.open_append(seg.bcq_path)
-            self._log = self.local_fs.open_append(seg.log_path)
+            self._idx = seg.fs.open_append(seg.bcq_path)
+            self._log = seg.fs.open_append(seg.log_path)
             self._dirty_files += [self._log, self._idx]
         return seg, self._log, self._idx
 
@@ -419,8 +422,14 @@ class PartitionLog:
         name = fn.base_name(base)
         log_path = f"{self.dir}/{name}{fn.LOG_SUFFIX}"
         bcq_path = f"{self.dir}/{name}{fn.INDEX_SUFFIX}"
-        self._take_spare(log_path, bcq_path)
-        seg = RecordSegment(self.ctx, base, 0, 0, fs=self.local_fs, log_path=log_path,
+        mem = self.active_memory
+        if mem is not None and mem.has_room():
+            fs = mem  # (no file: the commit log holds these records until the journal commit)
+            self._drop_spare()
+        else:
+            fs = self.local_fs
+            self._take_spare(log_path, bcq_path)
+        seg = RecordSegment(self.ctx, base, 0, 0, fs=fs, log_path=log_path,
                             bcq_path=bcq_path, open_tail=True)
         seg.bcq_crc, seg.bcq_crc_size = 0, 0
         self.segments.append(seg)
@@ -435,6 +444,11 @@ class PartitionLog:
         deletes and 2 creates a partition a flush."""
         from .segment_recycle import recycle
         self._drop_spare()
+        if seg.fs is not self.local_fs:  # (in memory: nothing to reuse)
+            seg.fs.delete(seg.log_path)
+            seg.fs.delete(seg.bcq_path)
+            seg.invalidate()
+            return
         self._spare = recycle(self.local_fs, seg)
 
     def _take_spare(self, log_path: str, bcq_path: str) -> None:
@@ -480,8 +494,8 @@ class PartitionLog:
             old = self.segments.pop()
             self._catalog.segment_dropped(old.base)
             self._new_segment(base)  # (nothing to take back to)
-            self.local_fs.delete(old.log_path)
-            self.local_fs.delete(old.bcq_path)
+            old.fs.delete(old.log_path)
+            old.fs.delete(old.bcq_path)
             self.local_fs.sync_dir(self.dir)
             return True
         self.sync()
@@ -556,8 +570,8 @@ class PartitionLog:
         self._dirty_files = []
         seg = self.segments.pop()
         self._catalog.restore_list_state(lst)
-        self.local_fs.delete(seg.log_path)
-        self.local_fs.delete(seg.bcq_path)
+        seg.fs.delete(seg.log_path)
+        seg.fs.delete(seg.bcq_path)
         return True
 
     def _close_files(self) -> None:

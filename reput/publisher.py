@@ -441,12 +441,17 @@ class SharedPublisher(ManifestPublisher):
     def __init__(self, fs: Backend, commitlog_fs: Backend, local_fs: Backend):
         super().__init__(fs, commitlog_fs, local_fs)
         self._registered = False  # in the shared-upload writers registry
+        from .active_memory import ActiveMemory, budget_bytes
+        limit = budget_bytes()
+        #: the partitions' active segments, in memory up to the budget (reput/active_memory.py)
+        self.active = ActiveMemory(limit) if limit > 0 else None
 
     def opened(self, meta) -> None:
         SH.enable(self.fs).refresh(0.0)  # (a writer numbers its next object from it)
 
     def writable_opened(self, pl: "PartitionLog", key: tuple[str, int]) -> None:
         pl.publish_through(self.publish_shared)  # a roll, a close, a forced compaction too
+        pl.active_memory = self.active
         super().writable_opened(pl, key)
 
     def publish_all(self) -> None:
@@ -518,6 +523,8 @@ class SharedPublisher(ManifestPublisher):
             # the active segment's files are taken over by the partition's next segment
             # (emptied and renamed: PartitionLog.reuse_files_of), not deleted and created anew
             spare = next((s for s in reversed(piece.local) if s.log_size), None)
+            if spare is not None and spare.fs is self.active:
+                spare = None  # (in memory: dropped with the others, nothing to reuse)
             if spare is not None:
                 piece.local.remove(spare)
             piece.committed()

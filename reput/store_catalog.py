@@ -354,8 +354,9 @@ class StoreCatalog:
         return self._fresh_at is None or time.monotonic() - self._fresh_at >= grace_s / 2
 
     def poll_next(self, max_age_s: float | None = None) -> bool:
-        """A follower: GET the next version's key (a 404 until it exists), and the ones after
-        it while they exist; whether the view moved. At most once per ``poll_interval_s``; a
+        """A follower: GET the next version's key (a 404 until it exists); when it exists, a
+        HEAD of each key after it while they exist, and only the newest is read and parsed;
+        whether the view moved. At most once per ``poll_interval_s``; a
         LIST instead when the view is older than half the grace period (``_stale``)."""
         age = poll_interval_s() if max_age_s is None else max_age_s
         with self._lock:
@@ -367,23 +368,39 @@ class StoreCatalog:
             if self._polled_at is not None and now - self._polled_at < age:
                 return False
             self._polled_at = now
-            moved = False
+            v = self.latest.version + 1
+            try:
+                raw = self.fs.read(catalog_path(v))
+            except FileNotFoundError:
+                self.stats["get_miss"] += 1
+                return False
+            except OSError:
+                return False  # asked again at the next poll
+            self.stats["get_hit"] += 1
+            # every version is a whole checkpoint: only the newest of those written since the
+            # last poll is parsed (a HEAD of each key after ``v`` finds it; the first 404 ends)
+            top = v
             for _ in range(64):
-                v = self.latest.version + 1
                 try:
-                    raw = self.fs.read(catalog_path(v))
-                except FileNotFoundError:
-                    self.stats["get_miss"] += 1
-                    break
+                    if not self.fs.exists(catalog_path(top + 1)):
+                        break
                 except OSError:
-                    break  # asked again at the next poll
-                self.stats["get_hit"] += 1
-                if not raw:
-                    self.refresh(0.0)  # an aborted upload at that key: list past it
-                    return True
-                self._adopt(Catalog.from_json(raw, f"{self.fs.url}/{catalog_path(v)}", v))
-                moved = True
-            return moved
+                    break
+                top += 1
+            while top > v:
+                try:
+                    raw = self.fs.read(catalog_path(top))
+                    self.stats["get_hit"] += 1
+                    break
+                except FileNotFoundError:
+                    top -= 1  # (collected since the HEAD: the one below)
+                except OSError:
+                    top = v  # (the one already read)
+            if not raw:
+                self.refresh(0.0)  # an aborted upload at that key: list past it
+                return True
+            self._adopt(Catalog.from_json(raw, f"{self.fs.url}/{catalog_path(top)}", top))
+            return True
 
     def manifest(self, topic: str, partition: int) -> tuple[bool, Manifest | None]:
         """(whether the catalog lists the partition, its manifest there)."""

@@ -445,3 +445,45 @@ def test_issue51_a_crash_between_a_catalog_write_and_its_ledger_is_never_damage(
                     elif led is not None:
                         assert led["version"] <= pl.manifest.version
     case()
+
+
+def test_issue51_a_background_compaction_on_s3_reads_only_the_damage_records_it_knows_of(
+        tmp_path):
+    """On an object store the scheduler's first run reads every partition's damage record
+    (one GET each); after that a compacted partition's record is read again only when this
+    process knows it has one (it found it, or recorded it): a split of 512 partitions no longer
+    GETs 1,024 keys that do not exist. A known record is still cleared by the compaction that
+    rewrites the partition."""
+    from kcompact.compaction import Scheduler
+    from kcompact.reput import damage_record as DR
+    with backend_env("s3", str(tmp_path)) as fake:
+        url = store_url("s3", tmp_path)
+        build(url)
+        with Store.open(url) as st:
+            assert DR.write(st.fs, TOPIC, 1, path_=None, position=None, reason="found earlier",
+                            found_by="verify", found_ms=1)
+        got = []
+        real = fake.get_object
+
+        def get_object(Bucket, Key, Range=None):
+            if Key.endswith("/" + DR.NAME):
+                got.append(Key.split("/")[-2])
+            return real(Bucket=Bucket, Key=Key, Range=Range)
+        fake.get_object = get_object
+
+        def more(st):
+            st.append(RecordBatch.from_records(TOPIC, [
+                (p, st.next_offset(TOPIC, p) + i, 10**12 + i, b"k%d" % (i % KEYS), b"w" * 300)
+                for p in range(2) for i in range(N)]))
+            st.flush()
+        with Store.open(url, writer="w") as st:
+            sched = Scheduler(st)
+            done = {(r.topic, r.partition) for r in sched.run_once()}
+            assert done == {(TOPIC, 0), (TOPIC, 1)}
+            # every partition's once (the first run's look), then 1's again after its compaction
+            assert got.count("0") == 1 and got.count("1") >= 2, got
+            assert DR.read(st.fs, TOPIC, 1) is None  # (cleared: nothing damaged any more)
+            got.clear()
+            more(st)
+            assert {(r.topic, r.partition) for r in sched.run_once()} == done
+            assert got == []

@@ -33,6 +33,7 @@ from kcompact.compaction import Compactor  # noqa: E402
 from kcompact.compaction.planner import compact_store  # noqa: E402
 from kcompact.reput import Store, WriterOptions  # noqa: E402
 from kcompact.reput import manifest as M  # noqa: E402
+from kcompact.reput import active_memory as AM  # noqa: E402
 from kcompact.reput import segment_recycle as SR  # noqa: E402
 from kcompact.reput import shared as SH  # noqa: E402
 from kcompact.reput.errors import ConfigError  # noqa: E402
@@ -160,11 +161,15 @@ def test_upload_shared_needs_seal_format_2():
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(parts=st.integers(1, 5), sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
        keys=st.integers(1, 12), gaps=st.booleans(), seed=st.integers(0, 2**16),
-       more=st.lists(st.integers(0, 20), max_size=3))
+       more=st.lists(st.integers(0, 20), max_size=3),
+       memory=st.sampled_from([0, 200, 1 << 28]))
 def test_shared_parts_split_segments_and_per_partition_uploads_read_the_same(
-        tmp_path_factory, parts, sizes, keys, gaps, seed, more):
+        tmp_path_factory, parts, sizes, keys, gaps, seed, more, memory):
+    """``memory``: the writer's budget for active segments in memory (bytes; 0: on disk, 200:
+    some of a flush's segments in memory and the rest on disk; reput/active_memory.py)."""
     root = str(tmp_path_factory.mktemp("model"))
-    with backend_env("s3", root):
+    with backend_env("s3", root), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(AM, "budget_bytes", lambda: memory)
         flushes = _flushes(parts, sizes + more, keys, gaps, seed)
         first, later = flushes[:len(sizes)], flushes[len(sizes):]
         shared, per = store_url("s3", root, "shared"), store_url("s3", root, "per")
@@ -224,6 +229,41 @@ def test_the_planner_splits_a_partition_once_it_depends_on_enough_shared_objects
     with Store.open(url) as st:
         assert st.partition("t", 0).shared_objects == 0
         assert _read(st, "t", 0) == [(o, 1_000 + o, b"k%d" % o, b"v") for o in range(3)]
+
+
+def test_active_segments_are_kept_in_memory_within_the_budget_and_on_disk_past_it(
+        s3, monkeypatch):
+    """A writer with shared uploads keeps its partitions' active segments in memory while they
+    hold less than its budget (KCOMPACT_S3_ACTIVE_MEMORY_MB; here 300 bytes), then starts the
+    next ones on the local disk; a flush commits both kinds in one object and frees the budget;
+    a crash before the flush loses nothing (the commit log is dispatched again)."""
+    make, root = s3
+    url = make()
+    cl = f"{root}/cl"
+    monkeypatch.setattr(AM, "budget_bytes", lambda: 300)
+
+    def on_disk(p):
+        d = os.path.join(cl, "partitions", "t", str(p))
+        return sorted(n for n in os.listdir(d) if n.endswith((".log", ".bcq"))) \
+            if os.path.isdir(d) else []
+    rows = [(p, o, b"k%d" % o, b"v" * 40) for o in range(3) for p in range(6)]
+    st = Store.open(url, writer="w", create=True, options=SHARED, commitlog_dir=cl)
+    mem = st.publisher.active
+    st.append(_batch("t", rows))
+    in_memory = [p for p in range(6) if not on_disk(p)]
+    assert 0 < len(in_memory) < 6  # (the budget ran out part of the way through)
+    assert mem.used >= 300
+    st.flush()
+    assert mem.used == 0  # (committed: dropped)
+    st.append(_batch("t", [(p, 3, b"k3", b"w") for p in range(6)]))
+    assert mem.used > 0
+    _crash(st)  # (the last records only in memory and in the commit log)
+    with Store.open(url, writer="w", options=SHARED, commitlog_dir=cl) as st:
+        st.flush()
+    with Store.open(url) as st:
+        for p in range(6):
+            assert _read(st, "t", p) == [(o, 1_000 + o, b"k%d" % o, b"v" * 40) for o in range(3)] \
+                + [(3, 1_003, b"k3", b"w")]
 
 
 # -- crashes -------------------------------------------------------------------------------------
@@ -297,6 +337,7 @@ def test_the_next_local_segment_takes_over_the_committed_ones_files(s3, monkeypa
     url = make()
     cl = f"{root}/cl"
     pdir = os.path.join(cl, "partitions", "t", "0")
+    monkeypatch.setenv("KCOMPACT_S3_ACTIVE_MEMORY_MB", "0")  # (on disk, not in memory)
 
     def local_files():
         return sorted(n for n in os.listdir(pdir) if n.endswith((".log", ".bcq")))

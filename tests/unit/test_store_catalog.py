@@ -215,6 +215,43 @@ def test_a_follower_learns_of_a_compaction_from_the_catalog(s3, monkeypatch):
     f.close()
 
 
+def test_a_follower_behind_by_several_versions_reads_only_the_newest(s3, monkeypatch):
+    """Every catalog version is a whole checkpoint: a follower that finds versions N+1..N+3
+    written since its last poll GETs N+1 (it looked for it), HEADs N+2, N+3 and N+4 (a 404),
+    and reads only N+3, the newest, whose manifests it takes."""
+    fake, root = s3
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "10")
+    url = store_url("s3", root)
+    _write(url, f"{root}/cl", [_rows(4, 0)])
+    f = Store.open(url)
+    cat = SC.for_reading(f.fs)
+    v = cat.refresh(0.0).version
+    with Store.open(url) as st:
+        w = SC.for_store(st.fs)
+        for i in range(3):  # three versions, each listing one more partition
+            w.record({("t", 10 + i): None}, "test")
+        assert w.refresh(0.0).version == v + 3
+    seen = []
+    real_get, real_head = fake.get_object, fake.head_object
+
+    def get_object(Bucket, Key, Range=None):
+        seen.append(("GET", Key.rsplit("/", 1)[-1]))
+        return real_get(Bucket=Bucket, Key=Key, Range=Range)
+
+    def head_object(Bucket, Key):
+        seen.append(("HEAD", Key.rsplit("/", 1)[-1]))
+        return real_head(Bucket=Bucket, Key=Key)
+    fake.get_object, fake.head_object = get_object, head_object
+    assert cat.poll_next(0.0)
+    name = lambda n: f"{n:020d}.json"  # noqa: E731
+    assert [x for x in seen if x[1].endswith(".json") and x[1][0].isdigit()] == [
+        ("GET", name(v + 1)), ("HEAD", name(v + 2)), ("HEAD", name(v + 3)),
+        ("HEAD", name(v + 4)), ("GET", name(v + 3))]
+    assert cat.latest.version == v + 3
+    assert cat.latest.holds("t", 12)
+    f.close()
+
+
 def test_a_damaged_newest_version_is_passed_over(s3):
     fake, root = s3
     url = store_url("s3", root)
