@@ -28,7 +28,12 @@ Then the store is force-compacted (``compact_store(..., force=True)``: the share
 into per-partition segments; ``--no-split`` skips it) and the runs are repeated.
 
 Printed per run: GETs over every node (and all S3 requests), the ratio to ``alone``'s GETs, each
-consumer's records/s and its ratio to ``alone``'s. Targets: fleet GETs <= 1.2x alone at 1, 3
+consumer's records/s and its ratio to ``alone``'s, the CPU seconds of the nodes and of the
+consumers. ``BENCH_FLEET_KINDS=1`` adds the GETs by object and the Kafka and peer requests the
+nodes answered; ``BENCH_FLEET_TRACE=1`` every S3 request (time, node, key kind, code path);
+``BENCH_FLEET_PROFILE=DIR`` writes a pstats file per node to DIR (a cProfile of every thread,
+timed by the threads' CPU time; the profiler slows the nodes: compare runs with it, not the
+figures). Targets: fleet GETs <= 1.2x alone at 1, 3
 and 5 nodes, before and after the split; each fleet consumer's records/s >= 0.8x alone.
 """
 
@@ -125,7 +130,40 @@ def node_main(counts_file: str, argv: list[str]) -> int:
             os.replace(tmp, counts_file)
             time.sleep(0.2)
     threading.Thread(target=dump, daemon=True).start()
+    if os.environ.get("BENCH_FLEET_PROFILE"):
+        profile_threads(counts_file + ".prof")
     return main(argv)
+
+
+def profile_threads(out: str) -> None:
+    """BENCH_FLEET_PROFILE: a cProfile of every thread, timed by the thread's CPU time (waits
+    cost nothing), written as one pstats file to ``out`` every second."""
+    import cProfile
+    import pstats
+    profs: list = []
+
+    def start(*_):
+        sys.setprofile(None)
+        p = cProfile.Profile(time.thread_time)
+        profs.append(p)
+        p.enable()
+
+    def write():
+        while True:
+            time.sleep(1.0)
+            st = None
+            for p in list(profs):
+                p.snapshot_stats()
+                if st is None:
+                    st = pstats.Stats(p)
+                else:
+                    st.add(p)
+            if st is not None:
+                st.dump_stats(out + ".tmp")
+                os.replace(out + ".tmp", out)
+    threading.Thread(target=write, daemon=True).start()
+    threading.setprofile(start)
+    start()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,6 +295,16 @@ class Node:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
+    def metric_lines(self, prefix: str) -> Counter:
+        """Every sample of the node's metrics whose line starts with ``prefix`` (name{labels})."""
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics}/metrics",
+                                          timeout=2).read().decode()
+        except OSError:
+            return Counter()
+        return Counter({line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                        for line in text.splitlines() if line.startswith(prefix)})
+
     def counts(self) -> Counter:
         """The counts the node wrote last (the caller waits 0.5 s first: one dump period)."""
         with open(self.counts_file) as f:
@@ -265,6 +313,16 @@ class Node:
         return Counter(doc)
 
     def stop(self) -> None:
+        if os.environ.get("BENCH_FLEET_PROFILE"):
+            time.sleep(1.1)
+            try:
+                import shutil
+                dest = os.environ["BENCH_FLEET_PROFILE"]
+                os.makedirs(dest, exist_ok=True)
+                shutil.copy(self.counts_file + ".prof",
+                            os.path.join(dest, os.path.basename(self.log.name) + ".prof"))
+            except OSError:
+                pass
         self.proc.terminate()
         try:
             self.proc.wait(15)
@@ -289,6 +347,9 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                 time.sleep(0.2)
         time.sleep(0.5)  # (every node's counts at one moment)
         base = sum((n.counts() for n in started), Counter())
+        reqs0 = sum((n.metric_lines("kcompact_kafka_requests_total")
+                     + n.metric_lines("kcompact_fleet_peer_requests_served_total")
+                     for n in started), Counter())
         cpu0 = sum(proc_cpu_s(n.proc.pid) for n in started)
         busy0, wall0, epoch0 = machine_busy_s(), time.monotonic(), time.time()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
@@ -305,11 +366,16 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         total = sum((n.counts() for n in started), Counter())
         total.subtract(base)
         saved = sum(n.metric("kcompact_fleet_s3_gets_saved_total") or 0 for n in started)
+        reqs = sum((n.metric_lines("kcompact_kafka_requests_total")
+                    + n.metric_lines("kcompact_fleet_peer_requests_served_total")
+                    for n in started), Counter())
+        reqs.subtract(reqs0)
         kinds = {k: v for k, v in total.items() if " " in k and v > 0}
         trace = sorted((t - epoch0, i, name, what, th) for i, n in enumerate(started, 1)
                        for t, name, what, th in getattr(n, "trace", []) if t >= epoch0)
         return {"trace": trace, "nodes": nodes, "fleet": fleet, "gets": total["get_object"],
-                "kinds": kinds,
+                "kinds": kinds, "api": {k.split("_total", 1)[1]: int(v)
+                                        for k, v in reqs.items() if v > 0},
                 "requests": sum(v for v in total.values() if v > 0),
                 "consumers": results, "saved": saved, "wall": wall, "busy": busy,
                 "node_cpu": node_cpu, "epoch0": epoch0}
@@ -346,6 +412,8 @@ def report(label: str, rows: list[dict]) -> None:
               f"{meta / r['wall']:.1f} a second of the run")
         if os.environ.get("BENCH_FLEET_KINDS"):
             print("    " + ", ".join(f"{k}: {v}" for k, v in sorted(r["kinds"].items())))
+            print("    requests to the nodes: " + ", ".join(
+                f"{k}: {v}" for k, v in sorted(r["api"].items())))
         if os.environ.get("BENCH_FLEET_TRACE"):
             for c in r["consumers"]:
                 e = c["epoch0"] - r["epoch0"]

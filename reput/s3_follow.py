@@ -115,6 +115,8 @@ class Follower:
         #: writer -> the seq its next journal entry will have (the key polled)
         self.next: dict[str, int] = {}
         self._polled_at: float | None = None
+        #: when the last finished poll (through the head source, or of S3) started
+        self._done_at: float | None = None
         self._listed_at: float | None = None
         self._writers_at: float | None = None
         #: whether the store has a writers registry (None: not read yet)
@@ -159,6 +161,11 @@ class Follower:
         journal's generation (it grows with every entry added or dropped). ``shared`` False:
         poll S3 itself, not the head source (a fleet's poller answering the others)."""
         age = self.max_age_s() if max_age_s is None else max_age_s
+        done = self._done_at
+        if shared and done is not None and time.monotonic() - done < age:
+            # a finished poll young enough: no wait behind one in flight for a reader that
+            # asks less (an off-edge read behind a poll for the live edge)
+            return self.generation()
         with self._lock:
             now = time.monotonic()
             last = self._polled_at if shared else self._own_at
@@ -169,6 +176,8 @@ class Follower:
                 self._poll(now, age, shared)
             finally:
                 self._moved = self._heads_now() != before
+                if shared:
+                    self._done_at = now
             return self.generation()
 
     def _heads_now(self) -> tuple:
@@ -300,6 +309,7 @@ class Follower:
         with self._lock:
             self._listed_at = None
             self._polled_at = None
+            self._done_at = None
 
 
 _FOLLOWERS: "weakref.WeakKeyDictionary[Backend, Follower]" = weakref.WeakKeyDictionary()

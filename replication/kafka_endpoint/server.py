@@ -85,7 +85,7 @@ class Connection:
     what Metadata advertises on a wildcard listener), its SASL state."""
 
     __slots__ = ("peer", "local", "authenticated", "mechanism_ok", "raw_sasl", "requests",
-                 "principal", "sasl", "auth_failure")
+                 "principal", "sasl", "auth_failure", "gone")
 
     def __init__(self, peer: str, authenticated: bool, local: str = "127.0.0.1"):
         self.peer, self.local, self.authenticated = peer, local, authenticated
@@ -99,6 +99,10 @@ class Connection:
         #: why a SaslAuthenticate failed (its answer is sent, then the connection closed)
         self.auth_failure: str | None = None
         self.requests = 0
+        #: whether the client has closed its side with no request left unread (a waiting
+        #: Fetch then stops waiting; one behind which the client pipelined another request
+        #: waits on, as before: asyncio says no more without a read)
+        self.gone: Callable[[], bool] = lambda: False
 
 
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -274,6 +278,7 @@ class Endpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      conn: Connection) -> None:
         lim = self.limits
+        conn.gone = lambda: reader.at_eof() or writer.transport.is_closing()
         while not self._stopping:
             try:
                 head = await asyncio.wait_for(reader.readexactly(4), lim.idle_timeout_s)

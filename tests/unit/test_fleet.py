@@ -907,3 +907,48 @@ def test_a_store_without_a_catalog_is_polled_off_the_edge_as_rarely(tmp_path, mo
         finally:
             view.close()
             w.st.close()
+
+
+def test_an_off_edge_read_does_not_wait_behind_a_poll_for_the_live_edge(s3_store, monkeypatch):
+    """A poll at the follow interval in flight (here: through a head source whose answer
+    hangs, as a fleet's poller under load) holds the follower: a reader content with the last
+    finished poll (off the live edge: a Fetch catching up, a ListOffsets EARLIEST) gets its
+    answer without waiting for it; a reader at the edge still waits, and then sees what the
+    poll found."""
+    from kcompact.reput.s3_cache import HeadSource, set_head_source
+    from kcompact.replication.kafka_endpoint.store_view import StoreView
+    monkeypatch.setattr(S3F, "IDLE_POLL_S", 3600.0)
+    fake, url, w = s3_store
+    view = StoreView(url)
+    release, asked = threading.Event(), threading.Event()
+
+    class Hanging(HeadSource):
+        def heads(self, backend, max_age_s=None):
+            asked.set()
+            assert release.wait(30)
+            return None  # (the follower then polls S3 itself)
+
+    try:
+        fol = S3F.follower_for(view.store.fs)
+        fol.interval_s = 0.0
+        for _ in range(2):  # (finished polls, the last of which found nothing new)
+            assert view.bounds("t", 0).high_watermark == 1
+        w.flush()
+        set_head_source(Hanging())
+        edge = threading.Thread(target=lambda: fol.poll(max_age_s=0.0), daemon=True)
+        edge.start()
+        assert asked.wait(30)
+        got: list = []
+        off = threading.Thread(target=lambda: got.append(view.bounds("t", 0)), daemon=True)
+        off.start()
+        off.join(30)
+        assert got == [view._bounds(view._part("t", 0)[1])] and got[0].high_watermark == 1
+        assert edge.is_alive()  # the poll for the edge is still in flight
+        release.set()
+        edge.join(30)
+        assert not edge.is_alive()
+        assert view.bounds("t", 0, fresh=True).high_watermark == 2  # what that poll found
+    finally:
+        release.set()
+        set_head_source(None)
+        view.close()

@@ -274,3 +274,43 @@ def test_every_api_and_version_served_answers_a_well_formed_response(store):
         c.close()
     finally:
         srv.close()
+
+
+def test_a_waiting_fetch_whose_client_closed_stops_waiting(store):
+    """A Fetch at the high watermark waits up to its max_wait (30 s here) for new records;
+    when its client closes the connection meanwhile, it stops waiting (and polling the store)
+    at its next look: the endpoint drops the connection long before the wait would end."""
+    import io
+
+    from test_kafka_endpoint_model import _request_schema, build, entity_writer
+    srv = Served(store)
+    try:
+        c = Client(srv.port)
+        err, hwm = c.fetch(12, 1, 1 << 20)[:2]  # (the record is at offset 1)
+        assert err == 0 and hwm > 0
+        cls = _request_schema(1, 12)
+        out = io.BytesIO()
+        entity_writer(cls.__header_schema__)(out, build(
+            cls.__header_schema__, request_api_key=1, request_api_version=12,
+            correlation_id=99, client_id="model"))
+        entity_writer(cls)(out, build(
+            cls, replica_id=-1, max_wait=30_000, min_bytes=1, max_bytes=1 << 20,
+            isolation_level=1, session_id=0, session_epoch=-1, topics=[{
+                "topic": TOPIC, "partitions": [{
+                    "partition": 0, "fetch_offset": hwm, "partition_max_bytes": 1 << 20,
+                    "log_start_offset": -1, "current_leader_epoch": -1,
+                    "last_fetched_epoch": -1}]}], forgotten_topics_data=[], rack_id=""))
+        raw = out.getvalue()
+        c.s.sendall(struct.pack(">i", len(raw)) + raw)
+        deadline = time.monotonic() + 20
+        while srv.ep.requests.get("Fetch", 0) < 2:  # it is read and waits at the edge
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert len(srv.ep.open) == 1
+        c.close()
+        deadline = time.monotonic() + 15  # half its 30 s wait
+        while srv.ep.open:
+            assert time.monotonic() < deadline, "the fetch kept waiting for a closed client"
+            time.sleep(0.02)
+    finally:
+        srv.close()

@@ -31,6 +31,8 @@ re-encoding of a batch. Semantics (docs/kafka-endpoint.md):
   ``SIGNAL_POLL_S``, ``StoreView.changes``, and its partitions only when it moved), then
   reads again (long poll);
 * a fetch naming no topic (the Java consumer's on close) gets an empty answer at once;
+* a waiting fetch whose client closed its connection stops waiting (and polling the store) at
+  its next look, not at its ``max_wait_ms``;
 * with ACLs: READ on each topic; a fetch naming a topic not allowed is read once, without the
   long poll, its denied topics' partitions TOPIC_AUTHORIZATION_FAILED (authorize.Gate).
 
@@ -177,8 +179,10 @@ async def handle(ep, req, conn) -> list:
         if denied:
             ep.count_errors(NAME, [TOPIC_AUTHORIZATION_FAILED])
             return await gate.fetch_with_denied(ep, req, denied, leads)
+    gone = getattr(conn, "gone", None)
+    stopping = ep.stopping if gone is None else (lambda: ep.stopping() or gone())
     return await handle_fetch(ep.view, ep.run, req.version, req.correlation_id, req.body,
-                              ep.stopping, lambda codes: ep.count_errors(NAME, codes),
+                              stopping, lambda codes: ep.count_errors(NAME, codes),
                               leads=leads)
 
 
