@@ -139,6 +139,8 @@ class ManifestCatalog(SegmentCatalog):
         #: base -> (min, max) record timestamp of each part of the flush under way, given to
         #: its shared segment at the commit (``Segment.time_range``)
         self._part_times: dict[int, tuple[int, int]] = {}
+        #: (parts, manifest, next_offset_floor()) as last computed
+        self._floor_memo: tuple | None = None
         #: a writer with shared uploads: its publisher's ``publish_shared`` (``publish`` calls
         #: it; reput/publisher.py ``SharedPublisher``)
         self.publish_shared = None
@@ -188,8 +190,13 @@ class ManifestCatalog(SegmentCatalog):
         return sum(s.log_size for s in self.segments if s.kind == "file")
 
     def next_offset_floor(self) -> int:
+        memo = self._floor_memo
+        if memo is not None and memo[0] is self.parts and memo[1] is self.manifest:
+            return memo[2]  # (asked several times an append: parts and manifest unchanged)
         have = self.manifest.next_offset if self.manifest is not None else 0
-        return max([have] + [p.next_offset for p in self.parts])
+        got = max([have] + [p.next_offset for p in self.parts])
+        self._floor_memo = (self.parts, self.manifest, got)
+        return got
 
     @property
     def journal(self) -> "SH.Journal | None":
