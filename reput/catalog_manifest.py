@@ -377,15 +377,7 @@ class ManifestCatalog(SegmentCatalog):
             d = p.desc
             if d is None or self._part_key(p) in self._replaced_parts:
                 continue
-            lrel, brel = f"{self.dir}/{d.log}", f"{self.dir}/{d.bcq}"
-            seg = old.get(lrel)
-            if seg is None:
-                view.add(lrel, p.object, p.log_pos, d.log_size)
-                view.add(brel, p.object, p.bcq_pos, d.bcq_size)
-                seg = open_segment(self.ctx, d.base, d.log_size, d.bcq_size, fs=view,
-                                   log_path=lrel, bcq_path=brel, kind="shared", desc=d)
-                seg.part = p
-            out.append(seg)
+            out.append(old.get(f"{self.dir}/{d.log}") or self._shared_segment(p, view))
         if not self._replaced_parts:
             self._shared_memo = (dict(split_to), parts, out)
         return out

@@ -523,8 +523,6 @@ class SharedPublisher(ManifestPublisher):
             # the active segment's files are taken over by the partition's next segment
             # (emptied and renamed: PartitionLog.reuse_files_of), not deleted and created anew
             spare = next((s for s in reversed(piece.local) if s.log_size), None)
-            if spare is not None and spare.fs is self.active:
-                spare = None  # (in memory: dropped with the others, nothing to reuse)
             if spare is not None:
                 piece.local.remove(spare)
             piece.committed()

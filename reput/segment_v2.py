@@ -531,7 +531,13 @@ class KafkaSegment(Segment):
                 and from_offset <= d.first_offset and 0 < self.log_size <= max_bytes):
             # the whole segment from its first record (a consumer at the live edge reading a
             # flush's part): its batches, header by header, without its index
-            return self._whole_log()
+            part, last, zstd = self._checked_batches(0, self.log_size, None)
+            if d.last_offset is not None and last < d.last_offset:
+                raise CorruptRecordError(
+                    f"{self.log_path}: its batches end at offset {last}, below the "
+                    f"{d.last_offset} its catalog entry lists; run `kcompact verify`",
+                    self.log_path, 0)
+            return KafkaBatches([part], self.log_size, last + 1, zstd)
         idx = self.index()
         n = idx.n
         j = int(idx.lower_bound(from_offset))
@@ -546,6 +552,19 @@ class KafkaSegment(Segment):
         ends = np.cumsum(bsize[k:])
         m = max(1, int(np.searchsorted(ends, max_bytes, side="right")))
         total = int(ends[m - 1])
+        part, last, zstd = self._checked_batches(pos0, total, bsize[k:k + m])
+        if last < from_offset:
+            raise CorruptRecordError(f"{self.log_path}: the batch at byte {pos0} ends at offset "
+                                     f"{last}, below {from_offset} its index places in it",
+                                     self.log_path, pos0)
+        return KafkaBatches([part], total, last + 1, zstd)
+
+    def _checked_batches(self, pos0: int, total: int, sizes) -> tuple:
+        """(the .log's bytes ``pos0``..+``total``, the last batch's last offset, whether any
+        batch is zstd), every batch in them checked (its header and CRC-32C, once per batch
+        of this immutable segment). ``sizes``: the batches' sizes as the index lists them
+        (each header must agree), or None to take each from its header (the batches must
+        then tile the range exactly: a batch running past it is cut short)."""
         if self._mapped:  # a local .log: slices of its mapping
             data = self.log_bytes(pos0, total)
             part = memoryview(data)
@@ -558,14 +577,17 @@ class KafkaSegment(Segment):
                                      f"(byte {pos0 + data.shape[0]})", path,
                                      pos0 + data.shape[0])
         done = self._kafka_checked
-        p, last, zstd = 0, -1, False
-        for b in range(k, k + m):
-            size, where = int(bsize[b]), pos0 + p
+        p, b, last, zstd = 0, 0, -1, False
+        while p < total:
+            where = pos0 + p
             codec = done.get(where)
-            if codec is not None:  # baseOffset + lastOffsetDelta (segment-v2.md)
+            if codec is not None:  # baseOffset, batchLength, lastOffsetDelta (segment-v2.md)
+                size = (int(sizes[b]) if sizes is not None
+                        else _DELTA.unpack_from(data, p + 8)[0] + KB.LOG_OVERHEAD)
                 last = _BASE.unpack_from(data, p)[0] + _DELTA.unpack_from(data, p + 23)[0]
             else:
-                h = KB.parse_head(data, p, path, where)
+                h = KB.parse_head(data, p, path, where)  # (one cut short by the range's end)
+                size = int(sizes[b]) if sizes is not None else h.size
                 if h.size != size:
                     raise CorruptRecordError(f"{path}: the batch at byte {where} holds "
                                              f"{h.size} bytes, its index lists {size}", path,
@@ -575,46 +597,8 @@ class KafkaSegment(Segment):
                     done[where] = codec
             zstd |= codec == KB.CODEC_ZSTD
             p += size
-        if last < from_offset:
-            raise CorruptRecordError(f"{path}: the batch at byte {pos0} ends at offset {last}, "
-                                     f"below {from_offset} its index places in it", path, pos0)
-        return KafkaBatches([part], total, last + 1, zstd)
-
-    def _whole_log(self) -> KafkaBatches:
-        """Every batch of the .log (``kafka_batches`` from the first record, when all of it
-        fits): each batch's header and CRC-32C checked as there, the batches tiling the .log
-        exactly and reaching the last offset its catalog entry lists."""
-        total, path = self.log_size, self.log_path
-        if self._mapped:
-            data = self.log_bytes(0, total)
-            part = memoryview(data)
-        else:
-            part = self.read_log(0, total)
-            data = np.frombuffer(part, np.uint8)
-        if data.shape[0] != total:
-            raise CorruptRecordError(f"{path}: the .log ends at byte {data.shape[0]}, its catalog "
-                                     f"entry lists {total}; run `kcompact verify`", path,
-                                     data.shape[0])
-        done = self._kafka_checked
-        p, last, zstd = 0, -1, False
-        while p < total:
-            codec = done.get(p)
-            if codec is not None:  # batchLength at byte 8 (segment-v2.md)
-                size = _DELTA.unpack_from(data, p + 8)[0] + KB.LOG_OVERHEAD
-                last = _BASE.unpack_from(data, p)[0] + _DELTA.unpack_from(data, p + 23)[0]
-            else:
-                h = KB.parse_head(data, p, path, p)  # (a batch cut short by the .log's end too)
-                size, last, codec = h.size, h.last_offset, h.codec
-                with self._checked_lock:
-                    done[p] = codec
-            zstd |= codec == KB.CODEC_ZSTD
-            p += size
-        want = self.desc.last_offset
-        if want is not None and last < want:
-            raise CorruptRecordError(f"{path}: its batches end at offset {last}, below the "
-                                     f"{want} its catalog entry lists; run `kcompact verify`",
-                                     path, 0)
-        return KafkaBatches([part], total, last + 1, zstd)
+            b += 1
+        return part, last, zstd
 
     # -- compaction, recovery ---------------------------------------------------------------
 
