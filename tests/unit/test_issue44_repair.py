@@ -29,6 +29,7 @@ store compacted into compaction objects (the default) and its objects.
 from __future__ import annotations
 
 import contextlib
+import glob
 import io
 import json
 import os
@@ -538,22 +539,32 @@ def test_issue44_sigkill_during_repair_leaves_the_old_or_the_repaired_partition(
     # the reference: the repaired partition an uninterrupted run leaves
     ref = str(tmp_path / "ref")
     shutil.copytree(base, ref)
-    t0 = time.monotonic()
     proc = subprocess.run([KCOMPACT, "repair", "--store", ref, "--salvage"],
                           capture_output=True, text=True, timeout=300)
-    took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert len(records(ref, 0)) == 40_000 - 1  # one format-1 record lost to the flipped byte
     new0 = _logs(ref)  # (the same records in the same segments: the same bytes)
     outcomes = {"old": 0, "repaired": 0}
-    for k in range(8):
+    pdir = fn.partition_dir(TOPIC, 0)
+    # The kill points are states the run is seen in, not fractions of a wall time (a slower
+    # machine moved every timed kill past the commit): as soon as its staging of partition 0
+    # shows (nothing committed yet), then 5-80 ms into the staging, then as soon as its commit
+    # marker shows (the swap committed, maybe not finished).
+    points = [("staged", 0.0), ("staged", 0.0), ("staged", 0.005), ("staged", 0.02),
+              ("staged", 0.08), ("commit", 0.0), ("commit", 0.0), ("commit", 0.001)]
+    for k, (state, delay) in enumerate(points):
         url = str(tmp_path / f"k{k}")
         shutil.copytree(base, url)
         p = subprocess.Popen([KCOMPACT, "repair", "--store", url, "--salvage"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        # from 0.4 to 1.6 times the reference run: the later kills land after its commit even
-        # when this run is slower than the reference (two test tiers share the machine)
-        time.sleep(took * (0.4 + 1.2 * k / 7))
+        pattern = os.path.join(url, fn.REPAIR_DIR, "*", pdir + (".commit" if state == "commit"
+                                                                  else ""))
+        deadline = time.monotonic() + 120
+        while p.poll() is None and not glob.glob(pattern):
+            assert time.monotonic() < deadline, f"the repair never reached {state}"
+            time.sleep(0.0005)
+        if delay:
+            time.sleep(delay)
         p.send_signal(signal.SIGKILL)
         p.wait()
         with Store.open(url):  # an open finishes a committed swap, drops an uncommitted one
