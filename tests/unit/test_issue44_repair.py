@@ -53,6 +53,7 @@ from kcompact.reput import segment_list as SL  # noqa: E402
 from kcompact.reput.backend import LocalBackend  # noqa: E402
 from kcompact.reput.config import ManualClock  # noqa: E402
 from kcompact.reput.record import RecordBatch  # noqa: E402
+from kcompact.reput.repair_kinds import COMMIT_SUFFIX  # noqa: E402
 from kcompact.reput.store import Store, WriterOptions  # noqa: E402
 
 TOPIC = "t"
@@ -557,7 +558,7 @@ def test_issue44_sigkill_during_repair_leaves_the_old_or_the_repaired_partition(
         shutil.copytree(base, url)
         p = subprocess.Popen([KCOMPACT, "repair", "--store", url, "--salvage"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        pattern = os.path.join(url, fn.REPAIR_DIR, "*", pdir + (".commit" if state == "commit"
+        pattern = os.path.join(url, fn.REPAIR_DIR, "*", pdir + (COMMIT_SUFFIX if state == "commit"
                                                                   else ""))
         deadline = time.monotonic() + 120
         while p.poll() is None and not glob.glob(pattern):
