@@ -16,8 +16,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer
-from confluent_kafka import TopicPartition as KTP
+from confluent_kafka import Producer
 from confluent_kafka.admin import (AclBindingFilter, AclOperation, AclPermissionType,
                                    AdminClient, NewTopic, ResourcePatternType, ResourceType)
 
@@ -28,7 +27,7 @@ from kcompact.connectors import cli  # noqa: E402
 from kcompact.connectors.apps.spark import spark_session  # noqa: E402
 from kcompact.reput import Store  # noqa: E402
 from schema_registry import SchemaRegistry  # noqa: E402
-from test_estate_acls import _all_acls, _binding, _broker_class, _produce  # noqa: E402
+from test_estate_acls import _all_acls, _binding, _broker_class, _commit_offset, _produce  # noqa: E402
 from test_estate_schemas import Source, _decoded  # noqa: E402
 from test_transactions import kcompact, wait_until  # noqa: E402
 
@@ -82,8 +81,7 @@ def test_spark_mirror_captures_acls(spark, authorized, tmp_path, capsys):
     wait_until(lambda: len([b for b in _all_acls(src) if x in b[1] or x[:3] in b[1]]) >= 4,
                30, "the source lists the new ACLs")
     _produce(src, t, 30)
-    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
-        group, [KTP(t, 0, 3)])])[group].result()
+    _commit_offset(admin, group, t, 0, 3)   # the group's binding is kept with t
 
     store = str(tmp_path / "s")
     argv = ["mirror", "--bootstrap-servers", src, "--topic", t, "--store", store,
