@@ -668,7 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve, check_usage=_serve_usage(s))
 
     s = sub.add_parser("users", help="manage the users file of `serve --kafka-users-file`")
-    us = s.add_subparsers(dest="users_command", required=True, metavar="COMMAND")
+    us = s.add_subparsers(dest="users_command", required=True, metavar="COMMAND",
+                          help="one of:")
     u = us.add_parser("add", help="add or replace a user's credential (password on stdin)")
     u.add_argument("--file", required=True, metavar="FILE",
                    help="the users file (created with mode 0600)")
@@ -680,7 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tokens", help="manage the tokens file of `serve --tokens-file` and "
                        "`kv serve --tokens-file`")
-    ts = s.add_subparsers(dest="tokens_command", required=True, metavar="COMMAND")
+    ts = s.add_subparsers(dest="tokens_command", required=True, metavar="COMMAND",
+                          help="one of:")
     t = ts.add_parser("add", help="make a token for some topics: its hash goes to the file, "
                       "the token to stdout (shown this once)")
     t.add_argument("--file", required=True, metavar="FILE",
