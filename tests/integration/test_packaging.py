@@ -58,7 +58,9 @@ def built(tmp_path_factory):
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip", "-q"]
-    _run(pip + ["install", "setuptools>=77", "wheel"], timeout=600)
+    # --no-compile: the tests import little of what they install, and compiling every module
+    # of the dependencies (pyspark's thousands) was most of this fixture's CPU
+    _run(pip + ["install", "--no-compile", "setuptools>=77", "wheel"], timeout=600)
     sdist_dir, out = tmp / "sdist", tmp / "dist"
     _run([str(venv / "bin" / "python"), "-c", "import sys; from setuptools import build_meta;"
           " print(build_meta.build_sdist(sys.argv[1]))", str(sdist_dir)], cwd=src, timeout=600)
@@ -71,7 +73,7 @@ def built(tmp_path_factory):
         script = _HIDE.format(empty=tmp / "empty") + " ".join(f"'{a}'" for a in wheel_cmd)
         _run(["unshare", "-m", "sh", "-c", script], timeout=1200)
     (wheel,) = out.glob("*.whl")
-    _run(pip + ["install", str(wheel)], timeout=1200)
+    _run(pip + ["install", "--no-compile", str(wheel)], timeout=1200)
     return wheel, venv, why
 
 
