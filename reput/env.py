@@ -120,6 +120,9 @@ ENV = (
             "speaks.")
     .define("KCOMPACT_SPARK_UI", Type.STRING, "", None, Importance.LOW,
             "1: start Spark's web UI (off by default).")
+    .define("KCOMPACT_SPARK_JAVA_OPTIONS", Type.STRING, "", None, Importance.LOW,
+            "JVM options added to the Spark driver's and executors' that kcompact starts, "
+            "e.g. '-XX:TieredStopAtLevel=1' (less JIT CPU for short jobs; the tests use it).")
     .define("KCOMPACT_KAFKA_VERSION", Type.STRING, "3.9.1", None, Importance.LOW,
             "kcompact broker --engine kafka: the Apache Kafka release to fetch and run (3.x or "
             "4.x); the default is the release kcompact is tested and benchmarked against.")

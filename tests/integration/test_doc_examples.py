@@ -7,7 +7,8 @@ shared). What a page assumes is provided the way a user would have it (docs/deve
 
 * placeholders mapped to temporary ones (:func:`substitute`): ``/data``, ``/etc/kcompact`` and
   ``/var/lib/kcompact`` under the test's directory, ``10.0.0.5`` to 127.0.0.1, every port the
-  examples name to a free one on 127.0.0.1, ``make demo`` to the command it runs once installed;
+  examples name to a free one on 127.0.0.1, ``make demo`` to the command it runs once installed
+  (once a module: a later page gets a copy of the first demo's demo-work);
   on a page that uses ``s3://``, the buckets and ``AWS_*=...`` to this session's SeaweedFS;
 * unless the page starts its own (``kcompact broker --port 9092``), an embedded Tansu broker on
   the page's 9092 with the topics the pages use (:data:`SEED`);
@@ -153,8 +154,13 @@ def substitute(code: str, places: Places) -> str:
         code = code.replace("AWS_ACCESS_KEY_ID=...", f"AWS_ACCESS_KEY_ID={s3['key']}")
         code = code.replace("AWS_SECRET_ACCESS_KEY=...", f"AWS_SECRET_ACCESS_KEY={s3['secret']}")
         code = code.replace("127.0.0.1:8333", f"127.0.0.1:{s3['port']}")
-    code = re.sub(r"^make demo\b.*$", "kcompact demo --workdir demo-work --records 4000", code,
-                  flags=re.M)
+    # the demo runs once per session (test_demo.py runs it as a whole): a later page's
+    # demo-work is a copy of the first's ($KC_DOC_DEMO, kept once a demo succeeded)
+    code = re.sub(r"^make demo\b.*$",
+                  'if [ -d "$KC_DOC_DEMO" ]; then cp -a "$KC_DOC_DEMO" demo-work; else '
+                  "kcompact demo --workdir demo-work --records 4000 && "
+                  'cp -a demo-work "$KC_DOC_DEMO.part" && mv "$KC_DOC_DEMO.part" "$KC_DOC_DEMO"; fi',
+                  code, flags=re.M)
     code = re.sub(r"^make test\b.*$", ": make test is the run these tests belong to", code,
                   flags=re.M)
     code = code.replace(".venv/bin/", f"{BIN}/")
@@ -313,8 +319,14 @@ def script(page: Page, places: Places) -> str:
     return "\n".join(out) + "\n"
 
 
+@pytest.fixture(scope="module")
+def demo_cache(tmp_path_factory) -> Path:
+    """Where the first page's finished demo-work is kept for the next pages' ``make demo``."""
+    return tmp_path_factory.mktemp("demo-cache")
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if p.runnable], ids=lambda p: p.name)
-def test_page_examples_run(page: Page, tmp_path, request):
+def test_page_examples_run(page: Page, tmp_path, request, demo_cache):
     from kcompact.connectors.devtools.broker import EmbeddedBroker
 
     text = "".join(b.code for b in page.runnable)
@@ -327,6 +339,7 @@ def test_page_examples_run(page: Page, tmp_path, request):
         (root / d).mkdir(parents=True)
     places = Places(root, {p: _free_port() for p in PORTS})
     env = dict(os.environ, KC_DOC_PIDS=str(root / "pids"), KC_DOC_LOGS=str(root / "logs"),
+               KC_DOC_DEMO=str(demo_cache / "demo-work"),
                KCOMPACT_CACHE_DIR=str(root / "cache"), TMPDIR=str(tmp_path),
                PYTHONUNBUFFERED="1")
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)

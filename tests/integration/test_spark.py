@@ -127,6 +127,29 @@ def rows_by_key(rows) -> dict[tuple[int, bytes], tuple]:
 # -- tests ---------------------------------------------------------------------------------------
 
 
+def test_the_driver_jvm_runs_with_kcompact_spark_java_options(spark):
+    # KCOMPACT_SPARK_JAVA_OPTIONS (tests/conftest.py sets it) reaches the driver's JVM, after
+    # kcompact's own log4j option
+    want = os.environ["KCOMPACT_SPARK_JAVA_OPTIONS"].split()
+    jvms = []  # this process's children that run Spark's driver (spark-submit execs java)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode().split("\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and "org.apache.spark.deploy.SparkSubmit" in args:
+            jvms.append(args)
+    assert len(jvms) == 1, jvms
+    args = jvms[0]
+    assert all(w in args for w in want), args
+    assert any(a.startswith("-Dlog4j.configurationFile=") for a in args), args
+    conf = spark.sparkContext.getConf().get("spark.executor.extraJavaOptions")
+    assert all(w in conf.split() for w in want), conf
+
+
 def test_spark_mirror_of_a_topic_set(spark, kafka_bootstrap, kafka_admin, tmp_path):
     """Issue 21: one Spark task per topic-partition across every topic the regex matches (an
     internal __ topic left out), each topic's configs synced, per-topic final lines."""

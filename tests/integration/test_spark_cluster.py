@@ -66,7 +66,10 @@ class StandaloneCluster:
         # the workers pass their environment to the executors they start: the S3 credentials
         # and KCOMPACT_CACHE_DIR (s3_store_url) reach the tasks that way
         return {**os.environ, "SPARK_HOME": str(self.home), "SPARK_LOCAL_IP": "127.0.0.1",
-                "SPARK_LOG_DIR": str(self.workdir / "logs"), "SPARK_DAEMON_MEMORY": "256m"}
+                "SPARK_LOG_DIR": str(self.workdir / "logs"), "SPARK_DAEMON_MEMORY": "256m",
+                # the Master's and Workers' JVMs with C1 only, as the tests' Spark drivers
+                # and executors (tests/conftest.py)
+                "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1"}
 
     def _start(self, name: str, *args: str) -> None:
         log = self.workdir / f"{name}.log"

@@ -258,11 +258,12 @@ def spark_session(master: str | None = None, app_name: str = "kcompact"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning
     log4j = _log4j_file()
     ui = env.flag("KCOMPACT_SPARK_UI")
+    java = f"-Dlog4j.configurationFile=file:{log4j} {env.value('KCOMPACT_SPARK_JAVA_OPTIONS')}"
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.ui.enabled", "true" if ui else "false")
          .config("spark.ui.showConsoleProgress", "false")
-         .config("spark.driver.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
-         .config("spark.executor.extraJavaOptions", f"-Dlog4j.configurationFile=file:{log4j}")
+         .config("spark.driver.extraJavaOptions", java.strip())
+         .config("spark.executor.extraJavaOptions", java.strip())
          .config("spark.sql.shuffle.partitions", "8")
          .config("spark.task.maxFailures", str(TASK_MAX_FAILURES))
          .config("spark.python.worker.reuse", "true"))
