@@ -570,7 +570,7 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
     produce(bootstrap, topic, 20, tag=b"old")
     produce(bootstrap, other, 5)
     res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", topic, "--topic",
-                   other, "--store", store)
+                   other, "--store", store, "--engine", "local")
     assert res.returncode == 0, res.stderr
     old_id = _topic_id(admin, topic)
     with Store.open(store) as st:
@@ -580,7 +580,7 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
     new_id = _topic_id(admin, topic)
     produce(bootstrap, topic, 40, tag=b"new")  # past the store's offsets: no gap to notice
     res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", topic, "--topic",
-                   other, "--store", store)
+                   other, "--store", store, "--engine", "local")
     assert res.returncode == 1
     assert error_line(res) == (
         f"kcompact: error: topic '{topic}' was deleted and created again since store {store} "
@@ -589,7 +589,8 @@ def test_a_mirror_restarted_on_a_recreated_topic_refuses_it(apache_kafka, kafka_
         "mirrors")
     assert read_store(store, topic) == before
     # leaving it out: the other topic goes on
-    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store)
+    res = kcompact("mirror", "--bootstrap-servers", bootstrap, "--topic", other, "--store", store,
+                   "--engine", "local")
     assert res.returncode == 0, res.stderr
 
 

@@ -299,8 +299,9 @@ def test_issue44_a_mirror_goes_on_with_the_partitions_that_are_not_damaged(
     store = tmp_path / "store"
     with Store.open(str(store), create=True) as st:  # (a local override: several segments)
         st.set_topic_config(topic, {"segment.bytes": 16384})
+    # (the mirrors around the one under test run locally: the engine is that one's parameter)
     r = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store",
-                 str(store))
+                 str(store), "--engine", "local")
     assert r.returncode == 0, r.stderr
     produce(kafka_bootstrap, topic, [(i % 3, b"k%d" % (i % 40), b"w%d" % i * 20, None,
                                       1_700_000_100_000 + i) for i in range(1500)])
@@ -322,7 +323,7 @@ def test_issue44_a_mirror_goes_on_with_the_partitions_that_are_not_damaged(
             assert st.partition(topic, p).next_offset == before[p] + 500
     assert kcompact("repair", "--store", str(store), "--salvage").returncode == 0
     r = kcompact("mirror", "--bootstrap-servers", kafka_bootstrap, "--topic", topic, "--store",
-                 str(store))
+                 str(store), "--engine", "local")
     assert r.returncode == 0, r.stderr
     with Store.open(str(store)) as st:
         assert st.partition(topic, 1).next_offset == 1000
