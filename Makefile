@@ -78,7 +78,8 @@ demo: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# The unit tier (CPU-bound, in-memory S3) runs beside the integration tier (mostly waiting on
+# The unit tier (CPU-bound, in-memory S3; it needs none of the integration tier's jars, clients,
+# tools or the built guide, so it starts while they are set up) runs beside the integration tier (mostly waiting on
 # brokers, JVMs and servers), and the integration tier runs its files on INTEGRATION_WORKERS
 # pytest-xdist workers (--dist loadfile: a file's module fixtures stay on one worker; each worker
 # starts its own session servers). On 2 cores the whole run takes about the integration tier's
@@ -86,10 +87,11 @@ docs: install
 # tests. Its output follows the integration tier's; either failing (or running no test: pytest's
 # exit 5) fails `make test`.
 INTEGRATION_WORKERS ?= 2
-test: install bytecode kafka-jars prometheus kcat clients docs
+test: install bytecode
 	@rm -f .unit-tests.log
 	@$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
-	  echo "tests/unit: running beside tests/integration (its output below when both are done)"; \
+	  echo "tests/unit: running beside the rest of the set-up and tests/integration (its output below when both are done)"; \
+	  $(MAKE) --no-print-directory kafka-jars prometheus kcat clients docs || { kill $$unit; exit 1; }; \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n $(INTEGRATION_WORKERS) \
 	    --dist loadfile tests/integration; integration=$$?; \
 	  wait $$unit; unit_rc=$$?; \
