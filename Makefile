@@ -87,13 +87,9 @@ docs: install
 # tests. Its output follows the integration tier's; either failing (or running no test: pytest's
 # exit 5) fails `make test`.
 INTEGRATION_WORKERS ?= 2
-# The unit tier runs at a lower CPU priority (nice UNIT_NICE): it has minutes of slack, while the
-# integration tier sets the run's wall time and leaves the cores idle while it waits on servers;
-# niced, the unit tier takes those idle moments instead of the integration tier's turns.
-UNIT_NICE ?= 5
 test: install bytecode
 	@rm -f .unit-tests.log
-	@nice -n $(UNIT_NICE) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
+	@$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 tests/unit > .unit-tests.log 2>&1 & unit=$$!; \
 	  echo "tests/unit: running beside the rest of the set-up and tests/integration (its output below when both are done)"; \
 	  $(MAKE) --no-print-directory kafka-jars prometheus kcat clients docs || { kill $$unit; exit 1; }; \
 	  $(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 -n $(INTEGRATION_WORKERS) \
