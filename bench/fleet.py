@@ -15,7 +15,9 @@ wraps the boto3 client the S3 backend makes (``reput.s3.make_client``, as bench/
 and bench/s3_live.py count theirs) and writes its process's S3 request counts to a file every
 0.2 s; every process of a run is counted. Each consumer is a confluent-kafka process assigned
 every partition from the beginning, reading until it has every record (and checking it got
-exactly the store's offsets), reporting its records/s.
+exactly the store's offsets), reporting its records/s from its assign to its last record. A
+run's consumers are started (interpreter, imports, the Consumer made) before any of them
+assigns, then all are released at once: no consumer's reading overlaps another's start.
 
 Runs, each on fresh processes (cold caches):
 
@@ -174,6 +176,10 @@ def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
                   "enable.auto.commit": False, "enable.partition.eof": False})
+    # started: wait for the driver's go, sent once every consumer of the run is started, so
+    # that no consumer's reading overlaps another's start (its interpreter and imports)
+    print("ready", flush=True)
+    sys.stdin.readline()
     c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: dict[int, set] = {}
     n, t0, first = 0, time.monotonic(), None
@@ -351,10 +357,17 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                      + n.metric_lines("kcompact_fleet_peer_requests_served_total")
                      for n in started), Counter())
         cpu0 = sum(proc_cpu_s(n.proc.pid) for n in started)
-        busy0, wall0, epoch0 = machine_busy_s(), time.monotonic(), time.time()
         procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "consume",
                                    n.bootstrap, str(partitions), str(records)],
-                                  stdout=subprocess.PIPE, env=env, text=True) for n in started]
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                  text=True) for n in started]
+        for p in procs:  # every consumer started (its Consumer made), then all go at once
+            if p.stdout.readline().strip() != "ready":
+                raise SystemExit("a consumer did not start")
+        busy0, wall0, epoch0 = machine_busy_s(), time.monotonic(), time.time()
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=400)
