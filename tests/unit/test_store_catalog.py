@@ -70,6 +70,15 @@ def _delta(fake, before):
             if fake.calls[k] != before.get(k, 0)}
 
 
+def _hold_listings(monkeypatch):
+    """Listings and polls do not age during a test that counts requests: the catalog is
+    listed, and its next version and the journal's next key looked for, once (a slower read
+    would look again): the requests counted are the code's, not the clock's."""
+    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
+    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
+
+
 def _open_all(url, parts):
     """What a reader does to serve the store: open it, list topics and partitions, and learn
     every partition's next offset."""
@@ -84,12 +93,9 @@ def _open_all(url, parts):
 @pytest.mark.parametrize("catalog", [True, False])
 def test_opening_costs_the_same_requests_at_4_and_64_partitions(s3, catalog, monkeypatch):
     fake, root = s3
-    # listings and polls do not age while the store opens: on a busy machine opening 64
-    # partitions took longer than the 200 ms a listing is reused, and listed again (the
-    # requests counted are the open's, not the clock's; as the tests below)
-    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
-    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
-    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
+    # (on a busy machine opening 64 partitions took longer than the 200 ms a listing is
+    # reused, and listed again)
+    _hold_listings(monkeypatch)
     made = {}
     for parts in (4, 64):
         url = store_url("s3", root, f"s{parts}")
@@ -437,11 +443,7 @@ def test_a_catch_up_read_makes_no_request_per_partition(s3, monkeypatch, split, 
     the catalog, or, before the writer folds, only by its journal entries) and after `compact
     --force` (one compaction object); it reads what was written."""
     fake, root = s3
-    monkeypatch.setenv("KCOMPACT_S3_REFRESH_MS", "600000")
-    # the catalog's next version and the journal's next key are looked for once (a slower
-    # read would look again)
-    monkeypatch.setenv("KCOMPACT_S3_CATALOG_POLL_MS", "600000")
-    monkeypatch.setenv("KCOMPACT_S3_FOLLOW_MS", "60000")
+    _hold_listings(monkeypatch)
     if not folded:
         monkeypatch.setenv("KCOMPACT_S3_CATALOG_FOLD", "1000")
     log = _by_key(fake)
