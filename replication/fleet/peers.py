@@ -10,7 +10,6 @@ and ``/peer/v1/commit``. ``PeerClient``: the blocking side, used from the endpoi
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import http.client
 import json
@@ -21,16 +20,17 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from kcompact.reput.batch import crc32c
 from ..errors import ReplicationError
 from ..protocol import check_token
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 PING_PATH = "/peer/v1/ping"
 BLOCK_PATH = "/peer/v1/block"
 COMMIT_PATH = "/peer/v1/commit"
 HEADS_PATH = "/peer/v1/heads"
 PEER_HEADER = "X-Kcompact-Peer"
-DIGEST_HEADER = "X-Kcompact-Digest"
+DIGEST_HEADER = "X-Kcompact-Crc32c"
 BLOCK_SIZE_HEADER = "X-Kcompact-Block-Size"
 #: seconds: connecting to a peer, a ping's answer, a block's answer
 CONNECT_TIMEOUT_S = 1.0
@@ -45,7 +45,10 @@ class PeerError(ReplicationError):
 
 
 def digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
+    """A block's check: its CRC-32C (Kafka's batch checksum), 8 hex digits. It catches a
+    damaged or foreign answer; peers are authenticated by the token, not by this. (Protocol 1
+    used BLAKE2b-128: 6 ms of CPU a 4 MiB block on each side, against 0.4 ms.)"""
+    return "%08x" % crc32c(data, 0, len(data))
 
 
 def parse_peers(text: str) -> dict[int, tuple[str, int]]:

@@ -250,6 +250,10 @@ class Garbage:
 
 @pytest.mark.parametrize("reply", [b"\x00\xffnot http at all\r\n\r\n",
                                    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+                                   # a block answer in form whose CRC-32C is not its body's
+                                   b"HTTP/1.1 200 OK\r\nX-Kcompact-Block-Size: %d\r\n"
+                                   b"X-Kcompact-Crc32c: %s\r\nContent-Length: 5\r\n\r\nhello"
+                                   % (BLOCK, peers_mod.digest(b"hellp").encode()),
                                    None])
 def test_a_peer_answering_garbage_or_nothing_costs_no_read(tmp_path, monkeypatch, reply):
     monkeypatch.setattr(peers_mod, "BLOCK_TIMEOUT_S", 0.5)
