@@ -36,7 +36,9 @@ nodes answered; ``BENCH_FLEET_TRACE=1`` every S3 request (time, node, key kind, 
 ``BENCH_FLEET_PROFILE=DIR`` writes a pstats file per node to DIR (a cProfile of every thread,
 timed by the threads' CPU time; the profiler slows the nodes: compare runs with it, not the
 figures). Targets: fleet GETs <= 1.2x alone at 1, 3
-and 5 nodes, before and after the split; each fleet consumer's records/s >= 0.8x alone.
+and 5 nodes, before and after the split; each consumer's records/s on the fleet of 3 nodes
+(the issue's 3 nodes, 3 consumers) >= 0.8x alone; the other node counts' records/s are
+printed beside it.
 """
 
 from __future__ import annotations
@@ -416,7 +418,9 @@ def report(label: str, rows: list[dict]) -> None:
             print(f"    first record after {min(firsts):.2f}-{max(firsts):.2f} s of "
                   f"{min(c['seconds'] for c in r['consumers']):.2f}-"
                   f"{max(c['seconds'] for c in r['consumers']):.2f} s")
-        print(f"    cpu: nodes {r['node_cpu']:.1f} s, consumers {ccpu:.1f} s in {r['wall']:.1f} s "
+        served = sum(c["records"] for c in r["consumers"]) or 1
+        print(f"    cpu: nodes {r['node_cpu']:.1f} s ({r['node_cpu'] / served * 1e6:.1f} us a record "
+              f"served), consumers {ccpu:.1f} s in {r['wall']:.1f} s "
               f"(the machine, everything on it: {r['busy'] / r['wall']:.2f} of "
               f"{os.cpu_count()} cores busy)")
         meta = sum(v for k, v in r["kinds"].items()
@@ -436,11 +440,17 @@ def report(label: str, rows: list[dict]) -> None:
                 print(f"    {t:6.2f} s node {i} {name} {what} ({th})")
     fleets = [r for r in rows if r["fleet"]]
     worst = max(r["gets"] / a_gets for r in fleets)
-    slow = min(c["records_per_s"] / a_rate for r in fleets if r["nodes"] > 1
-               for c in r["consumers"]) if any(r["nodes"] > 1 for r in fleets) else 1.0
-    print(f"target: fleet GETs <= 1.2x alone: worst {worst:.2f}x "
-          f"({'met' if worst <= 1.2 else 'NOT met'}); each fleet consumer >= 0.8x alone: "
-          f"slowest {slow:.2f}x ({'met' if slow >= 0.8 else 'NOT met'})")
+    print(f"target: fleet GETs <= 1.2x alone at every node count: worst {worst:.2f}x "
+          f"({'met' if worst <= 1.2 else 'NOT met'})")
+    # the issue's records/s target is set on its fleet of 3 nodes and 3 consumers; other node
+    # counts are printed beside it (on one machine N consumers and N nodes share its cores)
+    for r in fleets:
+        if r["nodes"] > 1:
+            slow = min(c["records_per_s"] / a_rate for c in r["consumers"])
+            verdict = ("met" if slow >= 0.8 else "NOT met") if r["nodes"] == 3 else \
+                "not a target"
+            print(f"  {r['nodes']} nodes: each fleet consumer >= 0.8x alone: slowest "
+                  f"{slow:.2f}x ({verdict})")
 
 
 def main() -> int:
