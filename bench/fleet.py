@@ -16,8 +16,9 @@ and bench/s3_live.py count theirs) and writes its process's S3 request counts to
 0.2 s; every process of a run is counted. Each consumer is a confluent-kafka process assigned
 every partition from the beginning, reading until it has every record (and checking it got
 exactly the store's offsets), reporting its records/s from its assign to its last record. A
-run's consumers are started (interpreter, imports, the Consumer made) before any of them
-assigns, then all are released at once: no consumer's reading overlaps another's start.
+run's consumers are started (interpreter, imports) before any of them assigns, then all are
+released at once, and each makes its Consumer and assigns: no consumer's reading overlaps
+another's start.
 
 Runs, each on fresh processes (cold caches):
 
@@ -33,6 +34,7 @@ Printed per run: GETs over every node (and all S3 requests), the ratio to ``alon
 consumer's records/s and its ratio to ``alone``'s, the CPU seconds of the nodes and of the
 consumers. ``BENCH_FLEET_KINDS=1`` adds the GETs by object and the Kafka and peer requests the
 nodes answered; ``BENCH_FLEET_TRACE=1`` every S3 request (time, node, key kind, code path);
+``BENCH_FLEET_CONSUMER_DEBUG=protocol,topic`` the consumers' librdkafka debug log (stderr);
 ``BENCH_FLEET_PROFILE=DIR`` writes a pstats file per node to DIR (a cProfile of every thread,
 timed by the threads' CPU time; the profiler slows the nodes: compare runs with it, not the
 figures). Targets: fleet GETs <= 1.2x alone at 1, 3
@@ -176,12 +178,21 @@ def profile_threads(out: str) -> None:
 
 def consume_main(bootstrap: str, partitions: int, records: int) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "enable.partition.eof": False})
+    conf = {"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False, "enable.partition.eof": False}
+    if os.environ.get("BENCH_FLEET_CONSUMER_DEBUG"):  # librdkafka's debug contexts, to stderr
+        conf.update({"debug": os.environ["BENCH_FLEET_CONSUMER_DEBUG"],
+                     "client.id": f"consumer-at-{bootstrap}"})
     # started: wait for the driver's go, sent once every consumer of the run is started, so
-    # that no consumer's reading overlaps another's start (its interpreter and imports)
+    # that no consumer's reading overlaps another's start (its interpreter and imports). The
+    # Consumer is made after the go and assigns at once, as the lone consumer would: one made
+    # before it has its bootstrap metadata (brokers only) before it assigns, and librdkafka
+    # then asks for the topic's metadata about a second later, not at once (seen with
+    # BENCH_FLEET_CONSUMER_DEBUG=protocol,topic: first records 1.0-1.1 s after the assign
+    # against 0.6 s)
     print("ready", flush=True)
     sys.stdin.readline()
+    c = Consumer(conf)
     c.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(partitions)])
     seen: dict[int, set] = {}
     n, t0, first = 0, time.monotonic(), None
@@ -363,7 +374,7 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                                    n.bootstrap, str(partitions), str(records)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                   text=True) for n in started]
-        for p in procs:  # every consumer started (its Consumer made), then all go at once
+        for p in procs:  # every consumer started (interpreter, imports), then all go at once
             if p.stdout.readline().strip() != "ready":
                 raise SystemExit("a consumer did not start")
         busy0, wall0, epoch0 = machine_busy_s(), time.monotonic(), time.time()
