@@ -27,6 +27,10 @@ Runs, each on fresh processes (cold caches):
 3. ``fleet``: N nodes of one fleet (``--node-id/--peer-listen/--peers``), consumer i
    bootstrapped at node i; the run starts once every node sees the whole ring.
 
+Every run's consumers start once each of its nodes has been up for one catalog poll interval
+(``KCOMPACT_S3_CATALOG_POLL_MS``, 5 s) and 0.5 s: each run then pays the catalog's poll, as a
+node serving for longer does, whatever the time its nodes took to start.
+
 Then the store is force-compacted (``compact_store(..., force=True)``: the shared objects split
 into per-partition segments; ``--no-split`` skips it) and the runs are repeated.
 
@@ -291,6 +295,7 @@ class Node:
             args += ["--node-id", str(nid), "--peer-listen", f"127.0.0.1:{peer_port}",
                      "--peers", fleet]
         self.log = open(os.path.join(work, f"node-{nid}-{uuid.uuid4().hex[:4]}.log"), "w+")
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, env=env,
                                      text=True)
         self.bootstrap = None
@@ -364,6 +369,13 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
                 if time.monotonic() > deadline:
                     raise SystemExit("the fleet did not form within 30 s")
                 time.sleep(0.2)
+        # every run's nodes at least one catalog poll interval old when its consumers start:
+        # a node polls the store catalog's next version that long after it opened the store,
+        # at its first read past it, so a lone node (up 1-2 s when its consumer starts) paid
+        # it outside its run while a fleet of 5 (up 5-6 s: formed one node after the other)
+        # paid it inside; now every run pays it, as any node serving for longer does
+        settle = int(env.get("KCOMPACT_S3_CATALOG_POLL_MS", "5000")) / 1000.0 + 0.5
+        time.sleep(max(0.0, settle - (time.monotonic() - max(n.started for n in started))))
         time.sleep(0.5)  # (every node's counts at one moment)
         base = sum((n.counts() for n in started), Counter())
         reqs0 = sum((n.metric_lines("kcompact_kafka_requests_total")

@@ -276,10 +276,14 @@ def test_every_api_and_version_served_answers_a_well_formed_response(store):
         srv.close()
 
 
-def test_a_waiting_fetch_whose_client_closed_stops_waiting(store):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_waiting_fetch_whose_client_closed_stops_waiting(store, pipelined):
     """A Fetch at the high watermark waits up to its max_wait (30 s here) for new records;
     when its client closes the connection meanwhile, it stops waiting (and polling the store)
-    at its next look: the endpoint drops the connection long before the wait would end."""
+    at its next look: the endpoint drops the connection long before the wait would end.
+    ``pipelined``: the client sent another request behind the Fetch before it closed (as
+    librdkafka's consumer does when it closes: a Metadata request), which the endpoint has not
+    read yet while the Fetch waits."""
     import io
 
     from test_kafka_endpoint_model import _request_schema, build, entity_writer
@@ -307,6 +311,18 @@ def test_a_waiting_fetch_whose_client_closed_stops_waiting(store):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert len(srv.ep.open) == 1
+        if pipelined:  # an ApiVersions request behind the waiting Fetch
+            out = io.BytesIO()
+            head = _request_schema(18, 3).__header_schema__
+            entity_writer(head)(out, build(head, request_api_key=18, request_api_version=3,
+                                           correlation_id=100, client_id="model"))
+            cls = _request_schema(18, 3)
+            entity_writer(cls)(out, build(cls, client_software_name="model",
+                                          client_software_version="1"))
+            raw = out.getvalue()
+            c.s.sendall(struct.pack(">i", len(raw)) + raw)
+            time.sleep(0.2)
+            assert srv.ep.requests.get("ApiVersions", 0) == 0  # not read: the Fetch waits
         c.close()
         deadline = time.monotonic() + 15  # half its 30 s wait
         while srv.ep.open:
