@@ -134,6 +134,7 @@ class Follower:
         #: anything new (a writer's next seq or the catalog moved)
         self._edge_at: float | None = None
         self._moved = True
+        self._polled_before = False
 
     def at_edge(self) -> None:
         """A reader waits at the live edge (a Fetch found less than its min_bytes): every
@@ -175,7 +176,10 @@ class Follower:
             try:
                 self._poll(now, age, shared)
             finally:
-                self._moved = self._heads_now() != before
+                # (a follower's first poll finds the heads it had not seen: that is no sign
+                # of a writer at work, which the next polls' finding new entries is)
+                self._moved = self._heads_now() != before and self._polled_before
+                self._polled_before = True
                 if shared:
                     self._done_at = now
             return self.generation()
