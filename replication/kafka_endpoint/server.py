@@ -51,10 +51,9 @@ from .wire import (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_VERSION, WireError, d
 MIN_FRAME = 8  # api key, version, correlation id, client id length
 
 
-
 def peer_shut(writer: asyncio.StreamWriter) -> Callable[[], bool]:
-    """Whether the client has shut its side of the connection, even with a request of its
-    still unread in the stream's buffer (``StreamReader.at_eof`` is only true once that is
+    """Whether the client has shut its side of the connection, even while a request it sent
+    is still unread in the stream's buffer (``StreamReader.at_eof`` is only true once that is
     read): librdkafka's consumer sends a Metadata request on a broker connection while its
     Fetch waits there, then closes. ``poll(2)``'s POLLRDHUP on the transport's socket
     (Linux); elsewhere always False (the stream's own end of file still counts)."""
@@ -74,6 +73,7 @@ def peer_shut(writer: asyncio.StreamWriter) -> Callable[[], bool]:
         p.register(fd, rdhup)
         return any(ev & mask for _, ev in p.poll(0))
     return shut
+
 
 @dataclass(frozen=True)
 class Limits:
