@@ -91,7 +91,8 @@ class Client:
         self.s = socket.create_connection(("127.0.0.1", port), timeout=20)
         self.corr = 0
 
-    def call(self, api_key: int, version: int, /, **body) -> bytes:
+    def send(self, api_key: int, version: int, /, **body) -> None:
+        """The request sent, its response not read (``call`` reads it)."""
         cls = _request_schema(api_key, version)
         out = io.BytesIO()
         self.corr += 1
@@ -101,6 +102,9 @@ class Client:
         entity_writer(cls)(out, build(cls, **body))
         raw = out.getvalue()
         self.s.sendall(struct.pack(">i", len(raw)) + raw)
+
+    def call(self, api_key: int, version: int, /, **body) -> bytes:
+        self.send(api_key, version, **body)
         size = struct.unpack(">i", self._read(4))[0]
         resp = self._read(size)
         assert struct.unpack_from(">i", resp, 0)[0] == self.corr

@@ -284,43 +284,24 @@ def test_a_waiting_fetch_whose_client_closed_stops_waiting(store, pipelined):
     ``pipelined``: the client sent another request behind the Fetch before it closed (as
     librdkafka's consumer does when it closes: a Metadata request), which the endpoint has not
     read yet while the Fetch waits."""
-    import io
-
-    from test_kafka_endpoint_model import _request_schema, build, entity_writer
     srv = Served(store)
     try:
         c = Client(srv.port)
         err, hwm = c.fetch(12, 1, 1 << 20)[:2]  # (the record is at offset 1)
         assert err == 0 and hwm > 0
-        cls = _request_schema(1, 12)
-        out = io.BytesIO()
-        entity_writer(cls.__header_schema__)(out, build(
-            cls.__header_schema__, request_api_key=1, request_api_version=12,
-            correlation_id=99, client_id="model"))
-        entity_writer(cls)(out, build(
-            cls, replica_id=-1, max_wait=30_000, min_bytes=1, max_bytes=1 << 20,
-            isolation_level=1, session_id=0, session_epoch=-1, topics=[{
-                "topic": TOPIC, "partitions": [{
-                    "partition": 0, "fetch_offset": hwm, "partition_max_bytes": 1 << 20,
-                    "log_start_offset": -1, "current_leader_epoch": -1,
-                    "last_fetched_epoch": -1}]}], forgotten_topics_data=[], rack_id=""))
-        raw = out.getvalue()
-        c.s.sendall(struct.pack(">i", len(raw)) + raw)
+        c.send(1, 12, replica_id=-1, max_wait=30_000, min_bytes=1, max_bytes=1 << 20,
+               isolation_level=1, session_id=0, session_epoch=-1, topics=[{
+                   "topic": TOPIC, "partitions": [{
+                       "partition": 0, "fetch_offset": hwm, "partition_max_bytes": 1 << 20,
+                       "log_start_offset": -1, "current_leader_epoch": -1,
+                       "last_fetched_epoch": -1}]}], forgotten_topics_data=[], rack_id="")
         deadline = time.monotonic() + 20
         while srv.ep.requests.get("Fetch", 0) < 2:  # it is read and waits at the edge
             assert time.monotonic() < deadline
             time.sleep(0.02)
         assert len(srv.ep.open) == 1
         if pipelined:  # an ApiVersions request behind the waiting Fetch
-            out = io.BytesIO()
-            head = _request_schema(18, 3).__header_schema__
-            entity_writer(head)(out, build(head, request_api_key=18, request_api_version=3,
-                                           correlation_id=100, client_id="model"))
-            cls = _request_schema(18, 3)
-            entity_writer(cls)(out, build(cls, client_software_name="model",
-                                          client_software_version="1"))
-            raw = out.getvalue()
-            c.s.sendall(struct.pack(">i", len(raw)) + raw)
+            c.send(18, 3, client_software_name="model", client_software_version="1")
             time.sleep(0.2)
             assert srv.ep.requests.get("ApiVersions", 0) == 0  # not read: the Fetch waits
         c.close()
