@@ -51,28 +51,29 @@ from .wire import (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_VERSION, WireError, d
 MIN_FRAME = 8  # api key, version, correlation id, client id length
 
 
-def peer_shut(writer: asyncio.StreamWriter) -> Callable[[], bool]:
-    """Whether the client has shut its side of the connection, even while a request it sent
-    is still unread in the stream's buffer (``StreamReader.at_eof`` is only true once that is
-    read): librdkafka's consumer sends a Metadata request on a broker connection while its
-    Fetch waits there, then closes. ``poll(2)``'s POLLRDHUP on the transport's socket
-    (Linux); elsewhere always False (the stream's own end of file still counts)."""
+def client_closed(writer: asyncio.StreamWriter) -> Callable[[], bool]:
+    """Whether the client has closed its side of the connection (or the transport is
+    closing), even while a request it sent is still unread in the stream's buffer
+    (``StreamReader.at_eof`` is only true once that is read): librdkafka's consumer sends a
+    Metadata request on a broker connection while its Fetch waits there, then closes.
+    ``poll(2)``'s POLLRDHUP on the transport's socket (Linux); elsewhere the transport alone."""
+    def closing() -> bool:  # (the writer's transport as it is when asked)
+        return writer.transport.is_closing()
+
     rdhup = getattr(select, "POLLRDHUP", None)
     sock = writer.get_extra_info("socket")
-    if rdhup is None or sock is None or not hasattr(select, "poll"):
-        return lambda: False
-    fd = sock.fileno()
-    if fd < 0:
-        return lambda: False
+    fd = sock.fileno() if sock is not None else -1
+    if rdhup is None or fd < 0 or not hasattr(select, "poll"):
+        return closing
     mask = rdhup | select.POLLHUP | select.POLLERR
 
-    def shut() -> bool:
-        if writer.transport.is_closing():  # (its socket may be closed, the fd reused)
+    def closed() -> bool:
+        if closing():  # (first: its socket may be closed, the fd reused)
             return True
         p = select.poll()
         p.register(fd, rdhup)
         return any(ev & mask for _, ev in p.poll(0))
-    return shut
+    return closed
 
 
 @dataclass(frozen=True)
@@ -303,8 +304,8 @@ class Endpoint:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      conn: Connection) -> None:
         lim = self.limits
-        shut = peer_shut(writer)
-        conn.gone = lambda: reader.at_eof() or writer.transport.is_closing() or shut()
+        closed = client_closed(writer)
+        conn.gone = lambda: reader.at_eof() or closed()
         while not self._stopping:
             try:
                 head = await asyncio.wait_for(reader.readexactly(4), lim.idle_timeout_s)
