@@ -374,7 +374,8 @@ def run(work: str, env: dict, url: str, nodes: int, fleet: bool, partitions: int
         # at its first read past it, so a lone node (up 1-2 s when its consumer starts) paid
         # it outside its run while a fleet of 5 (up 5-6 s: formed one node after the other)
         # paid it inside; now every run pays it, as any node serving for longer does
-        settle = int(env.get("KCOMPACT_S3_CATALOG_POLL_MS", "5000")) / 1000.0 + 0.5
+        from kcompact.reput.store_catalog import poll_interval_s
+        settle = poll_interval_s() + 0.5
         time.sleep(max(0.0, settle - (time.monotonic() - max(n.started for n in started))))
         time.sleep(0.5)  # (every node's counts at one moment)
         base = sum((n.counts() for n in started), Counter())
